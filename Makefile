@@ -1,0 +1,55 @@
+# rmqstore: `make demo` and `make test` set everything up themselves (virtualenv, install,
+# Java check). Long runs (benchmarks) have their own targets.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= $(CURDIR)/.demo
+
+.PHONY: all venv java-check test test-fast lint format demo man man-check bench bench-quick clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "rmqstore needs Python 3.10+"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+# The Spark pipeline (and its tests) need Java 17 or newer on PATH or in JAVA_HOME.
+java-check:
+	@$(BIN)/python -m rmqstore.spark.javacheck
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: venv java-check lint
+	$(BIN)/python -m pytest -q
+
+# everything except the real-Spark tests
+test-fast: venv lint
+	$(BIN)/python -m pytest -q -m "not spark"
+
+man: venv
+	$(BIN)/python -m rmqstore.commands.manpages man
+
+demo: venv
+	@DEMO_DIR="$(DEMO_DIR)" RMQSTORE="$(BIN)/rmqstore" PYTHON="$(BIN)/python" sh bench/demo.sh
+
+bench: venv
+	$(BIN)/python bench/run_all.py
+
+bench-quick: venv
+	$(BIN)/python bench/run_all.py --messages 200000
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info .pytest_cache .ruff_cache

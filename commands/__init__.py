@@ -1,0 +1,2 @@
+"""The ``rmqstore`` command line: thin click commands over the engine (installed as
+``rmqstore.commands``)."""

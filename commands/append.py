@@ -1,0 +1,265 @@
+"""``rmqstore append``: append messages to a store's commit log, as a broker would."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import click
+
+from rmqstore.batch import (
+    TRANSACTION_TYPES,
+    AppendJob,
+    MessageDefaults,
+    build_message,
+    messages_from_lines,
+    read_lines,
+)
+from rmqstore.commands.options import (
+    json_option,
+    jsonl_option,
+    store_argument,
+    store_config_options,
+)
+from rmqstore.commands.output import console, emit_json, emit_jsonl, note
+from rmqstore.commitlog import AppendResult
+from rmqstore.config import StoreConfig
+from rmqstore.errors import InputError
+from rmqstore.hosts import parse_host
+from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.record import Message
+from rmqstore.store import Store
+
+
+def _parse_property(
+    _ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for item in values:
+        name, separator, value = item.partition("=")
+        if not separator or not name:
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE")
+        properties[name] = value
+    return properties
+
+
+@click.command("append")
+@store_argument
+@click.option("--topic", help="Topic (RocketMQ rules: letters, digits, %, |, -, _).")
+@click.option(
+    "--queue",
+    "queue_id",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Queue id.",
+)
+@click.option("--tags", help="TAGS property (its Java hash is the consume-queue tagsCode).")
+@click.option("--keys", help="KEYS property: space-separated keys, each indexed.")
+@click.option(
+    "--property",
+    "properties",
+    multiple=True,
+    callback=_parse_property,
+    metavar="NAME=VALUE",
+    help="A user property; repeat for more.",
+)
+@click.option(
+    "--flag",
+    type=click.IntRange(-(1 << 31), (1 << 31) - 1),
+    default=0,
+    help="The producer's flag int.",
+)
+@click.option("--body", help="Message body as text (UTF-8).")
+@click.option(
+    "--body-file",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    help="Message body: the bytes of this file.",
+)
+@click.option(
+    "--input",
+    "input_path",
+    metavar="FILE|-",
+    help="Append one message per JSON line of FILE (- for stdin). Fields: topic, "
+    "queueId, tags, keys, properties, body or bodyBase64, flag, bornTimestamp, "
+    "bornHost, reconsumeTimes, transaction, preparedTransactionOffset; the "
+    "options above are defaults for missing fields.",
+)
+@click.option(
+    "--born-host",
+    default="127.0.0.1:0",
+    show_default=True,
+    help="Producer address HOST:PORT ([v6]:PORT for IPv6).",
+)
+@click.option(
+    "--transaction",
+    type=click.Choice(list(TRANSACTION_TYPES)),
+    default="none",
+    help="Transaction type bits: prepared and rollback records get queue offset 0 "
+    "and no consume-queue unit.",
+)
+@click.option(
+    "--prepared-offset",
+    type=click.IntRange(min=0),
+    default=0,
+    help="preparedTransactionOffset (commit/rollback of a half message).",
+)
+@click.option(
+    "--flush",
+    type=click.Choice(["async", "sync"]),
+    default="async",
+    show_default=True,
+    help="sync: report a message only after an fsync covering it (group commit); "
+    "async: flush once when the command ends.",
+)
+@click.option(
+    "--create", is_flag=True, help="Create a new store if STORE is missing or an empty directory."
+)
+@click.option(
+    "--store-host",
+    help="Broker address HOST:PORT written as STOREHOST; default: "
+    "brokerIP1:listenPort, else the last record's, else "
+    "127.0.0.1:10911.",
+)
+@click.option(
+    "--record-version",
+    type=click.Choice(["auto", "v1"]),
+    default="auto",
+    show_default=True,
+    help="auto: V1 records, V2 only where 5.x writes them (%RETRY% topics over 127 "
+    "characters); v1: refuse such topics (for 4.x brokers).",
+)
+@click.option(
+    "--no-uniq-key", is_flag=True, help="Do not generate a UNIQ_KEY for messages that lack one."
+)
+@store_config_options
+@json_option
+@jsonl_option
+def command(
+    store: Path,
+    topic: str | None,
+    queue_id: int,
+    tags: str | None,
+    keys: str | None,
+    properties: dict[str, str],
+    flag: int,
+    body: str | None,
+    body_file: Path | None,
+    input_path: str | None,
+    born_host: str,
+    transaction: str,
+    prepared_offset: int,
+    flush: str,
+    create: bool,
+    store_host: str | None,
+    record_version: str,
+    no_uniq_key: bool,
+    config: StoreConfig,
+    as_json: bool,
+    as_jsonl: bool,
+) -> int:
+    """Append messages to the commit log with the broker's rules: the roll rule with BLANK
+    records, dense queue offsets continuing the store's, non-decreasing store times, a
+    generated UNIQ_KEY and the CLUSTER property, DELAY messages moved to
+    SCHEDULE_TOPIC_XXXX.
+
+    Prints per message: msgId, commitLogOffset, queueOffset, storeSize (also topic, queueId,
+    storeTimestamp in JSON). On any error nothing is appended (with --flush sync: nothing
+    after the last reported message). Takes the store's lock; refuses a store a broker holds.
+    """
+    sources = [
+        name
+        for name, value in (("--body", body), ("--body-file", body_file), ("--input", input_path))
+        if value is not None
+    ]
+    if len(sources) != 1:
+        raise click.UsageError("give exactly one of --body, --body-file or --input")
+    if as_json and as_jsonl:
+        raise click.UsageError("--json and --jsonl exclude each other")
+    defaults = MessageDefaults(
+        topic=topic,
+        queue_id=queue_id,
+        tags=tags,
+        keys=keys,
+        properties={"CLUSTER": config.cluster_name, **properties},
+        flag=flag,
+        born_host=parse_host(born_host),
+        transaction=transaction,
+        prepared_transaction_offset=prepared_offset,
+    )
+    results: list[dict] = []
+    emit = _emitter(as_json, as_jsonl, results)
+    with Store.open_write(store, config, create=create) as opened:
+        appender = opened.appender(
+            uniq_keys=None if no_uniq_key else UniqKeyGenerator(),
+            allow_v2=record_version == "auto",
+            store_host=parse_host(store_host) if store_host else None,
+        )
+        job = AppendJob(appender, sync=flush == "sync", on_result=emit)
+        if input_path is None:
+            payload = body.encode("utf-8") if body is not None else _read_file(body_file)
+            message = build_message({}, defaults, "options")
+            message.body = payload
+            job.run([message])
+        elif input_path == "-":
+            stream = sys.stdin.buffer
+            job.run(messages_from_lines(read_lines(stream, on_idle=job.commit), defaults, "stdin"))
+        else:
+            path = Path(input_path)
+            if job.sync:
+                _prevalidate(path, defaults, appender.prepare)
+            with _open_input(path) as stream:
+                job.run(
+                    messages_from_lines(read_lines(stream, on_idle=job.commit), defaults, str(path))
+                )
+        appended = job.committed
+    for text in opened.notes:
+        note(text)
+    if as_json:
+        emit_json({"appended": appended, "messages": results})
+    elif not as_jsonl:
+        note(f"appended {appended} message{'s' if appended != 1 else ''}")
+    return 0
+
+
+def _emitter(as_json: bool, as_jsonl: bool, results: list[dict]) -> Callable[[AppendResult], None]:
+    if as_json:
+        return lambda result: results.append(result.to_dict())
+    if as_jsonl:
+        return lambda result: emit_jsonl(result.to_dict())
+
+    def show(result: AppendResult) -> None:
+        console.print(
+            f"{result.msg_id}  offset={result.physical_offset}  "
+            f"queue={result.topic}:{result.queue_id}  "
+            f"queueOffset={result.queue_offset}  size={result.store_size}"
+        )
+
+    return show
+
+
+def _read_file(path: Path | None) -> bytes:
+    assert path is not None
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _open_input(path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _prevalidate(
+    path: Path, defaults: MessageDefaults, prepare: Callable[[Message], object]
+) -> None:
+    """Check every line of a file before appending any, so a bad line appends nothing even
+    when earlier groups would already be durable."""
+    with _open_input(path) as stream:
+        messages: Iterator[Message] = messages_from_lines(read_lines(stream), defaults, str(path))
+        for message in messages:
+            prepare(message)

@@ -1,0 +1,121 @@
+"""``rmqstore info``: a one-screen summary of a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from rmqstore.commands.options import (
+    json_option,
+    progress_option,
+    store_argument,
+    store_config_options,
+)
+from rmqstore.commands.output import console, emit_json, format_millis, progress_bar, warn
+from rmqstore.config import StoreConfig
+from rmqstore.store import Store
+from rmqstore.summary import summarize
+
+
+@click.command("info")
+@store_argument
+@store_config_options
+@json_option
+@progress_option
+def command(store: Path, config: StoreConfig, as_json: bool, no_progress: bool) -> int:
+    """Summarise a store: commit-log files and offset range, topics and queues with their
+    offsets, checkpoint values, abort and lock state.
+
+    JSON fields: store, lock, abort, checkpoint{physicMsgTimestamp, logicsMsgTimestamp,
+    indexMsgTimestamp, masterFlushedOffset, confirmPhyOffset, minTimestamp,
+    minTimestampIndex}, geometry{...}, commitLog{files, firstFile, lastFile, minOffset,
+    maxOffset, messages, firstStoreTimestamp, lastStoreTimestamp, end, endError,
+    filesWithDataAfterEnd}, topics[{topic, queues[{queueId, messages, minOffset, maxOffset,
+    notQueued}]}].
+    """
+    with Store.open_read(store, config) as opened:
+        for message in opened.notes:
+            warn(message)
+        segments = opened.commitlog.segments
+        total = (
+            segments[-1].start + opened.commitlog_file_size - segments[0].start if segments else 0
+        )
+        with progress_bar("scanning commit log", total, not no_progress) as update:
+            summary = summarize(opened, update)
+    if as_json:
+        emit_json(summary)
+    else:
+        _render(summary)
+    return 0
+
+
+def _render(summary: dict[str, Any]) -> None:
+    log = summary["commitLog"]
+    overview = Table(show_header=False, box=None, pad_edge=False)
+    overview.add_column(style="bold")
+    overview.add_column()
+    overview.add_row("store", summary["store"])
+    overview.add_row("lock", summary["lock"])
+    overview.add_row(
+        "abort",
+        "present (not closed cleanly, or consume queues behind)" if summary["abort"] else "absent",
+    )
+    geometry = summary["geometry"]
+    overview.add_row(
+        "file sizes",
+        f"commit log {geometry['commitLogFileSize']:,}, consume "
+        f"queue {geometry['consumeQueueFileSize']:,}",
+    )
+    overview.add_row(
+        "commit log",
+        f"{log['files']} files {log['firstFile'] or ''}"
+        f"{' .. ' + log['lastFile'] if log['files'] > 1 else ''}",
+    )
+    overview.add_row("offsets", f"{log['minOffset']:,} .. {log['maxOffset']:,}")
+    overview.add_row("messages", f"{log['messages']:,}")
+    overview.add_row(
+        "store times",
+        f"{format_millis(log['firstStoreTimestamp'])} .. "
+        f"{format_millis(log['lastStoreTimestamp'])}",
+    )
+    end = "clean" if log["end"] == "clean" else f"[red]invalid bytes[/red]: {log['endError']}"
+    overview.add_row("log end", end)
+    if log["filesWithDataAfterEnd"]:
+        overview.add_row(
+            "[red]warning[/red]",
+            "files after the end hold data: "
+            + ", ".join(log["filesWithDataAfterEnd"])
+            + " (run rmqstore verify)",
+        )
+    checkpoint = summary["checkpoint"]
+    if checkpoint is None:
+        overview.add_row("checkpoint", "absent (a broker reads it as zeros)")
+    else:
+        for key in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp"):
+            overview.add_row(key, f"{checkpoint[key]} ({format_millis(checkpoint[key])})")
+        if checkpoint["confirmPhyOffset"] or checkpoint["masterFlushedOffset"]:
+            overview.add_row("confirmPhyOffset", str(checkpoint["confirmPhyOffset"]))
+            overview.add_row("masterFlushedOffset", str(checkpoint["masterFlushedOffset"]))
+    console.print(overview)
+    queues = Table(title="topics and queues (from the commit log)", title_justify="left")
+    for name, justify in (
+        ("topic", "left"),
+        ("queue", "right"),
+        ("messages", "right"),
+        ("min offset", "right"),
+        ("max offset", "right"),
+    ):
+        queues.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for topic in summary["topics"]:
+        for queue in topic["queues"]:
+            queues.add_row(
+                topic["topic"],
+                str(queue["queueId"]),
+                f"{queue['messages']:,}",
+                str(queue["minOffset"]),
+                str(queue["maxOffset"]),
+            )
+    console.print(queues)

@@ -1,0 +1,119 @@
+"""The ``rmqstore`` entry point: the command group and the one place where errors become exit
+codes. Every command is also callable in-process with :func:`run`."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from rmqstore import __version__
+from rmqstore.errors import ExitCode, RmqStoreError
+
+
+def _error(message: str) -> None:
+    click.echo(f"rmqstore: error: {message}", err=True)
+
+
+class RmqStoreGroup(click.Group):
+    """Runs a subcommand and maps what it raises to the documented exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            result = super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException):
+            raise
+        except click.Abort:
+            _error("aborted")
+            ctx.exit(ExitCode.USAGE)
+        except RmqStoreError as exc:
+            _error(str(exc))
+            ctx.exit(exc.exit_code)
+        except BrokenPipeError:
+            _silence_stdout()
+            ctx.exit(ExitCode.OK)
+        except KeyboardInterrupt:
+            _error("interrupted")
+            ctx.exit(130)
+        except OSError as exc:
+            detail = exc.strerror or str(exc)
+            where = f" ({exc.filename})" if exc.filename else ""
+            _error(f"I/O failure: {detail}{where}")
+            ctx.exit(ExitCode.IO if exc.errno != errno.ENOENT else ExitCode.USAGE)
+        except Exception as exc:
+            _error(
+                f"internal error: {type(exc).__name__}: {exc} (this is a bug in rmqstore; "
+                "set RMQSTORE_DEBUG=1 for a traceback)"
+            )
+            if os.environ.get("RMQSTORE_DEBUG"):
+                traceback.print_exc()
+            ctx.exit(ExitCode.INTERNAL)
+        if isinstance(result, int) and result:
+            ctx.exit(result)
+        return result
+
+
+def _silence_stdout() -> None:
+    """After EPIPE (``rmqstore read ... | head``) stop Python from complaining at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+@click.group(
+    cls=RmqStoreGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(__version__, prog_name="rmqstore")
+def cli() -> None:
+    """Inspect, verify and write Apache RocketMQ message store directories offline.
+
+    STORE is the store root directory (the broker's storePathRootDir), holding commitlog/,
+    consumequeue/, index/, checkpoint, abort and lock. Files are read and written
+    byte-compatible with RocketMQ 4.x and 5.x brokers; no broker needs to run.
+
+    Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
+    not a store, corrupt or unreadable input, aborted at a prompt); 3 store busy (its lock is
+    held, e.g. by a running broker); 4 I/O failure (disk full, permission); 70 internal error.
+    """
+
+
+def _register() -> None:
+    from rmqstore.commands import append, info, read
+
+    for module in (info, append, read):
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run a command line in-process and return its exit code (for scripts and tests)."""
+    try:
+        result = cli.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="rmqstore",
+            standalone_mode=False,
+        )
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return ExitCode.USAGE
+    except click.Abort:
+        _error("aborted")
+        return ExitCode.USAGE
+    return result if isinstance(result, int) else ExitCode.OK
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli.main(prog_name="rmqstore")

@@ -1,0 +1,97 @@
+"""Rendering shared by the commands: JSON, rich tables, bodies, timestamps, progress, notes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from rmqstore.record import Message
+
+BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
+
+console = Console(highlight=False, soft_wrap=False)
+error_console = Console(stderr=True, highlight=False)
+
+
+def emit_json(document: Any) -> None:
+    click.echo(json.dumps(document, ensure_ascii=False, indent=2))
+
+
+def emit_jsonl(document: Any) -> None:
+    sys.stdout.write(json_text(document) + "\n")
+
+
+def json_text(document: Any) -> str:
+    """Compact JSON (one line), UTF-8 characters kept as they are."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+
+
+def warn(message: str) -> None:
+    click.echo(f"rmqstore: warning: {message}", err=True)
+
+
+def note(message: str) -> None:
+    click.echo(f"rmqstore: {message}", err=True)
+
+
+def format_millis(millis: int) -> str:
+    """An epoch-millisecond value as local time with milliseconds (``-`` for 0)."""
+    if millis <= 0:
+        return "-"
+    try:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(millis / 1000))
+    except (OverflowError, OSError, ValueError):
+        return str(millis)
+    return f"{stamp}.{millis % 1000:03d}"
+
+
+def encode_body(body: bytes | None, mode: str) -> tuple[str | None, str | None]:
+    """The body as (value, encoding) for JSON and tables; ``auto`` is text when the bytes are
+    valid UTF-8, else base64."""
+    if body is None or mode == "none":
+        return None, None
+    if mode in ("auto", "text"):
+        try:
+            return body.decode("utf-8"), "text"
+        except UnicodeDecodeError:
+            if mode == "text":
+                return body.decode("utf-8", "replace"), "text-lossy"
+    if mode == "hex":
+        return body.hex().upper(), "hex"
+    return base64.b64encode(body).decode("ascii"), "base64"
+
+
+def message_document(message: Message, body_mode: str, body: bytes | None = None) -> dict:
+    """A message under RocketMQ's field names plus ``body``/``bodyEncoding``."""
+    document = message.fields()
+    value, encoding = encode_body(message.body if body is None else body, body_mode)
+    if encoding is not None:
+        document["body"] = value
+        document["bodyEncoding"] = encoding
+    return document
+
+
+@contextmanager
+def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """Yields ``update(completed)``; draws a bar on stderr only when it is a terminal."""
+    if not enabled or not sys.stderr.isatty() or total <= 0:
+        yield lambda completed: None
+        return
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=error_console, transient=True) as progress:
+        task = progress.add_task(description, total=total)
+        yield lambda completed: progress.update(task, completed=completed)

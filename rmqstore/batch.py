@@ -1,0 +1,279 @@
+"""Appending many messages: JSON-lines input, group commit and all-or-nothing rollback.
+
+``--flush async`` (the default) makes one command one transaction: on any error every message
+it appended is rolled back and the store is as it was. ``--flush sync`` reports a message only
+after an fsync that covers it; messages are committed in groups (a group closes when the input
+has nothing more to read right now, or after ``group_size`` messages), and an error rolls back
+only the group not yet reported.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import select
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+from rmqstore.commitlog import AppendResult, CommitLogAppender
+from rmqstore.errors import InputError, RmqStoreError
+from rmqstore.hosts import DEFAULT_BORN_HOST, HostAddress, parse_host
+from rmqstore.properties import KEYS, TAGS
+from rmqstore.record import (
+    TRANSACTION_COMMIT,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+    Message,
+)
+
+TRANSACTION_TYPES = {
+    "none": TRANSACTION_NOT_TYPE,
+    "prepared": TRANSACTION_PREPARED,
+    "commit": TRANSACTION_COMMIT,
+    "rollback": TRANSACTION_ROLLBACK,
+}
+DOCUMENT_FIELDS = (
+    "topic",
+    "queueId",
+    "tags",
+    "keys",
+    "properties",
+    "body",
+    "bodyBase64",
+    "flag",
+    "bornTimestamp",
+    "bornHost",
+    "reconsumeTimes",
+    "transaction",
+    "preparedTransactionOffset",
+)
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_READ_CHUNK = 1 << 16
+
+
+@dataclass
+class MessageDefaults:
+    """Values for fields a JSON line (or the options) leave out."""
+
+    topic: str | None = None
+    queue_id: int = 0
+    tags: str | None = None
+    keys: str | None = None
+    properties: dict[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_host: HostAddress = DEFAULT_BORN_HOST
+    born_timestamp: int | None = None
+    transaction: str = "none"
+    prepared_transaction_offset: int = 0
+    reconsume_times: int = 0
+
+
+def _integer(document: dict, name: str, default: int, bounds: tuple[int, int], where: str) -> int:
+    value = document.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{where}: {name} must be an integer, not {json.dumps(value)}")
+    if not bounds[0] <= value <= bounds[1]:
+        raise InputError(f"{where}: {name} {value} is out of range")
+    return value
+
+
+def _text(document: dict, name: str, default: str | None, where: str) -> str | None:
+    value = document.get(name, default)
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"{where}: {name} must be a string, not {json.dumps(value)}")
+    return value
+
+
+def build_message(document: dict[str, Any], defaults: MessageDefaults, where: str) -> Message:
+    """A message from one input object (a JSON line, or the command-line options)."""
+    if not isinstance(document, dict):
+        raise InputError(f"{where}: expected a JSON object")
+    unknown = sorted(set(document) - set(DOCUMENT_FIELDS))
+    if unknown:
+        raise InputError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; known fields are "
+            f"{', '.join(DOCUMENT_FIELDS)}"
+        )
+    topic = _text(document, "topic", defaults.topic, where)
+    if not topic:
+        raise InputError(f'{where}: no topic (give "topic" or --topic)')
+    if "body" in document and "bodyBase64" in document:
+        raise InputError(f"{where}: give either body or bodyBase64, not both")
+    if "bodyBase64" in document:
+        encoded = _text(document, "bodyBase64", None, where) or ""
+        try:
+            body = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise InputError(f"{where}: bodyBase64 is not valid base64") from None
+    else:
+        body = (_text(document, "body", "", where) or "").encode("utf-8")
+    properties = dict(defaults.properties)
+    raw_properties = document.get("properties", {})
+    if not isinstance(raw_properties, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in raw_properties.items()
+    ):
+        raise InputError(f"{where}: properties must be an object of string values")
+    properties.update(raw_properties)
+    tags = _text(document, "tags", defaults.tags, where)
+    keys = _text(document, "keys", defaults.keys, where)
+    if tags:
+        properties[TAGS] = tags
+    if keys:
+        properties[KEYS] = keys
+    transaction = _text(document, "transaction", defaults.transaction, where) or "none"
+    if transaction not in TRANSACTION_TYPES:
+        raise InputError(f"{where}: transaction must be one of {', '.join(TRANSACTION_TYPES)}")
+    born_host = defaults.born_host
+    if "bornHost" in document:
+        born_host = parse_host(_text(document, "bornHost", None, where) or "")
+    born_default = defaults.born_timestamp
+    if born_default is None:
+        born_default = time.time_ns() // 1_000_000
+    return Message(
+        topic=topic,
+        body=body,
+        queue_id=_integer(document, "queueId", defaults.queue_id, (0, _INT32[1]), where),
+        flag=_integer(document, "flag", defaults.flag, _INT32, where),
+        properties=properties,
+        sys_flag=TRANSACTION_TYPES[transaction],
+        born_timestamp=_integer(document, "bornTimestamp", born_default, (0, _INT64[1]), where),
+        born_host=born_host,
+        reconsume_times=_integer(
+            document, "reconsumeTimes", defaults.reconsume_times, (0, _INT32[1]), where
+        ),
+        prepared_transaction_offset=_integer(
+            document,
+            "preparedTransactionOffset",
+            defaults.prepared_transaction_offset,
+            (0, _INT64[1]),
+            where,
+        ),
+    )
+
+
+def read_lines(
+    stream: BinaryIO, on_idle: Callable[[], None] | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """Non-empty lines with their 1-based numbers. Before waiting for more input ``on_idle``
+    is called, so a group commit happens whenever the writer on the other end pauses."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if fd is None:
+        for number, line in enumerate(stream, 1):
+            if line.strip():
+                yield number, line
+        return
+    pending = b""
+    number = 0
+    while True:
+        start = 0
+        while (newline := pending.find(b"\n", start)) >= 0:
+            number += 1
+            line = pending[start:newline]
+            start = newline + 1
+            if line.strip():
+                yield number, line
+        pending = pending[start:]
+        if on_idle is not None and not select.select([fd], [], [], 0)[0]:
+            on_idle()
+        chunk = os.read(fd, _READ_CHUNK)
+        if not chunk:
+            if pending.strip():
+                yield number + 1, pending
+            return
+        pending += chunk
+
+
+def messages_from_lines(
+    lines: Iterable[tuple[int, bytes]], defaults: MessageDefaults, source: str
+) -> Iterator[Message]:
+    for number, line in lines:
+        where = f"{source} line {number}"
+        try:
+            document = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{where}: not valid JSON ({exc})") from None
+        yield build_message(document, defaults, where)
+
+
+class AppendJob:
+    """Drives a :class:`CommitLogAppender` with group commit and rollback (see module doc)."""
+
+    def __init__(
+        self,
+        appender: CommitLogAppender,
+        *,
+        sync: bool,
+        on_result: Callable[[AppendResult], None],
+        group_size: int = 1024,
+    ) -> None:
+        self.appender = appender
+        self.sync = sync
+        self.on_result = on_result
+        self.group_size = group_size
+        self.committed = 0  # messages reported (sync: durable)
+        self._pending: list[AppendResult] = []
+        self._savepoint = appender.savepoint()
+
+    def add(self, message: Message) -> None:
+        result = self.appender.append(message)
+        if self.sync:
+            self._pending.append(result)
+            if len(self._pending) >= self.group_size:
+                self.commit()
+        else:
+            self.committed += 1
+            self.on_result(result)
+
+    def commit(self) -> None:
+        """Sync mode: fsync, then report the group and start a new one."""
+        if not self.sync or not self._pending:
+            return
+        self.appender.flush()
+        for result in self._pending:
+            self.on_result(result)
+        self.committed += len(self._pending)
+        self._pending.clear()
+        self._savepoint = self.appender.savepoint()
+
+    def run(self, messages: Iterable[Message]) -> int:
+        """Append everything; on failure roll back what is not committed and re-raise."""
+        try:
+            for message in messages:
+                self.add(message)
+            self.commit()
+        except BaseException as exc:
+            self._undo(exc)
+            raise
+        return self.committed
+
+    def _undo(self, exc: BaseException) -> None:
+        if self.sync:
+            undone = len(self._pending)
+            self._pending.clear()
+            kept = (
+                f"the first {self.committed} messages were stored and reported; "
+                if self.committed
+                else "nothing was stored; "
+            )
+            summary = f"{kept}{undone} unreported messages were rolled back"
+        else:
+            undone = self.committed
+            summary = (
+                f"all {undone} messages appended by this command were rolled back; the "
+                "store is unchanged"
+                if undone
+                else "nothing was stored"
+            )
+            self.committed = 0
+        self.appender.rollback(self._savepoint)
+        if isinstance(exc, RmqStoreError):
+            exc.message = f"{exc.message} ({summary})"

@@ -1,0 +1,99 @@
+"""The ``checkpoint`` file (spec §8.1): 4096 bytes; 24 meaningful in 4.x, 40 in 5.x."""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from rmqstore.errors import StoreFormatError, StoreIOError
+
+CHECKPOINT_FILE_SIZE = 4096
+RECOVERY_SAFETY_MILLIS = 3000
+_FIELDS = struct.Struct(">qqqqq")
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    physic_msg_timestamp: int = 0  # store time of the last record known flushed
+    logics_msg_timestamp: int = 0  # store time of the last record flushed into consume queues
+    index_msg_timestamp: int = 0  # end timestamp of the last full, flushed index file
+    master_flushed_offset: int = 0  # 5.x
+    confirm_phy_offset: int = 0  # 5.x
+
+    @property
+    def min_timestamp(self) -> int:
+        """What abnormal recovery compares store times against: min(physic, logics) - 3 s."""
+        return max(
+            0, min(self.physic_msg_timestamp, self.logics_msg_timestamp) - RECOVERY_SAFETY_MILLIS
+        )
+
+    @property
+    def min_timestamp_index(self) -> int:
+        return min(self.min_timestamp, self.index_msg_timestamp)
+
+    @property
+    def layout(self) -> str:
+        """``5.x`` when the 5.x fields are set; otherwise the bytes fit both layouts."""
+        return "5.x" if self.master_flushed_offset or self.confirm_phy_offset else "4.x"
+
+    def encode(self) -> bytes:
+        """The whole 4096-byte file (the 5.x fields are zeros unless set; 4.x ignores them)."""
+        return _FIELDS.pack(
+            self.physic_msg_timestamp,
+            self.logics_msg_timestamp,
+            self.index_msg_timestamp,
+            self.master_flushed_offset,
+            self.confirm_phy_offset,
+        ).ljust(CHECKPOINT_FILE_SIZE, b"\0")
+
+    @classmethod
+    def decode(cls, data: bytes) -> Checkpoint:
+        if len(data) < _FIELDS.size:
+            data = data.ljust(_FIELDS.size, b"\0")
+        return cls(*_FIELDS.unpack_from(data, 0))
+
+    def to_dict(self) -> dict[str, int | str]:
+        return {
+            "physicMsgTimestamp": self.physic_msg_timestamp,
+            "logicsMsgTimestamp": self.logics_msg_timestamp,
+            "indexMsgTimestamp": self.index_msg_timestamp,
+            "masterFlushedOffset": self.master_flushed_offset,
+            "confirmPhyOffset": self.confirm_phy_offset,
+            "minTimestamp": self.min_timestamp,
+            "minTimestampIndex": self.min_timestamp_index,
+        }
+
+    def updated(self, **changes: int) -> Checkpoint:
+        return replace(self, **changes)
+
+
+def read_checkpoint(path: Path) -> Checkpoint | None:
+    """The checkpoint, or None when the file does not exist (which a broker reads as zeros)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    if len(data) != CHECKPOINT_FILE_SIZE:
+        raise StoreFormatError(
+            f"{path} is {len(data)} bytes; a checkpoint is {CHECKPOINT_FILE_SIZE}"
+        )
+    return Checkpoint.decode(data)
+
+
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Write the 40 field bytes in place (creating a zero-filled file first) and fsync."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < CHECKPOINT_FILE_SIZE:
+                os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
+            os.pwrite(fd, checkpoint.encode()[: _FIELDS.size], 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None

@@ -1,0 +1,638 @@
+"""The commit log (spec §2, §5, §10): one byte stream of records cut into fixed-size files.
+
+Reading: stream records from any record offset across files, read one record, and find the
+valid end exactly as a broker's recovery would. Writing: :class:`CommitLogAppender` appends
+with the broker's roll rule, queue offsets and timestamps, and can roll back to a savepoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rmqstore.checkpoint import Checkpoint
+from rmqstore.checksum import (
+    CRC32_PROPERTY_NAME,
+    CRC32_RESERVED_LEN,
+    body_crc,
+    crc_property_bytes,
+    record_crc,
+)
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, level_to_queue_id, parse_java_int
+from rmqstore.errors import (
+    InputError,
+    MessageTooLargeError,
+    NotFoundError,
+    RecordError,
+    StoreIOError,
+)
+from rmqstore.hosts import HostAddress
+from rmqstore.msgid import UniqKeyGenerator, offset_msg_id
+from rmqstore.properties import (
+    DELAY,
+    MAX_PROPERTIES_BYTES,
+    REAL_QID,
+    REAL_TOPIC,
+    UNIQ_KEY,
+    encode_properties,
+)
+from rmqstore.record import (
+    _HOST_FLAGS,
+    _SIZE_AND_MAGIC,
+    BLANK_MIN_LENGTH,
+    H_STORE_TIMESTAMP,
+    MAGIC_BLANK,
+    MAGIC_V1,
+    MAGIC_V2,
+    TRANSACTION_COMMIT,
+    TRANSACTION_MASK,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+    BodyMode,
+    Message,
+    RegionScan,
+    ScanStop,
+    decode_message,
+    header_struct,
+    host_flags,
+)
+from rmqstore.segments import Segment, SegmentQueue, map_readonly, map_writable
+from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
+
+ScanItem = tuple[int, tuple, str, bytes, "bool | None"]
+_MAP_CACHE_SIZE = 8
+_RESERVE_CHUNK = 16 * 1024 * 1024
+_PAGE = mmap.PAGESIZE
+
+
+@dataclass(frozen=True, slots=True)
+class LogEnd:
+    """Where the valid records of the log end, and why."""
+
+    offset: int
+    stop: ScanStop | None
+    error: RecordError | None
+    segment: Segment | None
+
+
+class CommitLog:
+    """Read access to ``commitlog/``: file list, record scans and single reads."""
+
+    def __init__(self, directory: Path, file_size: int, *, strict: bool = True) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        self.queue = SegmentQueue.load(directory, file_size, strict=strict, kind="commit-log")
+        self._maps: OrderedDict[Path, Any] = OrderedDict()
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self.queue.segments
+
+    @property
+    def min_offset(self) -> int:
+        return self.queue.min_offset or 0
+
+    def map(self, segment: Segment) -> Any:
+        """A read-only map of ``segment`` (a few are kept open for repeated reads)."""
+        buf = self._maps.get(segment.path)
+        if buf is None:
+            buf = map_readonly(segment.path)
+            self._maps[segment.path] = buf
+            while len(self._maps) > _MAP_CACHE_SIZE:
+                _close_map(self._maps.popitem(last=False)[1])
+        else:
+            self._maps.move_to_end(segment.path)
+        return buf
+
+    def forget_maps(self) -> None:
+        while self._maps:
+            _close_map(self._maps.popitem()[1])
+
+    close = forget_maps
+
+    def scan(
+        self,
+        start_offset: int | None = None,
+        *,
+        check_crc: bool = False,
+        stop_on_crc_error: bool = False,
+        first_segment: Segment | None = None,
+    ) -> LogScan:
+        """Stream records from ``start_offset`` (default: the first file) across files."""
+        return LogScan(
+            self,
+            self.min_offset if start_offset is None else start_offset,
+            check_crc,
+            stop_on_crc_error,
+            first_segment,
+        )
+
+    def first_record_store_timestamp(self, segment: Segment) -> int | None:
+        """Store time of the first record of a file if it starts with a message, else None."""
+        buf = self.map(segment)
+        if len(buf) < 8:
+            return None
+        magic = _SIZE_AND_MAGIC.unpack_from(buf, 0)[1]
+        if magic not in (MAGIC_V1, MAGIC_V2):
+            return None
+        sys_flag = int.from_bytes(buf[36:40], "big")
+        header = header_struct(sys_flag)
+        if len(buf) < header.size:
+            return None
+        return header.unpack_from(buf, 0)[H_STORE_TIMESTAMP]
+
+    def recovery_start(self, checkpoint: Checkpoint | None, abnormal: bool) -> Segment | None:
+        """The file a broker's recovery starts from (spec §10.2/10.3)."""
+        segments = self.segments
+        if not segments:
+            return None
+        if not abnormal:
+            return segments[max(0, len(segments) - 3)]
+        limit = (checkpoint or Checkpoint()).min_timestamp
+        for segment in reversed(segments):
+            stamp = self.first_record_store_timestamp(segment)
+            if stamp and stamp <= limit:
+                return segment
+        return segments[0]
+
+    def valid_end(
+        self,
+        *,
+        check_crc: bool = True,
+        abnormal: bool = False,
+        checkpoint: Checkpoint | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> LogEnd:
+        """The end of the last valid record as a broker's recovery computes it: walk from the
+        recovery start file, follow BLANKs, stop at the first invalid record (a bad body CRC
+        counts when ``check_crc``, as with ``checkCRCOnRecover``)."""
+        start = self.recovery_start(checkpoint, abnormal)
+        if start is None:
+            return LogEnd(0, None, None, None)
+        scan = self.scan(
+            start.start, check_crc=check_crc, stop_on_crc_error=check_crc, first_segment=start
+        )
+        for count, _ in enumerate(scan, 1):
+            if progress is not None and not count & 0xFFFF:
+                progress(scan.position)
+        return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
+
+    def read(
+        self, offset: int, *, body: BodyMode = BodyMode.READ, verify_property_crc: bool = False
+    ) -> Message:
+        """The message record starting at ``offset``."""
+        segment = self.queue.find(offset)
+        if segment is None:
+            raise NotFoundError(f"offset {offset} is outside the commit log files")
+        buf = self.map(segment)
+        return decode_message(
+            buf,
+            offset - segment.start,
+            physical_offset=offset,
+            body=body,
+            verify_property_crc=verify_property_crc,
+        )
+
+
+def _close_map(buf: Any) -> None:
+    if isinstance(buf, mmap.mmap):
+        # a view still alive keeps the map; it is freed with the last view
+        with contextlib.suppress(BufferError):
+            buf.close()
+
+
+class LogScan:
+    """Iterates a commit log from an offset; see :class:`rmqstore.record.RegionScan` for items.
+
+    After iteration: ``end_offset`` (end of the last valid record, or a BLANK's position when
+    the BLANK is in the last file), ``stop``, ``error`` and ``segment`` (where it ended).
+    """
+
+    def __init__(
+        self,
+        log: CommitLog,
+        start_offset: int,
+        check_crc: bool,
+        stop_on_crc_error: bool,
+        first_segment: Segment | None,
+    ) -> None:
+        self.log = log
+        self.start_offset = start_offset
+        self.check_crc = check_crc
+        self.stop_on_crc_error = stop_on_crc_error
+        self.end_offset = start_offset
+        self.position = start_offset
+        self.stop: ScanStop | None = None
+        self.error: RecordError | None = None
+        self.segment = first_segment
+        self.crc_failures = 0
+
+    def __iter__(self) -> Iterator[ScanItem]:
+        log = self.log
+        segments = log.segments
+        segment = self.segment or log.queue.find(self.start_offset)
+        if segment is None:
+            self.stop = ScanStop.END
+            return
+        index = segments.index(segment)
+        position = self.start_offset - segment.start
+        while True:
+            self.segment = segment
+            region = RegionScan(
+                log.map(segment), position, log.file_size, segment.start, self.check_crc
+            )
+            for item in region:
+                if item[4] is False:
+                    self.crc_failures += 1
+                    if self.stop_on_crc_error:
+                        self.end_offset = item[0]
+                        self.stop = ScanStop.INVALID
+                        self.error = RecordError("BODYCRC", item[0], "does not match the body")
+                        return
+                self.position = item[0]
+                yield item
+            self.end_offset = segment.start + region.end_position
+            self.stop, self.error = region.stop, region.error
+            if region.stop is not ScanStop.BLANK or index + 1 >= len(segments):
+                return
+            index += 1
+            segment = segments[index]
+            position = 0
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """What the store returned for one put."""
+
+    physical_offset: int
+    queue_offset: int
+    store_size: int
+    store_timestamp: int
+    topic: str
+    queue_id: int
+    store_host_field: bytes
+
+    @property
+    def msg_id(self) -> str:
+        return offset_msg_id(HostAddress.from_field(self.store_host_field), self.physical_offset)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "msgId": self.msg_id,
+            "topic": self.topic,
+            "queueId": self.queue_id,
+            "commitLogOffset": self.physical_offset,
+            "queueOffset": self.queue_offset,
+            "storeSize": self.store_size,
+            "storeTimestamp": self.store_timestamp,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Savepoint:
+    offset: int
+    segment_count: int
+    queue_offsets: dict[tuple[str, int], int]
+    last_store_timestamp: int
+
+
+class CommitLogAppender:
+    """Appends records the way ``CommitLog.DefaultAppendMessageCallback`` does.
+
+    The caller holds the store lock. ``end`` is the valid end found at open; files after it
+    must be all zeros (pre-allocated) and are reused. Writes go through a shared writable map
+    whose disk blocks are reserved ahead with ``posix_fallocate``, so a full disk is an error
+    before a byte is written rather than a SIGBUS.
+    """
+
+    def __init__(
+        self,
+        log: CommitLog,
+        end_offset: int,
+        queue_offsets: dict[tuple[str, int], int],
+        *,
+        store_host: HostAddress,
+        max_message_size: int,
+        delay_levels: DelayLevels,
+        append_crc_property: bool = False,
+        allow_v2: bool = True,
+        clock: Callable[[], int] | None = None,
+        uniq_keys: UniqKeyGenerator | None = None,
+        last_store_timestamp: int = 0,
+    ) -> None:
+        self.log = log
+        self.file_size = log.file_size
+        self.queue_offsets = queue_offsets
+        self.store_host = store_host
+        self._store_host_field = store_host.to_field()
+        self.max_message_size = max_message_size
+        self.delay_levels = delay_levels
+        self.append_crc_property = append_crc_property
+        self.allow_v2 = allow_v2
+        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.uniq_keys = uniq_keys
+        self.last_store_timestamp = last_store_timestamp
+        self.appended = 0
+        self._checked_topics: set[str] = set()
+        self._topic_fields: dict[str, bytes] = {}
+        self._host_fields: dict[HostAddress, bytes] = {}
+        self._dirty_from = -1  # lowest unflushed position in the current file; -1 = clean
+        self._dirty_files: set[Path] = set()  # earlier files with unflushed writes
+        self._high_water: dict[Path, int] = {}  # how far this session wrote in rolled files
+        self._segment: Segment | None = None
+        self._map: mmap.mmap | None = None
+        self._position = 0
+        self._reserved = 0
+        self._created: list[Segment] = []
+        self._open_at(end_offset)
+
+    # -- positions -------------------------------------------------------------------------
+
+    @property
+    def end_offset(self) -> int:
+        """Physical offset where the next record goes (the log's max offset)."""
+        if self._segment is None:
+            return self.log.min_offset
+        return self._segment.start + self._position
+
+    def _open_at(self, offset: int) -> None:
+        segment = self.log.queue.find(offset)
+        if segment is None:
+            start = offset - offset % self.file_size
+            if self.log.segments and start != self.log.segments[-1].start + self.file_size:
+                raise InputError(
+                    f"cannot append at {offset}: it does not follow the last commit-log file"
+                )
+            segment = self._create(start)
+        self._switch_to(segment, offset - segment.start)
+
+    def _create(self, start: int) -> Segment:
+        segment = self.log.queue.create(start)
+        self._created.append(segment)
+        return segment
+
+    def _switch_to(self, segment: Segment, position: int) -> None:
+        self._release_map()
+        self._dirty_from = -1
+        self.log.forget_maps()
+        self._segment = segment
+        self._map = map_writable(segment.path)
+        self._position = position
+        self._reserved = position
+
+    def _release_map(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+    def _reserve(self, end: int) -> None:
+        """Allocate disk blocks up to ``end`` of the current file before writing there."""
+        target = min(self.file_size, max(end, self._reserved + _RESERVE_CHUNK))
+        assert self._segment is not None
+        try:
+            fd = os.open(self._segment.path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, self._reserved, target - self._reserved)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(
+                f"cannot reserve space in {self._segment.path}: {exc.strerror}"
+            ) from None
+        self._reserved = target
+
+    def _roll(self) -> None:
+        """Fill the rest of the file with a BLANK and continue in the next file."""
+        assert self._segment is not None and self._map is not None
+        remaining = self.file_size - self._position
+        if self._position + BLANK_MIN_LENGTH > self._reserved:
+            self._reserve(self._position + BLANK_MIN_LENGTH)
+        _SIZE_AND_MAGIC.pack_into(self._map, self._position, remaining, MAGIC_BLANK)
+        self._dirty_files.add(self._segment.path)
+        self._dirty_from = -1
+        self._high_water[self._segment.path] = self._position + BLANK_MIN_LENGTH
+        next_start = self._segment.start + self.file_size
+        segment = self.log.queue.find(next_start) or self._create(next_start)
+        self._switch_to(segment, 0)
+
+    # -- appending ---------------------------------------------------------------------------
+
+    def prepare(self, message: Message) -> tuple[Message, bytes]:
+        """Validate a message and apply the broker's rewrites; returns it with its encoded
+        properties. Raises before anything is written."""
+        topic = message.topic
+        if topic not in self._checked_topics:
+            check_topic(topic, allow_v2=self.allow_v2)
+            self._checked_topics.add(topic)
+        body = message.body or b""
+        if len(body) > self.max_message_size:
+            raise MessageTooLargeError(
+                f"message body is {len(body)} bytes; maxMessageSize is {self.max_message_size}"
+            )
+        properties = message.properties
+        if self.uniq_keys is not None and UNIQ_KEY not in properties:
+            properties = {**properties, UNIQ_KEY: self.uniq_keys.next_key()}
+        transaction = message.sys_flag & TRANSACTION_MASK
+        if DELAY in properties and transaction in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT):
+            message, properties = self._schedule(message, properties)
+        if self.append_crc_property and CRC32_PROPERTY_NAME in properties:
+            properties = {k: v for k, v in properties.items() if k != CRC32_PROPERTY_NAME}
+        return message, encode_properties(properties)
+
+    def _schedule(
+        self, message: Message, properties: dict[str, str]
+    ) -> tuple[Message, dict[str, str]]:
+        """Store a delayed message in SCHEDULE_TOPIC_XXXX, queue level-1 (spec §2.11)."""
+        try:
+            level = parse_java_int(properties[DELAY])
+        except ValueError:
+            raise InputError(f"DELAY={properties[DELAY]!r} is not a delay level") from None
+        if level <= 0:
+            return message, properties
+        level = self.delay_levels.clamp(level)
+        rewritten = {
+            **properties,
+            DELAY: str(level),
+            REAL_TOPIC: message.topic,
+            REAL_QID: str(message.queue_id),
+        }
+        scheduled = replace(message, topic=SCHEDULE_TOPIC, queue_id=level_to_queue_id(level))
+        return scheduled, rewritten
+
+    def append(self, message: Message, props: bytes | None = None) -> AppendResult:
+        """Append one message (validated first unless ``props`` comes from :meth:`prepare`)."""
+        if props is None:
+            message, props = self.prepare(message)
+        topic = message.topic
+        topic_field = self._topic_fields.get(topic)
+        if topic_field is None:
+            encoded = topic.encode("utf-8")
+            if len(topic) > MAX_TOPIC_LENGTH:
+                topic_field = len(encoded).to_bytes(2, "big") + encoded  # V2 (5.x)
+            else:
+                topic_field = bytes([len(encoded)]) + encoded
+            self._topic_fields[topic] = topic_field
+        version_v2 = len(topic) > MAX_TOPIC_LENGTH
+        body = message.body or b""
+        body_length = len(body)
+        born_field = self._host_fields.get(message.born_host)
+        if born_field is None:
+            born_field = self._host_fields[message.born_host] = message.born_host.to_field()
+        sys_flag = (message.sys_flag & ~_HOST_FLAGS) | host_flags(
+            message.born_host, self.store_host
+        )
+        crc_reserve = 0
+        if self.append_crc_property:
+            if props and not props.endswith(b"\x02"):
+                props += b"\x02"
+            crc_reserve = CRC32_RESERVED_LEN
+        props_length = len(props) + crc_reserve
+        if props_length > MAX_PROPERTIES_BYTES:
+            raise InputError(f"properties are {props_length} bytes; at most {MAX_PROPERTIES_BYTES}")
+        header = header_struct(sys_flag)
+        total = header.size + body_length + len(topic_field) + 2 + props_length
+        if total + BLANK_MIN_LENGTH > self.file_size:
+            raise MessageTooLargeError(
+                f"a {total}-byte record cannot fit in a commit-log file of {self.file_size} bytes"
+            )
+        if self._position + total + BLANK_MIN_LENGTH > self.file_size:
+            self._roll()
+        position = self._position
+        if position + total > self._reserved:
+            self._reserve(position + total)
+        transaction = sys_flag & TRANSACTION_MASK
+        queue_key = (topic, message.queue_id)
+        if transaction in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
+            queue_offset = 0
+        else:
+            queue_offset = self.queue_offsets.get(queue_key, 0)
+            self.queue_offsets[queue_key] = queue_offset + 1
+        store_timestamp = self.clock()
+        if store_timestamp < self.last_store_timestamp:
+            store_timestamp = self.last_store_timestamp
+        self.last_store_timestamp = store_timestamp
+        assert self._segment is not None and self._map is not None
+        physical_offset = self._segment.start + position
+        buf = self._map
+        if self._dirty_from < 0:
+            self._dirty_from = position
+        header.pack_into(
+            buf,
+            position,
+            total,
+            MAGIC_V2 if version_v2 else MAGIC_V1,
+            body_crc(body),
+            message.queue_id,
+            message.flag,
+            queue_offset,
+            physical_offset,
+            sys_flag,
+            message.born_timestamp,
+            born_field,
+            store_timestamp,
+            self._store_host_field,
+            message.reconsume_times,
+            message.prepared_transaction_offset,
+            body_length,
+        )
+        cursor = position + header.size
+        buf[cursor : cursor + body_length] = body
+        cursor += body_length
+        buf[cursor : cursor + len(topic_field)] = topic_field
+        cursor += len(topic_field)
+        buf[cursor : cursor + 2] = props_length.to_bytes(2, "big")
+        cursor += 2
+        buf[cursor : cursor + len(props)] = props
+        if crc_reserve:
+            crc = record_crc(memoryview(buf)[position : position + total - crc_reserve])
+            buf[position + total - crc_reserve : position + total] = crc_property_bytes(crc)
+        self._position = position + total
+        self.appended += 1
+        return AppendResult(
+            physical_offset,
+            queue_offset,
+            total,
+            store_timestamp,
+            topic,
+            message.queue_id,
+            self._store_host_field,
+        )
+
+    # -- durability and rollback ---------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Force everything appended so far to disk (fdatasync of rolled files, msync of the
+        current file's dirty range), like a broker flush with leastPages 0."""
+        try:
+            for path in sorted(self._dirty_files):
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+                self._dirty_files.discard(path)
+            if self._dirty_from >= 0 and self._map is not None:
+                start = self._dirty_from - self._dirty_from % _PAGE
+                self._map.flush(start, self._position - start)
+                self._dirty_from = -1
+        except OSError as exc:
+            raise StoreIOError(f"flush failed: {exc.strerror}") from None
+
+    def savepoint(self) -> Savepoint:
+        return Savepoint(
+            self.end_offset,
+            len(self.log.segments),
+            dict(self.queue_offsets),
+            self.last_store_timestamp,
+        )
+
+    def rollback(self, savepoint: Savepoint) -> None:
+        """Undo every append after ``savepoint``: zero the bytes written since, remove files
+        created since (they hold only those bytes) and restore queue offsets."""
+        assert self._segment is not None
+        self._high_water[self._segment.path] = self._position
+        if self._dirty_from >= 0:
+            self._dirty_files.add(self._segment.path)
+        self._release_map()
+        self._segment = None
+        later = self.log.segments[savepoint.segment_count :]
+        self.log.queue.forget_after(savepoint.segment_count)
+        for segment in later:
+            self._dirty_files.discard(segment.path)
+            if segment in self._created:
+                self._created.remove(segment)
+                self._high_water.pop(segment.path, None)
+                os.unlink(segment.path)
+            else:
+                self._zero(segment, 0)
+        segment = self.log.queue.find(savepoint.offset)
+        if segment is None:  # the savepoint was the very start of a new file
+            segment = self._create(savepoint.offset - savepoint.offset % self.file_size)
+        self._zero(segment, savepoint.offset - segment.start)
+        self._switch_to(segment, savepoint.offset - segment.start)
+        self.queue_offsets.clear()
+        self.queue_offsets.update(savepoint.queue_offsets)
+        self.last_store_timestamp = savepoint.last_store_timestamp
+
+    def _zero(self, segment: Segment, position: int) -> None:
+        """Zero what this session wrote in ``segment`` from ``position`` on."""
+        end = self._high_water.pop(segment.path, position)
+        if end > position:
+            buf = map_writable(segment.path)
+            try:
+                buf[position:end] = bytes(end - position)
+                buf.flush()
+            finally:
+                buf.close()
+
+    def close(self) -> None:
+        self.flush()
+        self._release_map()

@@ -1,0 +1,214 @@
+"""Store geometry and behaviour settings, with RocketMQ's defaults and ``broker.conf`` keys.
+
+Precedence, highest first: explicit options, ``--broker-config``, what existing files say
+(file sizes), RocketMQ's defaults. Keys mean what they mean to a broker (spec §5.1, §11).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rmqstore.errors import InputError
+
+DEFAULT_COMMITLOG_FILE_SIZE = 1024 * 1024 * 1024
+DEFAULT_CONSUMEQUEUE_FILE_SIZE = 300_000 * 20
+DEFAULT_INDEX_SLOTS = 5_000_000
+DEFAULT_INDEX_ENTRIES = 5_000_000 * 4
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024 * 4
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+DEFAULT_LISTEN_PORT = 10911
+CQ_UNIT_SIZE = 20
+
+
+def _int(text: str, key: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise InputError(f"broker config: {key}={text!r} is not an integer") from None
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() == "true"  # Java Boolean.parseBoolean
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Settings that decide how store files are laid out and checked.
+
+    ``None`` for a file size means "not said": take it from existing files, else the default.
+    """
+
+    commitlog_file_size: int | None = None
+    consumequeue_file_size: int | None = None
+    index_slots: int = DEFAULT_INDEX_SLOTS
+    index_entries: int = DEFAULT_INDEX_ENTRIES
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    flush_disk_type: str = "ASYNC_FLUSH"
+    check_crc_on_recover: bool = True
+    force_verify_prop_crc: bool = False
+    append_prop_crc: bool = False  # 5.x enabledAppendPropCRC
+    message_index_enable: bool = True
+    message_delay_level: str = DEFAULT_DELAY_LEVELS
+    cluster_name: str = "DefaultCluster"
+    store_host: str | None = None  # brokerIP1:listenPort
+    commitlog_dir: Path | None = None  # storePathCommitLog when it is not <root>/commitlog
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def with_overrides(self, **values: object) -> StoreConfig:
+        """A copy with every non-None value applied (recorded as coming from an option)."""
+        given = {key: value for key, value in values.items() if value is not None}
+        if not given:
+            return self
+        sources = dict(self.sources)
+        sources.update(dict.fromkeys(given, "option"))
+        return replace(self, sources=sources, **given)
+
+
+def round_consumequeue_size(size: int) -> int:
+    """The broker rounds the configured consume-queue file size up to a multiple of 20."""
+    return math.ceil(size / CQ_UNIT_SIZE) * CQ_UNIT_SIZE
+
+
+def parse_java_properties(text: str) -> dict[str, str]:
+    """Parse Java ``.properties`` syntax: ``#``/``!`` comments, ``=``/``:``/space separators,
+    backslash line continuations and escapes."""
+    result: dict[str, str] = {}
+    logical = ""
+    for raw_line in text.splitlines():
+        line = raw_line.lstrip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2 == 1:
+            logical += line[:-1]
+            continue
+        logical += line
+        key, value = _split_property(logical)
+        result[key] = value
+        logical = ""
+    if logical:
+        key, value = _split_property(logical)
+        result[key] = value
+    return result
+
+
+def _split_property(line: str) -> tuple[str, str]:
+    index = 0
+    while index < len(line):
+        char = line[index]
+        if char == "\\":
+            index += 2
+            continue
+        if char in "=: \t\f":
+            break
+        index += 1
+    key = line[:index]
+    rest = line[index:].lstrip(" \t\f")
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(" \t\f")
+    return _unescape(key), _unescape(rest)
+
+
+def _unescape(text: str) -> str:
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if char != "\\" or index + 1 == len(text):
+            out.append(char)
+            index += 1
+            continue
+        following = text[index + 1]
+        if following == "u" and index + 6 <= len(text):
+            try:
+                out.append(chr(int(text[index + 2 : index + 6], 16)))
+                index += 6
+                continue
+            except ValueError:
+                pass
+        out.append({"t": "\t", "n": "\n", "r": "\r", "f": "\f"}.get(following, following))
+        index += 2
+    return "".join(out)
+
+
+def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfig:
+    """Read the store-related keys of a broker's ``broker.conf``.
+
+    ``storePathCommitLog`` under the configured ``storePathRootDir`` is re-rooted at
+    ``store_root`` (the store may have been copied elsewhere); elsewhere it is used as is.
+    """
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(f"cannot read broker config {path}: {exc.strerror}") from None
+    props = parse_java_properties(text)
+    values: dict[str, object] = {}
+
+    def take(key: str, *aliases: str) -> str | None:
+        for name in (key, *aliases):
+            if name in props:
+                return props[name]
+        return None
+
+    if (size := take("mappedFileSizeCommitLog", "mapedFileSizeCommitLog")) is not None:
+        values["commitlog_file_size"] = _int(size, "mappedFileSizeCommitLog")
+    if (size := take("mappedFileSizeConsumeQueue", "mapedFileSizeConsumeQueue")) is not None:
+        values["consumequeue_file_size"] = round_consumequeue_size(
+            _int(size, "mappedFileSizeConsumeQueue")
+        )
+    for key, name in (
+        ("maxHashSlotNum", "index_slots"),
+        ("maxIndexNum", "index_entries"),
+        ("maxMessageSize", "max_message_size"),
+    ):
+        if (raw := take(key)) is not None:
+            values[name] = _int(raw, key)
+    for key, name in (
+        ("checkCRCOnRecover", "check_crc_on_recover"),
+        ("forceVerifyPropCRC", "force_verify_prop_crc"),
+        ("enabledAppendPropCRC", "append_prop_crc"),
+        ("messageIndexEnable", "message_index_enable"),
+    ):
+        if (raw := take(key)) is not None:
+            values[name] = _bool(raw)
+    if (raw := take("flushDiskType")) is not None:
+        flush_type = raw.strip().upper()
+        if flush_type not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
+            raise InputError(f"broker config: flushDiskType={raw!r} is not ASYNC_FLUSH/SYNC_FLUSH")
+        values["flush_disk_type"] = flush_type
+    if (raw := take("messageDelayLevel")) is not None:
+        values["message_delay_level"] = raw.strip()
+    if (raw := take("brokerClusterName")) is not None and raw.strip():
+        values["cluster_name"] = raw.strip()
+    if (raw := take("brokerIP1")) is not None and raw.strip():
+        port = _int(take("listenPort") or str(DEFAULT_LISTEN_PORT), "listenPort")
+        host = raw.strip()
+        values["store_host"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    commitlog = take("storePathCommitLog")
+    if commitlog and commitlog.strip():
+        values["commitlog_dir"] = _commitlog_dir(
+            commitlog.strip(), take("storePathRootDir"), store_root
+        )
+    config = StoreConfig(**values)  # type: ignore[arg-type]
+    sources = {name: f"broker config {path}" for name in values}
+    return replace(config, sources=sources)
+
+
+def _commitlog_dir(configured: str, configured_root: str | None, store_root: Path | None) -> Path:
+    if "," in configured:
+        raise InputError(
+            "broker config: storePathCommitLog lists several directories "
+            "(a multi-path commit log); rmqstore does not support that layout"
+        )
+    path = Path(configured)
+    if store_root is not None and configured_root:
+        try:
+            relative = path.relative_to(Path(configured_root.strip()))
+        except ValueError:
+            return path
+        return store_root / relative
+    return path

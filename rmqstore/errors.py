@@ -1,0 +1,83 @@
+"""Typed engine errors. Each carries a one-line human message and the CLI exit code for it.
+
+The CLI maps these to exit codes in exactly one place (``rmqstore.commands.main``); the engine
+never prints and never exits.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Exit codes shared by every command (documented in rmqstore(1))."""
+
+    OK = 0
+    FINDINGS = 1  # completed and found problems (verify findings, a dry run with work to do)
+    USAGE = 2  # usage or input error: bad option, not a store, unreadable or corrupt input
+    BUSY = 3  # the store's lock is held by another process (a running broker)
+    IO = 4  # I/O failure: disk full, permission denied, fsync failed
+    INTERNAL = 70  # a bug in rmqstore (sysexits EX_SOFTWARE); please report it
+
+
+class RmqStoreError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InputError(RmqStoreError):
+    """The user's input is wrong: an option value, a JSON line, a topic name, a missing file."""
+
+
+class NotAStoreError(InputError):
+    """The path given as STORE is missing, not a directory, or not a RocketMQ store."""
+
+
+class StoreFormatError(InputError):
+    """A store file is malformed: wrong size, bad name, a record that does not decode."""
+
+
+class RecordError(StoreFormatError):
+    """A commit-log record failed to decode; names the failing field and the record offset."""
+
+    def __init__(self, field: str, physical_offset: int, reason: str) -> None:
+        super().__init__(f"record at offset {physical_offset}: {field} {reason}")
+        self.field = field
+        self.physical_offset = physical_offset
+        self.reason = reason
+
+
+class TopicError(InputError):
+    """A topic name breaks RocketMQ's rules or would not be a safe path component."""
+
+
+class MessageTooLargeError(InputError):
+    """A message body or record exceeds the store's limits."""
+
+
+class NotFoundError(InputError):
+    """A lookup that names exactly one thing (an offset, a message id) found nothing."""
+
+
+class UncleanStoreError(InputError):
+    """The store was not closed cleanly (``abort`` present) and must be recovered first."""
+
+
+class StoreBusyError(RmqStoreError):
+    """The store's ``lock`` is held by another process (a broker or another rmqstore)."""
+
+    exit_code = ExitCode.BUSY
+
+
+class StoreIOError(RmqStoreError):
+    """The operating system refused an operation: disk full, permission denied, fsync failure."""
+
+    exit_code = ExitCode.IO

@@ -1,0 +1,58 @@
+"""Java hashing semantics the store depends on (spec §3.5, §7.3).
+
+``String.hashCode`` is ``h = 31*h + c`` over UTF-16 code units with 32-bit wrap-around. The
+tagsCode of a message is that value sign-extended to 64 bits; the index key hash is its
+``Math.abs`` with ``abs(Integer.MIN_VALUE)`` (still negative in Java) mapped to 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from operator import mul
+
+_MASK32 = 0xFFFFFFFF
+_INT_MIN = -(1 << 31)
+_UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
+
+# powers of 31 modulo 2**32 for each string length, most significant first
+_powers_by_length: dict[int, tuple[int, ...]] = {}
+
+
+def _powers(length: int) -> tuple[int, ...]:
+    powers = _powers_by_length.get(length)
+    if powers is None:
+        powers = tuple(pow(31, length - 1 - i, 1 << 32) for i in range(length))
+        if length <= 4096:
+            _powers_by_length[length] = powers
+    return powers
+
+
+def _code_units(text: str) -> bytes | memoryview:
+    """The UTF-16 code units of ``text`` as an iterable of ints."""
+    if text.isascii():
+        return text.encode("ascii")
+    return memoryview(text.encode(_UTF16_NATIVE, "surrogatepass")).cast("H")
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()`` as a signed 32-bit int."""
+    units = _code_units(text)
+    unsigned = sum(map(mul, units, _powers(len(units)))) & _MASK32
+    return unsigned - (1 << 32) if unsigned & 0x80000000 else unsigned
+
+
+@lru_cache(maxsize=8192)
+def tags_code(tags: str | None) -> int:
+    """The consume-queue tagsCode of a TAGS value: its Java hash sign-extended; 0 when absent."""
+    if not tags:
+        return 0
+    return java_string_hash(tags)
+
+
+def index_key_hash(key: str) -> int:
+    """The index keyHash of ``topic#key``: ``Math.abs(hashCode)``, MIN_VALUE mapped to 0."""
+    code = java_string_hash(key)
+    if code == _INT_MIN:
+        return 0
+    return -code if code < 0 else code

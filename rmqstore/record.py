@@ -1,0 +1,552 @@
+"""Commit-log record codec (spec §2.2-2.8): V1 and V2 records, IPv4/IPv6 host fields, BLANK
+records, body CRC and the 5.x ``__CRC32#`` property. Pure functions over bytes-like objects.
+
+This module owns the layout of a record; nobody else computes field positions inside one.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from rmqstore.checksum import (
+    CRC32_PROPERTY_NAME,
+    CRC32_RESERVED_LEN,
+    body_crc,
+    crc_property_bytes,
+    decode_crc_digits,
+    record_crc,
+)
+from rmqstore.errors import InputError, RecordError
+from rmqstore.hosts import DEFAULT_BORN_HOST, DEFAULT_STORE_HOST, HostAddress
+from rmqstore.msgid import offset_msg_id
+from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
+
+MAGIC_V1 = -626843481  # 0xDAA320A7 read as a Java int
+MAGIC_V2 = -626843477  # 0xDAA320AB
+MAGIC_BLANK = -875286124  # 0xCBD43194
+BLANK_MIN_LENGTH = 8  # END_FILE_MIN_BLANK_LENGTH: a message needs size + 8 <= space left
+
+# SYSFLAG bits (spec §2.4)
+COMPRESSED_FLAG = 0x1
+MULTI_TAGS_FLAG = 0x2
+TRANSACTION_MASK = 0xC
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED = 0x4
+TRANSACTION_COMMIT = 0x8
+TRANSACTION_ROLLBACK = 0xC
+BORNHOST_V6_FLAG = 0x10
+STOREHOST_V6_FLAG = 0x20
+COMPRESSION_TYPE_MASK = 0x700
+TRANSACTION_NAMES = {0x0: "NOT_TYPE", 0x4: "PREPARED", 0x8: "COMMIT", 0xC: "ROLLBACK"}
+
+# Fixed header: TOTALSIZE .. BODYLENGTH. Variants by (bornV6, storeV6) = (sysFlag >> 4) & 3.
+_HEADER_FORMATS = {
+    0: ">iiiiiqqiq8sq8siqi",
+    1: ">iiiiiqqiq20sq8siqi",
+    2: ">iiiiiqqiq8sq20siqi",
+    3: ">iiiiiqqiq20sq20siqi",
+}
+_HEADERS = {key: struct.Struct(fmt) for key, fmt in _HEADER_FORMATS.items()}
+HEADER_IPV4 = _HEADERS[0]
+_SIZE_AND_MAGIC = struct.Struct(">ii")
+_SHORT = struct.Struct(">h")
+
+# positions in the header tuple
+H_TOTAL_SIZE = 0
+H_MAGIC = 1
+H_BODY_CRC = 2
+H_QUEUE_ID = 3
+H_FLAG = 4
+H_QUEUE_OFFSET = 5
+H_PHYSICAL_OFFSET = 6
+H_SYS_FLAG = 7
+H_BORN_TIMESTAMP = 8
+H_BORN_HOST = 9
+H_STORE_TIMESTAMP = 10
+H_STORE_HOST = 11
+H_RECONSUME_TIMES = 12
+H_PREPARED_OFFSET = 13
+H_BODY_LENGTH = 14
+
+_HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
+_MIN_RECORD_LENGTH = HEADER_IPV4.size + 1 + 2  # empty body, topic and properties
+
+
+def header_struct(sys_flag: int) -> struct.Struct:
+    return _HEADERS[(sys_flag >> 4) & 3]
+
+
+def record_length(
+    sys_flag: int, body_length: int, topic_length: int, props_length: int, version: int = 1
+) -> int:
+    """TOTALSIZE implied by the fields (spec §2.2 formula)."""
+    topic_length_size = 2 if version == 2 else 1
+    return (
+        header_struct(sys_flag).size
+        + max(body_length, 0)
+        + topic_length_size
+        + topic_length
+        + 2
+        + max(props_length, 0)
+    )
+
+
+class BodyMode(Enum):
+    """What decoding does with the body: one parser, three costs."""
+
+    SKIP = "skip"  # do not copy the body (Message.body is None)
+    READ = "read"  # copy the body
+    VERIFY = "verify"  # copy it and check BODYCRC (RecordError on mismatch)
+
+
+@dataclass(slots=True)
+class Message:
+    """One commit-log message record, with RocketMQ's field meanings."""
+
+    topic: str
+    body: bytes | None = b""
+    queue_id: int = 0
+    flag: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: HostAddress = DEFAULT_BORN_HOST
+    store_timestamp: int = 0
+    store_host: HostAddress = DEFAULT_STORE_HOST
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    body_crc: int = 0
+    store_size: int = 0
+    body_length: int = 0
+    version: int = 1
+    properties_bytes: bytes = b""
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(KEYS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(UNIQ_KEY)
+
+    @property
+    def transaction_type(self) -> int:
+        return self.sys_flag & TRANSACTION_MASK
+
+    @property
+    def msg_id(self) -> str:
+        return offset_msg_id(self.store_host, self.physical_offset)
+
+    def fields(self) -> dict[str, Any]:
+        """The message's fields under RocketMQ's names, body excluded (used by every output)."""
+        return {
+            "msgId": self.msg_id,
+            "topic": self.topic,
+            "queueId": self.queue_id,
+            "queueOffset": self.queue_offset,
+            "commitLogOffset": self.physical_offset,
+            "storeSize": self.store_size,
+            "bodyCRC": self.body_crc,
+            "flag": self.flag,
+            "sysFlag": self.sys_flag,
+            "bornTimestamp": self.born_timestamp,
+            "bornHost": str(self.born_host),
+            "storeTimestamp": self.store_timestamp,
+            "storeHost": str(self.store_host),
+            "reconsumeTimes": self.reconsume_times,
+            "preparedTransactionOffset": self.prepared_transaction_offset,
+            "properties": dict(self.properties),
+            "tags": self.tags,
+            "keys": self.keys,
+            "uniqKey": self.uniq_key,
+            "bodyLength": self.body_length,
+            "version": f"V{self.version}",
+        }
+
+
+def host_flags(born_host: HostAddress, store_host: HostAddress) -> int:
+    """The V6 sysFlag bits a broker sets from the socket address types."""
+    return (BORNHOST_V6_FLAG if born_host.is_ipv6 else 0) | (
+        STOREHOST_V6_FLAG if store_host.is_ipv6 else 0
+    )
+
+
+def encode_record(message: Message, *, append_crc_property: bool = False) -> bytes:
+    """Encode ``message`` exactly as a broker writes it.
+
+    ``properties_bytes`` is used as given (so a decoded record re-encodes byte-identically);
+    when empty, ``properties`` is not serialised here (callers encode properties first). The
+    V6 sysFlag bits are derived from the host addresses and BODYCRC is recomputed, as the
+    broker does. ``append_crc_property`` adds the 5.x ``__CRC32#`` property (spec §2.6).
+    """
+    body = message.body or b""
+    topic = message.topic.encode("utf-8")
+    props = message.properties_bytes
+    sys_flag = (message.sys_flag & ~_HOST_FLAGS) | host_flags(message.born_host, message.store_host)
+    if append_crc_property:
+        if props and not props.endswith(b"\x02"):
+            props += b"\x02"
+        props += bytes(CRC32_RESERVED_LEN)
+    if message.version == 2:
+        if len(topic) > 32767:
+            raise InputError("topic is too long for a V2 record")
+        topic_field = len(topic).to_bytes(2, "big") + topic
+    else:
+        if len(topic) > 127:
+            raise InputError(f"topic is {len(topic)} bytes; a V1 record allows at most 127")
+        topic_field = bytes([len(topic)]) + topic
+    if len(props) > 32767:
+        raise InputError(f"properties are {len(props)} bytes; a record allows at most 32767")
+    header = header_struct(sys_flag)
+    total = header.size + len(body) + len(topic_field) + 2 + len(props)
+    record = bytearray(total)
+    header.pack_into(
+        record,
+        0,
+        total,
+        MAGIC_V2 if message.version == 2 else MAGIC_V1,
+        body_crc(body),
+        message.queue_id,
+        message.flag,
+        message.queue_offset,
+        message.physical_offset,
+        sys_flag,
+        message.born_timestamp,
+        message.born_host.to_field(),
+        message.store_timestamp,
+        message.store_host.to_field(),
+        message.reconsume_times,
+        message.prepared_transaction_offset,
+        len(body),
+    )
+    position = header.size
+    record[position : position + len(body)] = body
+    position += len(body)
+    record[position : position + len(topic_field)] = topic_field
+    position += len(topic_field)
+    _SHORT.pack_into(record, position, len(props))
+    record[position + 2 :] = props
+    if append_crc_property:
+        crc = record_crc(memoryview(record)[: total - CRC32_RESERVED_LEN])
+        record[total - CRC32_RESERVED_LEN :] = crc_property_bytes(crc)
+    return bytes(record)
+
+
+def encode_blank(length: int) -> bytes:
+    """The 8 header bytes of a BLANK record that declares ``length`` bytes."""
+    return _SIZE_AND_MAGIC.pack(length, MAGIC_BLANK)
+
+
+def _fail(field_name: str, offset: int, reason: str) -> RecordError:
+    return RecordError(field_name, offset, reason)
+
+
+def decode_message(
+    buf: Any,
+    position: int = 0,
+    *,
+    physical_offset: int | None = None,
+    body: BodyMode = BodyMode.READ,
+    verify_property_crc: bool = False,
+) -> Message:
+    """Decode the message record at ``position`` of ``buf``.
+
+    ``physical_offset`` is where the record lives in the commit log; when given, the stored
+    PHYSICALOFFSET must equal it. Every failure is a :class:`RecordError` naming the field.
+    """
+    where = position if physical_offset is None else physical_offset
+    end = len(buf)
+    if end - position < 8:
+        raise _fail("TOTALSIZE", where, f"is missing: only {max(end - position, 0)} bytes remain")
+    total, magic = _SIZE_AND_MAGIC.unpack_from(buf, position)
+    if magic == MAGIC_BLANK:
+        raise _fail("MAGICCODE", where, "is BLANK: end-of-file filler, not a message")
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise _fail("MAGICCODE", where, f"0x{magic & 0xFFFFFFFF:08X} is not a message magic code")
+    if total < _MIN_RECORD_LENGTH:
+        raise _fail("TOTALSIZE", where, f"{total} is smaller than any record")
+    if total > end - position:
+        raise _fail(
+            "TOTALSIZE",
+            where,
+            f"{total} runs past the end of the data ({end - position} bytes remain)",
+        )
+    sys_flag = int.from_bytes(buf[position + 36 : position + 40], "big", signed=True)
+    header = header_struct(sys_flag)
+    if header.size + 3 > total:
+        raise _fail("TOTALSIZE", where, f"{total} is too small for the header")
+    fields = header.unpack_from(buf, position)
+    body_length = fields[H_BODY_LENGTH]
+    body_start = position + header.size
+    record_end = position + total
+    if body_length < 0 or body_start + body_length > record_end:
+        raise _fail("BODYLENGTH", where, f"{body_length} does not fit in a {total}-byte record")
+    topic_length_at = body_start + body_length
+    version = 2 if magic == MAGIC_V2 else 1
+    if topic_length_at + version + 2 > record_end:
+        raise _fail("TOPICLENGTH", where, "runs past the end of the record")
+    if version == 2:
+        topic_length = _SHORT.unpack_from(buf, topic_length_at)[0]
+        topic_start = topic_length_at + 2
+    else:
+        topic_length = buf[topic_length_at]
+        topic_length = topic_length - 256 if topic_length > 127 else topic_length
+        topic_start = topic_length_at + 1
+    if topic_length < 0:
+        raise _fail("TOPICLENGTH", where, f"{topic_length} is negative (read as a signed value)")
+    props_length_at = topic_start + topic_length
+    if props_length_at + 2 > record_end:
+        raise _fail("TOPICLENGTH", where, f"{topic_length} runs past the end of the record")
+    props_length = _SHORT.unpack_from(buf, props_length_at)[0]
+    if props_length < 0:
+        raise _fail("PROPERTIESLENGTH", where, f"{props_length} is negative")
+    computed = (props_length_at + 2 + props_length) - position
+    if computed != total:
+        raise _fail("TOTALSIZE", where, f"{total} but the fields add up to {computed}")
+    stored_offset = fields[H_PHYSICAL_OFFSET]
+    if physical_offset is not None and stored_offset != physical_offset:
+        raise _fail("PHYSICALOFFSET", where, f"{stored_offset} differs from the record's position")
+    body_bytes: bytes | None = None
+    if body is not BodyMode.SKIP:
+        body_bytes = bytes(buf[body_start : body_start + body_length])
+        if body is BodyMode.VERIFY and body_crc(body_bytes) != fields[H_BODY_CRC]:
+            raise _fail(
+                "BODYCRC",
+                where,
+                f"{fields[H_BODY_CRC]} does not match the body (computed {body_crc(body_bytes)})",
+            )
+    try:
+        topic = bytes(buf[topic_start:props_length_at]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise _fail("TOPIC", where, "is not valid UTF-8") from None
+    props_bytes = bytes(buf[props_length_at + 2 : record_end])
+    if verify_property_crc:
+        check_property_crc(buf, position, total, props_bytes, where)
+    return Message(
+        topic=topic,
+        body=body_bytes,
+        queue_id=fields[H_QUEUE_ID],
+        flag=fields[H_FLAG],
+        properties=decode_properties(props_bytes),
+        sys_flag=sys_flag,
+        born_timestamp=fields[H_BORN_TIMESTAMP],
+        born_host=HostAddress.from_field(fields[H_BORN_HOST]),
+        store_timestamp=fields[H_STORE_TIMESTAMP],
+        store_host=HostAddress.from_field(fields[H_STORE_HOST]),
+        reconsume_times=fields[H_RECONSUME_TIMES],
+        prepared_transaction_offset=fields[H_PREPARED_OFFSET],
+        queue_offset=fields[H_QUEUE_OFFSET],
+        physical_offset=stored_offset,
+        body_crc=fields[H_BODY_CRC],
+        store_size=total,
+        body_length=body_length,
+        version=version,
+        properties_bytes=props_bytes,
+    )
+
+
+def property_crc_status(buf: Any, position: int, total: int) -> bool | None:
+    """True/False when the record ends with a ``__CRC32#`` property that does/does not match;
+    None when it has none."""
+    tail = bytes(buf[position + total - CRC32_RESERVED_LEN : position + total])
+    prefix = CRC32_PROPERTY_NAME.encode("ascii") + b"\x01"
+    if not (tail.startswith(prefix) and tail.endswith(b"\x02")):
+        return None
+    try:
+        stored = decode_crc_digits(tail[len(prefix) : -1])
+    except ValueError:
+        return False
+    return stored == record_crc(memoryview(buf)[position : position + total - CRC32_RESERVED_LEN])
+
+
+def check_property_crc(buf: Any, position: int, total: int, props: bytes, where: int) -> None:
+    status = property_crc_status(buf, position, total)
+    if status is None:
+        raise _fail("PROPERTIES", where, f"has no {CRC32_PROPERTY_NAME} property")
+    if not status:
+        raise _fail("PROPERTIES", where, f"{CRC32_PROPERTY_NAME} does not match the record")
+
+
+def decompress_body(message: Message) -> bytes:
+    """The producer's original body: zlib-inflated when COMPRESSED_FLAG says ZLIB (type 0 or 3).
+
+    The store never compresses; LZ4 and ZSTD bodies (types 1 and 2) are not supported here.
+    """
+    body = message.body or b""
+    if not message.sys_flag & COMPRESSED_FLAG:
+        return body
+    compression = (message.sys_flag & COMPRESSION_TYPE_MASK) >> 8
+    if compression not in (0, 3):
+        name = {1: "LZ4", 2: "ZSTD"}.get(compression, f"type {compression}")
+        raise InputError(
+            f"message at {message.physical_offset} is {name}-compressed; "
+            "only ZLIB bodies can be decompressed"
+        )
+    try:
+        return zlib.decompress(body)
+    except zlib.error as exc:
+        raise InputError(
+            f"message at {message.physical_offset}: body does not inflate: {exc}"
+        ) from None
+
+
+class ScanStop(Enum):
+    """Why a scan of one file region stopped."""
+
+    BLANK = "blank"  # a BLANK record: the file is complete
+    INVALID = "invalid"  # non-zero bytes that are not a valid record (torn or corrupt)
+    END = "end"  # zeros or the end of the data: nothing more was written
+
+
+class RegionScan:
+    """Walks the records of one commit-log file region, the hot path of every scan.
+
+    Iterating yields ``(physical_offset, header, topic, properties_bytes, crc_ok)`` for each
+    valid message, where ``header`` is the unpacked fixed-header tuple (index it with the
+    ``H_*`` constants) and ``crc_ok`` is None unless ``check_crc``. A record with a bad body CRC
+    is yielded with ``crc_ok=False``; whether to stop there is the caller's choice. After
+    iteration ``stop``, ``end_position`` (file position where valid records end),
+    ``blank_length`` and ``error`` say how it ended.
+    """
+
+    __slots__ = (
+        "base_offset",
+        "blank_length",
+        "buf",
+        "check_crc",
+        "end_position",
+        "error",
+        "limit",
+        "start",
+        "stop",
+    )
+
+    def __init__(
+        self, buf: Any, start: int, limit: int, base_offset: int, check_crc: bool = False
+    ) -> None:
+        self.buf = buf
+        self.start = start
+        self.limit = limit
+        self.base_offset = base_offset
+        self.check_crc = check_crc
+        self.end_position = start
+        self.stop: ScanStop | None = None
+        self.blank_length = 0
+        self.error: RecordError | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
+        buf = self.buf
+        view = memoryview(buf)
+        limit = self.limit
+        base = self.base_offset
+        check_crc = self.check_crc
+        unpack_ipv4 = HEADER_IPV4.unpack_from
+        unpack_short = _SHORT.unpack_from
+        crc32 = zlib.crc32
+        topics: dict[bytes, str] = {}
+        position = self.start
+        try:
+            while True:
+                self.end_position = position
+                if limit - position < 8:
+                    self.stop = ScanStop.END
+                    return
+                total, magic = _SIZE_AND_MAGIC.unpack_from(buf, position)
+                if magic != MAGIC_V1:
+                    if magic == 0 and total == 0:
+                        self.stop = ScanStop.END  # zeros: nothing was written here
+                        return
+                    if magic == MAGIC_BLANK:
+                        self.stop = ScanStop.BLANK
+                        self.blank_length = total
+                        return
+                    if magic != MAGIC_V2:
+                        self._invalid(
+                            position,
+                            "MAGICCODE",
+                            f"0x{magic & 0xFFFFFFFF:08X} is not a message magic code",
+                        )
+                        return
+                if total < _MIN_RECORD_LENGTH or total > limit - position:
+                    self._invalid(position, "TOTALSIZE", f"{total} is out of bounds")
+                    return
+                header = unpack_ipv4(buf, position)
+                if header[H_SYS_FLAG] & _HOST_FLAGS:
+                    size = header_struct(header[H_SYS_FLAG]).size
+                    if size + 3 > total:
+                        self._invalid(position, "TOTALSIZE", f"{total} is too small")
+                        return
+                    header = header_struct(header[H_SYS_FLAG]).unpack_from(buf, position)
+                else:
+                    size = 88
+                body_length = header[H_BODY_LENGTH]
+                topic_at = position + size + body_length
+                record_end = position + total
+                if body_length < 0 or topic_at + 3 > record_end:
+                    self._invalid(position, "BODYLENGTH", f"{body_length} does not fit")
+                    return
+                if magic == MAGIC_V1:
+                    topic_length = buf[topic_at]
+                    if topic_length > 127:
+                        self._invalid(position, "TOPICLENGTH", "is negative")
+                        return
+                    topic_at += 1
+                else:
+                    topic_length = unpack_short(buf, topic_at)[0]
+                    if topic_length < 0:
+                        self._invalid(position, "TOPICLENGTH", "is negative")
+                        return
+                    topic_at += 2
+                props_at = topic_at + topic_length
+                if props_at + 2 > record_end:
+                    self._invalid(position, "TOPICLENGTH", "runs past the record")
+                    return
+                props_length = unpack_short(buf, props_at)[0]
+                if props_at + 2 + props_length != record_end:
+                    self._invalid(position, "TOTALSIZE", f"{total} does not match its fields")
+                    return
+                if header[H_PHYSICAL_OFFSET] != base + position:
+                    self._invalid(
+                        position,
+                        "PHYSICALOFFSET",
+                        f"{header[H_PHYSICAL_OFFSET]} differs from the position",
+                    )
+                    return
+                topic_bytes = bytes(view[topic_at:props_at])
+                topic = topics.get(topic_bytes)
+                if topic is None:
+                    try:
+                        topic = topic_bytes.decode("utf-8")
+                    except UnicodeDecodeError:
+                        self._invalid(position, "TOPIC", "is not valid UTF-8")
+                        return
+                    topics[topic_bytes] = topic
+                crc_ok = None
+                if check_crc:
+                    crc_ok = (
+                        not body_length
+                        or (
+                            crc32(view[position + size : position + size + body_length])
+                            & 0x7FFFFFFF
+                        )
+                        == header[H_BODY_CRC]
+                    )
+                yield base + position, header, topic, bytes(view[props_at + 2 : record_end]), crc_ok
+                position = record_end
+        finally:
+            view.release()
+
+    def _invalid(self, position: int, field_name: str, reason: str) -> None:
+        self.stop = ScanStop.INVALID
+        self.error = RecordError(field_name, self.base_offset + position, reason)

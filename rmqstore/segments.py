@@ -1,0 +1,205 @@
+"""Fixed-size segment files named by their start offset (spec §5, RocketMQ's MappedFileQueue).
+
+A queue of segments lives in one directory; every file has the same configured size and is
+named by the 20-digit zero-padded offset of its first byte. The commit log and each consume
+queue are such queues. This module knows names, sizes and file lookup; what is inside a file
+belongs to the module of that file kind.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rmqstore.errors import StoreFormatError, StoreIOError
+
+SEGMENT_NAME_DIGITS = 20
+_SEGMENT_NAME = re.compile(r"\d{20}")
+
+
+def segment_name(start_offset: int) -> str:
+    """``UtilAll.offset2FileName``: the offset as 20 zero-padded decimal digits."""
+    return f"{start_offset:0{SEGMENT_NAME_DIGITS}d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    start: int
+    path: Path
+    size: int  # size on disk
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+@dataclass(slots=True)
+class SegmentQueue:
+    """The segment files of one directory, ordered by name (= by start offset)."""
+
+    directory: Path
+    file_size: int
+    segments: list[Segment] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # found with strict=False
+    unexpected: list[Path] = field(default_factory=list)  # entries that are not segments
+
+    @classmethod
+    def load(
+        cls, directory: Path, file_size: int, *, strict: bool = True, kind: str = "segment"
+    ) -> SegmentQueue:
+        """List the segments of ``directory``. With ``strict`` a file whose size differs from
+        ``file_size`` is an error (a 4.9 broker refuses to start); otherwise it is recorded in
+        ``problems``. A zero-length last file is skipped, as a 5.x broker deletes it."""
+        queue = cls(directory, file_size)
+        if not directory.is_dir():
+            return queue
+        try:
+            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except OSError as exc:
+            raise StoreIOError(f"cannot list {directory}: {exc.strerror}") from None
+        for entry in entries:
+            if not _SEGMENT_NAME.fullmatch(entry.name):
+                if not entry.is_dir(follow_symlinks=False):
+                    queue.unexpected.append(Path(entry.path))
+                continue
+            if not entry.is_file():
+                queue.unexpected.append(Path(entry.path))
+                continue
+            size = entry.stat().st_size
+            queue.segments.append(Segment(int(entry.name), Path(entry.path), size))
+        for index, segment in enumerate(queue.segments):
+            if segment.size == file_size:
+                continue
+            last = index == len(queue.segments) - 1
+            if segment.size == 0 and last:
+                queue.problems.append(
+                    f"{kind} file {segment.path} is empty (a 5.x broker "
+                    "deletes it at start-up); ignored"
+                )
+                queue.segments.pop()
+                break
+            message = (
+                f"{kind} file {segment.path} is {segment.size} bytes; "
+                f"the configured size is {file_size}"
+            )
+            if strict:
+                raise StoreFormatError(message)
+            queue.problems.append(message)
+        return queue
+
+    @property
+    def min_offset(self) -> int | None:
+        return self.segments[0].start if self.segments else None
+
+    def find(self, offset: int) -> Segment | None:
+        """The segment holding ``offset`` (spec §5.4), or None."""
+        if not self.segments:
+            return None
+        index = offset // self.file_size - self.segments[0].start // self.file_size
+        if 0 <= index < len(self.segments):
+            candidate = self.segments[index]
+            if candidate.start <= offset < candidate.start + self.file_size:
+                return candidate
+        for segment in self.segments:
+            if segment.start <= offset < segment.start + self.file_size:
+                return segment
+        return None
+
+    def forget_after(self, count: int) -> None:
+        """Drop segments beyond the first ``count`` from the list (the files stay)."""
+        del self.segments[count:]
+
+    def create(self, start_offset: int) -> Segment:
+        """Create the segment starting at ``start_offset`` at its full size (sparse), as the
+        broker's allocator does, and make its directory entry durable."""
+        if start_offset % self.file_size:
+            raise StoreFormatError(
+                f"segment offset {start_offset} is not a multiple of the file size {self.file_size}"
+            )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / segment_name(start_offset)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.ftruncate(fd, self.file_size)
+            finally:
+                os.close(fd)
+            fsync_directory(self.directory)
+        except FileExistsError:
+            raise StoreFormatError(f"{path} already exists") from None
+        except OSError as exc:
+            raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
+        segment = Segment(start_offset, path, self.file_size)
+        self.segments.append(segment)
+        return segment
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make created/renamed/removed directory entries durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def map_readonly(path: Path) -> mmap.mmap | bytes:
+    """Map a file read-only (ACCESS_READ); an empty file maps to ``b""``."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0:
+                return b""
+            return mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def map_writable(path: Path) -> mmap.mmap:
+    try:
+        with open(path, "r+b") as handle:
+            return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_WRITE)
+    except OSError as exc:
+        raise StoreIOError(f"cannot open {path} for writing: {exc.strerror}") from None
+
+
+def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:
+    """The smallest ``[first, last_end)`` within ``[start, end)`` holding every non-zero byte
+    of ``path``, or None when that range is all zeros. Holes of sparse files are skipped."""
+    first: int | None = None
+    last_end = start
+    chunk_size = 4 * 1024 * 1024
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        position = start
+        while position < end:
+            try:
+                position = os.lseek(fd, position, os.SEEK_DATA)
+                hole = min(os.lseek(fd, position, os.SEEK_HOLE), end)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    break  # only a hole remains
+                hole = end  # no sparse-file support: read everything
+            if position >= end:
+                break
+            while position < hole:
+                chunk = os.pread(fd, min(chunk_size, hole - position), position)
+                if not chunk:
+                    break
+                stripped = chunk.lstrip(b"\0")
+                if stripped:
+                    if first is None:
+                        first = position + len(chunk) - len(stripped)
+                    last_end = position + len(chunk.rstrip(b"\0"))
+                position += len(chunk)
+            position = max(position, hole)
+    finally:
+        os.close(fd)
+    return None if first is None else (first, last_end)

@@ -1,0 +1,390 @@
+"""The store facade: open a store root read-only, or locked for writing as a broker does.
+
+Read-only opens never create or change a file. A writable open takes the ``lock`` (refusing a
+store a broker holds), finds the valid end of the commit log the way recovery would, and creates
+``abort`` while writing; a clean close flushes, writes the checkpoint and removes ``abort``
+when the consume queues have caught up (as a broker's shutdown does).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from rmqstore.commitlog import CommitLog, CommitLogAppender, LogEnd
+from rmqstore.config import (
+    DEFAULT_COMMITLOG_FILE_SIZE,
+    DEFAULT_CONSUMEQUEUE_FILE_SIZE,
+    StoreConfig,
+)
+from rmqstore.delay import DelayLevels
+from rmqstore.errors import NotAStoreError, StoreIOError, UncleanStoreError
+from rmqstore.hosts import DEFAULT_STORE_HOST, HostAddress, parse_host
+from rmqstore.lockfile import LockState, StoreLock, probe_lock
+from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.quarantine import Quarantine
+from rmqstore.record import (
+    H_QUEUE_ID,
+    H_QUEUE_OFFSET,
+    H_STORE_HOST,
+    H_STORE_TIMESTAMP,
+    H_SYS_FLAG,
+    TRANSACTION_MASK,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+)
+from rmqstore.segments import fsync_directory, nonzero_extent
+
+COMMITLOG_DIR = "commitlog"
+CONSUMEQUEUE_DIR = "consumequeue"
+INDEX_DIR = "index"
+CHECKPOINT_FILE = "checkpoint"
+ABORT_FILE = "abort"
+LOCK_FILE = "lock"
+CONFIG_DIR = "config"
+_STORE_MARKERS = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, INDEX_DIR, CHECKPOINT_FILE)
+
+
+@dataclass
+class LogState:
+    """What appending needs to know about the records already in the log."""
+
+    queue_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    last_store_timestamp: int = 0
+    last_store_host: HostAddress | None = None
+    records: int = 0
+
+
+def _infer_file_size(directory: Path, depth: int) -> int | None:
+    """The size of the first segment file found ``depth`` levels below ``directory``."""
+    if not directory.is_dir():
+        return None
+    frontier = [directory]
+    for _ in range(depth):
+        frontier = sorted(p for d in frontier for p in d.iterdir() if p.is_dir())
+    for folder in frontier:
+        for entry in sorted(folder.iterdir()):
+            if entry.name.isdigit() and len(entry.name) == 20 and entry.is_file():
+                size = entry.stat().st_size
+                if size:
+                    return size
+    return None
+
+
+class Store:
+    """An opened store root. Use :meth:`open_read` or :meth:`open_write`; close when done."""
+
+    def __init__(self, root: Path, config: StoreConfig, *, writable: bool) -> None:
+        self.root = root
+        self.config = config
+        self.writable = writable
+        self.commitlog_dir = config.commitlog_dir or root / COMMITLOG_DIR
+        self.notes: list[str] = []  # things the user should hear about (stderr warnings)
+        self._lock: StoreLock | None = None
+        self._commitlog: CommitLog | None = None
+        self._appender: CommitLogAppender | None = None
+        self.abort_existed = self.abort_path.exists()
+        self.dispatched_through: int | None = None  # set by dispatch: consume queues' end
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    @property
+    def abort_path(self) -> Path:
+        return self.root / ABORT_FILE
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / LOCK_FILE
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.root / CHECKPOINT_FILE
+
+    @property
+    def consumequeue_dir(self) -> Path:
+        return self.root / CONSUMEQUEUE_DIR
+
+    @property
+    def index_dir(self) -> Path:
+        return self.root / INDEX_DIR
+
+    # -- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open_read(cls, root: Path | str, config: StoreConfig | None = None) -> Store:
+        """Open an existing store without changing anything. A lock held by a broker is noted."""
+        path = Path(root)
+        _check_store_root(path, create=False, config=config)
+        store = cls(path, _resolve_geometry(path, config or StoreConfig()), writable=False)
+        state = probe_lock(store.lock_path)
+        if state is LockState.HELD:
+            store.notes.append(
+                "the store is locked by a running process (a broker?); what is "
+                "read may change underneath"
+            )
+        return store
+
+    @classmethod
+    def open_write(
+        cls, root: Path | str, config: StoreConfig | None = None, *, create: bool = False
+    ) -> Store:
+        """Open a store for writing with its lock held; ``create`` makes a new, empty store in
+        a missing or empty directory."""
+        path = Path(root)
+        created = _check_store_root(path, create=create, config=config)
+        store = cls(path, _resolve_geometry(path, config or StoreConfig()), writable=True)
+        store._lock = StoreLock(store.lock_path)
+        store._lock.acquire()
+        try:
+            if created:
+                store.commitlog_dir.mkdir(parents=True, exist_ok=True)
+                fsync_directory(path)
+            store.commitlog  # noqa: B018 - load and check the commit log files now
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @property
+    def commitlog(self) -> CommitLog:
+        if self._commitlog is None:
+            self._commitlog = CommitLog(self.commitlog_dir, self.commitlog_file_size)
+        return self._commitlog
+
+    @property
+    def commitlog_file_size(self) -> int:
+        assert self.config.commitlog_file_size is not None
+        return self.config.commitlog_file_size
+
+    @property
+    def consumequeue_file_size(self) -> int:
+        assert self.config.consumequeue_file_size is not None
+        return self.config.consumequeue_file_size
+
+    def checkpoint(self) -> Checkpoint | None:
+        return read_checkpoint(self.checkpoint_path)
+
+    def lock_state(self) -> LockState:
+        return probe_lock(self.lock_path)
+
+    def log_end(self, progress: Callable[[int], None] | None = None) -> LogEnd:
+        """The valid end of the commit log as the broker's recovery would find it."""
+        return self.commitlog.valid_end(
+            check_crc=self.config.check_crc_on_recover,
+            abnormal=self.abort_path.exists(),
+            checkpoint=self.checkpoint(),
+            progress=progress,
+        )
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def appender(
+        self,
+        *,
+        clock: Callable[[], int] | None = None,
+        uniq_keys: UniqKeyGenerator | None = None,
+        allow_v2: bool = True,
+        store_host: HostAddress | None = None,
+    ) -> CommitLogAppender:
+        """Prepare to append: find the valid end, deal with bytes after it, learn the queue
+        offsets, then create ``abort``. Refuses a crashed store whose tail is not clean."""
+        if not self.writable:
+            raise RuntimeError("store was opened read-only")
+        if self._appender is not None:
+            return self._appender
+        end = self.log_end()
+        self._clear_residue(end)
+        state = self.scan_log_state(end.offset)
+        host = (
+            store_host or _config_host(self.config) or state.last_store_host or DEFAULT_STORE_HOST
+        )
+        self._appender = CommitLogAppender(
+            self.commitlog,
+            end.offset,
+            state.queue_offsets,
+            store_host=host,
+            max_message_size=self.config.max_message_size,
+            delay_levels=DelayLevels(self.config.message_delay_level),
+            append_crc_property=self.config.append_prop_crc,
+            allow_v2=allow_v2,
+            clock=clock,
+            uniq_keys=uniq_keys,
+            last_store_timestamp=state.last_store_timestamp,
+        )
+        self._create_abort()
+        return self._appender
+
+    def _clear_residue(self, end: LogEnd) -> None:
+        """Bytes after the valid end: a broker overwrites stale bytes left by its own recovery,
+        but after a crash (``abort`` present) they are an unrecovered torn tail. Stale bytes
+        are quarantined and zeroed before appending; a torn tail is refused."""
+        log = self.commitlog
+        residue: list[tuple[Path, int, int]] = []
+        later_files = []
+        for segment in log.segments:
+            if end.segment is None or segment.start < end.segment.start:
+                continue
+            start = end.offset - segment.start if segment is end.segment else 0
+            extent = nonzero_extent(segment.path, start, log.file_size)
+            if extent is not None:
+                residue.append((segment.path, extent[0], extent[1]))
+                if segment is not end.segment:
+                    later_files.append(segment.path)
+        if not residue:
+            return
+        total = sum(stop - start for _, start, stop in residue)
+        where = f"{total} non-zero bytes after the last valid record (offset {end.offset})"
+        reason = f" ({end.error})" if end.error else ""
+        if self.abort_existed or later_files:
+            raise UncleanStoreError(
+                f"the store was not closed cleanly: {where}{reason}; a broker's recovery "
+                "must truncate it first (start the broker once, or run rmqstore recover)"
+            )
+        quarantine = Quarantine.create(self.root, "append")
+        for path, start, stop in residue:
+            quarantine.save_region(
+                path,
+                start,
+                stop,
+                "stale bytes after the valid end of the commit log, overwritten by append",
+            )
+            fd = os.open(path, os.O_RDWR)
+            try:
+                os.pwrite(fd, bytes(stop - start), start)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self.notes.append(f"moved {where} to {quarantine.directory} before appending")
+        log.forget_maps()
+
+    def scan_log_state(self, end_offset: int) -> LogState:
+        """Next queue offsets, last store time and store host from the records in the log."""
+        state = LogState()
+        offsets = state.queue_offsets
+        last = None
+        for physical_offset, header, topic, _props, _crc in self.commitlog.scan():
+            if physical_offset >= end_offset:
+                break
+            last = header
+            state.records += 1
+            if header[H_SYS_FLAG] & TRANSACTION_MASK in (
+                TRANSACTION_PREPARED,
+                TRANSACTION_ROLLBACK,
+            ):
+                continue
+            key = (topic, header[H_QUEUE_ID])
+            following = header[H_QUEUE_OFFSET] + 1
+            if following > offsets.get(key, 0):
+                offsets[key] = following
+        if last is not None:
+            state.last_store_timestamp = last[H_STORE_TIMESTAMP]
+            state.last_store_host = HostAddress.from_field(last[H_STORE_HOST])
+        return state
+
+    def _create_abort(self) -> None:
+        if self.abort_path.exists():
+            return
+        try:
+            self.abort_path.touch()
+            fsync_directory(self.root)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create {self.abort_path}: {exc.strerror}") from None
+
+    def close(self) -> None:
+        """Flush and release. ``abort`` is removed only when everything appended in this
+        session is in the consume queues (``dispatched_through``), as a broker's shutdown."""
+        try:
+            if self._appender is not None:
+                appender = self._appender
+                self._appender = None
+                appender.close()
+                caught_up = appender.appended == 0 or (
+                    self.dispatched_through is not None
+                    and self.dispatched_through >= appender.end_offset
+                )
+                if appender.appended:
+                    previous = self.checkpoint() or Checkpoint()
+                    write_checkpoint(
+                        self.checkpoint_path,
+                        replace(previous, physic_msg_timestamp=appender.last_store_timestamp),
+                    )
+                if not caught_up:
+                    self.notes.append(
+                        "the consume queues do not include the appended messages, so 'abort' "
+                        "is left in place: a broker re-dispatches them when it starts (or run "
+                        "rmqstore dispatch)"
+                    )
+                elif not self.abort_existed:
+                    self._remove_abort()
+        finally:
+            if self._commitlog is not None:
+                self._commitlog.close()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def _remove_abort(self) -> None:
+        try:
+            self.abort_path.unlink(missing_ok=True)
+            fsync_directory(self.root)
+        except OSError as exc:
+            raise StoreIOError(f"cannot remove {self.abort_path}: {exc.strerror}") from None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _config_host(config: StoreConfig) -> HostAddress | None:
+    return parse_host(config.store_host) if config.store_host else None
+
+
+def _check_store_root(root: Path, *, create: bool, config: StoreConfig | None) -> bool:
+    """Refuse what is not a store; returns True when a new store must be created."""
+    if not root.exists():
+        if create:
+            try:
+                root.mkdir(parents=True)
+            except OSError as exc:
+                raise StoreIOError(f"cannot create {root}: {exc.strerror}") from None
+            return True
+        raise NotAStoreError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise NotAStoreError(f"{root} is a file, not a store directory")
+    commitlog_dir = (config.commitlog_dir if config else None) or root / COMMITLOG_DIR
+    if commitlog_dir.exists() and not commitlog_dir.is_dir():
+        raise NotAStoreError(f"{commitlog_dir} is not a directory")
+    if commitlog_dir.is_dir() or any((root / marker).exists() for marker in _STORE_MARKERS):
+        return False
+    if create and not any(root.iterdir()):
+        return True
+    if create:
+        raise NotAStoreError(
+            f"{root} is not empty and is not a RocketMQ store; refusing to create a store in it"
+        )
+    raise NotAStoreError(
+        f"{root} is not a RocketMQ store (no commitlog/ directory); "
+        "use --create to make a new store"
+    )
+
+
+def _resolve_geometry(root: Path, config: StoreConfig) -> StoreConfig:
+    """Fill unset file sizes from existing files, else RocketMQ's defaults."""
+    values: dict[str, int] = {}
+    sources = dict(config.sources)
+    if config.commitlog_file_size is None:
+        inferred = _infer_file_size(config.commitlog_dir or root / COMMITLOG_DIR, 0)
+        values["commitlog_file_size"] = inferred or DEFAULT_COMMITLOG_FILE_SIZE
+        sources["commitlog_file_size"] = "existing files" if inferred else "default"
+    if config.consumequeue_file_size is None:
+        inferred = _infer_file_size(root / CONSUMEQUEUE_DIR, 2)
+        values["consumequeue_file_size"] = inferred or DEFAULT_CONSUMEQUEUE_FILE_SIZE
+        sources["consumequeue_file_size"] = "existing files" if inferred else "default"
+    for name in ("index_slots", "index_entries", "max_message_size"):
+        sources.setdefault(name, "default")
+    return replace(config, sources=sources, **values)

@@ -1,0 +1,107 @@
+"""A one-screen summary of a store (``rmqstore info``), as a JSON-ready dict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rmqstore.record import (
+    H_QUEUE_ID,
+    H_QUEUE_OFFSET,
+    H_STORE_TIMESTAMP,
+    H_SYS_FLAG,
+    TRANSACTION_MASK,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+    ScanStop,
+)
+from rmqstore.store import Store
+
+
+class _QueueStats:
+    __slots__ = ("messages", "min_offset", "next_offset", "not_queued")
+
+    def __init__(self) -> None:
+        self.messages = 0
+        self.not_queued = 0  # PREPARED/ROLLBACK records: no consume-queue unit
+        self.min_offset: int | None = None
+        self.next_offset = 0
+
+
+def summarize(store: Store, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Files, offsets, topics/queues, checkpoint and abort/lock state of ``store``."""
+    log = store.commitlog
+    checkpoint = store.checkpoint()
+    queues: dict[tuple[str, int], _QueueStats] = {}
+    scan = log.scan()
+    records = 0
+    first_time = last_time = 0
+    for count, (_offset, header, topic, _props, _crc) in enumerate(scan, 1):
+        if progress is not None and not count & 0x3FFF:
+            progress(scan.position - log.min_offset)
+        records += 1
+        key = (topic, header[H_QUEUE_ID])
+        stats = queues.get(key)
+        if stats is None:
+            stats = queues[key] = _QueueStats()
+        stats.messages += 1
+        stamp = header[H_STORE_TIMESTAMP]
+        if not first_time:
+            first_time = stamp
+        last_time = stamp
+        if header[H_SYS_FLAG] & TRANSACTION_MASK in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
+            stats.not_queued += 1
+            continue
+        queue_offset = header[H_QUEUE_OFFSET]
+        if stats.min_offset is None or queue_offset < stats.min_offset:
+            stats.min_offset = queue_offset
+        stats.next_offset = max(stats.next_offset, queue_offset + 1)
+    segments = log.segments
+    data_after_end = [
+        segment.name
+        for segment in segments
+        if scan.segment is not None
+        and segment.start > scan.segment.start
+        and log.first_record_store_timestamp(segment) is not None
+    ]
+    end_state = "clean" if scan.stop in (ScanStop.END, ScanStop.BLANK, None) else "invalid"
+    topics: dict[str, list[dict[str, Any]]] = {}
+    for (topic, queue_id), stats in sorted(queues.items()):
+        topics.setdefault(topic, []).append(
+            {
+                "queueId": queue_id,
+                "messages": stats.messages,
+                "minOffset": stats.min_offset if stats.min_offset is not None else 0,
+                "maxOffset": stats.next_offset,
+                "notQueued": stats.not_queued,
+            }
+        )
+    config = store.config
+    return {
+        "store": str(store.root),
+        "lock": store.lock_state().value,
+        "abort": store.abort_path.exists(),
+        "checkpoint": checkpoint.to_dict() if checkpoint else None,
+        "geometry": {
+            "commitLogFileSize": store.commitlog_file_size,
+            "consumeQueueFileSize": store.consumequeue_file_size,
+            "indexHashSlots": config.index_slots,
+            "indexEntries": config.index_entries,
+            "sources": dict(config.sources),
+        },
+        "commitLog": {
+            "directory": str(store.commitlog_dir),
+            "files": len(segments),
+            "firstFile": segments[0].name if segments else None,
+            "lastFile": segments[-1].name if segments else None,
+            "minOffset": log.min_offset,
+            "maxOffset": scan.end_offset if segments else 0,
+            "messages": records,
+            "firstStoreTimestamp": first_time,
+            "lastStoreTimestamp": last_time,
+            "end": end_state,
+            "endError": str(scan.error) if scan.error else None,
+            "filesWithDataAfterEnd": data_after_end,
+        },
+        "topics": [{"topic": topic, "queues": items} for topic, items in topics.items()],
+    }

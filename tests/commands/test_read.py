@@ -1,0 +1,198 @@
+"""``rmqstore read`` on real-broker stores and on bad input."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from support import assert_read_matches_scan_record, java_host, manifest_dump, run_cli
+
+DUMPED = [
+    "s1_multi",
+    "s3_txn_delay",
+    "s4_recovered_from_torn_half_record",
+    "v533_s1_multi",
+    "v533_s3_txn",
+]
+
+
+@pytest.mark.parametrize("name", DUMPED)
+def test_sequential_read_of_every_message_matches_the_broker(oracle, name: str) -> None:
+    store = oracle(name)
+    records = [
+        r
+        for r in manifest_dump(store.manifest)["commitLogScan"]["records"]
+        if r["type"] == "MESSAGE"
+    ]
+    result = run_cli("read", store.store, "--from-offset", "0", "--jsonl", "--body", "base64")
+    assert result.exit_code == 0, result.stderr
+    documents = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(documents) == len(records)
+    for document, record in zip(documents, records, strict=True):
+        assert_read_matches_scan_record(document, record)
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "s3_txn_delay", "v533_s1_multi"])
+def test_read_by_offset_and_msg_id_match_look_message_by_offset(oracle, name: str) -> None:
+    store = oracle(name)
+    for offset, expected in manifest_dump(store.manifest)["lookMessageByOffset"].items():
+        for args in (["--offset", offset], ["--msg-id", expected["msgId"]]):
+            result = run_cli("read", store.store, *args, "--json", "--body", "base64")
+            assert result.exit_code == 0, result.stderr
+            document = json.loads(result.stdout)
+            for key in (
+                "msgId",
+                "topic",
+                "queueId",
+                "queueOffset",
+                "commitLogOffset",
+                "storeSize",
+                "sysFlag",
+                "flag",
+                "bodyCRC",
+                "bornTimestamp",
+                "storeTimestamp",
+                "reconsumeTimes",
+                "preparedTransactionOffset",
+                "tags",
+                "keys",
+                "uniqKey",
+                "bodyLength",
+                "properties",
+            ):
+                assert document[key] == expected[key], (offset, key)
+            assert document["bornHost"] == java_host(expected["bornHost"])
+            assert document["storeHost"] == java_host(expected["storeHost"])
+            body = base64.b64decode(document.get("body") or "")
+            assert hashlib.sha256(body).hexdigest() == expected["bodySha256"]
+
+
+def test_crashed_store_reads_every_put(oracle) -> None:
+    crash = oracle("s2_crash")
+    puts = crash.manifest["puts"]
+    result = run_cli("read", crash.store, "--from-offset", "0", "--jsonl", "--body", "none")
+    assert result.exit_code == 0, result.stderr
+    documents = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [d["commitLogOffset"] for d in documents] == [p["physicalOffset"] for p in puts]
+    assert [d["msgId"] for d in documents] == [p["msgId"] for p in puts]
+    assert documents[-1]["storeHost"] == java_host(puts[-1]["storeHost"])
+
+
+def test_decompress_restores_the_producer_body(oracle) -> None:
+    store = oracle("s1_multi")
+    put = next(p for p in store.manifest["puts"] if p["sysFlag"] & 1)
+    result = run_cli("read", store.store, "--offset", put["physicalOffset"], "--body", "raw")
+    assert hashlib.sha256(result.stdout_bytes).hexdigest() == put["storedBodySha256"]
+    result = run_cli(
+        "read", store.store, "--offset", put["physicalOffset"], "--body", "raw", "--decompress"
+    )
+    assert hashlib.sha256(result.stdout_bytes).hexdigest() == put["originalBodySha256"]
+
+
+def test_body_encodings(oracle) -> None:
+    store = oracle("s1_multi")
+    put = next(p for p in store.manifest["puts"] if p["storedBodyLength"] > 10)
+    raw = run_cli(
+        "read", store.store, "--offset", put["physicalOffset"], "--body", "raw"
+    ).stdout_bytes
+    for mode, decode in (("hex", bytes.fromhex), ("base64", base64.b64decode)):
+        result = run_cli(
+            "read", store.store, "--offset", put["physicalOffset"], "--body", mode, "--json"
+        )
+        document = json.loads(result.stdout)
+        assert document["bodyEncoding"] == mode
+        assert decode(document["body"]) == raw
+    result = run_cli(
+        "read", store.store, "--offset", put["physicalOffset"], "--body", "none", "--json"
+    )
+    assert "body" not in json.loads(result.stdout)
+
+
+def test_human_output_shows_fields(oracle) -> None:
+    result = run_cli("read", oracle("s1_multi").store, "--offset", "316690")
+    assert result.exit_code == 0
+    assert "7F00000100002A9F000000000004D512" in result.stdout
+    assert "tag-été" in result.stdout
+
+
+def test_count_limits_a_sequential_read(oracle) -> None:
+    result = run_cli(
+        "read",
+        oracle("s1_multi").store,
+        "--from-offset",
+        "0",
+        "--count",
+        "5",
+        "--json",
+        "--body",
+        "none",
+    )
+    documents = json.loads(result.stdout)
+    assert [d["commitLogOffset"] for d in documents][:2] == [0, 266]
+    assert len(documents) == 5
+
+
+def store_with_garbage(tmp_path: Path) -> Path:
+    store = tmp_path / "garbage"
+    (store / "commitlog").mkdir(parents=True)
+    (store / "commitlog" / "00000000000000000000").write_bytes(os.urandom(65536))
+    return store
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--offset", "5"], "no message starts at offset 5"),
+        (["--offset", "99999999"], "beyond the commit-log files"),
+        (["--offset", "3346149"], "at or after the end of the log"),
+        (["--msg-id", "ZZ"], "bad message id"),
+        (["--from-offset", "7"], "no message starts at offset 7"),
+    ],
+)
+def test_bad_lookups_are_one_line_errors(oracle, args: list[str], needle: str) -> None:
+    result = run_cli("read", oracle("s1_multi").store, *args)
+    assert result.exit_code == 2
+    assert needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--offset", "1", "--msg-id", "00"], ["--count", "3", "--offset", "0"]]
+)
+def test_option_misuse_is_a_usage_error(oracle, args: list[str]) -> None:
+    result = run_cli("read", oracle("s1_multi").store, *args)
+    assert result.exit_code == 2
+
+
+def test_not_a_store(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    for target, needle in (
+        (tmp_path / "missing", "no such directory"),
+        (tmp_path / "file", "is a file"),
+        (tmp_path / "empty", "not a RocketMQ store"),
+    ):
+        result = run_cli("read", target, "--offset", "0")
+        assert result.exit_code == 2, target
+        assert needle in result.stderr
+
+
+def test_garbage_commit_log(tmp_path: Path) -> None:
+    result = run_cli("read", store_with_garbage(tmp_path), "--from-offset", "0")
+    assert result.exit_code == 2
+    assert "no message starts at offset 0" in result.stderr
+
+
+def test_truncated_commit_log_file(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    first = store / "commitlog" / "00000000000000000000"
+    with open(first, "r+b") as handle:
+        handle.truncate(1000)
+    result = run_cli("read", store, "--offset", "0", "--commitlog-file-size", "65536")
+    assert result.exit_code == 2
+    assert "is 1000 bytes; the configured size is 65536" in result.stderr

@@ -1,0 +1,73 @@
+"""Offset message ids and UNIQ_KEYs (spec §4)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rmqstore.errors import InputError
+from rmqstore.hosts import HostAddress, parse_host
+from rmqstore.msgid import (
+    UniqKeyGenerator,
+    decode_offset_msg_id,
+    decode_uniq_key,
+    offset_msg_id,
+)
+
+from support import vectors
+
+
+@pytest.mark.parametrize("vector", vectors()["offsetMsgIds"], ids=lambda v: v["offsetMsgId"])
+def test_offset_msg_id_vectors(vector: dict) -> None:
+    host = vector["storeHost"]
+    text = f"[{host}]:{vector['port']}" if ":" in host else f"{host}:{vector['port']}"
+    store_host = parse_host(text)
+    assert offset_msg_id(store_host, vector["commitLogOffset"]) == vector["offsetMsgId"]
+    assert decode_offset_msg_id(vector["offsetMsgId"]) == (store_host, vector["commitLogOffset"])
+
+
+@given(
+    st.one_of(st.binary(min_size=4, max_size=4), st.binary(min_size=16, max_size=16)),
+    st.integers(0, 65535),
+    st.integers(0, (1 << 63) - 1),
+)
+def test_offset_msg_id_round_trip(address: bytes, port: int, offset: int) -> None:
+    host = HostAddress(address, port)
+    assert decode_offset_msg_id(offset_msg_id(host, offset)) == (host, offset)
+
+
+@pytest.mark.parametrize("bad", ["", "XYZ", "00" * 17, "G" * 32])
+def test_bad_msg_ids_are_input_errors(bad: str) -> None:
+    with pytest.raises(InputError):
+        decode_offset_msg_id(bad)
+
+
+def test_uniq_key_example_decodes() -> None:
+    example = vectors()["uniqKeyExample"]
+    info = decode_uniq_key(example["uniqKey"])
+    assert info.ip == example["ip"]
+    assert info.pid == example["pid"]
+    assert info.class_loader_hash == example["classLoaderHash"]
+    assert info.millis_since_month_start == example["millisSinceStartOfMonth"]
+    assert info.counter == example["counter"]
+
+
+def test_ipv6_uniq_key_from_a_real_broker_store_decodes() -> None:
+    info = decode_uniq_key("FD00000000000000000000000000000235795FFD2B276F07903A0000")
+    assert info.ip == "fd00::2"
+    assert info.counter == 0
+
+
+def test_generator_is_deterministic_and_counts() -> None:
+    clock = iter(range(1_700_000_000_000, 1_700_000_000_010)).__next__
+    keys = UniqKeyGenerator(
+        ip=bytes([192, 168, 0, 10]), pid=4000, class_loader_hash=0x759A6E0E, clock=clock
+    )
+    first, second = keys.next_key(), keys.next_key()
+    assert first.startswith("C0A8000A0FA0759A6E0E") and len(first) == 32
+    assert decode_uniq_key(first).counter == 0 and decode_uniq_key(second).counter == 1
+    assert (
+        decode_uniq_key(second).millis_since_month_start
+        == decode_uniq_key(first).millis_since_month_start + 1
+    )
