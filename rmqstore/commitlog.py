@@ -12,16 +12,16 @@ import mmap
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from zlib import crc32  # BODYCRC (checksum.body_crc) inlined on the hot path
 
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.checksum import (
     CRC32_PROPERTY_NAME,
     CRC32_RESERVED_LEN,
-    body_crc,
     crc_property_bytes,
     record_crc,
 )
@@ -44,6 +44,7 @@ from rmqstore.properties import (
     encode_properties,
 )
 from rmqstore.record import (
+    _HEADERS,
     _HOST_FLAGS,
     _SIZE_AND_MAGIC,
     BLANK_MIN_LENGTH,
@@ -336,18 +337,23 @@ class CommitLogAppender:
         self.max_message_size = max_message_size
         self.delay_levels = delay_levels
         self.append_crc_property = append_crc_property
+        self._crc_reserve = CRC32_RESERVED_LEN if append_crc_property else 0
         self.allow_v2 = allow_v2
-        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.clock = clock  # None: the wall clock in epoch milliseconds
+        self._now_ns = time.time_ns
         self.uniq_keys = uniq_keys
         self.last_store_timestamp = last_store_timestamp
         self.appended = 0
-        self._checked_topics: set[str] = set()
-        self._topic_fields: dict[str, bytes] = {}
-        self._host_fields: dict[HostAddress, bytes] = {}
+        self._last_properties: dict[str, str] | None = None  # a copy, compared by value
+        self._last_properties_bytes = b""
+        self._topic_fields: dict[str, tuple[bytes, int]] = {}  # topic -> (field, magic)
+        # born host -> (field bytes, V6 sysFlag bits, header struct, header size)
+        self._host_fields: dict[HostAddress, tuple[bytes, int, Any, int]] = {}
         self._dirty_from = -1  # lowest unflushed position in the current file; -1 = clean
         self._dirty_files: set[Path] = set()  # earlier files with unflushed writes
         self._high_water: dict[Path, int] = {}  # how far this session wrote in rolled files
         self._segment: Segment | None = None
+        self._segment_start = 0
         self._map: mmap.mmap | None = None
         self._position = 0
         self._reserved = 0
@@ -384,6 +390,7 @@ class CommitLogAppender:
         self._dirty_from = -1
         self.log.forget_maps()
         self._segment = segment
+        self._segment_start = segment.start
         self._map = map_writable(segment.path)
         self._position = position
         self._reserved = position
@@ -425,27 +432,53 @@ class CommitLogAppender:
 
     # -- appending ---------------------------------------------------------------------------
 
-    def prepare(self, message: Message) -> tuple[Message, bytes]:
-        """Validate a message and apply the broker's rewrites; returns it with its encoded
-        properties. Raises before anything is written."""
-        topic = message.topic
-        if topic not in self._checked_topics:
-            check_topic(topic, allow_v2=self.allow_v2)
-            self._checked_topics.add(topic)
-        body = message.body or b""
-        if len(body) > self.max_message_size:
+    def prepare(self, message: Message, now_millis: int | None = None) -> tuple[Message, bytes]:
+        """Validate a message and apply the broker's rewrites (DELAY to SCHEDULE_TOPIC_XXXX,
+        a generated UNIQ_KEY); returns it with its encoded properties. Raises before anything
+        is written."""
+        if message.topic not in self._topic_fields:
+            self._learn_topic(message.topic)
+        body = message.body
+        if body is not None and len(body) > self.max_message_size:
             raise MessageTooLargeError(
                 f"message body is {len(body)} bytes; maxMessageSize is {self.max_message_size}"
             )
         properties = message.properties
-        if self.uniq_keys is not None and UNIQ_KEY not in properties:
-            properties = {**properties, UNIQ_KEY: self.uniq_keys.next_key()}
-        transaction = message.sys_flag & TRANSACTION_MASK
-        if DELAY in properties and transaction in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT):
+        if DELAY in properties and message.sys_flag & TRANSACTION_MASK in (
+            TRANSACTION_NOT_TYPE,
+            TRANSACTION_COMMIT,
+        ):
             message, properties = self._schedule(message, properties)
+            if message.topic not in self._topic_fields:
+                self._learn_topic(message.topic)
         if self.append_crc_property and CRC32_PROPERTY_NAME in properties:
             properties = {k: v for k, v in properties.items() if k != CRC32_PROPERTY_NAME}
-        return message, encode_properties(properties)
+        if properties == self._last_properties:  # producers repeat tags/keys: reuse bytes
+            props = self._last_properties_bytes
+        else:
+            props = encode_properties(properties)
+            self._last_properties = dict(properties)
+            self._last_properties_bytes = props
+        if self.uniq_keys is not None and UNIQ_KEY not in properties:
+            key = self.uniq_keys.next_key(now_millis)
+            props += b"UNIQ_KEY\x01" + key.encode("ascii") + b"\x02"
+        if self.append_crc_property and props and not props.endswith(b"\x02"):
+            props += b"\x02"
+        if len(props) + self._crc_reserve > MAX_PROPERTIES_BYTES:
+            raise InputError(
+                f"properties are {len(props) + self._crc_reserve} bytes; at most "
+                f"{MAX_PROPERTIES_BYTES}"
+            )
+        return message, props
+
+    def _learn_topic(self, topic: str) -> None:
+        """Check a topic once and remember its encoded TOPICLENGTH+TOPIC field and magic."""
+        check_topic(topic, allow_v2=self.allow_v2)
+        encoded = topic.encode("utf-8")
+        if len(topic) > MAX_TOPIC_LENGTH:  # 5.x writes V2 for topics over 127 chars
+            self._topic_fields[topic] = (len(encoded).to_bytes(2, "big") + encoded, MAGIC_V2)
+        else:
+            self._topic_fields[topic] = (bytes([len(encoded)]) + encoded, MAGIC_V1)
 
     def _schedule(
         self, message: Message, properties: dict[str, str]
@@ -467,104 +500,97 @@ class CommitLogAppender:
         scheduled = replace(message, topic=SCHEDULE_TOPIC, queue_id=level_to_queue_id(level))
         return scheduled, rewritten
 
-    def append(self, message: Message, props: bytes | None = None) -> AppendResult:
-        """Append one message (validated first unless ``props`` comes from :meth:`prepare`)."""
-        if props is None:
-            message, props = self.prepare(message)
-        topic = message.topic
-        topic_field = self._topic_fields.get(topic)
-        if topic_field is None:
-            encoded = topic.encode("utf-8")
-            if len(topic) > MAX_TOPIC_LENGTH:
-                topic_field = len(encoded).to_bytes(2, "big") + encoded  # V2 (5.x)
+    def append(self, message: Message) -> AppendResult:
+        """Append one message."""
+        return self.append_many((message,))[0]
+
+    def append_many(self, messages: Iterable[Message]) -> list[AppendResult]:
+        """Append messages in order and return what the store returned for each. Each message
+        is validated (:meth:`prepare`) just before it is written; on an error the messages
+        before it stay appended (use :meth:`savepoint`/:meth:`rollback` for all-or-nothing).
+        One loop with everything in locals: this is the hot path of every writer."""
+        results: list[AppendResult] = []
+        add_result = results.append
+        prepare = self.prepare
+        topic_fields = self._topic_fields
+        host_fields = self._host_fields
+        queue_offsets = self.queue_offsets
+        file_size = self.file_size
+        crc_reserve = self._crc_reserve
+        store_host_field = self._store_host_field
+        clock = self.clock
+        now_ns = self._now_ns
+        not_queued = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
+        last_born: HostAddress | None = None
+        host: tuple[bytes, int, Any, int] = (b"", 0, None, 0)
+        for message in messages:
+            now = now_ns() // 1_000_000 if clock is None else clock()
+            message, props = prepare(message, now)
+            topic = message.topic
+            topic_field, magic = topic_fields[topic]
+            body = message.body or b""
+            body_length = len(body)
+            if message.born_host is not last_born:  # same object: skip hashing it again
+                last_born = message.born_host
+                host = host_fields.get(last_born) or self._learn_born_host(last_born)
+            born_field, flags, header, header_size = host
+            sys_flag = (message.sys_flag & ~_HOST_FLAGS) | flags
+            props_length = len(props) + crc_reserve
+            total = header_size + body_length + len(topic_field) + 2 + props_length
+            position = self._position
+            if position + total + BLANK_MIN_LENGTH > file_size:
+                if total + BLANK_MIN_LENGTH > file_size:
+                    raise MessageTooLargeError(
+                        f"a {total}-byte record cannot fit in a commit-log file of "
+                        f"{file_size} bytes"
+                    )
+                self._roll()
+                position = 0
+            if position + total > self._reserved:
+                self._reserve(position + total)
+            queue_id = message.queue_id
+            if sys_flag & TRANSACTION_MASK in not_queued:
+                queue_offset = 0
             else:
-                topic_field = bytes([len(encoded)]) + encoded
-            self._topic_fields[topic] = topic_field
-        version_v2 = len(topic) > MAX_TOPIC_LENGTH
-        body = message.body or b""
-        body_length = len(body)
-        born_field = self._host_fields.get(message.born_host)
-        if born_field is None:
-            born_field = self._host_fields[message.born_host] = message.born_host.to_field()
-        sys_flag = (message.sys_flag & ~_HOST_FLAGS) | host_flags(
-            message.born_host, self.store_host
-        )
-        crc_reserve = 0
-        if self.append_crc_property:
-            if props and not props.endswith(b"\x02"):
-                props += b"\x02"
-            crc_reserve = CRC32_RESERVED_LEN
-        props_length = len(props) + crc_reserve
-        if props_length > MAX_PROPERTIES_BYTES:
-            raise InputError(f"properties are {props_length} bytes; at most {MAX_PROPERTIES_BYTES}")
-        header = header_struct(sys_flag)
-        total = header.size + body_length + len(topic_field) + 2 + props_length
-        if total + BLANK_MIN_LENGTH > self.file_size:
-            raise MessageTooLargeError(
-                f"a {total}-byte record cannot fit in a commit-log file of {self.file_size} bytes"
-            )
-        if self._position + total + BLANK_MIN_LENGTH > self.file_size:
-            self._roll()
-        position = self._position
-        if position + total > self._reserved:
-            self._reserve(position + total)
-        transaction = sys_flag & TRANSACTION_MASK
-        queue_key = (topic, message.queue_id)
-        if transaction in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
-            queue_offset = 0
-        else:
-            queue_offset = self.queue_offsets.get(queue_key, 0)
-            self.queue_offsets[queue_key] = queue_offset + 1
-        store_timestamp = self.clock()
-        if store_timestamp < self.last_store_timestamp:
-            store_timestamp = self.last_store_timestamp
-        self.last_store_timestamp = store_timestamp
-        assert self._segment is not None and self._map is not None
-        physical_offset = self._segment.start + position
-        buf = self._map
-        if self._dirty_from < 0:
-            self._dirty_from = position
-        header.pack_into(
-            buf,
-            position,
-            total,
-            MAGIC_V2 if version_v2 else MAGIC_V1,
-            body_crc(body),
-            message.queue_id,
-            message.flag,
-            queue_offset,
-            physical_offset,
-            sys_flag,
-            message.born_timestamp,
-            born_field,
-            store_timestamp,
-            self._store_host_field,
-            message.reconsume_times,
-            message.prepared_transaction_offset,
-            body_length,
-        )
-        cursor = position + header.size
-        buf[cursor : cursor + body_length] = body
-        cursor += body_length
-        buf[cursor : cursor + len(topic_field)] = topic_field
-        cursor += len(topic_field)
-        buf[cursor : cursor + 2] = props_length.to_bytes(2, "big")
-        cursor += 2
-        buf[cursor : cursor + len(props)] = props
-        if crc_reserve:
-            crc = record_crc(memoryview(buf)[position : position + total - crc_reserve])
-            buf[position + total - crc_reserve : position + total] = crc_property_bytes(crc)
-        self._position = position + total
-        self.appended += 1
-        return AppendResult(
-            physical_offset,
-            queue_offset,
-            total,
-            store_timestamp,
-            topic,
-            message.queue_id,
-            self._store_host_field,
-        )
+                queue_key = (topic, queue_id)
+                queue_offset = queue_offsets.get(queue_key, 0)
+                queue_offsets[queue_key] = queue_offset + 1
+            store_timestamp = max(now, self.last_store_timestamp)  # never decreases
+            self.last_store_timestamp = store_timestamp
+            physical_offset = self._segment_start + position
+            buf = self._map
+            if self._dirty_from < 0:
+                self._dirty_from = position
+            header.pack_into(
+                buf, position, total, magic, crc32(body) & 0x7FFFFFFF, queue_id, message.flag,
+                queue_offset, physical_offset, sys_flag, message.born_timestamp, born_field,
+                store_timestamp, store_host_field, message.reconsume_times,
+                message.prepared_transaction_offset, body_length,
+            )  # fmt: skip
+            tail = body + topic_field + props_length.to_bytes(2, "big") + props
+            cursor = position + header_size
+            buf[cursor : cursor + len(tail)] = tail
+            self._position = position + total
+            if crc_reserve:
+                self._write_crc_property(position, total)
+            self.appended += 1
+            add_result(AppendResult(physical_offset, queue_offset, total, store_timestamp,
+                                    topic, queue_id, store_host_field))  # fmt: skip
+        return results
+
+    def _learn_born_host(self, born_host: HostAddress) -> tuple[bytes, int, Any, int]:
+        """Remember a born host's field bytes, V6 sysFlag bits and header layout."""
+        flags = host_flags(born_host, self.store_host)
+        header = _HEADERS[flags >> 4]
+        host = (born_host.to_field(), flags, header, header.size)
+        self._host_fields[born_host] = host
+        return host
+
+    def _write_crc_property(self, position: int, total: int) -> None:
+        """Fill the reserved 20 bytes with the CRC of everything before them (spec §2.6)."""
+        reserve = self._crc_reserve
+        crc = record_crc(memoryview(self._map)[position : position + total - reserve])
+        self._map[position + total - reserve : position + total] = crc_property_bytes(crc)
 
     # -- durability and rollback ---------------------------------------------------------------
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import calendar
-import itertools
 import os
 import random
 import time
 from collections.abc import Callable
+from functools import cache
 from typing import NamedTuple
 
 from rmqstore.errors import InputError
@@ -97,14 +97,26 @@ class UniqKeyGenerator:
             .upper()
         )
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
-        self._counter = itertools.count(first_counter)
+        self._counter = first_counter & 0xFFFF
         self._month_start = 0
         self._next_month_start = 0
+        self._stem_millis = -1
+        self._stem = ""  # prefix + millis hex of the current millisecond
 
-    def next_key(self) -> str:
-        now = self._clock()
-        if now >= self._next_month_start or now < self._month_start:
-            self._month_start, self._next_month_start = _start_of_month_millis(now)
-        millis = (now - self._month_start) & 0xFFFFFFFF
-        counter = next(self._counter) & 0xFFFF
-        return f"{self._prefix}{millis:08X}{counter:04X}"
+    def next_key(self, now_millis: int | None = None) -> str:
+        """The next key; ``now_millis`` saves a clock read when the caller has the time."""
+        now = self._clock() if now_millis is None else now_millis
+        if now != self._stem_millis:
+            if not self._month_start <= now < self._next_month_start:
+                self._month_start, self._next_month_start = _start_of_month_millis(now)
+            self._stem = f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}"
+            self._stem_millis = now
+        counter = self._counter
+        self._counter = (counter + 1) & 0xFFFF
+        return self._stem + _counter_hex()[counter]
+
+
+@cache
+def _counter_hex() -> tuple[str, ...]:
+    """All 65536 four-digit upper-case hex strings (formatting one costs more than a lookup)."""
+    return tuple(f"{value:04X}" for value in range(0x10000))

@@ -55,14 +55,26 @@ def encode_properties(
     properties: Mapping[str, str], *, trailing_separator: bool = True, check: bool = True
 ) -> bytes:
     """Serialise properties in insertion order. ``trailing_separator=False`` is 4.9.x style."""
-    if check:
-        for name, value in properties.items():
-            check_property(name, value)
+    if not properties:
+        return b""
     text = "".join(
-        f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
-        for name, value in properties.items()
+        [
+            f"{name}{NAME_VALUE_SEPARATOR}{value}{PROPERTY_SEPARATOR}"
+            for name, value in properties.items()
+        ]
     )
-    if not trailing_separator and text:
+    if check:
+        pairs = len(properties)
+        # one separator of each kind per pair, and no empty name or value: else find which
+        if (
+            text.count(NAME_VALUE_SEPARATOR) != pairs
+            or text.count(PROPERTY_SEPARATOR) != pairs
+            or not all(properties)
+            or not all(properties.values())
+        ):
+            for name, value in properties.items():
+                check_property(name, value)
+    if not trailing_separator:
         text = text[:-1]
     encoded = text.encode("utf-8")
     if len(encoded) > MAX_PROPERTIES_BYTES:

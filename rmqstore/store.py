@@ -134,7 +134,7 @@ class Store:
         """Open a store for writing with its lock held; ``create`` makes a new, empty store in
         a missing or empty directory."""
         path = Path(root)
-        created = _check_store_root(path, create=create, config=config)
+        created = _check_store_root(path, create=create, config=config, writing=True)
         store = cls(path, _resolve_geometry(path, config or StoreConfig()), writable=True)
         store._lock = StoreLock(store.lock_path)
         store._lock.acquire()
@@ -230,7 +230,7 @@ class Store:
             start = end.offset - segment.start if segment is end.segment else 0
             extent = nonzero_extent(segment.path, start, log.file_size)
             if extent is not None:
-                residue.append((segment.path, extent[0], extent[1]))
+                residue.append((segment.path, start, extent[1]))
                 if segment is not end.segment:
                     later_files.append(segment.path)
         if not residue:
@@ -344,7 +344,9 @@ def _config_host(config: StoreConfig) -> HostAddress | None:
     return parse_host(config.store_host) if config.store_host else None
 
 
-def _check_store_root(root: Path, *, create: bool, config: StoreConfig | None) -> bool:
+def _check_store_root(
+    root: Path, *, create: bool, config: StoreConfig | None, writing: bool = False
+) -> bool:
     """Refuse what is not a store; returns True when a new store must be created."""
     if not root.exists():
         if create:
@@ -353,7 +355,8 @@ def _check_store_root(root: Path, *, create: bool, config: StoreConfig | None) -
             except OSError as exc:
                 raise StoreIOError(f"cannot create {root}: {exc.strerror}") from None
             return True
-        raise NotAStoreError(f"{root}: no such directory")
+        hint = "; use --create to make a new store" if writing else ""
+        raise NotAStoreError(f"{root}: no such directory{hint}")
     if not root.is_dir():
         raise NotAStoreError(f"{root} is a file, not a store directory")
     commitlog_dir = (config.commitlog_dir if config else None) or root / COMMITLOG_DIR

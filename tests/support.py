@@ -142,3 +142,14 @@ def assert_read_matches_scan_record(document: dict[str, Any], record: dict[str, 
     assert document["storeHost"] == java_host(record["storeHost"]), where
     body = base64.b64decode(document["body"]) if document.get("body") else b""
     assert hashlib.sha256(body).hexdigest() == record["bodySha256"], where
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` by relative path: 'the store is unchanged'."""
+    import hashlib
+
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }

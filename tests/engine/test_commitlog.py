@@ -1,0 +1,237 @@
+"""Appending with the broker's rules, on real files: roll rule, BLANKs, queue offsets, times,
+limits, V2, DELAY rewrite, the CRC property, rollback."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.errors import MessageTooLargeError, TopicError
+from rmqstore.hosts import HostAddress, parse_host
+from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.record import (
+    MAGIC_BLANK,
+    TRANSACTION_COMMIT,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+    BodyMode,
+    Message,
+    ScanStop,
+    property_crc_status,
+)
+from rmqstore.store import Store
+
+from support import ORACLE_CONFIG, tree_digest
+
+FILE_SIZE = 4096
+
+
+def new_store(path: Path, **config: object) -> Store:
+    settings = {"commitlog_file_size": FILE_SIZE, **config}
+    return Store.open_write(path, StoreConfig(**settings), create=True)
+
+
+def counting_clock(start: int = 1_700_000_000_000):
+    counter = itertools.count(start)
+    return lambda: next(counter)
+
+
+def message(topic: str = "TopicTest", body: bytes = b"hello", **fields: object) -> Message:
+    return Message(topic=topic, body=body, properties={"TAGS": "TagA"}, **fields)
+
+
+def record_size(appender, body_length: int) -> int:
+    """Size of a V1/IPv4 record of TopicTest with TAGS=TagA and no generated key."""
+    return 88 + body_length + 1 + len("TopicTest") + 2 + len(b"TAGS\x01TagA\x02")
+
+
+def test_roll_rule_writes_a_blank_and_continues_in_the_next_file(tmp_path: Path) -> None:
+    with new_store(tmp_path / "s") as store:
+        appender = store.appender(clock=counting_clock())
+        results = appender.append_many([message(body=b"x" * 900) for _ in range(5)])
+        size = results[0].store_size
+        assert [r.physical_offset for r in results[:4]] == [0, size, 2 * size, 3 * size]
+        # the fifth does not fit (4*size + size + 8 > 4096): BLANK, then the next file
+        assert 4 * size + size + 8 > FILE_SIZE
+        assert results[4].physical_offset == FILE_SIZE
+        log = store.commitlog
+        blank = log.map(log.segments[0])[4 * size : 4 * size + 8]
+        assert int.from_bytes(blank[:4], "big") == FILE_SIZE - 4 * size
+        assert int.from_bytes(blank[4:], "big", signed=True) == MAGIC_BLANK
+        assert [s.name for s in log.segments] == ["00000000000000000000", "00000000000000004096"]
+        assert all(s.path.stat().st_size == FILE_SIZE for s in log.segments)
+
+
+@pytest.mark.parametrize(("slack", "rolls"), [(8, False), (7, True)])
+def test_exact_fit_needs_eight_bytes_left(tmp_path: Path, slack: int, rolls: bool) -> None:
+    with new_store(tmp_path / "s") as store:
+        appender = store.appender(clock=counting_clock())
+        first = appender.append(message())
+        body_length = FILE_SIZE - slack - first.store_size - record_size(appender, 0)
+        second = appender.append(message(body=b"y" * body_length))
+        assert first.store_size + second.store_size == FILE_SIZE - slack
+        third = appender.append(message())
+        if rolls:  # size + 8 > remaining: the message itself moved to the next file
+            assert second.physical_offset == FILE_SIZE
+        else:  # exactly 8 bytes left: it stays, and an 8-byte BLANK ends the file
+            assert second.physical_offset == first.store_size
+            assert third.physical_offset == FILE_SIZE
+            blank = store.commitlog.map(store.commitlog.segments[0])[FILE_SIZE - 8 :]
+            assert int.from_bytes(blank[:4], "big") == 8
+
+
+def test_queue_offsets_are_dense_and_skip_prepared_and_rollback(tmp_path: Path) -> None:
+    with new_store(tmp_path / "s") as store:
+        appender = store.appender(clock=counting_clock())
+        results = appender.append_many(
+            [
+                message(queue_id=1),
+                message(queue_id=1, sys_flag=TRANSACTION_PREPARED),
+                message(queue_id=1, sys_flag=TRANSACTION_COMMIT),
+                message(queue_id=1, sys_flag=TRANSACTION_ROLLBACK),
+                message(queue_id=2),
+                message(queue_id=1),
+            ]
+        )
+        assert [r.queue_offset for r in results] == [0, 0, 1, 0, 0, 2]
+
+
+def test_queue_offsets_continue_from_a_real_broker_store(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    table = oracle("s1_multi").manifest["dump"]["storeState"]["commitLogTopicQueueTable"]
+    with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        appender = store.appender()
+        results = appender.append_many(
+            [message(queue_id=0), message(queue_id=3), message(topic="NewTopic")]
+        )
+        assert results[0].queue_offset == table["TopicTest-0"]
+        assert results[1].queue_offset == table["TopicTest-3"]
+        assert results[2].queue_offset == 0
+        assert results[0].physical_offset == 3346149  # the broker's maxPhyOffset
+        assert store.appender() is appender
+
+
+def test_store_timestamps_never_decrease(tmp_path: Path) -> None:
+    times = iter([1000, 900, 1200, 1100])
+    with new_store(tmp_path / "s") as store:
+        appender = store.appender(clock=lambda: next(times))
+        results = appender.append_many([message() for _ in range(4)])
+    assert [r.store_timestamp for r in results] == [1000, 1000, 1200, 1200]
+
+
+def test_limits(tmp_path: Path) -> None:
+    with new_store(tmp_path / "s", max_message_size=100) as store:
+        appender = store.appender()
+        with pytest.raises(MessageTooLargeError, match="maxMessageSize"):
+            appender.append(message(body=b"z" * 101))
+    with new_store(tmp_path / "t") as store:
+        appender = store.appender()
+        with pytest.raises(MessageTooLargeError, match="cannot fit"):
+            appender.append(message(body=b"z" * 4000))
+        with pytest.raises(TopicError):
+            appender.append(message(topic="../x"))
+        assert appender.appended == 0
+
+
+def test_long_retry_topics_are_v2_only_when_allowed(tmp_path: Path) -> None:
+    topic = "%RETRY%" + "g" * 140
+    with new_store(tmp_path / "s", commitlog_file_size=65536) as store:
+        appender = store.appender()
+        result = appender.append(message(topic=topic))
+        assert store.commitlog.read(result.physical_offset).version == 2
+        assert store.commitlog.read(appender.append(message()).physical_offset).version == 1
+    with new_store(tmp_path / "t") as store, pytest.raises(TopicError):
+        store.appender(allow_v2=False).append(message(topic=topic))
+
+
+def test_delay_messages_move_to_the_schedule_topic(tmp_path: Path) -> None:
+    with new_store(tmp_path / "s") as store:
+        appender = store.appender(clock=counting_clock())
+        delayed = message(queue_id=3)
+        delayed.properties["DELAY"] = "25"  # clamped to the highest level, 18
+        prepared = message(sys_flag=TRANSACTION_PREPARED)
+        prepared.properties["DELAY"] = "2"
+        results = appender.append_many([delayed, prepared])
+        stored = store.commitlog.read(results[0].physical_offset)
+        assert (stored.topic, stored.queue_id) == ("SCHEDULE_TOPIC_XXXX", 17)
+        assert stored.properties["DELAY"] == "18"
+        assert stored.properties["REAL_TOPIC"] == "TopicTest"
+        assert stored.properties["REAL_QID"] == "3"
+        assert store.commitlog.read(results[1].physical_offset).topic == "TopicTest"
+
+
+def test_crc_property_when_enabled(tmp_path: Path) -> None:
+    with new_store(tmp_path / "s", append_prop_crc=True) as store:
+        appender = store.appender()
+        sent = message()
+        sent.properties["__CRC32#"] = "9999999999"  # a client's value is dropped
+        result = appender.append(sent)
+        buf = store.commitlog.map(store.commitlog.segments[0])
+        assert property_crc_status(buf, 0, result.store_size) is True
+        stored = store.commitlog.read(0, verify_property_crc=True)
+        assert stored.properties["__CRC32#"] != "9999999999"
+
+
+def test_appended_records_decode_to_what_was_given(tmp_path: Path) -> None:
+    born = parse_host("[2001:db8::7]:4242")
+    keys = UniqKeyGenerator(pid=7, class_loader_hash=9, clock=counting_clock())
+    sent = [
+        Message(
+            topic=f"T{i % 3}",
+            body=bytes([i]) * i,
+            queue_id=i % 2,
+            flag=i,
+            properties={"KEYS": f"k{i} k{i + 1}", "seq": str(i)},
+            born_host=born,
+            born_timestamp=1_600_000_000_000 + i,
+            reconsume_times=i % 4,
+        )
+        for i in range(60)
+    ]
+    with new_store(tmp_path / "s") as store:
+        results = store.appender(
+            uniq_keys=keys,
+            clock=counting_clock(),
+            store_host=HostAddress(bytes([10, 0, 0, 9]), 10911),
+        ).append_many(sent)
+    with Store.open_read(tmp_path / "s") as store:
+        for given, result in zip(sent, results, strict=True):
+            got = store.commitlog.read(result.physical_offset, body=BodyMode.VERIFY)
+            assert got.msg_id == result.msg_id
+            assert (got.topic, got.body, got.queue_id, got.flag) == (
+                given.topic,
+                given.body,
+                given.queue_id,
+                given.flag,
+            )
+            assert got.born_host == born and str(got.store_host) == "10.0.0.9:10911"
+            assert got.sys_flag == 0x10  # IPv6 born host
+            assert got.born_timestamp == given.born_timestamp
+            assert got.reconsume_times == given.reconsume_times
+            assert got.properties["KEYS"] == given.properties["KEYS"]
+            assert got.uniq_key and got.uniq_key.startswith(keys._prefix)
+            assert got.queue_offset == result.queue_offset
+        scan = store.commitlog.scan(check_crc=True)
+        assert [item[0] for item in scan] == [r.physical_offset for r in results]
+        assert scan.stop is ScanStop.END
+
+
+def test_rollback_restores_the_exact_bytes(tmp_path: Path) -> None:
+    with new_store(tmp_path / "s") as store:
+        appender = store.appender(clock=counting_clock())
+        appender.append_many([message(body=b"a" * 700) for _ in range(3)])
+        appender.flush()
+        before = tree_digest(tmp_path / "s" / "commitlog")
+        offsets = dict(appender.queue_offsets)
+        savepoint = appender.savepoint()
+        appender.append_many([message(body=b"b" * 700) for _ in range(12)])  # rolls twice
+        assert len(store.commitlog.segments) == 3
+        appender.rollback(savepoint)
+        appender.flush()
+        assert tree_digest(tmp_path / "s" / "commitlog") == before
+        assert appender.queue_offsets == offsets
+        again = appender.append(message())
+        assert again.queue_offset == 3
