@@ -26,8 +26,10 @@ from rmqstore.summary import summarize
 @json_option
 @progress_option
 def command(store: Path, config: StoreConfig, as_json: bool, no_progress: bool) -> int:
-    """Summarise a store: commit-log files and offset range, topics and queues with their
-    offsets, checkpoint values, abort and lock state.
+    """Summarise a store on one screen.
+
+    Commit-log files and offset range, topics and queues with their offsets, checkpoint
+    values, abort and lock state. Reads only; works on a store a broker holds (with a warning).
 
     JSON fields: store, lock, abort, checkpoint{physicMsgTimestamp, logicsMsgTimestamp,
     indexMsgTimestamp, masterFlushedOffset, confirmPhyOffset, minTimestamp,

@@ -92,10 +92,13 @@ def command(
 ) -> int:
     """Read messages from the commit log.
 
-    Exactly one of --offset, --msg-id or --from-offset. Fields use RocketMQ's names: msgId,
-    topic, queueId, queueOffset, commitLogOffset, storeSize, bodyCRC, flag, sysFlag,
-    bornTimestamp, bornHost, storeTimestamp, storeHost, reconsumeTimes,
-    preparedTransactionOffset, properties, tags, keys, uniqKey, bodyLength, version, body,
+    Exactly one of --offset, --msg-id or --from-offset. Reads only; a message is found only
+    below the valid end of the log, as with the broker's lookMessageByOffset.
+
+    Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
+    storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
+    reconsumeTimes, preparedTransactionOffset, properties, tags, keys, uniqKey, bodyLength,
+    version, body,
     bodyEncoding (text, text-lossy, hex or base64).
     """
     modes = [

@@ -74,8 +74,7 @@ class MessageDefaults:
     reconsume_times: int = 0
 
 
-def _integer(document: dict, name: str, default: int, bounds: tuple[int, int], where: str) -> int:
-    value = document.get(name, default)
+def _integer(value: object, name: str, bounds: tuple[int, int], where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(f"{where}: {name} must be an integer, not {json.dumps(value)}")
     if not bounds[0] <= value <= bounds[1]:
@@ -83,77 +82,90 @@ def _integer(document: dict, name: str, default: int, bounds: tuple[int, int], w
     return value
 
 
-def _text(document: dict, name: str, default: str | None, where: str) -> str | None:
-    value = document.get(name, default)
-    if value is not None and not isinstance(value, str):
+def _text(value: object, name: str, where: str) -> str:
+    if not isinstance(value, str):
         raise InputError(f"{where}: {name} must be a string, not {json.dumps(value)}")
     return value
 
 
+_KNOWN_FIELDS = frozenset(DOCUMENT_FIELDS)
+
+
 def build_message(document: dict[str, Any], defaults: MessageDefaults, where: str) -> Message:
-    """A message from one input object (a JSON line, or the command-line options)."""
+    """A message from one input object (a JSON line, or the command-line options); fields it
+    leaves out come from ``defaults``."""
     if not isinstance(document, dict):
         raise InputError(f"{where}: expected a JSON object")
-    unknown = sorted(set(document) - set(DOCUMENT_FIELDS))
-    if unknown:
+    if not _KNOWN_FIELDS.issuperset(document):
+        unknown = sorted(set(document) - _KNOWN_FIELDS)
         raise InputError(
             f"{where}: unknown field(s) {', '.join(unknown)}; known fields are "
             f"{', '.join(DOCUMENT_FIELDS)}"
         )
-    topic = _text(document, "topic", defaults.topic, where)
+    get = document.get
+    topic = defaults.topic if (value := get("topic")) is None else _text(value, "topic", where)
     if not topic:
         raise InputError(f'{where}: no topic (give "topic" or --topic)')
-    if "body" in document and "bodyBase64" in document:
-        raise InputError(f"{where}: give either body or bodyBase64, not both")
     if "bodyBase64" in document:
-        encoded = _text(document, "bodyBase64", None, where) or ""
+        if "body" in document:
+            raise InputError(f"{where}: give either body or bodyBase64, not both")
         try:
-            body = base64.b64decode(encoded, validate=True)
+            body = base64.b64decode(
+                _text(document["bodyBase64"], "bodyBase64", where), validate=True
+            )
         except (binascii.Error, ValueError):
             raise InputError(f"{where}: bodyBase64 is not valid base64") from None
     else:
-        body = (_text(document, "body", "", where) or "").encode("utf-8")
+        body = _text(get("body", ""), "body", where).encode("utf-8")
     properties = dict(defaults.properties)
-    raw_properties = document.get("properties", {})
-    if not isinstance(raw_properties, dict) or not all(
-        isinstance(key, str) and isinstance(value, str) for key, value in raw_properties.items()
-    ):
-        raise InputError(f"{where}: properties must be an object of string values")
-    properties.update(raw_properties)
-    tags = _text(document, "tags", defaults.tags, where)
-    keys = _text(document, "keys", defaults.keys, where)
+    if (extra := get("properties")) is not None:
+        if not isinstance(extra, dict) or not all(
+            isinstance(key, str) and isinstance(text, str) for key, text in extra.items()
+        ):
+            raise InputError(f"{where}: properties must be an object of string values")
+        properties.update(extra)
+    tags = defaults.tags if (value := get("tags")) is None else _text(value, "tags", where)
+    keys = defaults.keys if (value := get("keys")) is None else _text(value, "keys", where)
     if tags:
         properties[TAGS] = tags
     if keys:
         properties[KEYS] = keys
-    transaction = _text(document, "transaction", defaults.transaction, where) or "none"
+    transaction = defaults.transaction
+    if (value := get("transaction")) is not None:
+        transaction = _text(value, "transaction", where)
     if transaction not in TRANSACTION_TYPES:
         raise InputError(f"{where}: transaction must be one of {', '.join(TRANSACTION_TYPES)}")
     born_host = defaults.born_host
-    if "bornHost" in document:
-        born_host = parse_host(_text(document, "bornHost", None, where) or "")
-    born_default = defaults.born_timestamp
-    if born_default is None:
-        born_default = time.time_ns() // 1_000_000
+    if (value := get("bornHost")) is not None:
+        born_host = parse_host(_text(value, "bornHost", where))
+    born_timestamp = defaults.born_timestamp
+    if (value := get("bornTimestamp")) is not None:
+        born_timestamp = _integer(value, "bornTimestamp", (0, _INT64[1]), where)
+    elif born_timestamp is None:
+        born_timestamp = time.time_ns() // 1_000_000
+    queue_id = defaults.queue_id
+    if (value := get("queueId")) is not None:
+        queue_id = _integer(value, "queueId", (0, _INT32[1]), where)
+    flag = defaults.flag
+    if (value := get("flag")) is not None:
+        flag = _integer(value, "flag", _INT32, where)
+    reconsume_times = defaults.reconsume_times
+    if (value := get("reconsumeTimes")) is not None:
+        reconsume_times = _integer(value, "reconsumeTimes", (0, _INT32[1]), where)
+    prepared_offset = defaults.prepared_transaction_offset
+    if (value := get("preparedTransactionOffset")) is not None:
+        prepared_offset = _integer(value, "preparedTransactionOffset", (0, _INT64[1]), where)
     return Message(
         topic=topic,
         body=body,
-        queue_id=_integer(document, "queueId", defaults.queue_id, (0, _INT32[1]), where),
-        flag=_integer(document, "flag", defaults.flag, _INT32, where),
+        queue_id=queue_id,
+        flag=flag,
         properties=properties,
         sys_flag=TRANSACTION_TYPES[transaction],
-        born_timestamp=_integer(document, "bornTimestamp", born_default, (0, _INT64[1]), where),
+        born_timestamp=born_timestamp,
         born_host=born_host,
-        reconsume_times=_integer(
-            document, "reconsumeTimes", defaults.reconsume_times, (0, _INT32[1]), where
-        ),
-        prepared_transaction_offset=_integer(
-            document,
-            "preparedTransactionOffset",
-            defaults.prepared_transaction_offset,
-            (0, _INT64[1]),
-            where,
-        ),
+        reconsume_times=reconsume_times,
+        prepared_transaction_offset=prepared_offset,
     )
 
 
@@ -205,7 +217,8 @@ def messages_from_lines(
 
 
 class AppendJob:
-    """Drives a :class:`CommitLogAppender` with group commit and rollback (see module doc)."""
+    """Drives a :class:`CommitLogAppender` with group commit and rollback (see module doc).
+    Messages are handed to ``append_many`` in chunks, the appender's fast path."""
 
     def __init__(
         self,
@@ -214,27 +227,40 @@ class AppendJob:
         sync: bool,
         on_result: Callable[[AppendResult], None],
         group_size: int = 1024,
+        chunk_size: int = 256,
     ) -> None:
         self.appender = appender
         self.sync = sync
         self.on_result = on_result
         self.group_size = group_size
+        self.chunk_size = chunk_size
         self.committed = 0  # messages reported (sync: durable)
-        self._pending: list[AppendResult] = []
+        self._chunk: list[Message] = []
+        self._pending: list[AppendResult] = []  # sync: appended, not yet flushed
         self._savepoint = appender.savepoint()
 
     def add(self, message: Message) -> None:
-        result = self.appender.append(message)
+        self._chunk.append(message)
+        if len(self._chunk) >= self.chunk_size:
+            self._write_chunk()
+
+    def _write_chunk(self) -> None:
+        chunk, self._chunk = self._chunk, []
+        if not chunk:
+            return
+        results = self.appender.append_many(chunk)
         if self.sync:
-            self._pending.append(result)
+            self._pending.extend(results)
             if len(self._pending) >= self.group_size:
                 self.commit()
-        else:
-            self.committed += 1
+            return
+        self.committed += len(results)
+        for result in results:
             self.on_result(result)
 
     def commit(self) -> None:
-        """Sync mode: fsync, then report the group and start a new one."""
+        """Write what is queued; in sync mode fsync, then report the group."""
+        self._write_chunk()
         if not self.sync or not self._pending:
             return
         self.appender.flush()
@@ -256,6 +282,7 @@ class AppendJob:
         return self.committed
 
     def _undo(self, exc: BaseException) -> None:
+        self._chunk.clear()
         if self.sync:
             undone = len(self._pending)
             self._pending.clear()
@@ -267,12 +294,8 @@ class AppendJob:
             summary = f"{kept}{undone} unreported messages were rolled back"
         else:
             undone = self.committed
-            summary = (
-                f"all {undone} messages appended by this command were rolled back; the "
-                "store is unchanged"
-                if undone
-                else "nothing was stored"
-            )
+            rolled = f"the {undone} messages appended before it were rolled back; "
+            summary = (rolled if undone else "") + "the store is unchanged"
             self.committed = 0
         self.appender.rollback(self._savepoint)
         if isinstance(exc, RmqStoreError):

@@ -34,7 +34,7 @@ from rmqstore.errors import (
     StoreIOError,
 )
 from rmqstore.hosts import HostAddress
-from rmqstore.msgid import UniqKeyGenerator, offset_msg_id
+from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.properties import (
     DELAY,
     MAX_PROPERTIES_BYTES,
@@ -181,9 +181,9 @@ class CommitLog:
         scan = self.scan(
             start.start, check_crc=check_crc, stop_on_crc_error=check_crc, first_segment=start
         )
-        for count, _ in enumerate(scan, 1):
+        for count, item in enumerate(scan, 1):
             if progress is not None and not count & 0xFFFF:
-                progress(scan.position)
+                progress(item[0])
         return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
 
     def read(
@@ -230,7 +230,6 @@ class LogScan:
         self.check_crc = check_crc
         self.stop_on_crc_error = stop_on_crc_error
         self.end_offset = start_offset
-        self.position = start_offset
         self.stop: ScanStop | None = None
         self.error: RecordError | None = None
         self.segment = first_segment
@@ -247,19 +246,24 @@ class LogScan:
         position = self.start_offset - segment.start
         while True:
             self.segment = segment
+            buf = map_readonly(segment.path)
+            release = _page_releaser(buf, position)
             region = RegionScan(
-                log.map(segment), position, log.file_size, segment.start, self.check_crc
+                buf,
+                position,
+                log.file_size,
+                segment.start,
+                self.check_crc,
+                stop_on_crc_error=self.stop_on_crc_error,
+                release=release,
             )
-            for item in region:
-                if item[4] is False:
-                    self.crc_failures += 1
-                    if self.stop_on_crc_error:
-                        self.end_offset = item[0]
-                        self.stop = ScanStop.INVALID
-                        self.error = RecordError("BODYCRC", item[0], "does not match the body")
-                        return
-                self.position = item[0]
-                yield item
+            items = iter(region)
+            try:
+                yield from items
+            finally:
+                items.close()  # releases the region's view so the map can be closed
+                _close_map(buf)
+                self.crc_failures += region.crc_failures
             self.end_offset = segment.start + region.end_position
             self.stop, self.error = region.stop, region.error
             if region.stop is not ScanStop.BLANK or index + 1 >= len(segments):
@@ -267,6 +271,25 @@ class LogScan:
             index += 1
             segment = segments[index]
             position = 0
+
+
+def _page_releaser(buf: Any, start: int) -> Callable[[int], None] | None:
+    """For a mapped file read front to back: advise sequential access, and return a callback
+    that drops the pages already read from this process (they stay in the page cache), so
+    resident memory stays flat over any store size."""
+    if not isinstance(buf, mmap.mmap):
+        return None
+    buf.madvise(mmap.MADV_SEQUENTIAL)
+    released = start - start % _PAGE
+
+    def release(position: int) -> None:
+        nonlocal released
+        upto = position - position % _PAGE
+        if upto > released:
+            buf.madvise(mmap.MADV_DONTNEED, released, upto - released)
+            released = upto
+
+    return release
 
 
 @dataclass(slots=True)
@@ -283,7 +306,8 @@ class AppendResult:
 
     @property
     def msg_id(self) -> str:
-        return offset_msg_id(HostAddress.from_field(self.store_host_field), self.physical_offset)
+        """The offset message id: store host field and physical offset, in hex."""
+        return (self.store_host_field + self.physical_offset.to_bytes(8, "big")).hex().upper()
 
     def to_dict(self) -> dict[str, object]:
         return {

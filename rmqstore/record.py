@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -410,14 +410,17 @@ class ScanStop(Enum):
 
 
 class RegionScan:
-    """Walks the records of one commit-log file region, the hot path of every scan.
+    """Walks the records of one commit-log file region (``buf``: bytes or an mmap), the hot
+    path of every scan.
 
     Iterating yields ``(physical_offset, header, topic, properties_bytes, crc_ok)`` for each
     valid message, where ``header`` is the unpacked fixed-header tuple (index it with the
     ``H_*`` constants) and ``crc_ok`` is None unless ``check_crc``. A record with a bad body CRC
-    is yielded with ``crc_ok=False``; whether to stop there is the caller's choice. After
-    iteration ``stop``, ``end_position`` (file position where valid records end),
-    ``blank_length`` and ``error`` say how it ended.
+    is yielded with ``crc_ok=False`` and counted, or ends the scan as invalid when
+    ``stop_on_crc_error`` (recovery's rule). ``release(position)`` is called about every
+    ``release_every`` bytes so the caller can drop pages it has read. After iteration
+    ``stop``, ``end_position`` (file position where valid records end), ``blank_length`` and
+    ``error`` say how it ended.
     """
 
     __slots__ = (
@@ -425,24 +428,41 @@ class RegionScan:
         "blank_length",
         "buf",
         "check_crc",
+        "crc_failures",
         "end_position",
         "error",
         "limit",
+        "release",
+        "release_every",
         "start",
         "stop",
+        "stop_on_crc_error",
     )
 
     def __init__(
-        self, buf: Any, start: int, limit: int, base_offset: int, check_crc: bool = False
+        self,
+        buf: Any,
+        start: int,
+        limit: int,
+        base_offset: int,
+        check_crc: bool = False,
+        *,
+        stop_on_crc_error: bool = False,
+        release: Callable[[int], None] | None = None,
+        release_every: int = 32 * 1024 * 1024,
     ) -> None:
         self.buf = buf
         self.start = start
         self.limit = limit
         self.base_offset = base_offset
         self.check_crc = check_crc
+        self.stop_on_crc_error = stop_on_crc_error
+        self.release = release
+        self.release_every = release_every
         self.end_position = start
         self.stop: ScanStop | None = None
         self.blank_length = 0
+        self.crc_failures = 0
         self.error: RecordError | None = None
 
     def __iter__(self) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
@@ -451,6 +471,8 @@ class RegionScan:
         limit = self.limit
         base = self.base_offset
         check_crc = self.check_crc
+        release = self.release
+        release_at = self.start + self.release_every if release is not None else limit + 1
         unpack_ipv4 = HEADER_IPV4.unpack_from
         unpack_short = _SHORT.unpack_from
         crc32 = zlib.crc32
@@ -458,7 +480,6 @@ class RegionScan:
         position = self.start
         try:
             while True:
-                self.end_position = position
                 if limit - position < 8:
                     self.stop = ScanStop.END
                     return
@@ -523,7 +544,7 @@ class RegionScan:
                         f"{header[H_PHYSICAL_OFFSET]} differs from the position",
                     )
                     return
-                topic_bytes = bytes(view[topic_at:props_at])
+                topic_bytes = buf[topic_at:props_at]
                 topic = topics.get(topic_bytes)
                 if topic is None:
                     try:
@@ -542,9 +563,18 @@ class RegionScan:
                         )
                         == header[H_BODY_CRC]
                     )
-                yield base + position, header, topic, bytes(view[props_at + 2 : record_end]), crc_ok
+                    if not crc_ok:
+                        self.crc_failures += 1
+                        if self.stop_on_crc_error:
+                            self._invalid(position, "BODYCRC", "does not match the body")
+                            return
+                if position >= release_at:
+                    release(position)  # type: ignore[misc]
+                    release_at = position + self.release_every
+                yield base + position, header, topic, buf[props_at + 2 : record_end], crc_ok
                 position = record_end
         finally:
+            self.end_position = position
             view.release()
 
     def _invalid(self, position: int, field_name: str, reason: str) -> None:

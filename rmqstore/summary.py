@@ -36,9 +36,9 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
     scan = log.scan()
     records = 0
     first_time = last_time = 0
-    for count, (_offset, header, topic, _props, _crc) in enumerate(scan, 1):
+    for count, (offset, header, topic, _props, _crc) in enumerate(scan, 1):
         if progress is not None and not count & 0x3FFF:
-            progress(scan.position - log.min_offset)
+            progress(offset - log.min_offset)
         records += 1
         key = (topic, header[H_QUEUE_ID])
         stats = queues.get(key)

@@ -233,10 +233,12 @@ def test_a_held_lock_is_exit_3_and_changes_nothing(tmp_path: Path) -> None:
 def test_stdin_failure_rolls_back_everything_in_async_mode(tmp_path: Path) -> None:
     store = new_store(tmp_path)
     before = tree_digest(store)
-    text = json.dumps({"topic": "T", "body": "ok"}) + "\n" + "garbage\n"
-    result = run_cli("append", store, "--input", "-", input=text)
+    good = json.dumps({"topic": "T", "body": "ok"}) + "\n"
+    result = run_cli("append", store, "--input", "-", "--jsonl", input=good * 600 + "garbage\n")
     assert result.exit_code == 2
-    assert "rolled back" in result.stderr and "store is unchanged" in result.stderr
+    assert len(result.stdout.splitlines()) >= 512  # chunks were appended and reported...
+    assert "messages appended before it were rolled back" in result.stderr
+    assert "the store is unchanged" in result.stderr  # ...and then rolled back
     assert tree_digest(store) == before
 
 
@@ -270,3 +272,21 @@ def test_usage_errors(tmp_path: Path) -> None:
         run_cli("append", store, "--topic", "T", "--body", "a", "--property", "novalue").exit_code
         == 2
     )
+
+
+def test_fast_jsonl_writer_equals_the_json_encoder(capsys: pytest.CaptureFixture) -> None:
+    from rmqstore.commands.append import _jsonl_writer
+    from rmqstore.commands.output import json_text
+    from rmqstore.commitlog import AppendResult
+
+    results = [
+        AppendResult(
+            12345, 7, 300, 1700000000123, 'Top"ic\\é', 3, bytes([10, 0, 0, 1, 0, 0, 0x2A, 0x9F])
+        ),
+        AppendResult(2**40, 0, 91, 1, "%RETRY%x", 0, bytes(16) + bytes(4)),
+    ]
+    emit = _jsonl_writer()
+    for result in results:
+        emit(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [json_text(result.to_dict()) for result in results]

@@ -1,0 +1,83 @@
+"""Append hot path: the engine appending 1,000,000 messages (100-byte bodies, 1 topic, 4
+queues, 1 GiB files, async flush) and the CLI --input path, beside dd and RocketMQ 4.9.8.
+
+    python bench/append.py [--messages N] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from common import (
+    BODY,
+    ROCKETMQ_PUT_SECONDS,
+    TOPIC,
+    arguments,
+    build_store,
+    commitlog_bytes,
+    dd_write_mb_s,
+    row,
+    timed,
+)
+
+
+def main() -> None:
+    options = arguments(__doc__).parse_args()
+    workdir, count = options.workdir, options.messages
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"append: {count:,} messages, 100-byte bodies, 1 topic x 4 queues, 1 GiB files")
+
+    path, seconds = build_store(workdir, count, force=True)
+    size = commitlog_bytes(path)
+    row(
+        "engine append (Store.appender().append_many)",
+        f"{count / seconds:,.0f} msg/s  {size / seconds / 1e6:.0f} MB/s",
+        f"RocketMQ 4.9.8 putMessage: {1_000_000 / ROCKETMQ_PUT_SECONDS:,.0f} msg/s",
+    )
+    row(
+        "  record size / wall time",
+        f"{size / count:.0f} B  {seconds:.2f} s",
+        f"RocketMQ: 298 B  {ROCKETMQ_PUT_SECONDS:.2f} s",
+    )
+
+    lines = workdir / f"input-{count}.jsonl"
+    if not lines.exists():
+        line = json.dumps({"topic": TOPIC, "tags": "TagA", "body": BODY.decode()})
+        with open(lines, "w") as handle:
+            for index in range(count):
+                handle.write(line[:-1] + f', "queueId": {index & 3}}}\n')
+    cli_store = workdir / f"cli-{count}"
+    subprocess.run(["rm", "-rf", str(cli_store)], check=True)
+    with timed() as clock, open("/dev/null", "w") as sink:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rmqstore",
+                "append",
+                str(cli_store),
+                "--create",
+                "--input",
+                str(lines),
+                "--jsonl",
+            ],
+            check=True,
+            stdout=sink,
+        )
+    row(
+        "CLI append --input FILE --jsonl (process)",
+        f"{count / clock.seconds:,.0f} msg/s",
+        f"{clock.seconds:.2f} s incl. start-up",
+    )
+    subprocess.run(["rm", "-rf", str(cli_store)], check=True)
+
+    row(
+        "baseline: dd write + fdatasync (same bytes)",
+        f"{dd_write_mb_s(workdir, max(1, size >> 20)):.0f} MB/s",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Shared helpers for the benchmark scripts: the benchmark store, timing, peak memory, and
+printing figures beside their baselines."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_WORKDIR = REPO / "bench" / "out"
+TOPIC = "BenchmarkTopic"
+BODY = b"x" * 100
+GIB = 1024**3
+
+# RocketMQ's own figures on this machine (fixtures/oracle/README.md, medians of 3 runs)
+ROCKETMQ_PUT_SECONDS = 2.86  # 4.9.8 DefaultMessageStore.putMessage, 1M messages
+ROCKETMQ_REDISPATCH_SECONDS = 1.05  # 4.9.8 consume queues + index rebuilt for 1M messages
+ROCKETMQ_CRC_RECOVERY_MB_S = 290  # 4.9.8 load() with CRC over the 298 MB file
+
+
+def arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    return parser
+
+
+@contextmanager
+def timed() -> object:
+    """``with timed() as clock: ...`` then ``clock.seconds``."""
+
+    class Clock:
+        seconds = 0.0
+
+    clock = Clock()
+    start = time.perf_counter()
+    yield clock
+    clock.seconds = time.perf_counter() - start
+
+
+def row(name: str, figure: str, baseline: str = "") -> None:
+    print(f"  {name:<44} {figure:<34} {baseline}")
+
+
+def peak_rss_mib_of(code: str, *args: str) -> float:
+    """Peak resident memory (VmHWM) of a fresh interpreter running ``code``, in MiB. The child
+    reports its own high-water mark: ``ru_maxrss`` would include the parent's memory, which
+    Linux carries across exec."""
+    report = "\nprint([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+    output = subprocess.run(
+        [sys.executable, "-c", code + report, *args],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return int(output.split()[-2]) / 1024
+
+
+def store_path(workdir: Path, messages: int) -> Path:
+    return workdir / f"large-{messages}"
+
+
+def build_store(workdir: Path, messages: int, *, force: bool = False) -> tuple[Path, float]:
+    """The benchmark store: one topic, 4 queues round-robin, 100-byte bodies, TAGS, UNIQ_KEY
+    and CLUSTER properties, 1 GiB commit-log files, async flush. Returns (path, seconds)."""
+    from rmqstore.msgid import UniqKeyGenerator
+    from rmqstore.record import Message
+    from rmqstore.store import Store
+
+    path = store_path(workdir, messages)
+    if path.exists() and not force:
+        return path, 0.0
+    if path.exists():
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    properties = {"TAGS": "TagA", "CLUSTER": "DefaultCluster"}
+    with timed() as clock, Store.open_write(path, create=True) as store:
+        appender = store.appender(uniq_keys=UniqKeyGenerator())
+        batch = 1024
+        for start in range(0, messages, batch):
+            appender.append_many(
+                [
+                    Message(
+                        topic=TOPIC,
+                        body=BODY,
+                        queue_id=index & 3,
+                        properties=properties,
+                        born_timestamp=1,
+                    )
+                    for index in range(start, min(messages, start + batch))
+                ]
+            )
+    return path, clock.seconds
+
+
+def commitlog_bytes(path: Path) -> int:
+    from rmqstore.store import Store
+
+    with Store.open_read(path) as store:
+        return store.log_end().offset - store.commitlog.min_offset
+
+
+def dd_write_mb_s(workdir: Path, megabytes: int) -> float:
+    """``dd`` writing zeros with a final fdatasync: the disk's sequential-write baseline."""
+    target = workdir / "dd.out"
+    with timed() as clock:
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={megabytes}", "conv=fdatasync"],
+            check=True,
+            capture_output=True,
+        )
+    os.unlink(target)
+    return megabytes * 1024 * 1024 / clock.seconds / 1e6
+
+
+def zlib_crc_gb_s(path: Path, limit: int) -> float:
+    """Raw ``zlib.crc32`` over the first ``limit`` bytes of the commit log (page cache)."""
+    import mmap
+    import zlib
+
+    total = 0
+    with timed() as clock:
+        for file in sorted((path / "commitlog").iterdir()):
+            with (
+                open(file, "rb") as handle,
+                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data,
+            ):
+                view = memoryview(data)
+                length = min(len(data), limit - total)
+                for start in range(0, length, 1 << 20):
+                    zlib.crc32(view[start : min(length, start + (1 << 20))])
+                view.release()
+                total += length
+            if total >= limit:
+                break
+    return total / clock.seconds / 1e9
+
+
+def report(title: str, body: Callable[[], None]) -> None:
+    print(f"\n{title}")
+    body()

@@ -1,0 +1,52 @@
+"""``rmqstore info`` on real-broker stores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support import ORACLE_OPTIONS, manifest_dump, run_cli
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi", "s3_txn_delay"])
+def test_info_matches_the_broker_state(oracle, name: str) -> None:
+    store = oracle(name)
+    result = run_cli("info", store.store, "--json")
+    assert result.exit_code == 0, result.stderr
+    info = json.loads(result.stdout)
+    state = manifest_dump(store.manifest)["storeState"]
+    assert info["commitLog"]["maxOffset"] == state["maxPhyOffset"]
+    assert info["commitLog"]["minOffset"] == state["minPhyOffset"]
+    assert info["commitLog"]["files"] == len(state["commitLogMappedFiles"])
+    assert info["commitLog"]["end"] == "clean"
+    assert info["abort"] is store.manifest["abortFilePresent"]
+    assert info["lock"] == "free"
+    on_disk = store.manifest["checkpointFileOnDisk"]
+    assert info["checkpoint"]["physicMsgTimestamp"] == on_disk["physicMsgTimestamp"]
+    assert info["checkpoint"]["indexMsgTimestamp"] == on_disk["indexMsgTimestamp"]
+    queues = {
+        f"{t['topic']}-{q['queueId']}": q["maxOffset"]
+        for t in info["topics"]
+        for q in t["queues"]
+        if q["maxOffset"]
+    }
+    table = state.get("commitLogTopicQueueTable") or state["queueStoreTopicQueueTable"]  # 5.x
+    expected = {key: int(value) for key, value in table.items() if int(value)}
+    assert queues == expected
+
+
+def test_info_of_a_torn_store(oracle) -> None:
+    crash = oracle("s2_crash")
+    result = run_cli("info", crash.root / "store_torn_random_garbage", "--json", *ORACLE_OPTIONS)
+    info = json.loads(result.stdout)
+    assert info["abort"] is True
+    assert info["commitLog"]["maxOffset"] == crash.manifest["lastValidEnd"]
+    assert info["commitLog"]["end"] == "invalid"
+
+
+def test_info_human_output(oracle) -> None:
+    result = run_cli("info", oracle("s1_multi").store)
+    assert result.exit_code == 0
+    for needle in ("3,346,149", "TopicTest", "physicMsgTimestamp", "52 files"):
+        assert needle in result.stdout

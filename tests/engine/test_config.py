@@ -1,0 +1,101 @@
+"""broker.conf parsing and geometry resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import (
+    StoreConfig,
+    load_broker_config,
+    parse_java_properties,
+    round_consumequeue_size,
+)
+from rmqstore.errors import InputError
+from rmqstore.store import Store
+
+
+def test_java_properties_syntax() -> None:
+    text = (
+        "# comment\n! also a comment\n  key1 = value one  \nkey2:value2\nkey3 value3\n"
+        "multi = first \\\n    second\nescaped\\ key = tab\\there\nunicode=\\u00e9t\\u00e9\n"
+        "empty=\n"
+    )
+    assert parse_java_properties(text) == {
+        "key1": "value one  ",
+        "key2": "value2",
+        "key3": "value3",
+        "multi": "first second",
+        "escaped key": "tab\there",
+        "unicode": "été",
+        "empty": "",
+    }
+
+
+def test_broker_config_keys(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(
+        "brokerClusterName=ProdCluster\nbrokerIP1=10.1.2.3\nlistenPort=10921\n"
+        "storePathRootDir=/data/rocketmq/store\n"
+        "storePathCommitLog=/data/rocketmq/store/commitlog\n"
+        "mappedFileSizeCommitLog=65536\nmappedFileSizeConsumeQueue=1990\n"
+        "maxHashSlotNum=1000\nmaxIndexNum=2000\nflushDiskType=SYNC_FLUSH\n"
+        "checkCRCOnRecover=false\nforceVerifyPropCRC=true\nenabledAppendPropCRC=TRUE\n"
+        "maxMessageSize=1024\nmessageDelayLevel=1s 2s\n"
+    )
+    config = load_broker_config(conf, tmp_path / "copy")
+    assert config.commitlog_file_size == 65536
+    assert config.consumequeue_file_size == 2000  # rounded up to a multiple of 20
+    assert (config.index_slots, config.index_entries) == (1000, 2000)
+    assert config.flush_disk_type == "SYNC_FLUSH"
+    assert config.check_crc_on_recover is False and config.force_verify_prop_crc is True
+    assert config.append_prop_crc is True and config.max_message_size == 1024
+    assert config.cluster_name == "ProdCluster"
+    assert config.store_host == "10.1.2.3:10921"
+    assert config.commitlog_dir == tmp_path / "copy" / "commitlog"  # re-rooted
+    assert config.message_delay_level == "1s 2s"
+    assert "broker config" in config.sources["commitlog_file_size"]
+
+
+def test_4_3_spellings_and_outside_commitlog(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text("mapedFileSizeCommitLog=4096\nstorePathCommitLog=/elsewhere/cl\n")
+    config = load_broker_config(conf, tmp_path)
+    assert config.commitlog_file_size == 4096
+    assert config.commitlog_dir == Path("/elsewhere/cl")
+
+
+@pytest.mark.parametrize(
+    "line", ["mappedFileSizeCommitLog=big", "flushDiskType=SOMETIMES", "storePathCommitLog=/a,/b"]
+)
+def test_bad_values_are_input_errors(tmp_path: Path, line: str) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(line + "\n")
+    with pytest.raises(InputError):
+        load_broker_config(conf)
+
+
+def test_missing_broker_config(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read broker config"):
+        load_broker_config(tmp_path / "absent.conf")
+
+
+def test_cq_size_rounding() -> None:
+    assert round_consumequeue_size(6_000_000) == 6_000_000
+    assert round_consumequeue_size(1) == 20
+    assert round_consumequeue_size(41) == 60
+
+
+def test_geometry_comes_from_options_then_files_then_defaults(oracle, tmp_path: Path) -> None:
+    with Store.open_read(oracle("s1_multi").store) as store:
+        assert store.commitlog_file_size == 65536
+        assert store.consumequeue_file_size == 2000
+        assert store.config.sources["commitlog_file_size"] == "existing files"
+    with Store.open_write(tmp_path / "new", create=True) as store:
+        assert store.commitlog_file_size == 1024**3
+        assert store.consumequeue_file_size == 6_000_000
+    config = StoreConfig().with_overrides(commitlog_file_size=8192, index_slots=None)
+    assert config.commitlog_file_size == 8192 and config.sources == {
+        "commitlog_file_size": "option"
+    }

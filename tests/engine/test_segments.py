@@ -1,0 +1,73 @@
+"""Segment-file naming, lookup, sizes and sparse residue detection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rmqstore.errors import StoreFormatError
+from rmqstore.segments import SegmentQueue, nonzero_extent, segment_name
+
+from support import vectors
+
+
+@pytest.mark.parametrize(("offset", "name"), sorted(vectors()["mappedFileNames"].items()))
+def test_names(offset: str, name: str) -> None:
+    assert segment_name(int(offset)) == name
+
+
+def make_queue(tmp_path: Path, starts: list[int], size: int = 100) -> SegmentQueue:
+    for start in starts:
+        (tmp_path / segment_name(start)).write_bytes(bytes(size))
+    return SegmentQueue.load(tmp_path, size)
+
+
+def test_find_follows_the_broker_rule(tmp_path: Path) -> None:
+    queue = make_queue(tmp_path, [200, 300, 500])
+    assert queue.find(250).start == 200
+    assert queue.find(399).start == 300
+    assert queue.find(550).start == 500  # after a gap: found by scanning
+    assert queue.find(450) is None and queue.find(199) is None and queue.find(600) is None
+
+
+def test_sizes_are_checked_and_unexpected_entries_listed(tmp_path: Path) -> None:
+    make_queue(tmp_path, [0, 100])
+    (tmp_path / segment_name(200)).write_bytes(bytes(50))
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "subdir").mkdir()
+    with pytest.raises(StoreFormatError, match="is 50 bytes"):
+        SegmentQueue.load(tmp_path, 100)
+    lenient = SegmentQueue.load(tmp_path, 100, strict=False)
+    assert lenient.problems and [p.name for p in lenient.unexpected] == ["notes.txt"]
+
+
+def test_an_empty_last_file_is_ignored_like_5x(tmp_path: Path) -> None:
+    make_queue(tmp_path, [0])
+    (tmp_path / segment_name(100)).write_bytes(b"")
+    queue = SegmentQueue.load(tmp_path, 100)
+    assert [s.start for s in queue.segments] == [0] and queue.problems
+
+
+def test_created_segments_are_full_size_and_sparse(tmp_path: Path) -> None:
+    queue = SegmentQueue.load(tmp_path, 1 << 20)
+    segment = queue.create(1 << 20)
+    assert segment.path.name == "00000000000001048576"
+    assert segment.path.stat().st_size == 1 << 20
+    assert segment.path.stat().st_blocks * 512 < 1 << 20
+    with pytest.raises(StoreFormatError):
+        queue.create(12345)
+
+
+def test_nonzero_extent(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    with open(path, "wb") as handle:
+        handle.truncate(10 << 20)
+    assert nonzero_extent(path, 0, 10 << 20) is None
+    fd = os.open(path, os.O_RDWR)
+    os.pwrite(fd, b"\x01\x00\x02", (5 << 20) + 7)
+    os.close(fd)
+    assert nonzero_extent(path, 0, 10 << 20) == ((5 << 20) + 7, (5 << 20) + 10)
+    assert nonzero_extent(path, (5 << 20) + 9, 10 << 20) == ((5 << 20) + 9, (5 << 20) + 10)
+    assert nonzero_extent(path, (5 << 20) + 10, 10 << 20) is None
