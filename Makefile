@@ -43,7 +43,7 @@ man: venv
 	$(BIN)/python -m rmqstore.commands.manpages man
 
 demo: venv
-	@DEMO_DIR="$(DEMO_DIR)" RMQSTORE="$(BIN)/rmqstore" PYTHON="$(BIN)/python" sh bench/demo.sh
+	@DEMO_DIR="$(DEMO_DIR)" RMQSTORE="$(BIN)/rmqstore" PYTHON="$(BIN)/python" sh scripts/demo.sh
 
 bench: venv
 	$(BIN)/python bench/run_all.py

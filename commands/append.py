@@ -26,6 +26,7 @@ from rmqstore.commands.options import (
 from rmqstore.commands.output import console, emit_json, note
 from rmqstore.commitlog import AppendResult
 from rmqstore.config import StoreConfig
+from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import InputError
 from rmqstore.hosts import parse_host
 from rmqstore.msgid import UniqKeyGenerator
@@ -115,6 +116,13 @@ def _parse_property(
     "async: flush once when the command ends.",
 )
 @click.option(
+    "--dispatch",
+    "dispatch_after",
+    is_flag=True,
+    help="Also put the appended messages into consume queues and the index, as a broker's "
+    "dispatcher would (then 'abort' is removed at the end).",
+)
+@click.option(
     "--create", is_flag=True, help="Create a new store if STORE is missing or an empty directory."
 )
 @click.option(
@@ -156,6 +164,7 @@ def command(
     store_host: str | None,
     record_version: str,
     no_uniq_key: bool,
+    dispatch_after: bool,
     config: StoreConfig,
     as_json: bool,
     as_jsonl: bool,
@@ -164,8 +173,9 @@ def command(
 
     The broker's rules apply: the roll rule with BLANK records, dense queue offsets continuing
     the store's, non-decreasing store times, a generated UNIQ_KEY and the CLUSTER property,
-    DELAY messages moved to SCHEDULE_TOPIC_XXXX. The consume queues are not updated (see
-    --dispatch when available); 'abort' is then left so a broker re-dispatches at start.
+    DELAY messages moved to SCHEDULE_TOPIC_XXXX. With --dispatch the messages also go into
+    consume queues and the index; without it 'abort' is left so a broker re-dispatches them at
+    start.
 
     Prints per message: msgId, commitLogOffset, queueOffset, storeSize (also topic, queueId,
     storeTimestamp in JSON). On any error nothing is appended (with --flush sync: nothing
@@ -199,7 +209,13 @@ def command(
             allow_v2=record_version == "auto",
             store_host=parse_host(store_host) if store_host else None,
         )
-        job = AppendJob(appender, sync=flush == "sync", on_result=emit)
+        dispatcher = Dispatcher(opened) if dispatch_after else None
+        job = AppendJob(
+            appender,
+            sync=flush == "sync",
+            on_result=emit,
+            on_commit=(lambda: dispatcher.run(until=appender.end_offset)) if dispatcher else None,
+        )
         if input_path is None:
             payload = body.encode("utf-8") if body is not None else _read_file(body_file)
             message = build_message({}, defaults, "options")
@@ -217,6 +233,8 @@ def command(
                     messages_from_lines(read_lines(stream, on_idle=job.commit), defaults, str(path))
                 )
         appended = job.committed
+        if dispatcher is not None:
+            dispatcher.close()
     for text in opened.notes:
         note(text)
     if as_json:

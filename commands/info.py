@@ -28,15 +28,19 @@ from rmqstore.summary import summarize
 def command(store: Path, config: StoreConfig, as_json: bool, no_progress: bool) -> int:
     """Summarise a store on one screen.
 
-    Commit-log files and offset range, topics and queues with their offsets, checkpoint
-    values, abort and lock state. Reads only; works on a store a broker holds (with a warning).
+    Commit-log files and offset range, topics and queues with their offsets, consume queues
+    with the broker's min/max offsets, index, dispatch lag (records in the commit log not yet
+    in consume queues), checkpoint values, abort and lock state. Reads only; works on a store
+    a broker holds (with a warning).
 
     JSON fields: store, lock, abort, checkpoint{physicMsgTimestamp, logicsMsgTimestamp,
     indexMsgTimestamp, masterFlushedOffset, confirmPhyOffset, minTimestamp,
     minTimestampIndex}, geometry{...}, commitLog{files, firstFile, lastFile, minOffset,
     maxOffset, messages, firstStoreTimestamp, lastStoreTimestamp, end, endError,
     filesWithDataAfterEnd}, topics[{topic, queues[{queueId, messages, minOffset, maxOffset,
-    notQueued}]}].
+    notQueued}]}] (from the commit log), consumeQueues[{topic, queueId, minOffset, maxOffset,
+    maxPhysicalOffset}] (from consume-queue files), index{files, entries, endOffset,
+    endTimestamp}, dispatch{cursor, behindBytes, behindRecords}.
     """
     with Store.open_read(store, config) as opened:
         for message in opened.notes:
@@ -101,7 +105,17 @@ def _render(summary: dict[str, Any]) -> None:
         if checkpoint["confirmPhyOffset"] or checkpoint["masterFlushedOffset"]:
             overview.add_row("confirmPhyOffset", str(checkpoint["confirmPhyOffset"]))
             overview.add_row("masterFlushedOffset", str(checkpoint["masterFlushedOffset"]))
+    dispatch = summary["dispatch"]
+    overview.add_row(
+        "dispatch lag",
+        f"{dispatch['behindRecords']:,} records, "
+        f"{dispatch['behindBytes']:,} bytes behind the commit log",
+    )
+    index = summary["index"]
+    overview.add_row("index", f"{index['files']} files, {index['entries']:,} entries")
     console.print(overview)
+    if summary["consumeQueues"]:
+        _consume_queue_table(summary["consumeQueues"])
     queues = Table(title="topics and queues (from the commit log)", title_justify="left")
     for name, justify in (
         ("topic", "left"),
@@ -121,3 +135,24 @@ def _render(summary: dict[str, Any]) -> None:
                 str(queue["maxOffset"]),
             )
     console.print(queues)
+
+
+def _consume_queue_table(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="consume queues (the broker's view)", title_justify="left")
+    for name, justify in (
+        ("topic", "left"),
+        ("queue", "right"),
+        ("min offset", "right"),
+        ("max offset", "right"),
+        ("max physical offset", "right"),
+    ):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        table.add_row(
+            row["topic"],
+            str(row["queueId"]),
+            str(row["minOffset"]),
+            str(row["maxOffset"]),
+            str(row["maxPhysicalOffset"]),
+        )
+    console.print(table)

@@ -86,9 +86,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from rmqstore.commands import append, info, read
+    from rmqstore.commands import append, dispatch, info, read
 
-    for module in (info, append, read):
+    for module in (info, append, read, dispatch):
         cli.add_command(module.command)
 
 

@@ -27,6 +27,7 @@ from rmqstore.commands.output import (
     warn,
 )
 from rmqstore.config import StoreConfig
+from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.reader import MessageReader
 from rmqstore.record import BodyMode, Message, decompress_body
 from rmqstore.store import Store
@@ -54,10 +55,72 @@ _TABLE_CHUNK = 100
     help="Read sequentially from the record starting at physical offset N.",
 )
 @click.option(
+    "--topic",
+    metavar="T",
+    help="With --queue: read through the consume queue; with --key/--uniq-key: the "
+    "topic to search.",
+)
+@click.option(
+    "--queue", "queue_id", type=click.IntRange(min=0), metavar="Q", help="Queue id (with --topic)."
+)
+@click.option(
+    "--from",
+    "queue_from",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="With --topic/--queue: start at queue offset N (default: the min offset).",
+)
+@click.option(
     "--count",
     type=click.IntRange(min=1),
     metavar="K",
-    help="With --from-offset: at most K messages (default: to the end of the log).",
+    help="With --from-offset or --topic/--queue: at most K messages.",
+)
+@click.option(
+    "--key", metavar="K", help="Messages of --topic with this key in KEYS, through the index."
+)
+@click.option(
+    "--uniq-key",
+    metavar="ID",
+    help="Messages of --topic with this UNIQ_KEY (client message id), through the index.",
+)
+@click.option(
+    "--begin",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="MS",
+    help="With --key/--uniq-key: only messages stored at or after MS (epoch ms; the "
+    "index compares whole seconds).",
+)
+@click.option(
+    "--end",
+    type=click.IntRange(min=0),
+    default=LONG_MAX,
+    metavar="MS",
+    help="With --key/--uniq-key: only messages stored at or before MS.",
+)
+@click.option(
+    "--max",
+    "max_results",
+    type=click.IntRange(min=1),
+    default=MAX_QUERY_RESULTS,
+    show_default=True,
+    help="With --key/--uniq-key: at most N index hits (the broker caps it at 64).",
+)
+@click.option(
+    "--time",
+    "timestamp",
+    type=click.IntRange(min=0),
+    metavar="MS",
+    help="With --topic/--queue: the queue offset for this store time, and its message.",
+)
+@click.option(
+    "--time-rule",
+    type=click.Choice(["5.x", "4.x"]),
+    default="5.x",
+    show_default=True,
+    help="--time: 5.x gives the first message stored at or after MS; 4.x the 4.9 "
+    "broker's nearest match within a file chosen by its time.",
 )
 @click.option(
     "--body",
@@ -82,7 +145,17 @@ def command(
     offset: int | None,
     msg_id: str | None,
     from_offset: int | None,
+    topic: str | None,
+    queue_id: int | None,
+    queue_from: int | None,
     count: int | None,
+    key: str | None,
+    uniq_key: str | None,
+    begin: int,
+    end: int,
+    max_results: int,
+    timestamp: int | None,
+    time_rule: str,
     body_mode: str,
     decompress: bool,
     verify_crc: bool,
@@ -90,56 +163,162 @@ def command(
     as_json: bool,
     as_jsonl: bool,
 ) -> int:
-    """Read messages from the commit log.
+    """Read messages: by offset, message id, sequentially, by queue, key, unique key or time.
 
-    Exactly one of --offset, --msg-id or --from-offset. Reads only; a message is found only
-    below the valid end of the log, as with the broker's lookMessageByOffset.
+    Give exactly one of: --offset N; --msg-id ID; --from-offset N [--count K]; --topic T
+    --queue Q [--from N] [--count K] (through the consume queue); --topic T --key K
+    [--begin MS] [--end MS] [--max N] or --topic T --uniq-key ID (through the index, each hit
+    checked against its record, like mqadmin queryMsgByKey/queryMsgByUniqueKey); --topic T
+    --queue Q --time MS (the queue offset for a store time). Reads only.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
     reconsumeTimes, preparedTransactionOffset, properties, tags, keys, uniqKey, bodyLength,
-    version, body,
-    bodyEncoding (text, text-lossy, hex or base64).
+    version, body, bodyEncoding (text, text-lossy, hex or base64). --time prints topic,
+    queueId, timestamp, rule, queueOffset and message.
     """
-    modes = [
-        name
-        for name, value in (
-            ("--offset", offset),
-            ("--msg-id", msg_id),
-            ("--from-offset", from_offset),
-        )
-        if value is not None
-    ]
-    if len(modes) != 1:
-        raise click.UsageError("give exactly one of --offset, --msg-id or --from-offset")
-    if count is not None and from_offset is None:
-        raise click.UsageError("--count goes with --from-offset")
+    mode = _mode(
+        offset, msg_id, from_offset, topic, queue_id, queue_from, count, key, uniq_key, timestamp
+    )
     if as_json and as_jsonl:
         raise click.UsageError("--json and --jsonl exclude each other")
+    if body_mode == "raw" and mode not in ("offset", "msg-id"):
+        raise click.UsageError("--body raw shows one message; use --offset or --msg-id")
     body = (
         BodyMode.SKIP if body_mode == "none" else (BodyMode.VERIFY if verify_crc else BodyMode.READ)
     )
     with Store.open_read(store, config) as opened:
-        for message in opened.notes:
-            warn(message)
-        reader = MessageReader(opened)
-        if from_offset is not None:
-            if body_mode == "raw":
-                raise click.UsageError("--body raw shows one message; use --offset or --msg-id")
-            messages = reader.sequential(from_offset, count, body=body)
-            _show_many(messages, body_mode, decompress, as_json, as_jsonl)
-            for message in reader.notes:
-                warn(message)
-            return 0
-        if msg_id is not None:
-            message = reader.by_msg_id(msg_id, body=body)
-        else:
-            assert offset is not None
-            message = reader.by_offset(offset, body=body)
-        for text in reader.notes:
+        for text in opened.notes:
             warn(text)
-        _show_one(message, body_mode, decompress, as_json, as_jsonl)
+        reader = MessageReader(opened)
+        if mode in ("offset", "msg-id"):
+            message = (
+                reader.by_offset(offset, body=body)
+                if mode == "offset"  # type: ignore[arg-type]
+                else reader.by_msg_id(msg_id, body=body)
+            )  # type: ignore[arg-type]
+            _warn_all(reader.notes)
+            _show_one(message, body_mode, decompress, as_json, as_jsonl)
+            return 0
+        if mode == "time":
+            assert topic is not None and queue_id is not None and timestamp is not None
+            queue_offset = reader.offset_by_time(topic, queue_id, timestamp, rule=time_rule)
+            found = (
+                next(iter(reader.by_queue(topic, queue_id, queue_offset, 1, body=body)), None)
+                if queue_offset >= 0
+                else None
+            )
+            _show_time(
+                topic,
+                queue_id,
+                timestamp,
+                time_rule,
+                queue_offset,
+                found,
+                body_mode,
+                decompress,
+                as_json or as_jsonl,
+            )
+            return 0
+        if mode == "sequential":
+            messages: Iterable[Message] = reader.sequential(from_offset, count, body=body)  # type: ignore[arg-type]
+        elif mode == "queue":
+            messages = reader.by_queue(topic, queue_id, queue_from, count, body=body)  # type: ignore[arg-type]
+        else:
+            messages = reader.by_key(
+                topic,
+                key or uniq_key,
+                begin=begin,
+                end=end,  # type: ignore[arg-type]
+                max_results=max_results,
+                uniq=mode == "uniq-key",
+                body=body,
+            )
+        _show_many(messages, body_mode, decompress, as_json, as_jsonl)
+        _warn_all(reader.notes)
     return 0
+
+
+def _mode(
+    offset: int | None,
+    msg_id: str | None,
+    from_offset: int | None,
+    topic: str | None,
+    queue_id: int | None,
+    queue_from: int | None,
+    count: int | None,
+    key: str | None,
+    uniq_key: str | None,
+    timestamp: int | None,
+) -> str:
+    """Which lookup the options ask for; a usage error unless exactly one."""
+    chosen = [
+        name
+        for name, value in (
+            ("offset", offset),
+            ("msg-id", msg_id),
+            ("sequential", from_offset),
+            ("key", key),
+            ("uniq-key", uniq_key),
+            ("time", timestamp),
+        )
+        if value is not None
+    ]
+    if not chosen and topic is not None and queue_id is not None:
+        chosen = ["queue"]
+    if len(chosen) != 1:
+        raise click.UsageError(
+            "give exactly one of --offset, --msg-id, --from-offset, "
+            "--topic/--queue, --topic/--key, --topic/--uniq-key or "
+            "--topic/--queue/--time"
+        )
+    mode = chosen[0]
+    if mode in ("key", "uniq-key", "time", "queue") and topic is None:
+        raise click.UsageError(f"--{mode} needs --topic")
+    if mode in ("time", "queue") and queue_id is None:
+        raise click.UsageError(f"--{mode} needs --queue")
+    if count is not None and mode not in ("sequential", "queue"):
+        raise click.UsageError("--count goes with --from-offset or --topic/--queue")
+    if queue_from is not None and mode != "queue":
+        raise click.UsageError("--from goes with --topic/--queue")
+    return mode
+
+
+def _warn_all(notes: list[str]) -> None:
+    for text in notes:
+        warn(text)
+
+
+def _show_time(
+    topic: str,
+    queue_id: int,
+    timestamp: int,
+    rule: str,
+    queue_offset: int,
+    message: Message | None,
+    body_mode: str,
+    decompress: bool,
+    as_json: bool,
+) -> None:
+    document = {
+        "topic": topic,
+        "queueId": queue_id,
+        "timestamp": timestamp,
+        "rule": rule,
+        "queueOffset": queue_offset,
+        "message": message_document(message, body_mode, _body_of(message, decompress))
+        if message
+        else None,
+    }
+    if as_json:
+        emit_json(document)
+        return
+    console.print(
+        f"[bold]queue offset[/bold] {queue_offset} for {topic}:{queue_id} at "
+        f"{timestamp} ({format_millis(timestamp)}), rule {rule}"
+    )
+    if message is not None:
+        _detail_table(document["message"])
 
 
 def _body_of(message: Message, decompress: bool) -> bytes | None:

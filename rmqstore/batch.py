@@ -226,12 +226,14 @@ class AppendJob:
         *,
         sync: bool,
         on_result: Callable[[AppendResult], None],
+        on_commit: Callable[[], object] | None = None,
         group_size: int = 1024,
         chunk_size: int = 256,
     ) -> None:
         self.appender = appender
         self.sync = sync
         self.on_result = on_result
+        self.on_commit = on_commit  # after each durable group (sync) or at the end (async)
         self.group_size = group_size
         self.chunk_size = chunk_size
         self.committed = 0  # messages reported (sync: durable)
@@ -269,6 +271,8 @@ class AppendJob:
         self.committed += len(self._pending)
         self._pending.clear()
         self._savepoint = self.appender.savepoint()
+        if self.on_commit is not None:
+            self.on_commit()
 
     def run(self, messages: Iterable[Message]) -> int:
         """Append everything; on failure roll back what is not committed and re-raise."""
@@ -279,6 +283,8 @@ class AppendJob:
         except BaseException as exc:
             self._undo(exc)
             raise
+        if not self.sync and self.committed and self.on_commit is not None:
+            self.on_commit()
         return self.committed
 
     def _undo(self, exc: BaseException) -> None:

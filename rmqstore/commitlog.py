@@ -48,6 +48,7 @@ from rmqstore.record import (
     _HOST_FLAGS,
     _SIZE_AND_MAGIC,
     BLANK_MIN_LENGTH,
+    BORNHOST_V6_FLAG,
     H_STORE_TIMESTAMP,
     MAGIC_BLANK,
     MAGIC_V1,
@@ -185,6 +186,22 @@ class CommitLog:
             if progress is not None and not count & 0xFFFF:
                 progress(item[0])
         return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
+
+    def store_timestamp_at(self, offset: int, size: int, end: int) -> int:
+        """``pickupStoreTimestamp``: the store time of the record at ``offset``, or -1 when
+        ``[offset, offset + size)`` is not inside ``[min offset, end)``."""
+        if offset < self.min_offset or offset + size > end:
+            return -1
+        segment = self.queue.find(offset)
+        if segment is None:
+            return -1
+        buf = self.map(segment)
+        position = offset - segment.start
+        if position + 64 > len(buf):
+            return -1
+        sys_flag = int.from_bytes(buf[position + 36 : position + 40], "big")
+        at = position + 48 + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
+        return int.from_bytes(buf[at : at + 8], "big", signed=True)
 
     def read(
         self, offset: int, *, body: BodyMode = BodyMode.READ, verify_property_crc: bool = False

@@ -5,15 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rmqstore.commitlog import LogEnd
-from rmqstore.errors import NotFoundError, RecordError
+from rmqstore.errors import InputError, NotFoundError, RecordError
+from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.msgid import decode_offset_msg_id
+from rmqstore.properties import split_keys
 from rmqstore.record import BodyMode, Message, ScanStop
 from rmqstore.store import Store
 
 
 class MessageReader:
-    """Reads messages by physical offset, offset message id or sequentially. ``notes``
-    collects things worth telling the user (for example an id naming another broker)."""
+    """Reads messages by physical offset, offset message id, sequentially, by queue, by key
+    or unique key, and finds queue offsets by time. ``notes`` collects things worth telling
+    the user (an id naming another broker, a unit pointing at the wrong record)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -64,6 +67,106 @@ class MessageReader:
                 f"offset {offset} was stored by {message.store_host}"
             )
         return message
+
+    def by_queue(
+        self,
+        topic: str,
+        queue_id: int,
+        start: int | None = None,
+        count: int | None = None,
+        *,
+        body: BodyMode = BodyMode.READ,
+    ) -> Iterator[Message]:
+        """Messages of one queue through its consume queue, from queue offset ``start``
+        (default: the queue's min offset)."""
+        queue = self.store.consume_queue(topic, queue_id)
+        if start is not None and start >= queue.max_offset:
+            self.notes.append(
+                f"queue offset {start} is at or after the end of {topic}:"
+                f"{queue_id} ({queue.max_offset})"
+            )
+        elif start is not None and start < queue.min_offset:
+            self.notes.append(
+                f"queue offset {start} is below the min offset of {topic}:"
+                f"{queue_id} ({queue.min_offset}); starting there"
+            )
+            start = queue.min_offset
+        for unit in queue.units(start, count):
+            if unit.is_pre_blank:
+                continue
+            message = self.store.commitlog.read(unit.physical_offset, body=body)
+            if (message.topic, message.queue_id, message.store_size) != (
+                topic,
+                queue_id,
+                unit.size,
+            ):
+                self.notes.append(
+                    f"unit {unit.queue_offset} of {topic}:{queue_id} points at offset "
+                    f"{unit.physical_offset}, a {message.store_size}-byte record of "
+                    f"{message.topic}:{message.queue_id}, not a {unit.size}-byte record of "
+                    "this queue"
+                )
+            yield message
+
+    def by_key(
+        self,
+        topic: str,
+        key: str,
+        *,
+        begin: int = 0,
+        end: int = LONG_MAX,
+        max_results: int = MAX_QUERY_RESULTS,
+        uniq: bool = False,
+        body: BodyMode = BodyMode.READ,
+    ) -> list[Message]:
+        """Messages of ``topic`` whose KEYS (or, with ``uniq``, UNIQ_KEY) contain ``key``,
+        found through the index like ``queryMsgByKey``/``queryMsgByUniqueKey``: the index
+        matches 32-bit hashes only, so each hit is checked against its record, as a client
+        does. In commit-log order."""
+        if not key:
+            raise InputError("the key to look up is empty")
+        index = self.store.index_service()
+        try:
+            if not index.files:
+                raise NotFoundError("the store has no index files; run rmqstore dispatch")
+            offsets = sorted(index.query(topic, key, max_results, begin, end))
+        finally:
+            index.close()
+        found = []
+        for offset in offsets:
+            message = self.store.commitlog.read(offset, body=body)
+            matched = message.uniq_key == key if uniq else key in split_keys(message.keys)
+            if message.topic == topic and matched:
+                found.append(message)
+        if len(found) < len(offsets):
+            self.notes.append(
+                f"{len(offsets) - len(found)} index hits were other keys with the "
+                "same hash, and were left out"
+            )
+        return found
+
+    def offset_by_time(
+        self, topic: str, queue_id: int, timestamp: int, *, rule: str = "5.x"
+    ) -> int:
+        """The queue offset for a store time. ``5.x``: the first message stored at or after
+        ``timestamp`` (the max offset when all are earlier). ``4.x``: the 4.9 broker's
+        nearest match within a file chosen by file time, taking a file's time as the store
+        time of its first unit (its first write, which is the mtime of a one-page file)."""
+        queue = self.store.consume_queue(topic, queue_id)
+        log = self.store.commitlog
+        end = self.log_end().offset
+
+        def store_time(offset: int, size: int) -> int:
+            return log.store_timestamp_at(offset, size, end)
+
+        if rule == "4.x":
+            return queue.offset_by_time_4x(
+                timestamp,
+                store_time,
+                lambda segment: queue.first_unit_store_time(segment, store_time),
+                log.min_offset,
+            )
+        return queue.offset_by_time(timestamp, store_time)
 
     def sequential(
         self, start_offset: int, count: int | None = None, *, body: BodyMode = BodyMode.READ

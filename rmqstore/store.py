@@ -20,9 +20,11 @@ from rmqstore.config import (
     DEFAULT_CONSUMEQUEUE_FILE_SIZE,
     StoreConfig,
 )
+from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.delay import DelayLevels
-from rmqstore.errors import NotAStoreError, StoreIOError, UncleanStoreError
+from rmqstore.errors import NotAStoreError, NotFoundError, StoreIOError, UncleanStoreError
 from rmqstore.hosts import DEFAULT_STORE_HOST, HostAddress, parse_host
+from rmqstore.indexfile import IndexService, infer_geometry, read_index_headers
 from rmqstore.lockfile import LockState, StoreLock, probe_lock
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.quarantine import Quarantine
@@ -37,6 +39,7 @@ from rmqstore.record import (
     TRANSACTION_ROLLBACK,
 )
 from rmqstore.segments import fsync_directory, nonzero_extent
+from rmqstore.topics import check_topic_path_safe
 
 COMMITLOG_DIR = "commitlog"
 CONSUMEQUEUE_DIR = "consumequeue"
@@ -56,6 +59,18 @@ class LogState:
     last_store_timestamp: int = 0
     last_store_host: HostAddress | None = None
     records: int = 0
+
+
+@dataclass
+class Residue:
+    """Non-zero bytes after the valid end of the commit log."""
+
+    pieces: list[tuple[Path, int, int]] = field(default_factory=list)  # (file, start, stop)
+    in_later_files: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(stop - start for _, start, stop in self.pieces)
 
 
 def _infer_file_size(directory: Path, depth: int) -> int | None:
@@ -88,6 +103,9 @@ class Store:
         self._appender: CommitLogAppender | None = None
         self.abort_existed = self.abort_path.exists()
         self.dispatched_through: int | None = None  # set by dispatch: consume queues' end
+        self.tail_verified = False  # nothing but zeros follows the valid end of the log
+        self._writing = False
+        self._log_end: LogEnd | None = None
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -164,6 +182,34 @@ class Store:
         assert self.config.consumequeue_file_size is not None
         return self.config.consumequeue_file_size
 
+    def inside(self, path: Path) -> bool:
+        """Whether ``path`` resolves (symlinks followed) to a place inside the store root:
+        writers never follow a link out of the store."""
+        try:
+            return path.resolve().is_relative_to(self.root.resolve())
+        except OSError:
+            return False
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """An existing consume queue, read-only, with its min offset corrected as at load."""
+        check_topic_path_safe(topic)
+        directory = self.consumequeue_dir / topic / str(queue_id)
+        if not directory.is_dir() or not self.inside(directory):
+            known = sorted({t for t, _ in list_queues(self.consumequeue_dir)})
+            hint = (
+                f" (topics with queues: {', '.join(known[:10])})"
+                if known
+                else (" (the store has no consume queues; run rmqstore dispatch)")
+            )
+            raise NotFoundError(f"no consume queue for topic {topic!r} queue {queue_id}{hint}")
+        queue = ConsumeQueue(self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size)
+        queue.correct_min_offset(self.commitlog.min_offset)
+        return queue
+
+    def index_service(self) -> IndexService:
+        """The index files, read-only (their geometry comes from the configuration)."""
+        return IndexService(self.index_dir, self.config.index_slots, self.config.index_entries)
+
     def checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.checkpoint_path)
 
@@ -171,13 +217,17 @@ class Store:
         return probe_lock(self.lock_path)
 
     def log_end(self, progress: Callable[[int], None] | None = None) -> LogEnd:
-        """The valid end of the commit log as the broker's recovery would find it."""
-        return self.commitlog.valid_end(
+        """The valid end of the commit log as the broker's recovery would find it (computed
+        once; not cached while appending, which moves it)."""
+        if self._log_end is not None and self._appender is None:
+            return self._log_end
+        self._log_end = self.commitlog.valid_end(
             check_crc=self.config.check_crc_on_recover,
             abnormal=self.abort_path.exists(),
             checkpoint=self.checkpoint(),
             progress=progress,
         )
+        return self._log_end
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -191,10 +241,9 @@ class Store:
     ) -> CommitLogAppender:
         """Prepare to append: find the valid end, deal with bytes after it, learn the queue
         offsets, then create ``abort``. Refuses a crashed store whose tail is not clean."""
-        if not self.writable:
-            raise RuntimeError("store was opened read-only")
         if self._appender is not None:
             return self._appender
+        self._require_writable()
         end = self.log_end()
         self._clear_residue(end)
         state = self.scan_log_state(end.offset)
@@ -214,37 +263,64 @@ class Store:
             uniq_keys=uniq_keys,
             last_store_timestamp=state.last_store_timestamp,
         )
-        self._create_abort()
+        self.begin_write()
         return self._appender
 
-    def _clear_residue(self, end: LogEnd) -> None:
-        """Bytes after the valid end: a broker overwrites stale bytes left by its own recovery,
-        but after a crash (``abort`` present) they are an unrecovered torn tail. Stale bytes
-        are quarantined and zeroed before appending; a torn tail is refused."""
+    def _require_writable(self) -> None:
+        if not self.writable:
+            raise RuntimeError("store was opened read-only")
+
+    def begin_write(self) -> None:
+        """Mark the store as being written: create ``abort``, as a broker does at start."""
+        self._require_writable()
+        if self._writing:
+            return
+        if not self.abort_path.exists():
+            try:
+                self.abort_path.touch()
+                fsync_directory(self.root)
+            except OSError as exc:
+                raise StoreIOError(f"cannot create {self.abort_path}: {exc.strerror}") from None
+        self._writing = True
+
+    def residue_after(self, end: LogEnd) -> Residue:
+        """Non-zero bytes after the valid end of the log: in its last file, and in later files
+        (which a broker's recovery deletes)."""
         log = self.commitlog
-        residue: list[tuple[Path, int, int]] = []
-        later_files = []
+        residue = Residue()
         for segment in log.segments:
             if end.segment is None or segment.start < end.segment.start:
                 continue
             start = end.offset - segment.start if segment is end.segment else 0
             extent = nonzero_extent(segment.path, start, log.file_size)
             if extent is not None:
-                residue.append((segment.path, start, extent[1]))
+                residue.pieces.append((segment.path, start, extent[1]))
                 if segment is not end.segment:
-                    later_files.append(segment.path)
-        if not residue:
+                    residue.in_later_files = True
+        return residue
+
+    def check_tail(self, end: LogEnd) -> bool:
+        """Whether nothing but zeros follows the valid end; remembered for :meth:`close`."""
+        self.tail_verified = not self.residue_after(end).pieces
+        return self.tail_verified
+
+    def _clear_residue(self, end: LogEnd) -> None:
+        """Bytes after the valid end: a broker overwrites stale bytes left by its own recovery,
+        but after a crash (``abort`` present) they are an unrecovered torn tail. Stale bytes
+        are quarantined and zeroed before appending; a torn tail is refused."""
+        residue = self.residue_after(end)
+        if not residue.pieces:
+            self.tail_verified = True
             return
-        total = sum(stop - start for _, start, stop in residue)
-        where = f"{total} non-zero bytes after the last valid record (offset {end.offset})"
+        where = f"{residue.total} non-zero bytes after the last valid record (offset {end.offset})"
         reason = f" ({end.error})" if end.error else ""
-        if self.abort_existed or later_files:
+        if self.abort_existed or residue.in_later_files:
             raise UncleanStoreError(
                 f"the store was not closed cleanly: {where}{reason}; a broker's recovery "
                 "must truncate it first (start the broker once, or run rmqstore recover)"
             )
         quarantine = Quarantine.create(self.root, "append")
-        for path, start, stop in residue:
+        for path, start, stop in residue.pieces:
             quarantine.save_region(
                 path,
                 start,
@@ -257,8 +333,9 @@ class Store:
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
+        self.tail_verified = True
         self.notes.append(f"moved {where} to {quarantine.directory} before appending")
-        log.forget_maps()
+        self.commitlog.forget_maps()
 
     def scan_log_state(self, end_offset: int) -> LogState:
         """Next queue offsets, last store time and store host from the records in the log."""
@@ -284,47 +361,49 @@ class Store:
             state.last_store_host = HostAddress.from_field(last[H_STORE_HOST])
         return state
 
-    def _create_abort(self) -> None:
-        if self.abort_path.exists():
-            return
-        try:
-            self.abort_path.touch()
-            fsync_directory(self.root)
-        except OSError as exc:
-            raise StoreIOError(f"cannot create {self.abort_path}: {exc.strerror}") from None
-
     def close(self) -> None:
-        """Flush and release. ``abort`` is removed only when everything appended in this
-        session is in the consume queues (``dispatched_through``), as a broker's shutdown."""
+        """Flush and release the lock. ``abort`` goes as at a broker's shutdown: when what was
+        written is in the consume queues. A pre-existing ``abort`` goes only when dispatch
+        reached the end of the log and nothing follows it (the store is consistent again)."""
         try:
+            appended, end_offset = 0, None
             if self._appender is not None:
                 appender = self._appender
                 self._appender = None
                 appender.close()
-                caught_up = appender.appended == 0 or (
-                    self.dispatched_through is not None
-                    and self.dispatched_through >= appender.end_offset
-                )
-                if appender.appended:
+                appended, end_offset = appender.appended, appender.end_offset
+                if appended:
                     previous = self.checkpoint() or Checkpoint()
                     write_checkpoint(
                         self.checkpoint_path,
                         replace(previous, physic_msg_timestamp=appender.last_store_timestamp),
                     )
-                if not caught_up:
-                    self.notes.append(
-                        "the consume queues do not include the appended messages, so 'abort' "
-                        "is left in place: a broker re-dispatches them when it starts (or run "
-                        "rmqstore dispatch)"
-                    )
-                elif not self.abort_existed:
-                    self._remove_abort()
+            if self._writing:
+                self._settle_abort(appended, end_offset)
         finally:
             if self._commitlog is not None:
                 self._commitlog.close()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+    def _settle_abort(self, appended: int, end_offset: int | None) -> None:
+        caught_up = self.dispatched_through is not None and (
+            end_offset is None or self.dispatched_through >= end_offset
+        )
+        if not self.abort_existed and (appended == 0 or caught_up):
+            self._remove_abort()
+        elif self.abort_existed and caught_up and self.tail_verified:
+            self._remove_abort()
+            self.notes.append(
+                "the consume queues and index now cover the whole commit log and nothing "
+                "follows its end, so 'abort' was removed (no crash recovery is needed)"
+            )
+        elif appended:
+            self.notes.append(
+                "the consume queues do not include the appended messages, so 'abort' is left "
+                "in place: a broker re-dispatches them when it starts (or run rmqstore dispatch)"
+            )
 
     def _remove_abort(self) -> None:
         try:
@@ -388,6 +467,14 @@ def _resolve_geometry(root: Path, config: StoreConfig) -> StoreConfig:
         inferred = _infer_file_size(root / CONSUMEQUEUE_DIR, 2)
         values["consumequeue_file_size"] = inferred or DEFAULT_CONSUMEQUEUE_FILE_SIZE
         sources["consumequeue_file_size"] = "existing files" if inferred else "default"
+    if "index_slots" not in sources and "index_entries" not in sources:
+        sizes = {path.stat().st_size for path, _ in read_index_headers(root / INDEX_DIR)}
+        inferred = infer_geometry(sizes.pop()) if len(sizes) == 1 else None
+        if inferred is not None and inferred != (config.index_slots, config.index_entries):
+            values["index_slots"], values["index_entries"] = inferred
+            sources["index_slots"] = sources["index_entries"] = (
+                "existing files (at RocketMQ's ratio of 4 entries per slot)"
+            )
     for name in ("index_slots", "index_entries", "max_message_size"):
         sources.setdefault(name, "default")
     return replace(config, sources=sources, **values)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rmqstore.consumequeue import list_queues
+from rmqstore.indexfile import read_index_headers
 from rmqstore.record import (
     H_QUEUE_ID,
     H_QUEUE_OFFSET,
@@ -28,10 +30,46 @@ class _QueueStats:
         self.next_offset = 0
 
 
+def consume_queue_table(store: Store) -> tuple[list[dict[str, Any]], int]:
+    """Each consume queue's min/max offsets as the broker computes them, and the dispatch
+    cursor: the end of the last record in any consume queue (-1 when there are none)."""
+    table = []
+    cursor = -1
+    for topic, queue_id in list_queues(store.consumequeue_dir):
+        queue = store.consume_queue(topic, queue_id)
+        table.append(
+            {
+                "topic": topic,
+                "queueId": queue_id,
+                "minOffset": queue.min_offset,
+                "maxOffset": queue.max_offset,
+                "maxPhysicalOffset": queue.max_physical_offset,
+            }
+        )
+        cursor = max(cursor, queue.max_physical_offset)
+    return table, cursor
+
+
+def index_summary(store: Store) -> dict[str, Any]:
+    headers = [header for _, header in read_index_headers(store.index_dir)]
+    last = headers[-1] if headers else None
+    return {
+        "files": len(headers),
+        "entries": sum(header.index_count - 1 for header in headers),
+        "endOffset": last.end_phy_offset if last else -1,
+        "endTimestamp": last.end_timestamp if last else 0,
+    }
+
+
 def summarize(store: Store, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Files, offsets, topics/queues, checkpoint and abort/lock state of ``store``."""
+    """Files, offsets, topics/queues, consume queues, index, dispatch lag, checkpoint and
+    abort/lock state of ``store``."""
     log = store.commitlog
     checkpoint = store.checkpoint()
+    consume_queues, cursor = consume_queue_table(store)
+    index = index_summary(store)
+    dispatch_from = max(cursor, log.min_offset)
+    behind_records = 0
     queues: dict[tuple[str, int], _QueueStats] = {}
     scan = log.scan()
     records = 0
@@ -40,6 +78,8 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
         if progress is not None and not count & 0x3FFF:
             progress(offset - log.min_offset)
         records += 1
+        if offset >= dispatch_from:
+            behind_records += 1
         key = (topic, header[H_QUEUE_ID])
         stats = queues.get(key)
         if stats is None:
@@ -104,4 +144,11 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
             "filesWithDataAfterEnd": data_after_end,
         },
         "topics": [{"topic": topic, "queues": items} for topic, items in topics.items()],
+        "consumeQueues": consume_queues,
+        "index": index,
+        "dispatch": {
+            "cursor": dispatch_from,
+            "behindBytes": max(0, scan.end_offset - dispatch_from) if segments else 0,
+            "behindRecords": behind_records,
+        },
     }

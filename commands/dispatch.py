@@ -1,0 +1,183 @@
+"""``rmqstore dispatch``: build or resume consume queues and the index from the commit log."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from rmqstore.commands.options import (
+    json_option,
+    progress_option,
+    store_argument,
+    store_config_options,
+)
+from rmqstore.commands.output import console, emit_json, note, progress_bar, warn
+from rmqstore.config import StoreConfig
+from rmqstore.dispatch import Dispatcher, DispatchResult, apply_rebuild, plan_rebuild
+from rmqstore.errors import ExitCode
+from rmqstore.store import Store
+
+
+@click.command("dispatch")
+@store_argument
+@click.option(
+    "--rebuild",
+    is_flag=True,
+    help="Rebuild from scratch: move the existing consume queues (and index) to "
+    "quarantine/, then replay the whole commit log. Asks on a terminal.",
+)
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="T",
+    help="Only these topics' consume queues (repeatable). The index, shared by all "
+    "topics, is then left alone.",
+)
+@click.option(
+    "--from-offset",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Replay from this record offset instead of where the queues and index end "
+    "(what is already there is skipped, as a broker does).",
+)
+@click.option("--no-index", is_flag=True, help="Build consume queues only.")
+@click.option(
+    "--max-records",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Stop after N records (resume later by running dispatch again).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Only show what would be done; exit 1 when there is work to do."
+)
+@click.option("--yes", is_flag=True, help="Do not ask before --rebuild (for scripts).")
+@store_config_options
+@json_option
+@progress_option
+def command(
+    store: Path,
+    rebuild: bool,
+    topics: tuple[str, ...],
+    from_offset: int | None,
+    no_index: bool,
+    max_records: int | None,
+    dry_run: bool,
+    yes: bool,
+    config: StoreConfig,
+    as_json: bool,
+    no_progress: bool,
+) -> int:
+    """Build consume queues and index from the commit log.
+
+    An idempotent replay, like a broker's dispatcher: it resumes where the consume queues and
+    the index end, puts NOT_TYPE/COMMIT records into consume queues (SCHEDULE_TOPIC_XXXX
+    units carry the deliver time), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK
+    records, and updates the checkpoint. Running it twice changes nothing; an invalid record
+    (a torn tail) ends it. Takes the store's lock.
+
+    JSON: fromOffset, toOffset, logEnd, records, unitsWritten, unitsSkipped,
+    indexedRecords, indexEntries, queuesTouched, stoppedBy, problems (and plan, quarantine
+    with --rebuild).
+    """
+    build_index = not no_index and not topics
+    if topics and not no_index:
+        note("--topic: only those consume queues are built; the index is left alone")
+    with Store.open_write(store, config) as opened:
+        document: dict = {}
+        plan = None
+        if rebuild:
+            plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
+            document["plan"] = plan.to_dict()
+            if dry_run:
+                return _show_plan(document, as_json)
+            if not yes:
+                _confirm(plan.files, [str(path) for path in plan.moves])
+            quarantine = apply_rebuild(opened, plan)
+            document["quarantine"] = str(quarantine) if quarantine else None
+            from_offset = plan.from_offset
+        dispatcher = Dispatcher(opened, topics=topics or None, build_index=build_index)
+        try:
+            if dry_run:
+                start = dispatcher.cursor() if from_offset is None else from_offset
+                end = opened.log_end().offset
+                document.update(
+                    {"fromOffset": start, "logEnd": end, "behindBytes": max(0, end - start)}
+                )
+                return _show_plan(document, as_json, work=end > start)
+            base = dispatcher.cursor() if from_offset is None else from_offset
+            total = max(1, opened.log_end().offset - base)
+            with progress_bar("dispatching", total, not no_progress) as update:
+                result = dispatcher.run(
+                    from_offset,
+                    max_records=max_records,
+                    progress=lambda offset: update(offset - base),
+                )
+        finally:
+            dispatcher.close()
+    for text in opened.notes:
+        note(text)
+    for problem in result.problems:
+        warn(problem)
+    document.update(result.to_dict())
+    if as_json:
+        emit_json(document)
+    else:
+        _render(result, document.get("quarantine"))
+    return 0
+
+
+def _confirm(files: int, moves: list[str]) -> None:
+    summary = f"move {files} files ({', '.join(moves) or 'nothing'}) to quarantine and rebuild"
+    if not sys.stdin.isatty():
+        raise click.UsageError(
+            f"--rebuild would {summary}; add --yes to confirm, or --dry-run to see the plan"
+        )
+    if not click.confirm(f"{summary[0].upper()}{summary[1:]}?", default=False, err=True):
+        raise click.Abort()
+
+
+def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
+    if as_json:
+        emit_json(document)
+    else:
+        plan = document.get("plan")
+        if plan:
+            console.print("[bold]dispatch --rebuild plan[/bold]")
+            for path in plan["quarantine"]:
+                console.print(f"  move to quarantine: {path}")
+            console.print(
+                f"  files: {plan['files']}; reset checkpoint: {', '.join(plan['resetCheckpoint'])}"
+            )
+            console.print(f"  then dispatch from offset {plan['dispatchFrom']}")
+        else:
+            console.print(
+                f"would dispatch {document['behindBytes']:,} bytes of the commit log "
+                f"(offsets {document['fromOffset']:,} .. {document['logEnd']:,})"
+            )
+    return ExitCode.FINDINGS if work else ExitCode.OK
+
+
+def _render(result: DispatchResult, quarantine: str | None) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "records",
+        f"{result.records:,} (offsets {result.from_offset:,} .. "
+        f"{result.to_offset:,}; log ends at {result.log_end:,})",
+    )
+    table.add_row(
+        "consume queue units",
+        f"{result.units_written:,} written, "
+        f"{result.units_skipped:,} already there, {result.queues_touched} queues",
+    )
+    table.add_row("index", f"{result.index_entries:,} entries for {result.index_records:,} records")
+    if quarantine:
+        table.add_row("old files", f"moved to {quarantine}")
+    if result.stopped_by:
+        table.add_row("log ends with", result.stopped_by)
+    console.print(table)

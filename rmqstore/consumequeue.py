@@ -1,0 +1,383 @@
+"""Consume queues (spec §6): ``consumequeue/<topic>/<queueId>/`` files of 20-byte units
+``(commit-log offset, record size, tagsCode)``; queue offset q lives at byte q x 20.
+
+This module owns unit positions: loading a queue (valid end, min/max offsets as the broker
+computes them), reading units, appending with the broker's rules (pre-blank fill, duplicate
+skips), and the two time lookups (4.x and 5.x rules).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from rmqstore.errors import StoreIOError
+from rmqstore.segments import Segment, SegmentQueue, map_readonly, map_writable
+
+CQ_UNIT_SIZE = 20
+UNIT = struct.Struct(">qiq")
+PRE_BLANK_SIZE = 0x7FFFFFFF  # size of the units filling a queue that starts above 0
+PRE_BLANK_UNIT = UNIT.pack(0, PRE_BLANK_SIZE, 0)
+
+
+class PutOutcome(Enum):
+    WRITTEN = "written"
+    DUPLICATE = "duplicate"  # already in the queue: skipped
+    OUT_OF_ORDER = "out of order"  # written at the end, though its queue offset is further on
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    queue_offset: int
+    physical_offset: int
+    size: int
+    tags_code: int
+
+    @property
+    def is_pre_blank(self) -> bool:
+        return self.physical_offset == 0 and self.size == PRE_BLANK_SIZE
+
+
+def is_valid_unit(physical_offset: int, size: int) -> bool:
+    """The broker's test while recovering a queue: ``offset >= 0 && size > 0``."""
+    return physical_offset >= 0 and size > 0
+
+
+class ConsumeQueue:
+    """One ``topic``/``queue_id`` consume queue. Loading finds the valid end exactly as the
+    broker's recovery does; call :meth:`correct_min_offset` with the commit log's first
+    offset to get the broker's min offset."""
+
+    def __init__(
+        self, root: Path, topic: str, queue_id: int, file_size: int, *, strict: bool = True
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = file_size
+        self.directory = root / topic / str(queue_id)
+        self.queue = SegmentQueue.load(
+            self.directory, file_size, strict=strict, kind="consume-queue"
+        )
+        self.end = self._find_end()  # logical byte offset after the last valid unit
+        self.max_physical_offset = -1  # end (offset + size) of the last valid unit
+        self.min_logic_offset = self.queue.min_offset or 0
+        if self.end > self.min_logic_offset:
+            last = self.read_unit((self.end - CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
+            self.max_physical_offset = last.physical_offset + last.size
+        self._write_map: mmap.mmap | None = None
+        self._write_segment: Segment | None = None
+        self._dirty: set[Path] = set()
+
+    @property
+    def has_unflushed_writes(self) -> bool:
+        return bool(self._dirty)
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def _find_end(self) -> int:
+        """Recovery's walk: from the third-last file, unit by unit, to the first unit with
+        ``offset < 0 or size <= 0``."""
+        segments = self.queue.segments
+        if not segments:
+            return 0
+        end = segments[max(0, len(segments) - 3)].start
+        for segment in segments[max(0, len(segments) - 3) :]:
+            if segment.start != end:
+                break  # a gap: the queue ends at the previous file
+            data = _read(segment.path)
+            valid = 0
+            for physical_offset, size, _ in UNIT.iter_unpack(data[: len(data) // 20 * 20]):
+                if not is_valid_unit(physical_offset, size):
+                    break
+                valid += CQ_UNIT_SIZE
+            end = segment.start + valid
+            if valid < self.file_size:
+                break
+        return end
+
+    @property
+    def max_offset(self) -> int:
+        """``getMaxOffsetInQueue``: units up to the valid end (pre-blank units count)."""
+        return self.end // CQ_UNIT_SIZE
+
+    @property
+    def min_offset(self) -> int:
+        """``getMinOffsetInQueue`` (after :meth:`correct_min_offset`)."""
+        return self.min_logic_offset // CQ_UNIT_SIZE
+
+    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+        """``correctMinOffset``: the first unit of the first file whose record is still in the
+        commit log (5.x: min = max when even the last unit points below it)."""
+        segments = self.queue.segments
+        if not segments:
+            return
+        first = segments[0]
+        limit = min(self.file_size, self.end - first.start)
+        data = _read(first.path)[: max(limit, 0)]
+        for index, (physical_offset, _size, _tags) in enumerate(UNIT.iter_unpack(data)):
+            if physical_offset >= commitlog_min_offset:
+                self.min_logic_offset = first.start + index * CQ_UNIT_SIZE
+                return
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read_unit(self, queue_offset: int) -> Unit:
+        position = queue_offset * CQ_UNIT_SIZE
+        segment = self.queue.find(position)
+        if segment is None:
+            raise IndexError(f"queue offset {queue_offset} is outside the files")
+        data = _read_range(segment.path, position - segment.start, CQ_UNIT_SIZE)
+        return Unit(queue_offset, *UNIT.unpack(data))
+
+    def units(self, start: int | None = None, count: int | None = None) -> Iterator[Unit]:
+        """Units from queue offset ``start`` (default: min offset) to the valid end."""
+        offset = self.min_offset if start is None else max(start, 0)
+        stop = self.max_offset if count is None else min(self.max_offset, offset + count)
+        while offset < stop:
+            position = offset * CQ_UNIT_SIZE
+            segment = self.queue.find(position)
+            if segment is None:
+                return
+            within = position - segment.start
+            length = min(self.file_size - within, (stop - offset) * CQ_UNIT_SIZE)
+            for values in UNIT.iter_unpack(_read_range(segment.path, within, length)):
+                yield Unit(offset, *values)
+                offset += 1
+
+    def offset_by_time(self, timestamp: int, store_time: Callable[[int, int], int]) -> int:
+        """5.x ``getOffsetInQueueByTime`` (boundary LOWER): the first queue offset whose record
+        was stored at or after ``timestamp``; the max offset when all are earlier.
+        ``store_time(physical_offset, size)`` reads a record's store time (-1 if gone)."""
+        files = self._files_with_units()
+        if not files:
+            return 0
+        chosen = files[-1]
+        for segment, count in files[:-1]:
+            if self._time_of(segment, count - 1, store_time) >= timestamp:
+                chosen = (segment, count)
+                break
+        segment, count = chosen
+        floor = max(0, (self.min_logic_offset - segment.start) // CQ_UNIT_SIZE)
+        base = segment.start // CQ_UNIT_SIZE
+        if self._time_of(segment, count - 1, store_time) < timestamp:
+            return base + count
+        if self._time_of(segment, floor, store_time) > timestamp:
+            return base
+        low, high, target, right = floor, count - 1, -1, -1
+        while high >= low:
+            middle = (low + high) // 2
+            stamp = self._time_of(segment, middle, store_time)
+            if stamp < 0:
+                return 0
+            if stamp == timestamp:
+                target = middle
+                break
+            if stamp > timestamp:
+                high, right = middle - 1, middle
+            else:
+                low = middle + 1
+        if target < 0:
+            return base + right
+        while target - 1 >= floor and self._time_of(segment, target - 1, store_time) == timestamp:
+            target -= 1
+        return base + target
+
+    def offset_by_time_4x(
+        self,
+        timestamp: int,
+        store_time: Callable[[int, int], int],
+        file_time: Callable[[Segment], int],
+        commitlog_min_offset: int = 0,
+    ) -> int:
+        """4.x ``getOffsetInQueueByTime``: the first file whose ``file_time`` (the broker uses
+        the file's mtime) is at or after ``timestamp`` (else the last file), then the unit whose
+        store time is nearest ``timestamp`` in that file."""
+        files = self._files_with_units()
+        if not files:
+            return 0
+        segment, count = next(((s, c) for s, c in files if file_time(s) >= timestamp), files[-1])
+        low = max(0, (self.min_logic_offset - segment.start) // CQ_UNIT_SIZE)
+        high = count - 1
+        target = left = right = -1
+        left_time = right_time = -1
+        while high >= low:
+            middle = (low + high) // 2
+            unit = self._unit_in(segment, middle)
+            if unit[0] < commitlog_min_offset:
+                low, left = middle + 1, middle
+                continue
+            stamp = store_time(unit[0], unit[1])
+            if stamp < 0:
+                return 0
+            if stamp == timestamp:
+                target = middle
+                break
+            if stamp > timestamp:
+                high, right, right_time = middle - 1, middle, stamp
+            else:
+                low, left, left_time = middle + 1, middle, stamp
+        if target >= 0:
+            chosen = target
+        elif left_time == -1:
+            chosen = right
+        elif right_time == -1:
+            chosen = left
+        else:
+            nearer_right = abs(timestamp - left_time) > abs(timestamp - right_time)
+            chosen = right if nearer_right else left
+        return (segment.start // CQ_UNIT_SIZE) + chosen
+
+    def first_unit_store_time(self, segment: Segment, store_time: Callable[[int, int], int]) -> int:
+        """Store time of the record of a file's first unit: the time a broker first wrote the
+        file, which is its mtime for a single-page file (used as the 4.x file time)."""
+        return self._time_of(segment, 0, store_time)
+
+    def _files_with_units(self) -> list[tuple[Segment, int]]:
+        """(segment, number of valid units in it) for files holding units."""
+        files = []
+        for segment in self.queue.segments:
+            count = min(self.file_size, self.end - segment.start) // CQ_UNIT_SIZE
+            if count > 0:
+                files.append((segment, count))
+        return files
+
+    def _unit_in(self, segment: Segment, index: int) -> tuple[int, int, int]:
+        return UNIT.unpack(_read_range(segment.path, index * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+
+    def _time_of(self, segment: Segment, index: int, store_time: Callable[[int, int], int]) -> int:
+        physical_offset, size, _ = self._unit_in(segment, index)
+        return store_time(physical_offset, size)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def put(self, queue_offset: int, physical_offset: int, size: int, tags_code: int) -> PutOutcome:
+        """``putMessagePositionInfo``: append a unit at the end of the queue, or skip it as
+        the broker would when it is already there."""
+        if physical_offset + size <= self.max_physical_offset:
+            return PutOutcome.DUPLICATE
+        expected = queue_offset * CQ_UNIT_SIZE
+        if not self.queue.segments:
+            self._start_at(expected)
+        elif queue_offset != 0 and expected < self.end:
+            return PutOutcome.DUPLICATE  # "built repeatedly"
+        outcome = PutOutcome.WRITTEN
+        if queue_offset != 0 and expected > self.end:
+            outcome = PutOutcome.OUT_OF_ORDER  # the broker logs a bug and appends anyway
+        self._append(UNIT.pack(physical_offset, size, tags_code))
+        self.max_physical_offset = physical_offset + size
+        return outcome
+
+    def _start_at(self, expected: int) -> None:
+        """The first file of a queue: created at the file holding ``expected`` and, when the
+        queue does not start at 0, filled with pre-blank units up to it."""
+        start = expected - expected % self.file_size
+        self._create(start)
+        self.end = start
+        self.min_logic_offset = expected
+        filler = (expected - start) // CQ_UNIT_SIZE
+        if filler:
+            self._append(PRE_BLANK_UNIT * filler)
+
+    def _append(self, units: bytes) -> None:
+        position = 0
+        while position < len(units):
+            segment = self.queue.find(self.end)
+            if segment is None:
+                segment = self._create(self.end)
+            buf = self._writable(segment)
+            within = self.end - segment.start
+            length = min(len(units) - position, self.file_size - within)
+            buf[within : within + length] = units[position : position + length]
+            position += length
+            self.end += length
+
+    def _create(self, start: int) -> Segment:
+        segment = self.queue.create(start)
+        try:
+            fd = os.open(segment.path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, 0, self.file_size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(f"cannot allocate {segment.path}: {exc.strerror}") from None
+        return segment
+
+    def _writable(self, segment: Segment) -> mmap.mmap:
+        if self._write_segment is not segment:
+            self._release()
+            self._write_map = map_writable(segment.path)
+            self._write_segment = segment
+        self._dirty.add(segment.path)
+        assert self._write_map is not None
+        return self._write_map
+
+    def _release(self) -> None:
+        if self._write_map is not None:
+            self._write_map.close()
+            self._write_map = None
+            self._write_segment = None
+
+    def flush(self) -> None:
+        try:
+            if self._write_map is not None:
+                self._write_map.flush()
+            for path in sorted(self._dirty):
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
+        self._dirty.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self._release()
+
+
+def _read(path: Path) -> bytes:
+    buf = map_readonly(path)
+    try:
+        return bytes(buf)
+    finally:
+        if isinstance(buf, mmap.mmap):
+            buf.close()
+
+
+def _read_range(path: Path, start: int, length: int) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            return handle.read(length)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def list_queues(root: Path) -> list[tuple[str, int]]:
+    """(topic, queue id) of every consume-queue directory under ``root`` (``consumequeue/``).
+    Entries whose queue-id directory name is not an integer are ignored, as by the broker."""
+    queues = []
+    if not root.is_dir():
+        return queues
+    for topic_dir in sorted(root.iterdir()):
+        if not topic_dir.is_dir() or topic_dir.is_symlink():
+            continue
+        for queue_dir in sorted(topic_dir.iterdir()):
+            if queue_dir.is_dir() and not queue_dir.is_symlink() and _is_int(queue_dir.name):
+                queues.append((topic_dir.name, int(queue_dir.name)))
+    return queues
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

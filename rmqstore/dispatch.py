@@ -1,0 +1,344 @@
+"""Dispatch (spec §9): replay the commit log into consume queues and the index.
+
+An idempotent replay from a cursor: it starts where the consume queues and the index end (or
+at ``from_offset``), walks the commit log to its valid end as recovery defines it, puts
+NOT_TYPE/COMMIT records into their consume queue and indexes the keys of all but ROLLBACK
+records. The broker's duplicate rules make re-running it a no-op, and an invalid record (a torn
+tail) ends it without moving the cursor past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rmqstore.checkpoint import Checkpoint, write_checkpoint
+from rmqstore.commitlog import LogEnd
+from rmqstore.consumequeue import ConsumeQueue, PutOutcome, list_queues
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, parse_java_int
+from rmqstore.errors import InputError, NotFoundError, RecordError
+from rmqstore.hashing import tags_code
+from rmqstore.indexfile import IndexService
+from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
+from rmqstore.quarantine import Quarantine
+from rmqstore.record import (
+    H_QUEUE_ID,
+    H_QUEUE_OFFSET,
+    H_STORE_TIMESTAMP,
+    H_SYS_FLAG,
+    H_TOTAL_SIZE,
+    TRANSACTION_MASK,
+    TRANSACTION_ROLLBACK,
+    BodyMode,
+    ScanStop,
+)
+from rmqstore.store import Store
+from rmqstore.topics import is_path_safe
+
+_QUEUED_TYPES = (0x0, 0x8)  # NOT_TYPE, COMMIT
+
+
+@dataclass
+class DispatchResult:
+    """What one dispatch did (the JSON of ``rmqstore dispatch``)."""
+
+    from_offset: int
+    to_offset: int = 0  # the new cursor: where dispatched records end
+    log_end: int = 0
+    records: int = 0  # records walked
+    units_written: int = 0
+    units_skipped: int = 0  # already in their consume queue
+    index_records: int = 0
+    index_entries: int = 0
+    queues_touched: int = 0
+    stopped_by: str | None = None  # the invalid record that ends the log, if any
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fromOffset": self.from_offset, "toOffset": self.to_offset, "logEnd": self.log_end,
+            "records": self.records, "unitsWritten": self.units_written,
+            "unitsSkipped": self.units_skipped, "indexedRecords": self.index_records,
+            "indexEntries": self.index_entries, "queuesTouched": self.queues_touched,
+            "stoppedBy": self.stopped_by, "problems": list(self.problems),
+        }  # fmt: skip
+
+
+class Dispatcher:
+    """Builds consume queues and the index of an opened, writable store."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        topics: Iterable[str] | None = None,
+        build_index: bool = True,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        if not store.writable:
+            raise RuntimeError("dispatch needs a store opened for writing")
+        self.store = store
+        self.topics = set(topics) if topics else None
+        self.build_index = build_index and store.config.message_index_enable
+        self.delay_levels = DelayLevels(store.config.message_delay_level)
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        for topic, queue_id in list_queues(store.consumequeue_dir):
+            if self.topics is None or topic in self.topics:
+                self.queues[(topic, queue_id)] = self._open_queue(topic, queue_id)
+        self.index = (
+            IndexService(
+                store.index_dir,
+                store.config.index_slots,
+                store.config.index_entries,
+                writable=True,
+                clock=clock,
+            )
+            if self.build_index
+            else None
+        )
+        self._unsafe_topics: set[str] = set()
+
+    def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queue = ConsumeQueue(
+            self.store.consumequeue_dir, topic, queue_id, self.store.consumequeue_file_size
+        )
+        queue.correct_min_offset(self.store.commitlog.min_offset)
+        return queue
+
+    def cursor(self) -> int:
+        """Where dispatch resumes: the earlier of where the consume queues end (the broker's
+        ``max over queues of maxPhysicOffset``) and the end of the last indexed record."""
+        start = self.store.commitlog.min_offset
+        cq_end = max((q.max_physical_offset for q in self.queues.values()), default=-1)
+        positions = [cq_end if cq_end >= 0 else start]
+        if self.index is not None:
+            positions.append(self._index_end(start))
+        return max(start, min(positions))
+
+    def _index_end(self, start: int) -> int:
+        """The end of the record the index ends with (its last file's endPhyOffset)."""
+        last = self.index.last if self.index is not None else None
+        if last is None or last.header.index_count <= 1:
+            return start
+        offset = last.header.end_phy_offset
+        try:
+            return offset + self.store.commitlog.read(offset, body=BodyMode.SKIP).store_size
+        except (RecordError, NotFoundError):
+            return offset  # not a record start any more: replay from there
+
+    def run(
+        self,
+        from_offset: int | None = None,
+        *,
+        max_records: int | None = None,
+        until: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> DispatchResult:
+        """Dispatch from ``from_offset`` (default: :meth:`cursor`) to the log's valid end, or
+        to ``until`` when the caller knows it (an appender that just wrote up to there)."""
+        store = self.store
+        log = store.commitlog
+        store.begin_write()
+        if until is None:
+            end = store.log_end()
+            store.check_tail(end)
+        else:
+            end = LogEnd(until, None, None, None)
+        start = self.cursor() if from_offset is None else from_offset
+        ahead = max((q.max_physical_offset for q in self.queues.values()), default=-1)
+        if ahead > end.offset:
+            raise InputError(
+                f"consume queues point past the end of the commit log ({ahead} > "
+                f"{end.offset}): they were written by a broker that crashed or the log was cut; "
+                "rebuild them with 'rmqstore dispatch --rebuild'"
+            )
+        result = DispatchResult(from_offset=start, to_offset=start, log_end=end.offset)
+        if start >= end.offset:
+            self._finish(result, last_time=None)
+            return result
+        if log.queue.find(start) is None:
+            raise InputError(f"offset {start} is outside the commit-log files")
+        scan = log.scan(start)
+        last_time = None
+        touched: set[tuple[str, int]] = set()
+        queues = self.queues
+        index = self.index
+        topic_filter = self.topics
+        for physical_offset, header, topic, props_bytes, _crc in scan:
+            if physical_offset >= end.offset:
+                break
+            size = header[H_TOTAL_SIZE]
+            transaction = header[H_SYS_FLAG] & TRANSACTION_MASK
+            properties = decode_properties(props_bytes)
+            store_timestamp = header[H_STORE_TIMESTAMP]
+            try:
+                code = self._tags_code(topic, properties, store_timestamp)
+            except RecordError as exc:  # the broker treats it as an invalid record
+                result.stopped_by = str(exc)
+                break
+            if transaction in _QUEUED_TYPES and (topic_filter is None or topic in topic_filter):
+                key = (topic, header[H_QUEUE_ID])
+                queue = queues.get(key)
+                if queue is None:
+                    queue = self._new_queue(topic, header[H_QUEUE_ID], result)
+                if queue is not None:
+                    outcome = queue.put(header[H_QUEUE_OFFSET], physical_offset, size, code)
+                    if outcome is PutOutcome.DUPLICATE:
+                        result.units_skipped += 1
+                    else:
+                        result.units_written += 1
+                        touched.add(key)
+                        last_time = store_timestamp
+                        if outcome is PutOutcome.OUT_OF_ORDER:
+                            result.problems.append(
+                                f"record at {physical_offset}: queue offset "
+                                f"{header[H_QUEUE_OFFSET]} leaves a gap in {topic}:{key[1]}; "
+                                "its unit was appended at the end of the queue, as a broker does"
+                            )
+            if index is not None and transaction != TRANSACTION_ROLLBACK:
+                keys = []
+                uniq = properties.get(UNIQ_KEY)
+                if uniq is not None:
+                    keys.append(f"{topic}#{uniq}")
+                keys.extend(f"{topic}#{piece}" for piece in split_keys(properties.get(KEYS)))
+                if keys and index.build(physical_offset, store_timestamp, keys):
+                    result.index_records += 1
+                    result.index_entries += len(keys)
+            result.records += 1
+            result.to_offset = physical_offset + size
+            if progress is not None and not result.records & 0xFFFF:
+                progress(physical_offset)
+            if max_records is not None and result.records >= max_records:
+                break
+        else:
+            if scan.stop is ScanStop.INVALID and scan.error is not None:
+                result.stopped_by = str(scan.error)
+        if result.stopped_by is None and end.error is not None and result.to_offset >= end.offset:
+            result.stopped_by = str(end.error)
+        result.queues_touched = len(touched)
+        self._finish(result, last_time)
+        return result
+
+    def _tags_code(self, topic: str, properties: dict[str, str], store_timestamp: int) -> int:
+        """tagsCode: Java hash of TAGS, or the deliver time for SCHEDULE_TOPIC_XXXX records
+        with a DELAY level (spec §3.6)."""
+        if topic == SCHEDULE_TOPIC and DELAY in properties:
+            try:
+                level = parse_java_int(properties[DELAY])
+            except ValueError:
+                raise RecordError(
+                    "PROPERTIES", -1, f"DELAY={properties[DELAY]!r} is not a number"
+                ) from None
+            level = self.delay_levels.clamp(level)
+            if level > 0:
+                return self.delay_levels.deliver_timestamp(level, store_timestamp)
+        return tags_code(properties.get(TAGS))
+
+    def _new_queue(self, topic: str, queue_id: int, result: DispatchResult) -> ConsumeQueue | None:
+        directory = self.store.consumequeue_dir / topic / str(queue_id)
+        if not is_path_safe(topic) or not self.store.inside(directory):
+            if topic not in self._unsafe_topics:
+                self._unsafe_topics.add(topic)
+                result.problems.append(
+                    f"topic {topic!r} cannot name a consume-queue directory inside the store "
+                    "(unsafe name, or a symbolic link leading out); its records were skipped"
+                )
+            return None
+        queue = self._open_queue(topic, queue_id)
+        self.queues[(topic, queue_id)] = queue
+        return queue
+
+    def _finish(self, result: DispatchResult, last_time: int | None) -> None:
+        """Make the written files durable, then record progress in the checkpoint (never ahead
+        of what is on disk), and tell the store how far the consume queues reach."""
+        for queue in self.queues.values():
+            queue.flush()
+        full_index_end = 0
+        if self.index is not None:
+            self.index.flush()
+            full = [f for f in self.index.files if f.is_full]
+            full_index_end = full[-1].header.end_timestamp if full else 0
+        checkpoint = self.store.checkpoint() or Checkpoint()
+        updated = checkpoint
+        if last_time is not None and last_time > checkpoint.logics_msg_timestamp:
+            updated = replace(updated, logics_msg_timestamp=last_time)
+        if full_index_end > checkpoint.index_msg_timestamp:
+            updated = replace(updated, index_msg_timestamp=full_index_end)
+        if updated != checkpoint or (self.store.checkpoint() is None and last_time is not None):
+            write_checkpoint(self.store.checkpoint_path, updated)
+        if result.to_offset >= result.log_end:
+            self.store.dispatched_through = result.to_offset
+
+    def close(self) -> None:
+        for queue in self.queues.values():
+            queue.close()
+        if self.index is not None:
+            self.index.close()
+
+
+@dataclass
+class RebuildPlan:
+    """What ``dispatch --rebuild`` will do: move these to quarantine, reset the checkpoint's
+    consume-queue/index times (a broker then replays everything if the rebuild is cut short),
+    and dispatch from the first commit-log offset."""
+
+    moves: list[Path]
+    files: int
+    reset_index: bool
+    from_offset: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "quarantine": [str(path) for path in self.moves],
+            "files": self.files,
+            "resetCheckpoint": ["logicsMsgTimestamp"]
+            + (["indexMsgTimestamp"] if self.reset_index else []),
+            "dispatchFrom": self.from_offset,
+        }
+
+
+def plan_rebuild(
+    store: Store, *, topics: Iterable[str] | None = None, rebuild_index: bool = True
+) -> RebuildPlan:
+    """Plan a rebuild of the consume queues (of ``topics``, or all) and of the index."""
+    selected = set(topics) if topics else None
+    moves: list[Path] = []
+    if store.consumequeue_dir.exists():
+        if selected is None:
+            moves.append(store.consumequeue_dir)
+        else:
+            moves.extend(
+                store.consumequeue_dir / topic
+                for topic in sorted(selected)
+                if (store.consumequeue_dir / topic).exists()
+            )
+    if rebuild_index and store.index_dir.exists():
+        moves.append(store.index_dir)
+    files = sum(1 for path in moves for item in _walk(path) if item.is_file())
+    return RebuildPlan(moves, files, rebuild_index, store.commitlog.min_offset)
+
+
+def _walk(path: Path) -> Iterable[Path]:
+    if path.is_symlink() or not path.is_dir():
+        return [path]
+    return path.rglob("*")
+
+
+def apply_rebuild(store: Store, plan: RebuildPlan) -> Path | None:
+    """Quarantine the old files and reset the checkpoint times, before a Dispatcher replays
+    the log. Returns the quarantine folder (None when there was nothing to move)."""
+    store.begin_write()
+    quarantine = None
+    if plan.moves:
+        quarantine = Quarantine.create(store.root, "dispatch-rebuild")
+        for path in plan.moves:
+            quarantine.move_path(path, "replaced by dispatch --rebuild")
+    checkpoint = store.checkpoint()
+    if checkpoint is not None:
+        reset = replace(checkpoint, logics_msg_timestamp=0)
+        if plan.reset_index:
+            reset = replace(reset, index_msg_timestamp=0)
+        write_checkpoint(store.checkpoint_path, reset)
+    return quarantine.directory if quarantine else None

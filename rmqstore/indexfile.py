@@ -1,0 +1,354 @@
+"""Index files (spec §7): ``index/<yyyyMMddHHmmssSSS>``, a 40-byte header, hash slots and
+20-byte entries chained per slot. This module owns their layout: put a key, walk a chain,
+roll to a new file when one is full, and answer ``queryOffset`` across files."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.hashing import index_key_hash
+from rmqstore.segments import fsync_directory, map_readonly, map_writable
+
+HEADER_SIZE = 40
+SLOT_SIZE = 4
+ENTRY_SIZE = 20
+MAX_QUERY_RESULTS = 64  # maxMsgsNumBatch
+LONG_MAX = (1 << 63) - 1
+_HEADER = struct.Struct(">qqqqii")
+_ENTRY = struct.Struct(">iqii")
+_INT = struct.Struct(">i")
+_NAME = re.compile(r"\d{17}")
+
+
+def index_file_size(slots: int, entries: int) -> int:
+    return HEADER_SIZE + slots * SLOT_SIZE + entries * ENTRY_SIZE
+
+
+def index_file_name(millis: int) -> str:
+    """``UtilAll.timeMillisToHumanString``: local time as yyyyMMddHHmmssSSS."""
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(millis / 1000)) + f"{millis % 1000:03d}"
+
+
+@dataclass
+class IndexHeader:
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    begin_phy_offset: int = 0
+    end_phy_offset: int = 0
+    hash_slot_count: int = 0
+    index_count: int = 1  # entry 0 is never used
+
+
+def read_index_headers(directory: Path) -> list[tuple[Path, IndexHeader]]:
+    """The header of every index file, in name order. Headers do not depend on the slot and
+    entry counts, so this works without knowing the broker's configuration."""
+    headers = []
+    if not directory.is_dir():
+        return headers
+    for path in sorted(directory.iterdir()):
+        if _NAME.fullmatch(path.name) and path.is_file():
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read(HEADER_SIZE)
+            except OSError as exc:
+                raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+            header = IndexHeader(*_HEADER.unpack(data.ljust(HEADER_SIZE, b"\0")))
+            header.index_count = max(header.index_count, 1)
+            headers.append((path, header))
+    return headers
+
+
+def infer_geometry(file_size: int) -> tuple[int, int] | None:
+    """(slots, entries) for a file of ``file_size`` bytes when it has RocketMQ's default
+    ratio of four entries per slot; None otherwise (the broker's configuration is needed)."""
+    slots, remainder = divmod(file_size - HEADER_SIZE, SLOT_SIZE + 4 * ENTRY_SIZE)
+    return (slots, 4 * slots) if slots > 0 and remainder == 0 else None
+
+
+class IndexFile:
+    """One index file, mapped. The header is kept in memory and written to the map after
+    every record's keys (:meth:`sync_header`), so the file is consistent between records."""
+
+    def __init__(
+        self,
+        path: Path,
+        slots: int,
+        entries: int,
+        buf: mmap.mmap | bytes,
+        header: IndexHeader,
+        writable: bool,
+    ) -> None:
+        self.path = path
+        self.slots = slots
+        self.entries = entries
+        self.buf = buf
+        self.header = header
+        self.writable = writable
+        self._entries_at = HEADER_SIZE + slots * SLOT_SIZE
+
+    @classmethod
+    def open(cls, path: Path, slots: int, entries: int, *, writable: bool = False) -> IndexFile:
+        expected = index_file_size(slots, entries)
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+        if size != expected:
+            raise StoreFormatError(
+                f"index file {path} is {size} bytes, but {slots} hash slots and {entries} "
+                f"entries make {expected}; pass the broker's maxHashSlotNum/maxIndexNum "
+                "(--broker-config or --index-slots/--index-entries)"
+            )
+        buf = map_writable(path) if writable else map_readonly(path)
+        header = IndexHeader(*_HEADER.unpack_from(buf, 0))
+        if header.index_count <= 0:
+            header.index_count = 1  # a file never written has an all-zero header
+        if header.index_count > entries or not 0 <= header.hash_slot_count <= slots:
+            if isinstance(buf, mmap.mmap):
+                buf.close()
+            raise StoreFormatError(
+                f"index file {path} has a corrupt header: indexCount {header.index_count}, "
+                f"hashSlotCount {header.hash_slot_count} (at most {entries} and {slots})"
+            )
+        return cls(path, slots, entries, buf, header, writable)
+
+    @classmethod
+    def create(
+        cls, path: Path, slots: int, entries: int, previous: IndexHeader | None
+    ) -> IndexFile:
+        """A new file; a follow-on file starts its header at the previous file's end."""
+        size = index_file_size(slots, entries)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.ftruncate(fd, size)
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+            fsync_directory(path.parent)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
+        header = IndexHeader()
+        if previous is not None:
+            if previous.end_phy_offset > 0:
+                header.begin_phy_offset = header.end_phy_offset = previous.end_phy_offset
+            if previous.end_timestamp > 0:
+                header.begin_timestamp = header.end_timestamp = previous.end_timestamp
+        index = cls(path, slots, entries, map_writable(path), header, True)
+        index.sync_header()
+        return index
+
+    @property
+    def is_full(self) -> bool:
+        return self.header.index_count >= self.entries
+
+    def put_key(self, key_hash: int, physical_offset: int, store_timestamp: int) -> bool:
+        """``IndexFile.putKey``; False when the file is full."""
+        header = self.header
+        count = header.index_count
+        if count >= self.entries:
+            return False
+        buf = self.buf
+        slot_at = HEADER_SIZE + (key_hash % self.slots) * SLOT_SIZE
+        previous = _INT.unpack_from(buf, slot_at)[0]
+        if previous <= 0 or previous > count:
+            previous = 0
+        if header.begin_timestamp <= 0:
+            time_diff = 0
+        else:
+            time_diff = min(
+                max(_java_div(store_timestamp - header.begin_timestamp, 1000), 0), 0x7FFFFFFF
+            )
+        _ENTRY.pack_into(
+            buf,
+            self._entries_at + count * ENTRY_SIZE,
+            key_hash,
+            physical_offset,
+            time_diff,
+            previous,
+        )
+        _INT.pack_into(buf, slot_at, count)
+        if count <= 1:
+            header.begin_phy_offset = physical_offset
+            header.begin_timestamp = store_timestamp
+        if previous == 0:
+            header.hash_slot_count += 1
+        header.index_count = count + 1
+        header.end_phy_offset = physical_offset
+        header.end_timestamp = store_timestamp
+        return True
+
+    def sync_header(self) -> None:
+        header = self.header
+        _HEADER.pack_into(
+            self.buf,
+            0,
+            header.begin_timestamp,
+            header.end_timestamp,
+            header.begin_phy_offset,
+            header.end_phy_offset,
+            header.hash_slot_count,
+            header.index_count,
+        )
+
+    def time_matched(self, begin: int, end: int) -> bool:
+        """``isTimeMatched``: the file's time range overlaps ``[begin, end]``."""
+        first, last = self.header.begin_timestamp, self.header.end_timestamp
+        return (begin < first and end > last) or first <= begin <= last or first <= end <= last
+
+    def select(self, key: str, results: list[int], max_results: int, begin: int, end: int) -> None:
+        """``selectPhyOffset``: walk the key's chain newest first, collecting the physical
+        offsets of entries with the same 32-bit hash stored within ``[begin, end]``."""
+        key_hash = index_key_hash(key)
+        count = self.header.index_count
+        current = _INT.unpack_from(self.buf, HEADER_SIZE + (key_hash % self.slots) * SLOT_SIZE)[0]
+        if current <= 0 or current > count or count <= 1:
+            return
+        while len(results) < max_results:
+            entry_hash, physical_offset, time_diff, previous = self.entry(current)
+            if time_diff < 0:
+                break
+            stamp = self.header.begin_timestamp + time_diff * 1000
+            if entry_hash == key_hash and begin <= stamp <= end:
+                results.append(physical_offset)
+            if previous <= 0 or previous > count or previous == current or stamp < begin:
+                break
+            current = previous
+
+    def entry(self, number: int) -> tuple[int, int, int, int]:
+        """Entry ``number``: (keyHash, physical offset, timeDiff seconds, previous entry)."""
+        return _ENTRY.unpack_from(self.buf, self._entries_at + number * ENTRY_SIZE)
+
+    def slot(self, slot: int) -> int:
+        return _INT.unpack_from(self.buf, HEADER_SIZE + slot * SLOT_SIZE)[0]
+
+    def flush(self) -> None:
+        if self.writable and isinstance(self.buf, mmap.mmap):
+            self.sync_header()
+            try:
+                self.buf.flush()
+            except OSError as exc:
+                raise StoreIOError(f"cannot flush {self.path}: {exc.strerror}") from None
+
+    def close(self) -> None:
+        self.flush()
+        if isinstance(self.buf, mmap.mmap):
+            self.buf.close()
+
+
+def _java_div(numerator: int, denominator: int) -> int:
+    """Java long division: truncates toward zero."""
+    quotient = abs(numerator) // denominator
+    return quotient if numerator >= 0 else -quotient
+
+
+class IndexService:
+    """The ``index/`` directory: files in name (= creation time) order."""
+
+    def __init__(
+        self,
+        directory: Path,
+        slots: int,
+        entries: int,
+        *,
+        writable: bool = False,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.slots = slots
+        self.entries = entries
+        self.writable = writable
+        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.unexpected: list[Path] = []
+        self.files: list[IndexFile] = []
+        if directory.is_dir():
+            for path in sorted(directory.iterdir()):
+                if _NAME.fullmatch(path.name) and path.is_file():
+                    self.files.append(IndexFile.open(path, slots, entries, writable=writable))
+                else:
+                    self.unexpected.append(path)
+
+    @property
+    def last(self) -> IndexFile | None:
+        return self.files[-1] if self.files else None
+
+    def writable_file(self) -> IndexFile:
+        """The last file, or a new one when there is none or it is full (``retryGetAndCreate``)."""
+        last = self.last
+        if last is not None and not last.is_full:
+            return last
+        self.directory.mkdir(parents=True, exist_ok=True)
+        millis = self.clock()
+        while (self.directory / index_file_name(millis)).exists():
+            millis += 1  # two files in one millisecond: keep names unique and ordered
+        if last is not None:
+            last.flush()
+        created = IndexFile.create(
+            self.directory / index_file_name(millis),
+            self.slots,
+            self.entries,
+            last.header if last else None,
+        )
+        self.files.append(created)
+        return created
+
+    def build(self, physical_offset: int, store_timestamp: int, keys: list[str]) -> bool:
+        """``buildIndex`` for one record: put ``topic#key`` strings (UNIQ_KEY first, then each
+        KEYS piece). Skipped (False) when the record lies before the last file's end, the
+        broker's protection against indexing a record twice."""
+        index = self.writable_file()
+        if physical_offset < index.header.end_phy_offset:
+            return False
+        if physical_offset == index.header.end_phy_offset and index.header.index_count > 1:
+            return False  # already indexed (resuming right after this record)
+        for key in keys:
+            key_hash = index_key_hash(key)
+            while not index.put_key(key_hash, physical_offset, store_timestamp):
+                index.sync_header()
+                index = self.writable_file()
+        index.sync_header()
+        return True
+
+    def query(
+        self,
+        topic: str,
+        key: str,
+        max_results: int = MAX_QUERY_RESULTS,
+        begin: int = 0,
+        end: int = LONG_MAX,
+    ) -> list[int]:
+        """``IndexService.queryOffset``: physical offsets of entries whose hash matches
+        ``topic#key``, newest file first, at most ``min(max_results, 64)``. Hash matches only:
+        callers must check the records themselves."""
+        limit = min(max_results, MAX_QUERY_RESULTS)
+        results: list[int] = []
+        indexed_key = f"{topic}#{key}"
+        for index in reversed(self.files):
+            if index.time_matched(begin, end):
+                index.select(indexed_key, results, limit, begin, end)
+            if index.header.begin_timestamp < begin or len(results) >= limit:
+                break
+        return results
+
+    def all_entries(self) -> Iterator[tuple[IndexFile, int, tuple[int, int, int, int]]]:
+        for index in self.files:
+            for number in range(1, index.header.index_count):
+                yield index, number, index.entry(number)
+
+    def flush(self) -> None:
+        for index in self.files:
+            if index.writable:
+                index.flush()
+
+    def close(self) -> None:
+        for index in self.files:
+            index.close()
+        self.files = []

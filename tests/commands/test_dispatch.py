@@ -1,0 +1,252 @@
+"""``rmqstore dispatch`` and the queue/key/unique-key/time reads on real-broker stores."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rmqstore.properties import split_keys
+
+from support import ORACLE_OPTIONS, manifest_dump, run_cli, tree_digest
+
+
+def rebuilt(oracle, name: str, tmp_path: Path) -> Path:
+    store = oracle(name).copy_to(tmp_path)
+    shutil.rmtree(store / "consumequeue")
+    shutil.rmtree(store / "index")
+    result = run_cli("dispatch", store, "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 0, result.stderr
+    return store
+
+
+def test_dispatch_json_and_idempotence(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    shutil.rmtree(store / "consumequeue")
+    shutil.rmtree(store / "index")
+    first = json.loads(run_cli("dispatch", store, "--json", *ORACLE_OPTIONS).stdout)
+    assert first["records"] == 3002 and first["unitsWritten"] == 3002
+    assert first["indexedRecords"] == 3002 and first["toOffset"] == first["logEnd"] == 3346149
+    assert first["queuesTouched"] == 12 and first["problems"] == []
+    digest = tree_digest(store)
+    second = json.loads(run_cli("dispatch", store, "--json", *ORACLE_OPTIONS).stdout)
+    assert (second["records"], second["unitsWritten"], second["indexEntries"]) == (0, 0, 0)
+    assert tree_digest(store) == digest
+    dry = run_cli("dispatch", store, "--dry-run", *ORACLE_OPTIONS)
+    assert dry.exit_code == 0  # nothing to do
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi"])
+def test_key_and_unique_key_reads_match_the_brokers_queries(
+    oracle, tmp_path: Path, name: str
+) -> None:
+    store = rebuilt(oracle, name, tmp_path)
+    for query in manifest_dump(oracle(name).manifest)["queries"]:
+        uniq = any(r["uniqKey"] == query["key"] for r in query["queryMessage_results"])
+        option = "--uniq-key" if uniq else "--key"
+        result = run_cli(
+            "read",
+            store,
+            "--topic",
+            query["topic"],
+            option,
+            query["key"],
+            "--max",
+            query["maxNum"],
+            "--begin",
+            query["begin"],
+            "--end",
+            query["end"],
+            "--jsonl",
+            "--body",
+            "none",
+            *ORACLE_OPTIONS,
+        )
+        if not query["key"]:
+            assert result.exit_code == 2  # an empty key is an input error for the CLI
+            continue
+        assert result.exit_code == 0, result.stderr
+        got = [json.loads(line)["commitLogOffset"] for line in result.stdout.splitlines()]
+        expected = sorted(
+            r["commitLogOffset"]
+            for r in query["queryMessage_results"]
+            if r["topic"] == query["topic"]
+            and (r["uniqKey"] == query["key"] if uniq else query["key"] in split_keys(r["keys"]))
+        )
+        assert got == expected, query
+
+
+def test_queue_read_matches_the_consume_queue(oracle, tmp_path: Path) -> None:
+    store = rebuilt(oracle, "s3_txn_delay", tmp_path)
+    queue = manifest_dump(oracle("s3_txn_delay").manifest)["consumeQueues"]["SCHEDULE_TOPIC_XXXX"][
+        "2"
+    ]
+    result = run_cli(
+        "read",
+        store,
+        "--topic",
+        "SCHEDULE_TOPIC_XXXX",
+        "--queue",
+        "2",
+        "--jsonl",
+        "--body",
+        "none",
+        *ORACLE_OPTIONS,
+    )
+    assert result.exit_code == 0, result.stderr
+    documents = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [d["commitLogOffset"] for d in documents] == [e[1] for e in queue["entries"]]
+    assert all(d["properties"]["REAL_TOPIC"] == "DelayTopic" for d in documents)
+    result = run_cli(
+        "read",
+        store,
+        "--topic",
+        "SCHEDULE_TOPIC_XXXX",
+        "--queue",
+        "2",
+        "--from",
+        "1",
+        "--count",
+        "1",
+        "--json",
+        "--body",
+        "none",
+        *ORACLE_OPTIONS,
+    )
+    assert [d["queueOffset"] for d in json.loads(result.stdout)] == [1]
+
+
+def test_time_reads(oracle, tmp_path: Path) -> None:
+    store = rebuilt(oracle, "v533_s1_multi", tmp_path)
+    probes = [
+        p
+        for p in manifest_dump(oracle("v533_s1_multi").manifest)["offsetInQueueByTime"]
+        if "timestamp" in p and p["topic"] == "TopicTest"
+    ]
+    for probe in probes:
+        result = run_cli(
+            "read",
+            store,
+            "--topic",
+            "TopicTest",
+            "--queue",
+            probe["queueId"],
+            "--time",
+            probe["timestamp"],
+            "--json",
+            "--body",
+            "none",
+            *ORACLE_OPTIONS,
+        )
+        document = json.loads(result.stdout)
+        assert document["queueOffset"] == probe["offsetInQueueByTime"]
+        if document["message"] is not None:
+            assert document["message"]["queueOffset"] == probe["offsetInQueueByTime"]
+            assert document["message"]["storeTimestamp"] >= min(
+                probe["timestamp"], document["message"]["storeTimestamp"]
+            )
+
+
+def test_info_shows_the_brokers_queue_offsets_and_lag(oracle) -> None:
+    crash = oracle("s2_crash")
+    result = run_cli("info", crash.store, "--json", *ORACLE_OPTIONS)
+    info = json.loads(result.stdout)
+    assert info["dispatch"]["behindBytes"] == crash.manifest["stateAtHalt"]["dispatchBehindBytes"]
+    assert info["dispatch"]["behindRecords"] == 300
+    at_halt = crash.manifest["consumeQueuesAtHalt"]
+    for row in info["consumeQueues"]:
+        expected = at_halt[row["topic"]][str(row["queueId"])]
+        assert row["maxOffset"] == expected["maxOffsetInQueue"]
+        assert row["minOffset"] == expected["minOffsetInQueue"]
+
+
+def test_rebuild_needs_confirmation_and_dry_run_changes_nothing(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    before = tree_digest(store)
+    dry = run_cli("dispatch", store, "--rebuild", "--dry-run", "--json", *ORACLE_OPTIONS)
+    assert dry.exit_code == 1
+    plan = json.loads(dry.stdout)["plan"]
+    assert plan["files"] == 40 and plan["dispatchFrom"] == 0
+    refused = run_cli("dispatch", store, "--rebuild", *ORACLE_OPTIONS)
+    assert refused.exit_code == 2 and "--yes" in refused.stderr
+    assert tree_digest(store) == before
+    done = run_cli("dispatch", store, "--rebuild", "--yes", "--json", *ORACLE_OPTIONS)
+    assert done.exit_code == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert Path(document["quarantine"]).is_dir()
+    after = tree_digest(store)
+    for path, digest in before.items():
+        if path.startswith("consumequeue/"):
+            assert after[path] == digest  # rebuilt byte-identical
+
+
+def test_topic_only_rebuild_leaves_the_index(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    index_before = {k: v for k, v in tree_digest(store).items() if k.startswith("index/")}
+    result = run_cli(
+        "dispatch", store, "--rebuild", "--yes", "--topic", "TopicTest", "--json", *ORACLE_OPTIONS
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["unitsWritten"] == 1002 and document["indexEntries"] == 0
+    after = tree_digest(store)
+    assert {k: v for k, v in after.items() if k.startswith("index/")} == index_before
+
+
+def test_append_with_dispatch_is_queryable_and_clean(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    lines = "".join(
+        json.dumps(
+            {
+                "topic": "Orders",
+                "queueId": i % 2,
+                "keys": f"order-{i}",
+                "tags": "paid",
+                "body": str(i),
+            }
+        )
+        + "\n"
+        for i in range(40)
+    )
+    result = run_cli(
+        "append",
+        store,
+        "--create",
+        "--commitlog-file-size",
+        "8192",
+        "--consumequeue-file-size",
+        "200",
+        "--input",
+        "-",
+        "--dispatch",
+        "--flush",
+        "sync",
+        input=lines,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert not (store / "abort").exists()
+    found = run_cli("read", store, "--topic", "Orders", "--key", "order-7", "--json")
+    (message,) = json.loads(found.stdout)
+    assert message["body"] == "7" and message["queueId"] == 1
+    queue = run_cli("read", store, "--topic", "Orders", "--queue", "0", "--jsonl")
+    assert len(queue.stdout.splitlines()) == 20
+    info = json.loads(run_cli("info", store, "--json").stdout)
+    assert info["dispatch"]["behindRecords"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--topic", "Nope", "--queue", "0"], "no consume queue"),
+        (["--topic", "TopicTest", "--key", "x", "--index-slots", "7"], "maxHashSlotNum"),
+        (["--key", "x"], "needs --topic"),
+        (["--topic", "TopicTest", "--time", "5"], "needs --queue"),
+        (["--topic", "T", "--queue", "0", "--from", "1", "--key", "k"], "--from goes with"),
+    ],
+)
+def test_bad_reads(oracle, args: list[str], needle: str) -> None:
+    result = run_cli("read", oracle("s1_multi").store, *args)
+    assert result.exit_code == 2
+    assert needle in result.stderr

@@ -1,0 +1,298 @@
+"""Dispatch rebuilds what the broker built: consume queues byte-identical, index files that
+answer every manifest query the same, offsets by time, min/max offsets; idempotent and
+resumable; torn tails and bad files handled."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.consumequeue import PRE_BLANK_UNIT, ConsumeQueue
+from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
+from rmqstore.errors import InputError, NotFoundError, StoreFormatError
+from rmqstore.indexfile import IndexService
+from rmqstore.reader import MessageReader
+from rmqstore.record import Message
+from rmqstore.store import Store
+
+from support import ORACLE_CONFIG, manifest_dump, tree_digest
+
+FULLY_DISPATCHED = [
+    "s1_multi",
+    "s3_txn_delay",
+    "v533_s1_multi",
+    "v533_s3_txn",
+    "s4_recovered_from_torn_half_record",
+]
+
+
+def fixed_clock():
+    counter = itertools.count(1_800_000_000_000, 7)
+    return lambda: next(counter)
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def dispatched_copy(oracle, name: str, tmp_path: Path, which: str = "store") -> Path:
+    """A copy of an oracle store whose consume queues and index were deleted, then rebuilt
+    by rmqstore dispatch."""
+    store_dir = oracle(name).copy_to(tmp_path, which)
+    shutil.rmtree(store_dir / "consumequeue")
+    shutil.rmtree(store_dir / "index", ignore_errors=True)
+    with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        dispatcher = Dispatcher(store, clock=fixed_clock())
+        dispatcher.run()
+        dispatcher.close()
+    return store_dir
+
+
+@pytest.mark.parametrize("name", FULLY_DISPATCHED)
+def test_consume_queues_are_byte_identical_to_the_brokers(
+    oracle, tmp_path: Path, name: str
+) -> None:
+    store_dir = dispatched_copy(oracle, name, tmp_path)
+    expected = {
+        f["path"]: f["sha256"]
+        for f in oracle(name).manifest["filesOnDisk"]
+        if f["path"].startswith("consumequeue/")
+    }
+    written = {
+        str(p.relative_to(store_dir)): sha(p)
+        for p in (store_dir / "consumequeue").rglob("*")
+        if p.is_file()
+    }
+    assert expected and written == expected
+
+
+@pytest.mark.parametrize("name", FULLY_DISPATCHED)
+def test_index_answers_every_query_like_the_broker(oracle, tmp_path: Path, name: str) -> None:
+    store_dir = dispatched_copy(oracle, name, tmp_path)
+    manifest = oracle(name).manifest
+    index = IndexService(store_dir / "index", 1000, 2000)
+    for query in manifest_dump(manifest)["queries"]:
+        got = index.query(
+            query["topic"], query["key"], query["maxNum"], query["begin"], query["end"]
+        )
+        assert got == query["indexService_queryOffset_phyOffsets"], query
+    if not name.startswith("s4_"):  # S4's broker rebuilt part of its index after a crash
+        theirs = sorted(
+            f["sha256"] for f in manifest["filesOnDisk"] if f["path"].startswith("index/")
+        )
+        assert sorted(sha(f.path) for f in index.files) == theirs
+    index.close()
+
+
+@pytest.mark.parametrize("name", FULLY_DISPATCHED)
+def test_queue_offsets_and_time_lookups_like_the_broker(oracle, tmp_path: Path, name: str) -> None:
+    store_dir = dispatched_copy(oracle, name, tmp_path)
+    dump = manifest_dump(oracle(name).manifest)
+    rule = "5.x" if name.startswith("v533") else "4.x"
+    with Store.open_read(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        reader = MessageReader(store)
+        for topic, queues in dump["consumeQueues"].items():
+            for queue_id, expected in queues.items():
+                if not (store.consumequeue_dir / topic / queue_id).exists():
+                    # the broker lists empty queues it knows in memory; no files exist
+                    assert expected["maxOffsetInQueue"] == 0 and not expected["entries"]
+                    continue
+                queue = store.consume_queue(topic, int(queue_id))
+                assert queue.min_offset == expected["minOffsetInQueue"], (topic, queue_id)
+                assert queue.max_offset == expected["maxOffsetInQueue"], (topic, queue_id)
+                assert queue.max_physical_offset == expected["cqMaxPhysicOffset"]
+                units = [
+                    [u.queue_offset, u.physical_offset, u.size, u.tags_code] for u in queue.units()
+                ]
+                assert units == expected["entries"]
+        for probe in dump["offsetInQueueByTime"]:
+            if "timestamp" in probe and probe["offsetInQueueByTime"]:
+                got = reader.offset_by_time(
+                    probe["topic"], probe["queueId"], probe["timestamp"], rule=rule
+                )
+                assert got == probe["offsetInQueueByTime"], probe
+
+
+def test_dispatching_the_crashed_store_reaches_what_broker_recovery_reached(
+    oracle, tmp_path: Path
+) -> None:
+    """S2 halted with 300 messages not dispatched; the broker's recovery of it is S4."""
+    store_dir = oracle("s2_crash").copy_to(tmp_path)
+    with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        dispatcher = Dispatcher(store)
+        result = dispatcher.run()
+        dispatcher.close()
+    assert result.from_offset == oracle("s2_crash").manifest["stateAfterPhase1"]["maxPhyOffset"]
+    assert result.units_written == 300
+    recovered = {
+        f["path"]: f["sha256"]
+        for f in oracle("s4_recovered_from_torn_half_record").manifest["filesOnDisk"]
+        if f["path"].startswith("consumequeue/")
+    }
+    assert {p: sha(store_dir / p) for p in recovered} == recovered
+    assert not (store_dir / "abort").exists()  # consistent now: no crash recovery needed
+
+
+def test_dispatch_twice_or_resumed_gives_the_same_bytes(oracle, tmp_path: Path) -> None:
+    once = dispatched_copy(oracle, "s1_multi", tmp_path / "once")
+    digest = tree_digest(once)
+    with Store.open_write(once, StoreConfig(**ORACLE_CONFIG)) as store:
+        dispatcher = Dispatcher(store, clock=fixed_clock())
+        again = dispatcher.run()
+        dispatcher.close()
+    assert (again.units_written, again.index_entries, again.records) == (0, 0, 0)
+    assert tree_digest(once) == digest
+
+    resumed = oracle("s1_multi").copy_to(tmp_path / "resumed")
+    shutil.rmtree(resumed / "consumequeue")
+    shutil.rmtree(resumed / "index")
+    clock = fixed_clock()
+    for limit in (1000, 17, 5000):
+        with Store.open_write(resumed, StoreConfig(**ORACLE_CONFIG)) as store:
+            dispatcher = Dispatcher(store, clock=clock)
+            dispatcher.run(max_records=limit)
+            dispatcher.close()
+    assert tree_digest(resumed) == digest
+
+
+def test_a_torn_tail_never_advances_the_cursor(oracle, tmp_path: Path) -> None:
+    crash = oracle("s2_crash")
+    store_dir = crash.copy_to(tmp_path, "store_torn_half_record")
+    for _ in range(2):
+        with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+            dispatcher = Dispatcher(store)
+            result = dispatcher.run()
+            assert dispatcher.cursor() == crash.manifest["lastValidEnd"]
+            dispatcher.close()
+        assert result.log_end == crash.manifest["lastValidEnd"]
+        assert (store_dir / "abort").exists()  # the torn bytes still need recovery
+
+
+def test_pre_blank_units_when_a_queue_starts_above_zero(tmp_path: Path) -> None:
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    with Store.open_write(tmp_path / "s", config, create=True) as store:
+        store.appender().append_many([Message(topic="T", body=b"x" * 700) for _ in range(12)])
+    for old in (tmp_path / "s" / "commitlog").iterdir():
+        if old.name == "00000000000000000000":
+            old.unlink()  # the oldest file expired, as after a broker's cleanup
+    with Store.open_write(tmp_path / "s", config) as store:
+        first_offset = next(iter(store.commitlog.scan()))[1][5]
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    assert first_offset > 0
+    queue = ConsumeQueue(tmp_path / "s" / "consumequeue", "T", 0, 200)
+    queue.correct_min_offset(4096)
+    data = (tmp_path / "s" / "consumequeue" / "T" / "0" / "00000000000000000000").read_bytes()
+    assert data[: first_offset * 20] == PRE_BLANK_UNIT * first_offset
+    assert (queue.min_offset, queue.max_offset) == (first_offset, 12)
+
+
+def test_unsafe_topic_names_in_records_are_not_turned_into_paths(tmp_path: Path) -> None:
+    """A record written by someone else with a topic a broker would never accept."""
+    from rmqstore.record import encode_record
+
+    store_dir = tmp_path / "s"
+    with Store.open_write(store_dir, StoreConfig(commitlog_file_size=4096), create=True) as store:
+        end = store.appender().append(Message(topic="Good", body=b"ok")).store_size
+    with open(store_dir / "commitlog" / "00000000000000000000", "r+b") as handle:
+        handle.seek(end)
+        handle.write(encode_record(Message(topic="../evil", body=b"x", physical_offset=end)))
+    with Store.open_write(store_dir) as store:
+        dispatcher = Dispatcher(store)
+        result = dispatcher.run()
+        dispatcher.close()
+    assert result.records == 2
+    assert any("../evil" in problem for problem in result.problems)
+    assert not (tmp_path / "evil").exists()
+    assert [p.name for p in (store_dir / "consumequeue").iterdir()] == ["Good"]
+
+
+def test_a_symlink_out_of_the_store_is_not_followed(tmp_path: Path) -> None:
+    store_dir = tmp_path / "s"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with Store.open_write(store_dir, StoreConfig(commitlog_file_size=4096), create=True) as store:
+        store.appender().append(Message(topic="Linked", body=b"x"))
+    (store_dir / "consumequeue").mkdir()
+    (store_dir / "consumequeue" / "Linked").symlink_to(outside)
+    with Store.open_write(store_dir) as store:
+        dispatcher = Dispatcher(store)
+        result = dispatcher.run()
+        dispatcher.close()
+    assert list(outside.iterdir()) == []
+    assert any("symbolic link" in problem for problem in result.problems)
+
+
+def test_bad_files(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    queue_file = store_dir / "consumequeue" / "TopicTest" / "0" / "00000000000000000000"
+    with open(queue_file, "r+b") as handle:
+        handle.truncate(1990)
+    with (
+        pytest.raises(StoreFormatError, match="1990 bytes"),
+        Store.open_read(store_dir, StoreConfig(**ORACLE_CONFIG)) as store,
+    ):
+        store.consume_queue("TopicTest", 0)
+    with (
+        pytest.raises(NotFoundError, match="no consume queue"),
+        Store.open_read(store_dir, StoreConfig(**ORACLE_CONFIG)) as store,
+    ):
+        store.consume_queue("NoSuchTopic", 0)
+    index_file = sorted((store_dir / "index").iterdir())[0]
+    with open(index_file, "r+b") as handle:
+        handle.seek(36)
+        handle.write((999_999).to_bytes(4, "big"))
+    with pytest.raises(StoreFormatError, match="corrupt header"):
+        IndexService(store_dir / "index", 1000, 2000)
+    with pytest.raises(StoreFormatError, match="maxHashSlotNum"):
+        IndexService(store_dir / "index", 5_000_000, 20_000_000)
+
+
+def test_units_pointing_past_the_log_are_refused(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    last = sorted((store_dir / "commitlog").iterdir())[-1]
+    last.unlink()  # the log now ends earlier than the consume queues
+    before = tree_digest(store_dir)
+    with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        dispatcher = Dispatcher(store)
+        with pytest.raises(InputError, match="dispatch --rebuild"):
+            dispatcher.run()
+        dispatcher.close()
+    after = tree_digest(store_dir)
+    assert {k: v for k, v in after.items() if k != "abort"} == before
+
+
+def test_rebuild_quarantines_and_reproduces(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    queues_before = {
+        str(p.relative_to(store_dir)): sha(p)
+        for p in (store_dir / "consumequeue").rglob("*")
+        if p.is_file()
+    }
+    with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        plan = plan_rebuild(store)
+        assert plan.files == len(queues_before) + 4
+        quarantine = apply_rebuild(store, plan)
+        dispatcher = Dispatcher(store)
+        dispatcher.run(plan.from_offset)
+        dispatcher.close()
+    assert quarantine is not None
+    kept = {
+        str(p.relative_to(quarantine / "consumequeue")): sha(p)
+        for p in (quarantine / "consumequeue").rglob("*")
+        if p.is_file()
+    }
+    assert {f"consumequeue/{name}": v for name, v in kept.items()} == queues_before
+    rebuilt = {
+        str(p.relative_to(store_dir)): sha(p)
+        for p in (store_dir / "consumequeue").rglob("*")
+        if p.is_file()
+    }
+    assert rebuilt == queues_before
+    assert (quarantine / "manifest.json").exists()
