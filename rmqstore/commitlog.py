@@ -127,14 +127,18 @@ class CommitLog:
         check_crc: bool = False,
         stop_on_crc_error: bool = False,
         first_segment: Segment | None = None,
+        crc_from: int = 0,
     ) -> LogScan:
-        """Stream records from ``start_offset`` (default: the first file) across files."""
+        """Stream records from ``start_offset`` (default: the first file) across files.
+        ``check_crc`` applies to files starting at or after ``crc_from`` (recovery checks only
+        the files it walks)."""
         return LogScan(
             self,
             self.min_offset if start_offset is None else start_offset,
             check_crc,
             stop_on_crc_error,
             first_segment,
+            crc_from,
         )
 
     def first_record_store_timestamp(self, segment: Segment) -> int | None:
@@ -241,10 +245,12 @@ class LogScan:
         check_crc: bool,
         stop_on_crc_error: bool,
         first_segment: Segment | None,
+        crc_from: int = 0,
     ) -> None:
         self.log = log
         self.start_offset = start_offset
         self.check_crc = check_crc
+        self.crc_from = crc_from
         self.stop_on_crc_error = stop_on_crc_error
         self.end_offset = start_offset
         self.stop: ScanStop | None = None
@@ -270,7 +276,7 @@ class LogScan:
                 position,
                 log.file_size,
                 segment.start,
-                self.check_crc,
+                self.check_crc and segment.start >= self.crc_from,
                 stop_on_crc_error=self.stop_on_crc_error,
                 release=release,
             )

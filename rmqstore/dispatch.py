@@ -32,7 +32,6 @@ from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_ROLLBACK,
     BodyMode,
-    ScanStop,
 )
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
@@ -141,33 +140,35 @@ class Dispatcher:
         store = self.store
         log = store.commitlog
         store.begin_write()
-        if until is None:
-            end = store.log_end()
-            store.check_tail(end)
-        else:
-            end = LogEnd(until, None, None, None)
         start = self.cursor() if from_offset is None else from_offset
         ahead = max((q.max_physical_offset for q in self.queues.values()), default=-1)
-        if ahead > end.offset:
-            raise InputError(
-                f"consume queues point past the end of the commit log ({ahead} > "
-                f"{end.offset}): they were written by a broker that crashed or the log was cut; "
-                "rebuild them with 'rmqstore dispatch --rebuild'"
-            )
-        result = DispatchResult(from_offset=start, to_offset=start, log_end=end.offset)
-        if start >= end.offset:
+        result = DispatchResult(from_offset=start, to_offset=start)
+        if (until is not None and start >= until) or log.queue.find(start) is None:
+            end = LogEnd(until, None, None, None) if until is not None else store.log_end()
+            self._check_ahead(ahead, end.offset)
+            if end.offset > start:
+                raise InputError(f"offset {start} is outside the commit-log files")
+            result.log_end = end.offset
             self._finish(result, last_time=None)
             return result
-        if log.queue.find(start) is None:
-            raise InputError(f"offset {start} is outside the commit-log files")
-        scan = log.scan(start)
+        # one pass: the scan itself finds the end as recovery does (CRC checked in the
+        # files recovery walks), so the log is not read twice
+        check_crc = store.config.check_crc_on_recover and until is None
+        recovery_start = log.recovery_start(store.checkpoint(), store.abort_path.exists())
+        scan = log.scan(
+            start,
+            check_crc=check_crc,
+            stop_on_crc_error=True,
+            crc_from=recovery_start.start if recovery_start else 0,
+        )
         last_time = None
         touched: set[tuple[str, int]] = set()
         queues = self.queues
         index = self.index
         topic_filter = self.topics
+        complete = True
         for physical_offset, header, topic, props_bytes, _crc in scan:
-            if physical_offset >= end.offset:
+            if until is not None and physical_offset >= until:
                 break
             size = header[H_TOTAL_SIZE]
             transaction = header[H_SYS_FLAG] & TRANSACTION_MASK
@@ -176,7 +177,7 @@ class Dispatcher:
             try:
                 code = self._tags_code(topic, properties, store_timestamp)
             except RecordError as exc:  # the broker treats it as an invalid record
-                result.stopped_by = str(exc)
+                result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
                 break
             if transaction in _QUEUED_TYPES and (topic_filter is None or topic in topic_filter):
                 key = (topic, header[H_QUEUE_ID])
@@ -198,28 +199,44 @@ class Dispatcher:
                                 "its unit was appended at the end of the queue, as a broker does"
                             )
             if index is not None and transaction != TRANSACTION_ROLLBACK:
-                keys = []
                 uniq = properties.get(UNIQ_KEY)
-                if uniq is not None:
-                    keys.append(f"{topic}#{uniq}")
-                keys.extend(f"{topic}#{piece}" for piece in split_keys(properties.get(KEYS)))
-                if keys and index.build(physical_offset, store_timestamp, keys):
+                keys = split_keys(properties.get(KEYS))
+                if (uniq is not None or keys) and index.build(
+                    physical_offset, store_timestamp, topic, uniq, keys
+                ):
                     result.index_records += 1
-                    result.index_entries += len(keys)
+                    result.index_entries += len(keys) + (uniq is not None)
             result.records += 1
             result.to_offset = physical_offset + size
             if progress is not None and not result.records & 0xFFFF:
                 progress(physical_offset)
             if max_records is not None and result.records >= max_records:
+                complete = False
                 break
+        if until is not None:
+            result.log_end = until
+        elif complete and result.stopped_by is None:
+            end = LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
+            store.remember_log_end(end)
+            store.check_tail(end)
+            result.log_end = end.offset
+            if end.error is not None:
+                result.stopped_by = str(end.error)
         else:
-            if scan.stop is ScanStop.INVALID and scan.error is not None:
-                result.stopped_by = str(scan.error)
-        if result.stopped_by is None and end.error is not None and result.to_offset >= end.offset:
-            result.stopped_by = str(end.error)
+            result.log_end = store.log_end().offset
+        self._check_ahead(ahead, result.log_end)
         result.queues_touched = len(touched)
         self._finish(result, last_time)
         return result
+
+    @staticmethod
+    def _check_ahead(ahead: int, log_end: int) -> None:
+        if ahead > log_end:
+            raise InputError(
+                f"consume queues point past the end of the commit log ({ahead} > {log_end}): "
+                "they were written by a broker that crashed or the log was cut; rebuild them "
+                "with 'rmqstore dispatch --rebuild'"
+            )
 
     def _tags_code(self, topic: str, properties: dict[str, str], store_timestamp: int) -> int:
         """tagsCode: Java hash of TAGS, or the deliver time for SCHEDULE_TOPIC_XXXX records

@@ -56,3 +56,15 @@ def index_key_hash(key: str) -> int:
     if code == _INT_MIN:
         return 0
     return -code if code < 0 else code
+
+
+def index_key_hash_with_prefix(prefix_hash: int, suffix: str) -> int:
+    """:func:`index_key_hash` of ``prefix + suffix`` given ``java_string_hash(prefix)``: the
+    hash of a concatenation is ``h(prefix) * 31**len(suffix) + h(suffix)`` (mod 2**32), so an
+    index saves hashing ``topic#`` for every key."""
+    units = _code_units(suffix)
+    powers = _powers(len(units) + 1)  # powers[0] is 31**len(suffix)
+    unsigned = (prefix_hash * powers[0] + sum(map(mul, units, powers[1:]))) & _MASK32
+    if unsigned == 0x80000000:
+        return 0  # Math.abs(Integer.MIN_VALUE)
+    return (1 << 32) - unsigned if unsigned & 0x80000000 else unsigned

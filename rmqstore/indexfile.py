@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.hashing import index_key_hash
+from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_string_hash
 from rmqstore.segments import fsync_directory, map_readonly, map_writable
 
 HEADER_SIZE = 40
@@ -269,6 +269,7 @@ class IndexService:
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.unexpected: list[Path] = []
         self.files: list[IndexFile] = []
+        self._topic_prefixes: dict[str, int] = {}  # Java hash of "topic#"
         if directory.is_dir():
             for path in sorted(directory.iterdir()):
                 if _NAME.fullmatch(path.name) and path.is_file():
@@ -300,17 +301,26 @@ class IndexService:
         self.files.append(created)
         return created
 
-    def build(self, physical_offset: int, store_timestamp: int, keys: list[str]) -> bool:
-        """``buildIndex`` for one record: put ``topic#key`` strings (UNIQ_KEY first, then each
-        KEYS piece). Skipped (False) when the record lies before the last file's end, the
+    def build(
+        self,
+        physical_offset: int,
+        store_timestamp: int,
+        topic: str,
+        uniq_key: str | None,
+        keys: list[str],
+    ) -> bool:
+        """``buildIndex`` for one record: ``topic#UNIQ_KEY`` first, then ``topic#key`` for each
+        KEYS piece. Skipped (False) when the record lies before the last file's end, the
         broker's protection against indexing a record twice."""
         index = self.writable_file()
-        if physical_offset < index.header.end_phy_offset:
-            return False
-        if physical_offset == index.header.end_phy_offset and index.header.index_count > 1:
-            return False  # already indexed (resuming right after this record)
-        for key in keys:
-            key_hash = index_key_hash(key)
+        end = index.header.end_phy_offset
+        if physical_offset < end or (physical_offset == end and index.header.index_count > 1):
+            return False  # already indexed (the second case: resuming right after it)
+        prefix = self._topic_prefixes.get(topic)
+        if prefix is None:
+            prefix = self._topic_prefixes[topic] = java_string_hash(f"{topic}#")
+        for key in [uniq_key, *keys] if uniq_key is not None else keys:
+            key_hash = index_key_hash_with_prefix(prefix, key)
             while not index.put_key(key_hash, physical_offset, store_timestamp):
                 index.sync_header()
                 index = self.writable_file()

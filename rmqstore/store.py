@@ -229,6 +229,11 @@ class Store:
         )
         return self._log_end
 
+    def remember_log_end(self, end: LogEnd) -> None:
+        """Record an end found by a scan that walked the log the way recovery does."""
+        if self._appender is None:
+            self._log_end = end
+
     # -- writing -------------------------------------------------------------------------------
 
     def appender(

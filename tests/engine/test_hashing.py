@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmqstore.hashing import index_key_hash, java_string_hash, tags_code
+from rmqstore.hashing import (
+    index_key_hash,
+    index_key_hash_with_prefix,
+    java_string_hash,
+    tags_code,
+)
 
 from support import vectors
 
@@ -51,3 +56,14 @@ def test_min_value_hash_maps_to_key_hash_zero() -> None:
 @given(st.text())
 def test_hash_equals_reference_for_any_text(text: str) -> None:
     assert java_string_hash(text) == reference_hash(text)
+
+
+@given(st.text(max_size=40), st.text(max_size=80))
+def test_prefix_composition_equals_hashing_the_whole_key(prefix: str, suffix: str) -> None:
+    assert index_key_hash_with_prefix(java_string_hash(prefix), suffix) == index_key_hash(
+        prefix + suffix
+    )
+
+
+def test_prefix_composition_keeps_the_min_value_rule() -> None:
+    assert index_key_hash_with_prefix(java_string_hash("TopicTest#"), "key-FaCkcvF") == 0
