@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -63,18 +62,21 @@ def peak_rss_mib_of(code: str, *args: str) -> float:
     return int(output.split()[-2]) / 1024
 
 
-def store_path(workdir: Path, messages: int) -> Path:
-    return workdir / f"large-{messages}"
+def store_path(workdir: Path, messages: int, body: bytes = BODY) -> Path:
+    suffix = "" if body == BODY else f"-{len(body)}B"
+    return workdir / f"large-{messages}{suffix}"
 
 
-def build_store(workdir: Path, messages: int, *, force: bool = False) -> tuple[Path, float]:
+def build_store(
+    workdir: Path, messages: int, *, force: bool = False, body: bytes = BODY
+) -> tuple[Path, float]:
     """The benchmark store: one topic, 4 queues round-robin, 100-byte bodies, TAGS, UNIQ_KEY
     and CLUSTER properties, 1 GiB commit-log files, async flush. Returns (path, seconds)."""
     from rmqstore.msgid import UniqKeyGenerator
     from rmqstore.record import Message
     from rmqstore.store import Store
 
-    path = store_path(workdir, messages)
+    path = store_path(workdir, messages, body)
     if path.exists() and not force:
         return path, 0.0
     if path.exists():
@@ -89,7 +91,7 @@ def build_store(workdir: Path, messages: int, *, force: bool = False) -> tuple[P
                 [
                     Message(
                         topic=TOPIC,
-                        body=BODY,
+                        body=body,
                         queue_id=index & 3,
                         properties=properties,
                         born_timestamp=1,
@@ -141,8 +143,3 @@ def zlib_crc_gb_s(path: Path, limit: int) -> float:
             if total >= limit:
                 break
     return total / clock.seconds / 1e9
-
-
-def report(title: str, body: Callable[[], None]) -> None:
-    print(f"\n{title}")
-    body()

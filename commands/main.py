@@ -86,9 +86,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from rmqstore.commands import append, dispatch, info, read
+    from rmqstore.commands import append, dispatch, info, read, verify
 
-    for module in (info, append, read, dispatch):
+    for module in (info, append, read, verify, dispatch):
         cli.add_command(module.command)
 
 

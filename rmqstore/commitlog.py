@@ -270,7 +270,7 @@ class LogScan:
         while True:
             self.segment = segment
             buf = map_readonly(segment.path)
-            release = _page_releaser(buf, position)
+            release = page_releaser(buf, position)
             region = RegionScan(
                 buf,
                 position,
@@ -296,7 +296,7 @@ class LogScan:
             position = 0
 
 
-def _page_releaser(buf: Any, start: int) -> Callable[[int], None] | None:
+def page_releaser(buf: Any, start: int) -> Callable[[int], None] | None:
     """For a mapped file read front to back: advise sequential access, and return a callback
     that drops the pages already read from this process (they stay in the page cache), so
     resident memory stays flat over any store size."""

@@ -39,6 +39,25 @@ from rmqstore.topics import is_path_safe
 _QUEUED_TYPES = (0x0, 0x8)  # NOT_TYPE, COMMIT
 
 
+def unit_tags_code(
+    topic: str, properties: dict[str, str], store_timestamp: int, delay_levels: DelayLevels
+) -> int:
+    """A consume-queue unit's tagsCode: the Java hash of TAGS, or the deliver time for
+    SCHEDULE_TOPIC_XXXX records with a DELAY level (spec §3.6). A DELAY that is not a number
+    is a RecordError, as the broker treats such a record as invalid."""
+    if topic == SCHEDULE_TOPIC and DELAY in properties:
+        try:
+            level = parse_java_int(properties[DELAY])
+        except ValueError:
+            raise RecordError(
+                "PROPERTIES", -1, f"DELAY={properties[DELAY]!r} is not a number"
+            ) from None
+        level = delay_levels.clamp(level)
+        if level > 0:
+            return delay_levels.deliver_timestamp(level, store_timestamp)
+    return tags_code(properties.get(TAGS))
+
+
 @dataclass
 class DispatchResult:
     """What one dispatch did (the JSON of ``rmqstore dispatch``)."""
@@ -175,7 +194,7 @@ class Dispatcher:
             properties = decode_properties(props_bytes)
             store_timestamp = header[H_STORE_TIMESTAMP]
             try:
-                code = self._tags_code(topic, properties, store_timestamp)
+                code = unit_tags_code(topic, properties, store_timestamp, self.delay_levels)
             except RecordError as exc:  # the broker treats it as an invalid record
                 result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
                 break
@@ -237,21 +256,6 @@ class Dispatcher:
                 "they were written by a broker that crashed or the log was cut; rebuild them "
                 "with 'rmqstore dispatch --rebuild'"
             )
-
-    def _tags_code(self, topic: str, properties: dict[str, str], store_timestamp: int) -> int:
-        """tagsCode: Java hash of TAGS, or the deliver time for SCHEDULE_TOPIC_XXXX records
-        with a DELAY level (spec §3.6)."""
-        if topic == SCHEDULE_TOPIC and DELAY in properties:
-            try:
-                level = parse_java_int(properties[DELAY])
-            except ValueError:
-                raise RecordError(
-                    "PROPERTIES", -1, f"DELAY={properties[DELAY]!r} is not a number"
-                ) from None
-            level = self.delay_levels.clamp(level)
-            if level > 0:
-                return self.delay_levels.deliver_timestamp(level, store_timestamp)
-        return tags_code(properties.get(TAGS))
 
     def _new_queue(self, topic: str, queue_id: int, result: DispatchResult) -> ConsumeQueue | None:
         directory = self.store.consumequeue_dir / topic / str(queue_id)

@@ -580,3 +580,34 @@ class RegionScan:
     def _invalid(self, position: int, field_name: str, reason: str) -> None:
         self.stop = ScanStop.INVALID
         self.error = RecordError(field_name, self.base_offset + position, reason)
+
+
+_MESSAGE_MAGICS = (struct.pack(">i", MAGIC_V1), struct.pack(">i", MAGIC_V2))
+
+
+def find_next_record(buf: Any, start: int, limit: int, base_offset: int) -> int | None:
+    """The first position at or after ``start`` (below ``limit``) where a valid message record
+    begins: a message magic code, the stored PHYSICALOFFSET equal to the position, and a
+    record that decodes. Used to resynchronise after corrupt bytes."""
+    search = start + 4
+    while search < limit:
+        hits = [
+            hit for hit in (buf.find(magic, search, limit) for magic in _MESSAGE_MAGICS) if hit >= 0
+        ]
+        if not hits:
+            return None
+        position = min(hits) - 4
+        if (
+            position + 36 <= limit
+            and int.from_bytes(buf[position + 28 : position + 36], "big", signed=True)
+            == base_offset + position
+        ):
+            try:
+                decode_message(
+                    buf, position, physical_offset=base_offset + position, body=BodyMode.SKIP
+                )
+                return position
+            except RecordError:
+                pass
+        search = position + 5
+    return None

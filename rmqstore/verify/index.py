@@ -1,0 +1,258 @@
+"""Index checks of ``verify``.
+
+Per file: replaying the entries in order must give exactly the file's slot table and every
+entry's previous-entry link (so every chain stays in the file and terminates), and the header
+must agree with the entries. Across files, entries are merged with the records of the commit
+log: the entries of a record must be the hashes of its ``topic#UNIQ_KEY`` and ``topic#key``s.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterator
+
+from rmqstore.errors import StoreFormatError
+from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash
+from rmqstore.indexfile import _ENTRY, ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexFile, IndexService
+from rmqstore.properties import KEYS, UNIQ_KEY, split_keys
+from rmqstore.record import H_SYS_FLAG, TRANSACTION_MASK, TRANSACTION_ROLLBACK
+from rmqstore.store import Store
+from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
+from rmqstore.verify.records import relative
+
+_CHAIN_FINDINGS_PER_FILE = 5
+
+
+class IndexChecks:
+    """Structural checks at construction; a record-pass listener afterwards."""
+
+    def __init__(self, store: Store, report: VerifyReport, topics: set[str] | None) -> None:
+        self.store = store
+        self.report = report
+        self.topics = topics
+        self.service: IndexService | None = None
+        self.lag = 0
+        self.first_lag: int | None = None
+        self.missing = 0
+        self._prefixes: dict[str, int] = {}
+        self._started = False
+        self.last_full_end_timestamp = 0  # checkpoint indexMsgTimestamp may not exceed it
+        try:
+            self.service = IndexService(
+                store.index_dir, store.config.index_slots, store.config.index_entries
+            )
+        except StoreFormatError as exc:
+            report.add(
+                "index-file-size" if "bytes" in str(exc) else "index-header",
+                relative(store, store.index_dir),
+                None,
+                str(exc),
+            )
+            return
+        for path in self.service.unexpected:
+            report.add(
+                "file-name",
+                relative(store, path),
+                None,
+                "not an index file (names are 17-digit creation times)",
+                WARNING,
+            )
+        for index in self.service.files:
+            self._check_file(index)
+        full = [f for f in self.service.files if f.is_full]
+        self.last_full_end_timestamp = full[-1].header.end_timestamp if full else 0
+        last = self.service.last
+        self.indexed_end = (
+            last.header.end_phy_offset if last is not None and last.header.index_count > 1 else -1
+        )
+        self._entries = self._entry_stream()
+        self._pending = next(self._entries, None)
+
+    # -- one file ------------------------------------------------------------------------------
+
+    def _check_file(self, index: IndexFile) -> None:
+        name = relative(self.store, index.path)
+        header = index.header
+        count = header.index_count
+        slots = index.slots
+        entries_at = HEADER_SIZE + slots * SLOT_SIZE
+        newest = array("i", bytes(SLOT_SIZE * slots))  # the slot table the entries imply
+        chain_heads = 0
+        previous_offset = -1
+        first = last = None
+        reported = 0
+        region = index.buf[entries_at + ENTRY_SIZE : entries_at + count * ENTRY_SIZE]
+        for number, (key_hash, offset, time_diff, previous) in enumerate(
+            _ENTRY.iter_unpack(region), 1
+        ):
+            slot = key_hash % slots
+            if (
+                key_hash < 0
+                or previous != newest[slot]
+                or time_diff < 0
+                or offset < previous_offset
+            ) and reported < _CHAIN_FINDINGS_PER_FILE:
+                reported += 1
+                self.report.add(
+                    "index-chain",
+                    name,
+                    entries_at + number * ENTRY_SIZE,
+                    f"entry {number} (hash {key_hash}, offset {offset}, timeDiff {time_diff}) "
+                    f"links to entry {previous}, but the newest earlier entry of its slot is "
+                    f"{newest[slot]}"
+                    if previous != newest[slot]
+                    else f"entry {number} is out of order or has a negative hash or time",
+                )
+            newest[slot] = number
+            chain_heads += previous == 0
+            previous_offset = offset
+            if first is None:
+                first = offset
+            last = offset
+        self.report.checked["indexEntries"] += count - 1
+        self.report.checked["indexFiles"] += 1
+        stored = array("i", bytes(index.buf[HEADER_SIZE:entries_at]))
+        if sys.byteorder == "little":
+            stored.byteswap()
+        if stored != newest:
+            slot = next(i for i, (a, b) in enumerate(zip(stored, newest, strict=True)) if a != b)
+            self.report.add(
+                "index-chain",
+                name,
+                HEADER_SIZE + slot * SLOT_SIZE,
+                f"hash slot {slot} holds entry {stored[slot]}, but the newest entry "
+                f"of that slot is {newest[slot]}",
+            )
+        problems = []
+        if chain_heads != header.hash_slot_count:
+            problems.append(f"hashSlotCount {header.hash_slot_count} but {chain_heads} chains")
+        if first is not None and (header.begin_phy_offset, header.end_phy_offset) != (first, last):
+            problems.append(
+                f"begin/end offsets {header.begin_phy_offset}/"
+                f"{header.end_phy_offset} but entries span {first}..{last}"
+            )
+        if header.begin_timestamp > header.end_timestamp:
+            problems.append("beginTimestamp is after endTimestamp")
+        if problems:
+            self.report.add("index-header", name, 0, "; ".join(problems))
+
+    # -- merged with the records -----------------------------------------------------------------
+
+    def _entry_stream(self) -> Iterator[tuple[str, int, int, int]]:
+        """(file name, entry number, key hash, physical offset) across files, in order."""
+        assert self.service is not None
+        for index in self.service.files:
+            name = relative(self.store, index.path)
+            entries_at = HEADER_SIZE + index.slots * SLOT_SIZE
+            for number in range(1, index.header.index_count):
+                key_hash, offset, _, _ = _ENTRY.unpack_from(
+                    index.buf, entries_at + number * ENTRY_SIZE
+                )
+                yield name, number, key_hash, offset
+
+    def _expected(self, topic: str, properties: dict[str, str]) -> list[int]:
+        prefix = self._prefixes.get(topic)
+        if prefix is None:
+            prefix = self._prefixes[topic] = java_string_hash(f"{topic}#")
+        uniq = properties.get(UNIQ_KEY)
+        keys = split_keys(properties.get(KEYS))
+        return [
+            index_key_hash_with_prefix(prefix, key)
+            for key in ([uniq, *keys] if uniq is not None else keys)
+        ]
+
+    def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
+        if self.service is None or header[H_SYS_FLAG] & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
+            return
+        pending = self._pending
+        while pending is not None and pending[3] < offset:
+            if self._started:
+                self._orphan(pending, "points between records")
+            pending = next(self._entries, None)
+        self._started = True
+        got = []
+        while pending is not None and pending[3] == offset:
+            got.append(pending)
+            pending = next(self._entries, None)
+        self._pending = pending
+        expected = self._expected(topic, properties)
+        if not expected:
+            for entry in got:
+                self._orphan(entry, "points at a record without keys")
+            return
+        if offset > self.indexed_end and not got:
+            self.lag += 1
+            if self.first_lag is None:
+                self.first_lag = offset
+            return
+        self.report.checked["indexedRecords"] += 1
+        if self.topics is not None and topic not in self.topics:
+            return
+        hashes = [entry[2] for entry in got]
+        if hashes == expected:
+            return
+        if not hashes:
+            self.missing += 1
+            return
+        if _indexed_again(hashes, expected):
+            self.report.add(
+                "index-entry",
+                got[-1][0],
+                offset,
+                f"the record at {offset} was indexed again (a broker re-indexes the record "
+                "at the end of its index after a restart)",
+                NOTE,
+            )
+            return
+        self.report.add(
+            "index-entry",
+            got[0][0],
+            offset,
+            f"index entries for the record at {offset} have hashes {hashes}, but its "
+            f"topic#keys hash to {expected}",
+        )
+
+    def _orphan(self, entry: tuple[str, int, int, int], reason: str) -> None:
+        self.report.add(
+            "index-entry", entry[0], entry[3], f"entry {entry[1]} (offset {entry[3]}) {reason}"
+        )
+
+    def finish(self, log_end: int) -> None:
+        if self.service is None:
+            return
+        pending = self._pending
+        while pending is not None:
+            self._orphan(pending, f"points past the end of the commit log ({log_end})")
+            pending = next(self._entries, None)
+        index_dir = relative(self.store, self.store.index_dir)
+        if self.lag:
+            self.report.add(
+                "index-lag",
+                index_dir,
+                self.first_lag,
+                f"{self.lag} records from offset {self.first_lag} are not indexed yet "
+                "(rmqstore dispatch adds them)",
+                WARNING,
+            )
+        if self.missing:
+            self.report.add(
+                "index-lag",
+                index_dir,
+                None,
+                f"{self.missing} records inside the indexed range have no entries "
+                "(a broker's crash recovery loses such entries when "
+                "messageIndexSafe=false)",
+                WARNING,
+            )
+        self.service.close()
+
+
+def _indexed_again(hashes: list[int], expected: list[int]) -> bool:
+    """Entries that are the record's keys in full, preceded by a partial or full earlier
+    indexing of the same keys (what a broker's re-dispatch after a restart leaves)."""
+    count = len(expected)
+    if len(hashes) <= count or hashes[-count:] != expected:
+        return False
+    before = hashes[:-count]
+    return before == (expected * (len(before) // count + 1))[: len(before)]

@@ -1,0 +1,241 @@
+"""Consume-queue checks of ``verify``: each queue walked in step with its records (the unit
+at a record's queue offset must carry its offset, size and tagsCode), then what no record
+matched (orphan units, units past the end of the log, dispatch lag), and the files."""
+
+from __future__ import annotations
+
+import mmap
+from collections import OrderedDict
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from rmqstore.consumequeue import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, ConsumeQueue, list_queues
+from rmqstore.delay import DelayLevels
+from rmqstore.dispatch import unit_tags_code
+from rmqstore.errors import NotFoundError, RecordError, StoreFormatError
+from rmqstore.record import (
+    H_QUEUE_ID,
+    H_QUEUE_OFFSET,
+    H_STORE_TIMESTAMP,
+    H_SYS_FLAG,
+    H_TOTAL_SIZE,
+    TRANSACTION_MASK,
+    BodyMode,
+)
+from rmqstore.segments import map_readonly
+from rmqstore.store import Store
+from rmqstore.topics import is_path_safe
+from rmqstore.verify.findings import WARNING, VerifyReport
+from rmqstore.verify.records import relative
+
+_QUEUED = (0x0, 0x8)
+_MAP_CACHE = 64
+
+
+@dataclass
+class _QueueState:
+    queue: ConsumeQueue
+    matched: int = 0
+    lag: int = 0
+    first_lag: int | None = None
+
+
+class QueueChecks:
+    """A record-pass listener plus the per-queue structural checks."""
+
+    def __init__(self, store: Store, report: VerifyReport, topics: set[str] | None) -> None:
+        self.store = store
+        self.report = report
+        self.topics = topics
+        self.delay_levels = DelayLevels(store.config.message_delay_level)
+        self.states: dict[tuple[str, int], _QueueState] = {}
+        self.missing_queues: dict[tuple[str, int], int] = {}
+        self.last_queued_time = 0  # store time of the newest record found in a queue
+        self._maps: OrderedDict[Any, Any] = OrderedDict()
+        for topic, queue_id in list_queues(store.consumequeue_dir):
+            if topics is None or topic in topics:
+                self._load(topic, queue_id)
+
+    def _load(self, topic: str, queue_id: int) -> None:
+        queue = ConsumeQueue(
+            self.store.consumequeue_dir,
+            topic,
+            queue_id,
+            self.store.consumequeue_file_size,
+            strict=False,
+        )
+        queue.correct_min_offset(self.store.commitlog.min_offset)
+        name = relative(self.store, queue.directory)
+        for problem in queue.queue.problems:
+            self.report.add("cq-file-size", name, None, problem)
+        for path in queue.queue.unexpected:
+            self.report.add(
+                "file-name", relative(self.store, path), None, "not a consume-queue file", WARNING
+            )
+        for previous, following in pairwise(queue.queue.segments):
+            if following.start != previous.start + queue.file_size:
+                self.report.add(
+                    "cq-file-gap",
+                    relative(self.store, following.path),
+                    None,
+                    f"expected the next file at {previous.start + queue.file_size}",
+                )
+        self._check_pre_blank(queue, name)
+        self.states[(topic, queue_id)] = _QueueState(queue)
+        self.report.checked["consumeQueues"] += 1
+
+    def _check_pre_blank(self, queue: ConsumeQueue, name: str) -> None:
+        """Pre-blank units may only fill the start of a queue's first file."""
+        seen_real = False
+        for segment in queue.queue.segments:
+            buf = map_readonly(segment.path)
+            try:
+                length = max(0, min(len(buf), queue.end - segment.start)) // CQ_UNIT_SIZE
+                units = UNIT.iter_unpack(buf[: length * CQ_UNIT_SIZE])
+                for index, (offset, size, _) in enumerate(units):
+                    pre_blank = offset == 0 and size == PRE_BLANK_SIZE
+                    if pre_blank and seen_real:
+                        self.report.add(
+                            "cq-pre-blank",
+                            name,
+                            segment.start + index * 20,
+                            f"pre-blank unit at queue offset "
+                            f"{(segment.start // 20) + index} after real units",
+                        )
+                        return
+                    seen_real = seen_real or not pre_blank
+            finally:
+                if isinstance(buf, mmap.mmap):
+                    buf.close()
+
+    def _unit(self, queue: ConsumeQueue, queue_offset: int) -> tuple[int, int, int] | None:
+        position = queue_offset * CQ_UNIT_SIZE
+        segment = queue.queue.find(position)
+        if segment is None:
+            return None
+        buf = self._maps.get(segment.path)
+        if buf is None:
+            buf = self._maps[segment.path] = map_readonly(segment.path)
+            if len(self._maps) > _MAP_CACHE:
+                old = self._maps.popitem(last=False)[1]
+                if isinstance(old, mmap.mmap):
+                    old.close()
+        within = position - segment.start
+        if within + CQ_UNIT_SIZE > len(buf):
+            return None
+        return UNIT.unpack_from(buf, within)
+
+    def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
+        if header[H_SYS_FLAG] & TRANSACTION_MASK not in _QUEUED:
+            return
+        if self.topics is not None and topic not in self.topics:
+            return
+        key = (topic, header[H_QUEUE_ID])
+        state = self.states.get(key)
+        if state is None:
+            if is_path_safe(topic):
+                self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
+            return
+        queue = state.queue
+        queue_offset = header[H_QUEUE_OFFSET]
+        if queue_offset < queue.min_offset:
+            return  # the unit expired with older files
+        if queue_offset >= queue.max_offset:
+            state.lag += 1
+            if state.first_lag is None:
+                state.first_lag = offset
+            return
+        unit = self._unit(queue, queue_offset)
+        self.report.checked["units"] += 1
+        try:
+            expected_tags = unit_tags_code(
+                topic, properties, header[H_STORE_TIMESTAMP], self.delay_levels
+            )
+        except RecordError:
+            expected_tags = None  # reported by the record checks
+        expected = (offset, header[H_TOTAL_SIZE], expected_tags)
+        if (
+            unit is None
+            or unit[:2] != expected[:2]
+            or (expected_tags is not None and unit[2] != expected_tags)
+        ):
+            self.report.add(
+                "cq-unit",
+                relative(self.store, queue.directory),
+                queue_offset * CQ_UNIT_SIZE,
+                f"unit {queue_offset} of {topic}:{key[1]} is (offset, size, tagsCode) = "
+                f"{unit}, but its record at {offset} needs {expected}",
+            )
+        else:
+            state.matched += 1
+            self.last_queued_time = max(self.last_queued_time, header[H_STORE_TIMESTAMP])
+
+    def finish(self, log_end: int) -> None:
+        for (topic, queue_id), state in self.states.items():
+            queue = state.queue
+            name = relative(self.store, queue.directory)
+            if state.lag:
+                self.report.add(
+                    "dispatch-lag",
+                    name,
+                    state.first_lag,
+                    f"{state.lag} records of {topic}:{queue_id} from offset {state.first_lag} "
+                    "are not in the consume queue (rmqstore dispatch, or a broker's restart, "
+                    "adds them)",
+                    WARNING,
+                )
+            if state.matched < queue.max_offset - queue.min_offset:
+                self._report_orphans(topic, queue_id, queue, log_end)
+        for (topic, queue_id), count in self.missing_queues.items():
+            self.report.add(
+                "dispatch-lag",
+                f"consumequeue/{topic}/{queue_id}",
+                None,
+                f"{count} records of {topic}:{queue_id} have no consume queue at all",
+                WARNING,
+            )
+        for buf in self._maps.values():
+            if isinstance(buf, mmap.mmap):
+                buf.close()
+        self._maps.clear()
+
+    def _report_orphans(self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int) -> None:
+        """Second look at a queue whose units were not all matched by records: say which
+        units point past the log, or at something that is not their record."""
+        name = relative(self.store, queue.directory)
+        log = self.store.commitlog
+        reported_beyond = False
+        for unit in queue.units():
+            if unit.is_pre_blank:
+                continue
+            if unit.physical_offset + unit.size > log_end:
+                if not reported_beyond:
+                    reported_beyond = True
+                    self.report.add(
+                        "cq-beyond-log",
+                        name,
+                        unit.queue_offset * CQ_UNIT_SIZE,
+                        f"units from queue offset {unit.queue_offset} point past the end of "
+                        f"the commit log ({log_end}): a broker truncates them at recovery",
+                    )
+                continue
+            try:
+                message = log.read(unit.physical_offset, body=BodyMode.SKIP)
+            except (RecordError, StoreFormatError, NotFoundError) as exc:
+                reason = f"no record starts there ({exc})"
+            else:
+                holder = (message.topic, message.queue_id, message.queue_offset)
+                if holder == (topic, queue_id, unit.queue_offset):
+                    continue
+                reason = (
+                    f"the record there belongs to {holder[0]}:{holder[1]} at queue "
+                    f"offset {holder[2]}"
+                )
+            self.report.add(
+                "cq-unit-orphan",
+                name,
+                unit.queue_offset * CQ_UNIT_SIZE,
+                f"unit {unit.queue_offset} of {topic}:{queue_id} points at offset "
+                f"{unit.physical_offset}: {reason}",
+            )

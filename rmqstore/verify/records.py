@@ -1,0 +1,350 @@
+"""The commit-log pass of ``verify``: files, then every record once, front to back.
+
+Each valid message is checked on its own (CRCs, stored offset, properties, queue-offset
+density, store-time order) and handed to listeners that compare it with the consume queues and
+the index. In a file that is not the last, an invalid record is reported and the pass
+resynchronises on the next record; in the last file holding data it is the end of the log, and
+what follows it is a torn tail or stale bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any, Protocol
+
+from rmqstore.commitlog import CommitLog, page_releaser
+from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
+from rmqstore.errors import InputError
+from rmqstore.properties import DELAY, decode_properties
+from rmqstore.record import (
+    H_QUEUE_ID,
+    H_QUEUE_OFFSET,
+    H_STORE_TIMESTAMP,
+    H_SYS_FLAG,
+    H_TOTAL_SIZE,
+    TRANSACTION_MASK,
+    RegionScan,
+    ScanStop,
+    find_next_record,
+    property_crc_status,
+)
+from rmqstore.segments import Segment, map_readonly, nonzero_extent
+from rmqstore.store import Store
+from rmqstore.verify.findings import ERROR, NOTE, WARNING, VerifyReport
+
+_QUEUED = (0x0, 0x8)
+_CRC_NAME = b"__CRC32#"
+_ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
+
+
+class RecordListener(Protocol):
+    def on_record(
+        self, offset: int, header: tuple, topic: str, properties: dict[str, str]
+    ) -> None: ...
+
+    def finish(self, log_end: int) -> None: ...
+
+
+@dataclass
+class LogFacts:
+    """What the record pass learned, for the other checks."""
+
+    min_offset: int = 0
+    end_offset: int = 0  # end of the last valid record of the log
+    records: int = 0
+    last_store_timestamp: int = 0
+
+
+def relative(store: Store, path: Any) -> str:
+    try:
+        return str(path.relative_to(store.root))
+    except ValueError:
+        return str(path)
+
+
+class RecordPass:
+    """Runs the commit-log checks; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        report: VerifyReport,
+        *,
+        check_crc: bool,
+        listeners: Sequence[RecordListener] = (),
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.report = report
+        self.check_crc = check_crc
+        self.listeners = listeners
+        self.progress = progress
+        self.log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
+        self.facts = LogFacts(min_offset=self.log.min_offset)
+        self._queue_next: dict[tuple[str, int], int] = {}
+
+    def run(self, from_offset: int | None = None) -> LogFacts:
+        self._check_files()
+        segments = self.log.segments
+        holding = [s for s in segments if nonzero_extent(s.path, 0, min(8, s.size)) is not None]
+        last_data = holding[-1] if holding else None
+        start = self.log.min_offset if from_offset is None else from_offset
+        first = self.log.queue.find(start) if segments else None
+        if first is None:
+            if from_offset is not None:
+                raise InputError(f"offset {from_offset} is outside the commit-log files")
+            self.facts.end_offset = start
+            self._check_after_end(None, start)
+            return self.facts
+        end_segment = first
+        position = start - first.start
+        for segment in segments[segments.index(first) :]:
+            end_segment = segment
+            is_last = last_data is None or segment.start >= last_data.start
+            ended = self._scan_file(segment, position, is_last, from_offset)
+            from_offset = None
+            position = 0
+            if ended:
+                break
+        self._check_after_end(end_segment, self.facts.end_offset)
+        for listener in self.listeners:
+            listener.finish(self.facts.end_offset)
+        self.log.close()
+        return self.facts
+
+    def _check_files(self) -> None:
+        report = self.report
+        for problem in self.log.queue.problems:
+            report.add("file-size", relative(self.store, self.store.commitlog_dir), None, problem)
+        for path in self.log.queue.unexpected:
+            report.add(
+                "file-name",
+                relative(self.store, path),
+                None,
+                "not a commit-log file (a broker cannot parse its name)",
+                WARNING,
+            )
+        segments = self.log.segments
+        for previous, following in pairwise(segments):
+            if following.start != previous.start + self.log.file_size:
+                report.add(
+                    "file-gap",
+                    relative(self.store, following.path),
+                    following.start,
+                    f"expected the next file at {previous.start + self.log.file_size}",
+                )
+        report.checked["commitLogFiles"] += len(segments)
+
+    def _scan_file(
+        self, segment: Segment, position: int, is_last: bool, from_offset: int | None
+    ) -> bool:
+        """Walk one file; True when the log ends in it."""
+        buf = map_readonly(segment.path)
+        file_size = len(buf)
+        name = relative(self.store, segment.path)
+        try:
+            release = page_releaser(buf, position)
+            while True:
+                region = RegionScan(
+                    buf, position, file_size, segment.start, self.check_crc, release=release
+                )
+                self._walk(region, buf, segment)
+                if (
+                    from_offset is not None
+                    and region.end_position == position
+                    and region.stop is ScanStop.INVALID
+                ):
+                    raise InputError(f"no record starts at offset {from_offset}: {region.error}")
+                from_offset = None
+                end = segment.start + region.end_position
+                if region.stop is ScanStop.BLANK:
+                    if region.blank_length != file_size - region.end_position:
+                        self.report.add(
+                            "blank-size",
+                            name,
+                            end,
+                            f"BLANK declares {region.blank_length} bytes but "
+                            f"{file_size - region.end_position} remain",
+                        )
+                    self.facts.end_offset = end
+                    return False
+                if is_last:
+                    self.facts.end_offset = end
+                    return True
+                if region.stop is ScanStop.END:
+                    self.report.add(
+                        "file-incomplete",
+                        name,
+                        end,
+                        "the file ends here without a BLANK record although later files hold "
+                        "data: a broker's recovery would cut the log at this offset",
+                    )
+                    self.facts.end_offset = end
+                    return False
+                resumed = find_next_record(buf, region.end_position, file_size, segment.start)
+                skipped = (resumed if resumed is not None else file_size) - region.end_position
+                assert region.error is not None
+                self.report.add(
+                    _ERROR_KINDS.get(region.error.field, "record-invalid"),
+                    name,
+                    end,
+                    f"{region.error.field} {region.error.reason}; {skipped} bytes skipped (a "
+                    "broker's recovery would cut the log here and drop every later file)",
+                )
+                if resumed is None:
+                    self.facts.end_offset = end
+                    return False
+                position = resumed
+        finally:
+            if hasattr(buf, "close"):
+                buf.close()
+
+    def _walk(self, region: RegionScan, buf: Any, segment: Segment) -> None:
+        """Check each record of a region. The common path is a handful of local operations;
+        anything found goes through :meth:`_found`."""
+        facts = self.facts
+        listeners = self.listeners
+        queue_next = self._queue_next
+        last_time = facts.last_store_timestamp
+        force_property_crc = self.store.config.force_verify_prop_crc
+        progress = self.progress
+        records = facts.records
+        record_bytes = 0
+        for offset, header, topic, props, crc_ok in region:
+            if crc_ok is False:
+                self._found(
+                    segment,
+                    "record-body-crc",
+                    offset,
+                    f"BODYCRC {header[2]} does not match the body; recovery with "
+                    "checkCRCOnRecover cuts the log here",
+                )
+            if force_property_crc or (props[-20:-12] == _CRC_NAME and props[-1:] == b"\x02"):
+                self._check_property_crc(buf, segment, offset, header[H_TOTAL_SIZE])
+            properties = None
+            if not props.isascii():
+                try:
+                    props.decode("utf-8")
+                except UnicodeDecodeError:
+                    self._found(
+                        segment,
+                        "record-properties",
+                        offset,
+                        "properties are not valid UTF-8 (a broker reads them with "
+                        "replacement characters)",
+                        WARNING,
+                    )
+            if listeners or topic == SCHEDULE_TOPIC:
+                properties = decode_properties(props)
+                if topic == SCHEDULE_TOPIC and DELAY in properties:
+                    self._check_delay(segment, offset, properties[DELAY])
+            stamp = header[H_STORE_TIMESTAMP]
+            if stamp < last_time:
+                self._found(
+                    segment,
+                    "store-time-order",
+                    offset,
+                    f"store time {stamp} is earlier than the previous record's {last_time}",
+                    NOTE,
+                )
+            else:
+                last_time = stamp
+            if header[H_SYS_FLAG] & TRANSACTION_MASK in _QUEUED:
+                key = (topic, header[H_QUEUE_ID])
+                expected = queue_next.get(key)
+                queue_offset = header[H_QUEUE_OFFSET]
+                if expected is not None and queue_offset != expected:
+                    self._found(
+                        segment,
+                        "queue-offset-gap",
+                        offset,
+                        f"queue offset {queue_offset} of {topic}:{key[1]} follows {expected - 1}",
+                        WARNING,
+                    )
+                queue_next[key] = queue_offset + 1
+            for listener in listeners:
+                listener.on_record(offset, header, topic, properties)
+            records += 1
+            record_bytes += header[H_TOTAL_SIZE]
+            if progress is not None and not records & 0x3FFF:
+                progress(offset)
+        self.report.checked["records"] += records - facts.records
+        self.report.checked["recordBytes"] += record_bytes
+        facts.records = records
+        facts.last_store_timestamp = last_time
+
+    def _found(
+        self, segment: Segment, kind: str, offset: int, message: str, severity: str = ERROR
+    ) -> None:
+        self.report.add(kind, relative(self.store, segment.path), offset, message, severity)
+
+    def _check_property_crc(self, buf: Any, segment: Segment, offset: int, size: int) -> None:
+        status = property_crc_status(buf, offset - segment.start, size)
+        if status is False:
+            self._found(
+                segment,
+                "record-property-crc",
+                offset,
+                "the __CRC32# property does not match the record",
+            )
+        elif status is None and self.store.config.force_verify_prop_crc:
+            self._found(
+                segment,
+                "record-property-crc",
+                offset,
+                "the __CRC32# property is missing (forceVerifyPropCRC)",
+            )
+
+    def _check_delay(self, segment: Segment, offset: int, level: str) -> None:
+        try:
+            parse_java_int(level)
+        except ValueError:
+            self._found(
+                segment,
+                "record-properties",
+                offset,
+                f"DELAY={level!r} is not a number: a broker treats the record as invalid",
+            )
+
+    def _check_after_end(self, end_segment: Segment | None, end: int) -> None:
+        """What follows the valid end: a torn tail after a crash (abort present), stale bytes
+        a broker's recovery left (no abort), or whole files of data a broker would delete."""
+        if end_segment is None:
+            return
+        aborted = self.store.abort_path.exists()
+        for segment in self.log.segments:
+            if segment.start < end_segment.start:
+                continue
+            start = end - segment.start if segment is end_segment else 0
+            extent = nonzero_extent(segment.path, max(start, 0), segment.size)
+            if extent is None:
+                continue
+            name = relative(self.store, segment.path)
+            count = extent[1] - max(start, 0)
+            if segment is not end_segment:
+                self.report.add(
+                    "data-after-end",
+                    name,
+                    segment.start + extent[0],
+                    f"{count} bytes of data in a file after the end of the log at "
+                    f"{end} (a broker's recovery deletes this file)",
+                )
+            elif aborted:
+                self.report.add(
+                    "torn-tail",
+                    name,
+                    end,
+                    f"{count} non-zero bytes after the last valid record and the "
+                    "store was not closed cleanly: a torn write that recovery cuts",
+                )
+            else:
+                self.report.add(
+                    "stale-bytes-after-end",
+                    name,
+                    end,
+                    f"{count} non-zero bytes after the last valid record, as a "
+                    "broker's recovery leaves them; ignored by brokers",
+                    NOTE,
+                )

@@ -1,0 +1,138 @@
+"""``rmqstore verify`` from the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from support import ORACLE_OPTIONS, run_cli
+
+
+def test_sound_store_exits_0_with_the_documented_json(oracle) -> None:
+    result = run_cli("verify", oracle("v533_s1_multi").store, "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 0, result.stdout
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and report["findings"] == []
+    assert report["checked"]["records"] == 3002 and report["checked"]["units"] == 3002
+    assert set(report) == {"ok", "findings", "findingsByKind", "truncated", "checked"}
+
+
+def test_findings_exit_1_and_name_kind_file_offset(oracle) -> None:
+    crash = oracle("s2_crash")
+    result = run_cli("verify", crash.root / "store_torn_half_record", "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    torn = [f for f in report["findings"] if f["kind"] == "torn-tail"]
+    assert torn == [
+        {
+            "kind": "torn-tail",
+            "severity": "error",
+            "file": "commitlog/00000000000001900544",
+            "offset": crash.manifest["lastValidEnd"],
+            "message": torn[0]["message"],
+        }
+    ]
+    human = run_cli("verify", crash.root / "store_torn_half_record", *ORACLE_OPTIONS)
+    assert human.exit_code == 1 and "torn-tail" in human.stdout
+
+
+def test_commitlog_only_and_topic_selection(oracle) -> None:
+    crash = oracle("s2_crash")
+    only = json.loads(
+        run_cli("verify", crash.store, "--json", "--commitlog-only", *ORACLE_OPTIONS).stdout
+    )
+    assert set(only["findingsByKind"]) == {"abort-present"}
+    one = json.loads(
+        run_cli("verify", crash.store, "--json", "--topic", "TopicTest", *ORACLE_OPTIONS).stdout
+    )
+    lag = [f for f in one["findings"] if f["kind"] == "dispatch-lag"]
+    assert len(lag) == 4 and all("TopicTest" in f["file"] for f in lag)
+
+
+def test_a_store_held_by_a_broker_is_verified_with_a_warning(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    code = (
+        "import fcntl,sys; f=open(sys.argv[1],'r+'); "
+        "fcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB, 1, 0); print('ok', flush=True); "
+        "sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(store / "lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
+        result = run_cli("verify", store, *ORACLE_OPTIONS)
+    finally:
+        holder.communicate("", timeout=30)
+    assert result.exit_code == 0
+    assert "locked" in result.stderr
+
+
+def test_stores_written_by_append_dispatch_pass_the_broker_checks(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    lines = "".join(
+        json.dumps(
+            {
+                "topic": ["A", "B", "%RETRY%" + "g" * 130][i % 3],
+                "queueId": i % 3,
+                "keys": f"k{i} shared",
+                "tags": ["x", "y"][i % 2],
+                "body": "b" * (i % 300),
+                **({"properties": {"DELAY": "2"}} if i % 17 == 0 else {}),
+            }
+        )
+        + "\n"
+        for i in range(600)
+    )
+    result = run_cli(
+        "append",
+        store,
+        "--create",
+        "--commitlog-file-size",
+        "16384",
+        "--consumequeue-file-size",
+        "400",
+        "--index-slots",
+        "64",
+        "--index-entries",
+        "256",
+        "--input",
+        "-",
+        "--dispatch",
+        input=lines,
+    )
+    assert result.exit_code == 0, result.stderr
+    report = run_cli("verify", store, "--json", "--index-slots", "64", "--index-entries", "256")
+    document = json.loads(report.stdout)
+    assert report.exit_code == 0, document["findings"]
+    assert document["checked"]["indexFiles"] > 1 and document["checked"]["commitLogFiles"] > 5
+    assert (store / "consumequeue" / "SCHEDULE_TOPIC_XXXX" / "1").is_dir()
+
+
+def test_damage_is_reported_through_the_cli(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    put = oracle("s1_multi").manifest["puts"][1500]
+    path = store / "commitlog" / f"{put['physicalOffset'] - put['physicalOffset'] % 65536:020d}"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, struct.pack(">i", put["bodyCRC"] ^ 7), put["physicalOffset"] % 65536 + 8)
+    finally:
+        os.close(fd)
+    result = run_cli("verify", store, "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 1
+    (finding,) = json.loads(result.stdout)["findings"]
+    assert (finding["kind"], finding["offset"]) == ("record-body-crc", put["physicalOffset"])
+    assert run_cli("verify", store, "--no-crc", *ORACLE_OPTIONS).exit_code == 0
+
+
+def test_bad_input(tmp_path: Path, oracle) -> None:
+    assert run_cli("verify", tmp_path / "missing").exit_code == 2
+    result = run_cli("verify", oracle("s1_multi").store, "--from-offset", "7", *ORACLE_OPTIONS)
+    assert result.exit_code == 2 and "no record starts at offset 7" in result.stderr

@@ -1,0 +1,221 @@
+"""verify on real-broker stores: clean ones are sound; each kind of damage is reported with
+the right kind and offset (one test per scenario)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from rmqstore.checkpoint import read_checkpoint, write_checkpoint
+from rmqstore.config import StoreConfig
+from rmqstore.record import header_struct
+from rmqstore.store import Store
+from rmqstore.verify import NOTE, VerifyOptions, verify_store
+
+from support import ORACLE_CONFIG, tree_digest
+
+FILE = 65536
+CLEAN = [
+    "s1_multi",
+    "s3_txn_delay",
+    "v533_s1_multi",
+    "v533_s3_txn",
+    "s4_recovered_from_torn_half_record",
+]
+
+
+def run(store_dir: Path, **options: object):
+    with Store.open_read(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        return verify_store(store, VerifyOptions(**options))
+
+
+def kinds(report) -> set[str]:
+    return {f.kind for f in report.findings if f.severity != NOTE}
+
+
+def at(report, kind: str) -> list[int | None]:
+    return [f.offset for f in report.findings if f.kind == kind]
+
+
+def patch(store_dir: Path, offset: int, data: bytes) -> None:
+    """Overwrite bytes at a physical offset of the commit log."""
+    path = store_dir / "commitlog" / f"{offset - offset % FILE:020d}"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, offset % FILE)
+    finally:
+        os.close(fd)
+
+
+def middle_put(oracle, predicate=lambda put: True) -> dict:
+    puts = [p for p in oracle("s1_multi").manifest["puts"] if predicate(p)]
+    return puts[len(puts) // 2]
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_clean_broker_stores_are_sound(oracle, name: str) -> None:
+    report = run(oracle(name).store)
+    assert report.ok, report.findings
+    assert report.checked["records"] == len(
+        oracle(name).manifest.get("puts") or []
+    ) or name.startswith(("s3_", "s4_"))
+
+
+def test_flipped_body_byte(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    put = middle_put(oracle, lambda p: p["storedBodyLength"] > 10)
+    header = header_struct(put["sysFlag"]).size
+    patch(store_dir, put["physicalOffset"] + header + 3, b"\x00\xff")
+    report = run(store_dir)
+    assert kinds(report) == {"record-body-crc"}
+    assert at(report, "record-body-crc") == [put["physicalOffset"]]
+    assert run(store_dir, check_crc=False).ok  # --no-crc does not look
+
+
+def test_flipped_crc(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    put = middle_put(oracle, lambda p: p["storedBodyLength"] > 0)
+    patch(store_dir, put["physicalOffset"] + 8, struct.pack(">i", put["bodyCRC"] ^ 0x1234))
+    report = run(store_dir)
+    assert kinds(report) == {"record-body-crc"}
+    assert at(report, "record-body-crc") == [put["physicalOffset"]]
+
+
+def test_record_cut_in_half_at_the_tail(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    last = oracle("s1_multi").manifest["puts"][-1]
+    half = last["size"] // 2
+    patch(store_dir, last["physicalOffset"] + half, bytes(last["size"] - half))
+    (store_dir / "abort").touch()
+    report = run(store_dir)
+    assert at(report, "torn-tail") == [last["physicalOffset"]]
+    assert "cq-beyond-log" in kinds(report)  # its consume-queue unit points past the end
+
+
+def test_record_cut_in_half_in_an_older_file(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    put = middle_put(oracle, lambda p: p["size"] > 400)
+    half = put["size"] // 2
+    patch(store_dir, put["physicalOffset"] + half, bytes(put["size"] - half))
+    report = run(store_dir)
+    assert at(report, "record-invalid") == [put["physicalOffset"]]
+    # the pass resynchronised: every other record was still checked
+    assert report.checked["records"] == 3001
+
+
+@pytest.mark.parametrize("aborted", [True, False])
+def test_garbage_after_the_last_record(oracle, tmp_path: Path, aborted: bool) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    end = 3346149
+    patch(store_dir, end, os.urandom(300))
+    if aborted:
+        (store_dir / "abort").touch()
+        report = run(store_dir)
+        assert at(report, "torn-tail") == [end]
+    else:
+        report = run(store_dir)
+        assert report.ok  # what a broker's recovery leaves behind: a note only
+        assert at(report, "stale-bytes-after-end") == [end]
+
+
+def test_wrong_stored_physical_offset(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    put = middle_put(oracle)
+    patch(store_dir, put["physicalOffset"] + 28, struct.pack(">q", put["physicalOffset"] + 8))
+    report = run(store_dir)
+    assert at(report, "record-physical-offset") == [put["physicalOffset"]]
+
+
+def test_missing_middle_commitlog_file(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    files = sorted((store_dir / "commitlog").iterdir())
+    files[10].unlink()
+    report = run(store_dir)
+    assert at(report, "file-gap") == [int(files[11].name)]
+    assert {"cq-unit-orphan", "index-entry", "queue-offset-gap"} <= kinds(report)  # into the gap
+
+
+def test_consume_queue_unit_with_the_wrong_size(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    path = store_dir / "consumequeue" / "TopicTest" / "2" / "00000000000000002000"
+    position = 37 * 20  # queue offset 137
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = struct.unpack(">i", os.pread(fd, 4, position + 8))[0]
+        os.pwrite(fd, struct.pack(">i", size + 4), position + 8)
+    finally:
+        os.close(fd)
+    report = run(store_dir)
+    assert kinds(report) == {"cq-unit"}
+    assert at(report, "cq-unit") == [137 * 20]
+
+
+def test_truncated_consume_queue(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    last = store_dir / "consumequeue" / "TopicTest" / "3" / "00000000000000004000"
+    data = last.read_bytes()
+    units = 250 - 200  # TopicTest:3 holds 250 units; this file, the third, has 200..249
+    last.write_bytes(data[: (units - 5) * 20].ljust(len(data), b"\0"))  # last 5 units gone
+    report = run(store_dir)
+    assert kinds(report) == {"dispatch-lag"}
+    (finding,) = [f for f in report.findings if f.kind == "dispatch-lag"]
+    assert "5 records of TopicTest:3" in finding.message
+    with open(last, "r+b") as handle:
+        handle.truncate(1000)  # and a file cut short
+    assert "cq-file-size" in kinds(run(store_dir))
+
+
+def test_broken_index_chain(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    index_file = sorted((store_dir / "index").iterdir())[1]
+    entry = 40 + 1000 * 4 + 700 * 20
+    fd = os.open(index_file, os.O_RDWR)
+    try:
+        os.pwrite(fd, struct.pack(">i", 699), entry + 16)  # entry 700 now links to 699
+    finally:
+        os.close(fd)
+    report = run(store_dir)
+    assert "index-chain" in kinds(report)
+    assert entry in at(report, "index-chain")
+
+
+def test_checkpoint_from_the_future(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    checkpoint = read_checkpoint(store_dir / "checkpoint")
+    assert checkpoint is not None
+    write_checkpoint(
+        store_dir / "checkpoint",
+        checkpoint.updated(physic_msg_timestamp=checkpoint.physic_msg_timestamp + 3_600_000),
+    )
+    report = run(store_dir)
+    assert kinds(report) == {"checkpoint-future"}
+    assert "physicMsgTimestamp" in report.findings[0].message
+
+
+@pytest.mark.parametrize("copy", ["store_torn_half_record", "store_torn_random_garbage"])
+def test_torn_copies_are_reported_at_the_last_valid_end(oracle, copy: str) -> None:
+    crash = oracle("s2_crash")
+    report = run(crash.root / copy)
+    assert at(report, "torn-tail") == [crash.manifest["lastValidEnd"]]
+    assert {"abort-present", "dispatch-lag", "index-lag"} <= kinds(report)
+
+
+def test_verify_never_writes(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s2_crash").copy_to(tmp_path, "store_torn_random_garbage")
+    before = tree_digest(store_dir)
+    run(store_dir)
+    assert tree_digest(store_dir) == before
+
+
+def test_max_findings_counts_everything(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    for put in oracle("s1_multi").manifest["puts"][100:140]:
+        patch(store_dir, put["physicalOffset"] + 8, struct.pack(">i", put["bodyCRC"] ^ 1))
+    report = run(store_dir, max_findings=5)
+    assert len(report.findings) == 5 and report.truncated
+    assert report.counts["record-body-crc"] == sum(
+        1 for p in oracle("s1_multi").manifest["puts"][100:140] if p["storedBodyLength"]
+    )
