@@ -21,8 +21,27 @@ from rmqstore.verify import KINDS, VerifyOptions, VerifyReport, verify_store
 
 _STYLE = {"error": "red", "warning": "yellow", "note": "dim"}
 
+_HELP = (
+    """Check a store's records and cross-file consistency; exit 1 on findings.
 
-@click.command("verify")
+    Records: magic, length formula, body CRC, the 5.x __CRC32# property, stored physical
+    offset, properties, BLANK records, queue-offset density, bytes after the end (a finding
+    when 'abort' is present, a note when not). Files: names, sizes, gaps. Consume queues: each
+    unit against its record (offset, size, tagsCode), orphan units, units past the log,
+    pre-blank placement, dispatch lag. Index: header, slots and chains, each entry against its
+    record's keys, index lag. Checkpoint times against the data; 'abort'. Reads only, and
+    works on a store a broker holds (with a warning).
+
+    Finding kinds: """
+    + ", ".join(KINDS)
+    + """. JSON: {ok, findings[{kind, severity, file, offset, message}], findingsByKind,
+    truncated, checked}. Exit 0 when sound (notes allowed), 1 when there are errors or
+    warnings.
+    """
+)
+
+
+@click.command("verify", help=_HELP)
 @store_argument
 @click.option("--no-crc", is_flag=True, help="Skip body CRC checks (faster).")
 @click.option(
@@ -66,24 +85,7 @@ def command(
     as_json: bool,
     no_progress: bool,
 ) -> int:
-    (
-        """Check a store's records and cross-file consistency; exit 1 on findings.
-
-    Records: magic, length formula, body CRC, the 5.x __CRC32# property, stored physical
-    offset, properties, BLANK records, queue-offset density, bytes after the end (a finding
-    when 'abort' is present, a note when not). Files: names, sizes, gaps. Consume queues: each
-    unit against its record (offset, size, tagsCode), orphan units, units past the log,
-    pre-blank placement, dispatch lag. Index: header, slots and chains, each entry against its
-    record's keys, index lag. Checkpoint times against the data; 'abort'. Reads only, and
-    works on a store a broker holds (with a warning).
-
-    Finding kinds: """
-        + ", ".join(KINDS)
-        + """. JSON: {ok, findings[{kind, severity, file,
-    offset, message}], findingsByKind, truncated, checked}. Exit 0 when sound (notes
-    allowed), 1 when there are errors or warnings.
-    """
-    )
+    """The verify command (its help text is _HELP, which lists the finding kinds)."""
     options = VerifyOptions(
         check_crc=not no_crc,
         commitlog_only=commitlog_only,
