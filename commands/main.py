@@ -86,9 +86,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from rmqstore.commands import append, dispatch, info, read, verify
+    from rmqstore.commands import append, dispatch, fixtures, info, read, verify
 
-    for module in (info, append, read, verify, dispatch):
+    for module in (info, append, read, verify, dispatch, fixtures):
         cli.add_command(module.command)
 
 

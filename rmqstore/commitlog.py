@@ -375,6 +375,7 @@ class CommitLogAppender:
         clock: Callable[[], int] | None = None,
         uniq_keys: UniqKeyGenerator | None = None,
         last_store_timestamp: int = 0,
+        trailing_separator: bool = True,
     ) -> None:
         self.log = log
         self.file_size = log.file_size
@@ -384,6 +385,7 @@ class CommitLogAppender:
         self.max_message_size = max_message_size
         self.delay_levels = delay_levels
         self.append_crc_property = append_crc_property
+        self.trailing_separator = trailing_separator  # False: 4.9.x drops the final 0x02
         self._crc_reserve = CRC32_RESERVED_LEN if append_crc_property else 0
         self.allow_v2 = allow_v2
         self.clock = clock  # None: the wall clock in epoch milliseconds
@@ -408,6 +410,11 @@ class CommitLogAppender:
         self._open_at(end_offset)
 
     # -- positions -------------------------------------------------------------------------
+
+    @property
+    def space_left(self) -> int:
+        """Bytes left in the current file (a record of L bytes fits when L + 8 <= this)."""
+        return self.file_size - self._position
 
     @property
     def end_offset(self) -> int:
@@ -503,12 +510,15 @@ class CommitLogAppender:
         if properties == self._last_properties:  # producers repeat tags/keys: reuse bytes
             props = self._last_properties_bytes
         else:
-            props = encode_properties(properties)
+            props = encode_properties(properties, trailing_separator=self.trailing_separator)
             self._last_properties = dict(properties)
             self._last_properties_bytes = props
         if self.uniq_keys is not None and UNIQ_KEY not in properties:
-            key = self.uniq_keys.next_key(now_millis)
-            props += b"UNIQ_KEY\x01" + key.encode("ascii") + b"\x02"
+            pair = b"UNIQ_KEY\x01" + self.uniq_keys.next_key(now_millis).encode("ascii")
+            if self.trailing_separator:
+                props += pair + b"\x02"
+            else:
+                props = (props + b"\x02" if props else b"") + pair
         if self.append_crc_property and props and not props.endswith(b"\x02"):
             props += b"\x02"
         if len(props) + self._crc_reserve > MAX_PROPERTIES_BYTES:
@@ -517,6 +527,20 @@ class CommitLogAppender:
                 f"{MAX_PROPERTIES_BYTES}"
             )
         return message, props
+
+    def record_size(self, message: Message) -> int:
+        """The size the record of ``message`` will have once appended."""
+        prepared, props = self.prepare(message)
+        topic_field, _ = self._topic_fields[prepared.topic]
+        header = _HEADERS[host_flags(prepared.born_host, self.store_host) >> 4]
+        return (
+            header.size
+            + len(prepared.body or b"")
+            + len(topic_field)
+            + 2
+            + len(props)
+            + self._crc_reserve
+        )
 
     def _learn_topic(self, topic: str) -> None:
         """Check a topic once and remember its encoded TOPICLENGTH+TOPIC field and magic."""

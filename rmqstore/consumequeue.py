@@ -89,7 +89,7 @@ class ConsumeQueue:
         for segment in segments[max(0, len(segments) - 3) :]:
             if segment.start != end:
                 break  # a gap: the queue ends at the previous file
-            data = _read(segment.path)
+            data = _read(segment.path)[: self.file_size]  # a wrong-size file: no further
             valid = 0
             for physical_offset, size, _ in UNIT.iter_unpack(data[: len(data) // 20 * 20]):
                 if not is_valid_unit(physical_offset, size):

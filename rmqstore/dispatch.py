@@ -94,6 +94,7 @@ class Dispatcher:
         topics: Iterable[str] | None = None,
         build_index: bool = True,
         clock: Callable[[], int] | None = None,
+        utc_index_names: bool = False,
     ) -> None:
         if not store.writable:
             raise RuntimeError("dispatch needs a store opened for writing")
@@ -112,6 +113,7 @@ class Dispatcher:
                 store.config.index_entries,
                 writable=True,
                 clock=clock,
+                utc_names=utc_index_names,
             )
             if self.build_index
             else None

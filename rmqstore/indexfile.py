@@ -32,9 +32,11 @@ def index_file_size(slots: int, entries: int) -> int:
     return HEADER_SIZE + slots * SLOT_SIZE + entries * ENTRY_SIZE
 
 
-def index_file_name(millis: int) -> str:
-    """``UtilAll.timeMillisToHumanString``: local time as yyyyMMddHHmmssSSS."""
-    return time.strftime("%Y%m%d%H%M%S", time.localtime(millis / 1000)) + f"{millis % 1000:03d}"
+def index_file_name(millis: int, *, utc: bool = False) -> str:
+    """``UtilAll.timeMillisToHumanString``: yyyyMMddHHmmssSSS in the local time zone, as the
+    broker's JVM names files (or in UTC, for names that do not depend on the machine)."""
+    moment = time.gmtime(millis / 1000) if utc else time.localtime(millis / 1000)
+    return time.strftime("%Y%m%d%H%M%S", moment) + f"{millis % 1000:03d}"
 
 
 @dataclass
@@ -261,8 +263,10 @@ class IndexService:
         *,
         writable: bool = False,
         clock: Callable[[], int] | None = None,
+        utc_names: bool = False,
     ) -> None:
         self.directory = directory
+        self.utc_names = utc_names
         self.slots = slots
         self.entries = entries
         self.writable = writable
@@ -288,12 +292,12 @@ class IndexService:
             return last
         self.directory.mkdir(parents=True, exist_ok=True)
         millis = self.clock()
-        while (self.directory / index_file_name(millis)).exists():
+        while (self.directory / index_file_name(millis, utc=self.utc_names)).exists():
             millis += 1  # two files in one millisecond: keep names unique and ordered
         if last is not None:
             last.flush()
         created = IndexFile.create(
-            self.directory / index_file_name(millis),
+            self.directory / index_file_name(millis, utc=self.utc_names),
             self.slots,
             self.entries,
             last.header if last else None,

@@ -9,6 +9,7 @@ when the consume queues have caught up (as a broker's shutdown does).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -74,19 +75,23 @@ class Residue:
 
 
 def _infer_file_size(directory: Path, depth: int) -> int | None:
-    """The size of the first segment file found ``depth`` levels below ``directory``."""
+    """The most common size of the segment files ``depth`` levels below ``directory`` (the
+    first file of each queue). The most common one, so a single damaged file cannot skew it."""
     if not directory.is_dir():
         return None
     frontier = [directory]
     for _ in range(depth):
         frontier = sorted(p for d in frontier for p in d.iterdir() if p.is_dir())
+    sizes: Counter[int] = Counter()
     for folder in frontier:
         for entry in sorted(folder.iterdir()):
             if entry.name.isdigit() and len(entry.name) == 20 and entry.is_file():
                 size = entry.stat().st_size
                 if size:
-                    return size
-    return None
+                    sizes[size] += 1
+                if depth:
+                    break  # one file per queue is enough
+    return sizes.most_common(1)[0][0] if sizes else None
 
 
 class Store:
@@ -243,6 +248,7 @@ class Store:
         uniq_keys: UniqKeyGenerator | None = None,
         allow_v2: bool = True,
         store_host: HostAddress | None = None,
+        trailing_separator: bool = True,
     ) -> CommitLogAppender:
         """Prepare to append: find the valid end, deal with bytes after it, learn the queue
         offsets, then create ``abort``. Refuses a crashed store whose tail is not clean."""
@@ -267,6 +273,7 @@ class Store:
             clock=clock,
             uniq_keys=uniq_keys,
             last_store_timestamp=state.last_store_timestamp,
+            trailing_separator=trailing_separator,
         )
         self.begin_write()
         return self._appender

@@ -1,0 +1,205 @@
+"""``rmqstore fixtures``: deterministic clean and damaged stores for tests and CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from rmqstore.commands.options import json_option
+from rmqstore.commands.output import console, emit_json, note
+from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
+
+
+@click.group("fixtures")
+def command() -> None:
+    """Generate deterministic RocketMQ stores, clean or damaged, for tests and CI.
+
+    The same scenario, seed and options always give the same bytes and file names
+    (timestamps, hosts, UNIQ_KEYs and index file names come from the seed). Each store gets a
+    fixture.json manifest: the messages with their offsets, and for damaged scenarios where
+    the damage is, what 'rmqstore verify' must report (kinds and offsets) and what a
+    broker-compatible recovery must reach (valid end, records kept, queue offsets).
+    """
+
+
+@command.command("list")
+@json_option
+def list_command(as_json: bool) -> int:
+    """List the scenarios with a one-line description."""
+    rows = [
+        {
+            "scenario": s.name,
+            "damaged": s.damage is not None,
+            "messages": s.messages,
+            "description": s.description,
+        }
+        for s in SCENARIOS.values()
+    ]
+    if as_json:
+        emit_json(rows)
+        return 0
+    table = Table()
+    for name in ("scenario", "kind", "messages", "description"):
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(
+            row["scenario"],
+            "damaged" if row["damaged"] else "clean",
+            f"{row['messages']:,}",
+            row["description"],
+        )
+    console.print(table)
+    return 0
+
+
+@command.command("generate")
+@click.argument("scenario", type=click.Choice(list(SCENARIOS)), metavar="SCENARIO")
+@click.argument("out", type=click.Path(path_type=Path), metavar="OUT")
+@click.option(
+    "--seed",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Seed for everything random: bodies, keys, hosts, times, damage.",
+)
+@click.option(
+    "--messages",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="How many messages (default: the scenario's own count).",
+)
+@click.option(
+    "--broker-version",
+    type=click.Choice(["4.9", "5"]),
+    default="4.9",
+    show_default=True,
+    help="4.9: properties without the trailing separator, as 4.9.x writes them; 5: "
+    "with it (v2 is always 5).",
+)
+@click.option(
+    "--commitlog-file-size",
+    type=click.IntRange(min=4096),
+    metavar="BYTES",
+    help="Commit-log file size (default: the scenario's).",
+)
+@click.option(
+    "--consumequeue-file-size",
+    type=click.IntRange(min=20),
+    metavar="BYTES",
+    help="Consume-queue file size (default: the scenario's).",
+)
+@click.option(
+    "--index-slots",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Index hash slots per file (default: the scenario's).",
+)
+@click.option(
+    "--index-entries",
+    type=click.IntRange(min=2),
+    metavar="N",
+    help="Index entries per file (default: the scenario's).",
+)
+@click.option(
+    "--force", is_flag=True, help="Replace OUT when it holds an earlier store or fixture."
+)
+@json_option
+def generate_command(
+    scenario: str,
+    out: Path,
+    seed: int,
+    messages: int | None,
+    broker_version: str,
+    commitlog_file_size: int | None,
+    consumequeue_file_size: int | None,
+    index_slots: int | None,
+    index_entries: int | None,
+    force: bool,
+    as_json: bool,
+) -> int:
+    """Write scenario SCENARIO as a complete store in OUT.
+
+    Commit log, consume queues, index, checkpoint and config/topics.json, plus
+    OUT/fixture.json. OUT must be missing or empty (or --force). The geometry used is in the
+    manifest; pass the same --index-slots/--index-entries to other commands.
+    """
+    options = FixtureOptions(
+        seed=seed,
+        messages=messages,
+        broker_version=broker_version,
+        commitlog_file_size=commitlog_file_size,
+        consumequeue_file_size=consumequeue_file_size,
+        index_slots=index_slots,
+        index_entries=index_entries,
+    )
+    manifest = generate(scenario, out, options, force=force)
+    summary = {
+        key: manifest[key]
+        for key in (
+            "scenario",
+            "seed",
+            "brokerVersion",
+            "messageCount",
+            "geometry",
+            "commitLog",
+            "damage",
+        )
+    }
+    summary["store"] = str(out)
+    summary["expect"] = manifest["expect"]
+    if as_json:
+        emit_json(summary)
+    else:
+        geometry = manifest["geometry"]
+        note(
+            f"wrote scenario {scenario} (seed {seed}, {manifest['messageCount']:,} messages) "
+            f"to {out}; geometry: --commitlog-file-size {geometry['commitLogFileSize']} "
+            f"--consumequeue-file-size {geometry['consumeQueueFileSize']} --index-slots "
+            f"{geometry['indexHashSlots']} --index-entries {geometry['indexEntries']}"
+        )
+        if manifest["damage"]:
+            note(f"damage: {manifest['damage']['description']}")
+    return 0
+
+
+@command.command("describe")
+@click.argument("scenario", type=click.Choice(list(SCENARIOS)), metavar="SCENARIO")
+@click.argument("out", type=click.Path(path_type=Path), metavar="OUT")
+@json_option
+def describe_command(scenario: str, out: Path, as_json: bool) -> int:
+    """Print the manifest of scenario SCENARIO generated in OUT.
+
+    JSON fields: scenario, description, seed, brokerVersion, messagesRequested, messageCount,
+    geometry, commitLog{minOffset, maxOffset}, queueMaxOffsets, messages[{msgId, topic,
+    queueId, queueOffset, commitLogOffset, storeSize, storeTimestamp, transaction, tags, keys,
+    bodyLength}] (null above 100,000 messages), damage{file, offset, description},
+    expect{verify[{kind, offset}], recovery{validEnd, recordsKept, queueMaxOffsets, note}}.
+    """
+    manifest = describe(scenario, out)
+    if as_json:
+        emit_json(manifest)
+        return 0
+    console.print(f"[bold]{manifest['scenario']}[/bold]: {manifest['description']}")
+    console.print(
+        f"seed {manifest['seed']}, {manifest['messageCount']:,} messages, log "
+        f"{manifest['commitLog']['minOffset']:,} .. "
+        f"{manifest['commitLog']['maxOffset']:,}"
+    )
+    if manifest["damage"]:
+        console.print(
+            f"damage: {manifest['damage']['description']} "
+            f"({manifest['damage']['file']} at {manifest['damage']['offset']})"
+        )
+        for finding in manifest["expect"]["verify"]:
+            console.print(
+                f"  verify reports {finding['kind']}"
+                + (f" at {finding['offset']}" if finding["offset"] is not None else "")
+            )
+    recovery = manifest["expect"]["recovery"]
+    console.print(
+        f"recovery reaches {recovery['validEnd']:,} keeping "
+        f"{recovery['recordsKept']:,} records: {recovery['note']}"
+    )
+    return 0

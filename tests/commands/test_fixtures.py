@@ -1,0 +1,66 @@
+"""``rmqstore fixtures`` from the command line, used the way a CI job would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rmqstore.fixtures import SCENARIOS
+
+from support import run_cli
+
+
+def test_list() -> None:
+    result = run_cli("fixtures", "list", "--json")
+    rows = json.loads(result.stdout)
+    assert [row["scenario"] for row in rows] == list(SCENARIOS)
+    assert {row["scenario"] for row in rows if row["damaged"]} >= {"torn-tail", "crc-flip"}
+    assert "torn-tail" in run_cli("fixtures", "list").stdout
+
+
+@pytest.mark.parametrize("name", ["crc-flip", "missing-file", "stale-checkpoint"])
+def test_generate_then_verify_like_a_ci_job(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "store"
+    generated = run_cli("fixtures", "generate", name, out, "--seed", "42", "--json")
+    assert generated.exit_code == 0, generated.stderr
+    summary = json.loads(generated.stdout)
+    described = json.loads(run_cli("fixtures", "describe", name, out, "--json").stdout)
+    assert described["expect"] == summary["expect"]
+    assert json.loads((out / "fixture.json").read_text()) == described
+    verified = run_cli("verify", out, "--json")
+    assert verified.exit_code == 1
+    findings = json.loads(verified.stdout)["findings"]
+    for expected in described["expect"]["verify"]:
+        assert any(
+            f["kind"] == expected["kind"] and expected["offset"] in (None, f["offset"])
+            for f in findings
+        )
+
+
+def test_clean_fixture_is_usable_by_every_command(tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    assert run_cli("fixtures", "generate", "multi", out, "--messages", "300").exit_code == 0
+    assert run_cli("verify", out).exit_code == 0
+    info = json.loads(run_cli("info", out, "--json").stdout)
+    assert (
+        info["commitLog"]["messages"]
+        == json.loads((out / "fixture.json").read_text())["messageCount"]
+    )
+    assert info["dispatch"]["behindRecords"] == 0
+    read = run_cli("read", out, "--topic", "TopicTest", "--key", "shared-key", "--json")
+    assert read.exit_code == 0 and json.loads(read.stdout)
+    appended = run_cli("append", out, "--topic", "TopicTest", "--body", "more", "--dispatch")
+    assert appended.exit_code == 0, appended.stderr
+    assert run_cli("verify", out).exit_code == 0
+
+
+def test_bad_input(tmp_path: Path) -> None:
+    assert run_cli("fixtures", "generate", "nope", tmp_path / "x").exit_code == 2
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("x")
+    busy = run_cli("fixtures", "generate", "basic", tmp_path / "busy")
+    assert busy.exit_code == 2 and "not empty" in busy.stderr
+    missing = run_cli("fixtures", "describe", "basic", tmp_path / "nowhere")
+    assert missing.exit_code == 2 and "fixture.json" in missing.stderr

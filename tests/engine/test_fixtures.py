@@ -1,0 +1,122 @@
+"""Generated fixtures: deterministic, sound when clean, and damaged exactly as their manifest
+says (what verify reports, what recovery must reach)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rmqstore.errors import InputError, NotAStoreError
+from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
+from rmqstore.reader import MessageReader
+from rmqstore.store import Store
+from rmqstore.verify import NOTE, verify_store
+
+from support import tree_digest
+
+SMALL = sorted(name for name in SCENARIOS if name != "large")
+CLEAN = [name for name in SMALL if SCENARIOS[name].damage is None]
+DAMAGED = [name for name in SMALL if SCENARIOS[name].damage is not None]
+
+
+def made(tmp_path: Path, name: str, **options: object) -> tuple[Path, dict]:
+    out = tmp_path / f"{name}-{options.get('seed', 1)}"
+    return out, generate(name, out, FixtureOptions(**options))
+
+
+@pytest.mark.parametrize("name", [*SMALL, "large"])
+def test_same_arguments_same_bytes_and_names(tmp_path: Path, name: str) -> None:
+    options = {"messages": 3000, "commitlog_file_size": 65536} if name == "large" else {}
+    first, _ = made(tmp_path / "a", name, seed=5, **options)
+    second, _ = made(tmp_path / "b", name, seed=5, **options)
+    other, _ = made(tmp_path / "c", name, seed=6, **options)
+    assert tree_digest(first) == tree_digest(second)
+    assert tree_digest(first) != tree_digest(other)
+
+
+@pytest.mark.parametrize("name", CLEAN)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_clean_scenarios_verify_sound(tmp_path: Path, name: str, seed: int) -> None:
+    out, manifest = made(tmp_path, name, seed=seed)
+    with Store.open_read(out) as store:  # the geometry is inferred from the files
+        report = verify_store(store)
+        assert report.ok, report.findings
+        assert report.checked["records"] == manifest["messageCount"]
+        assert store.log_end().offset == manifest["commitLog"]["maxOffset"]
+
+
+@pytest.mark.parametrize("name", DAMAGED)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_damage_is_reported_as_the_manifest_says(tmp_path: Path, name: str, seed: int) -> None:
+    out, manifest = made(tmp_path, name, seed=seed)
+    with Store.open_read(out) as store:
+        report = verify_store(store)
+        recovered_end = store.log_end().offset
+    problems = {finding.kind for finding in report.findings if finding.severity != NOTE}
+    expected = manifest["expect"]["verify"]
+    assert problems == {item["kind"] for item in expected}
+    for item in expected:
+        assert any(
+            f.kind == item["kind"] and item["offset"] in (None, f.offset) for f in report.findings
+        ), item
+    assert recovered_end == manifest["expect"]["recovery"]["validEnd"]
+
+
+def test_manifest_lists_the_stored_messages(tmp_path: Path) -> None:
+    out, manifest = made(tmp_path, "txn", seed=3)
+    assert manifest == describe("txn", out)
+    with Store.open_read(out) as store:
+        reader = MessageReader(store)
+        for listed in manifest["messages"]:
+            message = reader.by_offset(listed["commitLogOffset"])
+            assert message.msg_id == listed["msgId"]
+            assert (message.topic, message.queue_id, message.queue_offset) == (
+                listed["topic"],
+                listed["queueId"],
+                listed["queueOffset"],
+            )
+    assert {m["transaction"] for m in manifest["messages"]} == {0x0, 0x4, 0x8, 0xC}
+
+
+def test_scenario_contents(tmp_path: Path) -> None:
+    out, _ = made(tmp_path, "multi")
+    with Store.open_read(out) as store:
+        messages = list(MessageReader(store).sequential(0))
+    assert {m.topic for m in messages} == {"TopicTest", "Orders-EU_west", "%RETRY%group_a"}
+    assert any(m.born_host.is_ipv6 for m in messages) and messages[0].store_host.is_ipv6
+    assert any(not m.body for m in messages)
+    assert not messages[0].properties_bytes.endswith(b"\x02")  # 4.9.x style by default
+    assert len(list((out / "commitlog").iterdir())) > 3
+    out, _ = made(tmp_path, "v2")
+    with Store.open_read(out) as store:
+        versions = {m.version for m in MessageReader(store).sequential(0)}
+        first = store.commitlog.read(0)
+    assert versions == {1, 2} and "__CRC32#" in first.properties
+    assert first.properties_bytes.endswith(b"\x02")
+    out, manifest = made(tmp_path, "delay")
+    assert (out / "consumequeue" / "SCHEDULE_TOPIC_XXXX").is_dir()
+    topics = json.loads((out / "config" / "topics.json").read_text())["topicConfigTable"]
+    scheduled = {m["queueId"] for m in manifest["messages"] if m["topic"] == "SCHEDULE_TOPIC_XXXX"}
+    assert topics["SCHEDULE_TOPIC_XXXX"]["readQueueNums"] == max(scheduled) + 1
+    assert topics["DelayTopic"]["writeQueueNums"] == 2 and topics["DelayTopic"]["perm"] == 6
+
+
+def test_output_directory_rules(tmp_path: Path) -> None:
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(NotAStoreError, match="not empty"):
+        generate("basic", tmp_path / "busy")
+    with pytest.raises(NotAStoreError, match="refusing"):
+        generate("basic", tmp_path / "busy", force=True)
+    assert (tmp_path / "busy" / "notes.txt").exists()
+    out, _ = made(tmp_path, "basic")
+    with pytest.raises(NotAStoreError):
+        generate("basic", out)
+    generate("basic", out, FixtureOptions(seed=9), force=True)
+    assert describe("basic", out)["seed"] == 9
+    with pytest.raises(InputError, match="holds scenario"):
+        describe("multi", out)
+    with pytest.raises(InputError, match="unknown scenario"):
+        generate("nope", tmp_path / "x")
