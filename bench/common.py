@@ -70,23 +70,31 @@ def store_path(workdir: Path, messages: int, body: bytes = BODY) -> Path:
 def build_store(
     workdir: Path, messages: int, *, force: bool = False, body: bytes = BODY
 ) -> tuple[Path, float]:
-    """The benchmark store: one topic, 4 queues round-robin, 100-byte bodies, TAGS, UNIQ_KEY
-    and CLUSTER properties, 1 GiB commit-log files, async flush. Returns (path, seconds)."""
-    from rmqstore.msgid import UniqKeyGenerator
-    from rmqstore.record import Message
-    from rmqstore.store import Store
+    """The benchmark store, returned as (path, seconds to build; 0 when it already existed).
 
+    With the default body it is ``rmqstore fixtures generate large`` (one topic, 4 queues
+    round robin, 100-byte bodies, TAGS, UNIQ_KEY and CLUSTER, 1 GiB files, consume queues and
+    index). Another body size gives a commit log of the same shape without queues or index."""
     path = store_path(workdir, messages, body)
     if path.exists() and not force:
         return path, 0.0
     if path.exists():
         subprocess.run(["rm", "-rf", str(path)], check=True)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if body == BODY:
+        from rmqstore.fixtures import FixtureOptions, generate
+
+        with timed() as clock:
+            generate("large", path, FixtureOptions(messages=messages))
+        return path, clock.seconds
+    from rmqstore.msgid import UniqKeyGenerator
+    from rmqstore.record import Message
+    from rmqstore.store import Store
+
     properties = {"TAGS": "TagA", "CLUSTER": "DefaultCluster"}
     with timed() as clock, Store.open_write(path, create=True) as store:
         appender = store.appender(uniq_keys=UniqKeyGenerator())
-        batch = 1024
-        for start in range(0, messages, batch):
+        for start in range(0, messages, 1024):
             appender.append_many(
                 [
                     Message(
@@ -96,7 +104,7 @@ def build_store(
                         properties=properties,
                         born_timestamp=1,
                     )
-                    for index in range(start, min(messages, start + batch))
+                    for index in range(start, min(messages, start + 1024))
                 ]
             )
     return path, clock.seconds

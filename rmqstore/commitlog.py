@@ -72,6 +72,7 @@ from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 ScanItem = tuple[int, tuple, str, bytes, "bool | None"]
 _MAP_CACHE_SIZE = 8
 _RESERVE_CHUNK = 16 * 1024 * 1024
+_RELEASE_CHUNK = 32 * 1024 * 1024  # the appender drops written pages in steps of this
 _PAGE = mmap.PAGESIZE
 
 
@@ -406,6 +407,7 @@ class CommitLogAppender:
         self._map: mmap.mmap | None = None
         self._position = 0
         self._reserved = 0
+        self._released = 0
         self._created: list[Segment] = []
         self._open_at(end_offset)
 
@@ -448,6 +450,7 @@ class CommitLogAppender:
         self._map = map_writable(segment.path)
         self._position = position
         self._reserved = position
+        self._released = position - position % _PAGE  # pages below are out of this process
 
     def _release_map(self) -> None:
         if self._map is not None:
@@ -647,7 +650,18 @@ class CommitLogAppender:
             self.appended += 1
             add_result(AppendResult(physical_offset, queue_offset, total, store_timestamp,
                                     topic, queue_id, store_host_field))  # fmt: skip
+        if self._position - self._released >= _RELEASE_CHUNK:
+            self._release_written()
         return results
+
+    def _release_written(self) -> None:
+        """Drop written pages from this process: they stay in the page cache (dirty ones are
+        still written back and covered by flush), so resident memory stays flat however much
+        is appended."""
+        upto = self._position - self._position % _PAGE
+        if self._map is not None and upto > self._released:
+            self._map.madvise(mmap.MADV_DONTNEED, self._released, upto - self._released)
+            self._released = upto
 
     def _learn_born_host(self, born_host: HostAddress) -> tuple[bytes, int, Any, int]:
         """Remember a born host's field bytes, V6 sysFlag bits and header layout."""
