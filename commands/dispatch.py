@@ -9,6 +9,8 @@ import click
 from rich.table import Table
 
 from rmqstore.commands.options import (
+    EngineChoice,
+    engine_options,
     json_option,
     progress_option,
     store_argument,
@@ -16,7 +18,13 @@ from rmqstore.commands.options import (
 )
 from rmqstore.commands.output import console, emit_json, note, progress_bar, warn
 from rmqstore.config import StoreConfig
-from rmqstore.dispatch import Dispatcher, DispatchResult, apply_rebuild, plan_rebuild
+from rmqstore.dispatch import (
+    Dispatcher,
+    DispatchResult,
+    RebuildPlan,
+    apply_rebuild,
+    plan_rebuild,
+)
 from rmqstore.errors import ExitCode
 from rmqstore.store import Store
 
@@ -55,6 +63,7 @@ from rmqstore.store import Store
     "--dry-run", is_flag=True, help="Only show what would be done; exit 1 when there is work to do."
 )
 @click.option("--yes", is_flag=True, help="Do not ask before --rebuild (for scripts).")
+@engine_options(default="local")
 @store_config_options
 @json_option
 @progress_option
@@ -67,6 +76,7 @@ def command(
     max_records: int | None,
     dry_run: bool,
     yes: bool,
+    engine: EngineChoice,
     config: StoreConfig,
     as_json: bool,
     no_progress: bool,
@@ -84,8 +94,13 @@ def command(
     with --rebuild).
     """
     build_index = not no_index and not topics
+    if engine.spark and not rebuild:
+        raise click.UsageError("--engine spark works with --rebuild (a parallel rebuild)")
+    if engine.spark and max_records is not None:
+        raise click.UsageError("--max-records does not apply to --engine spark")
     if topics and not no_index:
         note("--topic: only those consume queues are built; the index is left alone")
+    result: DispatchResult | None = None
     with Store.open_write(store, config) as opened:
         document: dict = {}
         plan = None
@@ -96,29 +111,59 @@ def command(
                 return _show_plan(document, as_json)
             if not yes:
                 _confirm(plan.files, [str(path) for path in plan.moves])
+            session = engine.session() if engine.spark else None  # before anything moves
             quarantine = apply_rebuild(opened, plan)
             document["quarantine"] = str(quarantine) if quarantine else None
             from_offset = plan.from_offset
-        dispatcher = Dispatcher(opened, topics=topics or None, build_index=build_index)
-        try:
-            if dry_run:
-                start = dispatcher.cursor() if from_offset is None else from_offset
-                end = opened.log_end().offset
-                document.update(
-                    {"fromOffset": start, "logEnd": end, "behindBytes": max(0, end - start)}
-                )
-                return _show_plan(document, as_json, work=end > start)
-            base = dispatcher.cursor() if from_offset is None else from_offset
-            total = max(1, opened.log_end().offset - base)
-            with progress_bar("dispatching", total, not no_progress) as update:
-                result = dispatcher.run(
-                    from_offset,
-                    max_records=max_records,
-                    progress=lambda offset: update(offset - base),
-                )
-        finally:
-            dispatcher.close()
-    for text in opened.notes:
+            if session is not None:
+                result = _rebuild_on_spark(session, opened, engine, topics, build_index, plan)
+        if result is None:
+            dispatcher = Dispatcher(opened, topics=topics or None, build_index=build_index)
+            try:
+                if dry_run:
+                    start = dispatcher.cursor() if from_offset is None else from_offset
+                    end = opened.log_end().offset
+                    document.update(
+                        {"fromOffset": start, "logEnd": end, "behindBytes": max(0, end - start)}
+                    )
+                    return _show_plan(document, as_json, work=end > start)
+                base = dispatcher.cursor() if from_offset is None else from_offset
+                total = max(1, opened.log_end().offset - base)
+                with progress_bar("dispatching", total, not no_progress) as update:
+                    result = dispatcher.run(
+                        from_offset,
+                        max_records=max_records,
+                        progress=lambda offset: update(offset - base),
+                    )
+            finally:
+                dispatcher.close()
+    return _report(opened, result, document, as_json)
+
+
+def _rebuild_on_spark(
+    session: object,
+    store: Store,
+    engine: EngineChoice,
+    topics: tuple[str, ...],
+    build_index: bool,
+    plan: RebuildPlan,
+) -> DispatchResult:
+    from rmqstore.spark.jobs import SparkPipeline
+    from rmqstore.spark.pipeline import PipelineOptions
+
+    pipeline = SparkPipeline(
+        session, str(store.root), PipelineOptions.for_config(store.config, engine.split)
+    )
+    return pipeline.rebuild(
+        store,
+        from_offset=plan.from_offset,
+        topics=frozenset(topics) or None,
+        build_index=build_index,
+    )
+
+
+def _report(store: Store, result: DispatchResult, document: dict, as_json: bool) -> int:
+    for text in store.notes:
         note(text)
     for problem in result.problems:
         warn(problem)

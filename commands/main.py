@@ -80,15 +80,16 @@ def cli() -> None:
     byte-compatible with RocketMQ 4.x and 5.x brokers; no broker needs to run.
 
     Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
-    not a store, corrupt or unreadable input, aborted at a prompt); 3 store busy (its lock is
-    held, e.g. by a running broker); 4 I/O failure (disk full, permission); 70 internal error.
+    not a store, corrupt or unreadable input, aborted at a prompt, or --engine spark without
+    Java 17+ and pyspark); 3 store busy (its lock is held, e.g. by a running broker); 4 I/O
+    failure (disk full, permission); 70 internal error.
     """
 
 
 def _register() -> None:
-    from rmqstore.commands import append, dispatch, fixtures, info, read, verify
+    from rmqstore.commands import append, dispatch, export, fixtures, info, read, stats, verify
 
-    for module in (info, append, read, verify, dispatch, fixtures):
+    for module in (info, append, read, verify, dispatch, export, stats, fixtures):
         cli.add_command(module.command)
 
 

@@ -17,6 +17,9 @@ store_argument = click.argument(
     "store", type=click.Path(path_type=Path, file_okay=True, dir_okay=True), metavar="STORE"
 )
 
+# a store the Spark pipeline reads: a path, or a pyarrow URI (s3://, hdfs://, gs://, file://)
+store_location_argument = click.argument("store", metavar="STORE")
+
 _CONFIG_OPTIONS = [
     click.option(
         "--broker-config",
@@ -59,11 +62,9 @@ def store_config_options(func: F) -> F:
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
         broker_config = kwargs.pop("broker_config")
-        config = (
-            load_broker_config(broker_config, kwargs.get("store"))
-            if broker_config
-            else StoreConfig()
-        )
+        store = kwargs.get("store")
+        local_root = Path(store) if store is not None and "://" not in str(store) else None
+        config = load_broker_config(broker_config, local_root) if broker_config else StoreConfig()
         cq_size = kwargs.pop("consumequeue_file_size")
         kwargs["config"] = config.with_overrides(
             commitlog_file_size=kwargs.pop("commitlog_file_size"),
@@ -94,3 +95,82 @@ def progress_option(func: F) -> F:
     return click.option(
         "--no-progress", is_flag=True, help="Do not show a progress bar on a terminal."
     )(func)
+
+
+ENGINES = ("local", "spark")
+
+
+def engine_options(default: str) -> Callable[[F], F]:
+    """``--engine``, ``--master``, ``--spark-conf`` and ``--split-size``; passes
+    ``engine: EngineChoice``."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            kwargs["engine"] = EngineChoice(
+                kwargs.pop("engine_name"),
+                kwargs.pop("master"),
+                tuple(kwargs.pop("spark_conf")),
+                kwargs.pop("split_size"),
+            )
+            return func(**kwargs)
+
+        options = [
+            click.option(
+                "--engine",
+                "engine_name",
+                type=click.Choice(ENGINES),
+                default=default,
+                show_default=True,
+                help="Run here in this process (local) or as a Spark job (spark: needs "
+                "pyspark and Java 17+).",
+            ),
+            click.option(
+                "--master",
+                default="local[*]",
+                show_default=True,
+                metavar="URL",
+                help="Spark master for --engine spark: local[N], spark://HOST:PORT, yarn, "
+                "k8s://... (the store path must then be the same on every executor).",
+            ),
+            click.option(
+                "--spark-conf",
+                multiple=True,
+                metavar="K=V",
+                help="A Spark setting for --engine spark (repeatable), e.g. "
+                "spark.executor.memory=4g.",
+            ),
+            click.option(
+                "--split-size",
+                type=click.IntRange(min=4096),
+                default=32 * 1024 * 1024,
+                show_default=True,
+                metavar="BYTES",
+                help="Bytes of commit log per partition (range) of the pipeline.",
+            ),
+        ]
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate
+
+
+class EngineChoice:
+    """Which engine runs a command, and how to start Spark when it is Spark."""
+
+    def __init__(self, name: str, master: str, spark_conf: tuple[str, ...], split: int) -> None:
+        self.name = name
+        self.master = master
+        self.spark_conf = spark_conf
+        self.split = split
+
+    @property
+    def spark(self) -> bool:
+        return self.name == "spark"
+
+    def session(self) -> Any:
+        """Start (or reuse) the Spark session; a one-line error when it cannot start."""
+        from rmqstore.spark import parse_conf, spark_session
+
+        return spark_session(self.master, parse_conf(self.spark_conf))

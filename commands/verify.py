@@ -8,6 +8,8 @@ import click
 from rich.table import Table
 
 from rmqstore.commands.options import (
+    EngineChoice,
+    engine_options,
     json_option,
     progress_option,
     store_argument,
@@ -30,7 +32,9 @@ _HELP = (
     unit against its record (offset, size, tagsCode), orphan units, units past the log,
     pre-blank placement, dispatch lag. Index: header, slots and chains, each entry against its
     record's keys, index lag. Checkpoint times against the data; 'abort'. Reads only, and
-    works on a store a broker holds (with a warning).
+    works on a store a broker holds (with a warning). With --engine spark the commit log is
+    checked in ranges on Spark executors, with the same findings (the store must be at the
+    same path on every executor).
 
     Finding kinds: """
     + ", ".join(KINDS)
@@ -71,6 +75,7 @@ _HELP = (
     metavar="N",
     help="List at most N findings (all are counted).",
 )
+@engine_options(default="local")
 @store_config_options
 @json_option
 @progress_option
@@ -81,6 +86,7 @@ def command(
     topics: tuple[str, ...],
     from_offset: int | None,
     max_findings: int,
+    engine: EngineChoice,
     config: StoreConfig,
     as_json: bool,
     no_progress: bool,
@@ -96,11 +102,26 @@ def command(
     with Store.open_read(store, config) as opened:
         for text in opened.notes:
             warn(text)
+        if engine.spark:
+            from rmqstore.spark.jobs import SparkPipeline
+            from rmqstore.spark.pipeline import PipelineOptions
+
+            pipeline = SparkPipeline(
+                engine.session(),
+                str(store),
+                PipelineOptions.for_config(opened.config, engine.split),
+            )
+            report = pipeline.verify(opened, options)
+            return _finish(report, as_json)
         segments = opened.commitlog.segments
         base = segments[0].start if segments else 0
         total = segments[-1].start + opened.commitlog_file_size - base if segments else 0
         with progress_bar("verifying", total, not no_progress) as update:
             report = verify_store(opened, options, lambda offset: update(offset - base))
+    return _finish(report, as_json)
+
+
+def _finish(report: VerifyReport, as_json: bool) -> int:
     if as_json:
         emit_json(report.to_dict())
     else:

@@ -93,6 +93,7 @@ class Dispatcher:
         *,
         topics: Iterable[str] | None = None,
         build_index: bool = True,
+        build_queues: bool = True,
         clock: Callable[[], int] | None = None,
         utc_index_names: bool = False,
     ) -> None:
@@ -101,9 +102,10 @@ class Dispatcher:
         self.store = store
         self.topics = set(topics) if topics else None
         self.build_index = build_index and store.config.message_index_enable
+        self.build_queues = build_queues  # off: the consume queues are written elsewhere
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
-        for topic, queue_id in list_queues(store.consumequeue_dir):
+        for topic, queue_id in list_queues(store.consumequeue_dir) if build_queues else []:
             if self.topics is None or topic in self.topics:
                 self.queues[(topic, queue_id)] = self._open_queue(topic, queue_id)
         self.index = (
@@ -155,9 +157,12 @@ class Dispatcher:
         max_records: int | None = None,
         until: int | None = None,
         progress: Callable[[int], None] | None = None,
+        queued_time: int | None = None,
     ) -> DispatchResult:
         """Dispatch from ``from_offset`` (default: :meth:`cursor`) to the log's valid end, or
-        to ``until`` when the caller knows it (an appender that just wrote up to there)."""
+        to ``until`` when the caller knows it (an appender that just wrote up to there, or a
+        parallel rebuild that found the end). ``queued_time``: the store time of the newest
+        record put into a consume queue elsewhere (for the checkpoint)."""
         store = self.store
         log = store.commitlog
         store.begin_write()
@@ -170,7 +175,7 @@ class Dispatcher:
             if end.offset > start:
                 raise InputError(f"offset {start} is outside the commit-log files")
             result.log_end = end.offset
-            self._finish(result, last_time=None)
+            self._finish(result, last_time=queued_time)
             return result
         # one pass: the scan itself finds the end as recovery does (CRC checked in the
         # files recovery walks), so the log is not read twice
@@ -182,11 +187,12 @@ class Dispatcher:
             stop_on_crc_error=True,
             crc_from=recovery_start.start if recovery_start else 0,
         )
-        last_time = None
+        last_time = queued_time
         touched: set[tuple[str, int]] = set()
         queues = self.queues
         index = self.index
         topic_filter = self.topics
+        build_queues = self.build_queues
         complete = True
         for physical_offset, header, topic, props_bytes, _crc in scan:
             if until is not None and physical_offset >= until:
@@ -200,7 +206,11 @@ class Dispatcher:
             except RecordError as exc:  # the broker treats it as an invalid record
                 result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
                 break
-            if transaction in _QUEUED_TYPES and (topic_filter is None or topic in topic_filter):
+            if (
+                build_queues
+                and transaction in _QUEUED_TYPES
+                and (topic_filter is None or topic in topic_filter)
+            ):
                 key = (topic, header[H_QUEUE_ID])
                 queue = queues.get(key)
                 if queue is None:
@@ -215,9 +225,9 @@ class Dispatcher:
                         last_time = store_timestamp
                         if outcome is PutOutcome.OUT_OF_ORDER:
                             result.problems.append(
-                                f"record at {physical_offset}: queue offset "
-                                f"{header[H_QUEUE_OFFSET]} leaves a gap in {topic}:{key[1]}; "
-                                "its unit was appended at the end of the queue, as a broker does"
+                                _out_of_order(
+                                    physical_offset, header[H_QUEUE_OFFSET], topic, key[1]
+                                )
                             )
             if index is not None and transaction != TRANSACTION_ROLLBACK:
                 uniq = properties.get(UNIQ_KEY)
@@ -264,14 +274,15 @@ class Dispatcher:
         if not is_path_safe(topic) or not self.store.inside(directory):
             if topic not in self._unsafe_topics:
                 self._unsafe_topics.add(topic)
-                result.problems.append(
-                    f"topic {topic!r} cannot name a consume-queue directory inside the store "
-                    "(unsafe name, or a symbolic link leading out); its records were skipped"
-                )
+                result.problems.append(unsafe_topic_problem(topic))
             return None
         queue = self._open_queue(topic, queue_id)
         self.queues[(topic, queue_id)] = queue
         return queue
+
+    def finish(self, result: DispatchResult, last_time: int | None) -> None:
+        """Flush and record progress for work done elsewhere (a parallel rebuild)."""
+        self._finish(result, last_time)
 
     def _finish(self, result: DispatchResult, last_time: int | None) -> None:
         """Make the written files durable, then record progress in the checkpoint (never ahead
@@ -299,6 +310,84 @@ class Dispatcher:
             queue.close()
         if self.index is not None:
             self.index.close()
+
+
+@dataclass
+class QueueRunOutcome:
+    """What :func:`write_sorted_units` did (mergeable across parallel writers)."""
+
+    records: int = 0
+    units_written: int = 0
+    units_skipped: int = 0
+    touched: list[tuple[str, int]] = field(default_factory=list)
+    last_written: tuple[int, int] | None = None  # (physical offset, store time)
+    problems: list[tuple[int, str]] = field(default_factory=list)  # (record offset, text)
+    unsafe_topics: dict[str, int] = field(default_factory=dict)  # topic: first record offset
+
+
+def write_sorted_units(
+    root: Path,
+    file_size: int,
+    commitlog_min_offset: int,
+    rows: Iterable[tuple[str, int, int, int, int, int, int, int]],
+    topics: frozenset[str] | None = None,
+) -> QueueRunOutcome:
+    """Put units into consume queues under ``root`` (a ``consumequeue/`` directory or a
+    staging copy of it) from rows ``(topic, queueId, queueOffset, commitLogOffset, size,
+    tagsCode, sysFlag, storeTimestamp)`` grouped by queue and ordered by offset within each:
+    the same puts, in the same order per queue, as a dispatch walking the log makes."""
+    outcome = QueueRunOutcome()
+    current: tuple[str, int] | None = None
+    queue: ConsumeQueue | None = None
+    try:
+        for topic, queue_id, queue_offset, offset, size, code, sys_flag, stamp in rows:
+            outcome.records += 1
+            if sys_flag & TRANSACTION_MASK not in _QUEUED_TYPES:
+                continue
+            if topics is not None and topic not in topics:
+                continue
+            if not is_path_safe(topic):
+                if offset < outcome.unsafe_topics.get(topic, offset + 1):
+                    outcome.unsafe_topics[topic] = offset
+                continue
+            if (topic, queue_id) != current:
+                if queue is not None:
+                    queue.close()
+                current = (topic, queue_id)
+                queue = ConsumeQueue(root, topic, queue_id, file_size)
+                queue.correct_min_offset(commitlog_min_offset)
+            assert queue is not None
+            put = queue.put(queue_offset, offset, size, code)
+            if put is PutOutcome.DUPLICATE:
+                outcome.units_skipped += 1
+                continue
+            outcome.units_written += 1
+            if not outcome.touched or outcome.touched[-1] != current:
+                outcome.touched.append(current)
+            if outcome.last_written is None or offset > outcome.last_written[0]:
+                outcome.last_written = (offset, stamp)
+            if put is PutOutcome.OUT_OF_ORDER:
+                outcome.problems.append(
+                    (offset, _out_of_order(offset, queue_offset, topic, queue_id))
+                )
+    finally:
+        if queue is not None:
+            queue.close()
+    return outcome
+
+
+def _out_of_order(offset: int, queue_offset: int, topic: str, queue_id: int) -> str:
+    return (
+        f"record at {offset}: queue offset {queue_offset} leaves a gap in {topic}:{queue_id}; "
+        "its unit was appended at the end of the queue, as a broker does"
+    )
+
+
+def unsafe_topic_problem(topic: str) -> str:
+    return (
+        f"topic {topic!r} cannot name a consume-queue directory inside the store "
+        "(unsafe name, or a symbolic link leading out); its records were skipped"
+    )
 
 
 @dataclass

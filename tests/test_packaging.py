@@ -56,3 +56,17 @@ def test_wheel_installs_into_a_fresh_virtualenv(tmp_path: Path) -> None:
         check=True,
     )
     assert str(environment) in located.stdout  # the installed copy, not the checkout
+    shipped = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.resources as r; "
+            "print(r.files('rmqstore.spark').joinpath('log4j2.properties').is_file())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=True,
+    )
+    assert shipped.stdout.strip() == "True"  # Spark's logging setup travels with the wheel

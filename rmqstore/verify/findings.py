@@ -83,6 +83,14 @@ class VerifyReport:
         if self.max_findings is None or len(self.findings) < self.max_findings:
             self.findings.append(Finding(kind, file, offset, message, severity))
 
+    def absorb(self, other: VerifyReport) -> None:
+        """Add the findings and counts of a report made over another part of the store."""
+        room = None if self.max_findings is None else self.max_findings - len(self.findings)
+        self.findings.extend(other.findings if room is None else other.findings[: max(room, 0)])
+        self.counts.update(other.counts)
+        self.problems += other.problems
+        self.checked.update(other.checked)
+
     @property
     def ok(self) -> bool:
         return self.problems == 0

@@ -23,11 +23,28 @@ from rmqstore.verify.records import relative
 
 _CHAIN_FINDINGS_PER_FILE = 5
 
+# a place in the stream of entries across files: (file ordinal, entry number)
+EntryPosition = tuple[int, int]
+
 
 class IndexChecks:
-    """Structural checks at construction; a record-pass listener afterwards."""
+    """Structural checks at construction; a record-pass listener afterwards.
 
-    def __init__(self, store: Store, report: VerifyReport, topics: set[str] | None) -> None:
+    For a range of a parallel verify (``structural`` off) the entries compared with the
+    records are those from ``entries_from``; the range then hands the entries before the
+    next range to :meth:`drain`. :meth:`partial` and :meth:`absorb` carry its counts over.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        report: VerifyReport,
+        topics: set[str] | None,
+        *,
+        structural: bool = True,
+        entries_from: EntryPosition | None = None,
+        after_records: bool = False,
+    ) -> None:
         self.store = store
         self.report = report
         self.topics = topics
@@ -36,37 +53,44 @@ class IndexChecks:
         self.first_lag: int | None = None
         self.missing = 0
         self._prefixes: dict[str, int] = {}
-        self._started = False
+        # entries before the first record checked are older than the pass (expired, or before
+        # --from-offset) unless records came before (an earlier range)
+        self._started = after_records
+        self._entries: Iterator[tuple[str, int, int, int, int]] = iter(())
+        self._pending: tuple[str, int, int, int, int] | None = None
+        self.indexed_end = -1
         self.last_full_end_timestamp = 0  # checkpoint indexMsgTimestamp may not exceed it
         try:
             self.service = IndexService(
                 store.index_dir, store.config.index_slots, store.config.index_entries
             )
         except StoreFormatError as exc:
-            report.add(
-                "index-file-size" if "bytes" in str(exc) else "index-header",
-                relative(store, store.index_dir),
-                None,
-                str(exc),
-            )
+            if structural:
+                report.add(
+                    "index-file-size" if "bytes" in str(exc) else "index-header",
+                    relative(store, store.index_dir),
+                    None,
+                    str(exc),
+                )
             return
-        for path in self.service.unexpected:
-            report.add(
-                "file-name",
-                relative(store, path),
-                None,
-                "not an index file (names are 17-digit creation times)",
-                WARNING,
-            )
-        for index in self.service.files:
-            self._check_file(index)
+        if structural:
+            for path in self.service.unexpected:
+                report.add(
+                    "file-name",
+                    relative(store, path),
+                    None,
+                    "not an index file (names are 17-digit creation times)",
+                    WARNING,
+                )
+            for index in self.service.files:
+                self._check_file(index)
         full = [f for f in self.service.files if f.is_full]
         self.last_full_end_timestamp = full[-1].header.end_timestamp if full else 0
         last = self.service.last
         self.indexed_end = (
             last.header.end_phy_offset if last is not None and last.header.index_count > 1 else -1
         )
-        self._entries = self._entry_stream()
+        self._entries = self._entry_stream(entries_from or (0, 1))
         self._pending = next(self._entries, None)
 
     # -- one file ------------------------------------------------------------------------------
@@ -139,17 +163,78 @@ class IndexChecks:
 
     # -- merged with the records -----------------------------------------------------------------
 
-    def _entry_stream(self) -> Iterator[tuple[str, int, int, int]]:
-        """(file name, entry number, key hash, physical offset) across files, in order."""
+    def _entry_stream(self, begin: EntryPosition) -> Iterator[tuple[str, int, int, int, int]]:
+        """(file name, entry number, key hash, physical offset, file ordinal) across files,
+        in order, from ``begin``."""
         assert self.service is not None
-        for index in self.service.files:
+        for ordinal, index in enumerate(self.service.files):
+            if ordinal < begin[0]:
+                continue
             name = relative(self.store, index.path)
             entries_at = HEADER_SIZE + index.slots * SLOT_SIZE
-            for number in range(1, index.header.index_count):
+            first = begin[1] if ordinal == begin[0] else 1
+            for number in range(max(first, 1), index.header.index_count):
                 key_hash, offset, _, _ = _ENTRY.unpack_from(
                     index.buf, entries_at + number * ENTRY_SIZE
                 )
-                yield name, number, key_hash, offset
+                yield name, number, key_hash, offset, ordinal
+
+    def positions_of(self, offsets: list[int]) -> list[EntryPosition]:
+        """For each of the ascending physical ``offsets``, where the range of records from
+        it takes up the stream: at the first entry pointing at or after it. Entries before
+        that position and after the previous one are the previous range's."""
+        positions: list[EntryPosition] = []
+        end = self.stream_end()
+        if self.service is None or not offsets:
+            return [end] * len(offsets)
+        wanted = 0
+        for ordinal, index in enumerate(self.service.files):
+            entries_at = HEADER_SIZE + index.slots * SLOT_SIZE
+            count = index.header.index_count
+            region = index.buf[entries_at + ENTRY_SIZE : entries_at + max(count, 1) * ENTRY_SIZE]
+            for number, (_, offset, _, _) in enumerate(_ENTRY.iter_unpack(region), 1):
+                while wanted < len(offsets) and offset >= offsets[wanted]:
+                    positions.append((ordinal, number))
+                    wanted += 1
+                if wanted == len(offsets):
+                    return positions
+        return positions + [end] * (len(offsets) - wanted)
+
+    def stream_end(self) -> EntryPosition:
+        files = self.service.files if self.service is not None else []
+        return (len(files), 1)
+
+    def drain(self, until: EntryPosition | None, log_end: int | None = None) -> None:
+        """Report the entries left before ``until`` (None: all of them): they point between
+        records, or past ``log_end`` when the log ended."""
+        pending = self._pending
+        while pending is not None and (until is None or (pending[4], pending[1]) < until):
+            if log_end is not None:
+                self._orphan(pending, f"points past the end of the commit log ({log_end})")
+            else:
+                self._orphan(pending, "points between records")
+            pending = next(self._entries, None)
+        self._pending = pending
+
+    def skip_to(self, position: EntryPosition) -> None:
+        """Leave the entries before ``position`` to others (the ranges that checked them)."""
+        if self.service is None:
+            return
+        self._entries = self._entry_stream(position)
+        self._pending = next(self._entries, None)
+
+    def partial(self) -> dict[str, int | None]:
+        return {"lag": self.lag, "firstLag": self.first_lag, "missing": self.missing}
+
+    def absorb(self, partial: dict[str, int | None]) -> None:
+        self.lag += partial["lag"] or 0
+        self.missing += partial["missing"] or 0
+        if self.first_lag is None:
+            self.first_lag = partial["firstLag"]
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
 
     def _expected(self, topic: str, properties: dict[str, str]) -> list[int]:
         prefix = self._prefixes.get(topic)
@@ -213,7 +298,7 @@ class IndexChecks:
             f"topic#keys hash to {expected}",
         )
 
-    def _orphan(self, entry: tuple[str, int, int, int], reason: str) -> None:
+    def _orphan(self, entry: tuple[str, int, int, int, int], reason: str) -> None:
         self.report.add(
             "index-entry", entry[0], entry[3], f"entry {entry[1]} (offset {entry[3]}) {reason}"
         )
@@ -221,10 +306,7 @@ class IndexChecks:
     def finish(self, log_end: int) -> None:
         if self.service is None:
             return
-        pending = self._pending
-        while pending is not None:
-            self._orphan(pending, f"points past the end of the commit log ({log_end})")
-            pending = next(self._entries, None)
+        self.drain(None, log_end)
         index_dir = relative(self.store, self.store.index_dir)
         if self.lag:
             self.report.add(

@@ -42,9 +42,18 @@ class _QueueState:
 
 
 class QueueChecks:
-    """A record-pass listener plus the per-queue structural checks."""
+    """A record-pass listener plus the per-queue structural checks. With ``structural`` off
+    (a range of a parallel verify) queues are opened as records need them and only the
+    per-record checks run; :meth:`partial` and :meth:`absorb` carry their counts over."""
 
-    def __init__(self, store: Store, report: VerifyReport, topics: set[str] | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        report: VerifyReport,
+        topics: set[str] | None,
+        *,
+        structural: bool = True,
+    ) -> None:
         self.store = store
         self.report = report
         self.topics = topics
@@ -53,11 +62,15 @@ class QueueChecks:
         self.missing_queues: dict[tuple[str, int], int] = {}
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self._maps: OrderedDict[Any, Any] = OrderedDict()
-        for topic, queue_id in list_queues(store.consumequeue_dir):
-            if topics is None or topic in topics:
-                self._load(topic, queue_id)
+        self._known = {
+            key for key in list_queues(store.consumequeue_dir) if topics is None or key[0] in topics
+        }
+        if structural:
+            for topic, queue_id in list_queues(store.consumequeue_dir):
+                if (topic, queue_id) in self._known:
+                    self._load(topic, queue_id)
 
-    def _load(self, topic: str, queue_id: int) -> None:
+    def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         queue = ConsumeQueue(
             self.store.consumequeue_dir,
             topic,
@@ -66,6 +79,49 @@ class QueueChecks:
             strict=False,
         )
         queue.correct_min_offset(self.store.commitlog.min_offset)
+        return queue
+
+    def _state(self, key: tuple[str, int]) -> _QueueState | None:
+        state = self.states.get(key)
+        if state is None and key in self._known:
+            state = self.states[key] = _QueueState(self._open(*key))
+        return state
+
+    def partial(self) -> dict[str, Any]:
+        """The counts a range found, for :meth:`absorb` on the full checks."""
+        return {
+            "queues": {
+                key: (state.matched, state.lag, state.first_lag)
+                for key, state in self.states.items()
+                if state.matched or state.lag
+            },
+            "missing": dict(self.missing_queues),
+            "lastQueuedTime": self.last_queued_time,
+        }
+
+    def absorb(self, partial: dict[str, Any]) -> None:
+        for key, (matched, lag, first_lag) in partial["queues"].items():
+            state = self._state(key)
+            if state is None:
+                continue
+            state.matched += matched
+            state.lag += lag
+            if state.first_lag is None:
+                state.first_lag = first_lag
+        for key, count in partial["missing"].items():
+            self.missing_queues[key] = self.missing_queues.get(key, 0) + count
+        self.last_queued_time = max(self.last_queued_time, partial["lastQueuedTime"])
+
+    def close(self) -> None:
+        for buf in self._maps.values():
+            if isinstance(buf, mmap.mmap):
+                buf.close()
+        self._maps.clear()
+        for state in self.states.values():
+            state.queue.close()
+
+    def _load(self, topic: str, queue_id: int) -> None:
+        queue = self._open(topic, queue_id)
         name = relative(self.store, queue.directory)
         for problem in queue.queue.problems:
             self.report.add("cq-file-size", name, None, problem)
@@ -132,7 +188,7 @@ class QueueChecks:
         if self.topics is not None and topic not in self.topics:
             return
         key = (topic, header[H_QUEUE_ID])
-        state = self.states.get(key)
+        state = self.states.get(key) or self._state(key)
         if state is None:
             if is_path_safe(topic):
                 self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
@@ -195,10 +251,7 @@ class QueueChecks:
                 f"{count} records of {topic}:{queue_id} have no consume queue at all",
                 WARNING,
             )
-        for buf in self._maps.values():
-            if isinstance(buf, mmap.mmap):
-                buf.close()
-        self._maps.clear()
+        self.close()
 
     def _report_orphans(self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int) -> None:
         """Second look at a queue whose units were not all matched by records: say which

@@ -5,12 +5,17 @@ density, store-time order) and handed to listeners that compare it with the cons
 the index. In a file that is not the last, an invalid record is reported and the pass
 resynchronises on the next record; in the last file holding data it is the end of the log, and
 what follows it is a torn tail or stale bytes.
+
+The pass can also run over one range of one file (:meth:`RecordPass.scan_range`), so that
+ranges can be checked in parallel and merged (:mod:`rmqstore.verify.ranges`); what a range
+cannot know on its own (the record before it) it leaves in :class:`RangeEdges`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from itertools import pairwise
 from typing import Any, Protocol
 
@@ -54,7 +59,26 @@ class LogFacts:
     min_offset: int = 0
     end_offset: int = 0  # end of the last valid record of the log
     records: int = 0
-    last_store_timestamp: int = 0
+    last_store_timestamp: int = 0  # the newest store time seen
+
+
+class FileScan(Enum):
+    """How the walk of a file (or of a range of it) ended."""
+
+    RANGE_DONE = "range"  # reached a record at or after the end of the range
+    FILE_DONE = "file"  # a BLANK record, or zeros / damage with nothing after in the file
+    LOG_ENDED = "log"  # the end of the log (in the last file holding data)
+
+
+@dataclass
+class RangeEdges:
+    """What a range's neighbours need to finish the checks that span ranges: its first
+    record (store-time order) and, per queue, the first and the next queue offset."""
+
+    first_record: tuple[int, int, str] | None = None  # (offset, store time, file)
+    last_store_timestamp: int | None = None
+    queue_first: dict[tuple[str, int], tuple[int, int, str]] = field(default_factory=dict)
+    queue_next: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 def relative(store: Store, path: Any) -> str:
@@ -83,38 +107,93 @@ class RecordPass:
         self.progress = progress
         self.log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
         self.facts = LogFacts(min_offset=self.log.min_offset)
-        self._queue_next: dict[tuple[str, int], int] = {}
+        self.edges = RangeEdges()
+        self.end_segment: Segment | None = None  # the file the log ends in
+        self._previous_time: int | None = None
+        self._range_stop = 0  # physical offset: records starting here belong to the next range
+
+    def last_data_segment(self) -> Segment | None:
+        """The last commit-log file whose first bytes are not zeros."""
+        for segment in reversed(self.log.segments):
+            if nonzero_extent(segment.path, 0, min(8, segment.size)) is not None:
+                return segment
+        return None
 
     def run(self, from_offset: int | None = None) -> LogFacts:
-        self._check_files()
+        """Check the files, walk the log, then what follows its end; finish the listeners."""
+        self.check_files()
+        self.walk(from_offset)
+        self.finish_log([])
+        return self.facts
+
+    def walk(self, from_offset: int | None = None) -> LogFacts:
+        """Walk every record from ``from_offset`` (default: the first) to the end of the log."""
         segments = self.log.segments
-        holding = [s for s in segments if nonzero_extent(s.path, 0, min(8, s.size)) is not None]
-        last_data = holding[-1] if holding else None
         start = self.log.min_offset if from_offset is None else from_offset
         first = self.log.queue.find(start) if segments else None
         if first is None:
             if from_offset is not None:
                 raise InputError(f"offset {from_offset} is outside the commit-log files")
             self.facts.end_offset = start
-            self._check_after_end(None, start)
             return self.facts
-        end_segment = first
+        last_data = self.last_data_segment()
         position = start - first.start
         for segment in segments[segments.index(first) :]:
-            end_segment = segment
+            self.end_segment = segment
             is_last = last_data is None or segment.start >= last_data.start
             ended = self._scan_file(segment, position, is_last, from_offset)
             from_offset = None
             position = 0
-            if ended:
+            if ended is FileScan.LOG_ENDED:
                 break
-        self._check_after_end(end_segment, self.facts.end_offset)
-        for listener in self.listeners:
-            listener.finish(self.facts.end_offset)
-        self.log.close()
         return self.facts
 
-    def _check_files(self) -> None:
+    def continue_after(self, segment: Segment) -> None:
+        """Walk the files after ``segment`` (pre-allocated ones after the last file holding
+        data) until the log ends, as :meth:`run` would."""
+        segments = self.log.segments
+        for following in segments[segments.index(segment) + 1 :]:
+            self.end_segment = following
+            if self._scan_file(following, 0, True, None) is FileScan.LOG_ENDED:
+                return
+
+    def finish_log(self, finished: Sequence[RecordListener]) -> None:
+        """After the last record: what follows the end, then the listeners' own checks."""
+        self._check_after_end(self.end_segment, self.facts.end_offset)
+        for listener in [*self.listeners, *finished]:
+            listener.finish(self.facts.end_offset)
+        self.log.close()
+
+    def scan_range(
+        self,
+        segment_start: int,
+        start: int,
+        stop: int,
+        *,
+        is_last: bool,
+        exact_start: bool,
+        from_offset: int | None = None,
+    ) -> FileScan:
+        """Check the records starting in ``[start, stop)`` of one file. Unless
+        ``exact_start`` (the log's first record, or ``from_offset``), the range begins at the
+        first record at or after ``start``."""
+        segment = self.log.queue.find(segment_start)
+        if segment is None:
+            raise InputError(f"no commit-log file starts at {segment_start}")
+        self.end_segment = segment
+        if not exact_start:
+            buf = map_readonly(segment.path)
+            try:
+                found = find_next_record(buf, start, len(buf), segment.start)
+            finally:
+                if hasattr(buf, "close"):
+                    buf.close()
+            if found is None or found >= stop:
+                return FileScan.RANGE_DONE  # the record before covers the range
+            start = found
+        return self._scan_file(segment, start, is_last, from_offset, stop)
+
+    def check_files(self) -> None:
         report = self.report
         for problem in self.log.queue.problems:
             report.add("file-size", relative(self.store, self.store.commitlog_dir), None, problem)
@@ -138,11 +217,17 @@ class RecordPass:
         report.checked["commitLogFiles"] += len(segments)
 
     def _scan_file(
-        self, segment: Segment, position: int, is_last: bool, from_offset: int | None
-    ) -> bool:
-        """Walk one file; True when the log ends in it."""
+        self,
+        segment: Segment,
+        position: int,
+        is_last: bool,
+        from_offset: int | None,
+        stop: int | None = None,
+    ) -> FileScan:
+        """Walk one file from ``position``, up to the records starting at ``stop``."""
         buf = map_readonly(segment.path)
         file_size = len(buf)
+        self._range_stop = segment.start + (file_size if stop is None else stop)
         name = relative(self.store, segment.path)
         try:
             release = page_releaser(buf, position)
@@ -150,7 +235,8 @@ class RecordPass:
                 region = RegionScan(
                     buf, position, file_size, segment.start, self.check_crc, release=release
                 )
-                self._walk(region, buf, segment)
+                if self._walk(region, buf, segment):
+                    return FileScan.RANGE_DONE
                 if (
                     from_offset is not None
                     and region.end_position == position
@@ -169,10 +255,10 @@ class RecordPass:
                             f"{file_size - region.end_position} remain",
                         )
                     self.facts.end_offset = end
-                    return False
+                    return FileScan.FILE_DONE
                 if is_last:
                     self.facts.end_offset = end
-                    return True
+                    return FileScan.LOG_ENDED
                 if region.stop is ScanStop.END:
                     self.report.add(
                         "file-incomplete",
@@ -182,7 +268,7 @@ class RecordPass:
                         "data: a broker's recovery would cut the log at this offset",
                     )
                     self.facts.end_offset = end
-                    return False
+                    return FileScan.FILE_DONE
                 resumed = find_next_record(buf, region.end_position, file_size, segment.start)
                 skipped = (resumed if resumed is not None else file_size) - region.end_position
                 assert region.error is not None
@@ -195,24 +281,34 @@ class RecordPass:
                 )
                 if resumed is None:
                     self.facts.end_offset = end
-                    return False
+                    return FileScan.FILE_DONE
+                if segment.start + resumed >= self._range_stop:
+                    return FileScan.RANGE_DONE
                 position = resumed
         finally:
             if hasattr(buf, "close"):
                 buf.close()
 
-    def _walk(self, region: RegionScan, buf: Any, segment: Segment) -> None:
-        """Check each record of a region. The common path is a handful of local operations;
-        anything found goes through :meth:`_found`."""
+    def _walk(self, region: RegionScan, buf: Any, segment: Segment) -> bool:
+        """Check each record of a region; True when it reached a record of the next range.
+        The common path is a handful of local operations; anything found goes through
+        :meth:`_found`."""
         facts = self.facts
+        edges = self.edges
         listeners = self.listeners
-        queue_next = self._queue_next
-        last_time = facts.last_store_timestamp
+        queue_next = edges.queue_next
+        previous_time = self._previous_time
+        newest_time = facts.last_store_timestamp
         force_property_crc = self.store.config.force_verify_prop_crc
         progress = self.progress
+        range_stop = self._range_stop
         records = facts.records
         record_bytes = 0
+        reached_stop = False
         for offset, header, topic, props, crc_ok in region:
+            if offset >= range_stop:
+                reached_stop = True
+                break
             if crc_ok is False:
                 self._found(
                     segment,
@@ -241,21 +337,31 @@ class RecordPass:
                 if topic == SCHEDULE_TOPIC and DELAY in properties:
                     self._check_delay(segment, offset, properties[DELAY])
             stamp = header[H_STORE_TIMESTAMP]
-            if stamp < last_time:
+            if previous_time is None:
+                if edges.first_record is None:
+                    edges.first_record = (offset, stamp, relative(self.store, segment.path))
+            elif stamp < previous_time:
                 self._found(
                     segment,
                     "store-time-order",
                     offset,
-                    f"store time {stamp} is earlier than the previous record's {last_time}",
+                    f"store time {stamp} is earlier than the previous record's {previous_time}",
                     NOTE,
                 )
-            else:
-                last_time = stamp
+            previous_time = stamp
+            if stamp > newest_time:
+                newest_time = stamp
             if header[H_SYS_FLAG] & TRANSACTION_MASK in _QUEUED:
                 key = (topic, header[H_QUEUE_ID])
                 expected = queue_next.get(key)
                 queue_offset = header[H_QUEUE_OFFSET]
-                if expected is not None and queue_offset != expected:
+                if expected is None:
+                    edges.queue_first[key] = (
+                        queue_offset,
+                        offset,
+                        relative(self.store, segment.path),
+                    )
+                elif queue_offset != expected:
                     self._found(
                         segment,
                         "queue-offset-gap",
@@ -273,7 +379,9 @@ class RecordPass:
         self.report.checked["records"] += records - facts.records
         self.report.checked["recordBytes"] += record_bytes
         facts.records = records
-        facts.last_store_timestamp = last_time
+        facts.last_store_timestamp = newest_time
+        self._previous_time = edges.last_store_timestamp = previous_time
+        return reached_stop
 
     def _found(
         self, segment: Segment, kind: str, offset: int, message: str, severity: str = ERROR

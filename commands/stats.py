@@ -1,0 +1,99 @@
+"""``rmqstore stats``: messages, bytes, times and tags per topic and queue; per file counts."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from rmqstore.commands.export import store_settings
+from rmqstore.commands.options import (
+    EngineChoice,
+    engine_options,
+    json_option,
+    store_config_options,
+    store_location_argument,
+)
+from rmqstore.commands.output import console, emit_json, format_millis
+from rmqstore.config import StoreConfig
+from rmqstore.spark.pipeline import PipelineOptions, StoreStats
+
+
+@click.command("stats")
+@store_location_argument
+@click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
+@engine_options(default="spark")
+@store_config_options
+@json_option
+def command(
+    store: str,
+    topics: tuple[str, ...],
+    engine: EngineChoice,
+    config: StoreConfig,
+    as_json: bool,
+) -> int:
+    """Count the records of a store per topic and queue, and per commit-log file.
+
+    Per topic and queue: messages (records of any transaction type), bytes (storeSize),
+    min/max queue offset, first/last store time, distinct tags and the most common ones. Per
+    commit-log file: records, bytes, BLANK bytes, CRC failures (body CRCs are checked),
+    damaged regions skipped, and where and why its records end. STORE may be a local path
+    or, with --engine spark, a pyarrow URI (s3://, hdfs://, gs://). Reads only.
+
+    JSON: messages, bytes, queues[{topic, queueId, messages, bytes, minQueueOffset,
+    maxQueueOffset, firstStoreTimestamp, lastStoreTimestamp, distinctTags, topTags[{tag,
+    messages}]}], files[{file, records, bytes, blankBytes, crcFailures, invalidRegions, end,
+    endedBy}].
+    """
+    options = PipelineOptions.for_config(store_settings(store, config), engine.split)
+    selected = frozenset(topics) or None
+    if engine.spark:
+        from rmqstore.spark.jobs import SparkPipeline
+
+        stats = SparkPipeline(engine.session(), store, options).stats(topics=selected)
+    else:
+        from rmqstore.spark.pipeline import LocalPipeline
+
+        stats = LocalPipeline(store, options).stats(topics=selected)
+    if as_json:
+        emit_json(stats.to_dict())
+    else:
+        _render(stats)
+    return 0
+
+
+def _render(stats: StoreStats) -> None:
+    document = stats.to_dict()
+    queues = Table(title=f"{document['messages']:,} messages, {document['bytes']:,} bytes")
+    queues.add_column("topic", overflow="fold")
+    queues.add_column("queue", justify="right")
+    queues.add_column("messages", justify="right")
+    queues.add_column("bytes", justify="right")
+    queues.add_column("queue offsets")
+    queues.add_column("last stored", overflow="fold")
+    queues.add_column("tags", justify="right")
+    for queue in document["queues"]:
+        queues.add_row(
+            queue["topic"],
+            str(queue["queueId"]),
+            f"{queue['messages']:,}",
+            f"{queue['bytes']:,}",
+            f"{queue['minQueueOffset']}..{queue['maxQueueOffset']}",
+            format_millis(queue["lastStoreTimestamp"] or 0),
+            str(queue["distinctTags"]),
+        )
+    console.print(queues)
+    files = Table(title="commit-log files")
+    for name in ("file", "records", "bytes", "blank bytes", "CRC failures", "damaged", "ends"):
+        files.add_column(name, justify="left" if name in ("file", "ends") else "right")
+    for entry in document["files"]:
+        ends = f"{entry['endedBy']} at {entry['end']:,}" if entry["endedBy"] else "-"
+        files.add_row(
+            entry["file"],
+            f"{entry['records']:,}",
+            f"{entry['bytes']:,}",
+            f"{entry['blankBytes']:,}",
+            str(entry["crcFailures"]),
+            str(entry["invalidRegions"]),
+            ends,
+        )
+    console.print(files)

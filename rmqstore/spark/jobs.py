@@ -1,0 +1,432 @@
+"""The jobs of the Spark engine: ``export``, ``stats``, ``verify`` and ``dispatch --rebuild``
+on a SparkSession, over the same range functions the local engine runs.
+
+- export / stats: a ``summary=files`` read finds where each file's records end; the rows are
+  then read with those ``fileBounds`` (every file split, the last one too) and written or
+  aggregated by Spark.
+- verify: :class:`rmqstore.verify.ranges.RangedVerify` with the ranges checked on executors;
+  the store must be on a file system every executor sees at the same path.
+- rebuild: the summary finds where dispatch stops; executors write the consume queues
+  (partitioned by topic and queue, ordered by offset) into a staging directory inside the
+  store, renamed into ``consumequeue/`` on commit; the index, one chain of files, is built
+  on the driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from rmqstore.commitlog import LogEnd
+from rmqstore.dispatch import (
+    Dispatcher,
+    DispatchResult,
+    QueueRunOutcome,
+    unsafe_topic_problem,
+    write_sorted_units,
+)
+from rmqstore.errors import InputError, RmqStoreError, StoreIOError
+from rmqstore.record import ScanStop
+from rmqstore.segments import fsync_directory
+from rmqstore.spark import SparkUnavailable
+from rmqstore.spark.pipeline import (
+    EXPORT_FORMATS,
+    ExportResult,
+    FileStats,
+    PipelineOptions,
+    QueueStats,
+    StoreStats,
+    check_destination,
+    file_stats,
+    staged_directory,
+)
+from rmqstore.spark.ranges import (
+    RangeSummary,
+    dispatch_end,
+    file_bounds,
+    walk_summaries,
+)
+from rmqstore.spark.storefs import StoreLocation
+from rmqstore.store import Store
+from rmqstore.verify import VerifyOptions, VerifyReport
+from rmqstore.verify.ranges import DEFAULT_RANGE_SIZE, RangedVerify
+
+_UNIT_COLUMNS = [
+    "topic",
+    "queueId",
+    "queueOffset",
+    "commitLogOffset",
+    "msgSize",
+    "tagsCode",
+    "sysFlag",
+    "storeTimestamp",
+]
+
+
+def spark_errors(function: Any) -> Any:
+    """Turn what a Spark job raises into one engine error (no JVM stack traces)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except RmqStoreError:
+            raise
+        except Exception as exc:
+            if type(exc).__module__.startswith(("pyspark", "py4j")):
+                raise SparkUnavailable(f"the Spark job failed: {_first_line(exc)}") from None
+            raise
+
+    wrapper.__name__ = function.__name__
+    wrapper.__doc__ = function.__doc__
+    return wrapper
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        line = line.strip()
+        if "Error:" in line or "Exception:" in line:
+            return line[:300]
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+class SparkPipeline:
+    """The jobs on one SparkSession (see the module docstring)."""
+
+    def __init__(self, spark: Any, store: str, options: PipelineOptions) -> None:
+        self.spark = spark
+        self.store = store
+        self.location = StoreLocation(store)
+        self.location.check_store()
+        self.options = options
+
+    def _reader(self, **options: str) -> Any:
+        reader = self.spark.read.format("rocketmq-commitlog")
+        settings = {
+            "splitSize": str(self.options.split),
+            "maxMessageSize": str(self.options.max_message_size),
+            **(
+                {"messageDelayLevel": self.options.delay_levels}
+                if self.options.delay_levels
+                else {}
+            ),
+            **options,
+        }
+        for key, value in settings.items():
+            reader = reader.option(key, value)
+        return reader
+
+    @spark_errors
+    def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
+        """The summaries of the ranges one walk of the log visits."""
+        frame = self._reader(
+            summary="files", verifyCrc=str(check_crc).lower(), crcFrom=str(crc_from)
+        ).load(self.store)
+        names = [f.name for f in fields(RangeSummary)]
+        summaries = [RangeSummary(**dict(zip(names, row, strict=True))) for row in frame.collect()]
+        return walk_summaries(summaries)
+
+    def messages(
+        self, walked: list[RangeSummary], *, include_body: bool, topics: frozenset[str] | None
+    ) -> Any:
+        """A DataFrame of the messages one walk of the log visits."""
+        options = {
+            "fileBounds": json.dumps(file_bounds(walked)),
+            "includeBody": str(include_body).lower(),
+        }
+        if topics:
+            options["topics"] = ",".join(sorted(topics))
+        return self._reader(**options).load(self.store)
+
+    @spark_errors
+    def export(
+        self,
+        destination: str,
+        fmt: str,
+        *,
+        topics: frozenset[str] | None = None,
+        include_body: bool = True,
+    ) -> ExportResult:
+        if fmt not in EXPORT_FORMATS:
+            raise InputError(f"unknown export format {fmt!r} (parquet or jsonl)")
+        check_destination(destination)
+        walked = self.walk(check_crc=False)
+        frame = self.messages(walked, include_body=include_body, topics=topics)
+        remote = "://" in destination and not destination.startswith("file://")
+        if remote:
+            _write(frame, fmt, destination)
+            return ExportResult(
+                destination, fmt, self._count(fmt, destination), [], file_stats(walked)
+            )
+        with staged_directory(destination, create=False) as staging:
+            _write(frame, fmt, f"file://{staging.resolve()}")
+            written = sorted(p.name for p in staging.iterdir() if p.name.startswith("part-"))
+            for crc in staging.glob(".*.crc"):
+                crc.unlink()
+            count = self._count(fmt, f"file://{staging.resolve()}")
+        return ExportResult(destination, fmt, count, written, file_stats(walked))
+
+    def _count(self, fmt: str, path: str) -> int:
+        if fmt == "parquet":
+            return self.spark.read.parquet(path).count()  # from the files' footers
+        return self.spark.read.text(path).count()
+
+    @spark_errors
+    def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        walked = self.walk(check_crc=True)
+        frame = self.messages(walked, include_body=False, topics=topics)
+        grouped = frame.groupBy("topic", "queueId").agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.sum("msgSize").alias("bytes"),
+            F.min("queueOffset").alias("minQueueOffset"),
+            F.max("queueOffset").alias("maxQueueOffset"),
+            F.min("storeTimestamp").alias("first"),
+            F.max("storeTimestamp").alias("last"),
+            F.countDistinct("tags").alias("distinctTags"),
+        )
+        tag_counts = (
+            frame.where(F.col("tags").isNotNull())
+            .groupBy("topic", "queueId", "tags")
+            .count()
+            .withColumn(
+                "rank",
+                F.row_number().over(
+                    Window.partitionBy("topic", "queueId").orderBy(F.desc("count"), "tags")
+                ),
+            )
+            .where(F.col("rank") <= 5)
+        )
+        queues: dict[tuple[str, int], QueueStats] = {}
+        for row in grouped.collect():
+            queues[(row.topic, row.queueId)] = QueueStats(
+                row.topic,
+                row.queueId,
+                row.messages,
+                row.bytes,
+                row.minQueueOffset,
+                row.maxQueueOffset,
+                row.first,
+                row.last,
+                distinct_tags=row.distinctTags,
+            )
+        for row in tag_counts.collect():
+            queues[(row.topic, row.queueId)].tags[row.tags] = row["count"]
+        return StoreStats(list(queues.values()), file_stats(walked))
+
+    @spark_errors
+    def verify(self, store: Store, options: VerifyOptions) -> VerifyReport:
+        """The same findings as the local engine, the record ranges checked on executors."""
+        ranged = RangedVerify(
+            store,
+            check_crc=options.check_crc,
+            commitlog_only=options.commitlog_only,
+            topics=options.topics,
+            from_offset=options.from_offset,
+            max_findings=options.max_findings,
+            range_size=self.options.split or DEFAULT_RANGE_SIZE,
+        )
+        context = self.spark.sparkContext
+
+        def on_executors(function: Any, jobs: list) -> list:
+            return context.parallelize(jobs, len(jobs)).map(function).collect()
+
+        return ranged.run(on_executors)
+
+    @spark_errors
+    def rebuild(
+        self,
+        store: Store,
+        *,
+        from_offset: int,
+        topics: frozenset[str] | None,
+        build_index: bool,
+        clock: Callable[[], int] | None = None,
+    ) -> DispatchResult:
+        """Dispatch the whole log into empty consume queues (and index) of ``store``, opened
+        for writing with the old files moved to quarantine: what ``Dispatcher.run`` does,
+        the consume queues written in parallel. ``clock`` names new index files (tests)."""
+        config = store.config
+        log = store.commitlog
+        recovery = log.recovery_start(store.checkpoint(), store.abort_path.exists())
+        crc_from = recovery.start if recovery is not None and config.check_crc_on_recover else None
+        walked = self.walk(check_crc=crc_from is not None, crc_from=crc_from or 0)
+        segments = log.segments
+        data_files = {summary.file for summary in walked}
+        later = [s.start for s in segments if s.name > max(data_files, default="")]
+        end = dispatch_end(walked, next_file_start=later[0] if later else None, crc_from=crc_from)
+        result = DispatchResult(from_offset=from_offset, to_offset=from_offset)
+        staging = store.root / f".consumequeue.rebuild-{uuid.uuid4().hex[:12]}"
+        try:
+            outcomes = self._write_queues(walked, end.cut, staging, store, topics)
+            last_time = _merge_queue_outcomes(result, outcomes)
+            _commit_staging(store, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        result.to_offset = _end_of_last_record(walked, end.cut, from_offset, result.records)
+        if end.kind == "delay":
+            result.log_end = store.log_end().offset
+            result.stopped_by = end.reason
+        else:
+            result.log_end = end.cut
+            stop = ScanStop.END if end.kind == "end" else ScanStop.INVALID
+            log_end = LogEnd(end.cut, stop, None, log.queue.find(end.cut))
+            store.remember_log_end(log_end)
+            store.check_tail(log_end)
+            result.stopped_by = end.reason
+        dispatcher = Dispatcher(store, build_index=build_index, build_queues=False, clock=clock)
+        try:
+            if dispatcher.build_index:
+                indexed = dispatcher.run(from_offset, until=end.cut, queued_time=last_time)
+                result.index_records = indexed.index_records
+                result.index_entries = indexed.index_entries
+                if result.to_offset < result.log_end:
+                    store.dispatched_through = None
+            else:
+                dispatcher.finish(result, last_time)
+        finally:
+            dispatcher.close()
+        return result
+
+    def _write_queues(
+        self,
+        walked: list[RangeSummary],
+        cut: int,
+        staging: Path,
+        store: Store,
+        topics: frozenset[str] | None,
+    ) -> list[QueueRunOutcome]:
+        from pyspark.sql import functions as F
+
+        staging.mkdir()
+        root = str(staging.resolve())
+        file_size = store.consumequeue_file_size
+        min_offset = store.commitlog.min_offset
+        rows = (
+            self.messages(walked, include_body=False, topics=None)
+            .where(F.col("commitLogOffset") < F.lit(cut))
+            .select(*_UNIT_COLUMNS)
+        )
+        partitions = max(1, self.spark.sparkContext.defaultParallelism)
+        ordered = rows.repartition(partitions, "topic", "queueId").sortWithinPartitions(
+            "topic", "queueId", "commitLogOffset"
+        )
+
+        def write(frames: Any) -> Any:
+            import pyarrow as pa
+
+            def units() -> Any:
+                for batch in frames:
+                    yield from zip(*(batch.column(i).to_pylist() for i in range(8)), strict=True)
+
+            outcome = write_sorted_units(Path(root), file_size, min_offset, units(), topics)
+            yield pa.RecordBatch.from_pylist([{"outcome": _encode(outcome)}])
+
+        written = ordered.mapInArrow(write, "outcome STRING").collect()
+        return [_decode(row.outcome) for row in written]
+
+
+def _write(frame: Any, fmt: str, path: str) -> None:
+    writer = frame.write.mode("errorifexists")
+    if fmt == "parquet":
+        writer.parquet(path)
+    else:
+        writer.option("ignoreNullFields", "true").json(path)
+
+
+def _encode(outcome: QueueRunOutcome) -> str:
+    return json.dumps(
+        {
+            "records": outcome.records,
+            "written": outcome.units_written,
+            "skipped": outcome.units_skipped,
+            "touched": outcome.touched,
+            "last": outcome.last_written,
+            "problems": outcome.problems,
+            "unsafe": outcome.unsafe_topics,
+        }
+    )
+
+
+def _decode(text: str) -> QueueRunOutcome:
+    data = json.loads(text)
+    return QueueRunOutcome(
+        records=data["records"],
+        units_written=data["written"],
+        units_skipped=data["skipped"],
+        touched=[tuple(key) for key in data["touched"]],
+        last_written=tuple(data["last"]) if data["last"] else None,
+        problems=[tuple(problem) for problem in data["problems"]],
+        unsafe_topics=data["unsafe"],
+    )
+
+
+def _merge_queue_outcomes(result: DispatchResult, outcomes: list[QueueRunOutcome]) -> int | None:
+    """Add up the writers' outcomes; the store time of the newest unit written."""
+    problems: list[tuple[int, str]] = []
+    unsafe: dict[str, int] = {}
+    touched: set[tuple[str, int]] = set()
+    last: tuple[int, int] | None = None
+    for outcome in outcomes:
+        result.records += outcome.records
+        result.units_written += outcome.units_written
+        result.units_skipped += outcome.units_skipped
+        touched.update(outcome.touched)
+        problems.extend(outcome.problems)
+        for topic, offset in outcome.unsafe_topics.items():
+            unsafe[topic] = min(offset, unsafe.get(topic, offset))
+        if outcome.last_written is not None and (last is None or outcome.last_written > last):
+            last = outcome.last_written
+    problems.extend((offset, unsafe_topic_problem(topic)) for topic, offset in unsafe.items())
+    result.problems = [text for _, text in sorted(problems, key=lambda item: item[0])]
+    result.queues_touched = len(touched)
+    return last[1] if last is not None else None
+
+
+def _commit_staging(store: Store, staging: Path) -> None:
+    """Move the queues written under ``staging`` into ``consumequeue/``."""
+    target_root = store.consumequeue_dir
+    try:
+        target_root.mkdir(exist_ok=True)
+        for topic_dir in sorted(staging.iterdir()):
+            target = target_root / topic_dir.name
+            if not store.inside(target):
+                raise InputError(f"{target} leads out of the store; not writing there")
+            if target.exists():
+                raise InputError(f"{target} exists; the rebuild expected it in quarantine")
+            os.replace(topic_dir, target)
+        fsync_directory(target_root)
+        fsync_directory(store.root)
+    except OSError as exc:
+        raise StoreIOError(f"cannot move rebuilt consume queues: {exc.strerror}") from None
+
+
+def _end_of_last_record(
+    walked: list[RangeSummary], cut: int, from_offset: int, records: int
+) -> int:
+    """Where the last record before ``cut`` ends: ``cut`` itself inside a file (records are
+    back to back), else where the records of the file before end."""
+    if records == 0:
+        return from_offset
+    ends: dict[int, int] = {}
+    for summary in walked:
+        start = int(summary.file)
+        if summary.records and start < cut:
+            limit = summary.end if summary.end is not None else summary.stop
+            ends[start] = max(ends.get(start, 0), start + limit)
+    holders = [start for start in ends if start < cut]
+    if not holders:
+        return from_offset
+    last_file = max(holders)
+    return cut if cut <= ends[last_file] else ends[last_file]
+
+
+__all__ = ["FileStats", "SparkPipeline", "spark_errors"]

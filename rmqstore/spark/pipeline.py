@@ -1,0 +1,323 @@
+"""``export`` and ``stats`` over the ranges of :mod:`rmqstore.spark.ranges`: what they return,
+and the local engine that runs them in this process (the Spark engine, in
+:mod:`rmqstore.spark.jobs`, runs the same range functions on executors).
+
+Both first read a summary of every range, keep the ranges one walk of the log visits and
+derive where each file's records end; the rows are then read up to those ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rmqstore.config import StoreConfig
+from rmqstore.delay import DelayLevels
+from rmqstore.errors import InputError, StoreIOError
+from rmqstore.properties import TAGS, decode_properties
+from rmqstore.record import H_QUEUE_ID, H_QUEUE_OFFSET, H_STORE_TIMESTAMP, H_TOTAL_SIZE
+from rmqstore.spark.ranges import (
+    DEFAULT_SPLIT,
+    RangeScan,
+    RangeSummary,
+    file_bounds,
+    plan_ranges,
+    record_margin,
+    summarize_range,
+    walk_summaries,
+)
+from rmqstore.spark.rows import MessageRowOptions, message_batches
+from rmqstore.spark.storefs import StoreLocation
+
+EXPORT_FORMATS = ("parquet", "jsonl")
+TOP_TAGS = 5
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    split: int = DEFAULT_SPLIT
+    max_message_size: int = 4 * 1024 * 1024
+    delay_levels: str | None = None
+
+    @classmethod
+    def for_config(cls, config: StoreConfig, split: int = DEFAULT_SPLIT) -> PipelineOptions:
+        return cls(split, config.max_message_size, config.message_delay_level)
+
+
+@dataclass
+class FileStats:
+    file: str
+    records: int = 0
+    bytes: int = 0
+    blank_bytes: int = 0
+    crc_failures: int = 0
+    invalid_regions: int = 0
+    end: int | None = None  # where its records end (file position)
+    ended_by: str | None = None  # blank, end, invalid (None: records run to the next range)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "records": self.records,
+            "bytes": self.bytes,
+            "blankBytes": self.blank_bytes,
+            "crcFailures": self.crc_failures,
+            "invalidRegions": self.invalid_regions,
+            "end": self.end,
+            "endedBy": self.ended_by,
+        }
+
+
+def file_stats(walked: list[RangeSummary]) -> list[FileStats]:
+    """Per commit-log file: the sums over the ranges one walk visits."""
+    stats: dict[str, FileStats] = {}
+    for summary in walked:
+        entry = stats.setdefault(summary.file, FileStats(f"commitlog/{summary.file}"))
+        entry.records += summary.records
+        entry.bytes += summary.bytes
+        entry.blank_bytes += summary.blank_bytes
+        entry.crc_failures += summary.crc_failures
+        entry.invalid_regions += summary.invalid_regions
+        if summary.outcome in ("blank", "end", "invalid"):
+            entry.end, entry.ended_by = summary.end, summary.outcome
+    return list(stats.values())
+
+
+@dataclass
+class QueueStats:
+    topic: str
+    queue_id: int
+    messages: int = 0
+    bytes: int = 0
+    min_queue_offset: int | None = None
+    max_queue_offset: int | None = None
+    first_store_timestamp: int | None = None
+    last_store_timestamp: int | None = None
+    tags: Counter = field(default_factory=Counter)  # the most common tags (all when local)
+    distinct_tags: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "queueId": self.queue_id,
+            "messages": self.messages,
+            "bytes": self.bytes,
+            "minQueueOffset": self.min_queue_offset,
+            "maxQueueOffset": self.max_queue_offset,
+            "firstStoreTimestamp": self.first_store_timestamp,
+            "lastStoreTimestamp": self.last_store_timestamp,
+            "distinctTags": self.distinct_tags,
+            "topTags": [
+                {"tag": tag, "messages": count}
+                for tag, count in sorted(self.tags.items(), key=lambda item: (-item[1], item[0]))[
+                    :TOP_TAGS
+                ]
+            ],
+        }
+
+
+@dataclass
+class StoreStats:
+    queues: list[QueueStats]
+    files: list[FileStats]
+
+    def to_dict(self) -> dict[str, Any]:
+        queues = sorted(self.queues, key=lambda q: (q.topic, q.queue_id))
+        return {
+            "messages": sum(q.messages for q in queues),
+            "bytes": sum(q.bytes for q in queues),
+            "queues": [q.to_dict() for q in queues],
+            "files": [f.to_dict() for f in self.files],
+        }
+
+
+@dataclass
+class ExportResult:
+    destination: str
+    format: str
+    messages: int
+    files: list[str]
+    commitlog_files: list[FileStats]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "destination": self.destination,
+            "format": self.format,
+            "messages": self.messages,
+            "files": self.files,
+            "commitLogFiles": [f.to_dict() for f in self.commitlog_files],
+        }
+
+
+def check_destination(destination: str) -> None:
+    """An export goes to a new or empty directory, never over earlier output."""
+    if "://" in destination and not destination.startswith("file://"):
+        return  # a remote destination: Spark refuses one that exists
+    path = Path(destination.removeprefix("file://"))
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise InputError(f"{path} exists and is not an empty directory; choose a new one")
+    if not path.parent.is_dir():
+        raise InputError(f"{path.parent}: no such directory")
+
+
+@contextmanager
+def staged_directory(destination: str, *, create: bool = True) -> Iterator[Path]:
+    """A sibling directory to write into (created unless the writer creates it), renamed to
+    ``destination`` when the block completes and removed when it fails, so no half-written
+    export is left behind."""
+    final = Path(destination.removeprefix("file://"))
+    staging = final.with_name(f".{final.name}.rmqstore-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    if create:
+        staging.mkdir(parents=True)
+    try:
+        yield staging
+        if final.exists():
+            final.rmdir()  # empty, as checked
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+class LocalPipeline:
+    """``export`` and ``stats`` in this process, one range after the other, in flat memory."""
+
+    def __init__(self, store: str, options: PipelineOptions) -> None:
+        self.location = StoreLocation(store)
+        self.location.check_store()
+        self.options = options
+        self.margin = record_margin(options.max_message_size)
+
+    def _levels(self) -> DelayLevels:
+        levels = self.options.delay_levels
+        return DelayLevels(levels) if levels else DelayLevels()
+
+    def walk(self, *, check_crc: bool) -> list[RangeSummary]:
+        ranges = plan_ranges(self.location, self.options.split, split_last=True, margin=self.margin)
+        summaries = [
+            summarize_range(self.location, part, check_crc=check_crc, delay_levels=self._levels())
+            for part in ranges
+        ]
+        return walk_summaries(summaries)
+
+    def export(
+        self,
+        destination: str,
+        fmt: str,
+        *,
+        topics: frozenset[str] | None = None,
+        include_body: bool = True,
+    ) -> ExportResult:
+        if fmt not in EXPORT_FORMATS:
+            raise InputError(f"unknown export format {fmt!r} (parquet or jsonl)")
+        check_destination(destination)
+        walked = self.walk(check_crc=False)
+        ranges = plan_ranges(
+            self.location,
+            self.options.split,
+            split_last=True,
+            bounds=file_bounds(walked),
+            margin=self.margin,
+        )
+        rows = MessageRowOptions(
+            include_body=include_body,
+            topics=topics,
+            delay_levels=self.options.delay_levels,
+            resync_last=True,
+        )
+        batches = (batch for part in ranges for batch in message_batches(self.location, part, rows))
+        try:
+            with staged_directory(destination) as staging:
+                target = staging / f"part-00000.{'parquet' if fmt == 'parquet' else 'jsonl'}"
+                count = (_write_parquet if fmt == "parquet" else _write_jsonl)(target, batches)
+        except OSError as exc:
+            raise StoreIOError(f"cannot write {destination}: {exc.strerror}") from None
+        return ExportResult(destination, fmt, count, [target.name], file_stats(walked))
+
+    def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
+        walked = self.walk(check_crc=True)
+        ranges = plan_ranges(
+            self.location,
+            self.options.split,
+            split_last=True,
+            bounds=file_bounds(walked),
+            margin=self.margin,
+        )
+        queues: dict[tuple[str, int], QueueStats] = {}
+        for part in ranges:
+            for _, _, _, header, topic, props, _ in RangeScan(
+                self.location, part, False, resync_last=True
+            ):
+                if topics is not None and topic not in topics:
+                    continue
+                key = (topic, header[H_QUEUE_ID])
+                entry = queues.get(key)
+                if entry is None:
+                    entry = queues[key] = QueueStats(topic, header[H_QUEUE_ID])
+                _count(entry, header, props)
+        for entry in queues.values():
+            entry.distinct_tags = len(entry.tags)
+        return StoreStats(list(queues.values()), file_stats(walked))
+
+
+def _count(entry: QueueStats, header: tuple, props: bytes) -> None:
+    entry.messages += 1
+    entry.bytes += header[H_TOTAL_SIZE]
+    queue_offset = header[H_QUEUE_OFFSET]
+    stamp = header[H_STORE_TIMESTAMP]
+    if entry.min_queue_offset is None or queue_offset < entry.min_queue_offset:
+        entry.min_queue_offset = queue_offset
+    if entry.max_queue_offset is None or queue_offset > entry.max_queue_offset:
+        entry.max_queue_offset = queue_offset
+    if entry.first_store_timestamp is None or stamp < entry.first_store_timestamp:
+        entry.first_store_timestamp = stamp
+    if entry.last_store_timestamp is None or stamp > entry.last_store_timestamp:
+        entry.last_store_timestamp = stamp
+    if b"TAGS" in props:
+        tag = decode_properties(props).get(TAGS)
+        if tag is not None:
+            entry.tags[tag] += 1
+
+
+def _write_parquet(target: Path, batches: Iterator[Any]) -> int:
+    import pyarrow.parquet as pq
+
+    from rmqstore.spark.rows import COMMITLOG_COLUMNS, arrow_schema
+
+    count = 0
+    with pq.ParquetWriter(target, arrow_schema(COMMITLOG_COLUMNS)) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+            count += batch.num_rows
+    return count
+
+
+def _write_jsonl(target: Path, batches: Iterator[Any]) -> int:
+    """One JSON object per message, as Spark's JSON writer makes them: null fields left out,
+    the body in base64, properties as an object."""
+    count = 0
+    with open(target, "w", encoding="utf-8") as out:
+        for batch in batches:
+            for row in batch.to_pylist():
+                document = {}
+                for name, value in row.items():
+                    if value is None:
+                        continue
+                    if name == "body":
+                        value = base64.b64encode(value).decode("ascii")
+                    elif name == "properties":
+                        value = dict(value)
+                    document[name] = value
+                out.write(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
+                out.write("\n")
+                count += 1
+    return count

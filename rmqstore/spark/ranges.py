@@ -1,0 +1,331 @@
+"""Cutting a commit log into byte ranges that are read independently, and putting the
+results back together as one walk of the log would see it. No pyspark here: the data sources
+and jobs build on it, and tests run it in-process.
+
+A range holds the records that *start* in it. One that begins inside a file starts at the
+first record at or after its start (magic code, stored physical offset equal to the
+position, a record that decodes), the way a damaged region is skipped. Where a file ends
+(a BLANK record, zeros, or, in the last file holding data, the first invalid record) only
+one range can see: :func:`walk_summaries` keeps, per file, the ranges up to that one, and
+:func:`file_bounds` turns them into the end of each file's records, which the row-reading
+pass then respects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
+from rmqstore.dispatch import unit_tags_code
+from rmqstore.errors import RecordError
+from rmqstore.properties import DELAY, decode_properties
+from rmqstore.record import H_STORE_TIMESTAMP, H_TOTAL_SIZE, RegionScan, ScanStop, find_next_record
+from rmqstore.spark.storefs import StoreLocation
+
+DEFAULT_SPLIT = 32 * 1024 * 1024
+_RECORD_SLACK = 64 * 1024 + 128  # topic (V2), properties and header beyond the body
+
+
+def record_margin(max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE) -> int:
+    """Bytes past a range's end that a record starting inside it may need."""
+    return max_message_size + _RECORD_SLACK
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """Records starting in ``[start, stop)`` of one commit-log file (file positions)."""
+
+    name: str
+    file_start: int  # physical offset of the file's first byte
+    start: int
+    stop: int
+    file_size: int
+    last_file: bool  # the last file holding data: an invalid record ends the log
+    margin: int = record_margin()
+
+    @property
+    def at_record(self) -> bool:
+        return self.start == 0  # a file starts with a record
+
+
+def last_data_file(location: StoreLocation, segments: list[tuple[str, int]]) -> str | None:
+    """The last commit-log file whose first bytes are not zeros (later ones are
+    pre-allocated)."""
+    for name, size in reversed(segments):
+        if size >= 8:
+            with location.open_range(f"commitlog/{name}", 0, 8) as (buf, _):
+                if any(buf[:8]):
+                    return name
+    return None
+
+
+def plan_ranges(
+    location: StoreLocation,
+    split: int,
+    *,
+    split_last: bool,
+    bounds: dict[str, int] | None = None,
+    margin: int = record_margin(),
+) -> list[FileRange]:
+    """Ranges of ``split`` bytes (0: whole files) over the files up to the last one holding
+    data. The last one is split only with ``split_last``; ``bounds`` (file name to the end
+    of its records) clips the ranges, and a file not in it is left out."""
+    segments = location.segments("commitlog")
+    last = last_data_file(location, segments)
+    ranges: list[FileRange] = []
+    if last is None:
+        return ranges
+    for name, size in segments:
+        if name > last:
+            break
+        end = size if bounds is None else min(size, bounds.get(name, -1))
+        if end < 0:
+            continue
+        step = size if split <= 0 or (name == last and not split_last) else split
+        for start in range(0, max(end, 1), max(step, 1)):
+            stop = min(end, start + step)
+            ranges.append(FileRange(name, int(name), start, stop, size, name == last, margin))
+    return ranges
+
+
+class RangeScan:
+    """The records starting in one :class:`FileRange`: iterating yields ``(buf, buf_start,
+    physical_offset, header, topic, properties_bytes, crc_ok)`` with ``buf_start`` the file
+    position of ``buf[0]``. Damaged regions are skipped in files before the last; in the last
+    file holding data (unless ``resync_last``) the first invalid record ends the log.
+
+    Afterwards: ``outcome`` (``reached``: the next range's records follow; ``covered``: no
+    record starts in the range; ``blank``, ``end``, ``invalid``: the file's records end
+    here, at ``end``), ``blank_length``, ``invalid_regions``, ``first_invalid`` and
+    ``error`` (the first invalid record's reason)."""
+
+    def __init__(
+        self, location: StoreLocation, part: FileRange, check_crc: bool, *, resync_last: bool
+    ) -> None:
+        self.location = location
+        self.part = part
+        self.check_crc = check_crc
+        self.resync = resync_last or not part.last_file
+        self.outcome = "reached"
+        self.end: int | None = None
+        self.blank_length = 0
+        self.invalid_regions = 0
+        self.first_invalid: int | None = None
+        self.error: str | None = None
+        self.crc_failures = 0
+
+    def __iter__(self) -> Iterator[tuple[Any, int, int, tuple, str, bytes, bool | None]]:
+        part = self.part
+        length = part.stop - part.start + 2 * part.margin
+        with self.location.open_range(f"commitlog/{part.name}", part.start, length) as (buf, at):
+            limit = len(buf)
+            base = part.file_start + at
+            position = part.start - at
+            stop = part.stop - at
+            if not part.at_record:
+                found = find_next_record(buf, position, limit, base)
+                if found is None or found >= stop:
+                    self.outcome = "covered"
+                    return
+                position = found
+            while True:
+                region = RegionScan(buf, position, limit, base, self.check_crc)
+                items = iter(region)
+                try:
+                    for item in items:
+                        if item[0] - base >= stop:
+                            return  # reached the next range
+                        yield (buf, at, *item)
+                finally:
+                    items.close()  # drops the region's view of the map before it is closed
+                    self.crc_failures += region.crc_failures
+                end = region.end_position
+                self.end = at + end
+                if region.stop is ScanStop.BLANK:
+                    self.outcome, self.blank_length = "blank", region.blank_length
+                    return
+                if region.stop is ScanStop.END:
+                    self.outcome = "end"
+                    return
+                self.invalid_regions += 1
+                if self.first_invalid is None:
+                    self.first_invalid = at + end
+                    self.error = str(region.error)
+                resumed = find_next_record(buf, end, limit, base) if self.resync else None
+                if resumed is None:
+                    self.outcome = "invalid"
+                    return
+                if resumed >= stop:
+                    self.end = None
+                    return  # the next range goes on from there
+                position = resumed
+
+
+@dataclass
+class RangeSummary:
+    """What one range holds (a row of ``summary=files``)."""
+
+    file: str
+    start: int
+    stop: int
+    last_file: bool
+    outcome: str
+    end: int | None
+    records: int
+    bytes: int
+    crc_failures: int
+    blank_bytes: int
+    invalid_regions: int
+    first_invalid: int | None
+    first_crc_failure: int | None  # physical offsets
+    first_bad_delay: int | None
+    error: str | None  # why the first invalid record is invalid
+    delay_error: str | None = None  # why the first bad DELAY is bad
+
+
+SUMMARY_FIELDS = [
+    ("file", "STRING", "string"),
+    ("start", "BIGINT", "int64"),
+    ("stop", "BIGINT", "int64"),
+    ("lastFile", "BOOLEAN", "bool"),
+    ("outcome", "STRING", "string"),
+    ("end", "BIGINT", "int64"),
+    ("records", "BIGINT", "int64"),
+    ("bytes", "BIGINT", "int64"),
+    ("crcFailures", "BIGINT", "int64"),
+    ("blankBytes", "BIGINT", "int64"),
+    ("invalidRegions", "BIGINT", "int64"),
+    ("firstInvalid", "BIGINT", "int64"),
+    ("firstCrcFailure", "BIGINT", "int64"),
+    ("firstBadDelay", "BIGINT", "int64"),
+    ("error", "STRING", "string"),
+    ("delayError", "STRING", "string"),
+]
+
+
+def summarize_range(
+    location: StoreLocation,
+    part: FileRange,
+    *,
+    check_crc: bool,
+    delay_levels: DelayLevels,
+) -> RangeSummary:
+    """Count one range's records. CRCs are checked when asked; a SCHEDULE_TOPIC_XXXX record
+    whose DELAY is not a number is noted (dispatch stops there, as a broker does)."""
+    scan = RangeScan(location, part, check_crc, resync_last=False)
+    records = total = 0
+    first_crc_failure = first_bad_delay = delay_error = None
+    for _, _, offset, header, topic, props, crc_ok in scan:
+        records += 1
+        total += header[H_TOTAL_SIZE]
+        if crc_ok is False and first_crc_failure is None:
+            first_crc_failure = offset
+        if topic == SCHEDULE_TOPIC and first_bad_delay is None and b"DELAY" in props:
+            properties = decode_properties(props)
+            if DELAY in properties:
+                try:
+                    unit_tags_code(topic, properties, header[H_STORE_TIMESTAMP], delay_levels)
+                except RecordError as exc:
+                    first_bad_delay = offset
+                    delay_error = f"record at offset {offset}: {exc.reason}"
+    return RangeSummary(
+        file=part.name,
+        start=part.start,
+        stop=part.stop,
+        last_file=part.last_file,
+        outcome=scan.outcome,
+        end=scan.end,
+        records=records,
+        bytes=total,
+        crc_failures=scan.crc_failures,
+        blank_bytes=scan.blank_length if scan.outcome == "blank" else 0,
+        invalid_regions=scan.invalid_regions,
+        first_invalid=scan.first_invalid,
+        first_crc_failure=first_crc_failure,
+        first_bad_delay=first_bad_delay,
+        error=scan.error,
+        delay_error=delay_error,
+    )
+
+
+_FILE_ENDS = ("blank", "end", "invalid")
+
+
+def walk_summaries(summaries: list[RangeSummary]) -> list[RangeSummary]:
+    """The ranges one walk of the log visits, in order: in each file those up to the range
+    where the file's records end, and nothing after the end of the last file holding data."""
+    kept: list[RangeSummary] = []
+    done_file = None
+    for summary in sorted(summaries, key=lambda item: (item.file, item.start)):
+        if summary.file == done_file:
+            continue
+        kept.append(summary)
+        if summary.outcome in _FILE_ENDS:
+            done_file = summary.file
+            if summary.last_file:
+                break
+    return kept
+
+
+def file_bounds(walked: list[RangeSummary]) -> dict[str, int]:
+    """File name to the position where its walked records end (the file size when no range
+    saw an end: the next file's records follow)."""
+    bounds: dict[str, int] = {}
+    for summary in walked:
+        if summary.outcome in _FILE_ENDS and summary.end is not None:
+            bounds[summary.file] = summary.end
+        elif summary.file not in bounds or bounds[summary.file] < summary.stop:
+            bounds[summary.file] = max(bounds.get(summary.file, 0), summary.stop)
+    return bounds
+
+
+@dataclass(frozen=True)
+class WalkEnd:
+    """Where a dispatch that walked the log would stop, and why."""
+
+    cut: int  # physical offset: records from here on are not dispatched
+    log_end: int  # the end of the log (the last file's records end)
+    reason: str | None  # the invalid record / CRC failure / DELAY that stopped it
+    kind: str  # "end", "invalid", "crc" or "delay"
+
+
+def dispatch_end(
+    walked: list[RangeSummary], *, next_file_start: int | None, crc_from: int | None
+) -> WalkEnd:
+    """The offset where dispatch stops (spec §9): the first invalid record or unwritten
+    region anywhere, a bad body CRC in the files recovery checks (from ``crc_from``; None:
+    none), a SCHEDULE_TOPIC_XXXX record with a DELAY that is not a number; else the end of
+    the log. ``next_file_start``: the file after the last one holding data, if any (a walk
+    that leaves a BLANK there ends at its start)."""
+    log_end = 0
+    candidates: list[tuple[int, str | None, str]] = []
+    for summary in walked:
+        start = int(summary.file)
+        if summary.first_invalid is not None:
+            candidates.append((start + summary.first_invalid, summary.error, "invalid"))
+        if summary.outcome == "end" and summary.end is not None:
+            candidates.append((start + summary.end, None, "end"))
+        if summary.first_crc_failure is not None and crc_from is not None and start >= crc_from:
+            candidates.append(
+                (
+                    summary.first_crc_failure,
+                    f"record at offset {summary.first_crc_failure}: "
+                    "BODYCRC does not match the body",
+                    "crc",
+                )
+            )
+        if summary.first_bad_delay is not None:
+            candidates.append((summary.first_bad_delay, summary.delay_error, "delay"))
+        if summary.last_file and summary.outcome in _FILE_ENDS and summary.end is not None:
+            log_end = start + summary.end
+            if summary.outcome == "blank" and next_file_start is not None:
+                log_end = next_file_start
+    if walked and not any(s.last_file and s.outcome in _FILE_ENDS for s in walked):
+        last = walked[-1]
+        log_end = int(last.file) + (last.end if last.end is not None else last.stop)
+    candidates.append((log_end, None, "end"))
+    cut, reason, kind = min(candidates, key=lambda item: item[0])
+    return WalkEnd(cut, log_end, reason, kind)

@@ -1,0 +1,115 @@
+"""Reading store files where they are: a local path (memory-mapped) or a ``pyarrow.fs`` URI
+(``s3://``, ``hdfs://``, ``gs://``, ``file://``), read in ranges. Executors open files by
+themselves from the location and names a partition carries."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rmqstore.errors import InputError, NotAStoreError, StoreIOError
+
+_SEGMENT = re.compile(r"\d{20}")
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where a store root is: ``uri`` as the user gave it."""
+
+    uri: str
+
+    @property
+    def remote(self) -> bool:
+        return "://" in self.uri
+
+    def _filesystem(self) -> tuple[Any, str]:
+        try:
+            from pyarrow import fs
+        except ImportError as exc:  # pragma: no cover - pyarrow comes with the spark extra
+            raise InputError(
+                "reading a store by URI needs pyarrow: pip install 'rmqstore[spark]'"
+            ) from exc
+        try:
+            return fs.FileSystem.from_uri(self.uri)
+        except Exception as exc:  # pyarrow raises ArrowInvalid and friends
+            raise InputError(f"cannot open {self.uri}: {exc}") from None
+
+    def segments(self, relative: str) -> list[tuple[str, int]]:
+        """(name, size) of the 20-digit segment files in ``relative``, by name."""
+        if not self.remote:
+            directory = Path(self.uri) / relative
+            if not directory.is_dir():
+                return []
+            return sorted(
+                (entry.name, entry.stat().st_size)
+                for entry in os.scandir(directory)
+                if _SEGMENT.fullmatch(entry.name) and entry.is_file()
+            )
+        from pyarrow import fs
+
+        filesystem, root = self._filesystem()
+        infos = filesystem.get_file_info(
+            fs.FileSelector(f"{root.rstrip('/')}/{relative}", allow_not_found=True)
+        )
+        return sorted(
+            (info.base_name, info.size)
+            for info in infos
+            if info.type == fs.FileType.File and _SEGMENT.fullmatch(info.base_name)
+        )
+
+    def directories(self, relative: str) -> list[str]:
+        """Names of the sub-directories of ``relative`` (empty when it does not exist)."""
+        if not self.remote:
+            directory = Path(self.uri) / relative
+            if not directory.is_dir():
+                return []
+            return sorted(
+                entry.name for entry in os.scandir(directory) if entry.is_dir(follow_symlinks=False)
+            )
+        from pyarrow import fs
+
+        filesystem, root = self._filesystem()
+        infos = filesystem.get_file_info(
+            fs.FileSelector(f"{root.rstrip('/')}/{relative}", allow_not_found=True)
+        )
+        return sorted(info.base_name for info in infos if info.type == fs.FileType.Directory)
+
+    def check_store(self) -> None:
+        """Refuse what is not a store with one clear sentence."""
+        if not self.remote:
+            root = Path(self.uri)
+            if not root.is_dir():
+                raise NotAStoreError(f"{root}: no such directory")
+            if not (root / "commitlog").is_dir():
+                raise NotAStoreError(f"{root} is not a RocketMQ store (no commitlog/ directory)")
+            return
+        if not self.segments("commitlog"):
+            raise NotAStoreError(f"{self.uri} holds no commit-log files")
+
+    @contextmanager
+    def open_range(self, relative: str, start: int, length: int) -> Iterator[tuple[Any, int]]:
+        """``(buffer, buffer_start)`` covering at least bytes ``[start, start + length)`` of the
+        file (less at its end): the whole file mapped for a local path (``buffer_start`` 0),
+        the bytes of that range for a URI."""
+        if not self.remote:
+            path = Path(self.uri) / relative
+            try:
+                with open(path, "rb") as handle:
+                    if os.fstat(handle.fileno()).st_size == 0:
+                        yield b"", 0
+                        return
+                    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as whole:
+                        yield whole, 0
+            except OSError as exc:
+                raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+            return
+        filesystem, root = self._filesystem()
+        with filesystem.open_input_file(f"{root.rstrip('/')}/{relative}") as handle:
+            handle.seek(start)
+            yield handle.read(length), start

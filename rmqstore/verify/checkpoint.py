@@ -1,0 +1,87 @@
+"""The last checks of ``verify``: checkpoint times against the data they vouch for, and
+``abort`` (spec §8.1, §13)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rmqstore.checkpoint import read_checkpoint
+from rmqstore.errors import StoreFormatError
+from rmqstore.store import Store
+from rmqstore.verify.findings import WARNING, VerifyReport
+from rmqstore.verify.index import IndexChecks
+from rmqstore.verify.queues import QueueChecks
+from rmqstore.verify.records import LogFacts
+
+
+def check_checkpoint_and_abort(
+    store: Store,
+    report: VerifyReport,
+    facts: LogFacts,
+    queues: QueueChecks | None,
+    index: IndexChecks | None,
+) -> None:
+    _check_checkpoint(store, report, facts, queues, index)
+    if store.abort_path.exists():
+        report.add(
+            "abort-present",
+            "abort",
+            None,
+            "the store was not closed cleanly (a broker is running, crashed, or "
+            "consume queues were left behind): a broker runs crash recovery at start",
+            WARNING,
+        )
+
+
+def _check_checkpoint(
+    store: Store,
+    report: VerifyReport,
+    facts: LogFacts,
+    queues: QueueChecks | None,
+    index: IndexChecks | None,
+) -> None:
+    """Checkpoint times may not be ahead of the data they vouch for (spec §8.1, §13)."""
+    try:
+        checkpoint = read_checkpoint(store.checkpoint_path)
+    except StoreFormatError as exc:
+        report.add("checkpoint-size", "checkpoint", None, str(exc))
+        return
+    if checkpoint is None:
+        return
+    limits: Iterable[tuple[str, int, int, str]] = [
+        (
+            "physicMsgTimestamp",
+            checkpoint.physic_msg_timestamp,
+            facts.last_store_timestamp,
+            "the newest record of the commit log",
+        )
+    ]
+    if queues is not None:
+        limits = [
+            *limits,
+            (
+                "logicsMsgTimestamp",
+                checkpoint.logics_msg_timestamp,
+                queues.last_queued_time,
+                "the newest record in a consume queue",
+            ),
+        ]
+    if index is not None:
+        limits = [
+            *limits,
+            (
+                "indexMsgTimestamp",
+                checkpoint.index_msg_timestamp,
+                index.last_full_end_timestamp,
+                "the end of the last full index file",
+            ),
+        ]
+    for name, value, limit, what in limits:
+        if value > limit:
+            report.add(
+                "checkpoint-future",
+                "checkpoint",
+                None,
+                f"{name} {value} is after the store time of {what} ({limit}): a broker's "
+                "crash recovery would start too late and skip data",
+            )

@@ -1,0 +1,158 @@
+"""verify in ranges (what the Spark engine runs on executors) gives the findings and counts of
+the single pass, whatever the range size: on generated and real-broker stores, clean and
+damaged, with damage placed on range boundaries, and with every option."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.errors import InputError
+from rmqstore.fixtures import SCENARIOS, generate
+from rmqstore.record import BORNHOST_V6_FLAG, H_STORE_TIMESTAMP, H_SYS_FLAG
+from rmqstore.store import Store
+from rmqstore.verify import VerifyOptions, verify_store
+from rmqstore.verify.ranges import RangedVerify
+
+from support import ORACLE_CONFIG
+
+RANGE_SIZES = [97, 1500, 1 << 30]
+SMALL_SCENARIOS = sorted(name for name in SCENARIOS if name != "large")
+
+
+def both(store_dir: Path, range_size: int, config: StoreConfig | None = None, **options):
+    """(single pass, ranges) reports for the same store and options."""
+    settings = dict(check_crc=True, commitlog_only=False, topics=None, from_offset=None)
+    settings.update(max_findings=None)
+    settings.update(options)
+    with Store.open_read(store_dir, config) as store:
+        single = verify_store(store, VerifyOptions(**settings))
+    with Store.open_read(store_dir, config) as store:
+        ranged = RangedVerify(store, range_size=range_size, **settings).run()
+    return single, ranged
+
+
+def assert_same(single, ranged) -> None:
+    assert sorted(map(repr, ranged.findings)) == sorted(map(repr, single.findings))
+    assert ranged.counts == single.counts
+    assert ranged.checked == single.checked
+    assert ranged.ok == single.ok
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("scenarios")
+    for name in SMALL_SCENARIOS:
+        generate(name, root / name)
+    return root
+
+
+@pytest.mark.parametrize("name", SMALL_SCENARIOS)
+@pytest.mark.parametrize("range_size", RANGE_SIZES)
+def test_generated_scenarios(scenarios: Path, name: str, range_size: int) -> None:
+    assert_same(*both(scenarios / name, range_size))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "s1_multi",
+        "s3_txn_delay",
+        "v533_s1_multi",
+        "v533_s3_txn",
+        "s4_recovered_from_torn_half_record",
+    ],
+)
+def test_real_broker_stores(oracle, name: str) -> None:
+    for range_size in (3000, 65536):
+        assert_same(*both(oracle(name).store, range_size, StoreConfig(**ORACLE_CONFIG)))
+
+
+@pytest.mark.parametrize("copy", ["store_torn_half_record", "store_torn_random_garbage"])
+def test_torn_real_broker_stores(oracle, copy: str) -> None:
+    single, ranged = both(oracle("s2_crash").root / copy, 3000, StoreConfig(**ORACLE_CONFIG))
+    assert_same(single, ranged)
+    torn = [f.offset for f in ranged.findings if f.kind == "torn-tail"]
+    assert torn == [oracle("s2_crash").manifest["lastValidEnd"]]
+
+
+def _records(store_dir: Path) -> list[tuple[int, tuple]]:
+    with Store.open_read(store_dir) as store:
+        return [(offset, header) for offset, header, *_ in store.commitlog.scan()]
+
+
+def _patch(store_dir: Path, offset: int, data: bytes, file_size: int) -> None:
+    path = store_dir / "commitlog" / f"{offset - offset % file_size:020d}"
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, data, offset % file_size)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def damaged(tmp_path: Path) -> Path:
+    """``multi`` with a bad magic code in the first file (skipped, then resumed), a store
+    time that goes back and a queue offset that jumps."""
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    records = _records(store_dir)
+    size = 65536
+    _patch(store_dir, records[10][0] + 4, b"\x00\x00\x00\x01", size)
+    offset, header = records[30]
+    # STORETIMESTAMP follows BORNTIMESTAMP (at 40) and BORNHOST (8 bytes, 20 for IPv6)
+    born_host = 20 if header[H_SYS_FLAG] & BORNHOST_V6_FLAG else 8
+    _patch(
+        store_dir,
+        offset + 48 + born_host,
+        (header[H_STORE_TIMESTAMP] - 100_000).to_bytes(8, "big"),
+        size,
+    )
+    _patch(store_dir, records[50][0] + 20, (999).to_bytes(8, "big"), size)
+    return store_dir
+
+
+@pytest.mark.parametrize("range_size", [97, 300, 1 << 30])
+def test_damage_across_range_boundaries(damaged: Path, range_size: int) -> None:
+    single, ranged = both(damaged, range_size)
+    assert {"record-invalid", "store-time-order", "queue-offset-gap"} <= set(single.counts)
+    assert_same(single, ranged)
+
+
+def test_options(damaged: Path, scenarios: Path) -> None:
+    offsets = [offset for offset, _ in _records(scenarios / "multi")]
+    for options in (
+        {"from_offset": offsets[100]},
+        {"from_offset": 65536},
+        {"topics": frozenset({"TopicTest"})},
+        {"commitlog_only": True},
+        {"check_crc": False},
+    ):
+        for range_size in (400, 1 << 30):
+            assert_same(*both(damaged, range_size, **options))
+
+
+def test_a_from_offset_that_is_not_a_record_is_refused(scenarios: Path) -> None:
+    offsets = [offset for offset, _ in _records(scenarios / "multi")]
+    for range_size in (400, 1 << 30):
+        with Store.open_read(scenarios / "multi") as store:
+            ranged = RangedVerify(
+                store,
+                check_crc=True,
+                commitlog_only=False,
+                topics=None,
+                from_offset=offsets[100] + 1,
+                max_findings=None,
+                range_size=range_size,
+            )
+            with pytest.raises(InputError, match="no record starts at offset"):
+                ranged.run()
+
+
+def test_max_findings_keeps_the_count(damaged: Path) -> None:
+    single, ranged = both(damaged, 400, max_findings=2)
+    assert len(ranged.findings) == 2 and ranged.truncated
+    assert ranged.counts == single.counts and ranged.problems == single.problems

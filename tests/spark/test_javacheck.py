@@ -1,0 +1,54 @@
+"""Without a Java 17+ the Spark engine says what to install, in one line, and exits 2."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from rmqstore.fixtures import generate
+
+
+def run_without_java(tmp_path: Path, java: str | None, *args: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if java is not None:
+        fake = bin_dir / "java"
+        fake.write_text(f"#!/bin/sh\necho '{java}' >&2\n")
+        fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "SPARK_HOME")}
+    env["PATH"] = str(bin_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "rmqstore", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_no_java(tmp_path: Path) -> None:
+    generate("basic", tmp_path / "store")
+    result = run_without_java(tmp_path, None, "export", str(tmp_path / "store"), "--to", "x")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "Java 17 or newer" in result.stderr and "JAVA_HOME" in result.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_old_java(tmp_path: Path) -> None:
+    generate("basic", tmp_path / "store")
+    old = 'openjdk version "11.0.22" 2024-01-16'
+    result = run_without_java(tmp_path, old, "verify", str(tmp_path / "store"), "--engine", "spark")
+    assert result.returncode == 2 and "is Java 11" in result.stderr
+
+
+def test_the_local_engine_needs_no_java(tmp_path: Path) -> None:
+    generate("basic", tmp_path / "store")
+    out = tmp_path / "out"
+    result = run_without_java(
+        tmp_path, None, "export", str(tmp_path / "store"), "--to", str(out), "--engine", "local"
+    )
+    assert result.returncode == 0, result.stderr
+    assert (out / "part-00000.parquet").is_file()

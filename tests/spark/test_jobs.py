@@ -1,0 +1,234 @@
+"""The Spark engine on a real local Spark session: the data sources from plain PySpark, export
+of the real-broker stores, and verify / rebuild / stats / export giving what the local
+engine gives (the same findings, byte-identical files)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.consumequeue import list_queues
+from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
+from rmqstore.fixtures import generate
+from rmqstore.spark.jobs import SparkPipeline
+from rmqstore.spark.pipeline import LocalPipeline, PipelineOptions
+from rmqstore.store import Store
+from rmqstore.verify import VerifyOptions, verify_store
+
+from support import (
+    ORACLE_CONFIG,
+    ORACLE_OPTIONS,
+    check_against_broker,
+    parquet_rows,
+    run_cli,
+    tree_digest,
+)
+
+pytestmark = pytest.mark.spark
+
+BROKER_STORES = ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"]
+
+
+def clock() -> int:
+    return 1_700_000_000_000  # index file names are creation times
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("generated")
+    for name in ("multi", "txn", "delay", "v2", "torn-tail", "garbage-after-end", "crc-flip",
+                 "missing-file", "cq-truncated", "index-broken-chain", "abort-left"):  # fmt: skip
+        generate(name, root / name)
+    return root
+
+
+# -- the data sources, from plain PySpark -------------------------------------------------------
+
+
+def test_commitlog_source_from_plain_pyspark(spark: Any, stores: Path) -> None:
+    frame = spark.read.format("rocketmq-commitlog").option("splitSize", "60000")
+    rows = frame.load(str(stores / "multi")).orderBy("commitLogOffset").collect()
+    with Store.open_read(stores / "multi") as store:
+        expected = [(o, t, h) for o, h, t, *_ in store.commitlog.scan()]
+    assert [row.commitLogOffset for row in rows] == [offset for offset, _, _ in expected]
+    assert [row.topic for row in rows] == [topic for _, topic, _ in expected]
+    with Store.open_read(stores / "multi") as store:
+        message = store.commitlog.read(rows[7].commitLogOffset)
+    assert rows[7].body == message.body and rows[7].msgId == message.msg_id
+    assert dict(rows[7].properties) == message.properties
+    assert rows[7].storeSize == rows[7].msgSize == message.store_size
+    assert rows[7].crcOk is None  # not checked unless asked
+
+
+def test_commitlog_source_options(spark: Any, stores: Path) -> None:
+    reader = spark.read.format("rocketmq-commitlog")
+    crc = reader.option("verifyCrc", "true").option("includeBody", "false")
+    rows = crc.load(str(stores / "crc-flip")).select("crcOk", "body").collect()
+    assert sum(1 for row in rows if row.crcOk is False) == 1
+    assert all(row.body is None for row in rows)
+    topic = reader.option("topics", "TopicTest").load(str(stores / "multi"))
+    assert {row.topic for row in topic.select("topic").distinct().collect()} == {"TopicTest"}
+    summary = reader.option("summary", "files").load(str(stores / "torn-tail")).collect()
+    assert [row.outcome for row in summary if row.lastFile] == ["invalid"]
+
+
+def test_a_file_uri_is_read_like_a_path(spark: Any, stores: Path) -> None:
+    reader = spark.read.format("rocketmq-commitlog").option("splitSize", "20000")
+    by_path = reader.load(str(stores / "multi")).select("commitLogOffset", "msgId").collect()
+    by_uri = reader.load(f"file://{stores / 'multi'}").select("commitLogOffset", "msgId")
+    assert sorted(by_uri.collect()) == sorted(by_path)
+
+
+def test_a_torn_tail_is_not_read_as_messages(spark: Any, oracle) -> None:
+    crash = oracle("s2_crash")
+    frame = spark.read.format("rocketmq-commitlog").load(str(crash.root / "store_torn_half_record"))
+    last = frame.orderBy("commitLogOffset", ascending=False).first()
+    assert last.commitLogOffset + last.storeSize == crash.manifest["lastValidEnd"]
+
+
+def test_consumequeue_source(spark: Any, stores: Path) -> None:
+    rows = spark.read.format("rocketmq-consumequeue").load(str(stores / "multi")).collect()
+    with Store.open_read(stores / "multi") as store:
+        expected = sorted(
+            (topic, queue_id, unit.queue_offset, unit.physical_offset, unit.size, unit.tags_code)
+            for topic, queue_id in list_queues(store.consumequeue_dir)
+            for unit in store.consume_queue(topic, queue_id).units()
+        )
+    assert sorted(tuple(row)[:6] for row in rows) == expected
+
+
+# -- export and stats ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BROKER_STORES)
+def test_broker_stores_export_to_parquet_as_the_broker_reported(
+    spark: Any, oracle, tmp_path: Path, name: str
+) -> None:
+    pipeline = SparkPipeline(spark, str(oracle(name).store), PipelineOptions(split=400_000))
+    result = pipeline.export(str(tmp_path / "out"), "parquet")
+    rows = parquet_rows(tmp_path / "out")
+    assert result.messages == len(rows) == len({row["commitLogOffset"] for row in rows})
+    check_against_broker(rows, oracle(name).manifest)
+
+
+def test_export_and_stats_equal_the_local_engine(spark: Any, stores: Path, tmp_path: Path):
+    for name in ("multi", "crc-flip"):
+        options = PipelineOptions(split=30000)
+        on_spark = SparkPipeline(spark, str(stores / name), options)
+        here = LocalPipeline(str(stores / name), options)
+        on_spark.export(str(tmp_path / f"{name}-spark"), "jsonl")
+        here.export(str(tmp_path / f"{name}-local"), "jsonl")
+        lines = {
+            engine: sorted(
+                line
+                for part in (tmp_path / f"{name}-{engine}").glob("part-*")
+                for line in part.read_text(encoding="utf-8").splitlines()
+            )
+            for engine in ("spark", "local")
+        }
+        assert lines["spark"] == lines["local"] and lines["local"]
+        assert on_spark.stats().to_dict() == here.stats().to_dict()
+
+
+# -- verify and rebuild -------------------------------------------------------------------------
+
+
+def _verify_both(spark: Any, store_dir: Path, config: StoreConfig | None, split: int):
+    settings = VerifyOptions(max_findings=None)
+    with Store.open_read(store_dir, config) as store:
+        local = verify_store(store, settings)
+    with Store.open_read(store_dir, config) as store:
+        pipeline = SparkPipeline(spark, str(store_dir), PipelineOptions(split=split))
+        remote = pipeline.verify(store, settings)
+    return local, remote
+
+
+def test_verify_on_spark_finds_what_the_local_engine_finds(spark: Any, stores: Path, oracle):
+    # ranges are checked in-process against every scenario in tests/engine/test_verify_ranges;
+    # here: the same merge with the ranges checked on executors
+    damaged = ("multi", "torn-tail", "missing-file", "index-broken-chain", "cq-truncated")
+    cases = [(stores / name, None, 20000) for name in damaged]
+    oracle_config = StoreConfig(**ORACLE_CONFIG)
+    cases += [(oracle("s2_crash").root / "store_torn_random_garbage", oracle_config, 300_000)]
+    for store_dir, config, split in cases:
+        local, remote = _verify_both(spark, store_dir, config, split)
+        assert sorted(map(repr, remote.findings)) == sorted(map(repr, local.findings)), store_dir
+        assert remote.checked == local.checked and remote.ok == local.ok
+
+
+def _rebuild(
+    store_dir: Path, config: StoreConfig | None, spark: Any | None, split: int = 5000
+) -> dict:
+    with Store.open_write(store_dir, config) as store:
+        plan = plan_rebuild(store)
+        apply_rebuild(store, plan)
+        if spark is None:
+            dispatcher = Dispatcher(store, clock=clock)
+            try:
+                result = dispatcher.run(plan.from_offset)
+            finally:
+                dispatcher.close()
+        else:
+            pipeline = SparkPipeline(spark, str(store_dir), PipelineOptions(split=split))
+            result = pipeline.rebuild(
+                store, from_offset=plan.from_offset, topics=None, build_index=True, clock=clock
+            )
+    for quarantined in store_dir.glob("quarantine"):
+        shutil.rmtree(quarantined)
+    return result.to_dict()
+
+
+REBUILT = ["multi", "txn", "delay", "v2", "torn-tail", "garbage-after-end", "crc-flip",
+           "missing-file"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REBUILT)
+def test_rebuild_on_spark_writes_the_same_bytes(
+    spark: Any, stores: Path, tmp_path: Path, name: str
+) -> None:
+    shutil.copytree(stores / name, tmp_path / "local")
+    shutil.copytree(stores / name, tmp_path / "spark")
+    local = _rebuild(tmp_path / "local", None, None)
+    remote = _rebuild(tmp_path / "spark", None, spark)
+    assert remote == local
+    assert tree_digest(tmp_path / "spark") == tree_digest(tmp_path / "local")
+
+
+@pytest.mark.parametrize("copy", ["store", "store_torn_half_record"])
+def test_rebuild_of_broker_stores_on_spark(spark: Any, oracle, tmp_path: Path, copy: str):
+    config = StoreConfig(**ORACLE_CONFIG)
+    for engine in ("local", "spark"):
+        shutil.copytree(oracle("s2_crash").root / copy, tmp_path / engine)
+    local = _rebuild(tmp_path / "local", config, None)
+    remote = _rebuild(tmp_path / "spark", config, spark, split=300_000)
+    assert remote == local
+    assert tree_digest(tmp_path / "spark") == tree_digest(tmp_path / "local")
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_commands_with_the_spark_engine(spark: Any, oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    exported = run_cli("export", store_dir, "--to", tmp_path / "out", "--json", *ORACLE_OPTIONS)
+    assert exported.exit_code == 0, exported.stderr
+    assert json.loads(exported.stdout)["messages"] == 3002
+    stats = run_cli("stats", store_dir, "--json", *ORACLE_OPTIONS)
+    assert json.loads(stats.stdout)["messages"] == 3002
+    verified = run_cli("verify", store_dir, "--engine", "spark", "--json", *ORACLE_OPTIONS)
+    assert verified.exit_code == 0 and json.loads(verified.stdout)["ok"] is True
+    before = tree_digest(store_dir / "consumequeue")
+    rebuilt = run_cli(
+        "dispatch", store_dir, "--rebuild", "--yes", "--engine", "spark", "--json", *ORACLE_OPTIONS
+    )
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    assert json.loads(rebuilt.stdout)["unitsWritten"] == 3002
+    assert tree_digest(store_dir / "consumequeue") == before  # the broker's own bytes
+    assert (store_dir / "quarantine").is_dir()
+    refused = run_cli("dispatch", store_dir, "--engine", "spark")
+    assert refused.exit_code == 2 and "--rebuild" in refused.stderr

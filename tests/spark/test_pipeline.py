@@ -1,0 +1,122 @@
+"""export and stats on the local engine: every message exported as ``read`` shows it and as
+the real broker reported it; statistics add up; bad destinations are refused cleanly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rmqstore.errors import InputError
+from rmqstore.fixtures import generate
+from rmqstore.spark.pipeline import LocalPipeline, PipelineOptions
+from rmqstore.store import Store
+
+from support import check_against_broker, parquet_rows, run_cli
+
+BROKER_STORES = ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"]
+
+
+@pytest.mark.parametrize("name", BROKER_STORES)
+def test_broker_stores_export_as_the_broker_reported(oracle, tmp_path: Path, name: str) -> None:
+    store_dir = oracle(name).store
+    result = LocalPipeline(str(store_dir), PipelineOptions(split=20000)).export(
+        str(tmp_path / "out"), "parquet"
+    )
+    rows = parquet_rows(tmp_path / "out")
+    assert result.messages == len(rows)
+    check_against_broker(rows, oracle(name).manifest)
+
+
+def test_jsonl_export_holds_what_read_prints(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    result = run_cli(
+        "export", store_dir, "--to", tmp_path / "out", "--engine", "local", "--format", "jsonl"
+    )
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "out" / "part-00000.jsonl").read_text(encoding="utf-8").splitlines()
+    exported = [json.loads(line) for line in lines]
+    assert len(exported) == 602
+    read = run_cli(
+        "read", store_dir, "--from-offset", "0", "--count", "1000", "--jsonl", "--body", "base64"
+    )
+    documents = [json.loads(line) for line in read.stdout.splitlines()]
+    assert len(documents) == len(exported)
+    for row, document in zip(exported, documents, strict=True):
+        for name in ("msgId", "topic", "queueId", "queueOffset", "storeSize", "bornHost",
+                     "storeHost", "properties", "tags", "keys", "uniqKey", "sysFlag"):  # fmt: skip
+            assert row.get(name) == document.get(name), name
+        assert row.get("body", "") == (document.get("body") or "")
+
+
+def test_topics_and_no_body(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=9000))
+    pipeline.export(
+        str(tmp_path / "a"), "parquet", topics=frozenset({"TopicTest"}), include_body=False
+    )
+    rows = parquet_rows(tmp_path / "a")
+    assert rows and {row["topic"] for row in rows} == {"TopicTest"}
+    assert all(row["body"] is None for row in rows)
+
+
+def test_export_refuses_an_existing_non_empty_directory(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("basic", store_dir)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    result = run_cli("export", store_dir, "--to", tmp_path / "out", "--engine", "local")
+    assert result.exit_code == 2
+    assert "not an empty directory" in result.stderr
+    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+    with pytest.raises(InputError):
+        LocalPipeline(str(store_dir), PipelineOptions()).export(str(tmp_path / "out"), "csv")
+
+
+def test_a_failed_export_leaves_nothing_behind(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("basic", store_dir)
+    pipeline = LocalPipeline(str(store_dir), PipelineOptions())
+
+    def broken(*args: object, **kwargs: object):
+        raise OSError(28, "No space left on device")
+        yield  # pragma: no cover
+
+    import rmqstore.spark.pipeline as pipeline_module
+
+    original = pipeline_module.message_batches
+    pipeline_module.message_batches = broken
+    try:
+        with pytest.raises(Exception, match="No space left"):
+            pipeline.export(str(tmp_path / "out"), "parquet")
+    finally:
+        pipeline_module.message_batches = original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+
+
+def test_not_a_store(tmp_path: Path) -> None:
+    result = run_cli("stats", tmp_path / "nothing", "--engine", "local")
+    assert result.exit_code == 2 and "no such directory" in result.stderr
+    result = run_cli("export", tmp_path, "--to", tmp_path / "out", "--engine", "local")
+    assert result.exit_code == 2 and "not a RocketMQ store" in result.stderr
+
+
+def test_stats_add_up(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("crc-flip", store_dir)
+    stats = LocalPipeline(str(store_dir), PipelineOptions(split=5000)).stats().to_dict()
+    with Store.open_read(store_dir) as store:
+        records = [(o, h, t) for o, h, t, *_ in store.commitlog.scan()]
+    assert stats["messages"] == len(records) == sum(f["records"] for f in stats["files"])
+    assert sum(f["crcFailures"] for f in stats["files"]) == 1
+    assert sum(f["blankBytes"] for f in stats["files"]) > 0
+    queues = {(q["topic"], q["queueId"]): q for q in stats["queues"]}
+    assert sum(q["messages"] for q in queues.values()) == len(records)
+    for queue in queues.values():
+        assert queue["maxQueueOffset"] - queue["minQueueOffset"] + 1 == queue["messages"]
+        assert len(queue["topTags"]) <= 5
+    human = run_cli("stats", store_dir, "--engine", "local")
+    assert human.exit_code == 0 and "TopicTest" in human.stdout

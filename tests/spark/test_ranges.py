@@ -1,0 +1,110 @@
+"""Ranges of the pipeline, in-process: whatever the split, the records read through the
+ranges are those one walk of the log sees, and the end where dispatch stops is the local
+dispatcher's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.delay import DelayLevels
+from rmqstore.dispatch import Dispatcher
+from rmqstore.fixtures import generate
+from rmqstore.spark.ranges import (
+    RangeScan,
+    dispatch_end,
+    file_bounds,
+    plan_ranges,
+    summarize_range,
+    walk_summaries,
+)
+from rmqstore.spark.storefs import StoreLocation
+from rmqstore.store import Store
+
+from support import ORACLE_CONFIG
+
+SPLITS = [97, 1500, 0]
+
+
+def ranged_records(store_dir: Path, split: int) -> list[int]:
+    location = StoreLocation(str(store_dir))
+    summaries = [
+        summarize_range(location, part, check_crc=False, delay_levels=DelayLevels())
+        for part in plan_ranges(location, split, split_last=True)
+    ]
+    bounds = file_bounds(walk_summaries(summaries))
+    offsets = []
+    for part in plan_ranges(location, split, split_last=True, bounds=bounds):
+        offsets.extend(item[2] for item in RangeScan(location, part, False, resync_last=True))
+    return offsets
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("stores")
+    for name in ("multi", "torn-tail", "garbage-after-end", "crc-flip", "missing-file"):
+        generate(name, root / name)
+    return root
+
+
+@pytest.mark.parametrize("name", ["multi", "torn-tail", "garbage-after-end", "crc-flip"])
+@pytest.mark.parametrize("split", SPLITS)
+def test_ranges_read_what_a_walk_reads(stores: Path, name: str, split: int) -> None:
+    with Store.open_read(stores / name) as store:
+        expected = [offset for offset, *_ in store.commitlog.scan()]
+    assert ranged_records(stores / name, split) == expected
+
+
+def test_damage_in_a_completed_file_is_skipped(stores: Path, tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    with Store.open_read(store_dir) as store:
+        offsets = [offset for offset, *_ in store.commitlog.scan()]
+    damaged = offsets[10]
+    fd = os.open(store_dir / "commitlog" / f"{0:020d}", os.O_RDWR)
+    os.pwrite(fd, b"\x00\x00\x00\x01", damaged + 4)  # not a magic code
+    os.close(fd)
+    for split in SPLITS:
+        assert ranged_records(store_dir, split) == [o for o in offsets if o != damaged]
+
+
+def test_a_torn_real_broker_store_ends_at_the_last_valid_end(oracle) -> None:
+    crash = oracle("s2_crash")
+    for copy in ("store_torn_half_record", "store_torn_random_garbage"):
+        store_dir = crash.root / copy
+        for split in (3000, 0):
+            offsets = ranged_records(store_dir, split)
+            with Store.open_read(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+                last = store.commitlog.read(offsets[-1])
+            assert offsets[-1] + last.store_size == crash.manifest["lastValidEnd"]
+
+
+@pytest.mark.parametrize("name", ["multi", "torn-tail", "garbage-after-end", "crc-flip"])
+def test_dispatch_end_is_where_the_dispatcher_stops(stores: Path, tmp_path: Path, name: str):
+    store_dir = tmp_path / name
+    generate(name, store_dir)
+    with Store.open_write(store_dir) as store:
+        recovery = store.commitlog.recovery_start(store.checkpoint(), store.abort_path.exists())
+        crc_from = recovery.start if store.config.check_crc_on_recover else None
+        location = StoreLocation(str(store_dir))
+        for split in SPLITS:
+            summaries = [
+                summarize_range(
+                    location,
+                    part,
+                    check_crc=crc_from is not None and part.file_start >= crc_from,
+                    delay_levels=DelayLevels(),
+                )
+                for part in plan_ranges(location, split, split_last=True)
+            ]
+            end = dispatch_end(walk_summaries(summaries), next_file_start=None, crc_from=crc_from)
+            for queue_dir in (store_dir / "consumequeue").glob("*"):
+                os.rename(queue_dir, tmp_path / f"moved-{name}-{split}-{queue_dir.name}")
+            dispatcher = Dispatcher(store, build_index=False)
+            result = dispatcher.run(store.commitlog.min_offset)
+            dispatcher.close()
+            assert end.cut == result.log_end
+            assert end.reason == result.stopped_by
