@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The Spark pipeline (and its tests) need Java 17 or newer on PATH or in JAVA_HOME.
-java-check:
+java-check: venv
 	@$(BIN)/python -m rmqstore.spark.javacheck
 
 lint: venv
@@ -42,13 +42,13 @@ test-fast: venv lint
 man: venv
 	$(BIN)/python -m rmqstore.commands.manpages man
 
-demo: venv
+demo: venv java-check
 	@DEMO_DIR="$(DEMO_DIR)" RMQSTORE="$(BIN)/rmqstore" PYTHON="$(BIN)/python" sh scripts/demo.sh
 
-bench: venv
+bench: venv java-check
 	$(BIN)/python bench/run_all.py
 
-bench-quick: venv
+bench-quick: venv java-check
 	$(BIN)/python bench/run_all.py --messages 200000
 
 clean:

@@ -27,8 +27,8 @@ from rmqstore.store import Store
     "destination",
     required=True,
     metavar="DIR",
-    help="A new (or empty) directory for the part files; with --engine spark also a "
-    "pyarrow/Hadoop URI (s3://, hdfs://, gs://).",
+    help="A new (or empty) directory for the part files, or a pyarrow URI (s3://, hdfs://, "
+    "gs://).",
 )
 @click.option(
     "--format",
@@ -62,9 +62,11 @@ def command(
 
     Records are read up to where each file's records end, as one walk of the log sees it:
     damaged regions of completed files are skipped, and the log ends at the first invalid
-    record of its last file. STORE may be a local path or, with --engine spark, a pyarrow URI
-    (s3://, hdfs://, gs://). The output goes to a staging directory renamed to DIR at the end,
-    so a failed export leaves nothing behind. Reads only; works on a store a broker holds.
+    record of its last file. One part file per range of the commit log (--split-size),
+    part-NNNNN.parquet or .jsonl; both engines write the same files. STORE and DIR may be local
+    paths or pyarrow URIs (s3://, hdfs://, gs://). A local DIR is written under a temporary
+    name and renamed at the end, so a failed export leaves nothing behind. Reads only; works
+    on a store a broker holds.
 
     JSON: destination, format, messages, files, commitLogFiles.
     """

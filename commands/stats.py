@@ -36,8 +36,8 @@ def command(
     Per topic and queue: messages (records of any transaction type), bytes (storeSize),
     min/max queue offset, first/last store time, distinct tags and the most common ones. Per
     commit-log file: records, bytes, BLANK bytes, CRC failures (body CRCs are checked),
-    damaged regions skipped, and where and why its records end. STORE may be a local path
-    or, with --engine spark, a pyarrow URI (s3://, hdfs://, gs://). Reads only.
+    damaged regions skipped, and where and why its records end. STORE may be a local path or a
+    pyarrow URI (s3://, hdfs://, gs://). Reads only.
 
     JSON: messages, bytes, queues[{topic, queueId, messages, bytes, minQueueOffset,
     maxQueueOffset, firstStoreTimestamp, lastStoreTimestamp, distinctTags, topTags[{tag,

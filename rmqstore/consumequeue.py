@@ -43,6 +43,9 @@ class Unit:
         return self.physical_offset == 0 and self.size == PRE_BLANK_SIZE
 
 
+QueueBounds = tuple[int, int, int]
+
+
 def is_valid_unit(physical_offset: int, size: int) -> bool:
     """The broker's test while recovering a queue: ``offset >= 0 && size > 0``."""
     return physical_offset >= 0 and size > 0
@@ -54,8 +57,17 @@ class ConsumeQueue:
     offset to get the broker's min offset."""
 
     def __init__(
-        self, root: Path, topic: str, queue_id: int, file_size: int, *, strict: bool = True
+        self,
+        root: Path,
+        topic: str,
+        queue_id: int,
+        file_size: int,
+        *,
+        strict: bool = True,
+        known: QueueBounds | None = None,
     ) -> None:
+        """``known``: the bounds another load of the same, unchanged files found (a parallel
+        verify loads each queue once, not once per range)."""
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size
@@ -63,15 +75,23 @@ class ConsumeQueue:
         self.queue = SegmentQueue.load(
             self.directory, file_size, strict=strict, kind="consume-queue"
         )
+        self._write_map: mmap.mmap | None = None
+        self._write_segment: Segment | None = None
+        self._dirty: set[Path] = set()
+        if known is not None:
+            self.end, self.min_logic_offset, self.max_physical_offset = known
+            return
         self.end = self._find_end()  # logical byte offset after the last valid unit
         self.max_physical_offset = -1  # end (offset + size) of the last valid unit
         self.min_logic_offset = self.queue.min_offset or 0
         if self.end > self.min_logic_offset:
             last = self.read_unit((self.end - CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
             self.max_physical_offset = last.physical_offset + last.size
-        self._write_map: mmap.mmap | None = None
-        self._write_segment: Segment | None = None
-        self._dirty: set[Path] = set()
+
+    @property
+    def bounds(self) -> QueueBounds:
+        """(end, min logical offset, max physical offset): what a load found."""
+        return (self.end, self.min_logic_offset, self.max_physical_offset)
 
     @property
     def has_unflushed_writes(self) -> bool:

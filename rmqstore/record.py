@@ -583,19 +583,33 @@ class RegionScan:
 
 
 _MESSAGE_MAGICS = (struct.pack(">i", MAGIC_V1), struct.pack(">i", MAGIC_V2))
+_SEARCH_WINDOW = 64 * 1024
 
 
-def find_next_record(buf: Any, start: int, limit: int, base_offset: int) -> int | None:
-    """The first position at or after ``start`` (below ``limit``) where a valid message record
-    begins: a message magic code, the stored PHYSICALOFFSET equal to the position, and a
-    record that decodes. Used to resynchronise after corrupt bytes."""
+def find_next_record(
+    buf: Any, start: int, limit: int, base_offset: int, search_end: int | None = None
+) -> int | None:
+    """The first position at or after ``start`` (below ``search_end``, default ``limit``)
+    where a valid message record begins: a message magic code, the stored PHYSICALOFFSET
+    equal to the position, and a record that decodes within ``limit``. Used to resynchronise
+    after corrupt bytes and to find the first record of a range."""
     search = start + 4
-    while search < limit:
+    magic_end = limit if search_end is None else min(limit, search_end + 8)
+    window = _SEARCH_WINDOW
+    while search < magic_end:
+        # both magic codes, in growing windows: the cost follows the distance to a hit
+        window_end = min(magic_end, search + window)
         hits = [
-            hit for hit in (buf.find(magic, search, limit) for magic in _MESSAGE_MAGICS) if hit >= 0
+            hit
+            for hit in (buf.find(magic, search, window_end) for magic in _MESSAGE_MAGICS)
+            if hit >= 0
         ]
         if not hits:
-            return None
+            search = max(search, window_end - 3)  # a code may straddle the window's end
+            if window_end >= magic_end:
+                return None
+            window *= 2
+            continue
         position = min(hits) - 4
         if (
             position + 36 <= limit

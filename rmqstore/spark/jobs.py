@@ -19,7 +19,6 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +35,26 @@ from rmqstore.record import ScanStop
 from rmqstore.segments import fsync_directory
 from rmqstore.spark import SparkUnavailable
 from rmqstore.spark.pipeline import (
-    EXPORT_FORMATS,
     ExportResult,
     FileStats,
     PipelineOptions,
     QueueStats,
     StoreStats,
-    check_destination,
+    check_export,
+    export_parts,
     file_stats,
-    staged_directory,
 )
 from rmqstore.spark.ranges import (
     RangeSummary,
     dispatch_end,
     file_bounds,
+    plan_ranges,
+    record_margin,
+    summarize_job,
+    summary_jobs,
     walk_summaries,
 )
+from rmqstore.spark.rows import MessageRowOptions
 from rmqstore.spark.storefs import StoreLocation
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, VerifyReport
@@ -124,13 +127,17 @@ class SparkPipeline:
 
     @spark_errors
     def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
-        """The summaries of the ranges one walk of the log visits."""
-        frame = self._reader(
-            summary="files", verifyCrc=str(check_crc).lower(), crcFrom=str(crc_from)
-        ).load(self.store)
-        names = [f.name for f in fields(RangeSummary)]
-        summaries = [RangeSummary(**dict(zip(names, row, strict=True))) for row in frame.collect()]
-        return walk_summaries(summaries)
+        """The summaries of the ranges one walk of the log visits (summarised on executors;
+        the same as a ``summary=files`` read, without the data source's planning round)."""
+        jobs = summary_jobs(
+            self.location,
+            self.options.split,
+            check_crc=check_crc,
+            crc_from=crc_from,
+            delay_levels=self.options.delay_levels,
+            margin=record_margin(self.options.max_message_size),
+        )
+        return walk_summaries(self._on_executors(summarize_job, jobs))
 
     def messages(
         self, walked: list[RangeSummary], *, include_body: bool, topics: frozenset[str] | None
@@ -153,29 +160,31 @@ class SparkPipeline:
         topics: frozenset[str] | None = None,
         include_body: bool = True,
     ) -> ExportResult:
-        if fmt not in EXPORT_FORMATS:
-            raise InputError(f"unknown export format {fmt!r} (parquet or jsonl)")
-        check_destination(destination)
+        """Each range is written to its own part file by the executor reading it (pyarrow), so
+        the JVM has no per-row work; the output is the local engine's, byte for byte."""
+        check_export(destination, fmt)
         walked = self.walk(check_crc=False)
-        frame = self.messages(walked, include_body=include_body, topics=topics)
-        remote = "://" in destination and not destination.startswith("file://")
-        if remote:
-            _write(frame, fmt, destination)
-            return ExportResult(
-                destination, fmt, self._count(fmt, destination), [], file_stats(walked)
-            )
-        with staged_directory(destination, create=False) as staging:
-            _write(frame, fmt, f"file://{staging.resolve()}")
-            written = sorted(p.name for p in staging.iterdir() if p.name.startswith("part-"))
-            for crc in staging.glob(".*.crc"):
-                crc.unlink()
-            count = self._count(fmt, f"file://{staging.resolve()}")
-        return ExportResult(destination, fmt, count, written, file_stats(walked))
+        ranges = plan_ranges(
+            self.location,
+            self.options.split,
+            split_last=True,
+            bounds=file_bounds(walked),
+            margin=record_margin(self.options.max_message_size),
+        )
+        rows = MessageRowOptions(
+            include_body=include_body,
+            topics=topics,
+            delay_levels=self.options.delay_levels,
+            resync_last=True,
+        )
+        return export_parts(
+            self.location.uri, ranges, rows, destination, fmt, walked, self._on_executors
+        )
 
-    def _count(self, fmt: str, path: str) -> int:
-        if fmt == "parquet":
-            return self.spark.read.parquet(path).count()  # from the files' footers
-        return self.spark.read.text(path).count()
+    def _on_executors(self, function: Callable[[Any], Any], jobs: list) -> list:
+        if not jobs:
+            return []
+        return self.spark.sparkContext.parallelize(jobs, len(jobs)).map(function).collect()
 
     @spark_errors
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
@@ -234,12 +243,7 @@ class SparkPipeline:
             max_findings=options.max_findings,
             range_size=self.options.split or DEFAULT_RANGE_SIZE,
         )
-        context = self.spark.sparkContext
-
-        def on_executors(function: Any, jobs: list) -> list:
-            return context.parallelize(jobs, len(jobs)).map(function).collect()
-
-        return ranged.run(on_executors)
+        return ranged.run(self._on_executors)
 
     @spark_errors
     def rebuild(
@@ -332,14 +336,6 @@ class SparkPipeline:
 
         written = ordered.mapInArrow(write, "outcome STRING").collect()
         return [_decode(row.outcome) for row in written]
-
-
-def _write(frame: Any, fmt: str, path: str) -> None:
-    writer = frame.write.mode("errorifexists")
-    if fmt == "parquet":
-        writer.parquet(path)
-    else:
-        writer.option("ignoreNullFields", "true").json(path)
 
 
 def _encode(outcome: QueueRunOutcome) -> str:

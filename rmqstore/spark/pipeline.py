@@ -13,9 +13,10 @@ import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,22 @@ from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import H_QUEUE_ID, H_QUEUE_OFFSET, H_STORE_TIMESTAMP, H_TOTAL_SIZE
 from rmqstore.spark.ranges import (
     DEFAULT_SPLIT,
+    FileRange,
     RangeScan,
     RangeSummary,
     file_bounds,
     plan_ranges,
     record_margin,
-    summarize_range,
+    summarize_job,
+    summary_jobs,
     walk_summaries,
 )
-from rmqstore.spark.rows import MessageRowOptions, message_batches
+from rmqstore.spark.rows import (
+    COMMITLOG_COLUMNS,
+    MessageRowOptions,
+    arrow_schema,
+    message_batches,
+)
 from rmqstore.spark.storefs import StoreLocation
 
 EXPORT_FORMATS = ("parquet", "jsonl")
@@ -157,10 +165,21 @@ class ExportResult:
         }
 
 
-def check_destination(destination: str) -> None:
+def check_export(destination: str, fmt: str) -> None:
     """An export goes to a new or empty directory, never over earlier output."""
-    if "://" in destination and not destination.startswith("file://"):
-        return  # a remote destination: Spark refuses one that exists
+    if fmt not in EXPORT_FORMATS:
+        raise InputError(f"unknown export format {fmt!r} (parquet or jsonl)")
+    if _remote(destination):
+        filesystem, path = _filesystem(destination)
+        from pyarrow import fs
+
+        info = filesystem.get_file_info(path)
+        if info.type != fs.FileType.NotFound and (
+            info.type != fs.FileType.Directory
+            or filesystem.get_file_info(fs.FileSelector(path, recursive=False))
+        ):
+            raise InputError(f"{destination} exists and is not empty; choose a new place")
+        return
     path = Path(destination.removeprefix("file://"))
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise InputError(f"{path} exists and is not an empty directory; choose a new one")
@@ -168,16 +187,29 @@ def check_destination(destination: str) -> None:
         raise InputError(f"{path.parent}: no such directory")
 
 
+def _remote(destination: str) -> bool:
+    return "://" in destination and not destination.startswith("file://")
+
+
+def _filesystem(uri: str) -> tuple[Any, str]:
+    try:
+        from pyarrow import fs
+
+        return fs.FileSystem.from_uri(uri)
+    except ImportError:
+        raise InputError("writing to a URI needs pyarrow: pip install 'rmqstore[spark]'") from None
+    except Exception as exc:  # pyarrow raises ArrowInvalid and friends
+        raise InputError(f"cannot open {uri}: {exc}") from None
+
+
 @contextmanager
-def staged_directory(destination: str, *, create: bool = True) -> Iterator[Path]:
-    """A sibling directory to write into (created unless the writer creates it), renamed to
-    ``destination`` when the block completes and removed when it fails, so no half-written
-    export is left behind."""
+def staged_directory(destination: str) -> Iterator[Path]:
+    """A sibling directory to write into, renamed to ``destination`` when the block
+    completes and removed when it fails, so no half-written export is left behind."""
     final = Path(destination.removeprefix("file://"))
     staging = final.with_name(f".{final.name}.rmqstore-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    if create:
-        staging.mkdir(parents=True)
+    staging.mkdir(parents=True)
     try:
         yield staging
         if final.exists():
@@ -186,6 +218,67 @@ def staged_directory(destination: str, *, create: bool = True) -> Iterator[Path]
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+@dataclass(frozen=True)
+class PartJob:
+    """One range's messages into one part file: picklable, for an executor."""
+
+    store: str
+    part: FileRange
+    rows: MessageRowOptions
+    fmt: str
+    target: str  # a path, or a URI for pyarrow.fs
+
+
+def write_part(job: PartJob) -> tuple[str, int]:
+    """Write one range's messages to its part file (none when the range has no messages)."""
+    batches = message_batches(StoreLocation(job.store), job.part, job.rows)
+    first = next(batches, None)
+    if first is None:
+        return job.target, 0
+    everything = chain([first], batches)
+    if _remote(job.target):
+        filesystem, path = _filesystem(job.target)
+        with filesystem.open_output_stream(path) as stream:
+            return job.target, _WRITERS[job.fmt](stream, everything)
+    with open(job.target, "wb") as stream:
+        return job.target, _WRITERS[job.fmt](stream, everything)
+
+
+def export_parts(
+    store: str,
+    ranges: list[FileRange],
+    rows: MessageRowOptions,
+    destination: str,
+    fmt: str,
+    walked: list[RangeSummary],
+    runner: Callable[[Callable[[PartJob], tuple[str, int]], list[PartJob]], list],
+) -> ExportResult:
+    """Write ``part-NNNNN`` files, one per range that has messages, with ``runner`` (here or
+    on executors). A local destination is written as a staging directory renamed at the end;
+    a remote one (object stores cannot rename a directory) is written in place."""
+    extension = "parquet" if fmt == "parquet" else "jsonl"
+
+    def jobs(base: str) -> list[PartJob]:
+        return [
+            PartJob(store, part, rows, fmt, f"{base}/part-{number:05d}.{extension}")
+            for number, part in enumerate(ranges)
+        ]
+
+    try:
+        if _remote(destination):
+            filesystem, path = _filesystem(destination)
+            filesystem.create_dir(path, recursive=True)
+            written = runner(write_part, jobs(destination.rstrip("/")))
+        else:
+            with staged_directory(destination) as staging:
+                written = runner(write_part, jobs(str(staging.resolve())))
+    except OSError as exc:
+        raise StoreIOError(f"cannot write {destination}: {exc.strerror or exc}") from None
+    files = [target.rsplit("/", 1)[-1] for target, count in written if count]
+    messages = sum(count for _, count in written)
+    return ExportResult(destination, fmt, messages, files, file_stats(walked))
 
 
 class LocalPipeline:
@@ -202,12 +295,14 @@ class LocalPipeline:
         return DelayLevels(levels) if levels else DelayLevels()
 
     def walk(self, *, check_crc: bool) -> list[RangeSummary]:
-        ranges = plan_ranges(self.location, self.options.split, split_last=True, margin=self.margin)
-        summaries = [
-            summarize_range(self.location, part, check_crc=check_crc, delay_levels=self._levels())
-            for part in ranges
-        ]
-        return walk_summaries(summaries)
+        jobs = summary_jobs(
+            self.location,
+            self.options.split,
+            check_crc=check_crc,
+            delay_levels=self.options.delay_levels,
+            margin=self.margin,
+        )
+        return walk_summaries([summarize_job(job) for job in jobs])
 
     def export(
         self,
@@ -217,9 +312,7 @@ class LocalPipeline:
         topics: frozenset[str] | None = None,
         include_body: bool = True,
     ) -> ExportResult:
-        if fmt not in EXPORT_FORMATS:
-            raise InputError(f"unknown export format {fmt!r} (parquet or jsonl)")
-        check_destination(destination)
+        check_export(destination, fmt)
         walked = self.walk(check_crc=False)
         ranges = plan_ranges(
             self.location,
@@ -234,14 +327,15 @@ class LocalPipeline:
             delay_levels=self.options.delay_levels,
             resync_last=True,
         )
-        batches = (batch for part in ranges for batch in message_batches(self.location, part, rows))
-        try:
-            with staged_directory(destination) as staging:
-                target = staging / f"part-00000.{'parquet' if fmt == 'parquet' else 'jsonl'}"
-                count = (_write_parquet if fmt == "parquet" else _write_jsonl)(target, batches)
-        except OSError as exc:
-            raise StoreIOError(f"cannot write {destination}: {exc.strerror}") from None
-        return ExportResult(destination, fmt, count, [target.name], file_stats(walked))
+        return export_parts(
+            self.location.uri,
+            ranges,
+            rows,
+            destination,
+            fmt,
+            walked,
+            lambda function, jobs: [function(job) for job in jobs],
+        )
 
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
         walked = self.walk(check_crc=True)
@@ -288,36 +382,37 @@ def _count(entry: QueueStats, header: tuple, props: bytes) -> None:
             entry.tags[tag] += 1
 
 
-def _write_parquet(target: Path, batches: Iterator[Any]) -> int:
+def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
     import pyarrow.parquet as pq
 
-    from rmqstore.spark.rows import COMMITLOG_COLUMNS, arrow_schema
-
     count = 0
-    with pq.ParquetWriter(target, arrow_schema(COMMITLOG_COLUMNS)) as writer:
+    with pq.ParquetWriter(stream, arrow_schema(COMMITLOG_COLUMNS)) as writer:
         for batch in batches:
             writer.write_batch(batch)
             count += batch.num_rows
     return count
 
 
-def _write_jsonl(target: Path, batches: Iterator[Any]) -> int:
+def _write_jsonl(stream: Any, batches: Iterator[Any]) -> int:
     """One JSON object per message, as Spark's JSON writer makes them: null fields left out,
     the body in base64, properties as an object."""
     count = 0
-    with open(target, "w", encoding="utf-8") as out:
-        for batch in batches:
-            for row in batch.to_pylist():
-                document = {}
-                for name, value in row.items():
-                    if value is None:
-                        continue
-                    if name == "body":
-                        value = base64.b64encode(value).decode("ascii")
-                    elif name == "properties":
-                        value = dict(value)
-                    document[name] = value
-                out.write(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
-                out.write("\n")
-                count += 1
+    for batch in batches:
+        lines = []
+        for row in batch.to_pylist():
+            document = {}
+            for name, value in row.items():
+                if value is None:
+                    continue
+                if name == "body":
+                    value = base64.b64encode(value).decode("ascii")
+                elif name == "properties":
+                    value = dict(value)
+                document[name] = value
+            lines.append(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
+        stream.write(("\n".join(lines) + "\n").encode("utf-8"))
+        count += len(lines)
     return count
+
+
+_WRITERS = {"parquet": _write_parquet, "jsonl": _write_jsonl}

@@ -85,8 +85,12 @@ def plan_ranges(
         if end < 0:
             continue
         step = size if split <= 0 or (name == last and not split_last) else split
-        for start in range(0, max(end, 1), max(step, 1)):
-            stop = min(end, start + step)
+        # a pre-allocated last file is mostly zeros: split only its data, and let the final
+        # range run to the end of the file
+        planned = end if name != last or bounds is not None else location.data_end(name, size)
+        starts = range(0, max(planned, 1), max(step, 1))
+        for number, start in enumerate(starts):
+            stop = end if number == len(starts) - 1 else min(end, start + step)
             ranges.append(FileRange(name, int(name), start, stop, size, name == last, margin))
     return ranges
 
@@ -126,7 +130,7 @@ class RangeScan:
             position = part.start - at
             stop = part.stop - at
             if not part.at_record:
-                found = find_next_record(buf, position, limit, base)
+                found = find_next_record(buf, position, limit, base, search_end=stop)
                 if found is None or found >= stop:
                     self.outcome = "covered"
                     return
@@ -249,6 +253,39 @@ def summarize_range(
         error=scan.error,
         delay_error=delay_error,
     )
+
+
+@dataclass(frozen=True)
+class SummaryJob:
+    """One range to summarise: picklable, for an executor."""
+
+    store: str
+    part: FileRange
+    check_crc: bool
+    delay_levels: str | None
+
+
+def summarize_job(job: SummaryJob) -> RangeSummary:
+    levels = DelayLevels(job.delay_levels) if job.delay_levels else DelayLevels()
+    return summarize_range(
+        StoreLocation(job.store), job.part, check_crc=job.check_crc, delay_levels=levels
+    )
+
+
+def summary_jobs(
+    location: StoreLocation,
+    split: int,
+    *,
+    check_crc: bool,
+    crc_from: int = 0,
+    delay_levels: str | None = None,
+    margin: int = record_margin(),
+) -> list[SummaryJob]:
+    """A summary job per range of the whole log (CRCs checked in files from ``crc_from``)."""
+    return [
+        SummaryJob(location.uri, part, check_crc and part.file_start >= crc_from, delay_levels)
+        for part in plan_ranges(location, split, split_last=True, margin=margin)
+    ]
 
 
 _FILE_ENDS = ("blank", "end", "invalid")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.errors import InputError, NotAStoreError, StoreIOError
+from rmqstore.segments import data_end_estimate
 
 _SEGMENT = re.compile(r"\d{20}")
 
@@ -91,6 +92,15 @@ class StoreLocation:
             return
         if not self.segments("commitlog"):
             raise NotAStoreError(f"{self.uri} holds no commit-log files")
+
+    def data_end(self, name: str, size: int) -> int:
+        """Roughly where the data of commit-log file ``name`` ends (for planning ranges)."""
+
+        def read(position: int, length: int) -> bytes:
+            with self.open_range(f"commitlog/{name}", position, length) as (buf, at):
+                return bytes(buf[position - at : position - at + length])
+
+        return data_end_estimate(read, size)
 
     @contextmanager
     def open_range(self, relative: str, start: int, length: int) -> Iterator[tuple[Any, int]]:

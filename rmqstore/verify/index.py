@@ -44,6 +44,7 @@ class IndexChecks:
         structural: bool = True,
         entries_from: EntryPosition | None = None,
         after_records: bool = False,
+        defer_scans: bool = False,
     ) -> None:
         self.store = store
         self.report = report
@@ -57,6 +58,7 @@ class IndexChecks:
         # --from-offset) unless records came before (an earlier range)
         self._started = after_records
         self._entries: Iterator[tuple[str, int, int, int, int]] = iter(())
+        self._deferred: list[IndexFile] = []
         self._pending: tuple[str, int, int, int, int] | None = None
         self.indexed_end = -1
         self.last_full_end_timestamp = 0  # checkpoint indexMsgTimestamp may not exceed it
@@ -82,8 +84,9 @@ class IndexChecks:
                     "not an index file (names are 17-digit creation times)",
                     WARNING,
                 )
-            for index in self.service.files:
-                self._check_file(index)
+            self._deferred = list(self.service.files)
+            if not defer_scans:
+                self.run_deferred()
         full = [f for f in self.service.files if f.is_full]
         self.last_full_end_timestamp = full[-1].header.end_timestamp if full else 0
         last = self.service.last
@@ -92,6 +95,12 @@ class IndexChecks:
         )
         self._entries = self._entry_stream(entries_from or (0, 1))
         self._pending = next(self._entries, None)
+
+    def run_deferred(self) -> None:
+        """The per-file checks put off with ``defer_scans`` (run while ranges are checked)."""
+        for index in self._deferred:
+            self._check_file(index)
+        self._deferred.clear()
 
     # -- one file ------------------------------------------------------------------------------
 

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from rmqstore.consumequeue import CQ_UNIT_SIZE, PRE_BLANK_SIZE, UNIT, ConsumeQueue, list_queues
+from rmqstore.consumequeue import (
+    CQ_UNIT_SIZE,
+    PRE_BLANK_SIZE,
+    UNIT,
+    ConsumeQueue,
+    QueueBounds,
+    list_queues,
+)
 from rmqstore.delay import DelayLevels
 from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, StoreFormatError
@@ -53,8 +60,13 @@ class QueueChecks:
         topics: set[str] | None,
         *,
         structural: bool = True,
+        bounds: dict[tuple[str, int], QueueBounds] | None = None,
+        defer_scans: bool = False,
     ) -> None:
         self.store = store
+        self._bounds = bounds or {}
+        self._defer_scans = defer_scans
+        self._deferred: list[tuple[ConsumeQueue, str]] = []
         self.report = report
         self.topics = topics
         self.delay_levels = DelayLevels(store.config.message_delay_level)
@@ -71,15 +83,22 @@ class QueueChecks:
                     self._load(topic, queue_id)
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
+        known = self._bounds.get((topic, queue_id))
         queue = ConsumeQueue(
             self.store.consumequeue_dir,
             topic,
             queue_id,
             self.store.consumequeue_file_size,
             strict=False,
+            known=known,
         )
-        queue.correct_min_offset(self.store.commitlog.min_offset)
+        if known is None:
+            queue.correct_min_offset(self.store.commitlog.min_offset)
         return queue
+
+    def bounds(self) -> dict[tuple[str, int], QueueBounds]:
+        """What loading each queue found, for :class:`QueueChecks` of the ranges."""
+        return {key: state.queue.bounds for key, state in self.states.items()}
 
     def _state(self, key: tuple[str, int]) -> _QueueState | None:
         state = self.states.get(key)
@@ -137,9 +156,18 @@ class QueueChecks:
                     None,
                     f"expected the next file at {previous.start + queue.file_size}",
                 )
-        self._check_pre_blank(queue, name)
+        if self._defer_scans:
+            self._deferred.append((queue, name))
+        else:
+            self._check_pre_blank(queue, name)
         self.states[(topic, queue_id)] = _QueueState(queue)
         self.report.checked["consumeQueues"] += 1
+
+    def run_deferred(self) -> None:
+        """The whole-file scans put off with ``defer_scans`` (run while ranges are checked)."""
+        for queue, name in self._deferred:
+            self._check_pre_blank(queue, name)
+        self._deferred.clear()
 
     def _check_pre_blank(self, queue: ConsumeQueue, name: str) -> None:
         """Pre-blank units may only fill the start of a queue's first file."""

@@ -15,12 +15,14 @@ holding data, the first invalid record), and no file after the end of the log.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatError
+from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
@@ -58,6 +60,7 @@ class RangeJob:
     topics: frozenset[str] | None
     max_findings: int | None
     range: VerifyRange
+    queue_bounds: dict[tuple[str, int], tuple[int, int, int]] | None = None
 
 
 @dataclass
@@ -83,7 +86,7 @@ def check_range(job: RangeJob) -> RangeOutcome:
         listeners: list[RecordListener] = []
         if not job.commitlog_only:
             topics = set(job.topics) if job.topics else None
-            queues = QueueChecks(store, report, topics, structural=False)
+            queues = QueueChecks(store, report, topics, structural=False, bounds=job.queue_bounds)
             index = IndexChecks(
                 store,
                 report,
@@ -173,8 +176,8 @@ class RangedVerify:
         self.index: IndexChecks | None = None
         if not commitlog_only:
             selected = set(topics) if topics else None
-            self.queues = QueueChecks(store, self.report, selected)
-            self.index = IndexChecks(store, self.report, selected)
+            self.queues = QueueChecks(store, self.report, selected, defer_scans=True)
+            self.index = IndexChecks(store, self.report, selected, defer_scans=True)
         self.record_pass = RecordPass(store, self.report, check_crc=check_crc)
 
     def plan(self) -> list[VerifyRange]:
@@ -192,8 +195,18 @@ class RangedVerify:
         walked = segments[segments.index(first) : segments.index(last_data) + 1]
         for segment in walked:
             begin = start - segment.start if segment is first else 0
-            for position in range(begin, max(segment.size, begin + 1), self.range_size):
-                stop = min(segment.size, position + self.range_size)
+            # a pre-allocated last file is mostly zeros: split only its data, and let the
+            # final range run to the end of the file
+            planned = segment.size
+            if segment is last_data:
+                planned = data_end_estimate(file_reader(segment.path), segment.size)
+            starts = range(begin, max(planned, begin + 1), self.range_size)
+            for number, position in enumerate(starts):
+                stop = (
+                    segment.size
+                    if number == len(starts) - 1
+                    else min(segment.size, position + self.range_size)
+                )
                 spans.append((segment.start, position, stop, segment is last_data))
             following = segments.index(segment) + 1
             next_file[segment.start] = (
@@ -231,6 +244,7 @@ class RangedVerify:
         return ranges
 
     def jobs(self, ranges: list[VerifyRange]) -> list[RangeJob]:
+        bounds = self.queues.bounds() if self.queues is not None else None
         return [
             RangeJob(
                 str(Path(self.store.root).resolve()),
@@ -240,6 +254,7 @@ class RangedVerify:
                 self.topics,
                 self.report.max_findings,
                 part,
+                bounds,
             )
             for part in ranges
         ]
@@ -248,12 +263,22 @@ class RangedVerify:
         self.record_pass.check_files()
         ranges = self.plan()
         if not ranges:
+            self._run_deferred()
             listeners = [c for c in (self.queues, self.index) if c is not None]
             self.record_pass.listeners = listeners
             facts = self.record_pass.walk(self.from_offset)
             return self._conclude(facts)
-        outcomes = sorted(runner(check_range, self.jobs(ranges)), key=lambda o: o.number)
+        jobs = self.jobs(ranges)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            checked = pool.submit(lambda: list(runner(check_range, jobs)))
+            self._run_deferred()  # the whole-file scans, while the ranges are checked
+            outcomes = sorted(checked.result(), key=lambda outcome: outcome.number)
         return self._merge(ranges, outcomes)
+
+    def _run_deferred(self) -> None:
+        for checks in (self.queues, self.index):
+            if checks is not None:
+                checks.run_deferred()
 
     def _merge(self, ranges: list[VerifyRange], outcomes: list[RangeOutcome]) -> VerifyReport:
         kept = _walked(ranges, outcomes)

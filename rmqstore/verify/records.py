@@ -184,7 +184,7 @@ class RecordPass:
         if not exact_start:
             buf = map_readonly(segment.path)
             try:
-                found = find_next_record(buf, start, len(buf), segment.start)
+                found = find_next_record(buf, start, len(buf), segment.start, search_end=stop)
             finally:
                 if hasattr(buf, "close"):
                     buf.close()

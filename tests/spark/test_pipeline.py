@@ -36,7 +36,11 @@ def test_jsonl_export_holds_what_read_prints(tmp_path: Path) -> None:
         "export", store_dir, "--to", tmp_path / "out", "--engine", "local", "--format", "jsonl"
     )
     assert result.exit_code == 0, result.output
-    lines = (tmp_path / "out" / "part-00000.jsonl").read_text(encoding="utf-8").splitlines()
+    lines = [
+        line
+        for part in sorted((tmp_path / "out").glob("part-*.jsonl"))
+        for line in part.read_text(encoding="utf-8").splitlines()
+    ]
     exported = [json.loads(line) for line in lines]
     assert len(exported) == 602
     read = run_cli(
@@ -120,3 +124,22 @@ def test_stats_add_up(tmp_path: Path) -> None:
         assert len(queue["topTags"]) <= 5
     human = run_cli("stats", store_dir, "--engine", "local")
     assert human.exit_code == 0 and "TopicTest" in human.stdout
+
+
+def test_uris_for_the_store_and_the_destination(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    result = run_cli(
+        "export",
+        f"file://{store_dir}",
+        "--to",
+        f"file://{tmp_path / 'out'}",
+        "--engine",
+        "local",
+        "--json",
+        "--commitlog-file-size",
+        "65536",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["messages"] == 602
+    assert len(parquet_rows(tmp_path / "out")) == 602

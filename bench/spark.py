@@ -1,0 +1,135 @@
+"""Spark pipeline: export to Parquet (bodies included) and full verify of the benchmark
+store on the local engine, then on Spark with local[1] and local[2] — each master in a fresh
+process, so Spark's start-up is measured too — and the scaling from 1 to 2 cores.
+
+    python bench/spark.py [--messages N] [--workdir DIR] [--split BYTES]
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+from common import REPO, arguments, build_store, commitlog_bytes, row, timed
+
+SPARK_RUN = """
+import json, shutil, sys, time
+started = time.perf_counter()
+from rmqstore.spark import spark_session
+from rmqstore.spark.jobs import SparkPipeline
+from rmqstore.spark.pipeline import PipelineOptions
+from rmqstore.store import Store
+from rmqstore.verify import VerifyOptions
+store, out, master, split = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+spark = spark_session(master)
+figures = {"session": time.perf_counter() - started}
+# the first job starts the Python workers (and their imports): part of start-up, once per
+# command, so it is measured apart from the jobs
+cores = spark.sparkContext.defaultParallelism
+warm = lambda _: len(__import__("pyarrow").__name__ + __import__("rmqstore.spark.jobs").__name__)
+spark.sparkContext.parallelize(range(cores), cores).map(warm).collect()
+figures["startup"] = time.perf_counter() - started
+pipeline = SparkPipeline(spark, store, PipelineOptions(split=split))
+begin = time.perf_counter()
+figures["exported"] = pipeline.export(out, "parquet").messages
+figures["export"] = time.perf_counter() - begin
+shutil.rmtree(out)
+with Store.open_read(store) as opened:
+    begin = time.perf_counter()
+    report = pipeline.verify(opened, VerifyOptions())
+    figures["verify"] = time.perf_counter() - begin
+figures["verified"] = report.checked["records"]
+figures["ok"] = report.ok
+spark.stop()
+print(json.dumps(figures))
+"""
+
+
+def local_engine(path, out, split: int) -> dict:
+    from rmqstore.spark.pipeline import LocalPipeline, PipelineOptions
+    from rmqstore.store import Store
+    from rmqstore.verify import VerifyOptions, verify_store
+
+    figures = {}
+    with timed() as clock:
+        figures["exported"] = (
+            LocalPipeline(str(path), PipelineOptions(split=split))
+            .export(str(out), "parquet")
+            .messages
+        )
+    figures["export"] = clock.seconds
+    shutil.rmtree(out)
+    with Store.open_read(path) as store, timed() as clock:
+        report = verify_store(store, VerifyOptions())
+    figures["verify"] = clock.seconds
+    figures["verified"] = report.checked["records"]
+    return figures
+
+
+def on_spark(path, out, master: str, split: int) -> dict:
+    started = time.perf_counter()
+    output = subprocess.run(
+        [sys.executable, "-c", SPARK_RUN, str(path), str(out), master, str(split)],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout
+    figures = json.loads(output.strip().splitlines()[-1])
+    figures["process"] = time.perf_counter() - started
+    return figures
+
+
+def main() -> None:
+    parser = arguments(__doc__)
+    parser.add_argument("--split", type=int, default=32 * 1024 * 1024)
+    options = parser.parse_args()
+    path, _ = build_store(options.workdir, options.messages)
+    size = commitlog_bytes(path)
+    out = options.workdir / "export-out"
+    shutil.rmtree(out, ignore_errors=True)
+    count = options.messages
+    print(
+        f"spark: {count:,} messages, {size / 1e6:.0f} MB, export to Parquet (with bodies) and "
+        f"full verify (CRC, consume queues, index); ranges of {options.split / 2**20:.0f} MiB"
+    )
+    here = local_engine(path, out, options.split)
+    spark = {
+        master: on_spark(path, out, master, options.split) for master in ("local[1]", "local[2]")
+    }
+    for name, figures in [("local engine", here), *(("spark " + m, f) for m, f in spark.items())]:
+        assert figures["exported"] == count and figures["verified"] == count, figures
+        row(
+            f"export, {name}",
+            f"{figures['export']:6.1f} s  {count / figures['export']:>9,.0f} msg/s",
+            f"{size / figures['export'] / 1e6:.0f} MB/s",
+        )
+    for name, figures in [("local engine", here), *(("spark " + m, f) for m, f in spark.items())]:
+        row(
+            f"verify, {name}",
+            f"{figures['verify']:6.1f} s  {count / figures['verify']:>9,.0f} rec/s",
+            f"{size / figures['verify'] / 1e6:.0f} MB/s",
+        )
+    one, two = spark["local[1]"], spark["local[2]"]
+    row(
+        "spark start-up, local[2]",
+        f"{two['startup']:6.1f} s",
+        f"JVM + session {two['session']:.1f} s, then Python workers",
+    )
+    row(
+        "scaling local[1] -> local[2], export",
+        f"{one['export'] / two['export']:6.2f}x",
+        "target >= 1.6x",
+    )
+    row(
+        "scaling local[1] -> local[2], verify",
+        f"{one['verify'] / two['verify']:6.2f}x",
+        "target >= 1.6x",
+    )
+
+
+if __name__ == "__main__":
+    main()
