@@ -27,8 +27,7 @@ from rmqstore.store import Store
     "destination",
     required=True,
     metavar="DIR",
-    help="A new (or empty) directory for the part files, or a pyarrow URI (s3://, hdfs://, "
-    "gs://).",
+    help="A new (or empty) directory for the part files, or a pyarrow URI (s3://, hdfs://, gs://).",
 )
 @click.option(
     "--format",
