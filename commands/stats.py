@@ -83,12 +83,14 @@ def _render(stats: StoreStats) -> None:
         )
     console.print(queues)
     files = Table(title="commit-log files")
-    for name in ("file", "records", "bytes", "blank bytes", "CRC failures", "damaged", "ends"):
-        files.add_column(name, justify="left" if name in ("file", "ends") else "right")
+    files.add_column("file", overflow="fold")
+    for name in ("records", "bytes", "blank bytes", "CRC failures", "damaged"):
+        files.add_column(name, justify="right")
+    files.add_column("ends")
     for entry in document["files"]:
         ends = f"{entry['endedBy']} at {entry['end']:,}" if entry["endedBy"] else "-"
         files.add_row(
-            entry["file"],
+            entry["file"].rsplit("/", 1)[-1],
             f"{entry['records']:,}",
             f"{entry['bytes']:,}",
             f"{entry['blankBytes']:,}",

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.errors import InputError, RmqStoreError
-from rmqstore.spark.javacheck import JavaMissing, require_java
 
 DEFAULT_MASTER = "local[*]"
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -46,6 +45,8 @@ def spark_session(
     """A SparkSession with the data sources registered. Local masters run executors on this
     interpreter; other masters get the rmqstore package shipped as a zip. The JVM's own
     output goes to a log file (:func:`spark_log_path`), not to the terminal."""
+    from rmqstore.spark.javacheck import JavaMissing, require_java
+
     try:
         require_java()
     except JavaMissing as exc:

@@ -36,26 +36,17 @@ from rmqstore.segments import fsync_directory
 from rmqstore.spark import SparkUnavailable
 from rmqstore.spark.pipeline import (
     ExportResult,
-    FileStats,
+    Pipeline,
     PipelineOptions,
     QueueStats,
     StoreStats,
-    check_export,
-    export_parts,
     file_stats,
 )
 from rmqstore.spark.ranges import (
     RangeSummary,
     dispatch_end,
     file_bounds,
-    plan_ranges,
-    record_margin,
-    summarize_job,
-    summary_jobs,
-    walk_summaries,
 )
-from rmqstore.spark.rows import MessageRowOptions
-from rmqstore.spark.storefs import StoreLocation
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, VerifyReport
 from rmqstore.verify.ranges import DEFAULT_RANGE_SIZE, RangedVerify
@@ -99,15 +90,19 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
-class SparkPipeline:
+class SparkPipeline(Pipeline):
     """The jobs on one SparkSession (see the module docstring)."""
 
     def __init__(self, spark: Any, store: str, options: PipelineOptions) -> None:
+        super().__init__(store, options)
         self.spark = spark
         self.store = store
-        self.location = StoreLocation(store)
-        self.location.check_store()
-        self.options = options
+
+    def run(self, function: Callable[[Any], Any], jobs: list) -> list:
+        """``function`` over ``jobs`` on the executors, one task per job."""
+        if not jobs:
+            return []
+        return self.spark.sparkContext.parallelize(jobs, len(jobs)).map(function).collect()
 
     def _reader(self, **options: str) -> Any:
         reader = self.spark.read.format("rocketmq-commitlog")
@@ -127,17 +122,9 @@ class SparkPipeline:
 
     @spark_errors
     def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
-        """The summaries of the ranges one walk of the log visits (summarised on executors;
-        the same as a ``summary=files`` read, without the data source's planning round)."""
-        jobs = summary_jobs(
-            self.location,
-            self.options.split,
-            check_crc=check_crc,
-            crc_from=crc_from,
-            delay_levels=self.options.delay_levels,
-            margin=record_margin(self.options.max_message_size),
-        )
-        return walk_summaries(self._on_executors(summarize_job, jobs))
+        """The ranges are summarised on executors (the same as a ``summary=files`` read,
+        without the data source's planning round)."""
+        return super().walk(check_crc=check_crc, crc_from=crc_from)
 
     def messages(
         self, walked: list[RangeSummary], *, include_body: bool, topics: frozenset[str] | None
@@ -162,29 +149,7 @@ class SparkPipeline:
     ) -> ExportResult:
         """Each range is written to its own part file by the executor reading it (pyarrow), so
         the JVM has no per-row work; the output is the local engine's, byte for byte."""
-        check_export(destination, fmt)
-        walked = self.walk(check_crc=False)
-        ranges = plan_ranges(
-            self.location,
-            self.options.split,
-            split_last=True,
-            bounds=file_bounds(walked),
-            margin=record_margin(self.options.max_message_size),
-        )
-        rows = MessageRowOptions(
-            include_body=include_body,
-            topics=topics,
-            delay_levels=self.options.delay_levels,
-            resync_last=True,
-        )
-        return export_parts(
-            self.location.uri, ranges, rows, destination, fmt, walked, self._on_executors
-        )
-
-    def _on_executors(self, function: Callable[[Any], Any], jobs: list) -> list:
-        if not jobs:
-            return []
-        return self.spark.sparkContext.parallelize(jobs, len(jobs)).map(function).collect()
+        return super().export(destination, fmt, topics=topics, include_body=include_body)
 
     @spark_errors
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
@@ -243,7 +208,7 @@ class SparkPipeline:
             max_findings=options.max_findings,
             range_size=self.options.split or DEFAULT_RANGE_SIZE,
         )
-        return ranged.run(self._on_executors)
+        return ranged.run(self.run)
 
     @spark_errors
     def rebuild(
@@ -425,4 +390,4 @@ def _end_of_last_record(
     return cut if cut <= ends[last_file] else ends[last_file]
 
 
-__all__ = ["FileStats", "SparkPipeline", "spark_errors"]
+__all__ = ["SparkPipeline", "spark_errors"]

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.config import StoreConfig
-from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import H_QUEUE_ID, H_QUEUE_OFFSET, H_STORE_TIMESTAMP, H_TOTAL_SIZE
@@ -253,7 +252,7 @@ def export_parts(
     destination: str,
     fmt: str,
     walked: list[RangeSummary],
-    runner: Callable[[Callable[[PartJob], tuple[str, int]], list[PartJob]], list],
+    runner: Runner,
 ) -> ExportResult:
     """Write ``part-NNNNN`` files, one per range that has messages, with ``runner`` (here or
     on executors). A local destination is written as a staging directory renamed at the end;
@@ -281,8 +280,12 @@ def export_parts(
     return ExportResult(destination, fmt, messages, files, file_stats(walked))
 
 
-class LocalPipeline:
-    """``export`` and ``stats`` in this process, one range after the other, in flat memory."""
+Runner = Callable[[Callable[[Any], Any], list], list]
+
+
+class Pipeline:
+    """What both engines do the same way; :meth:`run` (a function over a list of picklable
+    jobs) is where they differ: in this process, or on Spark executors."""
 
     def __init__(self, store: str, options: PipelineOptions) -> None:
         self.location = StoreLocation(store)
@@ -290,19 +293,30 @@ class LocalPipeline:
         self.options = options
         self.margin = record_margin(options.max_message_size)
 
-    def _levels(self) -> DelayLevels:
-        levels = self.options.delay_levels
-        return DelayLevels(levels) if levels else DelayLevels()
+    def run(self, function: Callable[[Any], Any], jobs: list) -> list:
+        return [function(job) for job in jobs]
 
-    def walk(self, *, check_crc: bool) -> list[RangeSummary]:
+    def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
+        """The summaries of the ranges one walk of the log visits."""
         jobs = summary_jobs(
             self.location,
             self.options.split,
             check_crc=check_crc,
+            crc_from=crc_from,
             delay_levels=self.options.delay_levels,
             margin=self.margin,
         )
-        return walk_summaries([summarize_job(job) for job in jobs])
+        return walk_summaries(self.run(summarize_job, jobs))
+
+    def bounded_ranges(self, walked: list[RangeSummary]) -> list[FileRange]:
+        """The ranges of every file up to where its walked records end."""
+        return plan_ranges(
+            self.location,
+            self.options.split,
+            split_last=True,
+            bounds=file_bounds(walked),
+            margin=self.margin,
+        )
 
     def export(
         self,
@@ -312,15 +326,9 @@ class LocalPipeline:
         topics: frozenset[str] | None = None,
         include_body: bool = True,
     ) -> ExportResult:
+        """One part file per range, written by whoever reads the range."""
         check_export(destination, fmt)
         walked = self.walk(check_crc=False)
-        ranges = plan_ranges(
-            self.location,
-            self.options.split,
-            split_last=True,
-            bounds=file_bounds(walked),
-            margin=self.margin,
-        )
         rows = MessageRowOptions(
             include_body=include_body,
             topics=topics,
@@ -329,25 +337,22 @@ class LocalPipeline:
         )
         return export_parts(
             self.location.uri,
-            ranges,
+            self.bounded_ranges(walked),
             rows,
             destination,
             fmt,
             walked,
-            lambda function, jobs: [function(job) for job in jobs],
+            self.run,
         )
+
+
+class LocalPipeline(Pipeline):
+    """``export`` and ``stats`` in this process, one range after the other, in flat memory."""
 
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
         walked = self.walk(check_crc=True)
-        ranges = plan_ranges(
-            self.location,
-            self.options.split,
-            split_last=True,
-            bounds=file_bounds(walked),
-            margin=self.margin,
-        )
         queues: dict[tuple[str, int], QueueStats] = {}
-        for part in ranges:
+        for part in self.bounded_ranges(walked):
             for _, _, _, header, topic, props, _ in RangeScan(
                 self.location, part, False, resync_last=True
             ):
