@@ -257,6 +257,8 @@ class SparkPipeline(Pipeline):
                 indexed = dispatcher.run(from_offset, until=end.cut, queued_time=last_time)
                 result.index_records = indexed.index_records
                 result.index_entries = indexed.index_entries
+                # the index pass took the cut for the end of the log; where the local walk
+                # ends beyond the last record (past a final BLANK) it is not caught up either
                 if result.to_offset < result.log_end:
                     store.dispatched_through = None
             else:
