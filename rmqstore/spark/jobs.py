@@ -1,12 +1,15 @@
 """The jobs of the Spark engine: ``export``, ``stats``, ``verify`` and ``dispatch --rebuild``
-on a SparkSession, over the same range functions the local engine runs.
+on a SparkSession, over the same range functions the local engine runs
+(:class:`rmqstore.spark.pipeline.Pipeline`; here :meth:`SparkPipeline.run` sends them to
+executors, one task per range).
 
-- export / stats: a ``summary=files`` read finds where each file's records end; the rows are
-  then read with those ``fileBounds`` (every file split, the last one too) and written or
-  aggregated by Spark.
+- export: every range summarised (where each file's records end), then each range written to
+  its own part file by the executor that reads it.
+- stats: the summaries, and Spark aggregations over the ``rocketmq-commitlog`` rows read with
+  those ``fileBounds``.
 - verify: :class:`rmqstore.verify.ranges.RangedVerify` with the ranges checked on executors;
   the store must be on a file system every executor sees at the same path.
-- rebuild: the summary finds where dispatch stops; executors write the consume queues
+- rebuild: the summaries say where dispatch stops; executors write the consume queues
   (partitioned by topic and queue, ordered by offset) into a staging directory inside the
   store, renamed into ``consumequeue/`` on commit; the index, one chain of files, is built
   on the driver.
@@ -35,6 +38,7 @@ from rmqstore.record import ScanStop
 from rmqstore.segments import fsync_directory
 from rmqstore.spark import SparkUnavailable
 from rmqstore.spark.pipeline import (
+    TOP_TAGS,
     ExportResult,
     Pipeline,
     PipelineOptions,
@@ -96,7 +100,6 @@ class SparkPipeline(Pipeline):
     def __init__(self, spark: Any, store: str, options: PipelineOptions) -> None:
         super().__init__(store, options)
         self.spark = spark
-        self.store = store
 
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
         """``function`` over ``jobs`` on the executors, one task per job."""
@@ -136,7 +139,7 @@ class SparkPipeline(Pipeline):
         }
         if topics:
             options["topics"] = ",".join(sorted(topics))
-        return self._reader(**options).load(self.store)
+        return self._reader(**options).load(self.location.uri)
 
     @spark_errors
     def export(
@@ -177,7 +180,7 @@ class SparkPipeline(Pipeline):
                     Window.partitionBy("topic", "queueId").orderBy(F.desc("count"), "tags")
                 ),
             )
-            .where(F.col("rank") <= 5)
+            .where(F.col("rank") <= TOP_TAGS)
         )
         queues: dict[tuple[str, int], QueueStats] = {}
         for row in grouped.collect():
