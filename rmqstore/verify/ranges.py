@@ -217,8 +217,10 @@ class RangedVerify:
         offsets = [segment_start + position for segment_start, position, _, _ in spans]
         file_ends = [next_file[segment_start] for segment_start, _, _, _ in spans]
         if self.index is not None:
-            entry_starts = self.index.positions_of(offsets)
-            entry_file_ends = self.index.positions_of(file_ends)
+            wanted = sorted(set(offsets) | set(file_ends))  # one pass over the entries
+            found = dict(zip(wanted, self.index.positions_of(wanted), strict=True))
+            entry_starts = [found[offset] for offset in offsets]
+            entry_file_ends = [found[offset] for offset in file_ends]
             stream_end = self.index.stream_end()
         else:
             entry_starts = [(0, 1)] * len(spans)
