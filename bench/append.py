@@ -14,6 +14,7 @@ from common import (
     BODY,
     ROCKETMQ_PUT_SECONDS,
     TOPIC,
+    append_messages,
     arguments,
     build_store,
     dd_write_mb_s,
@@ -24,31 +25,11 @@ from common import (
 
 def engine_append(workdir, count: int) -> tuple[float, int]:
     """Append ``count`` messages of the benchmark shape to a new store; (seconds, bytes)."""
-    from rmqstore.msgid import UniqKeyGenerator
-    from rmqstore.record import Message
-    from rmqstore.store import Store
-
     path = workdir / f"append-{count}"
     subprocess.run(["rm", "-rf", str(path)], check=True)
-    properties = {"TAGS": "TagA", "CLUSTER": "DefaultCluster"}
-    with timed() as clock, Store.open_write(path, create=True) as store:
-        appender = store.appender(uniq_keys=UniqKeyGenerator())
-        for start in range(0, count, 1024):
-            appender.append_many(
-                [
-                    Message(
-                        topic=TOPIC,
-                        body=BODY,
-                        queue_id=index & 3,
-                        properties=properties,
-                        born_timestamp=1,
-                    )
-                    for index in range(start, min(count, start + 1024))
-                ]
-            )
-    size = appender.end_offset
+    seconds, size = append_messages(path, count)
     subprocess.run(["rm", "-rf", str(path)], check=True)
-    return clock.seconds, size
+    return seconds, size
 
 
 def main() -> None:

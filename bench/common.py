@@ -87,6 +87,13 @@ def build_store(
         with timed() as clock:
             generate("large", path, FixtureOptions(messages=messages))
         return path, clock.seconds
+    seconds, _ = append_messages(path, messages, body)
+    return path, seconds
+
+
+def append_messages(path: Path, count: int, body: bytes = BODY) -> tuple[float, int]:
+    """Append ``count`` messages of the benchmark shape (one topic, 4 queues round robin,
+    TAGS, CLUSTER, a UNIQ_KEY each) to a new store at ``path``: (seconds, bytes written)."""
     from rmqstore.msgid import UniqKeyGenerator
     from rmqstore.record import Message
     from rmqstore.store import Store
@@ -94,7 +101,7 @@ def build_store(
     properties = {"TAGS": "TagA", "CLUSTER": "DefaultCluster"}
     with timed() as clock, Store.open_write(path, create=True) as store:
         appender = store.appender(uniq_keys=UniqKeyGenerator())
-        for start in range(0, messages, 1024):
+        for start in range(0, count, 1024):
             appender.append_many(
                 [
                     Message(
@@ -104,10 +111,10 @@ def build_store(
                         properties=properties,
                         born_timestamp=1,
                     )
-                    for index in range(start, min(messages, start + 1024))
+                    for index in range(start, min(count, start + 1024))
                 ]
             )
-    return path, clock.seconds
+    return clock.seconds, appender.end_offset
 
 
 def commitlog_bytes(path: Path) -> int:

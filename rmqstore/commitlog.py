@@ -53,9 +53,8 @@ from rmqstore.record import (
     MAGIC_BLANK,
     MAGIC_V1,
     MAGIC_V2,
-    TRANSACTION_COMMIT,
+    QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
-    TRANSACTION_NOT_TYPE,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
     BodyMode,
@@ -501,10 +500,7 @@ class CommitLogAppender:
                 f"message body is {len(body)} bytes; maxMessageSize is {self.max_message_size}"
             )
         properties = message.properties
-        if DELAY in properties and message.sys_flag & TRANSACTION_MASK in (
-            TRANSACTION_NOT_TYPE,
-            TRANSACTION_COMMIT,
-        ):
+        if DELAY in properties and message.sys_flag & TRANSACTION_MASK in QUEUED_TRANSACTIONS:
             message, properties = self._schedule(message, properties)
             if message.topic not in self._topic_fields:
                 self._learn_topic(message.topic)

@@ -29,14 +29,13 @@ from rmqstore.record import (
     H_STORE_TIMESTAMP,
     H_SYS_FLAG,
     H_TOTAL_SIZE,
+    QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
     TRANSACTION_ROLLBACK,
     BodyMode,
 )
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
-
-_QUEUED_TYPES = (0x0, 0x8)  # NOT_TYPE, COMMIT
 
 
 def unit_tags_code(
@@ -208,7 +207,7 @@ class Dispatcher:
                 break
             if (
                 build_queues
-                and transaction in _QUEUED_TYPES
+                and transaction in QUEUED_TRANSACTIONS
                 and (topic_filter is None or topic in topic_filter)
             ):
                 key = (topic, header[H_QUEUE_ID])
@@ -342,7 +341,7 @@ def write_sorted_units(
     try:
         for topic, queue_id, queue_offset, offset, size, code, sys_flag, stamp in rows:
             outcome.records += 1
-            if sys_flag & TRANSACTION_MASK not in _QUEUED_TYPES:
+            if sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
                 continue
             if topics is not None and topic not in topics:
                 continue

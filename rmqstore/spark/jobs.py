@@ -39,7 +39,6 @@ from rmqstore.segments import fsync_directory
 from rmqstore.spark import SparkUnavailable
 from rmqstore.spark.pipeline import (
     TOP_TAGS,
-    ExportResult,
     Pipeline,
     PipelineOptions,
     QueueStats,
@@ -101,8 +100,10 @@ class SparkPipeline(Pipeline):
         super().__init__(store, options)
         self.spark = spark
 
+    @spark_errors
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
-        """``function`` over ``jobs`` on the executors, one task per job."""
+        """``function`` over ``jobs`` on the executors, one task per job (walk, export and
+        verify go through here, so their Spark failures become one engine error)."""
         if not jobs:
             return []
         return self.spark.sparkContext.parallelize(jobs, len(jobs)).map(function).collect()
@@ -123,12 +124,6 @@ class SparkPipeline(Pipeline):
             reader = reader.option(key, value)
         return reader
 
-    @spark_errors
-    def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
-        """The ranges are summarised on executors (the same as a ``summary=files`` read,
-        without the data source's planning round)."""
-        return super().walk(check_crc=check_crc, crc_from=crc_from)
-
     def messages(
         self, walked: list[RangeSummary], *, include_body: bool, topics: frozenset[str] | None
     ) -> Any:
@@ -140,19 +135,6 @@ class SparkPipeline(Pipeline):
         if topics:
             options["topics"] = ",".join(sorted(topics))
         return self._reader(**options).load(self.location.uri)
-
-    @spark_errors
-    def export(
-        self,
-        destination: str,
-        fmt: str,
-        *,
-        topics: frozenset[str] | None = None,
-        include_body: bool = True,
-    ) -> ExportResult:
-        """Each range is written to its own part file by the executor reading it (pyarrow), so
-        the JVM has no per-row work; the output is the local engine's, byte for byte."""
-        return super().export(destination, fmt, topics=topics, include_body=include_body)
 
     @spark_errors
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
@@ -199,7 +181,6 @@ class SparkPipeline(Pipeline):
             queues[(row.topic, row.queueId)].tags[row.tags] = row["count"]
         return StoreStats(list(queues.values()), file_stats(walked))
 
-    @spark_errors
     def verify(self, store: Store, options: VerifyOptions) -> VerifyReport:
         """The same findings as the local engine, the record ranges checked on executors."""
         ranged = RangedVerify(

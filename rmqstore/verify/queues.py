@@ -27,6 +27,7 @@ from rmqstore.record import (
     H_STORE_TIMESTAMP,
     H_SYS_FLAG,
     H_TOTAL_SIZE,
+    QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
     BodyMode,
 )
@@ -36,7 +37,6 @@ from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import WARNING, VerifyReport
 from rmqstore.verify.records import relative
 
-_QUEUED = (0x0, 0x8)
 _MAP_CACHE = 64
 
 
@@ -211,7 +211,7 @@ class QueueChecks:
         return UNIT.unpack_from(buf, within)
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
-        if header[H_SYS_FLAG] & TRANSACTION_MASK not in _QUEUED:
+        if header[H_SYS_FLAG] & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
             return
         if self.topics is not None and topic not in self.topics:
             return

@@ -29,6 +29,7 @@ from rmqstore.record import (
     H_STORE_TIMESTAMP,
     H_SYS_FLAG,
     H_TOTAL_SIZE,
+    QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
     RegionScan,
     ScanStop,
@@ -39,7 +40,6 @@ from rmqstore.segments import Segment, map_readonly, nonzero_extent
 from rmqstore.store import Store
 from rmqstore.verify.findings import ERROR, NOTE, WARNING, VerifyReport
 
-_QUEUED = (0x0, 0x8)
 _CRC_NAME = b"__CRC32#"
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
 
@@ -351,7 +351,7 @@ class RecordPass:
             previous_time = stamp
             if stamp > newest_time:
                 newest_time = stamp
-            if header[H_SYS_FLAG] & TRANSACTION_MASK in _QUEUED:
+            if header[H_SYS_FLAG] & TRANSACTION_MASK in QUEUED_TRANSACTIONS:
                 key = (topic, header[H_QUEUE_ID])
                 expected = queue_next.get(key)
                 queue_offset = header[H_QUEUE_OFFSET]
