@@ -77,6 +77,9 @@ class ConsumeQueue:
         )
         self._write_map: mmap.mmap | None = None
         self._write_segment: Segment | None = None
+        # where the mapped file's units lie, in logical bytes: [_write_base, _write_limit)
+        self._write_base = 0
+        self._write_limit = -1
         self._dirty: set[Path] = set()
         if known is not None:
             self.end, self.min_logic_offset, self.max_physical_offset = known
@@ -92,10 +95,6 @@ class ConsumeQueue:
     def bounds(self) -> QueueBounds:
         """(end, min logical offset, max physical offset): what a load found."""
         return (self.end, self.min_logic_offset, self.max_physical_offset)
-
-    @property
-    def has_unflushed_writes(self) -> bool:
-        return bool(self._dirty)
 
     # -- loading -----------------------------------------------------------------------------
 
@@ -281,6 +280,15 @@ class ConsumeQueue:
         if physical_offset + size <= self.max_physical_offset:
             return PutOutcome.DUPLICATE
         expected = queue_offset * CQ_UNIT_SIZE
+        end = self.end
+        if expected == end and self._write_base <= end <= self._write_limit - CQ_UNIT_SIZE:
+            # the common case: the next unit, in the file mapped for the previous one
+            UNIT.pack_into(
+                self._write_map, end - self._write_base, physical_offset, size, tags_code
+            )
+            self.end = end + CQ_UNIT_SIZE
+            self.max_physical_offset = physical_offset + size
+            return PutOutcome.WRITTEN
         if not self.queue.segments:
             self._start_at(expected)
         elif queue_offset != 0 and expected < self.end:
@@ -333,6 +341,8 @@ class ConsumeQueue:
             self._release()
             self._write_map = map_writable(segment.path)
             self._write_segment = segment
+            self._write_base = segment.start
+            self._write_limit = segment.start + min(len(self._write_map), self.file_size)
         self._dirty.add(segment.path)
         assert self._write_map is not None
         return self._write_map
@@ -342,11 +352,14 @@ class ConsumeQueue:
             self._write_map.close()
             self._write_map = None
             self._write_segment = None
+            self._write_limit = -1
 
     def flush(self) -> None:
         try:
             if self._write_map is not None:
                 self._write_map.flush()
+            if self._write_segment is not None:  # the fast path of put() does not mark it
+                self._dirty.add(self._write_segment.path)
             for path in sorted(self._dirty):
                 fd = os.open(path, os.O_RDWR)
                 try:

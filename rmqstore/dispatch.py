@@ -192,7 +192,11 @@ class Dispatcher:
         index = self.index
         topic_filter = self.topics
         build_queues = self.build_queues
+        delay_levels = self.delay_levels
         complete = True
+        # counters live in locals on this hot path and go into the result after the loop
+        records = units_written = units_skipped = index_records = index_entries = 0
+        to_offset = start
         for physical_offset, header, topic, props_bytes, _crc in scan:
             if until is not None and physical_offset >= until:
                 break
@@ -200,11 +204,14 @@ class Dispatcher:
             transaction = header[H_SYS_FLAG] & TRANSACTION_MASK
             properties = decode_properties(props_bytes)
             store_timestamp = header[H_STORE_TIMESTAMP]
-            try:
-                code = unit_tags_code(topic, properties, store_timestamp, self.delay_levels)
-            except RecordError as exc:  # the broker treats it as an invalid record
-                result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
-                break
+            if topic == SCHEDULE_TOPIC:
+                try:
+                    code = unit_tags_code(topic, properties, store_timestamp, delay_levels)
+                except RecordError as exc:  # the broker treats it as an invalid record
+                    result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
+                    break
+            else:
+                code = tags_code(properties.get(TAGS))
             if (
                 build_queues
                 and transaction in QUEUED_TRANSACTIONS
@@ -217,9 +224,9 @@ class Dispatcher:
                 if queue is not None:
                     outcome = queue.put(header[H_QUEUE_OFFSET], physical_offset, size, code)
                     if outcome is PutOutcome.DUPLICATE:
-                        result.units_skipped += 1
+                        units_skipped += 1
                     else:
-                        result.units_written += 1
+                        units_written += 1
                         touched.add(key)
                         last_time = store_timestamp
                         if outcome is PutOutcome.OUT_OF_ORDER:
@@ -230,19 +237,26 @@ class Dispatcher:
                             )
             if index is not None and transaction != TRANSACTION_ROLLBACK:
                 uniq = properties.get(UNIQ_KEY)
-                keys = split_keys(properties.get(KEYS))
+                keys_text = properties.get(KEYS)
+                keys = split_keys(keys_text) if keys_text else []
                 if (uniq is not None or keys) and index.build(
                     physical_offset, store_timestamp, topic, uniq, keys
                 ):
-                    result.index_records += 1
-                    result.index_entries += len(keys) + (uniq is not None)
-            result.records += 1
-            result.to_offset = physical_offset + size
-            if progress is not None and not result.records & 0xFFFF:
+                    index_records += 1
+                    index_entries += len(keys) + (uniq is not None)
+            records += 1
+            to_offset = physical_offset + size
+            if progress is not None and not records & 0xFFFF:
                 progress(physical_offset)
-            if max_records is not None and result.records >= max_records:
+            if max_records is not None and records >= max_records:
                 complete = False
                 break
+        result.records = records
+        result.to_offset = to_offset
+        result.units_written = units_written
+        result.units_skipped = units_skipped
+        result.index_records = index_records
+        result.index_entries = index_entries
         if until is not None:
             result.log_end = until
         elif complete and result.stopped_by is None:

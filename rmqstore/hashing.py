@@ -17,6 +17,14 @@ _UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
 
 # powers of 31 modulo 2**32 for each string length, most significant first
 _powers_by_length: dict[int, tuple[int, ...]] = {}
+_POWER31 = [pow(31, n, 1 << 32) for n in range(4097)]  # 31**n modulo 2**32
+
+# The fast path for ASCII: a code unit c below 128 is (c // 31) * 31 + c % 31 with both parts
+# below 31, so sum(c_i * 31**(n-1-i)) is 31 * H + L, where H and L are the strings of those
+# parts read as base-31 numerals, which int() parses in C. Tables for bytes.translate:
+_BASE31_DIGITS = b"0123456789abcdefghijklmnopqrstu"
+_HIGH_DIGITS = bytes(_BASE31_DIGITS[c // 31] for c in range(128)) + bytes(128)
+_LOW_DIGITS = bytes(_BASE31_DIGITS[c % 31] for c in range(128)) + bytes(128)
 
 
 def _powers(length: int) -> tuple[int, ...]:
@@ -28,6 +36,10 @@ def _powers(length: int) -> tuple[int, ...]:
     return powers
 
 
+def _power31(length: int) -> int:
+    return _POWER31[length] if length <= 4096 else pow(31, length, 1 << 32)
+
+
 def _code_units(text: str) -> bytes | memoryview:
     """The UTF-16 code units of ``text`` as an iterable of ints."""
     if text.isascii():
@@ -35,10 +47,23 @@ def _code_units(text: str) -> bytes | memoryview:
     return memoryview(text.encode(_UTF16_NATIVE, "surrogatepass")).cast("H")
 
 
+def _unsigned_hash(text: str) -> int:
+    """``String.hashCode`` of ``text`` as an unsigned 32-bit int."""
+    if text.isascii():
+        data = text.encode("ascii")
+        try:
+            high = int(data.translate(_HIGH_DIGITS), 31)
+            return (high * 31 + int(data.translate(_LOW_DIGITS), 31)) & _MASK32
+        except ValueError:  # empty, or more digits than int() parses
+            if not data:
+                return 0
+    units = _code_units(text)
+    return sum(map(mul, units, _powers(len(units)))) & _MASK32
+
+
 def java_string_hash(text: str) -> int:
     """Java's ``String.hashCode()`` as a signed 32-bit int."""
-    units = _code_units(text)
-    unsigned = sum(map(mul, units, _powers(len(units)))) & _MASK32
+    unsigned = _unsigned_hash(text)
     return unsigned - (1 << 32) if unsigned & 0x80000000 else unsigned
 
 
@@ -62,9 +87,8 @@ def index_key_hash_with_prefix(prefix_hash: int, suffix: str) -> int:
     """:func:`index_key_hash` of ``prefix + suffix`` given ``java_string_hash(prefix)``: the
     hash of a concatenation is ``h(prefix) * 31**len(suffix) + h(suffix)`` (mod 2**32), so an
     index saves hashing ``topic#`` for every key."""
-    units = _code_units(suffix)
-    powers = _powers(len(units) + 1)  # powers[0] is 31**len(suffix)
-    unsigned = (prefix_hash * powers[0] + sum(map(mul, units, powers[1:]))) & _MASK32
+    units = len(suffix) if suffix.isascii() else len(_code_units(suffix))
+    unsigned = (prefix_hash * _power31(units) + _unsigned_hash(suffix)) & _MASK32
     if unsigned == 0x80000000:
         return 0  # Math.abs(Integer.MIN_VALUE)
     return (1 << 32) - unsigned if unsigned & 0x80000000 else unsigned

@@ -163,12 +163,11 @@ class IndexFile:
         previous = _INT.unpack_from(buf, slot_at)[0]
         if previous <= 0 or previous > count:
             previous = 0
-        if header.begin_timestamp <= 0:
-            time_diff = 0
+        begin = header.begin_timestamp
+        if begin <= 0 or store_timestamp <= begin:
+            time_diff = 0  # Java: max(diff / 1000, 0), the division truncating toward zero
         else:
-            time_diff = min(
-                max(_java_div(store_timestamp - header.begin_timestamp, 1000), 0), 0x7FFFFFFF
-            )
+            time_diff = min((store_timestamp - begin) // 1000, 0x7FFFFFFF)
         _ENTRY.pack_into(
             buf,
             self._entries_at + count * ENTRY_SIZE,
@@ -246,12 +245,6 @@ class IndexFile:
             self.buf.close()
 
 
-def _java_div(numerator: int, denominator: int) -> int:
-    """Java long division: truncates toward zero."""
-    quotient = abs(numerator) // denominator
-    return quotient if numerator >= 0 else -quotient
-
-
 class IndexService:
     """The ``index/`` directory: files in name (= creation time) order."""
 
@@ -316,7 +309,10 @@ class IndexService:
         """``buildIndex`` for one record: ``topic#UNIQ_KEY`` first, then ``topic#key`` for each
         KEYS piece. Skipped (False) when the record lies before the last file's end, the
         broker's protection against indexing a record twice."""
-        index = self.writable_file()
+        files = self.files
+        index = files[-1] if files else None
+        if index is None or index.header.index_count >= index.entries:
+            index = self.writable_file()
         end = index.header.end_phy_offset
         if physical_offset < end or (physical_offset == end and index.header.index_count > 1):
             return False  # already indexed (the second case: resuming right after it)

@@ -31,12 +31,15 @@ def decode_properties(data: bytes | bytearray | memoryview | str) -> dict[str, s
     next 0x02 and may itself contain 0x01; later duplicates overwrite earlier ones. Invalid
     UTF-8 decodes with U+FFFD replacement characters, as Java's decoder does.
     """
-    text = data if isinstance(data, str) else bytes(data).decode("utf-8", "replace")
+    if isinstance(data, bytes):
+        text = data.decode("utf-8", "replace")
+    else:
+        text = data if isinstance(data, str) else bytes(data).decode("utf-8", "replace")
     properties: dict[str, str] = {}
     for segment in text.split(PROPERTY_SEPARATOR):
-        separator = segment.find(NAME_VALUE_SEPARATOR)
-        if 0 < separator < len(segment) - 1:
-            properties[segment[:separator]] = segment[separator + 1 :]
+        name, _, value = segment.partition(NAME_VALUE_SEPARATOR)
+        if name and value:
+            properties[name] = value
     return properties
 
 

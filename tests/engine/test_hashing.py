@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -67,3 +69,26 @@ def test_prefix_composition_equals_hashing_the_whole_key(prefix: str, suffix: st
 
 def test_prefix_composition_keeps_the_min_value_rule() -> None:
     assert index_key_hash_with_prefix(java_string_hash("TopicTest#"), "key-FaCkcvF") == 0
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127)))
+def test_ascii_fast_path_equals_reference(text: str) -> None:
+    assert java_string_hash(text) == reference_hash(text)
+
+
+@pytest.mark.parametrize("length", [0, 1, 4299, 4300, 4301, 5000, 20000])
+def test_long_ascii_keys_hash_like_java(length: int) -> None:
+    # past int()'s digit limit the fast path falls back to the general one
+    text = "".join(chr(33 + (i * 7) % 94) for i in range(length))
+    assert java_string_hash(text) == reference_hash(text)
+    assert index_key_hash_with_prefix(java_string_hash("T#"), text) == index_key_hash("T#" + text)
+
+
+def test_hashes_with_a_lowered_int_digit_limit() -> None:
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        text = "k" * 1000
+        assert java_string_hash(text) == reference_hash(text)
+    finally:
+        sys.set_int_max_str_digits(limit)
