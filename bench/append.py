@@ -23,13 +23,14 @@ from common import (
 )
 
 
-def engine_append(workdir, count: int) -> tuple[float, int]:
-    """Append ``count`` messages of the benchmark shape to a new store; (seconds, bytes)."""
+def engine_append(workdir, count: int) -> tuple[float, int, float]:
+    """Append ``count`` messages of the benchmark shape to a new store:
+    (seconds in all, bytes, seconds inside append_many)."""
     path = workdir / f"append-{count}"
     subprocess.run(["rm", "-rf", str(path)], check=True)
-    seconds, size = append_messages(path, count)
+    measured = append_messages(path, count)
     subprocess.run(["rm", "-rf", str(path)], check=True)
-    return seconds, size
+    return measured
 
 
 def main() -> None:
@@ -38,17 +39,18 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"append: {count:,} messages, 100-byte bodies, 1 topic x 4 queues, 1 GiB files")
 
-    seconds, size = engine_append(workdir, count)
+    seconds, size, in_engine = engine_append(workdir, count)
     row(
-        "engine append (Store.appender().append_many)",
-        f"{count / seconds:,.0f} msg/s  {size / seconds / 1e6:.0f} MB/s",
+        "engine append (time inside append_many)",
+        f"{count / in_engine:,.0f} msg/s  {size / in_engine / 1e6:.0f} MB/s",
         f"RocketMQ 4.9.8 putMessage: {1_000_000 / ROCKETMQ_PUT_SECONDS:,.0f} msg/s",
     )
     row(
-        "  record size / wall time",
-        f"{size / count:.0f} B  {seconds:.2f} s",
-        f"RocketMQ: 298 B  {ROCKETMQ_PUT_SECONDS:.2f} s",
+        "  with building the Message objects",
+        f"{count / seconds:,.0f} msg/s  {seconds:.2f} s",
+        f"RocketMQ: {ROCKETMQ_PUT_SECONDS:.2f} s",
     )
+    row("  record size", f"{size / count:.0f} B", "RocketMQ: 298 B")
     _, generated = build_store(workdir, count, force=True)
     row(
         "fixtures generate large (append + dispatch)",

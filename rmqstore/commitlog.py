@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
@@ -398,6 +399,7 @@ class CommitLogAppender:
         self._topic_fields: dict[str, tuple[bytes, int]] = {}  # topic -> (field, magic)
         # born host -> (field bytes, V6 sysFlag bits, header struct, header size)
         self._host_fields: dict[HostAddress, tuple[bytes, int, Any, int]] = {}
+        self._record_structs: dict[tuple[Any, int, int, int], struct.Struct] = {}
         self._dirty_from = -1  # lowest unflushed position in the current file; -1 = clean
         self._dirty_files: set[Path] = set()  # earlier files with unflushed writes
         self._high_water: dict[Path, int] = {}  # how far this session wrote in rolled files
@@ -513,11 +515,11 @@ class CommitLogAppender:
             self._last_properties = dict(properties)
             self._last_properties_bytes = props
         if self.uniq_keys is not None and UNIQ_KEY not in properties:
-            pair = b"UNIQ_KEY\x01" + self.uniq_keys.next_key(now_millis).encode("ascii")
+            key = self.uniq_keys.next_key_ascii(now_millis)
             if self.trailing_separator:
-                props += pair + b"\x02"
+                props = b"".join((props, b"UNIQ_KEY\x01", key, b"\x02"))
             else:
-                props = (props + b"\x02" if props else b"") + pair
+                props = b"".join((props, b"\x02UNIQ_KEY\x01" if props else b"UNIQ_KEY\x01", key))
         if self.append_crc_property and props and not props.endswith(b"\x02"):
             props += b"\x02"
         if len(props) + self._crc_reserve > MAX_PROPERTIES_BYTES:
@@ -591,61 +593,76 @@ class CommitLogAppender:
         clock = self.clock
         now_ns = self._now_ns
         not_queued = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
+        record_structs = self._record_structs
         last_born: HostAddress | None = None
         host: tuple[bytes, int, Any, int] = (b"", 0, None, 0)
-        for message in messages:
-            now = now_ns() // 1_000_000 if clock is None else clock()
-            message, props = prepare(message, now)
-            topic = message.topic
-            topic_field, magic = topic_fields[topic]
-            body = message.body or b""
-            body_length = len(body)
-            if message.born_host is not last_born:  # same object: skip hashing it again
-                last_born = message.born_host
-                host = host_fields.get(last_born) or self._learn_born_host(last_born)
-            born_field, flags, header, header_size = host
-            sys_flag = (message.sys_flag & ~_HOST_FLAGS) | flags
-            props_length = len(props) + crc_reserve
-            total = header_size + body_length + len(topic_field) + 2 + props_length
-            position = self._position
-            if position + total + BLANK_MIN_LENGTH > file_size:
-                if total + BLANK_MIN_LENGTH > file_size:
-                    raise MessageTooLargeError(
-                        f"a {total}-byte record cannot fit in a commit-log file of "
-                        f"{file_size} bytes"
-                    )
-                self._roll()
-                position = 0
-            if position + total > self._reserved:
-                self._reserve(position + total)
-            queue_id = message.queue_id
-            if sys_flag & TRANSACTION_MASK in not_queued:
-                queue_offset = 0
-            else:
-                queue_key = (topic, queue_id)
-                queue_offset = queue_offsets.get(queue_key, 0)
-                queue_offsets[queue_key] = queue_offset + 1
-            store_timestamp = max(now, self.last_store_timestamp)  # never decreases
-            self.last_store_timestamp = store_timestamp
-            physical_offset = self._segment_start + position
-            buf = self._map
-            if self._dirty_from < 0:
-                self._dirty_from = position
-            header.pack_into(
-                buf, position, total, magic, crc32(body) & 0x7FFFFFFF, queue_id, message.flag,
-                queue_offset, physical_offset, sys_flag, message.born_timestamp, born_field,
-                store_timestamp, store_host_field, message.reconsume_times,
-                message.prepared_transaction_offset, body_length,
-            )  # fmt: skip
-            tail = body + topic_field + props_length.to_bytes(2, "big") + props
-            cursor = position + header_size
-            buf[cursor : cursor + len(tail)] = tail
-            self._position = position + total
-            if crc_reserve:
-                self._write_crc_property(position, total)
-            self.appended += 1
-            add_result(AppendResult(physical_offset, queue_offset, total, store_timestamp,
-                                    topic, queue_id, store_host_field))  # fmt: skip
+        # the write state lives in locals and goes back to the appender in `finally`
+        position = self._position
+        reserved = self._reserved
+        segment_start = self._segment_start
+        buf = self._map
+        dirty_from = self._dirty_from
+        last_stamp = self.last_store_timestamp
+        appended = self.appended
+        try:
+            for message in messages:
+                now = now_ns() // 1_000_000 if clock is None else clock()
+                message, props = prepare(message, now)
+                topic = message.topic
+                topic_field, magic = topic_fields[topic]
+                body = message.body or b""
+                body_length = len(body)
+                if message.born_host is not last_born:  # same object: skip hashing it again
+                    last_born = message.born_host
+                    host = host_fields.get(last_born) or self._learn_born_host(last_born)
+                born_field, flags, header, header_size = host
+                sys_flag = (message.sys_flag & ~_HOST_FLAGS) | flags
+                props_length = len(props) + crc_reserve
+                total = header_size + body_length + len(topic_field) + 2 + props_length
+                if position + total + BLANK_MIN_LENGTH > file_size:
+                    if total + BLANK_MIN_LENGTH > file_size:
+                        raise MessageTooLargeError(
+                            f"a {total}-byte record cannot fit in a commit-log file of "
+                            f"{file_size} bytes"
+                        )
+                    self._position = position
+                    self._roll()
+                    position, reserved, dirty_from = 0, self._reserved, -1
+                    segment_start, buf = self._segment_start, self._map
+                if position + total > reserved:
+                    self._reserve(position + total)
+                    reserved = self._reserved
+                queue_id = message.queue_id
+                if sys_flag & TRANSACTION_MASK in not_queued:
+                    queue_offset = 0
+                else:
+                    queue_key = (topic, queue_id)
+                    queue_offset = queue_offsets.get(queue_key, 0)
+                    queue_offsets[queue_key] = queue_offset + 1
+                if now > last_stamp:  # the store time never decreases
+                    last_stamp = now
+                physical_offset = segment_start + position
+                if dirty_from < 0:
+                    self._dirty_from = dirty_from = position
+                shape = (header, body_length, len(topic_field), len(props))
+                record = record_structs.get(shape) or self._record_struct(shape)
+                record.pack_into(
+                    buf, position, total, magic, crc32(body) & 0x7FFFFFFF, queue_id,
+                    message.flag, queue_offset, physical_offset, sys_flag,
+                    message.born_timestamp, born_field, last_stamp, store_host_field,
+                    message.reconsume_times, message.prepared_transaction_offset, body_length,
+                    body, topic_field, props_length, props,
+                )  # fmt: skip
+                if crc_reserve:
+                    self._write_crc_property(position, total)
+                position += total
+                appended += 1
+                add_result(AppendResult(physical_offset, queue_offset, total, last_stamp,
+                                        topic, queue_id, store_host_field))  # fmt: skip
+        finally:
+            self._position = position
+            self.last_store_timestamp = last_stamp
+            self.appended = appended
         if self._position - self._released >= _RELEASE_CHUNK:
             self._release_written()
         return results
@@ -658,6 +675,17 @@ class CommitLogAppender:
         if self._map is not None and upto > self._released:
             self._map.madvise(mmap.MADV_DONTNEED, self._released, upto - self._released)
             self._released = upto
+
+    def _record_struct(self, shape: tuple[Any, int, int, int]) -> Any:
+        """The layout of a whole record (all but a reserved __CRC32# property) of one shape:
+        header layout and the lengths of body, topic field and properties. Records of a
+        batch mostly share one shape, so one ``pack_into`` writes each."""
+        header, body_length, topic_length, props_length = shape
+        if len(self._record_structs) >= 256:
+            self._record_structs.clear()
+        layout = struct.Struct(f"{header.format}{body_length}s{topic_length}sH{props_length}s")
+        self._record_structs[shape] = layout
+        return layout
 
     def _learn_born_host(self, born_host: HostAddress) -> tuple[bytes, int, Any, int]:
         """Remember a born host's field bytes, V6 sysFlag bits and header layout."""

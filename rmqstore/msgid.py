@@ -101,15 +101,20 @@ class UniqKeyGenerator:
         self._month_start = 0
         self._next_month_start = 0
         self._stem_millis = -1
-        self._stem = ""  # prefix + millis hex of the current millisecond
+        self._stem = b""  # prefix + millis hex of the current millisecond, ASCII
 
     def next_key(self, now_millis: int | None = None) -> str:
         """The next key; ``now_millis`` saves a clock read when the caller has the time."""
+        return self.next_key_ascii(now_millis).decode("ascii")
+
+    def next_key_ascii(self, now_millis: int | None = None) -> bytes:
+        """:meth:`next_key` as ASCII bytes, as a record stores it."""
         now = self._clock() if now_millis is None else now_millis
         if now != self._stem_millis:
             if not self._month_start <= now < self._next_month_start:
                 self._month_start, self._next_month_start = _start_of_month_millis(now)
-            self._stem = f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}"
+            millis = (now - self._month_start) & 0xFFFFFFFF
+            self._stem = f"{self._prefix}{millis:08X}".encode("ascii")
             self._stem_millis = now
         counter = self._counter
         self._counter = (counter + 1) & 0xFFFF
@@ -117,6 +122,6 @@ class UniqKeyGenerator:
 
 
 @cache
-def _counter_hex() -> tuple[str, ...]:
+def _counter_hex() -> tuple[bytes, ...]:
     """All 65536 four-digit upper-case hex strings (formatting one costs more than a lookup)."""
-    return tuple(f"{value:04X}" for value in range(0x10000))
+    return tuple(b"%04X" % value for value in range(0x10000))
