@@ -57,6 +57,7 @@ class IndexChecks:
         # entries before the first record checked are older than the pass (expired, or before
         # --from-offset) unless records came before (an earlier range)
         self._started = after_records
+        self._indexed_records = 0  # into report.checked when done
         self._entries: Iterator[tuple[str, int, int, int, int]] = iter(())
         self._deferred: list[IndexFile] = []
         self._pending: tuple[str, int, int, int, int] | None = None
@@ -241,7 +242,13 @@ class IndexChecks:
         if self.first_lag is None:
             self.first_lag = partial["firstLag"]
 
+    def _count_checked(self) -> None:
+        if self._indexed_records:
+            self.report.checked["indexedRecords"] += self._indexed_records
+            self._indexed_records = 0
+
     def close(self) -> None:
+        self._count_checked()
         if self.service is not None:
             self.service.close()
 
@@ -250,7 +257,10 @@ class IndexChecks:
         if prefix is None:
             prefix = self._prefixes[topic] = java_string_hash(f"{topic}#")
         uniq = properties.get(UNIQ_KEY)
-        keys = split_keys(properties.get(KEYS))
+        keys_text = properties.get(KEYS)
+        if not keys_text:  # the common case: a UNIQ_KEY only
+            return [] if uniq is None else [index_key_hash_with_prefix(prefix, uniq)]
+        keys = split_keys(keys_text)
         return [
             index_key_hash_with_prefix(prefix, key)
             for key in ([uniq, *keys] if uniq is not None else keys)
@@ -260,15 +270,16 @@ class IndexChecks:
         if self.service is None or header[H_SYS_FLAG] & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
             return
         pending = self._pending
+        entries = self._entries
         while pending is not None and pending[3] < offset:
             if self._started:
                 self._orphan(pending, "points between records")
-            pending = next(self._entries, None)
+            pending = next(entries, None)
         self._started = True
         got = []
         while pending is not None and pending[3] == offset:
             got.append(pending)
-            pending = next(self._entries, None)
+            pending = next(entries, None)
         self._pending = pending
         expected = self._expected(topic, properties)
         if not expected:
@@ -280,7 +291,7 @@ class IndexChecks:
             if self.first_lag is None:
                 self.first_lag = offset
             return
-        self.report.checked["indexedRecords"] += 1
+        self._indexed_records += 1
         if self.topics is not None and topic not in self.topics:
             return
         hashes = [entry[2] for entry in got]
@@ -313,6 +324,7 @@ class IndexChecks:
         )
 
     def finish(self, log_end: int) -> None:
+        self._count_checked()
         if self.service is None:
             return
         self.drain(None, log_end)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import mmap
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -18,9 +18,11 @@ from rmqstore.consumequeue import (
     QueueBounds,
     list_queues,
 )
-from rmqstore.delay import DelayLevels
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, StoreFormatError
+from rmqstore.hashing import tags_code
+from rmqstore.properties import TAGS
 from rmqstore.record import (
     H_QUEUE_ID,
     H_QUEUE_OFFSET,
@@ -46,6 +48,18 @@ class _QueueState:
     matched: int = 0
     lag: int = 0
     first_lag: int | None = None
+    checked: int = 0  # units compared with their record
+    # the queue's bounds (it does not change while verify reads it)
+    min_offset: int = field(init=False)
+    max_offset: int = field(init=False)
+    # the mapped file the last unit came from: its map and the logical bytes it holds
+    buf: Any = None
+    base: int = 0
+    limit: int = -1
+
+    def __post_init__(self) -> None:
+        self.min_offset = self.queue.min_offset
+        self.max_offset = self.queue.max_offset
 
 
 class QueueChecks:
@@ -132,6 +146,11 @@ class QueueChecks:
         self.last_queued_time = max(self.last_queued_time, partial["lastQueuedTime"])
 
     def close(self) -> None:
+        units = 0
+        for state in self.states.values():
+            units, state.checked = units + state.checked, 0
+        if units:
+            self.report.checked["units"] += units
         for buf in self._maps.values():
             if isinstance(buf, mmap.mmap):
                 buf.close()
@@ -193,9 +212,12 @@ class QueueChecks:
                 if isinstance(buf, mmap.mmap):
                     buf.close()
 
-    def _unit(self, queue: ConsumeQueue, queue_offset: int) -> tuple[int, int, int] | None:
+    def _unit(self, state: _QueueState, queue_offset: int) -> tuple[int, int, int] | None:
         position = queue_offset * CQ_UNIT_SIZE
-        segment = queue.queue.find(position)
+        buf = state.buf
+        if state.base <= position <= state.limit - CQ_UNIT_SIZE and not buf.closed:
+            return UNIT.unpack_from(buf, position - state.base)  # the file of the last unit
+        segment = state.queue.queue.find(position)
         if segment is None:
             return None
         buf = self._maps.get(segment.path)
@@ -208,6 +230,8 @@ class QueueChecks:
         within = position - segment.start
         if within + CQ_UNIT_SIZE > len(buf):
             return None
+        if isinstance(buf, mmap.mmap):
+            state.buf, state.base, state.limit = buf, segment.start, segment.start + len(buf)
         return UNIT.unpack_from(buf, within)
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
@@ -221,39 +245,42 @@ class QueueChecks:
             if is_path_safe(topic):
                 self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
             return
-        queue = state.queue
         queue_offset = header[H_QUEUE_OFFSET]
-        if queue_offset < queue.min_offset:
+        if queue_offset < state.min_offset:
             return  # the unit expired with older files
-        if queue_offset >= queue.max_offset:
+        if queue_offset >= state.max_offset:
             state.lag += 1
             if state.first_lag is None:
                 state.first_lag = offset
             return
-        unit = self._unit(queue, queue_offset)
-        self.report.checked["units"] += 1
-        try:
-            expected_tags = unit_tags_code(
-                topic, properties, header[H_STORE_TIMESTAMP], self.delay_levels
-            )
-        except RecordError:
-            expected_tags = None  # reported by the record checks
-        expected = (offset, header[H_TOTAL_SIZE], expected_tags)
+        unit = self._unit(state, queue_offset)
+        state.checked += 1
+        stamp = header[H_STORE_TIMESTAMP]
+        if topic != SCHEDULE_TOPIC:
+            expected_tags: int | None = tags_code(properties.get(TAGS))
+        else:
+            try:
+                expected_tags = unit_tags_code(topic, properties, stamp, self.delay_levels)
+            except RecordError:
+                expected_tags = None  # reported by the record checks
         if (
             unit is None
-            or unit[:2] != expected[:2]
+            or unit[0] != offset
+            or unit[1] != header[H_TOTAL_SIZE]
             or (expected_tags is not None and unit[2] != expected_tags)
         ):
+            expected = (offset, header[H_TOTAL_SIZE], expected_tags)
             self.report.add(
                 "cq-unit",
-                relative(self.store, queue.directory),
+                relative(self.store, state.queue.directory),
                 queue_offset * CQ_UNIT_SIZE,
                 f"unit {queue_offset} of {topic}:{key[1]} is (offset, size, tagsCode) = "
                 f"{unit}, but its record at {offset} needs {expected}",
             )
         else:
             state.matched += 1
-            self.last_queued_time = max(self.last_queued_time, header[H_STORE_TIMESTAMP])
+            if stamp > self.last_queued_time:
+                self.last_queued_time = stamp
 
     def finish(self, log_end: int) -> None:
         for (topic, queue_id), state in self.states.items():

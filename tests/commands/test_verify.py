@@ -18,6 +18,7 @@ def test_sound_store_exits_0_with_the_documented_json(oracle) -> None:
     report = json.loads(result.stdout)
     assert report["ok"] is True and report["findings"] == []
     assert report["checked"]["records"] == 3002 and report["checked"]["units"] == 3002
+    assert report["checked"]["indexedRecords"] == 3002
     assert set(report) == {"ok", "findings", "findingsByKind", "truncated", "checked"}
 
 
