@@ -230,8 +230,9 @@ class QueueChecks:
         within = position - segment.start
         if within + CQ_UNIT_SIZE > len(buf):
             return None
-        if isinstance(buf, mmap.mmap):
-            state.buf, state.base, state.limit = buf, segment.start, segment.start + len(buf)
+        if isinstance(buf, mmap.mmap):  # units past the configured size belong to no file
+            limit = segment.start + min(len(buf), state.queue.file_size)
+            state.buf, state.base, state.limit = buf, segment.start, limit
         return UNIT.unpack_from(buf, within)
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
