@@ -219,3 +219,15 @@ def test_max_findings_counts_everything(oracle, tmp_path: Path) -> None:
     assert report.counts["record-body-crc"] == sum(
         1 for p in oracle("s1_multi").manifest["puts"][100:140] if p["storedBodyLength"]
     )
+
+
+def test_bytes_past_a_consume_queue_files_size_are_not_units(oracle, tmp_path: Path) -> None:
+    # a broker maps only the configured size: units 100.. of TopicTest:3 are in the next file,
+    # whatever the first file holds past its 2000 bytes
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    first = store_dir / "consumequeue" / "TopicTest" / "3" / "00000000000000000000"
+    with open(first, "ab") as handle:
+        handle.write(struct.pack(">qiq", 12345, 67, 89))
+    report = run(store_dir)
+    assert kinds(report) == {"cq-file-size"}
+    assert report.checked["units"] == 3002
