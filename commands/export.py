@@ -10,6 +10,7 @@ from rich.table import Table
 from rmqstore.commands.options import (
     EngineChoice,
     engine_options,
+    jobs_option,
     json_option,
     store_config_options,
     store_location_argument,
@@ -40,6 +41,7 @@ from rmqstore.store import Store
 @click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
 @click.option("--no-body", is_flag=True, help="Leave the message bodies out.")
 @engine_options(default="spark")
+@jobs_option
 @store_config_options
 @json_option
 def command(
@@ -49,6 +51,7 @@ def command(
     topics: tuple[str, ...],
     no_body: bool,
     engine: EngineChoice,
+    jobs: int,
     config: StoreConfig,
     as_json: bool,
 ) -> int:
@@ -69,7 +72,8 @@ def command(
 
     JSON: destination, format, messages, files, commitLogFiles.
     """
-    options = PipelineOptions.for_config(store_settings(store, config), engine.split)
+    engine.check_jobs(jobs)
+    options = PipelineOptions.for_config(store_settings(store, config), engine.split, jobs)
     selected = frozenset(topics) or None
     if engine.spark:
         from rmqstore.spark.jobs import SparkPipeline

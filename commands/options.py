@@ -97,6 +97,18 @@ def progress_option(func: F) -> F:
     )(func)
 
 
+def jobs_option(func: F) -> F:
+    return click.option(
+        "--jobs",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        metavar="N",
+        help="With --engine local: work on the ranges of the commit log (--split-size) in N "
+        "worker processes of this machine (1: in this process).",
+    )(func)
+
+
 ENGINES = ("local", "spark")
 
 
@@ -168,6 +180,13 @@ class EngineChoice:
     @property
     def spark(self) -> bool:
         return self.name == "spark"
+
+    def check_jobs(self, jobs: int) -> None:
+        if jobs > 1 and self.spark:
+            raise click.UsageError(
+                "--jobs is for --engine local; Spark's parallelism comes from --master "
+                "(local[N], or the cluster's executors)"
+            )
 
     def session(self) -> Any:
         """Start (or reuse) the Spark session; a one-line error when it cannot start."""

@@ -10,6 +10,7 @@ from rich.table import Table
 from rmqstore.commands.options import (
     EngineChoice,
     engine_options,
+    jobs_option,
     json_option,
     progress_option,
     store_argument,
@@ -20,6 +21,8 @@ from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.store import Store
 from rmqstore.verify import KINDS, VerifyOptions, VerifyReport, verify_store
+from rmqstore.verify.ranges import RangedVerify
+from rmqstore.workers import process_runner
 
 _STYLE = {"error": "red", "warning": "yellow", "note": "dim"}
 
@@ -34,7 +37,7 @@ _HELP = (
     record's keys, index lag. Checkpoint times against the data; 'abort'. Reads only, and
     works on a store a broker holds (with a warning). With --engine spark the commit log is
     checked in ranges on Spark executors, with the same findings (the store must be at the
-    same path on every executor).
+    same path on every executor); with --jobs N, in N processes of this machine.
 
     Finding kinds: """
     + ", ".join(KINDS)
@@ -76,6 +79,7 @@ _HELP = (
     help="List at most N findings (all are counted).",
 )
 @engine_options(default="local")
+@jobs_option
 @store_config_options
 @json_option
 @progress_option
@@ -87,6 +91,7 @@ def command(
     from_offset: int | None,
     max_findings: int,
     engine: EngineChoice,
+    jobs: int,
     config: StoreConfig,
     as_json: bool,
     no_progress: bool,
@@ -99,6 +104,7 @@ def command(
         from_offset=from_offset,
         max_findings=max_findings,
     )
+    engine.check_jobs(jobs)
     with Store.open_read(store, config) as opened:
         for text in opened.notes:
             warn(text)
@@ -112,6 +118,17 @@ def command(
                 PipelineOptions.for_config(opened.config, engine.split),
             )
             report = pipeline.verify(opened, options)
+            return _finish(report, as_json)
+        if jobs > 1:
+            report = RangedVerify(
+                opened,
+                check_crc=options.check_crc,
+                commitlog_only=options.commitlog_only,
+                topics=options.topics,
+                from_offset=options.from_offset,
+                max_findings=options.max_findings,
+                range_size=engine.split,
+            ).run(process_runner(jobs))
             return _finish(report, as_json)
         segments = opened.commitlog.segments
         base = segments[0].start if segments else 0

@@ -2,4 +2,5 @@
 
 from rmqstore.commands.main import main
 
-main()
+if __name__ == "__main__":  # not when a worker process imports it (spawn)
+    main()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import shutil
 import tarfile
 from dataclasses import dataclass
@@ -192,3 +193,12 @@ def check_against_broker(rows: list[dict], manifest: dict) -> None:
         row = by_offset[offset]
         assert dict(row["properties"]) == decode_properties(put["propertiesString"])
         assert row["msgId"] == put["msgId"] and row["bodyCRC"] == put["bodyCRC"]
+
+
+def square_and_pid(value: int) -> tuple[int, int]:
+    """A job for worker-process tests (module level, so a spawned worker can import it)."""
+    return value * value, os.getpid()
+
+
+def die_in_worker(_: int) -> None:
+    os._exit(3)  # a worker killed mid-job (as by the OOM killer)

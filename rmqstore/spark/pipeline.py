@@ -43,6 +43,7 @@ from rmqstore.spark.rows import (
     message_batches,
 )
 from rmqstore.spark.storefs import StoreLocation
+from rmqstore.workers import Runner, process_runner
 
 EXPORT_FORMATS = ("parquet", "jsonl")
 TOP_TAGS = 5
@@ -53,10 +54,13 @@ class PipelineOptions:
     split: int = DEFAULT_SPLIT
     max_message_size: int = 4 * 1024 * 1024
     delay_levels: str | None = None
+    workers: int = 1  # the local engine's worker processes
 
     @classmethod
-    def for_config(cls, config: StoreConfig, split: int = DEFAULT_SPLIT) -> PipelineOptions:
-        return cls(split, config.max_message_size, config.message_delay_level)
+    def for_config(
+        cls, config: StoreConfig, split: int = DEFAULT_SPLIT, workers: int = 1
+    ) -> PipelineOptions:
+        return cls(split, config.max_message_size, config.message_delay_level, workers)
 
 
 @dataclass
@@ -280,9 +284,6 @@ def export_parts(
     return ExportResult(destination, fmt, messages, files, file_stats(walked))
 
 
-Runner = Callable[[Callable[[Any], Any], list], list]
-
-
 class Pipeline:
     """What both engines do the same way; :meth:`run` (a function over a list of picklable
     jobs) is where they differ: in this process, or on Spark executors."""
@@ -294,7 +295,7 @@ class Pipeline:
         self.margin = record_margin(options.max_message_size)
 
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
-        return [function(job) for job in jobs]
+        return process_runner(self.options.workers)(function, jobs)
 
     def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
         """The summaries of the ranges one walk of the log visits."""

@@ -14,7 +14,6 @@ holding data, the first invalid record), and no file after the end of the log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
 from rmqstore.verify.queues import QueueChecks
 from rmqstore.verify.records import FileScan, LogFacts, RangeEdges, RecordListener, RecordPass
+from rmqstore.workers import Runner, run_here
 
 DEFAULT_RANGE_SIZE = 32 * 1024 * 1024
 
@@ -140,13 +140,6 @@ def check_range(job: RangeJob) -> RangeOutcome:
             None,
             (kind, str(exc)),
         )
-
-
-Runner = Callable[[Callable[[RangeJob], RangeOutcome], list[RangeJob]], Iterable[RangeOutcome]]
-
-
-def _run_here(function: Callable[[RangeJob], RangeOutcome], jobs: list[RangeJob]) -> list:
-    return [function(job) for job in jobs]
 
 
 class RangedVerify:
@@ -261,7 +254,7 @@ class RangedVerify:
             for part in ranges
         ]
 
-    def run(self, runner: Runner = _run_here) -> VerifyReport:
+    def run(self, runner: Runner = run_here) -> VerifyReport:
         self.record_pass.check_files()
         ranges = self.plan()
         if not ranges:

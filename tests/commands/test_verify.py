@@ -137,3 +137,13 @@ def test_bad_input(tmp_path: Path, oracle) -> None:
     assert run_cli("verify", tmp_path / "missing").exit_code == 2
     result = run_cli("verify", oracle("s1_multi").store, "--from-offset", "7", *ORACLE_OPTIONS)
     assert result.exit_code == 2 and "no record starts at offset 7" in result.stderr
+
+
+def test_worker_processes_give_the_same_report(oracle, tmp_path: Path) -> None:
+    store_dir = oracle("s2_crash").copy_to(tmp_path)  # torn tail, abort, lag: findings
+    args = ("verify", store_dir, "--json", "--split-size", "65536", *ORACLE_OPTIONS)
+    single, parallel = run_cli(*args), run_cli(*args, "--jobs", "2")
+    assert single.exit_code == parallel.exit_code == 1
+    one, two = json.loads(single.stdout), json.loads(parallel.stdout)
+    assert one["checked"] == two["checked"] and one["findingsByKind"] == two["findingsByKind"]
+    assert sorted(map(str, one["findings"])) == sorted(map(str, two["findings"]))

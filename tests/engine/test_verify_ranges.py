@@ -16,6 +16,7 @@ from rmqstore.record import BORNHOST_V6_FLAG, H_STORE_TIMESTAMP, H_SYS_FLAG
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, verify_store
 from rmqstore.verify.ranges import RangedVerify
+from rmqstore.workers import process_runner
 
 from support import ORACLE_CONFIG
 
@@ -156,3 +157,14 @@ def test_max_findings_keeps_the_count(damaged: Path) -> None:
     single, ranged = both(damaged, 400, max_findings=2)
     assert len(ranged.findings) == 2 and ranged.truncated
     assert ranged.counts == single.counts and ranged.problems == single.problems
+
+
+@pytest.mark.parametrize("name", ["torn-tail", "index-broken-chain", "cq-wrong-size"])
+def test_ranges_in_worker_processes(scenarios: Path, name: str) -> None:
+    settings = dict(check_crc=True, commitlog_only=False, topics=None, from_offset=None)
+    settings.update(max_findings=None)
+    with Store.open_read(scenarios / name) as store:
+        single = verify_store(store, VerifyOptions(**settings))
+    with Store.open_read(scenarios / name) as store:
+        ranged = RangedVerify(store, range_size=1500, **settings).run(process_runner(2))
+    assert_same(single, ranged)

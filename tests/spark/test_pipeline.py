@@ -143,3 +143,19 @@ def test_uris_for_the_store_and_the_destination(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["messages"] == 602
     assert len(parquet_rows(tmp_path / "out")) == 602
+
+
+def test_export_in_worker_processes_writes_the_same_files(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    for jobs in ("1", "2"):
+        result = run_cli(
+            "export", store_dir, "--to", tmp_path / jobs, "--engine", "local",
+            "--jobs", jobs, "--split-size", "9000", "--json",
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+    one, two = sorted((tmp_path / "1").iterdir()), sorted((tmp_path / "2").iterdir())
+    assert len(one) > 2 and [p.name for p in one] == [p.name for p in two]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, two, strict=True))
+    spark = run_cli("export", store_dir, "--to", tmp_path / "3", "--jobs", "2")
+    assert spark.exit_code == 2 and "--jobs is for --engine local" in spark.output
