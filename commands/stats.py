@@ -9,6 +9,7 @@ from rmqstore.commands.export import store_settings
 from rmqstore.commands.options import (
     EngineChoice,
     engine_options,
+    jobs_option,
     json_option,
     store_config_options,
     store_location_argument,
@@ -22,12 +23,14 @@ from rmqstore.spark.pipeline import PipelineOptions, StoreStats
 @store_location_argument
 @click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
 @engine_options(default="spark")
+@jobs_option
 @store_config_options
 @json_option
 def command(
     store: str,
     topics: tuple[str, ...],
     engine: EngineChoice,
+    jobs: int,
     config: StoreConfig,
     as_json: bool,
 ) -> int:
@@ -44,7 +47,8 @@ def command(
     messages}]}], files[{file, records, bytes, blankBytes, crcFailures, invalidRegions, end,
     endedBy}].
     """
-    options = PipelineOptions.for_config(store_settings(store, config), engine.split)
+    engine.check_jobs(jobs)
+    options = PipelineOptions.for_config(store_settings(store, config), engine.split, jobs)
     selected = frozenset(topics) or None
     if engine.spark:
         from rmqstore.spark.jobs import SparkPipeline

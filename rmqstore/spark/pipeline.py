@@ -348,25 +348,68 @@ class Pipeline:
 
 
 class LocalPipeline(Pipeline):
-    """``export`` and ``stats`` in this process, one range after the other, in flat memory."""
+    """``export`` and ``stats`` here, one range after the other in flat memory, or in
+    ``options.workers`` processes."""
 
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
         walked = self.walk(check_crc=True)
+        jobs = [StatsJob(self.location.uri, part, topics) for part in self.bounded_ranges(walked)]
         queues: dict[tuple[str, int], QueueStats] = {}
-        for part in self.bounded_ranges(walked):
-            for _, _, _, header, topic, props, _ in RangeScan(
-                self.location, part, False, resync_last=True
-            ):
-                if topics is not None and topic not in topics:
-                    continue
-                key = (topic, header[H_QUEUE_ID])
-                entry = queues.get(key)
-                if entry is None:
-                    entry = queues[key] = QueueStats(topic, header[H_QUEUE_ID])
-                _count(entry, header, props)
+        for counted in self.run(count_range, jobs):
+            for key, entry in counted.items():
+                total = queues.get(key)
+                if total is None:
+                    queues[key] = entry
+                else:
+                    _add(total, entry)
         for entry in queues.values():
             entry.distinct_tags = len(entry.tags)
         return StoreStats(list(queues.values()), file_stats(walked))
+
+
+@dataclass(frozen=True)
+class StatsJob:
+    """One range's per-queue counts: picklable, for a worker process."""
+
+    store: str
+    part: FileRange
+    topics: frozenset[str] | None
+
+
+def count_range(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
+    """The per-queue counts of the messages of one range."""
+    queues: dict[tuple[str, int], QueueStats] = {}
+    topics = job.topics
+    for _, _, _, header, topic, props, _ in RangeScan(
+        StoreLocation(job.store), job.part, False, resync_last=True
+    ):
+        if topics is not None and topic not in topics:
+            continue
+        key = (topic, header[H_QUEUE_ID])
+        entry = queues.get(key)
+        if entry is None:
+            entry = queues[key] = QueueStats(topic, header[H_QUEUE_ID])
+        _count(entry, header, props)
+    return queues
+
+
+def _add(total: QueueStats, part: QueueStats) -> None:
+    """Fold one range's counts of a queue into the totals."""
+    total.messages += part.messages
+    total.bytes += part.bytes
+    total.min_queue_offset = _least(total.min_queue_offset, part.min_queue_offset)
+    total.max_queue_offset = _most(total.max_queue_offset, part.max_queue_offset)
+    total.first_store_timestamp = _least(total.first_store_timestamp, part.first_store_timestamp)
+    total.last_store_timestamp = _most(total.last_store_timestamp, part.last_store_timestamp)
+    total.tags.update(part.tags)
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _most(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _count(entry: QueueStats, header: tuple, props: bytes) -> None:

@@ -159,3 +159,16 @@ def test_export_in_worker_processes_writes_the_same_files(tmp_path: Path) -> Non
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, two, strict=True))
     spark = run_cli("export", store_dir, "--to", tmp_path / "3", "--jobs", "2")
     assert spark.exit_code == 2 and "--jobs is for --engine local" in spark.output
+
+
+def test_stats_the_same_whatever_the_ranges_and_workers(tmp_path: Path) -> None:
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    whole = LocalPipeline(str(store_dir), PipelineOptions(split=1 << 30)).stats().to_dict()
+    ranged = LocalPipeline(str(store_dir), PipelineOptions(split=5000)).stats().to_dict()
+    assert ranged["queues"] == whole["queues"] and ranged["messages"] == whole["messages"]
+    args = ("stats", store_dir, "--engine", "local", "--split-size", "5000", "--json")
+    one, two = run_cli(*args), run_cli(*args, "--jobs", "2")
+    assert one.exit_code == two.exit_code == 0
+    assert json.loads(one.stdout) == json.loads(two.stdout)
+    assert json.loads(one.stdout)["queues"] == whole["queues"]
