@@ -8,7 +8,7 @@ locks or threads) and read the store themselves, as executors do.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -23,23 +23,28 @@ def run_here(function: Callable[[Any], Any], jobs: list) -> list:
     return [function(job) for job in jobs]
 
 
-def process_runner(workers: int) -> Runner:
-    """A runner mapping a module-level function over jobs in ``workers`` processes, results in
-    job order; 1 (or a single job) runs here."""
+def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Iterator[Any]:
+    """``function`` over ``jobs`` in ``workers`` processes, yielding results in job order as
+    they can be consumed (so a caller folding them keeps little in memory); 1 worker (or a
+    single job) runs here."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
+    if workers == 1 or len(jobs) <= 1:
+        yield from map(function, jobs)
+        return
+    context = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
+            yield from pool.map(function, jobs)
+    except BrokenProcessPool:
+        raise StoreIOError(
+            "a worker process ended abruptly (out of memory, or killed); "
+            "run again with fewer --jobs"
+        ) from None
 
-    def run(function: Callable[[Any], Any], jobs: list) -> list:
-        if workers == 1 or len(jobs) <= 1:
-            return run_here(function, jobs)
-        context = multiprocessing.get_context("spawn")
-        try:
-            with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-                return list(pool.map(function, jobs))
-        except BrokenProcessPool:
-            raise StoreIOError(
-                "a worker process ended abruptly (out of memory, or killed); "
-                "run again with fewer --jobs"
-            ) from None
 
-    return run
+def process_runner(workers: int) -> Runner:
+    """A runner: :func:`process_map` collected into a list."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    return lambda function, jobs: list(process_map(workers, function, jobs))

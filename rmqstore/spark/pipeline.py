@@ -43,7 +43,7 @@ from rmqstore.spark.rows import (
     message_batches,
 )
 from rmqstore.spark.storefs import StoreLocation
-from rmqstore.workers import Runner, process_runner
+from rmqstore.workers import Runner, process_map, process_runner
 
 EXPORT_FORMATS = ("parquet", "jsonl")
 TOP_TAGS = 5
@@ -355,7 +355,8 @@ class LocalPipeline(Pipeline):
         walked = self.walk(check_crc=True)
         jobs = [StatsJob(self.location.uri, part, topics) for part in self.bounded_ranges(walked)]
         queues: dict[tuple[str, int], QueueStats] = {}
-        for counted in self.run(count_range, jobs):
+        # folded as they arrive: one range's counts at a time in memory
+        for counted in process_map(self.options.workers, count_range, jobs):
             for key, entry in counted.items():
                 total = queues.get(key)
                 if total is None:
