@@ -39,19 +39,12 @@ def verify(path, commitlog_only: bool) -> tuple[int, float, bool]:
 def verify_in_workers(path, workers: int) -> tuple[int, float]:
     """Full verify with the commit log checked in ranges by ``workers`` processes."""
     from rmqstore.store import Store
+    from rmqstore.verify import VerifyOptions
     from rmqstore.verify.ranges import RangedVerify
     from rmqstore.workers import process_runner
 
     with Store.open_read(path) as store, timed() as clock:
-        ranged = RangedVerify(
-            store,
-            check_crc=True,
-            commitlog_only=False,
-            topics=None,
-            from_offset=None,
-            max_findings=1000,
-        )
-        report = ranged.run(process_runner(workers))
+        report = RangedVerify.for_options(store, VerifyOptions()).run(process_runner(workers))
     return report.checked["records"], clock.seconds
 
 

@@ -120,15 +120,8 @@ def command(
             report = pipeline.verify(opened, options)
             return _finish(report, as_json)
         if jobs > 1:
-            report = RangedVerify(
-                opened,
-                check_crc=options.check_crc,
-                commitlog_only=options.commitlog_only,
-                topics=options.topics,
-                from_offset=options.from_offset,
-                max_findings=options.max_findings,
-                range_size=engine.split,
-            ).run(process_runner(jobs))
+            ranged = RangedVerify.for_options(opened, options, engine.split)
+            report = ranged.run(process_runner(jobs))
             return _finish(report, as_json)
         segments = opened.commitlog.segments
         base = segments[0].start if segments else 0

@@ -183,15 +183,7 @@ class SparkPipeline(Pipeline):
 
     def verify(self, store: Store, options: VerifyOptions) -> VerifyReport:
         """The same findings as the local engine, the record ranges checked on executors."""
-        ranged = RangedVerify(
-            store,
-            check_crc=options.check_crc,
-            commitlog_only=options.commitlog_only,
-            topics=options.topics,
-            from_offset=options.from_offset,
-            max_findings=options.max_findings,
-            range_size=self.options.split or DEFAULT_RANGE_SIZE,
-        )
+        ranged = RangedVerify.for_options(store, options, self.options.split or DEFAULT_RANGE_SIZE)
         return ranged.run(self.run)
 
     @spark_errors

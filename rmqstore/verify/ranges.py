@@ -23,6 +23,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatError
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
+from rmqstore.verify import VerifyOptions
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
@@ -172,6 +173,21 @@ class RangedVerify:
             self.queues = QueueChecks(store, self.report, selected, defer_scans=True)
             self.index = IndexChecks(store, self.report, selected, defer_scans=True)
         self.record_pass = RecordPass(store, self.report, check_crc=check_crc)
+
+    @classmethod
+    def for_options(
+        cls, store: Store, options: VerifyOptions, range_size: int = DEFAULT_RANGE_SIZE
+    ) -> RangedVerify:
+        """The ranged verify of what ``verify_store(store, options)`` checks."""
+        return cls(
+            store,
+            check_crc=options.check_crc,
+            commitlog_only=options.commitlog_only,
+            topics=options.topics,
+            from_offset=options.from_offset,
+            max_findings=options.max_findings,
+            range_size=range_size,
+        )
 
     def plan(self) -> list[VerifyRange]:
         """The ranges from the first record checked to the end of the last file holding
