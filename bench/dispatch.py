@@ -15,6 +15,8 @@ def main() -> None:
     options = arguments(__doc__).parse_args()
     path, _ = build_store(options.workdir, options.messages)
     from rmqstore.dispatch import Dispatcher
+    from rmqstore.spark.ranges import DEFAULT_SPLIT
+    from rmqstore.spark.rebuild import rebuild_in_workers
     from rmqstore.store import Store
 
     shutil.rmtree(path / "consumequeue", ignore_errors=True)
@@ -37,6 +39,26 @@ def main() -> None:
         f"({1_000_000 / ROCKETMQ_REDISPATCH_SECONDS:,.0f} msg/s)",
     )
     row("  of which units / index entries", f"{result.units_written:,} / {result.index_entries:,}")
+    for workers in (2,):
+        shutil.rmtree(path / "consumequeue", ignore_errors=True)
+        shutil.rmtree(path / "index", ignore_errors=True)
+        with Store.open_write(path) as store:
+            start = store.commitlog.min_offset
+            with timed() as clock:
+                in_workers = rebuild_in_workers(
+                    store,
+                    from_offset=start,
+                    topics=None,
+                    build_index=True,
+                    workers=workers,
+                    split=DEFAULT_SPLIT,
+                )
+        assert in_workers.to_dict() == result.to_dict()
+        row(
+            f"  ranges read in {workers} worker processes (--jobs {workers})",
+            f"{in_workers.records / clock.seconds:,.0f} msg/s",
+            f"{clock.seconds:.2f} s",
+        )
     row(
         "baseline: plain commit-log scan",
         f"{scanned / scan_clock.seconds:,.0f} rec/s",

@@ -11,6 +11,7 @@ from rich.table import Table
 from rmqstore.commands.options import (
     EngineChoice,
     engine_options,
+    jobs_option,
     json_option,
     progress_option,
     store_argument,
@@ -26,6 +27,7 @@ from rmqstore.dispatch import (
     plan_rebuild,
 )
 from rmqstore.errors import ExitCode
+from rmqstore.spark.rebuild import rebuild_in_workers
 from rmqstore.store import Store
 
 
@@ -64,6 +66,7 @@ from rmqstore.store import Store
 )
 @click.option("--yes", is_flag=True, help="Do not ask before --rebuild (for scripts).")
 @engine_options(default="local")
+@jobs_option
 @store_config_options
 @json_option
 @progress_option
@@ -77,6 +80,7 @@ def command(
     dry_run: bool,
     yes: bool,
     engine: EngineChoice,
+    jobs: int,
     config: StoreConfig,
     as_json: bool,
     no_progress: bool,
@@ -89,6 +93,9 @@ def command(
     records, and updates the checkpoint. Running it twice changes nothing; an invalid record
     (a torn tail) ends it. Takes the store's lock.
 
+    With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
+    processes and applied here in log order: the same files and result as one pass.
+
     JSON: fromOffset, toOffset, logEnd, records, unitsWritten, unitsSkipped,
     indexedRecords, indexEntries, queuesTouched, stoppedBy, problems (and plan, quarantine
     with --rebuild).
@@ -98,6 +105,9 @@ def command(
         raise click.UsageError("--engine spark works with --rebuild (a parallel rebuild)")
     if engine.spark and max_records is not None:
         raise click.UsageError("--max-records does not apply to --engine spark")
+    engine.check_jobs(jobs)
+    if jobs > 1 and (not rebuild or max_records is not None):
+        raise click.UsageError("--jobs works with --rebuild (and without --max-records)")
     if topics and not no_index:
         note("--topic: only those consume queues are built; the index is left alone")
     result: DispatchResult | None = None
@@ -117,6 +127,10 @@ def command(
             from_offset = plan.from_offset
             if session is not None:
                 result = _rebuild_on_spark(session, opened, engine, topics, build_index, plan)
+            elif jobs > 1:
+                result = _rebuild_in_workers(
+                    opened, engine, jobs, topics, build_index, plan, not no_progress
+                )
         if result is None:
             dispatcher = Dispatcher(opened, topics=topics or None, build_index=build_index)
             try:
@@ -160,6 +174,29 @@ def _rebuild_on_spark(
         topics=frozenset(topics) or None,
         build_index=build_index,
     )
+
+
+def _rebuild_in_workers(
+    store: Store,
+    engine: EngineChoice,
+    jobs: int,
+    topics: tuple[str, ...],
+    build_index: bool,
+    plan: RebuildPlan,
+    show_progress: bool,
+) -> DispatchResult:
+    base = plan.from_offset
+    total = max(1, store.log_end().offset - base)
+    with progress_bar("dispatching", total, show_progress) as update:
+        return rebuild_in_workers(
+            store,
+            from_offset=base,
+            topics=frozenset(topics) or None,
+            build_index=build_index,
+            workers=jobs,
+            split=engine.split,
+            progress=lambda offset: update(min(offset, base + total) - base),
+        )
 
 
 def _report(store: Store, result: DispatchResult, document: dict, as_json: bool) -> int:

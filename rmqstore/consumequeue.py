@@ -300,6 +300,24 @@ class ConsumeQueue:
         self.max_physical_offset = physical_offset + size
         return outcome
 
+    def put_run(self, queue_offset: int, units: bytes | memoryview, first_end: int) -> bool:
+        """Append packed units for queue offsets ``queue_offset``, ``queue_offset + 1``, … in
+        one write, when :meth:`put` would write each of them at the end of the queue: the
+        queue has files, the run starts where it ends, and its first unit (ending at commit-log
+        offset ``first_end``) is not already there. Units taken from one walk of the log end
+        further on each time, so then none of them is a duplicate either. False (and nothing
+        written) otherwise: the caller puts the units one by one."""
+        if (
+            not self.queue.segments
+            or queue_offset * CQ_UNIT_SIZE != self.end
+            or first_end <= self.max_physical_offset
+        ):
+            return False
+        self._append(units)
+        physical_offset, size, _ = UNIT.unpack_from(units, len(units) - CQ_UNIT_SIZE)
+        self.max_physical_offset = physical_offset + size
+        return True
+
     def _start_at(self, expected: int) -> None:
         """The first file of a queue: created at the file holding ``expected`` and, when the
         queue does not start at 0, filled with pre-blank units up to it."""

@@ -220,7 +220,7 @@ class Dispatcher:
                 key = (topic, header[H_QUEUE_ID])
                 queue = queues.get(key)
                 if queue is None:
-                    queue = self._new_queue(topic, header[H_QUEUE_ID], result)
+                    queue = self.new_queue(topic, header[H_QUEUE_ID], result.problems)
                 if queue is not None:
                     outcome = queue.put(header[H_QUEUE_OFFSET], physical_offset, size, code)
                     if outcome is PutOutcome.DUPLICATE:
@@ -231,7 +231,7 @@ class Dispatcher:
                         last_time = store_timestamp
                         if outcome is PutOutcome.OUT_OF_ORDER:
                             result.problems.append(
-                                _out_of_order(
+                                out_of_order_problem(
                                     physical_offset, header[H_QUEUE_OFFSET], topic, key[1]
                                 )
                             )
@@ -282,12 +282,14 @@ class Dispatcher:
                 "with 'rmqstore dispatch --rebuild'"
             )
 
-    def _new_queue(self, topic: str, queue_id: int, result: DispatchResult) -> ConsumeQueue | None:
+    def new_queue(self, topic: str, queue_id: int, problems: list[str]) -> ConsumeQueue | None:
+        """Open (creating it on the first put) a queue not seen yet; None, and a problem the
+        first time, for a topic that cannot name a directory inside the store."""
         directory = self.store.consumequeue_dir / topic / str(queue_id)
         if not is_path_safe(topic) or not self.store.inside(directory):
             if topic not in self._unsafe_topics:
                 self._unsafe_topics.add(topic)
-                result.problems.append(unsafe_topic_problem(topic))
+                problems.append(unsafe_topic_problem(topic))
             return None
         queue = self._open_queue(topic, queue_id)
         self.queues[(topic, queue_id)] = queue
@@ -381,7 +383,7 @@ def write_sorted_units(
                 outcome.last_written = (offset, stamp)
             if put is PutOutcome.OUT_OF_ORDER:
                 outcome.problems.append(
-                    (offset, _out_of_order(offset, queue_offset, topic, queue_id))
+                    (offset, out_of_order_problem(offset, queue_offset, topic, queue_id))
                 )
     finally:
         if queue is not None:
@@ -389,7 +391,7 @@ def write_sorted_units(
     return outcome
 
 
-def _out_of_order(offset: int, queue_offset: int, topic: str, queue_id: int) -> str:
+def out_of_order_problem(offset: int, queue_offset: int, topic: str, queue_id: int) -> str:
     return (
         f"record at {offset}: queue offset {queue_offset} leaves a gap in {topic}:{queue_id}; "
         "its unit was appended at the end of the queue, as a broker does"

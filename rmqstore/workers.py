@@ -8,8 +8,9 @@ locks or threads) and read the store themselves, as executors do.
 from __future__ import annotations
 
 import multiprocessing
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
@@ -25,17 +26,31 @@ def run_here(function: Callable[[Any], Any], jobs: list) -> list:
 
 def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Iterator[Any]:
     """``function`` over ``jobs`` in ``workers`` processes, yielding results in job order as
-    they can be consumed (so a caller folding them keeps little in memory); 1 worker (or a
-    single job) runs here."""
+    they can be consumed; 1 worker (or a single job) runs here. At most two jobs per worker
+    are handed out ahead of the caller, so results a slow caller has not taken yet do not pile
+    up: memory stays flat however many jobs there are."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     if workers == 1 or len(jobs) <= 1:
         yield from map(function, jobs)
         return
     context = multiprocessing.get_context("spawn")
+    processes = min(workers, len(jobs))
+    waiting = deque(jobs)
+    pending: deque[Future] = deque()
     try:
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=context) as pool:
-            yield from pool.map(function, jobs)
+        with ProcessPoolExecutor(processes, mp_context=context) as pool:
+            try:
+                while waiting and len(pending) < 2 * processes:
+                    pending.append(pool.submit(function, waiting.popleft()))
+                while pending:
+                    result = pending.popleft().result()
+                    if waiting:
+                        pending.append(pool.submit(function, waiting.popleft()))
+                    yield result
+            finally:
+                for future in pending:  # the caller stopped early: drop what has not started
+                    future.cancel()
     except BrokenProcessPool:
         raise StoreIOError(
             "a worker process ended abruptly (out of memory, or killed); "

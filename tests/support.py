@@ -200,5 +200,12 @@ def square_and_pid(value: int) -> tuple[int, int]:
     return value * value, os.getpid()
 
 
+def mark_started(job: tuple[str, int]) -> int:
+    """A job that leaves a file behind when it starts (for look-ahead tests)."""
+    directory, number = job
+    Path(directory, f"started-{number}").touch()
+    return number
+
+
 def die_in_worker(_: int) -> None:
     os._exit(3)  # a worker killed mid-job (as by the OOM killer)

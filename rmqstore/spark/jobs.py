@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rmqstore.commitlog import LogEnd
 from rmqstore.dispatch import (
     Dispatcher,
     DispatchResult,
@@ -34,7 +33,6 @@ from rmqstore.dispatch import (
     write_sorted_units,
 )
 from rmqstore.errors import InputError, RmqStoreError, StoreIOError
-from rmqstore.record import ScanStop
 from rmqstore.segments import fsync_directory
 from rmqstore.spark import SparkUnavailable
 from rmqstore.spark.pipeline import (
@@ -50,6 +48,7 @@ from rmqstore.spark.ranges import (
     dispatch_end,
     file_bounds,
 )
+from rmqstore.spark.rebuild import settle_walk_end
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, VerifyReport
 from rmqstore.verify.ranges import DEFAULT_RANGE_SIZE, RangedVerify
@@ -216,17 +215,7 @@ class SparkPipeline(Pipeline):
             _commit_staging(store, staging)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        result.to_offset = _end_of_last_record(walked, end.cut, from_offset, result.records)
-        if end.kind == "delay":
-            result.log_end = store.log_end().offset
-            result.stopped_by = end.reason
-        else:
-            result.log_end = end.cut
-            stop = ScanStop.END if end.kind == "end" else ScanStop.INVALID
-            log_end = LogEnd(end.cut, stop, None, log.queue.find(end.cut))
-            store.remember_log_end(log_end)
-            store.check_tail(log_end)
-            result.stopped_by = end.reason
+        settle_walk_end(store, result, walked, end, from_offset)
         dispatcher = Dispatcher(store, build_index=build_index, build_queues=False, clock=clock)
         try:
             if dispatcher.build_index:
@@ -346,26 +335,6 @@ def _commit_staging(store: Store, staging: Path) -> None:
         fsync_directory(store.root)
     except OSError as exc:
         raise StoreIOError(f"cannot move rebuilt consume queues: {exc.strerror}") from None
-
-
-def _end_of_last_record(
-    walked: list[RangeSummary], cut: int, from_offset: int, records: int
-) -> int:
-    """Where the last record before ``cut`` ends: ``cut`` itself inside a file (records are
-    back to back), else where the records of the file before end."""
-    if records == 0:
-        return from_offset
-    ends: dict[int, int] = {}
-    for summary in walked:
-        start = int(summary.file)
-        if summary.records and start < cut:
-            limit = summary.end if summary.end is not None else summary.stop
-            ends[start] = max(ends.get(start, 0), start + limit)
-    holders = [start for start in ends if start < cut]
-    if not holders:
-        return from_offset
-    last_file = max(holders)
-    return cut if cut <= ends[last_file] else ends[last_file]
 
 
 __all__ = ["SparkPipeline", "spark_errors"]

@@ -13,18 +13,19 @@ pass then respects.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import RecordError
-from rmqstore.properties import DELAY, decode_properties
+from rmqstore.properties import decode_properties
 from rmqstore.record import H_STORE_TIMESTAMP, H_TOTAL_SIZE, RegionScan, ScanStop, find_next_record
 from rmqstore.spark.storefs import StoreLocation
 
+T = TypeVar("T")
 DEFAULT_SPLIT = 32 * 1024 * 1024
 _RECORD_SLACK = 64 * 1024 + 128  # topic (V2), properties and header beyond the body
 
@@ -220,39 +221,63 @@ def summarize_range(
     """Count one range's records. CRCs are checked when asked; a SCHEDULE_TOPIC_XXXX record
     whose DELAY is not a number is noted (dispatch stops there, as a broker does)."""
     scan = RangeScan(location, part, check_crc, resync_last=False)
+    tally = RangeTally()
     records = total = 0
-    first_crc_failure = first_bad_delay = delay_error = None
+    first_crc_failure = None
     for _, _, offset, header, topic, props, crc_ok in scan:
         records += 1
         total += header[H_TOTAL_SIZE]
         if crc_ok is False and first_crc_failure is None:
             first_crc_failure = offset
-        if topic == SCHEDULE_TOPIC and first_bad_delay is None and b"DELAY" in props:
-            properties = decode_properties(props)
-            if DELAY in properties:
-                try:
-                    unit_tags_code(topic, properties, header[H_STORE_TIMESTAMP], delay_levels)
-                except RecordError as exc:
-                    first_bad_delay = offset
-                    delay_error = f"record at offset {offset}: {exc.reason}"
-    return RangeSummary(
-        file=part.name,
-        start=part.start,
-        stop=part.stop,
-        last_file=part.last_file,
-        outcome=scan.outcome,
-        end=scan.end,
-        records=records,
-        bytes=total,
-        crc_failures=scan.crc_failures,
-        blank_bytes=scan.blank_length if scan.outcome == "blank" else 0,
-        invalid_regions=scan.invalid_regions,
-        first_invalid=scan.first_invalid,
-        first_crc_failure=first_crc_failure,
-        first_bad_delay=first_bad_delay,
-        error=scan.error,
-        delay_error=delay_error,
-    )
+        if topic == SCHEDULE_TOPIC and tally.first_bad_delay is None and b"DELAY" in props:
+            tally.check_delay(offset, header, decode_properties(props), delay_levels)
+    tally.records, tally.bytes, tally.first_crc_failure = records, total, first_crc_failure
+    return tally.summary(scan)
+
+
+@dataclass
+class RangeTally:
+    """What a pass over one range counts for its :class:`RangeSummary`."""
+
+    records: int = 0
+    bytes: int = 0
+    first_crc_failure: int | None = None
+    first_bad_delay: int | None = None
+    delay_error: str | None = None
+
+    def check_delay(
+        self, offset: int, header: tuple, properties: dict[str, str], levels: DelayLevels
+    ) -> int | None:
+        """The tagsCode of the SCHEDULE_TOPIC_XXXX record at ``offset``; None, and the
+        record noted (the first such one), when its DELAY is not a number."""
+        try:
+            return unit_tags_code(SCHEDULE_TOPIC, properties, header[H_STORE_TIMESTAMP], levels)
+        except RecordError as exc:
+            if self.first_bad_delay is None:
+                self.first_bad_delay = offset
+                self.delay_error = f"record at offset {offset}: {exc.reason}"
+            return None
+
+    def summary(self, scan: RangeScan) -> RangeSummary:
+        part = scan.part
+        return RangeSummary(
+            file=part.name,
+            start=part.start,
+            stop=part.stop,
+            last_file=part.last_file,
+            outcome=scan.outcome,
+            end=scan.end,
+            records=self.records,
+            bytes=self.bytes,
+            crc_failures=scan.crc_failures,
+            blank_bytes=scan.blank_length if scan.outcome == "blank" else 0,
+            invalid_regions=scan.invalid_regions,
+            first_invalid=scan.first_invalid,
+            first_crc_failure=self.first_crc_failure,
+            first_bad_delay=self.first_bad_delay,
+            error=scan.error,
+            delay_error=self.delay_error,
+        )
 
 
 @dataclass(frozen=True)
@@ -294,17 +319,23 @@ _FILE_ENDS = ("blank", "end", "invalid")
 def walk_summaries(summaries: list[RangeSummary]) -> list[RangeSummary]:
     """The ranges one walk of the log visits, in order: in each file those up to the range
     where the file's records end, and nothing after the end of the last file holding data."""
-    kept: list[RangeSummary] = []
+    ordered = sorted(summaries, key=lambda item: (item.file, item.start))
+    return list(walk_in_order(ordered, lambda summary: summary))
+
+
+def walk_in_order(items: Iterable[T], summary_of: Callable[[T], RangeSummary]) -> Iterator[T]:
+    """:func:`walk_summaries` over items that carry a summary and come in log order (as
+    they arrive from workers): it stops after the end of the last file holding data."""
     done_file = None
-    for summary in sorted(summaries, key=lambda item: (item.file, item.start)):
+    for item in items:
+        summary = summary_of(item)
         if summary.file == done_file:
             continue
-        kept.append(summary)
+        yield item
         if summary.outcome in _FILE_ENDS:
             done_file = summary.file
             if summary.last_file:
-                break
-    return kept
+                return
 
 
 def file_bounds(walked: list[RangeSummary]) -> dict[str, int]:
@@ -340,24 +371,9 @@ def dispatch_end(
     log_end = 0
     candidates: list[tuple[int, str | None, str]] = []
     for summary in walked:
-        start = int(summary.file)
-        if summary.first_invalid is not None:
-            candidates.append((start + summary.first_invalid, summary.error, "invalid"))
-        if summary.outcome == "end" and summary.end is not None:
-            candidates.append((start + summary.end, None, "end"))
-        if summary.first_crc_failure is not None and crc_from is not None and start >= crc_from:
-            candidates.append(
-                (
-                    summary.first_crc_failure,
-                    f"record at offset {summary.first_crc_failure}: "
-                    "BODYCRC does not match the body",
-                    "crc",
-                )
-            )
-        if summary.first_bad_delay is not None:
-            candidates.append((summary.first_bad_delay, summary.delay_error, "delay"))
+        candidates.extend(_stops(summary, crc_from))
         if summary.last_file and summary.outcome in _FILE_ENDS and summary.end is not None:
-            log_end = start + summary.end
+            log_end = int(summary.file) + summary.end
             if summary.outcome == "blank" and next_file_start is not None:
                 log_end = next_file_start
     if walked and not any(s.last_file and s.outcome in _FILE_ENDS for s in walked):
@@ -366,3 +382,23 @@ def dispatch_end(
     candidates.append((log_end, None, "end"))
     cut, reason, kind = min(candidates, key=lambda item: item[0])
     return WalkEnd(cut, log_end, reason, kind)
+
+
+def stops_dispatch(summary: RangeSummary, crc_from: int | None) -> bool:
+    """Dispatch walking the log stops inside (or at the end of) this range: records of
+    later ranges are not dispatched (:func:`dispatch_end` picks the earliest such stop)."""
+    return any(_stops(summary, crc_from))
+
+
+def _stops(summary: RangeSummary, crc_from: int | None) -> Iterator[tuple[int, str | None, str]]:
+    """Where, in one range, dispatch would stop, and why."""
+    start = int(summary.file)
+    if summary.first_invalid is not None:
+        yield start + summary.first_invalid, summary.error, "invalid"
+    if summary.outcome == "end" and summary.end is not None:
+        yield start + summary.end, None, "end"
+    if summary.first_crc_failure is not None and crc_from is not None and start >= crc_from:
+        reason = f"record at offset {summary.first_crc_failure}: BODYCRC does not match the body"
+        yield summary.first_crc_failure, reason, "crc"
+    if summary.first_bad_delay is not None:
+        yield summary.first_bad_delay, summary.delay_error, "delay"
