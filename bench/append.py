@@ -51,12 +51,13 @@ def main() -> None:
         f"RocketMQ: {ROCKETMQ_PUT_SECONDS:.2f} s",
     )
     row("  record size", f"{size / count:.0f} B", "RocketMQ: 298 B")
-    _, generated = build_store(workdir, count, force=True)
-    row(
-        "fixtures generate large (append + dispatch)",
-        f"{count / generated:,.0f} msg/s",
-        f"{generated:.2f} s; RocketMQ puts (dispatch concurrent): {ROCKETMQ_PUT_SECONDS} s",
-    )
+    for workers in (1, 2):
+        _, generated = build_store(workdir, count, force=True, workers=workers)
+        row(
+            f"fixtures generate large --jobs {workers}",
+            f"{count / generated:,.0f} msg/s",
+            f"{generated:.2f} s; RocketMQ puts (dispatch concurrent): {ROCKETMQ_PUT_SECONDS} s",
+        )
 
     lines = workdir / f"input-{count}.jsonl"
     if not lines.exists():

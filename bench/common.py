@@ -68,13 +68,14 @@ def store_path(workdir: Path, messages: int, body: bytes = BODY) -> Path:
 
 
 def build_store(
-    workdir: Path, messages: int, *, force: bool = False, body: bytes = BODY
+    workdir: Path, messages: int, *, force: bool = False, body: bytes = BODY, workers: int = 1
 ) -> tuple[Path, float]:
     """The benchmark store, returned as (path, seconds to build; 0 when it already existed).
 
     With the default body it is ``rmqstore fixtures generate large`` (one topic, 4 queues
     round robin, 100-byte bodies, TAGS, UNIQ_KEY and CLUSTER, 1 GiB files, consume queues and
-    index). Another body size gives a commit log of the same shape without queues or index."""
+    index; ``workers``: its ``--jobs``). Another body size gives a commit log of the same
+    shape without queues or index."""
     path = store_path(workdir, messages, body)
     if path.exists() and not force:
         return path, 0.0
@@ -85,7 +86,7 @@ def build_store(
         from rmqstore.fixtures import FixtureOptions, generate
 
         with timed() as clock:
-            generate("large", path, FixtureOptions(messages=messages))
+            generate("large", path, FixtureOptions(messages=messages), workers=workers)
         return path, clock.seconds
     seconds, _, _ = append_messages(path, messages, body)
     return path, seconds

@@ -9,7 +9,7 @@ import os
 import re
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +26,8 @@ _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
 _INT = struct.Struct(">i")
 _NAME = re.compile(r"\d{17}")
+# a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key
+HASHED_KEY = struct.Struct("<qqiB")
 
 
 def index_file_size(slots: int, entries: int) -> int:
@@ -187,61 +189,6 @@ class IndexFile:
         header.end_timestamp = store_timestamp
         return True
 
-    def put_records(self, records: Sequence[tuple[int, ...]], position: int) -> tuple[int, int]:
-        """:meth:`put_key` for the keys of ``records[position:]`` (``(physical offset, store
-        time, key hash, …)`` in log order) while every key of a record fits in this file;
-        then the header is written. Returns where it stopped and how many entries it put."""
-        header = self.header
-        buf = self.buf
-        slots = self.slots
-        limit = self.entries
-        entries_at = self._entries_at
-        count = first_count = header.index_count
-        begin = header.begin_timestamp
-        slot_count = header.hash_slot_count
-        read_slot = _INT.unpack_from
-        write_slot = _INT.pack_into
-        write_entry = _ENTRY.pack_into
-        physical_offset = header.end_phy_offset
-        store_timestamp = header.end_timestamp
-        total = len(records)
-        while position < total:
-            record = records[position]
-            if count + len(record) - 2 > limit:
-                break
-            physical_offset = record[0]
-            store_timestamp = record[1]
-            for key_hash in record[2:]:
-                slot_at = HEADER_SIZE + (key_hash % slots) * SLOT_SIZE
-                previous = read_slot(buf, slot_at)[0]
-                if previous <= 0 or previous > count:
-                    previous = 0
-                    slot_count += 1
-                if begin <= 0 or store_timestamp <= begin:
-                    time_diff = 0
-                else:
-                    time_diff = min((store_timestamp - begin) // 1000, 0x7FFFFFFF)
-                write_entry(
-                    buf,
-                    entries_at + count * ENTRY_SIZE,
-                    key_hash,
-                    physical_offset,
-                    time_diff,
-                    previous,
-                )
-                write_slot(buf, slot_at, count)
-                if count <= 1:
-                    header.begin_phy_offset = physical_offset
-                    header.begin_timestamp = begin = store_timestamp
-                count += 1
-            position += 1
-        header.hash_slot_count = slot_count
-        header.index_count = count
-        header.end_phy_offset = physical_offset
-        header.end_timestamp = store_timestamp
-        self.sync_header()
-        return position, count - first_count
-
     def sync_header(self) -> None:
         header = self.header
         _HEADER.pack_into(
@@ -382,38 +329,67 @@ class IndexService:
         index.sync_header()
         return True
 
-    def build_hashed(self, records: Sequence[tuple[int, ...]]) -> tuple[int, int]:
-        """:meth:`build` for records whose key hashes were computed elsewhere (worker
-        processes): ``(physical offset, store time, hash of topic#UNIQ_KEY, hashes of
-        topic#key…)`` in log order. Returns (records indexed, entries written)."""
-        indexed = entries = position = 0
-        total = len(records)
-        while position < total:
-            files = self.files
-            index = files[-1] if files else None
-            if index is None or index.is_full:
-                index = self.writable_file()
-            record = records[position]
-            header = index.header
-            end = header.end_phy_offset
-            if record[0] < end or (record[0] == end and header.index_count > 1):
-                position += 1  # already indexed, as in build
-                continue
-            if header.index_count + len(record) - 2 <= index.entries:
-                stop, written = index.put_records(records, position)
-                indexed += stop - position
-                entries += written
-                position = stop
-                continue
-            for key_hash in record[2:]:  # the keys of this record go on in a new file
-                while not index.put_key(key_hash, record[0], record[1]):
+    def build_hashed(self, entries: bytes | bytearray) -> tuple[int, int]:
+        """:meth:`build` for keys hashed elsewhere (worker processes): ``entries`` packed
+        with :data:`HASHED_KEY` in log order, a record's keys one after the other, the first
+        flagged. Returns (records indexed, entries written)."""
+        indexed = written = 0
+        index: IndexFile | None = None
+        skipping = False
+        # the current file's state lives in locals on this hot path (written back on a roll)
+        buf: mmap.mmap | bytes = b""
+        header = IndexHeader()
+        slots = limit = entries_at = count = slot_count = begin = 0
+        end_offset = end_timestamp = 0
+        read_slot = _INT.unpack_from
+        write_slot = _INT.pack_into
+        write_entry = _ENTRY.pack_into
+        for physical_offset, store_timestamp, key_hash, first in HASHED_KEY.iter_unpack(entries):
+            if index is None or count >= limit:  # the first put, or this file is full
+                if index is not None:
+                    header.index_count, header.hash_slot_count = count, slot_count
+                    header.end_phy_offset, header.end_timestamp = end_offset, end_timestamp
                     index.sync_header()
-                    index = self.writable_file()
+                files = self.files
+                index = files[-1] if files and not files[-1].is_full else self.writable_file()
+                header, buf, slots = index.header, index.buf, index.slots
+                limit, entries_at = index.entries, index._entries_at
+                count, slot_count = header.index_count, header.hash_slot_count
+                begin = header.begin_timestamp
+                end_offset, end_timestamp = header.end_phy_offset, header.end_timestamp
+            if first:
+                skipping = physical_offset < end_offset or (
+                    physical_offset == end_offset and count > 1
+                )  # already indexed, as in build
+                if skipping:
+                    continue
+                indexed += 1
+            elif skipping:
+                continue
+            slot_at = HEADER_SIZE + (key_hash % slots) * SLOT_SIZE
+            previous = read_slot(buf, slot_at)[0]
+            if previous <= 0 or previous > count:
+                previous = 0
+                slot_count += 1
+            if begin <= 0 or store_timestamp <= begin:
+                time_diff = 0
+            else:
+                time_diff = min((store_timestamp - begin) // 1000, 0x7FFFFFFF)
+            write_entry(
+                buf, entries_at + count * ENTRY_SIZE, key_hash, physical_offset, time_diff, previous
+            )
+            write_slot(buf, slot_at, count)
+            if count <= 1:
+                header.begin_phy_offset = physical_offset
+                header.begin_timestamp = begin = store_timestamp
+            count += 1
+            end_offset, end_timestamp = physical_offset, store_timestamp
+            written += 1
+        if index is not None:
+            header.index_count, header.hash_slot_count = count, slot_count
+            header.end_phy_offset, header.end_timestamp = end_offset, end_timestamp
             index.sync_header()
-            indexed += 1
-            entries += len(record) - 2
-            position += 1
-        return indexed, entries
+        return indexed, written
 
     def query(
         self,

@@ -29,6 +29,7 @@ from rmqstore.consumequeue import UNIT, PutOutcome
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import Dispatcher, DispatchResult, out_of_order_problem
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
+from rmqstore.indexfile import HASHED_KEY
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.record import (
     H_QUEUE_ID,
@@ -94,7 +95,7 @@ class PreparedRange:
     summary: RangeSummary
     records: int  # records to dispatch (before the range's first stop)
     runs: list[UnitRun]  # in the order they were started
-    index: list[tuple[int, ...]]  # (physical offset, store time, key hash, ...) in log order
+    index: bytearray  # the keys to index, packed with HASHED_KEY, in log order
 
 
 def prepare_range(job: DispatchJob) -> PreparedRange:
@@ -106,7 +107,8 @@ def prepare_range(job: DispatchJob) -> PreparedRange:
     build_index = job.build_index
     open_runs: dict[tuple[str, int], UnitRun] = {}
     runs: list[UnitRun] = []
-    index: list[tuple[int, ...]] = []
+    index = bytearray()
+    pack_key = HASHED_KEY.pack
     prefixes: dict[str, int] = {}
     pack_unit = UNIT.pack
     walked = total = records = 0
@@ -152,18 +154,15 @@ def prepare_range(job: DispatchJob) -> PreparedRange:
                 if prefix is None:
                     prefix = prefixes[topic] = java_string_hash(f"{topic}#")
                 if uniq is not None and not keys:
-                    index.append(
-                        (offset, store_timestamp, index_key_hash_with_prefix(prefix, uniq))
+                    index += pack_key(
+                        offset, store_timestamp, index_key_hash_with_prefix(prefix, uniq), 1
                     )
                 else:
-                    pieces = [uniq, *keys] if uniq is not None else keys
-                    index.append(
-                        (
-                            offset,
-                            store_timestamp,
-                            *(index_key_hash_with_prefix(prefix, key) for key in pieces),
-                        )
-                    )
+                    first = 1
+                    for key in [uniq, *keys] if uniq is not None else keys:
+                        hashed = index_key_hash_with_prefix(prefix, key)
+                        index += pack_key(offset, store_timestamp, hashed, first)
+                        first = 0
         records += 1
     tally.records, tally.bytes = walked, total
     return PreparedRange(tally.summary(scan), records, runs, index)
@@ -242,18 +241,25 @@ def rebuild_in_workers(
     workers: int,
     split: int,
     clock: Callable[[], int] | None = None,
+    utc_index_names: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> DispatchResult:
     """Dispatch the whole log into the empty consume queues (and index) of ``store``, opened
     for writing with the old files moved to quarantine, reading it in ``workers`` processes:
-    the same files and result as ``Dispatcher.run``. ``clock`` names new index files
-    (tests); ``progress`` gets the end of each range applied."""
+    the same files and result as ``Dispatcher.run``. ``clock`` and ``utc_index_names`` name
+    new index files (tests, fixtures); ``progress`` gets the end of each range applied."""
     config = store.config
     log = store.commitlog
     recovery = log.recovery_start(store.checkpoint(), store.abort_path.exists())
     crc_from = recovery.start if recovery is not None and config.check_crc_on_recover else None
     location = StoreLocation(str(store.root))
-    dispatcher = Dispatcher(store, topics=topics, build_index=build_index, clock=clock)
+    dispatcher = Dispatcher(
+        store,
+        topics=topics,
+        build_index=build_index,
+        clock=clock,
+        utc_index_names=utc_index_names,
+    )
     try:
         jobs = [
             DispatchJob(

@@ -9,7 +9,7 @@ import pytest
 
 from rmqstore.fixtures import SCENARIOS
 
-from support import run_cli
+from support import run_cli, tree_digest
 
 
 def test_list() -> None:
@@ -37,6 +37,14 @@ def test_generate_then_verify_like_a_ci_job(tmp_path: Path, name: str) -> None:
             f["kind"] == expected["kind"] and expected["offset"] in (None, f["offset"])
             for f in findings
         )
+
+
+def test_generate_with_worker_processes(tmp_path: Path) -> None:
+    options = ["--messages", "2000", "--commitlog-file-size", "65536", "--json"]
+    here = run_cli("fixtures", "generate", "large", tmp_path / "here", *options)
+    workers = run_cli("fixtures", "generate", "large", tmp_path / "w", *options, "--jobs", "2")
+    assert here.exit_code == 0 and workers.exit_code == 0, workers.stderr
+    assert tree_digest(tmp_path / "w") == tree_digest(tmp_path / "here")
 
 
 def test_clean_fixture_is_usable_by_every_command(tmp_path: Path) -> None:

@@ -36,6 +36,16 @@ def test_same_arguments_same_bytes_and_names(tmp_path: Path, name: str) -> None:
     assert tree_digest(first) != tree_digest(other)
 
 
+@pytest.mark.parametrize("name", ["large", "multi", "delay", "torn-tail"])
+def test_worker_processes_write_the_same_bytes(tmp_path: Path, name: str) -> None:
+    options = FixtureOptions(seed=3, messages=3000, commitlog_file_size=65536)
+    if name != "large":
+        options = FixtureOptions(seed=3, commitlog_file_size=4096)  # many files, many ranges
+    generate(name, tmp_path / "here", options)
+    generate(name, tmp_path / "workers", options, workers=2)
+    assert tree_digest(tmp_path / "workers") == tree_digest(tmp_path / "here")
+
+
 @pytest.mark.parametrize("name", CLEAN)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_clean_scenarios_verify_sound(tmp_path: Path, name: str, seed: int) -> None:

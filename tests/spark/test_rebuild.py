@@ -166,8 +166,9 @@ def test_odd_queue_offsets_unsafe_topics_and_a_bad_delay(
 ) -> None:
     offsets = [0, 1, 2, 2, 5, 6, 3, 7, 8, 9, *range(10, 40), 12, 41, 42]
     _crafted_store(tmp_path / "crafted", offsets, bad_delay_at)
-    for split in (700, 4096):
-        result = same_as_one_walk(tmp_path / "crafted", tmp_path, workers=1, split=split)
+    tiny_index = StoreConfig(index_slots=5, index_entries=7)  # a record's keys span files
+    for split, config in ((700, None), (4096, None), (700, tiny_index)):
+        result = same_as_one_walk(tmp_path / "crafted", tmp_path, config, workers=1, split=split)
         assert result["unitsSkipped"] > 0
         assert any("gap" in problem for problem in result["problems"])
         assert any("../evil" in problem for problem in result["problems"])
