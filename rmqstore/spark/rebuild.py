@@ -25,7 +25,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 
 from rmqstore.commitlog import LogEnd
-from rmqstore.consumequeue import UNIT, PutOutcome
+from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, PutOutcome
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import Dispatcher, DispatchResult, out_of_order_problem
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
@@ -206,10 +206,10 @@ class _Applier:
         if queue.put_run(run.queue_offset, units, first + first_size):
             self.result.units_written += count
             self.touched.add(key)
-            self._wrote(UNIT.unpack_from(units, len(units) - 20)[0], run.stamps[-1])
+            self._wrote(UNIT.unpack_from(units, len(units) - CQ_UNIT_SIZE)[0], run.stamps[-1])
             return
         for number in range(count):  # as a walk puts them: duplicates skipped, gaps told
-            offset, size, code = UNIT.unpack_from(units, number * 20)
+            offset, size, code = UNIT.unpack_from(units, number * CQ_UNIT_SIZE)
             outcome = queue.put(run.queue_offset + number, offset, size, code)
             if outcome is PutOutcome.DUPLICATE:
                 self.result.units_skipped += 1
