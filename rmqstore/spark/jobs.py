@@ -45,10 +45,9 @@ from rmqstore.spark.pipeline import (
 )
 from rmqstore.spark.ranges import (
     RangeSummary,
-    dispatch_end,
     file_bounds,
 )
-from rmqstore.spark.rebuild import settle_walk_end
+from rmqstore.spark.rebuild import crc_checked_from, settle_walk_end, walk_end
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, VerifyReport
 from rmqstore.verify.ranges import DEFAULT_RANGE_SIZE, RangedVerify
@@ -198,15 +197,9 @@ class SparkPipeline(Pipeline):
         """Dispatch the whole log into empty consume queues (and index) of ``store``, opened
         for writing with the old files moved to quarantine: what ``Dispatcher.run`` does,
         the consume queues written in parallel. ``clock`` names new index files (tests)."""
-        config = store.config
-        log = store.commitlog
-        recovery = log.recovery_start(store.checkpoint(), store.abort_path.exists())
-        crc_from = recovery.start if recovery is not None and config.check_crc_on_recover else None
+        crc_from = crc_checked_from(store)
         walked = self.walk(check_crc=crc_from is not None, crc_from=crc_from or 0)
-        segments = log.segments
-        data_files = {summary.file for summary in walked}
-        later = [s.start for s in segments if s.name > max(data_files, default="")]
-        end = dispatch_end(walked, next_file_start=later[0] if later else None, crc_from=crc_from)
+        end = walk_end(store, walked, crc_from)
         result = DispatchResult(from_offset=from_offset, to_offset=from_offset)
         staging = store.root / f".consumequeue.rebuild-{uuid.uuid4().hex[:12]}"
         try:

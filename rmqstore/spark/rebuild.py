@@ -249,9 +249,7 @@ def rebuild_in_workers(
     the same files and result as ``Dispatcher.run``. ``clock`` and ``utc_index_names`` name
     new index files (tests, fixtures); ``progress`` gets the end of each range applied."""
     config = store.config
-    log = store.commitlog
-    recovery = log.recovery_start(store.checkpoint(), store.abort_path.exists())
-    crc_from = recovery.start if recovery is not None and config.check_crc_on_recover else None
+    crc_from = crc_checked_from(store)
     location = StoreLocation(str(store.root))
     dispatcher = Dispatcher(
         store,
@@ -289,14 +287,26 @@ def rebuild_in_workers(
                     stopped = stops_dispatch(prepared.summary, crc_from)
                 if progress is not None:
                     progress(int(prepared.summary.file) + prepared.summary.stop)
-        later = [s.start for s in log.segments if s.name > walked[-1].file] if walked else []
-        end = dispatch_end(walked, next_file_start=later[0] if later else None, crc_from=crc_from)
+        end = walk_end(store, walked, crc_from)
         settle_walk_end(store, result, walked, end, from_offset)
         result.queues_touched = len(applier.touched)
         dispatcher.finish(result, applier.newest[1] if applier.newest else None)
         return result
     finally:
         dispatcher.close()
+
+
+def crc_checked_from(store: Store) -> int | None:
+    """Where a rebuild checks body CRCs from, as recovery would (None: nowhere)."""
+    recovery = store.commitlog.recovery_start(store.checkpoint(), store.abort_path.exists())
+    return recovery.start if recovery is not None and store.config.check_crc_on_recover else None
+
+
+def walk_end(store: Store, walked: list[RangeSummary], crc_from: int | None) -> WalkEnd:
+    """:func:`dispatch_end` of a walk of ``store``'s log."""
+    data_files = {summary.file for summary in walked}
+    later = [s.start for s in store.commitlog.segments if s.name > max(data_files, default="")]
+    return dispatch_end(walked, next_file_start=later[0] if later else None, crc_from=crc_from)
 
 
 def settle_walk_end(
