@@ -66,7 +66,7 @@ from rmqstore.store import Store
 )
 @click.option("--yes", is_flag=True, help="Do not ask before --rebuild (for scripts).")
 @engine_options(default="local")
-@jobs_option
+@jobs_option()
 @store_config_options
 @json_option
 @progress_option

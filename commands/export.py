@@ -41,7 +41,7 @@ from rmqstore.store import Store
 @click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
 @click.option("--no-body", is_flag=True, help="Leave the message bodies out.")
 @engine_options(default="spark")
-@jobs_option
+@jobs_option()
 @store_config_options
 @json_option
 def command(

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from rmqstore.commands.options import json_option
+from rmqstore.commands.options import jobs_option, json_option
 from rmqstore.commands.output import console, emit_json, note
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
 
@@ -105,14 +105,9 @@ def list_command(as_json: bool) -> int:
 @click.option(
     "--force", is_flag=True, help="Replace OUT when it holds an earlier store or fixture."
 )
-@click.option(
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    metavar="N",
-    help="Build the consume queues and index with the commit log read in N worker "
-    "processes (the same bytes; worth it for large stores).",
+@jobs_option(
+    "Build the consume queues and index with the commit log read in N worker "
+    "processes (the same bytes; worth it for large stores)."
 )
 @json_option
 def generate_command(

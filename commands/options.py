@@ -97,16 +97,22 @@ def progress_option(func: F) -> F:
     )(func)
 
 
-def jobs_option(func: F) -> F:
+RANGE_JOBS_HELP = (
+    "With --engine local: work on the ranges of the commit log (--split-size) in N "
+    "worker processes of this machine (1: in this process)."
+)
+
+
+def jobs_option(help_text: str = RANGE_JOBS_HELP) -> Callable[[F], F]:
+    """``--jobs N`` (at least 1, default 1) with the command's own help text."""
     return click.option(
         "--jobs",
         type=click.IntRange(min=1),
         default=1,
         show_default=True,
         metavar="N",
-        help="With --engine local: work on the ranges of the commit log (--split-size) in N "
-        "worker processes of this machine (1: in this process).",
-    )(func)
+        help=help_text,
+    )
 
 
 ENGINES = ("local", "spark")

@@ -23,7 +23,7 @@ from rmqstore.spark.pipeline import PipelineOptions, StoreStats
 @store_location_argument
 @click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
 @engine_options(default="spark")
-@jobs_option
+@jobs_option()
 @store_config_options
 @json_option
 def command(

@@ -79,7 +79,7 @@ _HELP = (
     help="List at most N findings (all are counted).",
 )
 @engine_options(default="local")
-@jobs_option
+@jobs_option()
 @store_config_options
 @json_option
 @progress_option
