@@ -102,6 +102,7 @@ class UniqKeyGenerator:
         self._next_month_start = 0
         self._stem_millis = -1
         self._stem = b""  # prefix + millis hex of the current millisecond, ASCII
+        self._counter_digits = _counter_hex()
 
     def next_key(self, now_millis: int | None = None) -> str:
         """The next key; ``now_millis`` saves a clock read when the caller has the time."""
@@ -118,7 +119,7 @@ class UniqKeyGenerator:
             self._stem_millis = now
         counter = self._counter
         self._counter = (counter + 1) & 0xFFFF
-        return self._stem + _counter_hex()[counter]
+        return self._stem + self._counter_digits[counter]
 
 
 @cache

@@ -478,15 +478,25 @@ class RegionScan:
         unpack_ipv4 = HEADER_IPV4.unpack_from
         unpack_short = _SHORT.unpack_from
         crc32 = zlib.crc32
+        magic_v1 = MAGIC_V1
+        host_flags = _HOST_FLAGS
+        min_length = _MIN_RECORD_LENGTH
+        # where an IPv4 header still fits: one unpack reads length, magic and header at once
+        last_header_at = limit - HEADER_IPV4.size
         topics: dict[bytes, str] = {}
         position = self.start
         try:
             while True:
-                if limit - position < 8:
+                if position <= last_header_at:
+                    header = unpack_ipv4(buf, position)
+                    total, magic = header[H_TOTAL_SIZE], header[H_MAGIC]
+                elif limit - position < 8:
                     self.stop = ScanStop.END
                     return
-                total, magic = _SIZE_AND_MAGIC.unpack_from(buf, position)
-                if magic != MAGIC_V1:
+                else:  # only a BLANK, zeros or a bad record fit here
+                    header = ()
+                    total, magic = _SIZE_AND_MAGIC.unpack_from(buf, position)
+                if magic != magic_v1:
                     if magic == 0 and total == 0:
                         self.stop = ScanStop.END  # zeros: nothing was written here
                         return
@@ -501,11 +511,11 @@ class RegionScan:
                             f"0x{magic & 0xFFFFFFFF:08X} is not a message magic code",
                         )
                         return
-                if total < _MIN_RECORD_LENGTH or total > limit - position:
+                # a short tail (no header read) fails here: limit - position < 88 < min_length
+                if not min_length <= total <= limit - position:
                     self._invalid(position, "TOTALSIZE", f"{total} is out of bounds")
                     return
-                header = unpack_ipv4(buf, position)
-                if header[H_SYS_FLAG] & _HOST_FLAGS:
+                if header[H_SYS_FLAG] & host_flags:
                     size = header_struct(header[H_SYS_FLAG]).size
                     if size + 3 > total:
                         self._invalid(position, "TOTALSIZE", f"{total} is too small")
@@ -519,7 +529,7 @@ class RegionScan:
                 if body_length < 0 or topic_at + 3 > record_end:
                     self._invalid(position, "BODYLENGTH", f"{body_length} does not fit")
                     return
-                if magic == MAGIC_V1:
+                if magic == magic_v1:
                     topic_length = buf[topic_at]
                     if topic_length > 127:
                         self._invalid(position, "TOPICLENGTH", "is negative")
