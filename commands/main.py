@@ -87,9 +87,20 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from rmqstore.commands import append, dispatch, export, fixtures, info, read, stats, verify
+    from rmqstore.commands import (
+        append,
+        dispatch,
+        export,
+        fixtures,
+        flush,
+        info,
+        read,
+        recover,
+        stats,
+        verify,
+    )
 
-    for module in (info, append, read, verify, dispatch, export, stats, fixtures):
+    for module in (info, append, read, verify, dispatch, recover, flush, export, stats, fixtures):
         cli.add_command(module.command)
 
 

@@ -17,7 +17,13 @@ from enum import Enum
 from pathlib import Path
 
 from rmqstore.errors import StoreIOError
-from rmqstore.segments import Segment, SegmentQueue, map_readonly, map_writable
+from rmqstore.segments import (
+    Segment,
+    SegmentQueue,
+    map_readonly,
+    map_writable,
+    nonzero_extent,
+)
 
 CQ_UNIT_SIZE = 20
 UNIT = struct.Struct(">qiq")
@@ -44,6 +50,19 @@ class Unit:
 
 
 QueueBounds = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class QueueTruncation:
+    """What ``truncateDirtyLogicFiles(phy)`` removes from one queue: whole files at its end,
+    and the bytes ``[cut_position, cut_end)`` of ``cut_file`` (units from the first one cut to
+    the last non-zero byte). ``units_removed`` counts the valid units among them."""
+
+    dropped_files: tuple[Path, ...]
+    cut_file: Path | None
+    cut_position: int
+    cut_end: int
+    units_removed: int
 
 
 def is_valid_unit(physical_offset: int, size: int) -> bool:
@@ -142,6 +161,43 @@ class ConsumeQueue:
             if physical_offset >= commitlog_min_offset:
                 self.min_logic_offset = first.start + index * CQ_UNIT_SIZE
                 return
+
+    def truncation_at(self, physical_offset: int) -> QueueTruncation | None:
+        """``truncateDirtyLogicFiles``: keep exactly the units whose record starts below
+        ``physical_offset``. From the last file back: a file whose first unit is at or past
+        it goes whole; otherwise the file ends before the first such unit. An empty unit ends
+        the queue, and nothing after it is touched. None when nothing is removed."""
+        dropped: list[Path] = []
+        removed = 0
+        for segment in reversed(self.queue.segments):
+            data = _read(segment.path)[: self.file_size]
+            data = data[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
+            cut_at = None
+            for index, (unit_offset, size, _tags) in enumerate(UNIT.iter_unpack(data)):
+                valid = is_valid_unit(unit_offset, size)
+                if unit_offset >= physical_offset and (valid or index == 0):
+                    cut_at = index
+                    break
+                if not valid:
+                    break
+            if cut_at == 0:
+                dropped.append(segment.path)
+                removed += _leading_valid_units(data)
+                continue
+            cut_file = None
+            cut_position = cut_end = 0
+            if cut_at is not None:
+                cut_position = cut_at * CQ_UNIT_SIZE
+                extent = nonzero_extent(segment.path, cut_position, self.file_size)
+                cut_end = extent[1] if extent else cut_position
+                cut_file = segment.path
+                removed += _leading_valid_units(data[cut_position:])
+            if not dropped and cut_file is None:
+                return None
+            return QueueTruncation(tuple(dropped), cut_file, cut_position, cut_end, removed)
+        if not dropped:
+            return None
+        return QueueTruncation(tuple(dropped), None, 0, 0, removed)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -400,6 +456,16 @@ def _read(path: Path) -> bytes:
     finally:
         if isinstance(buf, mmap.mmap):
             buf.close()
+
+
+def _leading_valid_units(data: bytes) -> int:
+    """How many units at the start of ``data`` (a multiple of 20 bytes) are valid."""
+    count = 0
+    for physical_offset, size, _tags in UNIT.iter_unpack(data):
+        if not is_valid_unit(physical_offset, size):
+            break
+        count += 1
+    return count
 
 
 def _read_range(path: Path, start: int, length: int) -> bytes:

@@ -234,6 +234,14 @@ class Store:
         )
         return self._log_end
 
+    def reload_files(self) -> None:
+        """Forget the loaded commit-log files and valid end (after recovery cut or moved
+        files); the next use loads them again."""
+        if self._commitlog is not None:
+            self._commitlog.close()
+            self._commitlog = None
+        self._log_end = None
+
     def remember_log_end(self, end: LogEnd) -> None:
         """Record an end found by a scan that walked the log the way recovery does."""
         if self._appender is None:

@@ -1,0 +1,56 @@
+"""``rmqstore flush``: force a store's files to disk and write its checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from rmqstore.commands.options import json_option, store_argument, store_config_options
+from rmqstore.commands.output import console, emit_json, format_millis, note
+from rmqstore.config import StoreConfig
+from rmqstore.flush import FlushResult, flush_store
+from rmqstore.store import Store
+
+
+@click.command("flush")
+@store_argument
+@store_config_options
+@json_option
+def command(store: Path, config: StoreConfig, as_json: bool) -> int:
+    """Force commit log, consume queues and index to disk, then write the checkpoint.
+
+    Every file under commitlog/, consumequeue/ and index/ is fsynced, then the checkpoint
+    gets what is on disk: physicMsgTimestamp = store time of the last valid record,
+    logicsMsgTimestamp = store time of the newest record in the consume queues,
+    indexMsgTimestamp = end time of the last full index file. 'abort' is left as it is (run
+    rmqstore recover for a crashed store). Takes the store's lock.
+
+    JSON: files, bytes, logEnd, checkpointBefore, checkpoint, abortPresent.
+    """
+    with Store.open_write(store, config) as opened:
+        result = flush_store(opened)
+    if result.abort_present:
+        note("'abort' is present: the store was not closed cleanly; run rmqstore recover")
+    if as_json:
+        emit_json(result.to_dict())
+    else:
+        _render(result)
+    return 0
+
+
+def _render(result: FlushResult) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("flushed", f"{result.files:,} files, {result.bytes:,} bytes")
+    table.add_row("commit log ends at", f"{result.log_end:,}")
+    checkpoint = result.checkpoint_after
+    for name, value in (
+        ("physicMsgTimestamp", checkpoint.physic_msg_timestamp),
+        ("logicsMsgTimestamp", checkpoint.logics_msg_timestamp),
+        ("indexMsgTimestamp", checkpoint.index_msg_timestamp),
+    ):
+        table.add_row(name, format_millis(value))
+    console.print(table)

@@ -1,0 +1,164 @@
+"""``rmqstore recover``: a broker's crash recovery, offline, with a plan first."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from rmqstore.commands.options import (
+    json_option,
+    progress_option,
+    store_argument,
+    store_config_options,
+)
+from rmqstore.commands.output import console, emit_json, note, progress_bar, warn
+from rmqstore.config import StoreConfig
+from rmqstore.errors import ExitCode
+from rmqstore.recovery import RecoveryPlan, RecoveryResult, apply_recovery, plan_recovery
+from rmqstore.store import Store
+
+
+@click.command("recover")
+@store_argument
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Only show the plan; exit 1 when there is work to do (a crash to recover from, "
+    "bytes or files to cut).",
+)
+@click.option("--yes", is_flag=True, help="Do not ask before cutting (for scripts).")
+@store_config_options
+@json_option
+@progress_option
+def command(
+    store: Path, dry_run: bool, yes: bool, config: StoreConfig, as_json: bool, no_progress: bool
+) -> int:
+    """Recover a store after a crash, as a broker's start-up would.
+
+    Finds the valid end of the commit log with the broker's rules (abnormal recovery when
+    'abort' is present: from the file the checkpoint names, CRCs checked when
+    checkCRCOnRecover), then cuts what the broker cuts: the bytes after the last valid record
+    (a torn write), commit-log files that start after it, and each consume queue's units for
+    records at or after it. Index files newer than the checkpoint's indexMsgTimestamp after a
+    crash, or holding entries for cut records, are rebuilt. Every cut byte is copied to
+    quarantine/ first and every file is moved there, never deleted. Then it dispatches the
+    rest of the log into the consume queues and index, flushes, writes the checkpoint and
+    removes 'abort'. Takes the store's lock; asks on a terminal before cutting.
+
+    Exit 0 when the store is consistent afterwards; 1 when something could not be mended
+    (a missing commit-log file, a dispatch problem) or, with --dry-run, when there is work.
+
+    JSON: plan{mode, logEnd, stoppedBy, cuts[{file, start, end, why}], moves[{file, why}],
+    bytesCut, unitsRemoved, queuesTruncated, indexFilesRebuilt, skipped, warnings}, and
+    after a run: quarantine, dispatch{...as rmqstore dispatch}, checkpoint{...},
+    abortRemoved.
+    """
+    with Store.open_write(store, config) as opened:
+        with progress_bar("finding the valid end", _log_size(opened), not no_progress) as update:
+            plan = plan_recovery(opened, progress=_relative(opened, update))
+        if dry_run:
+            return _show_plan(plan, as_json)
+        if (plan.cuts or plan.moves) and not yes:
+            _confirm(plan)
+        total = max(1, plan.log_end - opened.commitlog.min_offset)
+        with progress_bar("dispatching", total, not no_progress) as update:
+            result = apply_recovery(opened, plan, progress=_relative(opened, update))
+    abort_removed = not opened.abort_path.exists()
+    for text in opened.notes:
+        note(text)
+    for problem in [*plan.warnings, *result.dispatch.problems]:
+        warn(problem)
+    if as_json:
+        emit_json({**result.to_dict(), "abortRemoved": abort_removed})
+    else:
+        _render(result, abort_removed)
+    mended = abort_removed and not plan.warnings and not result.dispatch.problems
+    return ExitCode.OK if mended else ExitCode.FINDINGS
+
+
+def _log_size(store: Store) -> int:
+    log = store.commitlog
+    return len(log.segments) * log.file_size
+
+
+def _relative(store: Store, update: Callable[[int], None]) -> Callable[[int], None]:
+    """A progress callback taking log offsets, for a bar counting from the first one."""
+    base = store.commitlog.min_offset
+    return lambda offset: update(offset - base)
+
+
+def _confirm(plan: RecoveryPlan) -> None:
+    summary = (
+        f"cut {plan.bytes_cut:,} bytes and move {len(plan.moves)} files to quarantine "
+        f"(the log ends at {plan.log_end:,})"
+    )
+    if not sys.stdin.isatty():
+        raise click.UsageError(
+            f"recover would {summary}; add --yes to confirm, or --dry-run to see the plan"
+        )
+    if not click.confirm(f"{summary[0].upper()}{summary[1:]}?", default=False, err=True):
+        raise click.Abort()
+
+
+def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
+    if as_json:
+        emit_json({"plan": plan.to_dict()})
+    else:
+        mode = "abnormal: abort present" if plan.abnormal else "normal"
+        console.print(f"[bold]recover plan[/bold] ({mode})")
+        console.print(f"  valid end of the commit log: {plan.log_end:,}")
+        if plan.stopped_by:
+            console.print(f"  it ends at: {plan.stopped_by}")
+        for cut in plan.cuts:
+            console.print(
+                f"  cut bytes {cut.start:,}..{cut.end:,} of {cut.path} to quarantine: {cut.reason}"
+            )
+        for move in plan.moves:
+            console.print(f"  move to quarantine: {move.path} ({move.reason})")
+        for skipped in plan.skipped:
+            console.print(f"  left alone: {skipped}")
+        for warning in plan.warnings:
+            console.print(f"  [yellow]cannot mend:[/yellow] {warning}")
+        if plan.queues_truncated:
+            console.print(
+                f"  consume queues truncated: {plan.queues_truncated} "
+                f"({plan.units_removed:,} units)"
+            )
+        if plan.index_files_rebuilt:
+            console.print(f"  index files rebuilt: {plan.index_files_rebuilt}")
+        console.print("  then dispatch to the valid end, flush, write the checkpoint")
+        if not plan.has_work:
+            console.print("nothing to recover: the store was closed cleanly")
+    return ExitCode.FINDINGS if plan.has_work else ExitCode.OK
+
+
+def _render(result: RecoveryResult, abort_removed: bool) -> None:
+    plan = result.plan
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("mode", "abnormal (abort was present)" if plan.abnormal else "normal")
+    table.add_row("commit log", f"ends at {plan.log_end:,}" + (
+        f" ({plan.stopped_by})" if plan.stopped_by else ""))  # fmt: skip
+    table.add_row(
+        "cut", f"{plan.bytes_cut:,} bytes in {len(plan.cuts)} places, {len(plan.moves)} files"
+    )
+    table.add_row(
+        "consume queues",
+        f"{plan.queues_truncated} truncated ({plan.units_removed:,} units); "
+        f"{result.dispatch.units_written:,} units dispatched",
+    )
+    table.add_row("index", f"{result.dispatch.index_entries:,} entries added")
+    if result.quarantine:
+        table.add_row("quarantine", str(result.quarantine))
+    table.add_row(
+        "abort",
+        "removed: the store is consistent"
+        if abort_removed
+        else "left in place: dispatch did not reach the valid end",
+    )
+    console.print(table)

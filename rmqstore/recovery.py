@@ -1,0 +1,269 @@
+"""Crash recovery as a broker's start-up does it (spec §10), offline: plan, then apply.
+
+:func:`plan_recovery` only reads. It finds the valid end of the commit log with the broker's
+rules (normal or abnormal by ``abort``, CRCs checked in the files recovery walks when
+``checkCRCOnRecover``), and lists what the broker would cut: the bytes after the last valid
+record, the commit-log files that start after it, each consume queue's units whose record starts
+at or after it (``truncateDirtyLogicFiles``) and, after a crash, the index files newer than the
+checkpoint's ``indexMsgTimestamp``.
+
+:func:`apply_recovery` copies every byte it cuts into ``quarantine/`` before zeroing it, and
+moves whole files there instead of deleting them. Then it dispatches the log from where the
+consume queues and index now end to the valid end (the broker's re-dispatch), flushes, writes the
+checkpoint, and the store's close removes ``abort``: the store is consistent and a broker starts
+it with a normal recovery. Two deliberate differences from a broker: the cut bytes are zeroed (a
+broker leaves them past its write position, so tools and a later crash would see them again),
+and the index is rebuilt from where the kept index files end rather than from the recovery start
+file, so no index entry is lost.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rmqstore.checkpoint import Checkpoint
+from rmqstore.commitlog import LogEnd
+from rmqstore.consumequeue import ConsumeQueue, list_queues
+from rmqstore.dispatch import Dispatcher, DispatchResult
+from rmqstore.errors import StoreIOError
+from rmqstore.flush import FlushResult, flush_store
+from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
+from rmqstore.quarantine import Quarantine
+from rmqstore.segments import nonzero_extent
+from rmqstore.store import Store
+
+
+@dataclass(frozen=True)
+class ByteCut:
+    """Bytes ``[start, end)`` of ``path`` to copy into quarantine, then zero."""
+
+    path: Path
+    start: int
+    end: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": str(self.path), "start": self.start, "end": self.end, "why": self.reason}
+
+
+@dataclass(frozen=True)
+class FileMove:
+    """A whole file to move into quarantine (what a broker deletes)."""
+
+    path: Path
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": str(self.path), "why": self.reason}
+
+
+@dataclass
+class RecoveryPlan:
+    abnormal: bool  # abort present: the last exit was a crash
+    log_end: int
+    stopped_by: str | None  # why the valid records end there (None: zeros or the last file)
+    cuts: list[ByteCut] = field(default_factory=list)
+    moves: list[FileMove] = field(default_factory=list)
+    units_removed: int = 0
+    queues_truncated: int = 0
+    index_files_rebuilt: int = 0
+    skipped: list[str] = field(default_factory=list)  # paths left alone, and why
+    warnings: list[str] = field(default_factory=list)  # what recovery cannot mend
+
+    @property
+    def bytes_cut(self) -> int:
+        return sum(cut.end - cut.start for cut in self.cuts)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether applying it would change anything beyond a dispatch catching up."""
+        return bool(self.cuts or self.moves or self.abnormal)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": "abnormal" if self.abnormal else "normal",
+            "logEnd": self.log_end,
+            "stoppedBy": self.stopped_by,
+            "cuts": [cut.to_dict() for cut in self.cuts],
+            "moves": [move.to_dict() for move in self.moves],
+            "bytesCut": self.bytes_cut,
+            "unitsRemoved": self.units_removed,
+            "queuesTruncated": self.queues_truncated,
+            "indexFilesRebuilt": self.index_files_rebuilt,
+            "skipped": self.skipped,
+            "warnings": self.warnings,
+        }
+
+
+@dataclass
+class RecoveryResult:
+    """What recovery did. ``abort`` goes when the store is closed, if the dispatch reached the
+    valid end (check ``store.abort_path`` after closing)."""
+
+    plan: RecoveryPlan
+    quarantine: Path | None
+    dispatch: DispatchResult
+    flush: FlushResult
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            "quarantine": str(self.quarantine) if self.quarantine else None,
+            "dispatch": self.dispatch.to_dict(),
+            "checkpoint": self.flush.checkpoint_after.to_dict(),
+        }
+
+
+def plan_recovery(store: Store, progress: Callable[[int], None] | None = None) -> RecoveryPlan:
+    """What recovery would do to ``store``; reads only."""
+    end = store.log_end(progress)
+    plan = RecoveryPlan(
+        abnormal=store.abort_path.exists(),
+        log_end=end.offset,
+        stopped_by=str(end.error) if end.error else None,
+    )
+    _plan_commitlog(store, end, plan)
+    _plan_queues(store, end.offset, plan)
+    if store.config.message_index_enable:
+        store.index_service().close()  # index files of another geometry stop recovery here
+        _plan_index(store, plan)
+    _note_missing_files(store, plan)
+    return plan
+
+
+def _plan_commitlog(store: Store, end: LogEnd, plan: RecoveryPlan) -> None:
+    log = store.commitlog
+    for segment in log.segments:
+        if segment.start > end.offset:
+            _move(store, plan, segment.path, "commit-log file after the valid end")
+        elif segment.start + log.file_size > end.offset:
+            position = end.offset - segment.start
+            extent = nonzero_extent(segment.path, position, log.file_size)
+            if extent is not None:
+                reason = plan.stopped_by or "bytes after the last valid record"
+                _cut(store, plan, segment.path, position, extent[1], reason)
+
+
+def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> None:
+    for topic, queue_id in list_queues(store.consumequeue_dir):
+        directory = store.consumequeue_dir / topic / str(queue_id)
+        if not store.inside(directory):
+            plan.skipped.append(f"{directory}: leads out of the store")
+            continue
+        # strict: a file of the wrong size stops recovery here, before anything changed
+        queue = ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
+        truncation = queue.truncation_at(end_offset)
+        if truncation is None:
+            continue
+        plan.queues_truncated += 1
+        plan.units_removed += truncation.units_removed
+        reason = f"units of {topic}/{queue_id} for records at or after {end_offset}"
+        for path in truncation.dropped_files:
+            _move(store, plan, path, reason)
+        if truncation.cut_file is not None:
+            start, stop = truncation.cut_position, truncation.cut_end
+            _cut(store, plan, truncation.cut_file, start, stop, reason)
+
+
+def _plan_index(store: Store, plan: RecoveryPlan) -> None:
+    """Index files to rebuild: after a crash those newer than indexMsgTimestamp, as a broker
+    deletes them at load (§7.6); in any mode those holding entries for records that are cut
+    (a broker leaves them, pointing at bytes the next appends overwrite). They form the tail
+    of the index, which the re-dispatch rebuilds from where the files kept end. A kept file
+    whose last record has keys in the first file rebuilt goes too, so no record is left with
+    part of its keys."""
+    limit = (store.checkpoint() or Checkpoint()).index_msg_timestamp
+    files = read_index_headers(store.index_dir)
+    first = len(files)
+    for number, (_path, header) in enumerate(files):
+        newer = plan.abnormal and header.end_timestamp > limit
+        if newer or (header.index_count > 1 and header.end_phy_offset >= plan.log_end):
+            first = number
+            break
+    while 0 < first < len(files) and _keys_span(store, files[first - 1], files[first]):
+        first -= 1
+    for path, _header in files[first:]:
+        _move(store, plan, path, "index tail, rebuilt from the commit log")
+        plan.index_files_rebuilt += 1
+
+
+def _keys_span(
+    store: Store, kept: tuple[Path, IndexHeader], rebuilt: tuple[Path, IndexHeader]
+) -> bool:
+    """Whether the first entry of ``rebuilt`` belongs to the last record of ``kept``."""
+    if rebuilt[1].index_count <= 1 or kept[1].index_count <= 1:
+        return False
+    config = store.config
+    index = IndexFile.open(rebuilt[0], config.index_slots, config.index_entries)
+    try:
+        return index.entry(1)[1] == kept[1].end_phy_offset
+    finally:
+        index.close()
+
+
+def _note_missing_files(store: Store, plan: RecoveryPlan) -> None:
+    log = store.commitlog
+    for previous, following in zip(log.segments, log.segments[1:], strict=False):
+        if previous.start + log.file_size != following.start:
+            plan.warnings.append(
+                f"commit-log files between {previous.start + log.file_size} and "
+                f"{following.start} are missing; recovery cannot bring them back"
+            )
+
+
+def _move(store: Store, plan: RecoveryPlan, path: Path, reason: str) -> None:
+    if path.is_symlink() or not store.inside(path):
+        plan.skipped.append(f"{path}: a link, left alone")
+        return
+    plan.moves.append(FileMove(path, reason))
+
+
+def _cut(store: Store, plan: RecoveryPlan, path: Path, start: int, end: int, reason: str) -> None:
+    if path.is_symlink() or not store.inside(path):
+        plan.skipped.append(f"{path}: a link, left alone")
+        return
+    plan.cuts.append(ByteCut(path, start, end, reason))
+
+
+def apply_recovery(
+    store: Store, plan: RecoveryPlan, progress: Callable[[int], None] | None = None
+) -> RecoveryResult:
+    """Carry out ``plan`` on ``store`` (opened for writing, the plan just made from it)."""
+    store.begin_write()
+    quarantine = None
+    if plan.cuts or plan.moves:
+        quarantine = Quarantine.create(store.root, "recover")
+        for cut in plan.cuts:
+            quarantine.save_region(cut.path, cut.start, cut.end, cut.reason)
+            _zero(cut.path, cut.start, cut.end)
+        for move in plan.moves:
+            quarantine.move_path(move.path, move.reason)
+        store.reload_files()
+    dispatcher = Dispatcher(store)
+    try:
+        dispatched = dispatcher.run(progress=progress)
+    finally:
+        dispatcher.close()
+    store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
+    flushed = flush_store(store)
+    return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)
+
+
+def _zero(path: Path, start: int, end: int) -> None:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            position = start
+            while position < end:
+                length = min(end - position, 8 * 1024 * 1024)
+                os.pwrite(fd, bytes(length), position)
+                position += length
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StoreIOError(f"cannot truncate {path}: {exc.strerror}") from None

@@ -1,0 +1,101 @@
+"""rmqstore recover and rmqstore flush from the command line: plan, exit codes, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.lockfile import StoreLock
+
+from support import run_cli, tree_digest
+
+
+def fixture(tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    generate(name, out, FixtureOptions())
+    return out
+
+
+def test_dry_run_shows_the_plan_and_changes_nothing(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "torn-tail")
+    before = tree_digest(store)
+    result = run_cli("recover", store, "--dry-run", "--json")
+    assert result.exit_code == 1  # work to do
+    plan = json.loads(result.stdout)["plan"]
+    assert plan["mode"] == "abnormal"
+    assert (
+        plan["logEnd"]
+        == json.loads((store / "fixture.json").read_text())["expect"]["recovery"]["validEnd"]
+    )
+    assert plan["bytesCut"] > 0 and plan["unitsRemoved"] == 1
+    assert tree_digest(store) == before
+    assert run_cli("recover", store, "--dry-run").exit_code == 1
+
+
+def test_recover_then_verify_is_sound(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "garbage-after-end")
+    result = run_cli("recover", store, "--yes", "--json")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["abortRemoved"] is True
+    assert Path(document["quarantine"]).is_dir()
+    assert run_cli("verify", store).exit_code == 0
+    again = run_cli("recover", store, "--dry-run")
+    assert again.exit_code == 0 and "nothing to recover" in again.stdout
+
+
+def test_cutting_without_yes_off_a_terminal_is_refused(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "crc-flip")
+    before = tree_digest(store)
+    result = run_cli("recover", store)
+    assert result.exit_code == 2
+    assert "add --yes to confirm" in result.stderr.strip().splitlines()[-1]
+    assert tree_digest(store) == before
+
+
+def test_what_recovery_cannot_mend_is_exit_1(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "missing-file")
+    result = run_cli("recover", store, "--yes")
+    assert result.exit_code == 1
+    assert "missing" in result.stderr
+
+
+def test_a_wrong_size_queue_file_stops_before_anything_changes(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "cq-wrong-size")
+    before = tree_digest(store)
+    result = run_cli("recover", store, "--yes")
+    assert result.exit_code == 2 and "configured size" in result.stderr
+    assert tree_digest(store) == before
+
+
+def test_a_held_lock_or_no_store_is_refused(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "torn-tail")
+    before = tree_digest(store)
+    lock = StoreLock(store / "lock")
+    lock.acquire()
+    try:
+        for command in (["recover", store, "--yes"], ["flush", store]):
+            result = run_cli(*command)
+            assert result.exit_code == 3 and "locked" in result.stderr
+    finally:
+        lock.release()
+    assert tree_digest(store) == before
+    for command in ("recover", "flush"):
+        result = run_cli(command, tmp_path / "nothing")
+        assert result.exit_code == 2 and "no such directory" in result.stderr
+
+
+def test_flush_writes_the_checkpoint_and_leaves_abort(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "abort-left")
+    (store / "checkpoint").unlink()
+    result = run_cli("flush", store, "--json")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["checkpointBefore"] is None and document["abortPresent"] is True
+    last = json.loads((store / "fixture.json").read_text())["messages"][-1]
+    assert document["checkpoint"]["physicMsgTimestamp"] == last["storeTimestamp"]
+    assert "run rmqstore recover" in result.stderr
+    assert (store / "abort").exists() and (store / "checkpoint").stat().st_size == 4096
+    human = run_cli("flush", store)
+    assert human.exit_code == 0 and "physicMsgTimestamp" in human.stdout

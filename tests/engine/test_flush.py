@@ -1,0 +1,66 @@
+"""flush: files forced to disk, then a checkpoint that says what is on disk."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from rmqstore.config import StoreConfig
+from rmqstore.dispatch import Dispatcher
+from rmqstore.flush import flush_store
+from rmqstore.indexfile import read_index_headers
+from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.record import Message
+from rmqstore.store import Store
+
+CONFIG = StoreConfig(commitlog_file_size=4096, index_slots=4, index_entries=10)
+
+
+def append(root: Path, count: int, clock, *, dispatch: bool) -> list[int]:
+    with Store.open_write(root, CONFIG, create=True) as store:
+        appender = store.appender(clock=clock, uniq_keys=UniqKeyGenerator())
+        results = appender.append_many(
+            [Message(topic="T", body=b"x" * 300, queue_id=n % 2) for n in range(count)]
+        )
+        if dispatch:
+            dispatcher = Dispatcher(store)
+            dispatcher.run()
+            dispatcher.close()
+    return [result.store_timestamp for result in results]
+
+
+def flushed(root: Path):
+    with Store.open_write(root, CONFIG) as store:
+        return flush_store(store)
+
+
+def test_the_checkpoint_says_what_the_files_hold(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    clock = itertools.count(1_700_000_000_000, 1000).__next__
+    dispatched = append(root, 25, clock, dispatch=True)  # rolls commit-log files
+    write_checkpoint(root / "checkpoint", Checkpoint(confirm_phy_offset=5))
+    full = [h for _, h in read_index_headers(root / "index") if h.index_count >= 10]
+
+    result = flushed(root)
+
+    assert result.files == len([p for p in root.rglob("*") if p.is_file()]) - 2  # lock, cp
+    assert result.checkpoint_after == read_checkpoint(root / "checkpoint")
+    assert result.checkpoint_after.physic_msg_timestamp == dispatched[-1]
+    assert result.checkpoint_after.logics_msg_timestamp == dispatched[-1]
+    assert result.checkpoint_after.index_msg_timestamp == full[-1].end_timestamp > 0
+    assert result.checkpoint_after.confirm_phy_offset == 5  # 5.x fields are kept
+    assert result.checkpoint_before == Checkpoint(confirm_phy_offset=5)
+
+    undispatched = append(root, 3, clock, dispatch=False)
+    again = flushed(root).checkpoint_after
+    assert again.physic_msg_timestamp == undispatched[-1]
+    assert again.logics_msg_timestamp == dispatched[-1]
+
+
+def test_an_empty_store_gets_a_zero_checkpoint(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    Store.open_write(root, CONFIG, create=True).close()
+    result = flushed(root)
+    assert result.checkpoint_after == Checkpoint()
+    assert (root / "checkpoint").stat().st_size == 4096

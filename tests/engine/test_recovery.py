@@ -1,0 +1,199 @@
+"""Crash recovery: the plan reads only; applying it reaches what a broker's recovery reaches
+(the fixtures' expectations, the real broker's S4 store), cuts nothing it does not quarantine,
+and leaves a store that verifies sound."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rmqstore.checkpoint import read_checkpoint, write_checkpoint
+from rmqstore.config import StoreConfig
+from rmqstore.consumequeue import UNIT, ConsumeQueue, list_queues
+from rmqstore.dispatch import Dispatcher
+from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.indexfile import read_index_headers
+from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.record import Message
+from rmqstore.recovery import apply_recovery, plan_recovery
+from rmqstore.store import Store
+from rmqstore.verify import NOTE, verify_store
+
+from support import ORACLE_CONFIG, tree_digest
+
+CRASHES = ["torn-tail", "crc-flip", "garbage-after-end", "abort-left"]
+
+
+def recovered(root: Path, config: StoreConfig | None = None):
+    with Store.open_write(root, config) as store:
+        plan = plan_recovery(store)
+        result = apply_recovery(store, plan)
+    return plan, result
+
+
+def problems(root: Path, config: StoreConfig | None = None) -> list:
+    with Store.open_read(root, config) as store:
+        report = verify_store(store)
+    return [f for f in report.findings if f.severity != NOTE]
+
+
+def queue_maxima(root: Path) -> dict[str, int]:
+    with Store.open_read(root) as store:
+        return {
+            f"{topic}:{queue_id}": store.consume_queue(topic, queue_id).max_offset
+            for topic, queue_id in list_queues(store.consumequeue_dir)
+        }
+
+
+@pytest.mark.parametrize("name", CRASHES)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_recovery_reaches_what_the_fixture_expects(tmp_path: Path, name: str, seed: int) -> None:
+    out = tmp_path / name
+    manifest = generate(name, out, FixtureOptions(seed=seed))
+    expected = manifest["expect"]["recovery"]
+    originals = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+
+    plan, result = recovered(out)
+
+    assert plan.log_end == expected["validEnd"]
+    with Store.open_read(out) as store:
+        assert sum(1 for _ in store.commitlog.scan()) == expected["recordsKept"]
+    assert queue_maxima(out) == expected["queueMaxOffsets"]
+    assert problems(out) == []
+    assert not (out / "abort").exists()
+    # every cut byte is in quarantine, as it was
+    if plan.cuts or plan.moves:
+        pieces = json.loads((result.quarantine / "manifest.json").read_text())["pieces"]
+        assert len(pieces) == len(plan.cuts) + len(plan.moves)
+        for piece in pieces:
+            source = Path(piece["file"])
+            copy = (result.quarantine / (piece.get("copy") or piece["moved"])).read_bytes()
+            if "copy" in piece:
+                assert copy == originals[source][piece["start"] : piece["end"]]
+                assert not any(source.read_bytes()[piece["start"] : piece["end"]])
+            else:
+                assert copy == originals[source]
+
+
+def test_the_plan_changes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "torn"
+    generate("torn-tail", out, FixtureOptions())
+    before = tree_digest(out)
+    with Store.open_write(out) as store:
+        plan = plan_recovery(store)
+    assert plan.has_work and plan.abnormal and plan.cuts
+    assert tree_digest(out) == before
+
+
+def test_a_clean_store_has_nothing_to_recover(tmp_path: Path) -> None:
+    out = tmp_path / "multi"
+    generate("multi", out, FixtureOptions())
+    before = tree_digest(out)
+    plan, result = recovered(out)
+    assert not plan.has_work and not plan.cuts and not plan.moves
+    assert result.quarantine is None and result.dispatch.records == 0
+    after = tree_digest(out)
+    assert {path for path in before if before[path] != after.get(path)} <= {"checkpoint"}
+
+
+@pytest.mark.parametrize("copy", ["store", "store_torn_half_record", "store_torn_random_garbage"])
+def test_the_real_crashed_store_recovers_as_the_broker_did(
+    oracle, tmp_path: Path, copy: str
+) -> None:
+    """S2 halted with 300 messages not dispatched (and two copies with torn tails); a real
+    4.9.8 broker recovered a torn copy into S4."""
+    crash = oracle("s2_crash")
+    root = crash.copy_to(tmp_path, copy)
+    config = StoreConfig(**ORACLE_CONFIG)
+    plan, result = recovered(root, config)
+    assert plan.abnormal and plan.log_end == crash.manifest["lastValidEnd"]
+    assert bool(plan.cuts) == (copy != "store")
+    assert result.dispatch.units_written == 300  # the phase-2 messages
+    broker = {
+        f["path"]: f["sha256"]
+        for f in oracle("s4_recovered_from_torn_half_record").manifest["filesOnDisk"]
+        if f["path"].startswith("consumequeue/")
+    }
+    ours = {p: hashlib.sha256((root / p).read_bytes()).hexdigest() for p in broker}
+    assert ours == broker
+    assert not (root / "abort").exists()
+    assert problems(root, config) == []
+
+
+def test_queue_truncation_follows_the_broker(tmp_path: Path) -> None:
+    """Units for records at or after the cut go; a file whose first unit goes, goes whole."""
+    directory = tmp_path / "cq" / "T" / "0"
+    directory.mkdir(parents=True)
+    units = [UNIT.pack(offset, 100, 7) for offset in range(0, 1000, 100)]
+    (directory / "00000000000000000000").write_bytes(b"".join(units[:5]))
+    (directory / "00000000000000000100").write_bytes(b"".join(units[5:]))
+    queue = ConsumeQueue(tmp_path / "cq", "T", 0, 100)
+
+    assert queue.truncation_at(1000) is None
+    inside = queue.truncation_at(750)
+    assert inside.dropped_files == () and inside.cut_file.name == "00000000000000000100"
+    assert (inside.cut_position, inside.cut_end, inside.units_removed) == (60, 100, 2)
+    whole = queue.truncation_at(500)
+    assert [p.name for p in whole.dropped_files] == ["00000000000000000100"]
+    assert whole.cut_file is None and whole.units_removed == 5
+    both = queue.truncation_at(250)
+    assert both.cut_file.name == "00000000000000000000" and both.cut_position == 60
+    assert both.units_removed == 7
+
+
+def test_a_record_whose_keys_span_two_index_files_is_indexed_whole(tmp_path: Path) -> None:
+    """Nine entries per index file and two keys per record: the fifth record's keys straddle
+    the first two files. After a crash whose checkpoint kept only the first file, recovery
+    rebuilds that file too, so the record is not left with one key (UNIQ_KEY and KEYS)."""
+    config = StoreConfig(commitlog_file_size=4096, index_slots=4, index_entries=10)
+    root = tmp_path / "s"
+    with Store.open_write(root, config, create=True) as store:
+        clock = itertools.count(1_700_000_000_000, 1000).__next__  # a second per record
+        store.appender(clock=clock, uniq_keys=UniqKeyGenerator()).append_many(
+            [Message(topic="T", body=b"x", properties={"KEYS": f"k{n}"}) for n in range(8)]
+        )
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    files = read_index_headers(root / "index")
+    assert len(files) == 2
+    checkpoint = read_checkpoint(root / "checkpoint")
+    write_checkpoint(
+        root / "checkpoint",
+        checkpoint.updated(index_msg_timestamp=files[0][1].end_timestamp),
+    )
+    (root / "abort").touch()
+
+    plan, result = recovered(root, config)
+
+    assert plan.index_files_rebuilt == 2
+    assert result.dispatch.index_records == 8
+    assert problems(root, config) == []
+
+
+def test_files_that_lead_out_of_the_store_are_left_alone(tmp_path: Path) -> None:
+    out = tmp_path / "torn"
+    generate("torn-tail", out, FixtureOptions())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    index_file = next((out / "index").iterdir())
+    target = outside / index_file.name
+    index_file.rename(target)
+    os.symlink(target, index_file)
+    with Store.open_write(out) as store:
+        plan = plan_recovery(store)
+    assert any(str(index_file) in skipped for skipped in plan.skipped)
+    assert all(move.path != index_file for move in plan.moves)
+
+
+def test_a_missing_commit_log_file_is_a_warning(tmp_path: Path) -> None:
+    out = tmp_path / "gap"
+    generate("missing-file", out, FixtureOptions())
+    with Store.open_write(out) as store:
+        plan = plan_recovery(store)
+    assert any("missing" in warning for warning in plan.warnings)
