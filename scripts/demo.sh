@@ -58,6 +58,12 @@ else
     echo "exit code $?"
 fi
 
+step "Recover it as a broker's start-up would: the plan, then cut to quarantine and re-dispatch" \
+     "rmqstore recover $DEMO_DIR/torn --dry-run; rmqstore recover $DEMO_DIR/torn --yes"
+"$RMQSTORE" recover "$DEMO_DIR/torn" --dry-run --no-progress || echo "exit code $? (work to do)"
+"$RMQSTORE" recover "$DEMO_DIR/torn" --yes --no-progress
+"$RMQSTORE" verify "$DEMO_DIR/torn" --no-progress
+
 step "Export every message to Parquet with Spark (local[*]; starting the JVM takes a few seconds)" \
      "rmqstore export $STORE --to $DEMO_DIR/export"
 "$RMQSTORE" export "$STORE" --to "$DEMO_DIR/export"
