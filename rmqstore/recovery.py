@@ -187,8 +187,8 @@ def _plan_index(store: Store, plan: RecoveryPlan) -> None:
     while 0 < first < len(files) and _keys_span(store, files[first - 1], files[first]):
         first -= 1
     for path, _header in files[first:]:
-        _move(store, plan, path, "index tail, rebuilt from the commit log")
-        plan.index_files_rebuilt += 1
+        if _move(store, plan, path, "index tail, rebuilt from the commit log"):
+            plan.index_files_rebuilt += 1
 
 
 def _keys_span(
@@ -215,11 +215,12 @@ def _note_missing_files(store: Store, plan: RecoveryPlan) -> None:
             )
 
 
-def _move(store: Store, plan: RecoveryPlan, path: Path, reason: str) -> None:
+def _move(store: Store, plan: RecoveryPlan, path: Path, reason: str) -> bool:
     if path.is_symlink() or not store.inside(path):
         plan.skipped.append(f"{path}: a link, left alone")
-        return
+        return False
     plan.moves.append(FileMove(path, reason))
+    return True
 
 
 def _cut(store: Store, plan: RecoveryPlan, path: Path, start: int, end: int, reason: str) -> None:
