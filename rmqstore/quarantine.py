@@ -71,6 +71,25 @@ class Quarantine:
         )
         return target
 
+    def cut_region(self, source: Path, start: int, end: int, description: str) -> Path:
+        """Copy bytes ``[start, end)`` of ``source`` here, then zero them there (durably):
+        how a cut is made in a file whose size must stay as it is."""
+        copy = self.save_region(source, start, end, description)
+        try:
+            fd = os.open(source, os.O_RDWR | os.O_NOFOLLOW)
+            try:
+                position = start
+                while position < end:
+                    length = min(end - position, _COPY_CHUNK)
+                    os.pwrite(fd, bytes(length), position)
+                    position += length
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(f"cannot cut bytes from {source}: {exc.strerror}") from None
+        return copy
+
     def move_path(self, source: Path, description: str) -> Path:
         """Move a whole file or directory into the quarantine (same filesystem: a rename)."""
         target = self.directory / source.name

@@ -19,7 +19,6 @@ file, so no index entry is lost.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,6 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.dispatch import Dispatcher, DispatchResult
-from rmqstore.errors import StoreIOError
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
@@ -239,8 +237,7 @@ def apply_recovery(
     if plan.cuts or plan.moves:
         quarantine = Quarantine.create(store.root, "recover")
         for cut in plan.cuts:
-            quarantine.save_region(cut.path, cut.start, cut.end, cut.reason)
-            _zero(cut.path, cut.start, cut.end)
+            quarantine.cut_region(cut.path, cut.start, cut.end, cut.reason)
         for move in plan.moves:
             quarantine.move_path(move.path, move.reason)
         store.reload_files()
@@ -252,19 +249,3 @@ def apply_recovery(
     store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
     flushed = flush_store(store)
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)
-
-
-def _zero(path: Path, start: int, end: int) -> None:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        try:
-            position = start
-            while position < end:
-                length = min(end - position, 8 * 1024 * 1024)
-                os.pwrite(fd, bytes(length), position)
-                position += length
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise StoreIOError(f"cannot truncate {path}: {exc.strerror}") from None

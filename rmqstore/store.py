@@ -8,7 +8,6 @@ when the consume queues have caught up (as a broker's shutdown does).
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -341,18 +340,12 @@ class Store:
             )
         quarantine = Quarantine.create(self.root, "append")
         for path, start, stop in residue.pieces:
-            quarantine.save_region(
+            quarantine.cut_region(
                 path,
                 start,
                 stop,
                 "stale bytes after the valid end of the commit log, overwritten by append",
             )
-            fd = os.open(path, os.O_RDWR)
-            try:
-                os.pwrite(fd, bytes(stop - start), start)
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
         self.tail_verified = True
         self.notes.append(f"moved {where} to {quarantine.directory} before appending")
         self.commitlog.forget_maps()
