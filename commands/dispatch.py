@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
@@ -17,7 +16,14 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import console, emit_json, note, progress_bar, warn
+from rmqstore.commands.output import (
+    confirm_or_refuse,
+    console,
+    emit_json,
+    note,
+    progress_bar,
+    warn,
+)
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import (
     Dispatcher,
@@ -120,7 +126,10 @@ def command(
             if dry_run:
                 return _show_plan(document, as_json)
             if not yes:
-                _confirm(plan.files, [str(path) for path in plan.moves])
+                moves = ", ".join(str(path) for path in plan.moves) or "nothing"
+                confirm_or_refuse(
+                    "--rebuild", f"move {plan.files} files ({moves}) to quarantine and rebuild"
+                )
             session = engine.session() if engine.spark else None  # before anything moves
             quarantine = apply_rebuild(opened, plan)
             document["quarantine"] = str(quarantine) if quarantine else None
@@ -210,16 +219,6 @@ def _report(store: Store, result: DispatchResult, document: dict, as_json: bool)
     else:
         _render(result, document.get("quarantine"))
     return 0
-
-
-def _confirm(files: int, moves: list[str]) -> None:
-    summary = f"move {files} files ({', '.join(moves) or 'nothing'}) to quarantine and rebuild"
-    if not sys.stdin.isatty():
-        raise click.UsageError(
-            f"--rebuild would {summary}; add --yes to confirm, or --dry-run to see the plan"
-        )
-    if not click.confirm(f"{summary[0].upper()}{summary[1:]}?", default=False, err=True):
-        raise click.Abort()
 
 
 def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:

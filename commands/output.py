@@ -95,3 +95,14 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
     with Progress(*columns, console=error_console, transient=True) as progress:
         task = progress.add_task(description, total=total)
         yield lambda completed: progress.update(task, completed=completed)
+
+
+def confirm_or_refuse(what: str, summary: str) -> None:
+    """Before destructive work: ask on a terminal; elsewhere refuse (a usage error) unless
+    the command was given --yes. ``what`` names the work ("recover"), ``summary`` says it."""
+    if not sys.stdin.isatty():
+        raise click.UsageError(
+            f"{what} would {summary}; add --yes to confirm, or --dry-run to see the plan"
+        )
+    if not click.confirm(f"{summary[0].upper()}{summary[1:]}?", default=False, err=True):
+        raise click.Abort()

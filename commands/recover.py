@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +14,14 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import console, emit_json, note, progress_bar, warn
+from rmqstore.commands.output import (
+    confirm_or_refuse,
+    console,
+    emit_json,
+    note,
+    progress_bar,
+    warn,
+)
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.recovery import RecoveryPlan, RecoveryResult, apply_recovery, plan_recovery
@@ -63,7 +69,11 @@ def command(
         if dry_run:
             return _show_plan(plan, as_json)
         if (plan.cuts or plan.moves) and not yes:
-            _confirm(plan)
+            confirm_or_refuse(
+                "recover",
+                f"cut {plan.bytes_cut:,} bytes and move {len(plan.moves)} files to quarantine "
+                f"(the log ends at {plan.log_end:,})",
+            )
         total = max(1, plan.log_end - opened.commitlog.min_offset)
         with progress_bar("dispatching", total, not no_progress) as update:
             result = apply_recovery(opened, plan, progress=_relative(opened, update))
@@ -89,19 +99,6 @@ def _relative(store: Store, update: Callable[[int], None]) -> Callable[[int], No
     """A progress callback taking log offsets, for a bar counting from the first one."""
     base = store.commitlog.min_offset
     return lambda offset: update(offset - base)
-
-
-def _confirm(plan: RecoveryPlan) -> None:
-    summary = (
-        f"cut {plan.bytes_cut:,} bytes and move {len(plan.moves)} files to quarantine "
-        f"(the log ends at {plan.log_end:,})"
-    )
-    if not sys.stdin.isatty():
-        raise click.UsageError(
-            f"recover would {summary}; add --yes to confirm, or --dry-run to see the plan"
-        )
-    if not click.confirm(f"{summary[0].upper()}{summary[1:]}?", default=False, err=True):
-        raise click.Abort()
 
 
 def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
