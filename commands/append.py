@@ -27,7 +27,7 @@ from rmqstore.commands.output import console, emit_json, note
 from rmqstore.commitlog import AppendResult
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import InputError
+from rmqstore.errors import InputError, OutputClosedError
 from rmqstore.hosts import parse_host
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import Message
@@ -202,7 +202,7 @@ def command(
         prepared_transaction_offset=prepared_offset,
     )
     results: list[dict] = []
-    emit = _emitter(as_json, as_jsonl, results)
+    emit = _guard_output(_emitter(as_json, as_jsonl, results))
     with Store.open_write(store, config, create=create) as opened:
         appender = opened.appender(
             uniq_keys=None if no_uniq_key else UniqKeyGenerator(),
@@ -210,31 +210,21 @@ def command(
             store_host=parse_host(store_host) if store_host else None,
         )
         dispatcher = Dispatcher(opened) if dispatch_after else None
-        job = AppendJob(
-            appender,
-            sync=flush == "sync",
-            on_result=emit,
-            on_commit=(lambda: dispatcher.run(until=appender.end_offset)) if dispatcher else None,
-        )
-        if input_path is None:
-            payload = body.encode("utf-8") if body is not None else _read_file(body_file)
-            message = build_message({}, defaults, "options")
-            message.body = payload
-            job.run([message])
-        elif input_path == "-":
-            stream = sys.stdin.buffer
-            job.run(messages_from_lines(read_lines(stream, on_idle=job.commit), defaults, "stdin"))
-        else:
-            path = Path(input_path)
-            if job.sync:
-                _prevalidate(path, defaults, appender.prepare)
-            with _open_input(path) as stream:
-                job.run(
-                    messages_from_lines(read_lines(stream, on_idle=job.commit), defaults, str(path))
-                )
-        appended = job.committed
-        if dispatcher is not None:
-            dispatcher.close()
+        try:
+            job = AppendJob(
+                appender,
+                sync=flush == "sync",
+                on_result=emit,
+                on_commit=(lambda: dispatcher.run(until=appender.end_offset))
+                if dispatcher
+                else None,
+                on_reported=_guard_output(_flush_stdout),
+            )
+            _run_job(job, input_path, body, body_file, defaults, appender.prepare)
+            appended = job.committed
+        finally:
+            if dispatcher is not None:
+                dispatcher.close()
     for text in opened.notes:
         note(text)
     if as_json:
@@ -242,6 +232,53 @@ def command(
     elif not as_jsonl:
         note(f"appended {appended} message{'s' if appended != 1 else ''}")
     return 0
+
+
+def _run_job(
+    job: AppendJob,
+    input_path: str | None,
+    body: str | None,
+    body_file: Path | None,
+    defaults: MessageDefaults,
+    prepare: Callable[[Message], object],
+) -> None:
+    if input_path is None:
+        payload = body.encode("utf-8") if body is not None else _read_file(body_file)
+        message = build_message({}, defaults, "options")
+        message.body = payload
+        job.run([message])
+    elif input_path == "-":
+        stream = sys.stdin.buffer
+        job.run(messages_from_lines(read_lines(stream, on_idle=job.commit), defaults, "stdin"))
+    else:
+        path = Path(input_path)
+        if job.sync:
+            _prevalidate(path, defaults, prepare)
+        with _open_input(path) as stream:
+            lines = read_lines(stream, on_idle=job.commit)
+            job.run(messages_from_lines(lines, defaults, str(path)))
+
+
+def _flush_stdout() -> None:
+    """After each group of acknowledgements: a producer on the other end of a pipe waits for
+    them, so they must not sit in the buffer."""
+    sys.stdout.flush()
+
+
+def _guard_output(write: Callable[..., None]) -> Callable[..., None]:
+    """A closed stdout while reporting ends the command (nothing reported is undone) with an
+    I/O error, never as success."""
+
+    def guarded(*args: object) -> None:
+        try:
+            write(*args)
+        except BrokenPipeError:
+            raise OutputClosedError(
+                "standard output was closed while reporting appended messages; the rest of "
+                "the input was not appended"
+            ) from None
+
+    return guarded
 
 
 def _emitter(as_json: bool, as_jsonl: bool, results: list[dict]) -> Callable[[AppendResult], None]:

@@ -30,6 +30,7 @@ from rmqstore.dispatch import (
     DispatchResult,
     RebuildPlan,
     apply_rebuild,
+    plan_dispatch,
     plan_rebuild,
 )
 from rmqstore.errors import ExitCode
@@ -116,6 +117,8 @@ def command(
         raise click.UsageError("--jobs works with --rebuild (and without --max-records)")
     if topics and not no_index:
         note("--topic: only those consume queues are built; the index is left alone")
+    if dry_run:
+        return _dry_run(store, config, rebuild, topics, build_index, from_offset, as_json)
     result: DispatchResult | None = None
     with Store.open_write(store, config) as opened:
         document: dict = {}
@@ -123,8 +126,6 @@ def command(
         if rebuild:
             plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
             document["plan"] = plan.to_dict()
-            if dry_run:
-                return _show_plan(document, as_json)
             if not yes:
                 moves = ", ".join(str(path) for path in plan.moves) or "nothing"
                 confirm_or_refuse(
@@ -143,13 +144,6 @@ def command(
         if result is None:
             dispatcher = Dispatcher(opened, topics=topics or None, build_index=build_index)
             try:
-                if dry_run:
-                    start = dispatcher.cursor() if from_offset is None else from_offset
-                    end = opened.log_end().offset
-                    document.update(
-                        {"fromOffset": start, "logEnd": end, "behindBytes": max(0, end - start)}
-                    )
-                    return _show_plan(document, as_json, work=end > start)
                 base = dispatcher.cursor() if from_offset is None else from_offset
                 total = max(1, opened.log_end().offset - base)
                 with progress_bar("dispatching", total, not no_progress) as update:
@@ -161,6 +155,28 @@ def command(
             finally:
                 dispatcher.close()
     return _report(opened, result, document, as_json)
+
+
+def _dry_run(
+    store: Path,
+    config: StoreConfig,
+    rebuild: bool,
+    topics: tuple[str, ...],
+    build_index: bool,
+    from_offset: int | None,
+    as_json: bool,
+) -> int:
+    """The plan, from a read-only open: a dry run takes no lock and writes nothing."""
+    with Store.open_read(store, config) as opened:
+        opened.refuse_if_locked()
+        if rebuild:
+            plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
+            return _show_plan({"plan": plan.to_dict()}, as_json)
+        start, end = plan_dispatch(opened, topics=topics or None, build_index=build_index)
+        if from_offset is not None:
+            start = from_offset
+        document = {"fromOffset": start, "logEnd": end, "behindBytes": max(0, end - start)}
+        return _show_plan(document, as_json, work=end > start)
 
 
 def _rebuild_on_spark(

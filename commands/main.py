@@ -8,12 +8,12 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from rmqstore import __version__
-from rmqstore.errors import ExitCode, RmqStoreError
+from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError
 
 
 def _error(message: str) -> None:
@@ -32,11 +32,22 @@ class RmqStoreGroup(click.Group):
             _error("aborted")
             ctx.exit(ExitCode.USAGE)
         except RmqStoreError as exc:
+            if isinstance(exc, OutputClosedError):
+                _silence_stdout()
             _error(str(exc))
             ctx.exit(exc.exit_code)
         except BrokenPipeError:
             _silence_stdout()
             ctx.exit(ExitCode.OK)
+        except ImportError as exc:
+            module = (exc.name or "").partition(".")[0]
+            if module not in _OPTIONAL_MODULES:
+                _internal_error(ctx, exc)
+            _error(
+                f"this needs the optional module {module}, which is not installed "
+                "(pip install 'rmqstore[spark]')"
+            )
+            ctx.exit(ExitCode.USAGE)
         except KeyboardInterrupt:
             _error("interrupted")
             ctx.exit(130)
@@ -46,16 +57,23 @@ class RmqStoreGroup(click.Group):
             _error(f"I/O failure: {detail}{where}")
             ctx.exit(ExitCode.IO if exc.errno != errno.ENOENT else ExitCode.USAGE)
         except Exception as exc:
-            _error(
-                f"internal error: {type(exc).__name__}: {exc} (this is a bug in rmqstore; "
-                "set RMQSTORE_DEBUG=1 for a traceback)"
-            )
-            if os.environ.get("RMQSTORE_DEBUG"):
-                traceback.print_exc()
-            ctx.exit(ExitCode.INTERNAL)
+            _internal_error(ctx, exc)
         if isinstance(result, int) and result:
             ctx.exit(result)
         return result
+
+
+_OPTIONAL_MODULES = frozenset({"pyarrow", "pyspark", "pandas"})
+
+
+def _internal_error(ctx: click.Context, exc: BaseException) -> NoReturn:
+    _error(
+        f"internal error: {type(exc).__name__}: {exc} (this is a bug in rmqstore; "
+        "set RMQSTORE_DEBUG=1 for a traceback)"
+    )
+    if os.environ.get("RMQSTORE_DEBUG"):
+        traceback.print_exception(exc)
+    ctx.exit(ExitCode.INTERNAL)
 
 
 def _silence_stdout() -> None:

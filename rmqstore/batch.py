@@ -1,10 +1,11 @@
 """Appending many messages: JSON-lines input, group commit and all-or-nothing rollback.
 
-``--flush async`` (the default) makes one command one transaction: on any error every message
-it appended is rolled back and the store is as it was. ``--flush sync`` reports a message only
-after an fsync that covers it; messages are committed in groups (a group closes when the input
-has nothing more to read right now, or after ``group_size`` messages), and an error rolls back
-only the group not yet reported.
+``--flush async`` (the default) makes one command one transaction: nothing is reported until
+the whole input is appended and flushed, and on any error before that every message it appended
+is rolled back and the store is as it was. ``--flush sync`` reports a message only after an
+fsync that covers it; messages are committed in groups (a group closes when the input has
+nothing more to read right now, or after ``group_size`` messages), and an error rolls back only
+the group not yet flushed. Nothing reported is ever rolled back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import binascii
 import json
 import os
 import select
+import struct
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -216,9 +219,86 @@ def messages_from_lines(
         yield build_message(document, defaults, where)
 
 
+class ResultSpool:
+    """Append results not reported yet, packed (40 bytes each) in a temporary file that stays
+    in memory up to a few MiB, so memory stays flat however many messages one command
+    appends before it may report them."""
+
+    _ROW = struct.Struct("<qqiqiII")  # offset, queue offset, size, time, queue, topic, host
+    _IN_MEMORY = 8 * 1024 * 1024
+    _READ_ROWS = 4096
+
+    def __init__(self) -> None:
+        self._file: Any = None
+        self._count = 0
+        self._topics: dict[str, int] = {}
+        self._hosts: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return self._count
+
+    def extend(self, results: list[AppendResult]) -> None:
+        if not results:
+            return
+        if self._file is None:
+            self._file = tempfile.SpooledTemporaryFile(max_size=self._IN_MEMORY)  # noqa: SIM115 - closed by clear()
+        topics, hosts, pack = self._topics, self._hosts, self._ROW.pack
+        rows = []
+        for result in results:
+            topic = topics.setdefault(result.topic, len(topics))
+            host = hosts.setdefault(result.store_host_field, len(hosts))
+            rows.append(
+                pack(
+                    result.physical_offset,
+                    result.queue_offset,
+                    result.store_size,
+                    result.store_timestamp,
+                    result.queue_id,
+                    topic,
+                    host,
+                )
+            )
+        self._file.write(b"".join(rows))
+        self._count += len(results)
+
+    def drain(self) -> Iterator[AppendResult]:
+        """The results in append order; each is gone from the spool once yielded."""
+        if not self._count:
+            return
+        topics = list(self._topics)
+        hosts = list(self._hosts)
+        new_result = tuple.__new__
+        self._file.seek(0)
+        remaining = self._count
+        while remaining:
+            block = self._file.read(min(remaining, self._READ_ROWS) * self._ROW.size)
+            for offset, queue_offset, size, stamp, queue_id, topic, host in self._ROW.iter_unpack(
+                block
+            ):
+                remaining -= 1
+                self._count = remaining
+                yield new_result(
+                    AppendResult,
+                    (offset, queue_offset, size, stamp, topics[topic], queue_id, hosts[host]),
+                )
+        self.clear()
+
+    def clear(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._count = 0
+
+
 class AppendJob:
     """Drives a :class:`CommitLogAppender` with group commit and rollback (see module doc).
-    Messages are handed to ``append_many`` in chunks, the appender's fast path."""
+    Messages are handed to ``append_many`` in chunks, the appender's fast path.
+
+    A group is closed in this order: the commit log is flushed (from then on its messages
+    stay), ``on_commit`` runs (a dispatch: consume queues, index, checkpoint after the log
+    they point into), then each message is reported with ``on_result`` and ``on_reported``
+    runs once (flush the acknowledgements). A message is never reported before it is
+    durable, so an error after a report (a closed stdout included) never undoes it."""
 
     def __init__(
         self,
@@ -227,18 +307,21 @@ class AppendJob:
         sync: bool,
         on_result: Callable[[AppendResult], None],
         on_commit: Callable[[], object] | None = None,
+        on_reported: Callable[[], None] | None = None,
         group_size: int = 1024,
         chunk_size: int = 256,
     ) -> None:
         self.appender = appender
         self.sync = sync
         self.on_result = on_result
-        self.on_commit = on_commit  # after each durable group (sync) or at the end (async)
+        self.on_commit = on_commit
+        self.on_reported = on_reported
         self.group_size = group_size
         self.chunk_size = chunk_size
-        self.committed = 0  # messages reported (sync: durable)
+        self.committed = 0  # messages made durable (they stay whatever happens next)
+        self.reported = 0  # messages handed to on_result
         self._chunk: list[Message] = []
-        self._pending: list[AppendResult] = []  # sync: appended, not yet flushed
+        self._unreported = ResultSpool()
         self._savepoint = appender.savepoint()
 
     def add(self, message: Message) -> None:
@@ -250,59 +333,63 @@ class AppendJob:
         chunk, self._chunk = self._chunk, []
         if not chunk:
             return
-        results = self.appender.append_many(chunk)
-        if self.sync:
-            self._pending.extend(results)
-            if len(self._pending) >= self.group_size:
-                self.commit()
-            return
-        self.committed += len(results)
-        for result in results:
-            self.on_result(result)
+        self._unreported.extend(self.appender.append_many(chunk))
+        if self.sync and len(self._unreported) >= self.group_size:
+            self._close_group()
 
     def commit(self) -> None:
-        """Write what is queued; in sync mode fsync, then report the group."""
+        """Write what is queued; in sync mode also close the group (flush, then report). In
+        async mode the only group is closed when the input ends."""
         self._write_chunk()
-        if not self.sync or not self._pending:
+        if self.sync:
+            self._close_group()
+
+    def _close_group(self) -> None:
+        uncommitted = self.appender.appended - self._savepoint.appended
+        if uncommitted:
+            self.appender.flush()
+            self._savepoint = self.appender.savepoint()
+            self.committed += uncommitted
+            if self.on_commit is not None:
+                self.on_commit()
+        if not len(self._unreported):
             return
-        self.appender.flush()
-        for result in self._pending:
+        for result in self._unreported.drain():
             self.on_result(result)
-        self.committed += len(self._pending)
-        self._pending.clear()
-        self._savepoint = self.appender.savepoint()
-        if self.on_commit is not None:
-            self.on_commit()
+            self.reported += 1
+        if self.on_reported is not None:
+            self.on_reported()
 
     def run(self, messages: Iterable[Message]) -> int:
-        """Append everything; on failure roll back what is not committed and re-raise."""
+        """Append everything; on failure roll back what is not durable yet and re-raise."""
         try:
             for message in messages:
                 self.add(message)
-            self.commit()
+            self._write_chunk()
+            self._close_group()
         except BaseException as exc:
             self._undo(exc)
             raise
-        if not self.sync and self.committed and self.on_commit is not None:
-            self.on_commit()
         return self.committed
 
     def _undo(self, exc: BaseException) -> None:
         self._chunk.clear()
-        if self.sync:
-            undone = len(self._pending)
-            self._pending.clear()
-            kept = (
-                f"the first {self.committed} messages were stored and reported; "
-                if self.committed
-                else "nothing was stored; "
+        undone = self.appender.appended - self._savepoint.appended
+        if undone:
+            self.appender.rollback(self._savepoint)
+        unreported = self.committed - self.reported
+        self._unreported.clear()
+        parts = []
+        if self.reported:
+            parts.append(f"{self.reported} messages were stored and reported")
+        if unreported:
+            parts.append(
+                f"{unreported} more were stored durably but not reported (find them with "
+                "rmqstore read)"
             )
-            summary = f"{kept}{undone} unreported messages were rolled back"
-        else:
-            undone = self.committed
-            rolled = f"the {undone} messages appended before it were rolled back; "
-            summary = (rolled if undone else "") + "the store is unchanged"
-            self.committed = 0
-        self.appender.rollback(self._savepoint)
+        if undone:
+            parts.append(f"the {undone} unreported messages appended before it were rolled back")
+        if not self.committed:
+            parts.append("the store is unchanged")
         if isinstance(exc, RmqStoreError):
-            exc.message = f"{exc.message} ({summary})"
+            exc.message = f"{exc.message} ({'; '.join(parts)})"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.segments import fsync_directory
 
 CHECKPOINT_FILE_SIZE = 4096
 RECOVERY_SAFETY_MILLIS = 3000
@@ -85,10 +87,17 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
 
 
 def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    """Write the 40 field bytes in place (creating a zero-filled file first) and fsync."""
+    """Write the 40 field bytes in place and fsync. A missing checkpoint is made whole under
+    a temporary name and renamed into place, its directory entry made durable."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            _create_checkpoint(path, checkpoint)
+            return
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreFormatError(f"{path} is not a regular file")
             if os.fstat(fd).st_size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
             os.pwrite(fd, checkpoint.encode()[: _FIELDS.size], 0)
@@ -97,3 +106,15 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
             os.close(fd)
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _create_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    temporary = path.with_name(f".{path.name}.creating")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, checkpoint.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, path)
+    fsync_directory(path.parent)

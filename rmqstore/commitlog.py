@@ -7,7 +7,6 @@ with the broker's roll rule, queue offsets and timestamps, and can roll back to 
 
 from __future__ import annotations
 
-import contextlib
 import mmap
 import os
 import struct
@@ -66,7 +65,13 @@ from rmqstore.record import (
     header_struct,
     host_flags,
 )
-from rmqstore.segments import Segment, SegmentQueue, map_readonly, map_writable
+from rmqstore.segments import (
+    Segment,
+    SegmentQueue,
+    fsync_directory,
+    map_readonly,
+    map_writable,
+)
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 
 ScanItem = tuple[int, tuple, str, bytes, "bool | None"]
@@ -118,6 +123,7 @@ class CommitLog:
     def forget_maps(self) -> None:
         while self._maps:
             _close_map(self._maps.popitem()[1])
+        _close_deferred_maps()
 
     close = forget_maps
 
@@ -225,11 +231,34 @@ class CommitLog:
         )
 
 
+_deferred_maps: list[mmap.mmap] = []  # maps whose close waited for a view to go
+
+
 def _close_map(buf: Any) -> None:
+    """Close a map now or, while a view of it is still alive, at a later
+    :meth:`CommitLog.forget_maps` that finds the view gone (the map is not forgotten open)."""
     if isinstance(buf, mmap.mmap):
-        # a view still alive keeps the map; it is freed with the last view
-        with contextlib.suppress(BufferError):
+        try:
             buf.close()
+        except BufferError:
+            _deferred_maps.append(buf)
+
+
+def _close_deferred_maps() -> None:
+    waiting = list(_deferred_maps)
+    _deferred_maps.clear()
+    for buf in waiting:
+        try:
+            buf.close()
+        except BufferError:
+            _deferred_maps.append(buf)
+
+
+def maps_waiting_to_close() -> int:
+    """How many commit-log maps still wait for a view to be released (0 when every user of
+    a map released it: a test checks this)."""
+    _close_deferred_maps()
+    return len(_deferred_maps)
 
 
 class LogScan:
@@ -297,6 +326,20 @@ class LogScan:
             position = 0
 
 
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError as exc:
+        raise StoreIOError(f"cannot remove {path}: {exc.strerror}") from None
+
+
+def _sync_directory(directory: Path) -> None:
+    try:
+        fsync_directory(directory)
+    except OSError as exc:
+        raise StoreIOError(f"cannot flush {directory}: {exc.strerror}") from None
+
+
 def page_releaser(buf: Any, start: int) -> Callable[[int], None] | None:
     """For a mapped file read front to back: advise sequential access, and return a callback
     that drops the pages already read from this process (they stay in the page cache), so
@@ -351,6 +394,7 @@ class Savepoint:
     segment_count: int
     queue_offsets: dict[tuple[str, int], int]
     last_store_timestamp: int
+    appended: int
 
 
 class CommitLogAppender:
@@ -728,6 +772,7 @@ class CommitLogAppender:
             len(self.log.segments),
             dict(self.queue_offsets),
             self.last_store_timestamp,
+            self.appended,
         )
 
     def rollback(self, savepoint: Savepoint) -> None:
@@ -741,14 +786,18 @@ class CommitLogAppender:
         self._segment = None
         later = self.log.segments[savepoint.segment_count :]
         self.log.queue.forget_after(savepoint.segment_count)
+        removed = False
         for segment in later:
             self._dirty_files.discard(segment.path)
             if segment in self._created:
                 self._created.remove(segment)
                 self._high_water.pop(segment.path, None)
-                os.unlink(segment.path)
+                _unlink(segment.path)
+                removed = True
             else:
                 self._zero(segment, 0)
+        if removed:
+            _sync_directory(self.log.directory)
         segment = self.log.queue.find(savepoint.offset)
         if segment is None:  # the savepoint was the very start of a new file
             segment = self._create(savepoint.offset - savepoint.offset % self.file_size)
@@ -757,6 +806,7 @@ class CommitLogAppender:
         self.queue_offsets.clear()
         self.queue_offsets.update(savepoint.queue_offsets)
         self.last_store_timestamp = savepoint.last_store_timestamp
+        self.appended = savepoint.appended
 
     def _zero(self, segment: Segment, position: int) -> None:
         """Zero what this session wrote in ``segment`` from ``position`` on."""

@@ -65,6 +65,34 @@ class QueueTruncation:
     units_removed: int
 
 
+@dataclass(frozen=True, slots=True)
+class QueueTip:
+    """Where a queue ends: its max offset (the next queue offset) and the end of the record
+    its last unit points to. :meth:`after_put` says where it ends after a put, by the rules of
+    :meth:`ConsumeQueue.put`, without writing (how a writer learns the offsets a dispatch of
+    the undispatched tail will give, as a broker does before it accepts a message)."""
+
+    max_offset: int
+    max_physical_offset: int
+
+    @classmethod
+    def of(cls, queue: ConsumeQueue) -> QueueTip | None:
+        """None for a queue without files (its first put starts it at the unit's offset)."""
+        return cls(queue.max_offset, queue.max_physical_offset) if queue.queue.segments else None
+
+    @staticmethod
+    def after_put(
+        tip: QueueTip | None, queue_offset: int, physical_offset: int, size: int
+    ) -> QueueTip:
+        if tip is None:
+            return QueueTip(queue_offset + 1, physical_offset + size)
+        if physical_offset + size <= tip.max_physical_offset:
+            return tip  # a duplicate
+        if queue_offset != 0 and queue_offset < tip.max_offset:
+            return tip  # "built repeatedly"
+        return QueueTip(tip.max_offset + 1, physical_offset + size)
+
+
 def is_valid_unit(physical_offset: int, size: int) -> bool:
     """The broker's test while recovering a queue: ``offset >= 0 && size > 0``."""
     return physical_offset >= 0 and size > 0
@@ -399,16 +427,7 @@ class ConsumeQueue:
             self.end += length
 
     def _create(self, start: int) -> Segment:
-        segment = self.queue.create(start)
-        try:
-            fd = os.open(segment.path, os.O_RDWR)
-            try:
-                os.posix_fallocate(fd, 0, self.file_size)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise StoreIOError(f"cannot allocate {segment.path}: {exc.strerror}") from None
-        return segment
+        return self.queue.create(start, reserve=True)
 
     def _writable(self, segment: Segment) -> mmap.mmap:
         if self._write_segment is not segment:

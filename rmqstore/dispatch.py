@@ -129,25 +129,8 @@ class Dispatcher:
         return queue
 
     def cursor(self) -> int:
-        """Where dispatch resumes: the earlier of where the consume queues end (the broker's
-        ``max over queues of maxPhysicOffset``) and the end of the last indexed record."""
-        start = self.store.commitlog.min_offset
-        cq_end = max((q.max_physical_offset for q in self.queues.values()), default=-1)
-        positions = [cq_end if cq_end >= 0 else start]
-        if self.index is not None:
-            positions.append(self._index_end(start))
-        return max(start, min(positions))
-
-    def _index_end(self, start: int) -> int:
-        """The end of the record the index ends with (its last file's endPhyOffset)."""
-        last = self.index.last if self.index is not None else None
-        if last is None or last.header.index_count <= 1:
-            return start
-        offset = last.header.end_phy_offset
-        try:
-            return offset + self.store.commitlog.read(offset, body=BodyMode.SKIP).store_size
-        except (RecordError, NotFoundError):
-            return offset  # not a record start any more: replay from there
+        """Where dispatch resumes (see :func:`resume_offset`)."""
+        return resume_offset(self.store, self.queues.values(), self.index)
 
     def run(
         self,
@@ -325,6 +308,48 @@ class Dispatcher:
             queue.close()
         if self.index is not None:
             self.index.close()
+
+
+def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:
+    """Where dispatch resumes: the earlier of where the consume queues end (the broker's
+    ``max over queues of maxPhysicOffset``) and the end of the record the index ends with
+    (its last file's endPhyOffset)."""
+    start = store.commitlog.min_offset
+    cq_end = max((queue.max_physical_offset for queue in queues), default=-1)
+    positions = [cq_end if cq_end >= 0 else start]
+    last = index.last if index is not None else None
+    if last is not None:
+        if last.header.index_count <= 1:
+            positions.append(start)
+        else:
+            offset = last.header.end_phy_offset
+            try:
+                size = store.commitlog.read(offset, body=BodyMode.SKIP).store_size
+                positions.append(offset + size)
+            except (RecordError, NotFoundError):
+                positions.append(offset)  # not a record start any more: replay from there
+    elif index is not None:
+        positions.append(start)
+    return max(start, min(positions))
+
+
+def plan_dispatch(
+    store: Store, *, topics: Iterable[str] | None = None, build_index: bool = True
+) -> tuple[int, int]:
+    """(where a dispatch would start, where the log's valid end is), reading only: a dry run
+    opens nothing for writing."""
+    selected = set(topics) if topics else None
+    queues = [
+        ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
+        for topic, queue_id in list_queues(store.consumequeue_dir)
+        if selected is None or topic in selected
+    ]
+    index = store.index_service() if build_index and store.config.message_index_enable else None
+    try:
+        return resume_offset(store, queues, index), store.log_end().offset
+    finally:
+        if index is not None:
+            index.close()
 
 
 @dataclass

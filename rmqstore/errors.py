@@ -81,3 +81,8 @@ class StoreIOError(RmqStoreError):
     """The operating system refused an operation: disk full, permission denied, fsync failure."""
 
     exit_code = ExitCode.IO
+
+
+class OutputClosedError(StoreIOError):
+    """Standard output was closed while a writer was reporting what it stored (its reader,
+    such as ``head``, exited): the writer stops, keeping everything durable."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_string_hash
-from rmqstore.segments import fsync_directory, map_readonly, map_writable
+from rmqstore.segments import fsync_directory, make_directories, map_readonly, map_writable
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4
@@ -130,13 +130,20 @@ class IndexFile:
     ) -> IndexFile:
         """A new file; a follow-on file starts its header at the previous file's end."""
         size = index_file_size(slots, entries)
+        temporary = path.with_name(f".{path.name}.creating")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            if os.path.lexists(path):
+                raise StoreFormatError(f"{path} already exists")
+            fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             try:
                 os.ftruncate(fd, size)
-                os.posix_fallocate(fd, 0, size)
-            finally:
+                os.posix_fallocate(fd, 0, size)  # map writes never meet a full disk
+            except OSError:
                 os.close(fd)
+                os.unlink(temporary)
+                raise
+            os.close(fd)
+            os.rename(temporary, path)  # in place only at full size
             fsync_directory(path.parent)
         except OSError as exc:
             raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
@@ -270,11 +277,15 @@ class IndexService:
         self.files: list[IndexFile] = []
         self._topic_prefixes: dict[str, int] = {}  # Java hash of "topic#"
         if directory.is_dir():
-            for path in sorted(directory.iterdir()):
-                if _NAME.fullmatch(path.name) and path.is_file():
-                    self.files.append(IndexFile.open(path, slots, entries, writable=writable))
-                else:
-                    self.unexpected.append(path)
+            try:
+                for path in sorted(directory.iterdir()):
+                    if _NAME.fullmatch(path.name) and path.is_file():
+                        self.files.append(IndexFile.open(path, slots, entries, writable=writable))
+                    else:
+                        self.unexpected.append(path)
+            except BaseException:
+                self.close()  # the maps of the files opened before the one that failed
+                raise
 
     @property
     def last(self) -> IndexFile | None:
@@ -285,7 +296,10 @@ class IndexService:
         last = self.last
         if last is not None and not last.is_full:
             return last
-        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            make_directories(self.directory)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create {self.directory}: {exc.strerror}") from None
         millis = self.clock()
         while (self.directory / index_file_name(millis, utc=self.utc_names)).exists():
             millis += 1  # two files in one millisecond: keep names unique and ordered

@@ -14,12 +14,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import struct
 from enum import Enum
 from pathlib import Path
 from typing import ClassVar
 
-from rmqstore.errors import StoreBusyError, StoreIOError
+from rmqstore.errors import StoreBusyError, StoreFormatError, StoreIOError
 
 LOCK_FILE_CONTENT = b"lock"
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
@@ -39,6 +40,25 @@ def _flock_bytes(lock_type: int) -> bytes:
     return _FLOCK.pack(lock_type, os.SEEK_SET, 0, 1, 0)
 
 
+def _registry_key(path: Path) -> str:
+    """One name per lock file however it is spelled (``./s/../s/lock`` is ``s/lock``)."""
+    return os.path.realpath(path)
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """Open a lock file without waiting on a FIFO, and check that it is a regular file."""
+    fd = os.open(path, flags | os.O_NONBLOCK, 0o644)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise StoreFormatError(f"{path} is not a regular file; a store's lock file is")
+    return fd
+
+
 class StoreLock:
     """An exclusive lock on byte 0 of ``<store>/lock``; released by :meth:`release`."""
 
@@ -47,17 +67,23 @@ class StoreLock:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: int | None = None
+        self._key = _registry_key(path)
 
     def acquire(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = _open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise StoreFormatError(
+                    f"{self.path} is a symbolic link; writers do not follow links out of "
+                    "the store"
+                ) from None
             raise StoreIOError(f"cannot open {self.path}: {exc.strerror}") from None
         try:
             if _OFD_SETLK is not None:
                 fcntl.fcntl(fd, _OFD_SETLK, _flock_bytes(fcntl.F_WRLCK))
             else:
-                if str(self.path) in StoreLock._held_paths:
+                if self._key in StoreLock._held_paths:
                     raise OSError(errno.EAGAIN, "held by this process")
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
         except OSError as exc:
@@ -75,12 +101,12 @@ class StoreLock:
             os.close(fd)
             raise StoreIOError(f"cannot write {self.path}: {exc.strerror}") from None
         self._fd = fd
-        StoreLock._held_paths.add(str(self.path))
+        StoreLock._held_paths.add(self._key)
 
     def release(self) -> None:
         if self._fd is None:
             return
-        StoreLock._held_paths.discard(str(self.path))
+        StoreLock._held_paths.discard(self._key)
         os.close(self._fd)  # closing the descriptor releases the lock
         self._fd = None
 
@@ -91,15 +117,15 @@ class StoreLock:
 
 def probe_lock(path: Path) -> LockState:
     """Whether someone holds the store lock, without taking it and without disturbing a lock
-    this process holds."""
-    if str(path) in StoreLock._held_paths:
+    this process holds. A lock that cannot be checked is an error, never "free"."""
+    if _registry_key(path) in StoreLock._held_paths:
         return LockState.HELD_HERE
-    if not path.exists():
-        return LockState.FREE
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return LockState.FREE
+        fd = _open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return LockState.FREE  # no lock file: nobody ever locked this store
+    except OSError as exc:
+        raise StoreIOError(f"cannot check the lock {path}: {exc.strerror}") from None
     try:
         if _OFD_GETLK is not None:
             answer = fcntl.fcntl(fd, _OFD_GETLK, _flock_bytes(fcntl.F_WRLCK))
@@ -112,7 +138,7 @@ def probe_lock(path: Path) -> LockState:
                 return LockState.HELD
             raise
         return LockState.FREE
-    except OSError:
-        return LockState.FREE
+    except OSError as exc:
+        raise StoreIOError(f"cannot check the lock {path}: {exc.strerror}") from None
     finally:
         os.close(fd)

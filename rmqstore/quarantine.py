@@ -3,21 +3,29 @@
 Every operation that cuts bytes out of a store (a torn tail, stale bytes after the valid end, a
 consume queue being rebuilt) first copies them into ``<store>/quarantine/<time>-<operation>/``
 with a ``manifest.json`` saying where each piece came from, so nothing is ever lost.
+
+A piece keeps its store-relative path inside the quarantine folder (``consumequeue/A/0/…``), so
+two files with the same name in different folders never collide. Before any source byte is
+changed, the copy, every directory on its path and the manifest are durable: a crash at any
+point leaves either the untouched source or a complete, findable copy.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rmqstore.errors import StoreIOError
-from rmqstore.segments import fsync_directory
+from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.segments import fsync_directory, make_directories
 
 QUARANTINE_DIR = "quarantine"
+MANIFEST_FILE = "manifest.json"
 _COPY_CHUNK = 8 * 1024 * 1024
 
 
@@ -25,39 +33,84 @@ _COPY_CHUNK = 8 * 1024 * 1024
 class Quarantine:
     directory: Path
     operation: str
+    store_root: Path
     pieces: list[dict[str, object]] = field(default_factory=list)
 
     @classmethod
     def create(cls, store_root: Path, operation: str) -> Quarantine:
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        """A new, durable, empty folder under ``<store>/quarantine/``. A ``quarantine`` that is
+        a link (or not a directory) is refused: moved bytes must stay inside the store."""
         base = store_root / QUARANTINE_DIR
+        try:
+            mode = os.lstat(base).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as exc:
+            raise StoreIOError(f"cannot inspect {base}: {exc.strerror}") from None
+        if mode is not None and not stat.S_ISDIR(mode):
+            kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+            raise StoreFormatError(
+                f"{base} is {kind}; rmqstore keeps cut bytes only inside the store "
+                "(move it away and run the command again)"
+            )
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        try:
+            make_directories(base)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create {base}: {exc.strerror}") from None
         for attempt in range(1000):
             suffix = f"-{attempt}" if attempt else ""
             directory = base / f"{stamp}-{operation}{suffix}"
             try:
-                directory.mkdir(parents=True)
+                directory.mkdir()
+                fsync_directory(base)
             except FileExistsError:
                 continue
             except OSError as exc:
                 raise StoreIOError(f"cannot create {directory}: {exc.strerror}") from None
-            return cls(directory, operation)
+            return cls(directory, operation, store_root)
         raise StoreIOError(f"cannot create a quarantine folder under {base}")
+
+    def relative_place(self, source: Path) -> Path:
+        """Where ``source`` goes inside this folder: its path relative to the store root, or
+        under ``external/`` by its absolute path when it lies elsewhere (a commit log
+        configured outside the store root)."""
+        try:
+            return source.relative_to(self.store_root)
+        except ValueError:
+            return Path("external", *source.absolute().parts[1:])
+
+    def _free_target(self, relative: Path) -> Path:
+        """A path for a new piece that no earlier piece of this operation uses, its parent
+        directories created and durable."""
+        target = self.directory / relative
+        candidate = target
+        number = 1
+        while os.path.lexists(candidate):
+            candidate = target.with_name(f"{target.name}~{number}")
+            number += 1
+        try:
+            make_directories(candidate.parent)
+        except OSError as exc:
+            raise StoreIOError(f"cannot create {candidate.parent}: {exc.strerror}") from None
+        return candidate
 
     def save_region(self, source: Path, start: int, end: int, description: str) -> Path:
         """Copy bytes ``[start, end)`` of ``source`` into the quarantine, durably."""
-        target = self.directory / f"{source.parent.name}-{source.name}-{start}-{end}.bin"
+        relative = self.relative_place(source)
+        target = self._free_target(relative.with_name(f"{relative.name}.{start}-{end}.bin"))
         try:
-            with open(source, "rb") as reader, open(target, "wb") as writer:
-                reader.seek(start)
-                remaining = end - start
-                while remaining > 0:
-                    chunk = reader.read(min(_COPY_CHUNK, remaining))
-                    if not chunk:
-                        break
-                    writer.write(chunk)
-                    remaining -= len(chunk)
-                writer.flush()
-                os.fsync(writer.fileno())
+            reader_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                writer_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                try:
+                    _copy_range(reader_fd, writer_fd, start, end)
+                    os.fsync(writer_fd)
+                finally:
+                    os.close(writer_fd)
+            finally:
+                os.close(reader_fd)
+            fsync_directory(target.parent)
         except OSError as exc:
             raise StoreIOError(f"cannot quarantine {source}: {exc.strerror}") from None
         self._record(
@@ -65,7 +118,7 @@ class Quarantine:
                 "file": str(source),
                 "start": start,
                 "end": end,
-                "copy": target.name,
+                "copy": str(target.relative_to(self.directory)),
                 "description": description,
             }
         )
@@ -91,22 +144,82 @@ class Quarantine:
         return copy
 
     def move_path(self, source: Path, description: str) -> Path:
-        """Move a whole file or directory into the quarantine (same filesystem: a rename)."""
-        target = self.directory / source.name
+        """Move a whole file or directory into the quarantine. A rename on one filesystem;
+        across filesystems a durable copy first, and only then the source is removed."""
+        target = self._free_target(self.relative_place(source))
         try:
-            shutil.move(str(source), target)
+            try:
+                os.rename(source, target)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                _durable_copy(source, target)
+                fsync_directory(target.parent)
+                if source.is_dir() and not source.is_symlink():
+                    shutil.rmtree(source)
+                else:
+                    source.unlink()
+            fsync_directory(target.parent)
             fsync_directory(source.parent)
         except OSError as exc:
             raise StoreIOError(f"cannot move {source} to quarantine: {exc.strerror}") from None
-        self._record({"file": str(source), "moved": target.name, "description": description})
+        self._record(
+            {
+                "file": str(source),
+                "moved": str(target.relative_to(self.directory)),
+                "description": description,
+            }
+        )
         return target
 
     def _record(self, piece: dict[str, object]) -> None:
+        """Add a piece to the manifest, written whole under a temporary name and renamed into
+        place, so a crash leaves the previous manifest or the new one, never half of one."""
         self.pieces.append(piece)
         manifest = {"operation": self.operation, "pieces": self.pieces}
+        path = self.directory / MANIFEST_FILE
+        temporary = path.with_name(f".{MANIFEST_FILE}.tmp")
         try:
-            path = self.directory / "manifest.json"
-            path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            with open(temporary, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(manifest, indent=2) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
             fsync_directory(self.directory)
         except OSError as exc:
             raise StoreIOError(f"cannot write quarantine manifest: {exc.strerror}") from None
+
+
+def _copy_range(reader_fd: int, writer_fd: int, start: int, end: int) -> None:
+    position = start
+    while position < end:
+        chunk = os.pread(reader_fd, min(_COPY_CHUNK, end - position), position)
+        if not chunk:
+            break
+        os.write(writer_fd, chunk)
+        position += len(chunk)
+
+
+def _durable_copy(source: Path, target: Path) -> None:
+    """Copy a file or a directory tree (links copied as links), every file and directory
+    fsynced."""
+    if source.is_symlink() or not source.is_dir():
+        shutil.copy2(source, target, follow_symlinks=False)
+        if not target.is_symlink():
+            _fsync_file(target)
+        return
+    shutil.copytree(source, target, symlinks=True)
+    for directory, _subdirectories, names in os.walk(target):
+        for name in names:
+            path = Path(directory) / name
+            if not path.is_symlink():
+                _fsync_file(path)
+        fsync_directory(Path(directory))
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

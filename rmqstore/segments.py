@@ -12,6 +12,7 @@ import errno
 import mmap
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,21 +115,32 @@ class SegmentQueue:
         """Drop segments beyond the first ``count`` from the list (the files stay)."""
         del self.segments[count:]
 
-    def create(self, start_offset: int) -> Segment:
-        """Create the segment starting at ``start_offset`` at its full size (sparse), as the
-        broker's allocator does, and make its directory entry durable."""
+    def create(self, start_offset: int, *, reserve: bool = False) -> Segment:
+        """Create the segment starting at ``start_offset`` at its full size, as the broker's
+        allocator does: sparse, or with every block allocated when ``reserve`` (so writes
+        through a map can never meet a full disk). The file is made under a temporary name and
+        renamed into place at full size, so a kill never leaves a short segment; an empty file
+        left at the name by an older writer's kill is replaced (it holds nothing)."""
         if start_offset % self.file_size:
             raise StoreFormatError(
                 f"segment offset {start_offset} is not a multiple of the file size {self.file_size}"
             )
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / segment_name(start_offset)
+        temporary = self.directory / f".{path.name}.creating"
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            make_directories(self.directory)
+            _refuse_existing(path)
+            fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             try:
                 os.ftruncate(fd, self.file_size)
-            finally:
+                if reserve:
+                    os.posix_fallocate(fd, 0, self.file_size)
+            except OSError:
                 os.close(fd)
+                os.unlink(temporary)
+                raise
+            os.close(fd)
+            os.rename(temporary, path)
             fsync_directory(self.directory)
         except FileExistsError:
             raise StoreFormatError(f"{path} already exists") from None
@@ -137,6 +149,36 @@ class SegmentQueue:
         segment = Segment(start_offset, path, self.file_size)
         self.segments.append(segment)
         return segment
+
+
+def _refuse_existing(path: Path) -> None:
+    """FileExistsError unless ``path`` is missing or an empty regular file."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(status.st_mode) or status.st_size:
+        raise FileExistsError(path)
+
+
+def make_directories(path: Path) -> None:
+    """``mkdir -p`` whose every created directory is durable: after each ``mkdir`` the
+    parent directory is fsynced (syncing only the leaf would not keep its ancestors)."""
+    missing: list[Path] = []
+    current = path
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            if not directory.is_dir():
+                raise
+            continue
+        fsync_directory(directory.parent)
 
 
 def fsync_directory(directory: Path) -> None:

@@ -8,9 +8,11 @@ when the consume queues have caught up (as a broker's shutdown does).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 
 from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -20,9 +22,25 @@ from rmqstore.config import (
     DEFAULT_CONSUMEQUEUE_FILE_SIZE,
     StoreConfig,
 )
-from rmqstore.consumequeue import ConsumeQueue, list_queues
+from rmqstore.consumequeue import ConsumeQueue, QueueTip, list_queues
 from rmqstore.delay import DelayLevels
-from rmqstore.errors import NotAStoreError, NotFoundError, StoreIOError, UncleanStoreError
+from rmqstore.errors import (
+    InputError,
+    NotAStoreError,
+    NotFoundError,
+    StoreBusyError,
+    StoreFormatError,
+    StoreIOError,
+    UncleanStoreError,
+)
+from rmqstore.geometry import (
+    CONFIG_DIR,
+    GEOMETRY_FILE,
+    GEOMETRY_KEYS,
+    geometry_path,
+    read_geometry,
+    write_geometry,
+)
 from rmqstore.hosts import DEFAULT_STORE_HOST, HostAddress, parse_host
 from rmqstore.indexfile import IndexService, infer_geometry, read_index_headers
 from rmqstore.lockfile import LockState, StoreLock, probe_lock
@@ -34,11 +52,12 @@ from rmqstore.record import (
     H_STORE_HOST,
     H_STORE_TIMESTAMP,
     H_SYS_FLAG,
+    H_TOTAL_SIZE,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
 )
-from rmqstore.segments import fsync_directory, nonzero_extent
+from rmqstore.segments import fsync_directory, make_directories, nonzero_extent
 from rmqstore.topics import check_topic_path_safe
 
 COMMITLOG_DIR = "commitlog"
@@ -47,7 +66,6 @@ INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
-CONFIG_DIR = "config"
 _STORE_MARKERS = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, INDEX_DIR, CHECKPOINT_FILE)
 
 
@@ -110,6 +128,8 @@ class Store:
         self.tail_verified = False  # nothing but zeros follows the valid end of the log
         self._writing = False
         self._log_end: LogEnd | None = None
+        self._creation: _Creation | None = None  # set when this open made the store
+        self._given_config = config  # what the caller said, before files filled it in
 
     # -- paths ---------------------------------------------------------------------------------
 
@@ -154,19 +174,36 @@ class Store:
         cls, root: Path | str, config: StoreConfig | None = None, *, create: bool = False
     ) -> Store:
         """Open a store for writing with its lock held; ``create`` makes a new, empty store in
-        a missing or empty directory."""
+        a missing or empty directory. Everything the store says about itself (``abort``, file
+        sizes, the valid end) is read only once the lock is held, so a writer that crashed
+        just before cannot make a crashed store look clean."""
         path = Path(root)
-        created = _check_store_root(path, create=create, config=config, writing=True)
-        store = cls(path, _resolve_geometry(path, config or StoreConfig()), writable=True)
-        store._lock = StoreLock(store.lock_path)
-        store._lock.acquire()
+        creation = _check_store_root(path, create=create, config=config, writing=True)
+        lock = StoreLock(path / LOCK_FILE)
         try:
-            if created:
-                store.commitlog_dir.mkdir(parents=True, exist_ok=True)
-                fsync_directory(path)
+            lock.acquire()
+        except BaseException:
+            if creation is _Creation.MADE_ROOT:
+                _remove_empty_directory(path)
+            raise
+        store: Store | None = None
+        try:
+            given = config or StoreConfig()
+            store = cls(path, _resolve_geometry(path, given), writable=True)
+            store._lock = lock
+            store._creation = creation
+            store._given_config = given
+            if creation is not None:
+                make_directories(store.commitlog_dir)
+                _remember_geometry(path, given, store.config, created=True)
             store.commitlog  # noqa: B018 - load and check the commit log files now
         except BaseException:
-            store.close()
+            if store is not None:
+                store.close(failed=True)
+            else:
+                lock.release()
+                if creation is _Creation.MADE_ROOT:
+                    _remove_empty_directory(path)
             raise
         return store
 
@@ -220,6 +257,14 @@ class Store:
     def lock_state(self) -> LockState:
         return probe_lock(self.lock_path)
 
+    def refuse_if_locked(self) -> None:
+        """For a dry run: what a writer would do is planned only where a writer could run."""
+        if self.lock_state() is LockState.HELD:
+            raise StoreBusyError(
+                f"store is busy: {self.lock_path} is locked by another process (a running "
+                "broker or another rmqstore); stop it first"
+            )
+
     def log_end(self, progress: Callable[[int], None] | None = None) -> LogEnd:
         """The valid end of the commit log as the broker's recovery would find it (computed
         once; not cached while appending, which moves it)."""
@@ -264,7 +309,7 @@ class Store:
         self._require_writable()
         end = self.log_end()
         self._clear_residue(end)
-        state = self.scan_log_state(end.offset)
+        state = self.log_state(end)
         host = (
             store_host or _config_host(self.config) or state.last_store_host or DEFAULT_STORE_HOST
         )
@@ -294,6 +339,7 @@ class Store:
         self._require_writable()
         if self._writing:
             return
+        _remember_geometry(self.root, self._given_config, self.config, created=False)
         if not self.abort_path.exists():
             try:
                 self.abort_path.touch()
@@ -350,34 +396,73 @@ class Store:
         self.notes.append(f"moved {where} to {quarantine.directory} before appending")
         self.commitlog.forget_maps()
 
-    def scan_log_state(self, end_offset: int) -> LogState:
-        """Next queue offsets, last store time and store host from the records in the log."""
+    def log_state(self, end: LogEnd) -> LogState:
+        """What appending continues from, learnt as a broker's start-up learns it
+        (``recoverTopicQueueTable`` once the dispatcher has caught up): each queue's next
+        offset is its consume queue's max offset, moved on by the records after the point
+        where the consume queues end, put by the consume queues' own rules. The walk starts at
+        the last queued record (whose store time and host the next record follows), so a
+        dispatched store reads only its tail. A log that cannot be read from there to its
+        valid end is refused rather than guessed at."""
+        log = self.commitlog
+        tips: dict[tuple[str, int], QueueTip | None] = {}
+        cursor = -1  # where the consume queues end
+        last_queued = -1  # start of the newest record a consume queue points to
+        for topic, queue_id in list_queues(self.consumequeue_dir):
+            queue = ConsumeQueue(
+                self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size
+            )
+            tip = QueueTip.of(queue)
+            tips[(topic, queue_id)] = tip
+            if tip is not None and queue.max_offset > queue.min_offset:
+                cursor = max(cursor, tip.max_physical_offset)
+                last_unit = queue.read_unit(queue.max_offset - 1)
+                last_queued = max(last_queued, last_unit.physical_offset)
+        if cursor > end.offset:
+            raise UncleanStoreError(
+                f"the consume queues point past the valid end of the commit log ({cursor} > "
+                f"{end.offset}): run rmqstore recover first"
+            )
+        start = last_queued if 0 <= last_queued < end.offset else log.min_offset
+        cursor = max(cursor, log.min_offset)
         state = LogState()
-        offsets = state.queue_offsets
         last = None
-        for physical_offset, header, topic, _props, _crc in self.commitlog.scan():
-            if physical_offset >= end_offset:
+        scan = log.scan(start)
+        reached_end = False
+        for physical_offset, header, topic, _props, _crc in scan:
+            if physical_offset >= end.offset:
+                reached_end = True
                 break
             last = header
             state.records += 1
-            if header[H_SYS_FLAG] & TRANSACTION_MASK in (
+            if physical_offset < cursor or header[H_SYS_FLAG] & TRANSACTION_MASK in (
                 TRANSACTION_PREPARED,
                 TRANSACTION_ROLLBACK,
             ):
                 continue
             key = (topic, header[H_QUEUE_ID])
-            following = header[H_QUEUE_OFFSET] + 1
-            if following > offsets.get(key, 0):
-                offsets[key] = following
+            tips[key] = QueueTip.after_put(
+                tips.get(key), header[H_QUEUE_OFFSET], physical_offset, header[H_TOTAL_SIZE]
+            )
+        if not reached_end and scan.end_offset < end.offset:
+            reason = f" ({scan.error})" if scan.error else ""
+            raise StoreFormatError(
+                f"the commit log cannot be read from {start} to its valid end {end.offset}: it "
+                f"stops at {scan.end_offset}{reason}, so the next queue offsets are unknown; "
+                "rmqstore verify shows the damage"
+            )
+        state.queue_offsets = {key: tip.max_offset for key, tip in tips.items() if tip}
         if last is not None:
             state.last_store_timestamp = last[H_STORE_TIMESTAMP]
             state.last_store_host = HostAddress.from_field(last[H_STORE_HOST])
         return state
 
-    def close(self) -> None:
+    def close(self, *, failed: bool = False) -> None:
         """Flush and release the lock. ``abort`` goes as at a broker's shutdown: when what was
         written is in the consume queues. A pre-existing ``abort`` goes only when dispatch
-        reached the end of the log and nothing follows it (the store is consistent again)."""
+        reached the end of the log and nothing follows it (the store is consistent again).
+        ``failed``: the work ended with an error; a store this open created is then removed
+        again unless it holds a message."""
         try:
             appended, end_offset = 0, None
             if self._appender is not None:
@@ -397,8 +482,44 @@ class Store:
             if self._commitlog is not None:
                 self._commitlog.close()
             if self._lock is not None:
+                if failed and self._creation is not None and not self._holds_messages():
+                    self._undo_creation()
                 self._lock.release()
                 self._lock = None
+
+    def _holds_messages(self) -> bool:
+        """Whether any commit-log file holds a non-zero byte (read straight from the
+        directory: this runs while closing, whatever state the files are in)."""
+        if not self.commitlog_dir.is_dir():
+            return False
+        for entry in os.scandir(self.commitlog_dir):
+            if entry.is_file(follow_symlinks=False):
+                size = entry.stat(follow_symlinks=False).st_size
+                if nonzero_extent(Path(entry.path), 0, size) is not None:
+                    return True
+        return False
+
+    def _undo_creation(self) -> None:
+        """Remove what creating the store made (all of it empty: zero-filled commit-log files,
+        ``abort``, the remembered geometry, ``lock``) so a failed ``--create`` leaves the
+        directory as it was. Only empty directories are removed."""
+        self.reload_files()
+        if self.commitlog_dir.is_dir():
+            for entry in os.scandir(self.commitlog_dir):
+                if entry.is_file(follow_symlinks=False):
+                    os.unlink(entry.path)
+        for path in (self.abort_path, geometry_path(self.root), self.lock_path):
+            path.unlink(missing_ok=True)
+        for directory in (
+            self.commitlog_dir,
+            geometry_path(self.root).parent,
+            self.consumequeue_dir,
+            self.index_dir,
+        ):
+            _remove_empty_directory(directory)
+        fsync_directory(self.root)
+        if self._creation is _Creation.MADE_ROOT:
+            _remove_empty_directory(self.root)
 
     def _settle_abort(self, appended: int, end_offset: int | None) -> None:
         caught_up = self.dispatched_through is not None and (
@@ -428,25 +549,39 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def _config_host(config: StoreConfig) -> HostAddress | None:
     return parse_host(config.store_host) if config.store_host else None
 
 
+class _Creation(Enum):
+    MADE_ROOT = "made the store directory"
+    IN_EMPTY_ROOT = "used an empty directory"
+
+
+def _remove_empty_directory(directory: Path) -> None:
+    try:
+        directory.rmdir()
+        fsync_directory(directory.parent)
+    except OSError:
+        pass  # not empty, or gone: nothing of ours to remove
+
+
 def _check_store_root(
     root: Path, *, create: bool, config: StoreConfig | None, writing: bool = False
-) -> bool:
-    """Refuse what is not a store; returns True when a new store must be created."""
+) -> _Creation | None:
+    """Refuse what is not a store; says how a new store is being created (None: it exists)."""
     if not root.exists():
         if create:
             try:
                 root.mkdir(parents=True)
+                fsync_directory(root.parent)
             except OSError as exc:
                 raise StoreIOError(f"cannot create {root}: {exc.strerror}") from None
-            return True
+            return _Creation.MADE_ROOT
         hint = "; use --create to make a new store" if writing else ""
         raise NotAStoreError(f"{root}: no such directory{hint}")
     if not root.is_dir():
@@ -455,9 +590,9 @@ def _check_store_root(
     if commitlog_dir.exists() and not commitlog_dir.is_dir():
         raise NotAStoreError(f"{commitlog_dir} is not a directory")
     if commitlog_dir.is_dir() or any((root / marker).exists() for marker in _STORE_MARKERS):
-        return False
+        return None
     if create and not any(root.iterdir()):
-        return True
+        return _Creation.IN_EMPTY_ROOT
     if create:
         raise NotAStoreError(
             f"{root} is not empty and is not a RocketMQ store; refusing to create a store in it"
@@ -468,19 +603,44 @@ def _check_store_root(
     )
 
 
+_REMEMBERED = f"the store's {CONFIG_DIR}/{GEOMETRY_FILE}"
+
+
+def _given_geometry(config: StoreConfig) -> dict[str, int]:
+    """The sizes an option or ``--broker-config`` said (not defaults, not inferred)."""
+    given = {}
+    for name in GEOMETRY_KEYS:
+        value = getattr(config, name)
+        if value is not None and name in config.sources:
+            given[name] = value
+    return given
+
+
 def _resolve_geometry(root: Path, config: StoreConfig) -> StoreConfig:
-    """Fill unset file sizes from existing files, else RocketMQ's defaults."""
+    """Fill unset file sizes from the store's remembered geometry, else existing files, else
+    RocketMQ's defaults. A size given that contradicts the remembered one is refused."""
+    remembered = read_geometry(root)
     values: dict[str, int] = {}
     sources = dict(config.sources)
-    if config.commitlog_file_size is None:
+    given = _given_geometry(config)
+    for name, value in remembered.items():
+        if name in given and given[name] != value:
+            raise InputError(
+                f"{GEOMETRY_KEYS[name]} is {given[name]} by {sources[name]}, but the store was "
+                f"made with {value} ({_REMEMBERED}); files of another size would not load"
+            )
+        if name not in given:
+            values[name] = value
+            sources[name] = _REMEMBERED
+    if config.commitlog_file_size is None and "commitlog_file_size" not in values:
         inferred = _infer_file_size(config.commitlog_dir or root / COMMITLOG_DIR, 0)
         values["commitlog_file_size"] = inferred or DEFAULT_COMMITLOG_FILE_SIZE
         sources["commitlog_file_size"] = "existing files" if inferred else "default"
-    if config.consumequeue_file_size is None:
+    if config.consumequeue_file_size is None and "consumequeue_file_size" not in values:
         inferred = _infer_file_size(root / CONSUMEQUEUE_DIR, 2)
         values["consumequeue_file_size"] = inferred or DEFAULT_CONSUMEQUEUE_FILE_SIZE
         sources["consumequeue_file_size"] = "existing files" if inferred else "default"
-    if "index_slots" not in sources and "index_entries" not in sources:
+    if not {"index_slots", "index_entries"} & (set(given) | set(values)):
         sizes = {path.stat().st_size for path, _ in read_index_headers(root / INDEX_DIR)}
         inferred = infer_geometry(sizes.pop()) if len(sizes) == 1 else None
         if inferred is not None and inferred != (config.index_slots, config.index_entries):
@@ -491,3 +651,18 @@ def _resolve_geometry(root: Path, config: StoreConfig) -> StoreConfig:
     for name in ("index_slots", "index_entries", "max_message_size"):
         sources.setdefault(name, "default")
     return replace(config, sources=sources, **values)
+
+
+def _remember_geometry(
+    root: Path, given: StoreConfig, resolved: StoreConfig, *, created: bool
+) -> None:
+    """Record the sizes with the store: all of them when it is new, else the ones an option
+    gave that it did not remember yet."""
+    remembered = read_geometry(root)
+    wanted = dict(remembered)
+    if created:
+        wanted.update({name: getattr(resolved, name) for name in GEOMETRY_KEYS})
+    else:
+        wanted.update(_given_geometry(given))
+    if wanted != remembered:
+        write_geometry(root, wanted)

@@ -81,6 +81,7 @@ def check_range(job: RangeJob) -> RangeOutcome:
     """Check one range (runs on an executor). Engine errors come back in the outcome."""
     part = job.range
     report = VerifyReport(max_findings=job.max_findings)
+    store: Store | None = None
     try:
         store = Store.open_read(job.root, job.config)
         queues = index = None
@@ -141,6 +142,9 @@ def check_range(job: RangeJob) -> RangeOutcome:
             None,
             (kind, str(exc)),
         )
+    finally:
+        if store is not None:
+            store.close()
 
 
 class RangedVerify:

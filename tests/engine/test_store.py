@@ -184,7 +184,7 @@ def test_stale_bytes_after_a_recovered_end_are_quarantined(oracle, tmp_path: Pat
         result = store.appender().append(Message(topic="TopicTest", body=b"after"))
     assert result.physical_offset == end
     (quarantine,) = (store_dir / "quarantine").iterdir()
-    saved = [p for p in quarantine.iterdir() if p.suffix == ".bin"]
+    saved = list(quarantine.rglob("*.bin"))
     assert len(saved) == 1 and saved[0].read_bytes() == stale
     assert "manifest.json" in {p.name for p in quarantine.iterdir()}
     with Store.open_read(store_dir) as store:
