@@ -135,6 +135,7 @@ class CommitLog:
         stop_on_crc_error: bool = False,
         first_segment: Segment | None = None,
         crc_from: int = 0,
+        property_crc: bool = False,
     ) -> LogScan:
         """Stream records from ``start_offset`` (default: the first file) across files.
         ``check_crc`` applies to files starting at or after ``crc_from`` (recovery checks only
@@ -146,6 +147,7 @@ class CommitLog:
             stop_on_crc_error,
             first_segment,
             crc_from,
+            property_crc,
         )
 
     def first_record_store_timestamp(self, segment: Segment) -> int | None:
@@ -183,15 +185,21 @@ class CommitLog:
         abnormal: bool = False,
         checkpoint: Checkpoint | None = None,
         progress: Callable[[int], None] | None = None,
+        property_crc: bool = False,
     ) -> LogEnd:
         """The end of the last valid record as a broker's recovery computes it: walk from the
         recovery start file, follow BLANKs, stop at the first invalid record (a bad body CRC
-        counts when ``check_crc``, as with ``checkCRCOnRecover``)."""
+        counts when ``check_crc``, as with ``checkCRCOnRecover``; with ``property_crc`` as
+        well, 5.x ``forceVerifyPropCRC``, a missing or wrong ``__CRC32#`` counts instead)."""
         start = self.recovery_start(checkpoint, abnormal)
         if start is None:
             return LogEnd(0, None, None, None)
         scan = self.scan(
-            start.start, check_crc=check_crc, stop_on_crc_error=check_crc, first_segment=start
+            start.start,
+            check_crc=check_crc,
+            stop_on_crc_error=check_crc,
+            first_segment=start,
+            property_crc=property_crc,
         )
         for count, item in enumerate(scan, 1):
             if progress is not None and not count & 0xFFFF:
@@ -276,8 +284,10 @@ class LogScan:
         stop_on_crc_error: bool,
         first_segment: Segment | None,
         crc_from: int = 0,
+        property_crc: bool = False,
     ) -> None:
         self.log = log
+        self.property_crc = property_crc
         self.start_offset = start_offset
         self.check_crc = check_crc
         self.crc_from = crc_from
@@ -308,6 +318,7 @@ class LogScan:
                 segment.start,
                 self.check_crc and segment.start >= self.crc_from,
                 stop_on_crc_error=self.stop_on_crc_error,
+                property_crc=self.property_crc,
                 release=release,
             )
             items = iter(region)

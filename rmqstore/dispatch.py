@@ -168,6 +168,7 @@ class Dispatcher:
             check_crc=check_crc,
             stop_on_crc_error=True,
             crc_from=recovery_start.start if recovery_start else 0,
+            property_crc=store.config.force_verify_prop_crc,
         )
         last_time = queued_time
         touched: set[tuple[str, int]] = set()

@@ -75,8 +75,7 @@ class StoreLock:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise StoreFormatError(
-                    f"{self.path} is a symbolic link; writers do not follow links out of "
-                    "the store"
+                    f"{self.path} is a symbolic link; writers do not follow links out of the store"
                 ) from None
             raise StoreIOError(f"cannot open {self.path}: {exc.strerror}") from None
         try:

@@ -322,7 +322,11 @@ def decode_message(
     body_bytes: bytes | None = None
     if body is not BodyMode.SKIP:
         body_bytes = bytes(buf[body_start : body_start + body_length])
-        if body is BodyMode.VERIFY and body_crc(body_bytes) != fields[H_BODY_CRC]:
+        if (
+            body is BodyMode.VERIFY
+            and body_length  # the broker checks no CRC for an empty body
+            and body_crc(body_bytes) != fields[H_BODY_CRC]
+        ):
             raise _fail(
                 "BODYCRC",
                 where,
@@ -434,6 +438,7 @@ class RegionScan:
         "end_position",
         "error",
         "limit",
+        "property_crc",
         "release",
         "release_every",
         "start",
@@ -450,10 +455,12 @@ class RegionScan:
         check_crc: bool = False,
         *,
         stop_on_crc_error: bool = False,
+        property_crc: bool = False,
         release: Callable[[int], None] | None = None,
         release_every: int = 32 * 1024 * 1024,
     ) -> None:
         self.buf = buf
+        self.property_crc = property_crc
         self.start = start
         self.limit = limit
         self.base_offset = base_offset
@@ -566,7 +573,18 @@ class RegionScan:
                         return
                     topics[topic_bytes] = topic
                 crc_ok = None
-                if check_crc:
+                if check_crc and self.property_crc:
+                    crc_ok = property_crc_status(buf, position, total) is True
+                    if not crc_ok:
+                        self.crc_failures += 1
+                        if self.stop_on_crc_error:
+                            self._invalid(
+                                position,
+                                "PROPERTIES",
+                                f"{CRC32_PROPERTY_NAME} is missing or does not match the record",
+                            )
+                            return
+                elif check_crc:
                     crc_ok = (
                         not body_length
                         or (

@@ -275,6 +275,7 @@ class Store:
             abnormal=self.abort_path.exists(),
             checkpoint=self.checkpoint(),
             progress=progress,
+            property_crc=self.config.force_verify_prop_crc,
         )
         return self._log_end
 

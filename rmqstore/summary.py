@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rmqstore.consumequeue import list_queues
+from rmqstore.consumequeue import QueueTip, list_queues
 from rmqstore.indexfile import read_index_headers
 from rmqstore.record import (
     H_QUEUE_ID,
     H_QUEUE_OFFSET,
     H_STORE_TIMESTAMP,
     H_SYS_FLAG,
+    H_TOTAL_SIZE,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
@@ -21,20 +22,23 @@ from rmqstore.store import Store
 
 
 class _QueueStats:
-    __slots__ = ("messages", "min_offset", "next_offset", "not_queued")
+    __slots__ = ("messages", "min_offset", "not_queued")
 
     def __init__(self) -> None:
         self.messages = 0
         self.not_queued = 0  # PREPARED/ROLLBACK records: no consume-queue unit
         self.min_offset: int | None = None
-        self.next_offset = 0
 
 
-def consume_queue_table(store: Store) -> tuple[list[dict[str, Any]], int]:
-    """Each consume queue's min/max offsets as the broker computes them, and the dispatch
-    cursor: the end of the last record in any consume queue (-1 when there are none)."""
+def consume_queue_table(
+    store: Store,
+) -> tuple[list[dict[str, Any]], int, dict[tuple[str, int], QueueTip]]:
+    """Each consume queue's min/max offsets as the broker computes them, the dispatch cursor
+    (the end of the last record in any consume queue, -1 when there are none) and each
+    queue's tip."""
     table = []
     cursor = -1
+    tips: dict[tuple[str, int], QueueTip] = {}
     for topic, queue_id in list_queues(store.consumequeue_dir):
         queue = store.consume_queue(topic, queue_id)
         table.append(
@@ -46,8 +50,11 @@ def consume_queue_table(store: Store) -> tuple[list[dict[str, Any]], int]:
                 "maxPhysicalOffset": queue.max_physical_offset,
             }
         )
+        tip = QueueTip.of(queue)
+        if tip is not None:
+            tips[(topic, queue_id)] = tip
         cursor = max(cursor, queue.max_physical_offset)
-    return table, cursor
+    return table, cursor, tips
 
 
 def index_summary(store: Store) -> dict[str, Any]:
@@ -66,7 +73,8 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
     abort/lock state of ``store``."""
     log = store.commitlog
     checkpoint = store.checkpoint()
-    consume_queues, cursor = consume_queue_table(store)
+    consume_queues, cursor, tips = consume_queue_table(store)
+    queue_minima = {(q["topic"], q["queueId"]): q["minOffset"] for q in consume_queues}
     index = index_summary(store)
     dispatch_from = max(cursor, log.min_offset)
     behind_records = 0
@@ -95,7 +103,10 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
         queue_offset = header[H_QUEUE_OFFSET]
         if stats.min_offset is None or queue_offset < stats.min_offset:
             stats.min_offset = queue_offset
-        stats.next_offset = max(stats.next_offset, queue_offset + 1)
+        if offset >= dispatch_from:  # where the broker's dispatch would put it
+            tips[key] = QueueTip.after_put(
+                tips.get(key), queue_offset, offset, header[H_TOTAL_SIZE]
+            )
     segments = log.segments
     data_after_end = [
         segment.name
@@ -107,12 +118,14 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
     end_state = "clean" if scan.stop in (ScanStop.END, ScanStop.BLANK, None) else "invalid"
     topics: dict[str, list[dict[str, Any]]] = {}
     for (topic, queue_id), stats in sorted(queues.items()):
+        tip = tips.get((topic, queue_id))
+        minimum = queue_minima.get((topic, queue_id), stats.min_offset)
         topics.setdefault(topic, []).append(
             {
                 "queueId": queue_id,
                 "messages": stats.messages,
-                "minOffset": stats.min_offset if stats.min_offset is not None else 0,
-                "maxOffset": stats.next_offset,
+                "minOffset": minimum if minimum is not None else 0,
+                "maxOffset": tip.max_offset if tip is not None else 0,
                 "notQueued": stats.not_queued,
             }
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -138,8 +140,15 @@ def test_stdin_input(tmp_path: Path) -> None:
     assert len(read_all(store)) == 51
 
 
+def buffered_env() -> dict[str, str]:
+    """The environment without PYTHONUNBUFFERED: stdout on a pipe is block-buffered, as for a
+    user's shell (an unbuffered test environment would hide acknowledgements left in it)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
 def test_sync_flush_acknowledges_each_line_before_the_next_arrives(tmp_path: Path) -> None:
-    """A producer that waits for each acknowledgement: group commit must not wait for more."""
+    """A producer that waits for each acknowledgement: group commit must not wait for more,
+    and the acknowledgements must not wait in stdout's buffer."""
     store = new_store(tmp_path)
     process = subprocess.Popen(
         [
@@ -157,15 +166,22 @@ def test_sync_flush_acknowledges_each_line_before_the_next_arrives(tmp_path: Pat
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        env=buffered_env(),
     )
     assert process.stdin is not None and process.stdout is not None
-    for index in range(3):
-        process.stdin.write(json.dumps({"topic": "Ack", "body": str(index)}) + "\n")
-        process.stdin.flush()
-        acknowledged = json.loads(process.stdout.readline())  # would hang without the commit
-        assert acknowledged["queueOffset"] == index
-    process.stdin.close()
-    assert process.wait(timeout=60) == 0
+    try:
+        for index in range(3):
+            process.stdin.write(json.dumps({"topic": "Ack", "body": str(index)}) + "\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], 30)
+            assert ready, f"no acknowledgement of message {index} within 30 s"
+            acknowledged = json.loads(process.stdout.readline())
+            assert acknowledged["queueOffset"] == index
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()
 
 
 def bad_case(tmp_path: Path, store: Path, name: str) -> list[str]:
@@ -290,3 +306,116 @@ def test_fast_jsonl_writer_equals_the_json_encoder(capsys: pytest.CaptureFixture
         emit(result)
     lines = capsys.readouterr().out.splitlines()
     assert lines == [json_text(result.to_dict()) for result in results]
+
+
+def clean_store(tmp_path: Path) -> Path:
+    """A store closed cleanly: its messages dispatched, no ``abort``."""
+    store = new_store(tmp_path)
+    assert run_cli("dispatch", store).exit_code == 0
+    assert not (store / "abort").exists()
+    return store
+
+
+@pytest.mark.parametrize("flush", ["async", "sync"])
+def test_a_closed_stdout_keeps_what_was_reported_and_is_not_success(
+    tmp_path: Path, flush: str
+) -> None:
+    """``append --input f --jsonl | head -1``: the message head printed is in the store, and
+    the writer that could not report the rest does not exit 0."""
+    store = clean_store(tmp_path)
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(
+        "".join(json.dumps({"topic": "P", "body": f"m{n}"}) + "\n" for n in range(3000))
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--input", str(lines), "--jsonl",
+         "--flush", flush],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=buffered_env(),
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    first = json.loads(process.stdout.readline())
+    process.stdout.close()  # what head does after its line
+    error = process.stderr.read().decode()
+    code = process.wait(timeout=120)
+    assert code == 4, error
+    assert "standard output was closed" in error and "Traceback" not in error
+    stored = read_all(store)
+    assert first["commitLogOffset"] in {m["commitLogOffset"] for m in stored}
+    assert next(m["body"] for m in stored if m["topic"] == "P") == base64.b64encode(b"m0").decode()
+    # what was stored stays, and the store is sound for the next writer
+    assert run_cli("append", store, "--topic", "P", "--body", "next").exit_code == 0
+
+
+def test_a_failed_append_leaves_a_clean_store_exactly_as_it_was(tmp_path: Path) -> None:
+    store = clean_store(tmp_path)
+    before = tree_digest(store)
+    lines = tmp_path / "in.jsonl"
+    good = json.dumps({"topic": "T", "body": "ok"}) + "\n"
+    lines.write_text(good * 300 + json.dumps({"topic": "bad.topic", "body": "x"}) + "\n")
+    result = run_cli("append", store, "--input", lines, "--jsonl")
+    assert result.exit_code == 2
+    assert "the store is unchanged" in result.stderr
+    assert result.stdout == ""
+    assert not (store / "abort").exists()
+    assert tree_digest(store) == before
+    assert run_cli("verify", store).exit_code == 0
+
+
+def test_a_failed_create_leaves_nothing_behind(tmp_path: Path) -> None:
+    missing = tmp_path / "new"
+    result = run_cli("append", missing, "--create", "--topic", "bad.topic", "--body", "x")
+    assert result.exit_code == 2, result.stderr
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_cli("append", empty, "--create", "--topic", "bad.topic", "--body", "x")
+    assert result.exit_code == 2, result.stderr
+    assert list(empty.iterdir()) == []
+
+
+def test_queue_offsets_come_from_the_consume_queues_not_a_scan_that_stops(
+    tmp_path: Path,
+) -> None:
+    """One corrupt record in the first file: the next message still gets the queue offset
+    after the 200 already queued (the broker's recoverTopicQueueTable), not 2."""
+    store = tmp_path / "store"
+    lines = tmp_path / "in.jsonl"
+    lines.write_text((json.dumps({"topic": "Q", "body": "x" * 100}) + "\n") * 200)
+    created = run_cli(
+        "append", store, "--create", "--commitlog-file-size", "8192", "--input", lines,
+        "--dispatch", "--jsonl",
+    )  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    assert len(list((store / "commitlog").iterdir())) >= 3
+    third = json.loads(created.stdout.splitlines()[2])
+    segment = store / "commitlog" / "00000000000000000000"
+    with open(segment, "r+b") as handle:  # break the magic code of the third record
+        handle.seek(third["commitLogOffset"] + 4)
+        handle.write(b"\x00\x00\x00\x01")
+    result = run_cli("append", store, "--topic", "Q", "--body", "next", "--jsonl")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == 200
+
+
+def test_a_log_that_cannot_be_read_to_its_end_is_refused(tmp_path: Path) -> None:
+    """Without consume queues the offsets come from the whole log; a corrupt record before
+    the valid end makes them unknowable, and the append is refused with nothing changed."""
+    store = tmp_path / "store"
+    lines = tmp_path / "in.jsonl"
+    lines.write_text((json.dumps({"topic": "Q", "body": "x" * 100}) + "\n") * 200)
+    created = run_cli(
+        "append", store, "--create", "--commitlog-file-size", "8192", "--input", lines, "--jsonl"
+    )
+    assert created.exit_code == 0, created.stderr
+    (store / "abort").unlink()
+    third = json.loads(created.stdout.splitlines()[2])
+    with open(store / "commitlog" / "00000000000000000000", "r+b") as handle:
+        handle.seek(third["commitLogOffset"] + 4)
+        handle.write(b"\x00\x00\x00\x01")
+    before = tree_digest(store)
+    result = run_cli("append", store, "--topic", "Q", "--body", "next")
+    assert result.exit_code == 2
+    assert "cannot be read" in result.stderr and "next queue offsets are unknown" in result.stderr
+    assert tree_digest(store) == before

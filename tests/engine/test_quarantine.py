@@ -1,0 +1,161 @@
+"""The quarantine keeps every byte it is given: unique places by construction (store-relative
+paths), an atomic manifest, and directories made durable before a source byte changes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.consumequeue import list_queues
+from rmqstore.dispatch import Dispatcher
+from rmqstore.errors import StoreFormatError
+from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.quarantine import Quarantine
+from rmqstore.record import Message
+from rmqstore.recovery import apply_recovery, plan_recovery
+from rmqstore.store import Store
+
+CONFIG = StoreConfig(
+    commitlog_file_size=64 * 1024, consumequeue_file_size=40, index_slots=8, index_entries=32
+)
+
+
+def two_topics_with_a_torn_tail(root: Path) -> int:
+    """Topics A and B, both with queue 0 and four 2-unit consume-queue files (7 units each);
+    then the log loses its last four records (as if never written) while the queues keep
+    pointing at them. Returns the new end of the log."""
+    with Store.open_write(root, CONFIG, create=True) as store:
+        appender = store.appender(uniq_keys=UniqKeyGenerator())
+        results = appender.append_many(
+            [Message(topic="AB"[n % 2], body=b"x" * 50) for n in range(14)]
+        )
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    cut = results[-4].physical_offset
+    segment = root / "commitlog" / "00000000000000000000"
+    with open(segment, "r+b") as handle:
+        handle.seek(cut)
+        handle.write(bytes(results[-1].physical_offset + results[-1].store_size - cut))
+    (root / "abort").touch()
+    return cut
+
+
+def test_same_named_queue_files_of_two_topics_are_both_kept(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    end = two_topics_with_a_torn_tail(root)
+    originals = {p: p.read_bytes() for p in (root / "consumequeue").rglob("*") if p.is_file()}
+    assert {q for q in list_queues(root / "consumequeue")} == {("A", 0), ("B", 0)}
+
+    with Store.open_write(root, CONFIG) as store:
+        plan = plan_recovery(store)
+        result = apply_recovery(store, plan)
+
+    assert plan.log_end == end
+    moved = [m.path for m in plan.moves if "consumequeue" in m.path.parts]
+    cut = [c.path for c in plan.cuts if "consumequeue" in c.path.parts]
+    # both topics lose a whole file of the same name, and both are cut in another one
+    assert sorted(str(p.relative_to(root)) for p in moved) == [
+        "consumequeue/A/0/00000000000000000120",
+        "consumequeue/B/0/00000000000000000120",
+    ]
+    assert sorted(p.name for p in cut) == ["00000000000000000080"] * 2
+    assert result.quarantine is not None
+    manifest = json.loads((result.quarantine / "manifest.json").read_text())
+    pieces = manifest["pieces"]
+    assert len(pieces) == len(plan.cuts) + len(plan.moves)
+    places = [piece.get("copy") or piece["moved"] for piece in pieces]
+    assert len(set(places)) == len(places)  # no piece overwrote another
+    for piece in pieces:
+        source = Path(piece["file"])
+        if source not in originals:
+            continue
+        saved = (result.quarantine / (piece.get("copy") or piece["moved"])).read_bytes()
+        if "copy" in piece:
+            assert saved == originals[source][piece["start"] : piece["end"]]
+        else:
+            assert saved == originals[source]
+            assert not source.exists()
+    assert not list(result.quarantine.glob(".manifest.json*"))  # no temporary left
+
+
+def test_pieces_keep_their_store_relative_place(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    (root / "consumequeue" / "A" / "0").mkdir(parents=True)
+    (root / "consumequeue" / "B" / "0").mkdir(parents=True)
+    for topic in "AB":
+        (root / "consumequeue" / topic / "0" / "00000000000000000000").write_bytes(
+            topic.encode() * 40
+        )
+    quarantine = Quarantine.create(root, "test")
+    a = quarantine.cut_region(
+        root / "consumequeue" / "A" / "0" / "00000000000000000000", 20, 40, "a"
+    )
+    b = quarantine.move_path(root / "consumequeue" / "B" / "0" / "00000000000000000000", "b")
+    assert a == quarantine.directory / "consumequeue/A/0/00000000000000000000.20-40.bin"
+    assert a.read_bytes() == b"A" * 20
+    assert b == quarantine.directory / "consumequeue/B/0/00000000000000000000"
+    assert b.read_bytes() == b"B" * 40
+    # the same place asked for twice in one operation gets a second name
+    (root / "consumequeue" / "B" / "0" / "00000000000000000000").write_bytes(b"again")
+    again = quarantine.move_path(root / "consumequeue" / "B" / "0" / "00000000000000000000", "c")
+    assert again != b and again.read_bytes() == b"again" and b.read_bytes() == b"B" * 40
+
+
+def test_directories_are_durable_before_a_source_byte_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every directory made for the copy, and the quarantine folders themselves, are fsynced
+    in their parents before the source is zeroed."""
+    root = tmp_path / "s"
+    source = root / "consumequeue" / "A" / "0" / "00000000000000000000"
+    source.parent.mkdir(parents=True)
+    source.write_bytes(b"z" * 40)
+    events: list[tuple[str, str]] = []
+    import rmqstore.quarantine as quarantine_module
+    import rmqstore.segments as segments_module
+
+    real_fsync_directory = segments_module.fsync_directory
+    real_pwrite = os.pwrite
+
+    def recording_fsync_directory(directory: Path) -> None:
+        events.append(("fsync-dir", str(Path(directory).relative_to(tmp_path))))
+        real_fsync_directory(directory)
+
+    def recording_pwrite(fd: int, data: bytes, offset: int) -> int:
+        events.append(("pwrite", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(segments_module, "fsync_directory", recording_fsync_directory)
+    monkeypatch.setattr(quarantine_module, "fsync_directory", recording_fsync_directory)
+    monkeypatch.setattr(quarantine_module.os, "pwrite", recording_pwrite)
+
+    quarantine = Quarantine.create(root, "cut")
+    quarantine.cut_region(source, 20, 40, "test")
+
+    first_write = events.index(("pwrite", str(source)))
+    synced = {name for kind, name in events[:first_write] if kind == "fsync-dir"}
+    folder = str(quarantine.directory.relative_to(tmp_path))
+    assert {
+        "s",  # quarantine/ made in the store root
+        "s/quarantine",  # the operation's folder
+        folder,
+        f"{folder}/consumequeue",
+        f"{folder}/consumequeue/A",
+        f"{folder}/consumequeue/A/0",  # the copy and the manifest
+    } <= synced
+
+
+def test_a_quarantine_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    root.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "quarantine").symlink_to(outside)
+    with pytest.raises(StoreFormatError, match="symbolic link"):
+        Quarantine.create(root, "recover")
+    assert not any(outside.iterdir())
