@@ -178,8 +178,13 @@ def command(
     start.
 
     Prints per message: msgId, commitLogOffset, queueOffset, storeSize (also topic, queueId,
-    storeTimestamp in JSON). On any error nothing is appended (with --flush sync: nothing
-    after the last reported message). Takes the store's lock; refuses a store a broker holds.
+    storeTimestamp in JSON), only once it is durable: --flush async prints everything after
+    the whole input is appended and flushed, and on any error before that nothing is appended
+    (a failed --create leaves no store); --flush sync prints each group as soon as it is
+    fsynced (stdout flushed after each group), and an error keeps what was printed. A closed
+    stdout ends the command with exit 4, keeping what is stored. Queue offsets continue the
+    consume queues' (and the undispatched records after them). Takes the store's lock;
+    refuses a store a broker holds.
     """
     sources = [
         name

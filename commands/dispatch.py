@@ -35,7 +35,7 @@ from rmqstore.dispatch import (
 )
 from rmqstore.errors import ExitCode
 from rmqstore.spark.rebuild import rebuild_in_workers
-from rmqstore.store import Store
+from rmqstore.store import INDEX_GEOMETRY, QUEUE_GEOMETRY, Store
 
 
 @click.command("dispatch")
@@ -69,7 +69,10 @@ from rmqstore.store import Store
     help="Stop after N records (resume later by running dispatch again).",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Only show what would be done; exit 1 when there is work to do."
+    "--dry-run",
+    is_flag=True,
+    help="Only show what would be done; exit 1 when there is work to do. Opens the store "
+    "read-only: no lock taken, nothing written.",
 )
 @click.option("--yes", is_flag=True, help="Do not ask before --rebuild (for scripts).")
 @engine_options(default="local")
@@ -120,7 +123,12 @@ def command(
     if dry_run:
         return _dry_run(store, config, rebuild, topics, build_index, from_offset, as_json)
     result: DispatchResult | None = None
-    with Store.open_write(store, config) as opened:
+    replacing = frozenset()
+    if rebuild:  # the rebuilt files may take sizes other than the ones they replace
+        replacing = (INDEX_GEOMETRY if build_index else frozenset()) | (
+            frozenset() if topics else QUEUE_GEOMETRY
+        )
+    with Store.open_write(store, config, replacing=replacing) as opened:
         document: dict = {}
         plan = None
         if rebuild:

@@ -98,9 +98,10 @@ def cli() -> None:
     byte-compatible with RocketMQ 4.x and 5.x brokers; no broker needs to run.
 
     Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
-    not a store, corrupt or unreadable input, aborted at a prompt, or --engine spark without
-    Java 17+ and pyspark); 3 store busy (its lock is held, e.g. by a running broker); 4 I/O
-    failure (disk full, permission); 70 internal error.
+    not a store, corrupt or unreadable input, aborted at a prompt, --engine spark without
+    Java 17+ and pyspark, or a missing optional module); 3 store busy (its lock is held, e.g.
+    by a running broker); 4 I/O failure (disk full, permission, or a writer's stdout closed
+    while it reported what it stored); 70 internal error.
     """
 
 

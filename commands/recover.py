@@ -34,7 +34,7 @@ from rmqstore.store import Store
     "--dry-run",
     is_flag=True,
     help="Only show the plan; exit 1 when there is work to do (a crash to recover from, "
-    "bytes or files to cut).",
+    "bytes or files to cut). Opens the store read-only: no lock taken, nothing written.",
 )
 @click.option("--yes", is_flag=True, help="Do not ask before cutting (for scripts).")
 @store_config_options

@@ -68,9 +68,9 @@ from rmqstore.record import (
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
-    fsync_directory,
     map_readonly,
     map_writable,
+    sync_directory,
 )
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 
@@ -342,13 +342,6 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except OSError as exc:
         raise StoreIOError(f"cannot remove {path}: {exc.strerror}") from None
-
-
-def _sync_directory(directory: Path) -> None:
-    try:
-        fsync_directory(directory)
-    except OSError as exc:
-        raise StoreIOError(f"cannot flush {directory}: {exc.strerror}") from None
 
 
 def page_releaser(buf: Any, start: int) -> Callable[[int], None] | None:
@@ -808,7 +801,7 @@ class CommitLogAppender:
             else:
                 self._zero(segment, 0)
         if removed:
-            _sync_directory(self.log.directory)
+            sync_directory(self.log.directory)
         segment = self.log.queue.find(savepoint.offset)
         if segment is None:  # the savepoint was the very start of a new file
             segment = self._create(savepoint.offset - savepoint.offset % self.file_size)

@@ -20,7 +20,7 @@ from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.errors import StoreIOError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.record import H_STORE_TIMESTAMP
-from rmqstore.segments import fsync_directory
+from rmqstore.segments import sync_directory
 from rmqstore.store import Store
 
 
@@ -79,8 +79,8 @@ def _sync_tree(store: Store) -> tuple[int, int]:
             subdirectories[:] = [
                 name for name in subdirectories if not (Path(directory) / name).is_symlink()
             ]
-            _fsync_directory(Path(directory))
-    _fsync_directory(store.root)
+            sync_directory(Path(directory))
+    sync_directory(store.root)
     return files, size
 
 
@@ -94,13 +94,6 @@ def _fsync(path: Path) -> int:
             os.close(fd)
     except OSError as exc:
         raise StoreIOError(f"cannot flush {path}: {exc.strerror}") from None
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fsync_directory(directory)
-    except OSError as exc:
-        raise StoreIOError(f"cannot flush {directory}: {exc.strerror}") from None
 
 
 def _queues(store: Store) -> list[ConsumeQueue]:

@@ -190,6 +190,14 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def sync_directory(directory: Path) -> None:
+    """:func:`fsync_directory`, an operating-system failure reported as a StoreIOError."""
+    try:
+        fsync_directory(directory)
+    except OSError as exc:
+        raise StoreIOError(f"cannot flush {directory}: {exc.strerror}") from None
+
+
 def map_readonly(path: Path) -> mmap.mmap | bytes:
     """Map a file read-only (ACCESS_READ); an empty file maps to ``b""``."""
     try:

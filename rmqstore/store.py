@@ -20,6 +20,8 @@ from rmqstore.commitlog import CommitLog, CommitLogAppender, LogEnd
 from rmqstore.config import (
     DEFAULT_COMMITLOG_FILE_SIZE,
     DEFAULT_CONSUMEQUEUE_FILE_SIZE,
+    DEFAULT_INDEX_ENTRIES,
+    DEFAULT_INDEX_SLOTS,
     StoreConfig,
 )
 from rmqstore.consumequeue import ConsumeQueue, QueueTip, list_queues
@@ -171,12 +173,19 @@ class Store:
 
     @classmethod
     def open_write(
-        cls, root: Path | str, config: StoreConfig | None = None, *, create: bool = False
+        cls,
+        root: Path | str,
+        config: StoreConfig | None = None,
+        *,
+        create: bool = False,
+        replacing: frozenset[str] = frozenset(),
     ) -> Store:
         """Open a store for writing with its lock held; ``create`` makes a new, empty store in
         a missing or empty directory. Everything the store says about itself (``abort``, file
         sizes, the valid end) is read only once the lock is held, so a writer that crashed
-        just before cannot make a crashed store look clean."""
+        just before cannot make a crashed store look clean. ``replacing``: the geometry
+        fields (StoreConfig names) whose files the caller replaces whole (a rebuild), so a
+        size given for them may differ from the remembered one."""
         path = Path(root)
         creation = _check_store_root(path, create=create, config=config, writing=True)
         lock = StoreLock(path / LOCK_FILE)
@@ -189,13 +198,12 @@ class Store:
         store: Store | None = None
         try:
             given = config or StoreConfig()
-            store = cls(path, _resolve_geometry(path, given), writable=True)
+            store = cls(path, _resolve_geometry(path, given, replacing), writable=True)
             store._lock = lock
             store._creation = creation
             store._given_config = given
             if creation is not None:
                 make_directories(store.commitlog_dir)
-                _remember_geometry(path, given, store.config, created=True)
             store.commitlog  # noqa: B018 - load and check the commit log files now
         except BaseException:
             if store is not None:
@@ -340,7 +348,6 @@ class Store:
         self._require_writable()
         if self._writing:
             return
-        _remember_geometry(self.root, self._given_config, self.config, created=False)
         if not self.abort_path.exists():
             try:
                 self.abort_path.touch()
@@ -479,6 +486,10 @@ class Store:
                     )
             if self._writing:
                 self._settle_abort(appended, end_offset)
+            if not failed and (self._writing or self._creation is not None):
+                _remember_geometry(
+                    self.root, self._given_config, self.config, created=self._creation is not None
+                )
         finally:
             if self._commitlog is not None:
                 self._commitlog.close()
@@ -605,30 +616,40 @@ def _check_store_root(
 
 
 _REMEMBERED = f"the store's {CONFIG_DIR}/{GEOMETRY_FILE}"
+_INDEX_DEFAULTS = {"index_slots": DEFAULT_INDEX_SLOTS, "index_entries": DEFAULT_INDEX_ENTRIES}
+INDEX_GEOMETRY = frozenset(_INDEX_DEFAULTS)
+QUEUE_GEOMETRY = frozenset({"consumequeue_file_size"})
 
 
 def _given_geometry(config: StoreConfig) -> dict[str, int]:
-    """The sizes an option or ``--broker-config`` said (not defaults, not inferred)."""
+    """The sizes the caller said (an option, ``--broker-config``, or a StoreConfig built with
+    them), not defaults: file sizes that are set, index counts named in the sources or
+    other than RocketMQ's defaults."""
     given = {}
     for name in GEOMETRY_KEYS:
         value = getattr(config, name)
-        if value is not None and name in config.sources:
+        default = _INDEX_DEFAULTS.get(name)
+        if value is not None and (name in config.sources or value != default):
             given[name] = value
     return given
 
 
-def _resolve_geometry(root: Path, config: StoreConfig) -> StoreConfig:
+def _resolve_geometry(
+    root: Path, config: StoreConfig, replacing: frozenset[str] = frozenset()
+) -> StoreConfig:
     """Fill unset file sizes from the store's remembered geometry, else existing files, else
-    RocketMQ's defaults. A size given that contradicts the remembered one is refused."""
+    RocketMQ's defaults. A size given that contradicts the remembered one is refused, but
+    for files being replaced whole (``replacing``)."""
     remembered = read_geometry(root)
     values: dict[str, int] = {}
     sources = dict(config.sources)
     given = _given_geometry(config)
     for name, value in remembered.items():
-        if name in given and given[name] != value:
+        if name in given and given[name] != value and name not in replacing:
             raise InputError(
-                f"{GEOMETRY_KEYS[name]} is {given[name]} by {sources[name]}, but the store was "
-                f"made with {value} ({_REMEMBERED}); files of another size would not load"
+                f"{GEOMETRY_KEYS[name]} is {given[name]} by {sources.get(name, 'the caller')}, "
+                f"but the store was made with {value} ({_REMEMBERED}); files of another size "
+                "would not load"
             )
         if name not in given:
             values[name] = value
@@ -657,13 +678,12 @@ def _resolve_geometry(root: Path, config: StoreConfig) -> StoreConfig:
 def _remember_geometry(
     root: Path, given: StoreConfig, resolved: StoreConfig, *, created: bool
 ) -> None:
-    """Record the sizes with the store: all of them when it is new, else the ones an option
-    gave that it did not remember yet."""
+    """Record with the store, once a writer finished with it, the sizes the caller gave that
+    it did not remember yet, and for a new store the commit-log file size it was made with.
+    Sizes nobody gave stay free: no file of theirs exists yet to contradict."""
     remembered = read_geometry(root)
-    wanted = dict(remembered)
+    wanted = {**remembered, **_given_geometry(given)}
     if created:
-        wanted.update({name: getattr(resolved, name) for name in GEOMETRY_KEYS})
-    else:
-        wanted.update(_given_geometry(given))
+        wanted["commitlog_file_size"] = resolved.commitlog_file_size
     if wanted != remembered:
         write_geometry(root, wanted)

@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -193,6 +195,31 @@ def check_against_broker(rows: list[dict], manifest: dict) -> None:
         row = by_offset[offset]
         assert dict(row["properties"]) == decode_properties(put["propertiesString"])
         assert row["msgId"] == put["msgId"] and row["bodyCRC"] == put["bodyCRC"]
+
+
+@contextmanager
+def lock_held_elsewhere(lock_file: Path) -> Iterator[None]:
+    """Another process holds the store lock as a broker's JVM does: a POSIX record lock on
+    byte 0 of ``lock``, for the duration of the block."""
+    import subprocess
+    import sys
+
+    code = (
+        "import fcntl,sys; f=open(sys.argv[1],'r+'); "
+        "fcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB, 1, 0); print('ok', flush=True); "
+        "sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(lock_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
+        yield
+    finally:
+        holder.communicate("", timeout=30)
 
 
 def square_and_pid(value: int) -> tuple[int, int]:

@@ -10,7 +10,7 @@ import pytest
 
 from rmqstore.properties import split_keys
 
-from support import ORACLE_OPTIONS, manifest_dump, run_cli, tree_digest
+from support import ORACLE_OPTIONS, lock_held_elsewhere, manifest_dump, run_cli, tree_digest
 
 
 def rebuilt(oracle, name: str, tmp_path: Path) -> Path:
@@ -277,3 +277,59 @@ def test_bad_reads(oracle, args: list[str], needle: str) -> None:
     result = run_cli("read", oracle("s1_multi").store, *args)
     assert result.exit_code == 2
     assert needle in result.stderr
+
+
+def tree_state(root: Path) -> dict[str, tuple[int, str]]:
+    """Every path under ``root`` with its mtime and contents' digest."""
+    import hashlib
+
+    return {
+        str(path.relative_to(root)): (
+            path.stat().st_mtime_ns,
+            hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir",
+        )
+        for path in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("command", [["dispatch", "--dry-run"], ["recover", "--dry-run"],
+                                     ["dispatch", "--rebuild", "--dry-run"]])  # fmt: skip
+def test_a_dry_run_opens_nothing_for_writing(oracle, tmp_path: Path, command: list[str]) -> None:
+    """No byte, no mtime, no lock file changes; an index file with an all-zero header keeps
+    its zero indexCount (a writable open used to rewrite it as 1)."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    (store / "lock").unlink()
+    index_file = sorted((store / "index").iterdir())[-1]
+    with open(index_file, "r+b") as handle:
+        handle.write(bytes(40))
+    (store / "abort").touch()
+    import time
+
+    before = tree_state(store)
+    time.sleep(0.02)
+    result = run_cli(command[0], store, *command[1:], *ORACLE_OPTIONS)
+    assert result.exit_code in (0, 1), result.stderr
+    assert tree_state(store) == before
+    assert not (store / "lock").exists()
+
+
+def test_a_dry_run_of_a_held_store_is_busy(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    with lock_held_elsewhere(store / "lock"):
+        for command in (["dispatch", "--dry-run"], ["recover", "--dry-run"]):
+            result = run_cli(command[0], store, *command[1:], *ORACLE_OPTIONS)
+            assert result.exit_code == 3, result.stderr
+
+
+def test_a_missing_optional_module_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    store = tmp_path / "s"
+    assert run_cli("append", store, "--create", "--topic", "T", "--body", "x").exit_code == 0
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    result = run_cli("export", store, "--to", tmp_path / "out", "--engine", "local")
+    assert result.exit_code == 2, result.stderr
+    assert "optional module pyarrow" in result.stderr and "internal error" not in result.stderr

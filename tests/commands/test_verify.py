@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
-from support import ORACLE_OPTIONS, run_cli
+from support import ORACLE_OPTIONS, lock_held_elsewhere, run_cli
 
 
 def test_sound_store_exits_0_with_the_documented_json(oracle) -> None:
@@ -56,22 +54,8 @@ def test_commitlog_only_and_topic_selection(oracle) -> None:
 
 def test_a_store_held_by_a_broker_is_verified_with_a_warning(oracle, tmp_path: Path) -> None:
     store = oracle("s1_multi").copy_to(tmp_path)
-    code = (
-        "import fcntl,sys; f=open(sys.argv[1],'r+'); "
-        "fcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB, 1, 0); print('ok', flush=True); "
-        "sys.stdin.read()"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(store / "lock")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
+    with lock_held_elsewhere(store / "lock"):
         result = run_cli("verify", store, *ORACLE_OPTIONS)
-    finally:
-        holder.communicate("", timeout=30)
     assert result.exit_code == 0
     assert "locked" in result.stderr
 

@@ -274,3 +274,15 @@ def test_round_trip_any_message(
     scan = RegionScan(record + bytes(8), 0, len(record) + 8, physical_offset, check_crc=True)
     (item,) = list(scan)
     assert item[0] == physical_offset and item[2] == topic and item[4] is True
+
+
+def test_an_empty_body_has_no_crc_to_check() -> None:
+    """The broker checks BODYCRC only when the body is not empty: a record with an empty
+    body and any stored BODYCRC is valid, for decode_message as for the scan."""
+    message = Message(topic="T", body=b"", properties_bytes=b"A\x01b\x02")
+    record = bytearray(encode_record(message))
+    record[8:12] = (12345).to_bytes(4, "big")  # BODYCRC of nothing is 0; the broker ignores it
+    decoded = decode_message(bytes(record), physical_offset=0, body=BodyMode.VERIFY)
+    assert decoded.body == b"" and decoded.body_crc == 12345
+    scan = RegionScan(bytes(record) + bytes(8), 0, len(record) + 8, 0, True)
+    assert [crc_ok for *_, crc_ok in scan] == [True]

@@ -24,7 +24,7 @@ from rmqstore.recovery import apply_recovery, plan_recovery
 from rmqstore.store import Store
 from rmqstore.verify import NOTE, verify_store
 
-from support import ORACLE_CONFIG, tree_digest
+from support import ORACLE_CONFIG, run_cli, tree_digest
 
 CRASHES = ["torn-tail", "crc-flip", "garbage-after-end", "abort-left"]
 
@@ -197,3 +197,67 @@ def test_a_missing_commit_log_file_is_a_warning(tmp_path: Path) -> None:
     with Store.open_write(out) as store:
         plan = plan_recovery(store)
     assert any("missing" in warning for warning in plan.warnings)
+
+
+def crc_property_store(root: Path, *, last_without_crc: bool) -> list[int]:
+    """Five records with the 5.x __CRC32# property (enabledAppendPropCRC); the last one
+    either without it or with its born time changed after the CRC was written. Returns the
+    offsets. The body CRCs all stay right."""
+    with Store.open_write(root, StoreConfig(commitlog_file_size=65536, append_prop_crc=True),
+                          create=True) as store:  # fmt: skip
+        appender = store.appender(uniq_keys=UniqKeyGenerator())
+        offsets = [r.physical_offset for r in appender.append_many(
+            [Message(topic="T", body=b"body") for _ in range(4)])]  # fmt: skip
+    config = StoreConfig(commitlog_file_size=65536, append_prop_crc=not last_without_crc)
+    with Store.open_write(root, config) as store:
+        offsets.append(store.appender(uniq_keys=UniqKeyGenerator()).append(
+            Message(topic="T", body=b"body")).physical_offset)  # fmt: skip
+    if not last_without_crc:
+        with open(root / "commitlog" / "00000000000000000000", "r+b") as handle:
+            handle.seek(offsets[-1] + 47)  # the last byte of BORNTIMESTAMP
+            byte = handle.read(1)[0]
+            handle.seek(offsets[-1] + 47)
+            handle.write(bytes([byte ^ 1]))
+    (root / "abort").touch()
+    return offsets
+
+
+@pytest.mark.parametrize("last_without_crc", [False, True])
+def test_forced_property_crc_ends_the_log_at_a_record_it_rejects(
+    tmp_path: Path, last_without_crc: bool
+) -> None:
+    """5.x forceVerifyPropCRC=true: crash recovery treats a record whose __CRC32# does not
+    match, or that has none, as the end of the valid log (spec §2.6, §10)."""
+    forced = tmp_path / "forced"
+    offsets = crc_property_store(forced, last_without_crc=last_without_crc)
+    lenient = tmp_path / "lenient"
+    crc_property_store(lenient, last_without_crc=last_without_crc)
+
+    config = StoreConfig(force_verify_prop_crc=True)
+    plan, _result = recovered(forced, config)
+    assert plan.log_end == offsets[-1]
+    assert "__CRC32#" in (plan.stopped_by or "")
+    with Store.open_read(forced, config) as store:
+        assert sum(1 for _ in store.commitlog.scan()) == 4
+
+    plan, _result = recovered(lenient)  # forceVerifyPropCRC=false: the record stays
+    assert plan.log_end > offsets[-1]
+    with Store.open_read(lenient) as store:
+        assert sum(1 for _ in store.commitlog.scan()) == 5
+
+
+def test_a_truncated_consume_queue_gets_back_what_the_broker_re_dispatches(
+    tmp_path: Path,
+) -> None:
+    """cq-truncated: a restart dispatches from where the consume queues end, so only the
+    lost records after that point come back (the manifest says which)."""
+    out = tmp_path / "cq"
+    manifest = generate("cq-truncated", out, FixtureOptions())
+    expected = manifest["expect"]["recovery"]
+    plan, _result = recovered(out)
+    assert plan.log_end == expected["validEnd"]
+    assert queue_maxima(out) == expected["queueMaxOffsets"]
+    info = json.loads(run_cli("info", out, "--json").stdout)
+    shown = {f"{t['topic']}:{q['queueId']}": q["maxOffset"] for t in info["topics"]
+             for q in t["queues"] if q["maxOffset"]}  # fmt: skip
+    assert shown == expected["queueMaxOffsets"]  # info's maxima are the consume queues'

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from rmqstore.record import Message
 from rmqstore.store import Store
 from rmqstore.summary import summarize
 
-from support import ORACLE_CONFIG, tree_digest
+from support import ORACLE_CONFIG, lock_held_elsewhere, tree_digest
 
 LOCK_HOLDER_JAVA = """
 import java.io.RandomAccessFile;
@@ -116,23 +115,8 @@ def test_two_writers_in_one_process_exclude_each_other(tmp_path: Path) -> None:
 
 def test_a_python_process_holding_a_posix_lock_is_seen(tmp_path: Path) -> None:
     Store.open_write(tmp_path / "s", create=True).close()
-    code = (
-        "import fcntl,sys,time; f=open(sys.argv[1],'r+'); "
-        "fcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB, 1, 0); print('ok', flush=True); "
-        "sys.stdin.read()"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code, str(tmp_path / "s" / "lock")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
-        with pytest.raises(StoreBusyError):
-            Store.open_write(tmp_path / "s")
-    finally:
-        holder.communicate("", timeout=30)
+    with lock_held_elsewhere(tmp_path / "s" / "lock"), pytest.raises(StoreBusyError):
+        Store.open_write(tmp_path / "s")
 
 
 def test_abort_is_kept_until_consume_queues_catch_up(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from rmqstore.fixtures import generate
 from rmqstore.properties import encode_properties
 from rmqstore.record import Message, encode_blank, encode_record
 from rmqstore.spark.rebuild import rebuild_in_workers
-from rmqstore.store import Store
+from rmqstore.store import INDEX_GEOMETRY, QUEUE_GEOMETRY, Store
 
 from support import ORACLE_CONFIG, tree_digest
 
@@ -38,7 +38,8 @@ def rebuild(
     progress: list[int] | None = None,
 ) -> dict:
     """Rebuild in one walk here (``workers`` None) or with the ranges read by workers."""
-    with Store.open_write(store_dir, config) as store:
+    replacing = INDEX_GEOMETRY | QUEUE_GEOMETRY if topics is None else frozenset()
+    with Store.open_write(store_dir, config, replacing=replacing) as store:
         plan = plan_rebuild(store, topics=topics, rebuild_index=topics is None)
         apply_rebuild(store, plan)
         if workers is None:
