@@ -6,14 +6,15 @@ import hashlib
 
 import pytest
 
-from rmqstore.commitlog import CommitLog
+from rmqstore.commitlog import CommitLog, maps_waiting_to_close
 from rmqstore.config import StoreConfig
 from rmqstore.properties import decode_properties
 from rmqstore.reader import MessageReader
 from rmqstore.record import BodyMode, ScanStop
 from rmqstore.store import Store
+from rmqstore.verify import verify_store
 
-from support import ORACLE_STORES, manifest_dump
+from support import ORACLE_CONFIG, ORACLE_STORES, manifest_dump
 
 WITH_PUTS = sorted(name for name in ORACLE_STORES if not name.startswith("s4_"))
 
@@ -103,3 +104,14 @@ def test_valid_end_uses_recovery_rules_on_the_crashed_store(oracle) -> None:
         end = store.log_end()
     assert end.offset == crash.manifest["lastValidEnd"]
     assert end.error is not None
+
+
+def test_every_map_is_closed_after_reads_and_a_verify(oracle) -> None:
+    """A map whose close had to wait for a view is closed once the view is gone: none is left
+    waiting after whole-store reads and a verify."""
+    with Store.open_read(oracle("s1_multi").store, StoreConfig(**ORACLE_CONFIG)) as store:
+        reader = MessageReader(store)
+        for offset, *_ in store.commitlog.scan():
+            reader.by_offset(offset)
+        verify_store(store)
+    assert maps_waiting_to_close() == 0
