@@ -248,7 +248,7 @@ def _run_job(
     prepare: Callable[[Message], object],
 ) -> None:
     if input_path is None:
-        payload = body.encode("utf-8") if body is not None else _read_file(body_file)
+        payload = _body_bytes(body) if body is not None else _read_file(body_file)
         message = build_message({}, defaults, "options")
         message.body = payload
         job.run([message])
@@ -262,6 +262,14 @@ def _run_job(
         with _open_input(path) as stream:
             lines = read_lines(stream, on_idle=job.commit)
             job.run(messages_from_lines(lines, defaults, str(path)))
+
+
+def _body_bytes(body: str) -> bytes:
+    """``--body`` as bytes: bytes the shell passed that are not UTF-8 are kept as given."""
+    try:
+        return body.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise InputError("options: body is not valid text (a lone surrogate)") from None
 
 
 def _flush_stdout() -> None:

@@ -80,7 +80,7 @@ def command(
         total = max(1, plan.log_end - opened.commitlog.min_offset)
         with progress_bar("dispatching", total, not no_progress) as update:
             result = apply_recovery(opened, plan, progress=_relative(opened, update))
-    abort_removed = not opened.abort_path.exists()
+    abort_removed = not opened.aborted
     for text in opened.notes:
         note(text)
     for problem in [*plan.warnings, *result.dispatch.problems]:

@@ -88,6 +88,18 @@ def _integer(value: object, name: str, bounds: tuple[int, int], where: str) -> i
 def _text(value: object, name: str, where: str) -> str:
     if not isinstance(value, str):
         raise InputError(f"{where}: {name} must be a string, not {json.dumps(value)}")
+    return _unicode(value, name, where)
+
+
+def _unicode(value: str, name: str, where: str) -> str:
+    """``value`` when it can be stored as UTF-8: not a lone surrogate (JSON's ``"\ud800"``),
+    not undecodable bytes from the command line."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"{where}: {name} is not valid text (a lone surrogate, or bytes that are not UTF-8)"
+        ) from None
     return value
 
 
@@ -127,8 +139,14 @@ def build_message(document: dict[str, Any], defaults: MessageDefaults, where: st
         ):
             raise InputError(f"{where}: properties must be an object of string values")
         properties.update(extra)
+    for key, text in properties.items():
+        _unicode(key, "a property name", where)
+        _unicode(text, f"property {key}", where)
     tags = defaults.tags if (value := get("tags")) is None else _text(value, "tags", where)
     keys = defaults.keys if (value := get("keys")) is None else _text(value, "keys", where)
+    for name, text in (("topic", topic), ("tags", tags), ("keys", keys)):
+        if text is not None:
+            _unicode(text, name, where)
     if tags:
         properties[TAGS] = tags
     if keys:

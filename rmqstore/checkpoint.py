@@ -72,17 +72,28 @@ class Checkpoint:
 
 
 def read_checkpoint(path: Path) -> Checkpoint | None:
-    """The checkpoint, or None when the file does not exist (which a broker reads as zeros)."""
+    """The checkpoint, or None when the file does not exist (which a broker reads as zeros).
+    Only a regular file of the right size is read (a FIFO is not waited on, a huge file is
+    not read)."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
-    if len(data) != CHECKPOINT_FILE_SIZE:
-        raise StoreFormatError(
-            f"{path} is {len(data)} bytes; a checkpoint is {CHECKPOINT_FILE_SIZE}"
-        )
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise StoreFormatError(f"{path} is not a regular file; a checkpoint is")
+        if status.st_size != CHECKPOINT_FILE_SIZE:
+            raise StoreFormatError(
+                f"{path} is {status.st_size} bytes; a checkpoint is {CHECKPOINT_FILE_SIZE}"
+            )
+        data = os.pread(fd, CHECKPOINT_FILE_SIZE, 0)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     return Checkpoint.decode(data)
 
 

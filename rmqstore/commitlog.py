@@ -70,6 +70,7 @@ from rmqstore.segments import (
     SegmentQueue,
     map_readonly,
     map_writable,
+    open_for_writing,
     sync_directory,
 )
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
@@ -511,7 +512,7 @@ class CommitLogAppender:
         target = min(self.file_size, max(end, self._reserved + _RESERVE_CHUNK))
         assert self._segment is not None
         try:
-            fd = os.open(self._segment.path, os.O_RDWR)
+            fd = open_for_writing(self._segment.path)
             try:
                 os.posix_fallocate(fd, self._reserved, target - self._reserved)
             finally:
@@ -757,7 +758,7 @@ class CommitLogAppender:
         current file's dirty range), like a broker flush with leastPages 0."""
         try:
             for path in sorted(self._dirty_files):
-                fd = os.open(path, os.O_RDWR)
+                fd = open_for_writing(path)
                 try:
                     os.fdatasync(fd)
                 finally:

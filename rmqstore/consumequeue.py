@@ -20,9 +20,10 @@ from rmqstore.errors import StoreIOError
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
-    map_readonly,
     map_writable,
     nonzero_extent,
+    open_for_writing,
+    reserve_blocks,
 )
 
 CQ_UNIT_SIZE = 20
@@ -155,7 +156,7 @@ class ConsumeQueue:
         for segment in segments[max(0, len(segments) - 3) :]:
             if segment.start != end:
                 break  # a gap: the queue ends at the previous file
-            data = _read(segment.path)[: self.file_size]  # a wrong-size file: no further
+            data = _read(segment.path, self.file_size)  # a wrong-size file: no further
             valid = 0
             for physical_offset, size, _ in UNIT.iter_unpack(data[: len(data) // 20 * 20]):
                 if not is_valid_unit(physical_offset, size):
@@ -184,7 +185,7 @@ class ConsumeQueue:
             return
         first = segments[0]
         limit = min(self.file_size, self.end - first.start)
-        data = _read(first.path)[: max(limit, 0)]
+        data = _read(first.path, max(limit, 0))
         for index, (physical_offset, _size, _tags) in enumerate(UNIT.iter_unpack(data)):
             if physical_offset >= commitlog_min_offset:
                 self.min_logic_offset = first.start + index * CQ_UNIT_SIZE
@@ -198,7 +199,7 @@ class ConsumeQueue:
         dropped: list[Path] = []
         removed = 0
         for segment in reversed(self.queue.segments):
-            data = _read(segment.path)[: self.file_size]
+            data = _read(segment.path, self.file_size)
             data = data[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
             cut_at = None
             for index, (unit_offset, size, _tags) in enumerate(UNIT.iter_unpack(data)):
@@ -432,6 +433,7 @@ class ConsumeQueue:
     def _writable(self, segment: Segment) -> mmap.mmap:
         if self._write_segment is not segment:
             self._release()
+            reserve_blocks(segment.path, self.file_size)  # a broker's sparse file included
             self._write_map = map_writable(segment.path)
             self._write_segment = segment
             self._write_base = segment.start
@@ -454,7 +456,7 @@ class ConsumeQueue:
             if self._write_segment is not None:  # the fast path of put() does not mark it
                 self._dirty.add(self._write_segment.path)
             for path in sorted(self._dirty):
-                fd = os.open(path, os.O_RDWR)
+                fd = open_for_writing(path)
                 try:
                     os.fdatasync(fd)
                 finally:
@@ -468,13 +470,10 @@ class ConsumeQueue:
         self._release()
 
 
-def _read(path: Path) -> bytes:
-    buf = map_readonly(path)
-    try:
-        return bytes(buf)
-    finally:
-        if isinstance(buf, mmap.mmap):
-            buf.close()
+def _read(path: Path, limit: int) -> bytes:
+    """The first ``limit`` bytes of a queue file at most: a file larger than the configured
+    size (hostile, or another broker's) never costs more memory than one file should."""
+    return _read_range(path, 0, limit)
 
 
 def _leading_valid_units(data: bytes) -> int:

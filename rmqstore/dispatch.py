@@ -162,7 +162,7 @@ class Dispatcher:
         # one pass: the scan itself finds the end as recovery does (CRC checked in the
         # files recovery walks), so the log is not read twice
         check_crc = store.config.check_crc_on_recover and until is None
-        recovery_start = log.recovery_start(store.checkpoint(), store.abort_path.exists())
+        recovery_start = log.recovery_start(store.checkpoint(), store.aborted)
         scan = log.scan(
             start,
             check_crc=check_crc,

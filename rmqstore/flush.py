@@ -59,7 +59,7 @@ def flush_store(store: Store) -> FlushResult:
         index_msg_timestamp=_full_index_end_timestamp(store),
     )
     write_checkpoint(store.checkpoint_path, after)
-    return FlushResult(files, size, end, before, after, store.abort_path.exists())
+    return FlushResult(files, size, end, before, after, store.aborted)
 
 
 def _sync_tree(store: Store) -> tuple[int, int]:

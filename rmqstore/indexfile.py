@@ -15,7 +15,13 @@ from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_string_hash
-from rmqstore.segments import fsync_directory, make_directories, map_readonly, map_writable
+from rmqstore.segments import (
+    fsync_directory,
+    make_directories,
+    map_readonly,
+    map_writable,
+    reserve_blocks,
+)
 
 HEADER_SIZE = 40
 SLOT_SIZE = 4
@@ -111,6 +117,8 @@ class IndexFile:
                 f"entries make {expected}; pass the broker's maxHashSlotNum/maxIndexNum "
                 "(--broker-config or --index-slots/--index-entries)"
             )
+        if writable:
+            reserve_blocks(path, expected)  # a broker's sparse index file included
         buf = map_writable(path) if writable else map_readonly(path)
         header = IndexHeader(*_HEADER.unpack_from(buf, 0))
         if header.index_count <= 0:

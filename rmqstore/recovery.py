@@ -120,7 +120,7 @@ def plan_recovery(store: Store, progress: Callable[[int], None] | None = None) -
     """What recovery would do to ``store``; reads only."""
     end = store.log_end(progress)
     plan = RecoveryPlan(
-        abnormal=store.abort_path.exists(),
+        abnormal=store.aborted,
         log_end=end.offset,
         stopped_by=str(end.error) if end.error else None,
     )

@@ -210,12 +210,41 @@ def map_readonly(path: Path) -> mmap.mmap | bytes:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def map_writable(path: Path) -> mmap.mmap:
+def open_for_writing(path: Path, flags: int = 0) -> int:
+    """A descriptor open for writing on the store's own file ``path``: never through a
+    symbolic link (a link could lead out of the store)."""
     try:
-        with open(path, "r+b") as handle:
-            return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_WRITE)
+        return os.open(path, os.O_RDWR | os.O_NOFOLLOW | flags, 0o644)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StoreFormatError(
+                f"{path} is a symbolic link; rmqstore writes only the store's own files, "
+                "never through a link"
+            ) from None
         raise StoreIOError(f"cannot open {path} for writing: {exc.strerror}") from None
+
+
+def reserve_blocks(path: Path, size: int) -> None:
+    """Allocate disk blocks for the first ``size`` bytes of ``path`` before writing there
+    through a map: a write into a hole of a sparse file on a full disk would otherwise kill
+    the process with SIGBUS instead of failing with an error (exit 4)."""
+    fd = open_for_writing(path)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        raise StoreIOError(f"cannot reserve space in {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def map_writable(path: Path) -> mmap.mmap:
+    fd = open_for_writing(path)
+    try:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE)
+    except OSError as exc:
+        raise StoreIOError(f"cannot map {path} for writing: {exc.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:

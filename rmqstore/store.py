@@ -24,7 +24,7 @@ from rmqstore.config import (
     DEFAULT_INDEX_SLOTS,
     StoreConfig,
 )
-from rmqstore.consumequeue import ConsumeQueue, QueueTip, list_queues
+from rmqstore.consumequeue import CQ_UNIT_SIZE, ConsumeQueue, QueueTip, list_queues
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import (
     InputError,
@@ -47,7 +47,7 @@ from rmqstore.hosts import DEFAULT_STORE_HOST, HostAddress, parse_host
 from rmqstore.indexfile import IndexService, infer_geometry, read_index_headers
 from rmqstore.lockfile import LockState, StoreLock, probe_lock
 from rmqstore.msgid import UniqKeyGenerator
-from rmqstore.quarantine import Quarantine
+from rmqstore.quarantine import QUARANTINE_DIR, Quarantine
 from rmqstore.record import (
     H_QUEUE_ID,
     H_QUEUE_OFFSET,
@@ -59,7 +59,13 @@ from rmqstore.record import (
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
 )
-from rmqstore.segments import fsync_directory, make_directories, nonzero_extent
+from rmqstore.segments import (
+    fsync_directory,
+    make_directories,
+    nonzero_extent,
+    open_for_writing,
+    sync_directory,
+)
 from rmqstore.topics import check_topic_path_safe
 
 COMMITLOG_DIR = "commitlog"
@@ -93,9 +99,10 @@ class Residue:
         return sum(stop - start for _, start, stop in self.pieces)
 
 
-def _infer_file_size(directory: Path, depth: int) -> int | None:
+def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
     """The most common size of the segment files ``depth`` levels below ``directory`` (the
-    first file of each queue). The most common one, so a single damaged file cannot skew it."""
+    first file of each queue), among sizes a broker can configure (a multiple of ``unit``:
+    20 for consume queues). The most common one, so a single damaged file cannot skew it."""
     if not directory.is_dir():
         return None
     frontier = [directory]
@@ -106,7 +113,7 @@ def _infer_file_size(directory: Path, depth: int) -> int | None:
         for entry in sorted(folder.iterdir()):
             if entry.name.isdigit() and len(entry.name) == 20 and entry.is_file():
                 size = entry.stat().st_size
-                if size:
+                if size and size % unit == 0:
                     sizes[size] += 1
                 if depth:
                     break  # one file per queue is enough
@@ -125,7 +132,7 @@ class Store:
         self._lock: StoreLock | None = None
         self._commitlog: CommitLog | None = None
         self._appender: CommitLogAppender | None = None
-        self.abort_existed = self.abort_path.exists()
+        self.abort_existed = self.aborted
         self.dispatched_through: int | None = None  # set by dispatch: consume queues' end
         self.tail_verified = False  # nothing but zeros follows the valid end of the log
         self._writing = False
@@ -138,6 +145,11 @@ class Store:
     @property
     def abort_path(self) -> Path:
         return self.root / ABORT_FILE
+
+    @property
+    def aborted(self) -> bool:
+        """Whether ``abort`` is there (a link named abort counts, even a dangling one)."""
+        return os.path.lexists(self.abort_path)
 
     @property
     def lock_path(self) -> Path:
@@ -202,6 +214,7 @@ class Store:
             store._lock = lock
             store._creation = creation
             store._given_config = given
+            store.refuse_links_out()
             if creation is not None:
                 make_directories(store.commitlog_dir)
             store.commitlog  # noqa: B018 - load and check the commit log files now
@@ -238,6 +251,29 @@ class Store:
             return path.resolve().is_relative_to(self.root.resolve())
         except OSError:
             return False
+
+    def refuse_links_out(self) -> None:
+        """Writers never follow a link out of the store: a store path a writer may write
+        through (its folders, checkpoint, abort, commit-log files) that is a symbolic link
+        leading outside the store is refused before anything is written."""
+        paths = [
+            self.consumequeue_dir,
+            self.index_dir,
+            self.root / QUARANTINE_DIR,
+            self.root / CONFIG_DIR,
+            self.checkpoint_path,
+            self.abort_path,
+        ]
+        if self.config.commitlog_dir is None:  # a configured commit-log folder may be elsewhere
+            paths.append(self.commitlog_dir)
+        if self.commitlog_dir.is_dir():
+            paths.extend(Path(entry.path) for entry in os.scandir(self.commitlog_dir))
+        for path in paths:
+            if path.is_symlink() and not self.inside(path):
+                raise StoreFormatError(
+                    f"{path} is a symbolic link leading out of the store; writers never "
+                    "follow one (put the real file or folder there instead)"
+                )
 
     def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """An existing consume queue, read-only, with its min offset corrected as at load."""
@@ -280,7 +316,7 @@ class Store:
             return self._log_end
         self._log_end = self.commitlog.valid_end(
             check_crc=self.config.check_crc_on_recover,
-            abnormal=self.abort_path.exists(),
+            abnormal=self.aborted,
             checkpoint=self.checkpoint(),
             progress=progress,
             property_crc=self.config.force_verify_prop_crc,
@@ -348,12 +384,9 @@ class Store:
         self._require_writable()
         if self._writing:
             return
-        if not self.abort_path.exists():
-            try:
-                self.abort_path.touch()
-                fsync_directory(self.root)
-            except OSError as exc:
-                raise StoreIOError(f"cannot create {self.abort_path}: {exc.strerror}") from None
+        if not self.aborted:
+            os.close(open_for_writing(self.abort_path, os.O_CREAT | os.O_EXCL))
+            sync_directory(self.root)
         self._writing = True
 
     def residue_after(self, end: LogEnd) -> Residue:
@@ -603,8 +636,8 @@ def _check_store_root(
         raise NotAStoreError(f"{commitlog_dir} is not a directory")
     if commitlog_dir.is_dir() or any((root / marker).exists() for marker in _STORE_MARKERS):
         return None
-    if create and not any(root.iterdir()):
-        return _Creation.IN_EMPTY_ROOT
+    if create and all(entry.name == QUARANTINE_DIR for entry in root.iterdir()):
+        return _Creation.IN_EMPTY_ROOT  # empty, or emptied into its quarantine
     if create:
         raise NotAStoreError(
             f"{root} is not empty and is not a RocketMQ store; refusing to create a store in it"
@@ -659,7 +692,7 @@ def _resolve_geometry(
         values["commitlog_file_size"] = inferred or DEFAULT_COMMITLOG_FILE_SIZE
         sources["commitlog_file_size"] = "existing files" if inferred else "default"
     if config.consumequeue_file_size is None and "consumequeue_file_size" not in values:
-        inferred = _infer_file_size(root / CONSUMEQUEUE_DIR, 2)
+        inferred = _infer_file_size(root / CONSUMEQUEUE_DIR, 2, CQ_UNIT_SIZE)
         values["consumequeue_file_size"] = inferred or DEFAULT_CONSUMEQUEUE_FILE_SIZE
         sources["consumequeue_file_size"] = "existing files" if inferred else "default"
     if not {"index_slots", "index_entries"} & (set(given) | set(values)):

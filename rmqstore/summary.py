@@ -133,7 +133,7 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
     return {
         "store": str(store.root),
         "lock": store.lock_state().value,
-        "abort": store.abort_path.exists(),
+        "abort": store.aborted,
         "checkpoint": checkpoint.to_dict() if checkpoint else None,
         "geometry": {
             "commitLogFileSize": store.commitlog_file_size,

@@ -298,7 +298,7 @@ def rebuild_in_workers(
 
 def crc_checked_from(store: Store) -> int | None:
     """Where a rebuild checks body CRCs from, as recovery would (None: nowhere)."""
-    recovery = store.commitlog.recovery_start(store.checkpoint(), store.abort_path.exists())
+    recovery = store.commitlog.recovery_start(store.checkpoint(), store.aborted)
     return recovery.start if recovery is not None and store.config.check_crc_on_recover else None
 
 

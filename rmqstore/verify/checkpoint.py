@@ -22,7 +22,7 @@ def check_checkpoint_and_abort(
     index: IndexChecks | None,
 ) -> None:
     _check_checkpoint(store, report, facts, queues, index)
-    if store.abort_path.exists():
+    if store.aborted:
         report.add(
             "abort-present",
             "abort",

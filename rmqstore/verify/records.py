@@ -421,7 +421,7 @@ class RecordPass:
         a broker's recovery left (no abort), or whole files of data a broker would delete."""
         if end_segment is None:
             return
-        aborted = self.store.abort_path.exists()
+        aborted = self.store.aborted
         for segment in self.log.segments:
             if segment.start < end_segment.start:
                 continue

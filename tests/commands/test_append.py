@@ -419,3 +419,42 @@ def test_a_log_that_cannot_be_read_to_its_end_is_refused(tmp_path: Path) -> None
     assert result.exit_code == 2
     assert "cannot be read" in result.stderr and "next queue offsets are unknown" in result.stderr
     assert tree_digest(store) == before
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"topic": "T", "body": "\\ud800"}',
+        '{"topic": "T", "tags": "\\udfff", "body": "x"}',
+        '{"topic": "T", "properties": {"k": "\\ud834"}, "body": "x"}',
+    ],
+)
+def test_text_that_is_not_unicode_is_an_input_error(tmp_path: Path, line: str) -> None:
+    store = clean_store(tmp_path)
+    before = tree_digest(store)
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"topic": "T", "body": "fine"}\n' + line + "\n")
+    result = run_cli("append", store, "--input", lines)
+    assert result.exit_code == 2, result.stderr
+    assert "is not valid text" in result.stderr
+    assert tree_digest(store) == before
+
+
+def test_bytes_from_the_shell_that_are_not_utf8(tmp_path: Path) -> None:
+    """A body keeps the bytes it was given; tags, keys and properties must be text."""
+    store = clean_store(tmp_path)
+    base = [sys.executable.encode(), b"-m", b"rmqstore", b"append", bytes(store)]
+    body = subprocess.run(
+        [*base, b"--topic", b"T", b"--body", b"caf\xe9", b"--json"], capture_output=True
+    )
+    assert body.returncode == 0, body.stderr
+    offset = json.loads(body.stdout)["messages"][0]["commitLogOffset"]
+    read = run_cli("read", store, "--offset", str(offset), "--json", "--body", "hex")
+    assert json.loads(read.stdout)["body"] == "636166E9"
+    for option in (b"--tags", b"--keys", b"--property"):
+        value = b"k=\xff" if option == b"--property" else b"\xff"
+        bad = subprocess.run(
+            [*base, b"--topic", b"T", b"--body", b"x", option, value], capture_output=True
+        )
+        assert bad.returncode == 2, bad.stderr
+        assert b"not valid text" in bad.stderr and b"Traceback" not in bad.stderr

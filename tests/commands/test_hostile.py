@@ -1,0 +1,179 @@
+"""Hostile stores and a hostile machine: links out of the store, FIFOs and huge files where
+store files should be, a full disk, a store a broker holds. Each ends in a one-line error and a
+documented exit code, with nothing written outside the store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from support import lock_held_elsewhere, run_cli, tree_digest
+
+
+def small_store(tmp_path: Path, count: int = 20, *, dispatch: bool = True) -> Path:
+    store = tmp_path / "store"
+    lines = tmp_path / "in.jsonl"
+    lines.write_text((json.dumps({"topic": "T", "keys": "k", "body": "x" * 200}) + "\n") * count)
+    args = ["append", store, "--create", "--commitlog-file-size", "4096", "--input", lines]
+    result = run_cli(*args, *(["--dispatch"] if dispatch else []))
+    assert result.exit_code == 0, result.stderr
+    return store
+
+
+def one_line_error(result, code: int) -> None:
+    assert result.exit_code == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("rmqstore: error: "), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("what", ["segment", "checkpoint", "abort", "index", "consumequeue"])
+def test_writers_refuse_links_leading_out_of_the_store(tmp_path: Path, what: str) -> None:
+    store = small_store(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if what == "segment":
+        last = sorted((store / "commitlog").iterdir())[-1]
+        (outside / last.name).write_bytes(last.read_bytes())
+        last.unlink()
+        last.symlink_to(outside / last.name)
+    elif what == "abort":
+        (store / "abort").symlink_to(outside / "abort")  # dangling: it would be created there
+    elif what == "checkpoint":
+        (outside / "checkpoint").write_bytes((store / "checkpoint").read_bytes())
+        (store / "checkpoint").unlink()
+        (store / "checkpoint").symlink_to(outside / "checkpoint")
+    else:
+        (store / what).rename(outside / what)
+        (store / what).symlink_to(outside / what)
+    before = tree_digest(outside)
+    for command in (["append", store, "--topic", "T", "--body", "y"], ["dispatch", store],
+                    ["recover", store, "--yes"], ["flush", store]):  # fmt: skip
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert "symbolic link" in result.stderr
+    assert tree_digest(outside) == before
+    assert not (outside / "abort").exists()
+
+
+def test_fixtures_force_refuses_a_held_store_and_quarantines_what_it_replaces(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "fixture"
+    assert run_cli("fixtures", "generate", "multi", out).exit_code == 0
+    before = tree_digest(out)
+    with lock_held_elsewhere(out / "lock"):
+        held = run_cli("fixtures", "generate", "multi", out, "--force")
+    one_line_error(held, 3)
+    assert tree_digest(out) == before
+    replaced = run_cli("fixtures", "generate", "txn", out, "--force")
+    assert replaced.exit_code == 0, replaced.stderr
+    (moved,) = (out / "quarantine").iterdir()
+    kept = tree_digest(moved)
+    for name, digest in before.items():
+        assert kept[name] == digest  # every file of the old store, as it was
+
+
+def test_a_fifo_checkpoint_does_not_hang_any_command(tmp_path: Path) -> None:
+    store = small_store(tmp_path)
+    (store / "checkpoint").unlink()
+    os.mkfifo(store / "checkpoint")
+    for command in (["info", store], ["verify", store], ["recover", store, "--dry-run"],
+                    ["append", store, "--topic", "T", "--body", "y"]):  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "rmqstore", *map(str, command)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode in (1, 2), result.stderr
+        assert "not a regular file" in result.stderr or result.returncode == 1
+
+
+def peak_rss_mib(command: list[str]) -> tuple[int, int]:
+    """Exit code and peak resident memory (MiB) of ``rmqstore COMMAND`` in a child."""
+    code = (  # VmHWM: this process's own peak (ru_maxrss would count the parent's at fork)
+        "import re,sys; from rmqstore.commands.main import run; rc = run(sys.argv[1:]); "
+        "status = open('/proc/self/status').read(); "
+        "print(int(re.search(r'VmHWM:\\s+(\\d+)', status).group(1)) // 1024, file=sys.stderr); "
+        "sys.exit(rc)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=120
+    )
+    return result.returncode, int(result.stderr.strip().splitlines()[-1])
+
+
+def test_huge_sparse_files_are_not_read_whole(tmp_path: Path) -> None:
+    """An 8 GiB sparse checkpoint and a 4 GiB consume-queue file: a clear error or finding,
+    in memory that does not grow with the file."""
+    store = small_store(tmp_path)
+    with open(store / "checkpoint", "r+b") as handle:
+        handle.truncate(8 << 30)
+    code, peak = peak_rss_mib(["info", str(store)])
+    assert code == 2 and peak < 300
+    with open(store / "checkpoint", "r+b") as handle:
+        handle.truncate(4096)
+    (queue_file,) = (store / "consumequeue" / "T" / "0").iterdir()
+    with open(queue_file, "r+b") as handle:
+        handle.truncate(4 << 30)
+    code, peak = peak_rss_mib(["verify", str(store)])
+    assert code in (1, 2) and peak < 300
+
+
+@contextlib.contextmanager
+def small_filesystem(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted for the test (root only; skipped elsewhere)."""
+    mount_point = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:
+    """Groups of 1024 messages are fsynced, dispatched and acknowledged until the 4 MiB disk
+    is full: the command ends with exit 4, and recovery keeps every acknowledged message."""
+    with small_filesystem(tmp_path, "4m") as disk:
+        store = disk / "store"
+        lines = tmp_path / "in.jsonl"
+        lines.write_text((json.dumps({"topic": "T", "body": "x" * 1000}) + "\n") * 6000)
+        result = subprocess.run(
+            [sys.executable, "-m", "rmqstore", "append", str(store), "--create",
+             "--commitlog-file-size", "262144", "--consumequeue-file-size", "20000",
+             "--index-slots", "1000", "--index-entries", "4000",
+             "--input", str(lines), "--flush", "sync", "--jsonl", "--dispatch"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 4, result.stderr
+        assert "Traceback" not in result.stderr and "No space left" in result.stderr
+        acknowledged = [json.loads(line) for line in result.stdout.splitlines()]
+        assert acknowledged  # some groups made it before the disk filled
+        recovered = subprocess.run(
+            [sys.executable, "-m", "rmqstore", "recover", str(store), "--yes"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert recovered.returncode in (0, 1, 4), recovered.stderr
+        assert "Traceback" not in recovered.stderr
+        read = subprocess.run(
+            [sys.executable, "-m", "rmqstore", "read", str(store), "--from-offset", "0",
+             "--jsonl"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        stored = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
+        assert {ack["msgId"] for ack in acknowledged} <= stored  # no acknowledged loss
