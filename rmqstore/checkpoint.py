@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.segments import fsync_directory
+from rmqstore.segments import creating_name, fsync_directory
 
 CHECKPOINT_FILE_SIZE = 4096
 RECOVERY_SAFETY_MILLIS = 3000
@@ -120,7 +120,7 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
 
 
 def _create_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    temporary = path.with_name(f".{path.name}.creating")
+    temporary = path.with_name(creating_name(path.name))
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
         os.write(fd, checkpoint.encode())

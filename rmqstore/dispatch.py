@@ -313,25 +313,31 @@ class Dispatcher:
 
 def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:
     """Where dispatch resumes: the earlier of where the consume queues end (the broker's
-    ``max over queues of maxPhysicOffset``) and the end of the record the index ends with
-    (its last file's endPhyOffset)."""
+    ``max over queues of maxPhysicOffset``) and where the index ends: after the record its
+    last file ends with, or at that record when a kill kept some of its keys out of the
+    index (:meth:`IndexService.build` then adds only those)."""
     start = store.commitlog.min_offset
     cq_end = max((queue.max_physical_offset for queue in queues), default=-1)
     positions = [cq_end if cq_end >= 0 else start]
-    last = index.last if index is not None else None
-    if last is not None:
-        if last.header.index_count <= 1:
-            positions.append(start)
-        else:
-            offset = last.header.end_phy_offset
-            try:
-                size = store.commitlog.read(offset, body=BodyMode.SKIP).store_size
-                positions.append(offset + size)
-            except (RecordError, NotFoundError):
-                positions.append(offset)  # not a record start any more: replay from there
-    elif index is not None:
-        positions.append(start)
+    if index is not None:
+        positions.append(_index_resume_offset(store, index, start))
     return max(start, min(positions))
+
+
+def _index_resume_offset(store: Store, index: IndexService, start: int) -> int:
+    last = index.last
+    if last is None or (last.header.index_count <= 1 and last.header.end_phy_offset <= 0):
+        return start
+    offset = last.header.end_phy_offset
+    try:
+        record = store.commitlog.read(offset, body=BodyMode.SKIP)
+    except (RecordError, NotFoundError):
+        return offset  # not a record start any more: replay from there
+    keys = record.properties.get(KEYS)
+    wanted = len(split_keys(keys) if keys else []) + (UNIQ_KEY in record.properties)
+    if index.entries_of(offset) < wanted:
+        return offset
+    return offset + record.store_size
 
 
 def plan_dispatch(

@@ -16,6 +16,7 @@ from pathlib import Path
 from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_string_hash
 from rmqstore.segments import (
+    creating_name,
     fsync_directory,
     make_directories,
     map_readonly,
@@ -130,7 +131,33 @@ class IndexFile:
                 f"index file {path} has a corrupt header: indexCount {header.index_count}, "
                 f"hashSlotCount {header.hash_slot_count} (at most {entries} and {slots})"
             )
-        return cls(path, slots, entries, buf, header, writable)
+        index = cls(path, slots, entries, buf, header, writable)
+        if writable:
+            index.drop_unfinished_entries()
+        return index
+
+    def drop_unfinished_entries(self) -> int:
+        """After a kill: entries written past the header's indexCount (the header follows
+        each record's entries and slots) belong to a record whose indexing did not finish.
+        They are zeroed, and each slot pointing at one is set back along its chain to the
+        newest entry below the count, so the next put cannot chain an entry to itself and
+        older entries of the slot stay reachable. Returns how many were dropped."""
+        count = self.header.index_count
+        number = count
+        while number < self.entries:
+            key_hash, physical_offset, time_diff, previous = self.entry(number)
+            if not (key_hash or physical_offset or time_diff or previous):
+                break  # never written
+            slot_at = HEADER_SIZE + (key_hash % self.slots) * SLOT_SIZE
+            head = _INT.unpack_from(self.buf, slot_at)[0]
+            if head >= count:
+                while count <= head < self.entries:
+                    following = self.entry(head)[3]
+                    head = following if following < head else 0  # a loop ends the chain
+                _INT.pack_into(self.buf, slot_at, head if 0 < head < count else 0)
+            _ENTRY.pack_into(self.buf, self._entries_at + number * ENTRY_SIZE, 0, 0, 0, 0)
+            number += 1
+        return number - count
 
     @classmethod
     def create(
@@ -138,7 +165,7 @@ class IndexFile:
     ) -> IndexFile:
         """A new file; a follow-on file starts its header at the previous file's end."""
         size = index_file_size(slots, entries)
-        temporary = path.with_name(f".{path.name}.creating")
+        temporary = path.with_name(creating_name(path.name))
         try:
             if os.path.lexists(path):
                 raise StoreFormatError(f"{path} already exists")
@@ -338,18 +365,39 @@ class IndexService:
         if index is None or index.header.index_count >= index.entries:
             index = self.writable_file()
         end = index.header.end_phy_offset
-        if physical_offset < end or (physical_offset == end and index.header.index_count > 1):
-            return False  # already indexed (the second case: resuming right after it)
+        if physical_offset < end:
+            return False  # already indexed
+        record_keys = [uniq_key, *keys] if uniq_key is not None else keys
+        if physical_offset == end:
+            # the record the index ends with: resuming after a kill, only the keys its
+            # indexing did not reach yet (none when it finished, as after a clean stop)
+            present = self.entries_of(physical_offset)
+            if present and present >= len(record_keys):
+                return False
+            record_keys = record_keys[present:]
         prefix = self._topic_prefixes.get(topic)
         if prefix is None:
             prefix = self._topic_prefixes[topic] = java_string_hash(f"{topic}#")
-        for key in [uniq_key, *keys] if uniq_key is not None else keys:
+        for key in record_keys:
             key_hash = index_key_hash_with_prefix(prefix, key)
             while not index.put_key(key_hash, physical_offset, store_timestamp):
                 index.sync_header()
                 index = self.writable_file()
         index.sync_header()
         return True
+
+    def entries_of(self, physical_offset: int) -> int:
+        """How many entries at the very end of the index (across files) are for the record
+        at ``physical_offset``: the keys of it already indexed, in order."""
+        present = 0
+        for index in reversed(self.files):
+            number = index.header.index_count - 1
+            while number >= 1 and index.entry(number)[1] == physical_offset:
+                present += 1
+                number -= 1
+            if number >= 1:
+                break
+        return present
 
     def build_hashed(self, entries: bytes | bytearray) -> tuple[int, int]:
         """:meth:`build` for keys hashed elsewhere (worker processes): ``entries`` packed

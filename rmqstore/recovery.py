@@ -19,6 +19,7 @@ file, so no index entry is lost.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from rmqstore.dispatch import Dispatcher, DispatchResult
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
-from rmqstore.segments import nonzero_extent
+from rmqstore.segments import SegmentQueue, is_creating_name, nonzero_extent
 from rmqstore.store import Store
 
 
@@ -129,8 +130,33 @@ def plan_recovery(store: Store, progress: Callable[[int], None] | None = None) -
     if store.config.message_index_enable:
         store.index_service().close()  # index files of another geometry stop recovery here
         _plan_index(store, plan)
+    _plan_leftovers(store, plan)
     _note_missing_files(store, plan)
     return plan
+
+
+def _plan_leftovers(store: Store, plan: RecoveryPlan) -> None:
+    """Files a killed writer left half made: a zero-length last file of the commit log or of
+    a consume queue (skipped at load; a 5.x broker deletes it) and files still under their
+    temporary name. They hold nothing, but are moved to quarantine all the same."""
+    empty = "an empty file at the end of the queue of files (a kill between create and size)"
+    if store.commitlog.queue.empty_last is not None:
+        _move(store, plan, store.commitlog.queue.empty_last, empty)
+    folders = [store.commitlog_dir, store.index_dir, store.root]
+    for topic, queue_id in list_queues(store.consumequeue_dir):
+        directory = store.consumequeue_dir / topic / str(queue_id)
+        if not store.inside(directory):
+            continue
+        folders.append(directory)
+        queue = SegmentQueue.load(directory, store.consumequeue_file_size, strict=False)
+        if queue.empty_last is not None:
+            _move(store, plan, queue.empty_last, empty)
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
+            if is_creating_name(entry.name) and entry.is_file(follow_symlinks=False):
+                _move(store, plan, Path(entry.path), "a file a killed writer was still making")
 
 
 def _plan_commitlog(store: Store, end: LogEnd, plan: RecoveryPlan) -> None:

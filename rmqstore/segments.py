@@ -48,6 +48,7 @@ class SegmentQueue:
     segments: list[Segment] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # found with strict=False
     unexpected: list[Path] = field(default_factory=list)  # entries that are not segments
+    empty_last: Path | None = None  # a zero-length last file, skipped (a 5.x broker deletes it)
 
     @classmethod
     def load(
@@ -83,6 +84,7 @@ class SegmentQueue:
                     "deletes it at start-up); ignored"
                 )
                 queue.segments.pop()
+                queue.empty_last = segment.path
                 break
             message = (
                 f"{kind} file {segment.path} is {segment.size} bytes; "
@@ -126,7 +128,7 @@ class SegmentQueue:
                 f"segment offset {start_offset} is not a multiple of the file size {self.file_size}"
             )
         path = self.directory / segment_name(start_offset)
-        temporary = self.directory / f".{path.name}.creating"
+        temporary = self.directory / creating_name(path.name)
         try:
             make_directories(self.directory)
             _refuse_existing(path)
@@ -149,6 +151,19 @@ class SegmentQueue:
         segment = Segment(start_offset, path, self.file_size)
         self.segments.append(segment)
         return segment
+
+
+CREATING_SUFFIX = ".creating"
+
+
+def creating_name(name: str) -> str:
+    """The temporary name a file is made under before it is renamed to ``name`` at full
+    size; a kill can leave one behind (recovery moves it to quarantine)."""
+    return f".{name}{CREATING_SUFFIX}"
+
+
+def is_creating_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(CREATING_SUFFIX)
 
 
 def _refuse_existing(path: Path) -> None:
