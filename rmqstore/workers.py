@@ -2,12 +2,20 @@
 executors (ranges of the commit log), run in N processes of this machine instead.
 
 Workers are started with ``spawn``: they share nothing with the caller (no inherited maps,
-locks or threads) and read the store themselves, as executors do.
+locks or threads) and read the store themselves, as executors do. A worker dies with the
+process that started it (a killed ``dispatch --rebuild --jobs 2`` leaves no worker behind
+holding the caller's stdout open).
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -22,6 +30,30 @@ Runner = Callable[[Callable[[Any], Any], list], list]
 def run_here(function: Callable[[Any], Any], jobs: list) -> list:
     """One job after the other in this process."""
     return [function(job) for job in jobs]
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """In a worker: be killed when ``parent`` exits, however it exits (SIGKILL included).
+    Linux delivers SIGKILL on the parent's death (``PR_SET_PDEATHSIG``); elsewhere, and as a
+    second guard, a thread checks the parent every half second."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the guard was set
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rmqstore-parent-watch", daemon=True).start()
 
 
 def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Iterator[Any]:
@@ -39,7 +71,9 @@ def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Ite
     waiting = deque(jobs)
     pending: deque[Future] = deque()
     try:
-        with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        with ProcessPoolExecutor(
+            processes, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
+        ) as pool:
             try:
                 while waiting and len(pending) < 2 * processes:
                     pending.append(pool.submit(function, waiting.popleft()))

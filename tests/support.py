@@ -236,3 +236,13 @@ def mark_started(job: tuple[str, int]) -> int:
 
 def die_in_worker(_: int) -> None:
     os._exit(3)  # a worker killed mid-job (as by the OOM killer)
+
+
+def record_pid_and_sleep(job: tuple[str, int]) -> int:
+    """A long job that leaves its worker's pid in a file (for tests that kill the caller)."""
+    import time
+
+    directory, number = job
+    Path(directory, f"worker-{number}.pid").write_text(str(os.getpid()))
+    time.sleep(120)
+    return number
