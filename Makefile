@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: all venv java-check test test-fast lint format demo man man-check bench bench-quick clean
+.PHONY: all venv java-check test test-fast lint format demo man man-check bench bench-quick campaigns clean
 
 all: test
 
@@ -44,6 +44,11 @@ man: venv
 
 demo: venv java-check
 	@DEMO_DIR="$(DEMO_DIR)" RMQSTORE="$(BIN)/rmqstore" PYTHON="$(BIN)/python" sh scripts/demo.sh
+
+# The adversarial campaigns in their long form (200 kills during appends, 60 during recover
+# and rebuild, 300 mutated real stores x every command); make test runs a short form of each.
+campaigns: venv
+	RMQSTORE_CAMPAIGN=long $(BIN)/python -m pytest -q -p no:cacheprovider -m campaign
 
 bench: venv java-check
 	$(BIN)/python bench/run_all.py

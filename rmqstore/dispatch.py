@@ -248,6 +248,8 @@ class Dispatcher:
             store.remember_log_end(end)
             store.check_tail(end)
             result.log_end = end.offset
+            # the walk reached the valid end: past a BLANK into an empty next file included
+            result.to_offset = max(result.to_offset, end.offset)
             if end.error is not None:
                 result.stopped_by = str(end.error)
         else:

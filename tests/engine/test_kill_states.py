@@ -6,7 +6,6 @@ files when the kill came."""
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from rmqstore.config import StoreConfig
@@ -65,21 +64,18 @@ def test_an_empty_consume_queue_file_is_replaced_by_the_next_put(tmp_path: Path)
     assert sound(store) == []
 
 
-def uncount_last_record(index_file: Path, entries: int) -> None:
-    """The header as it was before the last record's entries were counted (a kill after
-    the entries and slots were written, before the header)."""
-    data = bytearray(index_file.read_bytes())
-    count = struct.unpack_from(">i", data, 36)[0]
-    struct.pack_into(">i", data, 36, count - entries)
-    index_file.write_bytes(bytes(data))
-
-
 def test_entries_past_the_count_are_dropped_and_their_slots_repaired(tmp_path: Path) -> None:
-    """Without the repair, the resumed put overwrites the uncounted entry its slot already
+    """A kill after the last record's entries and slots were written, before the header:
+    without the repair, the resumed put overwrites the uncounted entry its slot already
     points to and chains it to itself; older entries of the slot become unreachable."""
-    store = store_of(tmp_path, 8, keys="same")  # every record: UNIQ_KEY and the shared key
+    store = store_of(tmp_path, 7, keys="same")  # every record: UNIQ_KEY and the shared key
     (index_file,) = (store / "index").iterdir()
-    uncount_last_record(index_file, 2)
+    header_before = index_file.read_bytes()[:40]
+    appended = run_cli("append", store, "--topic", "T", "--keys", "same", "--body", "8th",
+                       "--dispatch")  # fmt: skip
+    assert appended.exit_code == 0, appended.stderr
+    with open(index_file, "r+b") as handle:
+        handle.write(header_before)  # the header as the kill left it
     (store / "abort").touch()
     result = run_cli("dispatch", store, *GEOMETRY)
     assert result.exit_code == 0, result.stderr
@@ -105,3 +101,19 @@ def test_a_record_whose_keys_were_split_over_two_files_gets_the_rest(tmp_path: P
         offsets = [json.loads(line)["commitLogOffset"] for line in found.stdout.splitlines()]
         assert sorted(offsets) == sorted(set(offsets)) and split_record in offsets
         assert len(offsets) == 7
+
+
+def test_a_kill_right_after_a_roll_is_recovered(tmp_path: Path) -> None:
+    """The last file ends with a BLANK and the next file exists, all zeros (the kill came
+    after the roll, before the record): the valid end is that file's start, and recover
+    reaches it (it used to exit 1 forever, 'dispatch did not reach the valid end')."""
+    store = store_of(tmp_path, 12)
+    second = store / "commitlog" / "00000000000000004096"
+    second.write_bytes(bytes(4096))  # the 12th record never written
+    (store / "abort").touch()
+    first = run_cli("recover", store, "--yes")
+    assert first.exit_code == 0, first.stderr + first.stdout
+    assert not (store / "abort").exists()
+    again = run_cli("recover", store, "--yes", "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout)["plan"]["moves"] == []
+    assert sound(store) == []

@@ -1,0 +1,65 @@
+"""Hostile stores: real broker stores mutated (bit flips, truncations, length fields of
+0/-1/2^31-1, deleted, junk, empty and grown files, a directory where a file should be, links
+out of the store, a topic that climbs out) and every command run on each. No traceback, no
+hang, only documented exit codes, no change by a read-only command, nothing written outside
+the store, memory capped at 4 GiB."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from campaigns import mutate, rounds, run_commands, tree_state
+
+from support import ORACLE_OPTIONS
+
+MUTANTS = rounds(short=4, long=100)  # per real store; 3 stores
+READ_ONLY = [
+    ["info", "{store}", "--json"],
+    ["verify", "{store}", "--json"],
+    ["read", "{store}", "--from-offset", "0", "--jsonl"],
+    ["read", "{store}", "--topic", "TopicTest", "--key", "KEY1", "--jsonl"],
+    ["recover", "{store}", "--dry-run"],
+    ["dispatch", "{store}", "--dry-run"],
+]
+WRITERS = [
+    ["append", "{store}", "--topic", "TopicTest", "--body", "after", "--dispatch"],
+    ["recover", "{store}", "--yes"],
+    ["dispatch", "{store}"],
+    ["flush", "{store}"],
+    ["dispatch", "{store}", "--rebuild", "--yes"],
+    ["verify", "{store}"],
+]
+
+
+@pytest.mark.campaign
+@pytest.mark.parametrize("name", ["s1_multi", "s2_crash", "v533_s3_txn"])
+def test_every_command_on_mutated_real_stores(oracle, tmp_path: Path, name: str) -> None:
+    rng = random.Random(f"mutants-{name}")
+    failures = []
+    for number in range(MUTANTS):
+        root = tmp_path / f"m{number}"
+        root.mkdir()
+        outside = root / "outside"
+        outside.mkdir()
+        store = oracle(name).copy_to(root)
+        done = [mutate(store, outside, rng) for _ in range(rng.randint(1, 3))]
+        where = f"{name} mutant {number} ({'; '.join(done)})"
+
+        def lines(commands: list[list[str]], store: Path = store) -> list[list[str]]:
+            return [[part.format(store=store) for part in c] + ORACLE_OPTIONS for c in commands]
+
+        outside_before = tree_state(outside)
+        store_before = tree_state(store)
+        for outcome in run_commands(lines(READ_ONLY)):
+            if not outcome.clean:
+                failures.append(f"{where}: {outcome.command[0]}: {outcome.code} {outcome.stderr}")
+        if tree_state(store) != store_before:
+            failures.append(f"{where}: a read-only command changed the store")
+        for outcome in run_commands(lines(WRITERS)):
+            if not outcome.clean:
+                failures.append(f"{where}: {outcome.command[0]}: {outcome.code} {outcome.stderr}")
+        if tree_state(outside) != outside_before:
+            failures.append(f"{where}: something was written outside the store")
+    assert not failures, "\n".join(failures[:20])

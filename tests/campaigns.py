@@ -1,0 +1,202 @@
+"""Helpers of the adversarial campaigns (tests/campaign/): how many rounds, a store mutated the
+ways damaged disks and hostile hands mutate one, and rmqstore commands run in a child process
+with their outcome. ``make test`` runs the short form; ``make campaigns`` the long one
+(``RMQSTORE_CAMPAIGN=long``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+LONG = os.environ.get("RMQSTORE_CAMPAIGN") == "long"
+DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4}
+
+
+def rounds(short: int, long: int) -> int:
+    return long if LONG else short
+
+
+def child_env() -> dict[str, str]:
+    """The environment for a child rmqstore: stdout block-buffered as in a user's shell."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
+def tree_state(root: Path) -> dict[str, str]:
+    """Every path under ``root`` (links not followed) with what it is: file digest, link
+    target, or directory."""
+    state = {}
+    for directory, subdirectories, names in os.walk(root):
+        for name in [*subdirectories, *names]:
+            path = Path(directory) / name
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                state[key] = f"link:{os.readlink(path)}"
+            elif path.is_dir():
+                state[key] = "dir"
+            elif path.is_file():
+                digest = hashlib.sha256()
+                with open(path, "rb") as handle:
+                    while chunk := handle.read(1 << 20):
+                        digest.update(chunk)
+                state[key] = digest.hexdigest()
+            else:
+                state[key] = "special"
+    return state
+
+
+@dataclass
+class Outcome:
+    command: list[str]
+    code: int | None  # None: it did not end in time
+    stderr: str
+
+    @property
+    def clean(self) -> bool:
+        """A documented exit code and a one-line error, never a traceback."""
+        return (
+            self.code in DOCUMENTED_EXIT_CODES
+            and "Traceback" not in self.stderr
+            and "internal error" not in self.stderr
+        )
+
+
+_DRIVER = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+from click.testing import CliRunner
+from rmqstore.commands.main import cli
+outcomes = []
+for command in json.loads(sys.argv[1]):
+    result = CliRunner().invoke(cli, command, catch_exceptions=True)
+    error = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        error += f"Traceback: {type(result.exception).__name__}: {result.exception}"
+    outcomes.append([command, result.exit_code, error[-2000:]])
+print(json.dumps(outcomes))
+"""
+
+
+def run_commands(commands: list[list[str]], timeout: float = 120) -> list[Outcome]:
+    """Run rmqstore command lines one after the other in one child process (memory capped at
+    4 GiB); a hang is an outcome with no exit code."""
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", _DRIVER, json.dumps(commands)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return [Outcome(commands[0], None, "did not end in time")]
+    if result.returncode != 0:
+        return [Outcome(commands[0], None, result.stderr[-2000:])]
+    return [Outcome(*row) for row in json.loads(result.stdout)]
+
+
+# -- mutations ---------------------------------------------------------------------------------
+
+
+def _files(store: Path) -> list[Path]:
+    return sorted(
+        p for p in store.rglob("*") if p.is_file() and not p.is_symlink() and p.name != "lock"
+    )
+
+
+def _record_offsets(store: Path) -> list[tuple[Path, int]]:
+    """(commit-log file, position) of the records of the first commit-log file."""
+    first = sorted((store / "commitlog").iterdir())[0]
+    data = first.read_bytes()
+    positions, position = [], 0
+    while position + 8 <= len(data):
+        size = int.from_bytes(data[position : position + 4], "big", signed=True)
+        magic = data[position + 4 : position + 8]
+        if size <= 0 or magic not in (b"\xda\xa3\x20\xa7", b"\xda\xa3\x20\xab"):
+            break
+        positions.append((first, position))
+        position += size
+    return positions
+
+
+def _write_at(path: Path, position: int, data: bytes) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(position)
+        handle.write(data)
+
+
+def mutate(store: Path, outside: Path, rng: random.Random) -> str:
+    """Damage ``store`` one way, chosen by ``rng``; returns what was done. ``outside`` is a
+    folder links may lead to (nothing may be written there)."""
+    kind = rng.choice(
+        ["bit-flip", "bit-flip", "truncate", "length-field", "delete", "junk", "grow",
+         "dir-for-file", "empty", "link-out", "topic-traversal", "zero-run"]
+    )  # fmt: skip
+    files = _files(store)
+    target = rng.choice(files)
+    name = str(target.relative_to(store))
+    size = target.stat().st_size
+    if kind == "bit-flip" and size:
+        position = rng.randrange(size)
+        with open(target, "r+b") as handle:
+            handle.seek(position)
+            byte = handle.read(1)[0]
+            handle.seek(position)
+            handle.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        return f"bit-flip {name}@{position}"
+    if kind == "truncate":
+        length = rng.randrange(size + 1)
+        os.truncate(target, length)
+        return f"truncate {name} to {length}"
+    if kind == "length-field":
+        records = _record_offsets(store)
+        if records:
+            path, position = rng.choice(records)
+            field = rng.choice([0, 84, 40])  # TOTALSIZE, BODYLENGTH (IPv4), BORNTIMESTAMP
+            value = rng.choice([0, -1, (1 << 31) - 1, -(1 << 31), 1 << 30])
+            _write_at(path, position + field, value.to_bytes(4, "big", signed=True))
+            return f"length-field {path.name}@{position}+{field}={value}"
+    if kind == "delete":
+        target.unlink()
+        return f"delete {name}"
+    if kind == "junk":
+        folder = rng.choice([p for p in store.rglob("*") if p.is_dir()] + [store])
+        junk = folder / rng.choice(["00000000000000009999", "junk", "20990101000000000", "x.tmp"])
+        junk.write_bytes(rng.randbytes(rng.randrange(1, 5000)))
+        return f"junk {junk.relative_to(store)}"
+    if kind == "grow":
+        os.truncate(target, size + rng.choice([1, 20, 4096, 1 << 20]))
+        return f"grow {name}"
+    if kind == "dir-for-file":
+        target.unlink()
+        target.mkdir()
+        return f"dir-for-file {name}"
+    if kind == "empty":
+        os.truncate(target, 0)
+        return f"empty {name}"
+    if kind == "link-out":
+        copy = outside / f"{target.name}-{rng.randrange(1 << 30)}"
+        copy.write_bytes(target.read_bytes())
+        target.unlink()
+        target.symlink_to(copy)
+        return f"link-out {name}"
+    if kind == "topic-traversal":
+        records = _record_offsets(store)
+        if records:
+            path, position = rng.choice(records)
+            data = path.read_bytes()
+            body_length = int.from_bytes(data[position + 84 : position + 88], "big")
+            at = position + 88 + body_length
+            length = data[at]
+            if length >= 3:
+                _write_at(path, at + 1, b"../" + b"x" * (length - 3))
+                return f"topic-traversal {path.name}@{position}"
+    if kind == "zero-run" and size:
+        position = rng.randrange(size)
+        _write_at(target, position, bytes(min(size - position, rng.randrange(1, 4096))))
+        return f"zero-run {name}@{position}"
+    return mutate(store, outside, rng)
