@@ -34,8 +34,9 @@ from rmqstore.dispatch import (
     plan_rebuild,
 )
 from rmqstore.errors import ExitCode
+from rmqstore.geometry import INDEX_GEOMETRY, QUEUE_GEOMETRY
 from rmqstore.spark.rebuild import rebuild_in_workers
-from rmqstore.store import INDEX_GEOMETRY, QUEUE_GEOMETRY, Store
+from rmqstore.store import Store
 
 
 @click.command("dispatch")

@@ -14,9 +14,20 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
-from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.config import (
+    DEFAULT_COMMITLOG_FILE_SIZE,
+    DEFAULT_CONSUMEQUEUE_FILE_SIZE,
+    DEFAULT_INDEX_ENTRIES,
+    DEFAULT_INDEX_SLOTS,
+    StoreConfig,
+)
+from rmqstore.consumequeue import CQ_UNIT_SIZE
+from rmqstore.errors import InputError, StoreFormatError, StoreIOError
+from rmqstore.indexfile import infer_geometry, read_index_headers
 from rmqstore.segments import fsync_directory, make_directories
 
 CONFIG_DIR = "config"
@@ -85,3 +96,98 @@ def write_geometry(root: Path, values: dict[str, int]) -> None:
         fsync_directory(path.parent)
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
+    """The most common size of the segment files ``depth`` levels below ``directory`` (the
+    first file of each queue), among sizes a broker can configure (a multiple of ``unit``:
+    20 for consume queues). The most common one, so a single damaged file cannot skew it."""
+    if not directory.is_dir():
+        return None
+    frontier = [directory]
+    for _ in range(depth):
+        frontier = sorted(p for d in frontier for p in d.iterdir() if p.is_dir())
+    sizes: Counter[int] = Counter()
+    for folder in frontier:
+        for entry in sorted(folder.iterdir()):
+            if entry.name.isdigit() and len(entry.name) == 20 and entry.is_file():
+                size = entry.stat().st_size
+                if size and size % unit == 0:
+                    sizes[size] += 1
+                if depth:
+                    break  # one file per queue is enough
+    return sizes.most_common(1)[0][0] if sizes else None
+
+
+_REMEMBERED = f"the store's {CONFIG_DIR}/{GEOMETRY_FILE}"
+_INDEX_DEFAULTS = {"index_slots": DEFAULT_INDEX_SLOTS, "index_entries": DEFAULT_INDEX_ENTRIES}
+INDEX_GEOMETRY = frozenset(_INDEX_DEFAULTS)
+QUEUE_GEOMETRY = frozenset({"consumequeue_file_size"})
+
+
+def _given_geometry(config: StoreConfig) -> dict[str, int]:
+    """The sizes the caller said (an option, ``--broker-config``, or a StoreConfig built with
+    them), not defaults: file sizes that are set, index counts named in the sources or
+    other than RocketMQ's defaults."""
+    given = {}
+    for name in GEOMETRY_KEYS:
+        value = getattr(config, name)
+        default = _INDEX_DEFAULTS.get(name)
+        if value is not None and (name in config.sources or value != default):
+            given[name] = value
+    return given
+
+
+def resolve_geometry(
+    root: Path, config: StoreConfig, replacing: frozenset[str] = frozenset()
+) -> StoreConfig:
+    """Fill unset file sizes from the store's remembered geometry, else existing files, else
+    RocketMQ's defaults. A size given that contradicts the remembered one is refused, but
+    for files being replaced whole (``replacing``)."""
+    remembered = read_geometry(root)
+    values: dict[str, int] = {}
+    sources = dict(config.sources)
+    given = _given_geometry(config)
+    for name, value in remembered.items():
+        if name in given and given[name] != value and name not in replacing:
+            raise InputError(
+                f"{GEOMETRY_KEYS[name]} is {given[name]} by {sources.get(name, 'the caller')}, "
+                f"but the store was made with {value} ({_REMEMBERED}); files of another size "
+                "would not load"
+            )
+        if name not in given:
+            values[name] = value
+            sources[name] = _REMEMBERED
+    if config.commitlog_file_size is None and "commitlog_file_size" not in values:
+        inferred = _infer_file_size(config.commitlog_dir or root / "commitlog", 0)
+        values["commitlog_file_size"] = inferred or DEFAULT_COMMITLOG_FILE_SIZE
+        sources["commitlog_file_size"] = "existing files" if inferred else "default"
+    if config.consumequeue_file_size is None and "consumequeue_file_size" not in values:
+        inferred = _infer_file_size(root / "consumequeue", 2, CQ_UNIT_SIZE)
+        values["consumequeue_file_size"] = inferred or DEFAULT_CONSUMEQUEUE_FILE_SIZE
+        sources["consumequeue_file_size"] = "existing files" if inferred else "default"
+    if not {"index_slots", "index_entries"} & (set(given) | set(values)):
+        sizes = {path.stat().st_size for path, _ in read_index_headers(root / "index")}
+        inferred = infer_geometry(sizes.pop()) if len(sizes) == 1 else None
+        if inferred is not None and inferred != (config.index_slots, config.index_entries):
+            values["index_slots"], values["index_entries"] = inferred
+            sources["index_slots"] = sources["index_entries"] = (
+                "existing files (at RocketMQ's ratio of 4 entries per slot)"
+            )
+    for name in ("index_slots", "index_entries", "max_message_size"):
+        sources.setdefault(name, "default")
+    return replace(config, sources=sources, **values)
+
+
+def remember_geometry(
+    root: Path, given: StoreConfig, resolved: StoreConfig, *, created: bool
+) -> None:
+    """Record with the store, once a writer finished with it, the sizes the caller gave that
+    it did not remember yet, and for a new store the commit-log file size it was made with.
+    Sizes nobody gave stay free: no file of theirs exists yet to contradict."""
+    remembered = read_geometry(root)
+    wanted = {**remembered, **_given_geometry(given)}
+    if created:
+        wanted["commitlog_file_size"] = resolved.commitlog_file_size
+    if wanted != remembered:
+        write_geometry(root, wanted)

@@ -177,3 +177,47 @@ def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:
         )  # fmt: skip
         stored = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
         assert {ack["msgId"] for ack in acknowledged} <= stored  # no acknowledged loss
+
+
+def test_every_writer_refuses_a_held_store_and_changes_nothing(tmp_path: Path) -> None:
+    store = small_store(tmp_path, dispatch=False)
+    before = tree_digest(store)
+    writers = [
+        ["append", store, "--topic", "T", "--body", "y"],
+        ["dispatch", store],
+        ["dispatch", store, "--rebuild", "--yes"],
+        ["recover", store, "--yes"],
+        ["flush", store],
+    ]
+    with lock_held_elsewhere(store / "lock"):
+        for command in writers:
+            one_line_error(run_cli(*command), 3)
+    assert tree_digest(store) == before
+
+
+@pytest.mark.parametrize("command", [["dispatch", "--rebuild", "--yes"], ["recover", "--yes"]])
+def test_a_full_disk_during_dispatch_and_recover_is_exit_4(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """The consume queues and index are rebuilt on a disk with no room for them: exit 4 and
+    a one-line error; once there is room again, the same command finishes the job."""
+    with small_filesystem(tmp_path, "4m") as disk:
+        store = disk / "store"
+        lines = tmp_path / "in.jsonl"
+        lines.write_text((json.dumps({"topic": "T", "body": "x" * 500}) + "\n") * 1000)
+        made = run_cli(
+            "append", store, "--create", "--commitlog-file-size", "1048576",
+            "--consumequeue-file-size", "200000", "--index-slots", "1000",
+            "--index-entries", "4000", "--input", lines,
+        )  # fmt: skip
+        assert made.exit_code == 0, made.stderr
+        filler = disk / "filler"
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        filler.write_bytes(bytes(max(0, free - 8192)))
+        result = run_cli(command[0], store, *command[1:])
+        one_line_error(result, 4)
+        assert "No space left" in result.stderr
+        filler.unlink()
+        again = run_cli(command[0], store, *command[1:])
+        assert again.exit_code == 0, again.stderr
+        assert run_cli("verify", store).exit_code == 0
