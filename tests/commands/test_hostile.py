@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -221,3 +222,35 @@ def test_a_full_disk_during_dispatch_and_recover_is_exit_4(
         again = run_cli(command[0], store, *command[1:])
         assert again.exit_code == 0, again.stderr
         assert run_cli("verify", store).exit_code == 0
+
+
+def test_permission_denied_is_exit_4_for_writers_and_nothing_for_readers(tmp_path: Path) -> None:
+    """Read-only store files, and a child without root's power to ignore permissions
+    (setpriv drops CAP_DAC_OVERRIDE): a writer exits 4 with one line and changes nothing;
+    readers are unaffected."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to take away the power to ignore permissions")
+    store = small_store(tmp_path)
+    for path in [*store.rglob("*"), store]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    before = tree_digest(store)
+
+    def run_without_override(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [setpriv, "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-m",
+             "rmqstore", *command],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    try:
+        for command in (["append", str(store), "--topic", "T", "--body", "y"],
+                        ["dispatch", str(store)], ["recover", str(store), "--yes"]):  # fmt: skip
+            result = run_without_override(*command)
+            assert result.returncode == 4, result.stderr
+            assert "Permission denied" in result.stderr and "Traceback" not in result.stderr
+        assert tree_digest(store) == before
+        assert run_without_override("verify", str(store)).returncode == 0
+    finally:
+        for path in [store, *store.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)

@@ -168,3 +168,44 @@ def test_ranges_in_worker_processes(scenarios: Path, name: str) -> None:
     with Store.open_read(scenarios / name) as store:
         ranged = RangedVerify(store, range_size=1500, **settings).run(process_runner(2))
     assert_same(single, ranged)
+
+
+def test_each_range_closes_the_store_it_opened(
+    scenarios: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a range's check ends normally or with an engine error, its store is closed."""
+    from rmqstore.verify import ranges as ranges_module
+
+    opened: list[Store] = []
+    closed: list[Store] = []
+    real_open, real_close = Store.open_read, Store.close
+
+    def recording_open(*args, **kwargs) -> Store:
+        store = real_open(*args, **kwargs)
+        opened.append(store)
+        return store
+
+    def recording_close(self: Store, **kwargs) -> None:
+        closed.append(self)
+        real_close(self, **kwargs)
+
+    monkeypatch.setattr(Store, "open_read", recording_open)
+    monkeypatch.setattr(Store, "close", recording_close)
+    with Store.open_read(scenarios / "multi") as store:
+        verify = RangedVerify(
+            store, check_crc=True, commitlog_only=False, topics=None, from_offset=None,
+            max_findings=None, range_size=1500,
+        )  # fmt: skip
+        jobs = verify.jobs(verify.plan())
+    monkeypatch.setattr(ranges_module, "QueueChecks", _failing_queue_checks)
+    for job in jobs:
+        outcome = ranges_module.check_range(job)
+        assert outcome.error is not None  # the engine error came back in the outcome
+    ranged = [store for store in opened if store not in closed]
+    assert ranged == []
+
+
+def _failing_queue_checks(*_args: object, **_kwargs: object) -> None:
+    from rmqstore.errors import StoreFormatError
+
+    raise StoreFormatError("a queue file of the wrong size")
