@@ -1,6 +1,7 @@
 """Hostile stores: real broker stores mutated (bit flips, truncations, length fields of
 0/-1/2^31-1, deleted, junk, empty and grown files, a directory where a file should be, links
-out of the store, a topic that climbs out) and every command run on each. No traceback, no
+out of the store, a topic that climbs out) and every command run on each (export and stats
+with the local engine; the Spark engine runs the same readers on executors). No traceback, no
 hang, only documented exit codes, no change by a read-only command, nothing written outside
 the store, memory capped at 4 GiB."""
 
@@ -22,6 +23,8 @@ READ_ONLY = [
     ["read", "{store}", "--topic", "TopicTest", "--key", "KEY1", "--jsonl"],
     ["recover", "{store}", "--dry-run"],
     ["dispatch", "{store}", "--dry-run"],
+    ["stats", "{store}", "--engine", "local", "--json"],
+    ["export", "{store}", "--engine", "local", "--format", "jsonl", "--to", "{export}"],
 ]
 WRITERS = [
     ["append", "{store}", "--topic", "TopicTest", "--body", "after", "--dispatch"],
@@ -48,7 +51,11 @@ def test_every_command_on_mutated_real_stores(oracle, tmp_path: Path, name: str)
         where = f"{name} mutant {number} ({'; '.join(done)})"
 
         def lines(commands: list[list[str]], store: Path = store) -> list[list[str]]:
-            return [[part.format(store=store) for part in c] + ORACLE_OPTIONS for c in commands]
+            export = store.parent / "export"  # beside the store: export writes only there
+            return [
+                [part.format(store=store, export=export) for part in c] + ORACLE_OPTIONS
+                for c in commands
+            ]
 
         outside_before = tree_state(outside)
         store_before = tree_state(store)
