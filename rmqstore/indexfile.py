@@ -33,6 +33,7 @@ _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
 _INT = struct.Struct(">i")
 _NAME = re.compile(r"\d{17}")
+_RESERVE_ENTRIES = 65536  # entries whose blocks are allocated at a time (1.25 MiB)
 # a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key
 HASHED_KEY = struct.Struct("<qqiB")
 
@@ -104,6 +105,7 @@ class IndexFile:
         self.header = header
         self.writable = writable
         self._entries_at = HEADER_SIZE + slots * SLOT_SIZE
+        self.reserved_entries = 0  # entries below this number have their disk blocks
 
     @classmethod
     def open(cls, path: Path, slots: int, entries: int, *, writable: bool = False) -> IndexFile:
@@ -118,8 +120,6 @@ class IndexFile:
                 f"entries make {expected}; pass the broker's maxHashSlotNum/maxIndexNum "
                 "(--broker-config or --index-slots/--index-entries)"
             )
-        if writable:
-            reserve_blocks(path, expected)  # a broker's sparse index file included
         buf = map_writable(path) if writable else map_readonly(path)
         header = IndexHeader(*_HEADER.unpack_from(buf, 0))
         if header.index_count <= 0:
@@ -133,8 +133,24 @@ class IndexFile:
             )
         index = cls(path, slots, entries, buf, header, writable)
         if writable:
+            try:
+                index.reserve_entries(header.index_count)
+            except BaseException:
+                index.buf.close()
+                raise
             index.drop_unfinished_entries()
         return index
+
+    def reserve_entries(self, upto: int) -> None:
+        """Allocate disk blocks for the header, the slots and the entries below ``upto``
+        (rounded up to a step of entries) before any is written through the map: a write
+        into a hole of this sparse file on a full disk would be a SIGBUS, not an error. The
+        entries not used yet stay holes, as in a broker's file."""
+        if upto < self.reserved_entries:
+            return
+        target = min(self.entries, max(upto + 1, self.reserved_entries) + _RESERVE_ENTRIES)
+        reserve_blocks(self.path, self._entries_at + target * ENTRY_SIZE)
+        self.reserved_entries = target
 
     def drop_unfinished_entries(self) -> int:
         """After a kill: entries written past the header's indexCount (the header follows
@@ -171,8 +187,7 @@ class IndexFile:
                 raise StoreFormatError(f"{path} already exists")
             fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             try:
-                os.ftruncate(fd, size)
-                os.posix_fallocate(fd, 0, size)  # map writes never meet a full disk
+                os.ftruncate(fd, size)  # sparse, as the broker's; blocks reserved as used
             except OSError:
                 os.close(fd)
                 os.unlink(temporary)
@@ -189,6 +204,12 @@ class IndexFile:
             if previous.end_timestamp > 0:
                 header.begin_timestamp = header.end_timestamp = previous.end_timestamp
         index = cls(path, slots, entries, map_writable(path), header, True)
+        try:
+            index.reserve_entries(1)
+        except BaseException:
+            index.buf.close()
+            path.unlink()  # no room even for its slots: leave no file behind
+            raise
         index.sync_header()
         return index
 
@@ -202,6 +223,8 @@ class IndexFile:
         count = header.index_count
         if count >= self.entries:
             return False
+        if count >= self.reserved_entries:
+            self.reserve_entries(count)
         buf = self.buf
         slot_at = HEADER_SIZE + (key_hash % self.slots) * SLOT_SIZE
         previous = _INT.unpack_from(buf, slot_at)[0]
@@ -409,7 +432,7 @@ class IndexService:
         # the current file's state lives in locals on this hot path (written back on a roll)
         buf: mmap.mmap | bytes = b""
         header = IndexHeader()
-        slots = limit = entries_at = count = slot_count = begin = 0
+        slots = limit = entries_at = count = slot_count = begin = reserved = 0
         end_offset = end_timestamp = 0
         read_slot = _INT.unpack_from
         write_slot = _INT.pack_into
@@ -424,6 +447,7 @@ class IndexService:
                 index = files[-1] if files and not files[-1].is_full else self.writable_file()
                 header, buf, slots = index.header, index.buf, index.slots
                 limit, entries_at = index.entries, index._entries_at
+                reserved = index.reserved_entries
                 count, slot_count = header.index_count, header.hash_slot_count
                 begin = header.begin_timestamp
                 end_offset, end_timestamp = header.end_phy_offset, header.end_timestamp
@@ -436,6 +460,9 @@ class IndexService:
                 indexed += 1
             elif skipping:
                 continue
+            if count >= reserved:
+                index.reserve_entries(count)
+                reserved = index.reserved_entries
             slot_at = HEADER_SIZE + (key_hash % slots) * SLOT_SIZE
             previous = read_slot(buf, slot_at)[0]
             if previous <= 0 or previous > count:
