@@ -238,15 +238,16 @@ def messages_from_lines(
 
 
 class ResultSpool:
-    """Append results not reported yet, packed (40 bytes each) in a temporary file that stays
-    in memory up to a few MiB, so memory stays flat however many messages one command
-    appends before it may report them."""
+    """Append results not reported yet: kept as they are up to a number of them, beyond that
+    packed (40 bytes each) in a temporary file, so memory stays flat however many messages one
+    command appends before it may report them."""
 
     _ROW = struct.Struct("<qqiqiII")  # offset, queue offset, size, time, queue, topic, host
-    _IN_MEMORY = 8 * 1024 * 1024
+    _IN_LIST = 65536
     _READ_ROWS = 4096
 
     def __init__(self) -> None:
+        self._list: list[AppendResult] = []
         self._file: Any = None
         self._count = 0
         self._topics: dict[str, int] = {}
@@ -256,10 +257,13 @@ class ResultSpool:
         return self._count
 
     def extend(self, results: list[AppendResult]) -> None:
-        if not results:
-            return
+        self._count += len(results)
         if self._file is None:
-            self._file = tempfile.SpooledTemporaryFile(max_size=self._IN_MEMORY)  # noqa: SIM115 - closed by clear()
+            self._list.extend(results)
+            if len(self._list) <= self._IN_LIST:
+                return
+            self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by clear()
+            results, self._list = self._list, []
         topics, hosts, pack = self._topics, self._hosts, self._ROW.pack
         rows = []
         for result in results:
@@ -277,24 +281,25 @@ class ResultSpool:
                 )
             )
         self._file.write(b"".join(rows))
-        self._count += len(results)
 
     def drain(self) -> Iterator[AppendResult]:
         """The results in append order; each is gone from the spool once yielded."""
-        if not self._count:
+        if self._file is None:
+            results, self._list = self._list, []
+            for result in results:
+                self._count -= 1
+                yield result
             return
         topics = list(self._topics)
         hosts = list(self._hosts)
         new_result = tuple.__new__
         self._file.seek(0)
-        remaining = self._count
-        while remaining:
-            block = self._file.read(min(remaining, self._READ_ROWS) * self._ROW.size)
+        while self._count:
+            block = self._file.read(min(self._count, self._READ_ROWS) * self._ROW.size)
             for offset, queue_offset, size, stamp, queue_id, topic, host in self._ROW.iter_unpack(
                 block
             ):
-                remaining -= 1
-                self._count = remaining
+                self._count -= 1
                 yield new_result(
                     AppendResult,
                     (offset, queue_offset, size, stamp, topics[topic], queue_id, hosts[host]),
@@ -305,6 +310,7 @@ class ResultSpool:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self._list = []
         self._count = 0
 
 
