@@ -13,12 +13,62 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
 
 from rmqstore.record import Message
 
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
 
-console = Console(highlight=False, soft_wrap=False)
+
+class HumanOutput:
+    """Human output on stdout. On a terminal: rich text and tables. Anywhere else (a pipe, a
+    file): plain lines that are never wrapped or cut and end without spaces, and tables as
+    aligned columns without box drawing, so identifiers (msgIds, file names, offsets) survive
+    ``| cat``, ``| grep`` and ``> file`` whole."""
+
+    def __init__(self) -> None:
+        self._terminal = Console(highlight=False, soft_wrap=False)
+
+    def print(self, renderable: Any = "") -> None:
+        if sys.stdout.isatty():
+            self._terminal.print(renderable)
+            return
+        for line in plain_lines(renderable):
+            click.echo(line)
+
+
+def plain_lines(renderable: Any) -> list[str]:
+    """``renderable`` (markup text or a rich Table) as plain lines with no trailing spaces."""
+    if isinstance(renderable, Table):
+        return _table_lines(renderable)
+    text = renderable if isinstance(renderable, Text) else Text.from_markup(str(renderable))
+    return [line.rstrip() for line in text.plain.split("\n")]
+
+
+def _table_lines(table: Table) -> list[str]:
+    rows = [[_cell_text(cell) for cell in column.cells] for column in table.columns]
+    cells = list(zip(*rows, strict=True)) if rows else []
+    if table.show_header:
+        cells.insert(0, tuple(_cell_text(column.header) for column in table.columns))
+    widths = [max((len(row[i]) for row in cells), default=0) for i in range(len(table.columns))]
+    lines = [_cell_text(table.title)] if table.title else []
+    for row in cells:
+        parts = []
+        for index, (value, width) in enumerate(zip(row, widths, strict=True)):
+            right = table.columns[index].justify == "right"
+            parts.append(value.rjust(width) if right else value.ljust(width))
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def _cell_text(cell: Any) -> str:
+    if isinstance(cell, Text):
+        return cell.plain
+    return Text.from_markup(str(cell)).plain if cell is not None else ""
+
+
+console = HumanOutput()
 error_console = Console(stderr=True, highlight=False)
 
 

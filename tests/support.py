@@ -101,10 +101,12 @@ def java_host(text: str) -> str:
     return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
 
 
-def run_cli(*args: str | Path, input: str | bytes | None = None):
+def run_cli(*args: str | Path, input: str | bytes | None = None, env: dict[str, str] | None = None):
     """Run ``rmqstore ARGS`` in-process; returns click's Result (exit_code, stdout, stderr)."""
     runner = CliRunner()
-    return runner.invoke(cli, [str(arg) for arg in args], input=input, catch_exceptions=False)
+    return runner.invoke(
+        cli, [str(arg) for arg in args], input=input, env=env, catch_exceptions=False
+    )
 
 
 def manifest_dump(manifest: dict[str, Any]) -> dict[str, Any] | None:
