@@ -613,7 +613,5 @@ def _check_store_root(
         raise NotAStoreError(
             f"{root} is not empty and is not a RocketMQ store; refusing to create a store in it"
         )
-    raise NotAStoreError(
-        f"{root} is not a RocketMQ store (no commitlog/ directory); "
-        "use --create to make a new store"
-    )
+    hint = "; use --create to make a new store" if writing else ""
+    raise NotAStoreError(f"{root} is not a RocketMQ store (no commitlog/ directory){hint}")

@@ -49,3 +49,14 @@ def test_identifiers_are_never_split_at_60_columns(torn: Path) -> None:
         extra = ["--engine", "local"] if name == "stats" else []
         plain(name, torn, *extra)
     plain("fixtures", "list")
+
+
+def test_only_writers_suggest_create(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a store")
+    for command in (["info"], ["verify"], ["read", "--offset", "0"]):
+        result = run_cli(command[0], tmp_path, *command[1:])
+        assert result.exit_code == 2 and "not a RocketMQ store" in result.stderr
+        assert "--create" not in result.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "--create" in run_cli("append", empty, "--topic", "T", "--body", "x").stderr
