@@ -63,14 +63,14 @@ def command(
     after a run: quarantine, dispatch{...as rmqstore dispatch}, checkpoint{...},
     abortRemoved.
     """
-    if dry_run:
-        with Store.open_read(store, config) as opened:
-            opened.refuse_if_locked()  # a dry run takes no lock and writes nothing
-            with progress_bar("finding the valid end", _log_size(opened), not no_progress) as bar:
-                return _show_plan(plan_recovery(opened, progress=_relative(opened, bar)), as_json)
-    with Store.open_write(store, config) as opened:
+    # a dry run opens the store read-only: it takes no lock and writes nothing
+    with (Store.open_read if dry_run else Store.open_write)(store, config) as opened:
+        if dry_run:
+            opened.refuse_if_locked()
         with progress_bar("finding the valid end", _log_size(opened), not no_progress) as update:
             plan = plan_recovery(opened, progress=_relative(opened, update))
+        if dry_run:
+            return _show_plan(plan, as_json)
         if (plan.cuts or plan.moves) and not yes:
             confirm_or_refuse(
                 "recover",

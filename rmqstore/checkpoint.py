@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.segments import creating_name, fsync_directory
+from rmqstore.segments import write_whole_file
 
 CHECKPOINT_FILE_SIZE = 4096
 RECOVERY_SAFETY_MILLIS = 3000
@@ -104,7 +104,7 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
-            _create_checkpoint(path, checkpoint)
+            write_whole_file(path, checkpoint.encode())
             return
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -117,15 +117,3 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
             os.close(fd)
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
-
-
-def _create_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    temporary = path.with_name(creating_name(path.name))
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, checkpoint.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(temporary, path)
-    fsync_directory(path.parent)

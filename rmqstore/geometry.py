@@ -28,7 +28,7 @@ from rmqstore.config import (
 from rmqstore.consumequeue import CQ_UNIT_SIZE
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import infer_geometry, read_index_headers
-from rmqstore.segments import fsync_directory, make_directories
+from rmqstore.segments import make_directories, write_whole_file
 
 CONFIG_DIR = "config"
 GEOMETRY_FILE = "rmqstore-geometry.json"
@@ -79,21 +79,12 @@ def read_geometry(root: Path) -> dict[str, int]:
 
 
 def write_geometry(root: Path, values: dict[str, int]) -> None:
-    """Record ``values`` (StoreConfig field names) durably: written under a temporary name,
-    fsynced and renamed into place."""
+    """Record ``values`` (StoreConfig field names) durably, written whole."""
     path = geometry_path(root)
     document = {GEOMETRY_KEYS[name]: value for name, value in sorted(values.items())}
-    temporary = path.with_name(f".{GEOMETRY_FILE}.tmp")
     try:
         make_directories(path.parent)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        try:
-            os.write(fd, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-        fsync_directory(path.parent)
+        write_whole_file(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
 

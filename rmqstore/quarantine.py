@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.segments import fsync_directory, make_directories
+from rmqstore.segments import fsync_directory, make_directories, write_whole_file
 
 QUARANTINE_DIR = "quarantine"
 MANIFEST_FILE = "manifest.json"
@@ -177,15 +177,10 @@ class Quarantine:
         place, so a crash leaves the previous manifest or the new one, never half of one."""
         self.pieces.append(piece)
         manifest = {"operation": self.operation, "pieces": self.pieces}
-        path = self.directory / MANIFEST_FILE
-        temporary = path.with_name(f".{MANIFEST_FILE}.tmp")
         try:
-            with open(temporary, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(manifest, indent=2) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, path)
-            fsync_directory(self.directory)
+            write_whole_file(
+                self.directory / MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode()
+            )
         except OSError as exc:
             raise StoreIOError(f"cannot write quarantine manifest: {exc.strerror}") from None
 

@@ -480,6 +480,12 @@ class RegionScan:
         limit = self.limit
         base = self.base_offset
         check_crc = self.check_crc
+        property_crc = self.property_crc
+        failed_check = (
+            ("PROPERTIES", f"{CRC32_PROPERTY_NAME} is missing or does not match the record")
+            if property_crc
+            else ("BODYCRC", "does not match the body")
+        )
         release = self.release
         release_at = self.start + self.release_every if release is not None else limit + 1
         unpack_ipv4 = HEADER_IPV4.unpack_from
@@ -573,30 +579,22 @@ class RegionScan:
                         return
                     topics[topic_bytes] = topic
                 crc_ok = None
-                if check_crc and self.property_crc:
-                    crc_ok = property_crc_status(buf, position, total) is True
-                    if not crc_ok:
-                        self.crc_failures += 1
-                        if self.stop_on_crc_error:
-                            self._invalid(
-                                position,
-                                "PROPERTIES",
-                                f"{CRC32_PROPERTY_NAME} is missing or does not match the record",
+                if check_crc:
+                    if property_crc:
+                        crc_ok = property_crc_status(buf, position, total) is True
+                    else:
+                        crc_ok = (
+                            not body_length
+                            or (
+                                crc32(view[position + size : position + size + body_length])
+                                & 0x7FFFFFFF
                             )
-                            return
-                elif check_crc:
-                    crc_ok = (
-                        not body_length
-                        or (
-                            crc32(view[position + size : position + size + body_length])
-                            & 0x7FFFFFFF
+                            == header[H_BODY_CRC]
                         )
-                        == header[H_BODY_CRC]
-                    )
                     if not crc_ok:
                         self.crc_failures += 1
                         if self.stop_on_crc_error:
-                            self._invalid(position, "BODYCRC", "does not match the body")
+                            self._invalid(position, *failed_check)
                             return
                 if position >= release_at:
                     release(position)  # type: ignore[misc]

@@ -32,7 +32,7 @@ from rmqstore.dispatch import Dispatcher, DispatchResult
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
-from rmqstore.segments import SegmentQueue, is_creating_name, nonzero_extent
+from rmqstore.segments import is_creating_name, nonzero_extent
 from rmqstore.store import Store
 
 
@@ -117,6 +117,9 @@ class RecoveryResult:
         }
 
 
+_EMPTY_LAST = "an empty file at the end of the queue of files (a kill between create and size)"
+
+
 def plan_recovery(store: Store, progress: Callable[[int], None] | None = None) -> RecoveryPlan:
     """What recovery would do to ``store``; reads only."""
     end = store.log_end(progress)
@@ -126,32 +129,22 @@ def plan_recovery(store: Store, progress: Callable[[int], None] | None = None) -
         stopped_by=str(end.error) if end.error else None,
     )
     _plan_commitlog(store, end, plan)
-    _plan_queues(store, end.offset, plan)
+    queue_folders = _plan_queues(store, end.offset, plan)
     if store.config.message_index_enable:
         store.index_service().close()  # index files of another geometry stop recovery here
         _plan_index(store, plan)
-    _plan_leftovers(store, plan)
+    _plan_leftovers(store, plan, queue_folders)
     _note_missing_files(store, plan)
     return plan
 
 
-def _plan_leftovers(store: Store, plan: RecoveryPlan) -> None:
-    """Files a killed writer left half made: a zero-length last file of the commit log or of
-    a consume queue (skipped at load; a 5.x broker deletes it) and files still under their
-    temporary name. They hold nothing, but are moved to quarantine all the same."""
-    empty = "an empty file at the end of the queue of files (a kill between create and size)"
+def _plan_leftovers(store: Store, plan: RecoveryPlan, queue_folders: list[Path]) -> None:
+    """Files a killed writer left half made: a zero-length last commit-log file (skipped at
+    load; a 5.x broker deletes it; the queues' own are planned with them) and files still
+    under their temporary name. They hold nothing, but are moved to quarantine all the same."""
     if store.commitlog.queue.empty_last is not None:
-        _move(store, plan, store.commitlog.queue.empty_last, empty)
-    folders = [store.commitlog_dir, store.index_dir, store.root]
-    for topic, queue_id in list_queues(store.consumequeue_dir):
-        directory = store.consumequeue_dir / topic / str(queue_id)
-        if not store.inside(directory):
-            continue
-        folders.append(directory)
-        queue = SegmentQueue.load(directory, store.consumequeue_file_size, strict=False)
-        if queue.empty_last is not None:
-            _move(store, plan, queue.empty_last, empty)
-    for folder in folders:
+        _move(store, plan, store.commitlog.queue.empty_last, _EMPTY_LAST)
+    for folder in [store.commitlog_dir, store.index_dir, store.root, *queue_folders]:
         if not folder.is_dir():
             continue
         for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
@@ -172,14 +165,20 @@ def _plan_commitlog(store: Store, end: LogEnd, plan: RecoveryPlan) -> None:
                 _cut(store, plan, segment.path, position, extent[1], reason)
 
 
-def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> None:
+def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> list[Path]:
+    """Plan each queue's truncation (and the move of an empty last file); returns the queue
+    folders inside the store."""
+    folders = []
     for topic, queue_id in list_queues(store.consumequeue_dir):
         directory = store.consumequeue_dir / topic / str(queue_id)
         if not store.inside(directory):
             plan.skipped.append(f"{directory}: leads out of the store")
             continue
+        folders.append(directory)
         # strict: a file of the wrong size stops recovery here, before anything changed
         queue = ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
+        if queue.queue.empty_last is not None:
+            _move(store, plan, queue.queue.empty_last, _EMPTY_LAST)
         truncation = queue.truncation_at(end_offset)
         if truncation is None:
             continue
@@ -191,6 +190,7 @@ def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> None:
         if truncation.cut_file is not None:
             start, stop = truncation.cut_position, truncation.cut_end
             _cut(store, plan, truncation.cut_file, start, stop, reason)
+    return folders
 
 
 def _plan_index(store: Store, plan: RecoveryPlan) -> None:

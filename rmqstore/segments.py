@@ -166,6 +166,21 @@ def is_creating_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(CREATING_SUFFIX)
 
 
+def write_whole_file(path: Path, data: bytes) -> None:
+    """Write ``path`` whole: under its temporary name, fsynced, renamed into place (over an
+    older version), then its directory fsynced. A crash leaves the old file or the new one,
+    never part of one. OSError is the caller's to report."""
+    temporary = path.with_name(creating_name(path.name))
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
 def _refuse_existing(path: Path) -> None:
     """FileExistsError unless ``path`` is missing or an empty regular file."""
     try:

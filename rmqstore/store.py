@@ -109,7 +109,7 @@ class Store:
         self._writing = False
         self._log_end: LogEnd | None = None
         self._creation: _Creation | None = None  # set when this open made the store
-        self._given_config = config  # what the caller said, before files filled it in
+        self._given_config = StoreConfig()  # what the caller said (open_write sets it)
 
     # -- paths ---------------------------------------------------------------------------------
 

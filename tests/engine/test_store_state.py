@@ -198,7 +198,7 @@ def test_a_new_checkpoint_is_durable_in_its_directory(
     synced: list[Path] = []
     real = segments_module.fsync_directory
     monkeypatch.setattr(
-        "rmqstore.checkpoint.fsync_directory", lambda d: (synced.append(Path(d)), real(d))
+        segments_module, "fsync_directory", lambda d: (synced.append(Path(d)), real(d))
     )
     from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 
