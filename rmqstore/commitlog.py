@@ -34,6 +34,7 @@ from rmqstore.errors import (
     StoreIOError,
 )
 from rmqstore.hosts import HostAddress
+from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.properties import (
     DELAY,
@@ -74,6 +75,7 @@ from rmqstore.segments import (
     sync_directory,
 )
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
+from rmqstore.windows import FileWindows
 
 ScanItem = tuple[int, tuple, str, bytes, "bool | None"]
 _MAP_CACHE_SIZE = 8
@@ -202,9 +204,10 @@ class CommitLog:
             first_segment=start,
             property_crc=property_crc,
         )
-        for count, item in enumerate(scan, 1):
-            if progress is not None and not count & 0xFFFF:
-                progress(item[0])
+        for _window, window_start, rows, count in scan.batches():
+            if progress is not None:
+                at = window_start + rows[(count - 1) * ROW_WIDTH]
+                progress(scan.segment.start + at)  # type: ignore[union-attr]
         return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
 
     def store_timestamp_at(self, offset: int, size: int, end: int) -> int:
@@ -300,6 +303,15 @@ class LogScan:
         self.crc_failures = 0
 
     def __iter__(self) -> Iterator[ScanItem]:
+        return self._walk(iter)
+
+    def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
+        """The scan as the kernel's row batches: ``(window, window_start, rows, count)`` as
+        :meth:`RegionScan.batches` gives them, ``window_start`` a position in the file
+        :attr:`segment` (whose first byte is at physical offset ``segment.start``)."""
+        return self._walk(RegionScan.batches)
+
+    def _walk(self, items_of: Callable[[RegionScan], Iterator[Any]]) -> Iterator[Any]:
         log = self.log
         segments = log.segments
         segment = self.segment or log.queue.find(self.start_offset)
@@ -310,25 +322,23 @@ class LogScan:
         position = self.start_offset - segment.start
         while True:
             self.segment = segment
-            buf = map_readonly(segment.path)
-            release = page_releaser(buf, position)
-            region = RegionScan(
-                buf,
-                position,
-                log.file_size,
-                segment.start,
-                self.check_crc and segment.start >= self.crc_from,
-                stop_on_crc_error=self.stop_on_crc_error,
-                property_crc=self.property_crc,
-                release=release,
-            )
-            items = iter(region)
-            try:
-                yield from items
-            finally:
-                items.close()  # releases the region's view so the map can be closed
-                _close_map(buf)
-                self.crc_failures += region.crc_failures
+            with FileWindows(segment.path, log.file_size) as windows:
+                region = RegionScan(
+                    None,
+                    position,
+                    windows.limit,
+                    segment.start,
+                    self.check_crc and segment.start >= self.crc_from,
+                    stop_on_crc_error=self.stop_on_crc_error,
+                    property_crc=self.property_crc,
+                    windows=windows,
+                )
+                items = items_of(region)
+                try:
+                    yield from items
+                finally:
+                    items.close()  # type: ignore[attr-defined]
+                    self.crc_failures += region.crc_failures
             self.end_offset = segment.start + region.end_position
             self.stop, self.error = region.stop, region.error
             if region.stop is not ScanStop.BLANK or index + 1 >= len(segments):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from rmqstore import kernel
 from rmqstore.checksum import (
     CRC32_PROPERTY_NAME,
     CRC32_RESERVED_LEN,
@@ -23,8 +24,10 @@ from rmqstore.checksum import (
 )
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hosts import DEFAULT_BORN_HOST, DEFAULT_STORE_HOST, HostAddress
+from rmqstore.kernel import layout as kernel_layout
 from rmqstore.msgid import offset_msg_id
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
+from rmqstore.windows import BufferWindows
 
 MAGIC_V1 = -626843481  # 0xDAA320A7 read as a Java int
 MAGIC_V2 = -626843477  # 0xDAA320AB
@@ -416,8 +419,9 @@ class ScanStop(Enum):
 
 
 class RegionScan:
-    """Walks the records of one commit-log file region (``buf``: bytes or an mmap), the hot
-    path of every scan.
+    """Walks the records of one commit-log file region, the per-record face of the record
+    kernel (:mod:`rmqstore.kernel`): ``buf`` is the region in memory (bytes or a map) or, given
+    ``windows``, a :class:`rmqstore.windows.FileWindows` reading the file piece by piece.
 
     Iterating yields ``(physical_offset, header, topic, properties_bytes, crc_ok)`` for each
     valid message, where ``header`` is the unpacked fixed-header tuple (index it with the
@@ -426,24 +430,23 @@ class RegionScan:
     ``stop_on_crc_error`` (recovery's rule). ``release(position)`` is called about every
     ``release_every`` bytes so the caller can drop pages it has read. After iteration
     ``stop``, ``end_position`` (file position where valid records end), ``blank_length`` and
-    ``error`` say how it ended.
+    ``error`` say how it ended. :meth:`batches` gives the kernel's row batches instead.
     """
 
     __slots__ = (
         "base_offset",
         "blank_length",
         "buf",
-        "check_crc",
         "crc_failures",
         "end_position",
         "error",
         "limit",
-        "property_crc",
+        "options",
         "release",
         "release_every",
         "start",
         "stop",
-        "stop_on_crc_error",
+        "windows",
     )
 
     def __init__(
@@ -458,14 +461,18 @@ class RegionScan:
         property_crc: bool = False,
         release: Callable[[int], None] | None = None,
         release_every: int = 32 * 1024 * 1024,
+        windows: Any = None,
     ) -> None:
         self.buf = buf
-        self.property_crc = property_crc
+        self.windows = windows if windows is not None else BufferWindows(buf, limit)
         self.start = start
         self.limit = limit
         self.base_offset = base_offset
-        self.check_crc = check_crc
-        self.stop_on_crc_error = stop_on_crc_error
+        self.options = (
+            (kernel_layout.CHECK_CRC if check_crc else 0)
+            | (kernel_layout.STOP_ON_CRC_ERROR if stop_on_crc_error else 0)
+            | (kernel_layout.PROPERTY_CRC if property_crc else 0)
+        )
         self.release = release
         self.release_every = release_every
         self.end_position = start
@@ -474,140 +481,121 @@ class RegionScan:
         self.crc_failures = 0
         self.error: RecordError | None = None
 
-    def __iter__(self) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
-        buf = self.buf
-        view = memoryview(buf)
-        limit = self.limit
+    def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
+        """``(window, window_start, rows, count)`` per kernel call: ``rows`` holds ``count``
+        rows (:mod:`rmqstore.kernel.layout`) whose positions index ``window``, which starts at
+        file position ``window_start``. The rows and the window are reused by the next batch.
+        Every record the kernel checked counts into ``crc_failures``."""
+        return self._batches(count_failures=True)
+
+    def _batches(self, *, count_failures: bool) -> Iterator[tuple[Any, int, Any, int]]:
+        rows = kernel_layout.new_rows(_BATCH_ROWS)
+        scan = kernel.scan
+        windows = self.windows
         base = self.base_offset
-        check_crc = self.check_crc
-        property_crc = self.property_crc
-        failed_check = (
-            ("PROPERTIES", f"{CRC32_PROPERTY_NAME} is missing or does not match the record")
-            if property_crc
-            else ("BODYCRC", "does not match the body")
-        )
+        position = self.start
+        need = 0
+        self.end_position = position
+        while True:
+            window, window_start, available, room = windows.window(position, need)
+            count, stop, end, value, failures, problem = scan(
+                window,
+                position - window_start,
+                available,
+                base + window_start,
+                room,
+                self.options,
+                rows,
+            )
+            if count_failures:
+                self.crc_failures += failures
+            if count:
+                yield window, window_start, rows, count
+            position = window_start + end
+            self.end_position = position
+            if stop == _ROWS_FULL:
+                need = 0
+                continue
+            if stop == _MORE_DATA:
+                need = value
+                continue
+            self.stop = _STOPS[stop]
+            if stop == _BLANK:
+                self.blank_length = value
+            elif stop == _INVALID:
+                field_name, reason = kernel_layout.describe(problem, value)
+                self.error = RecordError(field_name, base + position, reason)
+                if not count_failures and problem in (_BODY_CRC_PROBLEM, _PROPERTY_CRC_PROBLEM):
+                    self.crc_failures += 1  # the record that stopped the scan
+            return
+
+    def __iter__(self) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
+        base = self.base_offset
         release = self.release
-        release_at = self.start + self.release_every if release is not None else limit + 1
+        release_at = self.start + self.release_every if release is not None else self.limit + 1
         unpack_ipv4 = HEADER_IPV4.unpack_from
-        unpack_short = _SHORT.unpack_from
-        crc32 = zlib.crc32
-        magic_v1 = MAGIC_V1
         host_flags = _HOST_FLAGS
-        min_length = _MIN_RECORD_LENGTH
-        # where an IPv4 header still fits: one unpack reads length, magic and header at once
-        last_header_at = limit - HEADER_IPV4.size
         topics: dict[bytes, str] = {}
+        width = kernel_layout.ROW_WIDTH
         position = self.start
         try:
-            while True:
-                if position <= last_header_at:
-                    header = unpack_ipv4(buf, position)
-                    total, magic = header[H_TOTAL_SIZE], header[H_MAGIC]
-                elif limit - position < 8:
-                    self.stop = ScanStop.END
-                    return
-                else:  # only a BLANK, zeros or a bad record fit here
-                    header = ()
-                    total, magic = _SIZE_AND_MAGIC.unpack_from(buf, position)
-                if magic != magic_v1:
-                    if magic == 0 and total == 0:
-                        self.stop = ScanStop.END  # zeros: nothing was written here
-                        return
-                    if magic == MAGIC_BLANK:
-                        self.stop = ScanStop.BLANK
-                        self.blank_length = total
-                        return
-                    if magic != MAGIC_V2:
-                        self._invalid(
-                            position,
-                            "MAGICCODE",
-                            f"0x{magic & 0xFFFFFFFF:08X} is not a message magic code",
-                        )
-                        return
-                # a short tail (no header read) fails here: limit - position < 88 < min_length
-                if not min_length <= total <= limit - position:
-                    self._invalid(position, "TOTALSIZE", f"{total} is out of bounds")
-                    return
-                if header[H_SYS_FLAG] & host_flags:
-                    size = header_struct(header[H_SYS_FLAG]).size
-                    if size + 3 > total:
-                        self._invalid(position, "TOTALSIZE", f"{total} is too small")
-                        return
-                    header = header_struct(header[H_SYS_FLAG]).unpack_from(buf, position)
-                else:
-                    size = 88
-                body_length = header[H_BODY_LENGTH]
-                topic_at = position + size + body_length
-                record_end = position + total
-                if body_length < 0 or topic_at + 3 > record_end:
-                    self._invalid(position, "BODYLENGTH", f"{body_length} does not fit")
-                    return
-                if magic == magic_v1:
-                    topic_length = buf[topic_at]
-                    if topic_length > 127:
-                        self._invalid(position, "TOPICLENGTH", "is negative")
-                        return
-                    topic_at += 1
-                else:
-                    topic_length = unpack_short(buf, topic_at)[0]
-                    if topic_length < 0:
-                        self._invalid(position, "TOPICLENGTH", "is negative")
-                        return
-                    topic_at += 2
-                props_at = topic_at + topic_length
-                if props_at + 2 > record_end:
-                    self._invalid(position, "TOPICLENGTH", "runs past the record")
-                    return
-                props_length = unpack_short(buf, props_at)[0]
-                if props_at + 2 + props_length != record_end:
-                    self._invalid(position, "TOTALSIZE", f"{total} does not match its fields")
-                    return
-                if header[H_PHYSICAL_OFFSET] != base + position:
-                    self._invalid(
-                        position,
-                        "PHYSICALOFFSET",
-                        f"{header[H_PHYSICAL_OFFSET]} differs from the position",
+            # failures are counted as records are yielded: a caller may stop part-way
+            for window, window_start, rows, count in self._batches(count_failures=False):
+                for at in range(0, count * width, width):
+                    start = rows[at]
+                    position = window_start + start
+                    sys_flag = rows[at + _SYS_FLAG]
+                    header = (
+                        header_struct(sys_flag).unpack_from(window, start)
+                        if sys_flag & host_flags
+                        else unpack_ipv4(window, start)
                     )
-                    return
-                topic_bytes = buf[topic_at:props_at]
-                topic = topics.get(topic_bytes)
-                if topic is None:
-                    try:
-                        topic = topic_bytes.decode("utf-8")
-                    except UnicodeDecodeError:
-                        self._invalid(position, "TOPIC", "is not valid UTF-8")
-                        return
-                    topics[topic_bytes] = topic
-                crc_ok = None
-                if check_crc:
-                    if property_crc:
-                        crc_ok = property_crc_status(buf, position, total) is True
-                    else:
-                        crc_ok = (
-                            not body_length
-                            or (
-                                crc32(view[position + size : position + size + body_length])
-                                & 0x7FFFFFFF
-                            )
-                            == header[H_BODY_CRC]
-                        )
-                    if not crc_ok:
-                        self.crc_failures += 1
-                        if self.stop_on_crc_error:
-                            self._invalid(position, *failed_check)
-                            return
-                if position >= release_at:
-                    release(position)  # type: ignore[misc]
-                    release_at = position + self.release_every
-                yield base + position, header, topic, buf[props_at + 2 : record_end], crc_ok
-                position = record_end
+                    topic_at = rows[at + _TOPIC_AT]
+                    topic_bytes = bytes(window[topic_at : topic_at + rows[at + _TOPIC_LENGTH]])
+                    topic = topics.get(topic_bytes)
+                    if topic is None:
+                        topic = topics[topic_bytes] = topic_bytes.decode("utf-8")
+                    properties_at = rows[at + _PROPERTIES_AT]
+                    properties = bytes(
+                        window[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]]
+                    )
+                    status = rows[at + _CRC_STATUS]
+                    crc_ok = None
+                    if status != _CRC_UNCHECKED:
+                        crc_ok = status == _CRC_GOOD
+                        if not crc_ok:
+                            self.crc_failures += 1
+                    if position >= release_at:
+                        release(position)  # type: ignore[misc]
+                        release_at = position + self.release_every
+                    yield base + position, header, topic, properties, crc_ok
+                    position += rows[at + _TOTAL_SIZE]
+            position = self.end_position
         finally:
             self.end_position = position
-            view.release()
 
-    def _invalid(self, position: int, field_name: str, reason: str) -> None:
-        self.stop = ScanStop.INVALID
-        self.error = RecordError(field_name, self.base_offset + position, reason)
+
+_BATCH_ROWS = 4096
+_ROWS_FULL = kernel_layout.Stop.ROWS_FULL
+_MORE_DATA = kernel_layout.Stop.MORE_DATA
+_BLANK = kernel_layout.Stop.BLANK
+_INVALID = kernel_layout.Stop.INVALID
+_BODY_CRC_PROBLEM = kernel_layout.Problem.BODY_CRC
+_PROPERTY_CRC_PROBLEM = kernel_layout.Problem.PROPERTY_CRC
+_STOPS = {
+    kernel_layout.Stop.END: ScanStop.END,
+    kernel_layout.Stop.BLANK: ScanStop.BLANK,
+    kernel_layout.Stop.INVALID: ScanStop.INVALID,
+}
+_SYS_FLAG = kernel_layout.SYS_FLAG
+_TOPIC_AT = kernel_layout.TOPIC_AT
+_TOPIC_LENGTH = kernel_layout.TOPIC_LENGTH
+_PROPERTIES_AT = kernel_layout.PROPERTIES_AT
+_PROPERTIES_LENGTH = kernel_layout.PROPERTIES_LENGTH
+_CRC_STATUS = kernel_layout.CRC_STATUS
+_CRC_UNCHECKED = kernel_layout.CRC_UNCHECKED
+_CRC_GOOD = kernel_layout.CRC_GOOD
+_TOTAL_SIZE = kernel_layout.TOTAL_SIZE
 
 
 _MESSAGE_MAGICS = (struct.pack(">i", MAGIC_V1), struct.pack(">i", MAGIC_V2))

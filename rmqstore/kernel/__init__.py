@@ -1,0 +1,57 @@
+"""The record kernel: batch scans of commit-log regions into packed rows (see
+:mod:`rmqstore.kernel.layout`). Two implementations with one interface: the compiled
+``_native`` module, built by ``pip install`` where a C compiler exists, and the pure-Python
+``reference``. ``RMQSTORE_KERNEL=python`` forces the reference; ``RMQSTORE_KERNEL=native``
+makes a missing compiled kernel an error instead of a quiet fallback (``make test`` sets it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from rmqstore.errors import InputError
+from rmqstore.kernel import reference
+
+_CHOICE = os.environ.get("RMQSTORE_KERNEL", "auto").strip().lower() or "auto"
+_implementation: Any = reference
+_why_not_native: str | None = None  # None: the compiled kernel runs
+_refusal: str | None = None  # set when the environment asks for what cannot run
+
+if _CHOICE == "python":
+    _why_not_native = "RMQSTORE_KERNEL=python"
+elif _CHOICE in ("auto", "native"):
+    try:
+        from rmqstore.kernel import _native as _implementation
+    except ImportError as exc:
+        _why_not_native = f"not built ({exc})"
+        if _CHOICE == "native":
+            _refusal = (
+                "RMQSTORE_KERNEL=native but the compiled kernel is not built; reinstall "
+                "with a C compiler present (pip install .)"
+            )
+else:
+    _why_not_native = f"RMQSTORE_KERNEL={_CHOICE!r}"
+    _refusal = f"RMQSTORE_KERNEL={_CHOICE!r} is not one of auto, native, python"
+
+NAME = "python" if _implementation is reference else "native"
+
+
+def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
+    raise InputError(str(_refusal))
+
+
+scan: Callable[[Any, int, int, int, int, int, Any], tuple[int, int, int, int, int, int]] = (
+    _refuse if _refusal else _implementation.scan
+)
+crc32: Callable[..., int] = _refuse if _refusal else _implementation.crc32
+
+
+def description() -> str:
+    """One line for ``--version`` and ``info``: which kernel runs and why."""
+    if _refusal:
+        return f"none ({_refusal})"
+    if _why_not_native is None:
+        return "native (compiled)"
+    return f"python (pure-Python reference; compiled kernel: {_why_not_native})"

@@ -1,0 +1,151 @@
+"""The record kernel's interface, shared by its two implementations (``_native``, compiled,
+and ``reference``, pure Python): the row columns, why a scan stopped, what made a record
+invalid, and the option bits. Nothing here depends on which implementation runs.
+
+``scan(buf, start, limit, base_offset, room, options, rows)`` walks the records of
+``buf[start:limit]`` (a commit-log file region whose first byte is at physical offset
+``base_offset``; ``room`` bytes of the region follow ``limit`` but are not in ``buf``) and
+writes one row of :data:`ROW_WIDTH` signed 64-bit integers into ``rows`` (an ``array('q')``)
+per valid message, until a stop. It returns :class:`ScanResult` fields as a tuple:
+``(count, stop, position, value, crc_failures, problem)``. ``position`` is where the scan
+stopped (the end of the last row's record, or the record that stopped it); ``value`` is the
+BLANK's declared length, the bytes a record needs (``MORE_DATA``) or the offending field value
+(``INVALID``).
+
+The acceptance rules are those of the spec §2.7 as rmqstore applies them (a record must also
+carry its own physical offset and a UTF-8 topic); both implementations follow them exactly and
+the differential tests hold them to it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from enum import IntEnum
+from typing import NamedTuple
+
+# Row columns: one signed 64-bit integer each. Positions are indexes into the scanned buffer.
+POSITION = 0  # where the record starts in the buffer
+TOTAL_SIZE = 1
+VERSION = 2  # 1 or 2 (the magic code)
+BODY_CRC = 3  # the stored BODYCRC
+QUEUE_ID = 4
+FLAG = 5
+QUEUE_OFFSET = 6
+PHYSICAL_OFFSET = 7
+SYS_FLAG = 8
+BORN_TIMESTAMP = 9
+STORE_TIMESTAMP = 10
+RECONSUME_TIMES = 11
+PREPARED_OFFSET = 12
+HEADER_SIZE = 13  # 88, 100 or 112: the body starts at POSITION + HEADER_SIZE
+BODY_LENGTH = 14
+TOPIC_AT = 15
+TOPIC_LENGTH = 16
+PROPERTIES_AT = 17
+PROPERTIES_LENGTH = 18
+CRC_STATUS = 19  # CRC_UNCHECKED, CRC_BAD or CRC_GOOD
+ROW_WIDTH = 20
+
+COLUMN_NAMES = (
+    "position",
+    "totalSize",
+    "version",
+    "bodyCRC",
+    "queueId",
+    "flag",
+    "queueOffset",
+    "physicalOffset",
+    "sysFlag",
+    "bornTimestamp",
+    "storeTimestamp",
+    "reconsumeTimes",
+    "preparedTransactionOffset",
+    "headerSize",
+    "bodyLength",
+    "topicAt",
+    "topicLength",
+    "propertiesAt",
+    "propertiesLength",
+    "crcStatus",
+)
+assert len(COLUMN_NAMES) == ROW_WIDTH
+
+CRC_UNCHECKED = -1
+CRC_BAD = 0
+CRC_GOOD = 1
+
+# option bits
+CHECK_CRC = 1  # check BODYCRC (or, with PROPERTY_CRC, the __CRC32# property) of every row
+STOP_ON_CRC_ERROR = 2  # a failed check makes the record invalid (recovery's rule)
+PROPERTY_CRC = 4  # forceVerifyPropCRC: the __CRC32# property replaces the body check
+
+
+class Stop(IntEnum):
+    """Why a scan call returned."""
+
+    ROWS_FULL = 0  # the rows buffer is full; call again from ``position``
+    END = 1  # zeros or the end of the region: nothing more was written
+    BLANK = 2  # a BLANK record (``value`` = its declared length): the file is complete
+    INVALID = 3  # bytes that are not a valid record (``problem`` says which rule failed)
+    MORE_DATA = 4  # the record at ``position`` runs past ``limit`` into ``room``: read more
+
+
+class Problem(IntEnum):
+    """The rule an invalid record broke (``Stop.INVALID``)."""
+
+    NONE = 0
+    MAGIC = 1  # value: the magic code
+    TOTAL_SIZE_BOUNDS = 2  # value: TOTALSIZE
+    HEADER_TOO_SMALL = 3  # value: TOTALSIZE
+    BODY_LENGTH = 4  # value: BODYLENGTH
+    TOPIC_NEGATIVE = 5  # value: the topic length
+    TOPIC_PAST_RECORD = 6  # value: the topic length
+    FIELDS_MISMATCH = 7  # value: TOTALSIZE
+    PHYSICAL_OFFSET = 8  # value: the stored PHYSICALOFFSET
+    TOPIC_UTF8 = 9
+    BODY_CRC = 10  # value: the stored BODYCRC
+    PROPERTY_CRC = 11
+
+
+def describe(problem: int, value: int) -> tuple[str, str]:
+    """The field an invalid record's problem concerns and the reason, in words."""
+    kind = Problem(problem)
+    if kind is Problem.MAGIC:
+        return "MAGICCODE", f"0x{value & 0xFFFFFFFF:08X} is not a message magic code"
+    if kind is Problem.TOTAL_SIZE_BOUNDS:
+        return "TOTALSIZE", f"{value} is out of bounds"
+    if kind is Problem.HEADER_TOO_SMALL:
+        return "TOTALSIZE", f"{value} is too small"
+    if kind is Problem.BODY_LENGTH:
+        return "BODYLENGTH", f"{value} does not fit"
+    if kind is Problem.TOPIC_NEGATIVE:
+        return "TOPICLENGTH", "is negative"
+    if kind is Problem.TOPIC_PAST_RECORD:
+        return "TOPICLENGTH", "runs past the record"
+    if kind is Problem.FIELDS_MISMATCH:
+        return "TOTALSIZE", f"{value} does not match its fields"
+    if kind is Problem.PHYSICAL_OFFSET:
+        return "PHYSICALOFFSET", f"{value} differs from the position"
+    if kind is Problem.TOPIC_UTF8:
+        return "TOPIC", "is not valid UTF-8"
+    if kind is Problem.BODY_CRC:
+        return "BODYCRC", "does not match the body"
+    if kind is Problem.PROPERTY_CRC:
+        return "PROPERTIES", "__CRC32# is missing or does not match the record"
+    raise ValueError(f"no problem to describe ({problem})")
+
+
+class ScanResult(NamedTuple):
+    """A scan call's outcome (the tuple ``scan`` returns, with names)."""
+
+    count: int
+    stop: Stop
+    position: int
+    value: int
+    crc_failures: int
+    problem: Problem
+
+
+def new_rows(capacity: int) -> array:
+    """A rows buffer for ``capacity`` records."""
+    return array("q", bytes(8 * ROW_WIDTH * capacity))

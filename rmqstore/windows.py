@@ -1,0 +1,98 @@
+"""Where a scan's bytes come from: a buffer already in memory, or a file read window by window
+with ``preadv`` into one reused buffer. Scans read files this way rather than through a map,
+so a file truncated underneath a reader gives an error naming the file instead of a SIGBUS,
+and resident memory stays one window whatever the store's size."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rmqstore.errors import StoreIOError
+
+WINDOW_BYTES = 8 * 1024 * 1024
+
+
+class BufferWindows:
+    """A region wholly in memory: every window is the whole buffer up to ``limit``."""
+
+    def __init__(self, buf: Any, limit: int) -> None:
+        self.buf = buf
+        self.limit = limit
+
+    def window(self, position: int, need: int) -> tuple[Any, int, int, int]:
+        """``(buffer, file position of buffer[0], bytes available, bytes of the region after
+        them)`` for a scan at ``position`` that needs ``need`` bytes there."""
+        return self.buf, 0, self.limit, 0
+
+    def close(self) -> None:
+        pass
+
+
+class FileWindows:
+    """A file region ``[0, limit)`` read in windows of at least ``window_bytes`` (larger when a
+    record needs more). ``limit`` is taken from the file's size when opened; a file that turns
+    out shorter while it is read raises :class:`StoreIOError`."""
+
+    def __init__(self, path: Path, limit: int, window_bytes: int = WINDOW_BYTES) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+        try:
+            size = os.fstat(self.fd).st_size
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError as exc:
+            os.close(self.fd)
+            raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+        self.limit = min(limit, size)
+        self.window_bytes = window_bytes
+        self.buffer = bytearray()
+        self.start = 0  # file position of buffer[0]
+        self.filled = 0  # valid bytes in buffer
+
+    def window(self, position: int, need: int) -> tuple[Any, int, int, int]:
+        """As :meth:`BufferWindows.window`; reads only when the current window does not hold
+        ``need`` bytes (or the rest of the region) at ``position``."""
+        wanted = min(max(need, 8), self.limit - position)
+        end = self.start + self.filled
+        if not (self.start <= position and position + wanted <= end):
+            self._read(position, min(max(self.window_bytes, need), self.limit - position))
+            end = self.start + self.filled
+        return self.buffer, self.start, self.filled, self.limit - end
+
+    def _read(self, position: int, length: int) -> None:
+        if len(self.buffer) < length:
+            self.buffer = bytearray(length)
+        view = memoryview(self.buffer)
+        done = 0
+        try:
+            while done < length:
+                try:
+                    got = os.preadv(self.fd, [view[done:length]], position + done)
+                except OSError as exc:
+                    raise StoreIOError(f"cannot read {self.path}: {exc.strerror}") from None
+                if got == 0:
+                    raise StoreIOError(
+                        f"{self.path} ended at byte {position + done} while it was read "
+                        f"(it was {self.limit} bytes when the scan began): another process "
+                        "truncated it"
+                    )
+                done += got
+        finally:
+            view.release()
+        self.start = position
+        self.filled = length
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> FileWindows:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
