@@ -33,14 +33,14 @@ def command(store: Path, config: StoreConfig, as_json: bool, no_progress: bool) 
     in consume queues), checkpoint values, abort and lock state. Reads only; works on a store
     a broker holds (with a warning).
 
-    JSON fields: store, lock, abort, checkpoint{physicMsgTimestamp, logicsMsgTimestamp,
-    indexMsgTimestamp, masterFlushedOffset, confirmPhyOffset, minTimestamp,
-    minTimestampIndex}, geometry{...}, commitLog{files, firstFile, lastFile, minOffset,
-    maxOffset, messages, firstStoreTimestamp, lastStoreTimestamp, end, endError,
-    filesWithDataAfterEnd}, topics[{topic, queues[{queueId, messages, minOffset, maxOffset,
-    notQueued}]}] (from the commit log), consumeQueues[{topic, queueId, minOffset, maxOffset,
-    maxPhysicalOffset}] (from consume-queue files), index{files, entries, endOffset,
-    endTimestamp}, dispatch{cursor, behindBytes, behindRecords}.
+    JSON fields: store, kernel (native or python: which record kernel ran), lock, abort,
+    checkpoint{physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp, masterFlushedOffset,
+    confirmPhyOffset, minTimestamp, minTimestampIndex}, geometry{...}, commitLog{files,
+    firstFile, lastFile, minOffset, maxOffset, messages, firstStoreTimestamp,
+    lastStoreTimestamp, end, endError, filesWithDataAfterEnd}, topics[{topic, queues[{queueId,
+    messages, minOffset, maxOffset, notQueued}]}] (from the commit log), consumeQueues[{topic,
+    queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
+    entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}.
     """
     with Store.open_read(store, config) as opened:
         for message in opened.notes:
@@ -64,6 +64,7 @@ def _render(summary: dict[str, Any]) -> None:
     overview.add_column(style="bold")
     overview.add_column()
     overview.add_row("store", summary["store"])
+    overview.add_row("record kernel", summary["kernel"])
     overview.add_row("lock", summary["lock"])
     overview.add_row(
         "abort",

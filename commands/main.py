@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 import click
 
-from rmqstore import __version__
+from rmqstore import __version__, kernel
 from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError
 
 
@@ -89,7 +89,11 @@ def _silence_stdout() -> None:
     cls=RmqStoreGroup,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@click.version_option(__version__, prog_name="rmqstore")
+@click.version_option(
+    __version__,
+    prog_name="rmqstore",
+    message=f"%(prog)s %(version)s\nrecord kernel: {kernel.description()}",
+)
 def cli() -> None:
     """Inspect, verify and write Apache RocketMQ message store directories offline.
 

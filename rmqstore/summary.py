@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from rmqstore import kernel
 from rmqstore.consumequeue import QueueTip, list_queues
 from rmqstore.indexfile import read_index_headers
 from rmqstore.record import (
@@ -132,6 +133,7 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
     config = store.config
     return {
         "store": str(store.root),
+        "kernel": kernel.NAME,
         "lock": store.lock_state().value,
         "abort": store.aborted,
         "checkpoint": checkpoint.to_dict() if checkpoint else None,

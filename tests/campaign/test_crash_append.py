@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from campaigns import child_env, rounds
 
 from rmqstore.config import StoreConfig
 from rmqstore.record import BodyMode
 from rmqstore.store import Store
 from rmqstore.verify import NOTE, verify_store
 
+from campaigns import child_env, rounds
 from support import run_cli
 
 KILLS = rounds(short=3, long=50)  # per flush policy and dispatch setting: 4 x 50 = 200 long

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-from campaigns import child_env, rounds, tree_state
 
 from rmqstore.fixtures import FixtureOptions, generate
 
+from campaigns import child_env, rounds, tree_state
 from support import run_cli
 
 KILLS = rounds(short=2, long=30)

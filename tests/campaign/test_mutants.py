@@ -11,8 +11,8 @@ import random
 from pathlib import Path
 
 import pytest
-from campaigns import mutate, rounds, run_commands, tree_state
 
+from campaigns import mutate, rounds, run_commands, tree_state
 from support import ORACLE_OPTIONS
 
 MUTANTS = rounds(short=4, long=100)  # per real store; 3 stores

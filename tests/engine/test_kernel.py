@@ -1,0 +1,209 @@
+"""The compiled record kernel against its pure-Python reference: the same rows, stop, position
+and CRC verdicts on every real-broker store, every fixture scenario and mutations of them, read
+whole and window by window; and the rules that make a record invalid, one by one."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import zlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rmqstore import kernel
+from rmqstore.hosts import parse_host
+from rmqstore.kernel import layout, reference
+from rmqstore.record import Message, RegionScan, ScanStop, encode_blank, encode_record
+from rmqstore.windows import FileWindows
+
+from kernel_corpus import differences, mutate, run_scan, scenario_workdir, seed_files
+
+
+def load_native() -> ModuleType:
+    if os.environ.get("RMQSTORE_KERNEL") == "native":
+        from rmqstore.kernel import _native  # make test: the compiled kernel must be there
+
+        return _native
+    return pytest.importorskip("rmqstore.kernel._native", reason="compiled kernel not built")
+
+
+native = load_native()
+
+
+@pytest.fixture(scope="module")
+def seeds() -> list[tuple[str, bytes, int]]:
+    with scenario_workdir() as workdir:
+        return seed_files(Path(workdir))
+
+
+def test_make_test_runs_the_kernel_it_asks_for() -> None:
+    wanted = os.environ.get("RMQSTORE_KERNEL", "auto")
+    expected = {"native": "native", "python": "python"}.get(wanted, kernel.NAME)
+    assert expected == kernel.NAME
+    assert kernel.description().startswith(expected)
+
+
+@given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
+def test_crc32_is_zlibs(data: bytes, start: int) -> None:
+    assert native.crc32(data) == zlib.crc32(data)
+    assert native.crc32(data, start) == zlib.crc32(data, start)
+    assert reference.crc32(data) == zlib.crc32(data)
+
+
+def test_every_seed_scans_the_same_both_ways(seeds: list[tuple[str, bytes, int]]) -> None:
+    assert len(seeds) > 20
+    rng = random.Random(1)
+    for name, data, base in seeds:
+        problems = list(differences(native, data, base, rng))
+        assert not problems, f"{name}: {problems}"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_seeds_scan_the_same_both_ways(seeds, data) -> None:  # type: ignore[no-untyped-def]
+    name, content, base = data.draw(st.sampled_from(seeds))
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+    mutated = mutate(content, base, rng)
+    problems = list(differences(native, mutated, base, rng))
+    assert not problems, f"{name} mutated: {problems}"
+
+
+def _record(position: int = 0, **changes: object) -> bytes:
+    fields = {"topic": "T", "body": b"hello", "physical_offset": position, **changes}
+    return encode_record(Message(**fields))  # type: ignore[arg-type]
+
+
+def _scan_both(data: bytes, options: int = 0, base: int = 0) -> tuple[int, ...]:
+    results = [run_scan(impl, data, 0, base, options, 16) for impl in (native, reference)]
+    assert results[0] == results[1]
+    return results[0][1]
+
+
+def _set_int(data: bytes, at: int, value: int, fmt: str = ">i") -> bytes:
+    changed = bytearray(data)
+    struct.pack_into(fmt, changed, at, value)
+    return bytes(changed)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda r: _set_int(r, 4, 0x12345678), layout.Problem.MAGIC),
+        (lambda r: _set_int(r, 0, 90), layout.Problem.TOTAL_SIZE_BOUNDS),
+        (lambda r: _set_int(r, 0, 2**31 - 1), layout.Problem.TOTAL_SIZE_BOUNDS),
+        (lambda r: _set_int(r, 84, -1), layout.Problem.BODY_LENGTH),
+        (lambda r: _set_int(r, 84, 2**31 - 1), layout.Problem.BODY_LENGTH),
+        (lambda r: r[:93] + b"\xff" + r[94:], layout.Problem.TOPIC_NEGATIVE),
+        (lambda r: r[:93] + b"\x7f" + r[94:], layout.Problem.TOPIC_PAST_RECORD),
+        (lambda r: _set_int(r, 95, 5, ">h"), layout.Problem.FIELDS_MISMATCH),
+        (lambda r: _set_int(r, 28, 4096, ">q"), layout.Problem.PHYSICAL_OFFSET),
+        (lambda r: r[:94] + b"\xff" + r[95:], layout.Problem.TOPIC_UTF8),
+    ],
+)
+def test_each_rule_makes_a_record_invalid(damage, problem: layout.Problem) -> None:  # type: ignore[no-untyped-def]
+    record = _record()
+    assert record[93] == 1  # V1 topic length of "T" after the 88-byte header and 5-byte body
+    stop, position, _value, _failures, found = _scan_both(damage(record) + bytes(64))
+    assert (stop, position, found) == (layout.Stop.INVALID, 0, problem)
+
+
+def test_surrogates_and_overlong_utf8_are_invalid_topics_as_python_decodes_them() -> None:
+    for topic in (b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe2\x82", b"ok\xc3\xa9"):
+        body = _record(topic="X" * len(topic))
+        at = body.index(b"X" * len(topic))
+        data = body[:at] + topic + body[at + len(topic) :]
+        stop, *_rest, found = _scan_both(data)
+        valid = True
+        try:
+            topic.decode("utf-8")
+        except UnicodeDecodeError:
+            valid = False
+        assert (stop == layout.Stop.END) is valid, topic
+        assert found == (layout.Problem.NONE if valid else layout.Problem.TOPIC_UTF8)
+
+
+def test_crc_rules() -> None:
+    good = _record()
+    bad = _set_int(good, 8, 1)
+    assert _scan_both(bad, layout.CHECK_CRC)[3] == 1  # counted, not a stop
+    stop, position, _value, failures, problem = _scan_both(
+        bad, layout.CHECK_CRC | layout.STOP_ON_CRC_ERROR
+    )
+    assert (stop, position, failures, problem) == (
+        layout.Stop.INVALID,
+        0,
+        1,
+        layout.Problem.BODY_CRC,
+    )
+    empty = _set_int(_record(body=b""), 8, 12345)  # the broker checks no CRC for an empty body
+    assert _scan_both(empty, layout.CHECK_CRC | layout.STOP_ON_CRC_ERROR)[0] == layout.Stop.END
+    with_property = encode_record(Message(topic="T", body=b"x"), append_crc_property=True)
+    options = layout.CHECK_CRC | layout.STOP_ON_CRC_ERROR | layout.PROPERTY_CRC
+    assert _scan_both(with_property, options)[0] == layout.Stop.END
+    assert _scan_both(good, options)[4] == layout.Problem.PROPERTY_CRC  # no property at all
+    wrong_digit = bytearray(with_property)
+    wrong_digit[-2] = ord("9") if wrong_digit[-2] != ord("9") else ord("8")
+    assert _scan_both(bytes(wrong_digit), options)[4] == layout.Problem.PROPERTY_CRC
+
+
+def test_ipv6_v2_and_blank() -> None:
+    v6 = parse_host("[2001:db8::1]:10911")
+    first = encode_record(Message(topic="%RETRY%" + "g" * 130, version=2, born_host=v6))
+    second = encode_record(Message(topic="T", body=b"b", store_host=v6, physical_offset=len(first)))
+    data = first + second + encode_blank(40) + bytes(32)
+    rows, final = run_scan(native, data, 0, 0, layout.CHECK_CRC, 4)
+    assert [row[layout.VERSION] for row in rows] == [2, 1]
+    assert [row[layout.HEADER_SIZE] for row in rows] == [100, 100]
+    assert final[:3] == (layout.Stop.BLANK, len(first) + len(second), 40)
+    assert (rows, final) == run_scan(reference, data, 0, 0, layout.CHECK_CRC, 4)
+
+
+def test_bounds_and_capacity() -> None:
+    rows = layout.new_rows(1)
+    for impl in (native, reference):
+        with pytest.raises(ValueError):
+            impl.scan(b"abc", 0, 4, 0, 0, 0, rows)
+        with pytest.raises(ValueError):
+            impl.scan(b"abc", 2, 1, 0, 0, 0, rows)
+        assert impl.scan(b"", 0, 0, 0, 0, 0, rows)[:2] == (0, layout.Stop.END)
+        assert impl.scan(_record(), 0, 10, 0, 0, 0, layout.new_rows(0))[1] == layout.Stop.ROWS_FULL
+
+
+def test_a_file_that_shrinks_while_it_is_read_names_the_file(tmp_path: Path) -> None:
+    records = b"".join(_record(position=i * len(_record())) for i in range(200))
+    path = tmp_path / "00000000000000000000"
+    path.write_bytes(records + bytes(4096))
+    with FileWindows(path, 1 << 20, window_bytes=1024) as windows:
+        scan = RegionScan(None, 0, windows.limit, 0, windows=windows)
+        items = iter(scan)
+        next(items)
+        os.truncate(path, 2048)  # another process cuts the file
+        with pytest.raises(Exception) as caught:
+            list(items)
+    assert caught.type.__name__ == "StoreIOError"
+    assert str(path) in str(caught.value) and "truncated" in str(caught.value)
+
+
+def test_windowed_region_scan_equals_whole(tmp_path: Path) -> None:
+    data = bytearray()
+    for i in range(300):
+        body = b"b" * (i * 37 % 900)
+        data += encode_record(Message(topic=f"T{i % 3}", body=body, physical_offset=len(data)))
+    data += encode_blank(100) + bytes(92)
+    path = tmp_path / "00000000000000000000"
+    path.write_bytes(data)
+    whole = RegionScan(bytes(data), 0, len(data), 0, check_crc=True)
+    expected = list(whole)
+    with FileWindows(path, len(data), window_bytes=512) as windows:
+        windowed = RegionScan(None, 0, windows.limit, 0, check_crc=True, windows=windows)
+        assert list(windowed) == expected
+    assert (windowed.stop, windowed.end_position, windowed.blank_length) == (
+        ScanStop.BLANK,
+        whole.end_position,
+        100,
+    )

@@ -1,0 +1,183 @@
+"""The record kernel's test corpus and its differential check, shared by the differential tests
+(tests/engine/test_kernel.py) and the sanitizer fuzz run (tests/kernel_fuzz.py, ``make
+fuzz-native``): the commit-log files of every real-broker store and every fixture scenario,
+mutated the ways damaged disks and hostile writers mutate them, each scanned by both kernels
+whole and window by window."""
+
+from __future__ import annotations
+
+import random
+import struct
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
+from rmqstore.kernel import reference
+from rmqstore.kernel.layout import (
+    CHECK_CRC,
+    PROPERTIES_AT,
+    PROPERTY_CRC,
+    ROW_WIDTH,
+    STOP_ON_CRC_ERROR,
+    TOPIC_AT,
+    Stop,
+    new_rows,
+)
+
+from support import ORACLE_ARCHIVES
+
+OPTION_SETS = (
+    0,
+    CHECK_CRC,
+    CHECK_CRC | STOP_ON_CRC_ERROR,
+    CHECK_CRC | PROPERTY_CRC,
+    CHECK_CRC | STOP_ON_CRC_ERROR | PROPERTY_CRC,
+)
+EXTREME_INTS = (0, -1, 1, 2**31 - 1, -(2**31), 91, 7)
+EXTREME_SHORTS = (0, -1, 32767, -32768, 255, 127, 128)
+
+
+def seed_files(workdir: Path) -> list[tuple[str, bytes, int]]:
+    """``(name, file bytes, physical offset of its first byte)`` for every commit-log file of
+    the oracle stores and the fixture scenarios (generated into ``workdir``)."""
+    seeds: list[tuple[str, bytes, int]] = []
+    for archive in sorted(ORACLE_ARCHIVES.glob("*.tar.gz")):
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                parts = Path(member.name).parts
+                if member.isfile() and len(parts) >= 2 and parts[-2] == "commitlog":
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    seeds.append((f"{archive.name}:{member.name}", data, int(parts[-1])))
+    for name in SCENARIOS:
+        out = workdir / name
+        small = name == "large"  # the benchmark shape, kept small: 1 GiB files are no seed
+        options = FixtureOptions(messages=300, commitlog_file_size=65536) if small else None
+        generate(name, out, options or FixtureOptions())
+        for path in sorted((out / "commitlog").iterdir()):
+            seeds.append((f"scenario {name}:{path.name}", path.read_bytes(), int(path.name)))
+    return seeds
+
+
+def scenario_workdir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="rmqstore-kernel-corpus-")
+
+
+def record_positions(data: bytes, base: int) -> list[tuple[int, int, int]]:
+    """``(record start, topic length at, properties length at)`` of the valid records."""
+    rows = new_rows(1024)
+    found = []
+    position = 0
+    while True:
+        count, stop, position, *_ = reference.scan(data, position, len(data), base, 0, 0, rows)
+        for index in range(count):
+            row = rows[index * ROW_WIDTH : (index + 1) * ROW_WIDTH]
+            version = row[2]
+            found.append((row[0], row[TOPIC_AT] - version, row[PROPERTIES_AT] - 2))
+        if stop != Stop.ROWS_FULL:
+            return found
+
+
+def mutate(data: bytes, base: int, rng: random.Random) -> bytes:
+    """One to three damages of the kinds a reader meets: bit flips, a truncated tail, zeroed
+    ranges, and length fields (TOTALSIZE, BODYLENGTH, topic and properties lengths) set to
+    extremes."""
+    mutated = bytearray(data)
+    records = record_positions(data, base) if data else []
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(6) if records else rng.randrange(3)
+        if not mutated:
+            break
+        if kind == 0:  # bit flips
+            for _ in range(rng.randint(1, 8)):
+                at = rng.randrange(len(mutated))
+                mutated[at] ^= 1 << rng.randrange(8)
+        elif kind == 1:  # truncation
+            del mutated[rng.randrange(len(mutated)) :]
+        elif kind == 2:  # a zeroed range
+            at = rng.randrange(len(mutated))
+            mutated[at : at + rng.randint(1, 512)] = bytes(min(512, len(mutated) - at))
+            del mutated[len(data) :]
+        else:
+            start, topic_length_at, properties_length_at = rng.choice(records)
+            if kind == 3:  # TOTALSIZE or BODYLENGTH
+                field_at = rng.choice((start, start + 84))
+                if field_at + 4 <= len(mutated):
+                    struct.pack_into(">i", mutated, field_at, rng.choice(EXTREME_INTS))
+            elif kind == 4:  # topic length (1 byte in V1, the first of 2 in V2)
+                if topic_length_at < len(mutated):
+                    mutated[topic_length_at] = rng.choice((0, 127, 128, 255, 1))
+            elif properties_length_at + 2 <= len(mutated):  # properties length
+                struct.pack_into(">h", mutated, properties_length_at, rng.choice(EXTREME_SHORTS))
+    return bytes(mutated)
+
+
+def run_scan(
+    kernel: ModuleType,
+    data: bytes,
+    start: int,
+    base: int,
+    options: int,
+    capacity: int,
+    window: int | None = None,
+) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """Scan ``data`` from ``start`` to a stop other than ``ROWS_FULL``/``MORE_DATA``, reading
+    it whole or, with ``window``, in windows as rmqstore.windows.FileWindows does. Returns the
+    rows (positions made absolute) and the final ``(stop, position, value, crc failures,
+    problem)`` (position absolute, failures summed)."""
+    rows = new_rows(capacity)
+    found: list[tuple[int, ...]] = []
+    failures = 0
+    position = start
+    need = 0
+    while True:
+        if window is None:
+            window_start, window_end = 0, len(data)
+        else:
+            window_start = position
+            window_end = min(len(data), position + max(window, need))
+        buf = data[window_start:window_end]
+        count, stop, end, value, failed, problem = kernel.scan(
+            buf,
+            position - window_start,
+            len(buf),
+            base + window_start,
+            len(data) - window_end,
+            options,
+            rows,
+        )
+        failures += failed
+        for index in range(count):
+            row = list(rows[index * ROW_WIDTH : (index + 1) * ROW_WIDTH])
+            for column in (0, TOPIC_AT, PROPERTIES_AT):
+                row[column] += window_start
+            found.append(tuple(row))
+        position = window_start + end
+        if stop == Stop.ROWS_FULL:
+            need = 0
+            continue
+        if stop == Stop.MORE_DATA:
+            assert window is not None, "MORE_DATA from a whole-buffer scan"
+            assert value > len(buf) - (position - window_start), "MORE_DATA for bytes it had"
+            need = value
+            continue
+        return found, (stop, position, value, failures, problem)
+
+
+def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) -> Iterator[str]:
+    """Every way the two kernels (and whole against windowed reading) disagree on ``data``."""
+    start = 0
+    if data and rng.random() < 0.25:
+        start = rng.randrange(len(data))
+    for options in OPTION_SETS:
+        capacity = rng.choice((1, 3, 64))
+        expected = run_scan(reference, data, start, base, options, capacity)
+        got = run_scan(native, data, start, base, options, capacity)
+        if got != expected:
+            yield f"native differs from reference (options {options}, start {start})"
+        window = rng.choice((8, 100, 200, 4096))
+        windowed = run_scan(native, data, start, base, options, capacity, window)
+        if windowed != expected:
+            yield f"windowed ({window}) differs from whole (options {options}, start {start})"
