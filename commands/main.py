@@ -4,6 +4,7 @@ codes. Every command is also callable in-process with :func:`run`."""
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import sys
 import traceback
@@ -21,7 +22,19 @@ def _error(message: str) -> None:
 
 
 class RmqStoreGroup(click.Group):
-    """Runs a subcommand and maps what it raises to the documented exit codes."""
+    """Runs a subcommand and maps what it raises to the documented exit codes. A command's
+    module is imported only when that command runs (or help lists it), so start-up pays only
+    for what runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMAND_MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _COMMAND_MODULES:
+            return None
+        module = importlib.import_module(f"rmqstore.commands.{cmd_name}")
+        command: click.Command = module.command
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -109,25 +122,25 @@ def cli() -> None:
     """
 
 
-def _register() -> None:
-    from rmqstore.commands import (
-        append,
-        dispatch,
-        export,
-        fixtures,
-        flush,
-        info,
-        read,
-        recover,
-        stats,
-        verify,
-    )
-
-    for module in (info, append, read, verify, dispatch, recover, flush, export, stats, fixtures):
-        cli.add_command(module.command)
+_COMMAND_MODULES = (
+    "info",
+    "append",
+    "read",
+    "verify",
+    "dispatch",
+    "recover",
+    "flush",
+    "export",
+    "stats",
+    "fixtures",
+)
 
 
-_register()
+def all_commands() -> dict[str, click.Command]:
+    """Every subcommand by name (imports every command module)."""
+    context = click.Context(cli)
+    found = {name: cli.get_command(context, name) for name in cli.list_commands(context)}
+    return {name: command for name, command in found.items() if command is not None}
 
 
 def run(argv: Sequence[str] | None = None) -> int:

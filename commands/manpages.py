@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from rmqstore import __version__
-from rmqstore.commands.main import cli
+from rmqstore.commands.main import all_commands, cli
 from rmqstore.errors import ExitCode
 
 EXIT_CODES = [
@@ -117,10 +117,11 @@ def command_page(path: list[str], command: click.Command, parent: click.Context)
 
 def main_page() -> str:
     context = _root_context()
+    subcommands = all_commands()
     commands = "\n".join(
-        f".TP\n.B {roff(name)}\n{roff(cli.commands[name].get_short_help_str(200))} "
+        f".TP\n.B {roff(name)}\n{roff(subcommands[name].get_short_help_str(200))} "
         f"See \\fBrmqstore\\-{roff(name)}\\fR(1)."
-        for name in sorted(cli.commands)
+        for name in sorted(subcommands)
     )
     return "".join(
         [
@@ -131,9 +132,12 @@ def main_page() -> str:
             f".SH OPTIONS\n{_options(cli, context)}\n",
             _exit_status(),
             ".SH ENVIRONMENT\n.TP\n.B RMQSTORE_DEBUG\nPrint a traceback after an internal "
-            "error.\n.TP\n.B JAVA_HOME\nThe Java 17+ used by the Spark pipeline.\n",
+            "error.\n.TP\n.B JAVA_HOME\nThe Java 17+ used by the Spark pipeline.\n"
+            ".TP\n.B RMQSTORE_KERNEL\nWhich record kernel runs: auto (the compiled one when "
+            "it was built, else the pure-Python reference), native (the compiled one, or exit 2) "
+            "or python (the reference).\n",
             ".SH SEE ALSO\n"
-            + ",\n".join(f".BR rmqstore\\-{roff(name)} (1)" for name in sorted(cli.commands))
+            + ",\n".join(f".BR rmqstore\\-{roff(name)} (1)" for name in sorted(subcommands))
             + ",\n.BR rmqstore\\-store (5)\n",
         ]
     )
@@ -151,7 +155,7 @@ def generated_pages() -> dict[str, str]:
                 walk([*path, name], sub, context)
 
     root = _root_context()
-    for name, command in sorted(cli.commands.items()):
+    for name, command in sorted(all_commands().items()):
         walk(["rmqstore", name], command, root)
     return pages
 

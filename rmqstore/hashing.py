@@ -17,7 +17,6 @@ _UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
 
 # powers of 31 modulo 2**32 for each string length, most significant first
 _powers_by_length: dict[int, tuple[int, ...]] = {}
-_POWER31 = [pow(31, n, 1 << 32) for n in range(4097)]  # 31**n modulo 2**32
 
 # The fast path for ASCII: a code unit c below 128 is (c // 31) * 31 + c % 31 with both parts
 # below 31, so sum(c_i * 31**(n-1-i)) is 31 * H + L, where H and L are the strings of those
@@ -36,8 +35,10 @@ def _powers(length: int) -> tuple[int, ...]:
     return powers
 
 
+@lru_cache(maxsize=4096)
 def _power31(length: int) -> int:
-    return _POWER31[length] if length <= 4096 else pow(31, length, 1 << 32)
+    """31**length modulo 2**32 (remembered: lengths repeat)."""
+    return pow(31, length, 1 << 32)
 
 
 def _code_units(text: str) -> bytes | memoryview:
