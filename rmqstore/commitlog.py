@@ -69,7 +69,6 @@ from rmqstore.record import (
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
-    map_readonly,
     map_writable,
     open_for_writing,
     sync_directory,
@@ -78,7 +77,8 @@ from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 from rmqstore.windows import FileWindows
 
 ScanItem = tuple[int, tuple, str, bytes, "bool | None"]
-_MAP_CACHE_SIZE = 8
+_OPEN_FILES = 8
+_LONGEST_HEADER = 112  # a header with two IPv6 hosts
 _RESERVE_CHUNK = 16 * 1024 * 1024
 _RELEASE_CHUNK = 32 * 1024 * 1024  # the appender drops written pages in steps of this
 _PAGE = mmap.PAGESIZE
@@ -101,7 +101,7 @@ class CommitLog:
         self.directory = directory
         self.file_size = file_size
         self.queue = SegmentQueue.load(directory, file_size, strict=strict, kind="commit-log")
-        self._maps: OrderedDict[Path, Any] = OrderedDict()
+        self._files: OrderedDict[Path, int] = OrderedDict()  # open descriptors for pread
 
     @property
     def segments(self) -> list[Segment]:
@@ -111,21 +111,39 @@ class CommitLog:
     def min_offset(self) -> int:
         return self.queue.min_offset or 0
 
-    def map(self, segment: Segment) -> Any:
-        """A read-only map of ``segment`` (a few are kept open for repeated reads)."""
-        buf = self._maps.get(segment.path)
-        if buf is None:
-            buf = map_readonly(segment.path)
-            self._maps[segment.path] = buf
-            while len(self._maps) > _MAP_CACHE_SIZE:
-                _close_map(self._maps.popitem(last=False)[1])
+    def pread(self, segment: Segment, position: int, length: int) -> bytes:
+        """``length`` bytes of ``segment`` from ``position`` (fewer at the end of the file). A
+        few files are kept open for repeated reads; nothing is mapped, so a file truncated
+        underneath gives an error naming it, never a SIGBUS."""
+        length = max(0, min(length, segment.size - position))
+        fd = self._files.get(segment.path)
+        if fd is None:
+            try:
+                fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise StoreIOError(f"cannot read {segment.path}: {exc.strerror}") from None
+            self._files[segment.path] = fd
+            while len(self._files) > _OPEN_FILES:
+                os.close(self._files.popitem(last=False)[1])
         else:
-            self._maps.move_to_end(segment.path)
-        return buf
+            self._files.move_to_end(segment.path)
+        try:
+            data = os.pread(fd, length, position)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read {segment.path}: {exc.strerror}") from None
+        if len(data) < length:
+            more = os.pread(fd, length - len(data), position + len(data)) if data else b""
+            data += more
+            if len(data) < length:
+                raise StoreIOError(
+                    f"{segment.path} ended at byte {position + len(data)} while it was read "
+                    f"(it was {segment.size} bytes when listed): another process truncated it"
+                )
+        return data
 
     def forget_maps(self) -> None:
-        while self._maps:
-            _close_map(self._maps.popitem()[1])
+        while self._files:
+            os.close(self._files.popitem()[1])
         _close_deferred_maps()
 
     close = forget_maps
@@ -155,7 +173,7 @@ class CommitLog:
 
     def first_record_store_timestamp(self, segment: Segment) -> int | None:
         """Store time of the first record of a file if it starts with a message, else None."""
-        buf = self.map(segment)
+        buf = self.pread(segment, 0, _LONGEST_HEADER)
         if len(buf) < 8:
             return None
         magic = _SIZE_AND_MAGIC.unpack_from(buf, 0)[1]
@@ -218,12 +236,13 @@ class CommitLog:
         segment = self.queue.find(offset)
         if segment is None:
             return -1
-        buf = self.map(segment)
-        position = offset - segment.start
-        if position + 64 > len(buf):
+        buf = self.pread(segment, offset - segment.start, 76)
+        if len(buf) < 64:
             return -1
-        sys_flag = int.from_bytes(buf[position + 36 : position + 40], "big")
-        at = position + 48 + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
+        sys_flag = int.from_bytes(buf[36:40], "big")
+        at = 48 + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
+        if at + 8 > len(buf):
+            return -1
         return int.from_bytes(buf[at : at + 8], "big", signed=True)
 
     def read(
@@ -233,10 +252,22 @@ class CommitLog:
         segment = self.queue.find(offset)
         if segment is None:
             raise NotFoundError(f"offset {offset} is outside the commit log files")
-        buf = self.map(segment)
+        position = offset - segment.start
+        buf = self.pread(segment, position, 8)
+        if len(buf) == 8:
+            total, magic = _SIZE_AND_MAGIC.unpack_from(buf)
+            remaining = segment.size - position
+            if magic in (MAGIC_V1, MAGIC_V2) and total > remaining and total > 8:
+                raise RecordError(
+                    "TOTALSIZE",
+                    offset,
+                    f"{total} runs past the end of the data ({remaining} bytes remain)",
+                )
+            if total > 8:
+                buf += self.pread(segment, position + 8, total - 8)
         return decode_message(
             buf,
-            offset - segment.start,
+            0,
             physical_offset=offset,
             body=body,
             verify_property_crc=verify_property_crc,

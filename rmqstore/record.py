@@ -431,6 +431,7 @@ class RegionScan:
     ``release_every`` bytes so the caller can drop pages it has read. After iteration
     ``stop``, ``end_position`` (file position where valid records end), ``blank_length`` and
     ``error`` say how it ended. :meth:`batches` gives the kernel's row batches instead.
+    While a record is yielded, ``window`` holds it, from file position ``window_start``.
     """
 
     __slots__ = (
@@ -446,6 +447,8 @@ class RegionScan:
         "release_every",
         "start",
         "stop",
+        "window",
+        "window_start",
         "windows",
     )
 
@@ -480,6 +483,8 @@ class RegionScan:
         self.blank_length = 0
         self.crc_failures = 0
         self.error: RecordError | None = None
+        self.window: Any = None  # the bytes of the batch being yielded (see batches)
+        self.window_start = 0  # the file position of window[0]
 
     def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
         """``(window, window_start, rows, count)`` per kernel call: ``rows`` holds ``count``
@@ -510,6 +515,7 @@ class RegionScan:
             if count_failures:
                 self.crc_failures += failures
             if count:
+                self.window, self.window_start = window, window_start
                 yield window, window_start, rows, count
             position = window_start + end
             self.end_position = position
@@ -640,4 +646,36 @@ def find_next_record(
             except RecordError:
                 pass
         search = position + 5
+    return None
+
+
+_RESYNC_CHUNK = 8 * 1024 * 1024
+_RESYNC_SPAN = 8 * 1024 * 1024 + 65536  # the longest record a resynchronisation can accept
+
+
+def find_next_record_in_file(
+    windows: Any, start: int, base_offset: int, search_end: int | None = None
+) -> int | None:
+    """:func:`find_next_record` over a file read through ``windows``
+    (:class:`rmqstore.windows.FileWindows`), chunk by chunk, never mapped: the first valid
+    record at or after ``start`` and before ``search_end`` (default: the end of the file), or
+    None. A record longer than 8 MiB is not recognised as a place to resume."""
+    limit = windows.limit
+    end = limit if search_end is None else min(limit, search_end)
+    chunk_start = start
+    while chunk_start < end:
+        chunk_end = min(end, chunk_start + _RESYNC_CHUNK)
+        need = min(limit - chunk_start, chunk_end - chunk_start + _RESYNC_SPAN)
+        window, window_start, available, _room = windows.window(chunk_start, need)
+        found = find_next_record(
+            window,
+            chunk_start - window_start,
+            available,
+            base_offset + window_start,
+            search_end=chunk_end - window_start,
+        )
+        if found is not None:
+            found += window_start
+            return found if found < end else None
+        chunk_start = chunk_end
     return None

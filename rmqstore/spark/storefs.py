@@ -4,7 +4,6 @@ themselves from the location and names a partition carries."""
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 from collections.abc import Iterator
@@ -104,22 +103,40 @@ class StoreLocation:
 
     @contextmanager
     def open_range(self, relative: str, start: int, length: int) -> Iterator[tuple[Any, int]]:
-        """``(buffer, buffer_start)`` covering at least bytes ``[start, start + length)`` of the
-        file (less at its end): the whole file mapped for a local path (``buffer_start`` 0),
-        the bytes of that range for a URI."""
+        """``(buffer, buffer_start)``: the bytes ``[start, start + length)`` of the file (fewer
+        at its end), read into memory (never mapped: a file truncated underneath gives an
+        error naming it, not a SIGBUS)."""
         if not self.remote:
-            path = Path(self.uri) / relative
-            try:
-                with open(path, "rb") as handle:
-                    if os.fstat(handle.fileno()).st_size == 0:
-                        yield b"", 0
-                        return
-                    with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as whole:
-                        yield whole, 0
-            except OSError as exc:
-                raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+            yield read_range(Path(self.uri) / relative, start, length), start
             return
         filesystem, root = self._filesystem()
         with filesystem.open_input_file(f"{root.rstrip('/')}/{relative}") as handle:
             handle.seek(start)
             yield handle.read(length), start
+
+
+def read_range(path: Path, start: int, length: int) -> bytes:
+    """Bytes ``[start, start + length)`` of a local file, clipped to its size when opened; a
+    file that turns out shorter while it is read is an error naming it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        expected = max(0, min(length, os.fstat(fd).st_size - start))
+        chunks = []
+        done = 0
+        while done < expected:
+            chunk = os.pread(fd, expected - done, start + done)
+            if not chunk:
+                raise StoreIOError(
+                    f"{path} ended at byte {start + done} while it was read: another process "
+                    "truncated it"
+                )
+            chunks.append(chunk)
+            done += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)

@@ -19,7 +19,7 @@ from enum import Enum
 from itertools import pairwise
 from typing import Any, Protocol
 
-from rmqstore.commitlog import CommitLog, page_releaser
+from rmqstore.commitlog import CommitLog
 from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
 from rmqstore.errors import InputError
 from rmqstore.properties import DELAY, decode_properties
@@ -33,12 +33,13 @@ from rmqstore.record import (
     TRANSACTION_MASK,
     RegionScan,
     ScanStop,
-    find_next_record,
+    find_next_record_in_file,
     property_crc_status,
 )
-from rmqstore.segments import Segment, map_readonly, nonzero_extent
+from rmqstore.segments import Segment, nonzero_extent
 from rmqstore.store import Store
 from rmqstore.verify.findings import ERROR, NOTE, WARNING, VerifyReport
+from rmqstore.windows import FileWindows
 
 _CRC_NAME = b"__CRC32#"
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
@@ -182,12 +183,8 @@ class RecordPass:
             raise InputError(f"no commit-log file starts at {segment_start}")
         self.end_segment = segment
         if not exact_start:
-            buf = map_readonly(segment.path)
-            try:
-                found = find_next_record(buf, start, len(buf), segment.start, search_end=stop)
-            finally:
-                if hasattr(buf, "close"):
-                    buf.close()
+            with FileWindows(segment.path, segment.size) as windows:
+                found = find_next_record_in_file(windows, start, segment.start, search_end=stop)
             if found is None or found >= stop:
                 return FileScan.RANGE_DONE  # the record before covers the range
             start = found
@@ -225,17 +222,16 @@ class RecordPass:
         stop: int | None = None,
     ) -> FileScan:
         """Walk one file from ``position``, up to the records starting at ``stop``."""
-        buf = map_readonly(segment.path)
-        file_size = len(buf)
+        windows = FileWindows(segment.path, segment.size)
+        file_size = windows.limit
         self._range_stop = segment.start + (file_size if stop is None else stop)
         name = relative(self.store, segment.path)
         try:
-            release = page_releaser(buf, position)
             while True:
                 region = RegionScan(
-                    buf, position, file_size, segment.start, self.check_crc, release=release
+                    None, position, file_size, segment.start, self.check_crc, windows=windows
                 )
-                if self._walk(region, buf, segment):
+                if self._walk(region, segment):
                     return FileScan.RANGE_DONE
                 if (
                     from_offset is not None
@@ -269,7 +265,7 @@ class RecordPass:
                     )
                     self.facts.end_offset = end
                     return FileScan.FILE_DONE
-                resumed = find_next_record(buf, region.end_position, file_size, segment.start)
+                resumed = find_next_record_in_file(windows, region.end_position, segment.start)
                 skipped = (resumed if resumed is not None else file_size) - region.end_position
                 assert region.error is not None
                 self.report.add(
@@ -286,10 +282,9 @@ class RecordPass:
                     return FileScan.RANGE_DONE
                 position = resumed
         finally:
-            if hasattr(buf, "close"):
-                buf.close()
+            windows.close()
 
-    def _walk(self, region: RegionScan, buf: Any, segment: Segment) -> bool:
+    def _walk(self, region: RegionScan, segment: Segment) -> bool:
         """Check each record of a region; True when it reached a record of the next range.
         The common path is a handful of local operations; anything found goes through
         :meth:`_found`."""
@@ -318,7 +313,7 @@ class RecordPass:
                     "checkCRCOnRecover cuts the log here",
                 )
             if force_property_crc or (props[-20:-12] == _CRC_NAME and props[-1:] == b"\x02"):
-                self._check_property_crc(buf, segment, offset, header[H_TOTAL_SIZE])
+                self._check_property_crc(region, segment, offset, header[H_TOTAL_SIZE])
             properties = None
             if not props.isascii():
                 try:
@@ -388,8 +383,11 @@ class RecordPass:
     ) -> None:
         self.report.add(kind, relative(self.store, segment.path), offset, message, severity)
 
-    def _check_property_crc(self, buf: Any, segment: Segment, offset: int, size: int) -> None:
-        status = property_crc_status(buf, offset - segment.start, size)
+    def _check_property_crc(
+        self, region: RegionScan, segment: Segment, offset: int, size: int
+    ) -> None:
+        position = offset - segment.start - region.window_start
+        status = property_crc_status(region.window, position, size)
         if status is False:
             self._found(
                 segment,

@@ -58,7 +58,7 @@ def test_roll_rule_writes_a_blank_and_continues_in_the_next_file(tmp_path: Path)
         assert 4 * size + size + 8 > FILE_SIZE
         assert results[4].physical_offset == FILE_SIZE
         log = store.commitlog
-        blank = log.map(log.segments[0])[4 * size : 4 * size + 8]
+        blank = log.pread(log.segments[0], 4 * size, 8)
         assert int.from_bytes(blank[:4], "big") == FILE_SIZE - 4 * size
         assert int.from_bytes(blank[4:], "big", signed=True) == MAGIC_BLANK
         assert [s.name for s in log.segments] == ["00000000000000000000", "00000000000000004096"]
@@ -79,7 +79,7 @@ def test_exact_fit_needs_eight_bytes_left(tmp_path: Path, slack: int, rolls: boo
         else:  # exactly 8 bytes left: it stays, and an 8-byte BLANK ends the file
             assert second.physical_offset == first.store_size
             assert third.physical_offset == FILE_SIZE
-            blank = store.commitlog.map(store.commitlog.segments[0])[FILE_SIZE - 8 :]
+            blank = store.commitlog.pread(store.commitlog.segments[0], FILE_SIZE - 8, 8)
             assert int.from_bytes(blank[:4], "big") == 8
 
 
@@ -169,7 +169,7 @@ def test_crc_property_when_enabled(tmp_path: Path) -> None:
         sent = message()
         sent.properties["__CRC32#"] = "9999999999"  # a client's value is dropped
         result = appender.append(sent)
-        buf = store.commitlog.map(store.commitlog.segments[0])
+        buf = store.commitlog.pread(store.commitlog.segments[0], 0, result.store_size)
         assert property_crc_status(buf, 0, result.store_size) is True
         stored = store.commitlog.read(0, verify_property_crc=True)
         assert stored.properties["__CRC32#"] != "9999999999"
