@@ -144,7 +144,6 @@ class CommitLog:
     def forget_maps(self) -> None:
         while self._files:
             os.close(self._files.popitem()[1])
-        _close_deferred_maps()
 
     close = forget_maps
 
@@ -274,36 +273,6 @@ class CommitLog:
         )
 
 
-_deferred_maps: list[mmap.mmap] = []  # maps whose close waited for a view to go
-
-
-def _close_map(buf: Any) -> None:
-    """Close a map now or, while a view of it is still alive, at a later
-    :meth:`CommitLog.forget_maps` that finds the view gone (the map is not forgotten open)."""
-    if isinstance(buf, mmap.mmap):
-        try:
-            buf.close()
-        except BufferError:
-            _deferred_maps.append(buf)
-
-
-def _close_deferred_maps() -> None:
-    waiting = list(_deferred_maps)
-    _deferred_maps.clear()
-    for buf in waiting:
-        try:
-            buf.close()
-        except BufferError:
-            _deferred_maps.append(buf)
-
-
-def maps_waiting_to_close() -> int:
-    """How many commit-log maps still wait for a view to be released (0 when every user of
-    a map released it: a test checks this)."""
-    _close_deferred_maps()
-    return len(_deferred_maps)
-
-
 class LogScan:
     """Iterates a commit log from an offset; see :class:`rmqstore.record.RegionScan` for items.
 
@@ -384,25 +353,6 @@ def _unlink(path: Path) -> None:
         os.unlink(path)
     except OSError as exc:
         raise StoreIOError(f"cannot remove {path}: {exc.strerror}") from None
-
-
-def page_releaser(buf: Any, start: int) -> Callable[[int], None] | None:
-    """For a mapped file read front to back: advise sequential access, and return a callback
-    that drops the pages already read from this process (they stay in the page cache), so
-    resident memory stays flat over any store size."""
-    if not isinstance(buf, mmap.mmap):
-        return None
-    buf.madvise(mmap.MADV_SEQUENTIAL)
-    released = start - start % _PAGE
-
-    def release(position: int) -> None:
-        nonlocal released
-        upto = position - position % _PAGE
-        if upto > released:
-            buf.madvise(mmap.MADV_DONTNEED, released, upto - released)
-            released = upto
-
-    return release
 
 
 class AppendResult(NamedTuple):

@@ -25,6 +25,7 @@ from rmqstore.segments import (
     open_for_writing,
     reserve_blocks,
 )
+from rmqstore.windows import read_range
 
 CQ_UNIT_SIZE = 20
 UNIT = struct.Struct(">qiq")
@@ -235,7 +236,7 @@ class ConsumeQueue:
         segment = self.queue.find(position)
         if segment is None:
             raise IndexError(f"queue offset {queue_offset} is outside the files")
-        data = _read_range(segment.path, position - segment.start, CQ_UNIT_SIZE)
+        data = read_range(segment.path, position - segment.start, CQ_UNIT_SIZE)
         return Unit(queue_offset, *UNIT.unpack(data))
 
     def units(self, start: int | None = None, count: int | None = None) -> Iterator[Unit]:
@@ -249,7 +250,7 @@ class ConsumeQueue:
                 return
             within = position - segment.start
             length = min(self.file_size - within, (stop - offset) * CQ_UNIT_SIZE)
-            for values in UNIT.iter_unpack(_read_range(segment.path, within, length)):
+            for values in UNIT.iter_unpack(read_range(segment.path, within, length)):
                 yield Unit(offset, *values)
                 offset += 1
 
@@ -351,7 +352,7 @@ class ConsumeQueue:
         return files
 
     def _unit_in(self, segment: Segment, index: int) -> tuple[int, int, int]:
-        return UNIT.unpack(_read_range(segment.path, index * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
+        return UNIT.unpack(read_range(segment.path, index * CQ_UNIT_SIZE, CQ_UNIT_SIZE))
 
     def _time_of(self, segment: Segment, index: int, store_time: Callable[[int, int], int]) -> int:
         physical_offset, size, _ = self._unit_in(segment, index)
@@ -473,7 +474,7 @@ class ConsumeQueue:
 def _read(path: Path, limit: int) -> bytes:
     """The first ``limit`` bytes of a queue file at most: a file larger than the configured
     size (hostile, or another broker's) never costs more memory than one file should."""
-    return _read_range(path, 0, limit)
+    return read_range(path, 0, limit)
 
 
 def _leading_valid_units(data: bytes) -> int:
@@ -484,15 +485,6 @@ def _leading_valid_units(data: bytes) -> int:
             break
         count += 1
     return count
-
-
-def _read_range(path: Path, start: int, length: int) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(start)
-            return handle.read(length)
-    except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
 
 
 def list_queues(root: Path) -> list[tuple[str, int]]:

@@ -19,7 +19,6 @@ from rmqstore.segments import (
     creating_name,
     fsync_directory,
     make_directories,
-    map_readonly,
     map_writable,
     reserve_blocks,
 )
@@ -34,6 +33,7 @@ _ENTRY = struct.Struct(">iqii")
 _INT = struct.Struct(">i")
 _NAME = re.compile(r"\d{17}")
 _RESERVE_ENTRIES = 65536  # entries whose blocks are allocated at a time (1.25 MiB)
+_ENTRY_CHUNK = 65536  # entries read at a time (1.25 MiB)
 # a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key
 HASHED_KEY = struct.Struct("<qqiB")
 
@@ -94,14 +94,16 @@ class IndexFile:
         path: Path,
         slots: int,
         entries: int,
-        buf: mmap.mmap | bytes,
+        buf: mmap.mmap | None,
         header: IndexHeader,
         writable: bool,
+        fd: int = -1,
     ) -> None:
         self.path = path
         self.slots = slots
         self.entries = entries
-        self.buf = buf
+        self.buf = buf  # the writable map; None when read-only
+        self.fd = fd  # the descriptor reads use when read-only (never mapped: no SIGBUS)
         self.header = header
         self.writable = writable
         self._entries_at = HEADER_SIZE + slots * SLOT_SIZE
@@ -120,23 +122,28 @@ class IndexFile:
                 f"entries make {expected}; pass the broker's maxHashSlotNum/maxIndexNum "
                 "(--broker-config or --index-slots/--index-entries)"
             )
-        buf = map_writable(path) if writable else map_readonly(path)
-        header = IndexHeader(*_HEADER.unpack_from(buf, 0))
+        if writable:
+            index = cls(path, slots, entries, map_writable(path), IndexHeader(), True)
+        else:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+            index = cls(path, slots, entries, None, IndexHeader(), False, fd)
+        header = index.header = IndexHeader(*_HEADER.unpack(index.read(0, HEADER_SIZE)))
         if header.index_count <= 0:
             header.index_count = 1  # a file never written has an all-zero header
         if header.index_count > entries or not 0 <= header.hash_slot_count <= slots:
-            if isinstance(buf, mmap.mmap):
-                buf.close()
+            index.close(flush=False)
             raise StoreFormatError(
                 f"index file {path} has a corrupt header: indexCount {header.index_count}, "
                 f"hashSlotCount {header.hash_slot_count} (at most {entries} and {slots})"
             )
-        index = cls(path, slots, entries, buf, header, writable)
         if writable:
             try:
                 index.reserve_entries(header.index_count)
             except BaseException:
-                index.buf.close()
+                index.close(flush=False)
                 raise
             index.drop_unfinished_entries()
         return index
@@ -207,7 +214,7 @@ class IndexFile:
         try:
             index.reserve_entries(1)
         except BaseException:
-            index.buf.close()
+            index.close(flush=False)
             path.unlink()  # no room even for its slots: leave no file behind
             raise
         index.sync_header()
@@ -277,7 +284,7 @@ class IndexFile:
         offsets of entries with the same 32-bit hash stored within ``[begin, end]``."""
         key_hash = index_key_hash(key)
         count = self.header.index_count
-        current = _INT.unpack_from(self.buf, HEADER_SIZE + (key_hash % self.slots) * SLOT_SIZE)[0]
+        current = self.slot(key_hash % self.slots)
         if current <= 0 or current > count or count <= 1:
             return
         while len(results) < max_results:
@@ -293,10 +300,46 @@ class IndexFile:
 
     def entry(self, number: int) -> tuple[int, int, int, int]:
         """Entry ``number``: (keyHash, physical offset, timeDiff seconds, previous entry)."""
-        return _ENTRY.unpack_from(self.buf, self._entries_at + number * ENTRY_SIZE)
+        if self.buf is not None:
+            return _ENTRY.unpack_from(self.buf, self._entries_at + number * ENTRY_SIZE)
+        return _ENTRY.unpack(self.read(self._entries_at + number * ENTRY_SIZE, ENTRY_SIZE))
 
     def slot(self, slot: int) -> int:
-        return _INT.unpack_from(self.buf, HEADER_SIZE + slot * SLOT_SIZE)[0]
+        if self.buf is not None:
+            return _INT.unpack_from(self.buf, HEADER_SIZE + slot * SLOT_SIZE)[0]
+        return _INT.unpack(self.read(HEADER_SIZE + slot * SLOT_SIZE, SLOT_SIZE))[0]
+
+    def read(self, position: int, length: int) -> bytes:
+        """``length`` bytes of the file from ``position`` (which the file must hold)."""
+        if self.buf is not None:
+            return bytes(self.buf[position : position + length])
+        try:
+            data = os.pread(self.fd, length, position)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read {self.path}: {exc.strerror}") from None
+        if len(data) < length:
+            raise StoreIOError(
+                f"{self.path} ended at byte {position + len(data)} while it was read (an index "
+                f"file is {index_file_size(self.slots, self.entries)} bytes): another process "
+                "truncated it"
+            )
+        return data
+
+    def slot_table(self) -> bytes:
+        """The hash slots, as stored (big-endian ints)."""
+        return self.read(HEADER_SIZE, self.slots * SLOT_SIZE)
+
+    def iter_entries(self, first: int = 1) -> Iterator[tuple[int, tuple[int, int, int, int]]]:
+        """``(number, entry)`` from entry ``first`` to the last written, read in chunks
+        (memory stays one chunk whatever the file holds)."""
+        count = self.header.index_count
+        number = max(first, 1)
+        while number < count:
+            upto = min(count, number + _ENTRY_CHUNK)
+            chunk = self.read(self._entries_at + number * ENTRY_SIZE, (upto - number) * ENTRY_SIZE)
+            for entry in _ENTRY.iter_unpack(chunk):
+                yield number, entry
+                number += 1
 
     def flush(self) -> None:
         if self.writable and isinstance(self.buf, mmap.mmap):
@@ -306,10 +349,17 @@ class IndexFile:
             except OSError as exc:
                 raise StoreIOError(f"cannot flush {self.path}: {exc.strerror}") from None
 
-    def close(self) -> None:
-        self.flush()
-        if isinstance(self.buf, mmap.mmap):
+    def close(self, *, flush: bool = True) -> None:
+        """Flush (a writable file, unless ``flush`` is False: a failed open or creation) and
+        release the map or descriptor."""
+        if self.buf is not None:
+            if flush:
+                self.flush()
             self.buf.close()
+            self.buf = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class IndexService:
@@ -511,8 +561,8 @@ class IndexService:
 
     def all_entries(self) -> Iterator[tuple[IndexFile, int, tuple[int, int, int, int]]]:
         for index in self.files:
-            for number in range(1, index.header.index_count):
-                yield index, number, index.entry(number)
+            for number, entry in index.iter_entries():
+                yield index, number, entry
 
     def flush(self) -> None:
         for index in self.files:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -427,8 +427,7 @@ class RegionScan:
     valid message, where ``header`` is the unpacked fixed-header tuple (index it with the
     ``H_*`` constants) and ``crc_ok`` is None unless ``check_crc``. A record with a bad body CRC
     is yielded with ``crc_ok=False`` and counted, or ends the scan as invalid when
-    ``stop_on_crc_error`` (recovery's rule). ``release(position)`` is called about every
-    ``release_every`` bytes so the caller can drop pages it has read. After iteration
+    ``stop_on_crc_error`` (recovery's rule). After iteration
     ``stop``, ``end_position`` (file position where valid records end), ``blank_length`` and
     ``error`` say how it ended. :meth:`batches` gives the kernel's row batches instead.
     While a record is yielded, ``window`` holds it, from file position ``window_start``.
@@ -443,8 +442,6 @@ class RegionScan:
         "error",
         "limit",
         "options",
-        "release",
-        "release_every",
         "start",
         "stop",
         "window",
@@ -462,8 +459,6 @@ class RegionScan:
         *,
         stop_on_crc_error: bool = False,
         property_crc: bool = False,
-        release: Callable[[int], None] | None = None,
-        release_every: int = 32 * 1024 * 1024,
         windows: Any = None,
     ) -> None:
         self.buf = buf
@@ -476,8 +471,6 @@ class RegionScan:
             | (kernel_layout.STOP_ON_CRC_ERROR if stop_on_crc_error else 0)
             | (kernel_layout.PROPERTY_CRC if property_crc else 0)
         )
-        self.release = release
-        self.release_every = release_every
         self.end_position = start
         self.stop: ScanStop | None = None
         self.blank_length = 0
@@ -537,8 +530,6 @@ class RegionScan:
 
     def __iter__(self) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
         base = self.base_offset
-        release = self.release
-        release_at = self.start + self.release_every if release is not None else self.limit + 1
         unpack_ipv4 = HEADER_IPV4.unpack_from
         host_flags = _HOST_FLAGS
         topics: dict[bytes, str] = {}
@@ -571,9 +562,6 @@ class RegionScan:
                         crc_ok = status == _CRC_GOOD
                         if not crc_ok:
                             self.crc_failures += 1
-                    if position >= release_at:
-                        release(position)  # type: ignore[misc]
-                        release_at = position + self.release_every
                     yield base + position, header, topic, properties, crc_ok
                     position += rows[at + _TOTAL_SIZE]
             position = self.end_position

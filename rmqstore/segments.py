@@ -228,18 +228,6 @@ def sync_directory(directory: Path) -> None:
         raise StoreIOError(f"cannot flush {directory}: {exc.strerror}") from None
 
 
-def map_readonly(path: Path) -> mmap.mmap | bytes:
-    """Map a file read-only (ACCESS_READ); an empty file maps to ``b""``."""
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size == 0:
-                return b""
-            return mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
-
-
 def open_for_writing(path: Path, flags: int = 0) -> int:
     """A descriptor open for writing on the store's own file ``path``: never through a
     symbolic link (a link could lead out of the store)."""

@@ -96,3 +96,30 @@ class FileWindows:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def read_range(path: Path, start: int, length: int) -> bytes:
+    """Bytes ``[start, start + length)`` of a local file, clipped to its size when opened; a
+    file that turns out shorter while it is read is an error naming it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        expected = max(0, min(length, os.fstat(fd).st_size - start))
+        chunks = []
+        done = 0
+        while done < expected:
+            chunk = os.pread(fd, expected - done, start + done)
+            if not chunk:
+                raise StoreIOError(
+                    f"{path} ended at byte {start + done} while it was read: another process "
+                    "truncated it"
+                )
+            chunks.append(chunk)
+            done += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)

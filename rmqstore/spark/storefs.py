@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rmqstore.errors import InputError, NotAStoreError, StoreIOError
+from rmqstore.errors import InputError, NotAStoreError
 from rmqstore.segments import data_end_estimate
+from rmqstore.windows import read_range
 
 _SEGMENT = re.compile(r"\d{20}")
 
@@ -113,30 +114,3 @@ class StoreLocation:
         with filesystem.open_input_file(f"{root.rstrip('/')}/{relative}") as handle:
             handle.seek(start)
             yield handle.read(length), start
-
-
-def read_range(path: Path, start: int, length: int) -> bytes:
-    """Bytes ``[start, start + length)`` of a local file, clipped to its size when opened; a
-    file that turns out shorter while it is read is an error naming it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
-    try:
-        expected = max(0, min(length, os.fstat(fd).st_size - start))
-        chunks = []
-        done = 0
-        while done < expected:
-            chunk = os.pread(fd, expected - done, start + done)
-            if not chunk:
-                raise StoreIOError(
-                    f"{path} ended at byte {start + done} while it was read: another process "
-                    "truncated it"
-                )
-            chunks.append(chunk)
-            done += len(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
-    finally:
-        os.close(fd)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from rmqstore.errors import StoreFormatError
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash
-from rmqstore.indexfile import _ENTRY, ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexFile, IndexService
+from rmqstore.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexFile, IndexService
 from rmqstore.properties import KEYS, UNIQ_KEY, split_keys
 from rmqstore.record import H_SYS_FLAG, TRANSACTION_MASK, TRANSACTION_ROLLBACK
 from rmqstore.store import Store
@@ -116,10 +116,7 @@ class IndexChecks:
         previous_offset = -1
         first = last = None
         reported = 0
-        region = index.buf[entries_at + ENTRY_SIZE : entries_at + count * ENTRY_SIZE]
-        for number, (key_hash, offset, time_diff, previous) in enumerate(
-            _ENTRY.iter_unpack(region), 1
-        ):
+        for number, (key_hash, offset, time_diff, previous) in index.iter_entries():
             slot = key_hash % slots
             if (
                 key_hash < 0
@@ -146,7 +143,7 @@ class IndexChecks:
             last = offset
         self.report.checked["indexEntries"] += count - 1
         self.report.checked["indexFiles"] += 1
-        stored = array("i", bytes(index.buf[HEADER_SIZE:entries_at]))
+        stored = array("i", index.slot_table())
         if sys.byteorder == "little":
             stored.byteswap()
         if stored != newest:
@@ -181,12 +178,8 @@ class IndexChecks:
             if ordinal < begin[0]:
                 continue
             name = relative(self.store, index.path)
-            entries_at = HEADER_SIZE + index.slots * SLOT_SIZE
             first = begin[1] if ordinal == begin[0] else 1
-            for number in range(max(first, 1), index.header.index_count):
-                key_hash, offset, _, _ = _ENTRY.unpack_from(
-                    index.buf, entries_at + number * ENTRY_SIZE
-                )
+            for number, (key_hash, offset, _, _) in index.iter_entries(first):
                 yield name, number, key_hash, offset, ordinal
 
     def positions_of(self, offsets: list[int]) -> list[EntryPosition]:
@@ -199,10 +192,7 @@ class IndexChecks:
             return [end] * len(offsets)
         wanted = 0
         for ordinal, index in enumerate(self.service.files):
-            entries_at = HEADER_SIZE + index.slots * SLOT_SIZE
-            count = index.header.index_count
-            region = index.buf[entries_at + ENTRY_SIZE : entries_at + max(count, 1) * ENTRY_SIZE]
-            for number, (_, offset, _, _) in enumerate(_ENTRY.iter_unpack(region), 1):
+            for number, (_, offset, _, _) in index.iter_entries():
                 while wanted < len(offsets) and offset >= offsets[wanted]:
                     positions.append((ordinal, number))
                     wanted += 1

@@ -4,7 +4,6 @@ matched (orphan units, units past the end of the log, dispatch lag), and the fil
 
 from __future__ import annotations
 
-import mmap
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -33,13 +32,13 @@ from rmqstore.record import (
     TRANSACTION_MASK,
     BodyMode,
 )
-from rmqstore.segments import map_readonly
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import WARNING, VerifyReport
 from rmqstore.verify.records import relative
+from rmqstore.windows import read_range
 
-_MAP_CACHE = 64
+_FILE_CACHE = 16  # consume-queue files held in memory (6 MB each by default)
 
 
 @dataclass
@@ -52,7 +51,7 @@ class _QueueState:
     # the queue's bounds (it does not change while verify reads it)
     min_offset: int = field(init=False)
     max_offset: int = field(init=False)
-    # the mapped file the last unit came from: its map and the logical bytes it holds
+    # the file the last unit came from: its bytes and the logical offsets they hold
     buf: Any = None
     base: int = 0
     limit: int = -1
@@ -87,7 +86,7 @@ class QueueChecks:
         self.states: dict[tuple[str, int], _QueueState] = {}
         self.missing_queues: dict[tuple[str, int], int] = {}
         self.last_queued_time = 0  # store time of the newest record found in a queue
-        self._maps: OrderedDict[Any, Any] = OrderedDict()
+        self._files: OrderedDict[Any, Any] = OrderedDict()
         self._known = {
             key for key in list_queues(store.consumequeue_dir) if topics is None or key[0] in topics
         }
@@ -151,10 +150,7 @@ class QueueChecks:
             units, state.checked = units + state.checked, 0
         if units:
             self.report.checked["units"] += units
-        for buf in self._maps.values():
-            if isinstance(buf, mmap.mmap):
-                buf.close()
-        self._maps.clear()
+        self._files.clear()
         for state in self.states.values():
             state.queue.close()
 
@@ -192,47 +188,42 @@ class QueueChecks:
         """Pre-blank units may only fill the start of a queue's first file."""
         seen_real = False
         for segment in queue.queue.segments:
-            buf = map_readonly(segment.path)
-            try:
-                length = max(0, min(len(buf), queue.end - segment.start)) // CQ_UNIT_SIZE
-                units = UNIT.iter_unpack(buf[: length * CQ_UNIT_SIZE])
-                for index, (offset, size, _) in enumerate(units):
-                    pre_blank = offset == 0 and size == PRE_BLANK_SIZE
-                    if pre_blank and seen_real:
-                        self.report.add(
-                            "cq-pre-blank",
-                            name,
-                            segment.start + index * 20,
-                            f"pre-blank unit at queue offset "
-                            f"{(segment.start // 20) + index} after real units",
-                        )
-                        return
-                    seen_real = seen_real or not pre_blank
-            finally:
-                if isinstance(buf, mmap.mmap):
-                    buf.close()
+            wanted = max(0, min(queue.end - segment.start, queue.file_size))
+            buf = read_range(segment.path, 0, wanted)
+            length = len(buf) // CQ_UNIT_SIZE
+            units = UNIT.iter_unpack(buf[: length * CQ_UNIT_SIZE])
+            for index, (offset, size, _) in enumerate(units):
+                pre_blank = offset == 0 and size == PRE_BLANK_SIZE
+                if pre_blank and seen_real:
+                    self.report.add(
+                        "cq-pre-blank",
+                        name,
+                        segment.start + index * 20,
+                        f"pre-blank unit at queue offset "
+                        f"{(segment.start // 20) + index} after real units",
+                    )
+                    return
+                seen_real = seen_real or not pre_blank
 
     def _unit(self, state: _QueueState, queue_offset: int) -> tuple[int, int, int] | None:
         position = queue_offset * CQ_UNIT_SIZE
         buf = state.buf
-        if state.base <= position <= state.limit - CQ_UNIT_SIZE and not buf.closed:
+        if state.base <= position <= state.limit - CQ_UNIT_SIZE:
             return UNIT.unpack_from(buf, position - state.base)  # the file of the last unit
         segment = state.queue.queue.find(position)
         if segment is None:
             return None
-        buf = self._maps.get(segment.path)
+        buf = self._files.get(segment.path)
         if buf is None:
-            buf = self._maps[segment.path] = map_readonly(segment.path)
-            if len(self._maps) > _MAP_CACHE:
-                old = self._maps.popitem(last=False)[1]
-                if isinstance(old, mmap.mmap):
-                    old.close()
+            # read whole (units past the configured size belong to no file), never mapped
+            buf = read_range(segment.path, 0, state.queue.file_size)
+            self._files[segment.path] = buf
+            if len(self._files) > _FILE_CACHE:
+                self._files.popitem(last=False)
         within = position - segment.start
         if within + CQ_UNIT_SIZE > len(buf):
             return None
-        if isinstance(buf, mmap.mmap):  # units past the configured size belong to no file
-            limit = segment.start + min(len(buf), state.queue.file_size)
-            state.buf, state.base, state.limit = buf, segment.start, limit
+        state.buf, state.base, state.limit = buf, segment.start, segment.start + len(buf)
         return UNIT.unpack_from(buf, within)
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
