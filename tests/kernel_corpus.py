@@ -10,6 +10,7 @@ import random
 import struct
 import tarfile
 import tempfile
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -18,12 +19,14 @@ from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 from rmqstore.kernel import reference
 from rmqstore.kernel.layout import (
     CHECK_CRC,
+    HASHED_KEY_SIZE,
     PROPERTIES_AT,
     PROPERTY_CRC,
     ROW_WIDTH,
     STOP_ON_CRC_ERROR,
     TOPIC_AT,
     Stop,
+    new_dispatch_out,
     new_rows,
 )
 
@@ -181,3 +184,34 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
         windowed = run_scan(native, data, start, base, options, capacity, window)
         if windowed != expected:
             yield f"windowed ({window}) differs from whole (options {options}, start {start})"
+    yield from dispatch_both(native, data, base, rng.choice((0, 1)), rng.choice((1, 3, 4096)))
+
+
+def dispatch_both(
+    native: ModuleType, data: bytes, base: int, options: int, key_capacity: int
+) -> Iterator[str]:
+    """Every way the kernels disagree preparing dispatch for the rows of ``data``: the
+    per-row integers, the packed keys, and where each call stopped for want of room."""
+    rows, _final = run_scan(reference, data, 0, base, 0, 4096)
+    if not rows:
+        return
+    packed = new_rows(len(rows))
+    for number, row in enumerate(rows):
+        packed[number * ROW_WIDTH : (number + 1) * ROW_WIDTH] = array("q", row)
+    results = []
+    for kernel in (reference, native):
+        out = new_dispatch_out(len(rows))
+        keys = bytearray(HASHED_KEY_SIZE * key_capacity)
+        calls = []
+        first = 0
+        while first < len(rows):
+            first_next, entries = kernel.prepare_dispatch(
+                data, packed, first, len(rows), options, out, keys
+            )
+            calls.append((first_next, entries, bytes(keys[: entries * HASHED_KEY_SIZE])))
+            if first_next == first:
+                break  # a row with more keys than the buffer holds
+            first = first_next
+        results.append((list(out), calls))
+    if results[0] != results[1]:
+        yield f"prepare_dispatch differs (options {options}, key capacity {key_capacity})"

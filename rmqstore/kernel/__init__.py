@@ -1,5 +1,6 @@
-"""The record kernel: batch scans of commit-log regions into packed rows (see
-:mod:`rmqstore.kernel.layout`). Two implementations with one interface: the compiled
+"""The record kernel: batch scans of commit-log regions into packed rows, dispatch preparation
+(tagsCodes and index key hashes of those rows) and the application of index keys to an index
+file (see :mod:`rmqstore.kernel.layout`). Two implementations with one interface: the compiled
 ``_native`` module, built by ``pip install`` where a C compiler exists, and the pure-Python
 ``reference``. ``RMQSTORE_KERNEL=python`` forces the reference; ``RMQSTORE_KERNEL=native``
 makes a missing compiled kernel an error instead of a quiet fallback (``make test`` sets it).
@@ -46,6 +47,10 @@ scan: Callable[[Any, int, int, int, int, int, Any], tuple[int, int, int, int, in
     _refuse if _refusal else _implementation.scan
 )
 crc32: Callable[..., int] = _refuse if _refusal else _implementation.crc32
+prepare_dispatch: Callable[..., tuple[int, int]] = (
+    _refuse if _refusal else _implementation.prepare_dispatch
+)
+apply_index: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.apply_index
 
 
 def description() -> str:

@@ -27,6 +27,7 @@ class KernelBoundsError(RuntimeError):
 
 
 DEF WIDTH = 20
+DEF ROW_WIDTH_NATIVE = 20
 assert WIDTH == _ROW_WIDTH
 
 cdef enum:
@@ -382,3 +383,259 @@ def scan(buf, int64_t start, int64_t limit, int64_t base_offset, int64_t room, i
         raise KernelBoundsError(
             f"record kernel stopped a read outside its buffer near position {out.position}")
     return out.count, out.stop, out.position, out.value, out.failures, out.problem
+
+
+# -- dispatch preparation (see layout.py) -----------------------------------------------------
+
+DEF DISPATCH_WIDTH = 4
+DEF KEY_SIZE = 21
+
+cdef const uint8_t* SCHEDULE_TOPIC = b"SCHEDULE_TOPIC_XXXX"
+
+
+cdef inline uint32_t _java_hash(const uint8_t* data, int64_t length, uint32_t value) noexcept nogil:
+    cdef int64_t i
+    for i in range(length):
+        value = 31 * value + data[i]
+    return value
+
+
+cdef inline int32_t _index_hash(uint32_t value) noexcept nogil:
+    cdef int32_t signed = <int32_t>value
+    if value == 0x80000000U:
+        return 0
+    return -signed if signed < 0 else signed
+
+
+cdef inline bint _is_ascii(const uint8_t* data, int64_t length) noexcept nogil:
+    cdef int64_t i
+    for i in range(length):
+        if data[i] >= 0x80:
+            return False
+    return True
+
+
+cdef inline void _put_le(uint8_t* at, uint64_t value, int size) noexcept nogil:
+    cdef int i
+    for i in range(size):
+        at[i] = (value >> (8 * i)) & 0xFF
+
+
+def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, keys):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef int64_t[::1] row_view = rows
+    cdef int64_t[::1] out_view = out
+    cdef uint8_t[::1] key_view = keys
+    cdef int64_t capacity = key_view.shape[0] // KEY_SIZE
+    cdef int64_t length = view.shape[0]
+    cdef int64_t row, at, topic_at, topic_length, props_at, props_length, entries = 0
+    cdef int64_t position, end, separator, pair_end, name_length, value_at, value_length
+    cdef int64_t tags_at = -1, tags_length = 0, keys_at = -1, keys_length = 0
+    cdef int64_t uniq_at = -1, uniq_length = 0, pieces, piece_start, k, out_at, number
+    cdef const uint8_t* data
+    cdef uint8_t* key_data = &key_view[0] if key_view.shape[0] else NULL
+    cdef uint32_t prefix
+    cdef bint reference, bad = False
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
+            or out_view.shape[0] < count * DISPATCH_WIDTH:
+        raise ValueError("dispatch rows are outside their buffers")
+    data = &view[0] if length else NULL
+    row = first
+    with nogil:
+        while row < count:
+            at = row * ROW_WIDTH_NATIVE
+            topic_at = row_view[at + 15]
+            topic_length = row_view[at + 16]
+            props_at = row_view[at + 17]
+            props_length = row_view[at + 18]
+            if (topic_at < 0 or topic_length < 0 or topic_at > length - topic_length
+                    or props_at < 0 or props_length < 0 or props_at > length - props_length):
+                bad = True
+                break
+            tags_at = keys_at = uniq_at = -1
+            tags_length = keys_length = uniq_length = 0
+            position = props_at
+            end = props_at + props_length
+            while position <= end:
+                pair_end = position
+                while pair_end < end and data[pair_end] != 2:
+                    pair_end += 1
+                separator = position
+                while separator < pair_end and data[separator] != 1:
+                    separator += 1
+                name_length = separator - position
+                value_at = separator + 1
+                value_length = pair_end - value_at
+                if separator < pair_end and name_length > 0 and value_length > 0:
+                    if name_length == 4 and memcmp(data + position, b"TAGS", 4) == 0:
+                        tags_at, tags_length = value_at, value_length
+                    elif name_length == 4 and memcmp(data + position, b"KEYS", 4) == 0:
+                        keys_at, keys_length = value_at, value_length
+                    elif name_length == 8 and memcmp(data + position, b"UNIQ_KEY", 8) == 0:
+                        uniq_at, uniq_length = value_at, value_length
+                position = pair_end + 1
+            reference = (
+                (topic_length == 19 and memcmp(data + topic_at, SCHEDULE_TOPIC, 19) == 0)
+                or not _is_ascii(data + topic_at, topic_length)
+                or (tags_at >= 0 and not _is_ascii(data + tags_at, tags_length))
+                or (keys_at >= 0 and not _is_ascii(data + keys_at, keys_length))
+                or (uniq_at >= 0 and not _is_ascii(data + uniq_at, uniq_length))
+            )
+            pieces = 0
+            if not reference and options & 1 and (row_view[at + 8] & 0xC) != 0xC:
+                if uniq_at >= 0:
+                    pieces += 1
+                k = keys_at
+                while keys_at >= 0 and k < keys_at + keys_length:
+                    while k < keys_at + keys_length and data[k] == 0x20:
+                        k += 1
+                    if k < keys_at + keys_length:
+                        pieces += 1
+                    while k < keys_at + keys_length and data[k] != 0x20:
+                        k += 1
+            if entries + pieces > capacity:
+                break
+            out_at = row * DISPATCH_WIDTH
+            out_view[out_at] = 0
+            if tags_at >= 0 and not reference:
+                out_view[out_at] = <int32_t>_java_hash(data + tags_at, tags_length, 0)
+            out_view[out_at + 1] = 1 if reference else 0
+            out_view[out_at + 2] = entries
+            out_view[out_at + 3] = pieces
+            if pieces:
+                prefix = _java_hash(data + topic_at, topic_length, 0) * 31 + 0x23  # '#'
+                number = 0
+                if uniq_at >= 0:
+                    _write_key(key_data + (entries + number) * KEY_SIZE, row_view[at + 7],
+                               row_view[at + 10],
+                               _index_hash(_java_hash(data + uniq_at, uniq_length, prefix)), 1)
+                    number += 1
+                k = keys_at
+                while keys_at >= 0 and k < keys_at + keys_length:
+                    while k < keys_at + keys_length and data[k] == 0x20:
+                        k += 1
+                    piece_start = k
+                    while k < keys_at + keys_length and data[k] != 0x20:
+                        k += 1
+                    if k > piece_start:
+                        _write_key(key_data + (entries + number) * KEY_SIZE, row_view[at + 7],
+                                   row_view[at + 10],
+                                   _index_hash(_java_hash(data + piece_start, k - piece_start,
+                                                          prefix)),
+                                   1 if number == 0 else 0)
+                        number += 1
+                entries += pieces
+            row += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return row, entries
+
+
+cdef inline void _write_key(uint8_t* at, int64_t offset, int64_t stamp, int32_t key_hash,
+                            int first) noexcept nogil:
+    _put_le(at, <uint64_t>offset, 8)
+    _put_le(at + 8, <uint64_t>stamp, 8)
+    _put_le(at + 16, <uint32_t>key_hash, 4)
+    at[20] = first
+
+
+# -- index application (see layout.py) ---------------------------------------------------------
+
+cdef inline int64_t _get_le(const uint8_t* at, int size) noexcept nogil:
+    cdef uint64_t value = 0
+    cdef int i
+    for i in range(size - 1, -1, -1):
+        value = (value << 8) | at[i]
+    return <int64_t>value
+
+
+cdef inline void _put_be32(uint8_t* at, uint32_t value) noexcept nogil:
+    at[0] = value >> 24
+    at[1] = (value >> 16) & 0xFF
+    at[2] = (value >> 8) & 0xFF
+    at[3] = value & 0xFF
+
+
+cdef inline int32_t _get_be32(const uint8_t* at) noexcept nogil:
+    return <int32_t>((<uint32_t>at[0] << 24) | (<uint32_t>at[1] << 16)
+                     | (<uint32_t>at[2] << 8) | <uint32_t>at[3])
+
+
+def apply_index(buf, int64_t slots, int64_t entries_at, int64_t limit, int64_t reserved, state,
+                keys, int64_t start, int64_t stop):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef uint8_t[::1] index_view = buf
+    cdef int64_t[::1] state_view = state
+    cdef const uint8_t[::1] key_view = keys
+    cdef uint8_t* index_data
+    cdef const uint8_t* key_data
+    cdef const uint8_t* key
+    cdef int64_t count, slot_count, begin, end_offset, end_timestamp, skipping, indexed, written
+    cdef int64_t number = start, offset, stamp, slot_at, previous, time_diff, entry_at
+    cdef int32_t key_hash
+    cdef int first, reason = 0
+    if slots <= 0 or limit < 0 or entries_at < 40 + 4 * slots \
+            or index_view.shape[0] < entries_at + limit * 20 or not 0 <= start <= stop:
+        raise ValueError("index geometry is outside the buffer")
+    if stop * KEY_SIZE > key_view.shape[0] or state_view.shape[0] < 9 or state_view[0] < 1:
+        raise ValueError("keys or state are outside their buffers")
+    index_data = &index_view[0]
+    key_data = &key_view[0] if key_view.shape[0] else NULL
+    count, slot_count = state_view[0], state_view[1]
+    begin, end_offset, end_timestamp = state_view[2], state_view[4], state_view[5]
+    skipping, indexed, written = state_view[6], state_view[7], state_view[8]
+    with nogil:
+        while number < stop:
+            if count >= limit:
+                reason = 1
+                break
+            key = key_data + number * KEY_SIZE
+            offset = _get_le(key, 8)
+            stamp = _get_le(key + 8, 8)
+            key_hash = <int32_t>_get_le(key + 16, 4)
+            first = key[20]
+            if first:
+                skipping = 1 if (offset < end_offset or (offset == end_offset and count > 1)) else 0
+            if skipping:
+                number += 1
+                continue
+            if count >= reserved:
+                reason = 2
+                break
+            if first:
+                indexed += 1
+            if key_hash < 0:  # never from prepare_dispatch: Math.abs, MIN_VALUE made 0
+                reason = 3
+                break
+            slot_at = 40 + (key_hash % slots) * 4
+            previous = _get_be32(index_data + slot_at)
+            if previous <= 0 or previous > count:
+                previous = 0
+                slot_count += 1
+            if begin <= 0 or stamp <= begin:
+                time_diff = 0
+            else:
+                time_diff = (stamp - begin) // 1000
+                if time_diff > 0x7FFFFFFF:
+                    time_diff = 0x7FFFFFFF
+            entry_at = entries_at + count * 20
+            _put_be32(index_data + entry_at, <uint32_t>key_hash)
+            _put_be32(index_data + entry_at + 4, <uint32_t>(<uint64_t>offset >> 32))
+            _put_be32(index_data + entry_at + 8, <uint32_t>(<uint64_t>offset & 0xFFFFFFFFU))
+            _put_be32(index_data + entry_at + 12, <uint32_t>time_diff)
+            _put_be32(index_data + entry_at + 16, <uint32_t>previous)
+            _put_be32(index_data + slot_at, <uint32_t>count)
+            if count <= 1:
+                state_view[3] = offset
+                begin = stamp
+            count += 1
+            end_offset, end_timestamp = offset, stamp
+            written += 1
+            number += 1
+    if reason == 3:
+        raise ValueError(f"key hash {key_hash} of entry {number} is negative")
+    state_view[0], state_view[1], state_view[2] = count, slot_count, begin
+    state_view[4], state_view[5] = end_offset, end_timestamp
+    state_view[6], state_view[7], state_view[8] = skipping, indexed, written
+    return number, reason

@@ -149,3 +149,56 @@ class ScanResult(NamedTuple):
 def new_rows(capacity: int) -> array:
     """A rows buffer for ``capacity`` records."""
     return array("q", bytes(8 * ROW_WIDTH * capacity))
+
+
+# -- dispatch preparation --------------------------------------------------------------------
+#
+# ``prepare_dispatch(buf, rows, first, count, options, out, keys)`` reads the properties of
+# rows ``[first, count)`` of a scan of ``buf`` and writes, per row, DISPATCH_WIDTH integers
+# into ``out`` (at the row's own index) and the row's index keys into ``keys`` (packed with
+# HASHED_KEY, entry 0 first). It returns ``(next_row, entries)``: it stops before a row whose
+# keys would not fit. A row flagged NEEDS_REFERENCE (a SCHEDULE_TOPIC_XXXX record, or a topic,
+# TAGS, KEYS or UNIQ_KEY that is not ASCII) gets no tagsCode and no keys: the caller prepares
+# it the reference way (rmqstore.dispatch). Properties are parsed as ``string2messageProperties``
+# does (a pair needs a non-empty name and value; a later duplicate wins).
+TAGS_CODE = 0  # the Java hash of TAGS, sign-extended; 0 without TAGS
+DISPATCH_FLAGS = 1
+KEYS_FROM = 2  # the row's first entry in ``keys``
+KEYS_COUNT = 3  # UNIQ_KEY first, then each KEYS piece (none for ROLLBACK or without INDEX_KEYS)
+DISPATCH_WIDTH = 4
+
+NEEDS_REFERENCE = 1  # flag: prepare this row the reference way
+INDEX_KEYS = 1  # option: compute index keys (ROLLBACK records get none)
+
+# a key to index: physical offset, store time, key hash, 1 for a record's first key
+HASHED_KEY_FORMAT = "<qqiB"
+HASHED_KEY_SIZE = 21
+
+
+def new_dispatch_out(capacity: int) -> array:
+    return array("q", bytes(8 * DISPATCH_WIDTH * capacity))
+
+
+# -- index application -----------------------------------------------------------------------
+#
+# ``apply_index(buf, slots, entries_at, limit, reserved, state, keys, start, stop)`` writes the
+# HASHED_KEY entries ``keys[start:stop]`` into an index file mapped writable as ``buf``
+# (``slots`` hash slots, entries from byte ``entries_at``, ``limit`` entries at most, disk blocks
+# reserved below entry ``reserved``), the way IndexFile.putKey does, skipping records already
+# indexed. ``state`` (an ``array('q')``) carries the file's header between calls. It returns
+# ``(next, reason)``: APPLIED_ALL, or the entry it stopped before because the file is FULL or
+# needs more blocks RESERVED.
+STATE_COUNT = 0  # indexCount
+STATE_SLOT_COUNT = 1  # hashSlotCount
+STATE_BEGIN_TIMESTAMP = 2
+STATE_BEGIN_OFFSET = 3
+STATE_END_OFFSET = 4
+STATE_END_TIMESTAMP = 5
+STATE_SKIPPING = 6  # 1 while the keys of a record indexed before are passed over
+STATE_INDEXED = 7  # records indexed (counted up)
+STATE_WRITTEN = 8  # entries written (counted up)
+STATE_WIDTH = 9
+
+APPLIED_ALL = 0
+INDEX_FULL = 1
+NEEDS_RESERVE = 2

@@ -9,13 +9,41 @@ import zlib
 from typing import Any
 
 from rmqstore.kernel.layout import (
+    APPLIED_ALL,
     CHECK_CRC,
     CRC_BAD,
     CRC_GOOD,
     CRC_UNCHECKED,
+    DISPATCH_FLAGS,
+    DISPATCH_WIDTH,
+    HASHED_KEY_FORMAT,
+    HASHED_KEY_SIZE,
+    INDEX_FULL,
+    INDEX_KEYS,
+    KEYS_COUNT,
+    KEYS_FROM,
+    NEEDS_REFERENCE,
+    NEEDS_RESERVE,
+    PHYSICAL_OFFSET,
+    PROPERTIES_AT,
+    PROPERTIES_LENGTH,
     PROPERTY_CRC,
     ROW_WIDTH,
+    STATE_BEGIN_OFFSET,
+    STATE_BEGIN_TIMESTAMP,
+    STATE_COUNT,
+    STATE_END_OFFSET,
+    STATE_END_TIMESTAMP,
+    STATE_INDEXED,
+    STATE_SKIPPING,
+    STATE_SLOT_COUNT,
+    STATE_WRITTEN,
     STOP_ON_CRC_ERROR,
+    STORE_TIMESTAMP,
+    SYS_FLAG,
+    TAGS_CODE,
+    TOPIC_AT,
+    TOPIC_LENGTH,
     Problem,
     Stop,
 )
@@ -192,3 +220,178 @@ def scan(
             position = record_end
     finally:
         view.release()
+
+
+SCHEDULE_TOPIC = b"SCHEDULE_TOPIC_XXXX"
+_HASHED_KEY = struct.Struct(HASHED_KEY_FORMAT)
+_ENTRY = struct.Struct(">iqii")
+_SLOT = struct.Struct(">i")
+_INDEX_HEADER = 40
+_ENTRY_SIZE = 20
+
+
+def java_hash(data: bytes, start: int = 0) -> int:
+    """``String.hashCode`` of ASCII text, continuing from ``start``, as an unsigned 32-bit."""
+    value = start
+    for code in data:
+        value = (31 * value + code) & 0xFFFFFFFF
+    return value
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def _index_hash(value: int) -> int:
+    """``Math.abs`` of the hash, ``Integer.MIN_VALUE`` mapped to 0 (spec §7.3)."""
+    signed = _signed(value)
+    return 0 if signed == -(1 << 31) else abs(signed)
+
+
+def dispatch_properties(props: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """TAGS, KEYS and UNIQ_KEY values as ``string2messageProperties`` finds them."""
+    tags = keys = uniq = None
+    for pair in props.split(b"\x02"):
+        name, _, value = pair.partition(b"\x01")
+        if not name or not value:
+            continue
+        if name == b"TAGS":
+            tags = value
+        elif name == b"KEYS":
+            keys = value
+        elif name == b"UNIQ_KEY":
+            uniq = value
+    return tags, keys, uniq
+
+
+def prepare_dispatch(
+    buf: Any, rows: Any, first: int, count: int, options: int, out: Any, keys: Any
+) -> tuple[int, int]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    capacity = len(keys) // HASHED_KEY_SIZE
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH or len(out) < count * DISPATCH_WIDTH:
+        raise ValueError("dispatch rows are outside their buffers")
+    view = memoryview(buf)
+    entries = 0
+    row = first
+    try:
+        while row < count:
+            at = row * ROW_WIDTH
+            topic_at = rows[at + TOPIC_AT]
+            topic = bytes(view[topic_at : topic_at + rows[at + TOPIC_LENGTH]])
+            properties_at = rows[at + PROPERTIES_AT]
+            props = bytes(view[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
+            tags, keys_value, uniq = dispatch_properties(props)
+            reference = topic == SCHEDULE_TOPIC or not all(
+                value is None or value.isascii() for value in (topic, tags, keys_value, uniq)
+            )
+            pieces: list[bytes] = []
+            if (
+                not reference
+                and options & INDEX_KEYS
+                and rows[at + SYS_FLAG] & 0xC != 0xC  # ROLLBACK records are not indexed
+            ):
+                if uniq is not None:
+                    pieces.append(uniq)
+                if keys_value:
+                    pieces.extend(piece for piece in keys_value.split(b" ") if piece)
+            if entries + len(pieces) > capacity:
+                break
+            out_at = row * DISPATCH_WIDTH
+            out[out_at + TAGS_CODE] = (
+                _signed(java_hash(tags)) if tags is not None and not reference else 0
+            )
+            out[out_at + DISPATCH_FLAGS] = NEEDS_REFERENCE if reference else 0
+            out[out_at + KEYS_FROM] = entries
+            out[out_at + KEYS_COUNT] = len(pieces)
+            if pieces:
+                prefix = java_hash(b"#", java_hash(topic))
+                offset, stamp = rows[at + PHYSICAL_OFFSET], rows[at + STORE_TIMESTAMP]
+                for number, piece in enumerate(pieces):
+                    _HASHED_KEY.pack_into(
+                        keys,
+                        (entries + number) * HASHED_KEY_SIZE,
+                        offset,
+                        stamp,
+                        _index_hash(java_hash(piece, prefix)),
+                        1 if number == 0 else 0,
+                    )
+                entries += len(pieces)
+            row += 1
+    finally:
+        view.release()
+    return row, entries
+
+
+def apply_index(
+    buf: Any,
+    slots: int,
+    entries_at: int,
+    limit: int,
+    reserved: int,
+    state: Any,
+    keys: Any,
+    start: int,
+    stop: int,
+) -> tuple[int, int]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if slots <= 0 or len(buf) < entries_at + limit * _ENTRY_SIZE or not 0 <= start <= stop:
+        raise ValueError("index geometry is outside the buffer")
+    if stop * HASHED_KEY_SIZE > len(keys) or len(state) < 9 or state[STATE_COUNT] < 1:
+        raise ValueError("keys or state are outside their buffers")
+    count = state[STATE_COUNT]
+    slot_count = state[STATE_SLOT_COUNT]
+    begin = state[STATE_BEGIN_TIMESTAMP]
+    end_offset = state[STATE_END_OFFSET]
+    end_timestamp = state[STATE_END_TIMESTAMP]
+    skipping = state[STATE_SKIPPING]
+    indexed = state[STATE_INDEXED]
+    written = state[STATE_WRITTEN]
+    number = start
+    reason = APPLIED_ALL
+    while number < stop:
+        if count >= limit:  # the caller rolls to a new file and goes on from this entry
+            reason = INDEX_FULL
+            break
+        offset, stamp, key_hash, first = _HASHED_KEY.unpack_from(keys, number * HASHED_KEY_SIZE)
+        if first:
+            # a record the index already holds, as IndexService.build decides
+            skipping = int(offset < end_offset or (offset == end_offset and count > 1))
+        if skipping:
+            number += 1
+            continue
+        if count >= reserved:  # the caller reserves blocks and goes on from this entry
+            reason = NEEDS_RESERVE
+            break
+        if key_hash < 0:  # never from prepare_dispatch: Math.abs, MIN_VALUE made 0
+            raise ValueError(f"key hash {key_hash} of entry {number} is negative")
+        if first:
+            indexed += 1
+        slot_at = _INDEX_HEADER + (key_hash % slots) * 4
+        previous = _SLOT.unpack_from(buf, slot_at)[0]
+        if previous <= 0 or previous > count:
+            previous = 0
+            slot_count += 1
+        # Java: max(diff / 1000, 0), the division truncating toward zero
+        late = begin > 0 and stamp > begin
+        time_diff = min((stamp - begin) // 1000, 0x7FFFFFFF) if late else 0
+        _ENTRY.pack_into(
+            buf, entries_at + count * _ENTRY_SIZE, key_hash, offset, time_diff, previous
+        )
+        _SLOT.pack_into(buf, slot_at, count)
+        if count <= 1:
+            state[STATE_BEGIN_OFFSET] = offset
+            begin = stamp
+        count += 1
+        end_offset, end_timestamp = offset, stamp
+        written += 1
+        number += 1
+    state[STATE_COUNT] = count
+    state[STATE_SLOT_COUNT] = slot_count
+    state[STATE_BEGIN_TIMESTAMP] = begin
+    state[STATE_END_OFFSET] = end_offset
+    state[STATE_END_TIMESTAMP] = end_timestamp
+    state[STATE_SKIPPING] = skipping
+    state[STATE_INDEXED] = indexed
+    state[STATE_WRITTEN] = written
+    return number, reason

@@ -8,6 +8,7 @@ import os
 import random
 import struct
 import zlib
+from array import array
 from pathlib import Path
 from types import ModuleType
 
@@ -16,8 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmqstore import kernel
+from rmqstore.hashing import index_key_hash, tags_code
 from rmqstore.hosts import parse_host
 from rmqstore.kernel import layout, reference
+from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.record import Message, RegionScan, ScanStop, encode_blank, encode_record
 from rmqstore.windows import FileWindows
 
@@ -207,3 +210,103 @@ def test_windowed_region_scan_equals_whole(tmp_path: Path) -> None:
         whole.end_position,
         100,
     )
+
+
+def test_dispatch_preparation_agrees_with_the_reference_rules(
+    seeds: list[tuple[str, bytes, int]],
+) -> None:
+    """Rows the kernel prepares get the tagsCode and index key hashes the reference functions
+    (decode_properties, tags_code, index_key_hash) give; the others are flagged."""
+    checked = flagged = 0
+    for name, data, base in seeds:
+        rows, _final = run_scan(native, data, 0, base, 0, 4096)
+        packed = layout.new_rows(max(len(rows), 1))
+        for number, row in enumerate(rows):
+            packed[number * layout.ROW_WIDTH : (number + 1) * layout.ROW_WIDTH] = array("q", row)
+        out = layout.new_dispatch_out(max(len(rows), 1))
+        keys = bytearray(layout.HASHED_KEY_SIZE * 65536)
+        done, entries = native.prepare_dispatch(
+            data, packed, 0, len(rows), layout.INDEX_KEYS, out, keys
+        )
+        assert done == len(rows)
+        hashed = list(struct.iter_unpack(layout.HASHED_KEY_FORMAT, keys[: entries * 21]))
+        for number, row in enumerate(rows):
+            at = number * layout.DISPATCH_WIDTH
+            topic = data[row[layout.TOPIC_AT] : row[layout.TOPIC_AT] + row[layout.TOPIC_LENGTH]]
+            props = data[
+                row[layout.PROPERTIES_AT] : row[layout.PROPERTIES_AT]
+                + row[layout.PROPERTIES_LENGTH]
+            ]
+            if out[at + layout.DISPATCH_FLAGS] & layout.NEEDS_REFERENCE:
+                flagged += 1
+                continue
+            checked += 1
+            properties = decode_properties(props)
+            assert out[at + layout.TAGS_CODE] == tags_code(properties.get(TAGS)), name
+            expected_keys = []
+            if row[layout.SYS_FLAG] & 0xC != 0xC:
+                if UNIQ_KEY in properties:
+                    expected_keys.append(properties[UNIQ_KEY])
+                expected_keys += split_keys(properties.get(KEYS))
+            first = out[at + layout.KEYS_FROM]
+            got = hashed[first : first + out[at + layout.KEYS_COUNT]]
+            topic_text = topic.decode()
+            assert [entry[2] for entry in got] == [
+                index_key_hash(f"{topic_text}#{key}") for key in expected_keys
+            ], name
+            assert [entry[3] for entry in got] == [1] + [0] * (len(got) - 1) if got else True
+            assert {(entry[0], entry[1]) for entry in got} <= {
+                (row[layout.PHYSICAL_OFFSET], row[layout.STORE_TIMESTAMP])
+            }
+    assert checked > 1000 and flagged > 10
+
+
+def _index_buffer(slots: int, entries: int) -> bytearray:
+    return bytearray(40 + 4 * slots + 20 * entries)
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_index_application_writes_the_same_bytes_both_ways(seeds, data) -> None:  # type: ignore[no-untyped-def]
+    """Keys of a seed applied to an index file by both kernels, with files small enough to
+    fill and reservations small enough to run out: the same file bytes, state and stops."""
+    name, content, base = data.draw(st.sampled_from(seeds))
+    rows, _final = run_scan(reference, content, 0, base, 0, 4096)
+    packed = layout.new_rows(max(len(rows), 1))
+    for number, row in enumerate(rows):
+        packed[number * layout.ROW_WIDTH : (number + 1) * layout.ROW_WIDTH] = array("q", row)
+    out = layout.new_dispatch_out(max(len(rows), 1))
+    keys = bytearray(layout.HASHED_KEY_SIZE * 65536)
+    _done, entries = reference.prepare_dispatch(
+        content, packed, 0, len(rows), layout.INDEX_KEYS, out, keys
+    )
+    slots = data.draw(st.sampled_from((1, 7, 64)))
+    limit = data.draw(st.sampled_from((2, 50, 4000)))
+    step = data.draw(st.sampled_from((1, 16, 100000)))
+    begin_offset = data.draw(st.sampled_from((0, base, base + 5000)))
+    results = []
+    for implementation in (reference, native):
+        files = []
+        buf = _index_buffer(slots, limit)
+        state = array("q", [1, 0, 0, 0, begin_offset, 0, 0, 0, 0])
+        reserved = step
+        number = 0
+        stops = []
+        while True:
+            number, reason = implementation.apply_index(
+                buf, slots, 40 + 4 * slots, limit, reserved, state, keys, number, entries
+            )
+            stops.append((number, reason))
+            if reason == layout.APPLIED_ALL:
+                break
+            if reason == layout.NEEDS_RESERVE:
+                reserved += step
+            else:  # full: a new file carries the end offset on, as IndexFile.create does
+                files.append(bytes(buf))
+                buf = _index_buffer(slots, limit)
+                end = state[layout.STATE_END_OFFSET]
+                state[0:7] = array("q", [1, 0, 0, 0, end, state[5], 0])
+                reserved = step
+        files.append(bytes(buf))
+        results.append((files, list(state), stops))
+    assert results[0] == results[1], name
