@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rmqstore import kernel
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, PutOutcome, list_queues
@@ -21,14 +22,11 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, parse_java_int
 from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.indexfile import IndexService
+from rmqstore.kernel import layout as kernel_layout
+from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import (
-    H_QUEUE_ID,
-    H_QUEUE_OFFSET,
-    H_STORE_TIMESTAMP,
-    H_SYS_FLAG,
-    H_TOTAL_SIZE,
     QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
     TRANSACTION_ROLLBACK,
@@ -170,71 +168,16 @@ class Dispatcher:
             crc_from=recovery_start.start if recovery_start else 0,
             property_crc=store.config.force_verify_prop_crc,
         )
-        last_time = queued_time
-        touched: set[tuple[str, int]] = set()
-        queues = self.queues
-        index = self.index
-        topic_filter = self.topics
-        build_queues = self.build_queues
-        delay_levels = self.delay_levels
-        complete = True
-        # counters live in locals on this hot path and go into the result after the loop
-        records = units_written = units_skipped = index_records = index_entries = 0
-        to_offset = start
-        for physical_offset, header, topic, props_bytes, _crc in scan:
-            if until is not None and physical_offset >= until:
+        walk = _BatchWalk(self, result, queued_time, until, max_records, progress)
+        for window, _window_start, rows, count in scan.batches():
+            if not walk.batch(window, rows, count):
                 break
-            size = header[H_TOTAL_SIZE]
-            transaction = header[H_SYS_FLAG] & TRANSACTION_MASK
-            properties = decode_properties(props_bytes)
-            store_timestamp = header[H_STORE_TIMESTAMP]
-            if topic == SCHEDULE_TOPIC:
-                try:
-                    code = unit_tags_code(topic, properties, store_timestamp, delay_levels)
-                except RecordError as exc:  # the broker treats it as an invalid record
-                    result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
-                    break
-            else:
-                code = tags_code(properties.get(TAGS))
-            if (
-                build_queues
-                and transaction in QUEUED_TRANSACTIONS
-                and (topic_filter is None or topic in topic_filter)
-            ):
-                key = (topic, header[H_QUEUE_ID])
-                queue = queues.get(key)
-                if queue is None:
-                    queue = self.new_queue(topic, header[H_QUEUE_ID], result.problems)
-                if queue is not None:
-                    outcome = queue.put(header[H_QUEUE_OFFSET], physical_offset, size, code)
-                    if outcome is PutOutcome.DUPLICATE:
-                        units_skipped += 1
-                    else:
-                        units_written += 1
-                        touched.add(key)
-                        last_time = store_timestamp
-                        if outcome is PutOutcome.OUT_OF_ORDER:
-                            result.problems.append(
-                                out_of_order_problem(
-                                    physical_offset, header[H_QUEUE_OFFSET], topic, key[1]
-                                )
-                            )
-            if index is not None and transaction != TRANSACTION_ROLLBACK:
-                uniq = properties.get(UNIQ_KEY)
-                keys_text = properties.get(KEYS)
-                keys = split_keys(keys_text) if keys_text else []
-                if (uniq is not None or keys) and index.build(
-                    physical_offset, store_timestamp, topic, uniq, keys
-                ):
-                    index_records += 1
-                    index_entries += len(keys) + (uniq is not None)
-            records += 1
-            to_offset = physical_offset + size
-            if progress is not None and not records & 0xFFFF:
-                progress(physical_offset)
-            if max_records is not None and records >= max_records:
-                complete = False
-                break
+        walk.flush_keys()
+        records, to_offset, last_time = walk.records, walk.to_offset, walk.last_time
+        complete, touched = walk.complete, walk.touched
+        units_written, units_skipped = walk.units_written, walk.units_skipped
+        index_records, index_entries = walk.index_records, walk.index_entries
+        to_offset = start if not records else to_offset
         result.records = records
         result.to_offset = to_offset
         result.units_written = units_written
@@ -311,6 +254,164 @@ class Dispatcher:
             queue.close()
         if self.index is not None:
             self.index.close()
+
+
+class _BatchWalk:
+    """The per-batch work of :meth:`Dispatcher.run`: the record kernel prepares each batch of
+    rows (tagsCodes and index key hashes); units go into their consume queues row by row, and
+    the prepared keys into the index in one call per batch. Rows the kernel flags (a
+    SCHEDULE_TOPIC_XXXX record, text that is not ASCII) and the record the index ends with
+    (a kill may have left some of its keys out) are prepared the reference way, in order."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        result: DispatchResult,
+        queued_time: int | None,
+        until: int | None,
+        max_records: int | None,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.result = result
+        self.index = dispatcher.index
+        self.until = until
+        self.max_records = max_records
+        self.progress = progress
+        self.last_time = queued_time
+        self.records = self.units_written = self.units_skipped = 0
+        self.index_records = self.index_entries = 0
+        self.to_offset = 0
+        self.complete = True
+        self.touched: set[tuple[str, int]] = set()
+        self.out = kernel_layout.new_dispatch_out(_BATCH_ROWS)
+        self.keys = bytearray(kernel_layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
+        self.pending = (0, 0)  # keys[from:to] prepared but not in the index yet
+        self.options = kernel_layout.INDEX_KEYS if self.index is not None else 0
+        last = self.index.last if self.index is not None else None
+        # records up to here may be partly indexed already: IndexService.build decides
+        self.index_resumes_at = last.header.end_phy_offset if last is not None else -1
+        self.topics: dict[bytes, str] = {}
+
+    def batch(self, window: Any, rows: Any, count: int) -> bool:
+        """Dispatch ``count`` rows of ``window``; False once the walk must stop."""
+        if len(self.out) < count * kernel_layout.DISPATCH_WIDTH:
+            self.out = kernel_layout.new_dispatch_out(count)
+        first = 0
+        while first < count:
+            done, _entries = kernel.prepare_dispatch(
+                window, rows, first, count, self.options, self.out, self.keys
+            )
+            self.pending = (0, 0)
+            for row in range(first, done):
+                if not self._row(window, rows, row):
+                    self.flush_keys()
+                    return False
+            self.flush_keys()
+            first = done
+        return True
+
+    def _row(self, window: Any, rows: Any, row: int) -> bool:
+        at = row * ROW_WIDTH
+        physical_offset = rows[at + kernel_layout.PHYSICAL_OFFSET]
+        if self.until is not None and physical_offset >= self.until:
+            return False
+        dispatcher = self.dispatcher
+        result = self.result
+        size = rows[at + kernel_layout.TOTAL_SIZE]
+        sys_flag = rows[at + kernel_layout.SYS_FLAG]
+        transaction = sys_flag & TRANSACTION_MASK
+        store_timestamp = rows[at + kernel_layout.STORE_TIMESTAMP]
+        topic_at = rows[at + kernel_layout.TOPIC_AT]
+        topic_bytes = bytes(window[topic_at : topic_at + rows[at + kernel_layout.TOPIC_LENGTH]])
+        topic = self.topics.get(topic_bytes)
+        if topic is None:
+            topic = self.topics[topic_bytes] = topic_bytes.decode("utf-8")
+        out_at = row * kernel_layout.DISPATCH_WIDTH
+        out = self.out
+        reference = out[out_at + kernel_layout.DISPATCH_FLAGS] & kernel_layout.NEEDS_REFERENCE
+        properties: dict[str, str] | None = None
+        if reference or physical_offset <= self.index_resumes_at:
+            properties_at = rows[at + kernel_layout.PROPERTIES_AT]
+            properties = decode_properties(
+                bytes(
+                    window[
+                        properties_at : properties_at + rows[at + kernel_layout.PROPERTIES_LENGTH]
+                    ]
+                )
+            )
+        if reference:
+            try:
+                levels = dispatcher.delay_levels
+                code = unit_tags_code(topic, properties, store_timestamp, levels)  # type: ignore[arg-type]
+            except RecordError as exc:  # the broker treats it as an invalid record
+                result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
+                return False
+        else:
+            code = out[out_at + kernel_layout.TAGS_CODE]
+        if (
+            dispatcher.build_queues
+            and transaction in QUEUED_TRANSACTIONS
+            and (dispatcher.topics is None or topic in dispatcher.topics)
+        ):
+            queue_id = rows[at + kernel_layout.QUEUE_ID]
+            key = (topic, queue_id)
+            queue = dispatcher.queues.get(key)
+            if queue is None:
+                queue = dispatcher.new_queue(topic, queue_id, result.problems)
+            if queue is not None:
+                queue_offset = rows[at + kernel_layout.QUEUE_OFFSET]
+                outcome = queue.put(queue_offset, physical_offset, size, code)
+                if outcome is PutOutcome.DUPLICATE:
+                    self.units_skipped += 1
+                else:
+                    self.units_written += 1
+                    self.touched.add(key)
+                    self.last_time = store_timestamp
+                    if outcome is PutOutcome.OUT_OF_ORDER:
+                        result.problems.append(
+                            out_of_order_problem(physical_offset, queue_offset, topic, queue_id)
+                        )
+        if self.index is not None and transaction != TRANSACTION_ROLLBACK:
+            if properties is not None:  # the reference way, after the keys before it
+                self.flush_keys()
+                uniq = properties.get(UNIQ_KEY)
+                keys_text = properties.get(KEYS)
+                keys = split_keys(keys_text) if keys_text else []
+                if (uniq is not None or keys) and self.index.build(
+                    physical_offset, store_timestamp, topic, uniq, keys
+                ):
+                    self.index_records += 1
+                    self.index_entries += len(keys) + (uniq is not None)
+            else:
+                keys_from = out[out_at + kernel_layout.KEYS_FROM]
+                keys_count = out[out_at + kernel_layout.KEYS_COUNT]
+                if keys_count:
+                    start, end = self.pending
+                    self.pending = (start if end > start else keys_from, keys_from + keys_count)
+        self.records += 1
+        self.to_offset = physical_offset + size
+        if self.progress is not None and not self.records & 0xFFFF:
+            self.progress(physical_offset)
+        if self.max_records is not None and self.records >= self.max_records:
+            self.complete = False
+            return False
+        return True
+
+    def flush_keys(self) -> None:
+        """Put the prepared keys not in the index yet into it."""
+        start, end = self.pending
+        self.pending = (end, end)
+        if end > start and self.index is not None:
+            size = kernel_layout.HASHED_KEY_SIZE
+            with memoryview(self.keys) as keys:
+                indexed, written = self.index.build_hashed(keys[start * size : end * size])
+            self.index_records += indexed
+            self.index_entries += written
+
+
+_BATCH_ROWS = 4096
+_KEY_CAPACITY = 65536  # keys prepared per kernel call (a record has at most 16,384)
 
 
 def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:

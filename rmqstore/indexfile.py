@@ -9,12 +9,16 @@ import os
 import re
 import struct
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from rmqstore import kernel
 from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_string_hash
+from rmqstore.kernel import layout as kernel_layout
 from rmqstore.segments import (
     creating_name,
     fsync_directory,
@@ -35,7 +39,7 @@ _NAME = re.compile(r"\d{17}")
 _RESERVE_ENTRIES = 65536  # entries whose blocks are allocated at a time (1.25 MiB)
 _ENTRY_CHUNK = 65536  # entries read at a time (1.25 MiB)
 # a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key
-HASHED_KEY = struct.Struct("<qqiB")
+HASHED_KEY = struct.Struct(kernel_layout.HASHED_KEY_FORMAT)
 
 
 def index_file_size(slots: int, entries: int) -> int:
@@ -472,71 +476,55 @@ class IndexService:
                 break
         return present
 
-    def build_hashed(self, entries: bytes | bytearray) -> tuple[int, int]:
-        """:meth:`build` for keys hashed elsewhere (worker processes): ``entries`` packed
-        with :data:`HASHED_KEY` in log order, a record's keys one after the other, the first
-        flagged. Returns (records indexed, entries written)."""
-        indexed = written = 0
+    def build_hashed(self, entries: Any) -> tuple[int, int]:
+        """:meth:`build` for keys hashed elsewhere (by the record kernel's dispatch
+        preparation, here or in worker processes): ``entries`` packed with
+        :data:`HASHED_KEY` in log order, a record's keys one after the other, the first
+        flagged. The record kernel writes them into the files. Returns (records indexed,
+        entries written)."""
+        total = len(entries) // HASHED_KEY.size
+        state = array("q", bytes(8 * kernel_layout.STATE_WIDTH))
         index: IndexFile | None = None
-        skipping = False
-        # the current file's state lives in locals on this hot path (written back on a roll)
-        buf: mmap.mmap | bytes = b""
-        header = IndexHeader()
-        slots = limit = entries_at = count = slot_count = begin = reserved = 0
-        end_offset = end_timestamp = 0
-        read_slot = _INT.unpack_from
-        write_slot = _INT.pack_into
-        write_entry = _ENTRY.pack_into
-        for physical_offset, store_timestamp, key_hash, first in HASHED_KEY.iter_unpack(entries):
-            if index is None or count >= limit:  # the first put, or this file is full
-                if index is not None:
-                    header.index_count, header.hash_slot_count = count, slot_count
-                    header.end_phy_offset, header.end_timestamp = end_offset, end_timestamp
-                    index.sync_header()
+        number = 0
+        while number < total:
+            if index is None:
                 files = self.files
                 index = files[-1] if files and not files[-1].is_full else self.writable_file()
-                header, buf, slots = index.header, index.buf, index.slots
-                limit, entries_at = index.entries, index._entries_at
-                reserved = index.reserved_entries
-                count, slot_count = header.index_count, header.hash_slot_count
-                begin = header.begin_timestamp
-                end_offset, end_timestamp = header.end_phy_offset, header.end_timestamp
-            if first:
-                skipping = physical_offset < end_offset or (
-                    physical_offset == end_offset and count > 1
-                )  # already indexed, as in build
-                if skipping:
-                    continue
-                indexed += 1
-            elif skipping:
-                continue
-            if count >= reserved:
-                index.reserve_entries(count)
-                reserved = index.reserved_entries
-            slot_at = HEADER_SIZE + (key_hash % slots) * SLOT_SIZE
-            previous = read_slot(buf, slot_at)[0]
-            if previous <= 0 or previous > count:
-                previous = 0
-                slot_count += 1
-            if begin <= 0 or store_timestamp <= begin:
-                time_diff = 0
-            else:
-                time_diff = min((store_timestamp - begin) // 1000, 0x7FFFFFFF)
-            write_entry(
-                buf, entries_at + count * ENTRY_SIZE, key_hash, physical_offset, time_diff, previous
+                header = index.header
+                state[kernel_layout.STATE_COUNT] = header.index_count
+                state[kernel_layout.STATE_SLOT_COUNT] = header.hash_slot_count
+                state[kernel_layout.STATE_BEGIN_TIMESTAMP] = header.begin_timestamp
+                state[kernel_layout.STATE_BEGIN_OFFSET] = header.begin_phy_offset
+                state[kernel_layout.STATE_END_OFFSET] = header.end_phy_offset
+                state[kernel_layout.STATE_END_TIMESTAMP] = header.end_timestamp
+            number, reason = kernel.apply_index(
+                index.buf,
+                index.slots,
+                index._entries_at,
+                index.entries,
+                index.reserved_entries,
+                state,
+                entries,
+                number,
+                total,
             )
-            write_slot(buf, slot_at, count)
-            if count <= 1:
-                header.begin_phy_offset = physical_offset
-                header.begin_timestamp = begin = store_timestamp
-            count += 1
-            end_offset, end_timestamp = physical_offset, store_timestamp
-            written += 1
-        if index is not None:
-            header.index_count, header.hash_slot_count = count, slot_count
-            header.end_phy_offset, header.end_timestamp = end_offset, end_timestamp
-            index.sync_header()
-        return indexed, written
+            self._settle_header(index, state)
+            if reason == kernel_layout.NEEDS_RESERVE:
+                index.reserve_entries(state[kernel_layout.STATE_COUNT])
+            elif reason == kernel_layout.INDEX_FULL:
+                index = None  # the next file: a record's keys may continue there
+        return state[kernel_layout.STATE_INDEXED], state[kernel_layout.STATE_WRITTEN]
+
+    @staticmethod
+    def _settle_header(index: IndexFile, state: array) -> None:
+        header = index.header
+        header.index_count = state[kernel_layout.STATE_COUNT]
+        header.hash_slot_count = state[kernel_layout.STATE_SLOT_COUNT]
+        header.begin_timestamp = state[kernel_layout.STATE_BEGIN_TIMESTAMP]
+        header.begin_phy_offset = state[kernel_layout.STATE_BEGIN_OFFSET]
+        header.end_phy_offset = state[kernel_layout.STATE_END_OFFSET]
+        header.end_timestamp = state[kernel_layout.STATE_END_TIMESTAMP]
+        index.sync_header()
 
     def query(
         self,
