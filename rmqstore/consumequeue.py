@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from rmqstore import kernel
 from rmqstore.errors import StoreIOError
 from rmqstore.segments import (
     Segment,
@@ -158,11 +159,7 @@ class ConsumeQueue:
             if segment.start != end:
                 break  # a gap: the queue ends at the previous file
             data = _read(segment.path, self.file_size)  # a wrong-size file: no further
-            valid = 0
-            for physical_offset, size, _ in UNIT.iter_unpack(data[: len(data) // 20 * 20]):
-                if not is_valid_unit(physical_offset, size):
-                    break
-                valid += CQ_UNIT_SIZE
+            valid = kernel.valid_units(data) * CQ_UNIT_SIZE
             end = segment.start + valid
             if valid < self.file_size:
                 break
@@ -202,14 +199,8 @@ class ConsumeQueue:
         for segment in reversed(self.queue.segments):
             data = _read(segment.path, self.file_size)
             data = data[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
-            cut_at = None
-            for index, (unit_offset, size, _tags) in enumerate(UNIT.iter_unpack(data)):
-                valid = is_valid_unit(unit_offset, size)
-                if unit_offset >= physical_offset and (valid or index == 0):
-                    cut_at = index
-                    break
-                if not valid:
-                    break
+            found = kernel.cut_index(data, physical_offset)
+            cut_at = found if found >= 0 else None
             if cut_at == 0:
                 dropped.append(segment.path)
                 removed += _leading_valid_units(data)
@@ -479,12 +470,7 @@ def _read(path: Path, limit: int) -> bytes:
 
 def _leading_valid_units(data: bytes) -> int:
     """How many units at the start of ``data`` (a multiple of 20 bytes) are valid."""
-    count = 0
-    for physical_offset, size, _tags in UNIT.iter_unpack(data):
-        if not is_valid_unit(physical_offset, size):
-            break
-        count += 1
-    return count
+    return kernel.valid_units(data)
 
 
 def list_queues(root: Path) -> list[tuple[str, int]]:

@@ -9,6 +9,8 @@ tail) ends it without moving the cursor past it.
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 from rmqstore import kernel
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd
-from rmqstore.consumequeue import ConsumeQueue, PutOutcome, list_queues
+from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, parse_java_int
 from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.hashing import tags_code
@@ -172,7 +174,6 @@ class Dispatcher:
         for window, _window_start, rows, count in scan.batches():
             if not walk.batch(window, rows, count):
                 break
-        walk.flush_keys()
         records, to_offset, last_time = walk.records, walk.to_offset, walk.last_time
         complete, touched = walk.complete, walk.touched
         units_written, units_skipped = walk.units_written, walk.units_skipped
@@ -258,8 +259,8 @@ class Dispatcher:
 
 class _BatchWalk:
     """The per-batch work of :meth:`Dispatcher.run`: the record kernel prepares each batch of
-    rows (tagsCodes and index key hashes); units go into their consume queues row by row, and
-    the prepared keys into the index in one call per batch. Rows the kernel flags (a
+    rows (tagsCodes and index key hashes) and gathers their units into runs per queue; a run goes
+    into its queue in one write, and the keys into the index in one call. Rows the kernel flags (a
     SCHEDULE_TOPIC_XXXX record, text that is not ASCII) and the record the index ends with
     (a kill may have left some of its keys out) are prepared the reference way, in order."""
 
@@ -286,7 +287,11 @@ class _BatchWalk:
         self.touched: set[tuple[str, int]] = set()
         self.out = kernel_layout.new_dispatch_out(_BATCH_ROWS)
         self.keys = bytearray(kernel_layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
-        self.pending = (0, 0)  # keys[from:to] prepared but not in the index yet
+        self.units = bytearray(kernel_layout.UNIT_SIZE * _BATCH_ROWS)
+        self.row_runs = array("q", bytes(8 * _BATCH_ROWS))
+        self.runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * _RUNS))
+        self.batch_offsets = array("q")
+        self.newest_queued = -1  # the commit-log offset of the newest unit written
         self.options = kernel_layout.INDEX_KEYS if self.index is not None else 0
         last = self.index.last if self.index is not None else None
         # records up to here may be partly indexed already: IndexService.build decides
@@ -297,19 +302,148 @@ class _BatchWalk:
         """Dispatch ``count`` rows of ``window``; False once the walk must stop."""
         if len(self.out) < count * kernel_layout.DISPATCH_WIDTH:
             self.out = kernel_layout.new_dispatch_out(count)
+            self.units = bytearray(kernel_layout.UNIT_SIZE * count)
+            self.row_runs = array("q", bytes(8 * count))
+        self.batch_offsets = rows[_OFFSET_COLUMN : count * ROW_WIDTH : ROW_WIDTH]
         first = 0
         while first < count:
             done, _entries = kernel.prepare_dispatch(
                 window, rows, first, count, self.options, self.out, self.keys
             )
-            self.pending = (0, 0)
-            for row in range(first, done):
-                if not self._row(window, rows, row):
-                    self.flush_keys()
+            offsets = self.batch_offsets[first:done]
+            stop = done
+            if self.until is not None:
+                stop = first + bisect_left(offsets, self.until)
+            if self.max_records is not None:
+                stop = min(stop, first + self.max_records - self.records)
+            position = first
+            for special in [*self._special_rows(offsets, first, stop), stop]:
+                if position < special:
+                    self._bulk(window, rows, position, special)
+                if special == stop:
+                    break
+                if not self._row(window, rows, special):
                     return False
-            self.flush_keys()
+                position = special + 1
+            if self.max_records is not None and self.records >= self.max_records:
+                self.complete = False
+                return False
+            if stop < done:  # reached ``until``
+                return False
             first = done
         return True
+
+    def _special_rows(self, offsets: array, first: int, stop: int) -> list[int]:
+        """Rows taking the reference way: flagged by the kernel, or at or before where the
+        index ends (some of their keys may be there already)."""
+        resumed = bisect_right(offsets, self.index_resumes_at, 0, stop - first)
+        special = set(range(first, first + resumed))
+        width = kernel_layout.DISPATCH_WIDTH
+        flags = self.out[_FLAGS_COLUMN + first * width : stop * width : width]
+        if flags.count(0) != len(flags):
+            special.update(first + n for n, flag in enumerate(flags) if flag)
+        return sorted(special)
+
+    def _bulk(self, window: Any, rows: Any, first: int, stop: int) -> None:
+        """Rows ``[first, stop)`` the kernel prepared, as a whole: their units go into the
+        consume queues run by run, their keys into the index in one call."""
+        out = self.out
+        width = kernel_layout.DISPATCH_WIDTH
+        if self.dispatcher.build_queues:
+            position = first
+            while position < stop:
+                position, found = kernel.queue_runs(
+                    window, rows, position, stop, out, self.units, self.runs, self.row_runs
+                )
+                problems: list[tuple[int, str]] = []
+                for number in range(found):
+                    self._put_units(window, rows, number, problems)
+                # in log order, as one record after the other would have reported them
+                problems.sort(key=lambda item: item[0])
+                self.result.problems.extend(text for _, text in problems)
+        if self.index is not None:
+            keys_from = out[(first) * width + kernel_layout.KEYS_FROM]
+            last = (stop - 1) * width
+            keys_end = out[last + kernel_layout.KEYS_FROM] + out[last + kernel_layout.KEYS_COUNT]
+            if keys_end > keys_from:
+                size = kernel_layout.HASHED_KEY_SIZE
+                with memoryview(self.keys) as keys:
+                    indexed, written = self.index.build_hashed(
+                        keys[keys_from * size : keys_end * size]
+                    )
+                self.index_records += indexed
+                self.index_entries += written
+        self.records += stop - first
+        last_row = (stop - 1) * ROW_WIDTH
+        self.to_offset = rows[last_row + _OFFSET_COLUMN] + rows[last_row + kernel_layout.TOTAL_SIZE]
+        if self.progress is not None:
+            self.progress(rows[last_row + _OFFSET_COLUMN])
+
+    def _put_units(
+        self, window: Any, rows: Any, number: int, problems: list[tuple[int, str]]
+    ) -> None:
+        """Put one run of units (see :func:`rmqstore.kernel.layout`) into its queue: in one
+        write when it continues the queue, else unit by unit as the broker would."""
+        width = kernel_layout.RUN_WIDTH
+        run = self.runs[number * width : (number + 1) * width]
+        topic_row = run[kernel_layout.RUN_TOPIC_ROW] * ROW_WIDTH
+        topic_at = rows[topic_row + kernel_layout.TOPIC_AT]
+        topic_end = topic_at + rows[topic_row + kernel_layout.TOPIC_LENGTH]
+        topic_bytes = bytes(window[topic_at:topic_end])
+        topic = self.topics.get(topic_bytes)
+        if topic is None:
+            topic = self.topics[topic_bytes] = topic_bytes.decode("utf-8")
+        dispatcher = self.dispatcher
+        if dispatcher.topics is not None and topic not in dispatcher.topics:
+            return
+        queue_id = run[kernel_layout.RUN_QUEUE_ID]
+        key = (topic, queue_id)
+        queue = dispatcher.queues.get(key)
+        first_record = rows[topic_row + _OFFSET_COLUMN]
+        if queue is None:
+            texts: list[str] = []
+            queue = dispatcher.new_queue(topic, queue_id, texts)
+            problems.extend((first_record, text) for text in texts)
+            if queue is None:
+                return
+        first_offset = run[kernel_layout.RUN_FIRST_QUEUE_OFFSET]
+        count = run[kernel_layout.RUN_UNITS]
+        start = run[kernel_layout.RUN_UNITS_FROM] * CQ_UNIT_SIZE
+        with memoryview(self.units) as units:
+            data = units[start : start + count * CQ_UNIT_SIZE]
+            written = 0
+            newest = -1
+            last_offset, last_size, _code = UNIT.unpack_from(data, (count - 1) * CQ_UNIT_SIZE)
+            if last_offset + last_size <= queue.max_physical_offset:
+                self.units_skipped += count  # every unit is there: put would skip each
+            elif queue.put_run(first_offset, data, run[kernel_layout.RUN_FIRST_END]):
+                written, newest = count, count - 1
+            else:
+                for number_in_run in range(count):
+                    offset, size, code = UNIT.unpack_from(data, number_in_run * CQ_UNIT_SIZE)
+                    queue_offset = first_offset + number_in_run
+                    outcome = queue.put(queue_offset, offset, size, code)
+                    if outcome is PutOutcome.DUPLICATE:
+                        self.units_skipped += 1
+                        continue
+                    written += 1
+                    newest = number_in_run
+                    if outcome is PutOutcome.OUT_OF_ORDER:
+                        text = out_of_order_problem(offset, queue_offset, topic, queue_id)
+                        problems.append((offset, text))
+                    rest = data[(number_in_run + 1) * CQ_UNIT_SIZE :]
+                    if rest and queue.put_run(queue_offset + 1, rest, _unit_end(rest)):
+                        written += count - number_in_run - 1
+                        newest = count - 1
+                        break
+            if written:
+                self.units_written += written
+                self.touched.add(key)
+                offset = UNIT.unpack_from(data, newest * CQ_UNIT_SIZE)[0]
+                if offset > self.newest_queued:
+                    self.newest_queued = offset
+                    row = bisect_left(self.batch_offsets, offset)
+                    self.last_time = rows[row * ROW_WIDTH + kernel_layout.STORE_TIMESTAMP]
 
     def _row(self, window: Any, rows: Any, row: int) -> bool:
         at = row * ROW_WIDTH
@@ -327,28 +461,15 @@ class _BatchWalk:
         topic = self.topics.get(topic_bytes)
         if topic is None:
             topic = self.topics[topic_bytes] = topic_bytes.decode("utf-8")
-        out_at = row * kernel_layout.DISPATCH_WIDTH
-        out = self.out
-        reference = out[out_at + kernel_layout.DISPATCH_FLAGS] & kernel_layout.NEEDS_REFERENCE
-        properties: dict[str, str] | None = None
-        if reference or physical_offset <= self.index_resumes_at:
-            properties_at = rows[at + kernel_layout.PROPERTIES_AT]
-            properties = decode_properties(
-                bytes(
-                    window[
-                        properties_at : properties_at + rows[at + kernel_layout.PROPERTIES_LENGTH]
-                    ]
-                )
-            )
-        if reference:
-            try:
-                levels = dispatcher.delay_levels
-                code = unit_tags_code(topic, properties, store_timestamp, levels)  # type: ignore[arg-type]
-            except RecordError as exc:  # the broker treats it as an invalid record
-                result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
-                return False
-        else:
-            code = out[out_at + kernel_layout.TAGS_CODE]
+        # a row flagged by the kernel, or one the index may hold some keys of already
+        properties_at = rows[at + kernel_layout.PROPERTIES_AT]
+        properties_end = properties_at + rows[at + kernel_layout.PROPERTIES_LENGTH]
+        properties = decode_properties(bytes(window[properties_at:properties_end]))
+        try:
+            code = unit_tags_code(topic, properties, store_timestamp, dispatcher.delay_levels)
+        except RecordError as exc:  # the broker treats it as an invalid record
+            result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
+            return False
         if (
             dispatcher.build_queues
             and transaction in QUEUED_TRANSACTIONS
@@ -368,27 +489,20 @@ class _BatchWalk:
                     self.units_written += 1
                     self.touched.add(key)
                     self.last_time = store_timestamp
+                    self.newest_queued = physical_offset
                     if outcome is PutOutcome.OUT_OF_ORDER:
                         result.problems.append(
                             out_of_order_problem(physical_offset, queue_offset, topic, queue_id)
                         )
         if self.index is not None and transaction != TRANSACTION_ROLLBACK:
-            if properties is not None:  # the reference way, after the keys before it
-                self.flush_keys()
-                uniq = properties.get(UNIQ_KEY)
-                keys_text = properties.get(KEYS)
-                keys = split_keys(keys_text) if keys_text else []
-                if (uniq is not None or keys) and self.index.build(
-                    physical_offset, store_timestamp, topic, uniq, keys
-                ):
-                    self.index_records += 1
-                    self.index_entries += len(keys) + (uniq is not None)
-            else:
-                keys_from = out[out_at + kernel_layout.KEYS_FROM]
-                keys_count = out[out_at + kernel_layout.KEYS_COUNT]
-                if keys_count:
-                    start, end = self.pending
-                    self.pending = (start if end > start else keys_from, keys_from + keys_count)
+            uniq = properties.get(UNIQ_KEY)
+            keys_text = properties.get(KEYS)
+            keys = split_keys(keys_text) if keys_text else []
+            if (uniq is not None or keys) and self.index.build(
+                physical_offset, store_timestamp, topic, uniq, keys
+            ):
+                self.index_records += 1
+                self.index_entries += len(keys) + (uniq is not None)
         self.records += 1
         self.to_offset = physical_offset + size
         if self.progress is not None and not self.records & 0xFFFF:
@@ -398,20 +512,18 @@ class _BatchWalk:
             return False
         return True
 
-    def flush_keys(self) -> None:
-        """Put the prepared keys not in the index yet into it."""
-        start, end = self.pending
-        self.pending = (end, end)
-        if end > start and self.index is not None:
-            size = kernel_layout.HASHED_KEY_SIZE
-            with memoryview(self.keys) as keys:
-                indexed, written = self.index.build_hashed(keys[start * size : end * size])
-            self.index_records += indexed
-            self.index_entries += written
-
 
 _BATCH_ROWS = 4096
 _KEY_CAPACITY = 65536  # keys prepared per kernel call (a record has at most 16,384)
+_RUNS = 256  # runs of units gathered per kernel call
+_OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
+_FLAGS_COLUMN = kernel_layout.DISPATCH_FLAGS
+
+
+def _unit_end(units: Any) -> int:
+    """Where the record of the first of packed ``units`` ends in the commit log."""
+    offset, size, _code = UNIT.unpack_from(units, 0)
+    return offset + size
 
 
 def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:

@@ -23,8 +23,10 @@ from rmqstore.kernel.layout import (
     PROPERTIES_AT,
     PROPERTY_CRC,
     ROW_WIDTH,
+    RUN_WIDTH,
     STOP_ON_CRC_ERROR,
     TOPIC_AT,
+    UNIT_SIZE,
     Stop,
     new_dispatch_out,
     new_rows,
@@ -215,3 +217,24 @@ def dispatch_both(
         results.append((list(out), calls))
     if results[0] != results[1]:
         yield f"prepare_dispatch differs (options {options}, key capacity {key_capacity})"
+        return
+    out = array("q", results[0][0])
+    grouped = []
+    for kernel in (reference, native):
+        runs = array("q", bytes(8 * RUN_WIDTH * key_capacity))  # few runs: the table fills
+        units = bytearray(UNIT_SIZE * len(rows))
+        row_runs = array("q", bytes(8 * len(rows)))
+        calls = []
+        first = 0
+        while first < len(rows):
+            first_next, found = kernel.queue_runs(
+                data, packed, first, len(rows), out, units, runs, row_runs
+            )
+            used = sum(runs[n * RUN_WIDTH + 3] for n in range(found))
+            calls.append((first_next, list(runs[: found * RUN_WIDTH]), bytes(units[: used * 20])))
+            if first_next == first:
+                break
+            first = first_next
+        grouped.append(calls)
+    if grouped[0] != grouped[1]:
+        yield f"queue_runs differs (run capacity {key_capacity})"

@@ -51,6 +51,9 @@ prepare_dispatch: Callable[..., tuple[int, int]] = (
     _refuse if _refusal else _implementation.prepare_dispatch
 )
 apply_index: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.apply_index
+queue_runs: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.queue_runs
+valid_units: Callable[[Any], int] = _refuse if _refusal else _implementation.valid_units
+cut_index: Callable[[Any, int], int] = _refuse if _refusal else _implementation.cut_index
 
 
 def description() -> str:

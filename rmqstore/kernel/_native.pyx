@@ -639,3 +639,146 @@ def apply_index(buf, int64_t slots, int64_t entries_at, int64_t limit, int64_t r
     state_view[4], state_view[5] = end_offset, end_timestamp
     state_view[6], state_view[7], state_view[8] = skipping, indexed, written
     return number, reason
+
+
+# -- consume-queue runs (see layout.py) --------------------------------------------------------
+
+DEF RUN_WIDTH = 7
+
+
+def queue_runs(buf, rows, int64_t first, int64_t count, dispatch_out, units, runs, row_runs):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef int64_t[::1] row_view = rows
+    cdef int64_t[::1] out_view = dispatch_out
+    cdef uint8_t[::1] unit_view = units
+    cdef int64_t[::1] run_view = runs
+    cdef int64_t[::1] row_run_view = row_runs
+    cdef int64_t capacity = run_view.shape[0] // RUN_WIDTH
+    cdef int64_t length = view.shape[0]
+    cdef int64_t row, at, n, number, found = 0, topic_at, topic_length, queue_id, queue_offset
+    cdef int64_t other_at, run_at, unit_at, sys_type
+    cdef const uint8_t* data
+    cdef uint8_t* unit
+    cdef bint bad = False
+    if (not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE)
+            or out_view.shape[0] < count * DISPATCH_WIDTH
+            or unit_view.shape[0] < (count - first) * 20 or row_run_view.shape[0] < count):
+        raise ValueError("queue runs are outside their buffers")
+    data = &view[0] if length else NULL
+    row = first
+    with nogil:
+        while row < count:
+            row_run_view[row] = -1
+            at = row * ROW_WIDTH_NATIVE
+            sys_type = row_view[at + 8] & 0xC
+            if out_view[row * DISPATCH_WIDTH + 1] & 1 or (sys_type != 0 and sys_type != 8):
+                row += 1
+                continue
+            topic_at = row_view[at + 15]
+            topic_length = row_view[at + 16]
+            if topic_at < 0 or topic_length < 0 or topic_at > length - topic_length:
+                bad = True
+                break
+            queue_id = row_view[at + 4]
+            queue_offset = row_view[at + 6]
+            number = -1
+            n = found - 1
+            while n >= 0:  # the queue's latest run
+                run_at = n * RUN_WIDTH
+                if run_view[run_at + 1] == queue_id:
+                    other_at = row_view[run_view[run_at] * ROW_WIDTH_NATIVE + 15]
+                    if (row_view[run_view[run_at] * ROW_WIDTH_NATIVE + 16] == topic_length
+                            and (topic_length == 0 or memcmp(data + other_at, data + topic_at,
+                                                             topic_length) == 0)):
+                        number = n
+                        break
+                n -= 1
+            if number >= 0 and run_view[number * RUN_WIDTH + 2] + run_view[number * RUN_WIDTH + 3] \
+                    != queue_offset:
+                number = -1
+            if number < 0:
+                if found == capacity:
+                    break
+                number = found
+                found += 1
+                run_at = number * RUN_WIDTH
+                run_view[run_at] = row
+                run_view[run_at + 1] = queue_id
+                run_view[run_at + 2] = queue_offset
+                run_view[run_at + 3] = 0
+                run_view[run_at + 4] = 0
+                run_view[run_at + 6] = row_view[at + 7] + row_view[at + 1]
+            run_view[number * RUN_WIDTH + 3] += 1
+            run_view[number * RUN_WIDTH + 5] = row
+            row_run_view[row] = number
+            row += 1
+        if not bad:
+            unit_at = 0
+            for n in range(found):
+                run_view[n * RUN_WIDTH + 4] = unit_at
+                unit_at += run_view[n * RUN_WIDTH + 3]
+                run_view[n * RUN_WIDTH + 3] = 0  # counted again as the units are written
+            for n in range(first, row):
+                number = row_run_view[n]
+                if number < 0:
+                    continue
+                run_at = number * RUN_WIDTH
+                unit = &unit_view[(run_view[run_at + 4] + run_view[run_at + 3]) * 20]
+                at = n * ROW_WIDTH_NATIVE
+                _put_be32(unit, <uint32_t>(<uint64_t>row_view[at + 7] >> 32))
+                _put_be32(unit + 4, <uint32_t>(<uint64_t>row_view[at + 7] & 0xFFFFFFFFU))
+                _put_be32(unit + 8, <uint32_t>row_view[at + 1])
+                _put_be32(unit + 12, <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH] >> 32))
+                _put_be32(unit + 16,
+                          <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH] & 0xFFFFFFFFU))
+                run_view[run_at + 3] += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return row, found
+
+
+# -- consume-queue files (see layout.py) -------------------------------------------------------
+
+cdef inline int64_t _get_be64(const uint8_t* at) noexcept nogil:
+    return <int64_t>((<uint64_t><uint32_t>_get_be32(at) << 32) | <uint32_t>_get_be32(at + 4))
+
+
+def valid_units(data):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = data
+    cdef int64_t units = view.shape[0] // 20, index = 0
+    cdef const uint8_t* at
+    if units == 0:
+        return 0
+    at = &view[0]
+    with nogil:
+        while index < units:
+            if _get_be64(at) < 0 or _get_be32(at + 8) <= 0:
+                break
+            index += 1
+            at += 20
+    return index
+
+
+def cut_index(data, int64_t physical_offset):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = data
+    cdef int64_t units = view.shape[0] // 20, index = 0, offset, result = -1
+    cdef const uint8_t* at
+    cdef bint valid
+    if units == 0:
+        return -1
+    at = &view[0]
+    with nogil:
+        while index < units:
+            offset = _get_be64(at)
+            valid = offset >= 0 and _get_be32(at + 8) > 0
+            if offset >= physical_offset and (valid or index == 0):
+                result = index
+                break
+            if not valid:
+                break
+            index += 1
+            at += 20
+    return result

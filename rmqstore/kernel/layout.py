@@ -202,3 +202,33 @@ STATE_WIDTH = 9
 APPLIED_ALL = 0
 INDEX_FULL = 1
 NEEDS_RESERVE = 2
+
+
+# -- consume-queue runs ----------------------------------------------------------------------
+#
+# ``queue_runs(buf, rows, first, count, dispatch_out, units, runs, row_runs)`` gathers the
+# consume-queue units of rows ``[first, count)`` (those prepare_dispatch did not flag, whose
+# transaction type a broker queues: NOT_TYPE and COMMIT) into runs: units of one queue (topic
+# bytes and queue id) with consecutive queue offsets, in log order. Each run's units are packed
+# back to back into ``units`` (20 bytes each, as in a consume-queue file) and described by one
+# row of RUN_WIDTH integers in ``runs``; ``row_runs`` is scratch space (one integer per row).
+# It returns ``(next_row, run_count)``, stopping before a row that needs a run when ``runs``
+# is full.
+RUN_TOPIC_ROW = 0  # a row holding the run's topic
+RUN_QUEUE_ID = 1
+RUN_FIRST_QUEUE_OFFSET = 2
+RUN_UNITS = 3  # how many units
+RUN_UNITS_FROM = 4  # the first unit's index in ``units``
+RUN_LAST_ROW = 5  # the row of the last unit (its store time is the newest queued)
+RUN_FIRST_END = 6  # where the first unit's record ends in the commit log
+RUN_WIDTH = 7
+UNIT_SIZE = 20
+
+
+# -- consume-queue files ---------------------------------------------------------------------
+#
+# ``valid_units(data)``: how many 20-byte units at the start of ``data`` are valid (offset >= 0
+# and size > 0), as a broker's queue recovery counts them. ``cut_index(data, physical_offset)``:
+# where truncateDirtyLogicFiles cuts a file: the first unit whose offset is at or past
+# ``physical_offset`` (valid, or the very first unit), -1 when an invalid unit comes first or
+# none is.

@@ -28,7 +28,14 @@ from rmqstore.kernel.layout import (
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
     PROPERTY_CRC,
+    QUEUE_ID,
+    QUEUE_OFFSET,
     ROW_WIDTH,
+    RUN_FIRST_QUEUE_OFFSET,
+    RUN_LAST_ROW,
+    RUN_UNITS,
+    RUN_UNITS_FROM,
+    RUN_WIDTH,
     STATE_BEGIN_OFFSET,
     STATE_BEGIN_TIMESTAMP,
     STATE_COUNT,
@@ -44,6 +51,8 @@ from rmqstore.kernel.layout import (
     TAGS_CODE,
     TOPIC_AT,
     TOPIC_LENGTH,
+    TOTAL_SIZE,
+    UNIT_SIZE,
     Problem,
     Stop,
 )
@@ -395,3 +404,107 @@ def apply_index(
     state[STATE_INDEXED] = indexed
     state[STATE_WRITTEN] = written
     return number, reason
+
+
+_UNIT = struct.Struct(">qiq")
+
+
+def queue_runs(
+    buf: Any,
+    rows: Any,
+    first: int,
+    count: int,
+    dispatch_out: Any,
+    units: Any,
+    runs: Any,
+    row_runs: Any,
+) -> tuple[int, int]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    capacity = len(runs) // RUN_WIDTH
+    if (
+        not 0 <= first <= count <= len(rows) // ROW_WIDTH
+        or len(dispatch_out) < count * DISPATCH_WIDTH
+        or len(units) < (count - first) * UNIT_SIZE
+        or len(row_runs) < count
+    ):
+        raise ValueError("queue runs are outside their buffers")
+    view = memoryview(buf)
+    try:
+        found: list[list[int]] = []  # per run: topic bytes key, queue id, next offset, ...
+        keys: list[tuple[bytes, int]] = []
+        row = first
+        while row < count:
+            row_runs[row] = -1
+            at = row * ROW_WIDTH
+            if dispatch_out[row * DISPATCH_WIDTH + DISPATCH_FLAGS] & NEEDS_REFERENCE or (
+                rows[at + SYS_FLAG] & 0xC not in (0x0, 0x8)
+            ):
+                row += 1
+                continue
+            topic_at = rows[at + TOPIC_AT]
+            key = (bytes(view[topic_at : topic_at + rows[at + TOPIC_LENGTH]]), rows[at + QUEUE_ID])
+            queue_offset = rows[at + QUEUE_OFFSET]
+            # only the queue's latest run may go on, so each queue's runs follow log order
+            number = next((n for n in range(len(found) - 1, -1, -1) if keys[n] == key), -1)
+            if number >= 0 and (
+                found[number][RUN_FIRST_QUEUE_OFFSET] + found[number][RUN_UNITS] != queue_offset
+            ):
+                number = -1
+            if number < 0:
+                if len(found) == capacity:
+                    break
+                number = len(found)
+                keys.append(key)
+                first_end = rows[at + PHYSICAL_OFFSET] + rows[at + TOTAL_SIZE]
+                found.append([row, key[1], queue_offset, 0, 0, row, first_end])
+            found[number][RUN_UNITS] += 1
+            found[number][RUN_LAST_ROW] = row
+            row_runs[row] = number
+            row += 1
+        unit_at = 0
+        for run in found:
+            run[RUN_UNITS_FROM] = unit_at
+            unit_at += run[RUN_UNITS]
+        written = [0] * len(found)
+        for index in range(first, row):
+            number = row_runs[index]
+            if number < 0:
+                continue
+            at = index * ROW_WIDTH
+            _UNIT.pack_into(
+                units,
+                (found[number][RUN_UNITS_FROM] + written[number]) * UNIT_SIZE,
+                rows[at + PHYSICAL_OFFSET],
+                rows[at + TOTAL_SIZE],
+                dispatch_out[index * DISPATCH_WIDTH + TAGS_CODE],
+            )
+            written[number] += 1
+        for number, run in enumerate(found):
+            runs[number * RUN_WIDTH : (number + 1) * RUN_WIDTH] = type(runs)("q", run)
+        return row, len(found)
+    finally:
+        view.release()
+
+
+def valid_units(data: Any) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    count = 0
+    for offset, size, _code in _UNIT.iter_unpack(
+        memoryview(data)[: len(data) // UNIT_SIZE * UNIT_SIZE]
+    ):
+        if offset < 0 or size <= 0:
+            break
+        count += 1
+    return count
+
+
+def cut_index(data: Any, physical_offset: int) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    units = memoryview(data)[: len(data) // UNIT_SIZE * UNIT_SIZE]
+    for index, (offset, size, _code) in enumerate(_UNIT.iter_unpack(units)):
+        valid = offset >= 0 and size > 0
+        if offset >= physical_offset and (valid or index == 0):
+            return index
+        if not valid:
+            return -1
+    return -1

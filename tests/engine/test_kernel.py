@@ -310,3 +310,19 @@ def test_index_application_writes_the_same_bytes_both_ways(seeds, data) -> None:
         files.append(bytes(buf))
         results.append((files, list(state), stops))
     assert results[0] == results[1], name
+
+
+_UNIT_VALUES = st.tuples(
+    st.sampled_from((0, 1, 500, 2**40, -1, -(2**63), 2**63 - 1)) | st.integers(-10, 10**6),
+    st.sampled_from((0, 1, 100, -1, 2**31 - 1, -(2**31))),
+    st.integers(-(2**63), 2**63 - 1),
+)
+
+
+@given(st.lists(_UNIT_VALUES, max_size=40), st.integers(-5, 10**6), st.integers(0, 19))
+def test_queue_file_scans_agree(units, physical_offset: int, torn: int) -> None:  # type: ignore[no-untyped-def]
+    """Units a queue-file scan counts as valid, and where truncation would cut, both ways
+    (with a torn unit at the end now and then)."""
+    data = b"".join(struct.pack(">qiq", *unit) for unit in units) + bytes(torn)
+    assert native.valid_units(data) == reference.valid_units(data)
+    assert native.cut_index(data, physical_offset) == reference.cut_index(data, physical_offset)
