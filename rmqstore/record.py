@@ -434,6 +434,7 @@ class RegionScan:
     """
 
     __slots__ = (
+        "_topics",
         "base_offset",
         "blank_length",
         "buf",
@@ -477,6 +478,7 @@ class RegionScan:
         self.crc_failures = 0
         self.error: RecordError | None = None
         self.window: Any = None  # the bytes of the batch being yielded (see batches)
+        self._topics: dict[bytes, str] = {}  # topics decoded so far
         self.window_start = 0  # the file position of window[0]
 
     def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
@@ -529,44 +531,51 @@ class RegionScan:
             return
 
     def __iter__(self) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
-        base = self.base_offset
-        unpack_ipv4 = HEADER_IPV4.unpack_from
-        host_flags = _HOST_FLAGS
-        topics: dict[bytes, str] = {}
-        width = kernel_layout.ROW_WIDTH
         position = self.start
         try:
             # failures are counted as records are yielded: a caller may stop part-way
             for window, window_start, rows, count in self._batches(count_failures=False):
-                for at in range(0, count * width, width):
-                    start = rows[at]
-                    position = window_start + start
-                    sys_flag = rows[at + _SYS_FLAG]
-                    header = (
-                        header_struct(sys_flag).unpack_from(window, start)
-                        if sys_flag & host_flags
-                        else unpack_ipv4(window, start)
-                    )
-                    topic_at = rows[at + _TOPIC_AT]
-                    topic_bytes = bytes(window[topic_at : topic_at + rows[at + _TOPIC_LENGTH]])
-                    topic = topics.get(topic_bytes)
-                    if topic is None:
-                        topic = topics[topic_bytes] = topic_bytes.decode("utf-8")
-                    properties_at = rows[at + _PROPERTIES_AT]
-                    properties = bytes(
-                        window[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]]
-                    )
-                    status = rows[at + _CRC_STATUS]
-                    crc_ok = None
-                    if status != _CRC_UNCHECKED:
-                        crc_ok = status == _CRC_GOOD
-                        if not crc_ok:
-                            self.crc_failures += 1
-                    yield base + position, header, topic, properties, crc_ok
-                    position += rows[at + _TOTAL_SIZE]
+                for item in self.items(window, window_start, rows, count):
+                    position = item[0] - self.base_offset
+                    yield item
             position = self.end_position
         finally:
             self.end_position = position
+
+    def items(
+        self, window: Any, window_start: int, rows: Any, count: int
+    ) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
+        """The per-record items (see the class) of one batch of :meth:`batches`, each
+        failed CRC check counted as it is yielded."""
+        base = self.base_offset + window_start
+        unpack_ipv4 = HEADER_IPV4.unpack_from
+        host_flags = _HOST_FLAGS
+        topics = self._topics
+        width = kernel_layout.ROW_WIDTH
+        for at in range(0, count * width, width):
+            start = rows[at]
+            sys_flag = rows[at + _SYS_FLAG]
+            header = (
+                header_struct(sys_flag).unpack_from(window, start)
+                if sys_flag & host_flags
+                else unpack_ipv4(window, start)
+            )
+            topic_at = rows[at + _TOPIC_AT]
+            topic_bytes = bytes(window[topic_at : topic_at + rows[at + _TOPIC_LENGTH]])
+            topic = topics.get(topic_bytes)
+            if topic is None:
+                topic = topics[topic_bytes] = topic_bytes.decode("utf-8")
+            properties_at = rows[at + _PROPERTIES_AT]
+            properties = bytes(
+                window[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]]
+            )
+            status = rows[at + _CRC_STATUS]
+            crc_ok = None
+            if status != _CRC_UNCHECKED:
+                crc_ok = status == _CRC_GOOD
+                if not crc_ok:
+                    self.crc_failures += 1
+            yield base + start, header, topic, properties, crc_ok
 
 
 _BATCH_ROWS = 4096

@@ -200,6 +200,14 @@ def dispatch_both(
     packed = new_rows(len(rows))
     for number, row in enumerate(rows):
         packed[number * ROW_WIDTH : (number + 1) * ROW_WIDTH] = array("q", row)
+    previous_time = rows[len(rows) // 2][10] if options else -1
+    attention = []
+    for kernel in (reference, native):
+        found = array("q", bytes(8 * len(rows)))
+        number = kernel.attention_rows(data, packed, 0, len(rows), previous_time, options, found)
+        attention.append(list(found[:number]))
+    if attention[0] != attention[1]:
+        yield f"attention_rows differs (options {options})"
     results = []
     for kernel in (reference, native):
         out = new_dispatch_out(len(rows))

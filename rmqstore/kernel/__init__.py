@@ -54,6 +54,7 @@ apply_index: Callable[..., tuple[int, int]] = _refuse if _refusal else _implemen
 queue_runs: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.queue_runs
 valid_units: Callable[[Any], int] = _refuse if _refusal else _implementation.valid_units
 cut_index: Callable[[Any, int], int] = _refuse if _refusal else _implementation.cut_index
+attention_rows: Callable[..., int] = _refuse if _refusal else _implementation.attention_rows
 
 
 def description() -> str:

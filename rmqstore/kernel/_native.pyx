@@ -782,3 +782,52 @@ def cut_index(data, int64_t physical_offset):
             index += 1
             at += 20
     return result
+
+
+# -- record checks (see layout.py) -------------------------------------------------------------
+
+def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_time, int options,
+                   found):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef int64_t[::1] row_view = rows
+    cdef int64_t[::1] found_view = found
+    cdef int64_t length = view.shape[0], number = 0, row, at, stamp, topic_at, topic_length
+    cdef int64_t props_at, props_length
+    cdef const uint8_t* data
+    cdef bint look, force = options & 1, bad = False
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
+            or found_view.shape[0] < count - first:
+        raise ValueError("rows are outside their buffers")
+    data = &view[0] if length else NULL
+    row = first
+    with nogil:
+        while row < count:
+            at = row * ROW_WIDTH_NATIVE
+            stamp = row_view[at + 10]
+            topic_at = row_view[at + 15]
+            topic_length = row_view[at + 16]
+            props_at = row_view[at + 17]
+            props_length = row_view[at + 18]
+            if (topic_at < 0 or topic_length < 0 or topic_at > length - topic_length
+                    or props_at < 0 or props_length < 0 or props_at > length - props_length):
+                bad = True
+                break
+            look = (
+                row_view[at + 19] == 0
+                or force
+                or not _is_ascii(data + props_at, props_length)
+                or (props_length >= 20 and memcmp(data + props_at + props_length - 20,
+                                                  b"__CRC32#", 8) == 0
+                    and data[props_at + props_length - 1] == 2)
+                or (topic_length == 19 and memcmp(data + topic_at, SCHEDULE_TOPIC, 19) == 0)
+                or stamp < previous_time
+            )
+            previous_time = stamp
+            if look:
+                found_view[number] = row
+                number += 1
+            row += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return number

@@ -232,3 +232,13 @@ UNIT_SIZE = 20
 # where truncateDirtyLogicFiles cuts a file: the first unit whose offset is at or past
 # ``physical_offset`` (valid, or the very first unit), -1 when an invalid unit comes first or
 # none is.
+
+
+# -- record checks (verify) ------------------------------------------------------------------
+#
+# ``attention_rows(buf, rows, first, count, previous_time, options, found)`` writes into
+# ``found`` the indexes of the rows of ``[first, count)`` that a verify must look at one by one,
+# and returns how many: a failed CRC check, properties that are not ASCII, properties ending with
+# a ``__CRC32#`` property (every row with FORCE_PROPERTY_CRC), a SCHEDULE_TOPIC_XXXX record,
+# or a store time earlier than the row before (``previous_time`` for the first; -1: none).
+FORCE_PROPERTY_CRC = 1

@@ -13,9 +13,11 @@ from rmqstore.kernel.layout import (
     CHECK_CRC,
     CRC_BAD,
     CRC_GOOD,
+    CRC_STATUS,
     CRC_UNCHECKED,
     DISPATCH_FLAGS,
     DISPATCH_WIDTH,
+    FORCE_PROPERTY_CRC,
     HASHED_KEY_FORMAT,
     HASHED_KEY_SIZE,
     INDEX_FULL,
@@ -508,3 +510,36 @@ def cut_index(data: Any, physical_offset: int) -> int:
         if not valid:
             return -1
     return -1
+
+
+def attention_rows(
+    buf: Any, rows: Any, first: int, count: int, previous_time: int, options: int, found: Any
+) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH or len(found) < count - first:
+        raise ValueError("rows are outside their buffers")
+    view = memoryview(buf)
+    force = bool(options & FORCE_PROPERTY_CRC)
+    number = 0
+    try:
+        for row in range(first, count):
+            at = row * ROW_WIDTH
+            stamp = rows[at + STORE_TIMESTAMP]
+            topic_at = rows[at + TOPIC_AT]
+            properties_at = rows[at + PROPERTIES_AT]
+            props = bytes(view[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
+            look = (
+                rows[at + CRC_STATUS] == CRC_BAD
+                or not props.isascii()
+                or force
+                or (props[-20:-12] == b"__CRC32#" and props[-1:] == b"\x02")
+                or bytes(view[topic_at : topic_at + rows[at + TOPIC_LENGTH]]) == SCHEDULE_TOPIC
+                or stamp < previous_time
+            )
+            previous_time = stamp
+            if look:
+                found[number] = row
+                number += 1
+    finally:
+        view.release()
+    return number

@@ -13,15 +13,20 @@ cannot know on its own (the record before it) it leaves in :class:`RangeEdges`.
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import pairwise
 from typing import Any, Protocol
 
+from rmqstore import kernel
 from rmqstore.commitlog import CommitLog
 from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
 from rmqstore.errors import InputError
+from rmqstore.kernel import layout as kernel_layout
+from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
     H_QUEUE_ID,
@@ -42,6 +47,7 @@ from rmqstore.verify.findings import ERROR, NOTE, WARNING, VerifyReport
 from rmqstore.windows import FileWindows
 
 _CRC_NAME = b"__CRC32#"
+_OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
 
 
@@ -112,6 +118,13 @@ class RecordPass:
         self.end_segment: Segment | None = None  # the file the log ends in
         self._previous_time: int | None = None
         self._range_stop = 0  # physical offset: records starting here belong to the next range
+        # buffers of the kernel calls that check whole batches
+        self._attention = array("q")
+        self._no_dispatch = array("q")  # nothing flagged: every row is a queue candidate
+        self._units = bytearray()
+        self._row_runs = array("q")
+        self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
+        self._topics: dict[bytes, str] = {}
 
     def last_data_segment(self) -> Segment | None:
         """The last commit-log file whose first bytes are not zeros."""
@@ -286,8 +299,89 @@ class RecordPass:
 
     def _walk(self, region: RegionScan, segment: Segment) -> bool:
         """Check each record of a region; True when it reached a record of the next range.
-        The common path is a handful of local operations; anything found goes through
-        :meth:`_found`."""
+        Without listeners a batch of rows with nothing to look at one by one (the record
+        kernel's ``attention_rows``, consecutive queue offsets) is taken as a whole; any other
+        batch goes record by record through :meth:`_walk_records`."""
+        if self.listeners:
+            return self._walk_records(region, segment, region)
+        range_stop = self._range_stop
+        for window, window_start, rows, count in region.batches():
+            offsets = rows[_OFFSET_COLUMN : count * ROW_WIDTH : ROW_WIDTH]
+            wanted = bisect_left(offsets, range_stop)
+            if wanted and not self._clean_batch(window, rows, wanted, offsets, segment):
+                self._walk_records(
+                    region, segment, region.items(window, window_start, rows, wanted)
+                )
+            if wanted < count:
+                return True  # reached a record of the next range
+        return False
+
+    def _clean_batch(
+        self, window: Any, rows: Any, count: int, offsets: Any, segment: Segment
+    ) -> bool:
+        """Take rows ``[0, count)`` as a whole when none needs a look of its own; False (and
+        nothing changed) otherwise."""
+        if len(self._attention) < count:
+            self._attention = array("q", bytes(8 * count))
+            self._no_dispatch = kernel_layout.new_dispatch_out(count)
+            self._units = bytearray(kernel_layout.UNIT_SIZE * count)
+            self._row_runs = array("q", bytes(8 * count))
+        previous = self._previous_time
+        options = kernel_layout.FORCE_PROPERTY_CRC if self.store.config.force_verify_prop_crc else 0
+        if kernel.attention_rows(
+            window, rows, 0, count, -1 if previous is None else previous, options, self._attention
+        ):
+            return False
+        done, found = kernel.queue_runs(
+            window, rows, 0, count, self._no_dispatch, self._units, self._runs, self._row_runs
+        )
+        if done < count:
+            return False  # more queues than the run table holds
+        queue_next = self.edges.queue_next
+        runs = self._runs
+        width = kernel_layout.RUN_WIDTH
+        started = []
+        for number in range(found):
+            at = number * width
+            topic_row = runs[at + kernel_layout.RUN_TOPIC_ROW] * ROW_WIDTH
+            topic_at = rows[topic_row + kernel_layout.TOPIC_AT]
+            topic_end = topic_at + rows[topic_row + kernel_layout.TOPIC_LENGTH]
+            topic_bytes = bytes(window[topic_at:topic_end])
+            topic = self._topics.get(topic_bytes)
+            if topic is None:
+                topic = self._topics[topic_bytes] = topic_bytes.decode("utf-8")
+            key = (topic, runs[at + kernel_layout.RUN_QUEUE_ID])
+            expected = queue_next.get(key)
+            first = runs[at + kernel_layout.RUN_FIRST_QUEUE_OFFSET]
+            if (expected is not None and expected != first) or any(
+                key == other for other, *_ in started
+            ):
+                return False  # a gap: reported record by record
+            started.append((key, first, runs[at + kernel_layout.RUN_UNITS], topic_row))
+        name = None
+        for key, first, units, topic_row in started:
+            if key not in queue_next:
+                name = name or relative(self.store, segment.path)
+                self.edges.queue_first[key] = (first, rows[topic_row + _OFFSET_COLUMN], name)
+            queue_next[key] = first + units
+        stamps = rows[kernel_layout.STORE_TIMESTAMP : count * ROW_WIDTH : ROW_WIDTH]
+        if previous is None and self.edges.first_record is None:
+            self.edges.first_record = (offsets[0], stamps[0], relative(self.store, segment.path))
+        self._previous_time = self.edges.last_store_timestamp = stamps[-1]
+        facts = self.facts
+        facts.last_store_timestamp = max(facts.last_store_timestamp, max(stamps))
+        facts.records += count
+        self.report.checked["records"] += count
+        sizes = rows[kernel_layout.TOTAL_SIZE : count * ROW_WIDTH : ROW_WIDTH]
+        self.report.checked["recordBytes"] += sum(sizes)
+        if self.progress is not None:
+            self.progress(offsets[count - 1])
+        return True
+
+    def _walk_records(self, region: RegionScan, segment: Segment, items: Any) -> bool:
+        """Check each record of ``items`` (from ``region``); True when it reached a record
+        of the next range. The common path is a handful of local operations; anything found
+        goes through :meth:`_found`."""
         facts = self.facts
         edges = self.edges
         listeners = self.listeners
@@ -300,7 +394,7 @@ class RecordPass:
         records = facts.records
         record_bytes = 0
         reached_stop = False
-        for offset, header, topic, props, crc_ok in region:
+        for offset, header, topic, props, crc_ok in items:
             if offset >= range_stop:
                 reached_stop = True
                 break
