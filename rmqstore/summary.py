@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
 from rmqstore import kernel
 from rmqstore.consumequeue import QueueTip, list_queues
 from rmqstore.indexfile import read_index_headers
+from rmqstore.kernel import layout as kernel_layout
+from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.record import (
-    H_QUEUE_ID,
-    H_QUEUE_OFFSET,
-    H_STORE_TIMESTAMP,
-    H_SYS_FLAG,
-    H_TOTAL_SIZE,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
@@ -69,6 +68,102 @@ def index_summary(store: Store) -> dict[str, Any]:
     }
 
 
+class _SummaryWalk:
+    """Counts what ``info`` shows of the records, a batch of kernel rows at a time: the
+    queued rows of a batch through the kernel's queue runs, the others (PREPARED and
+    ROLLBACK records, and the rows past the dispatch cursor) one by one."""
+
+    def __init__(
+        self,
+        queues: dict[tuple[str, int], _QueueStats],
+        tips: dict[tuple[str, int], QueueTip],
+        dispatch_from: int,
+    ) -> None:
+        self.queues = queues
+        self.tips = tips
+        self.dispatch_from = dispatch_from
+        self.records = self.behind_records = 0
+        self.first_time = self.last_time = 0
+        self.last_offset = 0
+        self.topics: dict[bytes, str] = {}
+        self.no_dispatch = kernel_layout.new_dispatch_out(0)
+        self.units = bytearray()
+        self.row_runs = array("q")
+        self.runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
+
+    def batch(self, window: Any, rows: Any, count: int) -> None:
+        if len(self.row_runs) < count:
+            self.no_dispatch = kernel_layout.new_dispatch_out(count)
+            self.units = bytearray(kernel_layout.UNIT_SIZE * count)
+            self.row_runs = array("q", bytes(8 * count))
+        end = count * ROW_WIDTH
+        offsets = rows[kernel_layout.PHYSICAL_OFFSET : end : ROW_WIDTH]
+        stamps = rows[kernel_layout.STORE_TIMESTAMP : end : ROW_WIDTH]
+        self.records += count
+        if not self.first_time:
+            self.first_time = next((stamp for stamp in stamps if stamp), 0)
+        self.last_time = stamps[-1]
+        self.last_offset = offsets[-1]
+        behind_from = bisect_left(offsets, self.dispatch_from)
+        self.behind_records += count - behind_from
+        position = 0
+        while position < count:  # queued rows, run by run
+            position, found = kernel.queue_runs(
+                window,
+                rows,
+                position,
+                count,
+                self.no_dispatch,
+                self.units,
+                self.runs,
+                self.row_runs,
+            )
+            for number in range(found):
+                at = number * kernel_layout.RUN_WIDTH
+                row = self.runs[at + kernel_layout.RUN_TOPIC_ROW]
+                stats = self._stats(window, rows, row)
+                stats.messages += self.runs[at + kernel_layout.RUN_UNITS]
+                first = self.runs[at + kernel_layout.RUN_FIRST_QUEUE_OFFSET]
+                if stats.min_offset is None or first < stats.min_offset:
+                    stats.min_offset = first
+        flags = rows[kernel_layout.SYS_FLAG : end : ROW_WIDTH]
+        for row, flag in enumerate(flags):
+            if flag & TRANSACTION_MASK in _NOT_QUEUED:
+                stats = self._stats(window, rows, row)
+                stats.messages += 1
+                stats.not_queued += 1
+        for row in range(behind_from, count):  # where the broker's dispatch would put them
+            if flags[row] & TRANSACTION_MASK in _NOT_QUEUED:
+                continue
+            at = row * ROW_WIDTH
+            key = self._key(window, rows, row)
+            self.tips[key] = QueueTip.after_put(
+                self.tips.get(key),
+                rows[at + kernel_layout.QUEUE_OFFSET],
+                offsets[row],
+                rows[at + kernel_layout.TOTAL_SIZE],
+            )
+
+    def _key(self, window: Any, rows: Any, row: int) -> tuple[str, int]:
+        at = row * ROW_WIDTH
+        topic_at = rows[at + kernel_layout.TOPIC_AT]
+        topic_bytes = bytes(window[topic_at : topic_at + rows[at + kernel_layout.TOPIC_LENGTH]])
+        topic = self.topics.get(topic_bytes)
+        if topic is None:
+            topic = self.topics[topic_bytes] = topic_bytes.decode("utf-8")
+        return topic, rows[at + kernel_layout.QUEUE_ID]
+
+    def _stats(self, window: Any, rows: Any, row: int) -> _QueueStats:
+        key = self._key(window, rows, row)
+        stats = self.queues.get(key)
+        if stats is None:
+            stats = self.queues[key] = _QueueStats()
+        return stats
+
+
+_NOT_QUEUED = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
+
+
 def summarize(store: Store, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Files, offsets, topics/queues, consume queues, index, dispatch lag, checkpoint and
     abort/lock state of ``store``."""
@@ -81,33 +176,13 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
     behind_records = 0
     queues: dict[tuple[str, int], _QueueStats] = {}
     scan = log.scan()
-    records = 0
-    first_time = last_time = 0
-    for count, (offset, header, topic, _props, _crc) in enumerate(scan, 1):
-        if progress is not None and not count & 0x3FFF:
-            progress(offset - log.min_offset)
-        records += 1
-        if offset >= dispatch_from:
-            behind_records += 1
-        key = (topic, header[H_QUEUE_ID])
-        stats = queues.get(key)
-        if stats is None:
-            stats = queues[key] = _QueueStats()
-        stats.messages += 1
-        stamp = header[H_STORE_TIMESTAMP]
-        if not first_time:
-            first_time = stamp
-        last_time = stamp
-        if header[H_SYS_FLAG] & TRANSACTION_MASK in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
-            stats.not_queued += 1
-            continue
-        queue_offset = header[H_QUEUE_OFFSET]
-        if stats.min_offset is None or queue_offset < stats.min_offset:
-            stats.min_offset = queue_offset
-        if offset >= dispatch_from:  # where the broker's dispatch would put it
-            tips[key] = QueueTip.after_put(
-                tips.get(key), queue_offset, offset, header[H_TOTAL_SIZE]
-            )
+    walk = _SummaryWalk(queues, tips, dispatch_from)
+    for window, _window_start, rows, count in scan.batches():
+        walk.batch(window, rows, count)
+        if progress is not None:
+            progress(walk.last_offset - log.min_offset)
+    records, behind_records = walk.records, walk.behind_records
+    first_time, last_time = walk.first_time, walk.last_time
     segments = log.segments
     data_after_end = [
         segment.name
