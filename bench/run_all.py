@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["append.py", "scan.py", "dispatch.py", "verify.py", "spark.py"]
+SCRIPTS = ["kernel.py", "append.py", "scan.py", "dispatch.py", "verify.py", "spark.py"]
 
 if __name__ == "__main__":
     for script in SCRIPTS:

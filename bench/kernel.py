@@ -1,0 +1,156 @@
+"""The record kernel: whole commands on the benchmark store with the compiled kernel beside the
+pure-Python reference (RMQSTORE_KERNEL=native / python), and beside RocketMQ 4.9.8's own store
+on the same work (issue 13's figures, measured on this machine kind when it was quiet).
+
+    python bench/kernel.py [--messages N] [--workdir DIR] [--skip-python]
+
+Each figure is the wall time of a fresh ``rmqstore`` process (start-up included), the best of
+three runs; the scan row is the in-process time of a batch scan with body CRC, beside raw
+``zlib.crc32`` over the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import REPO, arguments, build_store, commitlog_bytes, row, zlib_crc_gb_s
+
+RMQSTORE = Path(sys.executable).parent / "rmqstore"
+ROCKETMQ = {  # seconds, RocketMQ 4.9.8's store on 1,000,000 messages (issue 13)
+    "rebuild": 0.6,
+    "recover": 0.78,
+    "verify": 0.4,
+}
+
+SCAN_CODE = """
+import sys, time
+from rmqstore.store import Store
+with Store.open_read(sys.argv[1]) as store:
+    began = time.perf_counter()
+    scan = store.commitlog.scan(check_crc=True)
+    records = sum(count for _w, _s, _r, count in scan.batches())
+    print(records, time.perf_counter() - began)
+"""
+RSS_CODE = """
+import resource, subprocess, sys
+subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+"""
+
+
+def env(kernel: str) -> dict[str, str]:
+    return {**os.environ, "RMQSTORE_KERNEL": kernel}
+
+
+def best_of(command: list[str], kernel: str, runs: int = 3, prepare=None) -> float:  # type: ignore[no-untyped-def]
+    best = float("inf")
+    for _ in range(runs):
+        if prepare is not None:
+            prepare()
+        began = time.perf_counter()
+        subprocess.run(
+            command,
+            check=True,
+            env=env(kernel),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def fresh_copy(source: Path, target: Path, abort: bool = False) -> None:
+    """A copy of the store (sparse files stay sparse), synced before the timed run so that
+    writing the copy back is not counted in it."""
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run(["cp", "-a", "--sparse=always", str(source), str(target)], check=True)
+    if abort:
+        (target / "abort").touch()
+    os.sync()
+
+
+def peak_rss_mib(command: list[str]) -> float:
+    output = subprocess.run(
+        [sys.executable, "-c", RSS_CODE, *command], check=True, capture_output=True, text=True
+    ).stdout
+    return float(output.split()[-1])
+
+
+def main() -> None:
+    parser = arguments(__doc__)
+    parser.add_argument("--skip-python", action="store_true", help="only the compiled kernel")
+    parser.add_argument(
+        "--rss-messages", type=int, default=0, help="the larger store for memory (4x)"
+    )
+    options = parser.parse_args()
+    path, _ = build_store(options.workdir, options.messages)
+    small, _ = build_store(options.workdir, 20)
+    size = commitlog_bytes(path)
+    work = options.workdir / "kernel-work"
+    kernels = ["native"] if options.skip_python else ["native", "python"]
+    print(f"kernel: {options.messages:,} messages, {size / 1e6:.0f} MB; kernels {kernels}")
+
+    for kernel in kernels:
+        output = subprocess.run(
+            [sys.executable, "-c", SCAN_CODE, str(path)],
+            check=True,
+            env=env(kernel),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        ).stdout.split()
+        seconds = float(output[1])
+        row(
+            f"[{kernel}] scan with body CRC (batches)",
+            f"{seconds:.3f} s  {int(output[0]) / seconds / 1e6:.2f}M rec/s",
+            f"{size / seconds / 1e9:.2f} GB/s",
+        )
+    crc = zlib_crc_gb_s(path, size)
+    row("baseline: zlib.crc32 over the same bytes", f"{size / crc / 1e9:.3f} s", f"{crc:.2f} GB/s")
+
+    commands = [
+        ("verify --commitlog-only", ["verify", str(path), "--commitlog-only"], None, "verify"),
+        ("verify (queues and index too)", ["verify", str(path)], None, None),
+        ("info", ["info", str(path)], None, None),
+        (
+            "dispatch --rebuild (one process)",
+            ["dispatch", str(work), "--rebuild", "--yes"],
+            lambda: fresh_copy(path, work),
+            "rebuild",
+        ),
+        (
+            "recover after a crash (abort present)",
+            ["recover", str(work), "--yes"],
+            lambda: fresh_copy(path, work, abort=True),
+            "recover",
+        ),
+    ]
+    for name, arguments_, prepare, baseline in commands:
+        for kernel in kernels:
+            command = [str(RMQSTORE), *arguments_, "--no-progress"]
+            seconds = best_of(command, kernel, prepare=prepare)
+            note = ""
+            if baseline:
+                note = f"RocketMQ 4.9.8: {ROCKETMQ[baseline]:.2f} s"
+            row(f"[{kernel}] {name}", f"{seconds:.2f} s", note)
+    shutil.rmtree(work, ignore_errors=True)
+    for name, arguments_ in (
+        ("--version", ["--version"]),
+        ("info, 20-message store", ["info", str(small)]),
+    ):
+        seconds = best_of([str(RMQSTORE), *arguments_], "native", runs=5)
+        row(f"[native] start-up: rmqstore {name}", f"{seconds:.3f} s", "target <= 0.1 s")
+    bigger, _ = build_store(options.workdir, options.rss_messages or 4 * options.messages)
+    for store in (path, bigger):
+        for name, extra in (("verify --commitlog-only", ["--commitlog-only"]), ("verify", [])):
+            rss = peak_rss_mib([str(RMQSTORE), "verify", str(store), "--no-progress", *extra])
+            row(f"peak RSS: {name}, {store.name}", f"{rss:.0f} MiB", "flat = same for both")
+
+
+if __name__ == "__main__":
+    main()
