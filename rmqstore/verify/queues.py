@@ -4,7 +4,6 @@ matched (orphan units, units past the end of the log, dispatch lag), and the fil
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -38,7 +37,7 @@ from rmqstore.verify.findings import WARNING, VerifyReport
 from rmqstore.verify.records import relative
 from rmqstore.windows import read_range
 
-_FILE_CACHE = 16  # consume-queue files held in memory (6 MB each by default)
+_CHUNK = 64 * 1024 - 64 * 1024 % 20  # bytes of a consume-queue file read at a time (3,276 units)
 
 
 @dataclass
@@ -86,7 +85,6 @@ class QueueChecks:
         self.states: dict[tuple[str, int], _QueueState] = {}
         self.missing_queues: dict[tuple[str, int], int] = {}
         self.last_queued_time = 0  # store time of the newest record found in a queue
-        self._files: OrderedDict[Any, Any] = OrderedDict()
         self._known = {
             key for key in list_queues(store.consumequeue_dir) if topics is None or key[0] in topics
         }
@@ -150,7 +148,6 @@ class QueueChecks:
             units, state.checked = units + state.checked, 0
         if units:
             self.report.checked["units"] += units
-        self._files.clear()
         for state in self.states.values():
             state.queue.close()
 
@@ -213,17 +210,14 @@ class QueueChecks:
         segment = state.queue.queue.find(position)
         if segment is None:
             return None
-        buf = self._files.get(segment.path)
-        if buf is None:
-            # read whole (units past the configured size belong to no file), never mapped
-            buf = read_range(segment.path, 0, state.queue.file_size)
-            self._files[segment.path] = buf
-            if len(self._files) > _FILE_CACHE:
-                self._files.popitem(last=False)
+        # the next units of this queue, a chunk at a time (units past the configured size
+        # belong to no file): memory is one chunk per queue, never mapped
         within = position - segment.start
-        if within + CQ_UNIT_SIZE > len(buf):
+        buf = read_range(segment.path, within, min(_CHUNK, state.queue.file_size - within))
+        if len(buf) < CQ_UNIT_SIZE:
             return None
-        state.buf, state.base, state.limit = buf, segment.start, segment.start + len(buf)
+        state.buf, state.base, state.limit = buf, position, position + len(buf)
+        within = 0
         return UNIT.unpack_from(buf, within)
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
