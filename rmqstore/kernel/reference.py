@@ -68,10 +68,15 @@ CRC_PROPERTY_LENGTH = 20  # "__CRC32#" 0x01, ten digits, 0x02
 _CRC_PROPERTY_PREFIX = b"__CRC32#\x01"
 
 _SIZE_AND_MAGIC = struct.Struct(">ii")
-# BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP, from byte 8
-_FRONT = struct.Struct(">iiiqqiq")
-_INT = struct.Struct(">i")
-_LONG = struct.Struct(">q")
+# the fixed header by (born host, store host) sizes, hosts skipped: TOTALSIZE MAGICCODE
+# BODYCRC QUEUEID FLAG QUEUEOFFSET PHYSICALOFFSET SYSFLAG BORNTIMESTAMP (BORNHOST)
+# STORETIMESTAMP (STOREHOST) RECONSUMETIMES PREPAREDTRANSACTIONOFFSET BODYLENGTH
+_HEADERS = {
+    0: struct.Struct(">iiiiiqqiq8xq8xiqi"),
+    1: struct.Struct(">iiiiiqqiq20xq8xiqi"),
+    2: struct.Struct(">iiiiiqqiq8xq20xiqi"),
+    3: struct.Struct(">iiiiiqqiq20xq20xiqi"),
+}
 _SHORT = struct.Struct(">h")
 _ROW = struct.Struct(f"={ROW_WIDTH}q")
 
@@ -108,9 +113,7 @@ def scan(
     check_crc = bool(options & CHECK_CRC)
     stop_on_crc_error = bool(options & STOP_ON_CRC_ERROR)
     property_crc = bool(options & PROPERTY_CRC)
-    unpack_front = _FRONT.unpack_from
-    unpack_int = _INT.unpack_from
-    unpack_long = _LONG.unpack_from
+    unpack_ipv4 = _HEADERS[0].unpack_from
     unpack_short = _SHORT.unpack_from
     pack_row = _ROW.pack_into
     view = memoryview(buf)
@@ -141,19 +144,31 @@ def scan(
                 return done(Stop.INVALID, total, Problem.TOTAL_SIZE_BOUNDS)
             if total > remaining:
                 return done(Stop.MORE_DATA, total)
-            body_crc, queue_id, flag, queue_offset, physical, sys_flag, born = unpack_front(
-                buf, position + 8
-            )
-            born_length = 20 if sys_flag & 0x10 else 8
-            store_length = 20 if sys_flag & 0x20 else 8
-            header_size = 72 + born_length + store_length
-            if header_size + 3 > total:
-                return done(Stop.INVALID, total, Problem.HEADER_TOO_SMALL)
-            stored_at = position + 48 + born_length
-            store_timestamp = unpack_long(buf, stored_at)[0]
-            reconsume_times = unpack_int(buf, stored_at + 8 + store_length)[0]
-            prepared = unpack_long(buf, stored_at + 12 + store_length)[0]
-            body_length = unpack_int(buf, position + header_size - 4)[0]
+            # the whole fixed header in one unpack (two IPv4 hosts, the common case)
+            header = unpack_ipv4(buf, position)
+            sys_flag = header[7]
+            if sys_flag & 0x30:
+                header_size = 72 + (20 if sys_flag & 0x10 else 8) + (20 if sys_flag & 0x20 else 8)
+                if header_size + 3 > total:
+                    return done(Stop.INVALID, total, Problem.HEADER_TOO_SMALL)
+                header = _HEADERS[(sys_flag >> 4) & 3].unpack_from(buf, position)
+            else:
+                header_size = 88
+            (
+                _total,
+                _magic,
+                body_crc,
+                queue_id,
+                flag,
+                queue_offset,
+                physical,
+                _sys_flag,
+                born,
+                store_timestamp,
+                reconsume_times,
+                prepared,
+                body_length,
+            ) = header
             topic_at = position + header_size + body_length
             record_end = position + total
             if body_length < 0 or topic_at + 3 > record_end:
@@ -432,8 +447,8 @@ def queue_runs(
         raise ValueError("queue runs are outside their buffers")
     view = memoryview(buf)
     try:
-        found: list[list[int]] = []  # per run: topic bytes key, queue id, next offset, ...
-        keys: list[tuple[bytes, int]] = []
+        found: list[list[int]] = []  # per run: its RUN_WIDTH integers
+        latest: dict[tuple[bytes, int], int] = {}  # (topic bytes, queue id) -> its latest run
         row = first
         while row < count:
             row_runs[row] = -1
@@ -447,7 +462,7 @@ def queue_runs(
             key = (bytes(view[topic_at : topic_at + rows[at + TOPIC_LENGTH]]), rows[at + QUEUE_ID])
             queue_offset = rows[at + QUEUE_OFFSET]
             # only the queue's latest run may go on, so each queue's runs follow log order
-            number = next((n for n in range(len(found) - 1, -1, -1) if keys[n] == key), -1)
+            number = latest.get(key, -1)
             if number >= 0 and (
                 found[number][RUN_FIRST_QUEUE_OFFSET] + found[number][RUN_UNITS] != queue_offset
             ):
@@ -455,8 +470,7 @@ def queue_runs(
             if number < 0:
                 if len(found) == capacity:
                     break
-                number = len(found)
-                keys.append(key)
+                number = latest[key] = len(found)
                 first_end = rows[at + PHYSICAL_OFFSET] + rows[at + TOTAL_SIZE]
                 found.append([row, key[1], queue_offset, 0, 0, row, first_end])
             found[number][RUN_UNITS] += 1
