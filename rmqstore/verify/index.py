@@ -8,23 +8,33 @@ log: the entries of a record must be the hashes of its ``topic#UNIQ_KEY`` and ``
 
 from __future__ import annotations
 
+import struct
 import sys
 from array import array
 from collections.abc import Iterator
 
 from rmqstore.errors import StoreFormatError
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash
-from rmqstore.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexFile, IndexService
+from rmqstore.indexfile import (
+    ENTRY_SIZE,
+    HASHED_KEY,
+    HEADER_SIZE,
+    SLOT_SIZE,
+    IndexFile,
+    IndexService,
+)
+from rmqstore.kernel import layout as kernel_layout
 from rmqstore.properties import KEYS, UNIQ_KEY, split_keys
 from rmqstore.record import H_SYS_FLAG, TRANSACTION_MASK, TRANSACTION_ROLLBACK
 from rmqstore.store import Store
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
-from rmqstore.verify.records import relative
+from rmqstore.verify.records import RecordBatch, relative
 
 _CHAIN_FINDINGS_PER_FILE = 5
 
 # a place in the stream of entries across files: (file ordinal, entry number)
 EntryPosition = tuple[int, int]
+_ENTRY_FIELDS = struct.Struct(">iqii")  # keyHash, physical offset, timeDiff, previous entry
 
 
 class IndexChecks:
@@ -255,6 +265,73 @@ class IndexChecks:
             index_key_hash_with_prefix(prefix, key)
             for key in ([uniq, *keys] if uniq is not None else keys)
         ]
+
+    def batch_check(self, batch: RecordBatch) -> tuple[int, EntryPosition | None] | None:
+        """A clean batch whose records' keys are exactly the next entries of the index, in
+        order, with no other entry pointing at or before its last record: (records indexed,
+        where the entries go on). None otherwise: then record by record."""
+        if self.service is None:
+            return (0, None)  # no index: nothing to compare
+        if self.topics is not None or not self._started:
+            return None
+        last_offset = batch.offsets[batch.count - 1]
+        keys = [
+            (key_hash, offset)
+            for offset, _stamp, key_hash, _first in HASHED_KEY.iter_unpack(
+                memoryview(batch.keys)[: batch.key_count * HASHED_KEY.size]
+            )
+        ]
+        if keys and keys[-1][1] > self.indexed_end:
+            return None  # records past the index's end: lag, counted record by record
+        entries, following = self._next_entries(len(keys))
+        if entries != keys or (following is not None and following[3] <= last_offset):
+            return None
+        width = kernel_layout.DISPATCH_WIDTH
+        counts = batch.dispatch_out[kernel_layout.KEYS_COUNT : batch.count * width : width]
+        indexed = batch.count - counts.count(0)
+        return (indexed, (following[4], following[1]) if following is not None else None)
+
+    def batch_apply(self, plan: tuple[int, EntryPosition | None]) -> None:
+        indexed, position = plan
+        if self.service is None:
+            return
+        self._indexed_records += indexed
+        if position is None:
+            self._entries = iter(())
+            self._pending = None
+        else:
+            self._entries = self._entry_stream(position)
+            self._pending = next(self._entries, None)
+
+    def _next_entries(
+        self, count: int
+    ) -> tuple[list[tuple[int, int]], tuple[str, int, int, int, int] | None]:
+        """The (hash, offset) of the next ``count`` entries from the pending one, and the
+        entry after them (None at the end), read in chunks; nothing is consumed."""
+        assert self.service is not None
+        found: list[tuple[int, int]] = []
+        pending = self._pending
+        if pending is None:
+            return found, None
+        files = self.service.files
+        ordinal, number = pending[4], pending[1]
+        while ordinal < len(files):
+            index = files[ordinal]
+            available = index.header.index_count - number
+            wanted = min(available, count + 1 - len(found))
+            if wanted > 0:
+                data = index.read(index._entries_at + number * ENTRY_SIZE, wanted * ENTRY_SIZE)
+                for step, (key_hash, offset, _diff, _previous) in enumerate(
+                    _ENTRY_FIELDS.iter_unpack(data)
+                ):
+                    if len(found) == count:
+                        name = relative(self.store, index.path)
+                        return found, (name, number + step, key_hash, offset, ordinal)
+                    found.append((key_hash, offset))
+            if len(found) == count and wanted < available:
+                continue  # cannot happen: wanted covers the entry after
+            ordinal, number = ordinal + 1, 1
+        return found, None
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
         if self.service is None or header[H_SYS_FLAG] & TRANSACTION_MASK == TRANSACTION_ROLLBACK:

@@ -20,6 +20,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, StoreFormatError
 from rmqstore.hashing import tags_code
+from rmqstore.kernel import layout as kernel_layout
 from rmqstore.properties import TAGS
 from rmqstore.record import (
     H_QUEUE_ID,
@@ -34,7 +35,7 @@ from rmqstore.record import (
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import WARNING, VerifyReport
-from rmqstore.verify.records import relative
+from rmqstore.verify.records import RecordBatch, relative
 from rmqstore.windows import read_range
 
 _CHUNK = 64 * 1024 - 64 * 1024 % 20  # bytes of a consume-queue file read at a time (3,276 units)
@@ -219,6 +220,58 @@ class QueueChecks:
         state.buf, state.base, state.limit = buf, position, position + len(buf)
         within = 0
         return UNIT.unpack_from(buf, within)
+
+    def batch_check(self, batch: RecordBatch) -> list[tuple[_QueueState, int, int]] | None:
+        """A clean batch's runs of units, each compared with its queue's stored units in one
+        comparison; None when a run is not simply there (a queue not loaded yet, units
+        expired or not dispatched yet, any difference): then record by record."""
+        plan = []
+        runs = batch.runs
+        width = kernel_layout.RUN_WIDTH
+        for number, key in enumerate(batch.run_keys):
+            if self.topics is not None and key[0] not in self.topics:
+                continue
+            state = self.states.get(key)
+            if state is None:
+                return None
+            at = number * width
+            first = runs[at + kernel_layout.RUN_FIRST_QUEUE_OFFSET]
+            count = runs[at + kernel_layout.RUN_UNITS]
+            if first < state.min_offset or first + count > state.max_offset:
+                return None
+            start = runs[at + kernel_layout.RUN_UNITS_FROM] * CQ_UNIT_SIZE
+            expected = batch.units[start : start + count * CQ_UNIT_SIZE]
+            if self._stored_units(state, first, count) != expected:
+                return None
+            plan.append((state, count, batch.stamps[runs[at + kernel_layout.RUN_LAST_ROW]]))
+        return plan
+
+    def batch_apply(self, plan: list[tuple[_QueueState, int, int]]) -> None:
+        for state, count, newest in plan:
+            state.checked += count
+            state.matched += count
+            if newest > self.last_queued_time:
+                self.last_queued_time = newest
+
+    def _stored_units(self, state: _QueueState, first: int, count: int) -> bytes | None:
+        """The stored bytes of units ``[first, first + count)`` (None where a file lacks
+        them)."""
+        chunks = []
+        position = first * CQ_UNIT_SIZE
+        end = (first + count) * CQ_UNIT_SIZE
+        file_size = state.queue.file_size
+        while position < end:
+            segment = state.queue.queue.find(position)
+            if segment is None:
+                return None
+            within = position - segment.start
+            wanted = min(end - position, file_size - within)
+            chunk = read_range(segment.path, within, wanted)
+            if len(chunk) < wanted:
+                return None
+            chunks.append(chunk)
+            position += wanted
+        return b"".join(chunks)
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
         if header[H_SYS_FLAG] & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:

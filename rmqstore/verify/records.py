@@ -51,10 +51,35 @@ _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
 
 
+@dataclass
+class RecordBatch:
+    """A batch of kernel rows a record pass found clean (nothing to look at one by one, queue
+    offsets dense), with what the kernel prepared for dispatch: each row's tagsCode and index
+    keys, and its consume-queue units gathered into runs (see :mod:`rmqstore.kernel.layout`)."""
+
+    window: Any
+    rows: Any
+    count: int
+    offsets: Any  # the rows' physical offsets
+    stamps: Any  # their store times
+    dispatch_out: Any
+    keys: Any  # HASHED_KEY entries of the rows, in order
+    key_count: int
+    runs: Any
+    run_keys: list[tuple[str, int]]  # (topic, queue id) of each run
+    units: Any
+
+
 class RecordListener(Protocol):
     def on_record(
         self, offset: int, header: tuple, topic: str, properties: dict[str, str]
     ) -> None: ...
+
+    def batch_check(self, batch: RecordBatch) -> Any:
+        """What taking the clean ``batch`` as a whole would do (changing nothing), or None
+        when its records must go one by one through :meth:`on_record`."""
+
+    def batch_apply(self, plan: Any) -> None: ...
 
     def finish(self, log_end: int) -> None: ...
 
@@ -121,6 +146,8 @@ class RecordPass:
         # buffers of the kernel calls that check whole batches
         self._attention = array("q")
         self._no_dispatch = array("q")  # nothing flagged: every row is a queue candidate
+        self._dispatch_out = array("q")
+        self._keys = bytearray(kernel_layout.HASHED_KEY_SIZE * 65536)
         self._units = bytearray()
         self._row_runs = array("q")
         self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
@@ -302,8 +329,6 @@ class RecordPass:
         Without listeners a batch of rows with nothing to look at one by one (the record
         kernel's ``attention_rows``, consecutive queue offsets) is taken as a whole; any other
         batch goes record by record through :meth:`_walk_records`."""
-        if self.listeners:
-            return self._walk_records(region, segment, region)
         range_stop = self._range_stop
         for window, window_start, rows, count in region.batches():
             offsets = rows[_OFFSET_COLUMN : count * ROW_WIDTH : ROW_WIDTH]
@@ -324,6 +349,7 @@ class RecordPass:
         if len(self._attention) < count:
             self._attention = array("q", bytes(8 * count))
             self._no_dispatch = kernel_layout.new_dispatch_out(count)
+            self._dispatch_out = kernel_layout.new_dispatch_out(count)
             self._units = bytearray(kernel_layout.UNIT_SIZE * count)
             self._row_runs = array("q", bytes(8 * count))
         previous = self._previous_time
@@ -332,8 +358,18 @@ class RecordPass:
             window, rows, 0, count, -1 if previous is None else previous, options, self._attention
         ):
             return False
+        dispatch_out, key_count = self._no_dispatch, 0
+        if self.listeners:  # they compare tagsCodes and index keys: prepare them
+            dispatch_out = self._dispatch_out
+            done, key_count = kernel.prepare_dispatch(
+                window, rows, 0, count, kernel_layout.INDEX_KEYS, dispatch_out, self._keys
+            )
+            width = kernel_layout.DISPATCH_WIDTH
+            flags = dispatch_out[kernel_layout.DISPATCH_FLAGS : count * width : width]
+            if done < count or flags.count(0) != count:
+                return False
         done, found = kernel.queue_runs(
-            window, rows, 0, count, self._no_dispatch, self._units, self._runs, self._row_runs
+            window, rows, 0, count, dispatch_out, self._units, self._runs, self._row_runs
         )
         if done < count:
             return False  # more queues than the run table holds
@@ -358,13 +394,36 @@ class RecordPass:
             ):
                 return False  # a gap: reported record by record
             started.append((key, first, runs[at + kernel_layout.RUN_UNITS], topic_row))
+        stamps = rows[kernel_layout.STORE_TIMESTAMP : count * ROW_WIDTH : ROW_WIDTH]
+        plans = []
+        if self.listeners:
+            batch = RecordBatch(
+                window,
+                rows,
+                count,
+                offsets,
+                stamps,
+                dispatch_out,
+                self._keys,
+                key_count,
+                runs,
+                [key for key, *_ in started],
+                self._units,
+            )
+            for listener in self.listeners:
+                check = getattr(listener, "batch_check", None)
+                plan = check(batch) if check is not None else None
+                if plan is None:
+                    return False
+                plans.append(plan)
+        for listener, plan in zip(self.listeners, plans, strict=True):
+            listener.batch_apply(plan)
         name = None
         for key, first, units, topic_row in started:
             if key not in queue_next:
                 name = name or relative(self.store, segment.path)
                 self.edges.queue_first[key] = (first, rows[topic_row + _OFFSET_COLUMN], name)
             queue_next[key] = first + units
-        stamps = rows[kernel_layout.STORE_TIMESTAMP : count * ROW_WIDTH : ROW_WIDTH]
         if previous is None and self.edges.first_record is None:
             self.edges.first_record = (offsets[0], stamps[0], relative(self.store, segment.path))
         self._previous_time = self.edges.last_store_timestamp = stamps[-1]
