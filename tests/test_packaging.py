@@ -1,11 +1,15 @@
-"""A non-editable install into a fresh virtualenv works: ``rmqstore --help`` and the
-``rmqstore.commands`` mapping of the top-level commands/ folder."""
+"""A non-editable install into a fresh virtualenv works: ``rmqstore --help``, the
+``rmqstore.commands`` mapping of the top-level commands/ folder, the compiled kernel built by
+the install, and an install with no C compiler running on the pure-Python kernel."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -70,3 +74,69 @@ def test_wheel_installs_into_a_fresh_virtualenv(tmp_path: Path) -> None:
         check=True,
     )
     assert shipped.stdout.strip() == "True"  # Spark's logging setup travels with the wheel
+    version = subprocess.run(
+        [str(environment / "bin" / "rmqstore"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=True,
+    )
+    assert "record kernel: native (compiled)" in version.stdout
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_install_succeeds_on_the_reference_kernel(tmp_path: Path) -> None:
+    """A machine with no C compiler (CC fails): the wheel builds without the compiled kernel,
+    installs, says so, and works."""
+    source = tmp_path / "source"
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in files:  # a clean tree: no compiled kernel or build/ left by another build
+        target = source / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+    wheels = tmp_path / "wheels"
+    env = {**os.environ, "CC": "/bin/false"}
+    env.pop("RMQSTORE_REQUIRE_NATIVE", None)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(wheels),
+            str(source),
+        ],
+        check=True,
+        timeout=600,
+        env=env,
+    )
+    (wheel,) = wheels.glob("rmqstore-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "rmqstore/kernel/reference.py" in names
+    assert not [name for name in names if name.endswith(".so")]
+    environment = tmp_path / "venv"
+    venv.create(environment, with_pip=True)
+    subprocess.run(
+        [str(environment / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+        check=True,
+        timeout=600,
+    )
+    rmqstore = str(environment / "bin" / "rmqstore")
+    clean_env = {k: v for k, v in os.environ.items() if k != "RMQSTORE_KERNEL"}
+    version = subprocess.run(
+        [rmqstore, "--version"], capture_output=True, text=True, cwd=tmp_path, env=clean_env
+    )
+    assert "record kernel: python (pure-Python reference" in version.stdout, version.stderr
+    store = tmp_path / "store"
+    for command in (["fixtures", "generate", "basic", str(store)], ["verify", str(store)]):
+        done = subprocess.run(
+            [rmqstore, *command], capture_output=True, text=True, cwd=tmp_path, env=clean_env
+        )
+        assert done.returncode == 0, done.stderr

@@ -8,6 +8,7 @@ makes a missing compiled kernel an error instead of a quiet fallback (``make tes
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -26,7 +27,8 @@ elif _CHOICE in ("auto", "native"):
     try:
         from rmqstore.kernel import _native as _implementation
     except ImportError as exc:
-        _why_not_native = f"not built ({exc})"
+        missing = importlib.util.find_spec("rmqstore.kernel._native") is None
+        _why_not_native = "not built (no C compiler at install?)" if missing else str(exc)
         if _CHOICE == "native":
             _refusal = (
                 "RMQSTORE_KERNEL=native but the compiled kernel is not built; reinstall "
