@@ -296,7 +296,7 @@ class _BatchWalk:
         last = self.index.last if self.index is not None else None
         # records up to here may be partly indexed already: IndexService.build decides
         self.index_resumes_at = last.header.end_phy_offset if last is not None else -1
-        self.topics: dict[bytes, str] = {}
+        self.topics = kernel_layout.TopicNames()
 
     def batch(self, window: Any, rows: Any, count: int) -> bool:
         """Dispatch ``count`` rows of ``window``; False once the walk must stop."""
@@ -387,12 +387,7 @@ class _BatchWalk:
         width = kernel_layout.RUN_WIDTH
         run = self.runs[number * width : (number + 1) * width]
         topic_row = run[kernel_layout.RUN_TOPIC_ROW] * ROW_WIDTH
-        topic_at = rows[topic_row + kernel_layout.TOPIC_AT]
-        topic_end = topic_at + rows[topic_row + kernel_layout.TOPIC_LENGTH]
-        topic_bytes = bytes(window[topic_at:topic_end])
-        topic = self.topics.get(topic_bytes)
-        if topic is None:
-            topic = self.topics[topic_bytes] = topic_bytes.decode("utf-8")
+        topic = self.topics.of(window, rows, run[kernel_layout.RUN_TOPIC_ROW])
         dispatcher = self.dispatcher
         if dispatcher.topics is not None and topic not in dispatcher.topics:
             return
@@ -456,11 +451,7 @@ class _BatchWalk:
         sys_flag = rows[at + kernel_layout.SYS_FLAG]
         transaction = sys_flag & TRANSACTION_MASK
         store_timestamp = rows[at + kernel_layout.STORE_TIMESTAMP]
-        topic_at = rows[at + kernel_layout.TOPIC_AT]
-        topic_bytes = bytes(window[topic_at : topic_at + rows[at + kernel_layout.TOPIC_LENGTH]])
-        topic = self.topics.get(topic_bytes)
-        if topic is None:
-            topic = self.topics[topic_bytes] = topic_bytes.decode("utf-8")
+        topic = self.topics.of(window, rows, row)
         # a row flagged by the kernel, or one the index may hold some keys of already
         properties_at = rows[at + kernel_layout.PROPERTIES_AT]
         properties_end = properties_at + rows[at + kernel_layout.PROPERTIES_LENGTH]

@@ -85,7 +85,7 @@ class _SummaryWalk:
         self.records = self.behind_records = 0
         self.first_time = self.last_time = 0
         self.last_offset = 0
-        self.topics: dict[bytes, str] = {}
+        self.topics = kernel_layout.TopicNames()
         self.no_dispatch = kernel_layout.new_dispatch_out(0)
         self.units = bytearray()
         self.row_runs = array("q")
@@ -145,13 +145,7 @@ class _SummaryWalk:
             )
 
     def _key(self, window: Any, rows: Any, row: int) -> tuple[str, int]:
-        at = row * ROW_WIDTH
-        topic_at = rows[at + kernel_layout.TOPIC_AT]
-        topic_bytes = bytes(window[topic_at : topic_at + rows[at + kernel_layout.TOPIC_LENGTH]])
-        topic = self.topics.get(topic_bytes)
-        if topic is None:
-            topic = self.topics[topic_bytes] = topic_bytes.decode("utf-8")
-        return topic, rows[at + kernel_layout.QUEUE_ID]
+        return self.topics.of(window, rows, row), rows[row * ROW_WIDTH + kernel_layout.QUEUE_ID]
 
     def _stats(self, window: Any, rows: Any, row: int) -> _QueueStats:
         key = self._key(window, rows, row)

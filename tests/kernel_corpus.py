@@ -189,6 +189,14 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from dispatch_both(native, data, base, rng.choice((0, 1)), rng.choice((1, 3, 4096)))
 
 
+def pack_rows(rows: list[tuple[int, ...]]) -> array:
+    """Rows as :func:`run_scan` returns them, packed back into a rows buffer."""
+    packed = new_rows(max(len(rows), 1))
+    for number, row in enumerate(rows):
+        packed[number * ROW_WIDTH : (number + 1) * ROW_WIDTH] = array("q", row)
+    return packed
+
+
 def dispatch_both(
     native: ModuleType, data: bytes, base: int, options: int, key_capacity: int
 ) -> Iterator[str]:
@@ -197,9 +205,7 @@ def dispatch_both(
     rows, _final = run_scan(reference, data, 0, base, 0, 4096)
     if not rows:
         return
-    packed = new_rows(len(rows))
-    for number, row in enumerate(rows):
-        packed[number * ROW_WIDTH : (number + 1) * ROW_WIDTH] = array("q", row)
+    packed = pack_rows(rows)
     previous_time = rows[len(rows) // 2][10] if options else -1
     attention = []
     for kernel in (reference, native):

@@ -19,29 +19,9 @@ from support import REPO
 
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_virtualenv(tmp_path: Path) -> None:
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--quiet",
-            "-w",
-            str(wheels),
-            str(REPO),
-        ],
-        check=True,
-        timeout=600,
-    )
-    (wheel,) = wheels.glob("rmqstore-*.whl")
-    environment = tmp_path / "venv"
-    venv.create(environment, with_pip=True)
+    wheel = _build_wheel(REPO, tmp_path / "wheels")
+    environment = _install(wheel, tmp_path / "venv")
     python = environment / "bin" / "python"
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", str(wheel)], check=True, timeout=600
-    )
     result = subprocess.run(
         [str(environment / "bin" / "rmqstore"), "--help"],
         capture_output=True,
@@ -97,37 +77,14 @@ def test_without_a_compiler_the_install_succeeds_on_the_reference_kernel(tmp_pat
         target = source / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, target)
-    wheels = tmp_path / "wheels"
     env = {**os.environ, "CC": "/bin/false"}
     env.pop("RMQSTORE_REQUIRE_NATIVE", None)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--quiet",
-            "-w",
-            str(wheels),
-            str(source),
-        ],
-        check=True,
-        timeout=600,
-        env=env,
-    )
-    (wheel,) = wheels.glob("rmqstore-*.whl")
+    wheel = _build_wheel(source, tmp_path / "wheels", env)
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert "rmqstore/kernel/reference.py" in names
     assert not [name for name in names if name.endswith(".so")]
-    environment = tmp_path / "venv"
-    venv.create(environment, with_pip=True)
-    subprocess.run(
-        [str(environment / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
-        check=True,
-        timeout=600,
-    )
+    environment = _install(wheel, tmp_path / "venv")
     rmqstore = str(environment / "bin" / "rmqstore")
     clean_env = {k: v for k, v in os.environ.items() if k != "RMQSTORE_KERNEL"}
     version = subprocess.run(
@@ -140,3 +97,24 @@ def test_without_a_compiler_the_install_succeeds_on_the_reference_kernel(tmp_pat
             [rmqstore, *command], capture_output=True, text=True, cwd=tmp_path, env=clean_env
         )
         assert done.returncode == 0, done.stderr
+
+
+def _build_wheel(source: Path, wheels: Path, env: dict[str, str] | None = None) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source)],
+        check=True,
+        timeout=600,
+        env=env,
+    )
+    (wheel,) = wheels.glob("rmqstore-*.whl")
+    return wheel
+
+
+def _install(wheel: Path, environment: Path) -> Path:
+    """A fresh virtualenv at ``environment`` with ``wheel`` installed."""
+    venv.create(environment, with_pip=True)
+    python = environment / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(wheel)], check=True, timeout=600
+    )
+    return environment

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from array import array
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # Row columns: one signed 64-bit integer each. Positions are indexes into the scanned buffer.
 POSITION = 0  # where the record starts in the buffer
@@ -242,3 +242,23 @@ UNIT_SIZE = 20
 # a ``__CRC32#`` property (every row with FORCE_PROPERTY_CRC), a SCHEDULE_TOPIC_XXXX record,
 # or a store time earlier than the row before (``previous_time`` for the first; -1: none).
 FORCE_PROPERTY_CRC = 1
+
+
+class TopicNames:
+    """The topics of rows as text, each distinct topic decoded once (the scan checked that
+    every row's topic is UTF-8)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self) -> None:
+        self.names: dict[bytes, str] = {}
+
+    def of(self, window: Any, rows: Any, row: int) -> str:
+        """The topic of row ``row`` of ``rows`` (a scan of ``window``)."""
+        at = row * ROW_WIDTH
+        topic_at = rows[at + TOPIC_AT]
+        raw = bytes(window[topic_at : topic_at + rows[at + TOPIC_LENGTH]])
+        name = self.names.get(raw)
+        if name is None:
+            name = self.names[raw] = raw.decode("utf-8")
+        return name

@@ -151,7 +151,7 @@ class RecordPass:
         self._units = bytearray()
         self._row_runs = array("q")
         self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
-        self._topics: dict[bytes, str] = {}
+        self._topics = kernel_layout.TopicNames()
 
     def last_data_segment(self) -> Segment | None:
         """The last commit-log file whose first bytes are not zeros."""
@@ -380,12 +380,7 @@ class RecordPass:
         for number in range(found):
             at = number * width
             topic_row = runs[at + kernel_layout.RUN_TOPIC_ROW] * ROW_WIDTH
-            topic_at = rows[topic_row + kernel_layout.TOPIC_AT]
-            topic_end = topic_at + rows[topic_row + kernel_layout.TOPIC_LENGTH]
-            topic_bytes = bytes(window[topic_at:topic_end])
-            topic = self._topics.get(topic_bytes)
-            if topic is None:
-                topic = self._topics[topic_bytes] = topic_bytes.decode("utf-8")
+            topic = self._topics.of(window, rows, runs[at + kernel_layout.RUN_TOPIC_ROW])
             key = (topic, runs[at + kernel_layout.RUN_QUEUE_ID])
             expected = queue_next.get(key)
             first = runs[at + kernel_layout.RUN_FIRST_QUEUE_OFFSET]

@@ -24,7 +24,14 @@ from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_k
 from rmqstore.record import Message, RegionScan, ScanStop, encode_blank, encode_record
 from rmqstore.windows import FileWindows
 
-from kernel_corpus import differences, mutate, run_scan, scenario_workdir, seed_files
+from kernel_corpus import (
+    differences,
+    mutate,
+    pack_rows,
+    run_scan,
+    scenario_workdir,
+    seed_files,
+)
 
 
 def load_native() -> ModuleType:
@@ -220,9 +227,7 @@ def test_dispatch_preparation_agrees_with_the_reference_rules(
     checked = flagged = 0
     for name, data, base in seeds:
         rows, _final = run_scan(native, data, 0, base, 0, 4096)
-        packed = layout.new_rows(max(len(rows), 1))
-        for number, row in enumerate(rows):
-            packed[number * layout.ROW_WIDTH : (number + 1) * layout.ROW_WIDTH] = array("q", row)
+        packed = pack_rows(rows)
         out = layout.new_dispatch_out(max(len(rows), 1))
         keys = bytearray(layout.HASHED_KEY_SIZE * 65536)
         done, entries = native.prepare_dispatch(
@@ -272,9 +277,7 @@ def test_index_application_writes_the_same_bytes_both_ways(seeds, data) -> None:
     fill and reservations small enough to run out: the same file bytes, state and stops."""
     name, content, base = data.draw(st.sampled_from(seeds))
     rows, _final = run_scan(reference, content, 0, base, 0, 4096)
-    packed = layout.new_rows(max(len(rows), 1))
-    for number, row in enumerate(rows):
-        packed[number * layout.ROW_WIDTH : (number + 1) * layout.ROW_WIDTH] = array("q", row)
+    packed = pack_rows(rows)
     out = layout.new_dispatch_out(max(len(rows), 1))
     keys = bytearray(layout.HASHED_KEY_SIZE * 65536)
     _done, entries = reference.prepare_dispatch(
