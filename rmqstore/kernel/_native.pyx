@@ -29,6 +29,91 @@ class KernelBoundsError(RuntimeError):
 DEF WIDTH = 20
 DEF ROW_WIDTH_NATIVE = 20
 assert WIDTH == _ROW_WIDTH
+from rmqstore.kernel import layout as _layout
+
+# the columns named here are the interface's (layout.py): a mismatch is a bug, found at import
+def _check_columns(pairs):
+    for name, value in pairs:
+        if getattr(_layout, name) != value:
+            raise ImportError(f"the compiled kernel's {name} is not layout.py's")
+
+
+_check_columns((
+    ("POSITION", C_POSITION), ("TOTAL_SIZE", C_TOTAL_SIZE), ("VERSION", C_VERSION),
+    ("BODY_CRC", C_BODY_CRC), ("QUEUE_ID", C_QUEUE_ID), ("FLAG", C_FLAG), ("QUEUE_OFFSET",
+    C_QUEUE_OFFSET), ("PHYSICAL_OFFSET", C_PHYSICAL_OFFSET), ("SYS_FLAG", C_SYS_FLAG),
+    ("BORN_TIMESTAMP", C_BORN_TIMESTAMP), ("STORE_TIMESTAMP", C_STORE_TIMESTAMP),
+    ("RECONSUME_TIMES", C_RECONSUME_TIMES), ("PREPARED_OFFSET", C_PREPARED_OFFSET),
+    ("HEADER_SIZE", C_HEADER_SIZE), ("BODY_LENGTH", C_BODY_LENGTH), ("TOPIC_AT",
+    C_TOPIC_AT), ("TOPIC_LENGTH", C_TOPIC_LENGTH), ("PROPERTIES_AT", C_PROPERTIES_AT),
+    ("PROPERTIES_LENGTH", C_PROPERTIES_LENGTH), ("CRC_STATUS", C_CRC_STATUS),
+))
+_check_columns((
+    ("TAGS_CODE", TAGS_CODE), ("DISPATCH_FLAGS", DISPATCH_FLAGS), ("KEYS_FROM", KEYS_FROM),
+    ("KEYS_COUNT", KEYS_COUNT),
+))
+_check_columns((
+    ("RUN_TOPIC_ROW", RUN_TOPIC_ROW), ("RUN_QUEUE_ID", RUN_QUEUE_ID),
+    ("RUN_FIRST_QUEUE_OFFSET", RUN_FIRST_QUEUE_OFFSET), ("RUN_UNITS", RUN_UNITS),
+    ("RUN_UNITS_FROM", RUN_UNITS_FROM), ("RUN_LAST_ROW", RUN_LAST_ROW), ("RUN_FIRST_END",
+    RUN_FIRST_END),
+))
+_check_columns((
+    ("STATE_COUNT", STATE_COUNT), ("STATE_SLOT_COUNT", STATE_SLOT_COUNT),
+    ("STATE_BEGIN_TIMESTAMP", STATE_BEGIN_TIMESTAMP), ("STATE_BEGIN_OFFSET",
+    STATE_BEGIN_OFFSET), ("STATE_END_OFFSET", STATE_END_OFFSET), ("STATE_END_TIMESTAMP",
+    STATE_END_TIMESTAMP), ("STATE_SKIPPING", STATE_SKIPPING), ("STATE_INDEXED",
+    STATE_INDEXED), ("STATE_WRITTEN", STATE_WRITTEN),
+))
+
+cdef enum:
+    C_POSITION = 0
+    C_TOTAL_SIZE = 1
+    C_VERSION = 2
+    C_BODY_CRC = 3
+    C_QUEUE_ID = 4
+    C_FLAG = 5
+    C_QUEUE_OFFSET = 6
+    C_PHYSICAL_OFFSET = 7
+    C_SYS_FLAG = 8
+    C_BORN_TIMESTAMP = 9
+    C_STORE_TIMESTAMP = 10
+    C_RECONSUME_TIMES = 11
+    C_PREPARED_OFFSET = 12
+    C_HEADER_SIZE = 13
+    C_BODY_LENGTH = 14
+    C_TOPIC_AT = 15
+    C_TOPIC_LENGTH = 16
+    C_PROPERTIES_AT = 17
+    C_PROPERTIES_LENGTH = 18
+    C_CRC_STATUS = 19
+
+cdef enum:  # dispatch columns
+    TAGS_CODE = 0
+    DISPATCH_FLAGS = 1
+    KEYS_FROM = 2
+    KEYS_COUNT = 3
+
+cdef enum:  # run columns
+    RUN_TOPIC_ROW = 0
+    RUN_QUEUE_ID = 1
+    RUN_FIRST_QUEUE_OFFSET = 2
+    RUN_UNITS = 3
+    RUN_UNITS_FROM = 4
+    RUN_LAST_ROW = 5
+    RUN_FIRST_END = 6
+
+cdef enum:  # index state
+    STATE_COUNT = 0
+    STATE_SLOT_COUNT = 1
+    STATE_BEGIN_TIMESTAMP = 2
+    STATE_BEGIN_OFFSET = 3
+    STATE_END_OFFSET = 4
+    STATE_END_TIMESTAMP = 5
+    STATE_SKIPPING = 6
+    STATE_INDEXED = 7
+    STATE_WRITTEN = 8
+    STATE_WIDTH = 9
 
 cdef enum:
     STOP_ROWS_FULL = 0
@@ -114,8 +199,13 @@ cdef struct Reader:
     int breached
 
 
+cdef inline bint _fits(int64_t at, int64_t size, int64_t length) noexcept nogil:
+    """``[at, at + size)`` lies inside a buffer of ``length`` bytes."""
+    return at >= 0 and size >= 0 and at <= length - size
+
+
 cdef inline bint _within(Reader* reader, int64_t at, int64_t size) noexcept nogil:
-    if at < 0 or size < 0 or at > reader.length - size:
+    if not _fits(at, size, reader.length):
         reader.breached = 1
         return False
     return True
@@ -330,26 +420,26 @@ cdef void _scan(Reader* reader, int64_t start, int64_t limit, int64_t base, int6
                     break
         stored_at = position + 48 + born_length
         row = rows + out.count * WIDTH
-        row[0] = position
-        row[1] = total
-        row[2] = version
-        row[3] = body_crc
-        row[4] = _i32(reader, position + 12)
-        row[5] = _i32(reader, position + 16)
-        row[6] = _i64(reader, position + 20)
-        row[7] = physical
-        row[8] = sys_flag
-        row[9] = _i64(reader, position + 40)
-        row[10] = _i64(reader, stored_at)
-        row[11] = _i32(reader, stored_at + 8 + store_length)
-        row[12] = _i64(reader, stored_at + 12 + store_length)
-        row[13] = header_size
-        row[14] = body_length
-        row[15] = topic_at
-        row[16] = topic_length
-        row[17] = properties_at + 2
-        row[18] = properties_length
-        row[19] = crc_status
+        row[C_POSITION] = position
+        row[C_TOTAL_SIZE] = total
+        row[C_VERSION] = version
+        row[C_BODY_CRC] = body_crc
+        row[C_QUEUE_ID] = _i32(reader, position + 12)
+        row[C_FLAG] = _i32(reader, position + 16)
+        row[C_QUEUE_OFFSET] = _i64(reader, position + 20)
+        row[C_PHYSICAL_OFFSET] = physical
+        row[C_SYS_FLAG] = sys_flag
+        row[C_BORN_TIMESTAMP] = _i64(reader, position + 40)
+        row[C_STORE_TIMESTAMP] = _i64(reader, stored_at)
+        row[C_RECONSUME_TIMES] = _i32(reader, stored_at + 8 + store_length)
+        row[C_PREPARED_OFFSET] = _i64(reader, stored_at + 12 + store_length)
+        row[C_HEADER_SIZE] = header_size
+        row[C_BODY_LENGTH] = body_length
+        row[C_TOPIC_AT] = topic_at
+        row[C_TOPIC_LENGTH] = topic_length
+        row[C_PROPERTIES_AT] = properties_at + 2
+        row[C_PROPERTIES_LENGTH] = properties_length
+        row[C_CRC_STATUS] = crc_status
         out.count += 1
         position = record_end
         if reader.breached:
@@ -445,12 +535,12 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
     with nogil:
         while row < count:
             at = row * ROW_WIDTH_NATIVE
-            topic_at = row_view[at + 15]
-            topic_length = row_view[at + 16]
-            props_at = row_view[at + 17]
-            props_length = row_view[at + 18]
-            if (topic_at < 0 or topic_length < 0 or topic_at > length - topic_length
-                    or props_at < 0 or props_length < 0 or props_at > length - props_length):
+            topic_at = row_view[at + C_TOPIC_AT]
+            topic_length = row_view[at + C_TOPIC_LENGTH]
+            props_at = row_view[at + C_PROPERTIES_AT]
+            props_length = row_view[at + C_PROPERTIES_LENGTH]
+            if not (_fits(topic_at, topic_length, length)
+                    and _fits(props_at, props_length, length)):
                 bad = True
                 break
             tags_at = keys_at = uniq_at = -1
@@ -483,7 +573,7 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
                 or (uniq_at >= 0 and not _is_ascii(data + uniq_at, uniq_length))
             )
             pieces = 0
-            if not reference and options & 1 and (row_view[at + 8] & 0xC) != 0xC:
+            if not reference and options & 1 and (row_view[at + C_SYS_FLAG] & 0xC) != 0xC:
                 if uniq_at >= 0:
                     pieces += 1
                 k = keys_at
@@ -497,18 +587,18 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
             if entries + pieces > capacity:
                 break
             out_at = row * DISPATCH_WIDTH
-            out_view[out_at] = 0
+            out_view[out_at + TAGS_CODE] = 0
             if tags_at >= 0 and not reference:
-                out_view[out_at] = <int32_t>_java_hash(data + tags_at, tags_length, 0)
-            out_view[out_at + 1] = 1 if reference else 0
-            out_view[out_at + 2] = entries
-            out_view[out_at + 3] = pieces
+                out_view[out_at + TAGS_CODE] = <int32_t>_java_hash(data + tags_at, tags_length, 0)
+            out_view[out_at + DISPATCH_FLAGS] = 1 if reference else 0
+            out_view[out_at + KEYS_FROM] = entries
+            out_view[out_at + KEYS_COUNT] = pieces
             if pieces:
                 prefix = _java_hash(data + topic_at, topic_length, 0) * 31 + 0x23  # '#'
                 number = 0
                 if uniq_at >= 0:
-                    _write_key(key_data + (entries + number) * KEY_SIZE, row_view[at + 7],
-                               row_view[at + 10],
+                    _write_key(key_data + (entries + number) * KEY_SIZE, row_view[at + C_PHYSICAL_OFFSET],
+                               row_view[at + C_STORE_TIMESTAMP],
                                _index_hash(_java_hash(data + uniq_at, uniq_length, prefix)), 1)
                     number += 1
                 k = keys_at
@@ -519,8 +609,8 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
                     while k < keys_at + keys_length and data[k] != 0x20:
                         k += 1
                     if k > piece_start:
-                        _write_key(key_data + (entries + number) * KEY_SIZE, row_view[at + 7],
-                                   row_view[at + 10],
+                        _write_key(key_data + (entries + number) * KEY_SIZE, row_view[at + C_PHYSICAL_OFFSET],
+                                   row_view[at + C_STORE_TIMESTAMP],
                                    _index_hash(_java_hash(data + piece_start, k - piece_start,
                                                           prefix)),
                                    1 if number == 0 else 0)
@@ -578,13 +668,13 @@ def apply_index(buf, int64_t slots, int64_t entries_at, int64_t limit, int64_t r
     if slots <= 0 or limit < 0 or entries_at < 40 + 4 * slots \
             or index_view.shape[0] < entries_at + limit * 20 or not 0 <= start <= stop:
         raise ValueError("index geometry is outside the buffer")
-    if stop * KEY_SIZE > key_view.shape[0] or state_view.shape[0] < 9 or state_view[0] < 1:
+    if stop * KEY_SIZE > key_view.shape[0] or state_view.shape[0] < STATE_WIDTH or state_view[STATE_COUNT] < 1:
         raise ValueError("keys or state are outside their buffers")
     index_data = &index_view[0]
     key_data = &key_view[0] if key_view.shape[0] else NULL
-    count, slot_count = state_view[0], state_view[1]
-    begin, end_offset, end_timestamp = state_view[2], state_view[4], state_view[5]
-    skipping, indexed, written = state_view[6], state_view[7], state_view[8]
+    count, slot_count = state_view[STATE_COUNT], state_view[STATE_SLOT_COUNT]
+    begin, end_offset, end_timestamp = state_view[STATE_BEGIN_TIMESTAMP], state_view[STATE_END_OFFSET], state_view[STATE_END_TIMESTAMP]
+    skipping, indexed, written = state_view[STATE_SKIPPING], state_view[STATE_INDEXED], state_view[STATE_WRITTEN]
     with nogil:
         while number < stop:
             if count >= limit:
@@ -627,7 +717,7 @@ def apply_index(buf, int64_t slots, int64_t entries_at, int64_t limit, int64_t r
             _put_be32(index_data + entry_at + 16, <uint32_t>previous)
             _put_be32(index_data + slot_at, <uint32_t>count)
             if count <= 1:
-                state_view[3] = offset
+                state_view[STATE_BEGIN_OFFSET] = offset
                 begin = stamp
             count += 1
             end_offset, end_timestamp = offset, stamp
@@ -635,9 +725,9 @@ def apply_index(buf, int64_t slots, int64_t entries_at, int64_t limit, int64_t r
             number += 1
     if reason == 3:
         raise ValueError(f"key hash {key_hash} of entry {number} is negative")
-    state_view[0], state_view[1], state_view[2] = count, slot_count, begin
-    state_view[4], state_view[5] = end_offset, end_timestamp
-    state_view[6], state_view[7], state_view[8] = skipping, indexed, written
+    state_view[STATE_COUNT], state_view[STATE_SLOT_COUNT], state_view[STATE_BEGIN_TIMESTAMP] = count, slot_count, begin
+    state_view[STATE_END_OFFSET], state_view[STATE_END_TIMESTAMP] = end_offset, end_timestamp
+    state_view[STATE_SKIPPING], state_view[STATE_INDEXED], state_view[STATE_WRITTEN] = skipping, indexed, written
     return number, reason
 
 
@@ -671,30 +761,30 @@ def queue_runs(buf, rows, int64_t first, int64_t count, dispatch_out, units, run
         while row < count:
             row_run_view[row] = -1
             at = row * ROW_WIDTH_NATIVE
-            sys_type = row_view[at + 8] & 0xC
-            if out_view[row * DISPATCH_WIDTH + 1] & 1 or (sys_type != 0 and sys_type != 8):
+            sys_type = row_view[at + C_SYS_FLAG] & 0xC
+            if out_view[row * DISPATCH_WIDTH + DISPATCH_FLAGS] & 1 or (sys_type != 0 and sys_type != 8):
                 row += 1
                 continue
-            topic_at = row_view[at + 15]
-            topic_length = row_view[at + 16]
-            if topic_at < 0 or topic_length < 0 or topic_at > length - topic_length:
+            topic_at = row_view[at + C_TOPIC_AT]
+            topic_length = row_view[at + C_TOPIC_LENGTH]
+            if not _fits(topic_at, topic_length, length):
                 bad = True
                 break
-            queue_id = row_view[at + 4]
-            queue_offset = row_view[at + 6]
+            queue_id = row_view[at + C_QUEUE_ID]
+            queue_offset = row_view[at + C_QUEUE_OFFSET]
             number = -1
             n = found - 1
             while n >= 0:  # the queue's latest run
                 run_at = n * RUN_WIDTH
-                if run_view[run_at + 1] == queue_id:
-                    other_at = row_view[run_view[run_at] * ROW_WIDTH_NATIVE + 15]
-                    if (row_view[run_view[run_at] * ROW_WIDTH_NATIVE + 16] == topic_length
+                if run_view[run_at + RUN_QUEUE_ID] == queue_id:
+                    other_at = row_view[run_view[run_at + RUN_TOPIC_ROW] * ROW_WIDTH_NATIVE + C_TOPIC_AT]
+                    if (row_view[run_view[run_at + RUN_TOPIC_ROW] * ROW_WIDTH_NATIVE + C_TOPIC_LENGTH] == topic_length
                             and (topic_length == 0 or memcmp(data + other_at, data + topic_at,
                                                              topic_length) == 0)):
                         number = n
                         break
                 n -= 1
-            if number >= 0 and run_view[number * RUN_WIDTH + 2] + run_view[number * RUN_WIDTH + 3] \
+            if number >= 0 and run_view[number * RUN_WIDTH + RUN_FIRST_QUEUE_OFFSET] + run_view[number * RUN_WIDTH + RUN_UNITS] \
                     != queue_offset:
                 number = -1
             if number < 0:
@@ -703,36 +793,36 @@ def queue_runs(buf, rows, int64_t first, int64_t count, dispatch_out, units, run
                 number = found
                 found += 1
                 run_at = number * RUN_WIDTH
-                run_view[run_at] = row
-                run_view[run_at + 1] = queue_id
-                run_view[run_at + 2] = queue_offset
-                run_view[run_at + 3] = 0
-                run_view[run_at + 4] = 0
-                run_view[run_at + 6] = row_view[at + 7] + row_view[at + 1]
-            run_view[number * RUN_WIDTH + 3] += 1
-            run_view[number * RUN_WIDTH + 5] = row
+                run_view[run_at + RUN_TOPIC_ROW] = row
+                run_view[run_at + RUN_QUEUE_ID] = queue_id
+                run_view[run_at + RUN_FIRST_QUEUE_OFFSET] = queue_offset
+                run_view[run_at + RUN_UNITS] = 0
+                run_view[run_at + RUN_UNITS_FROM] = 0
+                run_view[run_at + RUN_FIRST_END] = row_view[at + C_PHYSICAL_OFFSET] + row_view[at + C_TOTAL_SIZE]
+            run_view[number * RUN_WIDTH + RUN_UNITS] += 1
+            run_view[number * RUN_WIDTH + RUN_LAST_ROW] = row
             row_run_view[row] = number
             row += 1
         if not bad:
             unit_at = 0
             for n in range(found):
-                run_view[n * RUN_WIDTH + 4] = unit_at
-                unit_at += run_view[n * RUN_WIDTH + 3]
-                run_view[n * RUN_WIDTH + 3] = 0  # counted again as the units are written
+                run_view[n * RUN_WIDTH + RUN_UNITS_FROM] = unit_at
+                unit_at += run_view[n * RUN_WIDTH + RUN_UNITS]
+                run_view[n * RUN_WIDTH + RUN_UNITS] = 0  # counted again as the units are written
             for n in range(first, row):
                 number = row_run_view[n]
                 if number < 0:
                     continue
                 run_at = number * RUN_WIDTH
-                unit = &unit_view[(run_view[run_at + 4] + run_view[run_at + 3]) * 20]
+                unit = &unit_view[(run_view[run_at + RUN_UNITS_FROM] + run_view[run_at + RUN_UNITS]) * 20]
                 at = n * ROW_WIDTH_NATIVE
-                _put_be32(unit, <uint32_t>(<uint64_t>row_view[at + 7] >> 32))
-                _put_be32(unit + 4, <uint32_t>(<uint64_t>row_view[at + 7] & 0xFFFFFFFFU))
-                _put_be32(unit + 8, <uint32_t>row_view[at + 1])
-                _put_be32(unit + 12, <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH] >> 32))
+                _put_be32(unit, <uint32_t>(<uint64_t>row_view[at + C_PHYSICAL_OFFSET] >> 32))
+                _put_be32(unit + 4, <uint32_t>(<uint64_t>row_view[at + C_PHYSICAL_OFFSET] & 0xFFFFFFFFU))
+                _put_be32(unit + 8, <uint32_t>row_view[at + C_TOTAL_SIZE])
+                _put_be32(unit + 12, <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH + TAGS_CODE] >> 32))
                 _put_be32(unit + 16,
-                          <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH] & 0xFFFFFFFFU))
-                run_view[run_at + 3] += 1
+                          <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH + TAGS_CODE] & 0xFFFFFFFFU))
+                run_view[run_at + RUN_UNITS] += 1
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
     return row, found
@@ -804,17 +894,17 @@ def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_tim
     with nogil:
         while row < count:
             at = row * ROW_WIDTH_NATIVE
-            stamp = row_view[at + 10]
-            topic_at = row_view[at + 15]
-            topic_length = row_view[at + 16]
-            props_at = row_view[at + 17]
-            props_length = row_view[at + 18]
-            if (topic_at < 0 or topic_length < 0 or topic_at > length - topic_length
-                    or props_at < 0 or props_length < 0 or props_at > length - props_length):
+            stamp = row_view[at + C_STORE_TIMESTAMP]
+            topic_at = row_view[at + C_TOPIC_AT]
+            topic_length = row_view[at + C_TOPIC_LENGTH]
+            props_at = row_view[at + C_PROPERTIES_AT]
+            props_length = row_view[at + C_PROPERTIES_LENGTH]
+            if not (_fits(topic_at, topic_length, length)
+                    and _fits(props_at, props_length, length)):
                 bad = True
                 break
             look = (
-                row_view[at + 19] == 0
+                row_view[at + C_CRC_STATUS] == 0
                 or force
                 or not _is_ascii(data + props_at, props_length)
                 or (props_length >= 20 and memcmp(data + props_at + props_length - 20,
