@@ -333,17 +333,25 @@ class IndexFile:
         """The hash slots, as stored (big-endian ints)."""
         return self.read(HEADER_SIZE, self.slots * SLOT_SIZE)
 
-    def iter_entries(self, first: int = 1) -> Iterator[tuple[int, tuple[int, int, int, int]]]:
-        """``(number, entry)`` from entry ``first`` to the last written, read in chunks
-        (memory stays one chunk whatever the file holds)."""
+    def entry_chunks(self, first: int = 1) -> Iterator[tuple[int, bytes]]:
+        """``(number of the first, packed entries)`` from entry ``first`` to the last written,
+        in chunks of 1.25 MiB."""
         count = self.header.index_count
         number = max(first, 1)
         while number < count:
             upto = min(count, number + _ENTRY_CHUNK)
-            chunk = self.read(self._entries_at + number * ENTRY_SIZE, (upto - number) * ENTRY_SIZE)
-            for entry in _ENTRY.iter_unpack(chunk):
-                yield number, entry
-                number += 1
+            yield (
+                number,
+                self.read(self._entries_at + number * ENTRY_SIZE, (upto - number) * ENTRY_SIZE),
+            )
+            number = upto
+
+    def iter_entries(self, first: int = 1) -> Iterator[tuple[int, tuple[int, int, int, int]]]:
+        """``(number, entry)`` from entry ``first`` to the last written, read in chunks
+        (memory stays one chunk whatever the file holds)."""
+        for number, chunk in self.entry_chunks(first):
+            for step, entry in enumerate(_ENTRY.iter_unpack(chunk)):
+                yield number + step, entry
 
     def flush(self) -> None:
         if self.writable and isinstance(self.buf, mmap.mmap):

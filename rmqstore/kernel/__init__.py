@@ -57,6 +57,8 @@ queue_runs: Callable[..., tuple[int, int]] = _refuse if _refusal else _implement
 valid_units: Callable[[Any], int] = _refuse if _refusal else _implementation.valid_units
 cut_index: Callable[[Any, int], int] = _refuse if _refusal else _implementation.cut_index
 attention_rows: Callable[..., int] = _refuse if _refusal else _implementation.attention_rows
+index_chain: Callable[..., int] = _refuse if _refusal else _implementation.index_chain
+match_keys: Callable[..., int] = _refuse if _refusal else _implementation.match_keys
 
 
 def description() -> str:

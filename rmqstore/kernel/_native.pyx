@@ -921,3 +921,81 @@ def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_tim
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
     return number
+
+
+# -- index files, verify (see layout.py) -------------------------------------------------------
+
+def index_chain(data, int64_t first_number, int64_t slots, newest, chain, bad,
+                int64_t bad_capacity):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = data
+    cdef int32_t[::1] newest_view = newest
+    cdef int64_t[::1] chain_view = chain
+    cdef int64_t[::1] bad_view = bad
+    cdef int64_t units = view.shape[0] // 20, step, number, slot, found = 0
+    cdef int64_t previous_offset, heads, first, last, offset, walked
+    cdef int32_t key_hash, time_diff, previous
+    cdef const uint8_t* at
+    if slots <= 0 or newest_view.shape[0] < slots or bad_view.shape[0] < bad_capacity * 6 \
+            or chain_view.shape[0] < 5:
+        raise ValueError("index chain buffers are too small")
+    previous_offset, heads = chain_view[0], chain_view[1]
+    first, last, walked = chain_view[2], chain_view[3], chain_view[4]
+    if units:
+        at = &view[0]
+        with nogil:
+            for step in range(units):
+                number = first_number + step
+                key_hash = _get_be32(at)
+                offset = _get_be64(at + 4)
+                time_diff = _get_be32(at + 12)
+                previous = _get_be32(at + 16)
+                slot = key_hash % slots
+                if slot < 0:
+                    slot += slots  # Python's %: never negative
+                if (key_hash < 0 or previous != newest_view[slot] or time_diff < 0
+                        or offset < previous_offset) and found < bad_capacity:
+                    bad_view[found * 6] = number
+                    bad_view[found * 6 + 1] = key_hash
+                    bad_view[found * 6 + 2] = offset
+                    bad_view[found * 6 + 3] = time_diff
+                    bad_view[found * 6 + 4] = previous
+                    bad_view[found * 6 + 5] = newest_view[slot]
+                    found += 1
+                newest_view[slot] = <int32_t>number
+                if previous == 0:
+                    heads += 1
+                previous_offset = offset
+                if walked == 0:
+                    first = offset
+                walked += 1
+                last = offset
+                at += 20
+    chain_view[0], chain_view[1], chain_view[2], chain_view[3] = previous_offset, heads, first, last
+    chain_view[4] = walked
+    return found
+
+
+def match_keys(keys, int64_t first, int64_t count, entries):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] key_view = keys
+    cdef const uint8_t[::1] entry_view = entries
+    cdef int64_t available, number = 0
+    cdef const uint8_t* key
+    cdef const uint8_t* entry
+    if first < 0 or count < 0 or (first + count) * KEY_SIZE > key_view.shape[0]:
+        raise ValueError("keys are outside their buffer")
+    available = min(count, entry_view.shape[0] // 20)
+    if available == 0:
+        return 0
+    key = &key_view[first * KEY_SIZE]
+    entry = &entry_view[0]
+    with nogil:
+        while number < available:
+            if (<int32_t>_get_le(key + 16, 4) != _get_be32(entry)
+                    or _get_le(key, 8) != _get_be64(entry + 4)):
+                break
+            number += 1
+            key += KEY_SIZE
+            entry += 20
+    return number

@@ -262,3 +262,31 @@ class TopicNames:
         if name is None:
             name = self.names[raw] = raw.decode("utf-8")
         return name
+
+
+# -- index files (verify) --------------------------------------------------------------------
+#
+# ``index_chain(data, first_number, slots, newest, chain, bad, bad_capacity)`` walks the 20-byte
+# entries in ``data`` (entry numbers from ``first_number``) as a verify does: ``newest`` (an
+# ``array('i')`` of one int per slot) is the slot table the entries imply so far; ``chain`` (an
+# ``array('q')``) carries CHAIN_WIDTH integers between calls. An entry is bad when its hash is
+# negative, it does not link to the newest earlier entry of its slot, its timeDiff is negative
+# or its offset goes back; the first ``bad_capacity`` bad ones are written into ``bad``
+# (BAD_WIDTH integers each). Returns how many were written.
+CHAIN_PREVIOUS_OFFSET = 0  # the offset of the entry before (-1 before the first)
+CHAIN_HEADS = 1  # entries that start a chain (previous 0)
+CHAIN_FIRST_OFFSET = 2  # the offset of the first entry walked
+CHAIN_LAST_OFFSET = 3
+CHAIN_ENTRIES = 4  # entries walked
+CHAIN_WIDTH = 5
+BAD_NUMBER = 0
+BAD_HASH = 1
+BAD_OFFSET = 2
+BAD_TIME_DIFF = 3
+BAD_PREVIOUS = 4
+BAD_NEWEST = 5  # the newest earlier entry of the slot, when the entry was met
+BAD_WIDTH = 6
+#
+# ``match_keys(keys, first, count, entries)`` compares HASHED_KEY entries ``keys[first:first +
+# count]`` with the 20-byte index entries in ``entries`` (hash and offset of each) and returns
+# how many match from the start.

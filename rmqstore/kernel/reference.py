@@ -10,6 +10,12 @@ from typing import Any
 
 from rmqstore.kernel.layout import (
     APPLIED_ALL,
+    BAD_WIDTH,
+    CHAIN_ENTRIES,
+    CHAIN_FIRST_OFFSET,
+    CHAIN_HEADS,
+    CHAIN_LAST_OFFSET,
+    CHAIN_PREVIOUS_OFFSET,
     CHECK_CRC,
     CRC_BAD,
     CRC_GOOD,
@@ -557,3 +563,64 @@ def attention_rows(
     finally:
         view.release()
     return number
+
+
+def index_chain(
+    data: Any,
+    first_number: int,
+    slots: int,
+    newest: Any,
+    chain: Any,
+    bad: Any,
+    bad_capacity: int,
+) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if slots <= 0 or len(newest) < slots or len(bad) < bad_capacity * BAD_WIDTH:
+        raise ValueError("index chain buffers are too small")
+    previous_offset = chain[CHAIN_PREVIOUS_OFFSET]
+    heads = chain[CHAIN_HEADS]
+    first = chain[CHAIN_FIRST_OFFSET]
+    last = chain[CHAIN_LAST_OFFSET]
+    walked = chain[CHAIN_ENTRIES]
+    found = 0
+    units = memoryview(data)[: len(data) // _ENTRY_SIZE * _ENTRY_SIZE]
+    for step, (key_hash, offset, time_diff, previous) in enumerate(_ENTRY.iter_unpack(units)):
+        number = first_number + step
+        slot = key_hash % slots
+        if (
+            key_hash < 0 or previous != newest[slot] or time_diff < 0 or offset < previous_offset
+        ) and found < bad_capacity:
+            bad[found * BAD_WIDTH : (found + 1) * BAD_WIDTH] = type(bad)(
+                "q", (number, key_hash, offset, time_diff, previous, newest[slot])
+            )
+            found += 1
+        newest[slot] = number
+        heads += previous == 0
+        previous_offset = offset
+        if not walked:
+            first = offset
+        walked += 1
+        last = offset
+    chain[CHAIN_ENTRIES] = walked
+    chain[CHAIN_PREVIOUS_OFFSET] = previous_offset
+    chain[CHAIN_HEADS] = heads
+    chain[CHAIN_FIRST_OFFSET] = first
+    chain[CHAIN_LAST_OFFSET] = last
+    return found
+
+
+def match_keys(keys: Any, first: int, count: int, entries: Any) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if first < 0 or count < 0 or (first + count) * HASHED_KEY_SIZE > len(keys):
+        raise ValueError("keys are outside their buffer")
+    available = min(count, len(entries) // _ENTRY_SIZE)
+    for number in range(available):
+        offset, _stamp, key_hash, _first = _HASHED_KEY.unpack_from(
+            keys, (first + number) * HASHED_KEY_SIZE
+        )
+        entry_hash, entry_offset, _diff, _previous = _ENTRY.unpack_from(
+            entries, number * _ENTRY_SIZE
+        )
+        if entry_hash != key_hash or entry_offset != offset:
+            return number
+    return available

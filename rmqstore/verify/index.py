@@ -12,7 +12,9 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterator
+from typing import Any
 
+from rmqstore import kernel
 from rmqstore.errors import StoreFormatError
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash
 from rmqstore.indexfile import (
@@ -31,6 +33,7 @@ from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
 
 _CHAIN_FINDINGS_PER_FILE = 5
+_ENTRY_CHUNK = 65536  # index entries read at a time
 
 # a place in the stream of entries across files: (file ordinal, entry number)
 EntryPosition = tuple[int, int]
@@ -122,35 +125,30 @@ class IndexChecks:
         slots = index.slots
         entries_at = HEADER_SIZE + slots * SLOT_SIZE
         newest = array("i", bytes(SLOT_SIZE * slots))  # the slot table the entries imply
-        chain_heads = 0
-        previous_offset = -1
-        first = last = None
+        chain = array("q", [-1, 0, -1, 0, 0])
+        bad = array("q", bytes(8 * kernel_layout.BAD_WIDTH * _CHAIN_FINDINGS_PER_FILE))
         reported = 0
-        for number, (key_hash, offset, time_diff, previous) in index.iter_entries():
-            slot = key_hash % slots
-            if (
-                key_hash < 0
-                or previous != newest[slot]
-                or time_diff < 0
-                or offset < previous_offset
-            ) and reported < _CHAIN_FINDINGS_PER_FILE:
-                reported += 1
+        for number, data in index.entry_chunks():
+            found = kernel.index_chain(
+                data, number, slots, newest, chain, bad, _CHAIN_FINDINGS_PER_FILE - reported
+            )
+            for at in range(0, found * kernel_layout.BAD_WIDTH, kernel_layout.BAD_WIDTH):
+                entry, key_hash, offset, time_diff, previous, newest_then = bad[at : at + 6]
                 self.report.add(
                     "index-chain",
                     name,
-                    entries_at + number * ENTRY_SIZE,
-                    f"entry {number} (hash {key_hash}, offset {offset}, timeDiff {time_diff}) "
+                    entries_at + entry * ENTRY_SIZE,
+                    f"entry {entry} (hash {key_hash}, offset {offset}, timeDiff {time_diff}) "
                     f"links to entry {previous}, but the newest earlier entry of its slot is "
-                    f"{newest[slot]}"
-                    if previous != newest[slot]
-                    else f"entry {number} is out of order or has a negative hash or time",
+                    f"{newest_then}"
+                    if previous != newest_then
+                    else f"entry {entry} is out of order or has a negative hash or time",
                 )
-            newest[slot] = number
-            chain_heads += previous == 0
-            previous_offset = offset
-            if first is None:
-                first = offset
-            last = offset
+            reported += found
+        chain_heads = chain[kernel_layout.CHAIN_HEADS]
+        walked = chain[kernel_layout.CHAIN_ENTRIES]
+        first = chain[kernel_layout.CHAIN_FIRST_OFFSET] if walked else None
+        last = chain[kernel_layout.CHAIN_LAST_OFFSET]
         self.report.checked["indexEntries"] += count - 1
         self.report.checked["indexFiles"] += 1
         stored = array("i", index.slot_table())
@@ -275,16 +273,13 @@ class IndexChecks:
         if self.topics is not None or not self._started:
             return None
         last_offset = batch.offsets[batch.count - 1]
-        keys = [
-            (key_hash, offset)
-            for offset, _stamp, key_hash, _first in HASHED_KEY.iter_unpack(
-                memoryview(batch.keys)[: batch.key_count * HASHED_KEY.size]
-            )
-        ]
-        if keys and keys[-1][1] > self.indexed_end:
-            return None  # records past the index's end: lag, counted record by record
-        entries, following = self._next_entries(len(keys))
-        if entries != keys or (following is not None and following[3] <= last_offset):
+        key_count = batch.key_count
+        if key_count:
+            last_key = HASHED_KEY.unpack_from(batch.keys, (key_count - 1) * HASHED_KEY.size)
+            if last_key[0] > self.indexed_end:
+                return None  # records past the index's end: lag, counted record by record
+        matched, following = self._match_next_entries(batch.keys, key_count)
+        if matched != key_count or (following is not None and following[3] <= last_offset):
             return None
         width = kernel_layout.DISPATCH_WIDTH
         counts = batch.dispatch_out[kernel_layout.KEYS_COUNT : batch.count * width : width]
@@ -303,35 +298,42 @@ class IndexChecks:
             self._entries = self._entry_stream(position)
             self._pending = next(self._entries, None)
 
-    def _next_entries(
-        self, count: int
-    ) -> tuple[list[tuple[int, int]], tuple[str, int, int, int, int] | None]:
-        """The (hash, offset) of the next ``count`` entries from the pending one, and the
-        entry after them (None at the end), read in chunks; nothing is consumed."""
+    def _match_next_entries(
+        self, keys: Any, count: int
+    ) -> tuple[int, tuple[str, int, int, int, int] | None]:
+        """How many of the next ``count`` entries (from the pending one) match ``keys``
+        (HASHED_KEY entries) in hash and offset, and, when all do, the entry after them (None
+        at the end). Entries are read in chunks and compared by the record kernel; nothing
+        is consumed."""
         assert self.service is not None
-        found: list[tuple[int, int]] = []
         pending = self._pending
         if pending is None:
-            return found, None
+            return 0, None
         files = self.service.files
         ordinal, number = pending[4], pending[1]
+        matched = 0
         while ordinal < len(files):
             index = files[ordinal]
             available = index.header.index_count - number
-            wanted = min(available, count + 1 - len(found))
+            wanted = min(available, count - matched + 1, _ENTRY_CHUNK)
             if wanted > 0:
                 data = index.read(index._entries_at + number * ENTRY_SIZE, wanted * ENTRY_SIZE)
-                for step, (key_hash, offset, _diff, _previous) in enumerate(
-                    _ENTRY_FIELDS.iter_unpack(data)
-                ):
-                    if len(found) == count:
-                        name = relative(self.store, index.path)
-                        return found, (name, number + step, key_hash, offset, ordinal)
-                    found.append((key_hash, offset))
-            if len(found) == count and wanted < available:
-                continue  # cannot happen: wanted covers the entry after
+                compared = min(wanted, count - matched)
+                same = kernel.match_keys(keys, matched, compared, data)
+                matched += same
+                if same < compared:
+                    return matched, None
+                if compared < wanted:  # the entry after the last key is in this chunk
+                    key_hash, offset, _diff, _previous = _ENTRY_FIELDS.unpack_from(
+                        data, compared * ENTRY_SIZE
+                    )
+                    name = relative(self.store, index.path)
+                    return matched, (name, number + compared, key_hash, offset, ordinal)
+                number += wanted
+                if number < index.header.index_count:
+                    continue
             ordinal, number = ordinal + 1, 1
-        return found, None
+        return matched, None
 
     def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
         if self.service is None or header[H_SYS_FLAG] & TRANSACTION_MASK == TRANSACTION_ROLLBACK:

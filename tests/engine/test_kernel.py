@@ -329,3 +329,50 @@ def test_queue_file_scans_agree(units, physical_offset: int, torn: int) -> None:
     data = b"".join(struct.pack(">qiq", *unit) for unit in units) + bytes(torn)
     assert native.valid_units(data) == reference.valid_units(data)
     assert native.cut_index(data, physical_offset) == reference.cut_index(data, physical_offset)
+
+
+_ENTRY_VALUES = st.tuples(
+    st.sampled_from((0, 1, 7, 2**31 - 1, -1, -(2**31))) | st.integers(0, 1000),
+    st.integers(-5, 10**6),
+    st.sampled_from((0, 1, -1, 2**31 - 1)),
+    st.integers(-2, 12),
+)
+
+
+@given(st.lists(_ENTRY_VALUES, max_size=60), st.integers(1, 9), st.integers(0, 60))
+def test_index_chain_walks_agree(entries, slots: int, split: int) -> None:  # type: ignore[no-untyped-def]
+    """The chain walk of a verify, both ways, over entries cut into two calls anywhere."""
+    data = b"".join(struct.pack(">iqii", *entry) for entry in entries)
+    results = []
+    for implementation in (reference, native):
+        newest = array("i", bytes(4 * slots))
+        chain = array("q", [-1, 0, -1, 0, 0])
+        bad = array("q", bytes(8 * layout.BAD_WIDTH * 3))
+        cut = min(split, len(entries)) * 20
+        found = [
+            implementation.index_chain(data[:cut], 1, slots, newest, chain, bad, 3),
+        ]
+        first_bad = list(bad[: found[0] * layout.BAD_WIDTH])
+        found.append(
+            implementation.index_chain(data[cut:], 1 + cut // 20, slots, newest, chain, bad, 2)
+        )
+        results.append((found, first_bad, list(bad[: found[1] * layout.BAD_WIDTH]), newest, chain))
+    assert results[0] == results[1]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2**31 - 1), st.integers(-1, 10**9)), max_size=30), st.data()
+)
+def test_key_matching_agrees(pairs, data) -> None:  # type: ignore[no-untyped-def]
+    keys = b"".join(
+        struct.pack(layout.HASHED_KEY_FORMAT, offset, 5, key_hash, 1) for key_hash, offset in pairs
+    )
+    stored = list(pairs)
+    if stored and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(stored) - 1))
+        stored[at] = (stored[at][0] ^ data.draw(st.sampled_from((0, 1))), stored[at][1])
+    entries = b"".join(struct.pack(">iqii", key_hash, offset, 0, 0) for key_hash, offset in stored)
+    first = data.draw(st.integers(0, len(pairs)))
+    count = data.draw(st.integers(0, len(pairs) - first))
+    expected = reference.match_keys(keys, first, count, entries)
+    assert native.match_keys(keys, first, count, entries) == expected
