@@ -12,7 +12,6 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -136,6 +135,8 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
     if not enabled or not sys.stderr.isatty() or total <= 0:
         yield lambda completed: None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),

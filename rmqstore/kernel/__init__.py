@@ -14,10 +14,9 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from rmqstore.errors import InputError
-from rmqstore.kernel import reference
 
 _CHOICE = os.environ.get("RMQSTORE_KERNEL", "auto").strip().lower() or "auto"
-_implementation: Any = reference
+_implementation: Any = None
 _why_not_native: str | None = None  # None: the compiled kernel runs
 _refusal: str | None = None  # set when the environment asks for what cannot run
 
@@ -38,7 +37,10 @@ else:
     _why_not_native = f"RMQSTORE_KERNEL={_CHOICE!r}"
     _refusal = f"RMQSTORE_KERNEL={_CHOICE!r} is not one of auto, native, python"
 
-NAME = "python" if _implementation is reference else "native"
+if _implementation is None:  # the reference, imported only when it runs
+    from rmqstore.kernel import reference as _implementation
+
+NAME = "native" if _why_not_native is None else "python"
 
 
 def _refuse(*_args: Any, **_kwargs: Any) -> NoReturn:
