@@ -1,7 +1,9 @@
 """Commit-log record codec (spec §2.2-2.8): V1 and V2 records, IPv4/IPv6 host fields, BLANK
 records, body CRC and the 5.x ``__CRC32#`` property. Pure functions over bytes-like objects.
 
-This module owns the layout of a record; nobody else computes field positions inside one.
+This module encodes records and decodes one record into a :class:`Message`; walking many
+records (the acceptance rules of spec §2.7, at speed) is the record kernel's
+(:mod:`rmqstore.kernel`), and :class:`RegionScan` is its per-record face.
 """
 
 from __future__ import annotations
