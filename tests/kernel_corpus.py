@@ -252,3 +252,34 @@ def dispatch_both(
         grouped.append(calls)
     if grouped[0] != grouped[1]:
         yield f"queue_runs differs (run capacity {key_capacity})"
+    yield from index_both(native, data, results[0][1][0][2] if results[0][1] else b"")
+
+
+def index_both(native: ModuleType, data: bytes, keys: bytes) -> Iterator[str]:
+    """The consume-queue and index functions of both kernels on the same bytes: ``data``
+    read as queue units and as index entries, ``keys`` (prepared HASHED_KEY entries) matched
+    against those entries and written into a small index file."""
+    results = []
+    for kernel in (reference, native):
+        outcome: list[object] = [kernel.valid_units(data), kernel.cut_index(data, len(data) // 2)]
+        newest = array("i", bytes(4 * 7))
+        chain = array("q", [-1, 0, -1, 0, 0])
+        bad = array("q", bytes(8 * 6 * 4))
+        found = kernel.index_chain(data, 1, 7, newest, chain, bad, 4)
+        outcome += [found, list(bad[: found * 6]), list(newest), list(chain)]
+        count = len(keys) // HASHED_KEY_SIZE
+        outcome.append(kernel.match_keys(keys, 0, count, data))
+        index = bytearray(40 + 4 * 5 + 20 * 64)
+        state = array("q", [1, 0, 0, 0, 0, 0, 0, 0, 0])
+        number, stops = 0, []
+        while True:
+            number, reason = kernel.apply_index(index, 5, 60, 64, 64, state, keys, number, count)
+            stops.append((number, reason))
+            if reason != 1:  # a full file: start again in an empty one
+                break
+            index[:] = bytes(len(index))
+            state[0] = 1
+        outcome += [bytes(index), list(state), stops]
+        results.append(outcome)
+    if results[0] != results[1]:
+        yield "queue-file or index functions differ"
