@@ -51,7 +51,7 @@ class _QueueState:
     # the queue's bounds (it does not change while verify reads it)
     min_offset: int = field(init=False)
     max_offset: int = field(init=False)
-    # the file the last unit came from: its bytes and the logical offsets they hold
+    # the chunk the last unit came from: its bytes and the logical offsets they hold
     buf: Any = None
     base: int = 0
     limit: int = -1
@@ -207,7 +207,7 @@ class QueueChecks:
         position = queue_offset * CQ_UNIT_SIZE
         buf = state.buf
         if state.base <= position <= state.limit - CQ_UNIT_SIZE:
-            return UNIT.unpack_from(buf, position - state.base)  # the file of the last unit
+            return UNIT.unpack_from(buf, position - state.base)  # the chunk of the last unit
         segment = state.queue.queue.find(position)
         if segment is None:
             return None
