@@ -256,13 +256,14 @@ class CommitLog:
         if len(buf) == 8:
             total, magic = _SIZE_AND_MAGIC.unpack_from(buf)
             remaining = segment.size - position
-            if magic in (MAGIC_V1, MAGIC_V2) and total > remaining and total > 8:
-                raise RecordError(
-                    "TOTALSIZE",
-                    offset,
-                    f"{total} runs past the end of the data ({remaining} bytes remain)",
-                )
-            if total > 8:
+            # only a message's bytes are read: a BLANK or bad magic fails on these 8
+            if magic in (MAGIC_V1, MAGIC_V2) and total > 8:
+                if total > remaining:
+                    raise RecordError(
+                        "TOTALSIZE",
+                        offset,
+                        f"{total} runs past the end of the data ({remaining} bytes remain)",
+                    )
                 buf += self.pread(segment, position + 8, total - 8)
         return decode_message(
             buf,
