@@ -439,11 +439,9 @@ class RegionScan:
         "_topics",
         "base_offset",
         "blank_length",
-        "buf",
         "crc_failures",
         "end_position",
         "error",
-        "limit",
         "options",
         "start",
         "stop",
@@ -464,10 +462,8 @@ class RegionScan:
         property_crc: bool = False,
         windows: Any = None,
     ) -> None:
-        self.buf = buf
         self.windows = windows if windows is not None else BufferWindows(buf, limit)
         self.start = start
-        self.limit = limit
         self.base_offset = base_offset
         self.options = (
             (kernel_layout.CHECK_CRC if check_crc else 0)
@@ -480,7 +476,7 @@ class RegionScan:
         self.crc_failures = 0
         self.error: RecordError | None = None
         self.window: Any = None  # the bytes of the batch being yielded (see batches)
-        self._topics: dict[bytes, str] = {}  # topics decoded so far
+        self._topics = kernel_layout.TopicNames()
         self.window_start = 0  # the file position of window[0]
 
     def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
@@ -552,7 +548,7 @@ class RegionScan:
         base = self.base_offset + window_start
         unpack_ipv4 = HEADER_IPV4.unpack_from
         host_flags = _HOST_FLAGS
-        topics = self._topics
+        topic_of = self._topics.of
         width = kernel_layout.ROW_WIDTH
         for at in range(0, count * width, width):
             start = rows[at]
@@ -562,11 +558,7 @@ class RegionScan:
                 if sys_flag & host_flags
                 else unpack_ipv4(window, start)
             )
-            topic_at = rows[at + _TOPIC_AT]
-            topic_bytes = bytes(window[topic_at : topic_at + rows[at + _TOPIC_LENGTH]])
-            topic = topics.get(topic_bytes)
-            if topic is None:
-                topic = topics[topic_bytes] = topic_bytes.decode("utf-8")
+            topic = topic_of(window, rows, at // width)
             properties_at = rows[at + _PROPERTIES_AT]
             properties = bytes(
                 window[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]]
@@ -593,8 +585,6 @@ _STOPS = {
     kernel_layout.Stop.INVALID: ScanStop.INVALID,
 }
 _SYS_FLAG = kernel_layout.SYS_FLAG
-_TOPIC_AT = kernel_layout.TOPIC_AT
-_TOPIC_LENGTH = kernel_layout.TOPIC_LENGTH
 _PROPERTIES_AT = kernel_layout.PROPERTIES_AT
 _PROPERTIES_LENGTH = kernel_layout.PROPERTIES_LENGTH
 _CRC_STATUS = kernel_layout.CRC_STATUS

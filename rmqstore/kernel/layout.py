@@ -6,7 +6,7 @@ invalid, and the option bits. Nothing here depends on which implementation runs.
 ``buf[start:limit]`` (a commit-log file region whose first byte is at physical offset
 ``base_offset``; ``room`` bytes of the region follow ``limit`` but are not in ``buf``) and
 writes one row of :data:`ROW_WIDTH` signed 64-bit integers into ``rows`` (an ``array('q')``)
-per valid message, until a stop. It returns :class:`ScanResult` fields as a tuple:
+per valid message, until a stop. It returns the tuple
 ``(count, stop, position, value, crc_failures, problem)``. ``position`` is where the scan
 stopped (the end of the last row's record, or the record that stopped it); ``value`` is the
 BLANK's declared length, the bytes a record needs (``MORE_DATA``) or the offending field value
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from array import array
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 # Row columns: one signed 64-bit integer each. Positions are indexes into the scanned buffer.
 POSITION = 0  # where the record starts in the buffer
@@ -133,17 +133,6 @@ def describe(problem: int, value: int) -> tuple[str, str]:
     if kind is Problem.PROPERTY_CRC:
         return "PROPERTIES", "__CRC32# is missing or does not match the record"
     raise ValueError(f"no problem to describe ({problem})")
-
-
-class ScanResult(NamedTuple):
-    """A scan call's outcome (the tuple ``scan`` returns, with names)."""
-
-    count: int
-    stop: Stop
-    position: int
-    value: int
-    crc_failures: int
-    problem: Problem
 
 
 def new_rows(capacity: int) -> array:
