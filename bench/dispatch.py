@@ -15,8 +15,8 @@ def main() -> None:
     options = arguments(__doc__).parse_args()
     path, _ = build_store(options.workdir, options.messages)
     from rmqstore.dispatch import Dispatcher
-    from rmqstore.spark.ranges import DEFAULT_SPLIT
-    from rmqstore.spark.rebuild import rebuild_in_workers
+    from rmqstore.pipeline.ranges import DEFAULT_SPLIT
+    from rmqstore.pipeline.rebuild import rebuild_in_workers
     from rmqstore.store import Store
 
     shutil.rmtree(path / "consumequeue", ignore_errors=True)

@@ -20,7 +20,7 @@ import json, shutil, sys, time
 started = time.perf_counter()
 from rmqstore.spark import spark_session
 from rmqstore.spark.jobs import SparkPipeline
-from rmqstore.spark.pipeline import PipelineOptions
+from rmqstore.pipeline.local import PipelineOptions
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions
 store, out, master, split = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -49,7 +49,7 @@ print(json.dumps(figures))
 
 
 def local_engine(path, out, split: int) -> dict:
-    from rmqstore.spark.pipeline import LocalPipeline, PipelineOptions
+    from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
     from rmqstore.store import Store
     from rmqstore.verify import VerifyOptions, verify_store
 

@@ -35,7 +35,7 @@ from rmqstore.dispatch import (
 )
 from rmqstore.errors import ExitCode
 from rmqstore.geometry import INDEX_GEOMETRY, QUEUE_GEOMETRY
-from rmqstore.spark.rebuild import rebuild_in_workers
+from rmqstore.pipeline.rebuild import rebuild_in_workers
 from rmqstore.store import Store
 
 
@@ -196,8 +196,8 @@ def _rebuild_on_spark(
     build_index: bool,
     plan: RebuildPlan,
 ) -> DispatchResult:
+    from rmqstore.pipeline.local import PipelineOptions
     from rmqstore.spark.jobs import SparkPipeline
-    from rmqstore.spark.pipeline import PipelineOptions
 
     pipeline = SparkPipeline(
         session, str(store.root), PipelineOptions.for_config(store.config, engine.split)

@@ -17,7 +17,7 @@ from rmqstore.commands.options import (
 )
 from rmqstore.commands.output import console, emit_json
 from rmqstore.config import StoreConfig
-from rmqstore.spark.pipeline import EXPORT_FORMATS, ExportResult, PipelineOptions
+from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
 
 
@@ -80,7 +80,7 @@ def command(
 
         pipeline = SparkPipeline(engine.session(), store, options)
     else:
-        from rmqstore.spark.pipeline import LocalPipeline
+        from rmqstore.pipeline.local import LocalPipeline
 
         pipeline = LocalPipeline(store, options)
     result = pipeline.export(destination, fmt, topics=selected, include_body=not no_body)

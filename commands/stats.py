@@ -16,7 +16,7 @@ from rmqstore.commands.options import (
 )
 from rmqstore.commands.output import console, emit_json, format_millis
 from rmqstore.config import StoreConfig
-from rmqstore.spark.pipeline import PipelineOptions, StoreStats
+from rmqstore.pipeline.local import PipelineOptions, StoreStats
 
 
 @click.command("stats")
@@ -55,7 +55,7 @@ def command(
 
         stats = SparkPipeline(engine.session(), store, options).stats(topics=selected)
     else:
-        from rmqstore.spark.pipeline import LocalPipeline
+        from rmqstore.pipeline.local import LocalPipeline
 
         stats = LocalPipeline(store, options).stats(topics=selected)
     if as_json:

@@ -109,8 +109,8 @@ def command(
         for text in opened.notes:
             warn(text)
         if engine.spark:
+            from rmqstore.pipeline.local import PipelineOptions
             from rmqstore.spark.jobs import SparkPipeline
-            from rmqstore.spark.pipeline import PipelineOptions
 
             pipeline = SparkPipeline(
                 engine.session(),

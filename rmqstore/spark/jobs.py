@@ -1,6 +1,6 @@
 """The jobs of the Spark engine: ``export``, ``stats``, ``verify`` and ``dispatch --rebuild``
 on a SparkSession, over the same range functions the local engine runs
-(:class:`rmqstore.spark.pipeline.Pipeline`; here :meth:`SparkPipeline.run` sends them to
+(:class:`rmqstore.pipeline.local.Pipeline`; here :meth:`SparkPipeline.run` sends them to
 executors, one task per range).
 
 - export: every range summarised (where each file's records end), then each range written to
@@ -33,9 +33,7 @@ from rmqstore.dispatch import (
     write_sorted_units,
 )
 from rmqstore.errors import InputError, RmqStoreError, StoreIOError
-from rmqstore.segments import fsync_directory
-from rmqstore.spark import SparkUnavailable
-from rmqstore.spark.pipeline import (
+from rmqstore.pipeline.local import (
     TOP_TAGS,
     Pipeline,
     PipelineOptions,
@@ -43,11 +41,13 @@ from rmqstore.spark.pipeline import (
     StoreStats,
     file_stats,
 )
-from rmqstore.spark.ranges import (
+from rmqstore.pipeline.ranges import (
     RangeSummary,
     file_bounds,
 )
-from rmqstore.spark.rebuild import crc_checked_from, settle_walk_end, walk_end
+from rmqstore.pipeline.rebuild import crc_checked_from, settle_walk_end, walk_end
+from rmqstore.segments import fsync_directory
+from rmqstore.spark import SparkUnavailable
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, VerifyReport
 from rmqstore.verify.ranges import DEFAULT_RANGE_SIZE, RangedVerify

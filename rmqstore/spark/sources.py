@@ -1,13 +1,13 @@
 """Python Data Sources for Spark 4 (``pyspark.sql.datasource``) over the shared engine codec.
 
-``rocketmq-commitlog``: one row per message (:data:`~rmqstore.spark.rows.COMMITLOG_COLUMNS`).
+``rocketmq-commitlog``: one row per message (:data:`~rmqstore.pipeline.rows.COMMITLOG_COLUMNS`).
 Partitions are byte ranges of the commit-log files (``splitSize``, default 32 MiB; see
-:mod:`rmqstore.spark.ranges`): a range starting inside a file begins at its next record, and
+:mod:`rmqstore.pipeline.ranges`): a range starting inside a file begins at its next record, and
 damaged regions of completed files are skipped. The last file holding data is read as one
 partition, so that its first invalid record ends the log as recovery sees it, unless
 ``fileBounds`` (from a ``summary=files`` read, as the rmqstore jobs do) says where each file's
 records end. ``read()`` yields Arrow record batches. With ``summary=files`` it yields one row
-per range instead (:data:`~rmqstore.spark.ranges.SUMMARY_FIELDS`).
+per range instead (:data:`~rmqstore.pipeline.ranges.SUMMARY_FIELDS`).
 
 ``rocketmq-consumequeue``: one row per consume-queue unit, one partition per queue.
 """
@@ -24,7 +24,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError
-from rmqstore.spark.ranges import (
+from rmqstore.pipeline.location import StoreLocation
+from rmqstore.pipeline.ranges import (
     DEFAULT_SPLIT,
     SUMMARY_FIELDS,
     FileRange,
@@ -32,7 +33,7 @@ from rmqstore.spark.ranges import (
     record_margin,
     summarize_range,
 )
-from rmqstore.spark.rows import (
+from rmqstore.pipeline.rows import (
     COMMITLOG_COLUMNS,
     CONSUMEQUEUE_COLUMNS,
     MessageRowOptions,
@@ -40,7 +41,6 @@ from rmqstore.spark.rows import (
     message_batches,
     queue_units,
 )
-from rmqstore.spark.storefs import StoreLocation
 
 
 def _option(options: dict[str, str], name: str, default: str | None = None) -> str | None:

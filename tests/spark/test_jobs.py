@@ -15,8 +15,8 @@ from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
 from rmqstore.fixtures import generate
+from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
 from rmqstore.spark.jobs import SparkPipeline
-from rmqstore.spark.pipeline import LocalPipeline, PipelineOptions
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, verify_store
 

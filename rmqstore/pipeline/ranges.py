@@ -21,9 +21,9 @@ from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import RecordError
+from rmqstore.pipeline.location import StoreLocation
 from rmqstore.properties import decode_properties
 from rmqstore.record import H_STORE_TIMESTAMP, H_TOTAL_SIZE, RegionScan, ScanStop, find_next_record
-from rmqstore.spark.storefs import StoreLocation
 
 T = TypeVar("T")
 DEFAULT_SPLIT = 32 * 1024 * 1024

@@ -1,4 +1,4 @@
-"""Reading store files where they are: a local path (memory-mapped) or a ``pyarrow.fs`` URI
+"""Reading store files where they are: a local path (read with pread) or a ``pyarrow.fs`` URI
 (``s3://``, ``hdfs://``, ``gs://``, ``file://``), read in ranges. Executors open files by
 themselves from the location and names a partition carries."""
 

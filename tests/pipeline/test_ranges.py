@@ -13,7 +13,8 @@ from rmqstore.config import StoreConfig
 from rmqstore.delay import DelayLevels
 from rmqstore.dispatch import Dispatcher
 from rmqstore.fixtures import generate
-from rmqstore.spark.ranges import (
+from rmqstore.pipeline.location import StoreLocation
+from rmqstore.pipeline.ranges import (
     RangeScan,
     dispatch_end,
     file_bounds,
@@ -21,7 +22,6 @@ from rmqstore.spark.ranges import (
     summarize_range,
     walk_summaries,
 )
-from rmqstore.spark.storefs import StoreLocation
 from rmqstore.store import Store
 
 from support import ORACLE_CONFIG

@@ -16,6 +16,8 @@ from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.hosts import HostAddress
+from rmqstore.pipeline.location import StoreLocation
+from rmqstore.pipeline.ranges import FileRange, RangeScan
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
 from rmqstore.record import (
     H_BODY_CRC,
@@ -35,8 +37,6 @@ from rmqstore.record import (
     MAGIC_V2,
     header_struct,
 )
-from rmqstore.spark.ranges import FileRange, RangeScan
-from rmqstore.spark.storefs import StoreLocation
 
 BATCH_ROWS = 4096
 

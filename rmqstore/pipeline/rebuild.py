@@ -1,7 +1,7 @@
 """``dispatch --rebuild --jobs N``: the rebuild of consume queues and index with the reading of
 the commit log in worker processes. No pyspark here.
 
-Each worker reads one range of the log (:mod:`rmqstore.spark.ranges`) and does all the work
+Each worker reads one range of the log (:mod:`rmqstore.pipeline.ranges`) and does all the work
 that depends only on the record: properties, tagsCode (the deliver time for
 SCHEDULE_TOPIC_XXXX), the packed 20-byte units of each queue and the Java hashes of the index
 keys. It also summarises its range, as the summary pass of the other pipelines does, and stops
@@ -30,6 +30,19 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import Dispatcher, DispatchResult, out_of_order_problem
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
+from rmqstore.pipeline.location import StoreLocation
+from rmqstore.pipeline.ranges import (
+    FileRange,
+    RangeScan,
+    RangeSummary,
+    RangeTally,
+    WalkEnd,
+    dispatch_end,
+    plan_ranges,
+    record_margin,
+    stops_dispatch,
+    walk_in_order,
+)
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.record import (
     H_QUEUE_ID,
@@ -42,19 +55,6 @@ from rmqstore.record import (
     TRANSACTION_ROLLBACK,
     ScanStop,
 )
-from rmqstore.spark.ranges import (
-    FileRange,
-    RangeScan,
-    RangeSummary,
-    RangeTally,
-    WalkEnd,
-    dispatch_end,
-    plan_ranges,
-    record_margin,
-    stops_dispatch,
-    walk_in_order,
-)
-from rmqstore.spark.storefs import StoreLocation
 from rmqstore.store import Store
 from rmqstore.workers import process_map
 

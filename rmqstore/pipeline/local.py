@@ -1,4 +1,4 @@
-"""``export`` and ``stats`` over the ranges of :mod:`rmqstore.spark.ranges`: what they return,
+"""``export`` and ``stats`` over the ranges of :mod:`rmqstore.pipeline.ranges`: what they return,
 and the local engine that runs them in this process (the Spark engine, in
 :mod:`rmqstore.spark.jobs`, runs the same range functions on executors).
 
@@ -22,9 +22,8 @@ from typing import Any
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, StoreIOError
-from rmqstore.properties import TAGS, decode_properties
-from rmqstore.record import H_QUEUE_ID, H_QUEUE_OFFSET, H_STORE_TIMESTAMP, H_TOTAL_SIZE
-from rmqstore.spark.ranges import (
+from rmqstore.pipeline.location import StoreLocation
+from rmqstore.pipeline.ranges import (
     DEFAULT_SPLIT,
     FileRange,
     RangeScan,
@@ -36,13 +35,14 @@ from rmqstore.spark.ranges import (
     summary_jobs,
     walk_summaries,
 )
-from rmqstore.spark.rows import (
+from rmqstore.pipeline.rows import (
     COMMITLOG_COLUMNS,
     MessageRowOptions,
     arrow_schema,
     message_batches,
 )
-from rmqstore.spark.storefs import StoreLocation
+from rmqstore.properties import TAGS, decode_properties
+from rmqstore.record import H_QUEUE_ID, H_QUEUE_OFFSET, H_STORE_TIMESTAMP, H_TOTAL_SIZE
 from rmqstore.workers import Runner, process_map, process_runner
 
 EXPORT_FORMATS = ("parquet", "jsonl")

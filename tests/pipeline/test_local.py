@@ -10,7 +10,7 @@ import pytest
 
 from rmqstore.errors import InputError
 from rmqstore.fixtures import generate
-from rmqstore.spark.pipeline import LocalPipeline, PipelineOptions
+from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
 from rmqstore.store import Store
 
 from support import check_against_broker, parquet_rows, run_cli
@@ -89,7 +89,7 @@ def test_a_failed_export_leaves_nothing_behind(tmp_path: Path) -> None:
         raise OSError(28, "No space left on device")
         yield  # pragma: no cover
 
-    import rmqstore.spark.pipeline as pipeline_module
+    import rmqstore.pipeline.local as pipeline_module
 
     original = pipeline_module.message_batches
     pipeline_module.message_batches = broken

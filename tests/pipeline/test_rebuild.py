@@ -16,9 +16,9 @@ from rmqstore.delay import SCHEDULE_TOPIC
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
 from rmqstore.fixtures import generate
 from rmqstore.geometry import INDEX_GEOMETRY, QUEUE_GEOMETRY
+from rmqstore.pipeline.rebuild import rebuild_in_workers
 from rmqstore.properties import encode_properties
 from rmqstore.record import Message, encode_blank, encode_record
-from rmqstore.spark.rebuild import rebuild_in_workers
 from rmqstore.store import Store
 
 from support import ORACLE_CONFIG, tree_digest
