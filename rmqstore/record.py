@@ -545,31 +545,33 @@ class RegionScan:
     ) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
         """The per-record items (see the class) of one batch of :meth:`batches`, each
         failed CRC check counted as it is yielded."""
-        base = self.base_offset + window_start
-        unpack_ipv4 = HEADER_IPV4.unpack_from
-        host_flags = _HOST_FLAGS
-        topic_of = self._topics.of
-        width = kernel_layout.ROW_WIDTH
-        for at in range(0, count * width, width):
-            start = rows[at]
-            sys_flag = rows[at + _SYS_FLAG]
-            header = (
-                header_struct(sys_flag).unpack_from(window, start)
-                if sys_flag & host_flags
-                else unpack_ipv4(window, start)
-            )
-            topic = topic_of(window, rows, at // width)
-            properties_at = rows[at + _PROPERTIES_AT]
-            properties = bytes(
-                window[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]]
-            )
-            status = rows[at + _CRC_STATUS]
-            crc_ok = None
-            if status != _CRC_UNCHECKED:
-                crc_ok = status == _CRC_GOOD
-                if not crc_ok:
-                    self.crc_failures += 1
-            yield base + start, header, topic, properties, crc_ok
+        topics = self._topics
+        for row in range(count):
+            item = record_item(window, rows, row, topics)
+            if item[4] is False:
+                self.crc_failures += 1
+            yield item
+
+
+def record_item(
+    buf: Any, rows: Any, row: int, topics: kernel_layout.TopicNames
+) -> tuple[int, tuple, str, bytes, bool | None]:
+    """Row ``row`` of a kernel scan of ``buf`` as ``(physical_offset, header, topic,
+    properties_bytes, crc_ok)``: ``header`` is the unpacked fixed header (index it with the
+    ``H_*`` constants), ``crc_ok`` None when the CRC was not checked."""
+    at = row * kernel_layout.ROW_WIDTH
+    start = rows[at]
+    sys_flag = rows[at + _SYS_FLAG]
+    header = (
+        header_struct(sys_flag).unpack_from(buf, start)
+        if sys_flag & _HOST_FLAGS
+        else _UNPACK_IPV4(buf, start)
+    )
+    properties_at = rows[at + _PROPERTIES_AT]
+    properties = bytes(buf[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]])
+    status = rows[at + _CRC_STATUS]
+    crc_ok = None if status == _CRC_UNCHECKED else status == _CRC_GOOD
+    return rows[at + _PHYSICAL_OFFSET], header, topics.of(buf, rows, row), properties, crc_ok
 
 
 _BATCH_ROWS = 4096
@@ -590,6 +592,8 @@ _PROPERTIES_LENGTH = kernel_layout.PROPERTIES_LENGTH
 _CRC_STATUS = kernel_layout.CRC_STATUS
 _CRC_UNCHECKED = kernel_layout.CRC_UNCHECKED
 _CRC_GOOD = kernel_layout.CRC_GOOD
+_PHYSICAL_OFFSET = kernel_layout.PHYSICAL_OFFSET
+_UNPACK_IPV4 = HEADER_IPV4.unpack_from
 _TOTAL_SIZE = kernel_layout.TOTAL_SIZE
 
 

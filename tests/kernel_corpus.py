@@ -19,7 +19,10 @@ from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 from rmqstore.kernel import reference
 from rmqstore.kernel.layout import (
     CHECK_CRC,
+    FIELD_TOPIC,
+    FIELD_UNIQ_KEY,
     HASHED_KEY_SIZE,
+    MESSAGE_ID_MAX,
     PROPERTIES_AT,
     PROPERTY_CRC,
     ROW_WIDTH,
@@ -187,6 +190,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
         if windowed != expected:
             yield f"windowed ({window}) differs from whole (options {options}, start {start})"
     yield from dispatch_both(native, data, base, rng.choice((0, 1)), rng.choice((1, 3, 4096)))
+    yield from columns_both(native, data, base, rng.choice((1, 4, 4096)))
 
 
 def pack_rows(rows: list[tuple[int, ...]]) -> array:
@@ -283,3 +287,59 @@ def index_both(native: ModuleType, data: bytes, keys: bytes) -> Iterator[str]:
         results.append(outcome)
     if results[0] != results[1]:
         yield "queue-file or index functions differ"
+
+
+def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int) -> Iterator[str]:
+    """Every way the kernels disagree on the export columns of the rows of ``data``: each
+    field's spans and gathered bytes, the property pairs (stopping where ``pair_capacity``
+    pairs are full) and the message ids."""
+    rows, _final = run_scan(reference, data, 0, base, 0, 4096)
+    if not rows:
+        return
+    packed = pack_rows(rows)
+    count = len(rows)
+    first = count // 3 if count > 2 else 0
+    for field in range(FIELD_TOPIC, FIELD_UNIQ_KEY + 1):
+        got = []
+        for kernel in (reference, native):
+            spans = array("q", bytes(16 * (count - first)))
+            total, absent = kernel.field_spans(data, packed, first, count, field, spans)
+            gathered = bytearray(total)
+            offsets = array("i", bytes(4 * (count - first + 1)))
+            written = kernel.gather(data, spans, count - first, gathered, offsets)
+            got.append((total, absent, list(spans), written, bytes(gathered), list(offsets)))
+        if got[0] != got[1]:
+            yield f"field_spans/gather differ (field {field})"
+    calls = []
+    for kernel in (reference, native):
+        names = array("q", bytes(16 * pair_capacity))
+        values = array("q", bytes(16 * pair_capacity))
+        offsets = array("i", bytes(4 * (count + 1)))
+        row, made = first, []
+        while row < count:
+            following, pairs = kernel.property_pairs(
+                data, packed, row, count, names, values, offsets
+            )
+            made.append(
+                (
+                    following,
+                    pairs,
+                    list(names[: 2 * pairs]),
+                    list(values[: 2 * pairs]),
+                    list(offsets[: following - row + 1]),
+                )
+            )
+            if following == row:
+                break  # one record has more pairs than the buffers hold
+            row = following
+        calls.append(made)
+    if calls[0] != calls[1]:
+        yield f"property_pairs differ (capacity {pair_capacity})"
+    ids = []
+    for kernel in (reference, native):
+        text = bytearray(MESSAGE_ID_MAX * count)
+        offsets = array("i", bytes(4 * (count + 1)))
+        written = kernel.message_ids(data, packed, 0, count, text, offsets)
+        ids.append((written, bytes(text[:written]), list(offsets)))
+    if ids[0] != ids[1]:
+        yield "message_ids differ"

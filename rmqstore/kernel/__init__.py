@@ -61,6 +61,12 @@ cut_index: Callable[[Any, int], int] = _refuse if _refusal else _implementation.
 attention_rows: Callable[..., int] = _refuse if _refusal else _implementation.attention_rows
 index_chain: Callable[..., int] = _refuse if _refusal else _implementation.index_chain
 match_keys: Callable[..., int] = _refuse if _refusal else _implementation.match_keys
+field_spans: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.field_spans
+gather: Callable[..., int] = _refuse if _refusal else _implementation.gather
+property_pairs: Callable[..., tuple[int, int]] = (
+    _refuse if _refusal else _implementation.property_pairs
+)
+message_ids: Callable[..., int] = _refuse if _refusal else _implementation.message_ids
 
 
 def description() -> str:

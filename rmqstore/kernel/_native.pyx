@@ -12,7 +12,7 @@ AddressSanitizer). The scan runs without the GIL.
 """
 
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 from rmqstore.kernel.layout import (
     CHECK_CRC as _CHECK_CRC,
@@ -999,3 +999,274 @@ def match_keys(keys, int64_t first, int64_t count, entries):
             key += KEY_SIZE
             entry += 20
     return number
+
+
+# -- columns for export and stats (see layout.py) ----------------------------------------------
+
+cdef enum:
+    FIELD_TOPIC = 0
+    FIELD_BODY = 1
+    FIELD_PROPERTIES = 2
+    FIELD_BORN_HOST = 3
+    FIELD_STORE_HOST = 4
+    FIELD_TAGS = 5
+    FIELD_KEYS = 6
+    FIELD_UNIQ_KEY = 7
+
+DEF SPAN_ABSENT = -1
+DEF BORN_HOST_AT = 48
+
+_check_columns((
+    ("FIELD_TOPIC", FIELD_TOPIC), ("FIELD_BODY", FIELD_BODY), ("FIELD_PROPERTIES",
+    FIELD_PROPERTIES), ("FIELD_BORN_HOST", FIELD_BORN_HOST), ("FIELD_STORE_HOST",
+    FIELD_STORE_HOST), ("FIELD_TAGS", FIELD_TAGS), ("FIELD_KEYS", FIELD_KEYS),
+    ("FIELD_UNIQ_KEY", FIELD_UNIQ_KEY), ("SPAN_ABSENT", SPAN_ABSENT),
+))
+
+
+cdef inline void _find_value(const uint8_t* data, int64_t props_at, int64_t props_length,
+                             const uint8_t* name, int64_t name_length, int64_t* found_at,
+                             int64_t* found_length) noexcept nogil:
+    """The last valid pair called ``name`` in properties the caller checked lie in data."""
+    cdef int64_t position = props_at, end = props_at + props_length, pair_end, separator
+    found_at[0] = 0
+    found_length[0] = SPAN_ABSENT
+    while position <= end:
+        pair_end = position
+        while pair_end < end and data[pair_end] != 2:
+            pair_end += 1
+        separator = position
+        while separator < pair_end and data[separator] != 1:
+            separator += 1
+        if (separator < pair_end and separator - position == name_length and name_length > 0
+                and pair_end - separator - 1 > 0
+                and memcmp(data + position, name, name_length) == 0):
+            found_at[0] = separator + 1
+            found_length[0] = pair_end - separator - 1
+        position = pair_end + 1
+
+
+def field_spans(buf, rows, int64_t first, int64_t count, int field, spans):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef int64_t[::1] row_view = rows
+    cdef int64_t[::1] span_view = spans
+    cdef int64_t length = view.shape[0], row, at, start, sys_flag, span_at = 0, span_length = 0
+    cdef int64_t born_length, total = 0, absent = 0, out
+    cdef const uint8_t* data
+    cdef bint bad = False
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
+            or span_view.shape[0] < 2 * (count - first):
+        raise ValueError("rows are outside their buffers")
+    if not FIELD_TOPIC <= field <= FIELD_UNIQ_KEY:
+        raise ValueError(f"no field {field}")
+    data = &view[0] if length else NULL
+    row = first
+    with nogil:
+        while row < count:
+            at = row * ROW_WIDTH_NATIVE
+            start = row_view[at + C_POSITION]
+            if not _fits(start, row_view[at + C_TOTAL_SIZE], length):
+                bad = True
+                break
+            sys_flag = row_view[at + C_SYS_FLAG]
+            born_length = 20 if sys_flag & 0x10 else 8
+            if field == FIELD_TOPIC:
+                span_at, span_length = row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH]
+            elif field == FIELD_BODY:
+                span_at = start + row_view[at + C_HEADER_SIZE]
+                span_length = row_view[at + C_BODY_LENGTH]
+            elif field == FIELD_PROPERTIES:
+                span_at = row_view[at + C_PROPERTIES_AT]
+                span_length = row_view[at + C_PROPERTIES_LENGTH]
+            elif field == FIELD_BORN_HOST:
+                span_at, span_length = start + BORN_HOST_AT, born_length
+            elif field == FIELD_STORE_HOST:
+                span_at = start + BORN_HOST_AT + born_length + 8
+                span_length = 20 if sys_flag & 0x20 else 8
+            else:
+                span_at = row_view[at + C_PROPERTIES_AT]
+                span_length = row_view[at + C_PROPERTIES_LENGTH]
+                if not _fits(span_at, span_length, length):
+                    bad = True
+                    break
+                if field == FIELD_TAGS:
+                    _find_value(data, span_at, span_length, b"TAGS", 4, &span_at, &span_length)
+                elif field == FIELD_KEYS:
+                    _find_value(data, span_at, span_length, b"KEYS", 4, &span_at, &span_length)
+                else:
+                    _find_value(data, span_at, span_length, b"UNIQ_KEY", 8, &span_at,
+                                &span_length)
+            if span_length != SPAN_ABSENT and not _fits(span_at, span_length, length):
+                bad = True
+                break
+            out = 2 * (row - first)
+            span_view[out] = span_at
+            span_view[out + 1] = span_length
+            if span_length == SPAN_ABSENT:
+                absent += 1
+            else:
+                total += span_length
+            row += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return total, absent
+
+
+def gather(buf, spans, int64_t count, data, offsets):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] span_view = spans
+    cdef uint8_t[::1] data_view = data
+    cdef int32_t[::1] offset_view = offsets
+    cdef int64_t length = view.shape[0], capacity = data_view.shape[0], written = 0
+    cdef int64_t number, at, size
+    cdef int failure = 0
+    if not (0 <= count <= span_view.shape[0] // 2) or offset_view.shape[0] < count + 1:
+        raise ValueError("spans are outside their buffers")
+    offset_view[0] = 0
+    number = 0
+    with nogil:
+        while number < count:
+            at = span_view[2 * number]
+            size = span_view[2 * number + 1]
+            if size != SPAN_ABSENT:
+                if not _fits(at, size, length):
+                    failure = 1
+                    break
+                if size > capacity - written or written + size > 0x7FFFFFFF:
+                    failure = 2
+                    break
+                if size:
+                    memcpy(&data_view[written], &view[at], size)
+                written += size
+            offset_view[number + 1] = <int32_t>written
+            number += 1
+    if failure == 1:
+        raise ValueError(f"span {number} is outside the buffer")
+    if failure == 2:
+        raise ValueError("the gathered bytes do not fit")
+    return written
+
+
+def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_offsets):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef int64_t[::1] row_view = rows
+    cdef int64_t[::1] name_view = names
+    cdef int64_t[::1] value_view = values
+    cdef int32_t[::1] offset_view = pair_offsets
+    cdef int64_t length = view.shape[0], row, at, props_at, props_length, position, end
+    cdef int64_t pair_end, separator, name_length, value_length, pairs = 0, row_pairs, k
+    cdef int64_t capacity = min(name_view.shape[0], value_view.shape[0]) // 2
+    cdef const uint8_t* data
+    cdef bint bad = False, full = False, duplicate
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
+            or offset_view.shape[0] < count - first + 1:
+        raise ValueError("rows are outside their buffers")
+    data = &view[0] if length else NULL
+    offset_view[0] = 0
+    row = first
+    with nogil:
+        while row < count:
+            at = row * ROW_WIDTH_NATIVE
+            props_at = row_view[at + C_PROPERTIES_AT]
+            props_length = row_view[at + C_PROPERTIES_LENGTH]
+            if not _fits(props_at, props_length, length):
+                bad = True
+                break
+            row_pairs = 0
+            position = props_at
+            end = props_at + props_length
+            while position <= end:
+                pair_end = position
+                while pair_end < end and data[pair_end] != 2:
+                    pair_end += 1
+                separator = position
+                while separator < pair_end and data[separator] != 1:
+                    separator += 1
+                name_length = separator - position
+                value_length = pair_end - separator - 1
+                if separator < pair_end and name_length > 0 and value_length > 0:
+                    duplicate = False
+                    k = pairs
+                    while k < pairs + row_pairs:
+                        if (name_view[2 * k + 1] == name_length
+                                and memcmp(data + name_view[2 * k], data + position,
+                                           name_length) == 0):
+                            value_view[2 * k] = separator + 1
+                            value_view[2 * k + 1] = value_length
+                            duplicate = True
+                            break
+                        k += 1
+                    if not duplicate:
+                        if pairs + row_pairs == capacity:
+                            full = True
+                            break
+                        name_view[2 * (pairs + row_pairs)] = position
+                        name_view[2 * (pairs + row_pairs) + 1] = name_length
+                        value_view[2 * (pairs + row_pairs)] = separator + 1
+                        value_view[2 * (pairs + row_pairs) + 1] = value_length
+                        row_pairs += 1
+                position = pair_end + 1
+            if full:
+                break
+            pairs += row_pairs
+            row += 1
+            offset_view[row - first] = <int32_t>pairs
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return row, pairs
+
+
+cdef const char* HEX_DIGITS = b"0123456789ABCDEF"
+
+
+def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef int64_t[::1] row_view = rows
+    cdef uint8_t[::1] data_view = data
+    cdef int32_t[::1] offset_view = offsets
+    cdef int64_t length = view.shape[0], capacity = data_view.shape[0], written = 0
+    cdef int64_t row, at, start, sys_flag, host_at, host_length, k
+    cdef uint64_t offset
+    cdef uint8_t byte
+    cdef int failure = 0
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
+            or offset_view.shape[0] < count - first + 1:
+        raise ValueError("rows are outside their buffers")
+    offset_view[0] = 0
+    row = first
+    with nogil:
+        while row < count:
+            at = row * ROW_WIDTH_NATIVE
+            start = row_view[at + C_POSITION]
+            sys_flag = row_view[at + C_SYS_FLAG]
+            host_at = start + BORN_HOST_AT + (20 if sys_flag & 0x10 else 8) + 8
+            host_length = 20 if sys_flag & 0x20 else 8
+            if not (_fits(start, row_view[at + C_TOTAL_SIZE], length)
+                    and _fits(host_at, host_length, length)):
+                failure = 1
+                break
+            if 2 * (host_length + 8) > capacity - written:
+                failure = 2
+                break
+            for k in range(host_length):
+                byte = view[host_at + k]
+                data_view[written] = HEX_DIGITS[byte >> 4]
+                data_view[written + 1] = HEX_DIGITS[byte & 0xF]
+                written += 2
+            offset = <uint64_t>row_view[at + C_PHYSICAL_OFFSET]
+            for k in range(7, -1, -1):
+                byte = (offset >> (8 * k)) & 0xFF
+                data_view[written] = HEX_DIGITS[byte >> 4]
+                data_view[written + 1] = HEX_DIGITS[byte & 0xF]
+                written += 2
+            row += 1
+            offset_view[row - first] = <int32_t>written
+    if failure == 1:
+        raise ValueError(f"row {row} points outside the buffer")
+    if failure == 2:
+        raise ValueError("the message ids do not fit")
+    return written

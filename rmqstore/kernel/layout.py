@@ -279,3 +279,40 @@ BAD_WIDTH = 6
 # ``match_keys(keys, first, count, entries)`` compares HASHED_KEY entries ``keys[first:first +
 # count]`` with the 20-byte index entries in ``entries`` (hash and offset of each) and returns
 # how many match from the start.
+
+
+# -- columns for export and stats ------------------------------------------------------------
+#
+# ``field_spans(buf, rows, first, count, field, spans)`` writes, for rows ``[first, count)``
+# of a scan of ``buf``, where one field of each record lies: two integers per row into
+# ``spans`` (from index 0), the field's position in ``buf`` and its length (SPAN_ABSENT when
+# the record has no such field). It returns ``(total, absent)``: the bytes of the present
+# fields and how many rows have none. Property values are found as ``string2messageProperties``
+# finds them (the last pair of that name with a non-empty name and value).
+FIELD_TOPIC = 0
+FIELD_BODY = 1
+FIELD_PROPERTIES = 2
+FIELD_BORN_HOST = 3  # the 8- or 20-byte host field (address and port)
+FIELD_STORE_HOST = 4
+FIELD_TAGS = 5
+FIELD_KEYS = 6
+FIELD_UNIQ_KEY = 7
+SPAN_ABSENT = -1
+#
+# ``gather(buf, spans, count, data, offsets)`` copies the ``count`` spans (pairs of position
+# and length, as field_spans writes them) of ``buf`` back to back into ``data`` and writes
+# ``count + 1`` 32-bit offsets into ``offsets`` (an absent span is empty), as an Arrow binary
+# column holds them. It returns the bytes written.
+#
+# ``property_pairs(buf, rows, first, count, names, values, pair_offsets)`` parses the
+# properties of rows ``[first, count)`` as ``decode_properties`` does (a pair needs a non-empty
+# name and value; a later duplicate replaces the value and keeps the first one's place) and
+# writes each kept pair's name span into ``names`` and value span into ``values`` (two integers
+# each), and 32-bit offsets of each row's first pair into ``pair_offsets`` (index ``row -
+# first``; the one after the last row closes it). It returns ``(next_row, pairs)``, stopping
+# before a row whose pairs would not fit.
+#
+# ``message_ids(buf, rows, first, count, data, offsets)`` writes the msgId of each row (store
+# host field and physical offset, in upper-case hex) back to back into ``data``, with 32-bit
+# offsets as ``gather``; it returns the bytes written.
+MESSAGE_ID_MAX = 2 * (20 + 8)

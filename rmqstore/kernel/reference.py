@@ -11,6 +11,7 @@ from typing import Any
 from rmqstore.kernel.layout import (
     APPLIED_ALL,
     BAD_WIDTH,
+    BODY_LENGTH,
     CHAIN_ENTRIES,
     CHAIN_FIRST_OFFSET,
     CHAIN_HEADS,
@@ -23,9 +24,18 @@ from rmqstore.kernel.layout import (
     CRC_UNCHECKED,
     DISPATCH_FLAGS,
     DISPATCH_WIDTH,
+    FIELD_BODY,
+    FIELD_BORN_HOST,
+    FIELD_KEYS,
+    FIELD_PROPERTIES,
+    FIELD_STORE_HOST,
+    FIELD_TAGS,
+    FIELD_TOPIC,
+    FIELD_UNIQ_KEY,
     FORCE_PROPERTY_CRC,
     HASHED_KEY_FORMAT,
     HASHED_KEY_SIZE,
+    HEADER_SIZE,
     INDEX_FULL,
     INDEX_KEYS,
     KEYS_COUNT,
@@ -33,6 +43,7 @@ from rmqstore.kernel.layout import (
     NEEDS_REFERENCE,
     NEEDS_RESERVE,
     PHYSICAL_OFFSET,
+    POSITION,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
     PROPERTY_CRC,
@@ -44,6 +55,7 @@ from rmqstore.kernel.layout import (
     RUN_UNITS,
     RUN_UNITS_FROM,
     RUN_WIDTH,
+    SPAN_ABSENT,
     STATE_BEGIN_OFFSET,
     STATE_BEGIN_TIMESTAMP,
     STATE_COUNT,
@@ -624,3 +636,163 @@ def match_keys(keys: Any, first: int, count: int, entries: Any) -> int:
         if entry_hash != key_hash or entry_offset != offset:
             return number
     return available
+
+
+_BORN_HOST_AT = 48  # TOTALSIZE .. BORNTIMESTAMP
+_PROPERTY_NAMES = {FIELD_TAGS: b"TAGS", FIELD_KEYS: b"KEYS", FIELD_UNIQ_KEY: b"UNIQ_KEY"}
+
+
+def _host_fields(rows: Any, at: int) -> tuple[int, int, int, int]:
+    """Where the born host and store host fields of a row's record lie, and their lengths."""
+    position = rows[at + POSITION]
+    sys_flag = rows[at + SYS_FLAG]
+    born_length = 20 if sys_flag & 0x10 else 8
+    store_at = position + _BORN_HOST_AT + born_length + 8
+    return position + _BORN_HOST_AT, born_length, store_at, 20 if sys_flag & 0x20 else 8
+
+
+def _property_value(props: bytes, name: bytes) -> tuple[int, int]:
+    """Where (in ``props``) the value of the last valid pair called ``name`` lies."""
+    found = (0, SPAN_ABSENT)
+    position = 0
+    for pair in props.split(b"\x02"):
+        pair_name, separator, value = pair.partition(b"\x01")
+        if separator and pair_name == name and value:
+            found = (position + len(pair_name) + 1, len(value))
+        position += len(pair) + 1
+    return found
+
+
+def _row_fits(rows: Any, at: int, length: int) -> None:
+    start = rows[at + POSITION]
+    if not (start >= 0 and start + rows[at + TOTAL_SIZE] <= length):
+        raise ValueError(f"row {at // ROW_WIDTH} points outside the buffer")
+
+
+def field_spans(
+    buf: Any, rows: Any, first: int, count: int, field: int, spans: Any
+) -> tuple[int, int]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH or len(spans) < 2 * (count - first):
+        raise ValueError("rows are outside their buffers")
+    if not FIELD_TOPIC <= field <= FIELD_UNIQ_KEY:
+        raise ValueError(f"no field {field}")
+    length = len(buf)
+    total = absent = 0
+    for row in range(first, count):
+        at = row * ROW_WIDTH
+        _row_fits(rows, at, length)
+        if field == FIELD_TOPIC:
+            span = (rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH])
+        elif field == FIELD_BODY:
+            span = (rows[at + POSITION] + rows[at + HEADER_SIZE], rows[at + BODY_LENGTH])
+        elif field == FIELD_PROPERTIES:
+            span = (rows[at + PROPERTIES_AT], rows[at + PROPERTIES_LENGTH])
+        elif field in (FIELD_BORN_HOST, FIELD_STORE_HOST):
+            born_at, born_length, store_at, store_length = _host_fields(rows, at)
+            span = (born_at, born_length) if field == FIELD_BORN_HOST else (store_at, store_length)
+        else:
+            props_at = rows[at + PROPERTIES_AT]
+            props = bytes(buf[props_at : props_at + rows[at + PROPERTIES_LENGTH]])
+            value_at, value_length = _property_value(props, _PROPERTY_NAMES[field])
+            span = (props_at + value_at, value_length) if value_length >= 0 else (0, SPAN_ABSENT)
+        if span[1] >= 0 and not (span[0] >= 0 and span[0] + span[1] <= length):
+            raise ValueError(f"row {row} points outside the buffer")
+        out = 2 * (row - first)
+        spans[out], spans[out + 1] = span
+        if span[1] == SPAN_ABSENT:
+            absent += 1
+        else:
+            total += span[1]
+    return total, absent
+
+
+def gather(buf: Any, spans: Any, count: int, data: Any, offsets: Any) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= count <= len(spans) // 2 or len(offsets) < count + 1:
+        raise ValueError("spans are outside their buffers")
+    view = memoryview(buf)
+    written = 0
+    try:
+        offsets[0] = 0
+        for number in range(count):
+            at, size = spans[2 * number], spans[2 * number + 1]
+            if size != SPAN_ABSENT:
+                if not (at >= 0 and size >= 0 and at + size <= len(view)):
+                    raise ValueError(f"span {number} is outside the buffer")
+                if written + size > len(data) or written + size > 0x7FFFFFFF:
+                    raise ValueError("the gathered bytes do not fit")
+                data[written : written + size] = view[at : at + size]
+                written += size
+            offsets[number + 1] = written
+    finally:
+        view.release()
+    return written
+
+
+def property_pairs(
+    buf: Any, rows: Any, first: int, count: int, names: Any, values: Any, pair_offsets: Any
+) -> tuple[int, int]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH or len(pair_offsets) < count - first + 1:
+        raise ValueError("rows are outside their buffers")
+    capacity = min(len(names), len(values)) // 2
+    length = len(buf)
+    pairs = 0
+    pair_offsets[0] = 0
+    row = first
+    while row < count:
+        at = row * ROW_WIDTH
+        props_at = rows[at + PROPERTIES_AT]
+        props_length = rows[at + PROPERTIES_LENGTH]
+        if not (props_at >= 0 and props_length >= 0 and props_at + props_length <= length):
+            raise ValueError(f"row {row} points outside the buffer")
+        props = bytes(buf[props_at : props_at + props_length])
+        kept: dict[bytes, tuple[int, int, int]] = {}  # name to (name at, value at, value length)
+        position = props_at
+        for pair in props.split(b"\x02"):
+            name, separator, value = pair.partition(b"\x01")
+            if separator and name and value:
+                place = kept.get(name)
+                name_at = position if place is None else place[0]
+                kept[name] = (name_at, position + len(name) + 1, len(value))
+            position += len(pair) + 1
+        if pairs + len(kept) > capacity:
+            break
+        for name, (name_at, value_at, value_length) in kept.items():
+            names[2 * pairs], names[2 * pairs + 1] = name_at, len(name)
+            values[2 * pairs], values[2 * pairs + 1] = value_at, value_length
+            pairs += 1
+        row += 1
+        pair_offsets[row - first] = pairs
+    return row, pairs
+
+
+def message_ids(buf: Any, rows: Any, first: int, count: int, data: Any, offsets: Any) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH or len(offsets) < count - first + 1:
+        raise ValueError("rows are outside their buffers")
+    length = len(buf)
+    written = 0
+    offsets[0] = 0
+    for row in range(first, count):
+        at = row * ROW_WIDTH
+        _row_fits(rows, at, length)
+        _, _, store_at, store_length = _host_fields(rows, at)
+        if store_at + store_length > length:
+            raise ValueError(f"row {row} points outside the buffer")
+        text = (
+            (
+                bytes(buf[store_at : store_at + store_length])
+                + (rows[at + PHYSICAL_OFFSET] & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")
+            )
+            .hex()
+            .upper()
+            .encode("ascii")
+        )
+        if written + len(text) > len(data):
+            raise ValueError("the message ids do not fit")
+        data[written : written + len(text)] = text
+        written += len(text)
+        offsets[row - first + 1] = written
+    return written

@@ -13,17 +13,27 @@ pass then respects.
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rmqstore import kernel
 from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import RecordError
+from rmqstore.kernel import layout
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.properties import decode_properties
-from rmqstore.record import H_STORE_TIMESTAMP, H_TOTAL_SIZE, RegionScan, ScanStop, find_next_record
+from rmqstore.record import (
+    H_STORE_TIMESTAMP,
+    RegionScan,
+    ScanStop,
+    find_next_record,
+    record_item,
+)
 
 T = TypeVar("T")
 DEFAULT_SPLIT = 32 * 1024 * 1024
@@ -97,15 +107,16 @@ def plan_ranges(
 
 
 class RangeScan:
-    """The records starting in one :class:`FileRange`: iterating yields ``(buf, buf_start,
-    physical_offset, header, topic, properties_bytes, crc_ok)`` with ``buf_start`` the file
-    position of ``buf[0]``. Damaged regions are skipped in files before the last; in the last
-    file holding data (unless ``resync_last``) the first invalid record ends the log.
+    """The records starting in one :class:`FileRange`, in kernel row batches
+    (:meth:`batches`) or one by one (iterating). Damaged regions are skipped in files before
+    the last; in the last file holding data (unless ``resync_last``) the first invalid record
+    ends the log.
 
     Afterwards: ``outcome`` (``reached``: the next range's records follow; ``covered``: no
     record starts in the range; ``blank``, ``end``, ``invalid``: the file's records end
-    here, at ``end``), ``blank_length``, ``invalid_regions``, ``first_invalid`` and
-    ``error`` (the first invalid record's reason)."""
+    here, at ``end``), ``blank_length``, ``invalid_regions``, ``first_invalid``, ``error``
+    (the first invalid record's reason), ``crc_failures`` and ``first_crc_failure`` (the
+    physical offset of the first record whose CRC check failed)."""
 
     def __init__(
         self, location: StoreLocation, part: FileRange, check_crc: bool, *, resync_last: bool
@@ -121,8 +132,14 @@ class RangeScan:
         self.first_invalid: int | None = None
         self.error: str | None = None
         self.crc_failures = 0
+        self.first_crc_failure: int | None = None
 
-    def __iter__(self) -> Iterator[tuple[Any, int, int, tuple, str, bytes, bool | None]]:
+    def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
+        """``(buf, at, rows, count)`` per kernel call: ``count`` rows (see
+        :mod:`rmqstore.kernel.layout`) of records starting in the range, their positions
+        indexes into ``buf``, whose first byte is at file position ``at``. The rows are
+        reused by the next batch. ``invalid_regions`` counts the damaged regions skipped
+        before the batch's first record."""
         part = self.part
         length = part.stop - part.start + 2 * part.margin
         with self.location.open_range(f"commitlog/{part.name}", part.start, length) as (buf, at):
@@ -138,15 +155,13 @@ class RangeScan:
                 position = found
             while True:
                 region = RegionScan(buf, position, limit, base, self.check_crc)
-                items = iter(region)
-                try:
-                    for item in items:
-                        if item[0] - base >= stop:
-                            return  # reached the next range
-                        yield (buf, at, *item)
-                finally:
-                    items.close()  # drops the region's view of the map before it is closed
-                    self.crc_failures += region.crc_failures
+                for window, _, rows, count in region.batches():
+                    kept = _rows_before(rows, count, base + stop)
+                    if kept:
+                        self._count_failures(rows, kept)
+                        yield window, at, rows, kept
+                    if kept < count:
+                        return  # reached the next range
                 end = region.end_position
                 self.end = at + end
                 if region.stop is ScanStop.BLANK:
@@ -167,6 +182,35 @@ class RangeScan:
                     self.end = None
                     return  # the next range goes on from there
                 position = resumed
+
+    def _count_failures(self, rows: Any, count: int) -> None:
+        if not self.check_crc:
+            return
+        statuses = rows[layout.CRC_STATUS : count * layout.ROW_WIDTH : layout.ROW_WIDTH]
+        failed = statuses.count(layout.CRC_BAD)
+        if failed:
+            self.crc_failures += failed
+            if self.first_crc_failure is None:
+                at = statuses.index(layout.CRC_BAD) * layout.ROW_WIDTH
+                self.first_crc_failure = rows[at + layout.PHYSICAL_OFFSET]
+
+    def __iter__(self) -> Iterator[tuple[Any, int, int, tuple, str, bytes, bool | None]]:
+        """``(buf, at, physical_offset, header, topic, properties_bytes, crc_ok)`` per
+        record (see :meth:`batches` for ``buf`` and ``at``; ``header`` indexed with the
+        ``H_*`` constants)."""
+        topics = layout.TopicNames()
+        for buf, at, rows, count in self.batches():
+            for row in range(count):
+                yield (buf, at, *record_item(buf, rows, row, topics))
+
+
+def _rows_before(rows: Any, count: int, physical_offset: int) -> int:
+    """How many of the ``count`` rows (in log order) start before ``physical_offset``."""
+    width = layout.ROW_WIDTH
+    column = layout.PHYSICAL_OFFSET
+    if not count or rows[(count - 1) * width + column] < physical_offset:
+        return count
+    return bisect_left(rows[column : count * width : width], physical_offset)
 
 
 @dataclass
@@ -222,16 +266,24 @@ def summarize_range(
     whose DELAY is not a number is noted (dispatch stops there, as a broker does)."""
     scan = RangeScan(location, part, check_crc, resync_last=False)
     tally = RangeTally()
-    records = total = 0
-    first_crc_failure = None
-    for _, _, offset, header, topic, props, crc_ok in scan:
-        records += 1
-        total += header[H_TOTAL_SIZE]
-        if crc_ok is False and first_crc_failure is None:
-            first_crc_failure = offset
-        if topic == SCHEDULE_TOPIC and tally.first_bad_delay is None and b"DELAY" in props:
-            tally.check_delay(offset, header, decode_properties(props), delay_levels)
-    tally.records, tally.bytes, tally.first_crc_failure = records, total, first_crc_failure
+    width = layout.ROW_WIDTH
+    found = array("q")
+    topics = layout.TopicNames()
+    for buf, _, rows, count in scan.batches():
+        tally.records += count
+        tally.bytes += sum(rows[layout.TOTAL_SIZE : count * width : width])
+        if tally.first_bad_delay is not None:
+            continue
+        if len(found) < count:
+            found = array("q", bytes(8 * count))
+        # the rows worth a look include every SCHEDULE_TOPIC_XXXX one
+        for row in found[: kernel.attention_rows(buf, rows, 0, count, -1, 0, found)]:
+            if topics.of(buf, rows, row) != SCHEDULE_TOPIC:
+                continue
+            offset, header, _, props, _ = record_item(buf, rows, row, topics)
+            if b"DELAY" in props:
+                tally.check_delay(offset, header, decode_properties(props), delay_levels)
+    tally.first_crc_failure = scan.first_crc_failure
     return tally.summary(scan)
 
 
