@@ -98,6 +98,40 @@ class FileWindows:
         self.close()
 
 
+class ReadWindows:
+    """A region ``[0, limit)`` of a file read through ``read(position, length)`` (a remote
+    file), in windows as :class:`FileWindows` reads a local one; ``name`` names the file in
+    errors."""
+
+    def __init__(self, read: Any, limit: int, name: str, window_bytes: int = WINDOW_BYTES) -> None:
+        self.read = read
+        self.limit = limit
+        self.name = name
+        self.window_bytes = window_bytes
+        self.buffer: Any = b""
+        self.start = 0
+        self.filled = 0
+
+    def window(self, position: int, need: int) -> tuple[Any, int, int, int]:
+        """As :meth:`FileWindows.window`."""
+        wanted = min(max(need, 8), self.limit - position)
+        end = self.start + self.filled
+        if not (self.start <= position and position + wanted <= end):
+            length = min(max(self.window_bytes, need), self.limit - position)
+            data = self.read(position, length)
+            if len(data) < length:
+                raise StoreIOError(
+                    f"{self.name} ended at byte {position + len(data)} while it was read "
+                    f"(it was {self.limit} bytes when the scan began)"
+                )
+            self.buffer, self.start, self.filled = data, position, length
+            end = position + length
+        return self.buffer, self.start, self.filled, self.limit - end
+
+    def close(self) -> None:
+        self.buffer = b""
+
+
 def read_range(path: Path, start: int, length: int) -> bytes:
     """Bytes ``[start, start + length)`` of a local file, clipped to its size when opened; a
     file that turns out shorter while it is read is an error naming it."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from rmqstore.errors import InputError, NotAStoreError
 from rmqstore.segments import data_end_estimate
-from rmqstore.windows import read_range
+from rmqstore.windows import FileWindows, ReadWindows, read_range
 
 _SEGMENT = re.compile(r"\d{20}")
 
@@ -101,6 +101,25 @@ class StoreLocation:
                 return bytes(buf[position - at : position - at + length])
 
         return data_end_estimate(read, size)
+
+    @contextmanager
+    def windows(self, relative: str, limit: int) -> Iterator[Any]:
+        """The file's bytes ``[0, limit)`` (fewer at its end) for a scan that reads them in
+        windows (:class:`rmqstore.windows.FileWindows`): memory stays flat whatever the size
+        of the region."""
+        if not self.remote:
+            with FileWindows(Path(self.uri) / relative, limit) as windows:
+                yield windows
+            return
+        filesystem, root = self._filesystem()
+        path = f"{root.rstrip('/')}/{relative}"
+        with filesystem.open_input_file(path) as handle:
+            size = handle.size()
+            yield ReadWindows(
+                lambda position, length: handle.read_at(length, position),
+                min(limit, size),
+                f"{self.uri.rstrip('/')}/{relative}",
+            )
 
     @contextmanager
     def open_range(self, relative: str, start: int, length: int) -> Iterator[tuple[Any, int]]:

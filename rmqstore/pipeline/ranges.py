@@ -31,7 +31,7 @@ from rmqstore.record import (
     H_STORE_TIMESTAMP,
     RegionScan,
     ScanStop,
-    find_next_record,
+    find_next_record_in_file,
     record_item,
 )
 
@@ -137,33 +137,34 @@ class RangeScan:
     def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
         """``(buf, at, rows, count)`` per kernel call: ``count`` rows (see
         :mod:`rmqstore.kernel.layout`) of records starting in the range, their positions
-        indexes into ``buf``, whose first byte is at file position ``at``. The rows are
-        reused by the next batch. ``invalid_regions`` counts the damaged regions skipped
-        before the batch's first record."""
+        indexes into ``buf``, whose first byte is at file position ``at``. The file is read
+        in windows: ``buf`` and the rows are reused by the next batch. ``invalid_regions``
+        counts the damaged regions skipped before the batch's first record."""
         part = self.part
-        length = part.stop - part.start + 2 * part.margin
-        with self.location.open_range(f"commitlog/{part.name}", part.start, length) as (buf, at):
-            limit = len(buf)
-            base = part.file_start + at
-            position = part.start - at
-            stop = part.stop - at
+        relative = f"commitlog/{part.name}"
+        with self.location.windows(relative, part.stop + 2 * part.margin) as windows:
+            base = part.file_start
+            position = part.start
+            stop = part.stop
             if not part.at_record:
-                found = find_next_record(buf, position, limit, base, search_end=stop)
-                if found is None or found >= stop:
+                found = find_next_record_in_file(windows, position, base, search_end=stop)
+                if found is None:
                     self.outcome = "covered"
                     return
                 position = found
             while True:
-                region = RegionScan(buf, position, limit, base, self.check_crc)
-                for window, _, rows, count in region.batches():
+                region = RegionScan(
+                    None, position, windows.limit, base, self.check_crc, windows=windows
+                )
+                for window, window_start, rows, count in region.batches():
                     kept = _rows_before(rows, count, base + stop)
                     if kept:
                         self._count_failures(rows, kept)
-                        yield window, at, rows, kept
+                        yield window, window_start, rows, kept
                     if kept < count:
                         return  # reached the next range
                 end = region.end_position
-                self.end = at + end
+                self.end = end
                 if region.stop is ScanStop.BLANK:
                     self.outcome, self.blank_length = "blank", region.blank_length
                     return
@@ -172,9 +173,9 @@ class RangeScan:
                     return
                 self.invalid_regions += 1
                 if self.first_invalid is None:
-                    self.first_invalid = at + end
+                    self.first_invalid = end
                     self.error = str(region.error)
-                resumed = find_next_record(buf, end, limit, base) if self.resync else None
+                resumed = find_next_record_in_file(windows, end, base) if self.resync else None
                 if resumed is None:
                     self.outcome = "invalid"
                     return
