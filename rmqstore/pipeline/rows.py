@@ -10,35 +10,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rmqstore import kernel
 from rmqstore.consumequeue import PRE_BLANK_SIZE, UNIT
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import RecordError
 from rmqstore.hashing import tags_code
-from rmqstore.hosts import HostAddress
+from rmqstore.kernel import layout
+from rmqstore.kernel.layout import new_dispatch_out
+from rmqstore.pipeline import columns
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import FileRange, RangeScan
-from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
-from rmqstore.record import (
-    H_BODY_CRC,
-    H_BODY_LENGTH,
-    H_BORN_HOST,
-    H_BORN_TIMESTAMP,
-    H_FLAG,
-    H_MAGIC,
-    H_PREPARED_OFFSET,
-    H_QUEUE_ID,
-    H_QUEUE_OFFSET,
-    H_RECONSUME_TIMES,
-    H_STORE_HOST,
-    H_STORE_TIMESTAMP,
-    H_SYS_FLAG,
-    H_TOTAL_SIZE,
-    MAGIC_V2,
-    header_struct,
-)
-
-BATCH_ROWS = 4096
+from rmqstore.properties import TAGS, decode_properties
+from rmqstore.record import H_STORE_TIMESTAMP, record_item
 
 # (column, Spark type, Arrow type name) of the commit-log source, in order
 COMMITLOG_COLUMNS = [
@@ -111,88 +95,97 @@ class MessageRowOptions:
 def message_batches(
     location: StoreLocation, part: FileRange, options: MessageRowOptions
 ) -> Iterator[Any]:
-    """Arrow record batches (:data:`COMMITLOG_COLUMNS`) of the messages starting in ``part``."""
+    """Arrow record batches (:data:`COMMITLOG_COLUMNS`) of the messages starting in ``part``,
+    one per kernel batch of rows (see :mod:`rmqstore.pipeline.columns`)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     schema = arrow_schema(COMMITLOG_COLUMNS)
+    properties_type = schema.field("properties").type
     levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
-    topics = options.topics
-    include_body = options.include_body
-    columns: list[list[Any]] = [[] for _ in COMMITLOG_COLUMNS]
-    adds = [column.append for column in columns]
+    wanted = None if options.topics is None else pa.array(sorted(options.topics), pa.string())
     file_label = f"commitlog/{part.name}"
-    hosts: dict[bytes, str] = {}
     scan = RangeScan(location, part, options.check_crc, resync_last=options.resync_last)
-    for buf, at, offset, header, topic, props, crc_ok in scan:
-        if topics is not None and topic not in topics:
-            continue
-        properties = decode_properties(props)
-        tags = properties.get(TAGS)
-        if topic == SCHEDULE_TOPIC:
-            try:
-                code = unit_tags_code(topic, properties, header[H_STORE_TIMESTAMP], levels)
-            except RecordError:
-                code = None
-        else:
-            code = tags_code(tags)
-        body = None
-        if include_body:
-            body_at = offset - part.file_start - at + header_struct(header[H_SYS_FLAG]).size
-            body = bytes(buf[body_at : body_at + header[H_BODY_LENGTH]])
-        born_host = header[H_BORN_HOST]
-        store_host = header[H_STORE_HOST]
-        born = hosts.get(born_host)
-        if born is None:
-            born = hosts[born_host] = str(HostAddress.from_field(born_host))
-        stored = hosts.get(store_host)
-        if stored is None:
-            stored = hosts[store_host] = str(HostAddress.from_field(store_host))
-        for add, value in zip(
-            adds,
+    for buf, _, rows, count in scan.batches():
+        topic = columns.topics(pa, buf, rows, count)
+        keep = None
+        if wanted is not None:
+            keep = pc.is_in(topic, value_set=wanted)
+            if not pc.any(keep).as_py():
+                continue
+        status = columns.integers(pa, rows, layout.CRC_STATUS, count)
+        crc_ok = (
+            pc.if_else(
+                pc.equal(status, layout.CRC_UNCHECKED),
+                pa.scalar(None, pa.bool_()),
+                pc.equal(status, layout.CRC_GOOD),
+            )
+            if options.check_crc
+            else pa.nulls(count, pa.bool_())
+        )
+        size = columns.integers(pa, rows, layout.TOTAL_SIZE, count, pa.int32())
+        arrays = [
+            topic,
+            columns.integers(pa, rows, layout.QUEUE_ID, count, pa.int32()),
+            columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
             (
-                topic,
-                header[H_QUEUE_ID],
-                header[H_QUEUE_OFFSET],
-                body,
-                list(properties.items()),
-                header[H_BORN_TIMESTAMP],
-                header[H_STORE_TIMESTAMP],
-                header[H_FLAG],
-                offset,
-                header[H_TOTAL_SIZE],
-                header[H_TOTAL_SIZE],
-                header[H_BODY_LENGTH],
-                header[H_BODY_CRC],
-                crc_ok,
-                header[H_SYS_FLAG],
-                born,
-                stored,
-                header[H_RECONSUME_TIMES],
-                header[H_PREPARED_OFFSET],
-                tags,
-                code,
-                properties.get(KEYS),
-                properties.get(UNIQ_KEY),
-                (store_host + offset.to_bytes(8, "big")).hex().upper(),
-                "V2" if header[H_MAGIC] == MAGIC_V2 else "V1",
-                file_label,
+                columns.binary(pa, buf, rows, count, layout.FIELD_BODY)
+                if options.include_body
+                else pa.nulls(count, pa.binary())
             ),
-            strict=True,
-        ):
-            add(value)
-        if len(columns[0]) >= BATCH_ROWS:
-            yield _batch(pa, columns, schema)
-            for column in columns:
-                column.clear()
-    if columns[0]:
-        yield _batch(pa, columns, schema)
+            columns.properties(pa, buf, rows, count, properties_type),
+            columns.integers(pa, rows, layout.BORN_TIMESTAMP, count),
+            columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
+            columns.integers(pa, rows, layout.FLAG, count, pa.int32()),
+            columns.integers(pa, rows, layout.PHYSICAL_OFFSET, count),
+            size,
+            size,
+            columns.integers(pa, rows, layout.BODY_LENGTH, count, pa.int32()),
+            columns.integers(pa, rows, layout.BODY_CRC, count, pa.int32()),
+            crc_ok,
+            columns.integers(pa, rows, layout.SYS_FLAG, count, pa.int32()),
+            columns.hosts(pa, buf, rows, count, layout.FIELD_BORN_HOST),
+            columns.hosts(pa, buf, rows, count, layout.FIELD_STORE_HOST),
+            columns.integers(pa, rows, layout.RECONSUME_TIMES, count, pa.int32()),
+            columns.integers(pa, rows, layout.PREPARED_OFFSET, count),
+            columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)),
+            _tags_codes(pa, buf, rows, count, levels),
+            columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_KEYS)),
+            columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_UNIQ_KEY)),
+            columns.message_ids(pa, buf, rows, count),
+            pc.if_else(pc.equal(columns.integers(pa, rows, layout.VERSION, count), 2), "V2", "V1"),
+            pa.repeat(file_label, count),
+        ]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        yield batch if keep is None else batch.filter(keep)
 
 
-def _batch(pa: Any, columns: list[list[Any]], schema: Any) -> Any:
-    return pa.RecordBatch.from_arrays(
-        [pa.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)],
-        schema=schema,
-    )
+def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -> Any:
+    """The tagsCode of each row: the kernel's hash of TAGS, and for the rows it leaves to the
+    reference (SCHEDULE_TOPIC_XXXX, text that is not ASCII) the dispatcher's own rule (null
+    where a DELAY is not a number)."""
+    out = new_dispatch_out(count)
+    kernel.prepare_dispatch(buf, rows, 0, count, 0, out, bytearray())
+    codes = out[layout.TAGS_CODE :: layout.DISPATCH_WIDTH]
+    flags = out[layout.DISPATCH_FLAGS :: layout.DISPATCH_WIDTH]
+    if not flags.count(layout.NEEDS_REFERENCE):
+        return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(codes)])
+    found: list[int | None] = list(codes)
+    topic_names = layout.TopicNames()
+    for row, flag in enumerate(flags):
+        if flag & layout.NEEDS_REFERENCE:
+            _, header, topic, props, _ = record_item(buf, rows, row, topic_names)
+            properties = decode_properties(props)
+            if topic == SCHEDULE_TOPIC:
+                try:
+                    found[row] = unit_tags_code(
+                        topic, properties, header[H_STORE_TIMESTAMP], levels
+                    )
+                except RecordError:
+                    found[row] = None
+            else:
+                found[row] = tags_code(properties.get(TAGS))
+    return pa.array(found, type=pa.int64())
 
 
 def queue_units(

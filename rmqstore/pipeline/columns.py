@@ -1,0 +1,140 @@
+"""Arrow columns straight from the record kernel's row batches: integers sliced out of the
+rows, and fields, property maps and message ids gathered by the kernel into Arrow's own buffer
+layout, so that no Python code runs per record. Used by the ``export`` rows and ``stats``;
+pyarrow is imported by the caller and passed in.
+
+Text that is not valid UTF-8 (a TAGS value, a property) is decoded the way
+:func:`rmqstore.properties.decode_properties` decodes it, with replacement characters, in the
+rare batch that has some.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from rmqstore import kernel
+from rmqstore.hosts import HostAddress
+from rmqstore.kernel import layout
+from rmqstore.properties import decode_properties
+
+_WIDTH = layout.ROW_WIDTH
+_MOST_PAIRS_IN_A_RECORD = 8192  # 32767 bytes of properties, at least 4 bytes a pair
+
+
+def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> Any:
+    """Row column ``column`` of the first ``count`` rows as an Arrow int64 array (cast to
+    ``kind`` when given)."""
+    values = rows[column : count * _WIDTH : _WIDTH]
+    result = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(values)])
+    return result if kind is None else result.cast(kind)
+
+
+def _int64(pa: Any, values: array, count: int) -> Any:
+    return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(values)])
+
+
+def _binary_from_spans(pa: Any, buf: Any, spans: array, count: int, total: int, absent: int) -> Any:
+    import pyarrow.compute as pc
+
+    data = bytearray(total)
+    offsets = array("i", bytes(4 * (count + 1)))
+    kernel.gather(buf, spans, count, data, offsets)
+    validity = None
+    if absent:
+        lengths = _int64(pa, spans[1 : 2 * count : 2], count)
+        validity = pc.not_equal(lengths, layout.SPAN_ABSENT).buffers()[1]
+    return pa.Array.from_buffers(
+        pa.binary(),
+        count,
+        [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+        null_count=absent,
+    )
+
+
+def binary(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
+    """A record field (``layout.FIELD_*``) of the first ``count`` rows as Arrow binary, null
+    where the record has no such field."""
+    spans = array("q", bytes(16 * count))
+    total, absent = kernel.field_spans(buf, rows, 0, count, field, spans)
+    return _binary_from_spans(pa, buf, spans, count, total, absent)
+
+
+def text(pa: Any, values: Any) -> Any:
+    """Arrow binary as Arrow strings: as they are when valid UTF-8, else decoded with
+    replacement characters."""
+    strings = values.view(pa.string())
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        return pa.array(
+            [
+                None if value is None else value.decode("utf-8", "replace")
+                for value in values.to_pylist()
+            ],
+            type=pa.string(),
+        )
+    return strings
+
+
+def topics(pa: Any, buf: Any, rows: Any, count: int) -> Any:
+    """The topics of the rows (the scan checked they are UTF-8)."""
+    return binary(pa, buf, rows, count, layout.FIELD_TOPIC).view(pa.string())
+
+
+def hosts(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
+    """Born or store host fields as ``address:port`` text, each distinct field decoded once."""
+    encoded = binary(pa, buf, rows, count, field).dictionary_encode()
+    names = [str(HostAddress.from_field(value)) for value in encoded.dictionary.to_pylist()]
+    return pa.DictionaryArray.from_arrays(
+        encoded.indices, pa.array(names, type=pa.string())
+    ).dictionary_decode()
+
+
+def message_ids(pa: Any, buf: Any, rows: Any, count: int) -> Any:
+    """The msgId of each row (store host and physical offset in upper-case hex)."""
+    data = bytearray(layout.MESSAGE_ID_MAX * count)
+    offsets = array("i", bytes(4 * (count + 1)))
+    written = kernel.message_ids(buf, rows, 0, count, data, offsets)
+    return pa.Array.from_buffers(
+        pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data[:written])]
+    )
+
+
+def properties(pa: Any, buf: Any, rows: Any, count: int, kind: Any) -> Any:
+    """The properties of each row as an Arrow map (``kind``), pairs in the order
+    :func:`decode_properties` keeps them."""
+    capacity = max(4 * count, _MOST_PAIRS_IN_A_RECORD)
+    names = array("q", bytes(16 * capacity))
+    values = array("q", bytes(16 * capacity))
+    pair_offsets = array("i", bytes(4 * (count + 1)))
+    following, pairs = kernel.property_pairs(buf, rows, 0, count, names, values, pair_offsets)
+    if following < count:  # records with very many pairs: one record at a time from here
+        return _properties_by_record(pa, buf, rows, count, kind)
+    keys = _strings_from_spans(pa, buf, names, pairs)
+    items = _strings_from_spans(pa, buf, values, pairs)
+    if keys is None or items is None:
+        return _properties_by_record(pa, buf, rows, count, kind)
+    offsets = pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(pair_offsets)])
+    return pa.MapArray.from_arrays(offsets, keys, items, type=kind)
+
+
+def _strings_from_spans(pa: Any, buf: Any, spans: array, count: int) -> Any:
+    """Arrow strings of ``count`` spans; None when one is not valid UTF-8."""
+    total = sum(spans[1 : 2 * count : 2])
+    strings = _binary_from_spans(pa, buf, spans, count, total, 0).view(pa.string())
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        return None
+    return strings
+
+
+def _properties_by_record(pa: Any, buf: Any, rows: Any, count: int, kind: Any) -> Any:
+    found = []
+    for row in range(count):
+        at = row * _WIDTH
+        start = rows[at + layout.PROPERTIES_AT]
+        raw = bytes(buf[start : start + rows[at + layout.PROPERTIES_LENGTH]])
+        found.append(list(decode_properties(raw).items()))
+    return pa.array(found, type=kind)

@@ -1,0 +1,231 @@
+"""The export rows built as columns from kernel batches (rmqstore.pipeline.columns) hold what a
+per-record decode gives, on every fixture scenario and real-broker commit-log file, mutated
+copies of them, and records made to hit the rare paths (text that is not UTF-8, duplicate and
+very many properties, IPv6 hosts, SCHEDULE_TOPIC_XXXX with a bad DELAY)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
+from rmqstore.dispatch import unit_tags_code
+from rmqstore.errors import RecordError
+from rmqstore.hashing import tags_code
+from rmqstore.hosts import HostAddress, parse_host
+from rmqstore.pipeline.location import StoreLocation
+from rmqstore.pipeline.ranges import FileRange, RangeScan
+from rmqstore.pipeline.rows import COMMITLOG_COLUMNS, MessageRowOptions, message_batches
+from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
+from rmqstore.record import (
+    H_BODY_CRC,
+    H_BODY_LENGTH,
+    H_BORN_HOST,
+    H_BORN_TIMESTAMP,
+    H_FLAG,
+    H_MAGIC,
+    H_PREPARED_OFFSET,
+    H_QUEUE_ID,
+    H_QUEUE_OFFSET,
+    H_RECONSUME_TIMES,
+    H_STORE_HOST,
+    H_STORE_TIMESTAMP,
+    H_SYS_FLAG,
+    H_TOTAL_SIZE,
+    MAGIC_V2,
+    Message,
+    encode_record,
+    header_struct,
+)
+
+from kernel_corpus import mutate, scenario_workdir, seed_files
+
+pytest.importorskip("pyarrow")
+
+NAMES = [name for name, _, _ in COMMITLOG_COLUMNS]
+
+
+def rows_by_record(location: StoreLocation, part: FileRange, options: MessageRowOptions) -> list:
+    """The export rows decoded one record at a time from the per-record scan."""
+    levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
+    found = []
+    scan = RangeScan(location, part, options.check_crc, resync_last=options.resync_last)
+    for buf, at, offset, header, topic, props, crc_ok in scan:
+        if options.topics is not None and topic not in options.topics:
+            continue
+        properties = decode_properties(props)
+        tags = properties.get(TAGS)
+        if topic == SCHEDULE_TOPIC:
+            try:
+                code = unit_tags_code(topic, properties, header[H_STORE_TIMESTAMP], levels)
+            except RecordError:
+                code = None
+        else:
+            code = tags_code(tags)
+        body = None
+        if options.include_body:
+            body_at = offset - part.file_start - at + header_struct(header[H_SYS_FLAG]).size
+            body = bytes(buf[body_at : body_at + header[H_BODY_LENGTH]])
+        values = (
+            topic,
+            header[H_QUEUE_ID],
+            header[H_QUEUE_OFFSET],
+            body,
+            list(properties.items()),
+            header[H_BORN_TIMESTAMP],
+            header[H_STORE_TIMESTAMP],
+            header[H_FLAG],
+            offset,
+            header[H_TOTAL_SIZE],
+            header[H_TOTAL_SIZE],
+            header[H_BODY_LENGTH],
+            header[H_BODY_CRC],
+            crc_ok,
+            header[H_SYS_FLAG],
+            str(HostAddress.from_field(header[H_BORN_HOST])),
+            str(HostAddress.from_field(header[H_STORE_HOST])),
+            header[H_RECONSUME_TIMES],
+            header[H_PREPARED_OFFSET],
+            tags,
+            code,
+            properties.get(KEYS),
+            properties.get(UNIQ_KEY),
+            (header[H_STORE_HOST] + offset.to_bytes(8, "big")).hex().upper(),
+            "V2" if header[H_MAGIC] == MAGIC_V2 else "V1",
+            f"commitlog/{part.name}",
+        )
+        found.append(dict(zip(NAMES, values, strict=True)))
+    return found
+
+
+def rows_by_columns(location: StoreLocation, part: FileRange, options: MessageRowOptions) -> list:
+    return [row for batch in message_batches(location, part, options) for row in batch.to_pylist()]
+
+
+def one_file_store(root: Path, data: bytes, base: int) -> tuple[StoreLocation, FileRange]:
+    (root / "commitlog").mkdir(parents=True, exist_ok=True)
+    name = f"{base:020d}"
+    (root / "commitlog" / name).write_bytes(data)
+    return StoreLocation(str(root)), FileRange(name, base, 0, len(data), len(data), True)
+
+
+OPTION_SETS = [
+    MessageRowOptions(),
+    MessageRowOptions(include_body=False, check_crc=True, resync_last=True),
+    MessageRowOptions(check_crc=True, delay_levels="1s 5s 10s"),
+]
+
+
+def assert_same_rows(location: StoreLocation, part: FileRange, label: str) -> None:
+    for options in OPTION_SETS:
+        expected = rows_by_record(location, part, options)
+        got = rows_by_columns(location, part, options)
+        assert got == expected, f"{label}: {options}"
+    topics = {row["topic"] for row in expected[::2]}
+    options = MessageRowOptions(topics=frozenset(topics))
+    assert rows_by_columns(location, part, options) == rows_by_record(location, part, options)
+
+
+@pytest.fixture(scope="module")
+def seeds() -> list[tuple[str, bytes, int]]:
+    with scenario_workdir() as workdir:
+        return seed_files(Path(workdir))
+
+
+def test_every_seed_exports_as_decoded_record_by_record(seeds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    exported = 0
+    for number, (name, data, base) in enumerate(seeds):
+        location, part = one_file_store(tmp_path / str(number), data, base)
+        assert_same_rows(location, part, name)
+        exported += len(rows_by_record(location, part, MessageRowOptions()))
+    assert exported > 5000
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(st.data())
+def test_mutated_seeds_export_as_decoded_record_by_record(seeds, tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
+    name, content, base = data.draw(st.sampled_from(seeds))
+    rng = random.Random(data.draw(st.integers(0, 2**32 - 1)))
+    root = tmp_path / f"m{rng.randrange(10**9)}"
+    location, part = one_file_store(root, mutate(content, base, rng), base)
+    assert_same_rows(location, part, f"{name} mutated")
+
+
+def pairs(count: int) -> bytes:
+    """``count`` properties with distinct two-letter names (five bytes each)."""
+    letters = [bytes([c]) for c in range(0x21, 0x7F)]
+    names = [a + b for a in letters for b in letters][:count]
+    return b"".join(name + b"\x01v\x02" for name in names)
+
+
+def records(messages: list[Message]) -> bytes:
+    data = bytearray()
+    for message in messages:
+        message.physical_offset = len(data)
+        data += encode_record(message)
+    return bytes(data)
+
+
+def test_rare_text_and_properties(tmp_path: Path) -> None:
+    ipv6 = parse_host("[2001:db8::7]:10911")
+    many = pairs(5000)
+    messages = [
+        Message("T", b"x", properties_bytes=b"TAGS\x01\xff\xfe\x02KEYS\x01a  b\x02"),
+        Message("T", b"", properties_bytes=b"A\x011\x02B\x012\x02A\x013\x02\x01x\x02y\x01\x02"),
+        Message("T", b"y", properties_bytes=b"\xc3\x28\x01v\x02TAGS\x01t\x02", born_host=ipv6),
+        Message("T", b"z", properties_bytes=many, store_host=ipv6),
+        Message("T", b"w", properties_bytes=many + b"TAGS\x01last\x02"),
+        Message(SCHEDULE_TOPIC, b"d", properties_bytes=b"DELAY\x01x\x02TAGS\x01a\x02"),
+        Message(SCHEDULE_TOPIC, b"d", properties_bytes=b"DELAY\x012\x02", store_timestamp=9),
+        Message("Tö", b"u", properties_bytes="TAGS\x01ö\x02UNIQ_KEY\x01u\x02".encode()),
+    ]
+    location, part = one_file_store(tmp_path, records(messages), 0)
+    rows = rows_by_columns(location, part, MessageRowOptions(delay_levels="1s 5s"))
+    assert len(rows) == len(messages)
+    assert rows[0]["tags"] == "\ufffd\ufffd"
+    assert rows[1]["properties"] == [("A", "3"), ("B", "2")]
+    assert rows[2]["bornHost"] == "[2001:db8::7]:10911"
+    assert len(rows[3]["properties"]) == 5000
+    assert rows[5]["tagsCode"] is None
+    assert_same_rows(location, part, "rare")
+
+
+def test_rows_the_kernel_did_not_make_are_refused(tmp_path: Path) -> None:
+    from array import array
+
+    from rmqstore import kernel
+    from rmqstore.kernel import layout
+
+    _, part = one_file_store(tmp_path, records([Message("T", b"x")]), 0)
+    data = (tmp_path / "commitlog" / part.name).read_bytes()
+    rows = layout.new_rows(1)
+    kernel.scan(data, 0, len(data), 0, 0, 0, rows)
+    rows[layout.TOPIC_AT] = len(data) - 1
+    rows[layout.TOPIC_LENGTH] = 5
+    spans = array("q", bytes(16))
+    with pytest.raises(ValueError, match="outside"):
+        kernel.field_spans(data, rows, 0, 1, layout.FIELD_TOPIC, spans)
+    spans[0], spans[1] = len(data) - 2, 10
+    with pytest.raises(ValueError, match="outside"):
+        kernel.gather(data, spans, 1, bytearray(100), array("i", bytes(8)))
+    spans[0], spans[1] = 0, 10
+    with pytest.raises(ValueError, match="fit"):
+        kernel.gather(data, spans, 1, bytearray(5), array("i", bytes(8)))
+    rows[layout.POSITION] = len(data) - 3
+    with pytest.raises(ValueError, match="outside"):
+        kernel.message_ids(data, rows, 0, 1, bytearray(100), array("i", bytes(8)))
+
+
+def test_many_records_with_many_pairs_take_the_record_path(tmp_path: Path) -> None:
+    many = pairs(6000)
+    messages = [Message("T", b"x", properties_bytes=many) for _ in range(3)]
+    location, part = one_file_store(tmp_path, records(messages), 0)
+    rows: list[dict[str, Any]] = rows_by_columns(location, part, MessageRowOptions())
+    assert [len(row["properties"]) for row in rows] == [6000] * 3
+    assert_same_rows(location, part, "many pairs")
