@@ -22,6 +22,8 @@ from typing import Any
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, StoreIOError
+from rmqstore.kernel import layout
+from rmqstore.pipeline import columns
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     DEFAULT_SPLIT,
@@ -47,6 +49,7 @@ from rmqstore.workers import Runner, process_map, process_runner
 
 EXPORT_FORMATS = ("parquet", "jsonl")
 TOP_TAGS = 5
+ROW_GROUP_ROWS = 65536
 
 
 @dataclass(frozen=True)
@@ -378,7 +381,91 @@ class StatsJob:
 
 
 def count_range(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
-    """The per-queue counts of the messages of one range."""
+    """The per-queue counts of the messages of one range: aggregated in Arrow over columns
+    from the kernel's row batches, or record by record where pyarrow is not installed."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return count_range_by_record(job)
+    return _count_range_in_arrow(job)
+
+
+_TALLY_ROWS = 65536  # rows aggregated at a time
+
+
+def _count_range_in_arrow(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    queues: dict[tuple[str, int], QueueStats] = {}
+    wanted = None if job.topics is None else pa.array(sorted(job.topics), pa.string())
+    waiting: list[Any] = []
+    rows_waiting = 0
+    scan = RangeScan(StoreLocation(job.store), job.part, False, resync_last=True)
+    for batch in chain(scan.batches(), [None]):
+        if batch is not None:
+            buf, _, rows, count = batch
+            table = pa.table(
+                {
+                    "topic": columns.topics(pa, buf, rows, count),
+                    "queueId": columns.integers(pa, rows, layout.QUEUE_ID, count),
+                    "size": columns.integers(pa, rows, layout.TOTAL_SIZE, count),
+                    "queueOffset": columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
+                    "storeTimestamp": columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
+                    "tags": columns.text(
+                        pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)
+                    ),
+                }
+            )
+            if wanted is not None:
+                table = table.filter(pc.is_in(table["topic"], value_set=wanted))
+            waiting.append(table)
+            rows_waiting += table.num_rows
+        if waiting and (batch is None or rows_waiting >= _TALLY_ROWS):
+            _fold_table(queues, pa.concat_tables(waiting))
+            waiting, rows_waiting = [], 0
+    return queues
+
+
+def _fold_table(queues: dict[tuple[str, int], QueueStats], table: Any) -> None:
+    """Add the messages of ``table`` (one row per message) to the per-queue counts."""
+    import pyarrow.compute as pc
+
+    keys = ["topic", "queueId"]
+    grouped = table.group_by(keys).aggregate(
+        [
+            ("size", "sum"),
+            ("size", "count"),
+            ("queueOffset", "min"),
+            ("queueOffset", "max"),
+            ("storeTimestamp", "min"),
+            ("storeTimestamp", "max"),
+        ]
+    )
+    for row in grouped.to_pylist():
+        part = QueueStats(
+            row["topic"],
+            row["queueId"],
+            messages=row["size_count"],
+            bytes=row["size_sum"],
+            min_queue_offset=row["queueOffset_min"],
+            max_queue_offset=row["queueOffset_max"],
+            first_store_timestamp=row["storeTimestamp_min"],
+            last_store_timestamp=row["storeTimestamp_max"],
+        )
+        total = queues.get((part.topic, part.queue_id))
+        if total is None:
+            queues[(part.topic, part.queue_id)] = part
+        else:
+            _add(total, part)
+    tagged = table.filter(pc.is_valid(table["tags"]))
+    for row in tagged.group_by([*keys, "tags"]).aggregate([("tags", "count")]).to_pylist():
+        queues[(row["topic"], row["queueId"])].tags[row["tags"]] += row["tags_count"]
+
+
+def count_range_by_record(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
+    """:func:`count_range` one record at a time (without pyarrow; the reference the Arrow
+    aggregation is tested against)."""
     queues: dict[tuple[str, int], QueueStats] = {}
     topics = job.topics
     for _, _, _, header, topic, props, _ in RangeScan(
@@ -433,13 +520,23 @@ def _count(entry: QueueStats, header: tuple, props: bytes) -> None:
 
 
 def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
+    """Row groups of about ROW_GROUP_ROWS messages (the kernel's batches are smaller)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     count = 0
-    with pq.ParquetWriter(stream, arrow_schema(COMMITLOG_COLUMNS)) as writer:
-        for batch in batches:
-            writer.write_batch(batch)
-            count += batch.num_rows
+    schema = arrow_schema(COMMITLOG_COLUMNS)
+    waiting: list[Any] = []
+    rows = 0
+    with pq.ParquetWriter(stream, schema) as writer:
+        for batch in chain(batches, [None]):
+            if batch is not None:
+                waiting.append(batch)
+                rows += batch.num_rows
+                count += batch.num_rows
+            if waiting and (batch is None or rows >= ROW_GROUP_ROWS):
+                writer.write_table(pa.Table.from_batches(waiting, schema=schema))
+                waiting, rows = [], 0
     return count
 
 

@@ -10,7 +10,15 @@ import pytest
 
 from rmqstore.errors import InputError
 from rmqstore.fixtures import generate
-from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
+from rmqstore.pipeline.local import (
+    LocalPipeline,
+    PipelineOptions,
+    StatsJob,
+    count_range,
+    count_range_by_record,
+)
+from rmqstore.pipeline.location import StoreLocation
+from rmqstore.pipeline.ranges import plan_ranges
 from rmqstore.store import Store
 
 from support import check_against_broker, parquet_rows, run_cli
@@ -172,3 +180,22 @@ def test_stats_the_same_whatever_the_ranges_and_workers(tmp_path: Path) -> None:
     assert one.exit_code == two.exit_code == 0
     assert json.loads(one.stdout) == json.loads(two.stdout)
     assert json.loads(one.stdout)["queues"] == whole["queues"]
+
+
+@pytest.mark.parametrize(
+    "scenario", ["multi", "delay", "crc-flip", "v2", "txn", "garbage-after-end"]
+)
+def test_stats_in_arrow_are_the_record_by_record_counts(tmp_path: Path, scenario: str) -> None:
+    store_dir = tmp_path / "store"
+    generate(scenario, store_dir)
+    location = StoreLocation(str(store_dir))
+    parts = plan_ranges(location, 3000, split_last=True)
+    assert len(parts) > 3
+    topics_seen: set[str] = set()
+    for part in parts:
+        for topics in (None, frozenset({"TopicTest", "%RETRY%g"})):
+            job = StatsJob(str(store_dir), part, topics)
+            arrow, by_record = count_range(job), count_range_by_record(job)
+            assert arrow == by_record, (part, topics)
+            topics_seen.update(topic for topic, _ in arrow)
+    assert topics_seen
