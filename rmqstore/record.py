@@ -267,10 +267,13 @@ def decode_message(
     body: BodyMode = BodyMode.READ,
     verify_property_crc: bool = False,
 ) -> Message:
-    """Decode the message record at ``position`` of ``buf``.
+    """Decode the message record at ``position`` of ``buf``: the record kernel scans it as one
+    row (the acceptance rules of spec §2.7 in their one place), and the row is built into a
+    :class:`Message`.
 
     ``physical_offset`` is where the record lives in the commit log; when given, the stored
-    PHYSICALOFFSET must equal it. Every failure is a :class:`RecordError` naming the field.
+    PHYSICALOFFSET must equal it. ``BodyMode.VERIFY`` checks BODYCRC as recovery does (not for
+    an empty body). Every failure is a :class:`RecordError` naming the field.
     """
     where = position if physical_offset is None else physical_offset
     end = len(buf)
@@ -281,72 +284,49 @@ def decode_message(
         raise _fail("MAGICCODE", where, "is BLANK: end-of-file filler, not a message")
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise _fail("MAGICCODE", where, f"0x{magic & 0xFFFFFFFF:08X} is not a message magic code")
-    if total < _MIN_RECORD_LENGTH:
-        raise _fail("TOTALSIZE", where, f"{total} is smaller than any record")
     if total > end - position:
         raise _fail(
             "TOTALSIZE",
             where,
             f"{total} runs past the end of the data ({end - position} bytes remain)",
         )
-    sys_flag = int.from_bytes(buf[position + 36 : position + 40], "big", signed=True)
-    header = header_struct(sys_flag)
-    if header.size + 3 > total:
-        raise _fail("TOTALSIZE", where, f"{total} is too small for the header")
-    fields = header.unpack_from(buf, position)
-    body_length = fields[H_BODY_LENGTH]
-    body_start = position + header.size
-    record_end = position + total
-    if body_length < 0 or body_start + body_length > record_end:
-        raise _fail("BODYLENGTH", where, f"{body_length} does not fit in a {total}-byte record")
-    topic_length_at = body_start + body_length
-    version = 2 if magic == MAGIC_V2 else 1
-    if topic_length_at + version + 2 > record_end:
-        raise _fail("TOPICLENGTH", where, "runs past the end of the record")
-    if version == 2:
-        topic_length = _SHORT.unpack_from(buf, topic_length_at)[0]
-        topic_start = topic_length_at + 2
-    else:
-        topic_length = buf[topic_length_at]
-        topic_length = topic_length - 256 if topic_length > 127 else topic_length
-        topic_start = topic_length_at + 1
-    if topic_length < 0:
-        raise _fail("TOPICLENGTH", where, f"{topic_length} is negative (read as a signed value)")
-    props_length_at = topic_start + topic_length
-    if props_length_at + 2 > record_end:
-        raise _fail("TOPICLENGTH", where, f"{topic_length} runs past the end of the record")
-    props_length = _SHORT.unpack_from(buf, props_length_at)[0]
-    if props_length < 0:
-        raise _fail("PROPERTIESLENGTH", where, f"{props_length} is negative")
-    computed = (props_length_at + 2 + props_length) - position
-    if computed != total:
-        raise _fail("TOTALSIZE", where, f"{total} but the fields add up to {computed}")
-    stored_offset = fields[H_PHYSICAL_OFFSET]
-    if physical_offset is not None and stored_offset != physical_offset:
-        raise _fail("PHYSICALOFFSET", where, f"{stored_offset} differs from the record's position")
-    body_bytes: bytes | None = None
-    if body is not BodyMode.SKIP:
-        body_bytes = bytes(buf[body_start : body_start + body_length])
-        if (
-            body is BodyMode.VERIFY
-            and body_length  # the broker checks no CRC for an empty body
-            and body_crc(body_bytes) != fields[H_BODY_CRC]
-        ):
-            raise _fail(
-                "BODYCRC",
-                where,
-                f"{fields[H_BODY_CRC]} does not match the body (computed {body_crc(body_bytes)})",
-            )
-    try:
-        topic = bytes(buf[topic_start:props_length_at]).decode("utf-8")
-    except UnicodeDecodeError:
-        raise _fail("TOPIC", where, "is not valid UTF-8") from None
-    props_bytes = bytes(buf[props_length_at + 2 : record_end])
+    if physical_offset is None:  # the record is taken to be where it says it is
+        stored_at = position + _PHYSICAL_OFFSET_AT
+        physical_offset = (
+            int.from_bytes(buf[stored_at : stored_at + 8], "big", signed=True)
+            if stored_at + 8 <= position + total
+            else position
+        )
+    options = (
+        kernel_layout.CHECK_CRC | kernel_layout.STOP_ON_CRC_ERROR if body is BodyMode.VERIFY else 0
+    )
+    rows = kernel_layout.new_rows(1)
+    count, _stop, _end, value, _failed, problem = kernel.scan(
+        buf, position, end, physical_offset - position, 0, options, rows
+    )
+    if count != 1:
+        field_name, reason = kernel_layout.describe(problem, value)
+        raise _fail(field_name, where, reason)
     if verify_property_crc:
-        check_property_crc(buf, position, total, props_bytes, where)
+        check_property_crc(buf, position, total, where)
+    return message_from_row(buf, rows, 0, body=body is not BodyMode.SKIP)
+
+
+def message_from_row(buf: Any, rows: Any, row: int, *, body: bool = True) -> Message:
+    """The :class:`Message` of row ``row`` of a kernel scan of ``buf`` (``body=False``: the
+    body left out)."""
+    at = row * kernel_layout.ROW_WIDTH
+    start = rows[at]
+    sys_flag = rows[at + _SYS_FLAG]
+    fields = header_struct(sys_flag).unpack_from(buf, start)
+    body_at = start + rows[at + _HEADER_SIZE]
+    body_length = rows[at + _BODY_LENGTH]
+    topic_at = rows[at + _TOPIC_AT]
+    properties_at = rows[at + _PROPERTIES_AT]
+    props_bytes = bytes(buf[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]])
     return Message(
-        topic=topic,
-        body=body_bytes,
+        topic=bytes(buf[topic_at : topic_at + rows[at + _TOPIC_LENGTH]]).decode("utf-8"),
+        body=bytes(buf[body_at : body_at + body_length]) if body else None,
         queue_id=fields[H_QUEUE_ID],
         flag=fields[H_FLAG],
         properties=decode_properties(props_bytes),
@@ -358,11 +338,11 @@ def decode_message(
         reconsume_times=fields[H_RECONSUME_TIMES],
         prepared_transaction_offset=fields[H_PREPARED_OFFSET],
         queue_offset=fields[H_QUEUE_OFFSET],
-        physical_offset=stored_offset,
+        physical_offset=fields[H_PHYSICAL_OFFSET],
         body_crc=fields[H_BODY_CRC],
-        store_size=total,
+        store_size=fields[H_TOTAL_SIZE],
         body_length=body_length,
-        version=version,
+        version=rows[at + _VERSION],
         properties_bytes=props_bytes,
     )
 
@@ -381,7 +361,7 @@ def property_crc_status(buf: Any, position: int, total: int) -> bool | None:
     return stored == record_crc(memoryview(buf)[position : position + total - CRC32_RESERVED_LEN])
 
 
-def check_property_crc(buf: Any, position: int, total: int, props: bytes, where: int) -> None:
+def check_property_crc(buf: Any, position: int, total: int, where: int) -> None:
     status = property_crc_status(buf, position, total)
     if status is None:
         raise _fail("PROPERTIES", where, f"has no {CRC32_PROPERTY_NAME} property")
@@ -594,6 +574,12 @@ _CRC_UNCHECKED = kernel_layout.CRC_UNCHECKED
 _CRC_GOOD = kernel_layout.CRC_GOOD
 _PHYSICAL_OFFSET = kernel_layout.PHYSICAL_OFFSET
 _UNPACK_IPV4 = HEADER_IPV4.unpack_from
+_HEADER_SIZE = kernel_layout.HEADER_SIZE
+_BODY_LENGTH = kernel_layout.BODY_LENGTH
+_TOPIC_AT = kernel_layout.TOPIC_AT
+_TOPIC_LENGTH = kernel_layout.TOPIC_LENGTH
+_VERSION = kernel_layout.VERSION
+_PHYSICAL_OFFSET_AT = 28  # TOTALSIZE .. QUEUEOFFSET
 _TOTAL_SIZE = kernel_layout.TOTAL_SIZE
 
 
@@ -631,9 +617,12 @@ def find_next_record(
             and int.from_bytes(buf[position + 28 : position + 36], "big", signed=True)
             == base_offset + position
         ):
-            try:
+            try:  # the record must lie below limit (a reused window holds older bytes after)
                 decode_message(
-                    buf, position, physical_offset=base_offset + position, body=BodyMode.SKIP
+                    memoryview(buf)[:limit],
+                    position,
+                    physical_offset=base_offset + position,
+                    body=BodyMode.SKIP,
                 )
                 return position
             except RecordError:

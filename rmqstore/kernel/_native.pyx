@@ -135,6 +135,7 @@ cdef enum:
     P_TOPIC_UTF8 = 9
     P_BODY_CRC = 10
     P_PROPERTY_CRC = 11
+    P_PROPERTIES_NEGATIVE = 12
 
 cdef int32_t MAGIC_V1 = -626843481
 cdef int32_t MAGIC_V2 = -626843477
@@ -383,6 +384,9 @@ cdef void _scan(Reader* reader, int64_t start, int64_t limit, int64_t base, int6
             out.stop, out.value, out.problem = STOP_INVALID, topic_length, P_TOPIC_PAST_RECORD
             break
         properties_length = _i16(reader, properties_at)
+        if properties_length < 0:
+            out.stop, out.value, out.problem = STOP_INVALID, properties_length, P_PROPERTIES_NEGATIVE
+            break
         if properties_at + 2 + properties_length != record_end:
             out.stop, out.value, out.problem = STOP_INVALID, total, P_FIELDS_MISMATCH
             break

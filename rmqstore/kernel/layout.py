@@ -105,6 +105,7 @@ class Problem(IntEnum):
     TOPIC_UTF8 = 9
     BODY_CRC = 10  # value: the stored BODYCRC
     PROPERTY_CRC = 11
+    PROPERTIES_NEGATIVE = 12  # value: PROPERTIESLENGTH
 
 
 def describe(problem: int, value: int) -> tuple[str, str]:
@@ -130,6 +131,8 @@ def describe(problem: int, value: int) -> tuple[str, str]:
         return "TOPIC", "is not valid UTF-8"
     if kind is Problem.BODY_CRC:
         return "BODYCRC", "does not match the body"
+    if kind is Problem.PROPERTIES_NEGATIVE:
+        return "PROPERTIESLENGTH", f"{value} is negative"
     if kind is Problem.PROPERTY_CRC:
         return "PROPERTIES", "__CRC32# is missing or does not match the record"
     raise ValueError(f"no problem to describe ({problem})")

@@ -207,6 +207,8 @@ def scan(
             if properties_at + 2 > record_end:
                 return done(Stop.INVALID, topic_length, Problem.TOPIC_PAST_RECORD)
             properties_length = unpack_short(buf, properties_at)[0]
+            if properties_length < 0:
+                return done(Stop.INVALID, properties_length, Problem.PROPERTIES_NEGATIVE)
             if properties_at + 2 + properties_length != record_end:
                 return done(Stop.INVALID, total, Problem.FIELDS_MISMATCH)
             if physical != base_offset + position:
