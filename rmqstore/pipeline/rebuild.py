@@ -23,13 +23,16 @@ from array import array
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
+from typing import Any
 
+from rmqstore import kernel
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, PutOutcome
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import Dispatcher, DispatchResult, out_of_order_problem
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
+from rmqstore.kernel import layout
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -54,6 +57,7 @@ from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_ROLLBACK,
     ScanStop,
+    record_item,
 )
 from rmqstore.store import Store
 from rmqstore.workers import process_map
@@ -100,72 +104,202 @@ class PreparedRange:
 
 def prepare_range(job: DispatchJob) -> PreparedRange:
     """Read one range and prepare its units and index entries (runs in a worker)."""
-    levels = DelayLevels(job.delay_levels) if job.delay_levels else DelayLevels()
     scan = RangeScan(StoreLocation(job.store), job.part, job.check_crc, resync_last=False)
-    tally = RangeTally()
-    topics = job.topics
-    build_index = job.build_index
-    open_runs: dict[tuple[str, int], UnitRun] = {}
-    runs: list[UnitRun] = []
-    index = bytearray()
-    pack_key = HASHED_KEY.pack
-    prefixes: dict[str, int] = {}
-    pack_unit = UNIT.pack
-    walked = total = records = 0
-    collecting = True
-    for _, _, offset, header, topic, props, crc_ok in scan:
-        walked += 1
-        size = header[H_TOTAL_SIZE]
-        total += size
-        if crc_ok is False and tally.first_crc_failure is None:
-            tally.first_crc_failure = offset
-            collecting = False
-        if collecting and scan.invalid_regions:
-            collecting = False  # a damaged region was skipped: dispatch stopped before it
-        if not collecting:
-            if topic == SCHEDULE_TOPIC and tally.first_bad_delay is None and b"DELAY" in props:
-                tally.check_delay(offset, header, decode_properties(props), levels)
-            continue
+    preparer = _RangePreparer(job)
+    for buf, _, rows, count in scan.batches():
+        preparer.batch(buf, rows, count, damaged_before=scan.invalid_regions > 0)
+    tally = preparer.tally
+    tally.first_crc_failure = scan.first_crc_failure
+    return PreparedRange(tally.summary(scan), preparer.records, preparer.runs, preparer.index)
+
+
+_KEY_CAPACITY = 65536  # index keys prepared per kernel call
+_RUN_CAPACITY = 1024  # runs gathered per kernel call
+
+
+class _RangePreparer:
+    """What :func:`prepare_range` collects, batch by batch: the kernel prepares the rows
+    (tagsCodes, index key hashes) and gathers their units into runs per queue; the rows it
+    leaves to the reference (a SCHEDULE_TOPIC_XXXX record, text that is not ASCII) are
+    prepared one by one, in order. Collecting stops at the first record dispatch would stop
+    at (a damaged region skipped before it, a failed CRC check, a DELAY that is not a
+    number); the rest of the range is only counted."""
+
+    def __init__(self, job: DispatchJob) -> None:
+        self.levels = DelayLevels(job.delay_levels) if job.delay_levels else DelayLevels()
+        self.topics = job.topics
+        self.build_index = job.build_index
+        self.options = layout.INDEX_KEYS if job.build_index else 0
+        self.tally = RangeTally()
+        self.collecting = True
+        self.records = 0
+        self.open_runs: dict[tuple[str, int], UnitRun] = {}
+        self.runs: list[UnitRun] = []
+        self.index = bytearray()
+        self.prefixes: dict[str, int] = {}
+        self.names = layout.TopicNames()
+        self.keys = bytearray(layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
+        self.run_table = array("q", bytes(8 * layout.RUN_WIDTH * _RUN_CAPACITY))
+        self.out = layout.new_dispatch_out(0)
+        self.units = bytearray()
+        self.row_runs = array("q")
+        self.found = array("q")
+
+    def batch(self, buf: Any, rows: Any, count: int, *, damaged_before: bool) -> None:
+        tally = self.tally
+        tally.records += count
+        tally.bytes += sum(rows[layout.TOTAL_SIZE : count * _WIDTH : _WIDTH])
+        collect = 0
+        if self.collecting and damaged_before:
+            self.collecting = False  # a damaged region was skipped: dispatch stopped before it
+        if self.collecting:
+            collect = count
+            statuses = rows[layout.CRC_STATUS : count * _WIDTH : _WIDTH]
+            if statuses.count(layout.CRC_BAD):
+                collect = statuses.index(layout.CRC_BAD)
+            collect = self._collect(buf, rows, collect)
+            if collect < count:
+                self.collecting = False
+        if tally.first_bad_delay is None and collect < count:
+            self._check_delays(buf, rows, collect, count)
+
+    def _collect(self, buf: Any, rows: Any, count: int) -> int:
+        """Collect rows ``[0, count)``; returns how many were collected before a stop."""
+        if len(self.out) < count * layout.DISPATCH_WIDTH:
+            self.out = layout.new_dispatch_out(count)
+            self.units = bytearray(layout.UNIT_SIZE * count)
+            self.row_runs = array("q", bytes(8 * count))
+        first = 0
+        while first < count:
+            done, _entries = kernel.prepare_dispatch(
+                buf, rows, first, count, self.options, self.out, self.keys
+            )
+            flags = self.out[
+                layout.DISPATCH_FLAGS + first * layout.DISPATCH_WIDTH : done
+                * layout.DISPATCH_WIDTH : layout.DISPATCH_WIDTH
+            ]
+            special = (
+                [first + n for n, flag in enumerate(flags) if flag & layout.NEEDS_REFERENCE]
+                if flags.count(0) != len(flags)
+                else []
+            )
+            position = first
+            for row in [*special, done]:
+                if position < row:
+                    self._bulk(buf, rows, position, row)
+                if row == done:
+                    break
+                if not self._row(buf, rows, row):
+                    return row
+                position = row + 1
+            first = done
+        return count
+
+    def _bulk(self, buf: Any, rows: Any, first: int, stop: int) -> None:
+        """Rows ``[first, stop)`` as the kernel prepared them: units run by run, keys whole."""
+        out = self.out
+        width = layout.DISPATCH_WIDTH
+        position = first
+        while position < stop:
+            following, found = kernel.queue_runs(
+                buf, rows, position, stop, out, self.units, self.run_table, self.row_runs
+            )
+            self._add_runs(buf, rows, position, following, found)
+            position = following
+        if self.build_index:
+            keys_from = out[first * width + layout.KEYS_FROM]
+            last = (stop - 1) * width
+            keys_end = out[last + layout.KEYS_FROM] + out[last + layout.KEYS_COUNT]
+            size = layout.HASHED_KEY_SIZE
+            self.index += self.keys[keys_from * size : keys_end * size]
+        self.records += stop - first
+
+    def _add_runs(self, buf: Any, rows: Any, first: int, stop: int, found: int) -> None:
+        """Append the ``found`` runs of rows ``[first, stop)`` to the range's runs."""
+        if not found:
+            return
+        run_of = self.row_runs[first:stop]
+        order = sorted(range(stop - first), key=run_of.__getitem__)  # rows grouped by run
+        stamps = rows[layout.STORE_TIMESTAMP + first * _WIDTH : stop * _WIDTH : _WIDTH]
+        unit_stamps = array("q", map(stamps.__getitem__, order[run_of.count(-1) :]))
+        size = layout.UNIT_SIZE
+        for number in range(found):
+            run = self.run_table[number * layout.RUN_WIDTH : (number + 1) * layout.RUN_WIDTH]
+            topic = self.names.of(buf, rows, run[layout.RUN_TOPIC_ROW])
+            if self.topics is not None and topic not in self.topics:
+                continue
+            units_from, units = run[layout.RUN_UNITS_FROM], run[layout.RUN_UNITS]
+            key = (topic, run[layout.RUN_QUEUE_ID])
+            current = self.open_runs.get(key)
+            queue_offset = run[layout.RUN_FIRST_QUEUE_OFFSET]
+            if current is None or current.next_offset != queue_offset:
+                first_record = rows[run[layout.RUN_TOPIC_ROW] * _WIDTH + layout.PHYSICAL_OFFSET]
+                current = self.open_runs[key] = UnitRun(topic, key[1], queue_offset, first_record)
+                self.runs.append(current)
+            current.units += self.units[units_from * size : (units_from + units) * size]
+            current.stamps.extend(unit_stamps[units_from : units_from + units])
+
+    def _row(self, buf: Any, rows: Any, row: int) -> bool:
+        """One row the reference way; False when dispatch stops at it (a bad DELAY)."""
+        offset, header, topic, props, _ = record_item(buf, rows, row, self.names)
         properties = decode_properties(props)
         store_timestamp = header[H_STORE_TIMESTAMP]
         if topic == SCHEDULE_TOPIC:
-            code = tally.check_delay(offset, header, properties, levels)
+            code = self.tally.check_delay(offset, header, properties, self.levels)
             if code is None:
-                collecting = False
-                continue
+                return False
         else:
             code = tags_code(properties.get(TAGS))
         transaction = header[H_SYS_FLAG] & TRANSACTION_MASK
-        if transaction in QUEUED_TRANSACTIONS and (topics is None or topic in topics):
+        size = header[H_TOTAL_SIZE]
+        if transaction in QUEUED_TRANSACTIONS and (self.topics is None or topic in self.topics):
             key = (topic, header[H_QUEUE_ID])
             queue_offset = header[H_QUEUE_OFFSET]
-            run = open_runs.get(key)
+            run = self.open_runs.get(key)
             if run is None or run.next_offset != queue_offset:
-                run = open_runs[key] = UnitRun(topic, key[1], queue_offset, offset)
-                runs.append(run)
-            run.units += pack_unit(offset, size, code)
+                run = self.open_runs[key] = UnitRun(topic, key[1], queue_offset, offset)
+                self.runs.append(run)
+            run.units += UNIT.pack(offset, size, code)
             run.stamps.append(store_timestamp)
-        if build_index and transaction != TRANSACTION_ROLLBACK:
-            uniq = properties.get(UNIQ_KEY)
-            keys_text = properties.get(KEYS)
-            keys = split_keys(keys_text) if keys_text else []
-            if uniq is not None or keys:
-                prefix = prefixes.get(topic)
-                if prefix is None:
-                    prefix = prefixes[topic] = java_string_hash(f"{topic}#")
-                if uniq is not None and not keys:
-                    index += pack_key(
-                        offset, store_timestamp, index_key_hash_with_prefix(prefix, uniq), 1
-                    )
-                else:
-                    first = 1
-                    for key in [uniq, *keys] if uniq is not None else keys:
-                        hashed = index_key_hash_with_prefix(prefix, key)
-                        index += pack_key(offset, store_timestamp, hashed, first)
-                        first = 0
-        records += 1
-    tally.records, tally.bytes = walked, total
-    return PreparedRange(tally.summary(scan), records, runs, index)
+        if self.build_index and transaction != TRANSACTION_ROLLBACK:
+            self._index_row(offset, store_timestamp, topic, properties)
+        self.records += 1
+        return True
+
+    def _index_row(
+        self, offset: int, store_timestamp: int, topic: str, properties: dict[str, str]
+    ) -> None:
+        uniq = properties.get(UNIQ_KEY)
+        keys_text = properties.get(KEYS)
+        keys = split_keys(keys_text) if keys_text else []
+        if uniq is None and not keys:
+            return
+        prefix = self.prefixes.get(topic)
+        if prefix is None:
+            prefix = self.prefixes[topic] = java_string_hash(f"{topic}#")
+        first = 1
+        for key in [uniq, *keys] if uniq is not None else keys:
+            hashed = index_key_hash_with_prefix(prefix, key)
+            self.index += HASHED_KEY.pack(offset, store_timestamp, hashed, first)
+            first = 0
+
+    def _check_delays(self, buf: Any, rows: Any, first: int, count: int) -> None:
+        """Note the first SCHEDULE_TOPIC_XXXX record of rows ``[first, count)`` whose DELAY
+        is not a number (the summary says dispatch stops there)."""
+        if len(self.found) < count:
+            self.found = array("q", bytes(8 * count))
+        looked = kernel.attention_rows(buf, rows, first, count, -1, 0, self.found)
+        for row in self.found[:looked]:
+            if self.names.of(buf, rows, row) != SCHEDULE_TOPIC:
+                continue
+            offset, header, _, props, _ = record_item(buf, rows, row, self.names)
+            if b"DELAY" in props:
+                self.tally.check_delay(offset, header, decode_properties(props), self.levels)
+                if self.tally.first_bad_delay is not None:
+                    return
+
+
+_WIDTH = layout.ROW_WIDTH
 
 
 class _Applier:
