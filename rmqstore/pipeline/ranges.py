@@ -96,14 +96,23 @@ def plan_ranges(
         if end < 0:
             continue
         step = size if split <= 0 or (name == last and not split_last) else split
-        # a pre-allocated last file is mostly zeros: split only its data, and let the final
-        # range run to the end of the file
+        # a pre-allocated last file is mostly zeros: split only its data
         planned = end if name != last or bounds is not None else location.data_end(name, size)
-        starts = range(0, max(planned, 1), max(step, 1))
-        for number, start in enumerate(starts):
-            stop = end if number == len(starts) - 1 else min(end, start + step)
+        for start, stop in split_file(0, planned, end, step):
             ranges.append(FileRange(name, int(name), start, stop, size, name == last, margin))
     return ranges
+
+
+def split_file(begin: int, planned: int, end: int, step: int) -> list[tuple[int, int]]:
+    """The ranges ``(start, stop)`` of one commit-log file from position ``begin``: one every
+    ``step`` bytes up to ``planned`` (where its data is thought to end), the last one running to
+    ``end`` (the file's end, or where its records are known to end). The one range planner of
+    the pipelines and of ``verify``."""
+    starts = range(begin, max(planned, begin + 1), max(step, 1))
+    return [
+        (start, end if number == len(starts) - 1 else min(end, start + step))
+        for number, start in enumerate(starts)
+    ]
 
 
 class RangeScan:

@@ -21,6 +21,7 @@ from typing import Any
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatError
+from rmqstore.pipeline.ranges import split_file
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions
@@ -208,18 +209,11 @@ class RangedVerify:
         walked = segments[segments.index(first) : segments.index(last_data) + 1]
         for segment in walked:
             begin = start - segment.start if segment is first else 0
-            # a pre-allocated last file is mostly zeros: split only its data, and let the
-            # final range run to the end of the file
+            # a pre-allocated last file is mostly zeros: split only its data
             planned = segment.size
             if segment is last_data:
                 planned = data_end_estimate(file_reader(segment.path), segment.size)
-            starts = range(begin, max(planned, begin + 1), self.range_size)
-            for number, position in enumerate(starts):
-                stop = (
-                    segment.size
-                    if number == len(starts) - 1
-                    else min(segment.size, position + self.range_size)
-                )
+            for position, stop in split_file(begin, planned, segment.size, self.range_size):
                 spans.append((segment.start, position, stop, segment is last_data))
             following = segments.index(segment) + 1
             next_file[segment.start] = (
