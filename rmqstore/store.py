@@ -9,6 +9,7 @@ when the consume queues have caught up (as a broker's shutdown does).
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -37,19 +38,25 @@ from rmqstore.geometry import (
 )
 from rmqstore.hosts import DEFAULT_STORE_HOST, HostAddress, parse_host
 from rmqstore.indexfile import IndexService
+from rmqstore.kernel.layout import (
+    PHYSICAL_OFFSET,
+    QUEUE_ID,
+    QUEUE_OFFSET,
+    ROW_WIDTH,
+    SYS_FLAG,
+    TOTAL_SIZE,
+    TopicNames,
+)
 from rmqstore.lockfile import LockState, StoreLock, probe_lock
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.quarantine import QUARANTINE_DIR, Quarantine
 from rmqstore.record import (
-    H_QUEUE_ID,
-    H_QUEUE_OFFSET,
     H_STORE_HOST,
     H_STORE_TIMESTAMP,
-    H_SYS_FLAG,
-    H_TOTAL_SIZE,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
+    record_item,
 )
 from rmqstore.segments import (
     fsync_directory,
@@ -66,6 +73,7 @@ INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
 LOCK_FILE = "lock"
+_UNQUEUED = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)  # no consume-queue unit
 _STORE_MARKERS = (COMMITLOG_DIR, CONSUMEQUEUE_DIR, INDEX_DIR, CHECKPOINT_FILE)
 
 
@@ -441,21 +449,24 @@ class Store:
         last = None
         scan = log.scan(start)
         reached_end = False
-        for physical_offset, header, topic, _props, _crc in scan:
-            if physical_offset >= end.offset:
+        topics = TopicNames()
+        for window, _window_start, rows, count in scan.batches():
+            offsets = rows[PHYSICAL_OFFSET : count * ROW_WIDTH : ROW_WIDTH]
+            kept = bisect_left(offsets, end.offset)
+            if kept:
+                state.records += kept
+                last = record_item(window, rows, kept - 1, topics)[1]
+            for row in range(bisect_left(offsets, cursor, 0, kept), kept):
+                at = row * ROW_WIDTH
+                if rows[at + SYS_FLAG] & TRANSACTION_MASK in _UNQUEUED:
+                    continue
+                key = (topics.of(window, rows, row), rows[at + QUEUE_ID])
+                tips[key] = QueueTip.after_put(
+                    tips.get(key), rows[at + QUEUE_OFFSET], offsets[row], rows[at + TOTAL_SIZE]
+                )
+            if kept < count:
                 reached_end = True
                 break
-            last = header
-            state.records += 1
-            if physical_offset < cursor or header[H_SYS_FLAG] & TRANSACTION_MASK in (
-                TRANSACTION_PREPARED,
-                TRANSACTION_ROLLBACK,
-            ):
-                continue
-            key = (topic, header[H_QUEUE_ID])
-            tips[key] = QueueTip.after_put(
-                tips.get(key), header[H_QUEUE_OFFSET], physical_offset, header[H_TOTAL_SIZE]
-            )
         if not reached_end and scan.end_offset < end.offset:
             reason = f" ({scan.error})" if scan.error else ""
             raise StoreFormatError(
