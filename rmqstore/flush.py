@@ -11,6 +11,7 @@ thorough flush). Fields 24 and 32 (5.x master flushed and confirm offsets) are k
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.errors import StoreIOError
 from rmqstore.indexfile import read_index_headers
-from rmqstore.record import H_STORE_TIMESTAMP
+from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, STORE_TIMESTAMP
 from rmqstore.segments import sync_directory
 from rmqstore.store import Store
 
@@ -135,10 +136,13 @@ def last_record_timestamp(store: Store, end: int) -> int:
         starts.append(last_file.start)
     for start in sorted(set(starts), reverse=True):
         stamp = 0
-        for offset, header, _topic, _props, _crc in log.scan(start):
-            if offset >= end:
+        for _window, _window_start, rows, count in log.scan(start).batches():
+            offsets = rows[PHYSICAL_OFFSET : count * ROW_WIDTH : ROW_WIDTH]
+            kept = bisect_left(offsets, end)
+            if kept:
+                stamp = rows[(kept - 1) * ROW_WIDTH + STORE_TIMESTAMP]
+            if kept < count:
                 break
-            stamp = header[H_STORE_TIMESTAMP]
         if stamp:
             return stamp
     return 0

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 from rmqstore.commitlog import LogEnd
 from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
+from rmqstore.kernel.layout import CRC_BAD, CRC_STATUS, PHYSICAL_OFFSET, ROW_WIDTH
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.properties import split_keys
-from rmqstore.record import BodyMode, Message, ScanStop
+from rmqstore.record import BodyMode, Message, ScanStop, message_from_row
 from rmqstore.store import Store
 
 
@@ -176,13 +177,18 @@ class MessageReader:
         log = self.store.commitlog
         if log.queue.find(start_offset) is None:
             raise NotFoundError(f"offset {start_offset} is outside the commit-log files")
-        scan = log.scan(start_offset)
+        verify = body is BodyMode.VERIFY
+        scan = log.scan(start_offset, check_crc=verify)
         produced = 0
-        for item in scan:
-            yield log.read(item[0], body=body)
-            produced += 1
-            if count is not None and produced >= count:
-                return
+        for window, _window_start, rows, batch in scan.batches():
+            for row in range(batch):
+                if verify and rows[row * ROW_WIDTH + CRC_STATUS] == CRC_BAD:
+                    offset = rows[row * ROW_WIDTH + PHYSICAL_OFFSET]
+                    raise RecordError("BODYCRC", offset, "does not match the body")
+                yield message_from_row(window, rows, row, body=body is not BodyMode.SKIP)
+                produced += 1
+                if count is not None and produced >= count:
+                    return
         if scan.stop is ScanStop.INVALID and scan.error is not None:
             if not produced and scan.end_offset == start_offset:
                 raise NotFoundError(

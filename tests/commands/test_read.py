@@ -196,3 +196,20 @@ def test_truncated_commit_log_file(oracle, tmp_path: Path) -> None:
     result = run_cli("read", store, "--offset", "0", "--commitlog-file-size", "65536")
     assert result.exit_code == 2
     assert "is 1000 bytes; the configured size is 65536" in result.stderr
+
+
+def test_sequential_read_with_verify_crc_stops_at_the_bad_body(tmp_path: Path) -> None:
+    from rmqstore.fixtures import generate
+
+    store_dir = tmp_path / "store"
+    generate("crc-flip", store_dir)
+    args = ("read", store_dir, "--from-offset", "0", "--count", "100000", "--jsonl")
+    plain = run_cli(*args)
+    checked = run_cli(*args, "--verify-crc")
+    assert plain.exit_code == 0
+    assert checked.exit_code == 2 and "BODYCRC does not match the body" in checked.stderr
+    read = [json.loads(line) for line in checked.stdout.splitlines()]
+    everything = [json.loads(line) for line in plain.stdout.splitlines()]
+    assert 0 < len(read) < len(everything)
+    assert read == everything[: len(read)]
+    assert f"offset {everything[len(read)]['commitLogOffset']}" in checked.stderr

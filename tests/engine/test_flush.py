@@ -65,3 +65,18 @@ def test_an_empty_store_gets_a_zero_checkpoint(tmp_path: Path) -> None:
     result = flushed(root)
     assert result.checkpoint_after == Checkpoint()
     assert (root / "checkpoint").stat().st_size == 4096
+
+
+def test_last_record_timestamp_is_the_store_time_before_the_end(tmp_path: Path) -> None:
+    from rmqstore.flush import last_record_timestamp
+
+    root = tmp_path / "store"
+    stamps = append(root, 40, itertools.count(1_700_000_000_000, 7).__next__, dispatch=False)
+    with Store.open_read(root) as store:
+        records = [(offset, header) for offset, header, *_ in store.commitlog.scan()]
+        assert len(records) == len(stamps) == 40
+        assert last_record_timestamp(store, records[0][0]) == 0
+        for (offset, header), stamp in zip(records, stamps, strict=True):
+            end = offset + header[0]
+            assert last_record_timestamp(store, end) == stamp
+            assert last_record_timestamp(store, offset + 1) == stamp
