@@ -60,6 +60,7 @@ from rmqstore.record import (
     TRANSACTION_ROLLBACK,
     BodyMode,
     Message,
+    RecordHeader,
     RegionScan,
     ScanStop,
     decode_message,
@@ -76,7 +77,7 @@ from rmqstore.segments import (
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 from rmqstore.windows import FileWindows
 
-ScanItem = tuple[int, tuple, str, bytes, "bool | None"]
+ScanItem = tuple[int, RecordHeader, str, bytes, "bool | None"]
 _OPEN_FILES = 8
 _LONGEST_HEADER = 112  # a header with two IPv6 hosts
 _RESERVE_CHUNK = 16 * 1024 * 1024

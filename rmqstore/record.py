@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.checksum import (
@@ -79,6 +79,28 @@ H_STORE_HOST = 11
 H_RECONSUME_TIMES = 12
 H_PREPARED_OFFSET = 13
 H_BODY_LENGTH = 14
+
+
+class RecordHeader(NamedTuple):
+    """The fixed header of a message record (TOTALSIZE .. BODYLENGTH), by name (the ``H_*``
+    positions index it too). Hosts are the raw 8- or 20-byte fields."""
+
+    total_size: int
+    magic: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: bytes
+    store_timestamp: int
+    store_host: bytes
+    reconsume_times: int
+    prepared_offset: int
+    body_length: int
+
 
 _HOST_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
 _MIN_RECORD_LENGTH = HEADER_IPV4.size + 1 + 2  # empty body, topic and properties
@@ -508,7 +530,7 @@ class RegionScan:
                     self.crc_failures += 1  # the record that stopped the scan
             return
 
-    def __iter__(self) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
+    def __iter__(self) -> Iterator[tuple[int, RecordHeader, str, bytes, bool | None]]:
         position = self.start
         try:
             # failures are counted as records are yielded: a caller may stop part-way
@@ -522,7 +544,7 @@ class RegionScan:
 
     def items(
         self, window: Any, window_start: int, rows: Any, count: int
-    ) -> Iterator[tuple[int, tuple, str, bytes, bool | None]]:
+    ) -> Iterator[tuple[int, RecordHeader, str, bytes, bool | None]]:
         """The per-record items (see the class) of one batch of :meth:`batches`, each
         failed CRC check counted as it is yielded."""
         topics = self._topics
@@ -535,14 +557,14 @@ class RegionScan:
 
 def record_item(
     buf: Any, rows: Any, row: int, topics: kernel_layout.TopicNames
-) -> tuple[int, tuple, str, bytes, bool | None]:
+) -> tuple[int, RecordHeader, str, bytes, bool | None]:
     """Row ``row`` of a kernel scan of ``buf`` as ``(physical_offset, header, topic,
-    properties_bytes, crc_ok)``: ``header`` is the unpacked fixed header (index it with the
-    ``H_*`` constants), ``crc_ok`` None when the CRC was not checked."""
+    properties_bytes, crc_ok)``: ``header`` is the record's :class:`RecordHeader`, ``crc_ok``
+    None when the CRC was not checked."""
     at = row * kernel_layout.ROW_WIDTH
     start = rows[at]
     sys_flag = rows[at + _SYS_FLAG]
-    header = (
+    header = _make_header(
         header_struct(sys_flag).unpack_from(buf, start)
         if sys_flag & _HOST_FLAGS
         else _UNPACK_IPV4(buf, start)
@@ -574,6 +596,7 @@ _CRC_UNCHECKED = kernel_layout.CRC_UNCHECKED
 _CRC_GOOD = kernel_layout.CRC_GOOD
 _PHYSICAL_OFFSET = kernel_layout.PHYSICAL_OFFSET
 _UNPACK_IPV4 = HEADER_IPV4.unpack_from
+_make_header = RecordHeader._make
 _HEADER_SIZE = kernel_layout.HEADER_SIZE
 _BODY_LENGTH = kernel_layout.BODY_LENGTH
 _TOPIC_AT = kernel_layout.TOPIC_AT

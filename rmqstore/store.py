@@ -51,8 +51,6 @@ from rmqstore.lockfile import LockState, StoreLock, probe_lock
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.quarantine import QUARANTINE_DIR, Quarantine
 from rmqstore.record import (
-    H_STORE_HOST,
-    H_STORE_TIMESTAMP,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
@@ -476,8 +474,8 @@ class Store:
             )
         state.queue_offsets = {key: tip.max_offset for key, tip in tips.items() if tip}
         if last is not None:
-            state.last_store_timestamp = last[H_STORE_TIMESTAMP]
-            state.last_store_host = HostAddress.from_field(last[H_STORE_HOST])
+            state.last_store_timestamp = last.store_timestamp
+            state.last_store_host = HostAddress.from_field(last.store_host)
         return state
 
     def close(self, *, failed: bool = False) -> None:

@@ -44,7 +44,7 @@ from rmqstore.pipeline.rows import (
     message_batches,
 )
 from rmqstore.properties import TAGS, decode_properties
-from rmqstore.record import H_QUEUE_ID, H_QUEUE_OFFSET, H_STORE_TIMESTAMP, H_TOTAL_SIZE
+from rmqstore.record import RecordHeader
 from rmqstore.workers import Runner, process_map, process_runner
 
 EXPORT_FORMATS = ("parquet", "jsonl")
@@ -473,10 +473,10 @@ def count_range_by_record(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
     ):
         if topics is not None and topic not in topics:
             continue
-        key = (topic, header[H_QUEUE_ID])
+        key = (topic, header.queue_id)
         entry = queues.get(key)
         if entry is None:
-            entry = queues[key] = QueueStats(topic, header[H_QUEUE_ID])
+            entry = queues[key] = QueueStats(topic, header.queue_id)
         _count(entry, header, props)
     return queues
 
@@ -500,11 +500,11 @@ def _most(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def _count(entry: QueueStats, header: tuple, props: bytes) -> None:
+def _count(entry: QueueStats, header: RecordHeader, props: bytes) -> None:
     entry.messages += 1
-    entry.bytes += header[H_TOTAL_SIZE]
-    queue_offset = header[H_QUEUE_OFFSET]
-    stamp = header[H_STORE_TIMESTAMP]
+    entry.bytes += header.total_size
+    queue_offset = header.queue_offset
+    stamp = header.store_timestamp
     if entry.min_queue_offset is None or queue_offset < entry.min_queue_offset:
         entry.min_queue_offset = queue_offset
     if entry.max_queue_offset is None or queue_offset > entry.max_queue_offset:

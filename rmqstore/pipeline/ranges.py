@@ -28,7 +28,7 @@ from rmqstore.kernel import layout
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.properties import decode_properties
 from rmqstore.record import (
-    H_STORE_TIMESTAMP,
+    RecordHeader,
     RegionScan,
     ScanStop,
     find_next_record_in_file,
@@ -204,7 +204,7 @@ class RangeScan:
                 at = statuses.index(layout.CRC_BAD) * layout.ROW_WIDTH
                 self.first_crc_failure = rows[at + layout.PHYSICAL_OFFSET]
 
-    def __iter__(self) -> Iterator[tuple[Any, int, int, tuple, str, bytes, bool | None]]:
+    def __iter__(self) -> Iterator[tuple[Any, int, int, RecordHeader, str, bytes, bool | None]]:
         """``(buf, at, physical_offset, header, topic, properties_bytes, crc_ok)`` per
         record (see :meth:`batches` for ``buf`` and ``at``; ``header`` indexed with the
         ``H_*`` constants)."""
@@ -308,12 +308,12 @@ class RangeTally:
     delay_error: str | None = None
 
     def check_delay(
-        self, offset: int, header: tuple, properties: dict[str, str], levels: DelayLevels
+        self, offset: int, header: RecordHeader, properties: dict[str, str], levels: DelayLevels
     ) -> int | None:
         """The tagsCode of the SCHEDULE_TOPIC_XXXX record at ``offset``; None, and the
         record noted (the first such one), when its DELAY is not a number."""
         try:
-            return unit_tags_code(SCHEDULE_TOPIC, properties, header[H_STORE_TIMESTAMP], levels)
+            return unit_tags_code(SCHEDULE_TOPIC, properties, header.store_timestamp, levels)
         except RecordError as exc:
             if self.first_bad_delay is None:
                 self.first_bad_delay = offset

@@ -48,11 +48,6 @@ from rmqstore.pipeline.ranges import (
 )
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.record import (
-    H_QUEUE_ID,
-    H_QUEUE_OFFSET,
-    H_STORE_TIMESTAMP,
-    H_SYS_FLAG,
-    H_TOTAL_SIZE,
     QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
     TRANSACTION_ROLLBACK,
@@ -243,18 +238,18 @@ class _RangePreparer:
         """One row the reference way; False when dispatch stops at it (a bad DELAY)."""
         offset, header, topic, props, _ = record_item(buf, rows, row, self.names)
         properties = decode_properties(props)
-        store_timestamp = header[H_STORE_TIMESTAMP]
+        store_timestamp = header.store_timestamp
         if topic == SCHEDULE_TOPIC:
             code = self.tally.check_delay(offset, header, properties, self.levels)
             if code is None:
                 return False
         else:
             code = tags_code(properties.get(TAGS))
-        transaction = header[H_SYS_FLAG] & TRANSACTION_MASK
-        size = header[H_TOTAL_SIZE]
+        transaction = header.sys_flag & TRANSACTION_MASK
+        size = header.total_size
         if transaction in QUEUED_TRANSACTIONS and (self.topics is None or topic in self.topics):
-            key = (topic, header[H_QUEUE_ID])
-            queue_offset = header[H_QUEUE_OFFSET]
+            key = (topic, header.queue_id)
+            queue_offset = header.queue_offset
             run = self.open_runs.get(key)
             if run is None or run.next_offset != queue_offset:
                 run = self.open_runs[key] = UnitRun(topic, key[1], queue_offset, offset)

@@ -22,7 +22,7 @@ from rmqstore.pipeline import columns
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import FileRange, RangeScan
 from rmqstore.properties import TAGS, decode_properties
-from rmqstore.record import H_STORE_TIMESTAMP, record_item
+from rmqstore.record import record_item
 
 # (column, Spark type, Arrow type name) of the commit-log source, in order
 COMMITLOG_COLUMNS = [
@@ -178,9 +178,7 @@ def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -
             properties = decode_properties(props)
             if topic == SCHEDULE_TOPIC:
                 try:
-                    found[row] = unit_tags_code(
-                        topic, properties, header[H_STORE_TIMESTAMP], levels
-                    )
+                    found[row] = unit_tags_code(topic, properties, header.store_timestamp, levels)
                 except RecordError:
                     found[row] = None
             else:

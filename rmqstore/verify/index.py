@@ -27,7 +27,7 @@ from rmqstore.indexfile import (
 )
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.properties import KEYS, UNIQ_KEY, split_keys
-from rmqstore.record import H_SYS_FLAG, TRANSACTION_MASK, TRANSACTION_ROLLBACK
+from rmqstore.record import TRANSACTION_MASK, TRANSACTION_ROLLBACK, RecordHeader
 from rmqstore.store import Store
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
@@ -335,8 +335,10 @@ class IndexChecks:
             ordinal, number = ordinal + 1, 1
         return matched, None
 
-    def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
-        if self.service is None or header[H_SYS_FLAG] & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
+    def on_record(
+        self, offset: int, header: RecordHeader, topic: str, properties: dict[str, str]
+    ) -> None:
+        if self.service is None or header.sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
             return
         pending = self._pending
         entries = self._entries

@@ -23,14 +23,10 @@ from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.properties import TAGS
 from rmqstore.record import (
-    H_QUEUE_ID,
-    H_QUEUE_OFFSET,
-    H_STORE_TIMESTAMP,
-    H_SYS_FLAG,
-    H_TOTAL_SIZE,
     QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
     BodyMode,
+    RecordHeader,
 )
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
@@ -273,18 +269,20 @@ class QueueChecks:
             position += wanted
         return b"".join(chunks)
 
-    def on_record(self, offset: int, header: tuple, topic: str, properties: dict[str, str]) -> None:
-        if header[H_SYS_FLAG] & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
+    def on_record(
+        self, offset: int, header: RecordHeader, topic: str, properties: dict[str, str]
+    ) -> None:
+        if header.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
             return
         if self.topics is not None and topic not in self.topics:
             return
-        key = (topic, header[H_QUEUE_ID])
+        key = (topic, header.queue_id)
         state = self.states.get(key) or self._state(key)
         if state is None:
             if is_path_safe(topic):
                 self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
             return
-        queue_offset = header[H_QUEUE_OFFSET]
+        queue_offset = header.queue_offset
         if queue_offset < state.min_offset:
             return  # the unit expired with older files
         if queue_offset >= state.max_offset:
@@ -294,7 +292,7 @@ class QueueChecks:
             return
         unit = self._unit(state, queue_offset)
         state.checked += 1
-        stamp = header[H_STORE_TIMESTAMP]
+        stamp = header.store_timestamp
         if topic != SCHEDULE_TOPIC:
             expected_tags: int | None = tags_code(properties.get(TAGS))
         else:
@@ -305,10 +303,10 @@ class QueueChecks:
         if (
             unit is None
             or unit[0] != offset
-            or unit[1] != header[H_TOTAL_SIZE]
+            or unit[1] != header.total_size
             or (expected_tags is not None and unit[2] != expected_tags)
         ):
-            expected = (offset, header[H_TOTAL_SIZE], expected_tags)
+            expected = (offset, header.total_size, expected_tags)
             self.report.add(
                 "cq-unit",
                 relative(self.store, state.queue.directory),

@@ -29,13 +29,9 @@ from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
-    H_QUEUE_ID,
-    H_QUEUE_OFFSET,
-    H_STORE_TIMESTAMP,
-    H_SYS_FLAG,
-    H_TOTAL_SIZE,
     QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
+    RecordHeader,
     RegionScan,
     ScanStop,
     find_next_record_in_file,
@@ -72,7 +68,7 @@ class RecordBatch:
 
 class RecordListener(Protocol):
     def on_record(
-        self, offset: int, header: tuple, topic: str, properties: dict[str, str]
+        self, offset: int, header: RecordHeader, topic: str, properties: dict[str, str]
     ) -> None: ...
 
     def batch_check(self, batch: RecordBatch) -> Any:
@@ -461,7 +457,7 @@ class RecordPass:
                     "checkCRCOnRecover cuts the log here",
                 )
             if force_property_crc or (props[-20:-12] == _CRC_NAME and props[-1:] == b"\x02"):
-                self._check_property_crc(region, segment, offset, header[H_TOTAL_SIZE])
+                self._check_property_crc(region, segment, offset, header.total_size)
             properties = None
             if not props.isascii():
                 try:
@@ -479,7 +475,7 @@ class RecordPass:
                 properties = decode_properties(props)
                 if topic == SCHEDULE_TOPIC and DELAY in properties:
                     self._check_delay(segment, offset, properties[DELAY])
-            stamp = header[H_STORE_TIMESTAMP]
+            stamp = header.store_timestamp
             if previous_time is None:
                 if edges.first_record is None:
                     edges.first_record = (offset, stamp, relative(self.store, segment.path))
@@ -494,10 +490,10 @@ class RecordPass:
             previous_time = stamp
             if stamp > newest_time:
                 newest_time = stamp
-            if header[H_SYS_FLAG] & TRANSACTION_MASK in QUEUED_TRANSACTIONS:
-                key = (topic, header[H_QUEUE_ID])
+            if header.sys_flag & TRANSACTION_MASK in QUEUED_TRANSACTIONS:
+                key = (topic, header.queue_id)
                 expected = queue_next.get(key)
-                queue_offset = header[H_QUEUE_OFFSET]
+                queue_offset = header.queue_offset
                 if expected is None:
                     edges.queue_first[key] = (
                         queue_offset,
@@ -516,7 +512,7 @@ class RecordPass:
             for listener in listeners:
                 listener.on_record(offset, header, topic, properties)
             records += 1
-            record_bytes += header[H_TOTAL_SIZE]
+            record_bytes += header.total_size
             if progress is not None and not records & 0x3FFF:
                 progress(offset)
         self.report.checked["records"] += records - facts.records
