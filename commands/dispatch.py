@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import (
     EngineChoice,
@@ -17,6 +16,7 @@ from rmqstore.commands.options import (
     store_config_options,
 )
 from rmqstore.commands.output import (
+    Grid,
     confirm_or_refuse,
     console,
     emit_json,
@@ -35,7 +35,6 @@ from rmqstore.dispatch import (
 )
 from rmqstore.errors import ExitCode
 from rmqstore.geometry import INDEX_GEOMETRY, QUEUE_GEOMETRY
-from rmqstore.pipeline.rebuild import rebuild_in_workers
 from rmqstore.store import Store
 
 
@@ -219,6 +218,8 @@ def _rebuild_in_workers(
     plan: RebuildPlan,
     show_progress: bool,
 ) -> DispatchResult:
+    from rmqstore.pipeline.rebuild import rebuild_in_workers  # worker processes: only here
+
     base = plan.from_offset
     total = max(1, store.log_end().offset - base)
     with progress_bar("dispatching", total, show_progress) as update:
@@ -268,7 +269,8 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
 
 
 def _render(result: DispatchResult, quarantine: str | None) -> None:
-    table = Table(show_header=False, box=None, pad_edge=False)
+
+    table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     table.add_row(

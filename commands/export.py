@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import (
     EngineChoice,
@@ -15,7 +14,7 @@ from rmqstore.commands.options import (
     store_config_options,
     store_location_argument,
 )
-from rmqstore.commands.output import console, emit_json
+from rmqstore.commands.output import Grid, console, emit_json
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
@@ -99,7 +98,7 @@ def store_settings(store: str, config: StoreConfig) -> StoreConfig:
 
 
 def _render(result: ExportResult) -> None:
-    table = Table(show_header=False, box=None, pad_edge=False)
+    table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     table.add_row("exported", f"{result.messages:,} messages as {result.format}")

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import jobs_option, json_option
-from rmqstore.commands.output import console, emit_json, note
+from rmqstore.commands.output import Grid, console, emit_json, note
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
 
 
@@ -40,7 +39,7 @@ def list_command(as_json: bool) -> int:
     if as_json:
         emit_json(rows)
         return 0
-    table = Table()
+    table = Grid()
     for name in ("scenario", "kind", "messages", "description"):
         table.add_column(name, overflow="fold")
     for row in rows:

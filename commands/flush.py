@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import json_option, store_argument, store_config_options
-from rmqstore.commands.output import console, emit_json, format_millis, note
+from rmqstore.commands.output import Grid, console, emit_json, format_millis, note
 from rmqstore.config import StoreConfig
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.store import Store
@@ -41,7 +40,7 @@ def command(store: Path, config: StoreConfig, as_json: bool) -> int:
 
 
 def _render(result: FlushResult) -> None:
-    table = Table(show_header=False, box=None, pad_edge=False)
+    table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     table.add_row("flushed", f"{result.files:,} files, {result.bytes:,} bytes")

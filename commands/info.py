@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import (
     json_option,
@@ -14,7 +13,7 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import console, emit_json, format_millis, progress_bar, warn
+from rmqstore.commands.output import Grid, console, emit_json, format_millis, progress_bar, warn
 from rmqstore.config import StoreConfig
 from rmqstore.store import Store
 from rmqstore.summary import summarize
@@ -60,7 +59,7 @@ def command(store: Path, config: StoreConfig, as_json: bool, no_progress: bool) 
 
 def _render(summary: dict[str, Any]) -> None:
     log = summary["commitLog"]
-    overview = Table(show_header=False, box=None, pad_edge=False)
+    overview = Grid(show_header=False, box=None, pad_edge=False)
     overview.add_column(style="bold")
     overview.add_column()
     overview.add_row("store", summary["store"])
@@ -117,7 +116,7 @@ def _render(summary: dict[str, Any]) -> None:
     console.print(overview)
     if summary["consumeQueues"]:
         _consume_queue_table(summary["consumeQueues"])
-    queues = Table(title="topics and queues (from the commit log)", title_justify="left")
+    queues = Grid(title="topics and queues (from the commit log)", title_justify="left")
     for name, justify in (
         ("topic", "left"),
         ("queue", "right"),
@@ -139,7 +138,7 @@ def _render(summary: dict[str, Any]) -> None:
 
 
 def _consume_queue_table(rows: list[dict[str, Any]]) -> None:
-    table = Table(title="consume queues (the broker's view)", title_justify="left")
+    table = Grid(title="consume queues (the broker's view)", title_justify="left")
     for name, justify in (
         ("topic", "left"),
         ("queue", "right"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -11,64 +12,118 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from rmqstore.record import Message
 
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
 
 
+class Grid:
+    """A table of human output, built with the calls of a rich ``Table`` (``add_column``,
+    ``add_row``, the same options). On a terminal rich draws it (and is imported only then);
+    anywhere else it is plain aligned columns."""
+
+    def __init__(self, title: str | None = None, **options: Any) -> None:
+        self.title = title
+        self.options = options
+        self.show_header = options.get("show_header", True)
+        self.columns: list[tuple[str, dict[str, Any]]] = []
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add_column(self, header: str = "", **options: Any) -> None:
+        self.columns.append((header, options))
+
+    def add_row(self, *cells: Any) -> None:
+        self.rows.append(cells)
+
+    def to_rich(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=self.title, **self.options)
+        for header, options in self.columns:
+            table.add_column(header, **options)
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+
 class HumanOutput:
     """Human output on stdout. On a terminal: rich text and tables. Anywhere else (a pipe, a
     file): plain lines that are never wrapped or cut and end without spaces, and tables as
     aligned columns without box drawing, so identifiers (msgIds, file names, offsets) survive
-    ``| cat``, ``| grep`` and ``> file`` whole."""
+    ``| cat``, ``| grep`` and ``> file`` whole. rich is imported only for a terminal (and for
+    text holding markup)."""
 
     def __init__(self) -> None:
-        self._terminal = Console(highlight=False, soft_wrap=False)
+        self._terminal: Any = None
 
     def print(self, renderable: Any = "") -> None:
         if sys.stdout.isatty():
-            self._terminal.print(renderable)
+            if self._terminal is None:
+                from rich.console import Console
+
+                self._terminal = Console(highlight=False, soft_wrap=False)
+            self._terminal.print(
+                renderable.to_rich() if isinstance(renderable, Grid) else renderable
+            )
             return
         for line in plain_lines(renderable):
             click.echo(line)
 
 
 def plain_lines(renderable: Any) -> list[str]:
-    """``renderable`` (markup text or a rich Table) as plain lines with no trailing spaces."""
-    if isinstance(renderable, Table):
+    """``renderable`` (markup text, a :class:`Grid` or a rich Table) as plain lines with no
+    trailing spaces."""
+    if isinstance(renderable, Grid):
+        return _grid_lines(renderable)
+    table = sys.modules.get("rich.table")
+    if table is not None and isinstance(renderable, table.Table):
         return _table_lines(renderable)
-    text = renderable if isinstance(renderable, Text) else Text.from_markup(str(renderable))
-    return [line.rstrip() for line in text.plain.split("\n")]
+    return [line.rstrip() for line in _plain_text(renderable).split("\n")]
 
 
-def _table_lines(table: Table) -> list[str]:
-    rows = [[_cell_text(cell) for cell in column.cells] for column in table.columns]
+def _grid_lines(grid: Grid) -> list[str]:
+    cells = [tuple(_plain_text(cell) for cell in row) for row in grid.rows]
+    if grid.show_header:
+        cells.insert(0, tuple(_plain_text(header) for header, _ in grid.columns))
+    justify = [options.get("justify") for _, options in grid.columns]
+    return _aligned([_plain_text(grid.title)] if grid.title else [], cells, justify)
+
+
+def _table_lines(table: Any) -> list[str]:
+    rows = [[_plain_text(cell) for cell in column.cells] for column in table.columns]
     cells = list(zip(*rows, strict=True)) if rows else []
     if table.show_header:
-        cells.insert(0, tuple(_cell_text(column.header) for column in table.columns))
-    widths = [max((len(row[i]) for row in cells), default=0) for i in range(len(table.columns))]
-    lines = [_cell_text(table.title)] if table.title else []
+        cells.insert(0, tuple(_plain_text(column.header) for column in table.columns))
+    justify = [column.justify for column in table.columns]
+    return _aligned([_plain_text(table.title)] if table.title else [], cells, justify)
+
+
+def _aligned(lines: list[str], cells: list[tuple[str, ...]], justify: list[Any]) -> list[str]:
+    widths = [max((len(row[i]) for row in cells), default=0) for i in range(len(justify))]
     for row in cells:
         parts = []
         for index, (value, width) in enumerate(zip(row, widths, strict=True)):
-            right = table.columns[index].justify == "right"
-            parts.append(value.rjust(width) if right else value.ljust(width))
+            parts.append(value.rjust(width) if justify[index] == "right" else value.ljust(width))
         lines.append("  ".join(parts).rstrip())
     return lines
 
 
-def _cell_text(cell: Any) -> str:
+def _plain_text(cell: Any) -> str:
+    """A cell or line without its markup (rich parses it only when there may be some)."""
+    if cell is None:
+        return ""
+    if isinstance(cell, str) and not _MAYBE_MARKUP.search(cell):
+        return cell
+    from rich.text import Text
+
     if isinstance(cell, Text):
         return cell.plain
-    return Text.from_markup(str(cell)).plain if cell is not None else ""
+    return Text.from_markup(str(cell)).plain
 
 
 console = HumanOutput()
-error_console = Console(stderr=True, highlight=False)
+_MAYBE_MARKUP = re.compile(r"\[|:[A-Za-z_][\w+-]*:")  # rich markup or an :emoji: code
 
 
 def emit_json(document: Any) -> None:
@@ -135,6 +190,7 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
     if not enabled or not sys.stderr.isatty() or total <= 0:
         yield lambda completed: None
         return
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (
@@ -143,7 +199,9 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
         TextColumn("{task.percentage:>3.0f}%"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=error_console, transient=True) as progress:
+    with Progress(
+        *columns, console=Console(stderr=True, highlight=False), transient=True
+    ) as progress:
         task = progress.add_task(description, total=total)
         yield lambda completed: progress.update(task, completed=completed)
 

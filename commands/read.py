@@ -7,7 +7,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import (
     json_option,
@@ -17,6 +16,7 @@ from rmqstore.commands.options import (
 )
 from rmqstore.commands.output import (
     BODY_MODES,
+    Grid,
     console,
     emit_json,
     emit_jsonl,
@@ -371,7 +371,7 @@ def _show_many(
 
 
 def _detail_table(document: dict) -> None:
-    table = Table(show_header=False, box=None, pad_edge=False)
+    table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for key, value in document.items():
@@ -386,7 +386,7 @@ def _detail_table(document: dict) -> None:
 
 
 def _summary_table(messages: list[Message], body_mode: str, decompress: bool) -> None:
-    table = Table()
+    table = Grid()
     for name, justify in (
         ("offset", "right"),
         ("topic", "left"),

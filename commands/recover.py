@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import (
     json_option,
@@ -15,6 +14,7 @@ from rmqstore.commands.options import (
     store_config_options,
 )
 from rmqstore.commands.output import (
+    Grid,
     confirm_or_refuse,
     console,
     emit_json,
@@ -138,7 +138,7 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
 
 def _render(result: RecoveryResult, abort_removed: bool) -> None:
     plan = result.plan
-    table = Table(show_header=False, box=None, pad_edge=False)
+    table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     table.add_row("mode", "abnormal (abort was present)" if plan.abnormal else "normal")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.export import store_settings
 from rmqstore.commands.options import (
@@ -14,7 +13,7 @@ from rmqstore.commands.options import (
     store_config_options,
     store_location_argument,
 )
-from rmqstore.commands.output import console, emit_json, format_millis
+from rmqstore.commands.output import Grid, console, emit_json, format_millis
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.local import PipelineOptions, StoreStats
 
@@ -67,7 +66,7 @@ def command(
 
 def _render(stats: StoreStats) -> None:
     document = stats.to_dict()
-    queues = Table(title=f"{document['messages']:,} messages, {document['bytes']:,} bytes")
+    queues = Grid(title=f"{document['messages']:,} messages, {document['bytes']:,} bytes")
     queues.add_column("topic", overflow="fold")
     queues.add_column("queue", justify="right")
     queues.add_column("messages", justify="right")
@@ -86,7 +85,7 @@ def _render(stats: StoreStats) -> None:
             str(queue["distinctTags"]),
         )
     console.print(queues)
-    files = Table(title="commit-log files")
+    files = Grid(title="commit-log files")
     files.add_column("file", overflow="fold")
     for name in ("records", "bytes", "blank bytes", "CRC failures", "damaged"):
         files.add_column(name, justify="right")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
 
 from rmqstore.commands.options import (
     EngineChoice,
@@ -16,7 +15,7 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import console, emit_json, progress_bar, warn
+from rmqstore.commands.output import Grid, console, emit_json, progress_bar, warn
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.store import Store
@@ -141,7 +140,7 @@ def _finish(report: VerifyReport, as_json: bool) -> int:
 
 def _render(report: VerifyReport) -> None:
     checked = report.checked
-    summary = Table(show_header=False, box=None, pad_edge=False)
+    summary = Grid(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="bold")
     summary.add_column()
     summary.add_row(
@@ -172,7 +171,7 @@ def _render(report: VerifyReport) -> None:
     console.print(summary)
     if not report.findings:
         return
-    table = Table()
+    table = Grid()
     for name in ("severity", "kind", "file", "offset", "message"):
         table.add_column(name, overflow="fold")
     for finding in report.findings:

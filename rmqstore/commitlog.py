@@ -34,7 +34,7 @@ from rmqstore.errors import (
     StoreIOError,
 )
 from rmqstore.hosts import HostAddress
-from rmqstore.kernel.layout import ROW_WIDTH
+from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.properties import (
     DELAY,
@@ -75,7 +75,7 @@ from rmqstore.segments import (
     sync_directory,
 )
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
-from rmqstore.windows import FileWindows
+from rmqstore.windows import FileWindows, read_ahead
 
 ScanItem = tuple[int, RecordHeader, str, bytes, "bool | None"]
 _OPEN_FILES = 8
@@ -222,10 +222,9 @@ class CommitLog:
             first_segment=start,
             property_crc=property_crc,
         )
-        for _window, window_start, rows, count in scan.batches():
+        for _window, _window_start, rows, count in scan.batches(ahead=True):
             if progress is not None:
-                at = window_start + rows[(count - 1) * ROW_WIDTH]
-                progress(scan.segment.start + at)  # type: ignore[union-attr]
+                progress(rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET])
         return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
 
     def store_timestamp_at(self, offset: int, size: int, end: int) -> int:
@@ -307,13 +306,20 @@ class LogScan:
     def __iter__(self) -> Iterator[ScanItem]:
         return self._walk(iter)
 
-    def batches(self) -> Iterator[tuple[Any, int, Any, int]]:
+    def batches(self, *, ahead: bool = False) -> Iterator[tuple[Any, int, Any, int]]:
         """The scan as the kernel's row batches: ``(window, window_start, rows, count)`` as
-        :meth:`RegionScan.batches` gives them, ``window_start`` a position in the file
-        :attr:`segment` (whose first byte is at physical offset ``segment.start``)."""
-        return self._walk(RegionScan.batches)
+        :meth:`RegionScan.batches` gives them, ``window_start`` a position in the file whose
+        first byte is at physical offset ``rows``' PHYSICAL_OFFSET minus the row's position
+        (:attr:`segment` during a walk that does not read ahead). With ``ahead``, a thread
+        reads and scans the next batches while the caller works on this one (the windows and
+        rows are then the caller's to keep); the scan's outcome is set once the batches end."""
+        if not ahead:
+            return self._walk(RegionScan.batches)
+        return read_ahead(self._walk(_copied_batches, fresh_windows=True))
 
-    def _walk(self, items_of: Callable[[RegionScan], Iterator[Any]]) -> Iterator[Any]:
+    def _walk(
+        self, items_of: Callable[[RegionScan], Iterator[Any]], *, fresh_windows: bool = False
+    ) -> Iterator[Any]:
         log = self.log
         segments = log.segments
         segment = self.segment or log.queue.find(self.start_offset)
@@ -324,7 +330,7 @@ class LogScan:
         position = self.start_offset - segment.start
         while True:
             self.segment = segment
-            with FileWindows(segment.path, log.file_size) as windows:
+            with FileWindows(segment.path, log.file_size, fresh=fresh_windows) as windows:
                 region = RegionScan(
                     None,
                     position,
@@ -348,6 +354,12 @@ class LogScan:
             index += 1
             segment = segments[index]
             position = 0
+
+
+def _copied_batches(region: RegionScan) -> Iterator[tuple[Any, int, Any, int]]:
+    """:meth:`RegionScan.batches` with each batch's rows copied (the scan reuses its own)."""
+    for window, window_start, rows, count in region.batches():
+        yield window, window_start, rows[: count * ROW_WIDTH], count
 
 
 def _unlink(path: Path) -> None:

@@ -171,9 +171,13 @@ class Dispatcher:
             property_crc=store.config.force_verify_prop_crc,
         )
         walk = _BatchWalk(self, result, queued_time, until, max_records, progress)
-        for window, _window_start, rows, count in scan.batches():
-            if not walk.batch(window, rows, count):
-                break
+        batches = scan.batches(ahead=True)
+        try:
+            for window, _window_start, rows, count in batches:
+                if not walk.batch(window, rows, count):
+                    break
+        finally:
+            batches.close()  # type: ignore[attr-defined]  # the reader stops before files change
         records, to_offset, last_time = walk.records, walk.to_offset, walk.last_time
         complete, touched = walk.complete, walk.touched
         units_written, units_skipped = walk.units_written, walk.units_skipped

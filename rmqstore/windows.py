@@ -6,12 +6,16 @@ and resident memory stays one window whatever the store's size."""
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from queue import Full, Queue
+from typing import Any, NamedTuple, TypeVar
 
 from rmqstore.errors import StoreIOError
 
 WINDOW_BYTES = 8 * 1024 * 1024
+T = TypeVar("T")
 
 
 class BufferWindows:
@@ -35,8 +39,13 @@ class FileWindows:
     record needs more). ``limit`` is taken from the file's size when opened; a file that turns
     out shorter while it is read raises :class:`StoreIOError`."""
 
-    def __init__(self, path: Path, limit: int, window_bytes: int = WINDOW_BYTES) -> None:
+    def __init__(
+        self, path: Path, limit: int, window_bytes: int = WINDOW_BYTES, *, fresh: bool = False
+    ) -> None:
+        """``fresh``: every read goes into a new buffer, so earlier windows stay as they were
+        for as long as someone holds them (a reader working ahead of its consumer)."""
         self.path = path
+        self.fresh = fresh
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
@@ -64,7 +73,7 @@ class FileWindows:
         return self.buffer, self.start, self.filled, self.limit - end
 
     def _read(self, position: int, length: int) -> None:
-        if len(self.buffer) < length:
+        if self.fresh or len(self.buffer) < length:
             self.buffer = bytearray(length)
         view = memoryview(self.buffer)
         done = 0
@@ -157,3 +166,54 @@ def read_range(path: Path, start: int, length: int) -> bytes:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
+
+
+class _Failed(NamedTuple):
+    error: BaseException
+
+
+_DONE = object()
+
+
+def read_ahead(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """The items of ``batches`` produced by a worker thread up to ``depth`` items ahead of the
+    consumer: the reading and scanning (which release the GIL) overlap the consumer's work.
+    The items must not share buffers the producer reuses (see ``FileWindows(fresh=True)``).
+    An error in the producer is raised here; when the consumer stops early, the producer is
+    stopped and ``batches`` closed (its files with it) before this generator finishes."""
+    handoff: Queue[Any] = Queue(maxsize=depth)
+    stopping = threading.Event()
+
+    def offer(item: Any) -> bool:
+        while not stopping.is_set():
+            try:
+                handoff.put(item, timeout=0.05)
+                return True
+            except Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in batches:
+                if not offer(item):
+                    return
+            offer(_DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            offer(_Failed(exc))
+        finally:
+            batches.close()  # type: ignore[attr-defined]
+
+    worker = threading.Thread(target=produce, name="rmqstore-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stopping.set()
+        worker.join()
