@@ -30,11 +30,13 @@ from rmqstore.pipeline.ranges import (
     FileRange,
     RangeScan,
     RangeSummary,
+    SummaryJob,
     file_bounds,
     plan_ranges,
     record_margin,
     summarize_job,
     summary_jobs,
+    walk_in_order,
     walk_summaries,
 )
 from rmqstore.pipeline.rows import (
@@ -355,45 +357,70 @@ class LocalPipeline(Pipeline):
     ``options.workers`` processes."""
 
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
-        walked = self.walk(check_crc=True)
-        jobs = [StatsJob(self.location.uri, part, topics) for part in self.bounded_ranges(walked)]
+        """One pass: each range is summarised and its messages counted per queue together;
+        the counts of the ranges one walk of the log visits are kept. Without pyarrow, the
+        walk comes first and the walked ranges are then counted record by record."""
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            return self._stats_by_record(topics)
+        jobs = [
+            StatsJob(summary, topics)
+            for summary in summary_jobs(
+                self.location,
+                self.options.split,
+                check_crc=True,
+                delay_levels=self.options.delay_levels,
+                margin=self.margin,
+            )
+        ]
         queues: dict[tuple[str, int], QueueStats] = {}
-        # folded as they arrive: one range's counts at a time in memory
-        for counted in process_map(self.options.workers, count_range, jobs):
-            for key, entry in counted.items():
-                total = queues.get(key)
-                if total is None:
-                    queues[key] = entry
-                else:
-                    _add(total, entry)
-        for entry in queues.values():
-            entry.distinct_tags = len(entry.tags)
-        return StoreStats(list(queues.values()), file_stats(walked))
+        walked: list[RangeSummary] = []
+        # in log order as they arrive, one range's counts at a time in memory
+        for summary, counted in walk_in_order(
+            process_map(self.options.workers, stats_range, jobs), lambda item: item[0]
+        ):
+            walked.append(summary)
+            _fold(queues, counted)
+        return _store_stats(queues, walked)
+
+    def _stats_by_record(self, topics: frozenset[str] | None) -> StoreStats:
+        walked = self.walk(check_crc=True)
+        queues: dict[tuple[str, int], QueueStats] = {}
+        for part in self.bounded_ranges(walked):
+            _fold(queues, count_range_by_record(self.location.uri, part, topics))
+        return _store_stats(queues, walked)
+
+
+def _fold(queues: dict[tuple[str, int], QueueStats], counted: dict) -> None:
+    for key, entry in counted.items():
+        total = queues.get(key)
+        if total is None:
+            queues[key] = entry
+        else:
+            _add(total, entry)
+
+
+def _store_stats(queues: dict[tuple[str, int], QueueStats], walked: list) -> StoreStats:
+    for entry in queues.values():
+        entry.distinct_tags = len(entry.tags)
+    return StoreStats(list(queues.values()), file_stats(walked))
 
 
 @dataclass(frozen=True)
 class StatsJob:
-    """One range's per-queue counts: picklable, for a worker process."""
+    """One range to summarise and count per queue: picklable, for a worker process."""
 
-    store: str
-    part: FileRange
+    summary: SummaryJob
     topics: frozenset[str] | None
-
-
-def count_range(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
-    """The per-queue counts of the messages of one range: aggregated in Arrow over columns
-    from the kernel's row batches, or record by record where pyarrow is not installed."""
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return count_range_by_record(job)
-    return _count_range_in_arrow(job)
 
 
 _TALLY_ROWS = 65536  # rows aggregated at a time
 
 
-def _count_range_in_arrow(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
+def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], QueueStats]]:
+    """The summary of one range and the per-queue counts of its messages, in one pass: Arrow
+    aggregates columns taken from the kernel's row batches."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -401,30 +428,32 @@ def _count_range_in_arrow(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
     wanted = None if job.topics is None else pa.array(sorted(job.topics), pa.string())
     waiting: list[Any] = []
     rows_waiting = 0
-    scan = RangeScan(StoreLocation(job.store), job.part, False, resync_last=True)
-    for batch in chain(scan.batches(), [None]):
-        if batch is not None:
-            buf, _, rows, count = batch
-            table = pa.table(
-                {
-                    "topic": columns.topics(pa, buf, rows, count),
-                    "queueId": columns.integers(pa, rows, layout.QUEUE_ID, count),
-                    "size": columns.integers(pa, rows, layout.TOTAL_SIZE, count),
-                    "queueOffset": columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
-                    "storeTimestamp": columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
-                    "tags": columns.text(
-                        pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)
-                    ),
-                }
-            )
-            if wanted is not None:
-                table = table.filter(pc.is_in(table["topic"], value_set=wanted))
-            waiting.append(table)
-            rows_waiting += table.num_rows
-        if waiting and (batch is None or rows_waiting >= _TALLY_ROWS):
+
+    def count(buf: Any, rows: Any, count: int) -> None:
+        nonlocal rows_waiting
+        table = pa.table(
+            {
+                "topic": columns.topics(pa, buf, rows, count),
+                "queueId": columns.integers(pa, rows, layout.QUEUE_ID, count),
+                "size": columns.integers(pa, rows, layout.TOTAL_SIZE, count),
+                "queueOffset": columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
+                "storeTimestamp": columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
+                "tags": columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)),
+            }
+        )
+        if wanted is not None:
+            table = table.filter(pc.is_in(table["topic"], value_set=wanted))
+        waiting.append(table)
+        rows_waiting += table.num_rows
+        if rows_waiting >= _TALLY_ROWS:
             _fold_table(queues, pa.concat_tables(waiting))
-            waiting, rows_waiting = [], 0
-    return queues
+            waiting.clear()
+            rows_waiting = 0
+
+    summary = summarize_job(job.summary, on_batch=count)
+    if waiting:
+        _fold_table(queues, pa.concat_tables(waiting))
+    return summary, queues
 
 
 def _fold_table(queues: dict[tuple[str, int], QueueStats], table: Any) -> None:
@@ -463,13 +492,15 @@ def _fold_table(queues: dict[tuple[str, int], QueueStats], table: Any) -> None:
         queues[(row["topic"], row["queueId"])].tags[row["tags"]] += row["tags_count"]
 
 
-def count_range_by_record(job: StatsJob) -> dict[tuple[str, int], QueueStats]:
-    """:func:`count_range` one record at a time (without pyarrow; the reference the Arrow
-    aggregation is tested against)."""
+def count_range_by_record(
+    store: str, part: FileRange, topics: frozenset[str] | None
+) -> dict[tuple[str, int], QueueStats]:
+    """The per-queue counts of the messages of one range (bounded by the walk), one record at
+    a time: the stats without pyarrow, and the reference the Arrow counts are tested
+    against."""
     queues: dict[tuple[str, int], QueueStats] = {}
-    topics = job.topics
     for _, _, _, header, topic, props, _ in RangeScan(
-        StoreLocation(job.store), job.part, False, resync_last=True
+        StoreLocation(store), part, False, resync_last=True
     ):
         if topics is not None and topic not in topics:
             continue

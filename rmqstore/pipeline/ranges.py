@@ -271,15 +271,20 @@ def summarize_range(
     *,
     check_crc: bool,
     delay_levels: DelayLevels,
+    on_batch: Callable[[Any, Any, int], None] | None = None,
 ) -> RangeSummary:
     """Count one range's records. CRCs are checked when asked; a SCHEDULE_TOPIC_XXXX record
-    whose DELAY is not a number is noted (dispatch stops there, as a broker does)."""
+    whose DELAY is not a number is noted (dispatch stops there, as a broker does).
+    ``on_batch(buf, rows, count)`` sees each batch of rows as well (another count in the
+    same pass)."""
     scan = RangeScan(location, part, check_crc, resync_last=False)
     tally = RangeTally()
     width = layout.ROW_WIDTH
     found = array("q")
     topics = layout.TopicNames()
     for buf, _, rows, count in scan.batches():
+        if on_batch is not None:
+            on_batch(buf, rows, count)
         tally.records += count
         tally.bytes += sum(rows[layout.TOTAL_SIZE : count * width : width])
         if tally.first_bad_delay is not None:
@@ -352,10 +357,16 @@ class SummaryJob:
     delay_levels: str | None
 
 
-def summarize_job(job: SummaryJob) -> RangeSummary:
+def summarize_job(
+    job: SummaryJob, on_batch: Callable[[Any, Any, int], None] | None = None
+) -> RangeSummary:
     levels = DelayLevels(job.delay_levels) if job.delay_levels else DelayLevels()
     return summarize_range(
-        StoreLocation(job.store), job.part, check_crc=job.check_crc, delay_levels=levels
+        StoreLocation(job.store),
+        job.part,
+        check_crc=job.check_crc,
+        delay_levels=levels,
+        on_batch=on_batch,
     )
 
 

@@ -13,12 +13,7 @@ from rmqstore.fixtures import generate
 from rmqstore.pipeline.local import (
     LocalPipeline,
     PipelineOptions,
-    StatsJob,
-    count_range,
-    count_range_by_record,
 )
-from rmqstore.pipeline.location import StoreLocation
-from rmqstore.pipeline.ranges import plan_ranges
 from rmqstore.store import Store
 
 from support import check_against_broker, parquet_rows, run_cli
@@ -183,19 +178,30 @@ def test_stats_the_same_whatever_the_ranges_and_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "scenario", ["multi", "delay", "crc-flip", "v2", "txn", "garbage-after-end"]
+    "scenario", ["multi", "delay", "crc-flip", "v2", "txn", "garbage-after-end", "torn-tail"]
 )
-def test_stats_in_arrow_are_the_record_by_record_counts(tmp_path: Path, scenario: str) -> None:
+def test_stats_in_one_arrow_pass_are_the_record_by_record_counts(
+    tmp_path: Path, scenario: str
+) -> None:
     store_dir = tmp_path / "store"
     generate(scenario, store_dir)
-    location = StoreLocation(str(store_dir))
-    parts = plan_ranges(location, 3000, split_last=True)
-    assert len(parts) > 3
-    topics_seen: set[str] = set()
-    for part in parts:
+    for split in (3000, 1 << 30):
         for topics in (None, frozenset({"TopicTest", "%RETRY%g"})):
-            job = StatsJob(str(store_dir), part, topics)
-            arrow, by_record = count_range(job), count_range_by_record(job)
-            assert arrow == by_record, (part, topics)
-            topics_seen.update(topic for topic, _ in arrow)
-    assert topics_seen
+            pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=split))
+            in_arrow = pipeline.stats(topics=topics).to_dict()
+            by_record = pipeline._stats_by_record(topics).to_dict()
+            assert in_arrow == by_record, (split, topics)
+    assert in_arrow["files"]
+
+
+def test_stats_without_pyarrow_count_record_by_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=5000))
+    expected = pipeline.stats().to_dict()
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now fails
+    assert pipeline.stats().to_dict() == expected
