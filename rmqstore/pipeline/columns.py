@@ -3,6 +3,9 @@ rows, and fields, property maps and message ids gathered by the kernel into Arro
 layout, so that no Python code runs per record. Used by the ``export`` rows and ``stats``;
 pyarrow is imported by the caller and passed in.
 
+Nothing here converts Python objects with ``pa.array`` or ``pa.scalar``: pyarrow imports pandas
+for that (a third of a second), so small arrays of text are built from buffers too.
+
 Text that is not valid UTF-8 (a TAGS value, a property) is decoded the way
 :func:`rmqstore.properties.decode_properties` decodes it, with replacement characters, in the
 rare batch that has some.
@@ -82,13 +85,52 @@ def topics(pa: Any, buf: Any, rows: Any, count: int) -> Any:
     return binary(pa, buf, rows, count, layout.FIELD_TOPIC).view(pa.string())
 
 
+def strings(pa: Any, values: list[str]) -> Any:
+    """A few Python strings as an Arrow string array (no nulls)."""
+    data = bytearray()
+    offsets = array("i", [0])
+    for value in values:
+        data += value.encode("utf-8")
+        offsets.append(len(data))
+    return pa.Array.from_buffers(
+        pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(bytes(data))]
+    )
+
+
+def repeated(pa: Any, value: str, count: int) -> Any:
+    """``value`` ``count`` times."""
+    zeros = pa.Array.from_buffers(pa.int32(), count, [None, pa.py_buffer(bytes(4 * count))])
+    return pa.DictionaryArray.from_arrays(zeros, strings(pa, [value])).dictionary_decode()
+
+
+def chosen(pa: Any, condition: Any, if_true: str, if_false: str) -> Any:
+    """``if_true`` where the boolean array ``condition`` holds, else ``if_false``."""
+    import pyarrow.compute as pc
+
+    indices = pc.cast(condition, pa.int8())
+    return pa.DictionaryArray.from_arrays(
+        indices, strings(pa, [if_false, if_true])
+    ).dictionary_decode()
+
+
+def crc_verdicts(pa: Any, rows: Any, count: int) -> Any:
+    """The CRC verdict of each row: true, false, or null where it was not checked."""
+    import pyarrow.compute as pc
+
+    status = integers(pa, rows, layout.CRC_STATUS, count)
+    good = pc.equal(status, layout.CRC_GOOD)
+    checked = pc.not_equal(status, layout.CRC_UNCHECKED)
+    unchecked = count - pc.sum(pc.cast(checked, pa.int64())).as_py()
+    return pa.Array.from_buffers(
+        pa.bool_(), count, [checked.buffers()[1], good.buffers()[1]], null_count=unchecked
+    )
+
+
 def hosts(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
     """Born or store host fields as ``address:port`` text, each distinct field decoded once."""
     encoded = binary(pa, buf, rows, count, field).dictionary_encode()
     names = [str(HostAddress.from_field(value)) for value in encoded.dictionary.to_pylist()]
-    return pa.DictionaryArray.from_arrays(
-        encoded.indices, pa.array(names, type=pa.string())
-    ).dictionary_decode()
+    return pa.DictionaryArray.from_arrays(encoded.indices, strings(pa, names)).dictionary_decode()
 
 
 def message_ids(pa: Any, buf: Any, rows: Any, count: int) -> Any:

@@ -425,21 +425,22 @@ def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], Queu
     import pyarrow.compute as pc
 
     queues: dict[tuple[str, int], QueueStats] = {}
-    wanted = None if job.topics is None else pa.array(sorted(job.topics), pa.string())
+    wanted = None if job.topics is None else columns.strings(pa, sorted(job.topics))
     waiting: list[Any] = []
     rows_waiting = 0
 
     def count(buf: Any, rows: Any, count: int) -> None:
         nonlocal rows_waiting
-        table = pa.table(
-            {
-                "topic": columns.topics(pa, buf, rows, count),
-                "queueId": columns.integers(pa, rows, layout.QUEUE_ID, count),
-                "size": columns.integers(pa, rows, layout.TOTAL_SIZE, count),
-                "queueOffset": columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
-                "storeTimestamp": columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
-                "tags": columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)),
-            }
+        table = pa.Table.from_arrays(
+            [
+                columns.topics(pa, buf, rows, count),
+                columns.integers(pa, rows, layout.QUEUE_ID, count),
+                columns.integers(pa, rows, layout.TOTAL_SIZE, count),
+                columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
+                columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
+                columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)),
+            ],
+            names=["topic", "queueId", "size", "queueOffset", "storeTimestamp", "tags"],
         )
         if wanted is not None:
             table = table.filter(pc.is_in(table["topic"], value_set=wanted))
@@ -457,39 +458,84 @@ def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], Queu
 
 
 def _fold_table(queues: dict[tuple[str, int], QueueStats], table: Any) -> None:
-    """Add the messages of ``table`` (one row per message) to the per-queue counts."""
-    import pyarrow.compute as pc
+    """Add the messages of ``table`` (one row per message) to the per-queue counts: rows
+    grouped by (topic, queue id) with numpy (pyarrow's own group-by would load its query
+    engine, which costs more than the counting)."""
+    import numpy as np
 
-    keys = ["topic", "queueId"]
-    grouped = table.group_by(keys).aggregate(
-        [
-            ("size", "sum"),
-            ("size", "count"),
-            ("queueOffset", "min"),
-            ("queueOffset", "max"),
-            ("storeTimestamp", "min"),
-            ("storeTimestamp", "max"),
-        ]
+    if not table.num_rows:
+        return
+    topics = table["topic"].combine_chunks().dictionary_encode()
+    names = topics.dictionary.to_pylist()
+    queue_ids = _numbers(np, table["queueId"].combine_chunks(), np.int64)
+    topic_of = _numbers(np, topics.indices, np.int32).astype(np.int64)
+    keys = (topic_of << 32) | (queue_ids & 0xFFFFFFFF)
+    groups, group_of = np.unique(keys, return_inverse=True)
+    order = np.argsort(group_of, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(group_of[order]) != 0])
+    counts = np.bincount(group_of, minlength=len(groups))
+
+    def reduced(column: str, function: Any) -> Any:
+        values = _numbers(np, table[column].combine_chunks(), np.int64)
+        return function.reduceat(values[order], starts)
+
+    sizes = reduced("size", np.add)
+    low_offsets, high_offsets = (
+        reduced("queueOffset", np.minimum),
+        reduced("queueOffset", np.maximum),
     )
-    for row in grouped.to_pylist():
+    first_times = reduced("storeTimestamp", np.minimum)
+    last_times = reduced("storeTimestamp", np.maximum)
+    queue_of = [(names[key >> 32], _queue_id(key)) for key in groups.tolist()]
+    for number, (topic, queue_id) in enumerate(queue_of):
         part = QueueStats(
-            row["topic"],
-            row["queueId"],
-            messages=row["size_count"],
-            bytes=row["size_sum"],
-            min_queue_offset=row["queueOffset_min"],
-            max_queue_offset=row["queueOffset_max"],
-            first_store_timestamp=row["storeTimestamp_min"],
-            last_store_timestamp=row["storeTimestamp_max"],
+            topic,
+            queue_id,
+            messages=int(counts[number]),
+            bytes=int(sizes[number]),
+            min_queue_offset=int(low_offsets[number]),
+            max_queue_offset=int(high_offsets[number]),
+            first_store_timestamp=int(first_times[number]),
+            last_store_timestamp=int(last_times[number]),
         )
-        total = queues.get((part.topic, part.queue_id))
+        total = queues.get((topic, queue_id))
         if total is None:
-            queues[(part.topic, part.queue_id)] = part
+            queues[(topic, queue_id)] = part
         else:
             _add(total, part)
-    tagged = table.filter(pc.is_valid(table["tags"]))
-    for row in tagged.group_by([*keys, "tags"]).aggregate([("tags", "count")]).to_pylist():
-        queues[(row["topic"], row["queueId"])].tags[row["tags"]] += row["tags_count"]
+    tags = table["tags"].combine_chunks().dictionary_encode()
+    tag_of = _numbers(np, tags.indices, np.int32)
+    tagged = _valid(np, tags.indices)
+    if not tagged.any():
+        return
+    tag_names = tags.dictionary.to_pylist()
+    pairs, pair_counts = np.unique(
+        group_of[tagged].astype(np.int64) * len(tag_names) + tag_of[tagged], return_counts=True
+    )
+    for pair, number in zip(pairs.tolist(), pair_counts.tolist(), strict=True):
+        group, tag = divmod(pair, len(tag_names))
+        queues[queue_of[group]].tags[tag_names[tag]] += number
+
+
+def _numbers(np: Any, values: Any, kind: Any) -> Any:
+    """An Arrow integer array without nulls as a numpy view of its buffer (``to_numpy``
+    would import pandas)."""
+    data = np.frombuffer(values.buffers()[1], dtype=kind)
+    return data[values.offset : values.offset + len(values)]
+
+
+def _valid(np: Any, values: Any) -> Any:
+    """Where an Arrow array holds a value (not null), as a numpy boolean array."""
+    if not values.null_count:
+        return np.ones(len(values), dtype=bool)
+    bits = np.unpackbits(np.frombuffer(values.buffers()[0], dtype=np.uint8), bitorder="little")
+    return bits[values.offset : values.offset + len(values)].astype(bool)
+
+
+def _queue_id(key: int) -> int:
+    """The queue id in the low 32 bits of a group key (a signed 32-bit value)."""
+    queue_id = key & 0xFFFFFFFF
+    return queue_id - (1 << 32) if queue_id >= 1 << 31 else queue_id
 
 
 def count_range_by_record(

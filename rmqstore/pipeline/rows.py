@@ -103,7 +103,7 @@ def message_batches(
     schema = arrow_schema(COMMITLOG_COLUMNS)
     properties_type = schema.field("properties").type
     levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
-    wanted = None if options.topics is None else pa.array(sorted(options.topics), pa.string())
+    wanted = None if options.topics is None else columns.strings(pa, sorted(options.topics))
     file_label = f"commitlog/{part.name}"
     scan = RangeScan(location, part, options.check_crc, resync_last=options.resync_last)
     for buf, _, rows, count in scan.batches():
@@ -113,13 +113,8 @@ def message_batches(
             keep = pc.is_in(topic, value_set=wanted)
             if not pc.any(keep).as_py():
                 continue
-        status = columns.integers(pa, rows, layout.CRC_STATUS, count)
         crc_ok = (
-            pc.if_else(
-                pc.equal(status, layout.CRC_UNCHECKED),
-                pa.scalar(None, pa.bool_()),
-                pc.equal(status, layout.CRC_GOOD),
-            )
+            columns.crc_verdicts(pa, rows, count)
             if options.check_crc
             else pa.nulls(count, pa.bool_())
         )
@@ -153,8 +148,10 @@ def message_batches(
             columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_KEYS)),
             columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_UNIQ_KEY)),
             columns.message_ids(pa, buf, rows, count),
-            pc.if_else(pc.equal(columns.integers(pa, rows, layout.VERSION, count), 2), "V2", "V1"),
-            pa.repeat(file_label, count),
+            columns.chosen(
+                pa, pc.equal(columns.integers(pa, rows, layout.VERSION, count), 2), "V2", "V1"
+            ),
+            columns.repeated(pa, file_label, count),
         ]
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
         yield batch if keep is None else batch.filter(keep)
