@@ -358,9 +358,11 @@ class LocalPipeline(Pipeline):
 
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
         """One pass: each range is summarised and its messages counted per queue together;
-        the counts of the ranges one walk of the log visits are kept. Without pyarrow, the
-        walk comes first and the walked ranges are then counted record by record."""
+        the counts of the ranges one walk of the log visits are kept. Without pyarrow and
+        numpy (the Spark extra brings both), the walk comes first and the walked ranges are
+        then counted record by record."""
         try:
+            import numpy  # noqa: F401
             import pyarrow  # noqa: F401
         except ImportError:
             return self._stats_by_record(topics)
