@@ -33,6 +33,12 @@ def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> A
     return result if kind is None else result.cast(kind)
 
 
+def constant(pa: Any, value: int) -> Any:
+    """An Arrow int64 scalar, made from a buffer (a plain int in a compute call would go
+    through ``pa.scalar``, which imports pandas)."""
+    return pa.Array.from_buffers(pa.int64(), 1, [None, pa.py_buffer(array("q", [value]))])[0]
+
+
 def _int64(pa: Any, values: array, count: int) -> Any:
     return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(values)])
 
@@ -46,7 +52,7 @@ def _binary_from_spans(pa: Any, buf: Any, spans: array, count: int, total: int, 
     validity = None
     if absent:
         lengths = _int64(pa, spans[1 : 2 * count : 2], count)
-        validity = pc.not_equal(lengths, layout.SPAN_ABSENT).buffers()[1]
+        validity = pc.not_equal(lengths, constant(pa, layout.SPAN_ABSENT)).buffers()[1]
     return pa.Array.from_buffers(
         pa.binary(),
         count,
@@ -118,8 +124,8 @@ def crc_verdicts(pa: Any, rows: Any, count: int) -> Any:
     import pyarrow.compute as pc
 
     status = integers(pa, rows, layout.CRC_STATUS, count)
-    good = pc.equal(status, layout.CRC_GOOD)
-    checked = pc.not_equal(status, layout.CRC_UNCHECKED)
+    good = pc.equal(status, constant(pa, layout.CRC_GOOD))
+    checked = pc.not_equal(status, constant(pa, layout.CRC_UNCHECKED))
     unchecked = count - pc.sum(pc.cast(checked, pa.int64())).as_py()
     return pa.Array.from_buffers(
         pa.bool_(), count, [checked.buffers()[1], good.buffers()[1]], null_count=unchecked

@@ -598,6 +598,24 @@ def _count(entry: QueueStats, header: RecordHeader, props: bytes) -> None:
             entry.tags[tag] += 1
 
 
+# columns with few distinct values, dictionary-encoded in Parquet (the others, bodies, offsets
+# and ids, are not: their dictionaries would cost time and grow the file)
+_DICTIONARY_COLUMNS = [
+    "topic",
+    "queueId",
+    "properties",
+    "flag",
+    "sysFlag",
+    "bornHost",
+    "storeHost",
+    "reconsumeTimes",
+    "tags",
+    "tagsCode",
+    "version",
+    "file",
+]
+
+
 def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
     """Row groups of about ROW_GROUP_ROWS messages (the kernel's batches are smaller)."""
     import pyarrow as pa
@@ -607,7 +625,7 @@ def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
     schema = arrow_schema(COMMITLOG_COLUMNS)
     waiting: list[Any] = []
     rows = 0
-    with pq.ParquetWriter(stream, schema) as writer:
+    with pq.ParquetWriter(stream, schema, use_dictionary=_DICTIONARY_COLUMNS) as writer:
         for batch in chain(batches, [None]):
             if batch is not None:
                 waiting.append(batch)

@@ -149,7 +149,12 @@ def message_batches(
             columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_UNIQ_KEY)),
             columns.message_ids(pa, buf, rows, count),
             columns.chosen(
-                pa, pc.equal(columns.integers(pa, rows, layout.VERSION, count), 2), "V2", "V1"
+                pa,
+                pc.equal(
+                    columns.integers(pa, rows, layout.VERSION, count), columns.constant(pa, 2)
+                ),
+                "V2",
+                "V1",
             ),
             columns.repeated(pa, file_label, count),
         ]
