@@ -440,6 +440,7 @@ class RegionScan:
     __slots__ = (
         "_topics",
         "base_offset",
+        "batch_rows",
         "blank_length",
         "crc_failures",
         "end_position",
@@ -463,8 +464,11 @@ class RegionScan:
         stop_on_crc_error: bool = False,
         property_crc: bool = False,
         windows: Any = None,
+        batch_rows: int = 0,
     ) -> None:
+        """``batch_rows``: rows per batch (0: the default, 4096)."""
         self.windows = windows if windows is not None else BufferWindows(buf, limit)
+        self.batch_rows = batch_rows or _BATCH_ROWS
         self.start = start
         self.base_offset = base_offset
         self.options = (
@@ -489,7 +493,7 @@ class RegionScan:
         return self._batches(count_failures=True)
 
     def _batches(self, *, count_failures: bool) -> Iterator[tuple[Any, int, Any, int]]:
-        rows = kernel_layout.new_rows(_BATCH_ROWS)
+        rows = kernel_layout.new_rows(self.batch_rows)
         scan = kernel.scan
         windows = self.windows
         base = self.base_offset

@@ -128,9 +128,16 @@ class RangeScan:
     physical offset of the first record whose CRC check failed)."""
 
     def __init__(
-        self, location: StoreLocation, part: FileRange, check_crc: bool, *, resync_last: bool
+        self,
+        location: StoreLocation,
+        part: FileRange,
+        check_crc: bool,
+        *,
+        resync_last: bool,
+        batch_rows: int = 0,
     ) -> None:
         self.location = location
+        self.batch_rows = batch_rows
         self.part = part
         self.check_crc = check_crc
         self.resync = resync_last or not part.last_file
@@ -163,7 +170,13 @@ class RangeScan:
                 position = found
             while True:
                 region = RegionScan(
-                    None, position, windows.limit, base, self.check_crc, windows=windows
+                    None,
+                    position,
+                    windows.limit,
+                    base,
+                    self.check_crc,
+                    windows=windows,
+                    batch_rows=self.batch_rows,
                 )
                 for window, window_start, rows, count in region.batches():
                     kept = _rows_before(rows, count, base + stop)

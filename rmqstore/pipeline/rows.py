@@ -24,6 +24,8 @@ from rmqstore.pipeline.ranges import FileRange, RangeScan
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import record_item
 
+EXPORT_BATCH_ROWS = 16384  # rows per Arrow batch (fewer when a window of the file ends)
+
 # (column, Spark type, Arrow type name) of the commit-log source, in order
 COMMITLOG_COLUMNS = [
     ("topic", "STRING", "string"),
@@ -105,7 +107,13 @@ def message_batches(
     levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
     wanted = None if options.topics is None else columns.strings(pa, sorted(options.topics))
     file_label = f"commitlog/{part.name}"
-    scan = RangeScan(location, part, options.check_crc, resync_last=options.resync_last)
+    scan = RangeScan(
+        location,
+        part,
+        options.check_crc,
+        resync_last=options.resync_last,
+        batch_rows=EXPORT_BATCH_ROWS,
+    )
     for buf, _, rows, count in scan.batches():
         topic = columns.topics(pa, buf, rows, count)
         keep = None
