@@ -7,7 +7,6 @@ import os
 import random
 import time
 from collections.abc import Callable
-from functools import cache
 from typing import NamedTuple
 
 from rmqstore.errors import InputError
@@ -102,7 +101,6 @@ class UniqKeyGenerator:
         self._next_month_start = 0
         self._stem_millis = -1
         self._stem = b""  # prefix + millis hex of the current millisecond, ASCII
-        self._counter_digits = _counter_hex()
 
     def next_key(self, now_millis: int | None = None) -> str:
         """The next key; ``now_millis`` saves a clock read when the caller has the time."""
@@ -119,10 +117,7 @@ class UniqKeyGenerator:
             self._stem_millis = now
         counter = self._counter
         self._counter = (counter + 1) & 0xFFFF
-        return self._stem + self._counter_digits[counter]
+        return self._stem + _HEX_BYTES[counter >> 8] + _HEX_BYTES[counter & 0xFF]
 
 
-@cache
-def _counter_hex() -> tuple[bytes, ...]:
-    """All 65536 four-digit upper-case hex strings (formatting one costs more than a lookup)."""
-    return tuple(b"%04X" % value for value in range(0x10000))
+_HEX_BYTES = tuple(b"%02X" % value for value in range(256))

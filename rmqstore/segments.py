@@ -265,12 +265,15 @@ def map_writable(path: Path) -> mmap.mmap:
         os.close(fd)
 
 
+_ZERO_CHUNK = bytes(4 * 1024 * 1024)
+
+
 def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:
     """The smallest ``[first, last_end)`` within ``[start, end)`` holding every non-zero byte
     of ``path``, or None when that range is all zeros. Holes of sparse files are skipped."""
     first: int | None = None
     last_end = start
-    chunk_size = 4 * 1024 * 1024
+    chunk_size = len(_ZERO_CHUNK)
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
@@ -291,7 +294,8 @@ def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:
                 chunk = os.pread(fd, min(chunk_size, hole - position), position)
                 if not chunk:
                     break
-                stripped = chunk.lstrip(b"\0")
+                zeros = _ZERO_CHUNK if len(chunk) == chunk_size else bytes(len(chunk))
+                stripped = b"" if chunk == zeros else chunk.lstrip(b"\0")  # memcmp first
                 if stripped:
                     if first is None:
                         first = position + len(chunk) - len(stripped)
