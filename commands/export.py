@@ -39,7 +39,7 @@ from rmqstore.store import Store
 )
 @click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
 @click.option("--no-body", is_flag=True, help="Leave the message bodies out.")
-@engine_options(default="spark")
+@engine_options(default="auto")
 @jobs_option()
 @store_config_options
 @json_option
@@ -71,7 +71,7 @@ def command(
 
     JSON: destination, format, messages, files, commitLogFiles.
     """
-    engine.check_jobs(jobs)
+    engine.resolve(store, jobs)
     options = PipelineOptions.for_config(store_settings(store, config), engine.split, jobs)
     selected = frozenset(topics) or None
     if engine.spark:

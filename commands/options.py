@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from rmqstore.commands.output import note
 from rmqstore.config import StoreConfig, load_broker_config, round_consumequeue_size
 
 F = Callable[..., Any]
@@ -120,7 +121,18 @@ ENGINES = ("local", "spark")
 
 def engine_options(default: str) -> Callable[[F], F]:
     """``--engine``, ``--master``, ``--spark-conf`` and ``--split-size``; passes
-    ``engine: EngineChoice``."""
+    ``engine: EngineChoice``. A command whose default is ``auto`` offers it (and calls
+    :meth:`EngineChoice.resolve`)."""
+    choices = ("auto", *ENGINES) if default == "auto" else ENGINES
+    engine_help = (
+        "Run here in this process (local), as a Spark job (spark: needs pyspark and Java "
+        "17+), or let rmqstore pick (auto: Spark only for a commit log of 16 GiB or more, or "
+        "with --master/--spark-conf, and when Spark can start; the choice and its reason go "
+        "to stderr)."
+        if default == "auto"
+        else "Run here in this process (local) or as a Spark job (spark: needs pyspark and "
+        "Java 17+)."
+    )
 
     def decorate(func: F) -> F:
         @functools.wraps(func)
@@ -137,19 +149,18 @@ def engine_options(default: str) -> Callable[[F], F]:
             click.option(
                 "--engine",
                 "engine_name",
-                type=click.Choice(ENGINES),
+                type=click.Choice(choices),
                 default=default,
                 show_default=True,
-                help="Run here in this process (local) or as a Spark job (spark: needs "
-                "pyspark and Java 17+).",
+                help=engine_help,
             ),
             click.option(
                 "--master",
-                default="local[*]",
-                show_default=True,
+                default=None,
                 metavar="URL",
                 help="Spark master for --engine spark: local[N], spark://HOST:PORT, yarn, "
-                "k8s://... (the store path must then be the same on every executor).",
+                "k8s://... (the store path must then be the same on every executor).  "
+                "[default: local[*]]",
             ),
             click.option(
                 "--spark-conf",
@@ -177,15 +188,29 @@ def engine_options(default: str) -> Callable[[F], F]:
 class EngineChoice:
     """Which engine runs a command, and how to start Spark when it is Spark."""
 
-    def __init__(self, name: str, master: str, spark_conf: tuple[str, ...], split: int) -> None:
+    def __init__(
+        self, name: str, master: str | None, spark_conf: tuple[str, ...], split: int
+    ) -> None:
         self.name = name
-        self.master = master
+        self.spark_asked = master is not None or bool(spark_conf)
+        self.master = master or "local[*]"
         self.spark_conf = spark_conf
         self.split = split
 
     @property
     def spark(self) -> bool:
         return self.name == "spark"
+
+    def resolve(self, store: str, jobs: int) -> None:
+        """Settle ``--engine auto`` for ``store`` and say on stderr which engine runs and why;
+        then check ``--jobs`` against the engine."""
+        if self.name == "auto":
+            from rmqstore.pipeline.engines import choose_engine
+
+            decision = choose_engine(store, spark_asked=self.spark_asked, jobs=jobs)
+            self.name = decision.name
+            note(f"engine: {decision.name} ({decision.reason})")
+        self.check_jobs(jobs)
 
     def check_jobs(self, jobs: int) -> None:
         if jobs > 1 and self.spark:

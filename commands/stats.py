@@ -21,7 +21,7 @@ from rmqstore.pipeline.local import PipelineOptions, StoreStats
 @click.command("stats")
 @store_location_argument
 @click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
-@engine_options(default="spark")
+@engine_options(default="auto")
 @jobs_option()
 @store_config_options
 @json_option
@@ -46,7 +46,7 @@ def command(
     messages}]}], files[{file, records, bytes, blankBytes, crcFailures, invalidRegions, end,
     endedBy}].
     """
-    engine.check_jobs(jobs)
+    engine.resolve(store, jobs)
     options = PipelineOptions.for_config(store_settings(store, config), engine.split, jobs)
     selected = frozenset(topics) or None
     if engine.spark:

@@ -50,14 +50,15 @@ def spark_session(
     try:
         require_java()
     except JavaMissing as exc:
-        raise SparkUnavailable(str(exc)) from None
+        raise SparkUnavailable(f"{exc}; or run without Spark: --engine local") from None
     try:
         from pyspark import SparkConf, SparkContext
         from pyspark.java_gateway import launch_gateway
         from pyspark.sql import SparkSession
     except ImportError:
         raise SparkUnavailable(
-            "the Spark pipeline needs pyspark and pyarrow: pip install 'rmqstore[spark]'"
+            "the Spark pipeline needs pyspark and pyarrow: pip install 'rmqstore[spark]'; or "
+            "run without Spark: --engine local"
         ) from None
     local = master.startswith("local")
     if local:
@@ -82,7 +83,8 @@ def spark_session(
     except Exception as exc:  # the JVM failed to start: one sentence, no stack trace
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise SparkUnavailable(
-            f"Spark did not start ({master}): {first} (JVM log: {log_path})"
+            f"Spark did not start ({master}): {first} (JVM log: {log_path}); or run without "
+            "Spark: --engine local"
         ) from None
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)

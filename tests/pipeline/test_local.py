@@ -160,8 +160,15 @@ def test_export_in_worker_processes_writes_the_same_files(tmp_path: Path) -> Non
     one, two = sorted((tmp_path / "1").iterdir()), sorted((tmp_path / "2").iterdir())
     assert len(one) > 2 and [p.name for p in one] == [p.name for p in two]
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, two, strict=True))
-    spark = run_cli("export", store_dir, "--to", tmp_path / "3", "--jobs", "2")
+    spark = run_cli("export", store_dir, "--to", tmp_path / "3", "--engine", "spark", "--jobs", "2")
     assert spark.exit_code == 2 and "--jobs is for --engine local" in spark.output
+    auto = run_cli(
+        "export", store_dir, "--to", tmp_path / "4", "--jobs", "2", "--split-size", "9000"
+    )
+    assert auto.exit_code == 0 and "engine: local (--jobs 2 asks for local" in auto.stderr
+    assert [p.read_bytes() for p in sorted((tmp_path / "4").iterdir())] == [
+        p.read_bytes() for p in two
+    ]
 
 
 def test_stats_the_same_whatever_the_ranges_and_workers(tmp_path: Path) -> None:

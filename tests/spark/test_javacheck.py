@@ -30,11 +30,21 @@ def run_without_java(tmp_path: Path, java: str | None, *args: str) -> subprocess
 
 def test_no_java(tmp_path: Path) -> None:
     generate("basic", tmp_path / "store")
-    result = run_without_java(tmp_path, None, "export", str(tmp_path / "store"), "--to", "x")
+    store = str(tmp_path / "store")
+    result = run_without_java(tmp_path, None, "export", store, "--to", "x", "--engine", "spark")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "Java 17 or newer" in result.stderr and "JAVA_HOME" in result.stderr
+    assert "--engine local" in result.stderr
     assert not (tmp_path / "x").exists()
+    # left to rmqstore, a small store runs here without asking for Java
+    auto = run_without_java(tmp_path, None, "export", store, "--to", str(tmp_path / "y"))
+    assert auto.returncode == 0, auto.stderr
+    assert "engine: local (a commit log of" in auto.stderr
+    # Spark settings ask for Spark; without Java auto says so and runs here
+    asked = run_without_java(tmp_path, None, "stats", store, "--master", "local[2]")
+    assert asked.returncode == 0, asked.stderr
+    assert "engine: local (Spark cannot start: Spark needs Java 17" in asked.stderr
 
 
 def test_an_old_java(tmp_path: Path) -> None:

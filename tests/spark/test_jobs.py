@@ -211,10 +211,14 @@ def test_rebuild_of_broker_stores_on_spark(spark: Any, oracle, tmp_path: Path, c
 
 def test_commands_with_the_spark_engine(spark: Any, oracle, tmp_path: Path) -> None:
     store_dir = oracle("s1_multi").copy_to(tmp_path)
-    exported = run_cli("export", store_dir, "--to", tmp_path / "out", "--json", *ORACLE_OPTIONS)
+    exported = run_cli(
+        "export", store_dir, "--to", tmp_path / "out", "--engine", "spark", "--json",
+        *ORACLE_OPTIONS,
+    )  # fmt: skip
     assert exported.exit_code == 0, exported.stderr
     assert json.loads(exported.stdout)["messages"] == 3002
-    stats = run_cli("stats", store_dir, "--json", *ORACLE_OPTIONS)
+    stats = run_cli("stats", store_dir, "--master", "local[2]", "--json", *ORACLE_OPTIONS)
+    assert "engine: spark (Spark settings" in stats.stderr
     assert json.loads(stats.stdout)["messages"] == 3002
     verified = run_cli("verify", store_dir, "--engine", "spark", "--json", *ORACLE_OPTIONS)
     assert verified.exit_code == 0 and json.loads(verified.stdout)["ok"] is True
