@@ -24,6 +24,7 @@ from rmqstore.commands.output import (
     format_millis,
     json_text,
     message_document,
+    note,
     warn,
 )
 from rmqstore.config import StoreConfig
@@ -77,12 +78,15 @@ _TABLE_CHUNK = 100
     help="With --from-offset or --topic/--queue: at most K messages.",
 )
 @click.option(
-    "--key", metavar="K", help="Messages of --topic with this key in KEYS, through the index."
+    "--key",
+    metavar="K",
+    help="Messages with this key in KEYS (of --topic, or of every topic), through the index.",
 )
 @click.option(
     "--uniq-key",
     metavar="ID",
-    help="Messages of --topic with this UNIQ_KEY (client message id), through the index.",
+    help="Messages with this UNIQ_KEY (client message id; of --topic, or of every topic), "
+    "through the index.",
 )
 @click.option(
     "--begin",
@@ -165,11 +169,14 @@ def command(
 ) -> int:
     """Read messages: by offset, message id, sequentially, by queue, key, unique key or time.
 
-    Give exactly one of: --offset N; --msg-id ID; --from-offset N [--count K]; --topic T
-    --queue Q [--from N] [--count K] (through the consume queue); --topic T --key K
-    [--begin MS] [--end MS] [--max N] or --topic T --uniq-key ID (through the index, each hit
-    checked against its record, like mqadmin queryMsgByKey/queryMsgByUniqueKey); --topic T
-    --queue Q --time MS (the queue offset for a store time). Reads only.
+    Give exactly one of: --offset N; --msg-id ID (an offset message id, or a client id: the
+    UNIQ_KEY a producer logs, found through the index like mqadmin queryMsgById); --from-offset
+    N [--count K]; --topic T --queue Q [--from N] [--count K] (through the consume queue);
+    [--topic T] --key K [--begin MS] [--end MS] [--max N] or [--topic T] --uniq-key ID
+    (through the index, each hit checked against its record, like mqadmin
+    queryMsgByKey/queryMsgByUniqueKey; without --topic every topic with consume queues is
+    searched; no hit is a note and exit 1, as with grep); --topic T --queue Q --time MS (the
+    queue offset for a store time). Reads only.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
@@ -234,8 +241,13 @@ def command(
                 uniq=mode == "uniq-key",
                 body=body,
             )
-        _show_many(messages, body_mode, decompress, as_json, as_jsonl)
+        shown = _show_many(messages, body_mode, decompress, as_json, as_jsonl)
         _warn_all(reader.notes)
+        if not shown and mode in ("key", "uniq-key"):
+            where = f"topic {topic}" if topic is not None else "any topic"
+            kind = "UNIQ_KEY" if mode == "uniq-key" else "key"
+            note(f"no message of {where} has {kind} {key or uniq_key}")
+            return 1
     return 0
 
 
@@ -269,11 +281,11 @@ def _mode(
     if len(chosen) != 1:
         raise click.UsageError(
             "give exactly one of --offset, --msg-id, --from-offset, "
-            "--topic/--queue, --topic/--key, --topic/--uniq-key or "
+            "--topic/--queue, --key, --uniq-key or "
             "--topic/--queue/--time"
         )
     mode = chosen[0]
-    if mode in ("key", "uniq-key", "time", "queue") and topic is None:
+    if mode in ("time", "queue") and topic is None:
         raise click.UsageError(f"--{mode} needs --topic")
     if mode in ("time", "queue") and queue_id is None:
         raise click.UsageError(f"--{mode} needs --queue")
@@ -346,28 +358,34 @@ def _show_one(
 
 def _show_many(
     messages: Iterable[Message], body_mode: str, decompress: bool, as_json: bool, as_jsonl: bool
-) -> None:
+) -> int:
+    """Print the messages as they stream; returns how many were shown."""
+    shown = 0
     if as_json:
         # one JSON array, written as it streams so memory stays flat
         sys.stdout.write("[")
-        for index, message in enumerate(messages):
+        for message in messages:
             document = message_document(message, body_mode, _body_of(message, decompress))
-            sys.stdout.write(("," if index else "") + "\n")
+            sys.stdout.write(("," if shown else "") + "\n")
             sys.stdout.write(json_text(document))
+            shown += 1
         sys.stdout.write("\n]\n")
-        return
+        return shown
     if as_jsonl:
         for message in messages:
             emit_jsonl(message_document(message, body_mode, _body_of(message, decompress)))
-        return
+            shown += 1
+        return shown
     chunk: list[Message] = []
     for message in messages:
         chunk.append(message)
+        shown += 1
         if len(chunk) == _TABLE_CHUNK:
             _summary_table(chunk, body_mode, decompress)
             chunk = []
     if chunk:
         _summary_table(chunk, body_mode, decompress)
+    return shown
 
 
 def _detail_table(document: dict) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rmqstore.commitlog import LogEnd
+from rmqstore.consumequeue import list_queues
 from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import CRC_BAD, CRC_STATUS, PHYSICAL_OFFSET, ROW_WIDTH
@@ -60,14 +61,44 @@ class MessageReader:
             ) from None
 
     def by_msg_id(self, msg_id: str, *, body: BodyMode = BodyMode.READ) -> Message:
-        host, offset = decode_offset_msg_id(msg_id)
-        message = self.by_offset(offset, body=body)
+        """The message an id names: an offset message id (store host and commit-log offset,
+        what the broker returns), or else a client id (the UNIQ_KEY a producer logs as its
+        msgId, looked up in the index across every topic, as mqadmin's queryMsgById does)."""
+        try:
+            host, offset = decode_offset_msg_id(msg_id)
+            message = self.by_offset(offset, body=body)
+        except (InputError, NotFoundError) as not_offset:
+            found = self._by_client_id(msg_id.strip(), body)
+            if found is None:
+                raise NotFoundError(
+                    f"no message has id {msg_id}: as an offset message id, {not_offset}; as "
+                    "a client id (UNIQ_KEY), the index has no message with it"
+                ) from None
+            return found
         if message.store_host != host:
             self.notes.append(
                 f"message id {msg_id} names broker {host}, but the record at "
                 f"offset {offset} was stored by {message.store_host}"
             )
         return message
+
+    def _by_client_id(self, key: str, body: BodyMode) -> Message | None:
+        if not key or not self.store.index_dir.is_dir():
+            return None
+        try:
+            found = self.by_key(None, key, uniq=True, body=body)
+        except NotFoundError:
+            return None
+        if not found:
+            return None
+        self.notes.append(f"{key} is a client id (UNIQ_KEY): found through the index")
+        if len(found) > 1:
+            self.notes.append(f"{len(found)} messages carry UNIQ_KEY {key}; showing the first")
+        return found[0]
+
+    def topics(self) -> list[str]:
+        """The topics that have consume queues (the ones a search of every topic covers)."""
+        return sorted({topic for topic, _ in list_queues(self.store.consumequeue_dir)})
 
     def by_queue(
         self,
@@ -111,7 +142,7 @@ class MessageReader:
 
     def by_key(
         self,
-        topic: str,
+        topic: str | None,
         key: str,
         *,
         begin: int = 0,
@@ -120,29 +151,47 @@ class MessageReader:
         uniq: bool = False,
         body: BodyMode = BodyMode.READ,
     ) -> list[Message]:
-        """Messages of ``topic`` whose KEYS (or, with ``uniq``, UNIQ_KEY) contain ``key``,
-        found through the index like ``queryMsgByKey``/``queryMsgByUniqueKey``: the index
-        matches 32-bit hashes only, so each hit is checked against its record, as a client
-        does. In commit-log order."""
+        """Messages of ``topic`` (None: of every topic with consume queues) whose KEYS (or,
+        with ``uniq``, UNIQ_KEY) contain ``key``, found through the index like
+        ``queryMsgByKey``/``queryMsgByUniqueKey``: the index matches 32-bit hashes only, so
+        each hit is checked against its record, as a client does. In commit-log order."""
         if not key:
             raise InputError("the key to look up is empty")
+        topics = [topic] if topic is not None else self.topics()
         index = self.store.index_service()
         try:
             if not index.files:
                 raise NotFoundError("the store has no index files; run rmqstore dispatch")
-            offsets = sorted(index.query(topic, key, max_results, begin, end))
+            hits = sorted(
+                {
+                    (offset, name)
+                    for name in topics
+                    for offset in index.query(name, key, max_results, begin, end)
+                }
+            )
         finally:
             index.close()
         found = []
-        for offset in offsets:
+        other_kind = 0  # hits that are the key, but as the other kind (UNIQ_KEY / KEYS)
+        for offset, name in hits:
             message = self.store.commitlog.read(offset, body=body)
-            matched = message.uniq_key == key if uniq else key in split_keys(message.keys)
-            if message.topic == topic and matched:
+            is_uniq = message.uniq_key == key
+            in_keys = key in split_keys(message.keys)
+            if message.topic != name:
+                continue
+            if is_uniq if uniq else in_keys:
                 found.append(message)
-        if len(found) < len(offsets):
+            elif is_uniq or in_keys:
+                other_kind += 1
+        if other_kind:
             self.notes.append(
-                f"{len(offsets) - len(found)} index hits were other keys with the "
-                "same hash, and were left out"
+                f"{other_kind} messages carry {key} as their "
+                + ("KEYS (use --key)" if uniq else "UNIQ_KEY (use --uniq-key, or --msg-id)")
+            )
+        collisions = len(hits) - len(found) - other_kind
+        if collisions:
+            self.notes.append(
+                f"{collisions} index hits were other keys with the same hash, and were left out"
             )
         return found
 

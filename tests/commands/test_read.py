@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from support import assert_read_matches_scan_record, java_host, manifest_dump, run_cli
+from support import (
+    ORACLE_OPTIONS,
+    assert_read_matches_scan_record,
+    java_host,
+    manifest_dump,
+    run_cli,
+)
 
 DUMPED = [
     "s1_multi",
@@ -213,3 +219,38 @@ def test_sequential_read_with_verify_crc_stops_at_the_bad_body(tmp_path: Path) -
     assert 0 < len(read) < len(everything)
     assert read == everything[: len(read)]
     assert f"offset {everything[len(read)]['commitLogOffset']}" in checked.stderr
+
+
+def test_client_ids_keys_and_no_hits_like_mqadmin(oracle) -> None:
+    store = oracle("s1_multi").store
+    first = run_cli("read", store, "--from-offset", "0", "--count", "40", "--jsonl")
+    documents = [json.loads(line) for line in first.stdout.splitlines()]
+    wanted = next(d for d in documents if d.get("uniqKey") and d.get("keys"))
+    uniq, key = wanted["uniqKey"], wanted["keys"].split()[0]
+    # a producer's msgId (the UNIQ_KEY) is found through the index, across topics
+    by_client_id = run_cli("read", store, *ORACLE_OPTIONS, "--msg-id", uniq, "--json")
+    assert by_client_id.exit_code == 0, by_client_id.stderr
+    assert json.loads(by_client_id.stdout)["commitLogOffset"] == wanted["commitLogOffset"]
+    assert "client id (UNIQ_KEY)" in by_client_id.stderr
+    # --uniq-key and --key without --topic search every topic
+    by_uniq = run_cli("read", store, *ORACLE_OPTIONS, "--uniq-key", uniq, "--jsonl")
+    assert [json.loads(line)["commitLogOffset"] for line in by_uniq.stdout.splitlines()] == [
+        wanted["commitLogOffset"]
+    ]
+    by_key = run_cli("read", store, *ORACLE_OPTIONS, "--key", key, "--jsonl")
+    assert by_key.exit_code == 0
+    assert wanted["commitLogOffset"] in [
+        json.loads(line)["commitLogOffset"] for line in by_key.stdout.splitlines()
+    ]
+    # a UNIQ_KEY asked for as a key: no false "same hash" note, but what it is
+    as_key = run_cli(
+        "read", store, *ORACLE_OPTIONS, "--topic", wanted["topic"], "--key", uniq, "--jsonl"
+    )
+    assert as_key.exit_code == 1 and as_key.stdout == ""
+    assert "as their UNIQ_KEY" in as_key.stderr and "same hash" not in as_key.stderr
+    # no hit: a note and exit 1, as grep does
+    missing = run_cli("read", store, *ORACLE_OPTIONS, "--key", "no-such-key-anywhere")
+    assert missing.exit_code == 1
+    assert "no message of any topic has key no-such-key-anywhere" in missing.stderr
+    unknown = run_cli("read", store, *ORACLE_OPTIONS, "--msg-id", "0" * 31 + "1")
+    assert unknown.exit_code == 2 and "as a client id (UNIQ_KEY)" in unknown.stderr
