@@ -6,13 +6,15 @@ from collections.abc import Iterator
 
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import list_queues
-from rmqstore.errors import InputError, NotFoundError, RecordError
+from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import CRC_BAD, CRC_STATUS, PHYSICAL_OFFSET, ROW_WIDTH
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.properties import split_keys
 from rmqstore.record import BodyMode, Message, ScanStop, message_from_row
 from rmqstore.store import Store
+
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
 class MessageReader:
@@ -68,7 +70,16 @@ class MessageReader:
             host, offset = decode_offset_msg_id(msg_id)
             message = self.by_offset(offset, body=body)
         except (InputError, NotFoundError) as not_offset:
-            found = self._by_client_id(msg_id.strip(), body)
+            text = msg_id.strip()
+            if not text or any(c not in _HEX_DIGITS for c in text):
+                raise  # not an id of either kind
+            try:
+                found = self._by_client_id(text, body)
+            except RmqStoreError as exc:
+                raise NotFoundError(
+                    f"no message has id {msg_id}: as an offset message id, {not_offset}; as a "
+                    f"client id (UNIQ_KEY), the index cannot be searched: {exc}"
+                ) from None
             if found is None:
                 raise NotFoundError(
                     f"no message has id {msg_id}: as an offset message id, {not_offset}; as "

@@ -268,7 +268,7 @@ def test_append_with_dispatch_is_queryable_and_clean(tmp_path: Path) -> None:
     [
         (["--topic", "Nope", "--queue", "0"], "no consume queue"),
         (["--topic", "TopicTest", "--key", "x", "--index-slots", "7"], "maxHashSlotNum"),
-        (["--key", "x"], "needs --topic"),
+        (["--key", "x", "--index-slots", "7"], "maxHashSlotNum"),  # every topic: the index
         (["--topic", "TopicTest", "--time", "5"], "needs --queue"),
         (["--topic", "T", "--queue", "0", "--from", "1", "--key", "k"], "--from goes with"),
     ],
