@@ -19,6 +19,7 @@ from rmqstore.commands.output import (
     Grid,
     confirm_or_refuse,
     console,
+    counted,
     emit_json,
     note,
     progress_bar,
@@ -137,7 +138,8 @@ def command(
             if not yes:
                 moves = ", ".join(str(path) for path in plan.moves) or "nothing"
                 confirm_or_refuse(
-                    "--rebuild", f"move {plan.files} files ({moves}) to quarantine and rebuild"
+                    "--rebuild",
+                    f"move {counted(plan.files, 'file')} ({moves}) to quarantine and rebuild",
                 )
             session = engine.session() if engine.spark else None  # before anything moves
             quarantine = apply_rebuild(opened, plan)

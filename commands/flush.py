@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from rmqstore.commands.options import json_option, store_argument, store_config_options
-from rmqstore.commands.output import Grid, console, emit_json, format_millis, note
+from rmqstore.commands.output import Grid, console, counted, emit_json, format_millis, note
 from rmqstore.config import StoreConfig
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.store import Store
@@ -43,7 +43,7 @@ def _render(result: FlushResult) -> None:
     table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("flushed", f"{result.files:,} files, {result.bytes:,} bytes")
+    table.add_row("flushed", f"{counted(result.files, 'file')}, {counted(result.bytes, 'byte')}")
     table.add_row("commit log ends at", f"{result.log_end:,}")
     checkpoint = result.checkpoint_after
     for name, value in (

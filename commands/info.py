@@ -13,7 +13,15 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import Grid, console, emit_json, format_millis, progress_bar, warn
+from rmqstore.commands.output import (
+    Grid,
+    console,
+    counted,
+    emit_json,
+    format_millis,
+    progress_bar,
+    warn,
+)
 from rmqstore.config import StoreConfig
 from rmqstore.store import Store
 from rmqstore.summary import summarize
@@ -77,7 +85,7 @@ def _render(summary: dict[str, Any]) -> None:
     )
     overview.add_row(
         "commit log",
-        f"{log['files']} files {log['firstFile'] or ''}"
+        f"{counted(log['files'], 'file')} {log['firstFile'] or ''}"
         f"{' .. ' + log['lastFile'] if log['files'] > 1 else ''}",
     )
     overview.add_row("offsets", f"{log['minOffset']:,} .. {log['maxOffset']:,}")
@@ -112,7 +120,10 @@ def _render(summary: dict[str, Any]) -> None:
         f"{dispatch['behindBytes']:,} bytes behind the commit log",
     )
     index = summary["index"]
-    overview.add_row("index", f"{index['files']} files, {index['entries']:,} entries")
+    overview.add_row(
+        "index",
+        f"{counted(index['files'], 'file')}, {counted(index['entries'], 'entry', 'entries')}",
+    )
     console.print(overview)
     if summary["consumeQueues"]:
         _consume_queue_table(summary["consumeQueues"])

@@ -139,6 +139,11 @@ def json_text(document: Any) -> str:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``count`` and the noun, singular for one: ``1 file``, ``2 files``, ``1,024 entries``."""
+    return f"{count:,} {noun if count == 1 else (plural or noun + 's')}"
+
+
 def warn(message: str) -> None:
     click.echo(f"rmqstore: warning: {message}", err=True)
 

@@ -17,6 +17,7 @@ from rmqstore.commands.output import (
     Grid,
     confirm_or_refuse,
     console,
+    counted,
     emit_json,
     note,
     progress_bar,
@@ -74,7 +75,8 @@ def command(
         if (plan.cuts or plan.moves) and not yes:
             confirm_or_refuse(
                 "recover",
-                f"cut {plan.bytes_cut:,} bytes and move {len(plan.moves)} files to quarantine "
+                f"cut {counted(plan.bytes_cut, 'byte')} and move "
+                f"{counted(len(plan.moves), 'file')} to quarantine "
                 f"(the log ends at {plan.log_end:,})",
             )
         total = max(1, plan.log_end - opened.commitlog.min_offset)
@@ -145,7 +147,9 @@ def _render(result: RecoveryResult, abort_removed: bool) -> None:
     table.add_row("commit log", f"ends at {plan.log_end:,}" + (
         f" ({plan.stopped_by})" if plan.stopped_by else ""))  # fmt: skip
     table.add_row(
-        "cut", f"{plan.bytes_cut:,} bytes in {len(plan.cuts)} places, {len(plan.moves)} files"
+        "cut",
+        f"{counted(plan.bytes_cut, 'byte')} in {counted(len(plan.cuts), 'place')}, "
+        f"{counted(len(plan.moves), 'file')}",
     )
     table.add_row(
         "consume queues",

@@ -15,7 +15,7 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import Grid, console, emit_json, progress_bar, warn
+from rmqstore.commands.output import Grid, console, counted, emit_json, progress_bar, warn
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.store import Store
@@ -151,12 +151,14 @@ def _render(report: VerifyReport) -> None:
     if checked["consumeQueues"]:
         summary.add_row(
             "consume queues",
-            f"{checked['consumeQueues']} queues, "
+            f"{counted(checked['consumeQueues'], 'queue')}, "
             f"{checked['units']:,} units matched against records",
         )
     if checked["indexFiles"]:
         summary.add_row(
-            "index", f"{checked['indexFiles']} files, {checked['indexEntries']:,} entries"
+            "index",
+            f"{counted(checked['indexFiles'], 'file')}, "
+            f"{counted(checked['indexEntries'], 'entry', 'entries')}",
         )
     verdict = "[green]sound[/green]" if report.ok else "[red]problems found[/red]"
     summary.add_row(

@@ -211,7 +211,7 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
             "consumeQueueFileSize": store.consumequeue_file_size,
             "indexHashSlots": config.index_slots,
             "indexEntries": config.index_entries,
-            "sources": dict(config.sources),
+            "sources": {_json_name(name): source for name, source in config.sources.items()},
         },
         "commitLog": {
             "directory": str(store.commitlog_dir),
@@ -236,3 +236,20 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
             "behindRecords": behind_records,
         },
     }
+
+
+# settings under the names the geometry above uses; the others in camelCase
+_SETTING_NAMES = {
+    "commitlog_file_size": "commitLogFileSize",
+    "consumequeue_file_size": "consumeQueueFileSize",
+    "index_slots": "indexHashSlots",
+    "index_entries": "indexEntries",
+}
+
+
+def _json_name(setting: str) -> str:
+    """A store setting's name in JSON output (camelCase, as every key there)."""
+    if setting in _SETTING_NAMES:
+        return _SETTING_NAMES[setting]
+    first, *rest = setting.split("_")
+    return first + "".join(part.capitalize() for part in rest)
