@@ -107,7 +107,8 @@ def _silence_stdout() -> None:
     prog_name="rmqstore",
     message=f"%(prog)s %(version)s\nrecord kernel: {kernel.description()}",
 )
-def cli() -> None:
+@click.option("--utc", is_flag=True, help="Show times in UTC (default: local time, with its zone).")
+def cli(utc: bool) -> None:
     """Inspect, verify and write Apache RocketMQ message store directories offline.
 
     STORE is the store root directory (the broker's storePathRootDir), holding commitlog/,
@@ -120,6 +121,9 @@ def cli() -> None:
     by a running broker); 4 I/O failure (disk full, permission, or a writer's stdout closed
     while it reported what it stored); 70 internal error.
     """
+    from rmqstore.commands import output
+
+    output.SHOW_UTC = utc
 
 
 _COMMAND_MODULES = (

@@ -104,6 +104,26 @@ RANGE_JOBS_HELP = (
 )
 
 
+class StoreTime(click.ParamType):
+    """A store time: epoch milliseconds, ISO-8601, or mqadmin's yyyy-MM-dd#HH:mm:ss:SSS."""
+
+    name = "time"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        from rmqstore.errors import InputError
+        from rmqstore.times import parse_store_time
+
+        try:
+            return parse_store_time(str(value))
+        except InputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+STORE_TIME = StoreTime()
+
+
 def jobs_option(help_text: str = RANGE_JOBS_HELP) -> Callable[[F], F]:
     """``--jobs N`` (at least 1, default 1) with the command's own help text."""
     return click.option(

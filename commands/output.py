@@ -6,7 +6,6 @@ import base64
 import json
 import re
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -152,15 +151,15 @@ def note(message: str) -> None:
     click.echo(f"rmqstore: {message}", err=True)
 
 
+SHOW_UTC = False  # set by the global --utc option
+
+
 def format_millis(millis: int) -> str:
-    """An epoch-millisecond value as local time with milliseconds (``-`` for 0)."""
-    if millis <= 0:
-        return "-"
-    try:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(millis / 1000))
-    except (OverflowError, OSError, ValueError):
-        return str(millis)
-    return f"{stamp}.{millis % 1000:03d}"
+    """An epoch-millisecond value as local time (UTC with ``--utc``) with milliseconds and
+    the zone (``-`` for 0)."""
+    from rmqstore.times import format_store_time
+
+    return format_store_time(millis, utc=SHOW_UTC)
 
 
 def encode_body(body: bytes | None, mode: str) -> tuple[str | None, str | None]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from rmqstore.commands.options import (
+    STORE_TIME,
     json_option,
     jsonl_option,
     store_argument,
@@ -90,18 +91,19 @@ _TABLE_CHUNK = 100
 )
 @click.option(
     "--begin",
-    type=click.IntRange(min=0),
+    type=STORE_TIME,
     default=0,
-    metavar="MS",
-    help="With --key/--uniq-key: only messages stored at or after MS (epoch ms; the "
-    "index compares whole seconds).",
+    metavar="TIME",
+    help="With --key/--uniq-key: only messages stored at or after TIME (epoch ms, ISO-8601 "
+    "or yyyy-MM-dd#HH:mm:ss:SSS, local time without a zone; the index compares whole "
+    "seconds).",
 )
 @click.option(
     "--end",
-    type=click.IntRange(min=0),
+    type=STORE_TIME,
     default=LONG_MAX,
-    metavar="MS",
-    help="With --key/--uniq-key: only messages stored at or before MS.",
+    metavar="TIME",
+    help="With --key/--uniq-key: only messages stored at or before TIME.",
 )
 @click.option(
     "--max",
@@ -114,9 +116,10 @@ _TABLE_CHUNK = 100
 @click.option(
     "--time",
     "timestamp",
-    type=click.IntRange(min=0),
-    metavar="MS",
-    help="With --topic/--queue: the queue offset for this store time, and its message.",
+    type=STORE_TIME,
+    metavar="TIME",
+    help="With --topic/--queue: the queue offset for this store time (epoch ms, ISO-8601 or "
+    "yyyy-MM-dd#HH:mm:ss:SSS), and its message.",
 )
 @click.option(
     "--time-rule",

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,23 @@ def test_client_ids_keys_and_no_hits_like_mqadmin(oracle) -> None:
     assert "no message of any topic has key no-such-key-anywhere" in missing.stderr
     unknown = run_cli("read", store, *ORACLE_OPTIONS, "--msg-id", "0" * 31 + "1")
     assert unknown.exit_code == 2 and "as a client id (UNIQ_KEY)" in unknown.stderr
+
+
+def test_times_in_any_form_and_shown_with_their_zone(oracle) -> None:
+    store = oracle("s1_multi").store
+    first = json.loads(
+        run_cli("read", store, "--from-offset", "0", "--count", "1", "--jsonl").stdout
+    )
+    millis = first["storeTimestamp"]
+    iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000))
+    iso += f".{millis % 1000:03d}Z"
+    by_ms = run_cli("read", store, "--topic", first["topic"], "--queue",
+                    str(first["queueId"]), "--time", str(millis), "--json")  # fmt: skip
+    by_iso = run_cli("read", store, "--topic", first["topic"], "--queue",
+                     str(first["queueId"]), "--time", iso, "--json")  # fmt: skip
+    assert by_ms.exit_code == by_iso.exit_code == 0, by_iso.stderr
+    assert json.loads(by_ms.stdout) == json.loads(by_iso.stdout)
+    bad = run_cli("read", store, "--topic", "T", "--queue", "0", "--time", "noon")
+    assert bad.exit_code == 2 and "is not a time" in bad.stderr
+    shown = run_cli("--utc", "read", store, "--offset", str(first["commitLogOffset"]))
+    assert " UTC" in shown.stdout

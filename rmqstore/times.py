@@ -1,0 +1,53 @@
+"""Store times as an operator writes and reads them: epoch milliseconds, ISO-8601, or mqadmin's
+``yyyy-MM-dd#HH:mm:ss:SSS``; shown as local (or UTC) time with the zone."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime, timezone
+
+from rmqstore.errors import InputError
+
+_MQADMIN = re.compile(r"(\d{4})-(\d{2})-(\d{2})#(\d{2}):(\d{2}):(\d{2}):(\d{3})")
+
+
+def parse_store_time(text: str) -> int:
+    """Epoch milliseconds from ``text``: digits (epoch ms), ISO-8601 (``2024-03-01T12:00:00``,
+    with ``Z`` or ``+08:00``; without a zone, local time) or mqadmin's
+    ``2024-03-01#12:00:00:000`` (local time, as mqadmin reads it)."""
+    value = text.strip()
+    if value.isdigit():
+        return int(value)
+    matched = _MQADMIN.fullmatch(value)
+    try:
+        if matched:
+            year, month, day, hour, minute, second, millis = (int(p) for p in matched.groups())
+            moment = datetime(year, month, day, hour, minute, second, millis * 1000)
+        else:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InputError(
+            f"{text!r} is not a time: give epoch milliseconds, ISO-8601 "
+            "(2024-03-01T12:00:00[.123][Z|+08:00]) or yyyy-MM-dd#HH:mm:ss:SSS"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # local time, as the shell's user means it
+    millis = round(moment.timestamp() * 1000)
+    if millis < 0:
+        raise InputError(f"{text!r} is before 1970")
+    return millis
+
+
+def format_store_time(millis: int, *, utc: bool = False) -> str:
+    """``2024-03-01 12:00:00.123 +0800`` (``UTC`` with ``utc``); ``-`` for 0 or less."""
+    if millis <= 0:
+        return "-"
+    try:
+        if utc:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(millis / 1000))
+            return f"{stamp}.{millis % 1000:03d} UTC"
+        moment = datetime.fromtimestamp(millis / 1000, timezone.utc).astimezone()
+    except (OverflowError, OSError, ValueError):
+        return str(millis)
+    return f"{moment:%Y-%m-%d %H:%M:%S}.{millis % 1000:03d} {moment:%z}"

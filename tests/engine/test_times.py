@@ -1,0 +1,52 @@
+"""Store times as operators write them (epoch ms, ISO-8601, mqadmin's format) and as rmqstore
+shows them (local or UTC, with the zone)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from rmqstore.errors import InputError
+from rmqstore.times import format_store_time, parse_store_time
+
+MOMENT = 1_709_294_400_123  # 2024-03-01T12:00:00.123Z
+
+
+@pytest.fixture
+def shanghai():  # type: ignore[no-untyped-def]
+    saved = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Shanghai"
+    time.tzset()
+    yield
+    if saved is None:
+        del os.environ["TZ"]
+    else:
+        os.environ["TZ"] = saved
+    time.tzset()
+
+
+def test_every_form_names_the_same_moment(shanghai) -> None:  # type: ignore[no-untyped-def]
+    for text in (
+        str(MOMENT),
+        "2024-03-01T12:00:00.123Z",
+        "2024-03-01T12:00:00.123+00:00",
+        "2024-03-01T20:00:00.123+08:00",
+        "2024-03-01T20:00:00.123",  # local time
+        "2024-03-01 20:00:00.123",
+        "2024-03-01#20:00:00:123",  # mqadmin, local time
+    ):
+        assert parse_store_time(text) == MOMENT, text
+
+
+def test_shown_with_the_zone(shanghai) -> None:  # type: ignore[no-untyped-def]
+    assert format_store_time(MOMENT) == "2024-03-01 20:00:00.123 +0800"
+    assert format_store_time(MOMENT, utc=True) == "2024-03-01 12:00:00.123 UTC"
+    assert format_store_time(0) == "-"
+
+
+@pytest.mark.parametrize("text", ["yesterday", "2024-13-01T00:00:00", "2024-03-01T25:00:00", ""])
+def test_not_a_time(text: str) -> None:
+    with pytest.raises(InputError, match="is not a time"):
+        parse_store_time(text)
