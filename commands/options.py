@@ -65,6 +65,9 @@ def store_config_options(func: F) -> F:
         broker_config = kwargs.pop("broker_config")
         store = kwargs.get("store")
         local_root = Path(store) if store is not None and "://" not in str(store) else None
+        if broker_config is None and local_root is not None:
+            left = local_root / "config" / "broker.properties"  # where a broker left one
+            broker_config = left if left.is_file() else None
         config = load_broker_config(broker_config, local_root) if broker_config else StoreConfig()
         cq_size = kwargs.pop("consumequeue_file_size")
         kwargs["config"] = config.with_overrides(

@@ -66,7 +66,7 @@ def _check_checkpoint(
                 "the newest record in a consume queue",
             ),
         ]
-    if index is not None:
+    if index is not None and not index.unchecked:
         limits = [
             *limits,
             (

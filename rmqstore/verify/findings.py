@@ -35,6 +35,7 @@ KINDS = {
     "cq-pre-blank": "pre-blank units after the start of a queue",
     "dispatch-lag": "records in the commit log missing from their consume queue",
     "index-file-size": "an index file's size does not match the slot and entry counts",
+    "index-unchecked": "the index was not checked: its hash-slot and entry counts are unknown",
     "index-header": "an index file's header disagrees with its entries",
     "index-chain": "an index hash chain that leaves the file or does not terminate",
     "index-entry": "an index entry that does not match the keys of its record",

@@ -40,6 +40,15 @@ EntryPosition = tuple[int, int]
 _ENTRY_FIELDS = struct.Struct(">iqii")  # keyHash, physical offset, timeDiff, previous entry
 
 
+def index_geometry_known(store: Store) -> bool:
+    """The index's slot and entry counts were given (an option, a broker config, the
+    remembered geometry), not assumed from the defaults."""
+    sources = store.config.sources
+    return any(
+        sources.get(name, "default") != "default" for name in ("index_slots", "index_entries")
+    )
+
+
 class IndexChecks:
     """Structural checks at construction; a record-pass listener afterwards.
 
@@ -76,14 +85,27 @@ class IndexChecks:
         self._pending: tuple[str, int, int, int, int] | None = None
         self.indexed_end = -1
         self.last_full_end_timestamp = 0  # checkpoint indexMsgTimestamp may not exceed it
+        self.unchecked = False  # the index geometry is unknown: nothing about it is checked
         try:
             self.service = IndexService(
                 store.index_dir, store.config.index_slots, store.config.index_entries
             )
         except StoreFormatError as exc:
-            if structural:
+            wrong_size = "bytes" in str(exc)
+            self.unchecked = wrong_size and not index_geometry_known(store)
+            if structural and self.unchecked:
                 report.add(
-                    "index-file-size" if "bytes" in str(exc) else "index-header",
+                    "index-unchecked",
+                    relative(store, store.index_dir),
+                    None,
+                    "the index files are not the default geometry's size and the broker's "
+                    "maxHashSlotNum/maxIndexNum are not known, so the index was not checked; "
+                    "to check it, pass --broker-config or --index-slots/--index-entries",
+                    NOTE,
+                )
+            elif structural:
+                report.add(
+                    "index-file-size" if wrong_size else "index-header",
                     relative(store, store.index_dir),
                     None,
                     str(exc),

@@ -131,3 +131,27 @@ def test_worker_processes_give_the_same_report(oracle, tmp_path: Path) -> None:
     one, two = json.loads(single.stdout), json.loads(parallel.stdout)
     assert one["checked"] == two["checked"] and one["findingsByKind"] == two["findingsByKind"]
     assert sorted(map(str, one["findings"])) == sorted(map(str, two["findings"]))
+
+
+def test_an_unknown_index_geometry_is_a_note_not_an_error(oracle, tmp_path: Path) -> None:
+    store = oracle("s1_multi").copy_to(tmp_path)
+    bare = run_cli("verify", store, "--json")
+    assert bare.exit_code == 0, bare.stdout
+    report = json.loads(bare.stdout)
+    kinds = {finding["kind"]: finding for finding in report["findings"]}
+    assert set(kinds) == {"index-unchecked"} and kinds["index-unchecked"]["severity"] == "note"
+    assert "--index-slots" in kinds["index-unchecked"]["message"]
+    # a geometry that is given and wrong is still an error
+    wrong = run_cli("verify", store, "--json", "--index-slots", "999", "--index-entries", "2000")
+    assert wrong.exit_code == 1
+    assert "index-file-size" in {f["kind"] for f in json.loads(wrong.stdout)["findings"]}
+    # a broker.properties left in STORE/config gives the geometry: the index is checked
+    (store / "config").mkdir(exist_ok=True)
+    (store / "config" / "broker.properties").write_text(
+        "mappedFileSizeCommitLog=65536\nmappedFileSizeConsumeQueue=2000\n"
+        "maxHashSlotNum=1000\nmaxIndexNum=2000\n"
+    )
+    configured = run_cli("verify", store, "--json")
+    assert configured.exit_code == 0
+    assert json.loads(configured.stdout)["findings"] == []
+    assert json.loads(configured.stdout)["checked"]["indexEntries"] > 0
