@@ -30,7 +30,7 @@ from rmqstore.commands.output import (
 )
 from rmqstore.config import StoreConfig
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
-from rmqstore.reader import MessageReader
+from rmqstore.reader import MessageReader, selected
 from rmqstore.record import BodyMode, Message, decompress_body
 from rmqstore.store import Store
 
@@ -94,16 +94,21 @@ _TABLE_CHUNK = 100
     type=STORE_TIME,
     default=0,
     metavar="TIME",
-    help="With --key/--uniq-key: only messages stored at or after TIME (epoch ms, ISO-8601 "
-    "or yyyy-MM-dd#HH:mm:ss:SSS, local time without a zone; the index compares whole "
-    "seconds).",
+    help="Only messages stored at or after TIME (epoch ms, ISO-8601 or "
+    "yyyy-MM-dd#HH:mm:ss:SSS, local time without a zone; with --key/--uniq-key the index "
+    "compares whole seconds).",
 )
 @click.option(
     "--end",
     type=STORE_TIME,
     default=LONG_MAX,
     metavar="TIME",
-    help="With --key/--uniq-key: only messages stored at or before TIME.",
+    help="Only messages stored at or before TIME.",
+)
+@click.option(
+    "--tags",
+    metavar="A||B",
+    help="Only messages with one of these TAGS (mqadmin's || between them).",
 )
 @click.option(
     "--max",
@@ -160,6 +165,7 @@ def command(
     uniq_key: str | None,
     begin: int,
     end: int,
+    tags: str | None,
     max_results: int,
     timestamp: int | None,
     time_rule: str,
@@ -175,11 +181,13 @@ def command(
     Give exactly one of: --offset N; --msg-id ID (an offset message id, or a client id: the
     UNIQ_KEY a producer logs, found through the index like mqadmin queryMsgById); --from-offset
     N [--count K]; --topic T --queue Q [--from N] [--count K] (through the consume queue);
+    --topic T [--count K] (every queue of T, one after the other, like mqadmin printMsg);
     [--topic T] --key K [--begin MS] [--end MS] [--max N] or [--topic T] --uniq-key ID
     (through the index, each hit checked against its record, like mqadmin
     queryMsgByKey/queryMsgByUniqueKey; without --topic every topic with consume queues is
     searched; no hit is a note and exit 1, as with grep); --topic T --queue Q --time MS (the
-    queue offset for a store time). Reads only.
+    queue offset for a store time). --tags A||B and --begin/--end keep only the messages with
+    those tags, stored in that time (--count then counts the messages kept). Reads only.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
@@ -230,10 +238,14 @@ def command(
                 as_json or as_jsonl,
             )
             return 0
+        filtered = tags is not None or begin > 0 or end < LONG_MAX
+        walk_count = None if filtered else count  # a filter counts what it lets through
         if mode == "sequential":
-            messages: Iterable[Message] = reader.sequential(from_offset, count, body=body)  # type: ignore[arg-type]
+            messages: Iterable[Message] = reader.sequential(from_offset, walk_count, body=body)  # type: ignore[arg-type]
         elif mode == "queue":
-            messages = reader.by_queue(topic, queue_id, queue_from, count, body=body)  # type: ignore[arg-type]
+            messages = reader.by_queue(topic, queue_id, queue_from, walk_count, body=body)  # type: ignore[arg-type]
+        elif mode == "topic":
+            messages = reader.by_topic(topic, walk_count, body=body)  # type: ignore[arg-type]
         else:
             messages = reader.by_key(
                 topic,
@@ -244,6 +256,11 @@ def command(
                 uniq=mode == "uniq-key",
                 body=body,
             )
+        if mode in ("sequential", "queue", "topic") and filtered:
+            wanted = frozenset(tags.split("||")) if tags is not None else None
+            messages = selected(messages, tags=wanted, begin=begin, end=end, count=count)
+        elif mode in ("key", "uniq-key") and tags is not None:
+            messages = selected(messages, tags=frozenset(tags.split("||")))
         shown = _show_many(messages, body_mode, decompress, as_json, as_jsonl)
         _warn_all(reader.notes)
         if not shown and mode in ("key", "uniq-key"):
@@ -279,8 +296,8 @@ def _mode(
         )
         if value is not None
     ]
-    if not chosen and topic is not None and queue_id is not None:
-        chosen = ["queue"]
+    if not chosen and topic is not None:
+        chosen = ["queue" if queue_id is not None else "topic"]
     if len(chosen) != 1:
         raise click.UsageError(
             "give exactly one of --offset, --msg-id, --from-offset, "
@@ -292,8 +309,8 @@ def _mode(
         raise click.UsageError(f"--{mode} needs --topic")
     if mode in ("time", "queue") and queue_id is None:
         raise click.UsageError(f"--{mode} needs --queue")
-    if count is not None and mode not in ("sequential", "queue"):
-        raise click.UsageError("--count goes with --from-offset or --topic/--queue")
+    if count is not None and mode not in ("sequential", "queue", "topic"):
+        raise click.UsageError("--count goes with --from-offset, --topic or --topic/--queue")
     if queue_from is not None and mode != "queue":
         raise click.UsageError("--from goes with --topic/--queue")
     return mode

@@ -151,6 +151,22 @@ class MessageReader:
                 )
             yield message
 
+    def by_topic(
+        self, topic: str, count: int | None = None, *, body: BodyMode = BodyMode.READ
+    ) -> Iterator[Message]:
+        """Messages of every queue of ``topic``, queue after queue (as mqadmin printMsg
+        walks them), each through its consume queue."""
+        queue_ids = sorted(q for t, q in list_queues(self.store.consumequeue_dir) if t == topic)
+        if not queue_ids:
+            raise NotFoundError(f"topic {topic} has no consume queues")
+        produced = 0
+        for queue_id in queue_ids:
+            for message in self.by_queue(topic, queue_id, body=body):
+                yield message
+                produced += 1
+                if count is not None and produced >= count:
+                    return
+
     def by_key(
         self,
         topic: str | None,
@@ -256,3 +272,25 @@ class MessageReader:
                     f"{scan.error.field} {scan.error.reason}"
                 )
             self.notes.append(f"the log ends with invalid bytes: {scan.error}")
+
+
+def selected(
+    messages: Iterator[Message] | list[Message],
+    *,
+    tags: frozenset[str] | None = None,
+    begin: int = 0,
+    end: int = LONG_MAX,
+    count: int | None = None,
+) -> Iterator[Message]:
+    """The messages with one of ``tags`` (None: any) stored within ``[begin, end]``, at most
+    ``count`` of them."""
+    produced = 0
+    for message in messages:
+        if count is not None and produced >= count:
+            return
+        if not begin <= message.store_timestamp <= end:
+            continue
+        if tags is not None and message.tags not in tags:
+            continue
+        yield message
+        produced += 1

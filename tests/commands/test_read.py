@@ -275,3 +275,29 @@ def test_times_in_any_form_and_shown_with_their_zone(oracle) -> None:
     assert bad.exit_code == 2 and "is not a time" in bad.stderr
     shown = run_cli("--utc", "read", store, "--offset", str(first["commitLogOffset"]))
     assert " UTC" in shown.stdout
+
+
+def test_a_whole_topic_filtered_by_tags_and_time(oracle) -> None:
+    store = oracle("s1_multi").store
+    per_queue = []
+    for queue in range(4):
+        result = run_cli("read", store, "--topic", "TopicTest", "--queue", str(queue), "--jsonl")
+        per_queue += [json.loads(line) for line in result.stdout.splitlines()]
+    whole = run_cli("read", store, "--topic", "TopicTest", "--jsonl")
+    assert [json.loads(line) for line in whole.stdout.splitlines()] == per_queue
+    times = sorted(d["storeTimestamp"] for d in per_queue)
+    begin, end = times[len(times) // 4], times[len(times) // 2]
+    expected = [
+        d
+        for d in per_queue
+        if d.get("tags") in ("TagA", "TagB") and begin <= d["storeTimestamp"] <= end
+    ]
+    filtered = run_cli("read", store, "--topic", "TopicTest", "--tags", "TagA||TagB",
+                       "--begin", str(begin), "--end", str(end), "--jsonl")  # fmt: skip
+    assert [json.loads(line) for line in filtered.stdout.splitlines()] == expected
+    assert expected
+    counted = run_cli("read", store, "--topic", "TopicTest", "--tags", "TagA||TagB",
+                      "--count", "2", "--jsonl")  # fmt: skip
+    assert len(counted.stdout.splitlines()) == 2
+    nothing = run_cli("read", store, "--topic", "NoSuchTopic")
+    assert nothing.exit_code == 2 and "has no consume queues" in nothing.stderr
