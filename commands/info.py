@@ -24,15 +24,25 @@ from rmqstore.commands.output import (
 )
 from rmqstore.config import StoreConfig
 from rmqstore.store import Store
-from rmqstore.summary import summarize
+from rmqstore.summary import summarize, topic_status
 
 
 @click.command("info")
 @store_argument
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="T",
+    help="Only the status of these topics' queues (like mqadmin topicStatus): min and max "
+    "offsets and the store time of each queue's last message, without reading the log.",
+)
 @store_config_options
 @json_option
 @progress_option
-def command(store: Path, config: StoreConfig, as_json: bool, no_progress: bool) -> int:
+def command(
+    store: Path, topics: tuple[str, ...], config: StoreConfig, as_json: bool, no_progress: bool
+) -> int:
     """Summarise a store on one screen.
 
     Commit-log files and offset range, topics and queues with their offsets, consume queues
@@ -47,11 +57,19 @@ def command(store: Path, config: StoreConfig, as_json: bool, no_progress: bool) 
     lastStoreTimestamp, end, endError, filesWithDataAfterEnd}, topics[{topic, queues[{queueId,
     messages, minOffset, maxOffset, notQueued}]}] (from the commit log), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
-    entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}.
+    entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}. With
+    --topic: topics[{topic, queues[{queueId, minOffset, maxOffset, lastUpdated}]}].
     """
     with Store.open_read(store, config) as opened:
         for message in opened.notes:
             warn(message)
+        if topics:
+            status = [topic_status(opened, topic) for topic in topics]
+            if as_json:
+                emit_json({"topics": status})
+            else:
+                _topic_status_table(status)
+            return 0
         segments = opened.commitlog.segments
         total = (
             segments[-1].start + opened.commitlog_file_size - segments[0].start if segments else 0
@@ -166,4 +184,26 @@ def _consume_queue_table(rows: list[dict[str, Any]]) -> None:
             str(row["maxOffset"]),
             str(row["maxPhysicalOffset"]),
         )
+    console.print(table)
+
+
+def _topic_status_table(status: list[dict[str, Any]]) -> None:
+    table = Grid()
+    for name, justify in (
+        ("topic", "left"),
+        ("queue", "right"),
+        ("min offset", "right"),
+        ("max offset", "right"),
+        ("last updated", "left"),
+    ):
+        table.add_column(name, justify=justify)
+    for topic in status:
+        for queue in topic["queues"]:
+            table.add_row(
+                topic["topic"],
+                str(queue["queueId"]),
+                str(queue["minOffset"]),
+                str(queue["maxOffset"]),
+                format_millis(queue["lastUpdated"]),
+            )
     console.print(table)

@@ -9,6 +9,7 @@ from typing import Any
 
 from rmqstore import kernel
 from rmqstore.consumequeue import QueueTip, list_queues
+from rmqstore.errors import NotFoundError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
@@ -55,6 +56,36 @@ def consume_queue_table(
             tips[(topic, queue_id)] = tip
         cursor = max(cursor, queue.max_physical_offset)
     return table, cursor, tips
+
+
+def topic_status(store: Store, topic: str) -> dict[str, Any]:
+    """mqadmin topicStatus, offline: each consume queue of ``topic`` with its min and max
+    offsets and the store time of its last message (``lastUpdated``, 0 when the queue is
+    empty or its last unit points at no record). Reads no more of the commit log than those
+    last records."""
+    log = store.commitlog
+    segments = log.segments
+    end = segments[-1].start + segments[-1].size if segments else 0
+    queues = []
+    for name, queue_id in list_queues(store.consumequeue_dir):
+        if name != topic:
+            continue
+        queue = store.consume_queue(name, queue_id)
+        last_updated = 0
+        if queue.max_offset > queue.min_offset:
+            unit = queue.read_unit(queue.max_offset - 1)
+            last_updated = max(0, log.store_timestamp_at(unit.physical_offset, unit.size, end))
+        queues.append(
+            {
+                "queueId": queue_id,
+                "minOffset": queue.min_offset,
+                "maxOffset": queue.max_offset,
+                "lastUpdated": last_updated,
+            }
+        )
+    if not queues:
+        raise NotFoundError(f"topic {topic} has no consume queues")
+    return {"topic": topic, "queues": queues}
 
 
 def index_summary(store: Store) -> dict[str, Any]:

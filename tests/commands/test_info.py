@@ -50,3 +50,31 @@ def test_info_human_output(oracle) -> None:
     assert result.exit_code == 0
     for needle in ("3,346,149", "TopicTest", "physicMsgTimestamp", "52 files"):
         assert needle in result.stdout
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi"])
+def test_topic_status_matches_the_broker(oracle, name: str) -> None:
+    dump = manifest_dump(oracle(name).manifest)
+    assert dump is not None
+    store = oracle(name).store
+    for topic, queues in dump["consumeQueues"].items():
+        if not any(q["maxOffsetInQueue"] for q in queues.values()):
+            continue
+        result = run_cli("info", store, "--topic", topic, "--json", *ORACLE_OPTIONS)
+        assert result.exit_code == 0, result.stderr
+        (status,) = json.loads(result.stdout)["topics"]
+        got = {q["queueId"]: q for q in status["queues"]}
+        for queue_id, broker in queues.items():
+            mine = got[int(queue_id)]
+            assert (mine["minOffset"], mine["maxOffset"]) == (
+                broker["minOffsetInQueue"],
+                broker["maxOffsetInQueue"],
+            )
+            last = (
+                broker["decodedMessages"][-1]["storeTimestamp"] if broker["decodedMessages"] else 0
+            )
+            assert mine["lastUpdated"] == last
+    human = run_cli("info", store, "--topic", "TopicTest", *ORACLE_OPTIONS)
+    assert "last updated" in human.stdout and "TopicTest" in human.stdout
+    missing = run_cli("info", store, "--topic", "Nope", *ORACLE_OPTIONS)
+    assert missing.exit_code == 2 and "has no consume queues" in missing.stderr
