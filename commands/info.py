@@ -70,10 +70,7 @@ def command(
             else:
                 _topic_status_table(status)
             return 0
-        segments = opened.commitlog.segments
-        total = (
-            segments[-1].start + opened.commitlog_file_size - segments[0].start if segments else 0
-        )
+        total = opened.commitlog.data_extent() - opened.commitlog.min_offset
         with progress_bar("scanning commit log", total, not no_progress) as update:
             summary = summarize(opened, update)
     if as_json:

@@ -207,7 +207,7 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
         *columns, console=Console(stderr=True, highlight=False), transient=True
     ) as progress:
         task = progress.add_task(description, total=total)
-        yield lambda completed: progress.update(task, completed=completed)
+        yield lambda completed: progress.update(task, completed=min(completed, total))
 
 
 def confirm_or_refuse(what: str, summary: str) -> None:

@@ -97,7 +97,7 @@ def command(
 
 def _log_size(store: Store) -> int:
     log = store.commitlog
-    return len(log.segments) * log.file_size
+    return log.data_extent() - log.min_offset
 
 
 def _relative(store: Store, update: Callable[[int], None]) -> Callable[[int], None]:

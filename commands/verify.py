@@ -124,7 +124,7 @@ def command(
             return _finish(report, as_json)
         segments = opened.commitlog.segments
         base = segments[0].start if segments else 0
-        total = segments[-1].start + opened.commitlog_file_size - base if segments else 0
+        total = opened.commitlog.data_extent() - base  # the data, not pre-allocated zeros
         with progress_bar("verifying", total, not no_progress) as update:
             report = verify_store(opened, options, lambda offset: update(offset - base))
     return _finish(report, as_json)
