@@ -235,3 +235,13 @@ def test_rollback_restores_the_exact_bytes(tmp_path: Path) -> None:
         assert appender.queue_offsets == offsets
         again = appender.append(message())
         assert again.queue_offset == 3
+
+
+def test_data_extent_leaves_out_pre_allocated_zeros(tmp_path: Path) -> None:
+    from rmqstore.fixtures import FixtureOptions, generate
+
+    generate("large", tmp_path / "store", FixtureOptions(messages=300))
+    with Store.open_read(tmp_path / "store") as store:
+        end = store.log_end().offset
+        extent = store.commitlog.data_extent()
+        assert end <= extent <= end + 65536 < store.commitlog.file_size
