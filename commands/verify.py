@@ -19,7 +19,7 @@ from rmqstore.commands.output import Grid, console, counted, emit_json, progress
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.store import Store
-from rmqstore.verify import KINDS, VerifyOptions, VerifyReport, verify_store
+from rmqstore.verify import CROSS_CHECKS, KINDS, VerifyOptions, VerifyReport, verify_store
 from rmqstore.verify.ranges import RangedVerify
 from rmqstore.workers import process_runner
 
@@ -53,7 +53,15 @@ _HELP = (
 @click.option(
     "--commitlog-only",
     is_flag=True,
-    help="Check the commit log only, not consume queues, index or checkpoint.",
+    help="Check the commit log only, not consume queues, index or checkpoint (= --only commitlog).",
+)
+@click.option(
+    "--only",
+    "only",
+    multiple=True,
+    type=click.Choice(["commitlog", "queues", "index"]),
+    help="Check only these (repeatable): the commit log alone, or the consume queues and/or "
+    "the index against it (the commit log's records are always checked).",
 )
 @click.option(
     "--topic",
@@ -86,6 +94,7 @@ def command(
     store: Path,
     no_crc: bool,
     commitlog_only: bool,
+    only: tuple[str, ...],
     topics: tuple[str, ...],
     from_offset: int | None,
     max_findings: int,
@@ -96,9 +105,13 @@ def command(
     no_progress: bool,
 ) -> int:
     """The verify command (its help text is _HELP, which lists the finding kinds)."""
+    chosen = set(only)
+    if "commitlog" in chosen and chosen - {"commitlog"}:
+        raise click.UsageError("--only commitlog checks the commit log alone: give it alone")
     options = VerifyOptions(
         check_crc=not no_crc,
-        commitlog_only=commitlog_only,
+        commitlog_only=commitlog_only or chosen == {"commitlog"},
+        checks=frozenset(chosen) if chosen else CROSS_CHECKS,
         topics=frozenset(topics) if topics else None,
         from_offset=from_offset,
         max_findings=max_findings,

@@ -18,6 +18,7 @@ from rmqstore.verify.queues import QueueChecks
 from rmqstore.verify.records import RecordListener, RecordPass
 
 __all__ = [
+    "CROSS_CHECKS",
     "ERROR",
     "KINDS",
     "NOTE",
@@ -29,6 +30,9 @@ __all__ = [
 ]
 
 
+CROSS_CHECKS = frozenset({"queues", "index"})  # what is checked against the commit log
+
+
 @dataclass(frozen=True)
 class VerifyOptions:
     check_crc: bool = True
@@ -36,6 +40,12 @@ class VerifyOptions:
     topics: frozenset[str] | None = None  # limit consume-queue (and index) checks to these
     from_offset: int | None = None
     max_findings: int | None = 1000
+    checks: frozenset[str] = CROSS_CHECKS  # "queues", "index": the commit log is always checked
+
+    @property
+    def cross_checks(self) -> frozenset[str]:
+        """The files checked against the commit log (none with ``commitlog_only``)."""
+        return frozenset() if self.commitlog_only else self.checks & CROSS_CHECKS
 
 
 def verify_store(
@@ -45,13 +55,14 @@ def verify_store(
 ) -> VerifyReport:
     """Check ``store`` (opened read-only) and return the report."""
     report = VerifyReport(max_findings=options.max_findings)
-    listeners: list[RecordListener] = []
     queues = index = None
-    if not options.commitlog_only:
-        topics = set(options.topics) if options.topics else None
+    topics = set(options.topics) if options.topics else None
+    checks = options.cross_checks
+    if "queues" in checks:
         queues = QueueChecks(store, report, topics)
+    if "index" in checks:
         index = IndexChecks(store, report, topics)
-        listeners = [queues, index]
+    listeners: list[RecordListener] = [c for c in (queues, index) if c is not None]
     facts = RecordPass(
         store, report, check_crc=options.check_crc, listeners=listeners, progress=progress
     ).run(options.from_offset)

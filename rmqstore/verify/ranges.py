@@ -24,7 +24,7 @@ from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatE
 from rmqstore.pipeline.ranges import split_file
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
-from rmqstore.verify import VerifyOptions
+from rmqstore.verify import CROSS_CHECKS, VerifyOptions
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
@@ -58,7 +58,7 @@ class RangeJob:
     root: str
     config: StoreConfig
     check_crc: bool
-    commitlog_only: bool
+    checks: frozenset[str]  # "queues", "index": checked against the records
     topics: frozenset[str] | None
     max_findings: int | None
     range: VerifyRange
@@ -86,10 +86,10 @@ def check_range(job: RangeJob) -> RangeOutcome:
     try:
         store = Store.open_read(job.root, job.config)
         queues = index = None
-        listeners: list[RecordListener] = []
-        if not job.commitlog_only:
-            topics = set(job.topics) if job.topics else None
+        topics = set(job.topics) if job.topics else None
+        if "queues" in job.checks:
             queues = QueueChecks(store, report, topics, structural=False, bounds=job.queue_bounds)
+        if "index" in job.checks:
             index = IndexChecks(
                 store,
                 report,
@@ -98,7 +98,7 @@ def check_range(job: RangeJob) -> RangeOutcome:
                 entries_from=part.entries_from,
                 after_records=part.number > 0,
             )
-            listeners = [queues, index]
+        listeners: list[RecordListener] = [c for c in (queues, index) if c is not None]
         record_pass = RecordPass(store, report, check_crc=job.check_crc, listeners=listeners)
         scan = record_pass.scan_range(
             part.segment_start,
@@ -161,21 +161,23 @@ class RangedVerify:
         from_offset: int | None,
         max_findings: int | None,
         range_size: int = DEFAULT_RANGE_SIZE,
+        checks: frozenset[str] = CROSS_CHECKS,
     ) -> None:
         if range_size <= 0:
             raise InputError(f"range size {range_size} must be positive")
         self.store = store
         self.check_crc = check_crc
-        self.commitlog_only = commitlog_only
+        self.checks = frozenset() if commitlog_only else checks
         self.topics = topics
         self.from_offset = from_offset
         self.range_size = range_size
         self.report = VerifyReport(max_findings=max_findings)
         self.queues: QueueChecks | None = None
         self.index: IndexChecks | None = None
-        if not commitlog_only:
-            selected = set(topics) if topics else None
+        selected = set(topics) if topics else None
+        if "queues" in self.checks:
             self.queues = QueueChecks(store, self.report, selected, defer_scans=True)
+        if "index" in self.checks:
             self.index = IndexChecks(store, self.report, selected, defer_scans=True)
         self.record_pass = RecordPass(store, self.report, check_crc=check_crc)
 
@@ -188,6 +190,7 @@ class RangedVerify:
             store,
             check_crc=options.check_crc,
             commitlog_only=options.commitlog_only,
+            checks=options.cross_checks,
             topics=options.topics,
             from_offset=options.from_offset,
             max_findings=options.max_findings,
@@ -259,7 +262,7 @@ class RangedVerify:
                 str(Path(self.store.root).resolve()),
                 self.store.config,
                 self.check_crc,
-                self.commitlog_only,
+                self.checks,
                 self.topics,
                 self.report.max_findings,
                 part,

@@ -7,6 +7,8 @@ import os
 import struct
 from pathlib import Path
 
+import pytest
+
 from support import ORACLE_OPTIONS, lock_held_elsewhere, run_cli
 
 
@@ -155,3 +157,23 @@ def test_an_unknown_index_geometry_is_a_note_not_an_error(oracle, tmp_path: Path
     assert configured.exit_code == 0
     assert json.loads(configured.stdout)["findings"] == []
     assert json.loads(configured.stdout)["checked"]["indexEntries"] > 0
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_only_some_checks(tmp_path: Path, jobs: str) -> None:
+    from rmqstore.fixtures import generate
+
+    for scenario, failing, passing in (
+        ("cq-truncated", "queues", "index"),
+        ("index-broken-chain", "index", "queues"),
+    ):
+        store = tmp_path / scenario
+        generate(scenario, store)
+        args = ("verify", store, "--json", "--jobs", jobs, "--split-size", "8192")
+        bad = run_cli(*args, "--only", failing)
+        good = run_cli(*args, "--only", passing)
+        assert bad.exit_code == 1, (scenario, bad.stdout)
+        assert good.exit_code == 0, (scenario, good.stdout)
+        assert run_cli(*args, "--only", "commitlog").exit_code == 0
+    misuse = run_cli("verify", store, "--only", "commitlog", "--only", "index")
+    assert misuse.exit_code == 2 and "give it alone" in misuse.stderr
