@@ -11,6 +11,7 @@ import mmap
 import os
 import struct
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from zlib import crc32  # BODYCRC (checksum.body_crc) inlined on the hot path
 
+from rmqstore import kernel
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.checksum import (
     CRC32_PROPERTY_NAME,
@@ -34,7 +36,9 @@ from rmqstore.errors import (
     StoreIOError,
 )
 from rmqstore.hosts import HostAddress
+from rmqstore.kernel import layout
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH
+from rmqstore.messagebatch import BatchUnsupported, MessageBatch
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.properties import (
     DELAY,
@@ -84,6 +88,7 @@ _OPEN_FILES = 8
 _LONGEST_HEADER = 112  # a header with two IPv6 hosts
 _RESERVE_CHUNK = 16 * 1024 * 1024
 _RELEASE_CHUNK = 32 * 1024 * 1024  # the appender drops written pages in steps of this
+_MOST_BATCH_QUEUES = 1 << 20  # topics x queue ids a batch keeps offsets for
 _PAGE = mmap.PAGESIZE
 
 
@@ -419,6 +424,35 @@ class Savepoint:
     appended: int
 
 
+class BatchResults:
+    """What the store returned for each message of a batch, as columns (``out``: RESULT_WIDTH
+    integers a message); :meth:`results` gives them as :class:`AppendResult` tuples."""
+
+    def __init__(self, batch: MessageBatch, out: array, store_host_field: bytes) -> None:
+        self.batch = batch
+        self.out = out
+        self.store_host_field = store_host_field
+
+    def __len__(self) -> int:
+        return self.batch.count
+
+    def results(self) -> list[AppendResult]:
+        batch, out, width = self.batch, self.out, layout.RESULT_WIDTH
+        rows, row_width = batch.rows, layout.PACK_WIDTH
+        return [
+            AppendResult(
+                out[n * width + layout.RESULT_PHYSICAL_OFFSET],
+                out[n * width + layout.RESULT_QUEUE_OFFSET],
+                out[n * width + layout.RESULT_SIZE],
+                out[n * width + layout.RESULT_STORE_TIMESTAMP],
+                batch.topics[rows[n * row_width + layout.PACK_TOPIC]],
+                rows[n * row_width + layout.PACK_QUEUE_ID],
+                self.store_host_field,
+            )
+            for n in range(batch.count)
+        ]
+
+
 class CommitLogAppender:
     """Appends records the way ``CommitLog.DefaultAppendMessageCallback`` does.
 
@@ -456,6 +490,8 @@ class CommitLogAppender:
         self._crc_reserve = CRC32_RESERVED_LEN if append_crc_property else 0
         self.allow_v2 = allow_v2
         self.clock = clock  # None: the wall clock in epoch milliseconds
+        # the same clock's next readings at once, for batches (a fixture's ticking clock)
+        self.clock_many: Callable[[int], array] | None = None
         self._now_ns = time.time_ns
         self.uniq_keys = uniq_keys
         self.last_store_timestamp = last_store_timestamp
@@ -733,6 +769,114 @@ class CommitLogAppender:
         if self._position - self._released >= _RELEASE_CHUNK:
             self._release_written()
         return results
+
+    def append_batch(self, batch: MessageBatch) -> BatchResults:
+        """Append a batch of messages in columns (:mod:`rmqstore.messagebatch`): the record
+        kernel packs them, with the rules and bytes of :meth:`append_many` (which the tests
+        hold it to). Validates the whole batch before the first byte; on an error after some
+        records are written (a full disk), those stay appended, as with ``append_many``. Not
+        for the ``__CRC32#`` property (``append_many`` writes it)."""
+        if self.append_crc_property:
+            raise BatchUnsupported("the __CRC32# property is written one record at a time")
+        if batch.trailing_separator != self.trailing_separator:
+            raise ValueError("the batch's properties were encoded for another broker version")
+        count = batch.count
+        for topic in batch.topics:
+            if topic not in self._topic_fields:
+                self._learn_topic(topic)
+        if batch.longest_body > self.max_message_size:
+            raise MessageTooLargeError(
+                f"message body is {batch.longest_body} bytes; maxMessageSize is "
+                f"{self.max_message_size}"
+            )
+        key_length = self.uniq_keys.key_length if self.uniq_keys else 0
+        if batch.longest_props + (key_length + 10 if key_length else 0) > MAX_PROPERTIES_BYTES:
+            raise InputError(f"properties are longer than {MAX_PROPERTIES_BYTES} bytes")
+        span = batch.queue_span
+        if span * len(batch.topics) > _MOST_BATCH_QUEUES:
+            raise BatchUnsupported("queue ids this high go one message at a time")
+        topic_fields = bytearray()
+        topic_rows = array("q")
+        for topic in batch.topics:
+            field, magic = self._topic_fields[topic]
+            topic_rows.extend((len(topic_fields), len(field), magic))
+            topic_fields += field
+        host_fields = bytearray()
+        host_rows = array("q")
+        for host in batch.hosts:
+            field = host.to_field()
+            host_rows.extend((len(host_fields), len(field)))
+            host_fields += field
+        slots = array("q", bytes(8 * span * len(batch.topics)))
+        for number, topic in enumerate(batch.topics):
+            for queue_id in range(span):
+                slots[number * span + queue_id] = self.queue_offsets.get((topic, queue_id), 0)
+        before = array("q", slots)
+        rows = batch.rows
+        rows[layout.PACK_NOW :: layout.PACK_WIDTH] = self._clock_readings(count)
+        if self.uniq_keys is None:
+            rows[layout.PACK_UNIQ_KEY :: layout.PACK_WIDTH] = array("q", bytes(8 * count))
+        state = array("q", bytes(8 * layout.KEY_STATE_WIDTH))
+        prefix = b""
+        if self.uniq_keys is not None and count:
+            prefix, counter, month, following = self.uniq_keys.batch_state(rows[layout.PACK_NOW])
+            state[layout.KEY_COUNTER] = counter
+            state[layout.KEY_MONTH_START], state[layout.KEY_NEXT_MONTH] = month, following
+        state[layout.KEY_LAST_STAMP] = self.last_store_timestamp
+        state[layout.KEY_TRAILING_SEPARATOR] = 1 if self.trailing_separator else 0
+        state[layout.KEY_QUEUE_SPAN] = span
+        out = array("q", bytes(8 * layout.RESULT_WIDTH * count))
+        first = 0
+        try:
+            while first < count:
+                if self._dirty_from < 0:
+                    self._dirty_from = self._position
+                following, position, stop, value = kernel.pack_records(
+                    self._map, self._position, self.file_size, self._reserved,
+                    self._segment_start, rows, first, count, batch.bodies, batch.body_spans,
+                    batch.props, batch.prop_spans, topic_fields, topic_rows, host_fields,
+                    host_rows, self._store_host_field, slots, prefix, state, out,
+                )  # fmt: skip
+                self._position = position
+                self.appended += following - first
+                first = following
+                if stop == layout.NEEDS_ROLL:
+                    if value + BLANK_MIN_LENGTH > self.file_size:
+                        raise MessageTooLargeError(
+                            f"a {value}-byte record cannot fit in a commit-log file of "
+                            f"{self.file_size} bytes"
+                        )
+                    self._roll()
+                elif stop == layout.NEEDS_RESERVE:
+                    self._reserve(value)
+                elif stop == layout.NEW_MONTH:
+                    assert self.uniq_keys is not None
+                    self.uniq_keys.resume(state[layout.KEY_COUNTER])
+                    _, counter, month, following_month = self.uniq_keys.batch_state(value)
+                    state[layout.KEY_MONTH_START] = month
+                    state[layout.KEY_NEXT_MONTH] = following_month
+        finally:
+            for number, topic in enumerate(batch.topics):
+                for queue_id in range(span):
+                    slot = number * span + queue_id
+                    if slots[slot] != before[slot]:
+                        self.queue_offsets[(topic, queue_id)] = slots[slot]
+            if self.uniq_keys is not None and count:
+                self.uniq_keys.resume(state[layout.KEY_COUNTER])
+            self.last_store_timestamp = state[layout.KEY_LAST_STAMP]
+        if self._position - self._released >= _RELEASE_CHUNK:
+            self._release_written()
+        return BatchResults(batch, out, self._store_host_field)
+
+    def _clock_readings(self, count: int) -> array:
+        """The clock for ``count`` messages: one wall-clock reading for a whole batch (they
+        are put within it), or the given clock's readings, taken ``clock_many`` at a time when
+        it offers that (a fixture's ticking clock)."""
+        if self.clock is None:
+            return array("q", [time.time_ns() // 1_000_000]) * count
+        if self.clock_many is not None:
+            return self.clock_many(count)
+        return array("q", (self.clock() for _ in range(count)))
 
     def _release_written(self) -> None:
         """Drop written pages from this process: they stay in the page cache (dirty ones are

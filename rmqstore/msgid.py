@@ -102,6 +102,29 @@ class UniqKeyGenerator:
         self._stem_millis = -1
         self._stem = b""  # prefix + millis hex of the current millisecond, ASCII
 
+    def batch_state(self, now_millis: int) -> tuple[bytes, int, int, int]:
+        """For a generator of keys elsewhere (the record kernel): the ASCII prefix (ip, pid,
+        class-loader hash), the next counter, and the start of the month holding
+        ``now_millis`` and of the next one. :meth:`resume` takes the counter back."""
+        if not self._month_start <= now_millis < self._next_month_start:
+            self._month_start, self._next_month_start = _start_of_month_millis(now_millis)
+            self._stem_millis = -1
+        return (
+            self._prefix.encode("ascii"),
+            self._counter,
+            self._month_start,
+            self._next_month_start,
+        )
+
+    @property
+    def key_length(self) -> int:
+        """How long the keys are (hex digits)."""
+        return len(self._prefix) + 12
+
+    def resume(self, counter: int) -> None:
+        """Continue from ``counter`` (after keys were generated elsewhere)."""
+        self._counter = counter & 0xFFFF
+
     def next_key(self, now_millis: int | None = None) -> str:
         """The next key; ``now_millis`` saves a clock read when the caller has the time."""
         return self.next_key_ascii(now_millis).decode("ascii")

@@ -67,6 +67,9 @@ property_pairs: Callable[..., tuple[int, int]] = (
     _refuse if _refusal else _implementation.property_pairs
 )
 message_ids: Callable[..., int] = _refuse if _refusal else _implementation.message_ids
+pack_records: Callable[..., tuple[int, int, int, int]] = (
+    _refuse if _refusal else _implementation.pack_records
+)
 
 
 def description() -> str:

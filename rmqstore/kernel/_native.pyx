@@ -1274,3 +1274,228 @@ def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
     if failure == 2:
         raise ValueError("the message ids do not fit")
     return written
+
+
+# -- packing records for append (see layout.py) ------------------------------------------------
+
+cdef enum:
+    PACK_TOPIC = 0
+    PACK_QUEUE_ID = 1
+    PACK_FLAG = 2
+    PACK_SYS_FLAG = 3
+    PACK_BORN_TIMESTAMP = 4
+    PACK_HOST = 5
+    PACK_RECONSUME_TIMES = 6
+    PACK_PREPARED_OFFSET = 7
+    PACK_NOW = 8
+    PACK_UNIQ_KEY = 9
+    PACK_WIDTH = 10
+    KEY_COUNTER = 0
+    KEY_MONTH_START = 1
+    KEY_NEXT_MONTH = 2
+    KEY_LAST_STAMP = 3
+    KEY_TRAILING_SEPARATOR = 4
+    KEY_QUEUE_SPAN = 5
+    KEY_STATE_WIDTH = 6
+    RESULT_WIDTH = 4
+    PACKED_ALL = 0
+    NEEDS_ROLL = 1
+    NEEDS_RESERVE = 2
+    NEW_MONTH = 3
+
+_check_columns((
+    ("PACK_TOPIC", PACK_TOPIC), ("KEY_QUEUE_SPAN", KEY_QUEUE_SPAN), ("PACK_QUEUE_ID",
+    PACK_QUEUE_ID), ("PACK_FLAG", PACK_FLAG), ("PACK_SYS_FLAG", PACK_SYS_FLAG),
+    ("PACK_BORN_TIMESTAMP", PACK_BORN_TIMESTAMP), ("PACK_HOST", PACK_HOST),
+    ("PACK_RECONSUME_TIMES", PACK_RECONSUME_TIMES), ("PACK_PREPARED_OFFSET",
+    PACK_PREPARED_OFFSET), ("PACK_NOW", PACK_NOW), ("PACK_UNIQ_KEY", PACK_UNIQ_KEY),
+    ("PACK_WIDTH", PACK_WIDTH), ("KEY_COUNTER", KEY_COUNTER), ("KEY_MONTH_START",
+    KEY_MONTH_START), ("KEY_NEXT_MONTH", KEY_NEXT_MONTH), ("KEY_LAST_STAMP", KEY_LAST_STAMP),
+    ("KEY_TRAILING_SEPARATOR", KEY_TRAILING_SEPARATOR), ("KEY_STATE_WIDTH", KEY_STATE_WIDTH),
+    ("RESULT_WIDTH", RESULT_WIDTH), ("PACKED_ALL", PACKED_ALL), ("NEEDS_ROLL", NEEDS_ROLL),
+    ("NEEDS_RESERVE", NEEDS_RESERVE), ("NEW_MONTH", NEW_MONTH), ("TOPIC_ROW_AT", 0),
+    ("TOPIC_ROW_LENGTH", 1), ("TOPIC_ROW_MAGIC", 2), ("TOPIC_ROW_WIDTH", 3), ("HOST_ROW_AT", 0),
+    ("HOST_ROW_LENGTH", 1), ("HOST_ROW_WIDTH", 2), ("RESULT_PHYSICAL_OFFSET", 0),
+    ("RESULT_QUEUE_OFFSET", 1), ("RESULT_SIZE", 2), ("RESULT_STORE_TIMESTAMP", 3),
+))
+
+
+cdef uint64_t MASK32 = 0xFFFFFFFFU
+
+
+cdef inline void _put_be(uint8_t* at, uint64_t value, int size) noexcept nogil:
+    cdef int i
+    for i in range(size):
+        at[size - 1 - i] = (value >> (8 * i)) & 0xFF
+
+
+cdef inline void _put_hex(uint8_t* at, uint64_t value, int digits) noexcept nogil:
+    cdef int i
+    for i in range(digits):
+        at[digits - 1 - i] = HEX_DIGITS[(value >> (4 * i)) & 0xF]
+
+
+def pack_records(buf, int64_t position, int64_t file_size, int64_t reserved, int64_t base_offset,
+                 messages, int64_t first, int64_t count, bodies, body_spans, props, prop_spans,
+                 topics, topic_table, hosts, host_table, store_host, slots, key_prefix,
+                 key_state, out):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef uint8_t[::1] view = buf
+    cdef const int64_t[::1] msg = messages
+    cdef const uint8_t[::1] body_data = bodies
+    cdef const int64_t[::1] body_span = body_spans
+    cdef const uint8_t[::1] prop_data = props
+    cdef const int64_t[::1] prop_span = prop_spans
+    cdef const uint8_t[::1] topic_data = topics
+    cdef const int64_t[::1] topic_rows = topic_table
+    cdef const uint8_t[::1] host_data = hosts
+    cdef const int64_t[::1] host_rows = host_table
+    cdef const uint8_t[::1] store_field = store_host
+    cdef int64_t[::1] slot_view = slots
+    cdef const uint8_t[::1] prefix = key_prefix
+    cdef int64_t[::1] state = key_state
+    cdef int64_t[::1] result = out
+    cdef int64_t length = view.shape[0], message, at, topic_row, host_row, topic_at, topic_length
+    cdef int64_t host_at, host_length, body_at, body_length, props_at, props_length, now, slot
+    cdef int64_t prefix_length = prefix.shape[0], extra, total, header_size, queue_offset, stamp
+    cdef int64_t store_length = store_field.shape[0], cursor, counter, stop = PACKED_ALL, value = 0
+    cdef int64_t final_props, queue_id, sys_flag
+    cdef uint32_t crc
+    cdef bint uniq, trailing
+    cdef uint8_t* data
+    cdef int failure = 0
+    if not (0 <= first <= count <= msg.shape[0] // PACK_WIDTH
+            and result.shape[0] >= count * RESULT_WIDTH
+            and body_span.shape[0] >= 2 * count and prop_span.shape[0] >= 2 * count
+            and state.shape[0] >= KEY_STATE_WIDTH
+            and 0 <= position <= file_size <= length and length > 0
+            and (store_length == 8 or store_length == 20)):
+        raise ValueError("records to pack are outside their buffers")
+    data = &view[0]
+    trailing = state[KEY_TRAILING_SEPARATOR] == 1
+    message = first
+    with nogil:
+        while message < count:
+            at = message * PACK_WIDTH
+            topic_row = msg[at + PACK_TOPIC] * 3
+            host_row = msg[at + PACK_HOST] * 2
+            if not (_fits(topic_row, 3, topic_rows.shape[0])
+                    and _fits(host_row, 2, host_rows.shape[0])):
+                failure = 1
+                break
+            topic_at = topic_rows[topic_row]
+            topic_length = topic_rows[topic_row + 1]
+            host_at = host_rows[host_row]
+            host_length = host_rows[host_row + 1]
+            body_at = body_span[2 * message]
+            body_length = body_span[2 * message + 1]
+            props_at = prop_span[2 * message]
+            props_length = prop_span[2 * message + 1]
+            if not (_fits(topic_at, topic_length, topic_data.shape[0])
+                    and _fits(host_at, host_length, host_data.shape[0])
+                    and (host_length == 8 or host_length == 20)
+                    and _fits(body_at, body_length, body_data.shape[0])
+                    and _fits(props_at, props_length, prop_data.shape[0])):
+                failure = 2
+                break
+            now = msg[at + PACK_NOW]
+            uniq = msg[at + PACK_UNIQ_KEY] != 0
+            extra = 0
+            if uniq:
+                if not (state[KEY_MONTH_START] <= now < state[KEY_NEXT_MONTH]):
+                    stop, value = NEW_MONTH, now
+                    break
+                # UNIQ_KEY 0x01 key, and a separator before (4.9.x) or after (5.x) it
+                extra = 9 + prefix_length + 12 + (1 if trailing or props_length else 0)
+            final_props = props_length + extra
+            if final_props > 32767:
+                failure = 3
+                break
+            header_size = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + host_length + 8 + store_length + 4 + 8 + 4
+            total = header_size + body_length + topic_length + 2 + final_props
+            if position + total + 8 > file_size:
+                stop, value = NEEDS_ROLL, total
+                break
+            if position + total > reserved:
+                stop, value = NEEDS_RESERVE, position + total
+                break
+            if not _fits(position, total, length):
+                failure = 4
+                break
+            queue_id = msg[at + PACK_QUEUE_ID]
+            sys_flag = (msg[at + PACK_SYS_FLAG] & ~0x30) | (0x10 if host_length == 20 else 0)
+            sys_flag |= 0x20 if store_length == 20 else 0
+            if (sys_flag & 0xC) == 0x4 or (sys_flag & 0xC) == 0xC:
+                queue_offset = 0  # PREPARED, ROLLBACK: no consume-queue unit
+            else:
+                slot = msg[at + PACK_TOPIC] * state[KEY_QUEUE_SPAN] + queue_id
+                if not (0 <= queue_id < state[KEY_QUEUE_SPAN]
+                        and 0 <= slot < slot_view.shape[0]):
+                    failure = 5
+                    break
+                queue_offset = slot_view[slot]
+                slot_view[slot] = queue_offset + 1
+            if now > state[KEY_LAST_STAMP]:
+                state[KEY_LAST_STAMP] = now
+            stamp = state[KEY_LAST_STAMP]
+            cursor = position
+            _put_be(data + cursor, <uint64_t>total, 4)
+            _put_be(data + cursor + 4, <uint64_t><uint32_t><int32_t>topic_rows[topic_row + 2], 4)
+            crc = _crc32(0, &body_data[body_at], body_length) if body_length else 0
+            _put_be(data + cursor + 8, <uint64_t>(crc & 0x7FFFFFFF), 4)
+            _put_be(data + cursor + 12, <uint64_t><uint32_t><int32_t>queue_id, 4)
+            _put_be(data + cursor + 16, <uint64_t><uint32_t><int32_t>msg[at + PACK_FLAG], 4)
+            _put_be(data + cursor + 20, <uint64_t>queue_offset, 8)
+            _put_be(data + cursor + 28, <uint64_t>(base_offset + position), 8)
+            _put_be(data + cursor + 36, <uint64_t><uint32_t><int32_t>sys_flag, 4)
+            _put_be(data + cursor + 40, <uint64_t>msg[at + PACK_BORN_TIMESTAMP], 8)
+            cursor += 48
+            memcpy(data + cursor, &host_data[host_at], host_length)
+            cursor += host_length
+            _put_be(data + cursor, <uint64_t>stamp, 8)
+            cursor += 8
+            memcpy(data + cursor, &store_field[0], store_length)
+            cursor += store_length
+            _put_be(data + cursor, <uint64_t><uint32_t><int32_t>msg[at + PACK_RECONSUME_TIMES], 4)
+            _put_be(data + cursor + 4, <uint64_t>msg[at + PACK_PREPARED_OFFSET], 8)
+            _put_be(data + cursor + 12, <uint64_t><uint32_t>body_length, 4)
+            cursor += 16
+            if body_length:
+                memcpy(data + cursor, &body_data[body_at], body_length)
+            cursor += body_length
+            memcpy(data + cursor, &topic_data[topic_at], topic_length)
+            cursor += topic_length
+            _put_be(data + cursor, <uint64_t>final_props, 2)
+            cursor += 2
+            if props_length:
+                memcpy(data + cursor, &prop_data[props_at], props_length)
+            cursor += props_length
+            if uniq:
+                if not trailing and props_length:
+                    data[cursor] = 2
+                    cursor += 1
+                memcpy(data + cursor, b"UNIQ_KEY\x01", 9)
+                cursor += 9
+                if prefix_length:
+                    memcpy(data + cursor, &prefix[0], prefix_length)
+                cursor += prefix_length
+                counter = state[KEY_COUNTER]
+                _put_hex(data + cursor, (<uint64_t>(now - state[KEY_MONTH_START])) & MASK32, 8)
+                _put_hex(data + cursor + 8, <uint64_t>counter, 4)
+                cursor += 12
+                if trailing:
+                    data[cursor] = 2
+                    cursor += 1
+                state[KEY_COUNTER] = (counter + 1) & 0xFFFF
+            if cursor != position + total:
+                failure = 6
+                break
+            result[message * RESULT_WIDTH] = base_offset + position
+            result[message * RESULT_WIDTH + 1] = queue_offset
+            result[message * RESULT_WIDTH + 2] = total
+            result[message * RESULT_WIDTH + 3] = stamp
+            position += total
+            message += 1
+    if failure:
+        raise ValueError(f"message {message} cannot be packed (check {failure})")
+    return message, position, stop, value

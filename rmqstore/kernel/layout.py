@@ -319,3 +319,64 @@ SPAN_ABSENT = -1
 # host field and physical offset, in upper-case hex) back to back into ``data``, with 32-bit
 # offsets as ``gather``; it returns the bytes written.
 MESSAGE_ID_MAX = 2 * (20 + 8)
+
+
+# -- packing records for append ------------------------------------------------------------
+#
+# ``pack_records(buf, position, file_size, reserved, base_offset, messages, first, count,
+# bodies, body_spans, props, prop_spans, topics, topic_table, hosts, host_table, store_host,
+# slots, key_prefix, key_state, out)`` writes the records of messages ``[first, count)`` into
+# ``buf`` (a commit-log file mapped writable, whose first byte is at physical offset
+# ``base_offset``) from file position ``position``, as ``CommitLog.putMessage`` lays them out:
+# BODYCRC computed, the V6 sysFlag bits set from the host fields, the queue offset taken from
+# (and advanced in) ``slots`` (none, and 0, for PREPARED and ROLLBACK records), the store time
+# never going back, a generated UNIQ_KEY appended to the properties where asked. Each message
+# is a row of PACK_WIDTH integers in ``messages``; bodies and properties are spans (position,
+# length: two integers a message) of ``bodies`` and ``props``; topic fields (the TOPICLENGTH
+# byte or short and the topic) and born-host fields are rows of ``topic_table`` (TOPIC_ROW_*) and
+# ``host_table`` (HOST_ROW_*) over ``topics`` and ``hosts``. Per message it writes RESULT_WIDTH
+# integers into ``out`` (at the message's own index). It returns ``(next, position, stop,
+# value)``: PACKED_ALL, or the message it stopped before: NEEDS_ROLL (the record and an 8-byte
+# BLANK do not fit in the file: ``value`` is the record's size), NEEDS_RESERVE (disk blocks
+# are reserved only up to ``reserved``: ``value`` is the position the record ends at) or
+# NEW_MONTH (the message's clock is outside the UNIQ_KEY's month: ``value`` is its clock).
+PACK_TOPIC = 0  # row of topic_table
+PACK_QUEUE_ID = 1  # with PACK_TOPIC, names the queue: slot topic * KEY_QUEUE_SPAN + queue id
+PACK_FLAG = 2
+PACK_SYS_FLAG = 3  # the message's own; the V6 host bits are set from the host fields
+PACK_BORN_TIMESTAMP = 4
+PACK_HOST = 5  # row of host_table
+PACK_RECONSUME_TIMES = 6
+PACK_PREPARED_OFFSET = 7
+PACK_NOW = 8  # the clock when the message is put (epoch ms)
+PACK_UNIQ_KEY = 9  # 1: append a generated UNIQ_KEY to the properties
+PACK_WIDTH = 10
+
+TOPIC_ROW_AT = 0
+TOPIC_ROW_LENGTH = 1  # the length byte (V1) or short (V2) and the topic
+TOPIC_ROW_MAGIC = 2
+TOPIC_ROW_WIDTH = 3
+
+HOST_ROW_AT = 0
+HOST_ROW_LENGTH = 1  # 8 or 20
+HOST_ROW_WIDTH = 2
+
+# key_state: the UNIQ_KEY generator's and the appender's running values, read and written back
+KEY_COUNTER = 0  # the next key's counter (16 bits)
+KEY_MONTH_START = 1  # epoch ms of the start of the month the keys count from
+KEY_NEXT_MONTH = 2  # epoch ms of the next month's start
+KEY_LAST_STAMP = 3  # the last store time given (store times never go back)
+KEY_TRAILING_SEPARATOR = 4  # 1: 5.x properties end with 0x02; 0: 4.9.x drops the last one
+KEY_QUEUE_SPAN = 5  # queue ids per topic in ``slots`` (queue ids are below it)
+KEY_STATE_WIDTH = 6
+
+RESULT_PHYSICAL_OFFSET = 0
+RESULT_QUEUE_OFFSET = 1
+RESULT_SIZE = 2
+RESULT_STORE_TIMESTAMP = 3
+RESULT_WIDTH = 4
+
+PACKED_ALL = 0
+NEEDS_ROLL = 1
+NEEDS_RESERVE = 2
+NEW_MONTH = 3

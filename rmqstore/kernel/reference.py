@@ -36,12 +36,36 @@ from rmqstore.kernel.layout import (
     HASHED_KEY_FORMAT,
     HASHED_KEY_SIZE,
     HEADER_SIZE,
+    HOST_ROW_AT,
+    HOST_ROW_LENGTH,
+    HOST_ROW_WIDTH,
     INDEX_FULL,
     INDEX_KEYS,
+    KEY_COUNTER,
+    KEY_LAST_STAMP,
+    KEY_MONTH_START,
+    KEY_NEXT_MONTH,
+    KEY_QUEUE_SPAN,
+    KEY_STATE_WIDTH,
+    KEY_TRAILING_SEPARATOR,
     KEYS_COUNT,
     KEYS_FROM,
     NEEDS_REFERENCE,
     NEEDS_RESERVE,
+    NEEDS_ROLL,
+    NEW_MONTH,
+    PACK_BORN_TIMESTAMP,
+    PACK_FLAG,
+    PACK_HOST,
+    PACK_NOW,
+    PACK_PREPARED_OFFSET,
+    PACK_QUEUE_ID,
+    PACK_RECONSUME_TIMES,
+    PACK_SYS_FLAG,
+    PACK_TOPIC,
+    PACK_UNIQ_KEY,
+    PACK_WIDTH,
+    PACKED_ALL,
     PHYSICAL_OFFSET,
     POSITION,
     PROPERTIES_AT,
@@ -49,6 +73,11 @@ from rmqstore.kernel.layout import (
     PROPERTY_CRC,
     QUEUE_ID,
     QUEUE_OFFSET,
+    RESULT_PHYSICAL_OFFSET,
+    RESULT_QUEUE_OFFSET,
+    RESULT_SIZE,
+    RESULT_STORE_TIMESTAMP,
+    RESULT_WIDTH,
     ROW_WIDTH,
     RUN_FIRST_QUEUE_OFFSET,
     RUN_LAST_ROW,
@@ -71,6 +100,10 @@ from rmqstore.kernel.layout import (
     TAGS_CODE,
     TOPIC_AT,
     TOPIC_LENGTH,
+    TOPIC_ROW_AT,
+    TOPIC_ROW_LENGTH,
+    TOPIC_ROW_MAGIC,
+    TOPIC_ROW_WIDTH,
     TOTAL_SIZE,
     UNIT_SIZE,
     Problem,
@@ -798,3 +831,134 @@ def message_ids(buf: Any, rows: Any, first: int, count: int, data: Any, offsets:
         written += len(text)
         offsets[row - first + 1] = written
     return written
+
+
+_PACK_HEADER = {  # the fixed header by (born host length, store host length)
+    (8, 8): struct.Struct(">iiiiiqqiq8sq8siqi"),
+    (20, 8): struct.Struct(">iiiiiqqiq20sq8siqi"),
+    (8, 20): struct.Struct(">iiiiiqqiq8sq20siqi"),
+    (20, 20): struct.Struct(">iiiiiqqiq20sq20siqi"),
+}
+_UNIQ_NAME = b"UNIQ_KEY\x01"
+
+
+def pack_records(
+    buf: Any,
+    position: int,
+    file_size: int,
+    reserved: int,
+    base_offset: int,
+    messages: Any,
+    first: int,
+    count: int,
+    bodies: Any,
+    body_spans: Any,
+    props: Any,
+    prop_spans: Any,
+    topics: Any,
+    topic_table: Any,
+    hosts: Any,
+    host_table: Any,
+    store_host: Any,
+    slots: Any,
+    key_prefix: Any,
+    key_state: Any,
+    out: Any,
+) -> tuple[int, int, int, int]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not (
+        0 <= first <= count <= len(messages) // PACK_WIDTH
+        and len(out) >= count * RESULT_WIDTH
+        and len(body_spans) >= 2 * count
+        and len(prop_spans) >= 2 * count
+        and len(key_state) >= KEY_STATE_WIDTH
+        and 0 <= position <= file_size <= len(buf)
+        and len(store_host) in (8, 20)
+    ):
+        raise ValueError("records to pack are outside their buffers")
+    store_field = bytes(store_host)
+    prefix = bytes(key_prefix)
+    trailing = key_state[KEY_TRAILING_SEPARATOR] == 1
+    message = first
+    while message < count:
+        at = message * PACK_WIDTH
+        topic_row = messages[at + PACK_TOPIC] * TOPIC_ROW_WIDTH
+        host_row = messages[at + PACK_HOST] * HOST_ROW_WIDTH
+        if not (0 <= topic_row <= len(topic_table) - TOPIC_ROW_WIDTH) or not (
+            0 <= host_row <= len(host_table) - HOST_ROW_WIDTH
+        ):
+            raise ValueError(f"message {message} names no topic or host")
+        topic = _span(
+            topics, topic_table[topic_row + TOPIC_ROW_AT], topic_table[topic_row + TOPIC_ROW_LENGTH]
+        )
+        born = _span(
+            hosts, host_table[host_row + HOST_ROW_AT], host_table[host_row + HOST_ROW_LENGTH]
+        )
+        body = _span(bodies, body_spans[2 * message], body_spans[2 * message + 1])
+        properties = _span(props, prop_spans[2 * message], prop_spans[2 * message + 1])
+        now = messages[at + PACK_NOW]
+        if messages[at + PACK_UNIQ_KEY]:
+            if not key_state[KEY_MONTH_START] <= now < key_state[KEY_NEXT_MONTH]:
+                return message, position, NEW_MONTH, now
+            counter = key_state[KEY_COUNTER]
+            key = prefix + b"%08X%04X" % ((now - key_state[KEY_MONTH_START]) & 0xFFFFFFFF, counter)
+            if trailing:
+                properties = properties + _UNIQ_NAME + key + b"\x02"
+            else:
+                properties = properties + (b"\x02" + _UNIQ_NAME if properties else _UNIQ_NAME) + key
+        else:
+            counter = -1
+        if len(born) not in (8, 20) or len(properties) > 32767:
+            raise ValueError(f"message {message} has a bad host field or properties")
+        header = _PACK_HEADER[(len(born), len(store_field))]
+        total = header.size + len(body) + len(topic) + 2 + len(properties)
+        if position + total + 8 > file_size:
+            return message, position, NEEDS_ROLL, total
+        if position + total > reserved:
+            return message, position, NEEDS_RESERVE, position + total
+        queue_id = messages[at + PACK_QUEUE_ID]
+        sys_flag = (messages[at + PACK_SYS_FLAG] & ~0x30) | (0x10 if len(born) == 20 else 0)
+        sys_flag |= 0x20 if len(store_field) == 20 else 0
+        if sys_flag & 0xC in (0x4, 0xC):  # PREPARED, ROLLBACK: no consume-queue unit
+            queue_offset = 0
+        else:
+            span = key_state[KEY_QUEUE_SPAN]
+            slot = messages[at + PACK_TOPIC] * span + queue_id
+            if not (0 <= queue_id < span and 0 <= slot < len(slots)):
+                raise ValueError(f"message {message} names a queue outside the slots")
+            queue_offset = slots[slot]
+            slots[slot] = queue_offset + 1
+        if now > key_state[KEY_LAST_STAMP]:
+            key_state[KEY_LAST_STAMP] = now
+        stamp = key_state[KEY_LAST_STAMP]
+        physical = base_offset + position
+        header.pack_into(
+            buf, position, total, topic_table[topic_row + TOPIC_ROW_MAGIC],
+            zlib.crc32(body) & 0x7FFFFFFF, queue_id,
+            messages[at + PACK_FLAG], queue_offset, physical, sys_flag,
+            messages[at + PACK_BORN_TIMESTAMP], born, stamp, store_field,
+            messages[at + PACK_RECONSUME_TIMES], messages[at + PACK_PREPARED_OFFSET], len(body),
+        )  # fmt: skip
+        cursor = position + header.size
+        buf[cursor : cursor + len(body)] = body
+        cursor += len(body)
+        buf[cursor : cursor + len(topic)] = topic
+        cursor += len(topic)
+        buf[cursor : cursor + 2] = len(properties).to_bytes(2, "big")
+        buf[cursor + 2 : cursor + 2 + len(properties)] = properties
+        if counter >= 0:
+            key_state[KEY_COUNTER] = (counter + 1) & 0xFFFF
+        result = message * RESULT_WIDTH
+        out[result + RESULT_PHYSICAL_OFFSET] = physical
+        out[result + RESULT_QUEUE_OFFSET] = queue_offset
+        out[result + RESULT_SIZE] = total
+        out[result + RESULT_STORE_TIMESTAMP] = stamp
+        position += total
+        message += 1
+    return message, position, PACKED_ALL, 0
+
+
+def _span(data: Any, at: int, length: int) -> bytes:
+    if not (at >= 0 and length >= 0 and at + length <= len(data)):
+        raise ValueError("a span is outside its buffer")
+    return bytes(data[at : at + length])

@@ -1,0 +1,137 @@
+"""Batches packed by the record kernel (``append_batch``) write the bytes and return the
+results of the per-message path (``append_many``): every kind of message, file rolls, both
+broker versions' property endings, a UNIQ_KEY month boundary, queue offsets continued."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.errors import MessageTooLargeError
+from rmqstore.hosts import HostAddress, parse_host
+from rmqstore.messagebatch import BatchUnsupported, MessageBatch, uniform_batch
+from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.record import (
+    TRANSACTION_COMMIT,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+    Message,
+)
+from rmqstore.store import Store
+
+from support import tree_digest
+
+CONFIG = StoreConfig(commitlog_file_size=8192)
+V6 = parse_host("[2001:db8::9]:10911")
+V4 = parse_host("10.0.0.9:4321")
+MONTH_END = 1_711_929_599_000  # 2024-03-31T23:59:59Z
+
+
+def varied(count: int, seed: int) -> list[Message]:
+    rng = random.Random(seed)
+    messages = []
+    for n in range(count):
+        properties = {"seq": str(n)}
+        if n % 3:
+            properties["TAGS"] = rng.choice(["TagA", "标签", "A||B"])
+        if n % 5 == 0:
+            properties["KEYS"] = f"order-{n} user-{n % 7}"
+        if n % 11 == 0:
+            properties["UNIQ_KEY"] = f"{n:032X}"
+        body = bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 1, 50, 900])))
+        messages.append(
+            Message(
+                topic=rng.choice(["TopicTest", "Orders", "%RETRY%" + "g" * 140]),
+                body=body,
+                queue_id=rng.randrange(5),
+                flag=rng.choice([0, 7, -1]),
+                properties=properties,
+                sys_flag=rng.choice(
+                    [0, 0, 0, TRANSACTION_PREPARED, TRANSACTION_COMMIT, TRANSACTION_ROLLBACK, 1]
+                ),
+                born_timestamp=1_700_000_000_000 + n,
+                born_host=V6 if n % 4 == 0 else V4,
+                reconsume_times=n % 3,
+                prepared_transaction_offset=n * 10,
+            )
+        )
+    return messages
+
+
+def write(root: Path, messages: list[Message], *, batched: bool, version5: bool, start: int):
+    ticks = itertools.count(start, 7)
+    with Store.open_write(root, CONFIG, create=True) as store:
+        appender = store.appender(
+            clock=lambda: next(ticks),
+            store_host=V6 if version5 else V4,
+            trailing_separator=version5,
+            uniq_keys=UniqKeyGenerator(pid=42, class_loader_hash=7, first_counter=65530),
+        )
+        results = []
+        for chunk in (messages[:7], messages[7:150], messages[150:]):
+            if batched:
+                batch = MessageBatch.from_messages(chunk, trailing_separator=version5)
+                results += appender.append_batch(batch).results()
+            else:
+                results += appender.append_many(chunk)
+        offsets = dict(appender.queue_offsets)
+    return results, offsets
+
+
+@pytest.mark.parametrize("version5", [False, True])
+@pytest.mark.parametrize("start", [1_700_000_000_000, MONTH_END - 500])
+def test_batches_write_what_one_message_at_a_time_writes(
+    tmp_path: Path, version5: bool, start: int
+) -> None:
+    messages = varied(400, seed=start % 97)
+    one = write(tmp_path / "one", messages, batched=False, version5=version5, start=start)
+    many = write(tmp_path / "batch", messages, batched=True, version5=version5, start=start)
+    assert one == many
+    assert tree_digest(tmp_path / "one") == tree_digest(tmp_path / "batch")
+    assert len({result.physical_offset // 8192 for result in one[0]}) > 5  # rolls happened
+
+
+def test_a_uniform_batch_and_unsupported_messages(tmp_path: Path) -> None:
+    born = HostAddress(bytes([10, 0, 0, 1]), 5000)
+    batch = uniform_batch(
+        topic="Bench",
+        body=b"x" * 100,
+        properties={"TAGS": "TagA"},
+        queue_ids=(n & 3 for n in range(500)),
+        born_host=born,
+        born_timestamp=5,
+        trailing_separator=True,
+    )
+    messages = [
+        Message(topic="Bench", body=b"x" * 100, queue_id=n & 3, properties={"TAGS": "TagA"},
+                born_host=born, born_timestamp=5)
+        for n in range(500)
+    ]  # fmt: skip
+    for name, batched in (("a", True), ("b", False)):
+        ticks = itertools.count(1_700_000_000_000)
+        with Store.open_write(tmp_path / name, CONFIG, create=True) as store:
+            appender = store.appender(
+                clock=ticks.__next__, trailing_separator=True,
+                uniq_keys=UniqKeyGenerator(pid=1, class_loader_hash=2),
+            )  # fmt: skip
+            if batched:
+                appender.append_batch(batch)
+            else:
+                appender.append_many(messages)
+    assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b")
+    with pytest.raises(BatchUnsupported):
+        MessageBatch.from_messages(
+            [Message(topic="T", properties={"DELAY": "3"})], trailing_separator=True
+        )
+    with Store.open_write(tmp_path / "c", CONFIG, create=True) as store:
+        appender = store.appender(trailing_separator=True)
+        too_big = MessageBatch.from_messages(
+            [Message(topic="T", body=b"y" * 9000)], trailing_separator=True
+        )
+        with pytest.raises(MessageTooLargeError):
+            appender.append_batch(too_big)
+        assert appender.appended == 0
