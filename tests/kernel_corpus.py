@@ -48,6 +48,13 @@ EXTREME_INTS = (0, -1, 1, 2**31 - 1, -(2**31), 91, 7)
 EXTREME_SHORTS = (0, -1, 32767, -32768, 255, 127, 128)
 
 
+class Seeds(list):
+    """The seed files, with a short repr (hypothesis prints the arguments of a failure)."""
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} commit-log files>"
+
+
 def seed_files(workdir: Path) -> list[tuple[str, bytes, int]]:
     """``(name, file bytes, physical offset of its first byte)`` for every commit-log file of
     the oracle stores and the fixture scenarios (generated into ``workdir``)."""
@@ -66,7 +73,7 @@ def seed_files(workdir: Path) -> list[tuple[str, bytes, int]]:
         generate(name, out, options or FixtureOptions())
         for path in sorted((out / "commitlog").iterdir()):
             seeds.append((f"scenario {name}:{path.name}", path.read_bytes(), int(path.name)))
-    return seeds
+    return Seeds(seeds)
 
 
 def scenario_workdir() -> tempfile.TemporaryDirectory:
@@ -191,6 +198,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
             yield f"windowed ({window}) differs from whole (options {options}, start {start})"
     yield from dispatch_both(native, data, base, rng.choice((0, 1)), rng.choice((1, 3, 4096)))
     yield from columns_both(native, data, base, rng.choice((1, 4, 4096)))
+    yield from pack_both(native, rng)
 
 
 def pack_rows(rows: list[tuple[int, ...]]) -> array:
@@ -343,3 +351,76 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
         ids.append((written, bytes(text[:written]), list(offsets)))
     if ids[0] != ids[1]:
         yield "message_ids differ"
+
+
+def pack_both(native: ModuleType, rng: random.Random) -> Iterator[str]:
+    """Every way the kernels disagree packing a random batch of records (sometimes with a
+    damaged row or span): the bytes written, the results, the state carried, where each call
+    stopped, or whether it was refused."""
+    from rmqstore.hosts import HostAddress
+    from rmqstore.kernel import layout
+    from rmqstore.messagebatch import MessageBatch
+    from rmqstore.record import Message
+
+    count = rng.randint(1, 12)
+    messages = [
+        Message(
+            topic=rng.choice(["T", "Orders", "x" * 140]),
+            body=bytes(rng.getrandbits(8) for _ in range(rng.choice([0, 3, 200]))),
+            queue_id=rng.randrange(3),
+            flag=rng.randrange(-3, 3),
+            sys_flag=rng.choice([0, 4, 8, 12, 1]),
+            properties={"TAGS": "t"} if rng.random() < 0.5 else {},
+            born_host=HostAddress(bytes(rng.choice([4, 16])), rng.randrange(65536)),
+            born_timestamp=rng.randrange(1 << 40),
+        )
+        for _ in range(count)
+    ]
+    trailing = rng.random() < 0.5
+    batch = MessageBatch.from_messages(messages, trailing_separator=trailing)
+    rows = array("q", batch.rows)
+    for row in range(count):
+        rows[row * layout.PACK_WIDTH + layout.PACK_NOW] = 1000 + row * rng.randrange(3)
+    body_spans, prop_spans = array("q", batch.body_spans), array("q", batch.prop_spans)
+    if rng.random() < 0.3:  # damage one field of one message
+        target = rng.choice([rows, body_spans, prop_spans])
+        target[rng.randrange(len(target))] = rng.choice((*EXTREME_INTS, -1, 1 << 40))
+    topics, topic_rows = bytearray(), array("q")
+    for topic in batch.topics:
+        field = len(topic).to_bytes(2, "big") if len(topic) > 127 else bytes([len(topic)])
+        topic_rows.extend((len(topics), len(field) + len(topic), -626843481))
+        topics += field + topic.encode()
+    hosts, host_rows = bytearray(), array("q")
+    for host in batch.hosts:
+        host_rows.extend((len(hosts), len(host.to_field())))
+        hosts += host.to_field()
+    size = rng.choice([512, 4096, 65536])
+    reserved = size - rng.randrange(2) * 100
+    store_host = bytes(rng.choice([8, 20]))
+    start = rng.randrange(64)
+    outcomes: list[object] = []
+    for kernel in (reference, native):
+        buf = bytearray(size)
+        state = array("q", bytes(8 * layout.KEY_STATE_WIDTH))
+        state[layout.KEY_MONTH_START], state[layout.KEY_NEXT_MONTH] = 1000, 1010
+        state[layout.KEY_TRAILING_SEPARATOR] = 1 if trailing else 0
+        state[layout.KEY_QUEUE_SPAN] = batch.queue_span
+        slots = array("q", bytes(8 * batch.queue_span * len(batch.topics)))
+        out = array("q", bytes(8 * layout.RESULT_WIDTH * count))
+        calls = []
+        first, position = 0, start
+        try:
+            while first < count and len(calls) < 20:
+                first, position, stop, value = kernel.pack_records(
+                    buf, position, size, reserved, 1 << 30, array("q", rows), first, count,
+                    batch.bodies, body_spans, batch.props, prop_spans, topics, topic_rows, hosts,
+                    host_rows, store_host, slots, b"AB" * 10, state, out,
+                )  # fmt: skip
+                calls.append((first, position, stop, value))
+                if stop != layout.PACKED_ALL:
+                    break
+            outcomes.append((calls, bytes(buf), list(out), list(state), list(slots)))
+        except ValueError:
+            outcomes.append("refused")
+    if outcomes[0] != outcomes[1]:
+        yield "pack_records differs"

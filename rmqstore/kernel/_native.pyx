@@ -1329,6 +1329,10 @@ cdef inline void _put_be(uint8_t* at, uint64_t value, int size) noexcept nogil:
         at[size - 1 - i] = (value >> (8 * i)) & 0xFF
 
 
+cdef inline bint _is_int32(int64_t value) noexcept nogil:
+    return -2147483648 <= value <= 2147483647
+
+
 cdef inline void _put_hex(uint8_t* at, uint64_t value, int digits) noexcept nogil:
     cdef int i
     for i in range(digits):
@@ -1425,6 +1429,11 @@ def pack_records(buf, int64_t position, int64_t file_size, int64_t reserved, int
             queue_id = msg[at + PACK_QUEUE_ID]
             sys_flag = (msg[at + PACK_SYS_FLAG] & ~0x30) | (0x10 if host_length == 20 else 0)
             sys_flag |= 0x20 if store_length == 20 else 0
+            if not (_is_int32(queue_id) and _is_int32(msg[at + PACK_FLAG]) and _is_int32(sys_flag)
+                    and _is_int32(msg[at + PACK_RECONSUME_TIMES])
+                    and _is_int32(topic_rows[topic_row + 2])):
+                failure = 7
+                break
             if (sys_flag & 0xC) == 0x4 or (sys_flag & 0xC) == 0xC:
                 queue_offset = 0  # PREPARED, ROLLBACK: no consume-queue unit
             else:

@@ -919,6 +919,15 @@ def pack_records(
         queue_id = messages[at + PACK_QUEUE_ID]
         sys_flag = (messages[at + PACK_SYS_FLAG] & ~0x30) | (0x10 if len(born) == 20 else 0)
         sys_flag |= 0x20 if len(store_field) == 20 else 0
+        int32_fields = (
+            queue_id,
+            messages[at + PACK_FLAG],
+            sys_flag,
+            messages[at + PACK_RECONSUME_TIMES],
+            topic_table[topic_row + TOPIC_ROW_MAGIC],
+        )
+        if not all(-(1 << 31) <= value < 1 << 31 for value in int32_fields):
+            raise ValueError(f"message {message} has a 32-bit field out of range")
         if sys_flag & 0xC in (0x4, 0xC):  # PREPARED, ROLLBACK: no consume-queue unit
             queue_offset = 0
         else:

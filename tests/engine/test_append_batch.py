@@ -135,3 +135,41 @@ def test_a_uniform_batch_and_unsupported_messages(tmp_path: Path) -> None:
         with pytest.raises(MessageTooLargeError):
             appender.append_batch(too_big)
         assert appender.appended == 0
+
+
+@pytest.mark.parametrize("damage", ["topic", "host", "body", "props", "queue", "store_host"])
+def test_rows_the_builder_did_not_make_are_refused_both_ways(damage: str) -> None:
+    from array import array
+
+    from rmqstore.kernel import _native, layout, reference
+
+    batch = MessageBatch.from_messages(
+        [Message(topic="T", body=b"abc", properties={"TAGS": "x"}) for _ in range(3)],
+        trailing_separator=True,
+    )
+    rows = array("q", batch.rows)
+    body_spans, prop_spans = array("q", batch.body_spans), array("q", batch.prop_spans)
+    store_host = bytes(8)
+    if damage == "topic":
+        rows[layout.PACK_TOPIC] = 5
+    elif damage == "host":
+        rows[layout.PACK_WIDTH + layout.PACK_HOST] = -1
+    elif damage == "body":
+        body_spans[2] = 10**9
+    elif damage == "props":
+        prop_spans[3] = 1 << 40
+    elif damage == "queue":
+        rows[2 * layout.PACK_WIDTH + layout.PACK_QUEUE_ID] = 7
+    else:
+        store_host = bytes(9)
+    for kernel in (_native, reference):
+        state = array("q", bytes(8 * layout.KEY_STATE_WIDTH))
+        state[layout.KEY_QUEUE_SPAN] = 1
+        state[layout.KEY_NEXT_MONTH] = 1 << 62
+        with pytest.raises(ValueError):
+            kernel.pack_records(
+                bytearray(4096), 0, 4096, 4096, 0, array("q", rows), 0, 3, batch.bodies,
+                body_spans, batch.props, prop_spans, b"\x01T", array("q", [0, 2, -626843481]),
+                bytes(8), array("q", [0, 8]), store_host, array("q", [0]), b"", state,
+                array("q", bytes(8 * layout.RESULT_WIDTH * 3)),
+            )  # fmt: skip
