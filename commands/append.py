@@ -300,12 +300,18 @@ def _emitter(as_json: bool, as_jsonl: bool, results: list[dict]) -> Callable[[Ap
     if as_jsonl:
         return _jsonl_writer()
 
+    write = sys.stdout.write if not sys.stdout.isatty() else None
+
     def show(result: AppendResult) -> None:
-        console.print(
+        line = (
             f"{result.msg_id}  offset={result.physical_offset}  "
             f"queue={result.topic}:{result.queue_id}  "
             f"queueOffset={result.queue_offset}  size={result.store_size}"
         )
+        if write is not None:  # a pipe or a file: the plain line, nothing to render
+            write(line + "\n")
+        else:
+            console.print(line)  # topics hold no markup: letters, digits, %|-_
 
     return show
 
