@@ -88,7 +88,7 @@ _OPEN_FILES = 8
 _LONGEST_HEADER = 112  # a header with two IPv6 hosts
 _RESERVE_CHUNK = 16 * 1024 * 1024
 _RELEASE_CHUNK = 32 * 1024 * 1024  # the appender drops written pages in steps of this
-_MOST_BATCH_QUEUES = 1 << 20  # topics x queue ids a batch keeps offsets for
+_MOST_BATCH_QUEUES = 4096  # topics x queue ids a batch keeps offsets for (else one by one)
 _PAGE = mmap.PAGESIZE
 
 
