@@ -14,6 +14,7 @@ from rmqstore.batch import (
     AppendJob,
     MessageDefaults,
     build_message,
+    compressed_bodies,
     messages_from_lines,
     read_lines,
 )
@@ -142,6 +143,14 @@ def _parse_property(
 @click.option(
     "--no-uniq-key", is_flag=True, help="Do not generate a UNIQ_KEY for messages that lack one."
 )
+@click.option(
+    "--compress-over",
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Compress each body of at least BYTES with zlib and set the COMPRESSED flag, as a "
+    "producer does over compressMsgBodyOverHowmuch (4.x default 4096); read --decompress "
+    "restores the body.",
+)
 @store_config_options
 @json_option
 @jsonl_option
@@ -164,6 +173,7 @@ def command(
     store_host: str | None,
     record_version: str,
     no_uniq_key: bool,
+    compress_over: int | None,
     dispatch_after: bool,
     config: StoreConfig,
     as_json: bool,
@@ -225,6 +235,10 @@ def command(
                 else None,
                 on_reported=_guard_output(_flush_stdout),
             )
+            if compress_over is not None:
+                job.transform = lambda messages: compressed_bodies(
+                    messages, compress_over, type_bits=appender.trailing_separator
+                )
             _run_job(job, input_path, body, body_file, defaults, appender.prepare)
             appended = job.committed
         finally:

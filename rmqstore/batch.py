@@ -18,6 +18,7 @@ import select
 import struct
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -28,6 +29,7 @@ from rmqstore.hosts import DEFAULT_BORN_HOST, HostAddress, parse_host
 from rmqstore.messagebatch import BatchUnsupported, MessageBatch
 from rmqstore.properties import KEYS, TAGS
 from rmqstore.record import (
+    COMPRESSED_FLAG,
     TRANSACTION_COMMIT,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_PREPARED,
@@ -261,6 +263,25 @@ def read_lines(
         pending += chunk
 
 
+ZLIB_COMPRESSION = 0x3 << 8  # 5.x: the compression type bits say ZLIB
+PRODUCER_ZLIB_LEVEL = 5  # a producer's default zipCompressLevel
+
+
+def compressed_bodies(
+    messages: Iterable[Message], threshold: int, *, type_bits: bool
+) -> Iterator[Message]:
+    """``messages`` with each body of at least ``threshold`` bytes zlib-compressed and
+    COMPRESSED_FLAG set, as a producer does over ``compressMsgBodyOverHowmuch``
+    (``type_bits``: also the 5.x ZLIB compression-type bits). The store keeps bodies as given;
+    ``read --decompress`` restores them."""
+    for message in messages:
+        body = message.body or b""
+        if len(body) >= threshold and not message.sys_flag & COMPRESSED_FLAG:
+            message.body = zlib.compress(body, PRODUCER_ZLIB_LEVEL)
+            message.sys_flag |= COMPRESSED_FLAG | (ZLIB_COMPRESSION if type_bits else 0)
+        yield message
+
+
 def messages_from_lines(
     lines: Iterable[tuple[int, bytes]], defaults: MessageDefaults, source: str
 ) -> Iterator[Message]:
@@ -383,6 +404,8 @@ class AppendJob:
         self._chunk: list[Message] = []
         self._unreported = ResultSpool()
         self._savepoint = appender.savepoint()
+        # applied to the messages before they are appended (a producer's body compression)
+        self.transform: Callable[[Iterable[Message]], Iterable[Message]] | None = None
 
     def add(self, message: Message) -> None:
         self._chunk.append(message)
@@ -434,6 +457,8 @@ class AppendJob:
 
     def run(self, messages: Iterable[Message]) -> int:
         """Append everything; on failure roll back what is not durable yet and re-raise."""
+        if self.transform is not None:
+            messages = self.transform(messages)
         try:
             for message in messages:
                 self.add(message)

@@ -460,3 +460,35 @@ def test_bytes_from_the_shell_that_are_not_utf8(tmp_path: Path) -> None:
         )
         assert bad.returncode == 2, bad.stderr
         assert b"not valid text" in bad.stderr and b"Traceback" not in bad.stderr
+
+
+def test_bodies_over_a_size_are_compressed_as_a_producer_does(tmp_path: Path) -> None:
+    import zlib
+
+    store = tmp_path / "store"
+    lines = tmp_path / "in.jsonl"
+    big, small = "b" * 5000, "s" * 10
+    lines.write_text(
+        json.dumps({"topic": "T", "body": big})
+        + "\n"
+        + json.dumps({"topic": "T", "body": small})
+        + "\n"
+    )
+    result = run_cli(
+        "append", store, "--create", "--input", lines, "--compress-over", "4096", "--json",
+        "--dispatch",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    first, second = (m["commitLogOffset"] for m in json.loads(result.stdout)["messages"])
+    stored = json.loads(
+        run_cli("read", store, "--offset", str(first), "--json", "--body", "base64").stdout
+    )
+    assert stored["sysFlag"] & 0x1 and stored["sysFlag"] & 0x700 == 0x300
+    assert zlib.decompress(base64.b64decode(stored["body"])) == big.encode()
+    restored = json.loads(
+        run_cli("read", store, "--offset", str(first), "--decompress", "--json").stdout
+    )
+    assert restored["body"] == big
+    plain = json.loads(run_cli("read", store, "--offset", str(second), "--json").stdout)
+    assert plain["sysFlag"] & 0x1 == 0 and plain["body"] == small
+    assert run_cli("verify", store).exit_code == 0
