@@ -24,7 +24,7 @@ from rmqstore.segments import (
     map_writable,
     nonzero_extent,
     open_for_writing,
-    reserve_blocks,
+    reserve_range,
 )
 from rmqstore.windows import read_range
 
@@ -96,6 +96,9 @@ class QueueTip:
         return QueueTip(tip.max_offset + 1, physical_offset + size)
 
 
+_RESERVE_STEP = 256 * 1024  # disk blocks reserved ahead of the units written
+
+
 def is_valid_unit(physical_offset: int, size: int) -> bool:
     """The broker's test while recovering a queue: ``offset >= 0 && size > 0``."""
     return physical_offset >= 0 and size > 0
@@ -127,9 +130,13 @@ class ConsumeQueue:
         )
         self._write_map: mmap.mmap | None = None
         self._write_segment: Segment | None = None
-        # where the mapped file's units lie, in logical bytes: [_write_base, _write_limit)
+        # where the mapped file's units may be written, in logical bytes: [_write_base,
+        # _write_limit), up to where its disk blocks are reserved (files are sparse, as a
+        # broker's; blocks are reserved ahead of the writes, so a full disk is an error, not
+        # a SIGBUS)
         self._write_base = 0
         self._write_limit = -1
+        self._reserved = 0  # bytes of the mapped file with blocks reserved
         self._dirty: set[Path] = set()
         if known is not None:
             self.end, self.min_logic_offset, self.max_physical_offset = known
@@ -415,24 +422,36 @@ class ConsumeQueue:
             buf = self._writable(segment)
             within = self.end - segment.start
             length = min(len(units) - position, self.file_size - within)
+            self._reserve(segment, within + length)
             buf[within : within + length] = units[position : position + length]
             position += length
             self.end += length
 
     def _create(self, start: int) -> Segment:
-        return self.queue.create(start, reserve=True)
+        return self.queue.create(start)  # sparse: blocks are reserved as units are written
 
     def _writable(self, segment: Segment) -> mmap.mmap:
         if self._write_segment is not segment:
             self._release()
-            reserve_blocks(segment.path, self.file_size)  # a broker's sparse file included
             self._write_map = map_writable(segment.path)
             self._write_segment = segment
             self._write_base = segment.start
-            self._write_limit = segment.start + min(len(self._write_map), self.file_size)
+            self._reserved = 0
+            self._reserve(segment, self.end - segment.start)  # what is written already
         self._dirty.add(segment.path)
         assert self._write_map is not None
         return self._write_map
+
+    def _reserve(self, segment: Segment, end: int) -> None:
+        """Reserve disk blocks of the mapped file up to ``end`` (a little further, so the
+        fast path of :meth:`put` can go on) before units are written there."""
+        assert self._write_map is not None
+        if end <= self._reserved:
+            return
+        target = min(len(self._write_map), self.file_size, max(end, self._reserved + _RESERVE_STEP))
+        reserve_range(segment.path, self._reserved, target - self._reserved)
+        self._reserved = target
+        self._write_limit = segment.start + target
 
     def _release(self) -> None:
         if self._write_map is not None:

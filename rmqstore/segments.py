@@ -242,6 +242,18 @@ def open_for_writing(path: Path, flags: int = 0) -> int:
         raise StoreIOError(f"cannot open {path} for writing: {exc.strerror}") from None
 
 
+def reserve_range(path: Path, start: int, length: int) -> None:
+    """Allocate the disk blocks of ``[start, start + length)`` of ``path`` (see
+    :func:`reserve_blocks`)."""
+    fd = open_for_writing(path)
+    try:
+        os.posix_fallocate(fd, start, length)
+    except OSError as exc:
+        raise StoreIOError(f"cannot reserve space in {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def reserve_blocks(path: Path, size: int) -> None:
     """Allocate disk blocks for the first ``size`` bytes of ``path`` before writing there
     through a map: a write into a hole of a sparse file on a full disk would otherwise kill
