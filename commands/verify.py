@@ -40,9 +40,10 @@ _HELP = (
 
     Finding kinds: """
     + ", ".join(KINDS)
-    + """. JSON: {ok, findings[{kind, severity, file, offset, message}], findingsByKind,
-    truncated, checked}. Exit 0 when sound (notes allowed), 1 when there are errors or
-    warnings.
+    + """. Each finding names its fix (the command that mends it, or "none: report only"), and
+    the report ends with the next step to take. JSON: {ok, nextStep, findings[{kind, severity,
+    file, offset, message, fix}], findingsByKind, truncated, checked}. Exit 0 when sound
+    (notes allowed), 1 when there are errors or warnings.
     """
 )
 
@@ -130,24 +131,31 @@ def command(
                 PipelineOptions.for_config(opened.config, engine.split),
             )
             report = pipeline.verify(opened, options)
-            return _finish(report, as_json)
+            return _finish(report, as_json, store)
         if jobs > 1:
             ranged = RangedVerify.for_options(opened, options, engine.split)
             report = ranged.run(process_runner(jobs))
-            return _finish(report, as_json)
+            return _finish(report, as_json, store)
         segments = opened.commitlog.segments
         base = segments[0].start if segments else 0
         total = opened.commitlog.data_extent() - base  # the data, not pre-allocated zeros
         with progress_bar("verifying", total, not no_progress) as update:
             report = verify_store(opened, options, lambda offset: update(offset - base))
-    return _finish(report, as_json)
+    return _finish(report, as_json, store)
 
 
-def _finish(report: VerifyReport, as_json: bool) -> int:
+def _finish(report: VerifyReport, as_json: bool, store: Path) -> int:
     if as_json:
-        emit_json(report.to_dict())
+        emit_json(report.to_dict(str(store)))
     else:
         _render(report)
+        if not report.ok:
+            step = report.next_step(str(store))
+            console.print(
+                f"next step: {step} (then verify again)"
+                if step
+                else "next step: none of these is mended by a command; see the messages"
+            )
     return ExitCode.OK if report.ok else ExitCode.FINDINGS
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,60 @@ KINDS = {
     "checkpoint-size": "the checkpoint file is not 4096 bytes",
     "abort-present": "the store was not closed cleanly (a broker was running or crashed)",
 }
+
+
+REPORT_ONLY = "none: report only"
+_RECOVER = "rmqstore recover {store} --yes"
+_REBUILD = "rmqstore dispatch {store} --rebuild --yes"
+_DISPATCH = "rmqstore dispatch {store}"
+_FLUSH = "rmqstore flush {store}"
+
+# the command that mends each kind ({store}: the store), or REPORT_ONLY; in the order a
+# store is best mended in (the log first, then what is built from it, then the checkpoint)
+FIXES = {
+    "torn-tail": _RECOVER,
+    "abort-present": _RECOVER,
+    "record-invalid": _RECOVER,
+    "record-physical-offset": _RECOVER,
+    "record-body-crc": _RECOVER,
+    "record-property-crc": _RECOVER,
+    "blank-size": _RECOVER,
+    "file-incomplete": _RECOVER,
+    "data-after-end": _RECOVER,
+    "cq-file-size": _REBUILD,
+    "cq-file-gap": _REBUILD,
+    "cq-unit": _REBUILD,
+    "cq-unit-orphan": _REBUILD,
+    "cq-beyond-log": _REBUILD,
+    "cq-pre-blank": _REBUILD,
+    "index-file-size": _REBUILD,
+    "index-header": _REBUILD,
+    "index-chain": _REBUILD,
+    "index-entry": _REBUILD,
+    "dispatch-lag": _DISPATCH,
+    "index-lag": _DISPATCH,
+    "checkpoint-future": _FLUSH,
+    "checkpoint-size": _FLUSH,
+    "file-size": REPORT_ONLY,
+    "file-name": REPORT_ONLY,
+    "file-gap": REPORT_ONLY,
+    "record-properties": REPORT_ONLY,
+    "store-time-order": REPORT_ONLY,
+    "queue-offset-gap": REPORT_ONLY,
+    "stale-bytes-after-end": REPORT_ONLY,
+    "index-unchecked": REPORT_ONLY,
+}
+assert set(FIXES) == set(KINDS)
+
+
+# found, these leave nothing a command can mend (the log has a hole, or files of another store)
+_BLOCKING = frozenset({"file-gap", "file-size"})
+
+
+def fix_for(kind: str, store: str) -> str:
+    """The command that mends a finding of ``kind`` in ``store``, or REPORT_ONLY."""
+    template = FIXES[kind]
+    return template if template == REPORT_ONLY else template.format(store=shlex.quote(store))
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +151,31 @@ class VerifyReport:
     def ok(self) -> bool:
         return self.problems == 0
 
+    def next_step(self, store: str) -> str | None:
+        """The first command to run to mend what was found (errors and warnings), in the
+        order of :data:`FIXES`; None when nothing found can be mended by a command."""
+        found = {f.kind for f in self.findings if f.severity != NOTE}
+        if found & _BLOCKING:
+            return None  # a missing or foreign file: no command makes the rest whole
+        for kind, template in FIXES.items():
+            if kind in found and template != REPORT_ONLY:
+                return fix_for(kind, store)
+        return None
+
     @property
     def truncated(self) -> bool:
         return sum(self.counts.values()) > len(self.findings)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, store: str | None = None) -> dict[str, Any]:
+        """The JSON report; with ``store``, each finding's ``fix`` and the ``nextStep``."""
+        findings = [finding.to_dict() for finding in self.findings]
+        if store is not None:
+            for document in findings:
+                document["fix"] = fix_for(document["kind"], store)
         return {
             "ok": self.ok,
-            "findings": [finding.to_dict() for finding in self.findings],
+            **({"nextStep": self.next_step(store)} if store is not None else {}),
+            "findings": findings,
             "findingsByKind": dict(sorted(self.counts.items())),
             "truncated": self.truncated,
             "checked": dict(sorted(self.checked.items())),

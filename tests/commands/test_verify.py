@@ -19,7 +19,8 @@ def test_sound_store_exits_0_with_the_documented_json(oracle) -> None:
     assert report["ok"] is True and report["findings"] == []
     assert report["checked"]["records"] == 3002 and report["checked"]["units"] == 3002
     assert report["checked"]["indexedRecords"] == 3002
-    assert set(report) == {"ok", "findings", "findingsByKind", "truncated", "checked"}
+    assert set(report) == {"ok", "nextStep", "findings", "findingsByKind", "truncated", "checked"}
+    assert report["nextStep"] is None
 
 
 def test_findings_exit_1_and_name_kind_file_offset(oracle) -> None:
@@ -35,10 +36,13 @@ def test_findings_exit_1_and_name_kind_file_offset(oracle) -> None:
             "file": "commitlog/00000000000001900544",
             "offset": crash.manifest["lastValidEnd"],
             "message": torn[0]["message"],
+            "fix": f"rmqstore recover {crash.root / 'store_torn_half_record'} --yes",
         }
     ]
+    assert report["nextStep"] == torn[0]["fix"]
     human = run_cli("verify", crash.root / "store_torn_half_record", *ORACLE_OPTIONS)
     assert human.exit_code == 1 and "torn-tail" in human.stdout
+    assert f"next step: {torn[0]['fix']}" in human.stdout
 
 
 def test_commitlog_only_and_topic_selection(oracle) -> None:
@@ -177,3 +181,34 @@ def test_only_some_checks(tmp_path: Path, jobs: str) -> None:
         assert run_cli(*args, "--only", "commitlog").exit_code == 0
     misuse = run_cli("verify", store, "--only", "commitlog", "--only", "index")
     assert misuse.exit_code == 2 and "give it alone" in misuse.stderr
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["torn-tail", "crc-flip", "garbage-after-end", "cq-truncated", "cq-wrong-size",
+     "index-broken-chain", "stale-checkpoint", "abort-left", "missing-file"],
+)  # fmt: skip
+def test_the_next_step_mends_what_verify_found(tmp_path: Path, scenario: str) -> None:
+    import shlex
+
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate(scenario, store)
+    for _ in range(3):  # a fix may leave a next one (the log first, then what is built on it)
+        report = json.loads(run_cli("verify", store, "--json").stdout)
+        if report["ok"]:
+            break
+        assert all(f["fix"] for f in report["findings"])
+        step = report["nextStep"]
+        if step is None:
+            assert scenario == "missing-file"  # a lost file: nothing mends it
+            assert {f["fix"] for f in report["findings"]} >= {"none: report only"}
+            return
+        command = shlex.split(step)
+        assert command[0] == "rmqstore" and command[2] == str(store)
+        done = run_cli(*command[1:])
+        assert done.exit_code in (0, 1), done.stderr
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"], scenario
+    human = run_cli("verify", store)
+    assert "next step" not in human.stdout
