@@ -131,10 +131,16 @@ def main() -> None:
             "rebuild",
         ),
         (
-            "recover after a crash (abort present)",
-            ["recover", str(work), "--yes"],
+            "recover after a crash (abort present), --no-check",
+            ["recover", str(work), "--yes", "--no-check"],
             lambda: fresh_copy(path, work, abort=True),
             "recover",
+        ),
+        (
+            "recover after a crash, then its verify (the default)",
+            ["recover", str(work), "--yes"],
+            lambda: fresh_copy(path, work, abort=True),
+            None,
         ),
     ]
     for name, arguments_, prepare, baseline in commands:

@@ -27,6 +27,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.recovery import RecoveryPlan, RecoveryResult, apply_recovery, plan_recovery
 from rmqstore.store import Store
+from rmqstore.verify import VerifyOptions, verify_store
 
 
 @click.command("recover")
@@ -38,11 +39,23 @@ from rmqstore.store import Store
     "bytes or files to cut). Opens the store read-only: no lock taken, nothing written.",
 )
 @click.option("--yes", is_flag=True, help="Do not ask before cutting (for scripts).")
+@click.option(
+    "--no-check",
+    is_flag=True,
+    help="Do not verify the store afterwards (a broker's start-up does not); exit 0 then "
+    "says only that recovery ran.",
+)
 @store_config_options
 @json_option
 @progress_option
 def command(
-    store: Path, dry_run: bool, yes: bool, config: StoreConfig, as_json: bool, no_progress: bool
+    store: Path,
+    dry_run: bool,
+    yes: bool,
+    no_check: bool,
+    config: StoreConfig,
+    as_json: bool,
+    no_progress: bool,
 ) -> int:
     """Recover a store after a crash, as a broker's start-up would.
 
@@ -56,13 +69,16 @@ def command(
     rest of the log into the consume queues and index, flushes, writes the checkpoint and
     removes 'abort'. Takes the store's lock; asks on a terminal before cutting.
 
-    Exit 0 when the store is consistent afterwards; 1 when something could not be mended
-    (a missing commit-log file, a dispatch problem) or, with --dry-run, when there is work.
+    Afterwards the store is verified (unless --no-check): exit 0 when verify calls it sound;
+    1 when damage remains that recovery does not mend (it is named, with the next step, such
+    as a consume queue or index corrupted before the recovery point, a bad body CRC in a file
+    recovery does not walk, a missing commit-log file), when a dispatch problem was met, or,
+    with --dry-run, when there is work.
 
     JSON: plan{mode, logEnd, stoppedBy, cuts[{file, start, end, why}], moves[{file, why}],
     bytesCut, unitsRemoved, queuesTruncated, indexFilesRebuilt, skipped, warnings}, and
     after a run: quarantine, dispatch{...as rmqstore dispatch}, checkpoint{...},
-    abortRemoved.
+    abortRemoved, remaining{ok, findingsByKind, nextStep} (null with --no-check).
     """
     # a dry run opens the store read-only: it takes no lock and writes nothing
     with (Store.open_read if dry_run else Store.open_write)(store, config) as opened:
@@ -87,11 +103,28 @@ def command(
         note(text)
     for problem in [*plan.warnings, *result.dispatch.problems]:
         warn(problem)
+    remaining = None
+    if not no_check:
+        with Store.open_read(store, config) as checked:
+            remaining = verify_store(checked, VerifyOptions(max_findings=100))
+        if not remaining.ok:
+            kinds = ", ".join(f"{k}: {v}" for k, v in sorted(remaining.counts.items()))
+            step = remaining.next_step(str(store))
+            warn(
+                f"after recovery, verify still finds {kinds}; next step: "
+                + (step or "none of these is mended by a command (rmqstore verify says more)")
+            )
     if as_json:
-        emit_json({**result.to_dict(), "abortRemoved": abort_removed})
+        after = None
+        if remaining is not None:
+            report = remaining.to_dict(str(store))
+            after = {key: report[key] for key in ("ok", "findingsByKind", "nextStep")}
+        emit_json({**result.to_dict(), "abortRemoved": abort_removed, "remaining": after})
     else:
         _render(result, abort_removed)
     mended = abort_removed and not plan.warnings and not result.dispatch.problems
+    if remaining is not None and not remaining.ok:
+        mended = False
     return ExitCode.OK if mended else ExitCode.FINDINGS
 
 

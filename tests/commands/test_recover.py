@@ -99,3 +99,21 @@ def test_flush_writes_the_checkpoint_and_leaves_abort(tmp_path: Path) -> None:
     assert (store / "abort").exists() and (store / "checkpoint").stat().st_size == 4096
     human = run_cli("flush", store)
     assert human.exit_code == 0 and "physicMsgTimestamp" in human.stdout
+
+
+def test_damage_recovery_does_not_mend_is_named_and_exits_1(tmp_path: Path) -> None:
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("index-broken-chain", store)
+    result = run_cli("recover", store, "--yes", "--json")
+    assert result.exit_code == 1, result.stderr
+    remaining = json.loads(result.stdout)["remaining"]
+    assert remaining["ok"] is False and "index-chain" in remaining["findingsByKind"]
+    assert remaining["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
+    assert "after recovery, verify still finds index-chain" in result.stderr
+    unchecked = run_cli("recover", store, "--yes", "--no-check", "--json")
+    assert unchecked.exit_code == 0 and json.loads(unchecked.stdout)["remaining"] is None
+    assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+    again = run_cli("recover", store, "--yes", "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout)["remaining"]["ok"] is True
