@@ -137,6 +137,7 @@ _COMMAND_MODULES = (
     "export",
     "stats",
     "fixtures",
+    "quarantine",
 )
 
 

@@ -218,3 +218,96 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True)
+class QuarantineFolder:
+    """One folder of cut bytes under ``<store>/quarantine/``: what made it, when, and how
+    much it holds."""
+
+    name: str
+    operation: str
+    created: str  # UTC, from the folder's name (YYYYmmddTHHMMSS)
+    pieces: int
+    bytes: int
+    manifest_ok: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "operation": self.operation,
+            "created": self.created,
+            "pieces": self.pieces,
+            "bytes": self.bytes,
+            "manifestOk": self.manifest_ok,
+        }
+
+
+def quarantine_base(store_root: Path) -> Path | None:
+    """``<store>/quarantine`` when it is a directory (not a link); None when there is none.
+    A link or a file there is refused: rmqstore never follows one out of the store."""
+    base = store_root / QUARANTINE_DIR
+    try:
+        mode = os.lstat(base).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreIOError(f"cannot inspect {base}: {exc.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a directory"
+        raise StoreFormatError(f"{base} is {kind}; rmqstore does not follow it")
+    return base
+
+
+def list_quarantine(store_root: Path) -> list[QuarantineFolder]:
+    """The quarantine folders of a store, oldest first."""
+    base = quarantine_base(store_root)
+    if base is None:
+        return []
+    folders = []
+    for entry in sorted(os.scandir(base), key=lambda item: item.name):
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        folder = Path(entry.path)
+        pieces, manifest_ok, operation = 0, True, entry.name.partition("-")[2]
+        try:
+            manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+            pieces = len(manifest["pieces"])
+            operation = str(manifest.get("operation", operation))
+        except (OSError, ValueError, KeyError, TypeError):
+            manifest_ok = False
+        size = 0
+        for directory, _subdirectories, names in os.walk(folder):
+            for name in names:
+                try:
+                    size += os.lstat(Path(directory) / name).st_size
+                except OSError:
+                    continue
+        stamp = entry.name.partition("-")[0]
+        try:
+            created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.strptime(stamp, "%Y%m%dT%H%M%S"))
+        except ValueError:
+            created = ""
+        folders.append(QuarantineFolder(entry.name, operation, created, pieces, size, manifest_ok))
+    return folders
+
+
+def purge_quarantine(store_root: Path, names: list[str]) -> int:
+    """Delete quarantine folders ``names`` (their bytes are gone for good); the bytes freed.
+    Only names of folders directly under ``<store>/quarantine`` are taken."""
+    base = quarantine_base(store_root)
+    known = {folder.name: folder for folder in list_quarantine(store_root)}
+    missing = [name for name in names if name not in known]
+    if base is None or missing:
+        raise StoreFormatError(
+            f"no quarantine folder {', '.join(missing or names)} in {store_root}"
+        )
+    freed = 0
+    for name in names:
+        try:
+            shutil.rmtree(base / name)  # links inside are removed, never followed
+        except OSError as exc:
+            raise StoreIOError(f"cannot delete {base / name}: {exc.strerror}") from None
+        freed += known[name].bytes
+    fsync_directory(base)
+    return freed
