@@ -9,7 +9,13 @@ import click
 from rmqstore.commands.options import json_option, store_argument
 from rmqstore.commands.output import Grid, confirm_or_refuse, console, counted, emit_json, note
 from rmqstore.errors import ExitCode
-from rmqstore.quarantine import QuarantineFolder, list_quarantine, purge_quarantine
+from rmqstore.quarantine import (
+    QuarantineFolder,
+    list_quarantine,
+    plan_restore,
+    purge_quarantine,
+    restore_quarantine,
+)
 from rmqstore.store import Store
 
 
@@ -17,7 +23,7 @@ from rmqstore.store import Store
 def command() -> None:
     """The bytes rmqstore cut out of a store (recover, dispatch --rebuild, append over stale
     bytes), kept in STORE/quarantine/<time>-<operation>/ with a manifest.json naming where each
-    piece came from."""
+    piece came from: list them, restore one, purge them."""
 
 
 @command.command("list")
@@ -81,6 +87,42 @@ def purge_command(
         emit_json({"purged": chosen, "bytes": freed})
     else:
         note(f"deleted {counted(len(chosen), 'folder')} ({counted(freed, 'byte')})")
+    return ExitCode.OK
+
+
+@command.command("restore")
+@store_argument
+@click.argument("name", metavar="NAME")
+@click.option("--dry-run", is_flag=True, help="Only show what would go back (exit 1 if any).")
+@click.option("--yes", is_flag=True, help="Do not ask before restoring (for scripts).")
+@json_option
+def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: bool) -> int:
+    """Put quarantine folder NAME back where its pieces came from: moved files and folders
+    are moved back, cut byte ranges written back, then the emptied folder is removed. Refuses,
+    before changing anything, a piece whose place is taken (a path that exists again, a range
+    written since it was cut). The store is then as it was before the cut: run rmqstore
+    verify (a torn tail put back needs recover again). Takes the store's lock.
+
+    JSON: restored[{kind, target, start, end}] (wouldRestore with --dry-run).
+    """
+    if dry_run:
+        with Store.open_read(store):
+            steps = plan_restore(store, name)
+        if as_json:
+            emit_json({"restored": [], "wouldRestore": [s.to_dict() for s in steps]})
+        else:
+            for step in steps:
+                note(f"would {step.kind} {step.target}")
+        return ExitCode.FINDINGS if steps else ExitCode.OK
+    with Store.open_write(store):  # the store's lock, as a writer takes it
+        steps = plan_restore(store, name)
+        if steps and not yes:
+            confirm_or_refuse("quarantine restore", f"put {counted(len(steps), 'piece')} back")
+        steps = restore_quarantine(store, name)
+    if as_json:
+        emit_json({"restored": [s.to_dict() for s in steps]})
+    else:
+        note(f"put {counted(len(steps), 'piece')} back; run rmqstore verify {store}")
     return ExitCode.OK
 
 

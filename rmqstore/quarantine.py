@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -311,3 +312,125 @@ def purge_quarantine(store_root: Path, names: list[str]) -> int:
         freed += known[name].bytes
     fsync_directory(base)
     return freed
+
+
+@dataclass(frozen=True)
+class RestoreStep:
+    """One piece of a quarantine folder going back where it came from."""
+
+    kind: str  # "move back" (a whole file or folder) or "write back" (a cut byte range)
+    piece: Path  # inside the quarantine folder
+    target: Path  # inside the store
+    start: int = 0
+    end: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        document: dict[str, object] = {"kind": self.kind, "target": str(self.target)}
+        if self.kind == "write back":
+            document.update(start=self.start, end=self.end)
+        return document
+
+
+_COPY_SUFFIX = re.compile(r"\.(\d+)-(\d+)\.bin$")
+_TWIN_SUFFIX = re.compile(r"~\d+$")
+
+
+def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
+    """How quarantine folder ``name`` goes back into the store; refuses (before anything is
+    changed) a piece whose place is taken: a moved file whose path exists again, a cut range
+    that is no longer all zeros (written since) or whose file is gone. Places come from the
+    pieces' own paths inside the folder, never from the manifest's text, and must lie inside
+    the store without passing through a link."""
+    base = quarantine_base(store_root)
+    if base is None or name not in {f.name for f in list_quarantine(store_root)}:
+        raise StoreFormatError(f"no quarantine folder {name} in {store_root}")
+    folder = base / name
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+        pieces = list(manifest["pieces"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise StoreFormatError(f"{folder} has no readable {MANIFEST_FILE}") from None
+    steps = []
+    for piece in pieces:
+        relative = Path(str(piece.get("moved") or piece.get("copy") or ""))
+        if not relative.parts or relative.is_absolute() or ".." in relative.parts:
+            raise StoreFormatError(f"{folder}: a piece names no place inside the folder")
+        if relative.parts[0] == "external":
+            raise StoreFormatError(
+                f"{folder / relative} came from outside the store; put it back by hand"
+            )
+        stem = _TWIN_SUFFIX.sub("", relative.name)
+        if "moved" in piece:
+            target = store_root / relative.with_name(stem)
+            step = RestoreStep("move back", folder / relative, target)
+        else:
+            matched = _COPY_SUFFIX.search(stem)
+            if matched is None:
+                raise StoreFormatError(f"{folder / relative} is not a cut range")
+            start, end = int(matched.group(1)), int(matched.group(2))
+            target = store_root / relative.with_name(stem[: matched.start()])
+            step = RestoreStep("write back", folder / relative, target, start, end)
+        _check_inside(store_root, target)
+        _check_free(step)
+        steps.append(step)
+    return steps
+
+
+def _check_inside(store_root: Path, target: Path) -> None:
+    """No directory between the store root and ``target``, nor ``target``, is a link (the
+    target's path, built from parts without "..", stays inside the store as written)."""
+    current = store_root
+    for part in target.relative_to(store_root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise StoreFormatError(f"{current} is a link; rmqstore does not follow it")
+
+
+def _check_free(step: RestoreStep) -> None:
+    if step.kind == "move back":
+        if os.path.lexists(step.target):
+            raise StoreFormatError(f"{step.target} exists again; restoring would replace it")
+        return
+    try:
+        size = os.path.getsize(step.target)
+    except OSError:
+        raise StoreFormatError(f"{step.target} is gone; its cut range cannot go back") from None
+    if size < step.end:
+        raise StoreFormatError(f"{step.target} is shorter than its cut range")
+    with open(step.target, "rb") as handle:
+        handle.seek(step.start)
+        if any(handle.read(step.end - step.start)):
+            raise StoreFormatError(
+                f"bytes {step.start}-{step.end} of {step.target} were written since they were "
+                "cut; restoring would overwrite them"
+            )
+
+
+def restore_quarantine(store_root: Path, name: str) -> list[RestoreStep]:
+    """Put quarantine folder ``name`` back (see :func:`plan_restore`), each piece durably,
+    then remove the emptied folder. The caller holds the store's lock."""
+    steps = plan_restore(store_root, name)
+    base = store_root / QUARANTINE_DIR
+    for step in steps:
+        try:
+            if step.kind == "move back":
+                make_directories(step.target.parent)
+                os.rename(step.piece, step.target)
+                fsync_directory(step.target.parent)
+                fsync_directory(step.piece.parent)
+            else:
+                fd = os.open(step.target, os.O_RDWR | os.O_NOFOLLOW)
+                try:
+                    with open(step.piece, "rb") as copy:
+                        os.pwrite(fd, copy.read(), step.start)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(f"cannot restore {step.target}: {exc.strerror}") from None
+    try:
+        shutil.rmtree(base / name)
+        fsync_directory(base)
+    except OSError as exc:
+        raise StoreIOError(f"cannot remove {base / name}: {exc.strerror}") from None
+    return steps

@@ -58,3 +58,56 @@ def test_names_outside_the_quarantine_and_links_are_refused(tmp_path: Path) -> N
     assert (outside / "keep").exists()
     usage = run_cli("quarantine", "purge", store)
     assert usage.exit_code == 2 and "--all" in usage.stderr
+
+
+def test_restore_puts_the_store_back_as_it_was_before_the_cut(tmp_path: Path) -> None:
+    from support import tree_digest
+
+    store = tmp_path / "store"
+    generate("torn-tail", store)
+    before = tree_digest(store)
+    assert run_cli("recover", store, "--yes").exit_code == 0
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    dry = run_cli("quarantine", "restore", store, folder["name"], "--dry-run", "--json")
+    assert dry.exit_code == 1 and json.loads(dry.stdout)["wouldRestore"]
+    restored = run_cli("quarantine", "restore", store, folder["name"], "--yes", "--json")
+    assert restored.exit_code == 0, restored.stderr
+    after = tree_digest(store)
+    # every cut byte range and moved file is back; what recover wrote besides (a checkpoint,
+    # rebuilt index files, units after the cut) is not undone
+    assert {k: after.get(k) for k in before if k.startswith("commitlog/")} == {
+        k: v for k, v in before.items() if k.startswith("commitlog/")
+    }
+    assert all(after.get(k) == v for k, v in before.items() if k.startswith("index/"))
+    assert not (store / "quarantine" / folder["name"]).exists()
+
+
+def test_a_rebuild_cannot_be_restored_over_its_new_files(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    generate("multi", store)
+    assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    refused = run_cli("quarantine", "restore", store, folder["name"], "--yes")
+    assert refused.exit_code == 2 and "exists again" in refused.stderr
+    assert (store / "quarantine" / folder["name"]).is_dir()
+
+
+def test_restore_refuses_a_place_that_is_taken(tmp_path: Path) -> None:
+    store = recovered(tmp_path)
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    assert run_cli("append", store, "--topic", "T", "--body", "new").exit_code == 0
+    refused = run_cli("quarantine", "restore", store, folder["name"], "--yes")
+    assert refused.exit_code == 2 and "written since" in refused.stderr
+    assert (store / "quarantine" / folder["name"]).is_dir()
+
+
+def test_a_manifest_naming_places_outside_the_store_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    generate("basic", store)
+    for number, place in enumerate(["../../outside", "/etc/passwd", "external/x", "index/../.."]):
+        folder = store / "quarantine" / f"20240101T00000{number}-recover"
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"pieces": [{"moved": place}]}))
+        result = run_cli("quarantine", "restore", store, folder.name, "--yes")
+        assert result.exit_code == 2, (place, result.stderr)
+    assert (store / "commitlog").is_dir()
