@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
 import sys
@@ -141,6 +142,81 @@ def json_text(document: Any) -> str:
 def counted(count: int, noun: str, plural: str | None = None) -> str:
     """``count`` and the noun, singular for one: ``1 file``, ``2 files``, ``1,024 entries``."""
     return f"{count:,} {noun if count == 1 else (plural or noun + 's')}"
+
+
+class DelimitedWriter:
+    """CSV or TSV on stdout: a header row of ``fields``, then one row per document (a missing
+    or null value empty, an object or list as compact JSON, booleans as true/false)."""
+
+    def __init__(self, kind: str, fields: list[str]) -> None:
+        import csv
+
+        self.fields = fields
+        self._writer = csv.writer(
+            sys.stdout, delimiter="\t" if kind == "tsv" else ",", lineterminator="\n"
+        )
+        self._writer.writerow(fields)
+
+    def row(self, document: dict[str, Any]) -> None:
+        self._writer.writerow([_cell(document.get(name)) for name in self.fields])
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json_text(value)
+    return str(value)
+
+
+def delimited_options(default_fields: list[str], known: list[str]) -> Callable[[Any], Any]:
+    """``--csv``, ``--tsv`` and ``--fields``; passes ``delimited``: a (kind, fields) pair or
+    None."""
+
+    def decorate(func: Any) -> Any:
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            kind = kwargs.pop("delimited_kind")
+            fields_text = kwargs.pop("fields")
+            if fields_text is not None and kind is None:
+                raise click.UsageError("--fields goes with --csv or --tsv")
+            fields = default_fields
+            if fields_text is not None:
+                fields = [name.strip() for name in fields_text.split(",") if name.strip()]
+                unknown = [name for name in fields if name not in known]
+                if unknown or not fields:
+                    raise click.UsageError(
+                        f"unknown field(s) {', '.join(unknown) or '(none given)'}; known: "
+                        f"{', '.join(known)}"
+                    )
+            kwargs["delimited"] = None if kind is None else (kind, fields)
+            return func(**kwargs)
+
+        options = [
+            click.option(
+                "--csv", "delimited_kind", flag_value="csv", help="CSV with a header row."
+            ),
+            click.option(
+                "--tsv",
+                "delimited_kind",
+                flag_value="tsv",
+                help="Tab-separated, with a header row.",
+            ),
+            click.option(
+                "--fields",
+                metavar="A,B,...",
+                help="With --csv/--tsv: these fields in this order (default: "
+                + ",".join(default_fields)
+                + "). Any field of --json.",
+            ),
+        ]
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+
+    return decorate
 
 
 def warn(message: str) -> None:

@@ -17,8 +17,10 @@ from rmqstore.commands.options import (
 )
 from rmqstore.commands.output import (
     BODY_MODES,
+    DelimitedWriter,
     Grid,
     console,
+    delimited_options,
     emit_json,
     emit_jsonl,
     encode_body,
@@ -152,6 +154,11 @@ _TABLE_CHUNK = 100
 @store_config_options
 @json_option
 @jsonl_option
+@delimited_options(
+    ["msgId", "topic", "queueId", "queueOffset", "commitLogOffset", "storeSize",
+     "storeTimestamp", "tags", "keys", "uniqKey"],
+    [*Message(topic="T").fields(), "body", "bodyEncoding"],
+)  # fmt: skip
 def command(
     store: Path,
     offset: int | None,
@@ -175,6 +182,7 @@ def command(
     config: StoreConfig,
     as_json: bool,
     as_jsonl: bool,
+    delimited: tuple[str, list[str]] | None,
 ) -> int:
     """Read messages: by offset, message id, sequentially, by queue, key, unique key or time.
 
@@ -198,8 +206,9 @@ def command(
     mode = _mode(
         offset, msg_id, from_offset, topic, queue_id, queue_from, count, key, uniq_key, timestamp
     )
-    if as_json and as_jsonl:
-        raise click.UsageError("--json and --jsonl exclude each other")
+    if sum((as_json, as_jsonl, delimited is not None)) > 1:
+        raise click.UsageError("--json, --jsonl and --csv/--tsv exclude each other")
+    table = DelimitedWriter(*delimited) if delimited else None
     if body_mode == "raw" and mode not in ("offset", "msg-id"):
         raise click.UsageError("--body raw shows one message; use --offset or --msg-id")
     body = (
@@ -216,6 +225,9 @@ def command(
                 else reader.by_msg_id(msg_id, body=body)
             )  # type: ignore[arg-type]
             _warn_all(reader.notes)
+            if table is not None:
+                table.row(message_document(message, body_mode, _body_of(message, decompress)))
+                return 0
             _show_one(message, body_mode, decompress, as_json, as_jsonl)
             return 0
         if mode == "time":
@@ -261,7 +273,12 @@ def command(
             messages = selected(messages, tags=wanted, begin=begin, end=end, count=count)
         elif mode in ("key", "uniq-key") and tags is not None:
             messages = selected(messages, tags=frozenset(tags.split("||")))
-        shown = _show_many(messages, body_mode, decompress, as_json, as_jsonl)
+        if table is not None:
+            shown = 0
+            for shown, message in enumerate(messages, 1):  # noqa: B007 - the count is used
+                table.row(message_document(message, body_mode, _body_of(message, decompress)))
+        else:
+            shown = _show_many(messages, body_mode, decompress, as_json, as_jsonl)
         _warn_all(reader.notes)
         if not shown and mode in ("key", "uniq-key"):
             where = f"topic {topic}" if topic is not None else "any topic"

@@ -301,3 +301,29 @@ def test_a_whole_topic_filtered_by_tags_and_time(oracle) -> None:
     assert len(counted.stdout.splitlines()) == 2
     nothing = run_cli("read", store, "--topic", "NoSuchTopic")
     assert nothing.exit_code == 2 and "has no consume queues" in nothing.stderr
+
+
+def test_csv_and_tsv_with_chosen_fields(oracle) -> None:
+    import csv
+    import io
+
+    store = oracle("s1_multi").store
+    jsonl = run_cli(
+        "read", store, "--topic", "TopicTest", "--queue", "1", "--count", "5", "--jsonl"
+    )
+    documents = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    table = run_cli("read", store, "--topic", "TopicTest", "--queue", "1", "--count", "5", "--csv")
+    rows = list(csv.DictReader(io.StringIO(table.stdout)))
+    assert [row["msgId"] for row in rows] == [d["msgId"] for d in documents]
+    assert [row["tags"] for row in rows] == [d.get("tags") or "" for d in documents]
+    chosen = run_cli("read", store, "--offset", str(documents[0]["commitLogOffset"]), "--tsv",
+                     "--fields", "queueOffset,properties,uniqKey")  # fmt: skip
+    header, line = chosen.stdout.splitlines()
+    assert header.split("\t") == ["queueOffset", "properties", "uniqKey"]
+    values = next(csv.reader([line], delimiter="\t"))
+    assert int(values[0]) == documents[0]["queueOffset"]
+    assert json.loads(values[1]) == documents[0]["properties"]
+    bad = run_cli("read", store, "--offset", "0", "--csv", "--fields", "nope")
+    assert bad.exit_code == 2 and "unknown field" in bad.stderr
+    both = run_cli("read", store, "--offset", "0", "--csv", "--json")
+    assert both.exit_code == 2
