@@ -13,7 +13,14 @@ from rmqstore.commands.options import (
     store_config_options,
     store_location_argument,
 )
-from rmqstore.commands.output import Grid, console, emit_json, format_millis
+from rmqstore.commands.output import (
+    DelimitedWriter,
+    Grid,
+    console,
+    delimited_options,
+    emit_json,
+    format_millis,
+)
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.local import PipelineOptions, StoreStats
 
@@ -25,6 +32,12 @@ from rmqstore.pipeline.local import PipelineOptions, StoreStats
 @jobs_option()
 @store_config_options
 @json_option
+@delimited_options(
+    ["topic", "queueId", "messages", "bytes", "minQueueOffset", "maxQueueOffset",
+     "firstStoreTimestamp", "lastStoreTimestamp", "distinctTags"],
+    ["topic", "queueId", "messages", "bytes", "minQueueOffset", "maxQueueOffset",
+     "firstStoreTimestamp", "lastStoreTimestamp", "distinctTags", "topTags"],
+)  # fmt: skip
 def command(
     store: str,
     topics: tuple[str, ...],
@@ -32,6 +45,7 @@ def command(
     jobs: int,
     config: StoreConfig,
     as_json: bool,
+    delimited: tuple[str, list[str]] | None,
 ) -> int:
     """Count the records of a store per topic and queue, and per commit-log file.
 
@@ -57,7 +71,13 @@ def command(
         from rmqstore.pipeline.local import LocalPipeline
 
         stats = LocalPipeline(store, options).stats(topics=selected)
-    if as_json:
+    if as_json and delimited:
+        raise click.UsageError("--json and --csv/--tsv exclude each other")
+    if delimited:
+        table = DelimitedWriter(*delimited)  # a row per topic and queue
+        for queue in stats.to_dict()["queues"]:
+            table.row(queue)
+    elif as_json:
         emit_json(stats.to_dict())
     else:
         _render(stats)

@@ -15,7 +15,16 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import Grid, console, counted, emit_json, progress_bar, warn
+from rmqstore.commands.output import (
+    DelimitedWriter,
+    Grid,
+    console,
+    counted,
+    delimited_options,
+    emit_json,
+    progress_bar,
+    warn,
+)
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.store import Store
@@ -90,6 +99,10 @@ _HELP = (
 @jobs_option()
 @store_config_options
 @json_option
+@delimited_options(
+    ["severity", "kind", "file", "offset", "message", "fix"],
+    ["severity", "kind", "file", "offset", "message", "fix"],
+)
 @progress_option
 def command(
     store: Path,
@@ -103,6 +116,7 @@ def command(
     jobs: int,
     config: StoreConfig,
     as_json: bool,
+    delimited: tuple[str, list[str]] | None,
     no_progress: bool,
 ) -> int:
     """The verify command (its help text is _HELP, which lists the finding kinds)."""
@@ -131,21 +145,32 @@ def command(
                 PipelineOptions.for_config(opened.config, engine.split),
             )
             report = pipeline.verify(opened, options)
-            return _finish(report, as_json, store)
+            return _finish(report, as_json, store, delimited)
         if jobs > 1:
             ranged = RangedVerify.for_options(opened, options, engine.split)
             report = ranged.run(process_runner(jobs))
-            return _finish(report, as_json, store)
+            return _finish(report, as_json, store, delimited)
         segments = opened.commitlog.segments
         base = segments[0].start if segments else 0
         total = opened.commitlog.data_extent() - base  # the data, not pre-allocated zeros
         with progress_bar("verifying", total, not no_progress) as update:
             report = verify_store(opened, options, lambda offset: update(offset - base))
-    return _finish(report, as_json, store)
+    return _finish(report, as_json, store, delimited)
 
 
-def _finish(report: VerifyReport, as_json: bool, store: Path) -> int:
-    if as_json:
+def _finish(
+    report: VerifyReport,
+    as_json: bool,
+    store: Path,
+    delimited: tuple[str, list[str]] | None = None,
+) -> int:
+    if as_json and delimited:
+        raise click.UsageError("--json and --csv/--tsv exclude each other")
+    if delimited:
+        table = DelimitedWriter(*delimited)  # a row per finding
+        for finding in report.to_dict(str(store))["findings"]:
+            table.row(finding)
+    elif as_json:
         emit_json(report.to_dict(str(store)))
     else:
         _render(report)

@@ -212,3 +212,28 @@ def test_the_next_step_mends_what_verify_found(tmp_path: Path, scenario: str) ->
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"], scenario
     human = run_cli("verify", store)
     assert "next step" not in human.stdout
+
+
+def test_findings_and_stats_as_csv(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("cq-truncated", store)
+    report = json.loads(run_cli("verify", store, "--json").stdout)
+    table = run_cli("verify", store, "--csv")
+    assert table.exit_code == 1
+    rows = list(csv.DictReader(io.StringIO(table.stdout)))
+    assert [row["kind"] for row in rows] == [f["kind"] for f in report["findings"]]
+    assert [row["fix"] for row in rows] == [f["fix"] for f in report["findings"]]
+    stats = json.loads(run_cli("stats", store, "--engine", "local", "--json").stdout)
+    tsv = run_cli(
+        "stats", store, "--engine", "local", "--tsv", "--fields", "topic,queueId,messages"
+    )
+    lines = [line.split("\t") for line in tsv.stdout.splitlines()]
+    assert lines[0] == ["topic", "queueId", "messages"]
+    assert lines[1:] == [
+        [q["topic"], str(q["queueId"]), str(q["messages"])] for q in stats["queues"]
+    ]
