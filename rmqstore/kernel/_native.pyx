@@ -515,6 +515,20 @@ cdef inline void _put_le(uint8_t* at, uint64_t value, int size) noexcept nogil:
         at[i] = (value >> (8 * i)) & 0xFF
 
 
+cdef inline int64_t _pair_end(const uint8_t* data, int64_t position, int64_t end,
+                              int64_t* separator) noexcept nogil:
+    """Where the property pair starting at ``position`` ends (its 0x02, or ``end``); its
+    0x01 goes into ``separator`` (the pair's end when it has none). The caller checked that
+    ``[position, end)`` lies in the buffer."""
+    cdef int64_t pair_end = position, at = position
+    while pair_end < end and data[pair_end] != 2:
+        pair_end += 1
+    while at < pair_end and data[at] != 1:
+        at += 1
+    separator[0] = at
+    return pair_end
+
+
 def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, keys):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
@@ -552,12 +566,7 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
             position = props_at
             end = props_at + props_length
             while position <= end:
-                pair_end = position
-                while pair_end < end and data[pair_end] != 2:
-                    pair_end += 1
-                separator = position
-                while separator < pair_end and data[separator] != 1:
-                    separator += 1
+                pair_end = _pair_end(data, position, end, &separator)
                 name_length = separator - position
                 value_at = separator + 1
                 value_length = pair_end - value_at
@@ -1036,12 +1045,7 @@ cdef inline void _find_value(const uint8_t* data, int64_t props_at, int64_t prop
     found_at[0] = 0
     found_length[0] = SPAN_ABSENT
     while position <= end:
-        pair_end = position
-        while pair_end < end and data[pair_end] != 2:
-            pair_end += 1
-        separator = position
-        while separator < pair_end and data[separator] != 1:
-            separator += 1
+        pair_end = _pair_end(data, position, end, &separator)
         if (separator < pair_end and separator - position == name_length and name_length > 0
                 and pair_end - separator - 1 > 0
                 and memcmp(data + position, name, name_length) == 0):
@@ -1183,12 +1187,7 @@ def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_
             position = props_at
             end = props_at + props_length
             while position <= end:
-                pair_end = position
-                while pair_end < end and data[pair_end] != 2:
-                    pair_end += 1
-                separator = position
-                while separator < pair_end and data[separator] != 1:
-                    separator += 1
+                pair_end = _pair_end(data, position, end, &separator)
                 name_length = separator - position
                 value_length = pair_end - separator - 1
                 if separator < pair_end and name_length > 0 and value_length > 0:
