@@ -40,9 +40,9 @@ step "Read sequentially, as JSON lines" \
 step "Build consume queues and the index, as a broker's dispatcher would" "rmqstore dispatch $STORE"
 "$RMQSTORE" dispatch "$STORE"
 
-step "Query like mqadmin, with no broker: by key, and a queue by offset" \
-     "rmqstore read $STORE --key order-42 --topic DemoTopic --body text"
-"$RMQSTORE" read "$STORE" --key order-42 --topic DemoTopic --body text
+step "Query like mqadmin, with no broker: by key (every topic), and a queue by offset" \
+     "rmqstore read $STORE --key order-42 --body text"
+"$RMQSTORE" read "$STORE" --key order-42 --body text
 "$RMQSTORE" read "$STORE" --topic orders --queue 1 --from 3 --count 2 --jsonl --body none
 
 step "Verify CRCs and cross-file consistency (exit 0: sound)" "rmqstore verify $STORE"
@@ -65,10 +65,11 @@ step "Recover it as a broker's start-up would: the plan, then cut to quarantine 
 "$RMQSTORE" verify "$DEMO_DIR/torn" --no-progress
 
 step "Export every message to Parquet with Spark (local[*]; starting the JVM takes a few seconds)" \
-     "rmqstore export $STORE --to $DEMO_DIR/export"
-"$RMQSTORE" export "$STORE" --to "$DEMO_DIR/export"
+     "rmqstore export $STORE --to $DEMO_DIR/export --engine spark"
+"$RMQSTORE" export "$STORE" --to "$DEMO_DIR/export" --engine spark
 
-step "Statistics per topic/queue and per commit-log file, on Spark" "rmqstore stats $STORE"
+step "Statistics per topic/queue and per commit-log file (a small store: the local engine)" \
+     "rmqstore stats $STORE"
 "$RMQSTORE" stats "$STORE"
 
 step "Bad input gets one line and an exit code (2 = input error)" \
