@@ -9,6 +9,7 @@ import click
 from rmqstore.commands.options import jobs_option, json_option
 from rmqstore.commands.output import Grid, console, emit_json, note
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
+from rmqstore.verify.findings import where_text
 
 
 @click.group("fixtures")
@@ -192,15 +193,11 @@ def describe_command(scenario: str, out: Path, as_json: bool) -> int:
         f"{manifest['commitLog']['maxOffset']:,}"
     )
     if manifest["damage"]:
-        console.print(
-            f"damage: {manifest['damage']['description']} "
-            f"({manifest['damage']['file']} at {manifest['damage']['offset']})"
-        )
+        damage = manifest["damage"]
+        console.print(f"damage: {damage['description']} ({where_text(damage)})")
         for finding in manifest["expect"]["verify"]:
-            console.print(
-                f"  verify reports {finding['kind']}"
-                + (f" at {finding['offset']}" if finding["offset"] is not None else "")
-            )
+            where = where_text(finding)
+            console.print(f"  verify reports {finding['kind']}" + (f" at {where}" if where else ""))
     recovery = manifest["expect"]["recovery"]
     console.print(
         f"recovery reaches {recovery['validEnd']:,} keeping "

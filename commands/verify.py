@@ -33,6 +33,19 @@ from rmqstore.verify.ranges import RangedVerify
 from rmqstore.workers import process_runner
 
 _STYLE = {"error": "red", "warning": "yellow", "note": "dim"}
+# the columns of --csv/--tsv: every field of a finding's JSON, in its order
+_FINDING_FIELDS = [
+    "severity",
+    "kind",
+    "file",
+    "filePosition",
+    "commitLogOffset",
+    "topic",
+    "queueId",
+    "queueOffset",
+    "message",
+    "fix",
+]
 
 _HELP = (
     """Check a store's records and cross-file consistency; exit 1 on findings.
@@ -50,9 +63,13 @@ _HELP = (
     Finding kinds: """
     + ", ".join(KINDS)
     + """. Each finding names its fix (the command that mends it, or "none: report only"), and
-    the report ends with the next step to take. JSON: {ok, nextStep, findings[{kind, severity,
-    file, offset, message, fix}], findingsByKind, truncated, checked}. Exit 0 when sound
-    (notes allowed), 1 when there are errors or warnings.
+    the report ends with the next step to take. Positions mean one thing each: file (the
+    store-relative file or directory) and filePosition (a byte in that file), commitLogOffset
+    (a commit-log physical offset), topic/queueId/queueOffset (a consume-queue unit or
+    queue); a field that does not apply is null. JSON: {ok, nextStep, findings[{kind,
+    severity, file, filePosition, commitLogOffset, topic, queueId, queueOffset, message,
+    fix}], findingsByKind, truncated, checked}. Exit 0 when sound (notes allowed), 1 when there
+    are errors or warnings.
     """
 )
 
@@ -99,10 +116,7 @@ _HELP = (
 @jobs_option()
 @store_config_options
 @json_option
-@delimited_options(
-    ["severity", "kind", "file", "offset", "message", "fix"],
-    ["severity", "kind", "file", "offset", "message", "fix"],
-)
+@delimited_options(_FINDING_FIELDS, _FINDING_FIELDS)
 @progress_option
 def command(
     store: Path,
@@ -220,15 +234,14 @@ def _render(report: VerifyReport) -> None:
     if not report.findings:
         return
     table = Grid()
-    for name in ("severity", "kind", "file", "offset", "message"):
+    for name in ("severity", "kind", "where", "message"):
         table.add_column(name, overflow="fold")
     for finding in report.findings:
         style = _STYLE[finding.severity]
         table.add_row(
             f"[{style}]{finding.severity}[/{style}]",
             finding.kind,
-            finding.file or "",
-            "" if finding.offset is None else str(finding.offset),
+            finding.where(),
             finding.message,
         )
     console.print(table)

@@ -25,11 +25,10 @@ def check_checkpoint_and_abort(
     if store.aborted:
         report.add(
             "abort-present",
-            "abort",
-            None,
             "the store was not closed cleanly (a broker is running, crashed, or "
             "consume queues were left behind): a broker runs crash recovery at start",
             WARNING,
+            file="abort",
         )
 
 
@@ -44,13 +43,15 @@ def _check_checkpoint(
     try:
         checkpoint = read_checkpoint(store.checkpoint_path)
     except StoreFormatError as exc:
-        report.add("checkpoint-size", "checkpoint", None, str(exc))
+        report.add("checkpoint-size", str(exc), file="checkpoint")
         return
     if checkpoint is None:
         return
-    limits: Iterable[tuple[str, int, int, str]] = [
+    # (field, its byte position in the checkpoint file, value, limit, what the limit is)
+    limits: Iterable[tuple[str, int, int, int, str]] = [
         (
             "physicMsgTimestamp",
+            0,
             checkpoint.physic_msg_timestamp,
             facts.last_store_timestamp,
             "the newest record of the commit log",
@@ -61,6 +62,7 @@ def _check_checkpoint(
             *limits,
             (
                 "logicsMsgTimestamp",
+                8,
                 checkpoint.logics_msg_timestamp,
                 queues.last_queued_time,
                 "the newest record in a consume queue",
@@ -71,17 +73,18 @@ def _check_checkpoint(
             *limits,
             (
                 "indexMsgTimestamp",
+                16,
                 checkpoint.index_msg_timestamp,
                 index.last_full_end_timestamp,
                 "the end of the last full index file",
             ),
         ]
-    for name, value, limit, what in limits:
+    for name, position, value, limit, what in limits:
         if value > limit:
             report.add(
                 "checkpoint-future",
-                "checkpoint",
-                None,
                 f"{name} {value} is after the store time of {what} ({limit}): a broker's "
                 "crash recovery would start too late and skip data",
+                file="checkpoint",
+                file_position=position,
             )

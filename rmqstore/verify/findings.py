@@ -103,20 +103,58 @@ def fix_for(kind: str, store: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Finding:
+    """One finding and where it is. Each position field means one thing in every kind:
+    ``file`` is the store-relative file (or directory) the finding is about,
+    ``file_position`` a byte position inside that file, ``commit_log_offset`` a commit-log
+    physical offset (a record's start, or where the log stops being valid), and
+    ``topic``/``queue_id``/``queue_offset`` a consume-queue unit or queue. Unknown or not
+    applicable is None."""
+
     kind: str
-    file: str | None
-    offset: int | None
     message: str
     severity: str = ERROR
+    file: str | None = None
+    file_position: int | None = None
+    commit_log_offset: int | None = None
+    topic: str | None = None
+    queue_id: int | None = None
+    queue_offset: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "severity": self.severity,
             "file": self.file,
-            "offset": self.offset,
+            "filePosition": self.file_position,
+            "commitLogOffset": self.commit_log_offset,
+            "topic": self.topic,
+            "queueId": self.queue_id,
+            "queueOffset": self.queue_offset,
             "message": self.message,
         }
+
+    def where(self) -> str:
+        """The position fields in one short line, for human output."""
+        return where_text(self.to_dict())
+
+
+def where_text(document: dict[str, Any]) -> str:
+    """The position fields (camelCase, as in a finding's JSON) of ``document`` in one short
+    line: ``file@filePosition``, ``log commitLogOffset``, ``topic:queueId#queueOffset``."""
+    parts = []
+    if document.get("file") is not None:
+        at = document.get("filePosition")
+        parts.append(document["file"] + ("" if at is None else f"@{at}"))
+    if document.get("commitLogOffset") is not None:
+        parts.append(f"log {document['commitLogOffset']}")
+    if document.get("topic") is not None:
+        queue = document["topic"]
+        if document.get("queueId") is not None:
+            queue += f":{document['queueId']}"
+        if document.get("queueOffset") is not None:
+            queue += f"#{document['queueOffset']}"
+        parts.append(queue)
+    return " ".join(parts)
 
 
 @dataclass
@@ -130,14 +168,37 @@ class VerifyReport:
     checked: Counter = field(default_factory=Counter)
 
     def add(
-        self, kind: str, file: str | None, offset: int | None, message: str, severity: str = ERROR
+        self,
+        kind: str,
+        message: str,
+        severity: str = ERROR,
+        *,
+        file: str | None = None,
+        file_position: int | None = None,
+        commit_log_offset: int | None = None,
+        topic: str | None = None,
+        queue_id: int | None = None,
+        queue_offset: int | None = None,
     ) -> None:
+        """Count a finding and keep it (up to ``max_findings``); see :class:`Finding`."""
         assert kind in KINDS, kind
         self.counts[kind] += 1
         if severity != NOTE:
             self.problems += 1
         if self.max_findings is None or len(self.findings) < self.max_findings:
-            self.findings.append(Finding(kind, file, offset, message, severity))
+            self.findings.append(
+                Finding(
+                    kind,
+                    message,
+                    severity,
+                    file,
+                    file_position,
+                    commit_log_offset,
+                    topic,
+                    queue_id,
+                    queue_offset,
+                )
+            )
 
     def absorb(self, other: VerifyReport) -> None:
         """Add the findings and counts of a report made over another part of the store."""

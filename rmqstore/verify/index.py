@@ -96,29 +96,26 @@ class IndexChecks:
             if structural and self.unchecked:
                 report.add(
                     "index-unchecked",
-                    relative(store, store.index_dir),
-                    None,
                     "the index files are not the default geometry's size and the broker's "
                     "maxHashSlotNum/maxIndexNum are not known, so the index was not checked; "
                     "to check it, pass --broker-config or --index-slots/--index-entries",
                     NOTE,
+                    file=relative(store, store.index_dir),
                 )
             elif structural:
                 report.add(
                     "index-file-size" if wrong_size else "index-header",
-                    relative(store, store.index_dir),
-                    None,
                     str(exc),
+                    file=relative(store, store.index_dir),
                 )
             return
         if structural:
             for path in self.service.unexpected:
                 report.add(
                     "file-name",
-                    relative(store, path),
-                    None,
                     "not an index file (names are 17-digit creation times)",
                     WARNING,
+                    file=relative(store, path),
                 )
             self._deferred = list(self.service.files)
             if not defer_scans:
@@ -158,13 +155,14 @@ class IndexChecks:
                 entry, key_hash, offset, time_diff, previous, newest_then = bad[at : at + 6]
                 self.report.add(
                     "index-chain",
-                    name,
-                    entries_at + entry * ENTRY_SIZE,
                     f"entry {entry} (hash {key_hash}, offset {offset}, timeDiff {time_diff}) "
                     f"links to entry {previous}, but the newest earlier entry of its slot is "
                     f"{newest_then}"
                     if previous != newest_then
                     else f"entry {entry} is out of order or has a negative hash or time",
+                    file=name,
+                    file_position=entries_at + entry * ENTRY_SIZE,
+                    commit_log_offset=offset,
                 )
             reported += found
         chain_heads = chain[kernel_layout.CHAIN_HEADS]
@@ -180,10 +178,10 @@ class IndexChecks:
             slot = next(i for i, (a, b) in enumerate(zip(stored, newest, strict=True)) if a != b)
             self.report.add(
                 "index-chain",
-                name,
-                HEADER_SIZE + slot * SLOT_SIZE,
                 f"hash slot {slot} holds entry {stored[slot]}, but the newest entry "
                 f"of that slot is {newest[slot]}",
+                file=name,
+                file_position=HEADER_SIZE + slot * SLOT_SIZE,
             )
         problems = []
         if chain_heads != header.hash_slot_count:
@@ -196,7 +194,7 @@ class IndexChecks:
         if header.begin_timestamp > header.end_timestamp:
             problems.append("beginTimestamp is after endTimestamp")
         if problems:
-            self.report.add("index-header", name, 0, "; ".join(problems))
+            self.report.add("index-header", "; ".join(problems), file=name, file_position=0)
 
     # -- merged with the records -----------------------------------------------------------------
 
@@ -396,25 +394,35 @@ class IndexChecks:
         if _indexed_again(hashes, expected):
             self.report.add(
                 "index-entry",
-                got[-1][0],
-                offset,
                 f"the record at {offset} was indexed again (a broker re-indexes the record "
                 "at the end of its index after a restart)",
                 NOTE,
+                file=got[-1][0],
+                file_position=self._entry_position(got[-1][1]),
+                commit_log_offset=offset,
             )
             return
         self.report.add(
             "index-entry",
-            got[0][0],
-            offset,
             f"index entries for the record at {offset} have hashes {hashes}, but its "
             f"topic#keys hash to {expected}",
+            file=got[0][0],
+            file_position=self._entry_position(got[0][1]),
+            commit_log_offset=offset,
         )
 
     def _orphan(self, entry: tuple[str, int, int, int, int], reason: str) -> None:
         self.report.add(
-            "index-entry", entry[0], entry[3], f"entry {entry[1]} (offset {entry[3]}) {reason}"
+            "index-entry",
+            f"entry {entry[1]} (offset {entry[3]}) {reason}",
+            file=entry[0],
+            file_position=self._entry_position(entry[1]),
+            commit_log_offset=entry[3],
         )
+
+    def _entry_position(self, number: int) -> int:
+        """The byte position of entry ``number`` in an index file of this store's geometry."""
+        return HEADER_SIZE + self.store.config.index_slots * SLOT_SIZE + number * ENTRY_SIZE
 
     def finish(self, log_end: int) -> None:
         self._count_checked()
@@ -425,21 +433,20 @@ class IndexChecks:
         if self.lag:
             self.report.add(
                 "index-lag",
-                index_dir,
-                self.first_lag,
                 f"{self.lag} records from offset {self.first_lag} are not indexed yet "
                 "(rmqstore dispatch adds them)",
                 WARNING,
+                file=index_dir,
+                commit_log_offset=self.first_lag,
             )
         if self.missing:
             self.report.add(
                 "index-lag",
-                index_dir,
-                None,
                 f"{self.missing} records inside the indexed range have no entries "
                 "(a broker's crash recovery loses such entries when "
                 "messageIndexSafe=false)",
                 WARNING,
+                file=index_dir,
             )
         self.service.close()
 

@@ -152,18 +152,19 @@ class QueueChecks:
         queue = self._open(topic, queue_id)
         name = relative(self.store, queue.directory)
         for problem in queue.queue.problems:
-            self.report.add("cq-file-size", name, None, problem)
+            self.report.add("cq-file-size", problem, file=name, topic=topic, queue_id=queue_id)
         for path in queue.queue.unexpected:
             self.report.add(
-                "file-name", relative(self.store, path), None, "not a consume-queue file", WARNING
+                "file-name", "not a consume-queue file", WARNING, file=relative(self.store, path)
             )
         for previous, following in pairwise(queue.queue.segments):
             if following.start != previous.start + queue.file_size:
                 self.report.add(
                     "cq-file-gap",
-                    relative(self.store, following.path),
-                    None,
                     f"expected the next file at {previous.start + queue.file_size}",
+                    file=relative(self.store, following.path),
+                    topic=topic,
+                    queue_id=queue_id,
                 )
         if self._defer_scans:
             self._deferred.append((queue, name))
@@ -181,6 +182,7 @@ class QueueChecks:
     def _check_pre_blank(self, queue: ConsumeQueue, name: str) -> None:
         """Pre-blank units may only fill the start of a queue's first file."""
         seen_real = False
+        topic, queue_id = queue.topic, queue.queue_id
         for segment in queue.queue.segments:
             wanted = max(0, min(queue.end - segment.start, queue.file_size))
             buf = read_range(segment.path, 0, wanted)
@@ -189,12 +191,15 @@ class QueueChecks:
             for index, (offset, size, _) in enumerate(units):
                 pre_blank = offset == 0 and size == PRE_BLANK_SIZE
                 if pre_blank and seen_real:
+                    queue_offset = segment.start // CQ_UNIT_SIZE + index
                     self.report.add(
                         "cq-pre-blank",
-                        name,
-                        segment.start + index * 20,
-                        f"pre-blank unit at queue offset "
-                        f"{(segment.start // 20) + index} after real units",
+                        f"pre-blank unit at queue offset {queue_offset} after real units",
+                        file=relative(self.store, segment.path),
+                        file_position=index * CQ_UNIT_SIZE,
+                        topic=topic,
+                        queue_id=queue_id,
+                        queue_offset=queue_offset,
                     )
                     return
                 seen_real = seen_real or not pre_blank
@@ -309,10 +314,10 @@ class QueueChecks:
             expected = (offset, header.total_size, expected_tags)
             self.report.add(
                 "cq-unit",
-                relative(self.store, state.queue.directory),
-                queue_offset * CQ_UNIT_SIZE,
                 f"unit {queue_offset} of {topic}:{key[1]} is (offset, size, tagsCode) = "
                 f"{unit}, but its record at {offset} needs {expected}",
+                **self._unit_place(state.queue, queue_offset),
+                commit_log_offset=offset,
             )
         else:
             state.matched += 1
@@ -326,29 +331,32 @@ class QueueChecks:
             if state.lag:
                 self.report.add(
                     "dispatch-lag",
-                    name,
-                    state.first_lag,
                     f"{state.lag} records of {topic}:{queue_id} from offset {state.first_lag} "
                     "are not in the consume queue (rmqstore dispatch, or a broker's restart, "
                     "adds them)",
                     WARNING,
+                    file=name,
+                    commit_log_offset=state.first_lag,
+                    topic=topic,
+                    queue_id=queue_id,
+                    queue_offset=queue.max_offset,
                 )
             if state.matched < queue.max_offset - queue.min_offset:
                 self._report_orphans(topic, queue_id, queue, log_end)
         for (topic, queue_id), count in self.missing_queues.items():
             self.report.add(
                 "dispatch-lag",
-                f"consumequeue/{topic}/{queue_id}",
-                None,
                 f"{count} records of {topic}:{queue_id} have no consume queue at all",
                 WARNING,
+                file=f"consumequeue/{topic}/{queue_id}",
+                topic=topic,
+                queue_id=queue_id,
             )
         self.close()
 
     def _report_orphans(self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int) -> None:
         """Second look at a queue whose units were not all matched by records: say which
         units point past the log, or at something that is not their record."""
-        name = relative(self.store, queue.directory)
         log = self.store.commitlog
         reported_beyond = False
         for unit in queue.units():
@@ -359,10 +367,10 @@ class QueueChecks:
                     reported_beyond = True
                     self.report.add(
                         "cq-beyond-log",
-                        name,
-                        unit.queue_offset * CQ_UNIT_SIZE,
                         f"units from queue offset {unit.queue_offset} point past the end of "
                         f"the commit log ({log_end}): a broker truncates them at recovery",
+                        **self._unit_place(queue, unit.queue_offset),
+                        commit_log_offset=unit.physical_offset,
                     )
                 continue
             try:
@@ -379,8 +387,21 @@ class QueueChecks:
                 )
             self.report.add(
                 "cq-unit-orphan",
-                name,
-                unit.queue_offset * CQ_UNIT_SIZE,
                 f"unit {unit.queue_offset} of {topic}:{queue_id} points at offset "
                 f"{unit.physical_offset}: {reason}",
+                **self._unit_place(queue, unit.queue_offset),
+                commit_log_offset=unit.physical_offset,
             )
+
+    def _unit_place(self, queue: ConsumeQueue, queue_offset: int) -> dict[str, Any]:
+        """The position fields of unit ``queue_offset`` of ``queue``: its queue, the file it
+        is in (named by the file's first byte, as a broker names it) and its place there."""
+        position = queue_offset * CQ_UNIT_SIZE
+        start = position - position % queue.file_size
+        return {
+            "file": relative(self.store, queue.directory / f"{start:020d}"),
+            "file_position": position - start,
+            "topic": queue.topic,
+            "queue_id": queue.queue_id,
+            "queue_offset": queue_offset,
+        }

@@ -29,7 +29,14 @@ from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
 from rmqstore.verify.queues import QueueChecks
-from rmqstore.verify.records import FileScan, LogFacts, RangeEdges, RecordListener, RecordPass
+from rmqstore.verify.records import (
+    FileScan,
+    LogFacts,
+    RangeEdges,
+    RecordListener,
+    RecordPass,
+    log_place,
+)
 from rmqstore.workers import Runner, run_here
 
 DEFAULT_RANGE_SIZE = 32 * 1024 * 1024
@@ -309,10 +316,9 @@ class RangedVerify:
             if first is not None and previous_time is not None and first[1] < previous_time:
                 report.add(
                     "store-time-order",
-                    first[2],
-                    first[0],
                     f"store time {first[1]} is earlier than the previous record's {previous_time}",
                     NOTE,
+                    **log_place(first[2], first[0]),
                 )
             if edges.last_store_timestamp is not None:
                 previous_time = edges.last_store_timestamp
@@ -321,10 +327,12 @@ class RangedVerify:
                 if expected is not None and queue_offset != expected:
                     report.add(
                         "queue-offset-gap",
-                        file,
-                        offset,
                         f"queue offset {queue_offset} of {key[0]}:{key[1]} follows {expected - 1}",
                         WARNING,
+                        **log_place(file, offset),
+                        topic=key[0],
+                        queue_id=key[1],
+                        queue_offset=queue_offset,
                     )
             queue_next.update(edges.queue_next)
             report.absorb(outcome.report)

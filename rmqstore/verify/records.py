@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import pairwise
+from pathlib import PurePath
 from typing import Any, Protocol
 
 from rmqstore import kernel
@@ -107,6 +108,16 @@ class RangeEdges:
     last_store_timestamp: int | None = None
     queue_first: dict[tuple[str, int], tuple[int, int, str]] = field(default_factory=dict)
     queue_next: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def log_place(file: str, offset: int) -> dict[str, Any]:
+    """The position fields of commit-log ``offset`` in the commit-log ``file`` (store-relative;
+    a commit-log file's name is the offset of its first byte)."""
+    return {
+        "file": file,
+        "file_position": offset - int(PurePath(file).name),
+        "commit_log_offset": offset,
+    }
 
 
 def relative(store: Store, path: Any) -> str:
@@ -229,23 +240,21 @@ class RecordPass:
     def check_files(self) -> None:
         report = self.report
         for problem in self.log.queue.problems:
-            report.add("file-size", relative(self.store, self.store.commitlog_dir), None, problem)
+            report.add("file-size", problem, file=relative(self.store, self.store.commitlog_dir))
         for path in self.log.queue.unexpected:
             report.add(
                 "file-name",
-                relative(self.store, path),
-                None,
                 "not a commit-log file (a broker cannot parse its name)",
                 WARNING,
+                file=relative(self.store, path),
             )
         segments = self.log.segments
         for previous, following in pairwise(segments):
             if following.start != previous.start + self.log.file_size:
                 report.add(
                     "file-gap",
-                    relative(self.store, following.path),
-                    following.start,
                     f"expected the next file at {previous.start + self.log.file_size}",
+                    **log_place(relative(self.store, following.path), following.start),
                 )
         report.checked["commitLogFiles"] += len(segments)
 
@@ -281,10 +290,9 @@ class RecordPass:
                     if region.blank_length != file_size - region.end_position:
                         self.report.add(
                             "blank-size",
-                            name,
-                            end,
                             f"BLANK declares {region.blank_length} bytes but "
                             f"{file_size - region.end_position} remain",
+                            **log_place(name, end),
                         )
                     self.facts.end_offset = end
                     return FileScan.FILE_DONE
@@ -294,10 +302,9 @@ class RecordPass:
                 if region.stop is ScanStop.END:
                     self.report.add(
                         "file-incomplete",
-                        name,
-                        end,
                         "the file ends here without a BLANK record although later files hold "
                         "data: a broker's recovery would cut the log at this offset",
+                        **log_place(name, end),
                     )
                     self.facts.end_offset = end
                     return FileScan.FILE_DONE
@@ -306,10 +313,9 @@ class RecordPass:
                 assert region.error is not None
                 self.report.add(
                     _ERROR_KINDS.get(region.error.field, "record-invalid"),
-                    name,
-                    end,
                     f"{region.error.field} {region.error.reason}; {skipped} bytes skipped (a "
                     "broker's recovery would cut the log here and drop every later file)",
+                    **log_place(name, end),
                 )
                 if resumed is None:
                     self.facts.end_offset = end
@@ -507,6 +513,9 @@ class RecordPass:
                         offset,
                         f"queue offset {queue_offset} of {topic}:{key[1]} follows {expected - 1}",
                         WARNING,
+                        topic=topic,
+                        queue_id=key[1],
+                        queue_offset=queue_offset,
                     )
                 queue_next[key] = queue_offset + 1
             for listener in listeners:
@@ -523,9 +532,23 @@ class RecordPass:
         return reached_stop
 
     def _found(
-        self, segment: Segment, kind: str, offset: int, message: str, severity: str = ERROR
+        self,
+        segment: Segment,
+        kind: str,
+        offset: int,
+        message: str,
+        severity: str = ERROR,
+        **queue: Any,
     ) -> None:
-        self.report.add(kind, relative(self.store, segment.path), offset, message, severity)
+        """Report a finding about the record at ``offset`` of ``segment`` (``queue``: its
+        topic/queue_id/queue_offset position fields, where they matter)."""
+        self.report.add(
+            kind,
+            message,
+            severity,
+            **log_place(relative(self.store, segment.path), offset),
+            **queue,
+        )
 
     def _check_property_crc(
         self, region: RegionScan, segment: Segment, offset: int, size: int
@@ -576,25 +599,22 @@ class RecordPass:
             if segment is not end_segment:
                 self.report.add(
                     "data-after-end",
-                    name,
-                    segment.start + extent[0],
                     f"{count} bytes of data in a file after the end of the log at "
                     f"{end} (a broker's recovery deletes this file)",
+                    **log_place(name, segment.start + extent[0]),
                 )
             elif aborted:
                 self.report.add(
                     "torn-tail",
-                    name,
-                    end,
                     f"{count} non-zero bytes after the last valid record and the "
                     "store was not closed cleanly: a torn write that recovery cuts",
+                    **log_place(name, end),
                 )
             else:
                 self.report.add(
                     "stale-bytes-after-end",
-                    name,
-                    end,
                     f"{count} non-zero bytes after the last valid record, as a "
                     "broker's recovery leaves them; ignored by brokers",
                     NOTE,
+                    **log_place(name, end),
                 )

@@ -23,7 +23,7 @@ def test_sound_store_exits_0_with_the_documented_json(oracle) -> None:
     assert report["nextStep"] is None
 
 
-def test_findings_exit_1_and_name_kind_file_offset(oracle) -> None:
+def test_findings_exit_1_and_name_kind_and_position(oracle) -> None:
     crash = oracle("s2_crash")
     result = run_cli("verify", crash.root / "store_torn_half_record", "--json", *ORACLE_OPTIONS)
     assert result.exit_code == 1
@@ -34,7 +34,11 @@ def test_findings_exit_1_and_name_kind_file_offset(oracle) -> None:
             "kind": "torn-tail",
             "severity": "error",
             "file": "commitlog/00000000000001900544",
-            "offset": crash.manifest["lastValidEnd"],
+            "filePosition": crash.manifest["lastValidEnd"] - 1900544,
+            "commitLogOffset": crash.manifest["lastValidEnd"],
+            "topic": None,
+            "queueId": None,
+            "queueOffset": None,
             "message": torn[0]["message"],
             "fix": f"rmqstore recover {crash.root / 'store_torn_half_record'} --yes",
         }
@@ -119,7 +123,10 @@ def test_damage_is_reported_through_the_cli(oracle, tmp_path: Path) -> None:
     result = run_cli("verify", store, "--json", *ORACLE_OPTIONS)
     assert result.exit_code == 1
     (finding,) = json.loads(result.stdout)["findings"]
-    assert (finding["kind"], finding["offset"]) == ("record-body-crc", put["physicalOffset"])
+    assert (finding["kind"], finding["commitLogOffset"]) == (
+        "record-body-crc",
+        put["physicalOffset"],
+    )
     assert run_cli("verify", store, "--no-crc", *ORACLE_OPTIONS).exit_code == 0
 
 

@@ -36,8 +36,9 @@ def kinds(report) -> set[str]:
     return {f.kind for f in report.findings if f.severity != NOTE}
 
 
-def at(report, kind: str) -> list[int | None]:
-    return [f.offset for f in report.findings if f.kind == kind]
+def at(report, kind: str, where: str = "commit_log_offset") -> list[int | None]:
+    """The ``where`` position field of each finding of ``kind``."""
+    return [getattr(f, where) for f in report.findings if f.kind == kind]
 
 
 def patch(store_dir: Path, offset: int, data: bytes) -> None:
@@ -150,7 +151,9 @@ def test_consume_queue_unit_with_the_wrong_size(oracle, tmp_path: Path) -> None:
         os.close(fd)
     report = run(store_dir)
     assert kinds(report) == {"cq-unit"}
-    assert at(report, "cq-unit") == [137 * 20]
+    assert at(report, "cq-unit", "queue_offset") == [137]
+    assert at(report, "cq-unit", "file") == [str(path.relative_to(store_dir))]
+    assert at(report, "cq-unit", "file_position") == [position]
 
 
 def test_truncated_consume_queue(oracle, tmp_path: Path) -> None:
@@ -179,7 +182,7 @@ def test_broken_index_chain(oracle, tmp_path: Path) -> None:
         os.close(fd)
     report = run(store_dir)
     assert "index-chain" in kinds(report)
-    assert entry in at(report, "index-chain")
+    assert entry in at(report, "index-chain", "file_position")
 
 
 def test_checkpoint_from_the_future(oracle, tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_real_broker_stores(oracle, name: str) -> None:
 def test_torn_real_broker_stores(oracle, copy: str) -> None:
     single, ranged = both(oracle("s2_crash").root / copy, 3000, StoreConfig(**ORACLE_CONFIG))
     assert_same(single, ranged)
-    torn = [f.offset for f in ranged.findings if f.kind == "torn-tail"]
+    torn = [f.commit_log_offset for f in ranged.findings if f.kind == "torn-tail"]
     assert torn == [oracle("s2_crash").manifest["lastValidEnd"]]
 
 
