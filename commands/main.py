@@ -131,6 +131,7 @@ _COMMAND_MODULES = (
     "append",
     "read",
     "verify",
+    "dump",
     "dispatch",
     "recover",
     "flush",
