@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -11,10 +12,11 @@ from rmqstore.commands.options import (
     engine_options,
     jobs_option,
     json_option,
+    progress_option,
     store_config_options,
     store_location_argument,
 )
-from rmqstore.commands.output import Grid, console, emit_json
+from rmqstore.commands.output import Grid, console, emit_json, progress_bar
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
@@ -43,6 +45,7 @@ from rmqstore.store import Store
 @jobs_option()
 @store_config_options
 @json_option
+@progress_option
 def command(
     store: str,
     destination: str,
@@ -53,6 +56,7 @@ def command(
     jobs: int,
     config: StoreConfig,
     as_json: bool,
+    no_progress: bool,
 ) -> int:
     """Export every message of the commit log, one row per message.
 
@@ -81,7 +85,8 @@ def command(
     else:
         from rmqstore.pipeline.local import LocalPipeline
 
-        pipeline = LocalPipeline(store, options)
+        watch = functools.partial(progress_bar, enabled=not no_progress)
+        pipeline = LocalPipeline(store, options, watch)
     result = pipeline.export(destination, fmt, topics=selected, include_body=not no_body)
     if as_json:
         emit_json(result.to_dict())

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
 
-from rmqstore.commands.options import jobs_option, json_option
-from rmqstore.commands.output import Grid, console, emit_json, note
+from rmqstore.commands.options import jobs_option, json_option, progress_option
+from rmqstore.commands.output import Grid, console, emit_json, note, progress_bar
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
 from rmqstore.verify.findings import where_text
 
@@ -110,6 +111,7 @@ def list_command(as_json: bool) -> int:
     "processes (the same bytes; worth it for large stores)."
 )
 @json_option
+@progress_option
 def generate_command(
     scenario: str,
     out: Path,
@@ -123,6 +125,7 @@ def generate_command(
     force: bool,
     jobs: int,
     as_json: bool,
+    no_progress: bool,
 ) -> int:
     """Write scenario SCENARIO as a complete store in OUT.
 
@@ -139,7 +142,8 @@ def generate_command(
         index_slots=index_slots,
         index_entries=index_entries,
     )
-    manifest = generate(scenario, out, options, force=force, workers=jobs)
+    watch = functools.partial(progress_bar, enabled=not no_progress)
+    manifest = generate(scenario, out, options, force=force, workers=jobs, progress=watch)
     summary = {
         key: manifest[key]
         for key in (

@@ -108,7 +108,13 @@ def _silence_stdout() -> None:
     message=f"%(prog)s %(version)s\nrecord kernel: {kernel.description()}",
 )
 @click.option("--utc", is_flag=True, help="Show times in UTC (default: local time, with its zone).")
-def cli(utc: bool) -> None:
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    help="Progress bars on stderr for long work, drawn only when stderr is a terminal "
+    "(default: on).",
+)
+def cli(utc: bool, progress: bool) -> None:
     """Inspect, verify and write Apache RocketMQ message store directories offline.
 
     STORE is the store root directory (the broker's storePathRootDir), holding commitlog/,
@@ -124,6 +130,7 @@ def cli(utc: bool) -> None:
     from rmqstore.commands import output
 
     output.SHOW_UTC = utc
+    output.SHOW_PROGRESS = progress
 
 
 _COMMAND_MODULES = (

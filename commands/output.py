@@ -228,6 +228,7 @@ def note(message: str) -> None:
 
 
 SHOW_UTC = False  # set by the global --utc option
+SHOW_PROGRESS = True  # cleared by the global --no-progress option
 
 
 def format_millis(millis: int) -> str:
@@ -266,8 +267,9 @@ def message_document(message: Message, body_mode: str, body: bytes | None = None
 
 @contextmanager
 def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
-    """Yields ``update(completed)``; draws a bar on stderr only when it is a terminal."""
-    if not enabled or not sys.stderr.isatty() or total <= 0:
+    """Yields ``update(completed)``; draws a bar on stderr only when it is a terminal (and
+    neither the global ``--no-progress`` nor the command's turned it off)."""
+    if not (enabled and SHOW_PROGRESS) or not sys.stderr.isatty() or total <= 0:
         yield lambda completed: None
         return
     from rich.console import Console
@@ -279,8 +281,14 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
         TextColumn("{task.percentage:>3.0f}%"),
         TimeRemainingColumn(),
     )
+    # stdout is left alone: what a command prints while the bar runs (read --jsonl) goes
+    # where it was sent, never into the bar's stream
     with Progress(
-        *columns, console=Console(stderr=True, highlight=False), transient=True
+        *columns,
+        console=Console(stderr=True, highlight=False),
+        transient=True,
+        redirect_stdout=False,
+        redirect_stderr=False,
     ) as progress:
         task = progress.add_task(description, total=total)
         yield lambda completed: progress.update(task, completed=min(completed, total))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import click
@@ -12,6 +12,7 @@ from rmqstore.commands.options import (
     STORE_TIME,
     json_option,
     jsonl_option,
+    progress_option,
     store_argument,
     store_config_options,
 )
@@ -28,6 +29,7 @@ from rmqstore.commands.output import (
     json_text,
     message_document,
     note,
+    progress_bar,
     warn,
 )
 from rmqstore.config import StoreConfig
@@ -57,6 +59,11 @@ _TABLE_CHUNK = 100
     type=click.IntRange(min=0),
     metavar="N",
     help="Read sequentially from the record starting at physical offset N.",
+)
+@click.option(
+    "--seek",
+    is_flag=True,
+    help="With --from-offset: when no record starts at N, start at the next one that does.",
 )
 @click.option(
     "--topic",
@@ -154,6 +161,7 @@ _TABLE_CHUNK = 100
 @store_config_options
 @json_option
 @jsonl_option
+@progress_option
 @delimited_options(
     ["msgId", "topic", "queueId", "queueOffset", "commitLogOffset", "storeSize",
      "storeTimestamp", "tags", "keys", "uniqKey"],
@@ -164,6 +172,7 @@ def command(
     offset: int | None,
     msg_id: str | None,
     from_offset: int | None,
+    seek: bool,
     topic: str | None,
     queue_id: int | None,
     queue_from: int | None,
@@ -183,19 +192,22 @@ def command(
     as_json: bool,
     as_jsonl: bool,
     delimited: tuple[str, list[str]] | None,
+    no_progress: bool,
 ) -> int:
     """Read messages: by offset, message id, sequentially, by queue, key, unique key or time.
 
     Give exactly one of: --offset N; --msg-id ID (an offset message id, or a client id: the
     UNIQ_KEY a producer logs, found through the index like mqadmin queryMsgById); --from-offset
-    N [--count K]; --topic T --queue Q [--from N] [--count K] (through the consume queue);
+    N [--count K] [--seek]; --topic T --queue Q [--from N] [--count K] (through the consume queue);
     --topic T [--count K] (every queue of T, one after the other, like mqadmin printMsg);
     [--topic T] --key K [--begin MS] [--end MS] [--max N] or [--topic T] --uniq-key ID
     (through the index, each hit checked against its record, like mqadmin
     queryMsgByKey/queryMsgByUniqueKey; without --topic every topic with consume queues is
     searched; no hit is a note and exit 1, as with grep); --topic T --queue Q --time MS (the
     queue offset for a store time). --tags A||B and --begin/--end keep only the messages with
-    those tags, stored in that time (--count then counts the messages kept). Reads only.
+    those tags, stored in that time (--count then counts the messages kept). --seek starts a
+    sequential read at the next record when none starts at N. A long --jsonl or --csv read
+    shows progress on a terminal. Reads only.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
@@ -209,6 +221,8 @@ def command(
     if sum((as_json, as_jsonl, delimited is not None)) > 1:
         raise click.UsageError("--json, --jsonl and --csv/--tsv exclude each other")
     table = DelimitedWriter(*delimited) if delimited else None
+    if seek and mode != "sequential":
+        raise click.UsageError("--seek goes with --from-offset")
     if body_mode == "raw" and mode not in ("offset", "msg-id"):
         raise click.UsageError("--body raw shows one message; use --offset or --msg-id")
     body = (
@@ -253,7 +267,12 @@ def command(
         filtered = tags is not None or begin > 0 or end < LONG_MAX
         walk_count = None if filtered else count  # a filter counts what it lets through
         if mode == "sequential":
-            messages: Iterable[Message] = reader.sequential(from_offset, walk_count, body=body)  # type: ignore[arg-type]
+            messages: Iterable[Message] = reader.sequential(
+                from_offset,  # type: ignore[arg-type]
+                walk_count,
+                body=body,
+                seek=seek,
+            )
         elif mode == "queue":
             messages = reader.by_queue(topic, queue_id, queue_from, walk_count, body=body)  # type: ignore[arg-type]
         elif mode == "topic":
@@ -273,12 +292,17 @@ def command(
             messages = selected(messages, tags=wanted, begin=begin, end=end, count=count)
         elif mode in ("key", "uniq-key") and tags is not None:
             messages = selected(messages, tags=frozenset(tags.split("||")))
-        if table is not None:
-            shown = 0
-            for shown, message in enumerate(messages, 1):  # noqa: B007 - the count is used
-                table.row(message_document(message, body_mode, _body_of(message, decompress)))
-        else:
-            shown = _show_many(messages, body_mode, decompress, as_json, as_jsonl)
+        streamed = table is not None or as_jsonl
+        total = opened.commitlog.data_extent() - from_offset if from_offset is not None else 0
+        with progress_bar("reading", total, streamed and not no_progress) as update:
+            if mode == "sequential":
+                messages = _watched(messages, update, from_offset)  # type: ignore[arg-type]
+            if table is not None:
+                shown = 0
+                for shown, message in enumerate(messages, 1):  # noqa: B007 - the count is used
+                    table.row(message_document(message, body_mode, _body_of(message, decompress)))
+            else:
+                shown = _show_many(messages, body_mode, decompress, as_json, as_jsonl)
         _warn_all(reader.notes)
         if not shown and mode in ("key", "uniq-key"):
             where = f"topic {topic}" if topic is not None else "any topic"
@@ -286,6 +310,16 @@ def command(
             note(f"no message of {where} has {kind} {key or uniq_key}")
             return 1
     return 0
+
+
+def _watched(
+    messages: Iterable[Message], update: Callable[[int], None], base: int
+) -> Iterator[Message]:
+    """``messages``, telling ``update`` how far into the log they have come."""
+    for number, message in enumerate(messages):
+        if not number & 0xFFF:
+            update(message.physical_offset - base)
+        yield message
 
 
 def _mode(

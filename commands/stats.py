@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import click
 
 from rmqstore.commands.export import store_settings
@@ -10,6 +12,7 @@ from rmqstore.commands.options import (
     engine_options,
     jobs_option,
     json_option,
+    progress_option,
     store_config_options,
     store_location_argument,
 )
@@ -20,6 +23,7 @@ from rmqstore.commands.output import (
     delimited_options,
     emit_json,
     format_millis,
+    progress_bar,
 )
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.local import PipelineOptions, StoreStats
@@ -32,6 +36,7 @@ from rmqstore.pipeline.local import PipelineOptions, StoreStats
 @jobs_option()
 @store_config_options
 @json_option
+@progress_option
 @delimited_options(
     ["topic", "queueId", "messages", "bytes", "minQueueOffset", "maxQueueOffset",
      "firstStoreTimestamp", "lastStoreTimestamp", "distinctTags"],
@@ -45,6 +50,7 @@ def command(
     jobs: int,
     config: StoreConfig,
     as_json: bool,
+    no_progress: bool,
     delimited: tuple[str, list[str]] | None,
 ) -> int:
     """Count the records of a store per topic and queue, and per commit-log file.
@@ -70,7 +76,8 @@ def command(
     else:
         from rmqstore.pipeline.local import LocalPipeline
 
-        stats = LocalPipeline(store, options).stats(topics=selected)
+        watch = functools.partial(progress_bar, enabled=not no_progress)
+        stats = LocalPipeline(store, options, watch).stats(topics=selected)
     if as_json and delimited:
         raise click.UsageError("--json and --csv/--tsv exclude each other")
     if delimited:

@@ -11,8 +11,15 @@ from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import CRC_BAD, CRC_STATUS, PHYSICAL_OFFSET, ROW_WIDTH
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.properties import split_keys
-from rmqstore.record import BodyMode, Message, ScanStop, message_from_row
+from rmqstore.record import (
+    BodyMode,
+    Message,
+    ScanStop,
+    find_next_record_in_file,
+    message_from_row,
+)
 from rmqstore.store import Store
+from rmqstore.windows import FileWindows
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
@@ -245,14 +252,48 @@ class MessageReader:
             )
         return queue.offset_by_time(timestamp, store_time)
 
+    def next_record_start(self, offset: int) -> int:
+        """The first offset at or after ``offset`` where a valid message record starts: in
+        the file holding ``offset``, or the start of the next file (files begin with a
+        record). A NotFoundError when none follows."""
+        log = self.store.commitlog
+        segment = log.queue.find(offset)
+        if segment is None:
+            raise NotFoundError(f"offset {offset} is outside the commit-log files")
+        windows = FileWindows(segment.path, segment.size)
+        try:
+            found = find_next_record_in_file(windows, offset - segment.start, segment.start)
+        finally:
+            windows.close()
+        if found is not None:
+            return segment.start + found
+        following = [s for s in log.segments if s.start > segment.start]
+        if not following:
+            raise NotFoundError(f"no record starts at or after offset {offset}")
+        return following[0].start
+
     def sequential(
-        self, start_offset: int, count: int | None = None, *, body: BodyMode = BodyMode.READ
+        self,
+        start_offset: int,
+        count: int | None = None,
+        *,
+        body: BodyMode = BodyMode.READ,
+        seek: bool = False,
     ) -> Iterator[Message]:
         """Messages from the record starting at ``start_offset`` to the end of the log (or
-        ``count`` of them), crossing files over BLANK records."""
+        ``count`` of them), crossing files over BLANK records. ``seek``: when no record
+        starts at ``start_offset``, start at the next one that does (with a note)."""
         log = self.store.commitlog
         if log.queue.find(start_offset) is None:
             raise NotFoundError(f"offset {start_offset} is outside the commit-log files")
+        if seek:
+            found = self.next_record_start(start_offset)
+            if found != start_offset:
+                self.notes.append(
+                    f"no record starts at offset {start_offset}; reading from the next one, "
+                    f"at {found}"
+                )
+                start_offset = found
         verify = body is BodyMode.VERIFY
         scan = log.scan(start_offset, check_crc=verify)
         produced = 0

@@ -20,11 +20,17 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import AbstractContextManager
 from typing import Any
 
 from rmqstore.errors import StoreIOError
 
 Runner = Callable[[Callable[[Any], Any], list], list]
+
+
+# ``progress(description, total)`` -> a context yielding ``update(done)``: how a caller
+# watches long work advance (the CLI draws a bar with it; the engine never draws)
+Progress = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
 
 
 def run_here(function: Callable[[Any], Any], jobs: list) -> list:

@@ -14,7 +14,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -47,7 +47,14 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import RecordHeader
-from rmqstore.workers import Runner, process_map, process_runner
+from rmqstore.workers import Progress, Runner, process_map, process_runner
+
+# what each phase is called while its ranges are worked on
+_PHASES = {
+    "summarize_job": "scanning the commit log",
+    "write_part": "writing parts",
+    "stats_range": "counting",
+}
 
 EXPORT_FORMATS = ("parquet", "jsonl")
 TOP_TAGS = 5
@@ -298,9 +305,19 @@ class Pipeline:
         self.location.check_store()
         self.options = options
         self.margin = record_margin(options.max_message_size)
+        self.progress: Progress | None = None  # the local engine reports its ranges to it
 
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
         return process_runner(self.options.workers)(function, jobs)
+
+    def _watched(self, function: Callable[[Any], Any], jobs: list) -> Iterator[Any]:
+        """:func:`process_map`, told to ``self.progress`` (if any) range by range."""
+        description = _PHASES.get(getattr(function, "__name__", ""), "working")
+        watch = self.progress(description, len(jobs)) if self.progress else None
+        with watch or nullcontext(lambda done: None) as update:
+            for done, result in enumerate(process_map(self.options.workers, function, jobs), 1):
+                update(done)
+                yield result
 
     def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
         """The summaries of the ranges one walk of the log visits."""
@@ -354,7 +371,14 @@ class Pipeline:
 
 class LocalPipeline(Pipeline):
     """``export`` and ``stats`` here, one range after the other in flat memory, or in
-    ``options.workers`` processes."""
+    ``options.workers`` processes; ``progress`` (optional) watches the ranges complete."""
+
+    def __init__(self, store: str, options: PipelineOptions, progress: Progress | None = None):
+        super().__init__(store, options)
+        self.progress = progress
+
+    def run(self, function: Callable[[Any], Any], jobs: list) -> list:
+        return list(self._watched(function, jobs))
 
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
         """One pass: each range is summarised and its messages counted per queue together;
@@ -380,7 +404,7 @@ class LocalPipeline(Pipeline):
         walked: list[RangeSummary] = []
         # in log order as they arrive, one range's counts at a time in memory
         for summary, counted in walk_in_order(
-            process_map(self.options.workers, stats_range, jobs), lambda item: item[0]
+            self._watched(stats_range, jobs), lambda item: item[0]
         ):
             walked.append(summary)
             _fold(queues, counted)

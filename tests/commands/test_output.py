@@ -3,7 +3,13 @@ spaces, no box drawing, so identifiers survive pipes and files whole."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -60,3 +66,76 @@ def test_only_writers_suggest_create(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "--create" in run_cli("append", empty, "--topic", "T", "--body", "x").stderr
+
+
+def test_identifiers_stay_whole_in_every_command(torn: Path, tmp_path: Path) -> None:
+    """At 60 columns into a pipe, every file name, offset and topic a command's JSON holds
+    appears whole in its human output."""
+    stats = json.loads(run_cli("stats", torn, "--engine", "local", "--json").stdout)
+    text = plain("stats", torn, "--engine", "local")
+    for entry in stats["files"]:
+        assert Path(entry["file"]).name in text
+    for queue in stats["queues"]:
+        assert queue["topic"] in text
+    report = json.loads(run_cli("verify", torn, "--json").stdout)
+    text = plain("verify", torn)
+    for finding in report["findings"]:
+        assert finding["file"] in text and str(finding["commitLogOffset"] or "") in text
+    topic = stats["queues"][0]["topic"]
+    status = json.loads(run_cli("info", torn, "--topic", topic, "--json").stdout)
+    assert topic in plain("info", torn, "--topic", topic) and status
+    first = sorted((torn / "commitlog").iterdir())[0]
+    dumped = plain("dump", first, "--count", "5")
+    for line in run_cli("dump", first, "--count", "5", "--jsonl").stdout.splitlines():
+        item = json.loads(line)
+        assert f"offset {item['commitLogOffset']} " in dumped
+    manifest = json.loads(run_cli("fixtures", "describe", "torn-tail", torn, "--json").stdout)
+    assert manifest["damage"]["file"] in plain("fixtures", "describe", "torn-tail", torn)
+    copy = tmp_path / "copy"
+    generate("torn-tail", copy, FixtureOptions())
+    assert run_cli("recover", copy, "--yes").exit_code in (0, 1)
+    listed = json.loads(run_cli("quarantine", "list", copy, "--json").stdout)
+    text = plain("quarantine", "list", copy)
+    assert listed["folders"]
+    for entry in listed["folders"]:
+        assert entry["name"] in text
+
+
+def _with_terminal_stderr(*args: str | Path) -> tuple[int, bytes, bytes]:
+    """Run ``rmqstore ARGS`` in a new process whose stderr is a terminal (a pty)."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    os.close(slave)
+    seen = bytearray()
+
+    def pump() -> None:
+        with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+            while chunk := os.read(master, 65536):
+                seen.extend(chunk)
+
+    reader = threading.Thread(target=pump)
+    reader.start()
+    assert process.stdout is not None
+    out = process.stdout.read()
+    code = process.wait()
+    reader.join()
+    os.close(master)
+    return code, out, bytes(seen)
+
+
+def test_progress_draws_on_a_terminal_and_leaves_stdout_alone(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    generate("large", store, FixtureOptions(messages=20000))
+    code, out, terminal = _with_terminal_stderr("read", store, "--from-offset", "0", "--jsonl")
+    assert code == 0
+    assert out.count(b"\n") == 20000  # every message on stdout, none in the bar's stream
+    assert b"reading" in terminal and b"BenchmarkTopic" not in terminal
+    code, out, terminal = _with_terminal_stderr("--no-progress", "verify", store)
+    assert code == 0 and b"sound" in out and terminal == b""
+    code, _, terminal = _with_terminal_stderr("verify", store)
+    assert code == 0 and b"verifying" in terminal

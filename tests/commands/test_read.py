@@ -327,3 +327,24 @@ def test_csv_and_tsv_with_chosen_fields(oracle) -> None:
     assert bad.exit_code == 2 and "unknown field" in bad.stderr
     both = run_cli("read", store, "--offset", "0", "--csv", "--json")
     assert both.exit_code == 2
+
+
+def test_seek_starts_at_the_next_record(oracle) -> None:
+    store = oracle("s1_multi").store
+    first, second = (
+        json.loads(line)
+        for line in run_cli(
+            "read", store, "--from-offset", "0", "--count", "2", "--jsonl"
+        ).stdout.splitlines()
+    )
+    inside = first["commitLogOffset"] + 7  # inside the first record
+    refused = run_cli("read", store, "--from-offset", inside, "--count", "1", "--jsonl")
+    assert refused.exit_code != 0 and "no message starts at offset" in refused.stderr
+    sought = run_cli("read", store, "--from-offset", inside, "--seek", "--count", "1", "--jsonl")
+    assert sought.exit_code == 0, sought.stderr
+    assert json.loads(sought.stdout)["commitLogOffset"] == second["commitLogOffset"]
+    assert f"reading from the next one, at {second['commitLogOffset']}" in sought.stderr
+    exact = run_cli("read", store, "--from-offset", 0, "--seek", "--count", "1", "--jsonl")
+    assert json.loads(exact.stdout)["commitLogOffset"] == 0 and exact.stderr == ""
+    misuse = run_cli("read", store, "--offset", 0, "--seek")
+    assert misuse.exit_code == 2 and "--seek goes with --from-offset" in misuse.stderr
