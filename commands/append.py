@@ -187,10 +187,11 @@ def command(
     consume queues and the index; without it 'abort' is left so a broker re-dispatches them at
     start.
 
-    Prints per message: msgId, commitLogOffset, queueOffset, storeSize (also topic, queueId,
-    storeTimestamp in JSON), only once it is durable: --flush async prints everything after
-    the whole input is appended and flushed, and on any error before that nothing is appended
-    (a failed --create leaves no store); --flush sync prints each group as soon as it is
+    Prints per message: msgId, commitLogOffset, queueOffset, storeSize, uniqKey (also topic,
+    queueId, storeTimestamp in JSON; uniqKey is read back from the stored record), only once
+    it is durable: --flush async prints everything after the whole input is appended and
+    flushed, and on any error before that nothing is appended (a failed --create leaves no
+    store); --flush sync prints each group as soon as it is
     fsynced (stdout flushed after each group), and an error keeps what was printed. A closed
     stdout ends the command with exit 4, keeping what is stored. Queue offsets continue the
     consume queues' (and the undispatched records after them). Takes the store's lock;
@@ -234,6 +235,7 @@ def command(
                 if dispatcher
                 else None,
                 on_reported=_guard_output(_flush_stdout),
+                uniq_keys=True,
             )
             if compress_over is not None:
                 job.transform = lambda messages: compressed_bodies(
@@ -308,19 +310,23 @@ def _guard_output(write: Callable[..., None]) -> Callable[..., None]:
     return guarded
 
 
-def _emitter(as_json: bool, as_jsonl: bool, results: list[dict]) -> Callable[[AppendResult], None]:
+def _emitter(
+    as_json: bool, as_jsonl: bool, results: list[dict]
+) -> Callable[[AppendResult, str | None], None]:
+    """How each durable message is reported: ``emit(result, uniq_key)``."""
     if as_json:
-        return lambda result: results.append(result.to_dict())
+        return lambda result, uniq_key: results.append(result_document(result, uniq_key))
     if as_jsonl:
         return _jsonl_writer()
 
     write = sys.stdout.write if not sys.stdout.isatty() else None
 
-    def show(result: AppendResult) -> None:
+    def show(result: AppendResult, uniq_key: str | None) -> None:
         line = (
             f"{result.msg_id}  offset={result.physical_offset}  "
             f"queue={result.topic}:{result.queue_id}  "
             f"queueOffset={result.queue_offset}  size={result.store_size}"
+            + (f"  uniqKey={uniq_key}" if uniq_key is not None else "")
         )
         if write is not None:  # a pipe or a file: the plain line, nothing to render
             write(line + "\n")
@@ -330,20 +336,32 @@ def _emitter(as_json: bool, as_jsonl: bool, results: list[dict]) -> Callable[[Ap
     return show
 
 
-def _jsonl_writer() -> Callable[[AppendResult], None]:
-    """Writes ``result.to_dict()`` as a JSON line without the general encoder (the hot path
-    of ``append --input --jsonl``; a test checks the two agree)."""
+def result_document(result: AppendResult, uniq_key: str | None) -> dict[str, object]:
+    """What append reports of a message: the store's result and the message's UNIQ_KEY."""
+    return {**result.to_dict(), "uniqKey": uniq_key}
+
+
+def _jsonl_writer() -> Callable[[AppendResult, str | None], None]:
+    """Writes :func:`result_document` as a JSON line without the general encoder (the hot
+    path of ``append --input --jsonl``; a test checks the two agree)."""
     topics: dict[str, str] = {}
     write = sys.stdout.write
 
-    def emit(result: AppendResult) -> None:
+    def emit(result: AppendResult, uniq_key: str | None) -> None:
         topic = topics.get(result.topic)
         if topic is None:
             topic = topics[result.topic] = json.dumps(result.topic, ensure_ascii=False)
+        if uniq_key is None:
+            key = "null"
+        elif uniq_key.isascii() and uniq_key.isalnum():  # what generated keys are: hex
+            key = f'"{uniq_key}"'
+        else:
+            key = json.dumps(uniq_key, ensure_ascii=False)
         write(
             f'{{"msgId":"{result.msg_id}","topic":{topic},"queueId":{result.queue_id},'
             f'"commitLogOffset":{result.physical_offset},"queueOffset":{result.queue_offset},'
-            f'"storeSize":{result.store_size},"storeTimestamp":{result.store_timestamp}}}\n'
+            f'"storeSize":{result.store_size},"storeTimestamp":{result.store_timestamp},'
+            f'"uniqKey":{key}}}\n'
         )
 
     return emit

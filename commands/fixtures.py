@@ -183,8 +183,10 @@ def describe_command(scenario: str, out: Path, as_json: bool) -> int:
     JSON fields: scenario, description, seed, brokerVersion, messagesRequested, messageCount,
     geometry, commitLog{minOffset, maxOffset}, queueMaxOffsets, messages[{msgId, topic,
     queueId, queueOffset, commitLogOffset, storeSize, storeTimestamp, transaction, tags, keys,
-    bodyLength}] (null above 100,000 messages), damage{file, offset, description},
-    expect{verify[{kind, offset}], recovery{validEnd, recordsKept, queueMaxOffsets, note}}.
+    uniqKey, bodyLength}] (null above 100,000 messages), damage{file, filePosition,
+    commitLogOffset, topic, queueId, queueOffset (those that apply), description},
+    expect{verify[{kind, and the position fields verify must report}], recovery{validEnd,
+    recordsKept, queueMaxOffsets, note}}.
     """
     manifest = describe(scenario, out)
     if as_json:

@@ -50,7 +50,8 @@ def command(
     in consume queues), checkpoint values, abort and lock state. Reads only; works on a store
     a broker holds (with a warning).
 
-    JSON fields: store, kernel (native or python: which record kernel ran), lock, abort,
+    JSON fields: store, kernel (native or python: which record kernel ran), locked (a
+    boolean), lockHolder (null, "another process" or "this process"), abort,
     checkpoint{physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp, masterFlushedOffset,
     confirmPhyOffset, minTimestamp, minTimestampIndex}, geometry{...}, commitLog{files,
     firstFile, lastFile, minOffset, maxOffset, messages, firstStoreTimestamp,
@@ -87,7 +88,7 @@ def _render(summary: dict[str, Any]) -> None:
     overview.add_column()
     overview.add_row("store", summary["store"])
     overview.add_row("record kernel", summary["kernel"])
-    overview.add_row("lock", summary["lock"])
+    overview.add_row("lock", f"held by {summary['lockHolder']}" if summary["locked"] else "free")
     overview.add_row(
         "abort",
         "present (not closed cleanly, or consume queues behind)" if summary["abort"] else "absent",

@@ -38,9 +38,9 @@ from rmqstore.pipeline.local import PipelineOptions, StoreStats
 @json_option
 @progress_option
 @delimited_options(
-    ["topic", "queueId", "messages", "bytes", "minQueueOffset", "maxQueueOffset",
+    ["topic", "queueId", "messages", "bytes", "minOffset", "maxOffset",
      "firstStoreTimestamp", "lastStoreTimestamp", "distinctTags"],
-    ["topic", "queueId", "messages", "bytes", "minQueueOffset", "maxQueueOffset",
+    ["topic", "queueId", "messages", "bytes", "minOffset", "maxOffset",
      "firstStoreTimestamp", "lastStoreTimestamp", "distinctTags", "topTags"],
 )  # fmt: skip
 def command(
@@ -61,8 +61,9 @@ def command(
     damaged regions skipped, and where and why its records end. STORE may be a local path or a
     pyarrow URI (s3://, hdfs://, gs://). Reads only.
 
-    JSON: messages, bytes, queues[{topic, queueId, messages, bytes, minQueueOffset,
-    maxQueueOffset, firstStoreTimestamp, lastStoreTimestamp, distinctTags, topTags[{tag,
+    JSON: messages, bytes, queues[{topic, queueId, messages, bytes, minOffset, maxOffset
+    (RocketMQ's meaning, as in info: the first queue offset and the one after the last),
+    firstStoreTimestamp, lastStoreTimestamp, distinctTags, topTags[{tag,
     messages}]}], files[{file, records, bytes, blankBytes, crcFailures, invalidRegions, end,
     endedBy}].
     """
@@ -107,7 +108,7 @@ def _render(stats: StoreStats) -> None:
             str(queue["queueId"]),
             f"{queue['messages']:,}",
             f"{queue['bytes']:,}",
-            f"{queue['minQueueOffset']}..{queue['maxQueueOffset']}",
+            f"{queue['minOffset']}..{queue['maxOffset'] - 1}",
             format_millis(queue["lastStoreTimestamp"] or 0),
             str(queue["distinctTags"]),
         )

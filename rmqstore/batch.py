@@ -21,6 +21,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, BinaryIO
 
 from rmqstore.commitlog import AppendResult, CommitLogAppender
@@ -371,6 +372,9 @@ class ResultSpool:
         self._count = 0
 
 
+_KEY_BATCH = 4096  # results reported per read-back of their UNIQ_KEYs
+
+
 class AppendJob:
     """Drives a :class:`CommitLogAppender` with group commit and rollback (see module doc).
     Messages are handed to ``append_many`` in chunks, the appender's fast path.
@@ -391,8 +395,12 @@ class AppendJob:
         on_reported: Callable[[], None] | None = None,
         group_size: int = 1024,
         chunk_size: int = 256,
+        uniq_keys: bool = False,
     ) -> None:
+        """``uniq_keys``: report each message as ``on_result(result, uniq_key)``, the key
+        read back from the durable record (``on_result(result)`` otherwise)."""
         self.appender = appender
+        self.uniq_keys = uniq_keys
         self.sync = sync
         self.on_result = on_result
         self.on_commit = on_commit
@@ -449,11 +457,32 @@ class AppendJob:
                 self.on_commit()
         if not len(self._unreported):
             return
-        for result in self._unreported.drain():
-            self.on_result(result)
-            self.reported += 1
+        if self.uniq_keys:
+            self._report_with_keys()
+        else:
+            for result in self._unreported.drain():
+                self.on_result(result)
+                self.reported += 1
         if self.on_reported is not None:
             self.on_reported()
+
+    def _report_with_keys(self) -> None:
+        """Report the durable messages, _KEY_BATCH at a time with their UNIQ_KEYs read back
+        from the log in one scan of the records they span."""
+        pending: list[AppendResult] = []
+        results = self._unreported.drain()
+        while True:
+            pending.extend(islice(results, _KEY_BATCH - len(pending)))
+            if not pending:
+                return
+            first, last = pending[0], pending[-1]
+            keys = self.appender.log.uniq_keys(
+                first.physical_offset, last.physical_offset + last.store_size
+            )
+            for result in pending:
+                self.on_result(result, keys.get(result.physical_offset))
+                self.reported += 1
+            pending.clear()
 
     def run(self, messages: Iterable[Message]) -> int:
         """Append everything; on failure roll back what is not durable yet and re-raise."""

@@ -188,6 +188,30 @@ class CommitLog:
             property_crc,
         )
 
+    def uniq_keys(self, start: int, end: int) -> dict[int, str | None]:
+        """The UNIQ_KEY of each record starting in ``[start, end)`` (``start`` a record's
+        start, ``end`` a record's end), None where a record has none: read back from the
+        files with the record kernel (just those bytes), so it is the key a record holds
+        whoever generated it."""
+        keys: dict[int, str | None] = {}
+        for segment in self.segments:
+            low = max(start, segment.start)
+            high = min(end, segment.start + self.file_size)
+            if low >= high:
+                continue
+            buf = self.pread(segment, low - segment.start, high - low)
+            for window, _, rows, batch in RegionScan(buf, 0, len(buf), low).batches():
+                spans = array("q", bytes(16 * batch))
+                kernel.field_spans(window, rows, 0, batch, layout.FIELD_UNIQ_KEY, spans)
+                for row in range(batch):
+                    at, size = spans[2 * row], spans[2 * row + 1]
+                    keys[rows[row * ROW_WIDTH + PHYSICAL_OFFSET]] = (
+                        None
+                        if size == layout.SPAN_ABSENT
+                        else bytes(window[at : at + size]).decode("utf-8", "replace")
+                    )
+        return keys
+
     def first_record_store_timestamp(self, segment: Segment) -> int | None:
         """Store time of the first record of a file if it starts with a message, else None."""
         buf = self.pread(segment, 0, _LONGEST_HEADER)

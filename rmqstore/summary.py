@@ -13,6 +13,7 @@ from rmqstore.errors import NotFoundError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
+from rmqstore.lockfile import LockState
 from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
@@ -234,7 +235,13 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
     return {
         "store": str(store.root),
         "kernel": kernel.NAME,
-        "lock": store.lock_state().value,
+        # a boolean beside abort's; lockHolder says who when it is held
+        "locked": (lock := store.lock_state()) is not LockState.FREE,
+        "lockHolder": {
+            LockState.FREE: None,
+            LockState.HELD: "another process",
+            LockState.HELD_HERE: "this process",
+        }[lock],
         "abort": store.aborted,
         "checkpoint": checkpoint.to_dict() if checkpoint else None,
         "geometry": {

@@ -120,8 +120,8 @@ class QueueStats:
     queue_id: int
     messages: int = 0
     bytes: int = 0
-    min_queue_offset: int | None = None
-    max_queue_offset: int | None = None
+    min_queue_offset: int | None = None  # the lowest queue offset seen
+    max_queue_offset: int | None = None  # the highest queue offset seen (JSON: maxOffset - 1)
     first_store_timestamp: int | None = None
     last_store_timestamp: int | None = None
     tags: Counter = field(default_factory=Counter)  # the most common tags (all when local)
@@ -133,8 +133,10 @@ class QueueStats:
             "queueId": self.queue_id,
             "messages": self.messages,
             "bytes": self.bytes,
-            "minQueueOffset": self.min_queue_offset,
-            "maxQueueOffset": self.max_queue_offset,
+            # RocketMQ's (and info's) meaning: minOffset is the first queue offset, maxOffset
+            # the one after the last (the next a put would take)
+            "minOffset": self.min_queue_offset,
+            "maxOffset": None if self.max_queue_offset is None else self.max_queue_offset + 1,
             "firstStoreTimestamp": self.first_store_timestamp,
             "lastStoreTimestamp": self.last_store_timestamp,
             "distinctTags": self.distinct_tags,
@@ -662,8 +664,8 @@ def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
 
 
 def _write_jsonl(stream: Any, batches: Iterator[Any]) -> int:
-    """One JSON object per message, as Spark's JSON writer makes them: null fields left out,
-    the body in base64, properties as an object."""
+    """One JSON object per message: every column, a null written as null (as ``read
+    --jsonl`` writes them), the body in base64, properties as an object."""
     count = 0
     for batch in batches:
         lines = []
@@ -671,8 +673,8 @@ def _write_jsonl(stream: Any, batches: Iterator[Any]) -> int:
             document = {}
             for name, value in row.items():
                 if value is None:
-                    continue
-                if name == "body":
+                    pass
+                elif name == "body":
                     value = base64.b64encode(value).decode("ascii")
                 elif name == "properties":
                     value = dict(value)

@@ -291,7 +291,7 @@ def test_usage_errors(tmp_path: Path) -> None:
 
 
 def test_fast_jsonl_writer_equals_the_json_encoder(capsys: pytest.CaptureFixture) -> None:
-    from rmqstore.commands.append import _jsonl_writer
+    from rmqstore.commands.append import _jsonl_writer, result_document
     from rmqstore.commands.output import json_text
     from rmqstore.commitlog import AppendResult
 
@@ -301,11 +301,14 @@ def test_fast_jsonl_writer_equals_the_json_encoder(capsys: pytest.CaptureFixture
         ),
         AppendResult(2**40, 0, 91, 1, "%RETRY%x", 0, bytes(16) + bytes(4)),
     ]
+    keys = ["0A00010700611132D8FA4CDDBC000000", None]
     emit = _jsonl_writer()
-    for result in results:
-        emit(result)
+    for result, key in zip(results, keys, strict=True):
+        emit(result, key)
     lines = capsys.readouterr().out.splitlines()
-    assert lines == [json_text(result.to_dict()) for result in results]
+    assert lines == [
+        json_text(result_document(result, key)) for result, key in zip(results, keys, strict=True)
+    ]
 
 
 def clean_store(tmp_path: Path) -> Path:
@@ -492,3 +495,24 @@ def test_bodies_over_a_size_are_compressed_as_a_producer_does(tmp_path: Path) ->
     plain = json.loads(run_cli("read", store, "--offset", str(second), "--json").stdout)
     assert plain["sysFlag"] & 0x1 == 0 and plain["body"] == small
     assert run_cli("verify", store).exit_code == 0
+
+
+def test_each_reported_message_carries_the_uniq_key_it_was_stored_with(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    lines = "".join(
+        json.dumps({"topic": "T", "body": f"m{n}", **({"keys": "k"} if n % 3 else {})}) + "\n"
+        for n in range(5000)
+    )
+    given = json.dumps({"topic": "T", "body": "own", "properties": {"UNIQ_KEY": "OWN-KEY"}})
+    result = run_cli(
+        "append", store, "--create", "--input", "-", "--jsonl", "--commitlog-file-size", "65536",
+        input=lines + given + "\n",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    reported = [json.loads(line) for line in result.stdout.splitlines()]
+    read = run_cli("read", store, "--from-offset", "0", "--jsonl", "--body", "none")
+    stored = [json.loads(line) for line in read.stdout.splitlines()]
+    assert len(reported) == len(stored) == 5001
+    assert [r["uniqKey"] for r in reported] == [s["uniqKey"] for s in stored]
+    assert reported[-1]["uniqKey"] == "OWN-KEY"
+    assert len({r["uniqKey"] for r in reported}) == 5001

@@ -21,7 +21,7 @@ def test_info_matches_the_broker_state(oracle, name: str) -> None:
     assert info["commitLog"]["files"] == len(state["commitLogMappedFiles"])
     assert info["commitLog"]["end"] == "clean"
     assert info["abort"] is store.manifest["abortFilePresent"]
-    assert info["lock"] == "free"
+    assert info["locked"] is False and info["lockHolder"] is None
     on_disk = store.manifest["checkpointFileOnDisk"]
     assert info["checkpoint"]["physicMsgTimestamp"] == on_disk["physicMsgTimestamp"]
     assert info["checkpoint"]["indexMsgTimestamp"] == on_disk["indexMsgTimestamp"]

@@ -115,6 +115,7 @@ def test_manifest_lists_the_stored_messages(tmp_path: Path) -> None:
         for listed in manifest["messages"]:
             message = reader.by_offset(listed["commitLogOffset"])
             assert message.msg_id == listed["msgId"]
+            assert message.properties.get("UNIQ_KEY") == listed["uniqKey"]
             assert (message.topic, message.queue_id, message.queue_offset) == (
                 listed["topic"],
                 listed["queueId"],
