@@ -212,8 +212,11 @@ def command(
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
     reconsumeTimes, preparedTransactionOffset, properties, tags, keys, uniqKey, bodyLength,
-    version, body, bodyEncoding (text, text-lossy, hex or base64). --time prints topic,
-    queueId, timestamp, rule, queueOffset and message.
+    version, body, bodyEncoding (text, text-lossy, hex or base64). --json has one shape per
+    mode: --offset and --msg-id print one message object; --from-offset, --topic [--queue],
+    --key and --uniq-key print an array of message objects (empty when nothing matched);
+    --time prints {topic, queueId, timestamp, rule, queueOffset, message} (message null when
+    the queue has none there). --jsonl prints one message object per line in every mode.
     """
     mode = _mode(
         offset, msg_id, from_offset, topic, queue_id, queue_from, count, key, uniq_key, timestamp

@@ -139,3 +139,76 @@ def test_progress_draws_on_a_terminal_and_leaves_stdout_alone(tmp_path: Path) ->
     assert code == 0 and b"sound" in out and terminal == b""
     code, _, terminal = _with_terminal_stderr("verify", store)
     assert code == 0 and b"verifying" in terminal
+
+
+def _keys(document: object) -> set[str]:
+    """Every key of every object in a JSON document (map values of properties aside: those
+    are the message's own property names)."""
+    if isinstance(document, list):
+        return set().union(*map(_keys, document)) if document else set()
+    if not isinstance(document, dict):
+        return set()
+    keys = set(document)
+    for name, value in document.items():
+        if name not in ("properties", "findingsByKind", "sources", "queueMaxOffsets"):
+            keys |= _keys(value)
+    return keys
+
+
+def test_every_json_key_is_camel_case(torn: Path, tmp_path: Path) -> None:
+    copy, recovered = tmp_path / "copy", tmp_path / "recovered"
+    generate("basic", copy, FixtureOptions())
+    generate("torn-tail", recovered, FixtureOptions())
+    assert run_cli("recover", recovered, "--yes").exit_code in (0, 1)
+    first = sorted((torn / "commitlog").iterdir())[0]
+    commands = [
+        ["info", torn, "--json"],
+        ["info", torn, "--topic", "TopicTest", "--json"],
+        ["read", torn, "--offset", "0", "--json"],
+        ["read", torn, "--from-offset", "0", "--count", "5", "--json"],
+        ["verify", torn, "--json"],
+        ["stats", torn, "--engine", "local", "--json"],
+        ["recover", torn, "--dry-run", "--json"],
+        ["dispatch", torn, "--rebuild", "--dry-run", "--json"],
+        ["fixtures", "describe", "torn-tail", torn, "--json"],
+        ["fixtures", "list", "--json"],
+        ["dump", first, "--count", "3", "--json"],
+        ["append", copy, "--topic", "T", "--body", "x", "--json"],
+        ["flush", copy, "--json"],
+        ["quarantine", "list", recovered, "--json"],
+        ["export", torn, "--to", tmp_path / "out", "--engine", "local", "--json"],
+    ]
+    for command in commands:
+        result = run_cli(*command)
+        assert result.exit_code in (0, 1), (command, result.stderr)
+        keys = _keys(json.loads(result.stdout))
+        assert keys, command
+        bad = {key for key in keys if "_" in key or key[:1].isupper() or "-" in key}
+        assert not bad, (command, bad)
+
+
+def test_read_json_has_one_shape_per_mode(torn: Path) -> None:
+    one = json.loads(run_cli("read", torn, "--offset", "0", "--json").stdout)
+    assert isinstance(one, dict) and {"msgId", "uniqKey", "commitLogOffset"} <= set(one)
+    assert json.loads(run_cli("read", torn, "--msg-id", one["msgId"], "--json").stdout) == one
+    by_client_id = json.loads(run_cli("read", torn, "--msg-id", one["uniqKey"], "--json").stdout)
+    assert by_client_id == one
+    for mode in (
+        ["--from-offset", "0", "--count", "2"],
+        ["--topic", one["topic"], "--count", "2"],
+        ["--topic", one["topic"], "--queue", str(one["queueId"]), "--count", "2"],
+        ["--uniq-key", one["uniqKey"]],
+    ):
+        many = json.loads(run_cli("read", torn, *mode, "--json").stdout)
+        assert isinstance(many, list) and many and all(isinstance(m, dict) for m in many), mode
+        assert set(many[0]) == set(one), mode
+    none = run_cli("read", torn, "--key", "no-such-key", "--json")
+    assert none.exit_code == 1 and json.loads(none.stdout) == []
+    timed = json.loads(
+        run_cli(
+            "read", torn, "--topic", one["topic"], "--queue", str(one["queueId"]),
+            "--time", str(one["storeTimestamp"]), "--json",
+        ).stdout
+    )  # fmt: skip
+    assert set(timed) == {"topic", "queueId", "timestamp", "rule", "queueOffset", "message"}
+    assert timed["message"]["msgId"] == one["msgId"]
