@@ -28,12 +28,17 @@ def command() -> None:
 @command.command("list")
 @json_option
 def list_command(as_json: bool) -> int:
-    """List the scenarios with a one-line description."""
+    """List the scenarios with a one-line description and how many messages each stores.
+
+    JSON: [{scenario, damaged, messages (stored at the default size), messagesRequested (the
+    default --messages; some scenarios add file-end fills or transaction ops), description}].
+    """
     rows = [
         {
             "scenario": s.name,
             "damaged": s.damage is not None,
-            "messages": s.messages,
+            "messages": s.stored,
+            "messagesRequested": s.messages,
             "description": s.description,
         }
         for s in SCENARIOS.values()

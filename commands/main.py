@@ -76,7 +76,7 @@ class RmqStoreGroup(click.Group):
         return result
 
 
-_OPTIONAL_MODULES = frozenset({"pyarrow", "pyspark", "pandas"})
+_OPTIONAL_MODULES = frozenset({"pyarrow", "pyspark", "pandas", "numpy"})
 
 
 def _internal_error(ctx: click.Context, exc: BaseException) -> NoReturn:

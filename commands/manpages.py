@@ -41,6 +41,159 @@ EXIT_CODES = [
 ]
 
 
+# (command line, what it does) for each page's EXAMPLES section
+EXAMPLES: dict[str, list[tuple[str, str]]] = {
+    "rmqstore": [
+        ("rmqstore info /data/rocketmq/store", "What a store holds, on one screen."),
+        ("rmqstore verify /data/rocketmq/store", "Check it; exit 1 names each problem's fix."),
+        (
+            "rmqstore --utc --no-progress read store --from-offset 0 --count 10",
+            "Global options go before the command.",
+        ),
+    ],
+    "rmqstore-info": [
+        ("rmqstore info store", "Files, offsets, topics and queues, checkpoint, abort, lock."),
+        ("rmqstore info store --topic Orders", "Each queue's min/max offset (topicStatus)."),
+        ("rmqstore info store --json | jq .commitLog.maxOffset", "For scripts."),
+    ],
+    "rmqstore-append": [
+        (
+            "rmqstore append store --create --topic Orders --tags TagA --keys order-1 --body hi",
+            "One message into a new store.",
+        ),
+        (
+            "rmqstore append store --input messages.jsonl --flush sync --jsonl",
+            "JSON lines, each reported once it is on disk.",
+        ),
+        (
+            "producer | rmqstore append store --input - --flush sync --dispatch",
+            "From a pipe, consume queues and index kept up to date.",
+        ),
+        (
+            "rmqstore append store --input big.jsonl --compress-over 4096",
+            "Compress bodies over 4 KiB with zlib, as a producer does.",
+        ),
+    ],
+    "rmqstore-read": [
+        ("rmqstore read store --offset 0", "The message at a physical offset."),
+        (
+            "rmqstore read store --msg-id AC110001473C1B6D1C0F07D9E0C10000",
+            "By a producer's message id (UNIQ_KEY) or an offset message id.",
+        ),
+        ("rmqstore read store --from-offset 0 --count 100 --jsonl", "Sequentially."),
+        (
+            "rmqstore read store --topic Orders --tags 'TagA||TagB' --begin 2024-03-01T00:00:00Z",
+            "A topic's queues, filtered by tags and store time.",
+        ),
+        ("rmqstore read store --key order-1", "Through the index, in every topic."),
+        (
+            "rmqstore read store --topic Orders --csv --fields msgId,queueId,queueOffset",
+            "CSV for a spreadsheet.",
+        ),
+    ],
+    "rmqstore-verify": [
+        ("rmqstore verify store", "Everything; the report ends with the next step."),
+        ("rmqstore verify store --only commitlog --no-crc", "The commit log's structure only."),
+        (
+            "rmqstore verify store --json | jq '.findings[] | {kind, commitLogOffset, fix}'",
+            "Each finding's position and fix.",
+        ),
+        ("rmqstore verify store --jobs 2", "In two worker processes."),
+    ],
+    "rmqstore-dump": [
+        (
+            "rmqstore dump store/commitlog/00000000000000000000 --count 20",
+            "The first 20 records of a commit-log file.",
+        ),
+        (
+            "rmqstore dump store/consumequeue/Orders/1/00000000000000000000",
+            "A consume-queue file, each unit's record looked up.",
+        ),
+        (
+            "rmqstore dump store/index/20240301120000000 --slots --jsonl",
+            "An index file's header, slots and entries.",
+        ),
+        ("rmqstore dump /tmp/copied-file --kind commitlog", "A file outside its store."),
+    ],
+    "rmqstore-dispatch": [
+        ("rmqstore dispatch store", "Bring consume queues and index up to the commit log."),
+        ("rmqstore dispatch store --rebuild --dry-run", "Show what a rebuild would do."),
+        (
+            "rmqstore dispatch store --rebuild --yes --jobs 2",
+            "Rebuild from scratch (old files to quarantine).",
+        ),
+    ],
+    "rmqstore-recover": [
+        ("rmqstore recover store --dry-run", "The plan: what would be cut, exit 1 if any."),
+        ("rmqstore recover store --yes", "Recover after a crash; cut bytes go to quarantine."),
+    ],
+    "rmqstore-flush": [
+        ("rmqstore flush store", "fsync everything, then write a checkpoint that says so."),
+    ],
+    "rmqstore-export": [
+        (
+            "rmqstore export store --to /tmp/orders --topic Orders",
+            "A topic to Parquet (local engine on small stores).",
+        ),
+        ("rmqstore export store --to s3://bucket/orders --engine spark", "A large store on Spark."),
+        ("rmqstore export store --to /tmp/all --format jsonl --no-body", "JSON lines, no bodies."),
+    ],
+    "rmqstore-stats": [
+        ("rmqstore stats store", "Messages, bytes, offsets, times and tags per queue."),
+        ("rmqstore stats store --tsv --fields topic,queueId,messages", "Tab-separated, for awk."),
+    ],
+    "rmqstore-fixtures": [
+        ("rmqstore fixtures list", "The scenarios."),
+        ("rmqstore fixtures generate torn-tail /tmp/torn --seed 7", "A damaged store."),
+    ],
+    "rmqstore-fixtures-list": [("rmqstore fixtures list --json", "For scripts.")],
+    "rmqstore-fixtures-generate": [
+        ("rmqstore fixtures generate multi /tmp/multi", "A clean store of several topics."),
+        (
+            "rmqstore fixtures generate large /tmp/large --messages 1000000 --jobs 2",
+            "A million messages, for benchmarks.",
+        ),
+    ],
+    "rmqstore-fixtures-describe": [
+        (
+            "rmqstore fixtures describe torn-tail /tmp/torn",
+            "Its damage and what verify and recover must report.",
+        ),
+    ],
+    "rmqstore-quarantine": [
+        ("rmqstore quarantine list store", "What recover and rebuilds cut, with sizes."),
+    ],
+    "rmqstore-quarantine-list": [("rmqstore quarantine list store --json", "For scripts.")],
+    "rmqstore-quarantine-restore": [
+        (
+            "rmqstore quarantine restore store 20240301-120000-recover",
+            "Put the bytes one run cut back where they were.",
+        ),
+    ],
+    "rmqstore-quarantine-purge": [
+        ("rmqstore quarantine purge store --all --dry-run", "What would be deleted."),
+        ("rmqstore quarantine purge store --all --yes", "Delete every quarantine folder."),
+    ],
+}
+
+
+def _examples(name: str) -> str:
+    items = "\n".join(f".TP\n.B {roff(line)}\n{roff(text)}" for line, text in EXAMPLES[name])
+    return f".SH EXAMPLES\n{items}\n"
+
+
+def _findings() -> str:
+    """rmqstore-verify(1): every finding kind, what it means and what mends it."""
+    from rmqstore.verify.findings import FIXES, KINDS
+
+    items = "\n".join(
+        f".TP\n.B {roff(kind)}\n{roff(meaning[0].upper() + meaning[1:])}. Fix: "
+        f"{roff(FIXES[kind].format(store='STORE'))}."
+        for kind, meaning in KINDS.items()
+    )
+    return f".SH FINDINGS\n{items}\n"
+
+
 def roff(text: str) -> str:
     """Escape text for roff: backslashes, hyphens, and lines starting with . or '."""
     escaped = text.replace("\\", "\\e").replace("-", "\\-")
@@ -110,6 +263,9 @@ def command_page(path: list[str], command: click.Command, parent: click.Context)
     options = _options(command, context)
     if options:
         page.append(f".SH OPTIONS\n{options}\n")
+    if name == "rmqstore-verify":
+        page.append(_findings())
+    page.append(_examples(name))
     page.append(_exit_status())
     page.append(".SH SEE ALSO\n.BR rmqstore (1),\n.BR rmqstore\\-store (5)\n")
     return "".join(page)
@@ -130,6 +286,7 @@ def main_page() -> str:
             f".SH DESCRIPTION\n{paragraphs(cli.help or '')}\n",
             f".SH COMMANDS\n{commands}\n",
             f".SH OPTIONS\n{_options(cli, context)}\n",
+            _examples("rmqstore"),
             _exit_status(),
             ".SH ENVIRONMENT\n.TP\n.B RMQSTORE_DEBUG\nPrint a traceback after an internal "
             "error.\n.TP\n.B JAVA_HOME\nThe Java 17+ used by the Spark pipeline.\n"

@@ -137,11 +137,12 @@ _TABLE_CHUNK = 100
 )
 @click.option(
     "--time-rule",
-    type=click.Choice(["5.x", "4.x"]),
-    default="5.x",
+    type=click.Choice(["auto", "5.x", "4.x"]),
+    default="auto",
     show_default=True,
     help="--time: 5.x gives the first message stored at or after MS; 4.x the 4.9 "
-    "broker's nearest match within a file chosen by its time.",
+    "broker's nearest match within a file chosen by its time; auto the rule of the broker "
+    "that wrote the store (told from its records' properties; 5.x when they do not say).",
 )
 @click.option(
     "--body",
@@ -249,6 +250,8 @@ def command(
             return 0
         if mode == "time":
             assert topic is not None and queue_id is not None and timestamp is not None
+            if time_rule == "auto":
+                time_rule = reader.broker_generation() or "5.x"
             queue_offset = reader.offset_by_time(topic, queue_id, timestamp, rule=time_rule)
             found = (
                 next(iter(reader.by_queue(topic, queue_id, queue_offset, 1, body=body)), None)

@@ -8,7 +8,15 @@ from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import list_queues
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
-from rmqstore.kernel.layout import CRC_BAD, CRC_STATUS, PHYSICAL_OFFSET, ROW_WIDTH
+from rmqstore.kernel.layout import (
+    CRC_BAD,
+    CRC_STATUS,
+    PHYSICAL_OFFSET,
+    PROPERTIES_AT,
+    PROPERTIES_LENGTH,
+    ROW_WIDTH,
+    VERSION,
+)
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.properties import split_keys
 from rmqstore.record import (
@@ -251,6 +259,25 @@ class MessageReader:
                 log.min_offset,
             )
         return queue.offset_by_time(timestamp, store_time)
+
+    def broker_generation(self) -> str | None:
+        """ "4.x" or "5.x": which broker wrote the log, told from its first messages with
+        properties (4.9 drops the final 0x02 of the properties, 5.x keeps it; a V2 record
+        is 5.x). None when no message says (no properties in the first records)."""
+        looked = 0
+        for window, _, rows, batch in self.store.commitlog.scan().batches():
+            for row in range(batch):
+                at = row * ROW_WIDTH
+                if rows[at + VERSION] == 2:
+                    return "5.x"
+                length = rows[at + PROPERTIES_LENGTH]
+                if length > 0:
+                    last = window[rows[at + PROPERTIES_AT] + length - 1]
+                    return "5.x" if last == 2 else "4.x"
+                looked += 1
+                if looked >= 64:
+                    return None
+        return None
 
     def next_record_start(self, offset: int) -> int:
         """The first offset at or after ``offset`` where a valid message record starts: in

@@ -98,6 +98,29 @@ def test_without_a_compiler_the_install_succeeds_on_the_reference_kernel(tmp_pat
             [rmqstore, *command], capture_output=True, text=True, cwd=tmp_path, env=clean_env
         )
         assert done.returncode == 0, done.stderr
+    # installed without extras: what needs one says which, never an internal error
+    for command in (
+        ["stats", str(store)],
+        ["export", str(store), "--to", str(tmp_path / "out"), "--format", "jsonl"],
+        ["export", str(store), "--to", str(tmp_path / "out2"), "--engine", "spark"],
+    ):
+        done = subprocess.run(
+            [rmqstore, *command], capture_output=True, text=True, cwd=tmp_path, env=clean_env
+        )
+        assert done.returncode in (0, 2), (command, done.stderr)
+        if done.returncode == 2:
+            assert "rmqstore[spark]" in done.stderr, (command, done.stderr)
+    # the man pages install with the package, where man(1) finds them from PATH
+    assert (environment / "share" / "man" / "man1" / "rmqstore-read.1").is_file()
+    assert (environment / "share" / "man" / "man5" / "rmqstore-store.5").is_file()
+    if shutil.which("man"):
+        found = subprocess.run(
+            ["man", "-w", "rmqstore-read"],
+            capture_output=True,
+            text=True,
+            env={**clean_env, "PATH": f"{environment / 'bin'}:{os.environ['PATH']}"},
+        )
+        assert found.stdout.strip().endswith("rmqstore-read.1"), found.stderr
 
 
 def _build_wheel(source: Path, wheels: Path, env: dict[str, str] | None = None) -> Path:

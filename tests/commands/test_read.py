@@ -348,3 +348,26 @@ def test_seek_starts_at_the_next_record(oracle) -> None:
     assert json.loads(exact.stdout)["commitLogOffset"] == 0 and exact.stderr == ""
     misuse = run_cli("read", store, "--offset", 0, "--seek")
     assert misuse.exit_code == 2 and "--seek goes with --from-offset" in misuse.stderr
+
+
+@pytest.mark.parametrize("name, generation", [("s1_multi", "4.x"), ("v533_s1_multi", "5.x")])
+def test_time_reads_follow_the_rule_of_the_broker_that_wrote_the_store(
+    oracle, name: str, generation: str
+) -> None:
+    """No --time-rule: the rule is told from the records, and every probe the broker answered
+    gets the broker's queue offset."""
+    store = oracle(name)
+    probes = [
+        p
+        for p in manifest_dump(store.manifest)["offsetInQueueByTime"]
+        if "timestamp" in p and p["offsetInQueueByTime"]
+    ]
+    assert probes
+    for probe in probes:
+        result = run_cli(
+            "read", store.store, "--topic", probe["topic"], "--queue", probe["queueId"],
+            "--time", probe["timestamp"], "--json", "--body", "none", *ORACLE_OPTIONS,
+        )  # fmt: skip
+        document = json.loads(result.stdout)
+        assert document["rule"] == generation
+        assert document["queueOffset"] == probe["offsetInQueueByTime"], probe

@@ -46,6 +46,12 @@ def test_worker_processes_write_the_same_bytes(tmp_path: Path, name: str) -> Non
     assert tree_digest(tmp_path / "workers") == tree_digest(tmp_path / "here")
 
 
+@pytest.mark.parametrize("name", SMALL)
+def test_the_listed_message_count_is_what_is_stored(tmp_path: Path, name: str) -> None:
+    _, manifest = made(tmp_path, name)
+    assert manifest["messageCount"] == SCENARIOS[name].stored
+
+
 @pytest.mark.parametrize("name", CLEAN)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_clean_scenarios_verify_sound(tmp_path: Path, name: str, seed: int) -> None:
