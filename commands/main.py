@@ -39,7 +39,20 @@ class RmqStoreGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             result = super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException):
+        except click.exceptions.Exit:
+            raise
+        except BaseException:
+            _keep_spark_log()
+            return self._failed(ctx)
+        if isinstance(result, int) and result:
+            ctx.exit(result)
+        return result
+
+    def _failed(self, ctx: click.Context) -> Any:
+        """Map the exception being handled to its exit code (one line on stderr)."""
+        try:
+            raise
+        except click.ClickException:
             raise
         except click.Abort:
             _error("aborted")
@@ -71,9 +84,13 @@ class RmqStoreGroup(click.Group):
             ctx.exit(ExitCode.IO if exc.errno != errno.ENOENT else ExitCode.USAGE)
         except Exception as exc:
             _internal_error(ctx, exc)
-        if isinstance(result, int) and result:
-            ctx.exit(result)
-        return result
+
+
+def _keep_spark_log() -> None:
+    """A command failed: if it ran Spark, keep that run's JVM log (errors name it)."""
+    spark = sys.modules.get("rmqstore.spark")
+    if spark is not None:
+        spark.keep_log()
 
 
 _OPTIONAL_MODULES = frozenset({"pyarrow", "pyspark", "pandas", "numpy"})

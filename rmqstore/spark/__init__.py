@@ -13,7 +13,10 @@ without it.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -73,6 +76,9 @@ def spark_session(
         **(conf or {}),
     }
     log_path = spark_log_path()
+    _LEFT_BEHIND.append(log_path)
+    if len(_LEFT_BEHIND) == 1:
+        atexit.register(_clean_up)
     try:
         if SparkContext._active_spark_context is None:
             spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
@@ -93,6 +99,29 @@ def spark_session(
     return spark
 
 
+# the per-run files a session leaves (its JVM log, the shipped package's folder): removed when
+# the process ends, unless keep_log() was called because something failed
+_LEFT_BEHIND: list[Path] = []
+_KEEP = False
+
+
+def keep_log() -> None:
+    """Something failed: leave this run's JVM log in place (an error message names it)."""
+    global _KEEP
+    _KEEP = True
+
+
+def _clean_up() -> None:
+    for path in _LEFT_BEHIND:
+        if _KEEP and path.suffix == ".log":
+            continue
+        with contextlib.suppress(OSError):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
 def spark_log_path() -> Path:
     """Where the JVM of this process's Spark session writes its output."""
     return Path(tempfile.gettempdir()) / f"rmqstore-spark-{os.getpid()}.log"
@@ -100,7 +129,9 @@ def spark_log_path() -> Path:
 
 def ship_package(spark: Any) -> Path:
     """Add the rmqstore package (pure Python) to the executors' path."""
-    archive = Path(tempfile.mkdtemp(prefix="rmqstore-")) / "rmqstore.zip"
+    folder = Path(tempfile.mkdtemp(prefix="rmqstore-"))
+    _LEFT_BEHIND.append(folder)
+    archive = folder / "rmqstore.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
         for path in sorted(_PACKAGE.rglob("*.py")):
             bundle.write(path, Path("rmqstore") / path.relative_to(_PACKAGE))

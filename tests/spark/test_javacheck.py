@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rmqstore.fixtures import generate
 
 
@@ -62,3 +64,33 @@ def test_the_local_engine_needs_no_java(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert (out / "part-00000.parquet").is_file()
+
+
+@pytest.mark.spark
+def test_a_spark_run_cleans_up_its_log_and_a_failed_one_keeps_it(tmp_path: Path) -> None:
+    generate("basic", tmp_path / "store")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    done = subprocess.run(
+        [sys.executable, "-m", "rmqstore", "stats", str(tmp_path / "store"), "--engine", "spark"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert not list(temporary.glob("rmqstore-spark-*.log"))
+    failed = subprocess.run(
+        [
+            sys.executable, "-m", "rmqstore", "stats", str(tmp_path / "store"),
+            "--engine", "spark", "--master", "nonsense://nowhere",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert failed.returncode == 2, failed.stderr
+    kept = list(temporary.glob("rmqstore-spark-*.log"))
+    assert len(kept) == 1 and str(kept[0]) in failed.stderr
