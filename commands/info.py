@@ -14,9 +14,11 @@ from rmqstore.commands.options import (
     store_config_options,
 )
 from rmqstore.commands.output import (
+    DelimitedWriter,
     Grid,
     console,
     counted,
+    delimited_options,
     emit_json,
     format_millis,
     progress_bar,
@@ -40,8 +42,18 @@ from rmqstore.summary import summarize, topic_status
 @store_config_options
 @json_option
 @progress_option
+@delimited_options(
+    ["topic", "queueId", "messages", "minOffset", "maxOffset", "notQueued"],
+    ["topic", "queueId", "messages", "minOffset", "maxOffset", "notQueued", "lastUpdated"],
+    jsonl="per topic and queue per line",
+)
 def command(
-    store: Path, topics: tuple[str, ...], config: StoreConfig, as_json: bool, no_progress: bool
+    store: Path,
+    topics: tuple[str, ...],
+    config: StoreConfig,
+    as_json: bool,
+    no_progress: bool,
+    delimited: tuple[str, list[str]] | None,
 ) -> int:
     """Summarise a store on one screen.
 
@@ -60,13 +72,19 @@ def command(
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
     entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}. With
     --topic: topics[{topic, queues[{queueId, minOffset, maxOffset, lastUpdated}]}].
+    --csv, --tsv and --jsonl print a row per topic and queue (messages and notQueued from the
+    commit log; with --topic, lastUpdated instead, without reading the log).
     """
+    if as_json and delimited:
+        raise click.UsageError("--json and --csv/--tsv/--jsonl exclude each other")
     with Store.open_read(store, config) as opened:
         for message in opened.notes:
             warn(message)
         if topics:
             status = [topic_status(opened, topic) for topic in topics]
-            if as_json:
+            if delimited:
+                _queue_rows(status, delimited)
+            elif as_json:
                 emit_json({"topics": status})
             else:
                 _topic_status_table(status)
@@ -74,11 +92,21 @@ def command(
         total = opened.commitlog.data_extent() - opened.commitlog.min_offset
         with progress_bar("scanning commit log", total, not no_progress) as update:
             summary = summarize(opened, update)
-    if as_json:
+    if delimited:
+        _queue_rows(summary["topics"], delimited)
+    elif as_json:
         emit_json(summary)
     else:
         _render(summary)
     return 0
+
+
+def _queue_rows(topics: list[dict[str, Any]], delimited: tuple[str, list[str]]) -> None:
+    """A row per topic and queue of the JSON's topics[].queues[]."""
+    table = DelimitedWriter(*delimited)
+    for topic in topics:
+        for queue in topic["queues"]:
+            table.row({"topic": topic["topic"], **queue})
 
 
 def _render(summary: dict[str, Any]) -> None:

@@ -87,7 +87,8 @@ def _grid_lines(grid: Grid) -> list[str]:
     if grid.show_header:
         cells.insert(0, tuple(_plain_text(header) for header, _ in grid.columns))
     justify = [options.get("justify") for _, options in grid.columns]
-    return _aligned([_plain_text(grid.title)] if grid.title else [], cells, justify)
+    least = [options.get("min_width") or 0 for _, options in grid.columns]
+    return _aligned([_plain_text(grid.title)] if grid.title else [], cells, justify, least)
 
 
 def _table_lines(table: Any) -> list[str]:
@@ -99,8 +100,17 @@ def _table_lines(table: Any) -> list[str]:
     return _aligned([_plain_text(table.title)] if table.title else [], cells, justify)
 
 
-def _aligned(lines: list[str], cells: list[tuple[str, ...]], justify: list[Any]) -> list[str]:
+def _aligned(
+    lines: list[str],
+    cells: list[tuple[str, ...]],
+    justify: list[Any],
+    least: list[int] | None = None,
+) -> list[str]:
+    """``cells`` as lines of columns two spaces apart, each as wide as its widest cell (and
+    at least ``least``)."""
     widths = [max((len(row[i]) for row in cells), default=0) for i in range(len(justify))]
+    if least is not None:
+        widths = [max(width, floor) for width, floor in zip(widths, least, strict=True)]
     for row in cells:
         parts = []
         for index, (value, width) in enumerate(zip(row, widths, strict=True)):
@@ -146,19 +156,26 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 
 class DelimitedWriter:
     """CSV or TSV on stdout: a header row of ``fields``, then one row per document (a missing
-    or null value empty, an object or list as compact JSON, booleans as true/false)."""
+    or null value empty, an object or list as compact JSON, booleans as true/false); or, for
+    ``jsonl``, one JSON object of ``fields`` per document and line."""
 
     def __init__(self, kind: str, fields: list[str]) -> None:
         import csv
 
         self.fields = fields
+        self.jsonl = kind == "jsonl"
         self._writer = csv.writer(
             sys.stdout, delimiter="\t" if kind == "tsv" else ",", lineterminator="\n"
         )
-        self._writer.writerow(fields)
+        if not self.jsonl:
+            self._writer.writerow(fields)
 
     def row(self, document: dict[str, Any]) -> None:
-        self._writer.writerow([_cell(document.get(name)) for name in self.fields])
+        if self.jsonl:  # the row's fields as one JSON object, values as --json has them
+            sys.stdout.write(json_text({name: document.get(name) for name in self.fields}))
+            sys.stdout.write("\n")
+        else:
+            self._writer.writerow([_cell(document.get(name)) for name in self.fields])
 
 
 def _cell(value: Any) -> str:
@@ -171,9 +188,12 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def delimited_options(default_fields: list[str], known: list[str]) -> Callable[[Any], Any]:
-    """``--csv``, ``--tsv`` and ``--fields``; passes ``delimited``: a (kind, fields) pair or
-    None."""
+def delimited_options(
+    default_fields: list[str], known: list[str], *, jsonl: str | None = None
+) -> Callable[[Any], Any]:
+    """``--csv``, ``--tsv`` and ``--fields`` (and ``--jsonl`` when ``jsonl`` says what a line
+    is: the same rows as JSON objects, every known field unless --fields picks); passes
+    ``delimited``: a (kind, fields) pair or None."""
 
     def decorate(func: Any) -> Any:
         @functools.wraps(func)
@@ -181,8 +201,10 @@ def delimited_options(default_fields: list[str], known: list[str]) -> Callable[[
             kind = kwargs.pop("delimited_kind")
             fields_text = kwargs.pop("fields")
             if fields_text is not None and kind is None:
-                raise click.UsageError("--fields goes with --csv or --tsv")
-            fields = default_fields
+                raise click.UsageError(
+                    "--fields goes with --csv or --tsv" + (" or --jsonl" if jsonl else "")
+                )
+            fields = known if kind == "jsonl" else default_fields
             if fields_text is not None:
                 fields = [name.strip() for name in fields_text.split(",") if name.strip()]
                 unknown = [name for name in fields if name not in known]
@@ -207,11 +229,23 @@ def delimited_options(default_fields: list[str], known: list[str]) -> Callable[[
             click.option(
                 "--fields",
                 metavar="A,B,...",
-                help="With --csv/--tsv: these fields in this order (default: "
+                help="With --csv/--tsv"
+                + ("/--jsonl" if jsonl else "")
+                + ": these fields in this order (default: "
                 + ",".join(default_fields)
                 + "). Any field of --json.",
             ),
         ]
+        if jsonl is not None:
+            options.insert(
+                0,
+                click.option(
+                    "--jsonl",
+                    "delimited_kind",
+                    flag_value="jsonl",
+                    help=f"One JSON object {jsonl}.",
+                ),
+            )
         for option in reversed(options):
             wrapper = option(wrapper)
         return wrapper

@@ -453,15 +453,16 @@ def _show_many(
             emit_jsonl(message_document(message, body_mode, _body_of(message, decompress)))
             shown += 1
         return shown
+    table = _MessageTable(body_mode, decompress)
     chunk: list[Message] = []
     for message in messages:
         chunk.append(message)
         shown += 1
         if len(chunk) == _TABLE_CHUNK:
-            _summary_table(chunk, body_mode, decompress)
+            table.print(chunk)
             chunk = []
     if chunk:
-        _summary_table(chunk, body_mode, decompress)
+        table.print(chunk)
     return shown
 
 
@@ -480,10 +481,13 @@ def _detail_table(document: dict) -> None:
     console.print(table)
 
 
-def _summary_table(messages: list[Message], body_mode: str, decompress: bool) -> None:
-    table = Grid()
-    for name, justify in (
+class _MessageTable:
+    """Messages as a table printed chunk by chunk as they stream: the header once, and the
+    columns kept at least as wide as earlier chunks had them, so the lines stay aligned."""
+
+    _COLUMNS = (
         ("offset", "right"),
+        ("msgId", "left"),
         ("topic", "left"),
         ("queue", "right"),
         ("q.offset", "right"),
@@ -492,24 +496,37 @@ def _summary_table(messages: list[Message], body_mode: str, decompress: bool) ->
         ("tags", "left"),
         ("keys", "left"),
         ("body", "left"),
-    ):
-        table.add_column(
-            name,
-            justify=justify,
-            overflow="ellipsis",  # type: ignore[arg-type]
-            max_width=40 if name == "body" else None,
-        )
-    for message in messages:
-        value, _ = encode_body(_body_of(message, decompress), body_mode)
-        table.add_row(
-            str(message.physical_offset),
-            message.topic,
-            str(message.queue_id),
-            str(message.queue_offset),
-            str(message.store_size),
-            format_millis(message.store_timestamp),
-            message.tags or "",
-            message.keys or "",
-            (value or "")[:80],
-        )
-    console.print(table)
+    )
+
+    def __init__(self, body_mode: str, decompress: bool) -> None:
+        self.body_mode = body_mode
+        self.decompress = decompress
+        self.widths = [len(name) for name, _ in self._COLUMNS]
+        self.printed = False
+
+    def print(self, messages: list[Message]) -> None:
+        rows = []
+        for message in messages:
+            value, _ = encode_body(_body_of(message, self.decompress), self.body_mode)
+            rows.append(
+                (
+                    str(message.physical_offset),
+                    message.msg_id,
+                    message.topic,
+                    str(message.queue_id),
+                    str(message.queue_offset),
+                    str(message.store_size),
+                    format_millis(message.store_timestamp),
+                    message.tags or "",
+                    message.keys or "",
+                    (value or "")[:40],
+                )
+            )
+        table = Grid(show_header=not self.printed)
+        for (name, justify), width in zip(self._COLUMNS, self.widths, strict=True):
+            table.add_column(name, justify=justify, min_width=width, no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+            self.widths = [max(w, len(cell)) for w, cell in zip(self.widths, row, strict=True)]
+        console.print(table)
+        self.printed = True

@@ -42,6 +42,7 @@ from rmqstore.pipeline.local import PipelineOptions, StoreStats
      "firstStoreTimestamp", "lastStoreTimestamp", "distinctTags"],
     ["topic", "queueId", "messages", "bytes", "minOffset", "maxOffset",
      "firstStoreTimestamp", "lastStoreTimestamp", "distinctTags", "topTags"],
+    jsonl="per topic and queue per line",
 )  # fmt: skip
 def command(
     store: str,

@@ -116,7 +116,7 @@ _HELP = (
 @jobs_option()
 @store_config_options
 @json_option
-@delimited_options(_FINDING_FIELDS, _FINDING_FIELDS)
+@delimited_options(_FINDING_FIELDS, _FINDING_FIELDS, jsonl="per finding per line")
 @progress_option
 def command(
     store: Path,

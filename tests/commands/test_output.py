@@ -42,7 +42,8 @@ def test_identifiers_are_never_split_at_60_columns(torn: Path) -> None:
     assert first["msgId"] in plain("read", torn, "--offset", "0")
     table = plain("read", torn, "--from-offset", "0", "--count", "3")
     assert table.splitlines()[0].split() == [
-        "offset", "topic", "queue", "q.offset", "size", "stored", "tags", "keys", "body",
+        "offset", "msgId", "topic", "queue", "q.offset", "size", "stored", "tags", "keys",
+        "body",
     ]  # fmt: skip
     info = json.loads(run_cli("info", torn, "--json").stdout)
     text = plain("info", torn)
@@ -212,3 +213,38 @@ def test_read_json_has_one_shape_per_mode(torn: Path) -> None:
     )  # fmt: skip
     assert set(timed) == {"topic", "queueId", "timestamp", "rule", "queueOffset", "message"}
     assert timed["message"]["msgId"] == one["msgId"]
+
+
+def test_a_long_read_table_streams_with_one_header_and_every_msg_id(torn: Path) -> None:
+    documents = [
+        json.loads(line)
+        for line in run_cli("read", torn, "--from-offset", "0", "--jsonl").stdout.splitlines()
+    ]
+    assert len(documents) > 150  # more than one chunk of the streamed table
+    lines = plain("read", torn, "--from-offset", "0").splitlines()
+    assert lines[0].split()[:2] == ["offset", "msgId"]
+    assert len(lines) == len(documents) + 1  # one header
+    for line, document in zip(lines[1:], documents, strict=True):
+        assert line.split()[:2] == [str(document["commitLogOffset"]), document["msgId"]]
+    starts = {line.index(line.split()[1]) for line in lines[1:]}
+    assert len(starts) == 1  # the msgId column stays where it is across chunks
+
+
+def test_info_stats_and_verify_print_rows_as_csv_and_jsonl(torn: Path) -> None:
+    info = json.loads(run_cli("info", torn, "--json").stdout)
+    queues = [(t["topic"], q["queueId"]) for t in info["topics"] for q in t["queues"]]
+    rows = run_cli("info", torn, "--csv").stdout.splitlines()
+    assert rows[0] == "topic,queueId,messages,minOffset,maxOffset,notQueued"
+    assert len(rows) == len(queues) + 1
+    lines = [json.loads(line) for line in run_cli("info", torn, "--jsonl").stdout.splitlines()]
+    assert [(line["topic"], line["queueId"]) for line in lines] == queues
+    stats = run_cli("stats", torn, "--engine", "local", "--jsonl", "--fields", "topic,maxOffset")
+    assert all(
+        set(json.loads(line)) == {"topic", "maxOffset"} for line in stats.stdout.splitlines()
+    )
+    report = json.loads(run_cli("verify", torn, "--json").stdout)
+    found = [json.loads(line) for line in run_cli("verify", torn, "--jsonl").stdout.splitlines()]
+    assert [f["kind"] for f in found] == [f["kind"] for f in report["findings"]]
+    assert all("fix" in f and "commitLogOffset" in f for f in found)
+    both = run_cli("verify", torn, "--json", "--jsonl")
+    assert both.exit_code == 2
