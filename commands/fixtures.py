@@ -48,7 +48,7 @@ def list_command(as_json: bool) -> int:
         return 0
     table = Grid()
     for name in ("scenario", "kind", "messages", "description"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, wrap=name == "description")
     for row in rows:
         table.add_row(
             row["scenario"],

@@ -179,7 +179,7 @@ def _render(summary: dict[str, Any]) -> None:
         ("min offset", "right"),
         ("max offset", "right"),
     ):
-        queues.add_column(name, justify=justify)  # type: ignore[arg-type]
+        queues.add_column(name, justify=justify, wrap=name == "topic")  # type: ignore[arg-type]
     for topic in summary["topics"]:
         for queue in topic["queues"]:
             queues.add_row(
@@ -201,7 +201,7 @@ def _consume_queue_table(rows: list[dict[str, Any]]) -> None:
         ("max offset", "right"),
         ("max physical offset", "right"),
     ):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, wrap=name == "topic")  # type: ignore[arg-type]
     for row in rows:
         table.add_row(
             row["topic"],
@@ -222,7 +222,7 @@ def _topic_status_table(status: list[dict[str, Any]]) -> None:
         ("max offset", "right"),
         ("last updated", "left"),
     ):
-        table.add_column(name, justify=justify)
+        table.add_column(name, justify=justify, wrap=name == "topic")
     for topic in status:
         for queue in topic["queues"]:
             table.add_row(

@@ -21,7 +21,9 @@ BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
 class Grid:
     """A table of human output, built with the calls of a rich ``Table`` (``add_column``,
     ``add_row``, the same options). On a terminal rich draws it (and is imported only then);
-    anywhere else it is plain aligned columns."""
+    anywhere else it is plain aligned columns. A column is never wrapped or cut (identifiers:
+    file names, msgIds, offsets stay whole) unless it is added with ``wrap=True`` (prose,
+    topics), which folds it within its own column on a narrow terminal."""
 
     def __init__(self, title: str | None = None, **options: Any) -> None:
         self.title = title
@@ -30,21 +32,53 @@ class Grid:
         self.columns: list[tuple[str, dict[str, Any]]] = []
         self.rows: list[tuple[Any, ...]] = []
 
-    def add_column(self, header: str = "", **options: Any) -> None:
-        self.columns.append((header, options))
+    def add_column(self, header: str = "", *, wrap: bool = False, **options: Any) -> None:
+        self.columns.append((header, {**options, _WRAP: wrap}))
 
     def add_row(self, *cells: Any) -> None:
         self.rows.append(cells)
 
-    def to_rich(self) -> Any:
+    def to_rich(self, room: int) -> tuple[Any, int]:
+        """The rich Table for a terminal ``room`` columns wide, and the width it takes: every
+        unwrapped column as wide as its longest cell; the folding columns share what is left
+        (each at least as wide as its longest word, up to 64, so identifiers stay whole)."""
         from rich.table import Table
 
+        columns = []
+        fixed = 1  # the left border
+        for number, (header, options) in enumerate(self.columns):
+            options = dict(options)
+            wrap = options.pop(_WRAP)
+            texts = [_plain_text(row[number]) for row in self.rows]
+            longest = max([len(_plain_text(header)) if self.show_header else 0, 1]
+                          + [len(text) for text in texts])  # fmt: skip
+            if wrap:
+                words = [len(w) for text in texts for w in text.split() if len(w) <= _LONGEST]
+                least = max([options.get("min_width") or 0, len(_plain_text(header)), *words])
+                columns.append((header, options, least, longest))
+            else:
+                options["no_wrap"] = True
+                options["width"] = max(options.pop("min_width", 0) or 0, longest)
+                columns.append((header, options, None, longest))
+            fixed += 3  # padding and a border
+        folding = [c for c in columns if c[2] is not None]
+        fixed += sum(c[1]["width"] for c in columns if c[2] is None)
+        share = max(room - fixed, 0) // max(len(folding), 1)
         table = Table(title=self.title, **self.options)
-        for header, options in self.columns:
+        taken = fixed
+        for header, options, least, longest in columns:
+            if least is not None:
+                width = max(least, min(longest, share))
+                options.update(overflow="fold", width=width)
+                taken += width
             table.add_column(header, **options)
         for row in self.rows:
             table.add_row(*row)
-        return table
+        return table, taken
+
+
+_WRAP = "_wrap"  # the column option (ours, not rich's) that lets a column fold
+_LONGEST = 64  # longer words (a body, a base64 blob) may be split in a folding column
 
 
 class HumanOutput:
@@ -63,9 +97,20 @@ class HumanOutput:
                 from rich.console import Console
 
                 self._terminal = Console(highlight=False, soft_wrap=False)
-            self._terminal.print(
-                renderable.to_rich() if isinstance(renderable, Grid) else renderable
-            )
+            if isinstance(renderable, Grid):
+                # wider than the terminal when its identifiers need it: the terminal then
+                # wraps the line, but no identifier is cut or split by the table
+                room = self._terminal.width
+                table, needed = renderable.to_rich(room)
+                if needed <= room:
+                    self._terminal.print(table)
+                else:  # a console as wide as the table needs (rich caps print's width)
+                    from rich.console import Console
+
+                    wide = Console(highlight=False, soft_wrap=False, width=needed)
+                    wide.print(table, crop=False)
+            else:
+                self._terminal.print(renderable)
             return
         for line in plain_lines(renderable):
             click.echo(line)

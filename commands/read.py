@@ -469,7 +469,7 @@ def _show_many(
 def _detail_table(document: dict) -> None:
     table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
-    table.add_column(overflow="fold")
+    table.add_column(wrap=True)
     for key, value in document.items():
         if key == "properties":
             value = "\n".join(f"{name}={text}" for name, text in value.items()) or "-"

@@ -96,12 +96,12 @@ def command(
 def _render(stats: StoreStats) -> None:
     document = stats.to_dict()
     queues = Grid(title=f"{document['messages']:,} messages, {document['bytes']:,} bytes")
-    queues.add_column("topic", overflow="fold")
+    queues.add_column("topic", wrap=True)
     queues.add_column("queue", justify="right")
     queues.add_column("messages", justify="right")
     queues.add_column("bytes", justify="right")
     queues.add_column("queue offsets")
-    queues.add_column("last stored", overflow="fold")
+    queues.add_column("last stored")
     queues.add_column("tags", justify="right")
     for queue in document["queues"]:
         queues.add_row(
@@ -115,7 +115,7 @@ def _render(stats: StoreStats) -> None:
         )
     console.print(queues)
     files = Grid(title="commit-log files")
-    files.add_column("file", overflow="fold")
+    files.add_column("file")
     for name in ("records", "bytes", "blank bytes", "CRC failures", "damaged"):
         files.add_column(name, justify="right")
     files.add_column("ends")

@@ -235,7 +235,7 @@ def _render(report: VerifyReport) -> None:
         return
     table = Grid()
     for name in ("severity", "kind", "where", "message"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, wrap=name == "message")
     for finding in report.findings:
         style = _STYLE[finding.severity]
         table.add_row(

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import subprocess
 import sys
 import threading
@@ -248,3 +249,38 @@ def test_info_stats_and_verify_print_rows_as_csv_and_jsonl(torn: Path) -> None:
     assert all("fix" in f and "commitLogOffset" in f for f in found)
     both = run_cli("verify", torn, "--json", "--jsonl")
     assert both.exit_code == 2
+
+
+def _on_terminal(*args: str | Path, columns: int = 60) -> str:
+    """``rmqstore ARGS`` with stdout on a terminal (a pty) ``columns`` wide, escapes removed."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", *map(str, args)],
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": str(columns)},
+    )
+    os.close(slave)
+    seen = bytearray()
+    with contextlib.suppress(OSError):
+        while chunk := os.read(master, 65536):
+            seen.extend(chunk)
+    process.wait()
+    os.close(master)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode("utf-8", "replace"))
+
+
+def test_identifiers_stay_whole_on_a_narrow_terminal(torn: Path) -> None:
+    stats = json.loads(run_cli("stats", torn, "--engine", "local", "--json").stdout)
+    text = _on_terminal("stats", torn, "--engine", "local")
+    for entry in stats["files"]:
+        assert Path(entry["file"]).name in text
+    for queue in stats["queues"]:
+        assert f"{queue['bytes']:,}" in text
+    report = json.loads(run_cli("verify", torn, "--json").stdout)
+    text = _on_terminal("verify", torn)
+    for finding in report["findings"]:
+        assert finding["file"] in text
+    first = json.loads(run_cli("read", torn, "--offset", "0", "--json").stdout)
+    assert first["msgId"] in _on_terminal("read", torn, "--offset", "0")
+    assert first["msgId"] in _on_terminal("read", torn, "--from-offset", "0", "--count", "3")
