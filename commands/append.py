@@ -12,6 +12,7 @@ import click
 from rmqstore.batch import (
     TRANSACTION_TYPES,
     AppendJob,
+    FlushPolicy,
     MessageDefaults,
     build_message,
     compressed_bodies,
@@ -111,10 +112,60 @@ def _parse_property(
 @click.option(
     "--flush",
     type=click.Choice(["async", "sync"]),
-    default="async",
-    show_default=True,
-    help="sync: report a message only after an fsync covering it (group commit); "
-    "async: flush once when the command ends.",
+    help="sync (flushDiskType=SYNC_FLUSH): report a message only after an fsync covering it "
+    "(group commit); async (ASYNC_FLUSH, the default unless the broker config says "
+    "SYNC_FLUSH): flush every --flush-interval when --flush-least-pages are dirty, everything "
+    "every --flush-thorough-interval, and at the end; each message is reported after the "
+    "flush that covers it.",
+)
+@click.option(
+    "--flush-interval",
+    type=click.IntRange(min=1),
+    metavar="MS",
+    help="ASYNC_FLUSH: how often to flush (flushIntervalCommitLog, default 500).",
+)
+@click.option(
+    "--flush-least-pages",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="ASYNC_FLUSH: flush only when N 4 KiB pages are dirty (flushCommitLogLeastPages, "
+    "default 4).",
+)
+@click.option(
+    "--flush-thorough-interval",
+    type=click.IntRange(min=1),
+    metavar="MS",
+    help="ASYNC_FLUSH: flush whatever is dirty this often (flushCommitLogThoroughInterval, "
+    "default 10000).",
+)
+@click.option(
+    "--transient-store-pool",
+    is_flag=True,
+    default=None,
+    help="Stage records in memory and write them to the file every --commit-interval "
+    "(transientStorePoolEnable; ASYNC_FLUSH only): what is staged and not yet written is "
+    "lost in a crash, as with a broker.",
+)
+@click.option(
+    "--commit-interval",
+    type=click.IntRange(min=1),
+    metavar="MS",
+    help="Transient store pool: how often staged records are written (commitIntervalCommitLog, "
+    "default 200).",
+)
+@click.option(
+    "--commit-least-pages",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Transient store pool: write only when N pages are staged (commitCommitLogLeastPages, "
+    "default 4; all of them every commitCommitLogThoroughInterval, default 200 ms).",
+)
+@click.option(
+    "--preallocate",
+    is_flag=True,
+    default=None,
+    help="Allocate every block of a new commit-log file when it is created "
+    "(warmMapedFileEnable); by default files are sparse and blocks are reserved as written.",
 )
 @click.option(
     "--dispatch",
@@ -168,7 +219,14 @@ def command(
     born_host: str,
     transaction: str,
     prepared_offset: int,
-    flush: str,
+    flush: str | None,
+    flush_interval: int | None,
+    flush_least_pages: int | None,
+    flush_thorough_interval: int | None,
+    transient_store_pool: bool | None,
+    commit_interval: int | None,
+    commit_least_pages: int | None,
+    preallocate: bool | None,
     create: bool,
     store_host: str | None,
     record_version: str,
@@ -189,10 +247,18 @@ def command(
 
     Prints per message: msgId, commitLogOffset, queueOffset, storeSize, uniqKey (also topic,
     queueId, storeTimestamp in JSON; uniqKey is read back from the stored record), only once
-    it is durable: --flush async prints everything after the whole input is appended and
-    flushed, and on any error before that nothing is appended (a failed --create leaves no
-    store); --flush sync prints each group as soon as it is
-    fsynced (stdout flushed after each group), and an error keeps what was printed. A closed
+    it is durable. --flush sync (SYNC_FLUSH) prints each group as soon as it is fsynced.
+    --flush async (ASYNC_FLUSH) prints the messages each interval flush covers (a pipe that
+    stays open is flushed every --flush-interval when --flush-least-pages are dirty, and
+    everything every --flush-thorough-interval, so a crash loses at most about one interval),
+    and the rest after the final flush. stdout is flushed after each group. An error keeps
+    what was flushed and printed and rolls back the rest (an input that fails before the first
+    flush leaves the store unchanged; a failed --create leaves no store). With
+    --transient-store-pool records are staged in memory and written to the file every
+    --commit-interval; a flush writes what is staged first. Settings come from the options,
+    else the broker config (flushDiskType, flushIntervalCommitLog, flushCommitLogLeastPages,
+    flushCommitLogThoroughInterval, transientStorePoolEnable, commitIntervalCommitLog,
+    commitCommitLogLeastPages, commitCommitLogThoroughInterval, warmMapedFileEnable). A closed
     stdout ends the command with exit 4, keeping what is stored. Queue offsets continue the
     consume queues' (and the undispatched records after them). Takes the store's lock;
     refuses a store a broker holds.
@@ -217,6 +283,17 @@ def command(
         transaction=transaction,
         prepared_transaction_offset=prepared_offset,
     )
+    config, policy = _flush_policy(
+        config,
+        flush,
+        flush_interval=flush_interval,
+        flush_commitlog_least_pages=flush_least_pages,
+        flush_commitlog_thorough_interval=flush_thorough_interval,
+        transient_store_pool_enable=transient_store_pool,
+        commit_interval_commitlog=commit_interval,
+        commit_commitlog_least_pages=commit_least_pages,
+        warm_mapped_file_enable=preallocate,
+    )
     results: list[dict] = []
     emit = _guard_output(_emitter(as_json, as_jsonl, results))
     with Store.open_write(store, config, create=create) as opened:
@@ -229,7 +306,7 @@ def command(
         try:
             job = AppendJob(
                 appender,
-                sync=flush == "sync",
+                policy=policy,
                 on_result=emit,
                 on_commit=(lambda: dispatcher.run(until=appender.end_offset))
                 if dispatcher
@@ -255,6 +332,35 @@ def command(
     return 0
 
 
+def _flush_policy(
+    config: StoreConfig, flush: str | None, *, flush_interval: int | None, **given: object
+) -> tuple[StoreConfig, FlushPolicy]:
+    """The store config with the options applied, and the flush policy it makes: --flush or
+    the broker config's flushDiskType, and the intervals and pages of either."""
+    if flush is not None:
+        given["flush_disk_type"] = "SYNC_FLUSH" if flush == "sync" else "ASYNC_FLUSH"
+    config = config.with_overrides(flush_interval_commitlog=flush_interval, **given)
+    sync = config.flush_disk_type == "SYNC_FLUSH"
+    if sync and config.transient_store_pool_enable:
+        if given.get("transient_store_pool_enable"):
+            raise click.UsageError(
+                "--transient-store-pool goes with ASYNC_FLUSH (a broker ignores the pool with "
+                "SYNC_FLUSH)"
+            )
+        note("the broker config enables the transient store pool, which SYNC_FLUSH ignores")
+    policy = FlushPolicy(
+        sync=sync,
+        interval_ms=config.flush_interval_commitlog,
+        least_pages=config.flush_commitlog_least_pages,
+        thorough_ms=config.flush_commitlog_thorough_interval,
+        transient=config.transient_store_pool_enable and not sync,
+        commit_interval_ms=config.commit_interval_commitlog,
+        commit_least_pages=config.commit_commitlog_least_pages,
+        commit_thorough_ms=config.commit_commitlog_thorough_interval,
+    )
+    return config, policy
+
+
 def _run_job(
     job: AppendJob,
     input_path: str | None,
@@ -270,13 +376,14 @@ def _run_job(
         job.run([message])
     elif input_path == "-":
         stream = sys.stdin.buffer
-        job.run(messages_from_lines(read_lines(stream, on_idle=job.commit), defaults, "stdin"))
+        lines = read_lines(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
+        job.run(messages_from_lines(lines, defaults, "stdin"))
     else:
         path = Path(input_path)
         if job.sync:
             _prevalidate(path, defaults, prepare)
         with _open_input(path) as stream:
-            lines = read_lines(stream, on_idle=job.commit)
+            lines = read_lines(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
             job.run(messages_from_lines(lines, defaults, str(path)))
 
 

@@ -230,10 +230,12 @@ def build_message(
 
 
 def read_lines(
-    stream: BinaryIO, on_idle: Callable[[], None] | None = None
+    stream: BinaryIO, on_idle: Callable[[], None] | None = None, tick: float | None = None
 ) -> Iterator[tuple[int, bytes]]:
     """Non-empty lines with their 1-based numbers. Before waiting for more input ``on_idle``
-    is called, so a group commit happens whenever the writer on the other end pauses."""
+    is called, so a group commit happens whenever the writer on the other end pauses; with
+    ``tick`` (seconds) it is called again that often while the input stays quiet (the
+    interval flush of a pipe that stays open)."""
     try:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):
@@ -256,6 +258,8 @@ def read_lines(
         pending = pending[start:]
         if on_idle is not None and not select.select([fd], [], [], 0)[0]:
             on_idle()
+            while tick is not None and not select.select([fd], [], [], tick)[0]:
+                on_idle()
         chunk = os.read(fd, _READ_CHUNK)
         if not chunk:
             if pending.strip():
@@ -373,6 +377,39 @@ class ResultSpool:
 
 
 _KEY_BATCH = 4096  # results reported per read-back of their UNIQ_KEYs
+_PAGE = 4096  # what flushCommitLogLeastPages and commitCommitLogLeastPages count
+
+
+@dataclass(frozen=True)
+class FlushPolicy:
+    """When an append makes its messages durable, with the broker.conf settings that say so.
+
+    ``sync`` (flushDiskType=SYNC_FLUSH): group commit, each group fsynced before it is
+    reported. Otherwise ASYNC_FLUSH: every ``interval_ms`` (flushIntervalCommitLog) the log is
+    flushed when at least ``least_pages`` pages (flushCommitLogLeastPages) are dirty, and
+    whatever is dirty every ``thorough_ms`` (flushCommitLogThoroughInterval), so a crash
+    loses at most about one interval; messages are reported after the flush that covers them.
+    ``transient`` (transientStorePoolEnable, ASYNC_FLUSH only): records are staged in memory
+    and written to the file every ``commit_interval_ms`` (commitIntervalCommitLog) when at
+    least ``commit_least_pages`` (commitCommitLogLeastPages) are staged, and all of them every
+    ``commit_thorough_ms`` (commitCommitLogThoroughInterval); a flush commits first."""
+
+    sync: bool = False
+    interval_ms: int = 500
+    least_pages: int = 4
+    thorough_ms: int = 10_000
+    transient: bool = False
+    commit_interval_ms: int = 200
+    commit_least_pages: int = 4
+    commit_thorough_ms: int = 200
+
+    @property
+    def tick_seconds(self) -> float | None:
+        """How often a quiet input must still wake the job (None: only when it pauses)."""
+        if self.sync:
+            return None
+        interval = min(self.interval_ms, self.commit_interval_ms if self.transient else 1 << 30)
+        return max(interval, 1) / 1000
 
 
 class AppendJob:
@@ -389,8 +426,9 @@ class AppendJob:
         self,
         appender: CommitLogAppender,
         *,
-        sync: bool,
-        on_result: Callable[[AppendResult], None],
+        sync: bool | None = None,
+        policy: FlushPolicy | None = None,
+        on_result: Callable[..., None],
         on_commit: Callable[[], object] | None = None,
         on_reported: Callable[[], None] | None = None,
         group_size: int = 1024,
@@ -398,10 +436,20 @@ class AppendJob:
         uniq_keys: bool = False,
     ) -> None:
         """``uniq_keys``: report each message as ``on_result(result, uniq_key)``, the key
-        read back from the durable record (``on_result(result)`` otherwise)."""
+        read back from the durable record (``on_result(result)`` otherwise). ``policy`` says
+        when messages become durable (``sync`` alone: group commit, or one flush at the
+        end)."""
         self.appender = appender
         self.uniq_keys = uniq_keys
-        self.sync = sync
+        if policy is None:  # without a policy async means one flush at the end
+            never = 1 << 40
+            policy = FlushPolicy(sync=bool(sync), interval_ms=never, thorough_ms=never)
+        self.policy = policy
+        self.sync = policy.sync
+        now = time.monotonic()  # the services first run one interval from now
+        self._next_flush = now + policy.interval_ms / 1000
+        self._next_commit = now + policy.commit_interval_ms / 1000
+        self._last_thorough_flush = self._last_thorough_commit = now
         self.on_result = on_result
         self.on_commit = on_commit
         self.on_reported = on_reported
@@ -425,8 +473,32 @@ class AppendJob:
         if not chunk:
             return
         self._unreported.extend(self._append(chunk))
-        if self.sync and len(self._unreported) >= self.group_size:
-            self._close_group()
+        if self.sync:
+            if len(self._unreported) >= self.group_size:
+                self._close_group()
+        else:
+            self._tick()
+
+    def _tick(self) -> None:
+        """ASYNC_FLUSH: the broker's commit and flush services, run when they are due."""
+        policy, appender = self.policy, self.appender
+        now = time.monotonic()
+        if policy.transient and now >= self._next_commit:
+            self._next_commit = now + policy.commit_interval_ms / 1000
+            least = policy.commit_least_pages
+            if now >= self._last_thorough_commit + policy.commit_thorough_ms / 1000:
+                self._last_thorough_commit, least = now, 0
+            staged = appender.uncommitted_bytes
+            if staged and staged // _PAGE >= least:
+                appender.commit()
+        if now >= self._next_flush:
+            self._next_flush = now + policy.interval_ms / 1000
+            least = policy.least_pages
+            if now >= self._last_thorough_flush + policy.thorough_ms / 1000:
+                self._last_thorough_flush, least = now, 0
+            dirty = appender.unflushed_bytes
+            if dirty and dirty // _PAGE >= least:
+                self._close_group()
 
     def _append(self, chunk: list[Message]) -> list[AppendResult]:
         """The chunk packed by the record kernel as one batch; one message at a time when a
@@ -441,11 +513,13 @@ class AppendJob:
             return appender.append_many(chunk)
 
     def commit(self) -> None:
-        """Write what is queued; in sync mode also close the group (flush, then report). In
-        async mode the only group is closed when the input ends."""
+        """Write what is queued; in sync mode also close the group (flush, then report); in
+        async mode run the commit and flush services when they are due."""
         self._write_chunk()
         if self.sync:
             self._close_group()
+        else:
+            self._tick()
 
     def _close_group(self) -> None:
         uncommitted = self.appender.appended - self._savepoint.appended

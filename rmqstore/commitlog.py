@@ -484,6 +484,12 @@ class CommitLogAppender:
     must be all zeros (pre-allocated) and are reused. Writes go through a shared writable map
     whose disk blocks are reserved ahead with ``posix_fallocate``, so a full disk is an error
     before a byte is written rather than a SIGBUS.
+
+    With ``transient`` (the broker's transientStorePoolEnable) records are staged instead in
+    an anonymous page-aligned buffer the size of a file and written to the file with
+    ``pwrite`` by :meth:`commit` (a full disk is then a write error): what is staged and not
+    committed is not in the file, so a crash loses it, as a broker's does. ``preallocate``
+    (warmMapedFileEnable) allocates every block of a new file when it is created.
     """
 
     def __init__(
@@ -501,8 +507,14 @@ class CommitLogAppender:
         uniq_keys: UniqKeyGenerator | None = None,
         last_store_timestamp: int = 0,
         trailing_separator: bool = True,
+        transient: bool = False,
+        preallocate: bool = False,
     ) -> None:
         self.log = log
+        self.transient = transient
+        self.preallocate = preallocate
+        self._committed = 0  # transient: the staged bytes below this are in the file
+        self._flushed_offset = end_offset  # the physical offset up to which all is flushed
         self.file_size = log.file_size
         self.queue_offsets = queue_offsets
         self.store_host = store_host
@@ -566,6 +578,15 @@ class CommitLogAppender:
     def _create(self, start: int) -> Segment:
         segment = self.log.queue.create(start)
         self._created.append(segment)
+        if self.preallocate:  # warmMapedFileEnable: every block of the file, now
+            try:
+                fd = open_for_writing(segment.path)
+                try:
+                    os.posix_fallocate(fd, 0, self.file_size)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise StoreIOError(f"cannot allocate {segment.path}: {exc.strerror}") from None
         return segment
 
     def _switch_to(self, segment: Segment, position: int) -> None:
@@ -574,9 +595,16 @@ class CommitLogAppender:
         self.log.forget_maps()
         self._segment = segment
         self._segment_start = segment.start
-        self._map = map_writable(segment.path)
         self._position = position
-        self._reserved = position
+        if self.transient:
+            # staging for this file's new bytes: zero pages, allocated as they are written;
+            # nothing to reserve, commits write the file with pwrite
+            self._map = mmap.mmap(-1, self.file_size)
+            self._reserved = self.file_size
+            self._committed = position
+        else:
+            self._map = map_writable(segment.path)
+            self._reserved = position
         self._released = position - position % _PAGE  # pages below are out of this process
 
     def _release_map(self) -> None:
@@ -607,6 +635,8 @@ class CommitLogAppender:
         if self._position + BLANK_MIN_LENGTH > self._reserved:
             self._reserve(self._position + BLANK_MIN_LENGTH)
         _SIZE_AND_MAGIC.pack_into(self._map, self._position, remaining, MAGIC_BLANK)
+        if self.transient:
+            self._commit_to(self._position + BLANK_MIN_LENGTH)
         self._dirty_files.add(self._segment.path)
         self._dirty_from = -1
         self._high_water[self._segment.path] = self._position + BLANK_MIN_LENGTH
@@ -905,8 +935,9 @@ class CommitLogAppender:
     def _release_written(self) -> None:
         """Drop written pages from this process: they stay in the page cache (dirty ones are
         still written back and covered by flush), so resident memory stays flat however much
-        is appended."""
-        upto = self._position - self._position % _PAGE
+        is appended. Staged pages (transient) go only once committed to the file."""
+        written = self._committed if self.transient else self._position
+        upto = written - written % _PAGE
         if self._map is not None and upto > self._released:
             self._map.madvise(mmap.MADV_DONTNEED, self._released, upto - self._released)
             self._released = upto
@@ -938,10 +969,51 @@ class CommitLogAppender:
 
     # -- durability and rollback ---------------------------------------------------------------
 
+    @property
+    def unflushed_bytes(self) -> int:
+        """Bytes appended since the last :meth:`flush`."""
+        return self.end_offset - self._flushed_offset
+
+    @property
+    def uncommitted_bytes(self) -> int:
+        """Transient: bytes staged and not yet written to the file (0 otherwise)."""
+        return self._position - self._committed if self.transient else 0
+
+    def commit(self) -> int:
+        """Transient: write the staged bytes of the current file to it; returns how many."""
+        if not self.transient or self._segment is None:
+            return 0
+        return self._commit_to(self._position)
+
+    def _commit_to(self, end: int) -> int:
+        start = self._committed
+        if end <= start:
+            return 0
+        assert self._segment is not None and self._map is not None
+        path = self._segment.path
+        try:
+            fd = open_for_writing(path)
+            try:
+                with memoryview(self._map) as staged:
+                    done = start
+                    while done < end:
+                        done += os.pwrite(fd, staged[done:end], done)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
+        self._committed = end
+        return end - start
+
     def flush(self) -> None:
         """Force everything appended so far to disk (fdatasync of rolled files, msync of the
-        current file's dirty range), like a broker flush with leastPages 0."""
+        current file's dirty range; transient: commit, then fdatasync), like a broker flush
+        with leastPages 0."""
         try:
+            if self.transient and self._dirty_from >= 0 and self._segment is not None:
+                self.commit()
+                self._dirty_files.add(self._segment.path)
+                self._dirty_from = -1
             for path in sorted(self._dirty_files):
                 fd = open_for_writing(path)
                 try:
@@ -955,6 +1027,7 @@ class CommitLogAppender:
                 self._dirty_from = -1
         except OSError as exc:
             raise StoreIOError(f"flush failed: {exc.strerror}") from None
+        self._flushed_offset = self.end_offset
 
     def savepoint(self) -> Savepoint:
         return Savepoint(
@@ -997,6 +1070,7 @@ class CommitLogAppender:
         self.queue_offsets.update(savepoint.queue_offsets)
         self.last_store_timestamp = savepoint.last_store_timestamp
         self.appended = savepoint.appended
+        self._flushed_offset = min(self._flushed_offset, self.end_offset)
 
     def _zero(self, segment: Segment, position: int) -> None:
         """Zero what this session wrote in ``segment`` from ``position`` on."""

@@ -46,6 +46,19 @@ class StoreConfig:
     index_entries: int = DEFAULT_INDEX_ENTRIES
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
     flush_disk_type: str = "ASYNC_FLUSH"
+    # ASYNC_FLUSH: flush every flushIntervalCommitLog ms when flushCommitLogLeastPages pages
+    # are dirty, and whatever is dirty every flushCommitLogThoroughInterval ms
+    flush_interval_commitlog: int = 500
+    flush_commitlog_least_pages: int = 4
+    flush_commitlog_thorough_interval: int = 10_000
+    # transientStorePoolEnable: records staged in memory, written to the file every
+    # commitIntervalCommitLog ms (commitCommitLogLeastPages pages, all of them every
+    # commitCommitLogThoroughInterval ms)
+    transient_store_pool_enable: bool = False
+    commit_interval_commitlog: int = 200
+    commit_commitlog_least_pages: int = 4
+    commit_commitlog_thorough_interval: int = 200
+    warm_mapped_file_enable: bool = False  # new commit-log files written through at creation
     check_crc_on_recover: bool = True
     force_verify_prop_crc: bool = False
     append_prop_crc: bool = False  # 5.x enabledAppendPropCRC
@@ -164,6 +177,12 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
         ("maxHashSlotNum", "index_slots"),
         ("maxIndexNum", "index_entries"),
         ("maxMessageSize", "max_message_size"),
+        ("flushIntervalCommitLog", "flush_interval_commitlog"),
+        ("flushCommitLogLeastPages", "flush_commitlog_least_pages"),
+        ("flushCommitLogThoroughInterval", "flush_commitlog_thorough_interval"),
+        ("commitIntervalCommitLog", "commit_interval_commitlog"),
+        ("commitCommitLogLeastPages", "commit_commitlog_least_pages"),
+        ("commitCommitLogThoroughInterval", "commit_commitlog_thorough_interval"),
     ):
         if (raw := take(key)) is not None:
             values[name] = _int(raw, key)
@@ -172,6 +191,8 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
         ("forceVerifyPropCRC", "force_verify_prop_crc"),
         ("enabledAppendPropCRC", "append_prop_crc"),
         ("messageIndexEnable", "message_index_enable"),
+        ("transientStorePoolEnable", "transient_store_pool_enable"),
+        ("warmMapedFileEnable", "warm_mapped_file_enable"),
     ):
         if (raw := take(key)) is not None:
             values[name] = _bool(raw)

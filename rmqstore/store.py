@@ -348,6 +348,10 @@ class Store:
             uniq_keys=uniq_keys,
             last_store_timestamp=state.last_store_timestamp,
             trailing_separator=trailing_separator,
+            # the broker uses the pool only with ASYNC_FLUSH (isTransientStorePoolEnable)
+            transient=self.config.transient_store_pool_enable
+            and self.config.flush_disk_type == "ASYNC_FLUSH",
+            preallocate=self.config.warm_mapped_file_enable,
         )
         self.begin_write()
         return self._appender

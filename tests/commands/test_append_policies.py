@@ -1,0 +1,188 @@
+"""The broker's flush policies in ``append``: ASYNC_FLUSH's interval flushes of a pipe that
+stays open, and the transient store pool, whose staged records are not in the file until
+they are committed (so a killed writer loses them, where bytes written through the map
+survive)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig, load_broker_config
+
+from support import run_cli
+
+GEOMETRY = ["--commitlog-file-size", "65536"]
+CONFIG = StoreConfig(commitlog_file_size=65536)
+
+
+def _writer(store: Path, *options: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--input", "-", "--jsonl",
+         *GEOMETRY, *options],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _lines(count: int, size: int = 600) -> bytes:
+    return b"".join(
+        json.dumps({"topic": "T", "queueId": n % 2, "body": f"{n}-" + "x" * size}).encode() + b"\n"
+        for n in range(count)
+    )
+
+
+def _reported_within(child: subprocess.Popen, seconds: float) -> list[dict]:
+    """The acknowledgements the child prints within ``seconds`` (its input left open)."""
+    assert child.stdout is not None
+    reported: list[dict] = []
+    deadline = time.monotonic() + seconds
+    pending = b""
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([child.stdout], [], [], left)[0]:
+            break
+        chunk = os.read(child.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        reported += [json.loads(line) for line in complete]
+    return reported
+
+
+def _stored(store: Path) -> int:
+    result = run_cli("read", store, "--from-offset", "0", "--jsonl", "--body", "none", *GEOMETRY)
+    return len(result.stdout.splitlines())
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    created = run_cli("append", path, "--create", *GEOMETRY, "--topic", "T", "--body", "first")
+    assert created.exit_code == 0, created.stderr
+    return path
+
+
+def test_async_flush_reports_a_pipe_that_stays_open_interval_by_interval(store: Path) -> None:
+    child = _writer(store, "--flush", "async", "--flush-interval", "100")
+    assert child.stdin is not None
+    child.stdin.write(_lines(50))
+    child.stdin.flush()
+    reported = _reported_within(child, 3)  # the input is still open: no end-of-input flush
+    assert len(reported) == 50
+    child.stdin.close()
+    assert child.wait(timeout=30) == 0
+
+
+def test_least_pages_hold_a_small_tail_until_the_thorough_flush(store: Path) -> None:
+    child = _writer(
+        store, "--flush-interval", "50", "--flush-least-pages", "1000",
+        "--flush-thorough-interval", "1500",
+    )  # fmt: skip
+    assert child.stdin is not None
+    child.stdin.write(_lines(10))
+    child.stdin.flush()
+    assert _reported_within(child, 0.7) == []  # 10 records are far below 1000 pages
+    assert len(_reported_within(child, 3)) == 10  # the thorough flush takes them
+    child.stdin.close()
+    assert child.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize(
+    "options, survive",
+    [
+        ([], True),  # written through the map: in the page cache, a killed process keeps them
+        (["--transient-store-pool", "--commit-interval", "60000"], False),  # staged only
+        (["--transient-store-pool", "--commit-interval", "50"], True),  # committed
+    ],
+)
+def test_what_a_killed_writer_leaves_depends_on_where_records_are(
+    store: Path, options: list[str], survive: bool
+) -> None:
+    before = _stored(store)
+    child = _writer(store, "--flush-interval", "60000", "--flush-thorough-interval", "60000",
+                    *options)  # fmt: skip
+    assert child.stdin is not None
+    child.stdin.write(_lines(40))
+    child.stdin.flush()
+    assert _reported_within(child, 1.0) == []  # nothing is flushed, so nothing is reported
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    recovered = run_cli("recover", store, "--yes", *GEOMETRY)
+    assert recovered.exit_code == 0, recovered.stderr
+    assert _stored(store) == before + (40 if survive else 0)
+
+
+def test_the_transient_pool_goes_with_async_flush_only(store: Path) -> None:
+    refused = run_cli(
+        "append", store, "--topic", "T", "--body", "x", "--flush", "sync", "--transient-store-pool"
+    )
+    assert refused.exit_code == 2 and "ASYNC_FLUSH" in refused.stderr
+
+
+def test_a_transient_append_writes_what_a_mapped_one_writes(tmp_path: Path) -> None:
+    lines = _lines(300, size=900).decode()  # rolls over several 64 KiB files
+    digests = []
+    for name, options in (("mapped", []), ("transient", ["--transient-store-pool"])):
+        path = tmp_path / name
+        done = run_cli("append", path, "--create", "--input", "-", "--no-uniq-key", "--dispatch",
+                       *GEOMETRY,
+                       *options, input=lines)  # fmt: skip
+        assert done.exit_code == 0, done.stderr
+        files = sorted((path / "commitlog").iterdir())
+        assert len(files) > 3
+        reads = run_cli("read", path, "--from-offset", "0", "--jsonl", "--body", "base64")
+        clocks = ("storeTimestamp", "bornTimestamp")
+        digests.append([
+            {k: v for k, v in json.loads(line).items() if k not in clocks}
+            for line in reads.stdout.splitlines()
+        ])  # fmt: skip
+        assert run_cli("verify", path, *GEOMETRY).exit_code == 0
+    assert digests[0] == digests[1] and len(digests[0]) == 300
+
+
+def test_the_broker_config_names_the_policy(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(
+        "flushDiskType=ASYNC_FLUSH\nflushIntervalCommitLog=250\nflushCommitLogLeastPages=8\n"
+        "flushCommitLogThoroughInterval=5000\ntransientStorePoolEnable=true\n"
+        "commitIntervalCommitLog=100\ncommitCommitLogLeastPages=2\n"
+        "commitCommitLogThoroughInterval=400\nwarmMapedFileEnable=true\n"
+    )
+    config = load_broker_config(conf)
+    assert (
+        config.flush_interval_commitlog,
+        config.flush_commitlog_least_pages,
+        config.flush_commitlog_thorough_interval,
+        config.transient_store_pool_enable,
+        config.commit_interval_commitlog,
+        config.commit_commitlog_least_pages,
+        config.commit_commitlog_thorough_interval,
+        config.warm_mapped_file_enable,
+    ) == (250, 8, 5000, True, 100, 2, 400, True)
+    store = tmp_path / "store"
+    done = run_cli("append", store, "--create", "--broker-config", conf, "--topic", "T",
+                   "--body", "x", *GEOMETRY)  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    (commitlog,) = (store / "commitlog").iterdir()
+    assert os.stat(commitlog).st_blocks * 512 >= 65536  # warmed: every block allocated
+
+
+def test_new_files_are_sparse_unless_preallocated(tmp_path: Path) -> None:
+    sizes = {}
+    for name, options in (("sparse", []), ("warm", ["--preallocate"])):
+        store = tmp_path / name
+        done = run_cli("append", store, "--create", "--topic", "T", "--body", "x", *options)
+        assert done.exit_code == 0, done.stderr
+        (commitlog,) = (store / "commitlog").iterdir()
+        sizes[name] = os.stat(commitlog).st_blocks * 512
+    assert sizes["sparse"] <= 64 * 1024 * 1024 < sizes["warm"]  # of a 1 GiB file
