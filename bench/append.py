@@ -68,6 +68,58 @@ def engine_append_batch(workdir, count: int) -> float:  # type: ignore[no-untype
     return inside
 
 
+def _disk_used(store) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of disk blocks a store's files take (sparse files count what is allocated)."""
+    return sum(p.stat().st_blocks * 512 for p in store.rglob("*") if p.is_file())
+
+
+def _log_bytes(store) -> int:  # type: ignore[no-untyped-def]
+    """The bytes of records in a store: the commit log's data (and its queues and index)."""
+    from rmqstore.store import Store
+
+    with Store.open_read(store) as opened:
+        log = opened.commitlog.data_extent() - opened.commitlog.min_offset
+    return log
+
+
+def _sync_pipe(store, count: int) -> tuple[int, float, int]:  # type: ignore[no-untyped-def]
+    """A producer that writes one JSON line and waits for its acknowledgement, ``count``
+    times, into ``append --flush sync``: (acknowledged, seconds, record size)."""
+    created = subprocess.run(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--create", "--topic", TOPIC,
+         "--body", "x"], capture_output=True, check=True,
+    )  # fmt: skip
+    del created
+    child = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--input", "-", "--flush",
+         "sync", "--jsonl"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+    line = (json.dumps({"topic": TOPIC, "tags": "TagA", "body": BODY.decode()}) + "\n").encode()
+    size = 0
+    with timed() as clock:
+        for _ in range(count):
+            child.stdin.write(line)
+            child.stdin.flush()
+            size = json.loads(child.stdout.readline())["storeSize"]
+    child.stdin.close()
+    child.wait()
+    return count, clock.seconds, size
+
+
+def _dd_dsync_per_s(workdir, size: int, count: int) -> float:  # type: ignore[no-untyped-def]
+    """``dd oflag=dsync``: ``count`` synchronous writes of ``size`` bytes, per second."""
+    target = workdir / "dd-dsync.out"
+    with timed() as clock:
+        subprocess.run(
+            ["dd", "if=/dev/zero", f"of={target}", f"bs={size}", f"count={count}",
+             "oflag=dsync"], check=True, capture_output=True,
+        )  # fmt: skip
+    target.unlink()
+    return count / clock.seconds
+
+
 def main() -> None:
     options = arguments(__doc__).parse_args()
     workdir, count = options.workdir, options.messages
@@ -107,29 +159,41 @@ def main() -> None:
             for index in range(count):
                 handle.write(line[:-1] + f', "queueId": {index & 3}}}\n')
     cli_store = workdir / f"cli-{count}"
+    for label, options in (
+        ("CLI append --input FILE --jsonl (process)", []),
+        ("  the same through the transient store pool", ["--transient-store-pool"]),
+    ):
+        subprocess.run(["rm", "-rf", str(cli_store)], check=True)
+        with timed() as clock, open("/dev/null", "w") as sink:
+            subprocess.run(
+                [sys.executable, "-m", "rmqstore", "append", str(cli_store), "--create",
+                 "--input", str(lines), "--jsonl", *options],
+                check=True,
+                stdout=sink,
+            )  # fmt: skip
+        row(label, f"{count / clock.seconds:,.0f} msg/s", f"{clock.seconds:.2f} s incl. start-up")
+        if not options:
+            held = sum(p.stat().st_size for p in (cli_store / "commitlog").iterdir())
+            used = _disk_used(cli_store)
+            data = _log_bytes(cli_store)
+            row(
+                "  disk used by the new store / bytes it holds",
+                f"{used / data:.2f}x",
+                f"{used / 1e6:.0f} MB on disk for {data / 1e6:.0f} MB of records "
+                f"({held / 1e9:.1f} GB of files)",
+            )
     subprocess.run(["rm", "-rf", str(cli_store)], check=True)
-    with timed() as clock, open("/dev/null", "w") as sink:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rmqstore",
-                "append",
-                str(cli_store),
-                "--create",
-                "--input",
-                str(lines),
-                "--jsonl",
-            ],
-            check=True,
-            stdout=sink,
-        )
+
+    sync_store = workdir / "sync-pipe"
+    subprocess.run(["rm", "-rf", str(sync_store)], check=True)
+    acknowledged, seconds, record = _sync_pipe(sync_store, 2000)
     row(
-        "CLI append --input FILE --jsonl (process)",
-        f"{count / clock.seconds:,.0f} msg/s",
-        f"{clock.seconds:.2f} s incl. start-up",
+        "append --flush sync, one line at a time through a pipe (waits for each ack)",
+        f"{acknowledged / seconds:,.0f} msg/s  {acknowledged / seconds:,.0f} fsyncs/s",
+        f"dd oflag=dsync of {record}-byte writes: {_dd_dsync_per_s(workdir, record, 2000):,.0f}"
+        " writes/s",
     )
-    subprocess.run(["rm", "-rf", str(cli_store)], check=True)
+    subprocess.run(["rm", "-rf", str(sync_store)], check=True)
 
     row(
         "baseline: dd write + fdatasync (same bytes)",

@@ -78,6 +78,7 @@ from rmqstore.segments import (
     file_reader,
     map_writable,
     open_for_writing,
+    release_range,
     sync_directory,
 )
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
@@ -1086,3 +1087,10 @@ class CommitLogAppender:
     def close(self) -> None:
         self.flush()
         self._release_map()
+        segment = self._segment
+        if segment is not None and segment in self._created and not self.preallocate:
+            # the blocks reserved ahead of the end and never written go back to the disk
+            # (only in files this appender created: a broker's warmed file stays as it is)
+            start = -(-self._position // _PAGE) * _PAGE
+            if self._reserved > start:
+                release_range(segment.path, start, self._reserved - start)

@@ -254,6 +254,32 @@ def reserve_range(path: Path, start: int, length: int) -> None:
         os.close(fd)
 
 
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def release_range(path: Path, start: int, length: int) -> bool:
+    """Give back the disk blocks of ``[start, start + length)`` of ``path`` (which must hold
+    only zeros: blocks reserved and never written), keeping the file's size, so a store uses
+    about the disk its records take. Best effort: False where the file system cannot."""
+    if length <= 0:
+        return True
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+    except (OSError, AttributeError):
+        return False
+    fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    fd = open_for_writing(path)
+    try:
+        mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+        return fallocate(fd, mode, start, length) == 0
+    finally:
+        os.close(fd)
+
+
 def reserve_blocks(path: Path, size: int) -> None:
     """Allocate disk blocks for the first ``size`` bytes of ``path`` before writing there
     through a map: a write into a hole of a sparse file on a full disk would otherwise kill
