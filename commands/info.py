@@ -39,6 +39,12 @@ from rmqstore.summary import summarize, topic_status
     help="Only the status of these topics' queues (like mqadmin topicStatus): min and max "
     "offsets and the store time of each queue's last message, without reading the log.",
 )
+@click.option(
+    "--deep",
+    is_flag=True,
+    help="Count every record of the commit log (messages, and each queue's records that no "
+    "consume queue holds: PREPARED and ROLLBACK); without it only the log's tail is read.",
+)
 @store_config_options
 @json_option
 @progress_option
@@ -50,19 +56,24 @@ from rmqstore.summary import summarize, topic_status
 def command(
     store: Path,
     topics: tuple[str, ...],
+    deep: bool,
     config: StoreConfig,
     as_json: bool,
     no_progress: bool,
     delimited: tuple[str, list[str]] | None,
 ) -> int:
-    """Summarise a store on one screen.
+    """Summarise a store on one screen, reading only the end of its commit log.
 
     Commit-log files and offset range, topics and queues with their offsets, consume queues
     with the broker's min/max offsets, index, dispatch lag (records in the commit log not yet
     in consume queues), checkpoint values, abort and lock state. Reads only; works on a store
-    a broker holds (with a warning).
+    a broker holds (with a warning). Without --deep the log is read from where the consume
+    queues end (and its last files, for the valid end as a broker's recovery finds it), so a
+    store of any size answers at once; a queue's messages are then its consume queue's units
+    plus the records after them. --deep reads every record: the log's message count and each
+    queue's records no consume queue holds (notQueued), null without it.
 
-    JSON fields: store, kernel (native or python: which record kernel ran), locked (a
+    JSON fields: store, kernel (native or python: which record kernel ran), deep, locked (a
     boolean), lockHolder (null, "another process" or "this process"), abort,
     checkpoint{physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp, masterFlushedOffset,
     confirmPhyOffset, minTimestamp, minTimestampIndex}, geometry{...}, commitLog{files,
@@ -91,7 +102,7 @@ def command(
             return 0
         total = opened.commitlog.data_extent() - opened.commitlog.min_offset
         with progress_bar("scanning commit log", total, not no_progress) as update:
-            summary = summarize(opened, update)
+            summary = summarize(opened, update, deep=deep)
     if delimited:
         _queue_rows(summary["topics"], delimited)
     elif as_json:
@@ -133,7 +144,10 @@ def _render(summary: dict[str, Any]) -> None:
         f"{' .. ' + log['lastFile'] if log['files'] > 1 else ''}",
     )
     overview.add_row("offsets", f"{log['minOffset']:,} .. {log['maxOffset']:,}")
-    overview.add_row("messages", f"{log['messages']:,}")
+    overview.add_row(
+        "messages",
+        f"{log['messages']:,}" if log["messages"] is not None else "(counted with --deep)",
+    )
     overview.add_row(
         "store times",
         f"{format_millis(log['firstStoreTimestamp'])} .. "
@@ -171,7 +185,12 @@ def _render(summary: dict[str, Any]) -> None:
     console.print(overview)
     if summary["consumeQueues"]:
         _consume_queue_table(summary["consumeQueues"])
-    queues = Grid(title="topics and queues (from the commit log)", title_justify="left")
+    source = (
+        "every record of the commit log"
+        if summary["deep"]
+        else "consume queues and the records after them; --deep reads every record"
+    )
+    queues = Grid(title=f"topics and queues ({source})", title_justify="left")
     for name, justify in (
         ("topic", "left"),
         ("queue", "right"),

@@ -9,7 +9,7 @@ from typing import Any
 
 from rmqstore import kernel
 from rmqstore.consumequeue import QueueTip, list_queues
-from rmqstore.errors import NotFoundError
+from rmqstore.errors import NotFoundError, RmqStoreError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
@@ -18,6 +18,7 @@ from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
+    BodyMode,
     ScanStop,
 )
 from rmqstore.store import Store
@@ -190,51 +191,72 @@ class _SummaryWalk:
 _NOT_QUEUED = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
 
 
-def summarize(store: Store, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def summarize(
+    store: Store, progress: Callable[[int], None] | None = None, *, deep: bool = False
+) -> dict[str, Any]:
     """Files, offsets, topics/queues, consume queues, index, dispatch lag, checkpoint and
-    abort/lock state of ``store``."""
+    abort/lock state of ``store``.
+
+    By default without reading the whole log: the valid end as a broker's recovery finds it
+    (its last files), the consume queues' offsets, and a walk of only the records after the
+    point where the consume queues end. ``deep`` counts every record of the log instead
+    (``messages`` and each queue's ``notQueued``, which the quick summary leaves null)."""
     log = store.commitlog
     checkpoint = store.checkpoint()
     consume_queues, cursor, tips = consume_queue_table(store)
     queue_minima = {(q["topic"], q["queueId"]): q["minOffset"] for q in consume_queues}
+    units = {(q["topic"], q["queueId"]): q["maxOffset"] - q["minOffset"] for q in consume_queues}
     index = index_summary(store)
     dispatch_from = max(cursor, log.min_offset)
-    behind_records = 0
+    segments = log.segments
+    if not deep and not _record_ends_at(store, dispatch_from):
+        deep = True  # the consume queues end where no record does: count it all
+    walk_from = log.min_offset if deep else dispatch_from
     queues: dict[tuple[str, int], _QueueStats] = {}
-    scan = log.scan()
+    scan = log.scan(walk_from)
     walk = _SummaryWalk(queues, tips, dispatch_from)
     for window, _window_start, rows, count in scan.batches():
         walk.batch(window, rows, count)
         if progress is not None:
-            progress(walk.last_offset - log.min_offset)
-    records, behind_records = walk.records, walk.behind_records
-    first_time, last_time = walk.first_time, walk.last_time
-    segments = log.segments
+            progress(walk.last_offset - walk_from)
+    stopped = scan
+    end_offset = scan.end_offset
+    last_time = walk.last_time if walk.records else _newest_queued_time(store, end_offset)
+    first_segment = segments[0] if segments else None
     data_after_end = [
         segment.name
         for segment in segments
-        if scan.segment is not None
-        and segment.start > scan.segment.start
+        if stopped.segment is not None
+        and segment.start > stopped.segment.start
         and log.first_record_store_timestamp(segment) is not None
     ]
-    end_state = "clean" if scan.stop in (ScanStop.END, ScanStop.BLANK, None) else "invalid"
+    end_state = "clean" if stopped.stop in (ScanStop.END, ScanStop.BLANK, None) else "invalid"
     topics: dict[str, list[dict[str, Any]]] = {}
-    for (topic, queue_id), stats in sorted(queues.items()):
+    keys = set(queues) | (set() if deep else set(queue_minima))
+    for topic, queue_id in sorted(keys):
+        stats = queues.get((topic, queue_id)) or _QueueStats()
         tip = tips.get((topic, queue_id))
         minimum = queue_minima.get((topic, queue_id), stats.min_offset)
+        minimum = minimum if minimum is not None else 0
+        maximum = tip.max_offset if tip is not None else 0
         topics.setdefault(topic, []).append(
             {
                 "queueId": queue_id,
-                "messages": stats.messages,
-                "minOffset": minimum if minimum is not None else 0,
-                "maxOffset": tip.max_offset if tip is not None else 0,
-                "notQueued": stats.not_queued,
+                # deep: every record of the queue in the log; quick: the consume queue's
+                # units and the records after the point where the consume queues end
+                "messages": stats.messages
+                if deep
+                else stats.messages + units.get((topic, queue_id), 0),
+                "minOffset": minimum,
+                "maxOffset": maximum,
+                "notQueued": stats.not_queued if deep else None,
             }
         )
     config = store.config
     return {
         "store": str(store.root),
         "kernel": kernel.NAME,
+        "deep": deep,
         # a boolean beside abort's; lockHolder says who when it is held
         "locked": (lock := store.lock_state()) is not LockState.FREE,
         "lockHolder": {
@@ -257,12 +279,16 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
             "firstFile": segments[0].name if segments else None,
             "lastFile": segments[-1].name if segments else None,
             "minOffset": log.min_offset,
-            "maxOffset": scan.end_offset if segments else 0,
-            "messages": records,
-            "firstStoreTimestamp": first_time,
+            "maxOffset": end_offset if segments else 0,
+            "messages": walk.records if deep else None,
+            "firstStoreTimestamp": walk.first_time
+            if deep
+            else (log.first_record_store_timestamp(first_segment) or 0)
+            if first_segment is not None
+            else 0,
             "lastStoreTimestamp": last_time,
             "end": end_state,
-            "endError": str(scan.error) if scan.error else None,
+            "endError": str(stopped.error) if stopped.error else None,
             "filesWithDataAfterEnd": data_after_end,
         },
         "topics": [{"topic": topic, "queues": items} for topic, items in topics.items()],
@@ -270,10 +296,42 @@ def summarize(store: Store, progress: Callable[[int], None] | None = None) -> di
         "index": index,
         "dispatch": {
             "cursor": dispatch_from,
-            "behindBytes": max(0, scan.end_offset - dispatch_from) if segments else 0,
-            "behindRecords": behind_records,
+            "behindBytes": max(0, end_offset - dispatch_from) if segments else 0,
+            "behindRecords": walk.behind_records,
         },
     }
+
+
+def _record_ends_at(store: Store, offset: int) -> bool:
+    """Whether ``offset`` is the log's first offset or the end of the record the consume
+    queues point to last (so a walk of the log's tail can start there)."""
+    log = store.commitlog
+    if offset <= log.min_offset:
+        return True
+    for topic, queue_id in list_queues(store.consumequeue_dir):
+        queue = store.consume_queue(topic, queue_id)
+        if queue.max_physical_offset != offset or queue.max_offset <= queue.min_offset:
+            continue
+        unit = queue.read_unit(queue.max_offset - 1)
+        try:
+            record = log.read(unit.physical_offset, body=BodyMode.SKIP)
+        except RmqStoreError:
+            return False
+        return record.store_size == unit.size and unit.physical_offset + unit.size == offset
+    return False
+
+
+def _newest_queued_time(store: Store, end: int) -> int:
+    """The store time of the newest record a consume queue points to (0 when none): each
+    queue's last unit, read where it points."""
+    log = store.commitlog
+    newest = 0
+    for topic, queue_id in list_queues(store.consumequeue_dir):
+        queue = store.consume_queue(topic, queue_id)
+        if queue.max_offset > queue.min_offset:
+            unit = queue.read_unit(queue.max_offset - 1)
+            newest = max(newest, log.store_timestamp_at(unit.physical_offset, unit.size, end))
+    return newest
 
 
 # settings under the names the geometry above uses; the others in camelCase
