@@ -285,7 +285,11 @@ def _render(result: DispatchResult, quarantine: str | None) -> None:
         f"{result.units_written:,} written, "
         f"{result.units_skipped:,} already there, {result.queues_touched} queues",
     )
-    table.add_row("index", f"{result.index_entries:,} entries for {result.index_records:,} records")
+    table.add_row(
+        "index",
+        f"{counted(result.index_entries, 'entry', 'entries')} for "
+        f"{counted(result.index_records, 'record')}",
+    )
     if quarantine:
         table.add_row("old files", f"moved to {quarantine}")
     if result.stopped_by:

@@ -16,7 +16,7 @@ from rmqstore.commands.options import (
     store_config_options,
     store_location_argument,
 )
-from rmqstore.commands.output import Grid, console, emit_json, progress_bar
+from rmqstore.commands.output import Grid, console, counted, emit_json, progress_bar
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
@@ -106,7 +106,7 @@ def _render(result: ExportResult) -> None:
     table = Grid(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("exported", f"{result.messages:,} messages as {result.format}")
+    table.add_row("exported", f"{counted(result.messages, 'message')} as {result.format}")
     table.add_row("to", result.destination)
     if result.files:
         table.add_row("files", f"{len(result.files)} part files ({result.files[0]}, ...)")

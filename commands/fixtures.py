@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from rmqstore.commands.options import jobs_option, json_option, progress_option
-from rmqstore.commands.output import Grid, console, emit_json, note, progress_bar
+from rmqstore.commands.output import Grid, console, counted, emit_json, note, progress_bar
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
 from rmqstore.verify.findings import where_text
 
@@ -168,7 +168,8 @@ def generate_command(
     else:
         geometry = manifest["geometry"]
         note(
-            f"wrote scenario {scenario} (seed {seed}, {manifest['messageCount']:,} messages) "
+            f"wrote scenario {scenario} (seed {seed}, "
+            f"{counted(manifest['messageCount'], 'message')}) "
             f"to {out}; geometry: --commitlog-file-size {geometry['commitLogFileSize']} "
             f"--consumequeue-file-size {geometry['consumeQueueFileSize']} --index-slots "
             f"{geometry['indexHashSlots']} --index-entries {geometry['indexEntries']}"
@@ -199,7 +200,7 @@ def describe_command(scenario: str, out: Path, as_json: bool) -> int:
         return 0
     console.print(f"[bold]{manifest['scenario']}[/bold]: {manifest['description']}")
     console.print(
-        f"seed {manifest['seed']}, {manifest['messageCount']:,} messages, log "
+        f"seed {manifest['seed']}, {counted(manifest['messageCount'], 'message')}, log "
         f"{manifest['commitLog']['minOffset']:,} .. "
         f"{manifest['commitLog']['maxOffset']:,}"
     )

@@ -189,7 +189,7 @@ def _render(result: RecoveryResult, abort_removed: bool) -> None:
         f"{plan.queues_truncated} truncated ({plan.units_removed:,} units); "
         f"{result.dispatch.units_written:,} units dispatched",
     )
-    table.add_row("index", f"{result.dispatch.index_entries:,} entries added")
+    table.add_row("index", f"{counted(result.dispatch.index_entries, 'entry', 'entries')} added")
     if result.quarantine:
         table.add_row("quarantine", str(result.quarantine))
     table.add_row(

@@ -20,6 +20,7 @@ from rmqstore.commands.output import (
     DelimitedWriter,
     Grid,
     console,
+    counted,
     delimited_options,
     emit_json,
     format_millis,
@@ -95,7 +96,9 @@ def command(
 
 def _render(stats: StoreStats) -> None:
     document = stats.to_dict()
-    queues = Grid(title=f"{document['messages']:,} messages, {document['bytes']:,} bytes")
+    queues = Grid(
+        title=f"{counted(document['messages'], 'message')}, {counted(document['bytes'], 'byte')}"
+    )
     queues.add_column("topic", wrap=True)
     queues.add_column("queue", justify="right")
     queues.add_column("messages", justify="right")

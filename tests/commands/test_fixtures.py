@@ -48,7 +48,7 @@ def test_clean_fixture_is_usable_by_every_command(tmp_path: Path) -> None:
     out = tmp_path / "store"
     assert run_cli("fixtures", "generate", "multi", out, "--messages", "300").exit_code == 0
     assert run_cli("verify", out).exit_code == 0
-    info = json.loads(run_cli("info", out, "--json").stdout)
+    info = json.loads(run_cli("info", out, "--deep", "--json").stdout)
     assert (
         info["commitLog"]["messages"]
         == json.loads((out / "fixture.json").read_text())["messageCount"]
