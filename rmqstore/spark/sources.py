@@ -3,11 +3,13 @@
 ``rocketmq-commitlog``: one row per message (:data:`~rmqstore.pipeline.rows.COMMITLOG_COLUMNS`).
 Partitions are byte ranges of the commit-log files (``splitSize``, default 32 MiB; see
 :mod:`rmqstore.pipeline.ranges`): a range starting inside a file begins at its next record, and
-damaged regions of completed files are skipped. The last file holding data is read as one
-partition, so that its first invalid record ends the log as recovery sees it, unless
-``fileBounds`` (from a ``summary=files`` read, as the rmqstore jobs do) says where each file's
-records end. ``read()`` yields Arrow record batches. With ``summary=files`` it yields one row
-per range instead (:data:`~rmqstore.pipeline.ranges.SUMMARY_FIELDS`).
+damaged regions of completed files are skipped. The last file holding data is split too: the
+driver first finds where its records end (one scan of that file, as the rmqstore jobs' walk
+finds it), so its first invalid record still ends the log as recovery sees it; ``fileBounds``
+(from a ``summary=files`` read) gives every file's end instead. Ranges of small files are
+coalesced, up to ``splitSize`` bytes a partition. ``read()`` yields Arrow record batches.
+With ``summary=files`` it yields one row per range instead, a range a partition
+(:data:`~rmqstore.pipeline.ranges.SUMMARY_FIELDS`).
 
 ``rocketmq-consumequeue``: one row per consume-queue unit, one partition per queue.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -96,20 +98,41 @@ class CommitLogReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         self.location.check_store()
+        bounds, rows = self.bounds, self.rows
+        if not self.summary and bounds is None and self.split > 0:
+            bounds = self._bounds_with_last_end()
+            rows = replace(rows, resync_last=True)
         ranges = plan_ranges(
             self.location,
             self.split,
-            split_last=self.summary or self.bounds is not None,
-            bounds=self.bounds,
+            split_last=self.summary or bounds is not None,
+            bounds=bounds,
             margin=self.margin,
         )
-        return [InputPartition(part) for part in ranges]
+        if self.summary:
+            return [InputPartition(([part], rows)) for part in ranges]
+        return [InputPartition((group, rows)) for group in coalesce(ranges, self.split)]
+
+    def _bounds_with_last_end(self) -> dict[str, int] | None:
+        """Every file's end: completed files whole, the last file where its records end (a
+        scan of that file here, on the driver). None when the log holds no data."""
+        whole = plan_ranges(self.location, 0, split_last=False, margin=self.margin)
+        if not whole:
+            return None
+        last = whole[-1]
+        summary = summarize_range(self.location, last, check_crc=False, delay_levels=DelayLevels())
+        bounds = {part.name: part.file_size for part in whole[:-1]}
+        bounds[last.name] = summary.end if summary.end is not None else last.stop
+        return bounds
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        part: FileRange = partition.value
+        parts: list[FileRange]
+        parts, rows = partition.value
         if not self.summary:
-            yield from message_batches(self.location, part, self.rows)
+            for part in parts:
+                yield from message_batches(self.location, part, rows)
             return
+        (part,) = parts
         levels = self.rows.delay_levels
         summary = summarize_range(
             self.location,
@@ -118,6 +141,22 @@ class CommitLogReader(DataSourceReader):
             delay_levels=DelayLevels(levels) if levels else DelayLevels(),
         )
         yield astuple(summary)
+
+
+def coalesce(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
+    """Consecutive ranges grouped into partitions of at most ``split`` bytes (a range larger
+    than that alone), so a log of many small files is not a task per file."""
+    groups: list[list[FileRange]] = []
+    size = 0
+    for part in ranges:
+        length = part.stop - part.start
+        if groups and split > 0 and size + length <= split:
+            groups[-1].append(part)
+            size += length
+        else:
+            groups.append([part])
+            size = length
+    return groups
 
 
 class CommitLogDataSource(DataSource):

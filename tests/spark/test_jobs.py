@@ -14,7 +14,7 @@ import pytest
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
-from rmqstore.fixtures import generate
+from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
 from rmqstore.spark.jobs import SparkPipeline
 from rmqstore.store import Store
@@ -89,6 +89,35 @@ def test_a_torn_tail_is_not_read_as_messages(spark: Any, oracle) -> None:
     frame = spark.read.format("rocketmq-commitlog").load(str(crash.root / "store_torn_half_record"))
     last = frame.orderBy("commitLogOffset", ascending=False).first()
     assert last.commitLogOffset + last.storeSize == crash.manifest["lastValidEnd"]
+
+
+def test_the_source_splits_the_last_file_and_coalesces_small_ones(
+    spark: Any, oracle, tmp_path: Path
+) -> None:
+    """A load() parallelises by splitSize over every file, the last (pre-allocated, 1 GiB)
+    one included, and gathers small files into partitions of up to splitSize."""
+    one_file = tmp_path / "one-file"
+    generate("large", one_file, FixtureOptions(messages=20_000))
+    frame = spark.read.format("rocketmq-commitlog").option("splitSize", str(1 << 20))
+    loaded = frame.load(str(one_file))
+    assert loaded.rdd.getNumPartitions() >= 5  # 5.6 MB of records in one 1 GiB file
+    offsets = [row.commitLogOffset for row in loaded.select("commitLogOffset").collect()]
+    with Store.open_read(one_file) as store:
+        expected = [offset for offset, *_ in store.commitlog.scan()]
+    assert sorted(offsets) == expected  # each record once, none from the zeros
+    small = oracle("s1_multi").store  # 30 files of 64 KiB
+    files = len(list((small / "commitlog").iterdir()))
+    split = 4 * 65536
+    coalesced = spark.read.format("rocketmq-commitlog").option("splitSize", str(split))
+    frame = coalesced.load(str(small))
+    assert frame.rdd.getNumPartitions() <= files // 4 + 1
+    assert frame.count() == 3002  # every message of the broker's store
+    torn = oracle("s2_crash")
+    cut = spark.read.format("rocketmq-commitlog").option("splitSize", "20000")
+    last = cut.load(str(torn.root / "store_torn_half_record"))
+    assert last.rdd.getNumPartitions() > 1
+    newest = last.orderBy("commitLogOffset", ascending=False).first()
+    assert newest.commitLogOffset + newest.storeSize == torn.manifest["lastValidEnd"]
 
 
 def test_consumequeue_source(spark: Any, stores: Path) -> None:
