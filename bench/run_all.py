@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["kernel.py", "append.py", "scan.py", "dispatch.py", "verify.py", "spark.py"]
+SCRIPTS = [
+    "kernel.py",
+    "append.py",
+    "scan.py",
+    "dispatch.py",
+    "verify.py",
+    "replicate.py",
+    "spark.py",
+]
 
 if __name__ == "__main__":
     for script in SCRIPTS:

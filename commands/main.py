@@ -159,6 +159,7 @@ _COMMAND_MODULES = (
     "dispatch",
     "recover",
     "flush",
+    "replicate",
     "export",
     "stats",
     "fixtures",

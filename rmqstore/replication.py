@@ -1,0 +1,300 @@
+"""Incremental, byte-identical copies of a store's commit log (``rmqstore replicate``).
+
+A replica's commit log is SOURCE's, byte for byte, up to the copied end: the same files and
+names, records, BLANKs and the bytes after them. Only whole, CRC-valid records are copied
+(SOURCE may be a store a live broker is writing), file by file, from where DEST's valid end
+is: a second run copies only what is new. DEST's consume queues and index are then
+dispatched from the copied records, as a slave's reput does, and its checkpoint updated, so
+DEST is a sound store after every round.
+
+Before a byte is written DEST must be a prefix of SOURCE: its valid end inside SOURCE's
+files, the bytes of its last 64 MiB before that end equal to SOURCE's, and any bytes after
+that end (a copy a kill interrupted) equal to SOURCE's at the same offsets. Otherwise nothing
+changes and :class:`NotAPrefixError` says where they differ.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rmqstore.checkpoint import Checkpoint, write_checkpoint
+from rmqstore.config import StoreConfig
+from rmqstore.dispatch import Dispatcher
+from rmqstore.errors import InputError, StoreFormatError, StoreIOError
+from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, TOTAL_SIZE
+from rmqstore.record import BLANK_MIN_LENGTH, RegionScan, ScanStop
+from rmqstore.segments import Segment, fsync_directory, nonzero_extent, open_for_writing
+from rmqstore.store import Store
+from rmqstore.windows import FileWindows
+
+_COMPARED = 64 * 1024 * 1024  # how much of DEST before its end is compared with SOURCE
+_CHUNK = 8 * 1024 * 1024  # bytes read and written at a time
+
+
+class NotAPrefixError(InputError):
+    """DEST holds bytes SOURCE does not have at the same offsets: it is not a copy of it."""
+
+
+@dataclass
+class ReplicationRound:
+    """What one round copied and dispatched."""
+
+    from_offset: int
+    to_offset: int
+    source_end: int  # where SOURCE's whole records end (or --until)
+    bytes_copied: int = 0
+    files_created: list[str] = field(default_factory=list)
+    records_dispatched: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fromOffset": self.from_offset,
+            "toOffset": self.to_offset,
+            "sourceEnd": self.source_end,
+            "bytesCopied": self.bytes_copied,
+            "filesCreated": self.files_created,
+            "recordsDispatched": self.records_dispatched,
+        }
+
+
+def source_geometry(source: Path, config: StoreConfig) -> StoreConfig:
+    """The configuration to open DEST with: SOURCE's geometry (commit-log and consume-queue
+    file sizes, index slots and entries: a replica's files must be the same), and whatever
+    else was given."""
+    with Store.open_read(source, config) as opened:
+        resolved = opened.config
+        return config.with_overrides(
+            commitlog_file_size=opened.commitlog_file_size,
+            consumequeue_file_size=opened.consumequeue_file_size,
+            index_slots=resolved.index_slots,
+            index_entries=resolved.index_entries,
+        )
+
+
+def replicate_round(
+    source: Path,
+    dest: Store,
+    config: StoreConfig,
+    *,
+    until: int | None = None,
+    dest_end: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ReplicationRound:
+    """Copy SOURCE's whole records after DEST's end (``dest_end``, else DEST's valid end,
+    checked to be a prefix of SOURCE first), up to ``until``; then dispatch them in DEST."""
+    with Store.open_read(source, config) as opened:
+        log = opened.commitlog
+        if log.file_size != dest.commitlog_file_size:
+            raise InputError(
+                f"SOURCE's commit-log files are {log.file_size} bytes and DEST's "
+                f"{dest.commitlog_file_size}: a replica needs the same size"
+            )
+        segments = list(log.segments)
+        if dest_end is None:
+            dest_end = _check_prefix(opened, dest)
+        start = dest_end if dest.commitlog.segments else (segments[0].start if segments else 0)
+        outcome = ReplicationRound(start, start, start)
+        position = start
+        for segment in segments:
+            if segment.start + log.file_size <= position:
+                continue
+            if segment.start > position:
+                raise StoreFormatError(
+                    f"SOURCE has no commit-log file at {position} (its next file starts at "
+                    f"{segment.start}): the log has a gap"
+                )
+            end, complete = _whole_records_end(segment, position - segment.start, until)
+            if end > position - segment.start or complete:
+                _copy(segment, position - segment.start, end, dest, outcome)
+            position = segment.start + end if not complete else segment.start + log.file_size
+            if progress is not None:
+                progress(position - start)
+            if not complete:
+                break
+        outcome.source_end = position
+    outcome.to_offset = position
+    _make_durable(dest, outcome)
+    outcome.records_dispatched = _dispatch(dest, position)
+    return outcome
+
+
+def _check_prefix(source: Store, dest: Store) -> int:
+    """DEST's valid end, once DEST is known to be a prefix of SOURCE (see the module doc)."""
+    log = source.commitlog
+    dest_log = dest.commitlog
+    if not dest_log.segments:
+        return log.min_offset
+    end = dest.log_end().offset
+    if source.commitlog.segments and end < log.min_offset:
+        raise NotAPrefixError(
+            f"DEST ends at {end}, before SOURCE's first commit-log file ({log.min_offset}): "
+            "the records between are no longer in SOURCE"
+        )
+    compare_from = max(end - _COMPARED, log.min_offset, dest_log.min_offset)
+    _compare(source, dest, compare_from, end, "its records")
+    residue = dest.residue_after(dest.log_end())
+    for path, begin, stop in residue.pieces:
+        base = int(path.name)
+        _compare(source, dest, base + begin, base + stop, "the bytes after its valid end")
+    dest.tail_verified = True  # what follows DEST's end is SOURCE's: the next copy overwrites it
+    return end
+
+
+def _compare(source: Store, dest: Store, begin: int, end: int, what: str) -> None:
+    """Refuse when DEST's bytes in ``[begin, end)`` differ from SOURCE's."""
+    position = begin
+    while position < end:
+        length = min(_CHUNK, end - position)
+        mine = _read(dest, position, length)
+        theirs = _read(source, position, length)
+        if mine != theirs:
+            at = next(
+                (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+                min(len(mine), len(theirs)),
+            )
+            raise NotAPrefixError(
+                f"DEST is not a copy of SOURCE: {what} differ at offset {position + at}; "
+                "nothing was changed"
+            )
+        position += length
+
+
+def _read(store: Store, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``store``'s commit log from ``offset`` (fewer past its files)."""
+    log = store.commitlog
+    data = bytearray()
+    while length > 0:
+        segment = log.queue.find(offset)
+        if segment is None:
+            break
+        chunk = log.pread(segment, offset - segment.start, min(length, log.file_size))
+        if not chunk:
+            break
+        data += chunk
+        offset += len(chunk)
+        length -= len(chunk)
+    return bytes(data)
+
+
+def _whole_records_end(segment: Segment, position: int, until: int | None) -> tuple[int, bool]:
+    """Where the whole, CRC-valid records of ``segment`` from ``position`` end (a file
+    position), and whether the file is complete (it ends with a BLANK, which is included
+    with the bytes after it). With ``until``, only records that end by that offset."""
+    limit = until - segment.start if until is not None else None
+    windows = FileWindows(segment.path, segment.size)
+    try:
+        region = RegionScan(
+            None, position, windows.limit, segment.start, True,
+            stop_on_crc_error=True, windows=windows,
+        )  # fmt: skip
+        end = position
+        for _window, _start, rows, count in region.batches():
+            offsets = rows[PHYSICAL_OFFSET : count * ROW_WIDTH : ROW_WIDTH]
+            sizes = rows[TOTAL_SIZE : count * ROW_WIDTH : ROW_WIDTH]
+            last_end = offsets[-1] - segment.start + sizes[-1]
+            if limit is not None and last_end > limit:  # the records that end by the limit
+                for offset, size in zip(offsets, sizes, strict=True):
+                    if offset - segment.start + size > limit:
+                        return end, False
+                    end = offset - segment.start + size
+            end = last_end
+        if region.stop is ScanStop.BLANK and (limit is None or limit >= windows.limit):
+            return windows.limit, True
+        return region.end_position if limit is None else end, False
+    finally:
+        windows.close()
+
+
+def _copy(segment: Segment, begin: int, end: int, dest: Store, outcome: ReplicationRound) -> None:
+    """Write SOURCE's bytes ``[begin, end)`` of ``segment`` into DEST's file of the same name
+    (created first when new). A completed file's zeros after its BLANK are left as the holes
+    of DEST's new file: only non-zero bytes are copied past the BLANK."""
+    log = dest.commitlog
+    target = log.queue.find(segment.start)
+    if target is None:
+        target = log.queue.create(segment.start)
+        outcome.files_created.append(target.name)
+    stop = end
+    if end == segment.size:  # a completed file: up to the BLANK and any non-zero bytes after
+        data_end = nonzero_extent(segment.path, begin, end)
+        stop = max(begin + BLANK_MIN_LENGTH, data_end[1]) if data_end else begin
+        stop = min(stop, end)
+    try:
+        source_fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {segment.path}: {exc.strerror}") from None
+    target_fd = open_for_writing(target.path)
+    try:
+        position = begin
+        while position < stop:
+            chunk = os.pread(source_fd, min(_CHUNK, stop - position), position)
+            if not chunk:
+                raise StoreIOError(f"{segment.path} ended at {position} while it was copied")
+            written = 0
+            while written < len(chunk):
+                written += os.pwrite(target_fd, chunk[written:], position + written)
+            position += len(chunk)
+            outcome.bytes_copied += len(chunk)
+        os.fdatasync(target_fd)
+    except OSError as exc:
+        raise StoreIOError(f"cannot copy into {target.path}: {exc.strerror}") from None
+    finally:
+        os.close(source_fd)
+        os.close(target_fd)
+
+
+def _make_durable(dest: Store, outcome: ReplicationRound) -> None:
+    if outcome.files_created:
+        fsync_directory(dest.commitlog_dir)
+    dest.commitlog.forget_maps()
+
+
+def _dispatch(dest: Store, end: int) -> int:
+    """Dispatch DEST's records up to ``end`` (its consume queues and index), as a slave's
+    reput does, and move the checkpoint's physic time with them."""
+    dispatcher = Dispatcher(dest)
+    try:
+        result = dispatcher.run(until=end)
+    finally:
+        dispatcher.close()
+    checkpoint = dest.checkpoint() or Checkpoint()
+    if checkpoint.logics_msg_timestamp > checkpoint.physic_msg_timestamp:
+        write_checkpoint(
+            dest.checkpoint_path,
+            replace(checkpoint, physic_msg_timestamp=checkpoint.logics_msg_timestamp),
+        )
+    return result.records
+
+
+def follow(
+    source: Path,
+    dest: Store,
+    config: StoreConfig,
+    *,
+    interval: float,
+    should_stop: Callable[[], bool],
+    on_round: Callable[[ReplicationRound], None],
+    until: int | None = None,
+) -> int:
+    """Rounds of :func:`replicate_round` every ``interval`` seconds until ``should_stop``
+    (checked between rounds, so DEST is sound whenever it stops) or ``until`` is reached;
+    returns DEST's end."""
+    end: int | None = None
+    while True:
+        outcome = replicate_round(source, dest, config, until=until, dest_end=end)
+        end = outcome.to_offset
+        on_round(outcome)
+        if until is not None and end >= until:
+            return end
+        deadline = time.monotonic() + interval
+        while time.monotonic() < deadline:
+            if should_stop():
+                return end
+            time.sleep(min(0.05, interval))
+        if should_stop():
+            return end

@@ -1,0 +1,178 @@
+"""``rmqstore replicate SOURCE DEST``: byte-identical commit logs, consume queues as SOURCE's,
+incremental runs, a refused DEST that is not a prefix, a live SOURCE followed, kills."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
+
+from support import ORACLE_OPTIONS, run_cli, tree_digest
+
+CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
+
+
+def log_bytes(store: Path, end: int | None = None) -> dict[str, bytes]:
+    """Each commit-log file's bytes (those before ``end``, an offset, when given), trailing
+    zeros left out (a sparse copy and a pre-allocated file hold the same)."""
+    files = {}
+    for path in sorted((store / "commitlog").iterdir()):
+        data = path.read_bytes()
+        if end is not None:
+            data = data[: max(0, end - int(path.name))]
+        files[path.name] = data.rstrip(b"\0")
+    return {name: data for name, data in files.items() if data or end is None}
+
+
+def queue_files(store: Path) -> dict[str, bytes]:
+    root = store / "consumequeue"
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def replicate(source: Path, dest: Path, *options: object) -> dict:
+    result = run_cli("replicate", source, dest, "--json", *options)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_a_replica_of_each_fixture_is_byte_identical(tmp_path: Path, name: str) -> None:
+    source = tmp_path / "source"
+    generate(name, source, FixtureOptions())
+    done = replicate(source, tmp_path / "dest")
+    assert done["bytesCopied"] > 0 and done["filesCreated"]
+    assert log_bytes(tmp_path / "dest") == log_bytes(source)
+    assert queue_files(tmp_path / "dest") == queue_files(source)
+    assert run_cli("verify", tmp_path / "dest").exit_code == 0
+    again = replicate(source, tmp_path / "dest")
+    assert again["bytesCopied"] == 0 and again["fromOffset"] == done["toOffset"]
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"])
+def test_a_replica_of_a_broker_store(oracle, tmp_path: Path, name: str) -> None:
+    store = oracle(name).store
+    dest = tmp_path / "dest"
+    replicate(store, dest, *ORACLE_OPTIONS)
+    assert log_bytes(dest) == log_bytes(store)
+    assert queue_files(dest) == queue_files(store)  # dispatched as the broker did
+    assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
+
+
+def test_a_torn_source_is_copied_up_to_its_valid_end(oracle, tmp_path: Path) -> None:
+    crash = oracle("s2_crash")
+    dest = tmp_path / "dest"
+    done = replicate(crash.root / "store_torn_half_record", dest, *ORACLE_OPTIONS)
+    end = crash.manifest["lastValidEnd"]
+    assert done["toOffset"] == end
+    assert log_bytes(dest) == log_bytes(crash.root / "store_torn_half_record", end)
+    assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
+
+
+def test_an_interrupted_copy_resumes_where_dest_ends(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    first = replicate(source, dest, "--until", "200000")
+    assert 0 < first["toOffset"] <= 200000
+    assert run_cli("verify", dest).exit_code == 0  # sound after every round
+    second = replicate(source, dest)
+    # from DEST's valid end: the BLANK of its last complete file, copied again as it is
+    assert 0 < second["fromOffset"] <= first["toOffset"]
+    assert log_bytes(dest) == log_bytes(source)
+    assert queue_files(dest) == queue_files(source)
+
+
+def test_a_dest_that_is_not_a_prefix_is_refused_unchanged(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    replicate(source, dest, "--until", "300000")
+    first = sorted((dest / "commitlog").iterdir())[-1]
+    with open(first, "r+b") as handle:  # one byte of a record body DEST holds
+        handle.seek(200)
+        byte = handle.read(1)
+        handle.seek(200)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    before = tree_digest(dest)
+    refused = run_cli("replicate", source, dest)
+    assert refused.exit_code == 2 and "not a copy of SOURCE" in refused.stderr
+    assert tree_digest(dest) == before
+    other = tmp_path / "other"
+    generate("basic", other, FixtureOptions())
+    assert run_cli("replicate", other, dest).exit_code == 2
+
+
+def test_kills_at_random_points_then_a_rerun_reach_the_same_replica(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    generate("large", source, FixtureOptions(messages=100_000, commitlog_file_size=1 << 22))
+    clean = tmp_path / "clean"
+    replicate(source, clean)
+    rng = random.Random(7)
+    dest = tmp_path / "dest"
+    for _ in range(3):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore", "replicate", str(source), str(dest)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(0.2, 0.8))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    replicate(source, dest)
+    assert log_bytes(dest) == log_bytes(clean) == log_bytes(source)
+    assert queue_files(dest) == queue_files(clean)
+    assert run_cli("verify", dest).exit_code == 0
+
+
+def test_follow_copies_a_store_while_it_is_written(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    created = run_cli("append", source, "--create", "--topic", "T", "--body", "first",
+                      "--commitlog-file-size", "65536")  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    dest = tmp_path / "dest"
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "replicate", str(source), str(dest), "--follow",
+         "--interval", "50", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "append", str(source), "--input", "-", "--flush",
+         "sync", "--jsonl"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert writer.stdin is not None and writer.stdout is not None
+    acknowledged = []
+    for number in range(400):
+        line = {"topic": f"T{number % 3}", "body": f"m{number}-" + "x" * (number % 500)}
+        writer.stdin.write((json.dumps(line) + "\n").encode())
+        writer.stdin.flush()
+        if number % 20 == 0:
+            time.sleep(0.02)
+    writer.stdin.close()
+    acknowledged = [json.loads(line)["msgId"] for line in writer.stdout]
+    assert writer.wait() == 0 and len(acknowledged) == 400
+    time.sleep(1.0)  # a few rounds after the last message
+    follower.send_signal(signal.SIGTERM)
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    assert b"stopped by SIGTERM" in err
+    rounds = [json.loads(line) for line in out.splitlines()]
+    assert len(rounds) > 1 and rounds[-1]["toOffset"] == rounds[-1]["sourceEnd"]
+    reads = run_cli("read", dest, "--from-offset", "0", "--jsonl", "--body", "none")
+    held = {json.loads(line)["msgId"] for line in reads.stdout.splitlines()}
+    assert set(acknowledged) <= held
+    assert log_bytes(dest) == log_bytes(source)
+    assert run_cli("verify", dest).exit_code == 0
