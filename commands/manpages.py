@@ -130,6 +130,17 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
     "rmqstore-flush": [
         ("rmqstore flush store", "fsync everything, then write a checkpoint that says so."),
     ],
+    "rmqstore-replicate": [
+        (
+            "rmqstore replicate /data/rocketmq/store /backup/store",
+            "A byte-identical copy; run again, it copies only what is new.",
+        ),
+        (
+            "rmqstore replicate /data/rocketmq/store /backup/store --follow --interval 500",
+            "Keep the copy current while a broker writes; stop with Ctrl-C or SIGTERM.",
+        ),
+        ("rmqstore replicate store copy --until 1048576", "Only the records before 1 MiB."),
+    ],
     "rmqstore-export": [
         (
             "rmqstore export store --to /tmp/orders --topic Orders",
