@@ -1,11 +1,13 @@
 """``rmqstore replicate`` of the benchmark store into a new DEST, beside ``cp`` of the same
-commit-log files plus ``dispatch --rebuild`` of the copy (what a copy by hand takes).
+commit-log files plus ``dispatch --rebuild`` of the copy (what a copy by hand takes); then the
+same over RocketMQ's HA protocol on loopback (``serve-ha`` and ``replicate ha://``).
 
     python bench/replicate.py [--messages N] [--workdir DIR]
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -45,6 +47,29 @@ def main() -> None:
         subprocess.run([*rmqstore, "replicate", str(store), str(dest)], check=True,
                        capture_output=True)  # fmt: skip
     row("replicate again (nothing new: the prefix check)", f"{again.seconds:.2f} s")
+    served = subprocess.Popen(
+        [*rmqstore, "serve-ha", str(store), "--listen", "127.0.0.1:0"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert served.stderr is not None
+        port = re.search(r":(\d+);", served.stderr.readline())
+        assert port, "serve-ha did not say its port"
+        slave = workdir / "slave"
+        subprocess.run(["rm", "-rf", str(slave)], check=True)
+        with timed() as over_ha:
+            subprocess.run([*rmqstore, "replicate", f"ha://127.0.0.1:{port.group(1)}", str(slave)],
+                           check=True, capture_output=True)  # fmt: skip
+    finally:
+        served.terminate()
+        served.wait()
+    size = sum(p.stat().st_blocks * 512 for p in (slave / "commitlog").iterdir())
+    row(
+        "replicate ha:// from serve-ha on loopback (an empty slave: the master's last file)",
+        f"{over_ha.seconds:.2f} s ({size / over_ha.seconds / 1e6:.0f} MB/s)",
+        f"the directory replicate {replicated.seconds:.2f} s",
+    )
+    subprocess.run(["rm", "-rf", str(slave)], check=True)
     subprocess.run(["rm", "-rf", str(dest), str(copy)], check=True)
 
 

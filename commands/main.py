@@ -32,7 +32,7 @@ class RmqStoreGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in _COMMAND_MODULES:
             return None
-        module = importlib.import_module(f"rmqstore.commands.{cmd_name}")
+        module = importlib.import_module(f"rmqstore.commands.{cmd_name.replace('-', '_')}")
         command: click.Command = module.command
         return command
 
@@ -141,8 +141,9 @@ def cli(utc: bool, progress: bool) -> None:
     Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
     not a store, corrupt or unreadable input, aborted at a prompt, --engine spark without
     Java 17+ and pyspark, or a missing optional module); 3 store busy (its lock is held, e.g.
-    by a running broker); 4 I/O failure (disk full, permission, or a writer's stdout closed
-    while it reported what it stored); 70 internal error.
+    by a running broker); 4 I/O failure (disk full, permission, a writer's stdout closed
+    while it reported what it stored, or an HA peer that broke the protocol or went away);
+    70 internal error.
     """
     from rmqstore.commands import output
 
@@ -160,6 +161,7 @@ _COMMAND_MODULES = (
     "recover",
     "flush",
     "replicate",
+    "serve-ha",
     "export",
     "stats",
     "fixtures",

@@ -33,7 +33,11 @@ EXIT_CODES = [
         "The store is busy: its lock file is held by another process (a running "
         "broker or another rmqstore writer).",
     ),
-    (ExitCode.IO, "I/O failure: disk full, permission denied, a failed fsync."),
+    (
+        ExitCode.IO,
+        "I/O failure: disk full, permission denied, a failed fsync; an HA peer that broke "
+        "the protocol, stalled or went away.",
+    ),
     (
         ExitCode.INTERNAL,
         "Internal error (a bug in rmqstore). Set RMQSTORE_DEBUG=1 for a traceback and report it.",
@@ -140,6 +144,20 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
             "Keep the copy current while a broker writes; stop with Ctrl-C or SIGTERM.",
         ),
         ("rmqstore replicate store copy --until 1048576", "Only the records before 1 MiB."),
+        (
+            "rmqstore replicate ha://master-host:10912 /data/rocketmq/slave-store --follow",
+            "Be a slave of a running broker: catch up over the HA protocol and keep up.",
+        ),
+    ],
+    "rmqstore-serve-ha": [
+        (
+            "rmqstore serve-ha /backup/store --listen 0.0.0.0:10912",
+            "Let a RocketMQ slave broker (haMasterAddress=this-host:10912) catch up from a copy.",
+        ),
+        (
+            "rmqstore serve-ha store --listen 127.0.0.1:0 --follow",
+            "Any free port (said on stderr); serve what a writer adds until Ctrl-C.",
+        ),
     ],
     "rmqstore-export": [
         (

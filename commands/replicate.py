@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
-from typing import Any
 
 import click
 
 from rmqstore.commands.options import json_option, store_config_options
 from rmqstore.commands.output import Grid, console, counted, emit_json, json_text, note
+from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
 from rmqstore.replication import ReplicationRound, follow, replicate_round, source_geometry
 from rmqstore.store import Store
 
+HA_SCHEME = "ha://"
+
 
 @click.command("replicate")
-@click.argument("source", type=click.Path(path_type=Path), metavar="SOURCE")
+@click.argument("source", metavar="SOURCE")
 @click.argument("dest", type=click.Path(path_type=Path), metavar="DEST")
 @click.option(
     "--follow",
@@ -42,7 +43,7 @@ from rmqstore.store import Store
 @store_config_options
 @json_option
 def command(
-    source: Path,
+    source: str,
     dest: Path,
     keep_following: bool,
     interval: int,
@@ -53,7 +54,12 @@ def command(
     """Copy SOURCE's commit log into DEST, byte for byte, and dispatch DEST's consume queues
     and index from it, as a slave broker does.
 
-    SOURCE is a store directory, read only, even while a broker writes it: only whole,
+    SOURCE is a store directory, or ha://HOST:PORT, a master broker's HA port (or rmqstore
+    serve-ha), spoken to as a RocketMQ slave: DEST reports its max offset (0 when empty: a
+    master then sends its last file on), each frame's offset is checked against DEST's end and
+    its bytes written there, and the records that are whole are dispatched (a record cut by a
+    frame waits for its rest); without --follow it ends once DEST has all the master has.
+    A directory SOURCE is read only, even while a broker writes it: only whole,
     CRC-valid records up to its valid end are copied. DEST is created when missing or empty;
     its commit-log files get SOURCE's names, sizes and bytes (records, BLANKs), and after every
     round its consume queues and index cover what was copied and its checkpoint says so, so
@@ -66,18 +72,23 @@ def command(
     JSON: {source, dest, fromOffset, toOffset, sourceEnd, bytesCopied, filesCreated,
     recordsDispatched}; with --follow one such object per round and line.
     """
-    config = source_geometry(source, config)
+    if source.startswith(HA_SCHEME):
+        if until is not None:
+            raise click.UsageError("--until is for a directory SOURCE")
+        return _from_master(source, dest, keep_following, config, as_json)
+    config = source_geometry(Path(source), config)
+    source_dir = Path(source)
     with Store.open_write(dest, config, create=True) as opened:
         for text in opened.notes:
             note(text)
         if not keep_following:
-            outcome = replicate_round(source, opened, config, until=until)
+            outcome = replicate_round(source_dir, opened, config, until=until)
             _report(source, dest, outcome, as_json, single=True)
             return 0
-        stop = _StopSignal()
+        stop = StopSignal()
         with stop:
             end = follow(
-                source,
+                source_dir,
                 opened,
                 config,
                 interval=interval / 1000,
@@ -90,31 +101,52 @@ def command(
     return 0
 
 
-class _StopSignal:
-    """SIGINT and SIGTERM ask --follow to stop after its current round."""
+def _from_master(
+    source: str, dest: Path, keep_following: bool, config: StoreConfig, as_json: bool
+) -> int:
+    """DEST caught up from a master's HA port (and kept up with --follow)."""
+    from rmqstore.ha import SlaveProgress, connect, replicate_from_master
+    from rmqstore.hosts import split_host_port
 
-    def __init__(self) -> None:
-        self.signal: str | None = None
-        self._previous: dict[int, Any] = {}
+    address = split_host_port(source[len(HA_SCHEME) :])
 
-    def requested(self) -> bool:
-        return self.signal is not None
+    def said(progress: SlaveProgress) -> None:
+        if as_json and keep_following:
+            click.echo(json_text({"source": source, "dest": str(dest), **progress.to_dict()}))
 
-    def _handle(self, number: int, _frame: Any) -> None:
-        self.signal = signal.Signals(number).name
-
-    def __enter__(self) -> _StopSignal:
-        for number in (signal.SIGINT, signal.SIGTERM):
-            self._previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
+    connection = connect(address)
+    try:
+        with Store.open_write(dest, config, create=True) as opened, StopSignal() as stop:
+            progress = replicate_from_master(
+                connection,
+                opened,
+                follow=keep_following,
+                should_stop=stop.requested,
+                on_progress=said,
+            )
+    finally:
+        connection.close()
+    document = {"source": source, "dest": str(dest), **progress.to_dict()}
+    if as_json and not keep_following:
+        emit_json(document)
+    elif not as_json:
+        table = Grid(show_header=False, box=None, pad_edge=False)
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row(
+            "received",
+            f"{counted(progress.bytes_received, 'byte')} in {counted(progress.frames, 'frame')}",
+        )
+        table.add_row("dispatched", counted(progress.records_dispatched, "record"))
+        table.add_row("DEST ends at", str(document["toOffset"]))
+        console.print(table)
+    if stop.signal is not None:
+        note(f"stopped by {stop.signal}; DEST ends at {document['toOffset']} and is sound")
+    return 0
 
 
 def _report(
-    source: Path, dest: Path, outcome: ReplicationRound, as_json: bool, *, single: bool
+    source: str, dest: Path, outcome: ReplicationRound, as_json: bool, *, single: bool
 ) -> None:
     document = {"source": str(source), "dest": str(dest), **outcome.to_dict()}
     if as_json:

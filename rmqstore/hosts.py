@@ -54,3 +54,16 @@ def parse_host(text: str) -> HostAddress:
     if not 0 <= port_number <= 65535:
         raise InputError(f"bad host {text!r}: port {port_number} is outside 0-65535")
     return HostAddress(address.packed, port_number)
+
+
+def split_host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (a name or an address; ``[v6]:PORT`` for IPv6) as (host, port), for a
+    socket to listen on or connect to."""
+    raw = text.strip()
+    if raw.startswith("["):
+        host, _, port = raw[1:].partition("]:")
+    else:
+        host, _, port = raw.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InputError(f"bad address {text!r}: expected HOST:PORT")
+    return host, int(port)

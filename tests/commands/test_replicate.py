@@ -3,6 +3,7 @@ incremental runs, a refused DEST that is not a prefix, a live SOURCE followed, k
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import signal
@@ -56,6 +57,26 @@ def test_a_replica_of_each_fixture_is_byte_identical(tmp_path: Path, name: str) 
     assert run_cli("verify", tmp_path / "dest").exit_code == 0
     again = replicate(source, tmp_path / "dest")
     assert again["bytesCopied"] == 0 and again["fromOffset"] == done["toOffset"]
+
+
+def test_where_the_kernel_will_not_copy_bytes_go_through_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """copy_file_range is refused across file systems on older kernels and by some file
+    systems; the copy then reads and writes the bytes itself, to the same replica."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    refused = []
+
+    def refuse(*_args: object) -> int:
+        refused.append(True)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr("os.copy_file_range", refuse)
+    replicate(source, tmp_path / "dest")
+    assert refused
+    assert log_bytes(tmp_path / "dest") == log_bytes(source)
+    assert run_cli("verify", tmp_path / "dest").exit_code == 0
 
 
 @pytest.mark.parametrize("name", ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"])

@@ -1,0 +1,549 @@
+"""RocketMQ's default master/slave HA protocol (4.9.8 and 5.3.3 speak the same one; see
+``ha-protocol.md``): a slave reports its commit-log max offset as 8 bytes, the master streams
+frames ``[offset int64][size int32][size bytes of commit log]``, a size of 0 being a heartbeat.
+
+:func:`serve` is a master's HA service over a store directory (read only): a real slave broker,
+or :func:`replicate_from_master`, catches up from it. :func:`replicate_from_master` is a slave
+writing into a store it holds: it checks each frame's offset against its own end, writes the raw
+bytes at that offset, reports after each frame and dispatches the records that are whole (a
+record cut by a frame boundary waits for its rest). Both are bounded against a hostile peer: a
+frame over :data:`MAX_FRAME`, one that crosses a file end or starts where the slave does not
+end, a peer silent for :data:`SILENCE` seconds: a clear error, and the slave's bytes after its
+last whole record are zeroed again.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmqstore.config import StoreConfig
+from rmqstore.dispatch import Dispatcher
+from rmqstore.errors import ExitCode, RmqStoreError, StoreIOError
+from rmqstore.record import RegionScan, ScanStop
+from rmqstore.replication import WRITE_SETTLE
+from rmqstore.segments import Segment, open_for_writing
+from rmqstore.store import Store
+from rmqstore.windows import FileWindows
+
+REPORT = struct.Struct(">q")
+HEADER = struct.Struct(">qi")
+BATCH = 32 * 1024  # haTransferBatchSize: the most a frame carries
+MAX_FRAME = 4 * 1024 * 1024  # a Java slave's read buffer: a bigger frame is refused
+HEARTBEAT = 5.0  # haSendHeartbeatInterval, seconds
+SILENCE = 20.0  # haHousekeepingInterval: a peer silent this long is gone
+_IDLE_WAIT = 0.1  # how long the master's writer waits for new data
+SETTLE = 0.2  # seconds without data after a heartbeat at its end before a slave is done
+DISPATCH_EVERY = 64 * 1024 * 1024  # a slave receiving steadily syncs and dispatches this often
+DISPATCH_PAUSE = 0.05  # ... and whenever the master pauses this long
+
+
+class HAError(RmqStoreError):
+    """The HA peer broke the protocol, stalled or went away."""
+
+    exit_code = ExitCode.IO
+
+
+class FrameReader:
+    """Frames out of a byte stream that arrives in pieces of any size, bounded: a size over
+    ``limit`` or negative is an error before its body is awaited."""
+
+    def __init__(self, limit: int = MAX_FRAME) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The frames ``data`` completes, in order: ``(offset, body)``; body empty for a
+        heartbeat."""
+        self.buffer += data
+        frames = []
+        while len(self.buffer) >= HEADER.size:
+            offset, size = HEADER.unpack_from(self.buffer)
+            if size < 0 or size > self.limit or offset < 0:
+                raise HAError(
+                    f"the master sent a frame of {size} bytes at offset {offset} (at most "
+                    f"{self.limit}): not the HA protocol"
+                )
+            if len(self.buffer) < HEADER.size + size:
+                break
+            frames.append((offset, bytes(self.buffer[HEADER.size : HEADER.size + size])))
+            del self.buffer[: HEADER.size + size]
+        return frames
+
+    @property
+    def pending_offset(self) -> int | None:
+        """The offset of a frame whose header has arrived and whose body has not."""
+        return HEADER.unpack_from(self.buffer)[0] if len(self.buffer) >= HEADER.size else None
+
+
+# -- the master ------------------------------------------------------------------------------
+
+
+def readable_end(store_root: Path, config: StoreConfig, known: int = 0) -> int:
+    """Where a master may read up to in a store directory: the end of its whole, CRC-valid
+    records (a completed file counts to its end, BLANK and padding included), looked for
+    from ``known`` on (an end found before)."""
+    with Store.open_read(store_root, config) as store:
+        log = store.commitlog
+        position = max(known, log.min_offset)
+        for segment in log.segments:
+            if segment.start + log.file_size <= position:
+                continue
+            end, complete = _records_end(segment, max(0, position - segment.start))
+            position = segment.start + (log.file_size if complete else end)
+            if not complete:
+                break
+        return position
+
+
+def _records_end(segment: Segment, position: int, limit: int | None = None) -> tuple[int, bool]:
+    """Where the whole, CRC-valid records from ``position`` end in ``segment`` (a file
+    position), and whether a BLANK closes the file there. Only bytes before ``limit`` count:
+    a record whose tail is still zeros can pass the checks (its properties are not covered
+    by the body CRC), so a slave scans no further than the bytes it has received."""
+    windows = FileWindows(segment.path, segment.size if limit is None else limit)
+    try:
+        region = RegionScan(
+            None, position, windows.limit, segment.start, True,
+            stop_on_crc_error=True, windows=windows,
+        )  # fmt: skip
+        for _batch in region.batches():
+            pass
+        return region.end_position, region.stop is ScanStop.BLANK
+    finally:
+        windows.close()
+
+
+@dataclass
+class ServeOptions:
+    follow: bool = False  # re-read the store's end: a store a broker is writing
+    heartbeat: float = HEARTBEAT
+    batch: int = BATCH
+    silence: float = SILENCE
+
+
+def serve(
+    store_root: Path,
+    listener: socket.socket,
+    config: StoreConfig,
+    options: ServeOptions,
+    should_stop: Callable[[], bool],
+    on_event: Callable[[str], None] = lambda text: None,
+) -> None:
+    """Serve slaves on ``listener`` (bound and listening) until ``should_stop``: each
+    connection in its own thread, as the broker's HA service does."""
+    with Store.open_read(store_root, config) as store:
+        file_size = store.commitlog_file_size
+    end = readable_end(store_root, config)
+    lock = threading.Lock()
+    state = {"end": end, "found": end, "at": time.monotonic()}
+    threads: list[threading.Thread] = []
+
+    def current_end() -> int:
+        """Following a store being written, an end is served once it was found
+        WRITE_SETTLE seconds ago (see :data:`rmqstore.replication.WRITE_SETTLE`)."""
+        if options.follow:
+            with lock:
+                now = time.monotonic()
+                if now - state["at"] >= WRITE_SETTLE:
+                    state["end"] = state["found"]
+                    state["found"] = readable_end(store_root, config, state["found"])
+                    state["at"] = now
+        return state["end"]
+
+    listener.settimeout(0.2)
+    while not should_stop():
+        try:
+            connection, peer = listener.accept()
+        except TimeoutError:
+            continue
+        on_event(f"slave {peer[0]}:{peer[1]} connected")
+        worker = threading.Thread(
+            target=_serve_connection,
+            args=(
+                connection,
+                store_root,
+                config,
+                file_size,
+                current_end,
+                options,
+                should_stop,
+                on_event,
+            ),
+            daemon=True,
+        )
+        worker.start()
+        threads.append(worker)
+    for worker in threads:
+        worker.join(timeout=2)
+
+
+def _serve_connection(
+    connection: socket.socket,
+    store_root: Path,
+    config: StoreConfig,
+    file_size: int,
+    current_end: Callable[[], int],
+    options: ServeOptions,
+    should_stop: Callable[[], bool],
+    on_event: Callable[[str], None],
+) -> None:
+    """One slave: nothing until its first report, then frames from the start that report
+    asks for, a heartbeat once it has everything (and every ``heartbeat`` seconds idle)."""
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    connection.setblocking(False)
+    reports = bytearray()
+    start: int | None = None
+    last_report = last_write = time.monotonic()
+    position = 0
+    told_caught_up = False
+    store = Store.open_read(store_root, config)
+    reading: _OpenFile | None = None
+    try:
+        while not should_stop():
+            sending = start is not None and position < current_end()
+            readable, _, _ = select.select([connection], [], [], 0 if sending else _IDLE_WAIT)
+            now = time.monotonic()
+            if readable:
+                data = connection.recv(65536)
+                if not data:
+                    return
+                reports += data
+                whole = len(reports) - len(reports) % REPORT.size
+                if whole:  # the newest complete report counts
+                    (reported,) = REPORT.unpack_from(reports, whole - REPORT.size)
+                    del reports[:whole]
+                    last_report = now
+                    if start is None:
+                        start = reported or _last_file_start(current_end(), file_size)
+                        position = start
+                        on_event(f"slave reported {reported}: sending from {start}")
+            elif now - last_report > options.silence:
+                on_event("a slave sent no report for a while: closed")
+                return
+            if start is None:
+                continue
+            end = current_end()
+            segment = store.commitlog.queue.find(position) if position < end else None
+            if position < end and segment is None:  # a file created since: look again
+                store.close()
+                store = Store.open_read(store_root, config)
+                segment = store.commitlog.queue.find(position)
+            if segment is not None:
+                stop = min(end, segment.start + file_size, position + options.batch)
+                if reading is None or reading.path != segment.path:
+                    if reading is not None:
+                        reading.close()
+                    reading = _OpenFile(segment.path)
+                _send(connection, HEADER.pack(position, stop - position), more=True)
+                reading.send(connection, position - segment.start, stop - position)
+                position = stop
+                last_write, told_caught_up = now, False
+                continue
+            if not told_caught_up or now - last_write >= options.heartbeat:
+                _send(connection, HEADER.pack(position, 0))
+                last_write, told_caught_up = now, True
+    except (OSError, RmqStoreError) as exc:
+        on_event(f"a slave connection ended: {exc}")
+    finally:
+        if reading is not None:
+            reading.close()
+        store.close()
+        connection.close()
+
+
+class _OpenFile:
+    """A commit-log file a master sends from: its bytes go from the page cache to the socket
+    (``sendfile``), not through Python."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+
+    def send(self, connection: socket.socket, position: int, count: int) -> None:
+        while count:
+            _wait_writable(connection)
+            try:
+                sent = os.sendfile(connection.fileno(), self.fd, position, count)
+            except BlockingIOError:
+                continue
+            if not sent:
+                raise StoreIOError(f"{self.path} ended at {position} while it was sent")
+            position += sent
+            count -= sent
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _last_file_start(end: int, file_size: int) -> int:
+    """Where a master starts a slave that reports 0: its last file's start."""
+    return end - end % file_size
+
+
+def _send(connection: socket.socket, data: bytes, *, more: bool = False) -> None:
+    """All of ``data``; ``more``: the bytes that follow belong in the same packet."""
+    view = memoryview(data)
+    flags = socket.MSG_MORE if more else 0
+    while view:
+        _wait_writable(connection)
+        try:
+            sent = connection.send(view, flags)
+        except BlockingIOError:
+            continue
+        view = view[sent:]
+
+
+def _wait_writable(connection: socket.socket) -> None:
+    _, writable, _ = select.select([], [connection], [], SILENCE)
+    if not writable:
+        raise HAError("the peer stopped reading")
+
+
+# -- the slave -------------------------------------------------------------------------------
+
+
+@dataclass
+class SlaveProgress:
+    """What a slave's session did so far."""
+
+    from_offset: int
+    to_offset: int = 0  # the end of the bytes written
+    whole_end: int = 0  # the end of the whole records among them (dispatched)
+    bytes_received: int = 0
+    frames: int = 0
+    records_dispatched: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "fromOffset": self.from_offset,
+            "toOffset": self.whole_end,
+            "bytesReceived": self.bytes_received,
+            "frames": self.frames,
+            "recordsDispatched": self.records_dispatched,
+        }
+
+
+def connect(address: tuple[str, int]) -> socket.socket:
+    """A connection to a master's HA port (before DEST is touched: a master that is not
+    there changes nothing)."""
+    try:
+        connection = socket.create_connection(address, timeout=5)
+    except OSError as exc:
+        raise HAError(f"cannot connect to {address[0]}:{address[1]}: {exc.strerror}") from None
+    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
+
+
+def replicate_from_master(
+    connection: socket.socket,
+    dest: Store,
+    *,
+    follow: bool,
+    should_stop: Callable[[], bool],
+    on_progress: Callable[[SlaveProgress], None] = lambda progress: None,
+    silence: float = SILENCE,
+) -> SlaveProgress:
+    """Catch DEST up from a master over ``connection`` (:func:`connect`; closed when done),
+    and keep following with ``follow``: the slave's side of the protocol. Without ``follow``
+    it ends once a heartbeat has found DEST at the master's end and no data followed it for
+    :data:`SETTLE` seconds (a Java master may send a heartbeat just before its data). DEST's
+    bytes after its last whole record are zeroed again when the session ends with an error."""
+    log = dest.commitlog
+    file_size = dest.commitlog_file_size
+    mine = dest.log_end().offset if log.segments else 0
+    progress = SlaveProgress(mine, mine, mine)
+    frames = FrameReader()
+    writer = _LogWriter(dest)
+    try:
+        _send(connection, REPORT.pack(mine))
+        last_heard = last_report = time.monotonic()
+        reported = mine
+        settled_since: float | None = None  # a heartbeat at DEST's end, no data since
+        while not should_stop():
+            readable, _, _ = select.select([connection], [], [], 0.1)
+            now = time.monotonic()
+            if not follow and settled_since is not None and now - settled_since >= SETTLE:
+                break
+            if not readable:
+                if now - last_heard > silence:
+                    raise HAError(f"the master sent nothing for {silence:.0f} s")
+                if now - last_report >= HEARTBEAT:
+                    _send(connection, REPORT.pack(reported))
+                    last_report = now
+                continue
+            try:
+                data = connection.recv(1 << 20)
+            except OSError as exc:
+                raise HAError(f"lost the connection to the master: {exc.strerror}") from None
+            if not data:
+                raise HAError("the master closed the connection")
+            last_heard = now
+            pending = frames.pending_offset
+            if pending is not None and progress.to_offset and pending != progress.to_offset:
+                raise _mismatch(pending, progress.to_offset)
+            for offset, body in frames.feed(data):
+                if not progress.to_offset:  # an empty DEST starts where the master says
+                    if offset % file_size:
+                        raise HAError(
+                            f"the master starts an empty DEST at {offset}, not at a file start"
+                        )
+                    progress.to_offset = progress.whole_end = offset
+                if offset != progress.to_offset:
+                    raise _mismatch(offset, progress.to_offset)
+                if body:
+                    writer.write(offset, body)
+                    progress.to_offset = offset + len(body)
+                    progress.bytes_received += len(body)
+                    progress.frames += 1
+                    settled_since = None
+                else:  # a heartbeat at our end: the master may have nothing more
+                    settled_since = settled_since or now
+            if progress.to_offset != reported:
+                _send(connection, REPORT.pack(progress.to_offset))
+                reported, last_report = progress.to_offset, now
+            behind = progress.to_offset - progress.whole_end
+            if behind >= DISPATCH_EVERY or (behind and not _more_waiting(connection)):
+                writer.sync()  # the records are durable before queues and checkpoint say so
+                _dispatch_whole(dest, progress)
+                on_progress(progress)
+    except BaseException:
+        writer.close()
+        _zero_partial(dest, progress)
+        raise
+    finally:
+        writer.close()
+        connection.close()
+    return progress
+
+
+def _more_waiting(connection: socket.socket) -> bool:
+    readable, _, _ = select.select([connection], [], [], DISPATCH_PAUSE)
+    return bool(readable)
+
+
+class _LogWriter:
+    """Frames' bytes into DEST's commit-log files, one file held open at a time; a file is
+    synced before the next is opened, and on :meth:`sync`."""
+
+    def __init__(self, dest: Store) -> None:
+        self.dest = dest
+        self.file_size = dest.commitlog_file_size
+        self.start = -1
+        self.fd = -1
+        self.path: Path | None = None
+
+    def write(self, offset: int, body: bytes) -> None:
+        start = offset - offset % self.file_size
+        if offset + len(body) > start + self.file_size:
+            raise HAError(f"the master sent a frame crossing the end of the file at {start}")
+        if start != self.start:
+            self.close()
+            log = self.dest.commitlog
+            segment = log.queue.find(start) or log.queue.create(start)
+            self.fd, self.start, self.path = open_for_writing(segment.path), start, segment.path
+        view = memoryview(body)
+        position = offset - start
+        try:
+            while view:
+                written = os.pwrite(self.fd, view, position)
+                view, position = view[written:], position + written
+        except OSError as exc:
+            raise StoreIOError(f"cannot write {self.path}: {exc.strerror}") from None
+
+    def sync(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.fdatasync(self.fd)
+            except OSError as exc:
+                raise StoreIOError(f"cannot sync {self.path}: {exc.strerror}") from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                self.sync()
+            finally:
+                os.close(self.fd)
+                self.fd, self.start = -1, -1
+
+
+def _mismatch(offset: int, mine: int) -> HAError:
+    return HAError(
+        f"the master sent data for offset {offset}, but DEST ends at {mine}: not this "
+        "store's master, or its log changed"
+    )
+
+
+def _dispatch_whole(dest: Store, progress: SlaveProgress) -> None:
+    """Dispatch the records that are whole now (a record cut by a frame waits)."""
+    log = dest.commitlog
+    position = progress.whole_end
+    for segment in list(log.segments):
+        if segment.start + log.file_size <= position:
+            continue
+        if segment.start > position:
+            break
+        received = min(log.file_size, progress.to_offset - segment.start)
+        end, complete = _records_end(segment, position - segment.start, received)
+        if complete and segment.start + log.file_size > progress.to_offset:
+            complete = False  # the BLANK's padding is still on its way: wait at the BLANK
+        position = segment.start + (log.file_size if complete else end)
+        if not complete:
+            break
+    position = min(position, progress.to_offset)
+    if position > progress.whole_end:
+        dispatcher = Dispatcher(dest)
+        try:
+            result = dispatcher.run(until=position)
+        finally:
+            dispatcher.close()
+        progress.records_dispatched += result.records
+        progress.whole_end = position
+
+
+def _zero_partial(dest: Store, progress: SlaveProgress) -> None:
+    """After an error: zero the bytes written after the last whole record, so DEST holds no
+    torn record (the next session fetches them again)."""
+    if progress.to_offset <= progress.whole_end:
+        return
+    log = dest.commitlog
+    offset = progress.whole_end
+    while offset < progress.to_offset:
+        segment = log.queue.find(offset)
+        if segment is None:
+            break
+        stop = min(progress.to_offset, segment.start + log.file_size)
+        fd = open_for_writing(segment.path)
+        try:
+            os.pwrite(fd, bytes(stop - offset), offset - segment.start)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        offset = stop
+    progress.to_offset = progress.whole_end
+
+
+__all__ = [
+    "BATCH",
+    "HEADER",
+    "MAX_FRAME",
+    "REPORT",
+    "FrameReader",
+    "HAError",
+    "ServeOptions",
+    "SlaveProgress",
+    "connect",
+    "readable_end",
+    "replicate_from_master",
+    "serve",
+]

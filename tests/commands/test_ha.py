@@ -1,0 +1,309 @@
+"""RocketMQ's HA protocol: ``serve-ha`` and ``replicate ha://`` over loopback, and the slave
+side against a scripted master (frames split at every byte, heartbeats, a record cut by a
+frame, a wrong offset, an oversized frame, a master that stalls)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.ha import (
+    HEADER,
+    MAX_FRAME,
+    REPORT,
+    FrameReader,
+    HAError,
+    connect,
+    replicate_from_master,
+)
+from rmqstore.store import Store
+
+from support import ORACLE_OPTIONS, run_cli
+
+FILE = 65536
+
+
+def log_bytes(store: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes().rstrip(b"\0") for p in sorted((store / "commitlog").iterdir())}
+
+
+def queue_files(store: Path) -> dict[str, bytes]:
+    root = store / "consumequeue"
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@contextmanager
+def serving(store: Path, *options: str) -> Iterator[str]:
+    """``rmqstore serve-ha STORE`` on a free loopback port: yields ``ha://127.0.0.1:PORT``."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen", "127.0.0.1:0",
+         *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert server.stderr is not None
+    line = server.stderr.readline()
+    port = re.search(r"on 127\.0\.0\.1:(\d+)", line)
+    assert port, line
+    try:
+        yield f"ha://127.0.0.1:{port.group(1)}"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def replicate(source: str | Path, dest: Path, *options: object) -> dict:
+    result = run_cli("replicate", source, dest, "--json", *options)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("name", ["multi", "txn", "delay", "v2"])
+def test_a_half_copied_replica_catches_up_over_ha(tmp_path: Path, name: str) -> None:
+    source = tmp_path / "source"
+    generate(name, source, FixtureOptions())
+    dest = tmp_path / "dest"
+    with Store.open_read(source, StoreConfig()) as opened:
+        end = opened.log_end().offset
+    half = replicate(source, dest, "--until", str(end // 2))  # seeded from a backup
+    with serving(source) as address:
+        done = replicate(address, dest)
+    assert done["fromOffset"] <= half["toOffset"] < done["toOffset"]
+    assert log_bytes(dest) == log_bytes(source)
+    assert queue_files(dest) == queue_files(source)
+    assert run_cli("verify", dest).exit_code == 0
+    with serving(source) as address:  # again: nothing new, a heartbeat at DEST's end
+        again = replicate(address, dest)
+    assert again["bytesReceived"] == 0 and again["toOffset"] == done["toOffset"]
+
+
+def test_an_empty_replica_starts_at_the_masters_last_file(tmp_path: Path) -> None:
+    """As with a Java master, a slave reporting 0 gets the master's last file on."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    last = sorted((source / "commitlog").iterdir())[-1]
+    dest = tmp_path / "dest"
+    with serving(source) as address:
+        done = replicate(address, dest, "--commitlog-file-size", str(FILE),
+                         "--consumequeue-file-size", "2000")  # fmt: skip
+    assert done["fromOffset"] == 0 and done["toOffset"] > int(last.name)
+    assert list(log_bytes(dest)) == [last.name]
+    assert log_bytes(dest)[last.name] == log_bytes(source)[last.name]
+    verified = run_cli("verify", dest, "--json")
+    assert verified.exit_code == 0, verified.stdout
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi"])
+def test_broker_stores_over_ha(oracle, tmp_path: Path, name: str) -> None:
+    store = oracle(name).store
+    dest = tmp_path / "dest"
+    replicate(store, dest, "--until", "1000000", *ORACLE_OPTIONS)
+    with serving(store, *ORACLE_OPTIONS) as address:
+        replicate(address, dest, *ORACLE_OPTIONS)
+    assert log_bytes(dest) == log_bytes(store)
+    assert queue_files(dest) == queue_files(store)
+    assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
+
+
+def test_follow_over_ha_while_the_master_store_is_written(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    run_cli("append", source, "--create", "--topic", "T", "--body", "x",
+            "--commitlog-file-size", str(FILE))  # fmt: skip
+    dest = tmp_path / "dest"
+    replicate(source, dest)
+    with serving(source, "--follow") as address:
+        slave = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore", "replicate", address, str(dest), "--follow"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        lines = "".join(
+            json.dumps({"topic": "T", "body": f"{n}-" + "y" * (n % 900)}) + "\n" for n in range(600)
+        )
+        written = run_cli("append", source, "--input", "-", "--flush", "sync", "--jsonl",
+                          input=lines)  # fmt: skip
+        assert written.exit_code == 0, written.stderr
+        deadline = time.monotonic() + 30
+        while log_bytes(dest) != log_bytes(source) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        slave.terminate()
+        _, err = slave.communicate(timeout=30)
+    assert slave.returncode == 0, err
+    assert log_bytes(dest) == log_bytes(source)
+    assert run_cli("verify", dest).exit_code == 0
+
+
+def test_bad_addresses_and_stores_are_one_line_errors(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    refused = run_cli("replicate", f"ha://127.0.0.1:{closed}", tmp_path / "dest")
+    assert refused.exit_code == 4 and "cannot connect to 127.0.0.1" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "dest").exists()  # nothing made for a master that is not there
+    for bad in ("ha://nohost", "ha://h:99999"):
+        result = run_cli("replicate", bad, tmp_path / "dest")
+        assert result.exit_code == 2 and "expected HOST:PORT" in result.stderr
+    not_a_store = run_cli("serve-ha", tmp_path / "nothing", "--listen", "127.0.0.1:0")
+    assert not_a_store.exit_code == 2 and "serving" not in not_a_store.stderr
+    busy = socket.create_server(("127.0.0.1", 0))
+    with busy:
+        taken = run_cli("serve-ha", source, "--listen", f"127.0.0.1:{busy.getsockname()[1]}")
+    assert taken.exit_code == 2 and "cannot listen on" in taken.stderr
+
+
+# -- the slave against a scripted master ------------------------------------------------------
+
+
+def test_frames_split_at_every_byte_are_put_together() -> None:
+    frames = [(100, b"abc"), (103, b""), (103, bytes(range(256)) * 3)]
+    stream = b"".join(HEADER.pack(offset, len(body)) + body for offset, body in frames)
+    for cut in range(len(stream) + 1):
+        reader = FrameReader()
+        got = reader.feed(stream[:cut]) + reader.feed(stream[cut:])
+        assert got == frames
+    reader = FrameReader()
+    assert [f for byte in stream for f in reader.feed(bytes([byte]))] == frames
+    with pytest.raises(HAError, match="not the HA protocol"):
+        FrameReader().feed(HEADER.pack(0, MAX_FRAME + 1))
+
+
+@contextmanager
+def scripted_master(script) -> Iterator[tuple[str, int]]:  # type: ignore[no-untyped-def]
+    """A master on a loopback port that runs ``script(connection, reported_offset)``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def run() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            (reported,) = REPORT.unpack(connection.recv(8, socket.MSG_WAITALL))
+            script(connection, reported)
+            time.sleep(1.5)  # longer than a slave waits after a heartbeat at its end
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[:2]
+    finally:
+        thread.join(timeout=10)
+        listener.close()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[Path, Path, int]:
+    """A source store of records and an empty-but-created replica of the same geometry;
+    returns (source, dest, the source's end)."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    config = StoreConfig(commitlog_file_size=FILE, consumequeue_file_size=2000)
+    first = sorted((source / "commitlog").iterdir())[0]
+    with Store.open_write(dest, config, create=True) as store:
+        store.commitlog.queue.create(0)
+        with open(store.commitlog_dir / first.name, "r+b") as handle:
+            handle.write(first.read_bytes()[:223])  # DEST holds the first record
+    return source, dest, 223
+
+
+def _slave(dest: Path, address: tuple[str, int], silence: float = 5) -> dict:
+    config = StoreConfig(commitlog_file_size=FILE, consumequeue_file_size=2000)
+    with Store.open_write(dest, config) as store:
+        return replicate_from_master(
+            connect(address), store, follow=False, should_stop=lambda: False, silence=silence
+        ).to_dict()
+
+
+def _source_bytes(source: Path, start: int, stop: int) -> bytes:
+    return (source / "commitlog" / f"{0:020d}").read_bytes()[start:stop]
+
+
+@pytest.mark.parametrize("cut_before_end", [150, 3])  # in the body; in the properties
+def test_a_record_cut_by_a_frame_is_kept_and_dispatched_once_whole(
+    pair, cut_before_end: int
+) -> None:  # type: ignore[no-untyped-def]
+    """A record's tail still zeros can pass the checks (the body CRC does not cover its
+    properties): the slave counts only bytes it has received."""
+    source, dest, end = pair
+    body = _source_bytes(source, end, 2000)
+    (second_size,) = struct.unpack_from(">i", body)
+    cut = second_size - cut_before_end
+
+    def script(connection: socket.socket, reported: int) -> None:
+        assert reported == end
+        connection.sendall(HEADER.pack(end, 0))  # a heartbeat first, at the slave's end
+        for start, stop in ((0, cut), (cut, len(body))):
+            frame = HEADER.pack(end + start, stop - start) + body[start:stop]
+            for byte in frame:  # every byte on its own
+                connection.sendall(bytes([byte]))
+        connection.sendall(HEADER.pack(end + len(body), 0))
+
+    with scripted_master(script) as address:
+        done = _slave(dest, address)
+    assert done["bytesReceived"] == len(body) and done["frames"] == 2
+    data = (dest / "commitlog" / f"{0:020d}").read_bytes()
+    assert data[: end + len(body)] == _source_bytes(source, 0, end + len(body))
+    with Store.open_read(source) as store:
+        whole = [
+            offset + header[0]
+            for offset, header, *_ in store.commitlog.scan()
+            if offset + header[0] <= end + len(body)
+        ]
+    assert done["toOffset"] == whole[-1]  # dispatched up to the last whole record
+    assert done["recordsDispatched"] == len(whole)
+
+
+@pytest.mark.parametrize(
+    "frames, message",
+    [
+        ([(500, b"x" * 10)], "DEST ends at 323"),  # a wrong offset
+        ([(223, None)], "not the HA protocol"),  # an oversized frame
+    ],
+)
+def test_a_hostile_master_is_refused_and_dest_keeps_no_torn_bytes(
+    pair, frames, message: str
+) -> None:  # type: ignore[no-untyped-def]
+    source, dest, end = pair
+    partial = _source_bytes(source, end, end + 100)  # the start of a record, no more
+
+    def script(connection: socket.socket, reported: int) -> None:
+        connection.sendall(HEADER.pack(end, len(partial)) + partial)
+        offset = end + len(partial)
+        for at, body in frames:
+            at = offset if at == 223 else at
+            if body is None:
+                connection.sendall(struct.pack(">qi", at, MAX_FRAME + 1))
+            else:
+                connection.sendall(HEADER.pack(at, len(body)) + body)
+
+    before = (dest / "commitlog" / f"{0:020d}").read_bytes()
+    with scripted_master(script) as address, pytest.raises(HAError, match=re.escape(message)):
+        _slave(dest, address)
+    assert (dest / "commitlog" / f"{0:020d}").read_bytes() == before  # torn bytes zeroed
+
+
+def test_a_master_that_stalls_is_given_up(pair) -> None:  # type: ignore[no-untyped-def]
+    _, dest, _ = pair
+
+    def script(connection: socket.socket, reported: int) -> None:
+        time.sleep(2)
+
+    with scripted_master(script) as address, pytest.raises(HAError, match="sent nothing"):
+        _slave(dest, address, silence=0.5)
