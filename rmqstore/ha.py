@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rmqstore.config import StoreConfig
-from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import ExitCode, RmqStoreError, StoreIOError
 from rmqstore.record import RegionScan, ScanStop
-from rmqstore.replication import WRITE_SETTLE
+from rmqstore.replication import WRITE_SETTLE, confirmed_end, dispatch_copied
 from rmqstore.segments import Segment, open_for_writing
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
@@ -361,7 +360,7 @@ def replicate_from_master(
     bytes after its last whole record are zeroed again when the session ends with an error."""
     log = dest.commitlog
     file_size = dest.commitlog_file_size
-    mine = dest.log_end().offset if log.segments else 0
+    mine = confirmed_end(dest) if log.segments else 0
     progress = SlaveProgress(mine, mine, mine)
     frames = FrameReader()
     writer = _LogWriter(dest)
@@ -417,6 +416,9 @@ def replicate_from_master(
                 writer.sync()  # the records are durable before queues and checkpoint say so
                 _dispatch_whole(dest, progress)
                 on_progress(progress)
+        writer.sync()
+        _dispatch_whole(dest, progress)
+        _settle(dest, progress)
     except BaseException:
         writer.close()
         _zero_partial(dest, progress)
@@ -425,6 +427,17 @@ def replicate_from_master(
         writer.close()
         connection.close()
     return progress
+
+
+def _settle(dest: Store, progress: SlaveProgress) -> None:
+    """At a session's clean end: when DEST's log ends where its dispatched records do and
+    only zeros follow, its store is consistent (an ``abort`` a killed session left goes)."""
+    if dest.dispatched_through is None:
+        dispatch_copied(dest, progress.whole_end)
+    dest.reload_files()  # the end found when DEST was opened is behind what was received
+    end = dest.log_end()
+    if end.offset == progress.whole_end:
+        dest.check_tail(end)
 
 
 def _more_waiting(connection: socket.socket) -> bool:
@@ -502,12 +515,7 @@ def _dispatch_whole(dest: Store, progress: SlaveProgress) -> None:
             break
     position = min(position, progress.to_offset)
     if position > progress.whole_end:
-        dispatcher = Dispatcher(dest)
-        try:
-            result = dispatcher.run(until=position)
-        finally:
-            dispatcher.close()
-        progress.records_dispatched += result.records
+        progress.records_dispatched += dispatch_copied(dest, position)
         progress.whole_end = position
 
 

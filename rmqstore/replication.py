@@ -129,7 +129,7 @@ def replicate_round(
         outcome.source_end = position
     outcome.to_offset = position
     _make_durable(dest, outcome)
-    outcome.records_dispatched = _dispatch(dest, position)
+    outcome.records_dispatched = dispatch_copied(dest, position)
     return outcome
 
 
@@ -139,7 +139,7 @@ def _check_prefix(source: Store, dest: Store) -> int:
     dest_log = dest.commitlog
     if not dest_log.segments:
         return log.min_offset
-    end = dest.log_end().offset
+    end = confirmed_end(dest)
     if source.commitlog.segments and end < log.min_offset:
         raise NotAPrefixError(
             f"DEST ends at {end}, before SOURCE's first commit-log file ({log.min_offset}): "
@@ -153,6 +153,20 @@ def _check_prefix(source: Store, dest: Store) -> int:
         _compare(source, dest, base + begin, base + stop, "the bytes after its valid end")
     dest.tail_verified = True  # what follows DEST's end is SOURCE's: the next copy overwrites it
     return end
+
+
+def confirmed_end(dest: Store) -> int:
+    """Where a replica's confirmed records end: the earlier of its log's valid end and where
+    its dispatch resumes. A copy killed between writing bytes and dispatching them can leave
+    a record whose tail never arrived, and such a record can pass the record checks (zeros
+    where its properties belong, which the body CRC does not cover): the next copy starts
+    here and writes over it."""
+    end = dest.log_end().offset
+    dispatcher = Dispatcher(dest)
+    try:
+        return min(end, dispatcher.cursor())
+    finally:
+        dispatcher.close()
 
 
 def _compare(source: Store, dest: Store, begin: int, end: int, what: str) -> None:
@@ -285,7 +299,7 @@ def _make_durable(dest: Store, outcome: ReplicationRound) -> None:
     dest.commitlog.forget_maps()
 
 
-def _dispatch(dest: Store, end: int) -> int:
+def dispatch_copied(dest: Store, end: int) -> int:
     """Dispatch DEST's records up to ``end`` (its consume queues and index), as a slave's
     reput does, and move the checkpoint's physic time with them."""
     dispatcher = Dispatcher(dest)

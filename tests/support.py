@@ -17,6 +17,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from rmqstore.commands.main import cli
+from rmqstore.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
@@ -248,3 +249,22 @@ def record_pid_and_sleep(job: tuple[str, int]) -> int:
     Path(directory, f"worker-{number}.pid").write_text(str(os.getpid()))
     time.sleep(120)
     return number
+
+
+def torn_replica(source: Path, dest: Path, cut_before_end: int = 3) -> None:
+    """DEST as a copy killed after writing most of a record, before dispatching it: the
+    record's last bytes (its properties) still zeros, which passes the record checks."""
+    with Store.open_read(source) as opened:
+        file_size = opened.commitlog_file_size
+        records = [(offset, header[0]) for offset, header, *_ in opened.commitlog.scan()]
+    torn, size = records[10]
+    copied = run_cli("replicate", source, dest, "--until", str(torn))
+    assert copied.exit_code == 0, copied.stderr
+    name = f"{torn - torn % file_size:020d}"
+    data = (source / "commitlog" / name).read_bytes()
+    start = torn % file_size
+    with open(dest / "commitlog" / name, "r+b") as handle:
+        handle.seek(start)
+        handle.write(data[start : start + size - cut_before_end])
+    with Store.open_read(dest) as opened:
+        assert opened.log_end().offset == torn + size  # the torn record passes the checks

@@ -5,7 +5,9 @@ frame, a wrong offset, an oversized frame, a master that stalls)."""
 from __future__ import annotations
 
 import json
+import random
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -19,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from rmqstore.config import StoreConfig
-from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 from rmqstore.ha import (
     HEADER,
     MAX_FRAME,
@@ -31,9 +33,10 @@ from rmqstore.ha import (
 )
 from rmqstore.store import Store
 
-from support import ORACLE_OPTIONS, run_cli
+from support import ORACLE_OPTIONS, run_cli, torn_replica
 
 FILE = 65536
+CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
 
 
 def log_bytes(store: Path) -> dict[str, bytes]:
@@ -74,7 +77,7 @@ def replicate(source: str | Path, dest: Path, *options: object) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.mark.parametrize("name", ["multi", "txn", "delay", "v2"])
+@pytest.mark.parametrize("name", CLEAN)
 def test_a_half_copied_replica_catches_up_over_ha(tmp_path: Path, name: str) -> None:
     source = tmp_path / "source"
     generate(name, source, FixtureOptions())
@@ -109,7 +112,7 @@ def test_an_empty_replica_starts_at_the_masters_last_file(tmp_path: Path) -> Non
     assert verified.exit_code == 0, verified.stdout
 
 
-@pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi"])
+@pytest.mark.parametrize("name", ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"])
 def test_broker_stores_over_ha(oracle, tmp_path: Path, name: str) -> None:
     store = oracle(name).store
     dest = tmp_path / "dest"
@@ -119,6 +122,49 @@ def test_broker_stores_over_ha(oracle, tmp_path: Path, name: str) -> None:
     assert log_bytes(dest) == log_bytes(store)
     assert queue_files(dest) == queue_files(store)
     assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
+
+
+def test_slaves_killed_at_random_points_then_a_rerun_reach_the_same_replica(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "source"
+    generate("large", source, FixtureOptions(messages=150_000, commitlog_file_size=1 << 22))
+    files = len(list((source / "commitlog").iterdir()))
+    dest = tmp_path / "dest"
+    replicate(source, dest, "--until", "4096")  # an empty slave would start at the last file
+    rng = random.Random(11)
+    cut_short = 0
+    with serving(source) as address:
+        for _ in range(4):
+            child = subprocess.Popen(
+                [sys.executable, "-m", "rmqstore", "replicate", address, str(dest)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            at = rng.randint(2, files - 1)  # killed once DEST has this many files
+            while child.poll() is None and len(list((dest / "commitlog").iterdir())) < at:
+                time.sleep(0.001)
+            time.sleep(rng.uniform(0, 0.02))
+            cut_short += child.poll() is None
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        replicate(address, dest)
+    assert cut_short  # some kills came mid-transfer
+    assert log_bytes(dest) == log_bytes(source)
+    assert queue_files(dest) == queue_files(source)
+    assert run_cli("verify", dest).exit_code == 0
+
+
+def test_a_slave_killed_inside_a_records_properties_fetches_it_again(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    torn_replica(source, dest)
+    with serving(source) as address:
+        replicate(address, dest)
+    assert log_bytes(dest) == log_bytes(source)
+    assert queue_files(dest) == queue_files(source)
+    assert run_cli("verify", dest).exit_code == 0
 
 
 def test_follow_over_ha_while_the_master_store_is_written(tmp_path: Path) -> None:
@@ -190,12 +236,16 @@ def test_frames_split_at_every_byte_are_put_together() -> None:
 def scripted_master(script) -> Iterator[tuple[str, int]]:  # type: ignore[no-untyped-def]
     """A master on a loopback port that runs ``script(connection, reported_offset)``."""
     listener = socket.create_server(("127.0.0.1", 0))
+    failed: list[AssertionError] = []
 
     def run() -> None:
         connection, _ = listener.accept()
         with connection:
             (reported,) = REPORT.unpack(connection.recv(8, socket.MSG_WAITALL))
-            script(connection, reported)
+            try:
+                script(connection, reported)
+            except AssertionError as exc:  # the script's own checks fail the test
+                failed.append(exc)
             time.sleep(1.5)  # longer than a slave waits after a heartbeat at its end
 
     thread = threading.Thread(target=run, daemon=True)
@@ -205,21 +255,18 @@ def scripted_master(script) -> Iterator[tuple[str, int]]:  # type: ignore[no-unt
     finally:
         thread.join(timeout=10)
         listener.close()
+    if failed:
+        raise failed[0]
 
 
 @pytest.fixture
 def pair(tmp_path: Path) -> tuple[Path, Path, int]:
-    """A source store of records and an empty-but-created replica of the same geometry;
-    returns (source, dest, the source's end)."""
+    """A source store of records and a replica holding its first record; returns (source,
+    dest, the replica's end)."""
     source = tmp_path / "source"
     generate("multi", source, FixtureOptions())
     dest = tmp_path / "dest"
-    config = StoreConfig(commitlog_file_size=FILE, consumequeue_file_size=2000)
-    first = sorted((source / "commitlog").iterdir())[0]
-    with Store.open_write(dest, config, create=True) as store:
-        store.commitlog.queue.create(0)
-        with open(store.commitlog_dir / first.name, "r+b") as handle:
-            handle.write(first.read_bytes()[:223])  # DEST holds the first record
+    replicate(source, dest, "--until", "223")  # DEST holds the first record, dispatched
     return source, dest, 223
 
 
@@ -267,7 +314,7 @@ def test_a_record_cut_by_a_frame_is_kept_and_dispatched_once_whole(
             if offset + header[0] <= end + len(body)
         ]
     assert done["toOffset"] == whole[-1]  # dispatched up to the last whole record
-    assert done["recordsDispatched"] == len(whole)
+    assert done["recordsDispatched"] == len(whole) - 1  # the first was there before
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 
-from support import ORACLE_OPTIONS, run_cli, tree_digest
+from support import ORACLE_OPTIONS, run_cli, torn_replica, tree_digest
 
 CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
 
@@ -57,6 +57,17 @@ def test_a_replica_of_each_fixture_is_byte_identical(tmp_path: Path, name: str) 
     assert run_cli("verify", tmp_path / "dest").exit_code == 0
     again = replicate(source, tmp_path / "dest")
     assert again["bytesCopied"] == 0 and again["fromOffset"] == done["toOffset"]
+
+
+def test_a_copy_killed_inside_a_records_properties_is_written_over(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    torn_replica(source, dest)
+    replicate(source, dest)
+    assert log_bytes(dest) == log_bytes(source)
+    assert queue_files(dest) == queue_files(source)
+    assert run_cli("verify", dest).exit_code == 0
 
 
 def test_where_the_kernel_will_not_copy_bytes_go_through_memory(
