@@ -47,6 +47,7 @@ def main() -> None:
         subprocess.run([*rmqstore, "replicate", str(store), str(dest)], check=True,
                        capture_output=True)  # fmt: skip
     row("replicate again (nothing new: the prefix check)", f"{again.seconds:.2f} s")
+    subprocess.run(["rm", "-rf", str(dest), str(copy)], check=True)
     served = subprocess.Popen(
         [*rmqstore, "serve-ha", str(store), "--listen", "127.0.0.1:0"],
         stderr=subprocess.PIPE, text=True,
@@ -57,6 +58,7 @@ def main() -> None:
         assert port, "serve-ha did not say its port"
         slave = workdir / "slave"
         subprocess.run(["rm", "-rf", str(slave)], check=True)
+        subprocess.run(["sync"], check=True)  # the copies above are gone and written back
         with timed() as over_ha:
             subprocess.run([*rmqstore, "replicate", f"ha://127.0.0.1:{port.group(1)}", str(slave)],
                            check=True, capture_output=True)  # fmt: skip
@@ -70,7 +72,6 @@ def main() -> None:
         f"the directory replicate {replicated.seconds:.2f} s",
     )
     subprocess.run(["rm", "-rf", str(slave)], check=True)
-    subprocess.run(["rm", "-rf", str(dest), str(copy)], check=True)
 
 
 if __name__ == "__main__":

@@ -57,8 +57,6 @@ def command(store: Path, listen: str, keep_following: bool, batch: int, config: 
         listener = socket.create_server((host, port), reuse_port=False)
     except OSError as exc:
         raise InputError(f"cannot listen on {listen}: {exc.strerror}") from None
-    bound = listener.getsockname()
-    note(f"serving {store} on {bound[0]}:{bound[1]}; stop with Ctrl-C")
     options = ServeOptions(follow=keep_following, heartbeat=HEARTBEAT, batch=batch)
     with listener, StopSignal() as stop:
         serve(store, listener, config, options, stop.requested, note)

@@ -40,7 +40,7 @@ HEARTBEAT = 5.0  # haSendHeartbeatInterval, seconds
 SILENCE = 20.0  # haHousekeepingInterval: a peer silent this long is gone
 _IDLE_WAIT = 0.1  # how long the master's writer waits for new data
 SETTLE = 0.2  # seconds without data after a heartbeat at its end before a slave is done
-DISPATCH_EVERY = 64 * 1024 * 1024  # a slave receiving steadily syncs and dispatches this often
+DISPATCH_EVERY = 32 * 1024 * 1024  # a slave receiving steadily syncs and dispatches this often
 DISPATCH_PAUSE = 0.05  # ... and whenever the master pauses this long
 
 
@@ -137,7 +137,9 @@ def serve(
     on_event: Callable[[str], None] = lambda text: None,
 ) -> None:
     """Serve slaves on ``listener`` (bound and listening) until ``should_stop``: each
-    connection in its own thread, as the broker's HA service does."""
+    connection in its own thread, as the broker's HA service does. ``on_event`` hears
+    "serving ... on HOST:PORT" once the store's end is known, then each slave's comings and
+    goings."""
     with Store.open_read(store_root, config) as store:
         file_size = store.commitlog_file_size
     end = readable_end(store_root, config)
@@ -157,6 +159,8 @@ def serve(
                     state["at"] = now
         return state["end"]
 
+    host, port = listener.getsockname()[:2]
+    on_event(f"serving {store_root} (its records end at {end}) on {host}:{port}; stop with Ctrl-C")
     listener.settimeout(0.2)
     while not should_stop():
         try:
@@ -363,13 +367,19 @@ def replicate_from_master(
     mine = confirmed_end(dest) if log.segments else 0
     progress = SlaveProgress(mine, mine, mine)
     frames = FrameReader()
-    writer = _LogWriter(dest)
+    files = threading.Lock()  # DEST's list of commit-log files: the writer adds to it
+    writer = _LogWriter(dest, files)
+    reput = _Reput(dest, progress.whole_end, files)
     try:
         _send(connection, REPORT.pack(mine))
         last_heard = last_report = time.monotonic()
-        reported = mine
+        reported = requested = mine
         settled_since: float | None = None  # a heartbeat at DEST's end, no data since
         while not should_stop():
+            reput.check()
+            if reput.whole_end != progress.whole_end:
+                progress.whole_end, progress.records_dispatched = reput.whole_end, reput.records
+                on_progress(progress)
             readable, _, _ = select.select([connection], [], [], 0.1)
             now = time.monotonic()
             if not follow and settled_since is not None and now - settled_since >= SETTLE:
@@ -398,6 +408,7 @@ def replicate_from_master(
                             f"the master starts an empty DEST at {offset}, not at a file start"
                         )
                     progress.to_offset = progress.whole_end = offset
+                    reput.start_at(offset)
                 if offset != progress.to_offset:
                     raise _mismatch(offset, progress.to_offset)
                 if body:
@@ -411,15 +422,19 @@ def replicate_from_master(
             if progress.to_offset != reported:
                 _send(connection, REPORT.pack(progress.to_offset))
                 reported, last_report = progress.to_offset, now
-            behind = progress.to_offset - progress.whole_end
-            if behind >= DISPATCH_EVERY or (behind and not _more_waiting(connection)):
-                writer.sync()  # the records are durable before queues and checkpoint say so
-                _dispatch_whole(dest, progress)
-                on_progress(progress)
-        writer.sync()
-        _dispatch_whole(dest, progress)
+            if progress.to_offset > requested and (
+                progress.to_offset - requested >= DISPATCH_EVERY or not _more_waiting(connection)
+            ):
+                reput.request(progress.to_offset)
+                requested = progress.to_offset
+        reput.request(progress.to_offset)
+        reput.finish()
+        progress.whole_end, progress.records_dispatched = reput.whole_end, reput.records
+        writer.close()
         _settle(dest, progress)
     except BaseException:
+        reput.abandon()
+        progress.whole_end, progress.records_dispatched = reput.whole_end, reput.records
         writer.close()
         _zero_partial(dest, progress)
         raise
@@ -427,6 +442,140 @@ def replicate_from_master(
         writer.close()
         connection.close()
     return progress
+
+
+def _more_waiting(connection: socket.socket) -> bool:
+    readable, _, _ = select.select([connection], [], [], DISPATCH_PAUSE)
+    return bool(readable)
+
+
+class _LogWriter:
+    """Frames' bytes into DEST's commit-log files, one file held open at a time (synced
+    when the next is opened and at :meth:`close`)."""
+
+    def __init__(self, dest: Store, files: threading.Lock) -> None:
+        self.dest = dest
+        self.files = files
+        self.file_size = dest.commitlog_file_size
+        self.start = -1
+        self.fd = -1
+        self.path: Path | None = None
+
+    def write(self, offset: int, body: bytes) -> None:
+        start = offset - offset % self.file_size
+        if offset + len(body) > start + self.file_size:
+            raise HAError(f"the master sent a frame crossing the end of the file at {start}")
+        if start != self.start:
+            self.close()
+            log = self.dest.commitlog
+            with self.files:
+                segment = log.queue.find(start) or log.queue.create(start)
+            self.fd, self.start, self.path = open_for_writing(segment.path), start, segment.path
+        view = memoryview(body)
+        position = offset - start
+        try:
+            while view:
+                written = os.pwrite(self.fd, view, position)
+                view, position = view[written:], position + written
+        except OSError as exc:
+            raise StoreIOError(f"cannot write {self.path}: {exc.strerror}") from None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.fdatasync(self.fd)
+            except OSError as exc:
+                raise StoreIOError(f"cannot sync {self.path}: {exc.strerror}") from None
+            finally:
+                os.close(self.fd)
+                self.fd, self.start = -1, -1
+
+
+class _Reput:
+    """The slave's reput, in a thread of its own as a broker's ReputMessageService: it syncs
+    the bytes received up to where it is asked to go, then dispatches the whole records
+    among them (consume queues, index, checkpoint), while the session goes on receiving."""
+
+    def __init__(self, dest: Store, whole_end: int, files: threading.Lock) -> None:
+        self.dest = dest
+        self.files = files
+        self.whole_end = whole_end  # where the dispatched records end
+        self.records = 0
+        self.error: BaseException | None = None
+        self._changed = threading.Condition()
+        self._target = whole_end  # the received end asked for
+        self._tried = whole_end  # the received end last dispatched up to
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="rmqstore-reput", daemon=True)
+        self._thread.start()
+
+    def start_at(self, offset: int) -> None:
+        """An empty DEST: the master's first frame says where its log begins."""
+        with self._changed:
+            self.whole_end = self._target = self._tried = offset
+
+    def request(self, received: int) -> None:
+        with self._changed:
+            if received > self._target:
+                self._target = received
+                self._changed.notify_all()
+
+    def check(self) -> None:
+        """Raise what stopped the reput thread, in the session's thread."""
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        """Wait for everything asked for to be dispatched."""
+        self._stop()
+        self.check()
+
+    def abandon(self) -> None:
+        """The session failed: stop after the dispatch in progress."""
+        with self._changed:
+            self._target = self._tried
+        self._stop()
+
+    def _stop(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._changed:
+                    while self._target <= self._tried and not self._closing:
+                        self._changed.wait()
+                    if self._target <= self._tried:
+                        return
+                    target = self._target
+                with self.files:
+                    _sync_received(self.dest, self.whole_end, target)
+                    end, records = _dispatch_whole(self.dest, self.whole_end, target)
+                with self._changed:
+                    self._tried = target
+                    self.whole_end, self.records = end, self.records + records
+        except BaseException as exc:  # handed to the session's thread by check()
+            self.error = exc
+
+
+def _sync_received(dest: Store, begin: int, end: int) -> None:
+    """Sync the commit-log files that hold ``[begin, end)`` (the writer's file included,
+    through a descriptor of its own): records are durable before queues say they exist."""
+    log = dest.commitlog
+    for segment in log.segments:
+        if segment.start + log.file_size <= begin or segment.start >= end:
+            continue
+        try:
+            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StoreIOError(f"cannot sync {segment.path}: {exc.strerror}") from None
 
 
 def _settle(dest: Store, progress: SlaveProgress) -> None:
@@ -440,56 +589,6 @@ def _settle(dest: Store, progress: SlaveProgress) -> None:
         dest.check_tail(end)
 
 
-def _more_waiting(connection: socket.socket) -> bool:
-    readable, _, _ = select.select([connection], [], [], DISPATCH_PAUSE)
-    return bool(readable)
-
-
-class _LogWriter:
-    """Frames' bytes into DEST's commit-log files, one file held open at a time; a file is
-    synced before the next is opened, and on :meth:`sync`."""
-
-    def __init__(self, dest: Store) -> None:
-        self.dest = dest
-        self.file_size = dest.commitlog_file_size
-        self.start = -1
-        self.fd = -1
-        self.path: Path | None = None
-
-    def write(self, offset: int, body: bytes) -> None:
-        start = offset - offset % self.file_size
-        if offset + len(body) > start + self.file_size:
-            raise HAError(f"the master sent a frame crossing the end of the file at {start}")
-        if start != self.start:
-            self.close()
-            log = self.dest.commitlog
-            segment = log.queue.find(start) or log.queue.create(start)
-            self.fd, self.start, self.path = open_for_writing(segment.path), start, segment.path
-        view = memoryview(body)
-        position = offset - start
-        try:
-            while view:
-                written = os.pwrite(self.fd, view, position)
-                view, position = view[written:], position + written
-        except OSError as exc:
-            raise StoreIOError(f"cannot write {self.path}: {exc.strerror}") from None
-
-    def sync(self) -> None:
-        if self.fd >= 0:
-            try:
-                os.fdatasync(self.fd)
-            except OSError as exc:
-                raise StoreIOError(f"cannot sync {self.path}: {exc.strerror}") from None
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            try:
-                self.sync()
-            finally:
-                os.close(self.fd)
-                self.fd, self.start = -1, -1
-
-
 def _mismatch(offset: int, mine: int) -> HAError:
     return HAError(
         f"the master sent data for offset {offset}, but DEST ends at {mine}: not this "
@@ -497,26 +596,27 @@ def _mismatch(offset: int, mine: int) -> HAError:
     )
 
 
-def _dispatch_whole(dest: Store, progress: SlaveProgress) -> None:
-    """Dispatch the records that are whole now (a record cut by a frame waits)."""
+def _dispatch_whole(dest: Store, whole_end: int, received: int) -> tuple[int, int]:
+    """Dispatch the records that are whole among the bytes received (``[whole_end,
+    received)``; a record cut by a frame waits): returns (where they end, how many)."""
     log = dest.commitlog
-    position = progress.whole_end
+    position = whole_end
     for segment in list(log.segments):
         if segment.start + log.file_size <= position:
             continue
         if segment.start > position:
             break
-        received = min(log.file_size, progress.to_offset - segment.start)
-        end, complete = _records_end(segment, position - segment.start, received)
-        if complete and segment.start + log.file_size > progress.to_offset:
+        limit = min(log.file_size, received - segment.start)
+        end, complete = _records_end(segment, position - segment.start, limit)
+        if complete and segment.start + log.file_size > received:
             complete = False  # the BLANK's padding is still on its way: wait at the BLANK
         position = segment.start + (log.file_size if complete else end)
         if not complete:
             break
-    position = min(position, progress.to_offset)
-    if position > progress.whole_end:
-        progress.records_dispatched += dispatch_copied(dest, position)
-        progress.whole_end = position
+    position = min(position, received)
+    if position <= whole_end:
+        return whole_end, 0
+    return position, dispatch_copied(dest, position)
 
 
 def _zero_partial(dest: Store, progress: SlaveProgress) -> None:
