@@ -59,7 +59,9 @@ def command(
     master then sends its last file on), each frame's offset is checked against DEST's end and
     its bytes written there, and the records that are whole are dispatched (a record cut by a
     frame waits for its rest); without --follow it ends once DEST has all the master has.
-    A directory SOURCE is read only, even while a broker writes it: only whole,
+    With --follow a connection that fails (the master restarts, falls silent for 20 s) is
+    made again every 5 s, as a slave broker does; a master that breaks the protocol ends
+    the command (exit 4), DEST left at its last whole record. A directory SOURCE is read only, even while a broker writes it: only whole,
     CRC-valid records up to its valid end are copied. DEST is created when missing or empty;
     its commit-log files get SOURCE's names, sizes and bytes (records, BLANKs), and after every
     round its consume queues and index cover what was copied and its checkpoint says so, so
@@ -70,7 +72,8 @@ def command(
     and are not copied.
 
     JSON: {source, dest, fromOffset, toOffset, sourceEnd, bytesCopied, filesCreated,
-    recordsDispatched}; with --follow one such object per round and line.
+    recordsDispatched}; with --follow one such object per round and line. From ha://:
+    {source, dest, fromOffset, toOffset, bytesReceived, frames, recordsDispatched}.
     """
     if source.startswith(HA_SCHEME):
         if until is not None:
@@ -105,25 +108,39 @@ def _from_master(
     source: str, dest: Path, keep_following: bool, config: StoreConfig, as_json: bool
 ) -> int:
     """DEST caught up from a master's HA port (and kept up with --follow)."""
-    from rmqstore.ha import SlaveProgress, connect, replicate_from_master
+    from rmqstore.ha import SlaveProgress, connect, follow_master, replicate_from_master
     from rmqstore.hosts import split_host_port
 
     address = split_host_port(source[len(HA_SCHEME) :])
 
     def said(progress: SlaveProgress) -> None:
-        if as_json and keep_following:
+        if not keep_following:
+            return
+        if as_json:
             click.echo(json_text({"source": source, "dest": str(dest), **progress.to_dict()}))
+        else:
+            console.print(
+                f"DEST ends at {progress.whole_end}: "
+                f"{counted(progress.records_dispatched, 'record')} dispatched, "
+                f"{counted(progress.bytes_received, 'byte')} received"
+            )
 
-    connection = connect(address)
+    connection = connect(address)  # a master that is not there: nothing is made
     try:
         with Store.open_write(dest, config, create=True) as opened, StopSignal() as stop:
-            progress = replicate_from_master(
-                connection,
-                opened,
-                follow=keep_following,
-                should_stop=stop.requested,
-                on_progress=said,
-            )
+            if keep_following:
+                progress = follow_master(
+                    address,
+                    connection,
+                    opened,
+                    should_stop=stop.requested,
+                    on_progress=said,
+                    on_event=note,
+                )
+            else:
+                progress = replicate_from_master(
+                    connection, opened, follow=False, should_stop=stop.requested
+                )
     finally:
         connection.close()
     document = {"source": source, "dest": str(dest), **progress.to_dict()}

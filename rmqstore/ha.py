@@ -39,6 +39,7 @@ MAX_FRAME = 4 * 1024 * 1024  # a Java slave's read buffer: a bigger frame is ref
 HEARTBEAT = 5.0  # haSendHeartbeatInterval, seconds
 SILENCE = 20.0  # haHousekeepingInterval: a peer silent this long is gone
 _IDLE_WAIT = 0.1  # how long the master's writer waits for new data
+RECONNECT = 5.0  # seconds before a following slave connects again (a 5.x slave's wait)
 SETTLE = 0.2  # seconds without data after a heartbeat at its end before a slave is done
 DISPATCH_EVERY = 32 * 1024 * 1024  # a slave receiving steadily syncs and dispatches this often
 DISPATCH_PAUSE = 0.05  # ... and whenever the master pauses this long
@@ -48,6 +49,13 @@ class HAError(RmqStoreError):
     """The HA peer broke the protocol, stalled or went away."""
 
     exit_code = ExitCode.IO
+
+
+class HALinkError(HAError):
+    """The connection failed (refused, closed, lost, silent): a slave that follows its master
+    connects again, as a broker's slave does. ``progress``: what the failed session did."""
+
+    progress: SlaveProgress | None = None
 
 
 class FrameReader:
@@ -310,7 +318,7 @@ def _send(connection: socket.socket, data: bytes, *, more: bool = False) -> None
 def _wait_writable(connection: socket.socket) -> None:
     _, writable, _ = select.select([], [connection], [], SILENCE)
     if not writable:
-        raise HAError("the peer stopped reading")
+        raise HALinkError("the peer stopped reading")
 
 
 # -- the slave -------------------------------------------------------------------------------
@@ -343,7 +351,7 @@ def connect(address: tuple[str, int]) -> socket.socket:
     try:
         connection = socket.create_connection(address, timeout=5)
     except OSError as exc:
-        raise HAError(f"cannot connect to {address[0]}:{address[1]}: {exc.strerror}") from None
+        raise HALinkError(f"cannot connect to {address[0]}:{address[1]}: {exc.strerror}") from None
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return connection
 
@@ -362,6 +370,7 @@ def replicate_from_master(
     it ends once a heartbeat has found DEST at the master's end and no data followed it for
     :data:`SETTLE` seconds (a Java master may send a heartbeat just before its data). DEST's
     bytes after its last whole record are zeroed again when the session ends with an error."""
+    dest.reload_files()  # a session after another: what the last one left is read again
     log = dest.commitlog
     file_size = dest.commitlog_file_size
     mine = confirmed_end(dest) if log.segments else 0
@@ -386,7 +395,7 @@ def replicate_from_master(
                 break
             if not readable:
                 if now - last_heard > silence:
-                    raise HAError(f"the master sent nothing for {silence:.0f} s")
+                    raise HALinkError(f"the master sent nothing for {silence:.0f} s")
                 if now - last_report >= HEARTBEAT:
                     _send(connection, REPORT.pack(reported))
                     last_report = now
@@ -394,9 +403,9 @@ def replicate_from_master(
             try:
                 data = connection.recv(1 << 20)
             except OSError as exc:
-                raise HAError(f"lost the connection to the master: {exc.strerror}") from None
+                raise HALinkError(f"lost the connection to the master: {exc.strerror}") from None
             if not data:
-                raise HAError("the master closed the connection")
+                raise HALinkError("the master closed the connection")
             last_heard = now
             pending = frames.pending_offset
             if pending is not None and progress.to_offset and pending != progress.to_offset:
@@ -432,16 +441,75 @@ def replicate_from_master(
         progress.whole_end, progress.records_dispatched = reput.whole_end, reput.records
         writer.close()
         _settle(dest, progress)
-    except BaseException:
+    except BaseException as exc:
         reput.abandon()
         progress.whole_end, progress.records_dispatched = reput.whole_end, reput.records
         writer.close()
         _zero_partial(dest, progress)
+        if isinstance(exc, HALinkError):
+            exc.progress = progress
         raise
     finally:
         writer.close()
         connection.close()
     return progress
+
+
+def follow_master(
+    address: tuple[str, int],
+    connection: socket.socket,
+    dest: Store,
+    *,
+    should_stop: Callable[[], bool],
+    on_progress: Callable[[SlaveProgress], None] = lambda progress: None,
+    on_event: Callable[[str], None] = lambda text: None,
+    retry: float = RECONNECT,
+) -> SlaveProgress:
+    """Follow a master until ``should_stop``, over ``connection`` first: when the link fails
+    (the master restarts, the network drops, it falls silent) DEST is left at its last whole
+    record and the slave connects again after ``retry`` seconds, as a 5.x slave does. A
+    master that breaks the protocol ends it (:class:`HAError`)."""
+    total: SlaveProgress | None = None
+    current: socket.socket | None = connection
+    while True:
+        if current is not None:
+            try:
+                session = replicate_from_master(
+                    current,
+                    dest,
+                    follow=True,
+                    should_stop=should_stop,
+                    on_progress=lambda p, before=total: on_progress(_combined(before, p)),
+                )
+                return _combined(total, session)
+            except HALinkError as exc:
+                failed = exc
+                if exc.progress is not None:
+                    total = _combined(total, exc.progress)
+        on_event(f"{failed}; connecting again in {retry:.0f} s")
+        deadline = time.monotonic() + retry
+        while time.monotonic() < deadline:
+            if should_stop():
+                return total if total is not None else SlaveProgress(0)
+            time.sleep(0.05)
+        try:
+            current = connect(address)
+        except HALinkError as exc:
+            failed, current = exc, None
+
+
+def _combined(before: SlaveProgress | None, session: SlaveProgress) -> SlaveProgress:
+    """Several sessions' progress as one."""
+    if before is None:
+        return session
+    return SlaveProgress(
+        before.from_offset,
+        session.to_offset,
+        session.whole_end,
+        before.bytes_received + session.bytes_received,
+        before.frames + session.frames,
+        before.records_dispatched + session.records_dispatched,
+    )
 
 
 def _more_waiting(connection: socket.socket) -> bool:
@@ -648,9 +716,11 @@ __all__ = [
     "REPORT",
     "FrameReader",
     "HAError",
+    "HALinkError",
     "ServeOptions",
     "SlaveProgress",
     "connect",
+    "follow_master",
     "readable_end",
     "replicate_from_master",
     "serve",

@@ -51,10 +51,11 @@ def queue_files(store: Path) -> dict[str, bytes]:
 
 
 @contextmanager
-def serving(store: Path, *options: str) -> Iterator[str]:
-    """``rmqstore serve-ha STORE`` on a free loopback port: yields ``ha://127.0.0.1:PORT``."""
+def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
+    """``rmqstore serve-ha STORE`` on loopback (a free port unless given): yields
+    ``ha://127.0.0.1:PORT``."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen", f"127.0.0.1:{port}",
          *options],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -62,10 +63,10 @@ def serving(store: Path, *options: str) -> Iterator[str]:
     )  # fmt: skip
     assert server.stderr is not None
     line = server.stderr.readline()
-    port = re.search(r"on 127\.0\.0\.1:(\d+)", line)
-    assert port, line
+    bound = re.search(r"on 127\.0\.0\.1:(\d+)", line)
+    assert bound, line
     try:
-        yield f"ha://127.0.0.1:{port.group(1)}"
+        yield f"ha://127.0.0.1:{bound.group(1)}"
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -121,6 +122,28 @@ def test_broker_stores_over_ha(oracle, tmp_path: Path, name: str) -> None:
         replicate(address, dest, *ORACLE_OPTIONS)
     assert log_bytes(dest) == log_bytes(store)
     assert queue_files(dest) == queue_files(store)
+    assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
+
+
+def test_an_empty_slave_of_a_broker_store_is_what_a_java_slave_makes(
+    oracle, tmp_path: Path
+) -> None:
+    """ha-protocol.md, measured with the 4.9.8 store code on S1: an empty slave starts at the
+    master's last file (3,342,336 of 3,346,149) and its TopicTest/0 queue holds only the file
+    at 4000, 50 filler entries (queue offsets 200-249) in front of the real entry 250."""
+    store = oracle("s1_multi").store
+    dest = tmp_path / "dest"
+    with serving(store, *ORACLE_OPTIONS) as address:
+        done = replicate(address, dest, *ORACLE_OPTIONS)
+    assert done["toOffset"] == 3_346_149
+    assert [p.name for p in (dest / "commitlog").iterdir()] == [f"{3_342_336:020d}"]
+    queue = dest / "consumequeue" / "TopicTest" / "0"
+    assert [p.name for p in queue.iterdir()] == [f"{4000:020d}"]
+    entries = [
+        struct.unpack_from(">qiq", (queue / f"{4000:020d}").read_bytes(), n * 20) for n in range(51)
+    ]
+    assert entries[:50] == [(0, 0x7FFFFFFF, 0)] * 50
+    assert entries[50][0] >= 3_342_336 and entries[50][1] > 0
     assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
 
 
@@ -214,6 +237,36 @@ def test_bad_addresses_and_stores_are_one_line_errors(tmp_path: Path) -> None:
     with busy:
         taken = run_cli("serve-ha", source, "--listen", f"127.0.0.1:{busy.getsockname()[1]}")
     assert taken.exit_code == 2 and "cannot listen on" in taken.stderr
+
+
+def test_a_following_slave_connects_again_when_the_master_restarts(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    run_cli("append", source, "--create", "--topic", "T", "--body", "x",
+            "--commitlog-file-size", str(FILE))  # fmt: skip
+    dest = tmp_path / "dest"
+    replicate(source, dest)
+    with serving(source) as address:
+        port = int(address.rsplit(":", 1)[1])
+        slave = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore", "replicate", address, str(dest), "--follow"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(1)
+    lines = "".join(json.dumps({"topic": "T", "body": f"{n}-"}) + "\n" for n in range(300))
+    written = run_cli("append", source, "--input", "-", "--jsonl", input=lines)  # master is down
+    assert written.exit_code == 0, written.stderr
+    with serving(source, port=port):
+        deadline = time.monotonic() + 30
+        while log_bytes(dest) != log_bytes(source) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        slave.terminate()
+        _, err = slave.communicate(timeout=30)
+    assert slave.returncode == 0, err
+    assert "connecting again in 5 s" in err
+    assert log_bytes(dest) == log_bytes(source)
+    assert run_cli("verify", dest).exit_code == 0
 
 
 # -- the slave against a scripted master ------------------------------------------------------
