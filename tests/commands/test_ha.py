@@ -39,8 +39,14 @@ FILE = 65536
 CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
 
 
-def log_bytes(store: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes().rstrip(b"\0") for p in sorted((store / "commitlog").iterdir())}
+def log_bytes(store: Path, end: int | None = None) -> dict[str, bytes]:
+    """Each commit-log file's bytes (before ``end``, an offset, when given), trailing zeros
+    left out."""
+    files = {
+        p.name: p.read_bytes()[: None if end is None else max(0, end - int(p.name))].rstrip(b"\0")
+        for p in sorted((store / "commitlog").iterdir())
+    }
+    return {name: data for name, data in files.items() if data or end is None}
 
 
 def queue_files(store: Path) -> dict[str, bytes]:
@@ -113,15 +119,33 @@ def test_an_empty_replica_starts_at_the_masters_last_file(tmp_path: Path) -> Non
     assert verified.exit_code == 0, verified.stdout
 
 
-@pytest.mark.parametrize("name", ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"])
+@pytest.mark.parametrize(
+    "name",
+    ["s1_multi", "s3_txn_delay", "s4_recovered_from_torn_half_record", "v533_s1_multi",
+     "v533_s3_txn"],
+)  # fmt: skip
 def test_broker_stores_over_ha(oracle, tmp_path: Path, name: str) -> None:
     store = oracle(name).store
     dest = tmp_path / "dest"
     replicate(store, dest, "--until", "1000000", *ORACLE_OPTIONS)
     with serving(store, *ORACLE_OPTIONS) as address:
-        replicate(address, dest, *ORACLE_OPTIONS)
-    assert log_bytes(dest) == log_bytes(store)
+        done = replicate(address, dest, *ORACLE_OPTIONS)
+    # S4's files keep the torn bytes its broker's recovery stepped back from
+    assert log_bytes(dest) == log_bytes(store, done["toOffset"])
     assert queue_files(dest) == queue_files(store)
+    assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
+
+
+def test_a_crashed_master_store_is_served_up_to_its_valid_end(oracle, tmp_path: Path) -> None:
+    crash = oracle("s2_crash")
+    store = crash.root / "store_torn_half_record"
+    end = crash.manifest["lastValidEnd"]
+    dest = tmp_path / "dest"
+    replicate(store, dest, "--until", "1000000", *ORACLE_OPTIONS)
+    with serving(store, *ORACLE_OPTIONS) as address:
+        done = replicate(address, dest, *ORACLE_OPTIONS)
+    assert done["toOffset"] == end  # the torn record is not served
+    assert log_bytes(dest) == {name: data for name, data in log_bytes(store, end).items() if data}
     assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
 
 
