@@ -61,9 +61,11 @@ def command(
     frame waits for its rest); without --follow it ends once DEST has all the master has.
     With --follow a connection that fails (the master restarts, falls silent for 20 s) is
     made again every 5 s, as a slave broker does; a master that breaks the protocol ends
-    the command (exit 4), DEST left at its last whole record. A directory SOURCE is read only, even while a broker writes it: only whole,
-    CRC-valid records up to its valid end are copied. DEST is created when missing or empty;
-    its commit-log files get SOURCE's names, sizes and bytes (records, BLANKs), and after every
+    the command (exit 4), DEST left at its last whole record.
+
+    A directory SOURCE is read only, even while a broker writes it: only whole, CRC-valid
+    records up to its valid end are copied. DEST is created when missing or empty; its
+    commit-log files get SOURCE's names, sizes and bytes (records, BLANKs), and after every
     round its consume queues and index cover what was copied and its checkpoint says so, so
     verify finds it sound. A second run copies only what is new, from DEST's end. DEST must
     be a prefix of SOURCE (its last 64 MiB and any bytes after its end equal to SOURCE's),
