@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import queue
 import shutil
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -642,8 +644,19 @@ _DICTIONARY_COLUMNS = [
 ]
 
 
+# columns whose min/max statistics go into the file (what a reader can skip row groups by);
+# those of bodies, properties, keys and ids would cost as much as the rest of the encoding
+_STATISTICS_COLUMNS = [
+    name
+    for name, _, _ in COMMITLOG_COLUMNS
+    if name not in ("body", "properties", "keys", "uniqKey", "msgId")
+]
+
+
 def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
-    """Row groups of about ROW_GROUP_ROWS messages (the kernel's batches are smaller)."""
+    """Row groups of about ROW_GROUP_ROWS messages (the kernel's batches are smaller),
+    encoded in a second thread while the next ones are built (the encoder releases the GIL;
+    at most two row groups wait, so memory stays flat)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -651,16 +664,61 @@ def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
     schema = arrow_schema(COMMITLOG_COLUMNS)
     waiting: list[Any] = []
     rows = 0
-    with pq.ParquetWriter(stream, schema, use_dictionary=_DICTIONARY_COLUMNS) as writer:
+    with (
+        pq.ParquetWriter(
+            stream,
+            schema,
+            use_dictionary=_DICTIONARY_COLUMNS,
+            write_statistics=_STATISTICS_COLUMNS,
+        ) as writer,
+        _Background(writer.write_table) as encode,
+    ):
         for batch in chain(batches, [None]):
             if batch is not None:
                 waiting.append(batch)
                 rows += batch.num_rows
                 count += batch.num_rows
             if waiting and (batch is None or rows >= ROW_GROUP_ROWS):
-                writer.write_table(pa.Table.from_batches(waiting, schema=schema))
+                encode(pa.Table.from_batches(waiting, schema=schema))
                 waiting, rows = [], 0
     return count
+
+
+class _Background:
+    """``work(item)`` for each item given, in order, in one thread of its own; a failure
+    there is raised in the caller (at the next item, or on leaving)."""
+
+    def __init__(self, work: Callable[[Any], Any], waiting: int = 2) -> None:
+        self.work = work
+        self.items: queue.Queue[Any] = queue.Queue(maxsize=waiting)
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="rmqstore-encode", daemon=True)
+
+    def __enter__(self) -> Callable[[Any], None]:
+        self.thread.start()
+        return self._give
+
+    def _give(self, item: Any) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self.items.put(item)
+
+    def _run(self) -> None:
+        while (item := self.items.get()) is not _DONE:
+            if self.failure is None:
+                try:
+                    self.work(item)
+                except BaseException as exc:  # handed to the caller's thread
+                    self.failure = exc
+
+    def __exit__(self, *exc: object) -> None:
+        self.items.put(_DONE)
+        self.thread.join()
+        if self.failure is not None and exc[0] is None:
+            raise self.failure
+
+
+_DONE = object()
 
 
 def _write_jsonl(stream: Any, batches: Iterator[Any]) -> int:

@@ -4,6 +4,7 @@ the real broker reported it; statistics add up; bad destinations are refused cle
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from rmqstore.fixtures import generate
 from rmqstore.pipeline.local import (
     LocalPipeline,
     PipelineOptions,
+    _Background,
 )
 from rmqstore.store import Store
 
@@ -213,3 +215,20 @@ def test_stats_without_pyarrow_count_record_by_record(
     expected = pipeline.stats().to_dict()
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now fails
     assert pipeline.stats().to_dict() == expected
+
+
+def test_background_work_runs_in_order_and_its_failure_reaches_the_caller() -> None:
+    done: list[int] = []
+    with _Background(done.append) as give:
+        for item in range(100):
+            give(item)
+    assert done == list(range(100))
+
+    def fails_at_three(item: int) -> None:
+        if item == 3:
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"), _Background(fails_at_three) as give:
+        for item in range(100):
+            give(item)
+            time.sleep(0.001)
