@@ -26,11 +26,15 @@ from pathlib import Path
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode, RmqStoreError, StoreIOError
-from rmqstore.record import RegionScan, ScanStop
-from rmqstore.replication import WRITE_SETTLE, confirmed_end, dispatch_copied
-from rmqstore.segments import Segment, open_for_writing
+from rmqstore.replication import (
+    WRITE_SETTLE,
+    confirmed_end,
+    dispatch_copied,
+    readable_end,
+    whole_records_end,
+)
+from rmqstore.segments import open_for_writing
 from rmqstore.store import Store
-from rmqstore.windows import FileWindows
 
 REPORT = struct.Struct(">q")
 HEADER = struct.Struct(">qi")
@@ -91,41 +95,6 @@ class FrameReader:
 
 
 # -- the master ------------------------------------------------------------------------------
-
-
-def readable_end(store_root: Path, config: StoreConfig, known: int = 0) -> int:
-    """Where a master may read up to in a store directory: the end of its whole, CRC-valid
-    records (a completed file counts to its end, BLANK and padding included), looked for
-    from ``known`` on (an end found before)."""
-    with Store.open_read(store_root, config) as store:
-        log = store.commitlog
-        position = max(known, log.min_offset)
-        for segment in log.segments:
-            if segment.start + log.file_size <= position:
-                continue
-            end, complete = _records_end(segment, max(0, position - segment.start))
-            position = segment.start + (log.file_size if complete else end)
-            if not complete:
-                break
-        return position
-
-
-def _records_end(segment: Segment, position: int, limit: int | None = None) -> tuple[int, bool]:
-    """Where the whole, CRC-valid records from ``position`` end in ``segment`` (a file
-    position), and whether a BLANK closes the file there. Only bytes before ``limit`` count:
-    a record whose tail is still zeros can pass the checks (its properties are not covered
-    by the body CRC), so a slave scans no further than the bytes it has received."""
-    windows = FileWindows(segment.path, segment.size if limit is None else limit)
-    try:
-        region = RegionScan(
-            None, position, windows.limit, segment.start, True,
-            stop_on_crc_error=True, windows=windows,
-        )  # fmt: skip
-        for _batch in region.batches():
-            pass
-        return region.end_position, region.stop is ScanStop.BLANK
-    finally:
-        windows.close()
 
 
 @dataclass
@@ -675,7 +644,7 @@ def _dispatch_whole(dest: Store, whole_end: int, received: int) -> tuple[int, in
         if segment.start > position:
             break
         limit = min(log.file_size, received - segment.start)
-        end, complete = _records_end(segment, position - segment.start, limit)
+        end, complete = whole_records_end(segment, position - segment.start, received=limit)
         if complete and segment.start + log.file_size > received:
             complete = False  # the BLANK's padding is still on its way: wait at the BLANK
         position = segment.start + (log.file_size if complete else end)
@@ -721,7 +690,6 @@ __all__ = [
     "SlaveProgress",
     "connect",
     "follow_master",
-    "readable_end",
     "replicate_from_master",
     "serve",
 ]

@@ -114,7 +114,9 @@ def replicate_round(
                     f"SOURCE has no commit-log file at {position} (its next file starts at "
                     f"{segment.start}): the log has a gap"
                 )
-            end, complete = _whole_records_end(segment, position - segment.start, until)
+            end, complete = whole_records_end(segment, position - segment.start, until=until)
+            if complete:  # the BLANK and the bytes after it go too
+                end = log.file_size
             if end > position - segment.start or complete:
                 pieces.append((segment, position - segment.start, end))
             position = segment.start + end if not complete else segment.start + log.file_size
@@ -205,12 +207,34 @@ def _read(store: Store, offset: int, length: int) -> bytes:
     return bytes(data)
 
 
-def _whole_records_end(segment: Segment, position: int, until: int | None) -> tuple[int, bool]:
+def readable_end(store_root: Path, config: StoreConfig, known: int = 0) -> int:
+    """Where a reader of a store directory, one a broker may be writing, may read up to: the
+    end of its whole, CRC-valid records (a completed file counts to its end, BLANK and padding
+    included), looked for from ``known`` on (an end found before). Bytes up to it are read
+    :data:`WRITE_SETTLE` after it was found (``serve-ha --follow``, the streaming source)."""
+    with Store.open_read(store_root, config) as store:
+        log = store.commitlog
+        position = max(known, log.min_offset)
+        for segment in log.segments:
+            if segment.start + log.file_size <= position:
+                continue
+            end, complete = whole_records_end(segment, max(0, position - segment.start))
+            position = segment.start + (log.file_size if complete else end)
+            if not complete:
+                break
+        return position
+
+
+def whole_records_end(
+    segment: Segment, position: int, *, received: int | None = None, until: int | None = None
+) -> tuple[int, bool]:
     """Where the whole, CRC-valid records of ``segment`` from ``position`` end (a file
-    position), and whether the file is complete (it ends with a BLANK, which is included
-    with the bytes after it). With ``until``, only records that end by that offset."""
+    position), and whether a BLANK closes the file there (the end is then the BLANK's
+    position; the file is complete). ``received``: only the file's bytes before this file
+    position count (a record whose tail is still zeros can pass the checks: its properties
+    are outside the body CRC). ``until``: only records that end by this physical offset."""
     limit = until - segment.start if until is not None else None
-    windows = FileWindows(segment.path, segment.size)
+    windows = FileWindows(segment.path, segment.size if received is None else received)
     try:
         region = RegionScan(
             None, position, windows.limit, segment.start, True,
@@ -227,8 +251,8 @@ def _whole_records_end(segment: Segment, position: int, until: int | None) -> tu
                         return end, False
                     end = offset - segment.start + size
             end = last_end
-        if region.stop is ScanStop.BLANK and (limit is None or limit >= windows.limit):
-            return windows.limit, True
+        if region.stop is ScanStop.BLANK and (limit is None or limit >= segment.size):
+            return region.end_position, True
         return region.end_position if limit is None else end, False
     finally:
         windows.close()

@@ -323,7 +323,7 @@ def scripted_master(script) -> Iterator[tuple[str, int]]:  # type: ignore[no-unt
                 script(connection, reported)
             except AssertionError as exc:  # the script's own checks fail the test
                 failed.append(exc)
-            time.sleep(1.5)  # longer than a slave waits after a heartbeat at its end
+            time.sleep(0.6)  # longer than a slave waits after a heartbeat at its end
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -427,7 +427,7 @@ def test_a_master_that_stalls_is_given_up(pair) -> None:  # type: ignore[no-unty
     _, dest, _ = pair
 
     def script(connection: socket.socket, reported: int) -> None:
-        time.sleep(2)
+        time.sleep(1.2)
 
     with scripted_master(script) as address, pytest.raises(HAError, match="sent nothing"):
         _slave(dest, address, silence=0.5)
