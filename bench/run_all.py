@@ -16,6 +16,7 @@ SCRIPTS = [
     "verify.py",
     "replicate.py",
     "spark.py",
+    "streaming.py",
 ]
 
 if __name__ == "__main__":

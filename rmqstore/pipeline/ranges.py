@@ -56,10 +56,11 @@ class FileRange:
     file_size: int
     last_file: bool  # the last file holding data: an invalid record ends the log
     margin: int = record_margin()
+    record_start: bool = False  # ``start`` is known to be a record's first byte
 
     @property
     def at_record(self) -> bool:
-        return self.start == 0  # a file starts with a record
+        return self.start == 0 or self.record_start  # a file starts with a record
 
 
 def last_data_file(location: StoreLocation, segments: list[tuple[str, int]]) -> str | None:

@@ -17,11 +17,18 @@ With ``summary=files`` it yields one row per range instead, a range a partition
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import astuple, replace
+from pathlib import Path
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
 
 from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import DelayLevels
@@ -33,6 +40,7 @@ from rmqstore.pipeline.ranges import (
     FileRange,
     plan_ranges,
     record_margin,
+    split_file,
     summarize_range,
 )
 from rmqstore.pipeline.rows import (
@@ -43,6 +51,8 @@ from rmqstore.pipeline.rows import (
     message_batches,
     queue_units,
 )
+from rmqstore.replication import WRITE_SETTLE, whole_records_end
+from rmqstore.segments import Segment
 
 
 def _option(options: dict[str, str], name: str, default: str | None = None) -> str | None:
@@ -178,6 +188,99 @@ class CommitLogDataSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return CommitLogReader(dict(self.options))
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return CommitLogStreamReader(dict(self.options))
+
+
+class CommitLogStreamReader(DataSourceStreamReader):
+    """``spark.readStream.format("rocketmq-commitlog")``: the messages a store gains, batch
+    after batch. Offsets are commit-log physical offsets (``{"offset": N}``): a micro-batch
+    reads the records in ``[start, end)``, both record boundaries, so a query restarted from
+    its checkpoint resumes exactly where it stopped. The end of a batch is where the store's
+    whole, CRC-valid records end (a completed file to its end), found the way ``serve-ha
+    --follow`` finds it, and its bytes are read at least 50 ms later, when a record a broker
+    was writing is complete. Files a broker deleted are skipped (their messages are gone); a
+    file rolled to is read from its start."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        path = str(_option(options, "path", ""))
+        self.location = StoreLocation(path)
+        if self.location.remote:
+            raise InputError("the streaming source reads a store directory on this machine")
+        self.root = Path(path)
+        self.split = _int_option(options, "splitSize", DEFAULT_SPLIT)
+        self.margin = record_margin(
+            _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE)
+        )
+        self.starting = (_option(options, "startingOffsets") or "earliest").strip().lower()
+        if self.starting not in ("earliest", "latest") and not self.starting.isdigit():
+            raise InputError(
+                f"option startingOffsets={self.starting!r}: earliest, latest or an offset"
+            )
+        self.rows = MessageRowOptions(
+            include_body=_flag(options, "includeBody", True),
+            check_crc=_flag(options, "verifyCrc", False),
+            topics=_topics(options),
+            delay_levels=_option(options, "messageDelayLevel"),
+            resync_last=True,
+        )
+        self.location.check_store()
+
+    def initialOffset(self) -> dict:
+        if self.starting == "latest":
+            return {"offset": self._end(0)}
+        if self.starting.isdigit():
+            return {"offset": int(self.starting)}
+        segments = self.location.segments("commitlog")
+        return {"offset": int(segments[0][0]) if segments else 0}
+
+    def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
+        known = int(start["offset"]) if start else 0
+        found = self._end(known)
+        time.sleep(WRITE_SETTLE)  # a record a writer had begun is whole when it is read
+        return {"offset": max(found, known)}
+
+    def _end(self, known: int) -> int:
+        """Where the whole, CRC-valid records end, looked for from ``known`` on."""
+        position = known
+        for name, size in self.location.segments("commitlog"):
+            start = int(name)
+            if start + size <= position:
+                continue
+            position = max(position, start)  # files before it were deleted
+            segment = Segment(start, self.root / "commitlog" / name, size)
+            end, complete = whole_records_end(segment, position - start)
+            position = start + (size if complete else end)
+            if not complete:
+                break
+        return position
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begin, stop = int(start["offset"]), int(end["offset"])
+        ranges = []
+        for name, size in self.location.segments("commitlog"):
+            file_start = int(name)
+            first = max(begin, file_start) - file_start
+            last = min(stop, file_start + size) - file_start
+            if first >= last:
+                continue
+            for number, (lower, upper) in enumerate(split_file(first, last, last, self.split)):
+                ranges.append(
+                    FileRange(
+                        name, file_start, lower, upper, size, True, self.margin,
+                        record_start=number == 0,
+                    )
+                )  # fmt: skip
+        return [InputPartition((group, self.rows)) for group in coalesce(ranges, self.split)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        parts, rows = partition.value
+        for part in parts:
+            yield from message_batches(self.location, part, rows)
+
+    def commit(self, end: dict) -> None:
+        pass  # the store is only read: nothing to release
 
 
 class ConsumeQueueReader(DataSourceReader):

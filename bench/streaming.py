@@ -1,0 +1,131 @@
+"""The streaming source: a query (trigger 1 s) tails a store while an ``append`` process is
+fed 10,000 messages a second for 20 s; each body carries the time it was handed to the
+writer, and the lag is measured when the Parquet sink commits the file holding it.
+
+    python bench/streaming.py [--workdir DIR] [--rate N] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import arguments, row
+
+TRIGGER = 1.0
+
+
+def committed_files(sink: Path, seen: set[str]) -> list[str]:
+    """Parquet files the sink's metadata log names that were not seen before."""
+    found = []
+    log = sink / "_spark_metadata"
+    if not log.is_dir():
+        return found
+    for entry in sorted(log.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        for line in entry.read_text().splitlines()[1:]:
+            path = json.loads(line)["path"].removeprefix("file://")
+            if path not in seen:
+                seen.add(path)
+                found.append(path)
+    return found
+
+
+def main() -> None:
+    parser = arguments(__doc__)
+    parser.add_argument("--rate", type=int, default=10_000)
+    parser.add_argument("--seconds", type=int, default=20)
+    options = parser.parse_args()
+    work = options.workdir / "streaming"
+    shutil.rmtree(work, ignore_errors=True)
+    store, sink, checkpoint = work / "store", work / "sink", work / "checkpoint"
+    rmqstore = [sys.executable, "-m", "rmqstore"]
+    subprocess.run([*rmqstore, "append", str(store), "--create", "--topic", "T", "--body", "0"],
+                   check=True, capture_output=True)  # fmt: skip
+
+    import pyarrow.parquet as pq
+
+    from rmqstore.spark import spark_session
+
+    spark = spark_session("local[2]")
+    query = (
+        spark.readStream.format("rocketmq-commitlog")
+        .option("startingOffsets", "latest")
+        .load(str(store))
+        .select("body")
+        .writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime=f"{TRIGGER:.0f} second")
+        .start()
+    )
+    time.sleep(5)  # the query's first (empty) batches
+    writer = subprocess.Popen(
+        [*rmqstore, "append", str(store), "--input", "-", "--jsonl"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert writer.stdin is not None
+    total = options.rate * options.seconds
+
+    def feed() -> None:
+        tick = 0.1
+        per_tick = int(options.rate * tick)
+        begin = time.time()
+        for number in range(options.seconds * 10):
+            now = time.time()
+            line = json.dumps({"topic": "T", "body": f"{now:.6f}"}) + "\n"
+            writer.stdin.write(line * per_tick)
+            writer.stdin.flush()
+            time.sleep(max(0.0, begin + (number + 1) * tick - time.time()))
+        writer.stdin.close()
+
+    feeding = threading.Thread(target=feed)
+    started = time.time()
+    feeding.start()
+    lags: list[float] = []
+    late_start: list[float] = []  # lags of the messages sent after the first 5 s
+    seen: set[str] = set()
+    deadline = time.time() + options.seconds + 60
+    while len(lags) < total and time.time() < deadline:
+        for path in committed_files(sink, seen):
+            arrived = time.time()
+            bodies = pq.read_table(path, columns=["body"]).column(0).to_pylist()
+            lags += [arrived - float(body) for body in bodies]
+            late_start += [arrived - float(b) for b in bodies if float(b) > started + 5]
+        time.sleep(0.02)
+    feeding.join()
+    writer.wait()
+    query.stop()
+    spark.stop()
+    lags.sort()
+    rate, seconds = options.rate, options.seconds
+    print(f"streaming: {rate:,} msg/s appended for {seconds} s, trigger {TRIGGER} s")
+    row(
+        "messages in the sink",
+        f"{len(lags):,} of {total:,}",
+    )
+    if lags:
+        row(
+            "lag, append to the Parquet sink",
+            f"median {lags[len(lags) // 2]:.2f} s, p99 {lags[int(len(lags) * 0.99)]:.2f} s, "
+            f"max {lags[-1]:.2f} s",
+            f"2 trigger intervals: {2 * TRIGGER:.1f} s",
+        )
+    if late_start:
+        late_start.sort()
+        row(
+            "  the same after the first 5 s",
+            f"median {late_start[len(late_start) // 2]:.2f} s, "
+            f"p99 {late_start[int(len(late_start) * 0.99)]:.2f} s, max {late_start[-1]:.2f} s",
+        )
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

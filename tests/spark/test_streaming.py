@@ -1,0 +1,115 @@
+"""The streaming source on a real local Spark session: a query tails a store while an
+``append`` process writes to it, into a Parquet sink with a checkpoint; every message arrives
+once, also across a restart of the query and the roll to new commit-log files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqstore.errors import InputError
+
+from support import run_cli
+
+pytestmark = pytest.mark.spark
+
+FILE = 65536
+
+
+def append(store: Path, first: int, count: int) -> None:
+    """``count`` messages numbered from ``first``, by an append process of their own."""
+    lines = "".join(
+        json.dumps({"topic": f"T{n % 3}", "body": f"message-{n}", "keys": f"k{n}"}) + "\n"
+        for n in range(first, first + count)
+    )
+    subprocess.run(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--input", "-", "--jsonl"],
+        input=lines, text=True, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def sink_bodies(spark: Any, sink: Path) -> list[str]:
+    """The bodies of the sink's committed files (Spark reads its metadata log)."""
+    if not (sink / "_spark_metadata").is_dir():
+        return []
+    frame = spark.read.schema("body BINARY").parquet(str(sink))
+    return [row.body.decode() for row in frame.collect()]
+
+
+def start(spark: Any, store: Path, sink: Path, checkpoint: Path, **options: str) -> Any:
+    reader = spark.readStream.format("rocketmq-commitlog")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return (
+        reader.load(str(store))
+        .select("body", "commitLogOffset", "topic")
+        .writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+
+
+def wait_for(spark: Any, sink: Path, count: int, seconds: float = 90) -> list[str]:
+    deadline = time.monotonic() + seconds
+    bodies = sink_bodies(spark, sink)
+    while len(bodies) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+        bodies = sink_bodies(spark, sink)
+    return bodies
+
+
+def test_a_query_tails_a_store_being_written_once_per_message(spark: Any, tmp_path: Path):
+    store, sink, checkpoint = tmp_path / "store", tmp_path / "sink", tmp_path / "checkpoint"
+    created = run_cli("append", store, "--create", "--topic", "T0", "--body", "message-0",
+                      "--commitlog-file-size", str(FILE))  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    query = start(spark, store, sink, checkpoint)
+    try:
+        sent = 1
+        for _ in range(6):  # several micro-batches, files rolled on the way
+            append(store, sent, 400)
+            sent += 400
+            time.sleep(0.3)
+        bodies = wait_for(spark, sink, sent)
+    finally:
+        query.stop()
+    assert sorted(bodies) == sorted(f"message-{n}" for n in range(sent))
+    assert len(list((store / "commitlog").iterdir())) > 3
+
+    append(store, sent, 500)  # while no query runs
+    sent += 500
+    query = start(spark, store, sink, checkpoint)  # resumes from its checkpoint
+    try:
+        bodies = wait_for(spark, sink, sent)
+        time.sleep(1.5)  # a few more triggers: nothing is read twice
+        bodies = sink_bodies(spark, sink)
+    finally:
+        query.stop()
+    assert sorted(bodies) == sorted(f"message-{n}" for n in range(sent))
+
+
+def test_starting_offsets_and_a_bad_option(spark: Any, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    run_cli("append", store, "--create", "--topic", "T0", "--body", "old")
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    query = start(spark, store, sink, checkpoint, startingOffsets="latest")
+    try:
+        time.sleep(3)  # the query has started at the end of the store
+        append(store, 1, 10)
+        bodies = wait_for(spark, sink, 10)
+    finally:
+        query.stop()
+    assert sorted(bodies) == sorted(f"message-{n}" for n in range(1, 11))
+
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    with pytest.raises(InputError, match="startingOffsets"):
+        CommitLogStreamReader({"path": str(store), "startingOffsets": "tomorrow"})
