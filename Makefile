@@ -34,11 +34,12 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The whole suite on the compiled kernel (required), then everything but Spark and the
-# campaigns again on the pure-Python reference kernel: both paths stay green.
+# The whole suite on the compiled kernel (required), then everything but Spark, the
+# campaigns and the install tests (which build their own environments, the same either way)
+# again on the pure-Python reference kernel: both paths stay green.
 test: venv java-check lint
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q
-	RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider -m "not spark and not campaign"
+	RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider -m "not spark and not campaign and not install"
 
 # everything except the real-Spark tests, on the compiled kernel
 test-fast: venv lint

@@ -16,6 +16,8 @@ import pytest
 
 from support import REPO
 
+pytestmark = pytest.mark.install
+
 
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_virtualenv(tmp_path: Path) -> None:
