@@ -41,6 +41,13 @@ from rmqstore.store import Store
 )
 @click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
 @click.option("--no-body", is_flag=True, help="Leave the message bodies out.")
+@click.option(
+    "--decompress/--no-decompress",
+    default=True,
+    show_default=True,
+    help="Inflate ZLIB bodies of COMPRESSED records as a consumer receives them (others, and "
+    "bodies that do not inflate, stay as stored; sysFlag says which were compressed).",
+)
 @engine_options(default="auto")
 @jobs_option()
 @store_config_options
@@ -52,6 +59,7 @@ def command(
     fmt: str,
     topics: tuple[str, ...],
     no_body: bool,
+    decompress: bool,
     engine: EngineChoice,
     jobs: int,
     config: StoreConfig,
@@ -63,7 +71,8 @@ def command(
     Columns (the rocketmq-commitlog data source): topic, queueId, queueOffset, body,
     properties, bornTimestamp, storeTimestamp, flag, commitLogOffset, storeSize (also as
     msgSize), bodyLength, bodyCRC, crcOk, sysFlag, bornHost, storeHost, reconsumeTimes,
-    preparedTransactionOffset, tags, tagsCode, keys, uniqKey, msgId, version, file.
+    preparedTransactionOffset, tags, tagsCode, keys, uniqKey, msgId, version, file, bornTime,
+    storeTime (timestamps, UTC; ISO-8601 in JSON lines).
 
     Records are read up to where each file's records end, as one walk of the log sees it:
     damaged regions of completed files are skipped, and the log ends at the first invalid
@@ -87,7 +96,9 @@ def command(
 
         watch = functools.partial(progress_bar, enabled=not no_progress)
         pipeline = LocalPipeline(store, options, watch)
-    result = pipeline.export(destination, fmt, topics=selected, include_body=not no_body)
+    result = pipeline.export(
+        destination, fmt, topics=selected, include_body=not no_body, decompress=decompress
+    )
     if as_json:
         emit_json(result.to_dict())
     else:

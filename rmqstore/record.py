@@ -396,22 +396,25 @@ def decompress_body(message: Message) -> bytes:
 
     The store never compresses; LZ4 and ZSTD bodies (types 1 and 2) are not supported here.
     """
-    body = message.body or b""
-    if not message.sys_flag & COMPRESSED_FLAG:
+    return inflate_body(message.body or b"", message.sys_flag, message.physical_offset)
+
+
+def inflate_body(body: bytes, sys_flag: int, physical_offset: int) -> bytes:
+    """``body`` as the producer sent it, given its record's sysFlag (see
+    :func:`decompress_body`); an InputError names the record when it cannot be."""
+    if not sys_flag & COMPRESSED_FLAG:
         return body
-    compression = (message.sys_flag & COMPRESSION_TYPE_MASK) >> 8
+    compression = (sys_flag & COMPRESSION_TYPE_MASK) >> 8
     if compression not in (0, 3):
         name = {1: "LZ4", 2: "ZSTD"}.get(compression, f"type {compression}")
         raise InputError(
-            f"message at {message.physical_offset} is {name}-compressed; "
+            f"message at {physical_offset} is {name}-compressed; "
             "only ZLIB bodies can be decompressed"
         )
     try:
         return zlib.decompress(body)
     except zlib.error as exc:
-        raise InputError(
-            f"message at {message.physical_offset}: body does not inflate: {exc}"
-        ) from None
+        raise InputError(f"message at {physical_offset}: body does not inflate: {exc}") from None
 
 
 class ScanStop(Enum):

@@ -39,6 +39,36 @@ def constant(pa: Any, value: int) -> Any:
     return pa.Array.from_buffers(pa.int64(), 1, [None, pa.py_buffer(array("q", [value]))])[0]
 
 
+def constant32(pa: Any, value: int) -> Any:
+    """An Arrow int32 scalar, made from a buffer (see :func:`constant`)."""
+    return pa.Array.from_buffers(pa.int32(), 1, [None, pa.py_buffer(array("i", [value]))])[0]
+
+
+# epoch milliseconds a timestamp can show: years 1 to 9999 (others, from a damaged or hostile
+# record, are null; the ms columns keep them)
+TIMESTAMP_MS_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
+
+
+def timestamps(pa: Any, rows: Any, column: int, count: int) -> Any:
+    """Row column ``column`` (epoch milliseconds) as Arrow timestamps in microseconds, UTC
+    (Spark's TimestampType); null outside :data:`TIMESTAMP_MS_RANGE`."""
+    import pyarrow.compute as pc
+
+    millis = integers(pa, rows, column, count)
+    low, high = TIMESTAMP_MS_RANGE
+    shown = pc.and_(
+        pc.greater_equal(millis, constant(pa, low)), pc.less_equal(millis, constant(pa, high))
+    )
+    kept = pc.sum(pc.cast(shown, pa.int64())).as_py() or 0
+    micros = pc.multiply(pc.if_else(shown, millis, constant(pa, 0)), constant(pa, 1000))
+    return pa.Array.from_buffers(
+        pa.timestamp("us", tz="UTC"),
+        count,
+        [None if kept == count else shown.buffers()[1], micros.buffers()[1]],
+        null_count=count - kept,
+    )
+
+
 def _int64(pa: Any, values: array, count: int) -> Any:
     return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(values)])
 

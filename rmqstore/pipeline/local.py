@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -352,8 +353,10 @@ class Pipeline:
         *,
         topics: frozenset[str] | None = None,
         include_body: bool = True,
+        decompress: bool = True,
     ) -> ExportResult:
-        """One part file per range, written by whoever reads the range."""
+        """One part file per range, written by whoever reads the range; ``decompress``:
+        ZLIB bodies of COMPRESSED records inflated, as a consumer receives them."""
         check_export(destination, fmt)
         walked = self.walk(check_crc=False)
         rows = MessageRowOptions(
@@ -361,6 +364,7 @@ class Pipeline:
             topics=topics,
             delay_levels=self.options.delay_levels,
             resync_last=True,
+            decompress=decompress,
         )
         return export_parts(
             self.location.uri,
@@ -736,6 +740,8 @@ def _write_jsonl(stream: Any, batches: Iterator[Any]) -> int:
                     value = base64.b64encode(value).decode("ascii")
                 elif name == "properties":
                     value = dict(value)
+                elif isinstance(value, datetime):  # bornTime, storeTime: ISO-8601, UTC
+                    value = value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
                 document[name] = value
             lines.append(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
         stream.write(("\n".join(lines) + "\n").encode("utf-8"))

@@ -7,6 +7,7 @@ imported when batches are built, pyspark never.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from rmqstore import kernel
 from rmqstore.consumequeue import PRE_BLANK_SIZE, UNIT
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
-from rmqstore.errors import RecordError
+from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout
 from rmqstore.kernel.layout import new_dispatch_out
@@ -22,7 +23,7 @@ from rmqstore.pipeline import columns
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import FileRange, RangeScan
 from rmqstore.properties import TAGS, decode_properties
-from rmqstore.record import record_item
+from rmqstore.record import COMPRESSED_FLAG, inflate_body, record_item
 
 EXPORT_BATCH_ROWS = 16384  # rows per Arrow batch (fewer when a window of the file ends)
 
@@ -54,13 +55,15 @@ COMMITLOG_COLUMNS = [
     ("msgId", "STRING", "string"),
     ("version", "STRING", "string"),
     ("file", "STRING", "string"),
+    ("bornTime", "TIMESTAMP", "timestamp"),  # bornTimestamp as a Spark timestamp (UTC)
+    ("storeTime", "TIMESTAMP", "timestamp"),
 ]
 CONSUMEQUEUE_COLUMNS = [
     ("topic", "STRING", "string"),
     ("queueId", "INT", "int32"),
     ("queueOffset", "BIGINT", "int64"),
     ("commitLogOffset", "BIGINT", "int64"),
-    ("size", "INT", "int32"),
+    ("storeSize", "INT", "int32"),  # the record's size, as the commit-log source names it
     ("tagsCode", "BIGINT", "int64"),
     ("file", "STRING", "string"),
 ]
@@ -81,6 +84,7 @@ def arrow_schema(columns: list[tuple[str, str, str]]) -> Any:
         "binary": pa.binary(),
         "bool": pa.bool_(),
         "map": pa.map_(pa.string(), pa.string()),
+        "timestamp": pa.timestamp("us", tz="UTC"),  # what Spark's TimestampType is in Arrow
     }
     return pa.schema([(name, types[kind]) for name, _, kind in columns])
 
@@ -92,6 +96,7 @@ class MessageRowOptions:
     topics: frozenset[str] | None = None
     delay_levels: str | None = None  # messageDelayLevel, for SCHEDULE_TOPIC_XXXX tagsCode
     resync_last: bool = False  # the last file's end is known (file bounds): skip damage
+    decompress: bool = False  # inflate ZLIB bodies of COMPRESSED records, as a consumer does
 
 
 def message_batches(
@@ -165,9 +170,34 @@ def message_batches(
                 "V1",
             ),
             columns.repeated(pa, file_label, count),
+            columns.timestamps(pa, rows, layout.BORN_TIMESTAMP, count),
+            columns.timestamps(pa, rows, layout.STORE_TIMESTAMP, count),
         ]
+        if options.decompress and options.include_body:
+            arrays[3] = _inflated(pa, arrays[3], arrays[14])
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
         yield batch if keep is None else batch.filter(keep)
+
+
+def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:
+    """``bodies`` with those of COMPRESSED records inflated (ZLIB, compression type 0 or 3,
+    as :func:`rmqstore.record.decompress_body`); a body of another type, or one that does not
+    inflate, stays as stored (``sysFlag`` still says it is compressed)."""
+    import pyarrow.compute as pc
+
+    compressed = pc.not_equal(
+        pc.bit_wise_and(sys_flags, columns.constant32(pa, COMPRESSED_FLAG)),
+        columns.constant32(pa, 0),
+    )
+    if not pc.any(compressed).as_py():
+        return bodies
+    flags = sys_flags.to_pylist()
+    values = bodies.to_pylist()
+    for row, flag in enumerate(flags):
+        if values[row] and flag & COMPRESSED_FLAG:
+            with suppress(InputError):  # one that does not inflate is kept as stored
+                values[row] = inflate_body(values[row], flag, -1)
+    return pa.array(values, type=pa.binary())
 
 
 def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -> Any:

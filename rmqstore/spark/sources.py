@@ -104,6 +104,7 @@ class CommitLogReader(DataSourceReader):
             topics=_topics(options),
             delay_levels=_option(options, "messageDelayLevel"),
             resync_last=self.bounds is not None,
+            decompress=_flag(options, "decompress", False),
         )
 
     def partitions(self) -> list[InputPartition]:
@@ -172,7 +173,8 @@ def coalesce(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
 class CommitLogDataSource(DataSource):
     """``spark.read.format("rocketmq-commitlog").load(STORE)``: one row per message.
 
-    Options: includeBody (true), verifyCrc (false: crcOk is null), topics (comma-separated),
+    Options: includeBody (true), decompress (false: ZLIB bodies of COMPRESSED records as
+    stored), verifyCrc (false: crcOk is null), topics (comma-separated),
     splitSize (bytes, 33554432; 0 for one partition per file), messageDelayLevel (for the
     deliver-time tagsCode of SCHEDULE_TOPIC_XXXX), maxMessageSize (4194304), fileBounds
     (JSON: file name to where its records end), summary=files (one row per range; with
@@ -224,6 +226,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
             topics=_topics(options),
             delay_levels=_option(options, "messageDelayLevel"),
             resync_last=True,
+            decompress=_flag(options, "decompress", False),
         )
         self.location.check_store()
 

@@ -6,6 +6,8 @@ very many properties, IPv6 hosts, SCHEDULE_TOPIC_XXXX with a bad DELAY)."""
 from __future__ import annotations
 
 import random
+from contextlib import suppress
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,10 @@ from hypothesis import strategies as st
 
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import unit_tags_code
-from rmqstore.errors import RecordError
+from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.hosts import HostAddress, parse_host
+from rmqstore.pipeline.columns import TIMESTAMP_MS_RANGE
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import FileRange, RangeScan
 from rmqstore.pipeline.rows import COMMITLOG_COLUMNS, MessageRowOptions, message_batches
@@ -41,6 +44,7 @@ from rmqstore.record import (
     Message,
     encode_record,
     header_struct,
+    inflate_body,
 )
 
 from kernel_corpus import mutate, scenario_workdir, seed_files
@@ -71,6 +75,9 @@ def rows_by_record(location: StoreLocation, part: FileRange, options: MessageRow
         if options.include_body:
             body_at = offset - part.file_start - at + header_struct(header[H_SYS_FLAG]).size
             body = bytes(buf[body_at : body_at + header[H_BODY_LENGTH]])
+            if options.decompress and body:
+                with suppress(InputError):
+                    body = inflate_body(body, header[H_SYS_FLAG], offset)
         values = (
             topic,
             header[H_QUEUE_ID],
@@ -98,9 +105,18 @@ def rows_by_record(location: StoreLocation, part: FileRange, options: MessageRow
             (header[H_STORE_HOST] + offset.to_bytes(8, "big")).hex().upper(),
             "V2" if header[H_MAGIC] == MAGIC_V2 else "V1",
             f"commitlog/{part.name}",
+            _time(header[H_BORN_TIMESTAMP]),
+            _time(header[H_STORE_TIMESTAMP]),
         )
         found.append(dict(zip(NAMES, values, strict=True)))
     return found
+
+
+def _time(millis: int) -> datetime | None:
+    low, high = TIMESTAMP_MS_RANGE
+    if not low <= millis <= high:
+        return None
+    return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(milliseconds=millis)
 
 
 def rows_by_columns(location: StoreLocation, part: FileRange, options: MessageRowOptions) -> list:
@@ -118,6 +134,7 @@ OPTION_SETS = [
     MessageRowOptions(),
     MessageRowOptions(include_body=False, check_crc=True, resync_last=True),
     MessageRowOptions(check_crc=True, delay_levels="1s 5s 10s"),
+    MessageRowOptions(decompress=True),
 ]
 
 

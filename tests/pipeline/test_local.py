@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from rmqstore.pipeline.local import (
     PipelineOptions,
     _Background,
 )
+from rmqstore.record import COMPRESSED_FLAG
 from rmqstore.store import Store
 
 from support import check_against_broker, parquet_rows, run_cli
@@ -26,12 +29,21 @@ BROKER_STORES = ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"]
 @pytest.mark.parametrize("name", BROKER_STORES)
 def test_broker_stores_export_as_the_broker_reported(oracle, tmp_path: Path, name: str) -> None:
     store_dir = oracle(name).store
-    result = LocalPipeline(str(store_dir), PipelineOptions(split=20000)).export(
-        str(tmp_path / "out"), "parquet"
-    )
+    pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=20000))
+    result = pipeline.export(str(tmp_path / "out"), "parquet", decompress=False)
     rows = parquet_rows(tmp_path / "out")
     assert result.messages == len(rows)
-    check_against_broker(rows, oracle(name).manifest)
+    check_against_broker(rows, oracle(name).manifest)  # the bodies as stored
+    pipeline.export(str(tmp_path / "inflated"), "parquet")  # the default: as consumed
+    inflated = {row["commitLogOffset"]: row for row in parquet_rows(tmp_path / "inflated")}
+    compressed = [row for row in rows if row["sysFlag"] & COMPRESSED_FLAG]
+    for row in rows:
+        expected = zlib.decompress(row["body"]) if row["sysFlag"] & COMPRESSED_FLAG else row["body"]
+        assert inflated[row["commitLogOffset"]]["body"] == expected
+        stamp = inflated[row["commitLogOffset"]]["storeTime"]
+        assert stamp == datetime.fromtimestamp(row["storeTimestamp"] / 1000, timezone.utc)
+    if name == "s1_multi":
+        assert compressed  # the broker store holds compressed bodies
 
 
 def test_jsonl_export_holds_what_read_prints(tmp_path: Path) -> None:

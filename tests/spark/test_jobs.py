@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import zlib
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,21 @@ def test_commitlog_source_from_plain_pyspark(spark: Any, stores: Path) -> None:
     assert dict(rows[7].properties) == message.properties
     assert rows[7].storeSize == rows[7].msgSize == message.store_size
     assert rows[7].crcOk is None  # not checked unless asked
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    assert rows[7].storeTime.astimezone(timezone.utc) == epoch + timedelta(
+        milliseconds=message.store_timestamp
+    )
+    assert dict(frame.load(str(stores / "multi")).dtypes)["bornTime"] == "timestamp"
+
+
+def test_the_source_inflates_compressed_bodies_when_asked(spark: Any, oracle) -> None:
+    store = str(oracle("s1_multi").store)
+    stored = spark.read.format("rocketmq-commitlog").load(store)
+    inflated = spark.read.format("rocketmq-commitlog").option("decompress", "true").load(store)
+    raw = {r.commitLogOffset: r for r in stored.where("sysFlag % 2 = 1").collect()}
+    assert raw
+    for row in inflated.where("sysFlag % 2 = 1").collect():
+        assert row.body == zlib.decompress(raw[row.commitLogOffset].body)
 
 
 def test_commitlog_source_options(spark: Any, stores: Path) -> None:
@@ -121,7 +138,9 @@ def test_the_source_splits_the_last_file_and_coalesces_small_ones(
 
 
 def test_consumequeue_source(spark: Any, stores: Path) -> None:
-    rows = spark.read.format("rocketmq-consumequeue").load(str(stores / "multi")).collect()
+    frame = spark.read.format("rocketmq-consumequeue").load(str(stores / "multi"))
+    assert "storeSize" in frame.columns  # the commit-log source's name for a record's size
+    rows = frame.collect()
     with Store.open_read(stores / "multi") as store:
         expected = sorted(
             (topic, queue_id, unit.queue_offset, unit.physical_offset, unit.size, unit.tags_code)
@@ -139,7 +158,7 @@ def test_broker_stores_export_to_parquet_as_the_broker_reported(
     spark: Any, oracle, tmp_path: Path, name: str
 ) -> None:
     pipeline = SparkPipeline(spark, str(oracle(name).store), PipelineOptions(split=400_000))
-    result = pipeline.export(str(tmp_path / "out"), "parquet")
+    result = pipeline.export(str(tmp_path / "out"), "parquet", decompress=False)
     rows = parquet_rows(tmp_path / "out")
     assert result.messages == len(rows) == len({row["commitLogOffset"] for row in rows})
     check_against_broker(rows, oracle(name).manifest)
