@@ -16,11 +16,11 @@ from rmqstore.commands.options import (
     store_config_options,
 )
 from rmqstore.commands.output import (
-    Grid,
     confirm_or_refuse,
     console,
     counted,
     emit_json,
+    fields_grid,
     note,
     progress_bar,
     warn,
@@ -272,9 +272,7 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
 
 def _render(result: DispatchResult, quarantine: str | None) -> None:
 
-    table = Grid(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = fields_grid()
     table.add_row(
         "records",
         f"{result.records:,} (offsets {result.from_offset:,} .. "

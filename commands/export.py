@@ -16,7 +16,7 @@ from rmqstore.commands.options import (
     store_config_options,
     store_location_argument,
 )
-from rmqstore.commands.output import Grid, console, counted, emit_json, progress_bar
+from rmqstore.commands.output import console, counted, emit_json, fields_grid, progress_bar
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
@@ -114,9 +114,7 @@ def store_settings(store: str, config: StoreConfig) -> StoreConfig:
 
 
 def _render(result: ExportResult) -> None:
-    table = Grid(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = fields_grid()
     table.add_row("exported", f"{counted(result.messages, 'message')} as {result.format}")
     table.add_row("to", result.destination)
     if result.files:

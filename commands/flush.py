@@ -7,7 +7,14 @@ from pathlib import Path
 import click
 
 from rmqstore.commands.options import json_option, store_argument, store_config_options
-from rmqstore.commands.output import Grid, console, counted, emit_json, format_millis, note
+from rmqstore.commands.output import (
+    console,
+    counted,
+    emit_json,
+    fields_grid,
+    format_millis,
+    note,
+)
 from rmqstore.config import StoreConfig
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.store import Store
@@ -40,9 +47,7 @@ def command(store: Path, config: StoreConfig, as_json: bool) -> int:
 
 
 def _render(result: FlushResult) -> None:
-    table = Grid(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = fields_grid()
     table.add_row("flushed", f"{counted(result.files, 'file')}, {counted(result.bytes, 'byte')}")
     table.add_row("commit log ends at", f"{result.log_end:,}")
     checkpoint = result.checkpoint_after

@@ -20,6 +20,7 @@ from rmqstore.commands.output import (
     counted,
     delimited_options,
     emit_json,
+    fields_grid,
     format_millis,
     progress_bar,
     warn,
@@ -122,9 +123,7 @@ def _queue_rows(topics: list[dict[str, Any]], delimited: tuple[str, list[str]]) 
 
 def _render(summary: dict[str, Any]) -> None:
     log = summary["commitLog"]
-    overview = Grid(show_header=False, box=None, pad_edge=False)
-    overview.add_column(style="bold")
-    overview.add_column()
+    overview = fields_grid()
     overview.add_row("store", summary["store"])
     overview.add_row("record kernel", summary["kernel"])
     overview.add_row("lock", f"held by {summary['lockHolder']}" if summary["locked"] else "free")

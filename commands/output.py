@@ -81,6 +81,14 @@ _WRAP = "_wrap"  # the column option (ours, not rich's) that lets a column fold
 _LONGEST = 64  # longer words (a body, a base64 blob) may be split in a folding column
 
 
+def fields_grid(*, wrap_values: bool = False) -> Grid:
+    """A summary of name/value rows: names in bold, no header, no borders."""
+    grid = Grid(show_header=False, box=None, pad_edge=False)
+    grid.add_column(style="bold")
+    grid.add_column(wrap=wrap_values)
+    return grid
+
+
 class HumanOutput:
     """Human output on stdout. On a terminal: rich text and tables. Anywhere else (a pipe, a
     file): plain lines that are never wrapped or cut and end without spaces, and tables as

@@ -25,6 +25,7 @@ from rmqstore.commands.output import (
     emit_json,
     emit_jsonl,
     encode_body,
+    fields_grid,
     format_millis,
     json_text,
     message_document,
@@ -467,9 +468,7 @@ def _show_many(
 
 
 def _detail_table(document: dict) -> None:
-    table = Grid(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column(wrap=True)
+    table = fields_grid(wrap_values=True)
     for key, value in document.items():
         if key == "properties":
             value = "\n".join(f"{name}={text}" for name, text in value.items()) or "-"

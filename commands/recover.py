@@ -14,11 +14,11 @@ from rmqstore.commands.options import (
     store_config_options,
 )
 from rmqstore.commands.output import (
-    Grid,
     confirm_or_refuse,
     console,
     counted,
     emit_json,
+    fields_grid,
     note,
     progress_bar,
     warn,
@@ -173,9 +173,7 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
 
 def _render(result: RecoveryResult, abort_removed: bool) -> None:
     plan = result.plan
-    table = Grid(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = fields_grid()
     table.add_row("mode", "abnormal (abort was present)" if plan.abnormal else "normal")
     table.add_row("commit log", f"ends at {plan.log_end:,}" + (
         f" ({plan.stopped_by})" if plan.stopped_by else ""))  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from rmqstore.commands.options import json_option, store_config_options
-from rmqstore.commands.output import Grid, console, counted, emit_json, json_text, note
+from rmqstore.commands.output import console, counted, emit_json, fields_grid, json_text, note
 from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
 from rmqstore.replication import ReplicationRound, follow, replicate_round, source_geometry
@@ -149,9 +149,7 @@ def _from_master(
     if as_json and not keep_following:
         emit_json(document)
     elif not as_json:
-        table = Grid(show_header=False, box=None, pad_edge=False)
-        table.add_column(style="bold")
-        table.add_column()
+        table = fields_grid()
         table.add_row(
             "received",
             f"{counted(progress.bytes_received, 'byte')} in {counted(progress.frames, 'frame')}",
@@ -176,9 +174,7 @@ def _report(
         return
     if not single and not outcome.bytes_copied:
         return  # a quiet round of --follow says nothing
-    table = Grid(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = fields_grid()
     table.add_row(
         "copied",
         f"{counted(outcome.bytes_copied, 'byte')} ({outcome.from_offset}..{outcome.to_offset})",

@@ -22,6 +22,7 @@ from rmqstore.commands.output import (
     counted,
     delimited_options,
     emit_json,
+    fields_grid,
     progress_bar,
     warn,
 )
@@ -200,9 +201,7 @@ def _finish(
 
 def _render(report: VerifyReport) -> None:
     checked = report.checked
-    summary = Grid(show_header=False, box=None, pad_edge=False)
-    summary.add_column(style="bold")
-    summary.add_column()
+    summary = fields_grid()
     summary.add_row(
         "records",
         f"{checked['records']:,} ({checked['recordBytes']:,} bytes) in "

@@ -80,6 +80,7 @@ from rmqstore.segments import (
     open_for_writing,
     release_range,
     sync_directory,
+    sync_file_data,
 )
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 from rmqstore.windows import FileWindows, read_ahead
@@ -1016,11 +1017,7 @@ class CommitLogAppender:
                 self._dirty_files.add(self._segment.path)
                 self._dirty_from = -1
             for path in sorted(self._dirty_files):
-                fd = open_for_writing(path)
-                try:
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+                sync_file_data(path)
                 self._dirty_files.discard(path)
             if self._dirty_from >= 0 and self._map is not None:
                 start = self._dirty_from - self._dirty_from % _PAGE

@@ -9,7 +9,6 @@ skips), and the two time lookups (4.x and 5.x rules).
 from __future__ import annotations
 
 import mmap
-import os
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,8 +22,8 @@ from rmqstore.segments import (
     SegmentQueue,
     map_writable,
     nonzero_extent,
-    open_for_writing,
     reserve_range,
+    sync_file_data,
 )
 from rmqstore.windows import read_range
 
@@ -467,11 +466,7 @@ class ConsumeQueue:
             if self._write_segment is not None:  # the fast path of put() does not mark it
                 self._dirty.add(self._write_segment.path)
             for path in sorted(self._dirty):
-                fd = open_for_writing(path)
-                try:
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+                sync_file_data(path)
         except OSError as exc:
             raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
         self._dirty.clear()

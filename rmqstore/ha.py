@@ -33,7 +33,7 @@ from rmqstore.replication import (
     readable_end,
     whole_records_end,
 )
-from rmqstore.segments import open_for_writing
+from rmqstore.segments import open_for_writing, sync_file_data
 from rmqstore.store import Store
 
 REPORT = struct.Struct(">q")
@@ -606,11 +606,7 @@ def _sync_received(dest: Store, begin: int, end: int) -> None:
         if segment.start + log.file_size <= begin or segment.start >= end:
             continue
         try:
-            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
+            sync_file_data(segment.path)
         except OSError as exc:
             raise StoreIOError(f"cannot sync {segment.path}: {exc.strerror}") from None
 

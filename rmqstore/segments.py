@@ -228,6 +228,16 @@ def sync_directory(directory: Path) -> None:
         raise StoreIOError(f"cannot flush {directory}: {exc.strerror}") from None
 
 
+def sync_file_data(path: Path) -> None:
+    """fdatasync the store's own file ``path`` (its dirty pages, whoever wrote them); an
+    OSError is the caller's to name."""
+    fd = open_for_writing(path)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 def open_for_writing(path: Path, flags: int = 0) -> int:
     """A descriptor open for writing on the store's own file ``path``: never through a
     symbolic link (a link could lead out of the store)."""

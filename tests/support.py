@@ -268,3 +268,30 @@ def torn_replica(source: Path, dest: Path, cut_before_end: int = 3) -> None:
         handle.write(data[start : start + size - cut_before_end])
     with Store.open_read(dest) as opened:
         assert opened.log_end().offset == torn + size  # the torn record passes the checks
+
+
+def log_bytes(store: Path, end: int | None = None) -> dict[str, bytes]:
+    """Each commit-log file's bytes (those before ``end``, an offset, when given), trailing
+    zeros left out (a sparse copy and a pre-allocated file hold the same)."""
+    files = {}
+    for path in sorted((store / "commitlog").iterdir()):
+        data = path.read_bytes()
+        if end is not None:
+            data = data[: max(0, end - int(path.name))]
+        files[path.name] = data.rstrip(b"\0")
+    return {name: data for name, data in files.items() if data or end is None}
+
+
+def queue_files(store: Path) -> dict[str, bytes]:
+    """Each consume-queue file's bytes by its path under consumequeue/."""
+    root = store / "consumequeue"
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def replicate(source: str | Path, dest: Path, *options: object) -> dict:
+    """``rmqstore replicate SOURCE DEST --json``, which must succeed: its JSON."""
+    result = run_cli("replicate", source, dest, "--json", *options)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)

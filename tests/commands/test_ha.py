@@ -33,27 +33,10 @@ from rmqstore.ha import (
 )
 from rmqstore.store import Store
 
-from support import ORACLE_OPTIONS, run_cli, torn_replica
+from support import ORACLE_OPTIONS, log_bytes, queue_files, replicate, run_cli, torn_replica
 
 FILE = 65536
 CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
-
-
-def log_bytes(store: Path, end: int | None = None) -> dict[str, bytes]:
-    """Each commit-log file's bytes (before ``end``, an offset, when given), trailing zeros
-    left out."""
-    files = {
-        p.name: p.read_bytes()[: None if end is None else max(0, end - int(p.name))].rstrip(b"\0")
-        for p in sorted((store / "commitlog").iterdir())
-    }
-    return {name: data for name, data in files.items() if data or end is None}
-
-
-def queue_files(store: Path) -> dict[str, bytes]:
-    root = store / "consumequeue"
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 @contextmanager
@@ -76,12 +59,6 @@ def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
     finally:
         server.terminate()
         server.wait(timeout=30)
-
-
-def replicate(source: str | Path, dest: Path, *options: object) -> dict:
-    result = run_cli("replicate", source, dest, "--json", *options)
-    assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @pytest.mark.parametrize("name", CLEAN)

@@ -16,34 +16,17 @@ import pytest
 
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 
-from support import ORACLE_OPTIONS, run_cli, torn_replica, tree_digest
+from support import (
+    ORACLE_OPTIONS,
+    log_bytes,
+    queue_files,
+    replicate,
+    run_cli,
+    torn_replica,
+    tree_digest,
+)
 
 CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
-
-
-def log_bytes(store: Path, end: int | None = None) -> dict[str, bytes]:
-    """Each commit-log file's bytes (those before ``end``, an offset, when given), trailing
-    zeros left out (a sparse copy and a pre-allocated file hold the same)."""
-    files = {}
-    for path in sorted((store / "commitlog").iterdir()):
-        data = path.read_bytes()
-        if end is not None:
-            data = data[: max(0, end - int(path.name))]
-        files[path.name] = data.rstrip(b"\0")
-    return {name: data for name, data in files.items() if data or end is None}
-
-
-def queue_files(store: Path) -> dict[str, bytes]:
-    root = store / "consumequeue"
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
-def replicate(source: Path, dest: Path, *options: object) -> dict:
-    result = run_cli("replicate", source, dest, "--json", *options)
-    assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @pytest.mark.parametrize("name", CLEAN)
