@@ -320,7 +320,8 @@ def connect(address: tuple[str, int]) -> socket.socket:
     try:
         connection = socket.create_connection(address, timeout=5)
     except OSError as exc:
-        raise HALinkError(f"cannot connect to {address[0]}:{address[1]}: {exc.strerror}") from None
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise HALinkError(f"cannot connect to {address[0]}:{address[1]}: {reason}") from None
     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return connection
 
