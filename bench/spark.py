@@ -1,6 +1,8 @@
 """Spark pipeline: export to Parquet (bodies included) and full verify of the benchmark
 store on the local engine, then on Spark with local[1] and local[2] — each master in a fresh
-process, so Spark's start-up is measured too — and the scaling from 1 to 2 cores.
+process, so Spark's start-up is measured too — and the scaling from 1 to 2 cores; count()
+through the rocketmq-commitlog data source (every column, and a one-column schema) against
+stats on the local engine.
 
     python bench/spark.py [--messages N] [--workdir DIR] [--split BYTES]
 """
@@ -32,6 +34,13 @@ cores = spark.sparkContext.defaultParallelism
 warm = lambda _: len(__import__("pyarrow").__name__ + __import__("rmqstore.spark.jobs").__name__)
 spark.sparkContext.parallelize(range(cores), cores).map(warm).collect()
 figures["startup"] = time.perf_counter() - started
+reader = spark.read.format("rocketmq-commitlog").option("splitSize", str(split))
+begin = time.perf_counter()
+figures["counted"] = reader.load(store).count()
+figures["count"] = time.perf_counter() - begin
+begin = time.perf_counter()
+figures["counted_one"] = reader.schema("commitLogOffset BIGINT").load(store).count()
+figures["count_one"] = time.perf_counter() - begin
 pipeline = SparkPipeline(spark, store, PipelineOptions(split=split))
 begin = time.perf_counter()
 figures["exported"] = pipeline.export(out, "parquet").messages
@@ -66,6 +75,10 @@ def local_engine(path, out, split: int) -> dict:
         report = verify_store(store, VerifyOptions())
     figures["verify"] = clock.seconds
     figures["verified"] = report.checked["records"]
+    with timed() as clock:
+        stats = LocalPipeline(str(path), PipelineOptions(split=split)).stats()
+    figures["stats"] = clock.seconds
+    figures["counted"] = stats.to_dict()["messages"]
     return figures
 
 
@@ -114,6 +127,20 @@ def main() -> None:
             f"{size / figures['verify'] / 1e6:.0f} MB/s",
         )
     one, two = spark["local[1]"], spark["local[2]"]
+    row("stats, local engine", f"{here['stats']:6.2f} s", "the count() baseline")
+    for master, figures in spark.items():
+        assert figures["counted"] == figures["counted_one"] == here["counted"] == count, figures
+        row(
+            f"count(), spark {master}",
+            f"{figures['count']:6.2f} s",
+            f"one-column schema {figures['count_one']:.2f} s; "
+            f"{figures['count_one'] / here['stats']:.1f}x stats (target <= 3x)",
+        )
+    row(
+        "scaling local[1] -> local[2], count()",
+        f"{one['count'] / two['count']:6.2f}x",
+        f"one-column {one['count_one'] / two['count_one']:.2f}x; target >= 1.6x",
+    )
     row(
         "spark start-up, local[2]",
         f"{two['startup']:6.1f} s",

@@ -300,6 +300,24 @@ def command_page(path: list[str], command: click.Command, parent: click.Context)
     return "".join(page)
 
 
+SPARK_SOURCES = (
+    "From a PySpark program: from rmqstore.spark import register; register(spark); then "
+    'spark.read.format("rocketmq-commitlog").load(STORE) (a row per message, the columns '
+    "export writes) or rocketmq-consumequeue (a row per consume-queue unit); "
+    'spark.readStream.format("rocketmq-commitlog") tails a live store, its offsets commit-log '
+    "physical offsets.\n\n"
+    'A schema given to the read (.schema("topic STRING, commitLogOffset BIGINT")) builds only '
+    "those columns. register(spark, pushdown=True) turns on "
+    "spark.sql.python.filterPushdown.enabled and the sources take pushed-down conditions "
+    "(=, <>, <, >, IN, LIKE prefix/suffix/infix, IS NULL on topic, queueId, offsets, sizes, "
+    "flags, timestamps, tags, keys and the like), applied to each batch of records before "
+    "its other columns are built; a commitLogOffset window leaves out the ranges outside it. "
+    "With pushdown on, load() a DataFrame per query: Spark 4.1-4.3 reuses a DataFrame's last "
+    "pushed read for a later query on it that has no condition to push. The README's Spark "
+    "section has the options."
+)
+
+
 def main_page() -> str:
     context = _root_context()
     subcommands = all_commands()
@@ -315,13 +333,16 @@ def main_page() -> str:
             f".SH DESCRIPTION\n{paragraphs(cli.help or '')}\n",
             f".SH COMMANDS\n{commands}\n",
             f".SH OPTIONS\n{_options(cli, context)}\n",
+            f".SH SPARK DATA SOURCES\n{paragraphs(SPARK_SOURCES)}\n",
             _examples("rmqstore"),
             _exit_status(),
             ".SH ENVIRONMENT\n.TP\n.B RMQSTORE_DEBUG\nPrint a traceback after an internal "
             "error.\n.TP\n.B JAVA_HOME\nThe Java 17+ used by the Spark pipeline.\n"
             ".TP\n.B RMQSTORE_KERNEL\nWhich record kernel runs: auto (the compiled one when "
             "it was built, else the pure-Python reference), native (the compiled one, or exit 2) "
-            "or python (the reference).\n",
+            "or python (the reference).\n"
+            ".TP\n.B PYSPARK_PYTHON\nThe Python of Spark's workers, in your own PySpark job: one "
+            "with rmqstore installed (rmqstore's own sessions set it to their interpreter).\n",
             ".SH SEE ALSO\n"
             + ",\n".join(f".BR rmqstore\\-{roff(name)} (1)" for name in sorted(subcommands))
             + ",\n.BR rmqstore\\-store (5)\n",

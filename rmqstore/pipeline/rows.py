@@ -6,6 +6,7 @@ imported when batches are built, pyspark never.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout
 from rmqstore.kernel.layout import new_dispatch_out
 from rmqstore.pipeline import columns
+from rmqstore.pipeline.filters import RowFilter, keep_mask
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import FileRange, RangeScan
 from rmqstore.properties import TAGS, decode_properties
@@ -97,20 +99,171 @@ class MessageRowOptions:
     delay_levels: str | None = None  # messageDelayLevel, for SCHEDULE_TOPIC_XXXX tagsCode
     resync_last: bool = False  # the last file's end is known (file bounds): skip damage
     decompress: bool = False  # inflate ZLIB bodies of COMPRESSED records, as a consumer does
+    filters: tuple[RowFilter, ...] = ()  # rows that fail one are left out before decoding
+    columns: tuple[str, ...] | None = None  # the columns wanted, in order (None: all)
+
+    def row_filters(self) -> tuple[RowFilter, ...]:
+        """The filters, the ``topics`` option among them."""
+        if self.topics is None:
+            return self.filters
+        return (RowFilter("topic", "in", tuple(sorted(self.topics))), *self.filters)
+
+
+def commitlog_columns(names: tuple[str, ...] | None) -> list[tuple[str, str, str]]:
+    """The :data:`COMMITLOG_COLUMNS` named (all when None), in the order named."""
+    if names is None:
+        return COMMITLOG_COLUMNS
+    known = {column[0]: column for column in COMMITLOG_COLUMNS}
+    return [known[name] for name in names]
+
+
+class _Batch:
+    """One kernel batch of rows and the columns built from it so far: each column is built
+    once, when first asked for (by a filter or the output)."""
+
+    def __init__(
+        self,
+        pa: Any,
+        buf: Any,
+        rows: Any,
+        count: int,
+        options: MessageRowOptions,
+        levels: DelayLevels,
+        file_label: str,
+    ) -> None:
+        self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
+        self.options, self.levels, self.file_label = options, levels, file_label
+        self.built: dict[str, Any] = {}
+
+    def column(self, name: str) -> Any:
+        if name not in self.built:
+            self.built[name] = _BUILDERS[name](self)
+        return self.built[name]
+
+    def integers(self, field: int, kind: Any = None) -> Any:
+        return columns.integers(self.pa, self.rows, field, self.count, kind)
+
+    def field(self, field: int) -> Any:
+        return columns.binary(self.pa, self.buf, self.rows, self.count, field)
+
+    def keep_only(self, keep: Any) -> None:
+        """Drop the rows where ``keep`` (a boolean array without nulls) is false: from the
+        kernel rows, so the columns still to be built are built for the kept rows only."""
+        pa = self.pa
+        width = layout.ROW_WIDTH
+        flat = pa.Array.from_buffers(
+            pa.int64(), self.count * width, [None, pa.py_buffer(self.rows)]
+        )
+        picked = pa.FixedSizeListArray.from_arrays(flat, width).filter(keep).flatten()
+        data = memoryview(picked.buffers()[1])[
+            8 * picked.offset : 8 * (picked.offset + len(picked))
+        ]
+        self.rows = array("q", data.tobytes())
+        self.count = len(picked) // width
+        self.built = {name: values.filter(keep) for name, values in self.built.items()}
+
+
+def _body(batch: _Batch) -> Any:
+    pa, options = batch.pa, batch.options
+    if not options.include_body:
+        return pa.nulls(batch.count, pa.binary())
+    bodies = batch.field(layout.FIELD_BODY)
+    if options.decompress:
+        bodies = _inflated(pa, bodies, batch.column("sysFlag"))
+    return bodies
+
+
+def _crc_ok(batch: _Batch) -> Any:
+    pa = batch.pa
+    if batch.options.check_crc:
+        return columns.crc_verdicts(pa, batch.rows, batch.count)
+    return pa.nulls(batch.count, pa.bool_())
+
+
+def _properties(batch: _Batch) -> Any:
+    pa = batch.pa
+    kind = pa.map_(pa.string(), pa.string())
+    return columns.properties(pa, batch.buf, batch.rows, batch.count, kind)
+
+
+def _version(batch: _Batch) -> Any:
+    import pyarrow.compute as pc
+
+    pa = batch.pa
+    v2 = pc.equal(batch.integers(layout.VERSION), columns.constant(pa, 2))
+    return columns.chosen(pa, v2, "V2", "V1")
+
+
+def _int32(field: int) -> Any:
+    return lambda batch: batch.integers(field, batch.pa.int32())
+
+
+def _int64(field: int) -> Any:
+    return lambda batch: batch.integers(field)
+
+
+def _text(field: int) -> Any:
+    return lambda batch: columns.text(batch.pa, batch.field(field))
+
+
+def _hosts(field: int) -> Any:
+    return lambda batch: columns.hosts(batch.pa, batch.buf, batch.rows, batch.count, field)
+
+
+def _timestamps(field: int) -> Any:
+    return lambda batch: columns.timestamps(batch.pa, batch.rows, field, batch.count)
+
+
+_BUILDERS: dict[str, Any] = {
+    "topic": lambda batch: columns.topics(batch.pa, batch.buf, batch.rows, batch.count),
+    "queueId": _int32(layout.QUEUE_ID),
+    "queueOffset": _int64(layout.QUEUE_OFFSET),
+    "body": _body,
+    "properties": _properties,
+    "bornTimestamp": _int64(layout.BORN_TIMESTAMP),
+    "storeTimestamp": _int64(layout.STORE_TIMESTAMP),
+    "flag": _int32(layout.FLAG),
+    "commitLogOffset": _int64(layout.PHYSICAL_OFFSET),
+    "storeSize": _int32(layout.TOTAL_SIZE),
+    "msgSize": lambda batch: batch.column("storeSize"),
+    "bodyLength": _int32(layout.BODY_LENGTH),
+    "bodyCRC": _int32(layout.BODY_CRC),
+    "crcOk": _crc_ok,
+    "sysFlag": _int32(layout.SYS_FLAG),
+    "bornHost": _hosts(layout.FIELD_BORN_HOST),
+    "storeHost": _hosts(layout.FIELD_STORE_HOST),
+    "reconsumeTimes": _int32(layout.RECONSUME_TIMES),
+    "preparedTransactionOffset": _int64(layout.PREPARED_OFFSET),
+    "tags": _text(layout.FIELD_TAGS),
+    "tagsCode": lambda batch: _tags_codes(
+        batch.pa, batch.buf, batch.rows, batch.count, batch.levels
+    ),
+    "keys": _text(layout.FIELD_KEYS),
+    "uniqKey": _text(layout.FIELD_UNIQ_KEY),
+    "msgId": lambda batch: columns.message_ids(batch.pa, batch.buf, batch.rows, batch.count),
+    "version": _version,
+    "file": lambda batch: columns.repeated(batch.pa, batch.file_label, batch.count),
+    "bornTime": _timestamps(layout.BORN_TIMESTAMP),
+    "storeTime": _timestamps(layout.STORE_TIMESTAMP),
+}
 
 
 def message_batches(
     location: StoreLocation, part: FileRange, options: MessageRowOptions
 ) -> Iterator[Any]:
-    """Arrow record batches (:data:`COMMITLOG_COLUMNS`) of the messages starting in ``part``,
-    one per kernel batch of rows (see :mod:`rmqstore.pipeline.columns`)."""
+    """Arrow record batches of the messages starting in ``part`` that pass the options'
+    filters, one per kernel batch of rows that has some (see
+    :mod:`rmqstore.pipeline.columns`): the columns ``options.columns`` names, or all of
+    :data:`COMMITLOG_COLUMNS`. A filter's column is built first, for every row; the others
+    only for the rows that pass."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    schema = arrow_schema(COMMITLOG_COLUMNS)
-    properties_type = schema.field("properties").type
+    wanted = commitlog_columns(options.columns)
+    schema = arrow_schema(wanted)
+    names = [name for name, _, _ in wanted]
+    filters = options.row_filters()
     levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
-    wanted = None if options.topics is None else columns.strings(pa, sorted(options.topics))
     file_label = f"commitlog/{part.name}"
     scan = RangeScan(
         location,
@@ -120,63 +273,16 @@ def message_batches(
         batch_rows=EXPORT_BATCH_ROWS,
     )
     for buf, _, rows, count in scan.batches():
-        topic = columns.topics(pa, buf, rows, count)
-        keep = None
-        if wanted is not None:
-            keep = pc.is_in(topic, value_set=wanted)
-            if not pc.any(keep).as_py():
+        batch = _Batch(pa, buf, rows, count, options, levels, file_label)
+        if filters:
+            keep = keep_mask(pa, filters, batch.column)
+            kept = pc.sum(pc.cast(keep, pa.int64())).as_py() or 0
+            if not kept:
                 continue
-        crc_ok = (
-            columns.crc_verdicts(pa, rows, count)
-            if options.check_crc
-            else pa.nulls(count, pa.bool_())
-        )
-        size = columns.integers(pa, rows, layout.TOTAL_SIZE, count, pa.int32())
-        arrays = [
-            topic,
-            columns.integers(pa, rows, layout.QUEUE_ID, count, pa.int32()),
-            columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
-            (
-                columns.binary(pa, buf, rows, count, layout.FIELD_BODY)
-                if options.include_body
-                else pa.nulls(count, pa.binary())
-            ),
-            columns.properties(pa, buf, rows, count, properties_type),
-            columns.integers(pa, rows, layout.BORN_TIMESTAMP, count),
-            columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
-            columns.integers(pa, rows, layout.FLAG, count, pa.int32()),
-            columns.integers(pa, rows, layout.PHYSICAL_OFFSET, count),
-            size,
-            size,
-            columns.integers(pa, rows, layout.BODY_LENGTH, count, pa.int32()),
-            columns.integers(pa, rows, layout.BODY_CRC, count, pa.int32()),
-            crc_ok,
-            columns.integers(pa, rows, layout.SYS_FLAG, count, pa.int32()),
-            columns.hosts(pa, buf, rows, count, layout.FIELD_BORN_HOST),
-            columns.hosts(pa, buf, rows, count, layout.FIELD_STORE_HOST),
-            columns.integers(pa, rows, layout.RECONSUME_TIMES, count, pa.int32()),
-            columns.integers(pa, rows, layout.PREPARED_OFFSET, count),
-            columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)),
-            _tags_codes(pa, buf, rows, count, levels),
-            columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_KEYS)),
-            columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_UNIQ_KEY)),
-            columns.message_ids(pa, buf, rows, count),
-            columns.chosen(
-                pa,
-                pc.equal(
-                    columns.integers(pa, rows, layout.VERSION, count), columns.constant(pa, 2)
-                ),
-                "V2",
-                "V1",
-            ),
-            columns.repeated(pa, file_label, count),
-            columns.timestamps(pa, rows, layout.BORN_TIMESTAMP, count),
-            columns.timestamps(pa, rows, layout.STORE_TIMESTAMP, count),
-        ]
-        if options.decompress and options.include_body:
-            arrays[3] = _inflated(pa, arrays[3], arrays[14])
-        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
-        yield batch if keep is None else batch.filter(keep)
+            if kept < count:
+                batch.keep_only(keep)
+        arrays = [batch.column(name) for name in names]
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:

@@ -34,19 +34,37 @@ class SparkUnavailable(RmqStoreError):
     """Spark cannot run here: pyspark or a Java 17+ is missing, or the session failed."""
 
 
-def register(spark: Any) -> None:
-    """Register rmqstore's data sources with a SparkSession."""
-    from rmqstore.spark.sources import CommitLogDataSource, ConsumeQueueDataSource
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+# false: the workers' Python has rmqstore installed (with its compiled kernel); do not ship the
+# pure-Python package, which would come first on their path
+SHIP_CONF = "spark.rmqstore.shipPackage"
 
-    spark.dataSource.register(CommitLogDataSource)
-    spark.dataSource.register(ConsumeQueueDataSource)
+
+def register(spark: Any, pushdown: bool = False) -> None:
+    """Register rmqstore's data sources with a SparkSession. With ``pushdown`` the session's
+    :data:`PUSHDOWN_CONF` is turned on and the sources take the filters Spark pushes down;
+    without it (the default) they take none (Spark refuses a source that would take them
+    while that setting is off).
+
+    Pushdown is not the default because of a defect of Spark 4.1-4.3: a DataFrame from one
+    ``load()`` keeps the read planned for its last query whose conditions were pushed, and a
+    later query on it with no condition to push reuses that read, pushed conditions and all
+    (``df.where("tags IS NULL").count()`` then ``df.count()`` counts the first again). With
+    pushdown on, ``load()`` a DataFrame for each query."""
+    from rmqstore.spark.sources import data_sources
+
+    if pushdown:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+    for source in data_sources(pushdown):
+        spark.dataSource.register(source)
 
 
 def spark_session(
     master: str = DEFAULT_MASTER, conf: dict[str, str] | None = None, app_name: str = "rmqstore"
 ) -> Any:
     """A SparkSession with the data sources registered. Local masters run executors on this
-    interpreter; other masters get the rmqstore package shipped as a zip. The JVM's own
+    interpreter; other masters get the rmqstore package shipped as a zip
+    (:func:`package_archive`) unless ``conf`` sets :data:`SHIP_CONF` to false. The JVM's own
     output goes to a log file (:func:`spark_log_path`), not to the terminal."""
     from rmqstore.spark.javacheck import JavaMissing, require_java
 
@@ -66,6 +84,8 @@ def spark_session(
     local = master.startswith("local")
     if local:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    ship = (conf or {}).get(SHIP_CONF, "true").strip().lower() != "false"
+    shipped = {"spark.submit.pyFiles": _with_package(conf or {})} if ship and not local else {}
     settings = {
         "spark.app.name": app_name,
         "spark.master": master,
@@ -74,11 +94,10 @@ def spark_session(
         "spark.sql.shuffle.partitions": "8" if local else "200",
         **({"spark.ui.enabled": "false"} if local else {}),
         **(conf or {}),
+        **shipped,
     }
     log_path = spark_log_path()
-    _LEFT_BEHIND.append(log_path)
-    if len(_LEFT_BEHIND) == 1:
-        atexit.register(_clean_up)
+    _leave(log_path)
     try:
         if SparkContext._active_spark_context is None:
             spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
@@ -94,8 +113,6 @@ def spark_session(
         ) from None
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    if not local:
-        ship_package(spark)
     return spark
 
 
@@ -103,6 +120,13 @@ def spark_session(
 # the process ends, unless keep_log() was called because something failed
 _LEFT_BEHIND: list[Path] = []
 _KEEP = False
+
+
+def _leave(path: Path) -> None:
+    """Remove ``path`` when the process ends (see :func:`keep_log`)."""
+    _LEFT_BEHIND.append(path)
+    if len(_LEFT_BEHIND) == 1:
+        atexit.register(_clean_up)
 
 
 def keep_log() -> None:
@@ -127,16 +151,25 @@ def spark_log_path() -> Path:
     return Path(tempfile.gettempdir()) / f"rmqstore-spark-{os.getpid()}.log"
 
 
-def ship_package(spark: Any) -> Path:
-    """Add the rmqstore package (pure Python) to the executors' path."""
+def package_archive() -> Path:
+    """The rmqstore package (its Python modules) as a zip for executors' ``sys.path``: what
+    ``--py-files`` takes. Removed when the process ends. Executors importing it run the
+    pure-Python record kernel (a compiled module cannot be imported from a zip)."""
     folder = Path(tempfile.mkdtemp(prefix="rmqstore-"))
-    _LEFT_BEHIND.append(folder)
+    _leave(folder)
     archive = folder / "rmqstore.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
         for path in sorted(_PACKAGE.rglob("*.py")):
             bundle.write(path, Path("rmqstore") / path.relative_to(_PACKAGE))
-    spark.sparkContext.addPyFile(str(archive))
     return archive
+
+
+def _with_package(conf: dict[str, str]) -> str:
+    """``spark.submit.pyFiles`` with the package archive added: set before the context
+    starts, it reaches the executors and the driver's own Python workers (those that plan a
+    data source's reads), which a later ``addPyFile`` does not."""
+    given = conf.get("spark.submit.pyFiles", "")
+    return ",".join(item for item in (given, str(package_archive())) if item)
 
 
 def parse_conf(items: tuple[str, ...] | list[str]) -> dict[str, str]:

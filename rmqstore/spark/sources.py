@@ -12,14 +12,24 @@ With ``summary=files`` it yields one row per range instead, a range a partition
 (:data:`~rmqstore.pipeline.ranges.SUMMARY_FIELDS`).
 
 ``rocketmq-consumequeue``: one row per consume-queue unit, one partition per queue.
+
+Both take the columns of a schema given to the read (``.schema("topic STRING, queueId
+INT")``: only those columns are built) and, registered with pushdown
+(:func:`rmqstore.spark.register`), the filters Spark pushes down: conditions on the topic,
+queue id, offsets, sizes, flags, tags, keys and the like are applied to each kernel batch of
+rows before the other columns are built, a ``commitLogOffset`` window leaves out the ranges
+outside it, and topic and queue-id conditions leave out the consume queues they exclude.
+Timestamp conditions are applied too but also handed back to Spark, which checks them again.
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import astuple, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +37,26 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
     InputPartition,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringContains,
+    StringEndsWith,
+    StringStartsWith,
 )
 
 from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError
+from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     DEFAULT_SPLIT,
@@ -82,8 +106,102 @@ def _topics(options: dict[str, str]) -> frozenset[str] | None:
     return frozenset(t for t in topics.split(",") if t) or None
 
 
+_OPERATORS: dict[type, str] = {
+    EqualTo: "eq",
+    GreaterThan: "gt",
+    GreaterThanOrEqual: "ge",
+    LessThan: "lt",
+    LessThanOrEqual: "le",
+    In: "in",
+    StringStartsWith: "starts_with",
+    StringEndsWith: "ends_with",
+    StringContains: "contains",
+    IsNull: "is_null",
+    IsNotNull: "is_not_null",
+}
+_DAY_MICROS = 86_400_000_000
+
+
+def row_filter(pushed: Filter, kinds: dict[str, str]) -> tuple[RowFilter | None, bool]:
+    """``pushed`` as a :class:`RowFilter` over columns of the Arrow ``kinds`` given, and
+    whether it is exact (else Spark is to check it again); None when it cannot be applied."""
+    negated = isinstance(pushed, Not)
+    inner = pushed.child if negated else pushed
+    operator = _OPERATORS.get(type(inner))
+    attribute = getattr(inner, "attribute", ())
+    if operator is None or len(attribute) != 1 or attribute[0] not in kinds:
+        return None, False
+    column, kind = attribute[0], kinds[attribute[0]]
+    if operator in ("is_null", "is_not_null"):
+        return RowFilter(column, operator, negated=negated), True
+    value = inner.value
+    if kind == "timestamp":
+        return _time_filter(column, operator, value, negated), False
+    if kind == "string":
+        accepted: Any = str
+    elif kind in ("int32", "int64") and operator in (*COMPARISONS, "in"):
+        accepted = int
+    else:
+        return None, False
+    values = value if operator == "in" else (value,)
+    if any(isinstance(item, bool) or not isinstance(item, accepted) for item in values):
+        if operator != "in" or negated or any(item is not None for item in values):
+            return None, False  # x IN (.., NULL) holds as x IN (..); NOT of it never
+        values = tuple(item for item in values if item is not None)
+    return RowFilter(column, operator, tuple(values) if operator == "in" else value, negated), True
+
+
+def _time_filter(column: str, operator: str, value: Any, negated: bool) -> RowFilter | None:
+    """A timestamp comparison in epoch microseconds, loosened by a day when the literal has
+    no time zone (Spark checks it again)."""
+    if negated or operator not in ("gt", "ge", "lt", "le") or not isinstance(value, datetime):
+        return None
+    aware = value.tzinfo is not None
+    moment = value.astimezone(timezone.utc) if aware else value
+    micros = calendar.timegm(moment.timetuple()) * 1_000_000 + moment.microsecond
+    if not aware:
+        micros += -_DAY_MICROS if operator in ("gt", "ge") else _DAY_MICROS
+    return RowFilter(column, operator, micros)
+
+
+def push(
+    filters: list[Filter], kinds: dict[str, str]
+) -> tuple[tuple[RowFilter, ...], list[Filter]]:
+    """The filters as row filters, and those Spark is still to apply (by reference)."""
+    taken: list[RowFilter] = []
+    left: list[Filter] = []
+    for pushed in filters:
+        found, exact = row_filter(pushed, kinds)
+        if found is not None:
+            taken.append(found)
+        if not exact:
+            left.append(pushed)
+    return tuple(taken), left
+
+
+def requested_columns(
+    schema: Any, columns: list[tuple[str, str, str]], source: str
+) -> tuple[str, ...] | None:
+    """The columns of the schema a read was given, when it is not the source's own: each
+    one of the source's columns, of its type. None for the source's schema."""
+    fields = [(field.name, field.dataType.simpleString()) for field in schema.fields]
+    known = {name: spark.lower() for name, spark, _ in columns}
+    if [name for name, _ in fields] == list(known):
+        return None
+    for name, kind in fields:
+        if name not in known:
+            raise InputError(f"{source} has no column {name!r} (its columns: {', '.join(known)})")
+        if kind != known[name]:
+            raise InputError(f"{source} column {name} is {known[name].upper()}, not {kind.upper()}")
+    return tuple(name for name, _ in fields)
+
+
+_COMMITLOG_KINDS = {name: kind for name, _, kind in COMMITLOG_COLUMNS}
+_QUEUE_KINDS = {"topic": "string", "queueId": "int32"}
+
+
 class CommitLogReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: Any = None) -> None:
         self.location = StoreLocation(str(_option(options, "path", "")))
         self.split = _int_option(options, "splitSize", DEFAULT_SPLIT)
         self.margin = record_margin(
@@ -105,6 +223,11 @@ class CommitLogReader(DataSourceReader):
             delay_levels=_option(options, "messageDelayLevel"),
             resync_last=self.bounds is not None,
             decompress=_flag(options, "decompress", False),
+            columns=(
+                None
+                if self.summary or schema is None
+                else requested_columns(schema, COMMITLOG_COLUMNS, "rocketmq-commitlog")
+            ),
         )
 
     def partitions(self) -> list[InputPartition]:
@@ -122,6 +245,12 @@ class CommitLogReader(DataSourceReader):
         )
         if self.summary:
             return [InputPartition(([part], rows)) for part in ranges]
+        low, high = offset_window(rows.filters, "commitLogOffset")
+        ranges = [
+            part
+            for part in ranges
+            if part.file_start + part.stop > low and part.file_start + part.start < high
+        ]
         return [InputPartition((group, rows)) for group in coalesce(ranges, self.split)]
 
     def _bounds_with_last_end(self) -> dict[str, int] | None:
@@ -152,6 +281,17 @@ class CommitLogReader(DataSourceReader):
             delay_levels=DelayLevels(levels) if levels else DelayLevels(),
         )
         yield astuple(summary)
+
+
+class PushdownCommitLogReader(CommitLogReader):
+    """The commit-log reader taking the filters Spark pushes down."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        if self.summary:
+            return filters
+        taken, left = push(filters, _COMMITLOG_KINDS)
+        self.rows = replace(self.rows, filters=self.rows.filters + taken)
+        return left
 
 
 def coalesce(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
@@ -189,10 +329,18 @@ class CommitLogDataSource(DataSource):
         return ddl(SUMMARY_FIELDS if summary else COMMITLOG_COLUMNS)
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return CommitLogReader(dict(self.options))
+        return CommitLogReader(dict(self.options), schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return CommitLogStreamReader(dict(self.options))
+        return CommitLogStreamReader(dict(self.options), schema)
+
+
+class PushdownCommitLogDataSource(CommitLogDataSource):
+    """``rocketmq-commitlog`` taking pushed-down filters (the session's
+    ``spark.sql.python.filterPushdown.enabled`` must be on)."""
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return PushdownCommitLogReader(dict(self.options), schema)
 
 
 class CommitLogStreamReader(DataSourceStreamReader):
@@ -205,7 +353,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
     was writing is complete. Files a broker deleted are skipped (their messages are gone); a
     file rolled to is read from its start."""
 
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: Any = None) -> None:
         path = str(_option(options, "path", ""))
         self.location = StoreLocation(path)
         if self.location.remote:
@@ -227,6 +375,11 @@ class CommitLogStreamReader(DataSourceStreamReader):
             delay_levels=_option(options, "messageDelayLevel"),
             resync_last=True,
             decompress=_flag(options, "decompress", False),
+            columns=(
+                None
+                if schema is None
+                else requested_columns(schema, COMMITLOG_COLUMNS, "rocketmq-commitlog")
+            ),
         )
         self.location.check_store()
 
@@ -287,9 +440,17 @@ class CommitLogStreamReader(DataSourceStreamReader):
 
 
 class ConsumeQueueReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], schema: Any = None) -> None:
         self.location = StoreLocation(str(_option(options, "path", "")))
         self.topics = _topics(options)
+        self.filters: tuple[RowFilter, ...] = ()
+        names = (
+            None
+            if schema is None
+            else requested_columns(schema, CONSUMEQUEUE_COLUMNS, "rocketmq-consumequeue")
+        )
+        order = [name for name, _, _ in CONSUMEQUEUE_COLUMNS]
+        self.picked = None if names is None else [order.index(name) for name in names]
 
     def partitions(self) -> list[InputPartition]:
         self.location.check_store()
@@ -300,13 +461,32 @@ class ConsumeQueueReader(DataSourceReader):
             if self.topics is not None and topic not in self.topics:
                 continue
             for queue in self.location.directories(f"consumequeue/{topic}"):
-                if queue.lstrip("-").isdigit():
+                if queue.lstrip("-").isdigit() and self._wanted(topic, int(queue)):
                     parts.append(InputPartition((topic, int(queue), minimum)))
         return parts
 
+    def _wanted(self, topic: str, queue_id: int) -> bool:
+        values = {"topic": topic, "queueId": queue_id}
+        return all(holds_for(found, values[found.column]) for found in self.filters)
+
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         topic, queue_id, minimum = partition.value
-        yield from queue_units(self.location, topic, queue_id, minimum)
+        units = queue_units(self.location, topic, queue_id, minimum)
+        if self.picked is None:
+            yield from units
+            return
+        for unit in units:
+            yield tuple(unit[index] for index in self.picked)
+
+
+class PushdownConsumeQueueReader(ConsumeQueueReader):
+    """The consume-queue reader taking the topic and queue-id filters Spark pushes down:
+    the queues they exclude are not read."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        taken, left = push(filters, _QUEUE_KINDS)
+        self.filters += taken
+        return left
 
 
 class ConsumeQueueDataSource(DataSource):
@@ -322,4 +502,18 @@ class ConsumeQueueDataSource(DataSource):
         return ddl(CONSUMEQUEUE_COLUMNS)
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return ConsumeQueueReader(dict(self.options))
+        return ConsumeQueueReader(dict(self.options), schema)
+
+
+class PushdownConsumeQueueDataSource(ConsumeQueueDataSource):
+    """``rocketmq-consumequeue`` taking pushed-down filters."""
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return PushdownConsumeQueueReader(dict(self.options), schema)
+
+
+def data_sources(pushdown: bool) -> list[type[DataSource]]:
+    """The sources to register: those taking pushed-down filters, or not."""
+    if pushdown:
+        return [PushdownCommitLogDataSource, PushdownConsumeQueueDataSource]
+    return [CommitLogDataSource, ConsumeQueueDataSource]
