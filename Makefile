@@ -39,7 +39,7 @@ format: venv
 # again on the pure-Python reference kernel: both paths stay green.
 test: venv java-check lint
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q
-	RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider -m "not spark and not campaign and not install"
+	RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider -m "not spark and not campaign and not install and not timers"
 
 # everything except the real-Spark tests, on the compiled kernel
 test-fast: venv lint

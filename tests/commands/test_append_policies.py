@@ -64,6 +64,9 @@ def _stored(store: Path) -> int:
     return len(result.stdout.splitlines())
 
 
+pytestmark = pytest.mark.timers  # flush intervals, in real time
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
     path = tmp_path / "store"

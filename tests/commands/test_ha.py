@@ -150,6 +150,7 @@ def test_an_empty_slave_of_a_broker_store_is_what_a_java_slave_makes(
     assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
 
 
+@pytest.mark.campaign
 def test_slaves_killed_at_random_points_then_a_rerun_reach_the_same_replica(
     tmp_path: Path,
 ) -> None:
@@ -242,6 +243,7 @@ def test_bad_addresses_and_stores_are_one_line_errors(tmp_path: Path) -> None:
     assert taken.exit_code == 2 and "cannot listen on" in taken.stderr
 
 
+@pytest.mark.timers
 def test_a_following_slave_connects_again_when_the_master_restarts(tmp_path: Path) -> None:
     source = tmp_path / "source"
     run_cli("append", source, "--create", "--topic", "T", "--body", "x",
@@ -402,6 +404,7 @@ def test_a_hostile_master_is_refused_and_dest_keeps_no_torn_bytes(
     assert (dest / "commitlog" / f"{0:020d}").read_bytes() == before  # torn bytes zeroed
 
 
+@pytest.mark.timers
 def test_a_master_that_stalls_is_given_up(pair) -> None:  # type: ignore[no-untyped-def]
     _, dest, _ = pair
 

@@ -127,6 +127,7 @@ def test_a_dest_that_is_not_a_prefix_is_refused_unchanged(tmp_path: Path) -> Non
     assert run_cli("replicate", other, dest).exit_code == 2
 
 
+@pytest.mark.campaign
 def test_kills_at_random_points_then_a_rerun_reach_the_same_replica(tmp_path: Path) -> None:
     source = tmp_path / "source"
     generate("large", source, FixtureOptions(messages=100_000, commitlog_file_size=1 << 22))
