@@ -266,6 +266,8 @@ class CommitLogReader(DataSourceReader):
         return bounds
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if partition.value is None:
+            return  # no partitions planned (nothing to read): Spark reads one empty one
         parts: list[FileRange]
         parts, rows = partition.value
         if not self.summary:
@@ -431,6 +433,8 @@ class CommitLogStreamReader(DataSourceStreamReader):
         return [InputPartition((group, self.rows)) for group in coalesce(ranges, self.split)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
+        if partition.value is None:
+            return
         parts, rows = partition.value
         for part in parts:
             yield from message_batches(self.location, part, rows)
@@ -470,6 +474,8 @@ class ConsumeQueueReader(DataSourceReader):
         return all(holds_for(found, values[found.column]) for found in self.filters)
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
+        if partition.value is None:
+            return
         topic, queue_id, minimum = partition.value
         units = queue_units(self.location, topic, queue_id, minimum)
         if self.picked is None:

@@ -65,6 +65,7 @@ def test_pushed_conditions_give_the_rows_spark_gives(pushdown: Any, oracle) -> N
     whole = frame.rdd.getNumPartitions()
     window = reader.load(store).where("commitLogOffset >= 1500000 AND commitLogOffset < 1600000")
     assert window.rdd.getNumPartitions() < whole / 4  # the other ranges are not read
+    assert reader.load(store).where("commitLogOffset < 0").count() == 0  # no range left
     plan = reader.load(store).where("queueId = 1")._jdf.queryExecution().executedPlan()
     assert "Filter (" not in plan.toString()  # taken by the source, not evaluated by Spark
 
@@ -96,6 +97,7 @@ def test_consume_queue_conditions_leave_queues_out(pushdown: Any, oracle) -> Non
     chosen = reader.load(store).where(condition)
     assert chosen.rdd.getNumPartitions() == 2 < queues
     assert sorted(chosen.collect()) == sorted(everything.where(condition).collect())
+    assert reader.load(store).where("topic = 'no such topic'").count() == 0  # no queue left
     offsets = "queueOffset > 10 AND topic LIKE '%e%'"
     pushed = reader.load(store).where(offsets).collect()
     assert sorted(pushed) == sorted(everything.where(offsets).collect())
