@@ -106,6 +106,24 @@ def _topics(options: dict[str, str]) -> frozenset[str] | None:
     return frozenset(t for t in topics.split(",") if t) or None
 
 
+def _option_filters(options: dict[str, str]) -> tuple[RowFilter, ...]:
+    """The row filters options ask for, which work whether or not Spark pushes filters down:
+    ``startingOffset``/``endingOffset`` (a commit-log offset window, the end excluded: the
+    ranges outside it are not read) and ``queueIds`` (comma-separated)."""
+    found = []
+    for name, operator in (("startingOffset", "ge"), ("endingOffset", "lt")):
+        if _option(options, name) is not None:
+            found.append(RowFilter("commitLogOffset", operator, _int_option(options, name, 0)))
+    queues = _option(options, "queueIds")
+    if queues is not None:
+        try:
+            wanted = tuple(int(item) for item in queues.split(",") if item.strip())
+        except ValueError:
+            raise InputError(f"option queueIds={queues!r} is not a list of integers") from None
+        found.append(RowFilter("queueId", "in", wanted))
+    return tuple(found)
+
+
 _OPERATORS: dict[type, str] = {
     EqualTo: "eq",
     GreaterThan: "gt",
@@ -223,6 +241,7 @@ class CommitLogReader(DataSourceReader):
             delay_levels=_option(options, "messageDelayLevel"),
             resync_last=self.bounds is not None,
             decompress=_flag(options, "decompress", False),
+            filters=_option_filters(options),
             columns=(
                 None
                 if self.summary or schema is None
@@ -316,7 +335,8 @@ class CommitLogDataSource(DataSource):
     """``spark.read.format("rocketmq-commitlog").load(STORE)``: one row per message.
 
     Options: includeBody (true), decompress (false: ZLIB bodies of COMPRESSED records as
-    stored), verifyCrc (false: crcOk is null), topics (comma-separated),
+    stored), verifyCrc (false: crcOk is null), topics and queueIds (comma-separated),
+    startingOffset and endingOffset (a commit-log offset window, the end excluded),
     splitSize (bytes, 33554432; 0 for one partition per file), messageDelayLevel (for the
     deliver-time tagsCode of SCHEDULE_TOPIC_XXXX), maxMessageSize (4194304), fileBounds
     (JSON: file name to where its records end), summary=files (one row per range; with

@@ -115,6 +115,20 @@ def test_sources_registered_by_default_take_no_filters(spark: Any, oracle) -> No
     assert frame.count() == 3002
     plan = frame.where("queueId = 1")._jdf.queryExecution().executedPlan().toString()
     assert "Filter (" in plan  # Spark evaluates every condition
+    window = (  # options that prune as pushed filters do, with pushdown off
+        spark.read.format("rocketmq-commitlog")
+        .option("splitSize", "262144")
+        .option("startingOffset", "1500000")
+        .option("endingOffset", "1600000")
+        .option("queueIds", "1,3")
+        .load(store)
+    )
+    condition = "commitLogOffset >= 1500000 AND commitLogOffset < 1600000 AND queueId IN (1, 3)"
+    expected = frame.where(condition).select("commitLogOffset").collect()
+    assert sorted(window.select("commitLogOffset").collect()) == sorted(expected)
+    assert len(expected) > 10 and window.rdd.getNumPartitions() <= 2
+    with pytest.raises(Exception, match="option queueIds='a' is not a list of integers"):
+        spark.read.format("rocketmq-commitlog").option("queueIds", "a").load(store).collect()
 
 
 @pytest.mark.xfail(strict=True, reason="Spark 4.1-4.3 reuses a pushed read on the DataFrame")
