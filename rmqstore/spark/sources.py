@@ -161,12 +161,13 @@ def row_filter(pushed: Filter, kinds: dict[str, str]) -> tuple[RowFilter | None,
         accepted = int
     else:
         return None, False
-    values = value if operator == "in" else (value,)
-    if any(isinstance(item, bool) or not isinstance(item, accepted) for item in values):
-        if operator != "in" or negated or any(item is not None for item in values):
-            return None, False  # x IN (.., NULL) holds as x IN (..); NOT of it never
-        values = tuple(item for item in values if item is not None)
-    return RowFilter(column, operator, tuple(values) if operator == "in" else value, negated), True
+    values = tuple(value) if operator == "in" else (value,)
+    known = tuple(item for item in values if item is not None)
+    if any(isinstance(item, bool) or not isinstance(item, accepted) for item in known):
+        return None, False
+    if len(known) < len(values) and (operator != "in" or negated):
+        return None, False  # x IN (.., NULL) holds as x IN (..); NOT of it never holds
+    return RowFilter(column, operator, known if operator == "in" else value, negated), True
 
 
 def _time_filter(column: str, operator: str, value: Any, negated: bool) -> RowFilter | None:

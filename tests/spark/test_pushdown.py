@@ -136,3 +136,29 @@ def test_a_dataframe_reused_after_a_pushed_query_reads_everything(pushdown: Any,
     frame = pushdown.read.format("rocketmq-commitlog").load(str(oracle("s1_multi").store))
     assert frame.where("tags IS NULL").count() == 376
     assert frame.count() == 3002
+
+
+def test_pushed_filters_translate_as_sql_means_them() -> None:
+    from datetime import datetime, timezone
+
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not, StringStartsWith
+
+    from rmqstore.pipeline.filters import RowFilter
+    from rmqstore.spark.sources import _COMMITLOG_KINDS, push, row_filter
+
+    kinds = _COMMITLOG_KINDS
+    assert row_filter(In(("tags",), ("a", None)), kinds) == (RowFilter("tags", "in", ("a",)), True)
+    assert row_filter(Not(In(("tags",), ("a", None))), kinds) == (None, False)  # never true
+    assert row_filter(EqualTo(("queueId",), True), kinds) == (None, False)  # a boolean
+    assert row_filter(EqualTo(("queueId",), "3"), kinds) == (None, False)
+    assert row_filter(StringStartsWith(("queueId",), "3"), kinds) == (None, False)
+    assert row_filter(EqualTo(("properties", "KEYS"), "k"), kinds) == (None, False)
+    assert row_filter(IsNull(("body",)), kinds) == (RowFilter("body", "is_null"), True)
+    moment = datetime(2026, 1, 2, 3, 4, 5, 600, tzinfo=timezone.utc)
+    found, exact = row_filter(GreaterThan(("storeTime",), moment), kinds)
+    assert found == RowFilter("storeTime", "gt", 1_767_323_045_000_600) and not exact
+    naive = row_filter(GreaterThan(("storeTime",), moment.replace(tzinfo=None)), kinds)[0]
+    assert naive is not None and naive.value == 1_767_323_045_000_600 - 86_400_000_000
+    filters = [EqualTo(("topic",), "T"), GreaterThan(("storeTime",), moment), EqualTo(("x",), 1)]
+    taken, left = push(filters, kinds)
+    assert len(taken) == 2 and left == filters[1:] and left[0] is filters[1]
