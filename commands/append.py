@@ -377,14 +377,14 @@ def _run_job(
     elif input_path == "-":
         stream = sys.stdin.buffer
         lines = read_lines(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
-        job.run(messages_from_lines(lines, defaults, "stdin"))
+        job.run_lines(lines, defaults, "stdin")
     else:
         path = Path(input_path)
         if job.sync:
             _prevalidate(path, defaults, prepare)
         with _open_input(path) as stream:
             lines = read_lines(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
-            job.run(messages_from_lines(lines, defaults, str(path)))
+            job.run_lines(lines, defaults, str(path))
 
 
 def _body_bytes(body: str) -> bytes:

@@ -22,13 +22,13 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from rmqstore.commitlog import AppendResult, CommitLogAppender
 from rmqstore.errors import InputError, RmqStoreError
 from rmqstore.hosts import DEFAULT_BORN_HOST, HostAddress, parse_host
-from rmqstore.messagebatch import BatchUnsupported, MessageBatch
-from rmqstore.properties import KEYS, TAGS
+from rmqstore.messagebatch import BatchBuilder, BatchUnsupported
+from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, encode_properties
 from rmqstore.record import (
     COMPRESSED_FLAG,
     TRANSACTION_COMMIT,
@@ -287,6 +287,118 @@ def compressed_bodies(
         yield message
 
 
+class LineDocument(NamedTuple):
+    """One parsed JSON line, not yet a message: :class:`DocumentRows` adds it to a batch."""
+
+    document: Any
+    source: str
+    number: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.source} line {self.number}"
+
+
+def documents_from_lines(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[LineDocument]:
+    """The lines parsed (a line that is not JSON fails here, as in
+    :func:`messages_from_lines`); the messages are built when a batch is."""
+    for number, line in lines:
+        try:
+            document = _loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{source} line {number}: not valid JSON ({exc})") from None
+        yield LineDocument(document, source, number)
+
+
+_ROW_FIELDS = frozenset(("topic", "body", "tags", "keys", "queueId"))
+_MOST_ENCODED = 4096  # property strings remembered by (tags, keys)
+
+
+class DocumentRows:
+    """Adds JSON-line documents to a :class:`BatchBuilder`. A document of the common shape
+    (only topic, body, tags, keys and queueId, of the right types) goes straight into the
+    batch's columns, its property string taken from a cache by (tags, keys); any other goes
+    through :func:`build_message`, so it gets that function's checks and errors. Both give
+    the same message."""
+
+    def __init__(self, defaults: MessageDefaults, trailing_separator: bool) -> None:
+        self.defaults = defaults
+        self.trailing_separator = trailing_separator
+        # the common shape takes what the defaults give; text needs no check when orjson
+        # parsed it (it refuses lone surrogates) and the defaults' was checked
+        self.enabled = (
+            _LOADS_CHECKS_UTF8
+            and defaults.utf8_checked
+            and DELAY not in defaults.properties
+            and defaults.transaction in TRANSACTION_TYPES
+            and 0 <= defaults.queue_id <= _INT32[1]
+        )
+        self.sys_flag = TRANSACTION_TYPES.get(defaults.transaction, 0)
+        self._encoded: dict[tuple[str | None, str | None], tuple[bytes, bool]] = {}
+
+    def message(self, item: LineDocument) -> Message:
+        return build_message(
+            item.document, self.defaults, item.where, utf8_checked=_LOADS_CHECKS_UTF8
+        )
+
+    def add(self, builder: BatchBuilder, item: LineDocument) -> None:
+        document = item.document
+        if not self.enabled or type(document) is not dict or not _ROW_FIELDS.issuperset(document):
+            builder.add(self.message(item))
+            return
+        defaults = self.defaults
+        get = document.get
+        topic = get("topic", defaults.topic)
+        body = get("body", "")
+        tags = get("tags")
+        keys = get("keys")
+        queue_id = get("queueId", defaults.queue_id)
+        if (
+            type(topic) is not str
+            or not topic
+            or type(body) is not str
+            or (tags is not None and type(tags) is not str)
+            or (keys is not None and type(keys) is not str)
+            or type(queue_id) is not int
+            or not 0 <= queue_id <= _INT32[1]
+        ):
+            builder.add(self.message(item))  # raises the error build_message names
+            return
+        if tags is None:
+            tags = defaults.tags
+        if keys is None:
+            keys = defaults.keys
+        encoded = self._encoded.get((tags, keys))
+        if encoded is None:
+            properties = dict(defaults.properties)
+            if tags:
+                properties[TAGS] = tags
+            if keys:
+                properties[KEYS] = keys
+            if len(self._encoded) >= _MOST_ENCODED:
+                self._encoded.clear()
+            encoded = self._encoded[(tags, keys)] = (
+                encode_properties(properties, trailing_separator=self.trailing_separator),
+                UNIQ_KEY not in properties,
+            )
+        born_timestamp = defaults.born_timestamp
+        if born_timestamp is None:
+            born_timestamp = time.time_ns() // 1_000_000
+        builder.add_encoded(
+            topic,
+            queue_id,
+            body.encode("utf-8"),
+            encoded[0],
+            encoded[1],
+            defaults.flag,
+            self.sys_flag,
+            born_timestamp,
+            defaults.born_host,
+            defaults.reconsume_times,
+            defaults.prepared_transaction_offset,
+        )
+
+
 def messages_from_lines(
     lines: Iterable[tuple[int, bytes]], defaults: MessageDefaults, source: str
 ) -> Iterator[Message]:
@@ -457,13 +569,14 @@ class AppendJob:
         self.chunk_size = chunk_size
         self.committed = 0  # messages made durable (they stay whatever happens next)
         self.reported = 0  # messages handed to on_result
-        self._chunk: list[Message] = []
+        self._chunk: list[Message | LineDocument] = []
+        self._documents: DocumentRows | None = None  # how run_lines' documents become rows
         self._unreported = ResultSpool()
         self._savepoint = appender.savepoint()
         # applied to the messages before they are appended (a producer's body compression)
         self.transform: Callable[[Iterable[Message]], Iterable[Message]] | None = None
 
-    def add(self, message: Message) -> None:
+    def add(self, message: Message | LineDocument) -> None:
         self._chunk.append(message)
         if len(self._chunk) >= self.chunk_size:
             self._write_chunk()
@@ -500,17 +613,27 @@ class AppendJob:
             if dirty and dirty // _PAGE >= least:
                 self._close_group()
 
-    def _append(self, chunk: list[Message]) -> list[AppendResult]:
+    def _append(self, chunk: list[Message | LineDocument]) -> list[AppendResult]:
         """The chunk packed by the record kernel as one batch; one message at a time when a
-        message needs the per-message path (a DELAY, the __CRC32# property)."""
+        message needs the per-message path (a DELAY, the __CRC32# property). JSON lines
+        (:meth:`run_lines`) become messages here, a batch at a time."""
         appender = self.appender
+        builder = BatchBuilder(trailing_separator=appender.trailing_separator)
+        documents = self._documents
         try:
-            batch = MessageBatch.from_messages(
-                chunk, trailing_separator=appender.trailing_separator
-            )
-            return appender.append_batch(batch).results()
+            for item in chunk:
+                if type(item) is LineDocument:
+                    documents.add(builder, item)  # type: ignore[union-attr]
+                else:
+                    builder.add(item)  # type: ignore[arg-type]
+            return appender.append_batch(builder.build()).results()
         except BatchUnsupported:
-            return appender.append_many(chunk)
+            return appender.append_many(
+                [
+                    documents.message(item) if type(item) is LineDocument else item  # type: ignore[union-attr,misc]
+                    for item in chunk
+                ]
+            )
 
     def commit(self) -> None:
         """Write what is queued; in sync mode also close the group (flush, then report); in
@@ -557,6 +680,18 @@ class AppendJob:
                 self.on_result(result, keys.get(result.physical_offset))
                 self.reported += 1
             pending.clear()
+
+    def run_lines(
+        self, lines: Iterable[tuple[int, bytes]], defaults: MessageDefaults, source: str
+    ) -> int:
+        """Append the messages of JSON lines (as :meth:`run` of
+        :func:`messages_from_lines`, with the same errors): the lines are parsed as they
+        come and turned into a batch's columns a chunk at a time, most without a
+        :class:`Message` in between (see :class:`DocumentRows`)."""
+        if self.transform is not None:  # a transform takes messages
+            return self.run(messages_from_lines(lines, defaults, source))
+        self._documents = DocumentRows(defaults, self.appender.trailing_separator)
+        return self.run(documents_from_lines(lines, source))  # type: ignore[arg-type]
 
     def run(self, messages: Iterable[Message]) -> int:
         """Append everything; on failure roll back what is not durable yet and re-raise."""

@@ -76,6 +76,7 @@ class BatchBuilder:
     queue_span: int = 1
     _last_body: bytes | None = None
     _last_properties: dict[str, str] | None = None
+    _last_encoded: bytes | None = None  # the property string the last message added
 
     def add(self, message: Message) -> None:
         properties = message.properties
@@ -84,37 +85,71 @@ class BatchBuilder:
             raise BatchUnsupported("a DELAY message is moved to SCHEDULE_TOPIC_XXXX one by one")
         if message.queue_id < 0:
             raise InputError(f"queue id {message.queue_id} is negative")
-        topic = self.topics.setdefault(message.topic, len(self.topics))
-        host = self.hosts.setdefault(message.born_host, len(self.hosts))
-        body = message.body or b""
+        if properties != self._last_properties:
+            self._encoded = encode_properties(
+                properties, trailing_separator=self.trailing_separator
+            )
+            self._last_properties = dict(properties)
+            self._encoded_needs_key = UNIQ_KEY not in properties
+        self.add_encoded(
+            message.topic,
+            message.queue_id,
+            message.body or b"",
+            self._encoded,
+            self._encoded_needs_key,
+            message.flag,
+            message.sys_flag,
+            message.born_timestamp,
+            message.born_host,
+            message.reconsume_times,
+            message.prepared_transaction_offset,
+        )
+
+    def add_encoded(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes,
+        properties: bytes,
+        needs_key: bool,
+        flag: int,
+        sys_flag: int,
+        born_timestamp: int,
+        born_host: HostAddress,
+        reconsume_times: int,
+        prepared_transaction_offset: int,
+    ) -> None:
+        """A message given by its fields, its properties already encoded (with this batch's
+        ``trailing_separator``; ``needs_key``: they hold no UNIQ_KEY, the appender adds one).
+        The caller has checked what :meth:`add` checks: no DELAY, a queue id of 0 or more."""
+        topic_id = self.topics.setdefault(topic, len(self.topics))
+        host = self.hosts.setdefault(born_host, len(self.hosts))
         if body is not self._last_body:
             self._body_at = len(self.bodies)
             self.bodies += body
             self._last_body = body
             self.longest_body = max(self.longest_body, len(body))
         self.body_spans.extend((self._body_at, len(body)))
-        if properties != self._last_properties:
-            encoded = encode_properties(properties, trailing_separator=self.trailing_separator)
+        if properties is not self._last_encoded:
             self._props_at = len(self.props)
-            self._props_length = len(encoded)
-            self.props += encoded
-            self._last_properties = dict(properties)
-            self._needs_key = UNIQ_KEY not in properties
-            self.longest_props = max(self.longest_props, len(encoded))
-        self.prop_spans.extend((self._props_at, self._props_length))
-        self.queue_span = max(self.queue_span, message.queue_id + 1)
+            self.props += properties
+            self._last_encoded = properties
+            self.longest_props = max(self.longest_props, len(properties))
+        self.prop_spans.extend((self._props_at, len(properties)))
+        if queue_id >= self.queue_span:
+            self.queue_span = queue_id + 1
         self.rows.extend(
             (
-                topic,
-                message.queue_id,
-                message.flag,
-                message.sys_flag,
-                message.born_timestamp,
+                topic_id,
+                queue_id,
+                flag,
+                sys_flag,
+                born_timestamp,
                 host,
-                message.reconsume_times,
-                message.prepared_transaction_offset,
+                reconsume_times,
+                prepared_transaction_offset,
                 0,  # PACK_NOW: the appender's
-                1 if self._needs_key else 0,
+                1 if needs_key else 0,
             )
         )
 
