@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from rmqstore.record import Message
+from rmqstore.wording import counted  # noqa: F401  (the commands take it from here)
 
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
 
@@ -200,11 +201,6 @@ def emit_jsonl(document: Any) -> None:
 def json_text(document: Any) -> str:
     """Compact JSON (one line), UTF-8 characters kept as they are."""
     return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-
-
-def counted(count: int, noun: str, plural: str | None = None) -> str:
-    """``count`` and the noun, singular for one: ``1 file``, ``2 files``, ``1,024 entries``."""
-    return f"{count:,} {noun if count == 1 else (plural or noun + 's')}"
 
 
 class DelimitedWriter:

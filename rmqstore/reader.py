@@ -28,6 +28,7 @@ from rmqstore.record import (
 )
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
+from rmqstore.wording import counted
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
@@ -119,7 +120,9 @@ class MessageReader:
             return None
         self.notes.append(f"{key} is a client id (UNIQ_KEY): found through the index")
         if len(found) > 1:
-            self.notes.append(f"{len(found)} messages carry UNIQ_KEY {key}; showing the first")
+            self.notes.append(
+                f"{counted(len(found), 'message')} carry UNIQ_KEY {key}; showing the first"
+            )
         return found[0]
 
     def topics(self) -> list[str]:
@@ -227,13 +230,16 @@ class MessageReader:
                 other_kind += 1
         if other_kind:
             self.notes.append(
-                f"{other_kind} messages carry {key} as their "
+                counted(other_kind, "message")
+                + (f" carries {key} as its " if other_kind == 1 else f" carry {key} as their ")
                 + ("KEYS (use --key)" if uniq else "UNIQ_KEY (use --uniq-key, or --msg-id)")
             )
         collisions = len(hits) - len(found) - other_kind
         if collisions:
             self.notes.append(
-                f"{collisions} index hits were other keys with the same hash, and were left out"
+                f"{counted(collisions, 'index hit')} "
+                + ("was another key" if collisions == 1 else "were other keys")
+                + " with the same hash, and left out"
             )
         return found
 

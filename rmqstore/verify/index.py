@@ -31,6 +31,7 @@ from rmqstore.record import TRANSACTION_MASK, TRANSACTION_ROLLBACK, RecordHeader
 from rmqstore.store import Store
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
+from rmqstore.wording import counted
 
 _CHAIN_FINDINGS_PER_FILE = 5
 _ENTRY_CHUNK = 65536  # index entries read at a time
@@ -433,7 +434,8 @@ class IndexChecks:
         if self.lag:
             self.report.add(
                 "index-lag",
-                f"{self.lag} records from offset {self.first_lag} are not indexed yet "
+                f"{counted(self.lag, 'record')} from offset {self.first_lag} "
+                f"{'is' if self.lag == 1 else 'are'} not indexed yet "
                 "(rmqstore dispatch adds them)",
                 WARNING,
                 file=index_dir,
@@ -442,7 +444,8 @@ class IndexChecks:
         if self.missing:
             self.report.add(
                 "index-lag",
-                f"{self.missing} records inside the indexed range have no entries "
+                f"{counted(self.missing, 'record')} inside the indexed range "
+                f"{'has' if self.missing == 1 else 'have'} no entries "
                 "(a broker's crash recovery loses such entries when "
                 "messageIndexSafe=false)",
                 WARNING,

@@ -33,6 +33,7 @@ from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
 from rmqstore.windows import read_range
+from rmqstore.wording import counted
 
 _CHUNK = 64 * 1024 - 64 * 1024 % 20  # bytes of a consume-queue file read at a time (3,276 units)
 
@@ -331,8 +332,9 @@ class QueueChecks:
             if state.lag:
                 self.report.add(
                     "dispatch-lag",
-                    f"{state.lag} records of {topic}:{queue_id} from offset {state.first_lag} "
-                    "are not in the consume queue (rmqstore dispatch, or a broker's restart, "
+                    f"{counted(state.lag, 'record')} of {topic}:{queue_id} from offset "
+                    f"{state.first_lag} {'is' if state.lag == 1 else 'are'} not in the "
+                    "consume queue (rmqstore dispatch, or a broker's restart, "
                     "adds them)",
                     WARNING,
                     file=name,
@@ -346,7 +348,8 @@ class QueueChecks:
         for (topic, queue_id), count in self.missing_queues.items():
             self.report.add(
                 "dispatch-lag",
-                f"{count} records of {topic}:{queue_id} have no consume queue at all",
+                f"{counted(count, 'record')} of {topic}:{queue_id} "
+                f"{'has' if count == 1 else 'have'} no consume queue at all",
                 WARNING,
                 file=f"consumequeue/{topic}/{queue_id}",
                 topic=topic,

@@ -248,7 +248,11 @@ def test_client_ids_keys_and_no_hits_like_mqadmin(oracle) -> None:
         "read", store, *ORACLE_OPTIONS, "--topic", wanted["topic"], "--key", uniq, "--jsonl"
     )
     assert as_key.exit_code == 1 and as_key.stdout == ""
-    assert "as their UNIQ_KEY" in as_key.stderr and "same hash" not in as_key.stderr
+    assert (
+        "1 message carries" in as_key.stderr
+        and "as its UNIQ_KEY" in as_key.stderr
+        and "same hash" not in as_key.stderr
+    )
     # no hit: a note and exit 1, as grep does
     missing = run_cli("read", store, *ORACLE_OPTIONS, "--key", "no-such-key-anywhere")
     assert missing.exit_code == 1
