@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from rmqstore.batch import (
     build_message,
     compressed_bodies,
     messages_from_lines,
+    read_line_blocks,
     read_lines,
 )
 from rmqstore.commands.options import (
@@ -31,6 +31,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import InputError, OutputClosedError
 from rmqstore.hosts import parse_host
+from rmqstore.kernel.layout import LINES_JSONL, LINES_PLAIN
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import Message
 from rmqstore.store import Store
@@ -295,7 +296,12 @@ def command(
         warm_mapped_file_enable=preallocate,
     )
     results: list[dict] = []
-    emit = _guard_output(_emitter(as_json, as_jsonl, results))
+    lines_style = _lines_style(as_json, as_jsonl)
+    report = (
+        {"on_result": _guard_output(_emitter(as_json, results))}
+        if lines_style is None
+        else {"on_lines": _guard_output(_write_lines), "lines_style": lines_style}
+    )
     with Store.open_write(store, config, create=create) as opened:
         appender = opened.appender(
             uniq_keys=None if no_uniq_key else UniqKeyGenerator(),
@@ -307,7 +313,7 @@ def command(
             job = AppendJob(
                 appender,
                 policy=policy,
-                on_result=emit,
+                **report,  # type: ignore[arg-type]
                 on_commit=(lambda: dispatcher.run(until=appender.end_offset))
                 if dispatcher
                 else None,
@@ -376,15 +382,15 @@ def _run_job(
         job.run([message])
     elif input_path == "-":
         stream = sys.stdin.buffer
-        lines = read_lines(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
-        job.run_lines(lines, defaults, "stdin")
+        blocks = read_line_blocks(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
+        job.run_line_blocks(blocks, defaults, "stdin")
     else:
         path = Path(input_path)
         if job.sync:
             _prevalidate(path, defaults, prepare)
         with _open_input(path) as stream:
-            lines = read_lines(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
-            job.run_lines(lines, defaults, str(path))
+            blocks = read_line_blocks(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
+            job.run_line_blocks(blocks, defaults, str(path))
 
 
 def _body_bytes(body: str) -> bytes:
@@ -417,28 +423,34 @@ def _guard_output(write: Callable[..., None]) -> Callable[..., None]:
     return guarded
 
 
-def _emitter(
-    as_json: bool, as_jsonl: bool, results: list[dict]
-) -> Callable[[AppendResult, str | None], None]:
-    """How each durable message is reported: ``emit(result, uniq_key)``."""
+def _lines_style(as_json: bool, as_jsonl: bool) -> int | None:
+    """How the report is written when it is text read back from the log (JSON lines, or the
+    plain lines a pipe or file gets), None when each message is reported on its own (a JSON
+    document, or lines rendered for a terminal)."""
+    if as_jsonl:
+        return LINES_JSONL
+    if not as_json and not sys.stdout.isatty():
+        return LINES_PLAIN
+    return None
+
+
+def _write_lines(block: bytes) -> None:
+    sys.stdout.buffer.write(block)
+
+
+def _emitter(as_json: bool, results: list[dict]) -> Callable[[AppendResult, str | None], None]:
+    """How each durable message is reported when it is not as lines: ``emit(result,
+    uniq_key)``, collected for the JSON document or shown on the terminal."""
     if as_json:
         return lambda result, uniq_key: results.append(result_document(result, uniq_key))
-    if as_jsonl:
-        return _jsonl_writer()
-
-    write = sys.stdout.write if not sys.stdout.isatty() else None
 
     def show(result: AppendResult, uniq_key: str | None) -> None:
-        line = (
+        console.print(  # topics hold no markup: letters, digits, %|-_
             f"{result.msg_id}  offset={result.physical_offset}  "
             f"queue={result.topic}:{result.queue_id}  "
             f"queueOffset={result.queue_offset}  size={result.store_size}"
             + (f"  uniqKey={uniq_key}" if uniq_key is not None else "")
         )
-        if write is not None:  # a pipe or a file: the plain line, nothing to render
-            write(line + "\n")
-        else:
-            console.print(line)  # topics hold no markup: letters, digits, %|-_
 
     return show
 
@@ -446,32 +458,6 @@ def _emitter(
 def result_document(result: AppendResult, uniq_key: str | None) -> dict[str, object]:
     """What append reports of a message: the store's result and the message's UNIQ_KEY."""
     return {**result.to_dict(), "uniqKey": uniq_key}
-
-
-def _jsonl_writer() -> Callable[[AppendResult, str | None], None]:
-    """Writes :func:`result_document` as a JSON line without the general encoder (the hot
-    path of ``append --input --jsonl``; a test checks the two agree)."""
-    topics: dict[str, str] = {}
-    write = sys.stdout.write
-
-    def emit(result: AppendResult, uniq_key: str | None) -> None:
-        topic = topics.get(result.topic)
-        if topic is None:
-            topic = topics[result.topic] = json.dumps(result.topic, ensure_ascii=False)
-        if uniq_key is None:
-            key = "null"
-        elif uniq_key.isascii() and uniq_key.isalnum():  # what generated keys are: hex
-            key = f'"{uniq_key}"'
-        else:
-            key = json.dumps(uniq_key, ensure_ascii=False)
-        write(
-            f'{{"msgId":"{result.msg_id}","topic":{topic},"queueId":{result.queue_id},'
-            f'"commitLogOffset":{result.physical_offset},"queueOffset":{result.queue_offset},'
-            f'"storeSize":{result.store_size},"storeTimestamp":{result.store_timestamp},'
-            f'"uniqKey":{key}}}\n'
-        )
-
-    return emit
 
 
 def _read_file(path: Path | None) -> bytes:

@@ -19,14 +19,17 @@ import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
+from rmqstore import kernel
 from rmqstore.commitlog import AppendResult, CommitLogAppender
-from rmqstore.errors import InputError, RmqStoreError
+from rmqstore.errors import InputError, RmqStoreError, StoreFormatError
 from rmqstore.hosts import DEFAULT_BORN_HOST, HostAddress, parse_host
+from rmqstore.kernel import layout
 from rmqstore.messagebatch import BatchBuilder, BatchUnsupported
 from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, encode_properties
 from rmqstore.record import (
@@ -61,7 +64,7 @@ DOCUMENT_FIELDS = (
 )
 _INT32 = (-(1 << 31), (1 << 31) - 1)
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-_READ_CHUNK = 1 << 16
+_READ_CHUNK = 1 << 20  # a pipe gives what it holds (64 KiB); a file this much at a time
 
 try:  # orjson parses a line five times as fast; its errors are json.JSONDecodeErrors
     from orjson import loads as _loads
@@ -229,43 +232,66 @@ def build_message(
     )
 
 
-def read_lines(
+LineBlock = tuple[int, list[bytes]]  # the number of the first line, and the lines
+
+
+def read_line_blocks(
     stream: BinaryIO, on_idle: Callable[[], None] | None = None, tick: float | None = None
-) -> Iterator[tuple[int, bytes]]:
-    """Non-empty lines with their 1-based numbers. Before waiting for more input ``on_idle``
-    is called, so a group commit happens whenever the writer on the other end pauses; with
-    ``tick`` (seconds) it is called again that often while the input stays quiet (the
-    interval flush of a pipe that stays open)."""
+) -> Iterator[LineBlock]:
+    """The input in blocks of whole lines as they arrive: ``(number of the first line,
+    lines)``, lines numbered from 1 and blank ones included (numbers are positions). Before
+    waiting for more input ``on_idle`` is called, so a group commit happens whenever the
+    writer on the other end pauses; with ``tick`` (seconds) it is called again that often
+    while the input stays quiet (the interval flush of a pipe that stays open)."""
     try:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):
         fd = None
-    if fd is None:
-        for number, line in enumerate(stream, 1):
-            if line.strip():
-                yield number, line
-        return
-    pending = b""
-    number = 0
+    number = 1
+    parts: list[bytes] = []  # the start of a line whose end has not come yet
     while True:
-        start = 0
-        while (newline := pending.find(b"\n", start)) >= 0:
-            number += 1
-            line = pending[start:newline]
-            start = newline + 1
-            if line.strip():
-                yield number, line
-        pending = pending[start:]
-        if on_idle is not None and not select.select([fd], [], [], 0)[0]:
+        if fd is not None and on_idle is not None and not select.select([fd], [], [], 0)[0]:
             on_idle()
             while tick is not None and not select.select([fd], [], [], tick)[0]:
                 on_idle()
-        chunk = os.read(fd, _READ_CHUNK)
+        chunk = os.read(fd, _READ_CHUNK) if fd is not None else stream.read(_READ_CHUNK)
         if not chunk:
-            if pending.strip():
-                yield number + 1, pending
+            if parts:
+                yield number, [b"".join(parts)]
             return
-        pending += chunk
+        cut = chunk.rfind(b"\n")
+        if cut < 0:
+            parts.append(chunk)
+            continue
+        parts.append(chunk[:cut])
+        lines = b"".join(parts).split(b"\n") if len(parts) > 1 else chunk[:cut].split(b"\n")
+        yield number, lines
+        number += len(lines)
+        parts = [chunk[cut + 1 :]] if cut + 1 < len(chunk) else []
+
+
+def read_lines(
+    stream: BinaryIO, on_idle: Callable[[], None] | None = None, tick: float | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """Non-empty lines with their 1-based numbers (see :func:`read_line_blocks`)."""
+    for first, lines in read_line_blocks(stream, on_idle, tick):
+        for number, line in enumerate(lines, first):
+            if line.strip():
+                yield number, line
+
+
+def _blocks_of(lines: Iterable[tuple[int, bytes]]) -> Iterator[LineBlock]:
+    """Numbered lines as blocks of consecutive lines (a gap in the numbers starts a block)."""
+    first, block = 0, []
+    for number, line in lines:
+        if block and number != first + len(block):
+            yield first, block
+            block = []
+        if not block:
+            first = number
+        block.append(line)
+    if block:
+        yield first, block
 
 
 ZLIB_COMPRESSION = 0x3 << 8  # 5.x: the compression type bits say ZLIB
@@ -287,43 +313,20 @@ def compressed_bodies(
         yield message
 
 
-class LineDocument(NamedTuple):
-    """One parsed JSON line, not yet a message: :class:`DocumentRows` adds it to a batch."""
-
-    document: Any
-    source: str
-    number: int
-
-    @property
-    def where(self) -> str:
-        return f"{self.source} line {self.number}"
-
-
-def documents_from_lines(lines: Iterable[tuple[int, bytes]], source: str) -> Iterator[LineDocument]:
-    """The lines parsed (a line that is not JSON fails here, as in
-    :func:`messages_from_lines`); the messages are built when a batch is."""
-    for number, line in lines:
-        try:
-            document = _loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{source} line {number}: not valid JSON ({exc})") from None
-        yield LineDocument(document, source, number)
-
-
-_ROW_FIELDS = frozenset(("topic", "body", "tags", "keys", "queueId"))
 _MOST_ENCODED = 4096  # property strings remembered by (tags, keys)
 
 
 class DocumentRows:
-    """Adds JSON-line documents to a :class:`BatchBuilder`. A document of the common shape
-    (only topic, body, tags, keys and queueId, of the right types) goes straight into the
-    batch's columns, its property string taken from a cache by (tags, keys); any other goes
-    through :func:`build_message`, so it gets that function's checks and errors. Both give
-    the same message."""
+    """Adds parsed JSON lines to a :class:`BatchBuilder`. Documents of the common shape (only
+    topic, body, tags, keys and queueId, of the right types) go straight into the batch's
+    columns through the record kernel (``document_rows``), their property strings taken from
+    a cache by (tags, keys); any other goes through :func:`build_message`, so it gets that
+    function's checks and errors. Both give the same message."""
 
-    def __init__(self, defaults: MessageDefaults, trailing_separator: bool) -> None:
+    def __init__(self, defaults: MessageDefaults, trailing_separator: bool, source: str) -> None:
         self.defaults = defaults
         self.trailing_separator = trailing_separator
+        self.source = source
         # the common shape takes what the defaults give; text needs no check when orjson
         # parsed it (it refuses lone surrogates) and the defaults' was checked
         self.enabled = (
@@ -336,66 +339,66 @@ class DocumentRows:
         self.sys_flag = TRANSACTION_TYPES.get(defaults.transaction, 0)
         self._encoded: dict[tuple[str | None, str | None], tuple[bytes, bool]] = {}
 
-    def message(self, item: LineDocument) -> Message:
-        return build_message(
-            item.document, self.defaults, item.where, utf8_checked=_LOADS_CHECKS_UTF8
-        )
+    def message(self, document: Any, number: int) -> Message:
+        where = f"{self.source} line {number}"
+        return build_message(document, self.defaults, where, utf8_checked=_LOADS_CHECKS_UTF8)
 
-    def add(self, builder: BatchBuilder, item: LineDocument) -> None:
-        document = item.document
-        if not self.enabled or type(document) is not dict or not _ROW_FIELDS.issuperset(document):
-            builder.add(self.message(item))
+    def fill(self, builder: BatchBuilder, documents: list[Any], numbers: Sequence[int]) -> None:
+        """Add ``documents`` (line ``numbers[i]`` for ``documents[i]``) to ``builder``."""
+        count = len(documents)
+        if not self.enabled:
+            for document, number in zip(documents, numbers, strict=True):
+                builder.add(self.message(document, number))
             return
         defaults = self.defaults
-        get = document.get
-        topic = get("topic", defaults.topic)
-        body = get("body", "")
-        tags = get("tags")
-        keys = get("keys")
-        queue_id = get("queueId", defaults.queue_id)
-        if (
-            type(topic) is not str
-            or not topic
-            or type(body) is not str
-            or (tags is not None and type(tags) is not str)
-            or (keys is not None and type(keys) is not str)
-            or type(queue_id) is not int
-            or not 0 <= queue_id <= _INT32[1]
-        ):
-            builder.add(self.message(item))  # raises the error build_message names
-            return
-        if tags is None:
-            tags = defaults.tags
-        if keys is None:
-            keys = defaults.keys
-        encoded = self._encoded.get((tags, keys))
-        if encoded is None:
-            properties = dict(defaults.properties)
-            if tags:
-                properties[TAGS] = tags
-            if keys:
-                properties[KEYS] = keys
-            if len(self._encoded) >= _MOST_ENCODED:
-                self._encoded.clear()
-            encoded = self._encoded[(tags, keys)] = (
-                encode_properties(properties, trailing_separator=self.trailing_separator),
-                UNIQ_KEY not in properties,
-            )
         born_timestamp = defaults.born_timestamp
-        if born_timestamp is None:
+        if born_timestamp is None:  # one clock reading for the documents of one call
             born_timestamp = time.time_ns() // 1_000_000
-        builder.add_encoded(
-            topic,
-            queue_id,
-            body.encode("utf-8"),
-            encoded[0],
-            encoded[1],
+        values = (
+            defaults.topic,
+            defaults.queue_id,
+            defaults.tags,
+            defaults.keys,
             defaults.flag,
             self.sys_flag,
             born_timestamp,
-            defaults.born_host,
+            builder.hosts.setdefault(defaults.born_host, len(builder.hosts)),
             defaults.reconsume_times,
             defaults.prepared_transaction_offset,
+        )
+        state = array("q", (builder.longest_body, builder.longest_props, builder.queue_span))
+        first = 0
+        while first < count:
+            first, stop, key = kernel.document_rows(
+                documents, first, count, values, builder.topics, self._encoded, builder.rows,
+                builder.body_spans, builder.bodies, builder.prop_spans, builder.props, state,
+            )  # fmt: skip
+            if stop == layout.DOC_OTHER:
+                builder.longest_body, builder.longest_props, builder.queue_span = state
+                builder.add(self.message(documents[first], numbers[first]))
+                state[0], state[1], state[2] = (
+                    builder.longest_body,
+                    builder.longest_props,
+                    builder.queue_span,
+                )
+                first += 1
+            elif stop == layout.DOC_NEEDS_PROPERTIES:
+                if len(self._encoded) >= _MOST_ENCODED:
+                    self._encoded.clear()
+                self._encoded[key] = self._encode(*key)
+        builder.longest_body, builder.longest_props, builder.queue_span = state
+
+    def _encode(self, tags: str | None, keys: str | None) -> tuple[bytes, bool]:
+        """The property string of a document with these tags and keys, and whether it lacks
+        a UNIQ_KEY (the appender then adds one)."""
+        properties = dict(self.defaults.properties)
+        if tags:
+            properties[TAGS] = tags
+        if keys:
+            properties[KEYS] = keys
+        return (
+            encode_properties(properties, trailing_separator=self.trailing_separator),
+            UNIQ_KEY not in properties,
         )
 
 
@@ -489,6 +492,7 @@ class ResultSpool:
 
 
 _KEY_BATCH = 4096  # results reported per read-back of their UNIQ_KEYs
+_DOCUMENT_CHUNK = 4096  # JSON lines per batch with ASYNC_FLUSH
 _PAGE = 4096  # what flushCommitLogLeastPages and commitCommitLogLeastPages count
 
 
@@ -530,7 +534,8 @@ class AppendJob:
 
     A group is closed in this order: the commit log is flushed (from then on its messages
     stay), ``on_commit`` runs (a dispatch: consume queues, index, checkpoint after the log
-    they point into), then each message is reported with ``on_result`` and ``on_reported``
+    they point into), then each message is reported with ``on_result`` (or, with
+    ``on_lines``, the group's report lines are read back from the log) and ``on_reported``
     runs once (flush the acknowledgements). A message is never reported before it is
     durable, so an error after a report (a closed stdout included) never undoes it."""
 
@@ -540,7 +545,9 @@ class AppendJob:
         *,
         sync: bool | None = None,
         policy: FlushPolicy | None = None,
-        on_result: Callable[..., None],
+        on_result: Callable[..., None] | None = None,
+        on_lines: Callable[[bytes], object] | None = None,
+        lines_style: int = layout.LINES_JSONL,
         on_commit: Callable[[], object] | None = None,
         on_reported: Callable[[], None] | None = None,
         group_size: int = 1024,
@@ -548,9 +555,13 @@ class AppendJob:
         uniq_keys: bool = False,
     ) -> None:
         """``uniq_keys``: report each message as ``on_result(result, uniq_key)``, the key
-        read back from the durable record (``on_result(result)`` otherwise). ``policy`` says
-        when messages become durable (``sync`` alone: group commit, or one flush at the
-        end)."""
+        read back from the durable record (``on_result(result)`` otherwise). ``on_lines``
+        instead: each group is reported as text (``lines_style``, see
+        :meth:`rmqstore.commitlog.CommitLog.result_lines`) read back from the records the
+        group wrote, a block of lines at a time, no per-message objects. ``policy`` says when
+        messages become durable (``sync`` alone: group commit, or one flush at the end)."""
+        if (on_result is None) == (on_lines is None):
+            raise ValueError("give on_result or on_lines")
         self.appender = appender
         self.uniq_keys = uniq_keys
         if policy is None:  # without a policy async means one flush at the end
@@ -563,31 +574,51 @@ class AppendJob:
         self._next_commit = now + policy.commit_interval_ms / 1000
         self._last_thorough_flush = self._last_thorough_commit = now
         self.on_result = on_result
+        self.on_lines = on_lines
+        self.lines_style = lines_style
         self.on_commit = on_commit
         self.on_reported = on_reported
         self.group_size = group_size
         self.chunk_size = chunk_size
         self.committed = 0  # messages made durable (they stay whatever happens next)
         self.reported = 0  # messages handed to on_result
-        self._chunk: list[Message | LineDocument] = []
-        self._documents: DocumentRows | None = None  # how run_lines' documents become rows
-        self._unreported = ResultSpool()
+        self._chunk: list[Any] = []  # messages, or (run_line_blocks) parsed JSON lines
+        self._numbers: list[int] = []  # the line of each document in the chunk
+        self._documents: DocumentRows | None = None  # how run_line_blocks' documents become rows
+        self._unreported = ResultSpool()  # reported by on_result, not yet reported
+        self._waiting = 0  # messages appended and not reported yet
         self._savepoint = appender.savepoint()
+        self._report_from = self._savepoint.offset  # with on_lines: where unreported records start
         # applied to the messages before they are appended (a producer's body compression)
         self.transform: Callable[[Iterable[Message]], Iterable[Message]] | None = None
 
-    def add(self, message: Message | LineDocument) -> None:
+    def add(self, message: Message) -> None:
         self._chunk.append(message)
         if len(self._chunk) >= self.chunk_size:
             self._write_chunk()
 
+    def _add_documents(self, documents: list[Any], numbers: Sequence[int]) -> None:
+        """Parsed JSON lines (``numbers``: their lines) into the chunk, written as it fills:
+        chunks of ``chunk_size`` with SYNC_FLUSH (the group commit's granularity), else
+        larger ones (fewer kernel calls)."""
+        size = self.chunk_size if self.sync else max(self.chunk_size, _DOCUMENT_CHUNK)
+        at = 0
+        while at < len(documents):
+            room = size - len(self._chunk)
+            self._chunk.extend(documents[at : at + room])
+            self._numbers.extend(numbers[at : at + room])
+            at += room
+            if len(self._chunk) >= size:
+                self._write_chunk()
+
     def _write_chunk(self) -> None:
         chunk, self._chunk = self._chunk, []
+        numbers, self._numbers = self._numbers, []
         if not chunk:
             return
-        self._unreported.extend(self._append(chunk))
+        self._waiting += self._append(chunk, numbers)
         if self.sync:
-            if len(self._unreported) >= self.group_size:
+            if self._waiting >= self.group_size:
                 self._close_group()
         else:
             self._tick()
@@ -613,27 +644,34 @@ class AppendJob:
             if dirty and dirty // _PAGE >= least:
                 self._close_group()
 
-    def _append(self, chunk: list[Message | LineDocument]) -> list[AppendResult]:
+    def _append(self, chunk: list[Any], numbers: list[int]) -> int:
         """The chunk packed by the record kernel as one batch; one message at a time when a
-        message needs the per-message path (a DELAY, the __CRC32# property). JSON lines
-        (:meth:`run_lines`) become messages here, a batch at a time."""
+        message needs the per-message path (a DELAY, the __CRC32# property). Documents (JSON
+        lines, with their line ``numbers``) become rows here, a batch at a time. Returns how
+        many messages it appended; their results go to the spool unless reported as lines."""
         appender = self.appender
         builder = BatchBuilder(trailing_separator=appender.trailing_separator)
         documents = self._documents
         try:
-            for item in chunk:
-                if type(item) is LineDocument:
-                    documents.add(builder, item)  # type: ignore[union-attr]
-                else:
-                    builder.add(item)  # type: ignore[arg-type]
-            return appender.append_batch(builder.build()).results()
+            if documents is not None:
+                documents.fill(builder, chunk, numbers)
+            else:
+                for message in chunk:
+                    builder.add(message)
+            appended = appender.append_batch(builder.build())
+            if self.on_lines is None:
+                self._unreported.extend(appended.results())
+            return len(appended)
         except BatchUnsupported:
-            return appender.append_many(
-                [
-                    documents.message(item) if type(item) is LineDocument else item  # type: ignore[union-attr,misc]
-                    for item in chunk
-                ]
+            messages = (
+                chunk
+                if documents is None
+                else [documents.message(*item) for item in zip(chunk, numbers, strict=True)]
             )
+            results = appender.append_many(messages)
+            if self.on_lines is None:
+                self._unreported.extend(results)
+            return len(results)
 
     def commit(self) -> None:
         """Write what is queued; in sync mode also close the group (flush, then report); in
@@ -652,16 +690,37 @@ class AppendJob:
             self.committed += uncommitted
             if self.on_commit is not None:
                 self.on_commit()
-        if not len(self._unreported):
+        if not self._waiting:
             return
-        if self.uniq_keys:
+        if self.on_lines is not None:
+            self._report_lines()
+        elif self.uniq_keys:
             self._report_with_keys()
         else:
             for result in self._unreported.drain():
-                self.on_result(result)
+                self.on_result(result)  # type: ignore[misc]
                 self.reported += 1
+        self._waiting = 0
         if self.on_reported is not None:
             self.on_reported()
+
+    def _report_lines(self) -> None:
+        """Report the durable messages as the lines the log's records give, from where the
+        last report ended to the end of what was flushed."""
+        assert self.on_lines is not None
+        expected = self.committed - self.reported
+        start, end = self._report_from, self._savepoint.offset
+        found = 0
+        for block, count in self.appender.log.result_lines(start, end, self.lines_style):
+            self.on_lines(block)
+            found += count
+            self.reported += count
+        if found != expected:
+            raise StoreFormatError(
+                f"reading back the appended records from offset {start} to {end} found "
+                f"{found}, not {expected}"
+            )
+        self._report_from = end
 
     def _report_with_keys(self) -> None:
         """Report the durable messages, _KEY_BATCH at a time with their UNIQ_KEYs read back
@@ -684,22 +743,68 @@ class AppendJob:
     def run_lines(
         self, lines: Iterable[tuple[int, bytes]], defaults: MessageDefaults, source: str
     ) -> int:
+        """:meth:`run_line_blocks` of numbered lines."""
+        return self.run_line_blocks(_blocks_of(lines), defaults, source)
+
+    def run_line_blocks(
+        self, blocks: Iterable[LineBlock], defaults: MessageDefaults, source: str
+    ) -> int:
         """Append the messages of JSON lines (as :meth:`run` of
-        :func:`messages_from_lines`, with the same errors): the lines are parsed as they
-        come and turned into a batch's columns a chunk at a time, most without a
-        :class:`Message` in between (see :class:`DocumentRows`)."""
+        :func:`messages_from_lines`, with the same errors), given as :func:`read_line_blocks`
+        gives them: each block is parsed at once and turned into a batch's columns a chunk at
+        a time, most without a :class:`Message` in between (see :class:`DocumentRows`). Blank
+        lines are skipped."""
         if self.transform is not None:  # a transform takes messages
+            lines = (
+                (number, line)
+                for first, block in blocks
+                for number, line in enumerate(block, first)
+                if line.strip()
+            )
             return self.run(messages_from_lines(lines, defaults, source))
-        self._documents = DocumentRows(defaults, self.appender.trailing_separator)
-        return self.run(documents_from_lines(lines, source))  # type: ignore[arg-type]
+        self._documents = DocumentRows(defaults, self.appender.trailing_separator, source)
+
+        def add_blocks() -> None:
+            for first, block in blocks:
+                self._add_block(first, block, source)
+
+        return self._run(add_blocks)
+
+    def _add_block(self, first: int, lines: list[bytes], source: str) -> None:
+        """Parse a block of lines (all at once; line by line when one fails, to name it) and
+        add the documents; a bad line raises after the lines before it are added."""
+        try:
+            documents = list(map(_loads, lines))
+        except ValueError:  # a bad or blank line: (json or orjson).JSONDecodeError, Unicode...
+            documents, numbers = [], []
+            for number, line in enumerate(lines, first):
+                if not line.strip():
+                    continue
+                try:
+                    document = _loads(line)
+                except ValueError as exc:
+                    self._add_documents(documents, numbers)
+                    raise InputError(f"{source} line {number}: not valid JSON ({exc})") from None
+                documents.append(document)
+                numbers.append(number)
+            self._add_documents(documents, numbers)
+            return
+        self._add_documents(documents, range(first, first + len(lines)))
 
     def run(self, messages: Iterable[Message]) -> int:
         """Append everything; on failure roll back what is not durable yet and re-raise."""
         if self.transform is not None:
             messages = self.transform(messages)
-        try:
+
+        def add_messages() -> None:
             for message in messages:
                 self.add(message)
+
+        return self._run(add_messages)
+
+    def _run(self, add_all: Callable[[], None]) -> int:
+        try:
+            add_all()
             self._write_chunk()
             self._close_group()
         except BaseException as exc:

@@ -37,7 +37,7 @@ from rmqstore.errors import (
 )
 from rmqstore.hosts import HostAddress
 from rmqstore.kernel import layout
-from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH
+from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, TOTAL_SIZE
 from rmqstore.messagebatch import BatchUnsupported, MessageBatch
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.properties import (
@@ -213,6 +213,33 @@ class CommitLog:
                         else bytes(window[at : at + size]).decode("utf-8", "replace")
                     )
         return keys
+
+    def result_lines(self, start: int, end: int, style: int) -> Iterator[tuple[bytes, int]]:
+        """What ``append`` reports of each record starting in ``[start, end)`` (``start`` a
+        record's start), as text lines in ``style`` (LINES_JSONL or LINES_PLAIN of
+        :mod:`rmqstore.kernel.layout`), read back from the files: ``(lines, how many)`` a
+        scan batch at a time. The compiled kernel writes the lines of plain ASCII text and
+        leaves any other to the reference, so the text is the same either way."""
+        reference = None
+        for window, _, rows, count in self.scan(start).batches():
+            wanted = count
+            while wanted and rows[(wanted - 1) * ROW_WIDTH + PHYSICAL_OFFSET] >= end:
+                wanted -= 1
+            out = bytearray()
+            row = 0
+            while row < wanted:
+                row = kernel.result_lines(window, rows, row, wanted, style, out)
+                if row < wanted:  # text the compiled kernel leaves to the reference
+                    if reference is None:
+                        from rmqstore.kernel import reference
+                    row = reference.result_lines(window, rows, row, row + 1, style, out)
+            if wanted:
+                yield bytes(out), wanted
+            if wanted < count:
+                return
+            last = (count - 1) * ROW_WIDTH
+            if count and rows[last + PHYSICAL_OFFSET] + rows[last + TOTAL_SIZE] >= end:
+                return
 
     def first_record_store_timestamp(self, segment: Segment) -> int | None:
         """Store time of the first record of a file if it starts with a message, else None."""

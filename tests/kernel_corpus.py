@@ -199,6 +199,8 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from dispatch_both(native, data, base, rng.choice((0, 1)), rng.choice((1, 3, 4096)))
     yield from columns_both(native, data, base, rng.choice((1, 4, 4096)))
     yield from pack_both(native, rng)
+    yield from lines_both(native, data, base)
+    yield from documents_both(native, rng)
 
 
 def pack_rows(rows: list[tuple[int, ...]]) -> array:
@@ -424,3 +426,82 @@ def pack_both(native: ModuleType, rng: random.Random) -> Iterator[str]:
             outcomes.append("refused")
     if outcomes[0] != outcomes[1]:
         yield "pack_records differs"
+
+
+def lines_both(native: ModuleType, data: bytes, base: int) -> Iterator[str]:
+    """Every way the report lines of the rows of ``data`` differ between the compiled kernel
+    (the reference writing the rows it leaves, as ``CommitLog.result_lines`` does) and the
+    reference alone, in both styles."""
+    from rmqstore.kernel.layout import LINES_JSONL, LINES_PLAIN
+
+    rows, _final = run_scan(reference, data, 0, base, 0, 4096)
+    if not rows:
+        return
+    packed = pack_rows(rows)
+    count = len(rows)
+    for style in (LINES_JSONL, LINES_PLAIN):
+        expected = bytearray()
+        reference.result_lines(data, packed, 0, count, style, expected)
+        got = bytearray()
+        row = 0
+        while row < count:
+            row = native.result_lines(data, packed, row, count, style, got)
+            if row < count:
+                row = reference.result_lines(data, packed, row, row + 1, style, got)
+        if got != expected:
+            yield f"result_lines differ (style {style})"
+
+
+_DOCUMENT_VALUES = (
+    None, True, 0, -1, 3, 2**31 - 1, 2**31, 2**63 - 1, 1.5, "", "T", "caf\u00e9", "\U0001f600",
+    "a\x00b", "\ud800", "x" * 300, [], {}, ["T"],
+)  # fmt: skip
+_DOCUMENT_NAMES = ("topic", "body", "tags", "keys", "queueId", "flag", "properties")
+
+
+def documents_both(native: ModuleType, rng: random.Random) -> Iterator[str]:
+    """Every way the kernels disagree turning random JSON-line documents (most of the
+    common shape, some of another shape or with values of the wrong type or range) into
+    batch columns: the columns, the topics and the sequence of stops."""
+    from rmqstore.kernel.layout import DOC_NEEDS_PROPERTIES, DOC_OTHER
+
+    documents: list[object] = []
+    for _ in range(rng.randint(0, 30)):
+        if rng.random() < 0.05:
+            documents.append(rng.choice((["T"], "text", 3, None)))
+            continue
+        document = {
+            "topic": rng.choice(("T", "U", "Orders")),
+            "body": rng.choice(("", "b", "é" * 9)),
+        }
+        for name in rng.sample(_DOCUMENT_NAMES, rng.randint(0, 3)):
+            if name in ("tags", "keys") and rng.random() < 0.7:
+                document[name] = rng.choice(("A", "B", "k1 k2", None))
+            elif name == "queueId" and rng.random() < 0.7:
+                document[name] = rng.randrange(8)
+            else:
+                document[name] = rng.choice(_DOCUMENT_VALUES)
+        if rng.random() < 0.1:
+            del document["topic"]
+        documents.append(document)
+    defaults = (rng.choice(("D", None, "")), rng.choice((0, 2)), rng.choice((None, "DT", "")),
+                rng.choice((None, "dk")), 7, 0, 123, 0, 1, 2)  # fmt: skip
+    outcomes = []
+    for kernel in (reference, native):
+        topics: dict[str, int] = {}
+        cache: dict[object, tuple[bytes, bool]] = {}
+        columns = (array("q"), array("q"), bytearray(), array("q"), bytearray())
+        state = array("q", (0, 0, 1))
+        stops, first = [], 0
+        while first < len(documents):
+            first, stop, key = kernel.document_rows(
+                documents, first, len(documents), defaults, topics, cache, *columns, state
+            )
+            stops.append((first, stop, key))
+            if stop == DOC_OTHER:
+                first += 1
+            elif stop == DOC_NEEDS_PROPERTIES:
+                cache[key] = (repr(key).encode(), len(cache) % 2 == 0)
+        outcomes.append((stops, topics, [bytes(c) for c in columns], list(state)))
+    if outcomes[0] != outcomes[1]:
+        yield "document_rows differs"

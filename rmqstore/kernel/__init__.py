@@ -70,6 +70,10 @@ message_ids: Callable[..., int] = _refuse if _refusal else _implementation.messa
 pack_records: Callable[..., tuple[int, int, int, int]] = (
     _refuse if _refusal else _implementation.pack_records
 )
+document_rows: Callable[..., tuple[int, int, Any]] = (
+    _refuse if _refusal else _implementation.document_rows
+)
+result_lines: Callable[..., int] = _refuse if _refusal else _implementation.result_lines
 
 
 def description() -> str:

@@ -1507,3 +1507,315 @@ def pack_records(buf, int64_t position, int64_t file_size, int64_t reserved, int
     if failure:
         raise ValueError(f"message {message} cannot be packed (check {failure})")
     return message, position, stop, value
+
+
+# -- JSON-line documents into batch columns (see layout.py) ---------------------------------
+
+from cpython.array cimport array as carray, extend_buffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+
+cdef enum:
+    DOC_DONE_C = 0
+    DOC_OTHER_C = 1
+    DOC_NEEDS_PROPERTIES_C = 2
+    DOC_DEFAULTS_WIDTH_C = 10
+    DOC_STATE_WIDTH_C = 3
+    PACK_WIDTH_C = 10
+    LINES_JSONL_C = 0
+    LINES_PLAIN_C = 1
+
+_check_columns((
+    ("DOC_DONE", DOC_DONE_C), ("DOC_OTHER", DOC_OTHER_C), ("DOC_NEEDS_PROPERTIES",
+    DOC_NEEDS_PROPERTIES_C), ("DOC_DEFAULTS_WIDTH", DOC_DEFAULTS_WIDTH_C), ("DOC_STATE_WIDTH",
+    DOC_STATE_WIDTH_C), ("PACK_WIDTH", PACK_WIDTH_C), ("DOC_DEFAULT_TOPIC", 0),
+    ("DOC_DEFAULT_QUEUE_ID", 1), ("DOC_DEFAULT_TAGS", 2), ("DOC_DEFAULT_KEYS", 3),
+    ("DOC_FLAG", 4), ("DOC_SYS_FLAG", 5), ("DOC_BORN_TIMESTAMP", 6), ("DOC_HOST", 7),
+    ("DOC_RECONSUME_TIMES", 8), ("DOC_PREPARED_OFFSET", 9), ("DOC_STATE_LONGEST_BODY", 0),
+    ("DOC_STATE_LONGEST_PROPS", 1), ("DOC_STATE_QUEUE_SPAN", 2), ("PACK_TOPIC", 0),
+    ("PACK_QUEUE_ID", 1), ("PACK_FLAG", 2), ("PACK_SYS_FLAG", 3), ("PACK_BORN_TIMESTAMP", 4),
+    ("PACK_HOST", 5), ("PACK_RECONSUME_TIMES", 6), ("PACK_PREPARED_OFFSET", 7),
+    ("PACK_NOW", 8), ("PACK_UNIQ_KEY", 9), ("LINES_JSONL", LINES_JSONL_C),
+    ("LINES_PLAIN", LINES_PLAIN_C),
+))
+
+cdef str _TOPIC = "topic"
+cdef str _BODY = "body"
+cdef str _TAGS = "tags"
+cdef str _KEYS = "keys"
+cdef str _QUEUE_ID = "queueId"
+cdef int64_t INT32_MAX_C = 2147483647
+
+
+cdef inline object _field(dict document, str name, object missing, int* present):
+    """``document[name]``, or ``missing``; counts the fields found."""
+    cdef PyObject* value = PyDict_GetItem(document, name)
+    if value == NULL:
+        return missing
+    present[0] += 1
+    return <object>value
+
+
+cdef int _append_bytes(bytearray target, const char* data, Py_ssize_t length) except -1:
+    """``target += data[:length]``: the bytearray grows first, then exactly that many bytes
+    are copied into the new room."""
+    cdef Py_ssize_t old = PyByteArray_GET_SIZE(target)
+    if length < 0:
+        raise KernelBoundsError("a negative length to append")
+    PyByteArray_Resize(target, old + length)
+    if PyByteArray_GET_SIZE(target) != old + length:
+        raise KernelBoundsError("a bytearray did not grow as asked")
+    if length:
+        memcpy(PyByteArray_AS_STRING(target) + old, data, length)
+    return 0
+
+
+def document_rows(list documents, Py_ssize_t first, Py_ssize_t count, tuple defaults,
+                  dict topics, dict properties, carray rows, carray body_spans,
+                  bytearray bodies, carray prop_spans, bytearray props, state):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef int64_t[::1] state_view = state
+    cdef int64_t row[PACK_WIDTH_C]
+    cdef int64_t spans[2]
+    cdef int present, overflow
+    cdef long long queue_id
+    cdef Py_ssize_t index, body_length, props_at = 0, props_length
+    cdef const char* body_data
+    cdef object document, topic, body, tags, keys, queue_value, key, encoded, topic_row
+    cdef object encoded_props, last_encoded = None
+    if not (0 <= first <= count <= len(documents)):
+        raise ValueError("documents are outside their list")
+    if len(defaults) != DOC_DEFAULTS_WIDTH_C or state_view.shape[0] < DOC_STATE_WIDTH_C:
+        raise ValueError("defaults or state of the wrong width")
+    if rows.typecode != "q" or body_spans.typecode != "q" or prop_spans.typecode != "q":
+        raise ValueError("rows and spans are arrays of 64-bit integers ('q')")
+    default_topic, default_queue_id, default_tags, default_keys = defaults[:4]
+    row[2] = defaults[4]
+    row[3] = defaults[5]
+    row[4] = defaults[6]
+    row[5] = defaults[7]
+    row[6] = defaults[8]
+    row[7] = defaults[9]
+    row[8] = 0  # PACK_NOW: the appender's
+    for index in range(first, count):
+        document = documents[index]
+        if type(document) is not dict:
+            return index, DOC_OTHER_C, None
+        present = 0
+        topic = _field(<dict>document, _TOPIC, default_topic, &present)
+        body = _field(<dict>document, _BODY, "", &present)
+        tags = _field(<dict>document, _TAGS, None, &present)
+        keys = _field(<dict>document, _KEYS, None, &present)
+        queue_value = _field(<dict>document, _QUEUE_ID, default_queue_id, &present)
+        if present != len(<dict>document):  # a field of another shape
+            return index, DOC_OTHER_C, None
+        if (type(topic) is not str or len(<str>topic) == 0 or type(body) is not str
+                or (tags is not None and type(tags) is not str)
+                or (keys is not None and type(keys) is not str)
+                or type(queue_value) is not int):
+            return index, DOC_OTHER_C, None
+        overflow = 0
+        queue_id = PyLong_AsLongLongAndOverflow(queue_value, &overflow)
+        if overflow or queue_id < 0 or queue_id > INT32_MAX_C:
+            return index, DOC_OTHER_C, None
+        key = (default_tags if tags is None else tags, default_keys if keys is None else keys)
+        encoded = properties.get(key)
+        if encoded is None:
+            return index, DOC_NEEDS_PROPERTIES_C, key
+        try:
+            body_data = PyUnicode_AsUTF8AndSize(body, &body_length)
+        except UnicodeEncodeError:  # a lone surrogate: the general way names it
+            return index, DOC_OTHER_C, None
+        topic_row = topics.get(topic)
+        if topic_row is None:
+            topic_row = len(topics)
+            topics[topic] = topic_row
+        encoded_props, needs_key = encoded
+        if type(encoded_props) is not bytes:
+            raise TypeError("an encoded property string is bytes")
+        spans[0] = PyByteArray_GET_SIZE(bodies)
+        spans[1] = body_length
+        extend_buffer(body_spans, <char*>spans, 2)
+        _append_bytes(bodies, body_data, body_length)
+        props_length = PyBytes_GET_SIZE(encoded_props)
+        if encoded_props is not last_encoded:
+            props_at = PyByteArray_GET_SIZE(props)
+            _append_bytes(props, PyBytes_AS_STRING(encoded_props), props_length)
+            last_encoded = encoded_props
+        spans[0] = props_at
+        spans[1] = props_length
+        extend_buffer(prop_spans, <char*>spans, 2)
+        if body_length > state_view[0]:
+            state_view[0] = body_length
+        if props_length > state_view[1]:
+            state_view[1] = props_length
+        if queue_id + 1 > state_view[2]:
+            state_view[2] = queue_id + 1
+        row[0] = topic_row
+        row[1] = queue_id
+        row[9] = 1 if needs_key else 0
+        extend_buffer(rows, <char*>row, PACK_WIDTH_C)
+    return count, DOC_DONE_C, None
+
+
+# -- what append reports, as text lines (see layout.py) -------------------------------------
+
+cdef struct Writer:
+    uint8_t* data
+    int64_t capacity
+    int64_t cursor
+    bint breached
+
+
+cdef inline void _put_bytes(Writer* writer, const uint8_t* data, int64_t length) noexcept nogil:
+    if length < 0 or writer.cursor + length > writer.capacity:
+        writer.breached = True
+        return
+    if length:
+        memcpy(writer.data + writer.cursor, data, length)
+    writer.cursor += length
+
+
+cdef inline void _put_text(Writer* writer, const char* text) noexcept nogil:
+    cdef int64_t length = 0
+    while text[length] != 0:
+        length += 1
+    _put_bytes(writer, <const uint8_t*>text, length)
+
+
+cdef inline void _put_decimal(Writer* writer, int64_t value) noexcept nogil:
+    cdef uint8_t digits[24]
+    cdef int64_t at = 24
+    cdef uint64_t magnitude = (<uint64_t>0 - <uint64_t>value) if value < 0 else <uint64_t>value
+    while True:
+        at -= 1
+        digits[at] = <uint8_t>(48 + magnitude % 10)
+        magnitude //= 10
+        if magnitude == 0:
+            break
+    if value < 0:
+        at -= 1
+        digits[at] = 45  # '-'
+    _put_bytes(writer, &digits[at], 24 - at)
+
+
+cdef inline void _put_hex_bytes(Writer* writer, const uint8_t* data, int64_t length) noexcept nogil:
+    cdef int64_t k
+    if length < 0 or writer.cursor + 2 * length > writer.capacity:
+        writer.breached = True
+        return
+    for k in range(length):
+        writer.data[writer.cursor] = HEX_DIGITS[data[k] >> 4]
+        writer.data[writer.cursor + 1] = HEX_DIGITS[data[k] & 0xF]
+        writer.cursor += 2
+
+
+cdef inline bint _printable(const uint8_t* data, int64_t length, bint json) noexcept nogil:
+    """Bytes a line may carry as they are: printable ASCII (for JSON, no quote or backslash)."""
+    cdef int64_t k
+    for k in range(length):
+        if data[k] < 0x20 or data[k] > 0x7E or (json and (data[k] == 34 or data[k] == 92)):
+            return False
+    return True
+
+
+def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray out):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef int64_t length = view.shape[0], row, at, start, sys_flag, store_at, store_length
+    cdef int64_t topic_at, topic_length, props_at, props_length, key_at, key_length, need
+    cdef int64_t old_size
+    cdef uint8_t offset_bytes[8]
+    cdef uint64_t physical
+    cdef const uint8_t* data
+    cdef bint json = style == LINES_JSONL_C, bad = False
+    cdef Writer writer
+    cdef int k
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE):
+        raise ValueError("rows are outside their buffers")
+    if style != LINES_JSONL_C and style != LINES_PLAIN_C:
+        raise ValueError(f"no line style {style}")
+    data = &view[0] if length else NULL
+    old_size = PyByteArray_GET_SIZE(out)
+    row = first
+    while row < count:
+        at = row * ROW_WIDTH_NATIVE
+        start = row_view[at + C_POSITION]
+        sys_flag = row_view[at + C_SYS_FLAG]
+        store_at = start + BORN_HOST_AT + (20 if sys_flag & 0x10 else 8) + 8
+        store_length = 20 if sys_flag & 0x20 else 8
+        topic_at, topic_length = row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH]
+        props_at = row_view[at + C_PROPERTIES_AT]
+        props_length = row_view[at + C_PROPERTIES_LENGTH]
+        if not (_fits(start, row_view[at + C_TOTAL_SIZE], length)
+                and _fits(store_at, store_length, length)
+                and _fits(topic_at, topic_length, length)
+                and _fits(props_at, props_length, length)):
+            bad = True
+            break
+        _find_value(data, props_at, props_length, b"UNIQ_KEY", 8, &key_at, &key_length)
+        if not _printable(data + topic_at, topic_length, json) or (
+                key_length != SPAN_ABSENT and not _printable(data + key_at, key_length, json)):
+            break  # the reference writes this line
+        need = 2 * (store_length + 8) + topic_length + (key_length if key_length > 0 else 0)
+        need += 6 * 21 + 160  # six numbers and the line's own text
+        writer.cursor = PyByteArray_GET_SIZE(out)
+        PyByteArray_Resize(out, writer.cursor + need)
+        writer.data = <uint8_t*>PyByteArray_AS_STRING(out)
+        writer.capacity = PyByteArray_GET_SIZE(out)
+        writer.breached = False
+        physical = <uint64_t>row_view[at + C_PHYSICAL_OFFSET]
+        for k in range(8):
+            offset_bytes[k] = (physical >> (8 * (7 - k))) & 0xFF
+        if json:
+            _put_text(&writer, b'{"msgId":"')
+            _put_hex_bytes(&writer, data + store_at, store_length)
+            _put_hex_bytes(&writer, offset_bytes, 8)
+            _put_text(&writer, b'","topic":"')
+            _put_bytes(&writer, data + topic_at, topic_length)
+            _put_text(&writer, b'","queueId":')
+            _put_decimal(&writer, row_view[at + C_QUEUE_ID])
+            _put_text(&writer, b',"commitLogOffset":')
+            _put_decimal(&writer, row_view[at + C_PHYSICAL_OFFSET])
+            _put_text(&writer, b',"queueOffset":')
+            _put_decimal(&writer, row_view[at + C_QUEUE_OFFSET])
+            _put_text(&writer, b',"storeSize":')
+            _put_decimal(&writer, row_view[at + C_TOTAL_SIZE])
+            _put_text(&writer, b',"storeTimestamp":')
+            _put_decimal(&writer, row_view[at + C_STORE_TIMESTAMP])
+            if key_length == SPAN_ABSENT:
+                _put_text(&writer, b',"uniqKey":null}\n')
+            else:
+                _put_text(&writer, b',"uniqKey":"')
+                _put_bytes(&writer, data + key_at, key_length)
+                _put_text(&writer, b'"}\n')
+        else:
+            _put_hex_bytes(&writer, data + store_at, store_length)
+            _put_hex_bytes(&writer, offset_bytes, 8)
+            _put_text(&writer, b"  offset=")
+            _put_decimal(&writer, row_view[at + C_PHYSICAL_OFFSET])
+            _put_text(&writer, b"  queue=")
+            _put_bytes(&writer, data + topic_at, topic_length)
+            _put_text(&writer, b":")
+            _put_decimal(&writer, row_view[at + C_QUEUE_ID])
+            _put_text(&writer, b"  queueOffset=")
+            _put_decimal(&writer, row_view[at + C_QUEUE_OFFSET])
+            _put_text(&writer, b"  size=")
+            _put_decimal(&writer, row_view[at + C_TOTAL_SIZE])
+            if key_length != SPAN_ABSENT:
+                _put_text(&writer, b"  uniqKey=")
+                _put_bytes(&writer, data + key_at, key_length)
+            _put_text(&writer, b"\n")
+        PyByteArray_Resize(out, writer.cursor)
+        if writer.breached:
+            PyByteArray_Resize(out, old_size)
+            raise KernelBoundsError("a result line outgrew the room made for it")
+        row += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return row

@@ -380,3 +380,60 @@ PACKED_ALL = 0
 NEEDS_ROLL = 1
 NEEDS_RESERVE = 2
 NEW_MONTH = 3
+
+
+# -- JSON-line documents into batch columns (append --input) --------------------------------
+#
+# ``document_rows(documents, first, count, defaults, topics, properties, rows, body_spans,
+# bodies, prop_spans, props, state)`` adds the parsed JSON lines ``documents[first:count]`` of
+# the common shape to a batch's columns (see :mod:`rmqstore.messagebatch`): a dict whose only
+# fields are ``topic`` (a non-empty string; DOC_DEFAULT_TOPIC when missing), ``body`` (a
+# string, stored as UTF-8; empty when missing), ``tags`` and ``keys`` (strings or null: null or
+# missing take DOC_DEFAULT_TAGS / DOC_DEFAULT_KEYS) and ``queueId`` (an int of 0 to 2^31 - 1;
+# DOC_DEFAULT_QUEUE_ID when missing). Each such document appends a PACK_WIDTH row to ``rows``,
+# its body to ``bodies`` and (when it is not the same object as the previous document's) its
+# encoded property string to ``props``, with their spans; ``topics`` maps a topic to its row
+# (a new topic takes the next row). ``properties`` maps ``(tags, keys)`` to ``(encoded
+# property string, needs a generated UNIQ_KEY)``; the other row fields come from ``defaults``
+# (DOC_* indexes). ``state`` (an ``array('q')`` of DOC_STATE_WIDTH) carries the longest body,
+# the longest property string and the queue span, read and written back. It returns ``(next,
+# stop, key)``: DOC_DONE with ``next == count``; DOC_OTHER for a document of another shape or
+# with a value of the wrong type or range (the caller builds its message the general way,
+# which names what is wrong); DOC_NEEDS_PROPERTIES when ``key``, the document's ``(tags,
+# keys)``, is not in ``properties`` (the caller encodes it, adds it and calls again from there).
+DOC_DEFAULT_TOPIC = 0
+DOC_DEFAULT_QUEUE_ID = 1
+DOC_DEFAULT_TAGS = 2
+DOC_DEFAULT_KEYS = 3
+DOC_FLAG = 4
+DOC_SYS_FLAG = 5
+DOC_BORN_TIMESTAMP = 6
+DOC_HOST = 7  # row of the batch's hosts
+DOC_RECONSUME_TIMES = 8
+DOC_PREPARED_OFFSET = 9
+DOC_DEFAULTS_WIDTH = 10
+
+DOC_STATE_LONGEST_BODY = 0
+DOC_STATE_LONGEST_PROPS = 1
+DOC_STATE_QUEUE_SPAN = 2
+DOC_STATE_WIDTH = 3
+
+DOC_DONE = 0
+DOC_OTHER = 1
+DOC_NEEDS_PROPERTIES = 2
+
+
+# -- what append reports, as text lines --------------------------------------------------------
+#
+# ``result_lines(buf, rows, first, count, style, out)`` appends to the bytearray ``out`` the
+# line ``append`` prints for each row ``[first, count)`` of a scan of ``buf``: LINES_JSONL, the
+# JSON object ``{"msgId", "topic", "queueId", "commitLogOffset", "queueOffset", "storeSize",
+# "storeTimestamp", "uniqKey"}`` (no spaces; text as ``json.dumps(ensure_ascii=False)`` writes
+# it, a missing UNIQ_KEY null), or LINES_PLAIN, ``MSGID  offset=N  queue=TOPIC:Q
+# queueOffset=N  size=N`` and ``  uniqKey=K`` when the record has one; each line ends with a
+# newline. Text is decoded as UTF-8 with replacement. It returns the row it stopped before:
+# ``count``, or (the compiled kernel only) a row whose topic or UNIQ_KEY holds a byte outside
+# printable ASCII (or, for LINES_JSONL, a quote or backslash), whose line the caller then has
+# the reference write.
+LINES_JSONL = 0
+LINES_PLAIN = 1

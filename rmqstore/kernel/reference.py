@@ -4,6 +4,7 @@ the path that runs where no compiled kernel was built. Same interface and result
 
 from __future__ import annotations
 
+import json
 import struct
 import zlib
 from typing import Any
@@ -24,6 +25,24 @@ from rmqstore.kernel.layout import (
     CRC_UNCHECKED,
     DISPATCH_FLAGS,
     DISPATCH_WIDTH,
+    DOC_BORN_TIMESTAMP,
+    DOC_DEFAULT_KEYS,
+    DOC_DEFAULT_QUEUE_ID,
+    DOC_DEFAULT_TAGS,
+    DOC_DEFAULT_TOPIC,
+    DOC_DEFAULTS_WIDTH,
+    DOC_DONE,
+    DOC_FLAG,
+    DOC_HOST,
+    DOC_NEEDS_PROPERTIES,
+    DOC_OTHER,
+    DOC_PREPARED_OFFSET,
+    DOC_RECONSUME_TIMES,
+    DOC_STATE_LONGEST_BODY,
+    DOC_STATE_LONGEST_PROPS,
+    DOC_STATE_QUEUE_SPAN,
+    DOC_STATE_WIDTH,
+    DOC_SYS_FLAG,
     FIELD_BODY,
     FIELD_BORN_HOST,
     FIELD_KEYS,
@@ -50,6 +69,8 @@ from rmqstore.kernel.layout import (
     KEY_TRAILING_SEPARATOR,
     KEYS_COUNT,
     KEYS_FROM,
+    LINES_JSONL,
+    LINES_PLAIN,
     NEEDS_REFERENCE,
     NEEDS_RESERVE,
     NEEDS_ROLL,
@@ -971,3 +992,134 @@ def _span(data: Any, at: int, length: int) -> bytes:
     if not (at >= 0 and length >= 0 and at + length <= len(data)):
         raise ValueError("a span is outside its buffer")
     return bytes(data[at : at + length])
+
+
+_DOCUMENT_FIELDS = frozenset(("topic", "body", "tags", "keys", "queueId"))
+_INT32_MAX = (1 << 31) - 1
+
+
+def document_rows(
+    documents: list[Any],
+    first: int,
+    count: int,
+    defaults: tuple[Any, ...],
+    topics: dict[str, int],
+    properties: dict[tuple[str | None, str | None], tuple[bytes, bool]],
+    rows: Any,
+    body_spans: Any,
+    bodies: bytearray,
+    prop_spans: Any,
+    props: bytearray,
+    state: Any,
+) -> tuple[int, int, tuple[str | None, str | None] | None]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= first <= count <= len(documents):
+        raise ValueError("documents are outside their list")
+    if len(defaults) != DOC_DEFAULTS_WIDTH or len(state) < DOC_STATE_WIDTH:
+        raise ValueError("defaults or state of the wrong width")
+    default_topic = defaults[DOC_DEFAULT_TOPIC]
+    default_queue_id = defaults[DOC_DEFAULT_QUEUE_ID]
+    row_tail = (
+        defaults[DOC_FLAG],
+        defaults[DOC_SYS_FLAG],
+        defaults[DOC_BORN_TIMESTAMP],
+        defaults[DOC_HOST],
+        defaults[DOC_RECONSUME_TIMES],
+        defaults[DOC_PREPARED_OFFSET],
+        0,  # PACK_NOW: the appender's
+    )
+    last_encoded: bytes | None = None
+    props_at = 0
+    for index in range(first, count):
+        document = documents[index]
+        if type(document) is not dict or not _DOCUMENT_FIELDS.issuperset(document):
+            return index, DOC_OTHER, None
+        topic = document.get("topic", default_topic)
+        body = document.get("body", "")
+        tags = document.get("tags")
+        keys = document.get("keys")
+        queue_id = document.get("queueId", default_queue_id)
+        if (
+            type(topic) is not str
+            or not topic
+            or type(body) is not str
+            or (tags is not None and type(tags) is not str)
+            or (keys is not None and type(keys) is not str)
+            or type(queue_id) is not int
+            or not 0 <= queue_id <= _INT32_MAX
+        ):
+            return index, DOC_OTHER, None
+        key = (defaults[DOC_DEFAULT_TAGS] if tags is None else tags,
+               defaults[DOC_DEFAULT_KEYS] if keys is None else keys)  # fmt: skip
+        encoded = properties.get(key)
+        if encoded is None:
+            return index, DOC_NEEDS_PROPERTIES, key
+        try:
+            body_bytes = body.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: the general way names it
+            return index, DOC_OTHER, None
+        topic_row = topics.get(topic)
+        if topic_row is None:
+            topic_row = topics[topic] = len(topics)
+        encoded_props, needs_key = encoded
+        body_spans.extend((len(bodies), len(body_bytes)))
+        bodies += body_bytes
+        if encoded_props is not last_encoded:
+            props_at = len(props)
+            props += encoded_props
+            last_encoded = encoded_props
+        prop_spans.extend((props_at, len(encoded_props)))
+        state[DOC_STATE_LONGEST_BODY] = max(state[DOC_STATE_LONGEST_BODY], len(body_bytes))
+        state[DOC_STATE_LONGEST_PROPS] = max(state[DOC_STATE_LONGEST_PROPS], len(encoded_props))
+        state[DOC_STATE_QUEUE_SPAN] = max(state[DOC_STATE_QUEUE_SPAN], queue_id + 1)
+        rows.extend((topic_row, queue_id, *row_tail, 1 if needs_key else 0))
+    return count, DOC_DONE, None
+
+
+def result_lines(buf: Any, rows: Any, first: int, count: int, style: int, out: bytearray) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH:
+        raise ValueError("rows are outside their buffers")
+    if style not in (LINES_JSONL, LINES_PLAIN):
+        raise ValueError(f"no line style {style}")
+    length = len(buf)
+    for row in range(first, count):
+        at = row * ROW_WIDTH
+        _row_fits(rows, at, length)
+        _, _, store_at, store_length = _host_fields(rows, at)
+        physical = rows[at + PHYSICAL_OFFSET]
+        msg_id = (
+            (
+                _span(buf, store_at, store_length)
+                + (physical & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")
+            )
+            .hex()
+            .upper()
+        )
+        topic = _span(buf, rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]).decode("utf-8", "replace")
+        props_at = rows[at + PROPERTIES_AT]
+        props = _span(buf, props_at, rows[at + PROPERTIES_LENGTH])
+        key_at, key_length = _property_value(props, b"UNIQ_KEY")
+        key = (
+            None
+            if key_length == SPAN_ABSENT
+            else props[key_at : key_at + key_length].decode("utf-8", "replace")
+        )
+        queue_id, queue_offset = rows[at + QUEUE_ID], rows[at + QUEUE_OFFSET]
+        size, stamp = rows[at + TOTAL_SIZE], rows[at + STORE_TIMESTAMP]
+        if style == LINES_JSONL:
+            text = (
+                f'{{"msgId":"{msg_id}","topic":{json.dumps(topic, ensure_ascii=False)},'
+                f'"queueId":{queue_id},"commitLogOffset":{physical},"queueOffset":{queue_offset},'
+                f'"storeSize":{size},"storeTimestamp":{stamp},"uniqKey":'
+                f"{'null' if key is None else json.dumps(key, ensure_ascii=False)}}}\n"
+            )
+        else:
+            text = (
+                f"{msg_id}  offset={physical}  queue={topic}:{queue_id}  "
+                f"queueOffset={queue_offset}  size={size}"
+                + (f"  uniqKey={key}" if key is not None else "")
+                + "\n"
+            )
+        out += text.encode("utf-8")
+    return count

@@ -250,7 +250,7 @@ def test_stdin_failure_rolls_back_everything_in_async_mode(tmp_path: Path) -> No
     store = new_store(tmp_path)
     before = tree_digest(store)
     good = json.dumps({"topic": "T", "body": "ok"}) + "\n"
-    result = run_cli("append", store, "--input", "-", "--jsonl", input=good * 600 + "garbage\n")
+    result = run_cli("append", store, "--input", "-", "--jsonl", input=good * 9000 + "garbage\n")
     assert result.exit_code == 2
     assert result.stdout == ""  # nothing is reported before the whole input is stored
     assert "unreported messages appended before it were rolled back" in result.stderr
@@ -290,25 +290,55 @@ def test_usage_errors(tmp_path: Path) -> None:
     )
 
 
-def test_fast_jsonl_writer_equals_the_json_encoder(capsys: pytest.CaptureFixture) -> None:
-    from rmqstore.commands.append import _jsonl_writer, result_document
+@pytest.mark.parametrize("store_host", ["10.0.0.1:10911", "[2001:db8::7]:10911"])
+def test_report_lines_read_back_are_what_each_result_says(tmp_path: Path, store_host: str) -> None:
+    """The lines append prints (read back from the records, compiled kernel or reference)
+    equal the JSON document of each AppendResult and its UNIQ_KEY, and the plain line, for
+    keys the compiled kernel writes itself and keys it leaves to the reference (quotes,
+    backslashes, control characters, non-ASCII), generated keys and none."""
+    from rmqstore.commands.append import result_document
     from rmqstore.commands.output import json_text
-    from rmqstore.commitlog import AppendResult
+    from rmqstore.config import StoreConfig
+    from rmqstore.hosts import parse_host
+    from rmqstore.kernel.layout import LINES_JSONL, LINES_PLAIN
+    from rmqstore.msgid import UniqKeyGenerator
+    from rmqstore.record import Message
+    from rmqstore.store import Store
 
-    results = [
-        AppendResult(
-            12345, 7, 300, 1700000000123, 'Top"ic\\é', 3, bytes([10, 0, 0, 1, 0, 0, 0x2A, 0x9F])
-        ),
-        AppendResult(2**40, 0, 91, 1, "%RETRY%x", 0, bytes(16) + bytes(4)),
+    keys = [None, "plain-KEY_1", 'q"uote', "back\\slash", "tab\there", "\x7f", "été", "标签"]
+    with Store.open_write(
+        tmp_path / "s", StoreConfig(commitlog_file_size=4096), create=True
+    ) as store:
+        appender = store.appender(uniq_keys=UniqKeyGenerator(), store_host=parse_host(store_host))
+        start = appender.end_offset
+        messages = []
+        for number in range(60):  # rolls over several 4 KiB files (BLANKs in the range)
+            key = keys[number % len(keys)]
+            properties = {} if key is None else {"UNIQ_KEY": key}
+            topic = ("%RETRY%" + "g" * 130) if number % 7 == 0 else f"T{number % 3}"
+            messages.append(
+                Message(topic=topic, body=b"x" * 90, queue_id=number % 2, properties=properties)
+            )
+        results = appender.append_many(messages)
+        appender.flush()
+        end = appender.end_offset
+        stored = store.commitlog.uniq_keys(start, end)
+        blocks = {
+            style: b"".join(block for block, _ in store.commitlog.result_lines(start, end, style))
+            for style in (LINES_JSONL, LINES_PLAIN)
+        }
+    jsonl = [
+        json_text(result_document(result, stored[result.physical_offset])) for result in results
     ]
-    keys = ["0A00010700611132D8FA4CDDBC000000", None]
-    emit = _jsonl_writer()
-    for result, key in zip(results, keys, strict=True):
-        emit(result, key)
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == [
-        json_text(result_document(result, key)) for result, key in zip(results, keys, strict=True)
+    assert blocks[LINES_JSONL].decode().splitlines() == jsonl
+    plain = [
+        f"{r.msg_id}  offset={r.physical_offset}  queue={r.topic}:{r.queue_id}  "
+        f"queueOffset={r.queue_offset}  size={r.store_size}"
+        + ("" if stored[r.physical_offset] is None else f"  uniqKey={stored[r.physical_offset]}")
+        for r in results
     ]
+    assert blocks[LINES_PLAIN].decode().split("\n")[:-1] == plain
+    assert len({stored[r.physical_offset] for r in results}) > 8  # generated keys too
 
 
 def clean_store(tmp_path: Path) -> Path:
