@@ -55,7 +55,7 @@ from pyspark.sql.datasource import (
 
 from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import DelayLevels
-from rmqstore.errors import InputError
+from rmqstore.errors import InputError, StoreIOError
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
@@ -458,7 +458,13 @@ class CommitLogStreamReader(DataSourceStreamReader):
             return
         parts, rows = partition.value
         for part in parts:
-            yield from message_batches(self.location, part, rows)
+            try:
+                yield from message_batches(self.location, part, rows)
+            except StoreIOError:
+                if (self.root / "commitlog" / part.name).exists():
+                    raise
+                # the broker deleted the file after this batch was planned: its messages
+                # are gone, as they are for a consumer
 
     def commit(self, end: dict) -> None:
         pass  # the store is only read: nothing to release

@@ -113,3 +113,42 @@ def test_starting_offsets_and_a_bad_option(spark: Any, tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="startingOffsets"):
         CommitLogStreamReader({"path": str(store), "startingOffsets": "tomorrow"})
+
+
+def test_files_a_broker_deleted_are_skipped(tmp_path: Path) -> None:
+    """A broker deletes its oldest commit-log files: an offset inside them moves on to the
+    first file left, and a file deleted after a micro-batch was planned is read as empty
+    (its messages are gone), not as a failed query. No session is needed: the reader's own
+    calls, as Spark makes them."""
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    store = tmp_path / "store"
+    created = run_cli("append", store, "--create", "--topic", "T", "--body", "first",
+                      "--commitlog-file-size", "4096")  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    append(store, 1, 250)  # about 12 files of 4 KiB
+    names = sorted(path.name for path in (store / "commitlog").iterdir())
+    assert len(names) > 6
+    reader = CommitLogStreamReader({"path": str(store)})
+    start = reader.initialOffset()
+    assert start == {"offset": 0}
+    for name in names[:2]:  # the broker's clean-up, before the query's next batch
+        (store / "commitlog" / name).unlink()
+    end = reader.latestOffset(start)
+    partitions = reader.partitions(start, end)
+    read = run_cli("read", store, "--from-offset", names[2].lstrip("0"), "--jsonl")
+    gone = range(int(names[-2]), int(names[-1]))
+    expected = [
+        message["body"]
+        for message in map(json.loads, read.stdout.splitlines())
+        if message["commitLogOffset"] not in gone
+    ]
+    (store / "commitlog" / names[-2]).unlink()  # and one more while the batch runs
+    got = [
+        body.decode()
+        for partition in partitions
+        for batch in reader.read(partition)
+        for body in batch.column("body").to_pylist()
+    ]
+    assert got == expected and len(expected) > 100
+    assert end["offset"] > int(names[-1])
