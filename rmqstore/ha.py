@@ -384,7 +384,10 @@ def replicate_from_master(
                 if not progress.to_offset:  # an empty DEST starts where the master says
                     if offset % file_size:
                         raise HAError(
-                            f"the master starts an empty DEST at {offset}, not at a file start"
+                            f"the master starts an empty DEST at {offset}, which is not the "
+                            f"start of a commit-log file of {file_size} bytes: DEST's file "
+                            "size must be the master's mappedFileSizeCommitLog (pass "
+                            "--commitlog-file-size or --broker-config)"
                         )
                     progress.to_offset = progress.whole_end = offset
                     reput.start_at(offset)

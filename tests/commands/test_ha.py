@@ -148,6 +148,10 @@ def test_an_empty_slave_of_a_broker_store_is_what_a_java_slave_makes(
     assert entries[:50] == [(0, 0x7FFFFFFF, 0)] * 50
     assert entries[50][0] >= 3_342_336 and entries[50][1] > 0
     assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
+    with serving(store, *ORACLE_OPTIONS) as address:  # a slave without the master's file size
+        refused = run_cli("replicate", address, tmp_path / "unsized")
+    assert refused.exit_code == 4 and "--commitlog-file-size" in refused.stderr
+    assert not (tmp_path / "unsized").exists()
 
 
 @pytest.mark.campaign
