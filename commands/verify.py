@@ -205,13 +205,13 @@ def _render(report: VerifyReport) -> None:
     summary.add_row(
         "records",
         f"{checked['records']:,} ({checked['recordBytes']:,} bytes) in "
-        f"{checked['commitLogFiles']} commit-log files",
+        f"{counted(checked['commitLogFiles'], 'commit-log file')}",
     )
     if checked["consumeQueues"]:
         summary.add_row(
             "consume queues",
             f"{counted(checked['consumeQueues'], 'queue')}, "
-            f"{checked['units']:,} units matched against records",
+            f"{counted(checked['units'], 'unit')} matched against records",
         )
     if checked["indexFiles"]:
         summary.add_row(
