@@ -581,7 +581,7 @@ class AppendJob:
         self.group_size = group_size
         self.chunk_size = chunk_size
         self.committed = 0  # messages made durable (they stay whatever happens next)
-        self.reported = 0  # messages handed to on_result
+        self.reported = 0  # messages reported (to on_result, or as lines to on_lines)
         self._chunk: list[Any] = []  # messages, or (run_line_blocks) parsed JSON lines
         self._numbers: list[int] = []  # the line of each document in the chunk
         self._documents: DocumentRows | None = None  # how run_line_blocks' documents become rows
