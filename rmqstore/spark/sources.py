@@ -59,7 +59,6 @@ from rmqstore.errors import InputError, StoreIOError
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
-    DEFAULT_SPLIT,
     SUMMARY_FIELDS,
     FileRange,
     plan_ranges,
@@ -77,6 +76,12 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
+
+# bytes of commit log per partition of a load() that does not say (option splitSize): what
+# Spark's own file sources take (spark.sql.files.maxPartitionBytes), since each task of a
+# Python data source costs PySpark about 65 ms on this 2-core machine even when it reads
+# nothing (the rmqstore jobs pass --split-size, 32 MiB by default)
+SOURCE_SPLIT = 128 * 1024 * 1024
 
 
 def _option(options: dict[str, str], name: str, default: str | None = None) -> str | None:
@@ -222,7 +227,7 @@ _QUEUE_KINDS = {"topic": "string", "queueId": "int32"}
 class CommitLogReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: Any = None) -> None:
         self.location = StoreLocation(str(_option(options, "path", "")))
-        self.split = _int_option(options, "splitSize", DEFAULT_SPLIT)
+        self.split = _int_option(options, "splitSize", SOURCE_SPLIT)
         self.margin = record_margin(
             _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE)
         )
@@ -382,7 +387,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
         if self.location.remote:
             raise InputError("the streaming source reads a store directory on this machine")
         self.root = Path(path)
-        self.split = _int_option(options, "splitSize", DEFAULT_SPLIT)
+        self.split = _int_option(options, "splitSize", SOURCE_SPLIT)
         self.margin = record_margin(
             _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE)
         )
