@@ -185,19 +185,12 @@ def _scenario_log(
     messages."""
     from dataclasses import replace
 
-    from rmqstore.fixtures import FixtureOptions, _config, scenario
-    from rmqstore.fixtures.plans import Builder
+    from rmqstore.fixtures import FixtureOptions, _config, scenario, scenario_builder
 
     chosen = scenario(name)
     options = FixtureOptions(broker_version=chosen.broker_version or "4.9")
-    rng = random.Random(options.seed)
-    address = (
-        bytes.fromhex("20010db8000000000000000000000001")
-        if chosen.ipv6_store_host
-        else bytes([10, 0, options.seed % 250, 1])
-    )
     with Store.open_write(root, _config(chosen, options), create=True) as store:
-        builder = Builder(store, options, rng, HostAddress(address, 10911))
+        builder = scenario_builder(store, chosen, options)
         if messages is None:
             chosen.plan(builder, chosen.messages)
             return [replace(message) for message, _ in builder.appended]
