@@ -199,8 +199,26 @@ def emit_jsonl(document: Any) -> None:
 
 
 def json_text(document: Any) -> str:
-    """Compact JSON (one line), UTF-8 characters kept as they are."""
+    """Compact JSON (one line), UTF-8 characters kept as they are: what
+    ``json.dumps(document, ensure_ascii=False, separators=(",", ":"))`` writes (a test holds
+    orjson to it), by orjson (several times as fast) where it takes the document."""
+    dumps = _fast_dumps()
+    if dumps is not None:
+        try:
+            return dumps(document).decode("utf-8")
+        except TypeError:  # orjson's refusal: keys that are not text, text that is not
+            pass  # Unicode; the standard library's way then
     return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+
+
+@functools.cache
+def _fast_dumps() -> Callable[[Any], bytes] | None:
+    """orjson's dumps, imported when JSON is first written (start-up stays light)."""
+    try:
+        from orjson import dumps
+    except ImportError:  # pragma: no cover - a dependency, but the standard library does it too
+        return None
+    return dumps
 
 
 class DelimitedWriter:

@@ -17,9 +17,16 @@ class HostAddress(NamedTuple):
         return len(self.address) == 16
 
     def __str__(self) -> str:
-        if self.is_ipv6:
-            return f"[{ipaddress.IPv6Address(self.address)}]:{self.port}"
-        return f"{ipaddress.IPv4Address(self.address)}:{self.port}"
+        text = _HOST_TEXT.get(self)
+        if text is None:  # a store holds few hosts: each is formatted once
+            if len(_HOST_TEXT) >= _MOST_HOST_TEXTS:
+                _HOST_TEXT.clear()
+            if self.is_ipv6:
+                text = f"[{ipaddress.IPv6Address(self.address)}]:{self.port}"
+            else:
+                text = f"{ipaddress.IPv4Address(self.address)}:{self.port}"
+            _HOST_TEXT[self] = text
+        return text
 
     def to_field(self) -> bytes:
         """The record field: address bytes followed by the port as a big-endian int."""
@@ -30,6 +37,9 @@ class HostAddress(NamedTuple):
         port = int.from_bytes(field[-4:], "big", signed=True)
         return cls(bytes(field[:-4]), port)
 
+
+_HOST_TEXT: dict[HostAddress, str] = {}  # host -> its text (str of HostAddress)
+_MOST_HOST_TEXTS = 4096
 
 LOOPBACK = b"\x7f\x00\x00\x01"
 DEFAULT_BORN_HOST = HostAddress(LOOPBACK, 0)

@@ -284,3 +284,30 @@ def test_identifiers_stay_whole_on_a_narrow_terminal(torn: Path) -> None:
     first = json.loads(run_cli("read", torn, "--offset", "0", "--json").stdout)
     assert first["msgId"] in _on_terminal("read", torn, "--offset", "0")
     assert first["msgId"] in _on_terminal("read", torn, "--from-offset", "0", "--count", "3")
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi", "s3_txn_delay"])
+def test_json_text_is_what_the_standard_encoder_writes(oracle, name: str) -> None:
+    """``json_text`` (orjson where it takes the document) writes what ``json.dumps(...,
+    ensure_ascii=False, separators=(",", ":"))`` writes: for every message of the broker
+    stores with every body encoding, and for text and keys orjson escapes or refuses."""
+    from rmqstore.commands.output import json_text, message_document
+    from rmqstore.reader import MessageReader
+    from rmqstore.store import Store
+
+    def standard(document: object) -> str:
+        return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+
+    documents: list[object] = [
+        {"text": '\x00\x01\x1f\x7f\n\r\t\b\f"\\/ é 中 😀 \u2028\u2029'},
+        {1: "an int key", "nested": {"list": [1, None, True, 2**63 - 1, -(2**63)]}},
+        {"lone": "\ud800"},
+    ]
+    with Store.open_read(oracle(name).store) as store:
+        messages = MessageReader(store).sequential(store.commitlog.min_offset)
+        for number, message in enumerate(messages):
+            mode = ("auto", "text", "hex", "base64", "none")[number % 5]
+            documents.append(message_document(message, mode))
+    assert len(documents) > 100
+    for document in documents:
+        assert json_text(document) == standard(document)
