@@ -195,20 +195,27 @@ def emit_json(document: Any) -> None:
 
 
 def emit_jsonl(document: Any) -> None:
-    sys.stdout.write(json_text(document) + "\n")
+    """A message document as one line of JSON (see :func:`message_json`)."""
+    sys.stdout.write(message_json(document) + "\n")
 
 
 def json_text(document: Any) -> str:
-    """Compact JSON (one line), UTF-8 characters kept as they are: what
-    ``json.dumps(document, ensure_ascii=False, separators=(",", ":"))`` writes (a test holds
-    orjson to it), by orjson (several times as fast) where it takes the document."""
+    """Compact JSON (one line), UTF-8 characters kept as they are."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+
+
+def message_json(document: Any) -> str:
+    """A message document (:func:`message_document`: text, integers, null, booleans and
+    objects of them, no floats) as :func:`json_text` writes it, by orjson, several times as
+    fast (a test holds the two to the same text). orjson writes floats otherwise, so other
+    documents go through :func:`json_text`."""
     dumps = _fast_dumps()
     if dumps is not None:
         try:
             return dumps(document).decode("utf-8")
         except TypeError:  # orjson's refusal: keys that are not text, text that is not
             pass  # Unicode; the standard library's way then
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    return json_text(document)
 
 
 @functools.cache

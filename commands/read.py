@@ -27,8 +27,8 @@ from rmqstore.commands.output import (
     encode_body,
     fields_grid,
     format_millis,
-    json_text,
     message_document,
+    message_json,
     note,
     progress_bar,
     warn,
@@ -445,7 +445,7 @@ def _show_many(
         for message in messages:
             document = message_document(message, body_mode, _body_of(message, decompress))
             sys.stdout.write(("," if shown else "") + "\n")
-            sys.stdout.write(json_text(document))
+            sys.stdout.write(message_json(document))
             shown += 1
         sys.stdout.write("\n]\n")
         return shown

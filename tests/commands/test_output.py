@@ -287,11 +287,12 @@ def test_identifiers_stay_whole_on_a_narrow_terminal(torn: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi", "s3_txn_delay"])
-def test_json_text_is_what_the_standard_encoder_writes(oracle, name: str) -> None:
-    """``json_text`` (orjson where it takes the document) writes what ``json.dumps(...,
-    ensure_ascii=False, separators=(",", ":"))`` writes: for every message of the broker
-    stores with every body encoding, and for text and keys orjson escapes or refuses."""
-    from rmqstore.commands.output import json_text, message_document
+def test_message_json_is_what_the_standard_encoder_writes(oracle, name: str) -> None:
+    """``message_json`` (orjson where it takes the document) writes what ``json_text``
+    (``json.dumps(..., ensure_ascii=False, separators=(",", ":"))``) writes: for every message
+    of the broker stores with every body encoding, and for text and keys orjson escapes or
+    refuses."""
+    from rmqstore.commands.output import json_text, message_document, message_json
     from rmqstore.reader import MessageReader
     from rmqstore.store import Store
 
@@ -310,4 +311,4 @@ def test_json_text_is_what_the_standard_encoder_writes(oracle, name: str) -> Non
             documents.append(message_document(message, mode))
     assert len(documents) > 100
     for document in documents:
-        assert json_text(document) == standard(document)
+        assert message_json(document) == json_text(document) == standard(document)
