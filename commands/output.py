@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import re
@@ -13,7 +12,7 @@ from typing import Any
 
 import click
 
-from rmqstore.record import Message
+from rmqstore.documents import encode_body, message_document  # noqa: F401  (for the commands)
 from rmqstore.wording import counted  # noqa: F401  (the commands take it from here)
 
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
@@ -345,32 +344,6 @@ def format_millis(millis: int) -> str:
     from rmqstore.times import format_store_time
 
     return format_store_time(millis, utc=SHOW_UTC)
-
-
-def encode_body(body: bytes | None, mode: str) -> tuple[str | None, str | None]:
-    """The body as (value, encoding) for JSON and tables; ``auto`` is text when the bytes are
-    valid UTF-8, else base64."""
-    if body is None or mode == "none":
-        return None, None
-    if mode in ("auto", "text"):
-        try:
-            return body.decode("utf-8"), "text"
-        except UnicodeDecodeError:
-            if mode == "text":
-                return body.decode("utf-8", "replace"), "text-lossy"
-    if mode == "hex":
-        return body.hex().upper(), "hex"
-    return base64.b64encode(body).decode("ascii"), "base64"
-
-
-def message_document(message: Message, body_mode: str, body: bytes | None = None) -> dict:
-    """A message under RocketMQ's field names plus ``body``/``bodyEncoding``."""
-    document = message.fields()
-    value, encoding = encode_body(message.body if body is None else body, body_mode)
-    if encoding is not None:
-        document["body"] = value
-        document["bodyEncoding"] = encoding
-    return document
 
 
 @contextmanager

@@ -273,6 +273,10 @@ def command(
             return 0
         filtered = tags is not None or begin > 0 or end < LONG_MAX
         walk_count = None if filtered else count  # a filter counts what it lets through
+        if mode == "sequential" and as_jsonl and not (filtered or decompress or verify_crc):
+            _stream_lines(opened, reader, from_offset, count, body_mode, seek, no_progress)  # type: ignore[arg-type]
+            _warn_all(reader.notes)
+            return 0
         if mode == "sequential":
             messages: Iterable[Message] = reader.sequential(
                 from_offset,  # type: ignore[arg-type]
@@ -317,6 +321,28 @@ def command(
             note(f"no message of {where} has {kind} {key or uniq_key}")
             return 1
     return 0
+
+
+def _stream_lines(
+    store: Store,
+    reader: MessageReader,
+    from_offset: int,
+    count: int | None,
+    body_mode: str,
+    seek: bool,
+    no_progress: bool,
+) -> None:
+    """``read --from-offset N --jsonl``: the lines written by the record kernel, a block at a
+    time (the same text :func:`message_json` gives of each message document)."""
+    total = store.commitlog.data_extent() - from_offset
+    sys.stdout.flush()
+    write = sys.stdout.buffer.write
+    with progress_bar("reading", total, not no_progress) as update:
+        for lines, _, end in reader.sequential_lines(
+            from_offset, count, body_mode=body_mode, seek=seek
+        ):
+            write(lines)
+            update(end - from_offset)
 
 
 def _watched(

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from rmqstore.commitlog import LogEnd
+from rmqstore import kernel
+from rmqstore.commitlog import LogEnd, LogScan
 from rmqstore.consumequeue import list_queues
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import (
+    BODY_MODE_NAMES,
     CRC_BAD,
     CRC_STATUS,
     PHYSICAL_OFFSET,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
     ROW_WIDTH,
+    TOTAL_SIZE,
     VERSION,
 )
 from rmqstore.msgid import decode_offset_msg_id
@@ -316,6 +319,54 @@ class MessageReader:
         """Messages from the record starting at ``start_offset`` to the end of the log (or
         ``count`` of them), crossing files over BLANK records. ``seek``: when no record
         starts at ``start_offset``, start at the next one that does (with a note)."""
+        start_offset = self._sequential_start(start_offset, seek)
+        verify = body is BodyMode.VERIFY
+        scan = self.store.commitlog.scan(start_offset, check_crc=verify)
+        produced = 0
+        for window, _window_start, rows, batch in scan.batches():
+            for row in range(batch):
+                if verify and rows[row * ROW_WIDTH + CRC_STATUS] == CRC_BAD:
+                    offset = rows[row * ROW_WIDTH + PHYSICAL_OFFSET]
+                    raise RecordError("BODYCRC", offset, "does not match the body")
+                yield message_from_row(window, rows, row, body=body is not BodyMode.SKIP)
+                produced += 1
+                if count is not None and produced >= count:
+                    return
+        self._sequential_end(scan, produced, start_offset)
+
+    def sequential_lines(
+        self, start_offset: int, count: int | None = None, *, body_mode: str, seek: bool = False
+    ) -> Iterator[tuple[bytes, int, int]]:
+        """What :meth:`sequential` reads, as the JSON lines ``read --jsonl`` prints of each
+        message (:func:`rmqstore.documents.message_document` in ``body_mode``: none, auto,
+        text, hex or base64), written by the record kernel a scan batch at a time: ``(lines,
+        how many, the physical offset after the last)``. The same start, end, notes and
+        errors as :meth:`sequential`."""
+        mode = BODY_MODE_NAMES.index(body_mode)
+        start_offset = self._sequential_start(start_offset, seek)
+        scan = self.store.commitlog.scan(start_offset)
+        produced = 0
+        reference = None
+        for window, _window_start, rows, batch in scan.batches():
+            wanted = batch if count is None else min(batch, count - produced)
+            out = bytearray()
+            row = 0
+            while row < wanted:
+                row = kernel.message_lines(window, rows, row, wanted, mode, out)
+                if row < wanted:  # text the compiled kernel leaves to the reference
+                    if reference is None:
+                        from rmqstore.kernel import reference
+                    row = reference.message_lines(window, rows, row, row + 1, mode, out)
+            if wanted:
+                last = (wanted - 1) * ROW_WIDTH
+                yield bytes(out), wanted, rows[last + PHYSICAL_OFFSET] + rows[last + TOTAL_SIZE]
+            produced += wanted
+            if count is not None and produced >= count:
+                return
+        self._sequential_end(scan, produced, start_offset)
+
+    def _sequential_start(self, start_offset: int, seek: bool) -> int:
+        """Where a sequential read starts (``seek``: the next record start, with a note)."""
         log = self.store.commitlog
         if log.queue.find(start_offset) is None:
             raise NotFoundError(f"offset {start_offset} is outside the commit-log files")
@@ -327,18 +378,11 @@ class MessageReader:
                     f"at {found}"
                 )
                 start_offset = found
-        verify = body is BodyMode.VERIFY
-        scan = log.scan(start_offset, check_crc=verify)
-        produced = 0
-        for window, _window_start, rows, batch in scan.batches():
-            for row in range(batch):
-                if verify and rows[row * ROW_WIDTH + CRC_STATUS] == CRC_BAD:
-                    offset = rows[row * ROW_WIDTH + PHYSICAL_OFFSET]
-                    raise RecordError("BODYCRC", offset, "does not match the body")
-                yield message_from_row(window, rows, row, body=body is not BodyMode.SKIP)
-                produced += 1
-                if count is not None and produced >= count:
-                    return
+        return start_offset
+
+    def _sequential_end(self, scan: LogScan, produced: int, start_offset: int) -> None:
+        """How a sequential read that ran to the end of the log ended: an error when no
+        message starts where it began, a note when the log ends with invalid bytes."""
         if scan.stop is ScanStop.INVALID and scan.error is not None:
             if not produced and scan.end_offset == start_offset:
                 raise NotFoundError(

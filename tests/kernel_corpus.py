@@ -200,6 +200,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from columns_both(native, data, base, rng.choice((1, 4, 4096)))
     yield from pack_both(native, rng)
     yield from lines_both(native, data, base)
+    yield from message_lines_both(native, data, base, rng.randrange(5))
     yield from documents_both(native, rng)
 
 
@@ -505,3 +506,24 @@ def documents_both(native: ModuleType, rng: random.Random) -> Iterator[str]:
         outcomes.append((stops, topics, [bytes(c) for c in columns], list(state)))
     if outcomes[0] != outcomes[1]:
         yield "document_rows differs"
+
+
+def message_lines_both(native: ModuleType, data: bytes, base: int, body_mode: int) -> Iterator[str]:
+    """Every way the JSON lines ``read --jsonl`` prints of the rows of ``data`` differ between
+    the compiled kernel (the reference writing the rows it leaves, as
+    ``MessageReader.sequential_lines`` does) and the reference alone, in one body mode."""
+    rows, _final = run_scan(reference, data, 0, base, 0, 4096)
+    if not rows:
+        return
+    packed = pack_rows(rows)
+    count = len(rows)
+    expected = bytearray()
+    reference.message_lines(data, packed, 0, count, body_mode, expected)
+    got = bytearray()
+    row = 0
+    while row < count:
+        row = native.message_lines(data, packed, row, count, body_mode, got)
+        if row < count:
+            row = reference.message_lines(data, packed, row, row + 1, body_mode, got)
+    if got != expected:
+        yield f"message_lines differ (body mode {body_mode})"

@@ -74,6 +74,7 @@ document_rows: Callable[..., tuple[int, int, Any]] = (
     _refuse if _refusal else _implementation.document_rows
 )
 result_lines: Callable[..., int] = _refuse if _refusal else _implementation.result_lines
+message_lines: Callable[..., int] = _refuse if _refusal else _implementation.message_lines
 
 
 def description() -> str:

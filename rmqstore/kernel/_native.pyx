@@ -1819,3 +1819,272 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
     return row
+
+
+# -- what read prints of a message, as JSON lines (see layout.py) ---------------------------
+
+cdef enum:
+    BODY_NONE_C = 0
+    BODY_AUTO_C = 1
+    BODY_TEXT_C = 2
+    BODY_HEX_C = 3
+    BODY_BASE64_C = 4
+    MOST_PAIRS = 256  # properties with more pairs are left to the reference
+
+_check_columns((
+    ("BODY_NONE", BODY_NONE_C), ("BODY_AUTO", BODY_AUTO_C), ("BODY_TEXT", BODY_TEXT_C),
+    ("BODY_HEX", BODY_HEX_C), ("BODY_BASE64", BODY_BASE64_C),
+))
+
+cdef const char* BASE64_DIGITS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+cdef const char* LOWER_HEX = b"0123456789abcdef"
+
+
+cdef inline void _put_byte(Writer* writer, uint8_t byte) noexcept nogil:
+    if writer.cursor + 1 > writer.capacity:
+        writer.breached = True
+        return
+    writer.data[writer.cursor] = byte
+    writer.cursor += 1
+
+
+cdef void _put_json_text(Writer* writer, const uint8_t* data, int64_t length) noexcept nogil:
+    """Valid UTF-8 as the inside of a JSON string, as json.dumps(ensure_ascii=False) writes
+    it: quote and backslash escaped, control characters as \\n \\r \\t \\b \\f or \\u00XX."""
+    cdef int64_t k
+    cdef uint8_t byte
+    for k in range(length):
+        byte = data[k]
+        if byte == 34 or byte == 92:
+            _put_byte(writer, 92)
+            _put_byte(writer, byte)
+        elif byte >= 0x20:
+            _put_byte(writer, byte)
+        elif byte == 10:
+            _put_text(writer, b"\\n")
+        elif byte == 13:
+            _put_text(writer, b"\\r")
+        elif byte == 9:
+            _put_text(writer, b"\\t")
+        elif byte == 8:
+            _put_text(writer, b"\\b")
+        elif byte == 12:
+            _put_text(writer, b"\\f")
+        else:
+            _put_text(writer, b"\\u00")
+            _put_byte(writer, LOWER_HEX[byte >> 4])
+            _put_byte(writer, LOWER_HEX[byte & 0xF])
+
+
+cdef void _put_base64(Writer* writer, const uint8_t* data, int64_t length) noexcept nogil:
+    cdef int64_t k = 0
+    cdef uint32_t triple
+    while k + 3 <= length:
+        triple = (<uint32_t>data[k] << 16) | (<uint32_t>data[k + 1] << 8) | data[k + 2]
+        _put_byte(writer, BASE64_DIGITS[(triple >> 18) & 63])
+        _put_byte(writer, BASE64_DIGITS[(triple >> 12) & 63])
+        _put_byte(writer, BASE64_DIGITS[(triple >> 6) & 63])
+        _put_byte(writer, BASE64_DIGITS[triple & 63])
+        k += 3
+    if length - k == 1:
+        triple = <uint32_t>data[k] << 16
+        _put_byte(writer, BASE64_DIGITS[(triple >> 18) & 63])
+        _put_byte(writer, BASE64_DIGITS[(triple >> 12) & 63])
+        _put_text(writer, b"==")
+    elif length - k == 2:
+        triple = (<uint32_t>data[k] << 16) | (<uint32_t>data[k + 1] << 8)
+        _put_byte(writer, BASE64_DIGITS[(triple >> 18) & 63])
+        _put_byte(writer, BASE64_DIGITS[(triple >> 12) & 63])
+        _put_byte(writer, BASE64_DIGITS[(triple >> 6) & 63])
+        _put_byte(writer, 61)
+
+
+cdef void _put_ipv4_host(Writer* writer, const uint8_t* field) noexcept nogil:
+    """An 8-byte host field (IPv4 address, big-endian signed port) as ``a.b.c.d:port``."""
+    cdef int k
+    for k in range(4):
+        if k:
+            _put_byte(writer, 46)
+        _put_decimal(writer, field[k])
+    _put_byte(writer, 58)
+    _put_decimal(writer, <int32_t>((<uint32_t>field[4] << 24) | (<uint32_t>field[5] << 16)
+                                   | (<uint32_t>field[6] << 8) | field[7]))
+
+
+cdef inline void _put_field_name(Writer* writer, const char* name) noexcept nogil:
+    """``,"name":`` (the first field has no comma: the caller writes ``{``)."""
+    _put_text(writer, name)
+
+
+cdef void _put_json_value(Writer* writer, const uint8_t* data, int64_t at,
+                          int64_t length) noexcept nogil:
+    """A JSON string of data[at:at+length], or null for SPAN_ABSENT."""
+    if length == SPAN_ABSENT:
+        _put_text(writer, b"null")
+        return
+    _put_byte(writer, 34)
+    _put_json_text(writer, data + at, length)
+    _put_byte(writer, 34)
+
+
+def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytearray out):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef int64_t length = view.shape[0], row, at, start, sys_flag, born_at, store_at
+    cdef int64_t topic_at, topic_length, props_at, props_length, body_at, body_length
+    cdef int64_t position, end, pair_end, separator, pairs, k, j, need, old_size
+    cdef int64_t tags_at, tags_length, keys_at, keys_length, uniq_at, uniq_length
+    cdef int64_t name_at[MOST_PAIRS]
+    cdef int64_t name_length[MOST_PAIRS]
+    cdef int64_t value_at[MOST_PAIRS]
+    cdef int64_t value_length[MOST_PAIRS]
+    cdef uint8_t offset_bytes[8]
+    cdef uint64_t physical
+    cdef const uint8_t* data
+    cdef bint bad = False, body_text, fallback
+    cdef Writer writer
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE):
+        raise ValueError("rows are outside their buffers")
+    if not BODY_NONE_C <= body_mode <= BODY_BASE64_C:
+        raise ValueError(f"no body mode {body_mode}")
+    data = &view[0] if length else NULL
+    old_size = PyByteArray_GET_SIZE(out)
+    row = first
+    while row < count:
+        at = row * ROW_WIDTH_NATIVE
+        start = row_view[at + C_POSITION]
+        sys_flag = row_view[at + C_SYS_FLAG]
+        topic_at, topic_length = row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH]
+        props_at = row_view[at + C_PROPERTIES_AT]
+        props_length = row_view[at + C_PROPERTIES_LENGTH]
+        body_at = start + row_view[at + C_HEADER_SIZE]
+        body_length = row_view[at + C_BODY_LENGTH]
+        born_at = start + BORN_HOST_AT
+        store_at = born_at + 8 + 8
+        if not (_fits(start, row_view[at + C_TOTAL_SIZE], length)
+                and _fits(store_at, 8, length)
+                and _fits(topic_at, topic_length, length)
+                and _fits(props_at, props_length, length)
+                and _fits(body_at, body_length, length)):
+            bad = True
+            break
+        if sys_flag & 0x30:  # an IPv6 host: the reference writes its text
+            break
+        if not _utf8_valid(data + props_at, props_length):
+            break
+        # the pairs as decode_properties keeps them: a name and a value, both non-empty
+        pairs = 0
+        fallback = False
+        position, end = props_at, props_at + props_length
+        while position <= end:
+            pair_end = _pair_end(data, position, end, &separator)
+            if separator < pair_end and separator > position and pair_end - separator - 1 > 0:
+                for j in range(pairs):
+                    if (name_length[j] == separator - position
+                            and memcmp(data + name_at[j], data + position,
+                                       name_length[j]) == 0):
+                        fallback = True  # a name twice: the later value in the first place
+                if pairs >= MOST_PAIRS:
+                    fallback = True
+                if fallback:
+                    break
+                name_at[pairs], name_length[pairs] = position, separator - position
+                value_at[pairs] = separator + 1
+                value_length[pairs] = pair_end - separator - 1
+                pairs += 1
+            position = pair_end + 1
+        if fallback:
+            break
+        body_text = False
+        if body_mode == BODY_AUTO_C or body_mode == BODY_TEXT_C:
+            body_text = _utf8_valid(data + body_at, body_length)
+            if not body_text and body_mode == BODY_TEXT_C:
+                break  # text-lossy: the reference writes it
+        tags_at, tags_length = 0, SPAN_ABSENT
+        keys_at, keys_length = 0, SPAN_ABSENT
+        uniq_at, uniq_length = 0, SPAN_ABSENT
+        for j in range(pairs):
+            if name_length[j] == 4 and memcmp(data + name_at[j], b"TAGS", 4) == 0:
+                tags_at, tags_length = value_at[j], value_length[j]
+            elif name_length[j] == 4 and memcmp(data + name_at[j], b"KEYS", 4) == 0:
+                keys_at, keys_length = value_at[j], value_length[j]
+            elif name_length[j] == 8 and memcmp(data + name_at[j], b"UNIQ_KEY", 8) == 0:
+                uniq_at, uniq_length = value_at[j], value_length[j]
+        need = 800 + 6 * topic_length + 12 * props_length + 6 * body_length
+        writer.cursor = PyByteArray_GET_SIZE(out)
+        PyByteArray_Resize(out, writer.cursor + need)
+        writer.data = <uint8_t*>PyByteArray_AS_STRING(out)
+        writer.capacity = PyByteArray_GET_SIZE(out)
+        writer.breached = False
+        physical = <uint64_t>row_view[at + C_PHYSICAL_OFFSET]
+        for k in range(8):
+            offset_bytes[k] = (physical >> (8 * (7 - k))) & 0xFF
+        _put_text(&writer, b'{"msgId":"')
+        _put_hex_bytes(&writer, data + store_at, 8)
+        _put_hex_bytes(&writer, offset_bytes, 8)
+        _put_text(&writer, b'","topic":')
+        _put_json_value(&writer, data, topic_at, topic_length)
+        _put_text(&writer, b',"queueId":')
+        _put_decimal(&writer, row_view[at + C_QUEUE_ID])
+        _put_text(&writer, b',"queueOffset":')
+        _put_decimal(&writer, row_view[at + C_QUEUE_OFFSET])
+        _put_text(&writer, b',"commitLogOffset":')
+        _put_decimal(&writer, row_view[at + C_PHYSICAL_OFFSET])
+        _put_text(&writer, b',"storeSize":')
+        _put_decimal(&writer, row_view[at + C_TOTAL_SIZE])
+        _put_text(&writer, b',"bodyCRC":')
+        _put_decimal(&writer, row_view[at + C_BODY_CRC])
+        _put_text(&writer, b',"flag":')
+        _put_decimal(&writer, row_view[at + C_FLAG])
+        _put_text(&writer, b',"sysFlag":')
+        _put_decimal(&writer, sys_flag)
+        _put_text(&writer, b',"bornTimestamp":')
+        _put_decimal(&writer, row_view[at + C_BORN_TIMESTAMP])
+        _put_text(&writer, b',"bornHost":"')
+        _put_ipv4_host(&writer, data + born_at)
+        _put_text(&writer, b'","storeTimestamp":')
+        _put_decimal(&writer, row_view[at + C_STORE_TIMESTAMP])
+        _put_text(&writer, b',"storeHost":"')
+        _put_ipv4_host(&writer, data + store_at)
+        _put_text(&writer, b'","reconsumeTimes":')
+        _put_decimal(&writer, row_view[at + C_RECONSUME_TIMES])
+        _put_text(&writer, b',"preparedTransactionOffset":')
+        _put_decimal(&writer, row_view[at + C_PREPARED_OFFSET])
+        _put_text(&writer, b',"properties":{')
+        for j in range(pairs):
+            if j:
+                _put_byte(&writer, 44)
+            _put_json_value(&writer, data, name_at[j], name_length[j])
+            _put_byte(&writer, 58)
+            _put_json_value(&writer, data, value_at[j], value_length[j])
+        _put_text(&writer, b'},"tags":')
+        _put_json_value(&writer, data, tags_at, tags_length)
+        _put_text(&writer, b',"keys":')
+        _put_json_value(&writer, data, keys_at, keys_length)
+        _put_text(&writer, b',"uniqKey":')
+        _put_json_value(&writer, data, uniq_at, uniq_length)
+        _put_text(&writer, b',"bodyLength":')
+        _put_decimal(&writer, body_length)
+        _put_text(&writer, b',"version":"V2"' if row_view[at + C_VERSION] == 2
+                  else b',"version":"V1"')
+        if body_mode != BODY_NONE_C:
+            _put_text(&writer, b',"body":"')
+            if body_text:
+                _put_json_text(&writer, data + body_at, body_length)
+                _put_text(&writer, b'","bodyEncoding":"text"')
+            elif body_mode == BODY_HEX_C:
+                _put_hex_bytes(&writer, data + body_at, body_length)
+                _put_text(&writer, b'","bodyEncoding":"hex"')
+            else:
+                _put_base64(&writer, data + body_at, body_length)
+                _put_text(&writer, b'","bodyEncoding":"base64"')
+        _put_text(&writer, b"}\n")
+        PyByteArray_Resize(out, writer.cursor)
+        if writer.breached:
+            PyByteArray_Resize(out, old_size)
+            raise KernelBoundsError("a message line outgrew the room made for it")
+        row += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return row

@@ -437,3 +437,22 @@ DOC_NEEDS_PROPERTIES = 2
 # the reference write.
 LINES_JSONL = 0
 LINES_PLAIN = 1
+
+
+# -- what read prints of a message, as JSON lines -----------------------------------------------
+#
+# ``message_lines(buf, rows, first, count, body_mode, out)`` appends to the bytearray ``out``
+# the JSON line ``read --jsonl`` prints for each row ``[first, count)`` of a scan of ``buf``:
+# :func:`rmqstore.documents.message_document` of the row's message (the fields of
+# ``Message.fields()`` in their order; with a body mode other than BODY_NONE the body and its
+# encoding as ``encode_body`` gives them) as ``json.dumps(ensure_ascii=False,
+# separators=(",", ":"))`` writes it, and a newline. It returns the row it stopped before:
+# ``count``, or (the compiled kernel only) a row whose line the caller then has the reference
+# write: one with an IPv6 host, properties that are not valid UTF-8 or that name a property
+# twice, or (BODY_TEXT) a body that is not valid UTF-8.
+BODY_NONE = 0
+BODY_AUTO = 1
+BODY_TEXT = 2
+BODY_HEX = 3
+BODY_BASE64 = 4
+BODY_MODE_NAMES = ("none", "auto", "text", "hex", "base64")  # by BODY_* number

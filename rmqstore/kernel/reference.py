@@ -1123,3 +1123,26 @@ def result_lines(buf: Any, rows: Any, first: int, count: int, style: int, out: b
             )
         out += text.encode("utf-8")
     return count
+
+
+def message_lines(
+    buf: Any, rows: Any, first: int, count: int, body_mode: int, out: bytearray
+) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    from rmqstore.documents import message_document  # the record layer imports the kernel
+    from rmqstore.kernel.layout import BODY_MODE_NAMES, BODY_NONE
+    from rmqstore.record import message_from_row
+
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH:
+        raise ValueError("rows are outside their buffers")
+    if not 0 <= body_mode < len(BODY_MODE_NAMES):
+        raise ValueError(f"no body mode {body_mode}")
+    length = len(buf)
+    mode = BODY_MODE_NAMES[body_mode]
+    for row in range(first, count):
+        _row_fits(rows, row * ROW_WIDTH, length)
+        message = message_from_row(buf, rows, row, body=body_mode != BODY_NONE)
+        document = message_document(message, mode)
+        out += json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        out += b"\n"
+    return count

@@ -375,3 +375,23 @@ def test_time_reads_follow_the_rule_of_the_broker_that_wrote_the_store(
         document = json.loads(result.stdout)
         assert document["rule"] == generation
         assert document["queueOffset"] == probe["offsetInQueueByTime"], probe
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "s2_crash", "v533_s1_multi", "s3_txn_delay"])
+def test_jsonl_written_by_the_kernel_is_the_documents_text(oracle, name: str) -> None:
+    """``read --from-offset N --jsonl`` is written by the record kernel; a time bound (which
+    filters nothing here) sends the same read through the message documents: the same text,
+    notes and exit in every body mode, with --count and --seek."""
+    store = oracle(name).store
+    for body in ("auto", "text", "hex", "base64", "none"):
+        for extra in ([], ["--count", "7"], ["--seek"]):
+            start = "1" if "--seek" in extra else "0"
+            args = ["read", store, "--from-offset", start, "--jsonl", "--body", body, *extra]
+            fast = run_cli(*args)
+            slow = run_cli(*args, "--begin", "1")
+            assert (fast.exit_code, fast.stdout, fast.stderr) == (
+                slow.exit_code,
+                slow.stdout,
+                slow.stderr,
+            )
+            assert fast.exit_code == 0 and fast.stdout
