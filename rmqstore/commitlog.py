@@ -220,19 +220,12 @@ class CommitLog:
         :mod:`rmqstore.kernel.layout`), read back from the files: ``(lines, how many)`` a
         scan batch at a time. The compiled kernel writes the lines of plain ASCII text and
         leaves any other to the reference, so the text is the same either way."""
-        reference = None
         for window, _, rows, count in self.scan(start).batches():
             wanted = count
             while wanted and rows[(wanted - 1) * ROW_WIDTH + PHYSICAL_OFFSET] >= end:
                 wanted -= 1
             out = bytearray()
-            row = 0
-            while row < wanted:
-                row = kernel.result_lines(window, rows, row, wanted, style, out)
-                if row < wanted:  # text the compiled kernel leaves to the reference
-                    if reference is None:
-                        from rmqstore.kernel import reference
-                    row = reference.result_lines(window, rows, row, row + 1, style, out)
+            kernel.write_lines("result_lines", window, rows, wanted, style, out)
             if wanted:
                 yield bytes(out), wanted
             if wanted < count:

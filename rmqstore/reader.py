@@ -346,17 +346,10 @@ class MessageReader:
         start_offset = self._sequential_start(start_offset, seek)
         scan = self.store.commitlog.scan(start_offset)
         produced = 0
-        reference = None
         for window, _window_start, rows, batch in scan.batches():
             wanted = batch if count is None else min(batch, count - produced)
             out = bytearray()
-            row = 0
-            while row < wanted:
-                row = kernel.message_lines(window, rows, row, wanted, mode, out)
-                if row < wanted:  # text the compiled kernel leaves to the reference
-                    if reference is None:
-                        from rmqstore.kernel import reference
-                    row = reference.message_lines(window, rows, row, row + 1, mode, out)
+            kernel.write_lines("message_lines", window, rows, wanted, mode, out)
             if wanted:
                 last = (wanted - 1) * ROW_WIDTH
                 yield bytes(out), wanted, rows[last + PHYSICAL_OFFSET] + rows[last + TOTAL_SIZE]

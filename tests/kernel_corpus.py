@@ -435,22 +435,8 @@ def lines_both(native: ModuleType, data: bytes, base: int) -> Iterator[str]:
     reference alone, in both styles."""
     from rmqstore.kernel.layout import LINES_JSONL, LINES_PLAIN
 
-    rows, _final = run_scan(reference, data, 0, base, 0, 4096)
-    if not rows:
-        return
-    packed = pack_rows(rows)
-    count = len(rows)
     for style in (LINES_JSONL, LINES_PLAIN):
-        expected = bytearray()
-        reference.result_lines(data, packed, 0, count, style, expected)
-        got = bytearray()
-        row = 0
-        while row < count:
-            row = native.result_lines(data, packed, row, count, style, got)
-            if row < count:
-                row = reference.result_lines(data, packed, row, row + 1, style, got)
-        if got != expected:
-            yield f"result_lines differ (style {style})"
+        yield from _text_both(native, "result_lines", data, base, style)
 
 
 _DOCUMENT_VALUES = (
@@ -512,18 +498,24 @@ def message_lines_both(native: ModuleType, data: bytes, base: int, body_mode: in
     """Every way the JSON lines ``read --jsonl`` prints of the rows of ``data`` differ between
     the compiled kernel (the reference writing the rows it leaves, as
     ``MessageReader.sequential_lines`` does) and the reference alone, in one body mode."""
+    yield from _text_both(native, "message_lines", data, base, body_mode)
+
+
+def _text_both(native: ModuleType, kind: str, data: bytes, base: int, mode: int) -> Iterator[str]:
+    """How ``kind`` (``result_lines`` or ``message_lines``) differs between the kernels on the
+    rows of ``data``, driven as ``rmqstore.kernel.write_lines`` drives it."""
     rows, _final = run_scan(reference, data, 0, base, 0, 4096)
     if not rows:
         return
     packed = pack_rows(rows)
     count = len(rows)
     expected = bytearray()
-    reference.message_lines(data, packed, 0, count, body_mode, expected)
+    getattr(reference, kind)(data, packed, 0, count, mode, expected)
     got = bytearray()
     row = 0
     while row < count:
-        row = native.message_lines(data, packed, row, count, body_mode, got)
+        row = getattr(native, kind)(data, packed, row, count, mode, got)
         if row < count:
-            row = reference.message_lines(data, packed, row, row + 1, body_mode, got)
+            row = getattr(reference, kind)(data, packed, row, row + 1, mode, got)
     if got != expected:
-        yield f"message_lines differ (body mode {body_mode})"
+        yield f"{kind} differ (mode {mode})"

@@ -77,6 +77,21 @@ result_lines: Callable[..., int] = _refuse if _refusal else _implementation.resu
 message_lines: Callable[..., int] = _refuse if _refusal else _implementation.message_lines
 
 
+def write_lines(kind: str, buf: Any, rows: Any, count: int, mode: int, out: bytearray) -> None:
+    """The text lines of rows ``[0, count)`` of a scan of ``buf`` appended to ``out``:
+    ``kind`` is ``result_lines`` (``mode`` a LINES_* style) or ``message_lines`` (a BODY_*
+    mode). The kernel that runs writes them; a row the compiled kernel leaves is written by
+    the reference, so the text is the same either way."""
+    write = result_lines if kind == "result_lines" else message_lines
+    row = 0
+    while row < count:
+        row = write(buf, rows, row, count, mode, out)
+        if row < count:  # text the compiled kernel leaves to the reference
+            from rmqstore.kernel import reference
+
+            row = getattr(reference, kind)(buf, rows, row, row + 1, mode, out)
+
+
 def description() -> str:
     """One line for ``--version`` and ``info``: which kernel runs and why."""
     if _refusal:

@@ -1723,6 +1723,37 @@ cdef inline bint _printable(const uint8_t* data, int64_t length, bint json) noex
     return True
 
 
+cdef int _start_line(bytearray out, Writer* writer, int64_t need) except -1:
+    """Makes room for a line of at most ``need`` bytes at the end of ``out``."""
+    writer.cursor = PyByteArray_GET_SIZE(out)
+    PyByteArray_Resize(out, writer.cursor + need)
+    writer.data = <uint8_t*>PyByteArray_AS_STRING(out)
+    writer.capacity = PyByteArray_GET_SIZE(out)
+    writer.breached = False
+    return 0
+
+
+cdef int _end_line(bytearray out, Writer* writer, int64_t old_size) except -1:
+    """Gives back the room the line did not use; a line that outgrew it (a bug) takes every
+    line of the call back out of ``out`` and raises."""
+    PyByteArray_Resize(out, writer.cursor)
+    if writer.breached:
+        PyByteArray_Resize(out, old_size)
+        raise KernelBoundsError("a line outgrew the room made for it")
+    return 0
+
+
+cdef void _put_msg_id(Writer* writer, const uint8_t* store_host, int64_t host_length,
+                      int64_t physical_offset) noexcept nogil:
+    """The offset message id: the store host field and the physical offset, in upper hex."""
+    cdef uint8_t offset_bytes[8]
+    cdef int k
+    for k in range(8):
+        offset_bytes[k] = (<uint64_t>physical_offset >> (8 * (7 - k))) & 0xFF
+    _put_hex_bytes(writer, store_host, host_length)
+    _put_hex_bytes(writer, offset_bytes, 8)
+
+
 def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray out):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
@@ -1730,12 +1761,9 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
     cdef int64_t length = view.shape[0], row, at, start, sys_flag, store_at, store_length
     cdef int64_t topic_at, topic_length, props_at, props_length, key_at, key_length, need
     cdef int64_t old_size
-    cdef uint8_t offset_bytes[8]
-    cdef uint64_t physical
     cdef const uint8_t* data
     cdef bint json = style == LINES_JSONL_C, bad = False
     cdef Writer writer
-    cdef int k
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE):
         raise ValueError("rows are outside their buffers")
     if style != LINES_JSONL_C and style != LINES_PLAIN_C:
@@ -1764,18 +1792,10 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
             break  # the reference writes this line
         need = 2 * (store_length + 8) + topic_length + (key_length if key_length > 0 else 0)
         need += 6 * 21 + 160  # six numbers and the line's own text
-        writer.cursor = PyByteArray_GET_SIZE(out)
-        PyByteArray_Resize(out, writer.cursor + need)
-        writer.data = <uint8_t*>PyByteArray_AS_STRING(out)
-        writer.capacity = PyByteArray_GET_SIZE(out)
-        writer.breached = False
-        physical = <uint64_t>row_view[at + C_PHYSICAL_OFFSET]
-        for k in range(8):
-            offset_bytes[k] = (physical >> (8 * (7 - k))) & 0xFF
+        _start_line(out, &writer, need)
         if json:
             _put_text(&writer, b'{"msgId":"')
-            _put_hex_bytes(&writer, data + store_at, store_length)
-            _put_hex_bytes(&writer, offset_bytes, 8)
+            _put_msg_id(&writer, data + store_at, store_length, row_view[at + C_PHYSICAL_OFFSET])
             _put_text(&writer, b'","topic":"')
             _put_bytes(&writer, data + topic_at, topic_length)
             _put_text(&writer, b'","queueId":')
@@ -1795,8 +1815,7 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
                 _put_bytes(&writer, data + key_at, key_length)
                 _put_text(&writer, b'"}\n')
         else:
-            _put_hex_bytes(&writer, data + store_at, store_length)
-            _put_hex_bytes(&writer, offset_bytes, 8)
+            _put_msg_id(&writer, data + store_at, store_length, row_view[at + C_PHYSICAL_OFFSET])
             _put_text(&writer, b"  offset=")
             _put_decimal(&writer, row_view[at + C_PHYSICAL_OFFSET])
             _put_text(&writer, b"  queue=")
@@ -1811,10 +1830,7 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
                 _put_text(&writer, b"  uniqKey=")
                 _put_bytes(&writer, data + key_at, key_length)
             _put_text(&writer, b"\n")
-        PyByteArray_Resize(out, writer.cursor)
-        if writer.breached:
-            PyByteArray_Resize(out, old_size)
-            raise KernelBoundsError("a result line outgrew the room made for it")
+        _end_line(out, &writer, old_size)
         row += 1
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
@@ -1933,14 +1949,12 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
     cdef const int64_t[::1] row_view = rows
     cdef int64_t length = view.shape[0], row, at, start, sys_flag, born_at, store_at
     cdef int64_t topic_at, topic_length, props_at, props_length, body_at, body_length
-    cdef int64_t position, end, pair_end, separator, pairs, k, j, need, old_size
+    cdef int64_t position, end, pair_end, separator, pairs, j, need, old_size
     cdef int64_t tags_at, tags_length, keys_at, keys_length, uniq_at, uniq_length
     cdef int64_t name_at[MOST_PAIRS]
     cdef int64_t name_length[MOST_PAIRS]
     cdef int64_t value_at[MOST_PAIRS]
     cdef int64_t value_length[MOST_PAIRS]
-    cdef uint8_t offset_bytes[8]
-    cdef uint64_t physical
     cdef const uint8_t* data
     cdef bint bad = False, body_text, fallback
     cdef Writer writer
@@ -2012,17 +2026,9 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
             elif name_length[j] == 8 and memcmp(data + name_at[j], b"UNIQ_KEY", 8) == 0:
                 uniq_at, uniq_length = value_at[j], value_length[j]
         need = 800 + 6 * topic_length + 12 * props_length + 6 * body_length
-        writer.cursor = PyByteArray_GET_SIZE(out)
-        PyByteArray_Resize(out, writer.cursor + need)
-        writer.data = <uint8_t*>PyByteArray_AS_STRING(out)
-        writer.capacity = PyByteArray_GET_SIZE(out)
-        writer.breached = False
-        physical = <uint64_t>row_view[at + C_PHYSICAL_OFFSET]
-        for k in range(8):
-            offset_bytes[k] = (physical >> (8 * (7 - k))) & 0xFF
+        _start_line(out, &writer, need)
         _put_text(&writer, b'{"msgId":"')
-        _put_hex_bytes(&writer, data + store_at, 8)
-        _put_hex_bytes(&writer, offset_bytes, 8)
+        _put_msg_id(&writer, data + store_at, 8, row_view[at + C_PHYSICAL_OFFSET])
         _put_text(&writer, b'","topic":')
         _put_json_value(&writer, data, topic_at, topic_length)
         _put_text(&writer, b',"queueId":')
@@ -2080,10 +2086,7 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
                 _put_base64(&writer, data + body_at, body_length)
                 _put_text(&writer, b'","bodyEncoding":"base64"')
         _put_text(&writer, b"}\n")
-        PyByteArray_Resize(out, writer.cursor)
-        if writer.breached:
-            PyByteArray_Resize(out, old_size)
-            raise KernelBoundsError("a message line outgrew the room made for it")
+        _end_line(out, &writer, old_size)
         row += 1
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
