@@ -1723,6 +1723,37 @@ cdef inline bint _printable(const uint8_t* data, int64_t length, bint json) noex
     return True
 
 
+cdef struct RecordSpans:
+    int64_t start
+    int64_t sys_flag
+    int64_t born_at
+    int64_t store_at
+    int64_t store_length
+    int64_t topic_at
+    int64_t topic_length
+    int64_t props_at
+    int64_t props_length
+
+
+cdef inline bint _record_spans(const int64_t[::1] row_view, int64_t at, int64_t length,
+                               RecordSpans* spans) noexcept nogil:
+    """Where the record of the row at ``at`` and its store host, topic and properties lie;
+    False when one of them is outside the buffer (a row the scan did not make)."""
+    spans.start = row_view[at + C_POSITION]
+    spans.sys_flag = row_view[at + C_SYS_FLAG]
+    spans.born_at = spans.start + BORN_HOST_AT
+    spans.store_at = spans.born_at + (20 if spans.sys_flag & 0x10 else 8) + 8
+    spans.store_length = 20 if spans.sys_flag & 0x20 else 8
+    spans.topic_at = row_view[at + C_TOPIC_AT]
+    spans.topic_length = row_view[at + C_TOPIC_LENGTH]
+    spans.props_at = row_view[at + C_PROPERTIES_AT]
+    spans.props_length = row_view[at + C_PROPERTIES_LENGTH]
+    return (_fits(spans.start, row_view[at + C_TOTAL_SIZE], length)
+            and _fits(spans.store_at, spans.store_length, length)
+            and _fits(spans.topic_at, spans.topic_length, length)
+            and _fits(spans.props_at, spans.props_length, length))
+
+
 cdef int _start_line(bytearray out, Writer* writer, int64_t need) except -1:
     """Makes room for a line of at most ``need`` bytes at the end of ``out``."""
     writer.cursor = PyByteArray_GET_SIZE(out)
@@ -1758,12 +1789,12 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
     cdef const int64_t[::1] row_view = rows
-    cdef int64_t length = view.shape[0], row, at, start, sys_flag, store_at, store_length
-    cdef int64_t topic_at, topic_length, props_at, props_length, key_at, key_length, need
-    cdef int64_t old_size
+    cdef int64_t length = view.shape[0], row, at, store_at, store_length
+    cdef int64_t topic_at, topic_length, key_at, key_length, need, old_size
     cdef const uint8_t* data
     cdef bint json = style == LINES_JSONL_C, bad = False
     cdef Writer writer
+    cdef RecordSpans spans
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE):
         raise ValueError("rows are outside their buffers")
     if style != LINES_JSONL_C and style != LINES_PLAIN_C:
@@ -1773,20 +1804,13 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
     row = first
     while row < count:
         at = row * ROW_WIDTH_NATIVE
-        start = row_view[at + C_POSITION]
-        sys_flag = row_view[at + C_SYS_FLAG]
-        store_at = start + BORN_HOST_AT + (20 if sys_flag & 0x10 else 8) + 8
-        store_length = 20 if sys_flag & 0x20 else 8
-        topic_at, topic_length = row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH]
-        props_at = row_view[at + C_PROPERTIES_AT]
-        props_length = row_view[at + C_PROPERTIES_LENGTH]
-        if not (_fits(start, row_view[at + C_TOTAL_SIZE], length)
-                and _fits(store_at, store_length, length)
-                and _fits(topic_at, topic_length, length)
-                and _fits(props_at, props_length, length)):
+        if not _record_spans(row_view, at, length, &spans):
             bad = True
             break
-        _find_value(data, props_at, props_length, b"UNIQ_KEY", 8, &key_at, &key_length)
+        store_at, store_length = spans.store_at, spans.store_length
+        topic_at, topic_length = spans.topic_at, spans.topic_length
+        _find_value(data, spans.props_at, spans.props_length, b"UNIQ_KEY", 8, &key_at,
+                    &key_length)
         if not _printable(data + topic_at, topic_length, json) or (
                 key_length != SPAN_ABSENT and not _printable(data + key_at, key_length, json)):
             break  # the reference writes this line
@@ -1947,8 +1971,9 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
     cdef const int64_t[::1] row_view = rows
-    cdef int64_t length = view.shape[0], row, at, start, sys_flag, born_at, store_at
+    cdef int64_t length = view.shape[0], row, at, sys_flag, born_at, store_at
     cdef int64_t topic_at, topic_length, props_at, props_length, body_at, body_length
+    cdef RecordSpans spans
     cdef int64_t position, end, pair_end, separator, pairs, j, need, old_size
     cdef int64_t tags_at, tags_length, keys_at, keys_length, uniq_at, uniq_length
     cdef int64_t name_at[MOST_PAIRS]
@@ -1967,22 +1992,15 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
     row = first
     while row < count:
         at = row * ROW_WIDTH_NATIVE
-        start = row_view[at + C_POSITION]
-        sys_flag = row_view[at + C_SYS_FLAG]
-        topic_at, topic_length = row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH]
-        props_at = row_view[at + C_PROPERTIES_AT]
-        props_length = row_view[at + C_PROPERTIES_LENGTH]
-        body_at = start + row_view[at + C_HEADER_SIZE]
+        body_at = row_view[at + C_POSITION] + row_view[at + C_HEADER_SIZE]
         body_length = row_view[at + C_BODY_LENGTH]
-        born_at = start + BORN_HOST_AT
-        store_at = born_at + 8 + 8
-        if not (_fits(start, row_view[at + C_TOTAL_SIZE], length)
-                and _fits(store_at, 8, length)
-                and _fits(topic_at, topic_length, length)
-                and _fits(props_at, props_length, length)
+        if not (_record_spans(row_view, at, length, &spans)
                 and _fits(body_at, body_length, length)):
             bad = True
             break
+        sys_flag, born_at, store_at = spans.sys_flag, spans.born_at, spans.store_at
+        topic_at, topic_length = spans.topic_at, spans.topic_length
+        props_at, props_length = spans.props_at, spans.props_length
         if sys_flag & 0x30:  # an IPv6 host: the reference writes its text
             break
         if not _utf8_valid(data + props_at, props_length):
