@@ -2,8 +2,10 @@
 and the local engine that runs them in this process (the Spark engine, in
 :mod:`rmqstore.spark.jobs`, runs the same range functions on executors).
 
-Both first read a summary of every range, keep the ranges one walk of the log visits and
-derive where each file's records end; the rows are then read up to those ends.
+Each range is summarised (its records counted, where its file's records end noted) and only
+the ranges one walk of the log visits count. ``stats`` and the local ``export`` do it in the
+same pass as their own work, dropping what the walk does not visit; the Spark engine's export
+(and an export to a URI) walks the log first and then reads the rows up to those ends.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from rmqstore.config import StoreConfig
+from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
 from rmqstore.kernel import layout
 from rmqstore.pipeline import columns
@@ -38,19 +42,22 @@ from rmqstore.pipeline.ranges import (
     plan_ranges,
     record_margin,
     summarize_job,
+    summarize_range,
     summary_jobs,
     walk_in_order,
     walk_summaries,
 )
 from rmqstore.pipeline.rows import (
     COMMITLOG_COLUMNS,
+    EXPORT_BATCH_ROWS,
+    MessageBatcher,
     MessageRowOptions,
     arrow_schema,
     message_batches,
 )
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import RecordHeader
-from rmqstore.workers import Progress, Runner, process_map, process_runner
+from rmqstore.workers import Progress, Runner, process_map, process_runner, thread_map
 
 # what each phase is called while its ranges are worked on
 _PHASES = {
@@ -388,6 +395,68 @@ class LocalPipeline(Pipeline):
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
         return list(self._watched(function, jobs))
 
+    def export(
+        self,
+        destination: str,
+        fmt: str,
+        *,
+        topics: frozenset[str] | None = None,
+        include_body: bool = True,
+        decompress: bool = True,
+    ) -> ExportResult:
+        """One pass: each range is walked and its messages written to its part file
+        together (in ``options.workers`` threads: the kernel, Arrow and the Parquet encoder
+        run outside the GIL); part files of ranges past where a file's records end are then
+        dropped, and the rest numbered in log order. A remote destination, which cannot
+        rename, is written as the Spark engine writes it (a walk first)."""
+        if _remote(destination):
+            return super().export(
+                destination, fmt, topics=topics, include_body=include_body, decompress=decompress
+            )
+        check_export(destination, fmt)
+        rows = MessageRowOptions(
+            include_body=include_body,
+            topics=topics,
+            delay_levels=self.options.delay_levels,
+            decompress=decompress,
+        )
+        ranges = plan_ranges(self.location, self.options.split, split_last=True, margin=self.margin)
+        extension = "parquet" if fmt == "parquet" else "jsonl"
+        try:
+            with staged_directory(destination) as staging:
+                with _Background(_run) as encode:
+                    jobs = [
+                        partial(
+                            export_range,
+                            self.location,
+                            part,
+                            rows,
+                            fmt,
+                            staging / f"range-{number:05d}.{extension}",
+                            encode,
+                        )
+                        for number, part in enumerate(ranges)
+                    ]
+                    with closing(self._threads(jobs)) as done:
+                        walked = list(walk_in_order(done, lambda item: item[0]))
+                # every part is closed (the encoder is done) before the files are renamed
+                kept = _number_parts(staging, [target for _, target, _ in walked], extension)
+        except OSError as exc:
+            raise StoreIOError(f"cannot write {destination}: {exc.strerror or exc}") from None
+        files = [name for name, (_, _, count) in zip(kept, walked, strict=True) if count]
+        messages = sum(count for _, _, count in walked)
+        return ExportResult(
+            destination, fmt, messages, files, file_stats([item[0] for item in walked])
+        )
+
+    def _threads(self, jobs: list[Callable[[], Any]]) -> Iterator[Any]:
+        """Each job run (in ``options.workers`` threads), in order, told to the progress."""
+        watch = self.progress("exporting", len(jobs)) if self.progress else None
+        with watch or nullcontext(lambda done: None) as update:
+            for done, result in enumerate(thread_map(self.options.workers, _call, jobs), 1):
+                update(done)
+                yield result
+
     def stats(self, *, topics: frozenset[str] | None = None) -> StoreStats:
         """One pass: each range is summarised and its messages counted per queue together;
         the counts of the ranges one walk of the log visits are kept. Without pyarrow and
@@ -424,6 +493,61 @@ class LocalPipeline(Pipeline):
         for part in self.bounded_ranges(walked):
             _fold(queues, count_range_by_record(self.location.uri, part, topics))
         return _store_stats(queues, walked)
+
+
+def _call(job: Callable[[], Any]) -> Any:
+    return job()
+
+
+def export_range(
+    location: StoreLocation,
+    part: FileRange,
+    rows: MessageRowOptions,
+    fmt: str,
+    target: Path,
+    encode: Callable[[Callable[[], Any]], None],
+) -> tuple[RangeSummary, Path, int]:
+    """Walk one range and write its messages to ``target`` in the same pass (no file when
+    it has none); Parquet is encoded and closed by ``encode``'s thread."""
+    opener = partial(open, target, "wb")
+    writer = ParquetPart(opener, encode) if fmt == "parquet" else JsonlPart(opener)
+    batcher = MessageBatcher(rows, f"commitlog/{part.name}")
+
+    def write(buf: Any, rows_: Any, count: int) -> None:
+        batch = batcher(buf, rows_, count)
+        if batch is not None:
+            writer.add(batch)
+
+    levels = DelayLevels(rows.delay_levels) if rows.delay_levels else DelayLevels()
+    try:
+        summary = summarize_range(
+            location,
+            part,
+            check_crc=rows.check_crc,
+            delay_levels=levels,
+            on_batch=write,
+            batch_rows=EXPORT_BATCH_ROWS,
+        )
+    finally:
+        writer.close()
+    return summary, target, writer.messages
+
+
+def _number_parts(directory: Path, targets: list[Path], extension: str) -> list[str]:
+    """Keep the part files of ``targets`` (in log order) as ``part-NNNNN``, numbered from 0
+    in that order; every other file in ``directory`` (ranges the walk does not visit) is
+    removed. Returns the new names."""
+    keep = set(targets)
+    for path in directory.iterdir():
+        if path not in keep:
+            path.unlink()
+    names = []
+    for number, target in enumerate(targets):
+        name = f"part-{number:05d}.{extension}"
+        if target.exists():
+            target.rename(directory / name)
+        names.append(name)
+    return names
 
 
 def _fold(queues: dict[tuple[str, int], QueueStats], counted: dict) -> None:
@@ -658,34 +782,109 @@ _STATISTICS_COLUMNS = [
 
 
 def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
-    """Row groups of about ROW_GROUP_ROWS messages (the kernel's batches are smaller),
-    encoded in a second thread while the next ones are built (the encoder releases the GIL;
-    at most two row groups wait, so memory stays flat)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """All ``batches`` into one Parquet file on ``stream``, encoded in a second thread while
+    the next ones are built (see :class:`ParquetPart`)."""
+    with _Background(_run) as encode:
+        part = ParquetPart(lambda: stream, encode, close_stream=False)
+        try:
+            for batch in batches:
+                part.add(batch)
+        finally:
+            part.close()
+    return part.messages
 
-    count = 0
-    schema = arrow_schema(COMMITLOG_COLUMNS)
-    waiting: list[Any] = []
-    rows = 0
-    with (
-        pq.ParquetWriter(
-            stream,
-            schema,
-            use_dictionary=_DICTIONARY_COLUMNS,
-            write_statistics=_STATISTICS_COLUMNS,
-        ) as writer,
-        _Background(writer.write_table) as encode,
-    ):
-        for batch in chain(batches, [None]):
-            if batch is not None:
-                waiting.append(batch)
-                rows += batch.num_rows
-                count += batch.num_rows
-            if waiting and (batch is None or rows >= ROW_GROUP_ROWS):
-                encode(pa.Table.from_batches(waiting, schema=schema))
-                waiting, rows = [], 0
-    return count
+
+def _run(task: Callable[[], Any]) -> None:
+    task()
+
+
+class ParquetPart:
+    """One Parquet part file, opened (``open_stream()``) when its first row group is ready:
+    row groups of about ROW_GROUP_ROWS messages (the kernel's batches are smaller), each
+    handed to ``encode`` (a :class:`_Background` running tasks in order in another thread:
+    the encoder releases the GIL, and at most two tasks wait, so memory stays flat). The
+    file is closed there too, so the caller goes on building the next part meanwhile."""
+
+    def __init__(
+        self,
+        open_stream: Callable[[], Any],
+        encode: Callable[[Callable[[], Any]], None],
+        *,
+        close_stream: bool = True,
+    ) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.open_stream = open_stream
+        self.encode = encode
+        self.close_stream = close_stream
+        self.schema = arrow_schema(COMMITLOG_COLUMNS)
+        self.waiting: list[Any] = []
+        self.waiting_rows = 0
+        self.messages = 0
+        self.stream: Any = None
+        self.writer: Any = None
+
+    def add(self, batch: Any) -> None:
+        self.waiting.append(batch)
+        self.waiting_rows += batch.num_rows
+        self.messages += batch.num_rows
+        if self.waiting_rows >= ROW_GROUP_ROWS:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        import pyarrow.parquet as pq
+
+        if self.writer is None:
+            self.stream = self.open_stream()
+            self.writer = pq.ParquetWriter(
+                self.stream,
+                self.schema,
+                use_dictionary=_DICTIONARY_COLUMNS,
+                write_statistics=_STATISTICS_COLUMNS,
+            )
+        table = self.pa.Table.from_batches(self.waiting, schema=self.schema)
+        self.encode(partial(self.writer.write_table, table))
+        self.waiting, self.waiting_rows = [], 0
+
+    def close(self) -> None:
+        """The last row group and the footer, written in order after the others (nothing
+        is opened when no message came)."""
+        if self.waiting:
+            self._hand_over()
+        if self.writer is not None:
+            self.encode(
+                partial(_close_parquet, self.writer, self.stream if self.close_stream else None)
+            )
+            self.writer = None
+
+
+def _close_parquet(writer: Any, stream: Any) -> None:
+    try:
+        writer.close()
+    finally:
+        if stream is not None:
+            stream.close()
+
+
+class JsonlPart:
+    """One JSON-lines part file, opened at its first batch and written as batches come (see
+    :func:`_write_jsonl`)."""
+
+    def __init__(self, open_stream: Callable[[], Any]) -> None:
+        self.open_stream = open_stream
+        self.stream: Any = None
+        self.messages = 0
+
+    def add(self, batch: Any) -> None:
+        if self.stream is None:
+            self.stream = self.open_stream()
+        self.messages += _write_jsonl(self.stream, iter([batch]))
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
 
 
 class _Background:

@@ -286,12 +286,13 @@ def summarize_range(
     check_crc: bool,
     delay_levels: DelayLevels,
     on_batch: Callable[[Any, Any, int], None] | None = None,
+    batch_rows: int = 0,
 ) -> RangeSummary:
     """Count one range's records. CRCs are checked when asked; a SCHEDULE_TOPIC_XXXX record
     whose DELAY is not a number is noted (dispatch stops there, as a broker does).
-    ``on_batch(buf, rows, count)`` sees each batch of rows as well (another count in the
-    same pass)."""
-    scan = RangeScan(location, part, check_crc, resync_last=False)
+    ``on_batch(buf, rows, count)`` sees each batch of rows (of at most ``batch_rows``; 0: a
+    window's) as well (another count or an export in the same pass)."""
+    scan = RangeScan(location, part, check_crc, resync_last=False, batch_rows=batch_rows)
     tally = RangeTally()
     width = layout.ROW_WIDTH
     found = array("q")

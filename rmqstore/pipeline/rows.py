@@ -252,19 +252,8 @@ def message_batches(
     location: StoreLocation, part: FileRange, options: MessageRowOptions
 ) -> Iterator[Any]:
     """Arrow record batches of the messages starting in ``part`` that pass the options'
-    filters, one per kernel batch of rows that has some (see
-    :mod:`rmqstore.pipeline.columns`): the columns ``options.columns`` names, or all of
-    :data:`COMMITLOG_COLUMNS`. A filter's column is built first, for every row; the others
-    only for the rows that pass."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    wanted = commitlog_columns(options.columns)
-    schema = arrow_schema(wanted)
-    names = [name for name, _, _ in wanted]
-    filters = options.row_filters()
-    levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
-    file_label = f"commitlog/{part.name}"
+    filters, one per kernel batch of rows that has some (see :class:`MessageBatcher`)."""
+    batcher = MessageBatcher(options, f"commitlog/{part.name}")
     scan = RangeScan(
         location,
         part,
@@ -273,16 +262,44 @@ def message_batches(
         batch_rows=EXPORT_BATCH_ROWS,
     )
     for buf, _, rows, count in scan.batches():
-        batch = _Batch(pa, buf, rows, count, options, levels, file_label)
-        if filters:
-            keep = keep_mask(pa, filters, batch.column)
+        batch = batcher(buf, rows, count)
+        if batch is not None:
+            yield batch
+
+
+class MessageBatcher:
+    """Kernel row batches of one commit-log file (``file_label``) into Arrow record batches
+    (see :mod:`rmqstore.pipeline.columns`): the columns ``options.columns`` names, or all of
+    :data:`COMMITLOG_COLUMNS`, of the rows that pass the options' filters. A filter's column
+    is built first, for every row; the others only for the rows that pass."""
+
+    def __init__(self, options: MessageRowOptions, file_label: str) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.options = options
+        self.file_label = file_label
+        wanted = commitlog_columns(options.columns)
+        self.schema = arrow_schema(wanted)
+        self.names = [name for name, _, _ in wanted]
+        self.filters = options.row_filters()
+        self.levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
+
+    def __call__(self, buf: Any, rows: Any, count: int) -> Any | None:
+        """The record batch of ``count`` rows (None when no row passes the filters)."""
+        import pyarrow.compute as pc
+
+        pa = self.pa
+        batch = _Batch(pa, buf, rows, count, self.options, self.levels, self.file_label)
+        if self.filters:
+            keep = keep_mask(pa, self.filters, batch.column)
             kept = pc.sum(pc.cast(keep, pa.int64())).as_py() or 0
             if not kept:
-                continue
+                return None
             if kept < count:
                 batch.keep_only(keep)
-        arrays = [batch.column(name) for name in names]
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+        arrays = [batch.column(name) for name in self.names]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
 def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.errors import InputError
+from rmqstore.errors import InputError, StoreIOError
 from rmqstore.fixtures import generate
 from rmqstore.pipeline.local import (
     LocalPipeline,
+    Pipeline,
     PipelineOptions,
     _Background,
 )
@@ -44,6 +45,49 @@ def test_broker_stores_export_as_the_broker_reported(oracle, tmp_path: Path, nam
         assert stamp == datetime.fromtimestamp(row["storeTimestamp"] / 1000, timezone.utc)
     if name == "s1_multi":
         assert compressed  # the broker store holds compressed bodies
+
+
+def _damaged(store_dir: Path, which: int, records_in: int) -> None:
+    """``multi`` with a record's size field overwritten: in commit-log file ``which`` (0 the
+    first, -1 the last), ``records_in`` records after the file's start."""
+    generate("multi", store_dir)
+    path = sorted((store_dir / "commitlog").iterdir())[which]
+    with open(path, "r+b") as handle:
+        position = 0
+        for _ in range(records_in):
+            handle.seek(position)
+            position += int.from_bytes(handle.read(4), "big")
+        handle.seek(position)
+        handle.write((0x7FFF0000).to_bytes(4, "big"))  # its size: more than the file holds
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    ["multi", "torn-tail", "garbage-after-end", "missing-file", "crc-flip", "first", "last"],
+)
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_one_pass_export_writes_what_a_walk_first_writes(
+    tmp_path: Path, scenario: str, fmt: str
+) -> None:
+    """The local engine walks and writes in one pass; the Spark engine walks the log first and
+    then writes up to where each file's records end. Both give the same files."""
+    store_dir = tmp_path / "store"
+    if scenario in ("first", "last"):  # a damaged record early in the first or last file
+        _damaged(store_dir, 0 if scenario == "first" else -1, 30 if scenario == "first" else 3)
+    else:
+        generate(scenario, store_dir)
+    for split in (9000, 1 << 20):
+        pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=split, workers=2))
+        one_pass = pipeline.export(str(tmp_path / f"one-{split}-{fmt}"), fmt)
+        walk_first = Pipeline.export(pipeline, str(tmp_path / f"walk-{split}-{fmt}"), fmt)
+        assert one_pass.to_dict() | {"destination": ""} == walk_first.to_dict() | {
+            "destination": ""
+        }
+        assert one_pass.messages > 0
+        written = sorted((tmp_path / f"one-{split}-{fmt}").iterdir())
+        expected = sorted((tmp_path / f"walk-{split}-{fmt}").iterdir())
+        assert [p.name for p in written] == [p.name for p in expected]
+        assert [p.read_bytes() for p in written] == [p.read_bytes() for p in expected]
 
 
 def test_jsonl_export_holds_what_read_prints(tmp_path: Path) -> None:
@@ -98,24 +142,34 @@ def test_export_refuses_an_existing_non_empty_directory(tmp_path: Path) -> None:
         LocalPipeline(str(store_dir), PipelineOptions()).export(str(tmp_path / "out"), "csv")
 
 
-def test_a_failed_export_leaves_nothing_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("failing", ["building", "encoding"])
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_failed_export_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, jobs: int
+) -> None:
     store_dir = tmp_path / "store"
-    generate("basic", store_dir)
-    pipeline = LocalPipeline(str(store_dir), PipelineOptions())
+    generate("multi", store_dir)
+    pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=9000, workers=jobs))
+    calls = 0
 
-    def broken(*args: object, **kwargs: object):
-        raise OSError(28, "No space left on device")
-        yield  # pragma: no cover
+    def no_space(*args: object, **kwargs: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 3:  # some parts are written by then
+            raise OSError(28, "No space left on device")
+        return original(*args, **kwargs)
+
+    import pyarrow.parquet as pq
 
     import rmqstore.pipeline.local as pipeline_module
 
-    original = pipeline_module.message_batches
-    pipeline_module.message_batches = broken
-    try:
-        with pytest.raises(Exception, match="No space left"):
-            pipeline.export(str(tmp_path / "out"), "parquet")
-    finally:
-        pipeline_module.message_batches = original
+    owner = pipeline_module.MessageBatcher if failing == "building" else pq.ParquetWriter
+    name = "__call__" if failing == "building" else "write_table"
+    original = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *args, **kwargs: no_space(*args, **kwargs))
+    with pytest.raises(StoreIOError, match="No space left"):
+        pipeline.export(str(tmp_path / "out"), "parquet")
+    assert calls >= 3  # other threads may have gone on meanwhile
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
 
 
