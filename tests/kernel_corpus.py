@@ -19,10 +19,13 @@ from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 from rmqstore.kernel import reference
 from rmqstore.kernel.layout import (
     CHECK_CRC,
+    FIELD_KEYS,
+    FIELD_TAGS,
     FIELD_TOPIC,
     FIELD_UNIQ_KEY,
     HASHED_KEY_SIZE,
     MESSAGE_ID_MAX,
+    PICKED_WIDTH,
     PROPERTIES_AT,
     PROPERTY_CRC,
     ROW_WIDTH,
@@ -310,6 +313,7 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
     packed = pack_rows(rows)
     count = len(rows)
     first = count // 3 if count > 2 else 0
+    found_spans = {}  # field to the reference's spans
     for field in range(FIELD_TOPIC, FIELD_UNIQ_KEY + 1):
         got = []
         for kernel in (reference, native):
@@ -321,6 +325,7 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
             got.append((total, absent, list(spans), written, bytes(gathered), list(offsets)))
         if got[0] != got[1]:
             yield f"field_spans/gather differ (field {field})"
+        found_spans[field] = got[0][2]
     calls = []
     for kernel in (reference, native):
         names = array("q", bytes(16 * pair_capacity))
@@ -328,16 +333,22 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
         offsets = array("i", bytes(4 * (count + 1)))
         row, made = first, []
         while row < count:
+            picked = array("q", bytes(8 * PICKED_WIDTH * (count - row)))
             following, pairs = kernel.property_pairs(
-                data, packed, row, count, names, values, offsets
+                data, packed, row, count, names, values, offsets, picked
             )
+            done = following - row
             made.append(
                 (
                     following,
                     pairs,
                     list(names[: 2 * pairs]),
                     list(values[: 2 * pairs]),
-                    list(offsets[: following - row + 1]),
+                    list(offsets[: done + 1]),
+                    [  # the picks of the rows done, field by field
+                        list(picked[2 * (count - row) * n : 2 * (count - row) * n + 2 * done])
+                        for n in range(3)
+                    ],
                 )
             )
             if following == row:
@@ -346,6 +357,19 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
         calls.append(made)
     if calls[0] != calls[1]:
         yield f"property_pairs differ (capacity {pair_capacity})"
+    elif len(calls[0]) == 1 and calls[0][0][0] == count:  # every row in one call
+        for n, field in enumerate((FIELD_TAGS, FIELD_KEYS, FIELD_UNIQ_KEY)):
+            if calls[0][0][5][n] != found_spans[field]:
+                yield f"property_pairs picks field {field} unlike field_spans"
+    for kernel in (reference, native):  # without picks: the same pairs
+        offsets = array("i", bytes(4 * (count + 1)))
+        names = array("q", bytes(16 * pair_capacity))
+        values = array("q", bytes(16 * pair_capacity))
+        unpicked = kernel.property_pairs(
+            data, packed, first, count, names, values, offsets, array("q")
+        )
+        if unpicked[0] == calls[0][0][0] and list(names[: 2 * unpicked[1]]) != calls[0][0][2]:
+            yield "property_pairs without picks differ"
     ids = []
     for kernel in (reference, native):
         text = bytearray(MESSAGE_ID_MAX * count)

@@ -1028,12 +1028,14 @@ cdef enum:
 
 DEF SPAN_ABSENT = -1
 DEF BORN_HOST_AT = 48
+DEF PICKED_WIDTH_NATIVE = 6
 
 _check_columns((
     ("FIELD_TOPIC", FIELD_TOPIC), ("FIELD_BODY", FIELD_BODY), ("FIELD_PROPERTIES",
     FIELD_PROPERTIES), ("FIELD_BORN_HOST", FIELD_BORN_HOST), ("FIELD_STORE_HOST",
     FIELD_STORE_HOST), ("FIELD_TAGS", FIELD_TAGS), ("FIELD_KEYS", FIELD_KEYS),
     ("FIELD_UNIQ_KEY", FIELD_UNIQ_KEY), ("SPAN_ABSENT", SPAN_ABSENT),
+    ("PICKED_WIDTH", PICKED_WIDTH_NATIVE),
 ))
 
 
@@ -1157,20 +1159,23 @@ def gather(buf, spans, int64_t count, data, offsets):
     return written
 
 
-def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_offsets):
+def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_offsets, picked):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
     cdef int64_t[::1] row_view = rows
     cdef int64_t[::1] name_view = names
     cdef int64_t[::1] value_view = values
     cdef int32_t[::1] offset_view = pair_offsets
+    cdef int64_t[::1] pick_view = picked
     cdef int64_t length = view.shape[0], row, at, props_at, props_length, position, end
     cdef int64_t pair_end, separator, name_length, value_length, pairs = 0, row_pairs, k
-    cdef int64_t capacity = min(name_view.shape[0], value_view.shape[0]) // 2
+    cdef int64_t capacity = min(name_view.shape[0], value_view.shape[0]) // 2, pick_at, which
     cdef const uint8_t* data
     cdef bint bad = False, full = False, duplicate
+    cdef bint picking = pick_view.shape[0] > 0
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
-            or offset_view.shape[0] < count - first + 1:
+            or offset_view.shape[0] < count - first + 1 \
+            or (picking and pick_view.shape[0] < PICKED_WIDTH_NATIVE * (count - first)):
         raise ValueError("rows are outside their buffers")
     data = &view[0] if length else NULL
     offset_view[0] = 0
@@ -1214,6 +1219,27 @@ def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_
                 position = pair_end + 1
             if full:
                 break
+            if picking:  # the values of TAGS, KEYS and UNIQ_KEY among the pairs kept
+                pick_at = 2 * (row - first)
+                for which in range(3):
+                    pick_view[pick_at + 2 * (count - first) * which] = 0
+                    pick_view[pick_at + 2 * (count - first) * which + 1] = SPAN_ABSENT
+                k = pairs
+                while k < pairs + row_pairs:
+                    name_length = name_view[2 * k + 1]
+                    which = -1
+                    if name_length == 4 and memcmp(data + name_view[2 * k], b"TAGS", 4) == 0:
+                        which = 0
+                    elif name_length == 4 and memcmp(data + name_view[2 * k], b"KEYS", 4) == 0:
+                        which = 1
+                    elif (name_length == 8
+                            and memcmp(data + name_view[2 * k], b"UNIQ_KEY", 8) == 0):
+                        which = 2
+                    if which >= 0:
+                        pick_view[pick_at + 2 * (count - first) * which] = value_view[2 * k]
+                        pick_view[pick_at + 2 * (count - first) * which + 1] = \
+                            value_view[2 * k + 1]
+                    k += 1
             pairs += row_pairs
             row += 1
             offset_view[row - first] = <int32_t>pairs

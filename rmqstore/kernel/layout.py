@@ -307,13 +307,19 @@ SPAN_ABSENT = -1
 # ``count + 1`` 32-bit offsets into ``offsets`` (an absent span is empty), as an Arrow binary
 # column holds them. It returns the bytes written.
 #
-# ``property_pairs(buf, rows, first, count, names, values, pair_offsets)`` parses the
+# ``property_pairs(buf, rows, first, count, names, values, pair_offsets, picked)`` parses the
 # properties of rows ``[first, count)`` as ``decode_properties`` does (a pair needs a non-empty
 # name and value; a later duplicate replaces the value and keeps the first one's place) and
 # writes each kept pair's name span into ``names`` and value span into ``values`` (two integers
 # each), and 32-bit offsets of each row's first pair into ``pair_offsets`` (index ``row -
-# first``; the one after the last row closes it). It returns ``(next_row, pairs)``, stopping
-# before a row whose pairs would not fit.
+# first``; the one after the last row closes it). Unless ``picked`` is empty (else it holds
+# PICKED_WIDTH integers per row), it also writes there the value spans of the TAGS, KEYS and
+# UNIQ_KEY pairs kept (position 0 and SPAN_ABSENT where there is none; the spans field_spans
+# finds): all rows' TAGS spans first, as field_spans writes them, then the KEYS and the
+# UNIQ_KEY spans, each from index ``2 * (count - first) * n``. It returns ``(next_row,
+# pairs)``, stopping before a row whose pairs would not fit.
+PICKED_WIDTH = 6
+PICKED_NAMES = (b"TAGS", b"KEYS", b"UNIQ_KEY")
 #
 # ``message_ids(buf, rows, first, count, data, offsets)`` writes the msgId of each row (store
 # host field and physical offset, in upper-case hex) back to back into ``data``, with 32-bit

@@ -88,6 +88,8 @@ from rmqstore.kernel.layout import (
     PACK_WIDTH,
     PACKED_ALL,
     PHYSICAL_OFFSET,
+    PICKED_NAMES,
+    PICKED_WIDTH,
     POSITION,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
@@ -787,10 +789,22 @@ def gather(buf: Any, spans: Any, count: int, data: Any, offsets: Any) -> int:
 
 
 def property_pairs(
-    buf: Any, rows: Any, first: int, count: int, names: Any, values: Any, pair_offsets: Any
+    buf: Any,
+    rows: Any,
+    first: int,
+    count: int,
+    names: Any,
+    values: Any,
+    pair_offsets: Any,
+    picked: Any,
 ) -> tuple[int, int]:
     """See :mod:`rmqstore.kernel.layout`."""
-    if not 0 <= first <= count <= len(rows) // ROW_WIDTH or len(pair_offsets) < count - first + 1:
+    picking = len(picked) > 0
+    if (
+        not 0 <= first <= count <= len(rows) // ROW_WIDTH
+        or len(pair_offsets) < count - first + 1
+        or (picking and len(picked) < PICKED_WIDTH * (count - first))
+    ):
         raise ValueError("rows are outside their buffers")
     capacity = min(len(names), len(values)) // 2
     length = len(buf)
@@ -815,6 +829,11 @@ def property_pairs(
             position += len(pair) + 1
         if pairs + len(kept) > capacity:
             break
+        if picking:
+            for which, name in enumerate(PICKED_NAMES):
+                _, value_at, value_length = kept.get(name, (0, 0, SPAN_ABSENT))
+                at = 2 * (count - first) * which + 2 * (row - first)
+                picked[at], picked[at + 1] = value_at, value_length
         for name, (name_at, value_at, value_length) in kept.items():
             names[2 * pairs], names[2 * pairs + 1] = name_at, len(name)
             values[2 * pairs], values[2 * pairs + 1] = value_at, value_length

@@ -13,6 +13,7 @@ rare batch that has some.
 
 from __future__ import annotations
 
+import threading
 from array import array
 from typing import Any
 
@@ -23,6 +24,26 @@ from rmqstore.properties import decode_properties
 
 _WIDTH = layout.ROW_WIDTH
 _MOST_PAIRS_IN_A_RECORD = 8192  # 32767 bytes of properties, at least 4 bytes a pair
+
+_scratch = threading.local()  # per thread: the kernel's working arrays, reused batch to batch
+
+
+def scratch(name: str, items: int, typecode: str = "q") -> array:
+    """A working array of at least ``items`` items that the kernel fills before it is read
+    (spans, pairs): kept per thread and name, so a batch does not allocate and zero it."""
+    found = getattr(_scratch, name, None)
+    if found is None or len(found) < items:
+        found = array(typecode, bytes(array(typecode).itemsize * items))
+        setattr(_scratch, name, found)
+    return found
+
+
+def fresh(pa: Any, size: int, typecode: str = "B") -> tuple[Any, memoryview]:
+    """A new Arrow buffer of ``size`` bytes for the kernel to fill (uninitialised: the
+    kernel writes every byte a column reads), and a view of it as ``typecode`` items. It
+    comes from Arrow's memory pool, which reuses freed memory: no zeroed pages per batch."""
+    buffer = pa.allocate_buffer(max(size, 1))
+    return buffer, memoryview(buffer).cast(typecode)
 
 
 def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> Any:
@@ -80,25 +101,20 @@ def _int64(pa: Any, values: array, count: int) -> Any:
 def _binary_from_spans(pa: Any, buf: Any, spans: array, count: int, total: int, absent: int) -> Any:
     import pyarrow.compute as pc
 
-    data = bytearray(total)
-    offsets = array("i", bytes(4 * (count + 1)))
-    kernel.gather(buf, spans, count, data, offsets)
+    data, data_view = fresh(pa, total)
+    offsets, offset_view = fresh(pa, 4 * (count + 1), "i")
+    kernel.gather(buf, spans, count, data_view, offset_view)
     validity = None
     if absent:
         lengths = _int64(pa, spans[1 : 2 * count : 2], count)
         validity = pc.not_equal(lengths, constant(pa, layout.SPAN_ABSENT)).buffers()[1]
-    return pa.Array.from_buffers(
-        pa.binary(),
-        count,
-        [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
-        null_count=absent,
-    )
+    return pa.Array.from_buffers(pa.binary(), count, [validity, offsets, data], null_count=absent)
 
 
 def binary(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
     """A record field (``layout.FIELD_*``) of the first ``count`` rows as Arrow binary, null
     where the record has no such field."""
-    spans = array("q", bytes(16 * count))
+    spans = scratch("spans", 2 * count)
     total, absent = kernel.field_spans(buf, rows, 0, count, field, spans)
     return _binary_from_spans(pa, buf, spans, count, total, absent)
 
@@ -175,36 +191,72 @@ def hosts(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
 
 def message_ids(pa: Any, buf: Any, rows: Any, count: int) -> Any:
     """The msgId of each row (store host and physical offset in upper-case hex)."""
-    data = bytearray(layout.MESSAGE_ID_MAX * count)
-    offsets = array("i", bytes(4 * (count + 1)))
-    written = kernel.message_ids(buf, rows, 0, count, data, offsets)
-    return pa.Array.from_buffers(
-        pa.string(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data[:written])]
-    )
+    data, data_view = fresh(pa, layout.MESSAGE_ID_MAX * count)
+    offsets, offset_view = fresh(pa, 4 * (count + 1), "i")
+    written = kernel.message_ids(buf, rows, 0, count, data_view, offset_view)
+    return pa.Array.from_buffers(pa.string(), count, [None, offsets, data.slice(0, written)])
 
 
-def properties(pa: Any, buf: Any, rows: Any, count: int, kind: Any) -> Any:
-    """The properties of each row as an Arrow map (``kind``), pairs in the order
-    :func:`decode_properties` keeps them."""
-    capacity = max(4 * count, _MOST_PAIRS_IN_A_RECORD)
-    names = array("q", bytes(16 * capacity))
-    values = array("q", bytes(16 * capacity))
-    pair_offsets = array("i", bytes(4 * (count + 1)))
-    following, pairs = kernel.property_pairs(buf, rows, 0, count, names, values, pair_offsets)
-    if following < count:  # records with very many pairs: one record at a time from here
-        return _properties_by_record(pa, buf, rows, count, kind)
-    keys = _strings_from_spans(pa, buf, names, pairs)
-    items = _strings_from_spans(pa, buf, values, pairs)
-    if keys is None or items is None:
-        return _properties_by_record(pa, buf, rows, count, kind)
-    offsets = pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(pair_offsets)])
-    return pa.MapArray.from_arrays(offsets, keys, items, type=kind)
+class PropertyPairs:
+    """The property pairs of a batch's rows, parsed once by the kernel: the map column and
+    the TAGS, KEYS and UNIQ_KEY columns are built from them. Its spans live in this
+    thread's working arrays: use it before the thread parses the next batch."""
+
+    def __init__(self, pa: Any, buf: Any, rows: Any, count: int) -> None:
+        import pyarrow.compute as pc
+
+        self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
+        capacity = max(4 * count, _MOST_PAIRS_IN_A_RECORD)
+        self.names = scratch("names", 2 * capacity)
+        self.values = scratch("values", 2 * capacity)
+        self.picked = memoryview(scratch("picked", layout.PICKED_WIDTH * count))
+        self.pair_offsets, offset_view = fresh(pa, 4 * (count + 1), "i")
+        following, self.pairs = kernel.property_pairs(
+            buf, rows, 0, count, self.names, self.values, offset_view, self.picked
+        )
+        # short of the count: records with very many pairs (then one record at a time)
+        self.complete = following == count
+        # the names and the values of a record lie in its properties: their bytes fit here
+        self.room = pc.sum(integers(pa, rows, layout.PROPERTIES_LENGTH, count)).as_py() or 0
+
+    def map(self, kind: Any) -> Any:
+        """The properties of each row as an Arrow map (``kind``), pairs in the order
+        :func:`decode_properties` keeps them."""
+        pa = self.pa
+        if not self.complete:
+            return _properties_by_record(pa, self.buf, self.rows, self.count, kind)
+        keys = _strings_from_spans(pa, self.buf, self.names, self.pairs, self.room)
+        items = _strings_from_spans(pa, self.buf, self.values, self.pairs, self.room)
+        if keys is None or items is None:
+            return _properties_by_record(pa, self.buf, self.rows, self.count, kind)
+        offsets = pa.Array.from_buffers(pa.int32(), self.count + 1, [None, self.pair_offsets])
+        return pa.MapArray.from_arrays(offsets, keys, items, type=kind)
+
+    def text(self, field: int) -> Any:
+        """The value of TAGS, KEYS or UNIQ_KEY (``layout.FIELD_*``) of each row as Arrow
+        text (see :func:`text`), null where the record has none."""
+        import pyarrow.compute as pc
+
+        pa, count = self.pa, self.count
+        if not self.complete:
+            return text(pa, binary(pa, self.buf, self.rows, count, field))
+        which = (layout.FIELD_TAGS, layout.FIELD_KEYS, layout.FIELD_UNIQ_KEY).index(field)
+        spans = self.picked[2 * count * which : 2 * count * (which + 1)]
+        values = _binary_from_spans(pa, self.buf, spans, count, self.room, 0)
+        # an absent value gathers as empty, and a present one never is (a pair needs one)
+        present = pc.greater(pc.binary_length(values), constant32(pa, 0))
+        absent = count - present.true_count
+        if absent:
+            values = pa.Array.from_buffers(
+                pa.binary(), count, [present.buffers()[1], *values.buffers()[1:]], absent
+            )
+        return text(pa, values)
 
 
-def _strings_from_spans(pa: Any, buf: Any, spans: array, count: int) -> Any:
-    """Arrow strings of ``count`` spans; None when one is not valid UTF-8."""
-    total = sum(spans[1 : 2 * count : 2])
-    strings = _binary_from_spans(pa, buf, spans, count, total, 0).view(pa.string())
+def _strings_from_spans(pa: Any, buf: Any, spans: array, count: int, room: int) -> Any:
+    """Arrow strings of ``count`` spans (``room``: at least their total length); None when
+    one is not valid UTF-8."""
+    strings = _binary_from_spans(pa, buf, spans, count, room, 0).view(pa.string())
     try:
         strings.validate(full=True)
     except pa.ArrowInvalid:

@@ -19,7 +19,6 @@ from rmqstore.dispatch import unit_tags_code
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout
-from rmqstore.kernel.layout import new_dispatch_out
 from rmqstore.pipeline import columns
 from rmqstore.pipeline.filters import RowFilter, keep_mask
 from rmqstore.pipeline.location import StoreLocation
@@ -134,6 +133,7 @@ class _Batch:
         self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
         self.options, self.levels, self.file_label = options, levels, file_label
         self.built: dict[str, Any] = {}
+        self.property_pairs: columns.PropertyPairs | None = None
 
     def column(self, name: str) -> Any:
         if name not in self.built:
@@ -145,6 +145,12 @@ class _Batch:
 
     def field(self, field: int) -> Any:
         return columns.binary(self.pa, self.buf, self.rows, self.count, field)
+
+    def pairs(self) -> columns.PropertyPairs:
+        """The rows' property pairs, parsed once for the columns built from them."""
+        if self.property_pairs is None:
+            self.property_pairs = columns.PropertyPairs(self.pa, self.buf, self.rows, self.count)
+        return self.property_pairs
 
     def keep_only(self, keep: Any) -> None:
         """Drop the rows where ``keep`` (a boolean array without nulls) is false: from the
@@ -161,6 +167,7 @@ class _Batch:
         self.rows = array("q", data.tobytes())
         self.count = len(picked) // width
         self.built = {name: values.filter(keep) for name, values in self.built.items()}
+        self.property_pairs = None  # of the rows before
 
 
 def _body(batch: _Batch) -> Any:
@@ -182,8 +189,11 @@ def _crc_ok(batch: _Batch) -> Any:
 
 def _properties(batch: _Batch) -> Any:
     pa = batch.pa
-    kind = pa.map_(pa.string(), pa.string())
-    return columns.properties(pa, batch.buf, batch.rows, batch.count, kind)
+    return batch.pairs().map(pa.map_(pa.string(), pa.string()))
+
+
+def _picked(field: int) -> Any:
+    return lambda batch: batch.pairs().text(field)
 
 
 def _version(batch: _Batch) -> Any:
@@ -234,12 +244,12 @@ _BUILDERS: dict[str, Any] = {
     "storeHost": _hosts(layout.FIELD_STORE_HOST),
     "reconsumeTimes": _int32(layout.RECONSUME_TIMES),
     "preparedTransactionOffset": _int64(layout.PREPARED_OFFSET),
-    "tags": _text(layout.FIELD_TAGS),
+    "tags": _picked(layout.FIELD_TAGS),
     "tagsCode": lambda batch: _tags_codes(
         batch.pa, batch.buf, batch.rows, batch.count, batch.levels
     ),
-    "keys": _text(layout.FIELD_KEYS),
-    "uniqKey": _text(layout.FIELD_UNIQ_KEY),
+    "keys": _picked(layout.FIELD_KEYS),
+    "uniqKey": _picked(layout.FIELD_UNIQ_KEY),
     "msgId": lambda batch: columns.message_ids(batch.pa, batch.buf, batch.rows, batch.count),
     "version": _version,
     "file": lambda batch: columns.repeated(batch.pa, batch.file_label, batch.count),
@@ -327,10 +337,11 @@ def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -
     """The tagsCode of each row: the kernel's hash of TAGS, and for the rows it leaves to the
     reference (SCHEDULE_TOPIC_XXXX, text that is not ASCII) the dispatcher's own rule (null
     where a DELAY is not a number)."""
-    out = new_dispatch_out(count)
+    width = layout.DISPATCH_WIDTH
+    out = columns.scratch("dispatch", width * count)
     kernel.prepare_dispatch(buf, rows, 0, count, 0, out, bytearray())
-    codes = out[layout.TAGS_CODE :: layout.DISPATCH_WIDTH]
-    flags = out[layout.DISPATCH_FLAGS :: layout.DISPATCH_WIDTH]
+    codes = out[layout.TAGS_CODE : width * count : width]
+    flags = out[layout.DISPATCH_FLAGS : width * count : width]
     if not flags.count(layout.NEEDS_REFERENCE):
         return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(codes)])
     found: list[int | None] = list(codes)
