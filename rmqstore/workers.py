@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import AbstractContextManager
 from typing import Any
@@ -103,29 +103,3 @@ def process_runner(workers: int) -> Runner:
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     return lambda function, jobs: list(process_map(workers, function, jobs))
-
-
-def thread_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Iterator[Any]:
-    """``function`` over ``jobs`` in ``workers`` threads of this process, yielding results in
-    job order; for work that spends its time outside the GIL (the record kernel, Arrow,
-    Parquet encoding), where starting processes would cost more than it saves. At most two
-    jobs per thread run ahead of the caller, as in :func:`process_map`; 1 worker runs here."""
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
-    if workers == 1 or len(jobs) <= 1:
-        yield from map(function, jobs)
-        return
-    waiting = deque(jobs)
-    pending: deque[Future] = deque()
-    with ThreadPoolExecutor(min(workers, len(jobs)), thread_name_prefix="rmqstore-range") as pool:
-        try:
-            while waiting and len(pending) < 2 * workers:
-                pending.append(pool.submit(function, waiting.popleft()))
-            while pending:
-                result = pending.popleft().result()
-                if waiting:
-                    pending.append(pool.submit(function, waiting.popleft()))
-                yield result
-        finally:
-            for future in pending:  # the caller stopped early: drop what has not started
-                future.cancel()

@@ -18,7 +18,7 @@ import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager, nullcontext
+from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -57,7 +57,7 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import RecordHeader
-from rmqstore.workers import Progress, Runner, process_map, process_runner, thread_map
+from rmqstore.workers import Progress, Runner, process_map, process_runner
 
 # what each phase is called while its ranges are worked on
 _PHASES = {
@@ -405,10 +405,10 @@ class LocalPipeline(Pipeline):
         decompress: bool = True,
     ) -> ExportResult:
         """One pass: each range is walked and its messages written to its part file
-        together (in ``options.workers`` threads: the kernel, Arrow and the Parquet encoder
-        run outside the GIL); part files of ranges past where a file's records end are then
-        dropped, and the rest numbered in log order. A remote destination, which cannot
-        rename, is written as the Spark engine writes it (a walk first)."""
+        together (here, or in ``options.workers`` processes); part files of ranges past
+        where a file's records end are then dropped, and the rest numbered in log order. A
+        remote destination, which cannot rename, is written as the Spark engine writes it
+        (a walk first)."""
         if _remote(destination):
             return super().export(
                 destination, fmt, topics=topics, include_body=include_body, decompress=decompress
@@ -424,21 +424,18 @@ class LocalPipeline(Pipeline):
         extension = "parquet" if fmt == "parquet" else "jsonl"
         try:
             with staged_directory(destination) as staging:
-                with _Background(_run) as encode:
-                    jobs = [
-                        partial(
-                            export_range,
-                            self.location,
-                            part,
-                            rows,
-                            fmt,
-                            staging / f"range-{number:05d}.{extension}",
-                            encode,
-                        )
-                        for number, part in enumerate(ranges)
-                    ]
-                    with closing(self._threads(jobs)) as done:
-                        walked = list(walk_in_order(done, lambda item: item[0]))
+                jobs = [
+                    RangeExportJob(
+                        self.location.uri,
+                        part,
+                        rows,
+                        fmt,
+                        str(staging / f"range-{number:05d}.{extension}"),
+                    )
+                    for number, part in enumerate(ranges)
+                ]
+                with closing(self._exported(jobs)) as done:
+                    walked = list(walk_in_order(done, lambda item: item[0]))
                 # every part is closed (the encoder is done) before the files are renamed
                 kept = _number_parts(staging, [target for _, target, _ in walked], extension)
         except OSError as exc:
@@ -449,11 +446,17 @@ class LocalPipeline(Pipeline):
             destination, fmt, messages, files, file_stats([item[0] for item in walked])
         )
 
-    def _threads(self, jobs: list[Callable[[], Any]]) -> Iterator[Any]:
-        """Each job run (in ``options.workers`` threads), in order, told to the progress."""
+    def _exported(self, jobs: list[RangeExportJob]) -> Iterator[tuple[RangeSummary, str, int]]:
+        """Each range exported, in log order: here with one encoder thread for all parts, or
+        in ``options.workers`` processes (each part encoded beside its building there)."""
         watch = self.progress("exporting", len(jobs)) if self.progress else None
-        with watch or nullcontext(lambda done: None) as update:
-            for done, result in enumerate(thread_map(self.options.workers, _call, jobs), 1):
+        with watch or nullcontext(lambda done: None) as update, ExitStack() as stack:
+            if self.options.workers == 1 or len(jobs) <= 1:
+                encode = stack.enter_context(_Background(_run))
+                results = (export_range(job, encode) for job in jobs)
+            else:
+                results = process_map(self.options.workers, export_range, jobs)
+            for done, result in enumerate(results, 1):
                 update(done)
                 yield result
 
@@ -495,57 +498,63 @@ class LocalPipeline(Pipeline):
         return _store_stats(queues, walked)
 
 
-def _call(job: Callable[[], Any]) -> Any:
-    return job()
+@dataclass(frozen=True)
+class RangeExportJob:
+    """One range to walk and export to its part file: picklable, for a worker process."""
+
+    store: str
+    part: FileRange
+    rows: MessageRowOptions
+    fmt: str
+    target: str
 
 
 def export_range(
-    location: StoreLocation,
-    part: FileRange,
-    rows: MessageRowOptions,
-    fmt: str,
-    target: Path,
-    encode: Callable[[Callable[[], Any]], None],
-) -> tuple[RangeSummary, Path, int]:
-    """Walk one range and write its messages to ``target`` in the same pass (no file when
-    it has none); Parquet is encoded and closed by ``encode``'s thread."""
-    opener = partial(open, target, "wb")
-    writer = ParquetPart(opener, encode) if fmt == "parquet" else JsonlPart(opener)
-    batcher = MessageBatcher(rows, f"commitlog/{part.name}")
+    job: RangeExportJob, encode: Callable[[Callable[[], Any]], None] | None = None
+) -> tuple[RangeSummary, str, int]:
+    """Walk one range and write its messages to ``job.target`` in the same pass (no file
+    when it has none). Parquet is encoded and closed by ``encode``'s thread, or (none given)
+    by a thread of this call's own."""
+    if encode is None:
+        with _Background(_run) as own:
+            return export_range(job, own)
+    opener = partial(open, job.target, "wb")
+    writer = ParquetPart(opener, encode) if job.fmt == "parquet" else JsonlPart(opener)
+    batcher = MessageBatcher(job.rows, f"commitlog/{job.part.name}")
 
-    def write(buf: Any, rows_: Any, count: int) -> None:
-        batch = batcher(buf, rows_, count)
+    def write(buf: Any, rows: Any, count: int) -> None:
+        batch = batcher(buf, rows, count)
         if batch is not None:
             writer.add(batch)
 
-    levels = DelayLevels(rows.delay_levels) if rows.delay_levels else DelayLevels()
+    levels = DelayLevels(job.rows.delay_levels) if job.rows.delay_levels else DelayLevels()
     try:
         summary = summarize_range(
-            location,
-            part,
-            check_crc=rows.check_crc,
+            StoreLocation(job.store),
+            job.part,
+            check_crc=job.rows.check_crc,
             delay_levels=levels,
             on_batch=write,
             batch_rows=EXPORT_BATCH_ROWS,
         )
     finally:
         writer.close()
-    return summary, target, writer.messages
+    return summary, job.target, writer.messages
 
 
-def _number_parts(directory: Path, targets: list[Path], extension: str) -> list[str]:
+def _number_parts(directory: Path, targets: list[str], extension: str) -> list[str]:
     """Keep the part files of ``targets`` (in log order) as ``part-NNNNN``, numbered from 0
     in that order; every other file in ``directory`` (ranges the walk does not visit) is
     removed. Returns the new names."""
-    keep = set(targets)
+    keep = {Path(target) for target in targets}
     for path in directory.iterdir():
         if path not in keep:
             path.unlink()
     names = []
     for number, target in enumerate(targets):
         name = f"part-{number:05d}.{extension}"
-        if target.exists():
-            target.rename(directory / name)
+        if Path(target).exists():
+            Path(target).rename(directory / name)
         names.append(name)
     return names
 
