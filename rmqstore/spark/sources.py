@@ -1,7 +1,7 @@
 """Python Data Sources for Spark 4 (``pyspark.sql.datasource``) over the shared engine codec.
 
 ``rocketmq-commitlog``: one row per message (:data:`~rmqstore.pipeline.rows.COMMITLOG_COLUMNS`).
-Partitions are byte ranges of the commit-log files (``splitSize``, default 32 MiB; see
+Partitions are byte ranges of the commit-log files (``splitSize``, default 128 MiB; see
 :mod:`rmqstore.pipeline.ranges`): a range starting inside a file begins at its next record, and
 damaged regions of completed files are skipped. The last file holding data is split too: the
 driver first finds where its records end (one scan of that file, as the rmqstore jobs' walk
@@ -343,7 +343,7 @@ class CommitLogDataSource(DataSource):
     Options: includeBody (true), decompress (false: ZLIB bodies of COMPRESSED records as
     stored), verifyCrc (false: crcOk is null), topics and queueIds (comma-separated),
     startingOffset and endingOffset (a commit-log offset window, the end excluded),
-    splitSize (bytes, 33554432; 0 for one partition per file), messageDelayLevel (for the
+    splitSize (bytes, 134217728; 0 for one partition per file), messageDelayLevel (for the
     deliver-time tagsCode of SCHEDULE_TOPIC_XXXX), maxMessageSize (4194304), fileBounds
     (JSON: file name to where its records end), summary=files (one row per range; with
     crcFrom, CRCs are checked in the files from that offset on)."""
