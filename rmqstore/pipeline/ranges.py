@@ -87,28 +87,59 @@ def plan_ranges(
     of its records) clips the ranges, and a file not in it is left out."""
     segments = location.segments("commitlog")
     last = last_data_file(location, segments)
-    ranges: list[FileRange] = []
     if last is None:
-        return ranges
-    for name, size in segments:
-        if name > last:
-            break
-        end = size if bounds is None else min(size, bounds.get(name, -1))
+        return []
+    names = {int(name): name for name, _ in segments if name <= last}
+    spans = plan_spans(
+        [(int(name), size) for name, size in segments if name <= last],
+        split,
+        split_last=split_last,
+        ends=None if bounds is None else {int(name): end for name, end in bounds.items()},
+        data_end=lambda start, size: location.data_end(names[start], size),
+    )
+    return [
+        FileRange(names[file_start], file_start, start, stop, size, last_file, margin)
+        for file_start, size, start, stop, last_file in spans
+    ]
+
+
+def plan_spans(
+    files: list[tuple[int, int]],
+    split: int,
+    *,
+    begin: int = 0,
+    split_last: bool = True,
+    ends: dict[int, int] | None = None,
+    data_end: Callable[[int, int], int] | None = None,
+) -> list[tuple[int, int, int, int, bool]]:
+    """The one range planner of the pipelines and of ``verify``: ``(file start, file size,
+    start, stop, last file)`` per range of ``split`` bytes (0: whole files) over ``files``
+    (``(start offset, size)`` in log order, up to the last one holding data), from position
+    ``begin`` of the first. The last file is split only with ``split_last``. ``ends`` (file
+    start to where its records end) clips each file's ranges, and a file not in it is left
+    out; without it, the last file's ranges stop being planned at ``data_end(start, size)``
+    (where its data seems to end: a pre-allocated file is mostly zeros), the last of them
+    running to the file's end."""
+    spans = []
+    for number, (file_start, size) in enumerate(files):
+        last = number == len(files) - 1
+        end = size if ends is None else min(size, ends.get(file_start, -1))
         if end < 0:
             continue
-        step = size if split <= 0 or (name == last and not split_last) else split
-        # a pre-allocated last file is mostly zeros: split only its data
-        planned = end if name != last or bounds is not None else location.data_end(name, size)
-        for start, stop in split_file(0, planned, end, step):
-            ranges.append(FileRange(name, int(name), start, stop, size, name == last, margin))
-    return ranges
+        step = size if split <= 0 or (last and not split_last) else split
+        planned = end
+        if last and ends is None and data_end is not None:
+            planned = data_end(file_start, size)
+        first = begin if number == 0 else 0
+        for start, stop in split_file(first, planned, end, step):
+            spans.append((file_start, size, start, stop, last))
+    return spans
 
 
 def split_file(begin: int, planned: int, end: int, step: int) -> list[tuple[int, int]]:
     """The ranges ``(start, stop)`` of one commit-log file from position ``begin``: one every
     ``step`` bytes up to ``planned`` (where its data is thought to end), the last one running to
-    ``end`` (the file's end, or where its records are known to end). The one range planner of
-    the pipelines and of ``verify``."""
+    ``end`` (the file's end, or where its records are known to end)."""
     starts = range(begin, max(planned, begin + 1), max(step, 1))
     return [
         (start, end if number == len(starts) - 1 else min(end, start + step))

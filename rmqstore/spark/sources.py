@@ -62,8 +62,8 @@ from rmqstore.pipeline.ranges import (
     SUMMARY_FIELDS,
     FileRange,
     plan_ranges,
+    plan_spans,
     record_margin,
-    split_file,
     summarize_range,
 )
 from rmqstore.pipeline.rows import (
@@ -442,20 +442,27 @@ class CommitLogStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin, stop = int(start["offset"]), int(end["offset"])
-        ranges = []
+        if begin >= stop:
+            return []
+        names: dict[int, str] = {}
+        files: list[tuple[int, int]] = []  # the files holding part of [begin, stop)
         for name, size in self.location.segments("commitlog"):
-            file_start = int(name)
-            first = max(begin, file_start) - file_start
-            last = min(stop, file_start + size) - file_start
-            if first >= last:
-                continue
-            for number, (lower, upper) in enumerate(split_file(first, last, last, self.split)):
-                ranges.append(
-                    FileRange(
-                        name, file_start, lower, upper, size, True, self.margin,
-                        record_start=number == 0,
-                    )
-                )  # fmt: skip
+            if int(name) < stop and begin < int(name) + size:
+                names[int(name)] = name
+                files.append((int(name), size))
+        if not files:
+            return []
+        first = max(begin, files[0][0]) - files[0][0]  # where the last batch ended: a record
+        ends = {start: min(stop, start + size) - start for start, size in files}
+        ranges = [  # a range that begins a file's part of the batch begins at a record
+            FileRange(
+                names[start], start, lower, upper, size, True, self.margin,
+                record_start=lower == (first if start == files[0][0] else 0),
+            )
+            for start, size, lower, upper, _ in plan_spans(
+                files, self.split, begin=first, ends=ends
+            )
+        ]  # fmt: skip
         return [InputPartition((group, self.rows)) for group in coalesce(ranges, self.split)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

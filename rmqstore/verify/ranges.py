@@ -21,7 +21,7 @@ from typing import Any
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatError
-from rmqstore.pipeline.ranges import split_file
+from rmqstore.pipeline.ranges import plan_spans
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
 from rmqstore.verify import CROSS_CHECKS, VerifyOptions
@@ -214,17 +214,18 @@ class RangedVerify:
         last_data = self.record_pass.last_data_segment()
         if first is None or last_data is None or first.start > last_data.start:
             return []
-        spans: list[tuple[int, int, int, bool]] = []
-        next_file: dict[int, int] = {}
         walked = segments[segments.index(first) : segments.index(last_data) + 1]
+        spans = [
+            (file_start, position, stop, last)
+            for file_start, _, position, stop, last in plan_spans(
+                [(segment.start, segment.size) for segment in walked],
+                self.range_size,
+                begin=start - first.start,
+                data_end=lambda _, size: data_end_estimate(file_reader(last_data.path), size),
+            )
+        ]
+        next_file: dict[int, int] = {}
         for segment in walked:
-            begin = start - segment.start if segment is first else 0
-            # a pre-allocated last file is mostly zeros: split only its data
-            planned = segment.size
-            if segment is last_data:
-                planned = data_end_estimate(file_reader(segment.path), segment.size)
-            for position, stop in split_file(begin, planned, segment.size, self.range_size):
-                spans.append((segment.start, position, stop, segment is last_data))
             following = segments.index(segment) + 1
             next_file[segment.start] = (
                 segments[following].start

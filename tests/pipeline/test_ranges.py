@@ -19,6 +19,7 @@ from rmqstore.pipeline.ranges import (
     dispatch_end,
     file_bounds,
     plan_ranges,
+    plan_spans,
     summarize_range,
     walk_summaries,
 )
@@ -108,3 +109,36 @@ def test_dispatch_end_is_where_the_dispatcher_stops(stores: Path, tmp_path: Path
             dispatcher.close()
             assert end.cut == result.log_end
             assert end.reason == result.stopped_by
+
+
+def test_one_planner_for_every_caller() -> None:
+    """plan_spans: ranges of ``split`` bytes from a position of the first file, each file's
+    last range running to its end (or where its records end), a pre-allocated last file
+    planned only up to where its data seems to end."""
+    files = [(0, 1000), (1000, 1000), (2000, 1000)]
+    data_end = lambda start, size: 500  # noqa: E731
+    assert plan_spans(files, 400, begin=100, data_end=data_end) == [
+        (0, 1000, 100, 500, False),
+        (0, 1000, 500, 900, False),
+        (0, 1000, 900, 1000, False),
+        (1000, 1000, 0, 400, False),
+        (1000, 1000, 400, 800, False),
+        (1000, 1000, 800, 1000, False),
+        (2000, 1000, 0, 400, True),
+        (2000, 1000, 400, 1000, True),
+    ]
+    assert plan_spans(files, 400, ends={0: 1000, 1000: 600}) == [
+        (0, 1000, 0, 400, False),
+        (0, 1000, 400, 800, False),
+        (0, 1000, 800, 1000, False),
+        (1000, 1000, 0, 400, False),
+        (1000, 1000, 400, 600, False),
+    ]  # the last file is not in ``ends``: left out
+    assert plan_spans(files, 0, begin=100, data_end=data_end) == [
+        (0, 1000, 100, 1000, False),
+        (1000, 1000, 0, 1000, False),
+        (2000, 1000, 0, 1000, True),
+    ]
+    assert plan_spans(files, 400, split_last=False, data_end=data_end)[-1:] == [
+        (2000, 1000, 0, 1000, True)
+    ]

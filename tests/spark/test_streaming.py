@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,30 @@ def test_files_a_broker_deleted_are_skipped(tmp_path: Path) -> None:
     ]
     assert got == expected and len(expected) > 100
     assert end["offset"] > int(names[-1])
+
+
+@pytest.mark.parametrize("split", ["0", "97", "5000"])
+def test_a_batch_reads_each_message_once_whatever_the_split(tmp_path: Path, split: str) -> None:
+    """Micro-batches between offsets inside files, over file rolls: every message once, in
+    order, whatever ``splitSize`` (0: a partition per file). The reader's own calls."""
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    store = tmp_path / "store"
+    created = run_cli("append", store, "--create", "--topic", "T", "--body", "message-0",
+                      "--commitlog-file-size", "4096")  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    append(store, 1, 120)  # about 6 files of 4 KiB
+    offsets = [
+        json.loads(line)["commitLogOffset"]
+        for line in run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()
+    ]
+    reader = CommitLogStreamReader({"path": str(store), "splitSize": split})
+    end = reader.latestOffset(reader.initialOffset())
+    edges = [0, offsets[7], offsets[60], offsets[61], end["offset"]]  # inside files, and not
+    got = []
+    for begin, stop in pairwise(edges):
+        for partition in reader.partitions({"offset": begin}, {"offset": stop}):
+            for batch in reader.read(partition):
+                got.extend(batch.column("body").to_pylist())
+    assert reader.partitions({"offset": offsets[9]}, {"offset": offsets[9]}) == []
+    assert [body.decode() for body in got] == [f"message-{n}" for n in range(121)]
