@@ -245,9 +245,7 @@ _BUILDERS: dict[str, Any] = {
     "reconsumeTimes": _int32(layout.RECONSUME_TIMES),
     "preparedTransactionOffset": _int64(layout.PREPARED_OFFSET),
     "tags": _picked(layout.FIELD_TAGS),
-    "tagsCode": lambda batch: _tags_codes(
-        batch.pa, batch.buf, batch.rows, batch.count, batch.levels
-    ),
+    "tagsCode": lambda batch: _tags_codes_of(batch),
     "keys": _picked(layout.FIELD_KEYS),
     "uniqKey": _picked(layout.FIELD_UNIQ_KEY),
     "msgId": lambda batch: columns.message_ids(batch.pa, batch.buf, batch.rows, batch.count),
@@ -331,6 +329,26 @@ def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:
             with suppress(InputError):  # one that does not inflate is kept as stored
                 values[row] = inflate_body(values[row], flag, -1)
     return pa.array(values, type=pa.binary())
+
+
+_MOST_DISTINCT_TAGS = 1024  # a batch with more is hashed by the kernel, row by row
+
+
+def _tags_codes_of(batch: _Batch) -> Any:
+    """The tagsCode of each row, from the batch's tags column: each distinct TAGS hashed
+    once, as the dispatcher hashes it (a batch holds few). A batch with SCHEDULE_TOPIC_XXXX
+    records (whose tagsCode is a deliver time) or very many distinct tags goes the
+    dispatcher's way, row by row (:func:`_tags_codes`)."""
+    import pyarrow.compute as pc
+
+    pa = batch.pa
+    scheduled = pc.equal(batch.column("topic"), columns.strings(pa, [SCHEDULE_TOPIC])[0])
+    encoded = batch.column("tags").dictionary_encode()
+    if pc.any(scheduled).as_py() or len(encoded.dictionary) > _MOST_DISTINCT_TAGS:
+        return _tags_codes(pa, batch.buf, batch.rows, batch.count, batch.levels)
+    codes = array("q", [tags_code(tags) for tags in encoded.dictionary.to_pylist()])
+    hashed = pa.Array.from_buffers(pa.int64(), len(codes), [None, pa.py_buffer(codes)])
+    return pc.fill_null(hashed.take(encoded.indices), columns.constant(pa, 0))
 
 
 def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -> Any:

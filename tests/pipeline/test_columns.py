@@ -246,3 +246,20 @@ def test_many_records_with_many_pairs_take_the_record_path(tmp_path: Path) -> No
     rows: list[dict[str, Any]] = rows_by_columns(location, part, MessageRowOptions())
     assert [len(row["properties"]) for row in rows] == [6000] * 3
     assert_same_rows(location, part, "many pairs")
+
+
+def test_tags_codes_of_many_distinct_tags_and_none(tmp_path: Path) -> None:
+    """A batch hashes each distinct TAGS once; one with very many distinct tags (here every
+    message its own, non-ASCII ones among them) is hashed row by row: the same codes, and 0
+    where a message has no TAGS."""
+    messages = [
+        Message("T", b"x", properties_bytes=f"TAGS\x01tag-{n}{'é' * (n % 3)}\x02".encode())
+        if n % 5
+        else Message("T", b"x")
+        for n in range(3000)
+    ]
+    location, part = one_file_store(tmp_path, records(messages), 0)
+    rows = rows_by_columns(location, part, MessageRowOptions())
+    assert [row["tagsCode"] for row in rows] == [tags_code(row["tags"]) for row in rows]
+    assert rows[0]["tagsCode"] == 0 and rows[0]["tags"] is None
+    assert_same_rows(location, part, "distinct tags")
