@@ -366,13 +366,7 @@ class Pipeline:
         ZLIB bodies of COMPRESSED records inflated, as a consumer receives them."""
         check_export(destination, fmt)
         walked = self.walk(check_crc=False)
-        rows = MessageRowOptions(
-            include_body=include_body,
-            topics=topics,
-            delay_levels=self.options.delay_levels,
-            resync_last=True,
-            decompress=decompress,
-        )
+        rows = self.export_rows(topics, include_body, decompress)
         return export_parts(
             self.location.uri,
             self.bounded_ranges(walked),
@@ -381,6 +375,18 @@ class Pipeline:
             fmt,
             walked,
             self.run,
+        )
+
+    def export_rows(
+        self, topics: frozenset[str] | None, include_body: bool, decompress: bool
+    ) -> MessageRowOptions:
+        """The rows an export writes (see :meth:`export`)."""
+        return MessageRowOptions(
+            include_body=include_body,
+            topics=topics,
+            delay_levels=self.options.delay_levels,
+            resync_last=True,  # the ranges end where the walk found each file's records end
+            decompress=decompress,
         )
 
 
@@ -414,12 +420,7 @@ class LocalPipeline(Pipeline):
                 destination, fmt, topics=topics, include_body=include_body, decompress=decompress
             )
         check_export(destination, fmt)
-        rows = MessageRowOptions(
-            include_body=include_body,
-            topics=topics,
-            delay_levels=self.options.delay_levels,
-            decompress=decompress,
-        )
+        rows = self.export_rows(topics, include_body, decompress)
         ranges = plan_ranges(self.location, self.options.split, split_last=True, margin=self.margin)
         extension = "parquet" if fmt == "parquet" else "jsonl"
         try:
