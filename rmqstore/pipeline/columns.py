@@ -103,7 +103,8 @@ def _binary_from_spans(pa: Any, buf: Any, spans: array, count: int, total: int, 
 
     data, data_view = fresh(pa, total)
     offsets, offset_view = fresh(pa, 4 * (count + 1), "i")
-    kernel.gather(buf, spans, count, data_view, offset_view)
+    written = kernel.gather(buf, spans, count, data_view, offset_view)
+    data = data.slice(0, written)  # ``total`` may be room to spare: no stray bytes go on
     validity = None
     if absent:
         lengths = _int64(pa, spans[1 : 2 * count : 2], count)
