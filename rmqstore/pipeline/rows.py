@@ -212,10 +212,6 @@ def _int64(field: int) -> Any:
     return lambda batch: batch.integers(field)
 
 
-def _text(field: int) -> Any:
-    return lambda batch: columns.text(batch.pa, batch.field(field))
-
-
 def _hosts(field: int) -> Any:
     return lambda batch: columns.hosts(batch.pa, batch.buf, batch.rows, batch.count, field)
 
