@@ -112,14 +112,14 @@ def plan_spans(
     ends: dict[int, int] | None = None,
     data_end: Callable[[int, int], int] | None = None,
 ) -> list[tuple[int, int, int, int, bool]]:
-    """The one range planner of the pipelines and of ``verify``: ``(file start, file size,
-    start, stop, last file)`` per range of ``split`` bytes (0: whole files) over ``files``
-    (``(start offset, size)`` in log order, up to the last one holding data), from position
-    ``begin`` of the first. The last file is split only with ``split_last``. ``ends`` (file
-    start to where its records end) clips each file's ranges, and a file not in it is left
-    out; without it, the last file's ranges stop being planned at ``data_end(start, size)``
-    (where its data seems to end: a pre-allocated file is mostly zeros), the last of them
-    running to the file's end."""
+    """The one range planner (of the pipelines, ``verify`` and the streaming source):
+    ``(file start, file size, start, stop, last file)`` per range of ``split`` bytes (0: whole
+    files) over ``files`` (``(start offset, size)`` in log order, up to the last one holding
+    data), from position ``begin`` of the first. The last file is split only with
+    ``split_last``. ``ends`` (file start to where its records end) clips each file's ranges,
+    and a file not in it is left out; without it, the last file's ranges stop being planned
+    at ``data_end(start, size)`` (where its data seems to end: a pre-allocated file is mostly
+    zeros), the last of them running to the file's end."""
     spans = []
     for number, (file_start, size) in enumerate(files):
         last = number == len(files) - 1
