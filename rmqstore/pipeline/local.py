@@ -426,7 +426,7 @@ class LocalPipeline(Pipeline):
         try:
             with staged_directory(destination) as staging:
                 jobs = [
-                    RangeExportJob(
+                    PartJob(
                         self.location.uri,
                         part,
                         rows,
@@ -447,7 +447,7 @@ class LocalPipeline(Pipeline):
             destination, fmt, messages, files, file_stats([item[0] for item in walked])
         )
 
-    def _exported(self, jobs: list[RangeExportJob]) -> Iterator[tuple[RangeSummary, str, int]]:
+    def _exported(self, jobs: list[PartJob]) -> Iterator[tuple[RangeSummary, str, int]]:
         """Each range exported, in log order: here with one encoder thread for all parts, or
         in ``options.workers`` processes (each part encoded beside its building there)."""
         watch = self.progress("exporting", len(jobs)) if self.progress else None
@@ -499,19 +499,8 @@ class LocalPipeline(Pipeline):
         return _store_stats(queues, walked)
 
 
-@dataclass(frozen=True)
-class RangeExportJob:
-    """One range to walk and export to its part file: picklable, for a worker process."""
-
-    store: str
-    part: FileRange
-    rows: MessageRowOptions
-    fmt: str
-    target: str
-
-
 def export_range(
-    job: RangeExportJob, encode: Callable[[Callable[[], Any]], None] | None = None
+    job: PartJob, encode: Callable[[Callable[[], Any]], None] | None = None
 ) -> tuple[RangeSummary, str, int]:
     """Walk one range and write its messages to ``job.target`` in the same pass (no file
     when it has none). Parquet is encoded and closed by ``encode``'s thread, or (none given)
