@@ -9,8 +9,6 @@ holding the caller's stdout open).
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing
 import os
 import signal
 import sys
@@ -18,12 +16,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rmqstore.errors import StoreIOError
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 Runner = Callable[[Callable[[Any], Any], list], list]
 
@@ -46,6 +45,8 @@ def die_with_parent(parent: int) -> None:
     Linux delivers SIGKILL on the parent's death (``PR_SET_PDEATHSIG``); elsewhere, and as a
     second guard, a thread checks the parent every half second."""
     if sys.platform.startswith("linux"):
+        import ctypes
+
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -72,6 +73,11 @@ def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Ite
     if workers == 1 or len(jobs) <= 1:
         yield from map(function, jobs)
         return
+    # imported here: a command that runs in one process does not pay for them at start-up
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     context = multiprocessing.get_context("spawn")
     processes = min(workers, len(jobs))
     waiting = deque(jobs)

@@ -378,6 +378,23 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
         ids.append((written, bytes(text[:written]), list(offsets)))
     if ids[0] != ids[1]:
         yield "message_ids differ"
+    integer_columns = []
+    for kernel in (reference, native):
+        found = []
+        for column in range(ROW_WIDTH):
+            for width in (4, 8):
+                out = bytearray(width * (count - first) + 3)
+                try:
+                    kernel.row_column(packed, first, count, column, out, width)
+                    found.append(bytes(out))
+                except ValueError as exc:  # a value outside 32 bits: the same refusal
+                    found.append(str(exc))
+        integer_columns.append(found)
+    if integer_columns[0] != integer_columns[1]:
+        yield "row_column differs"
+    cut = len(data) // 2
+    if {kernel.ascii_only(data, cut) for kernel in (reference, native)} != {data[:cut].isascii()}:
+        yield "ascii_only differs"
 
 
 def pack_both(native: ModuleType, rng: random.Random) -> Iterator[str]:

@@ -1301,6 +1301,56 @@ def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
     return written
 
 
+def row_column(rows, int64_t first, int64_t count, int64_t column, out, int width):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const int64_t[::1] row_view = rows
+    cdef uint8_t[::1] out_view = out
+    cdef int64_t row, value
+    cdef int32_t narrow
+    cdef int failure = 0
+    if width != 4 and width != 8:
+        raise ValueError(f"width {width} is not 4 or 8")
+    if not (0 <= column < ROW_WIDTH_NATIVE and 0 <= first <= count
+            and count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
+            or out_view.shape[0] < width * (count - first):
+        raise ValueError("rows are outside their buffers")
+    row = first
+    with nogil:
+        while row < count:
+            value = row_view[row * ROW_WIDTH_NATIVE + column]
+            if width == 8:
+                memcpy(&out_view[8 * (row - first)], &value, 8)
+            else:
+                narrow = <int32_t>value
+                if narrow != value:
+                    failure = 1
+                    break
+                memcpy(&out_view[4 * (row - first)], &narrow, 4)
+            row += 1
+    if failure:
+        raise ValueError(f"row {row}: {row_view[row * ROW_WIDTH_NATIVE + column]} does not fit "
+                         "in 32 bits")
+
+
+def ascii_only(data, int64_t length):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = memoryview(data).cast("B")  # bytes of any item format
+    cdef int64_t at = 0
+    cdef uint64_t word, seen = 0
+    cdef uint8_t tail = 0
+    if not 0 <= length <= view.shape[0]:
+        raise ValueError("length is outside the buffer")
+    with nogil:
+        while at + 8 <= length:
+            memcpy(&word, &view[at], 8)
+            seen |= word
+            at += 8
+        while at < length:
+            tail |= view[at]
+            at += 1
+    return (seen & 0x8080808080808080ULL) == 0 and tail < 0x80
+
+
 # -- packing records for append (see layout.py) ------------------------------------------------
 
 cdef enum:

@@ -325,6 +325,14 @@ PICKED_NAMES = (b"TAGS", b"KEYS", b"UNIQ_KEY")
 # host field and physical offset, in upper-case hex) back to back into ``data``, with 32-bit
 # offsets as ``gather``; it returns the bytes written.
 MESSAGE_ID_MAX = 2 * (20 + 8)
+#
+# ``row_column(rows, first, count, column, out, width)`` copies row column ``column`` of rows
+# ``[first, count)`` into ``out`` (a writable buffer) as ``width``-byte signed integers in the
+# machine's byte order, back to back, as an Arrow int32 (width 4) or int64 (width 8) column
+# holds them. With width 4 a value outside 32 bits is a ValueError.
+#
+# ``ascii_only(data, length)`` is whether the first ``length`` bytes of ``data`` are all below
+# 0x80 (plain ASCII: valid UTF-8 without a further check).
 
 
 # -- packing records for append ------------------------------------------------------------

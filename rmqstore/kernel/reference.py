@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from array import array
 from typing import Any
 
 from rmqstore.kernel.layout import (
@@ -871,6 +872,33 @@ def message_ids(buf: Any, rows: Any, first: int, count: int, data: Any, offsets:
         written += len(text)
         offsets[row - first + 1] = written
     return written
+
+
+def row_column(rows: Any, first: int, count: int, column: int, out: Any, width: int) -> None:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if width not in (4, 8):
+        raise ValueError(f"width {width} is not 4 or 8")
+    if not (0 <= column < ROW_WIDTH and 0 <= first <= count <= len(rows) // ROW_WIDTH) or len(
+        out
+    ) < width * (count - first):
+        raise ValueError("rows are outside their buffers")
+    values = rows[first * ROW_WIDTH + column : count * ROW_WIDTH : ROW_WIDTH]
+    if width == 4:
+        for row, value in enumerate(values, first):
+            if not -(1 << 31) <= value < 1 << 31:
+                raise ValueError(f"row {row}: {value} does not fit in 32 bits")
+        values = array("i", values)
+    else:
+        values = array("q", values)
+    memoryview(out).cast("B")[: width * (count - first)] = memoryview(values).cast("B")
+
+
+def ascii_only(data: Any, length: int) -> bool:
+    """See :mod:`rmqstore.kernel.layout`."""
+    view = memoryview(data).cast("B")
+    if not 0 <= length <= len(view):
+        raise ValueError("length is outside the buffer")
+    return view[:length].tobytes().isascii()
 
 
 _PACK_HEADER = {  # the fixed header by (born host length, store host length)

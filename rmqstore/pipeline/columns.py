@@ -47,11 +47,15 @@ def fresh(pa: Any, size: int, typecode: str = "B") -> tuple[Any, memoryview]:
 
 
 def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> Any:
-    """Row column ``column`` of the first ``count`` rows as an Arrow int64 array (cast to
-    ``kind`` when given)."""
-    values = rows[column : count * _WIDTH : _WIDTH]
-    result = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(values)])
-    return result if kind is None else result.cast(kind)
+    """Row column ``column`` of the first ``count`` rows as an Arrow int64 array, or int32
+    when ``kind`` is (the kernel copies the column out of the rows; a value outside 32 bits
+    is a ValueError), or cast to another ``kind``."""
+    narrow = kind is not None and kind == pa.int32()
+    width = 4 if narrow else 8
+    buffer, view = fresh(pa, width * count)
+    kernel.row_column(rows, 0, count, column, view, width)
+    result = pa.Array.from_buffers(pa.int32() if narrow else pa.int64(), count, [None, buffer])
+    return result if kind is None or narrow else result.cast(kind)
 
 
 def constant(pa: Any, value: int) -> Any:
@@ -120,13 +124,24 @@ def binary(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
     return _binary_from_spans(pa, buf, spans, count, total, absent)
 
 
+def _valid_utf8(pa: Any, strings: Any) -> bool:
+    """Whether the bytes of an Arrow string array are UTF-8 (the kernel's check for plain
+    ASCII first: the usual case, and cheaper than Arrow's full validation)."""
+    data = strings.buffers()[2]
+    if data is None or kernel.ascii_only(data, data.size):
+        return True
+    try:
+        strings.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def text(pa: Any, values: Any) -> Any:
     """Arrow binary as Arrow strings: as they are when valid UTF-8, else decoded with
     replacement characters."""
     strings = values.view(pa.string())
-    try:
-        strings.validate(full=True)
-    except pa.ArrowInvalid:
+    if not _valid_utf8(pa, strings):
         return pa.array(
             [
                 None if value is None else value.decode("utf-8", "replace")
@@ -154,20 +169,28 @@ def strings(pa: Any, values: list[str]) -> Any:
     )
 
 
+_zero_indices: dict[int, Any] = {}  # count -> that many int32 zeros (a batch's usual count)
+
+
 def repeated(pa: Any, value: str, count: int) -> Any:
-    """``value`` ``count`` times."""
-    zeros = pa.Array.from_buffers(pa.int32(), count, [None, pa.py_buffer(bytes(4 * count))])
-    return pa.DictionaryArray.from_arrays(zeros, strings(pa, [value])).dictionary_decode()
+    """``value`` ``count`` times, as an Arrow dictionary array (int32 indices) of that one
+    value: ``dictionary_decode()`` gives the strings."""
+    zeros = _zero_indices.get(count)
+    if zeros is None:
+        zeros = pa.Array.from_buffers(pa.int32(), count, [None, pa.py_buffer(bytes(4 * count))])
+        if len(_zero_indices) >= 4:
+            _zero_indices.clear()
+        _zero_indices[count] = zeros
+    return pa.DictionaryArray.from_arrays(zeros, strings(pa, [value]))
 
 
 def chosen(pa: Any, condition: Any, if_true: str, if_false: str) -> Any:
-    """``if_true`` where the boolean array ``condition`` holds, else ``if_false``."""
+    """``if_true`` where the boolean array ``condition`` holds, else ``if_false``, as an
+    Arrow dictionary array (int32 indices) of those two values, in that order."""
     import pyarrow.compute as pc
 
-    indices = pc.cast(condition, pa.int8())
-    return pa.DictionaryArray.from_arrays(
-        indices, strings(pa, [if_false, if_true])
-    ).dictionary_decode()
+    indices = pc.cast(condition, pa.int32())
+    return pa.DictionaryArray.from_arrays(indices, strings(pa, [if_false, if_true]))
 
 
 def crc_verdicts(pa: Any, rows: Any, count: int) -> Any:
@@ -184,10 +207,11 @@ def crc_verdicts(pa: Any, rows: Any, count: int) -> Any:
 
 
 def hosts(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
-    """Born or store host fields as ``address:port`` text, each distinct field decoded once."""
+    """Born or store host fields as ``address:port`` text, each distinct field decoded once:
+    an Arrow dictionary array (int32 indices) of those texts."""
     encoded = binary(pa, buf, rows, count, field).dictionary_encode()
     names = [str(HostAddress.from_field(value)) for value in encoded.dictionary.to_pylist()]
-    return pa.DictionaryArray.from_arrays(encoded.indices, strings(pa, names)).dictionary_decode()
+    return pa.DictionaryArray.from_arrays(encoded.indices, strings(pa, names))
 
 
 def message_ids(pa: Any, buf: Any, rows: Any, count: int) -> Any:
@@ -258,11 +282,7 @@ def _strings_from_spans(pa: Any, buf: Any, spans: array, count: int, room: int) 
     """Arrow strings of ``count`` spans (``room``: at least their total length); None when
     one is not valid UTF-8."""
     strings = _binary_from_spans(pa, buf, spans, count, room, 0).view(pa.string())
-    try:
-        strings.validate(full=True)
-    except pa.ArrowInvalid:
-        return None
-    return strings
+    return strings if _valid_utf8(pa, strings) else None
 
 
 def _properties_by_record(pa: Any, buf: Any, rows: Any, count: int, kind: Any) -> Any:

@@ -260,7 +260,9 @@ class PartJob:
 
 def write_part(job: PartJob) -> tuple[str, int]:
     """Write one range's messages to its part file (none when the range has no messages)."""
-    batches = message_batches(StoreLocation(job.store), job.part, job.rows)
+    batches = message_batches(
+        StoreLocation(job.store), job.part, job.rows, coded=job.fmt == "parquet"
+    )
     first = next(batches, None)
     if first is None:
         return job.target, 0
@@ -510,7 +512,7 @@ def export_range(
             return export_range(job, own)
     opener = partial(open, job.target, "wb")
     writer = ParquetPart(opener, encode) if job.fmt == "parquet" else JsonlPart(opener)
-    batcher = MessageBatcher(job.rows, f"commitlog/{job.part.name}")
+    batcher = MessageBatcher(job.rows, f"commitlog/{job.part.name}", coded=job.fmt == "parquet")
 
     def write(buf: Any, rows: Any, count: int) -> None:
         batch = batcher(buf, rows, count)
@@ -780,6 +782,16 @@ _STATISTICS_COLUMNS = [
 ]
 
 
+def _stored_schema() -> dict[bytes, bytes]:
+    """The file's ``ARROW:schema`` (what Arrow readers take column types from) for a part
+    written from :class:`ParquetPart`'s batches: the plain export schema, strings where the
+    batches carry dictionaries (``rows.CODED_TEXT``), so the file reads back with the types
+    of :data:`COMMITLOG_COLUMNS`, as if written from strings. Arrow stores the serialized
+    schema in base64 under that key."""
+    serialized = arrow_schema(COMMITLOG_COLUMNS).serialize().to_pybytes()
+    return {b"ARROW:schema": base64.b64encode(serialized)}
+
+
 def _write_parquet(stream: Any, batches: Iterator[Any]) -> int:
     """All ``batches`` into one Parquet file on ``stream``, encoded in a second thread while
     the next ones are built (see :class:`ParquetPart`)."""
@@ -817,7 +829,7 @@ class ParquetPart:
         self.open_stream = open_stream
         self.encode = encode
         self.close_stream = close_stream
-        self.schema = arrow_schema(COMMITLOG_COLUMNS)
+        self.schema = arrow_schema(COMMITLOG_COLUMNS, coded=True)
         self.waiting: list[Any] = []
         self.waiting_rows = 0
         self.messages = 0
@@ -839,10 +851,14 @@ class ParquetPart:
             self.writer = pq.ParquetWriter(
                 self.stream,
                 self.schema,
+                store_schema=False,  # the coded schema: the plain one is stored below
                 use_dictionary=_DICTIONARY_COLUMNS,
                 write_statistics=_STATISTICS_COLUMNS,
             )
-        table = self.pa.Table.from_batches(self.waiting, schema=self.schema)
+            self.writer.add_key_value_metadata(_stored_schema())
+        # one dictionary per coded column in the row group: the writer then takes the
+        # batches' indices as they are (a dictionary that changed would make it re-encode)
+        table = self.pa.Table.from_batches(self.waiting, schema=self.schema).unify_dictionaries()
         self.encode(partial(self.writer.write_table, table))
         self.waiting, self.waiting_rows = [], 0
 

@@ -75,7 +75,17 @@ def ddl(columns: list[tuple[str, str, str]]) -> str:
     return ", ".join(f"{name} {kind}" for name, kind, _ in columns)
 
 
-def arrow_schema(columns: list[tuple[str, str, str]]) -> Any:
+# text columns of few distinct values in a batch (its rows share one file; a record is V1 or
+# V2; a store has few hosts and tags): the Parquet export hands them to its writer as Arrow
+# dictionaries, so the writer has nothing to hash (see ``MessageBatcher``'s ``coded``). The
+# file, version and host columns are built as dictionaries (and decoded for other outputs),
+# the tags column as strings (and encoded for the export)
+CODED_TEXT = frozenset({"file", "version", "bornHost", "storeHost", "tags"})
+
+
+def arrow_schema(columns: list[tuple[str, str, str]], *, coded: bool = False) -> Any:
+    """The Arrow schema of ``columns``; with ``coded``, the :data:`CODED_TEXT` columns are
+    dictionaries of strings (int32 indices)."""
     import pyarrow as pa
 
     types = {
@@ -87,7 +97,13 @@ def arrow_schema(columns: list[tuple[str, str, str]]) -> Any:
         "map": pa.map_(pa.string(), pa.string()),
         "timestamp": pa.timestamp("us", tz="UTC"),  # what Spark's TimestampType is in Arrow
     }
-    return pa.schema([(name, types[kind]) for name, _, kind in columns])
+    dictionary = pa.dictionary(pa.int32(), pa.string())
+    return pa.schema(
+        [
+            (name, dictionary if coded and name in CODED_TEXT else types[kind])
+            for name, _, kind in columns
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -133,12 +149,25 @@ class _Batch:
         self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
         self.options, self.levels, self.file_label = options, levels, file_label
         self.built: dict[str, Any] = {}
+        self.coded_built: dict[str, Any] = {}
         self.property_pairs: columns.PropertyPairs | None = None
 
     def column(self, name: str) -> Any:
         if name not in self.built:
-            self.built[name] = _BUILDERS[name](self)
+            if name in _CODED_BUILDERS:
+                self.built[name] = self.coded(name).dictionary_decode()
+            else:
+                self.built[name] = _BUILDERS[name](self)
         return self.built[name]
+
+    def coded(self, name: str) -> Any:
+        """A :data:`CODED_TEXT` column as an Arrow dictionary array."""
+        if name not in self.coded_built:
+            build = _CODED_BUILDERS.get(name)
+            self.coded_built[name] = (
+                build(self) if build is not None else self.column(name).dictionary_encode()
+            )
+        return self.coded_built[name]
 
     def integers(self, field: int, kind: Any = None) -> Any:
         return columns.integers(self.pa, self.rows, field, self.count, kind)
@@ -167,6 +196,7 @@ class _Batch:
         self.rows = array("q", data.tobytes())
         self.count = len(picked) // width
         self.built = {name: values.filter(keep) for name, values in self.built.items()}
+        self.coded_built = {name: values.filter(keep) for name, values in self.coded_built.items()}
         self.property_pairs = None  # of the rows before
 
 
@@ -236,8 +266,6 @@ _BUILDERS: dict[str, Any] = {
     "bodyCRC": _int32(layout.BODY_CRC),
     "crcOk": _crc_ok,
     "sysFlag": _int32(layout.SYS_FLAG),
-    "bornHost": _hosts(layout.FIELD_BORN_HOST),
-    "storeHost": _hosts(layout.FIELD_STORE_HOST),
     "reconsumeTimes": _int32(layout.RECONSUME_TIMES),
     "preparedTransactionOffset": _int64(layout.PREPARED_OFFSET),
     "tags": _picked(layout.FIELD_TAGS),
@@ -245,19 +273,17 @@ _BUILDERS: dict[str, Any] = {
     "keys": _picked(layout.FIELD_KEYS),
     "uniqKey": _picked(layout.FIELD_UNIQ_KEY),
     "msgId": lambda batch: columns.message_ids(batch.pa, batch.buf, batch.rows, batch.count),
-    "version": _version,
-    "file": lambda batch: columns.repeated(batch.pa, batch.file_label, batch.count),
     "bornTime": _timestamps(layout.BORN_TIMESTAMP),
     "storeTime": _timestamps(layout.STORE_TIMESTAMP),
 }
 
 
 def message_batches(
-    location: StoreLocation, part: FileRange, options: MessageRowOptions
+    location: StoreLocation, part: FileRange, options: MessageRowOptions, *, coded: bool = False
 ) -> Iterator[Any]:
     """Arrow record batches of the messages starting in ``part`` that pass the options'
     filters, one per kernel batch of rows that has some (see :class:`MessageBatcher`)."""
-    batcher = MessageBatcher(options, f"commitlog/{part.name}")
+    batcher = MessageBatcher(options, f"commitlog/{part.name}", coded=coded)
     scan = RangeScan(
         location,
         part,
@@ -275,17 +301,19 @@ class MessageBatcher:
     """Kernel row batches of one commit-log file (``file_label``) into Arrow record batches
     (see :mod:`rmqstore.pipeline.columns`): the columns ``options.columns`` names, or all of
     :data:`COMMITLOG_COLUMNS`, of the rows that pass the options' filters. A filter's column
-    is built first, for every row; the others only for the rows that pass."""
+    is built first, for every row; the others only for the rows that pass. With ``coded``,
+    the :data:`CODED_TEXT` columns stay Arrow dictionaries (for the Parquet writer)."""
 
-    def __init__(self, options: MessageRowOptions, file_label: str) -> None:
+    def __init__(self, options: MessageRowOptions, file_label: str, *, coded: bool = False) -> None:
         import pyarrow as pa
 
         self.pa = pa
         self.options = options
         self.file_label = file_label
         wanted = commitlog_columns(options.columns)
-        self.schema = arrow_schema(wanted)
+        self.schema = arrow_schema(wanted, coded=coded)
         self.names = [name for name, _, _ in wanted]
+        self.coded = CODED_TEXT if coded else frozenset()
         self.filters = options.row_filters()
         self.levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
 
@@ -302,7 +330,9 @@ class MessageBatcher:
                 return None
             if kept < count:
                 batch.keep_only(keep)
-        arrays = [batch.column(name) for name in self.names]
+        arrays = [
+            batch.coded(name) if name in self.coded else batch.column(name) for name in self.names
+        ]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
@@ -327,6 +357,12 @@ def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:
     return pa.array(values, type=pa.binary())
 
 
+_CODED_BUILDERS: dict[str, Any] = {  # columns built as dictionaries
+    "version": _version,
+    "file": lambda batch: columns.repeated(batch.pa, batch.file_label, batch.count),
+    "bornHost": _hosts(layout.FIELD_BORN_HOST),
+    "storeHost": _hosts(layout.FIELD_STORE_HOST),
+}
 _MOST_DISTINCT_TAGS = 1024  # a batch with more is hashed by the kernel, row by row
 
 
@@ -339,7 +375,7 @@ def _tags_codes_of(batch: _Batch) -> Any:
 
     pa = batch.pa
     scheduled = pc.equal(batch.column("topic"), columns.strings(pa, [SCHEDULE_TOPIC])[0])
-    encoded = batch.column("tags").dictionary_encode()
+    encoded = batch.coded("tags")
     if pc.any(scheduled).as_py() or len(encoded.dictionary) > _MOST_DISTINCT_TAGS:
         return _tags_codes(pa, batch.buf, batch.rows, batch.count, batch.levels)
     codes = array("q", [tags_code(tags) for tags in encoded.dictionary.to_pylist()])

@@ -376,3 +376,45 @@ def test_key_matching_agrees(pairs, data) -> None:  # type: ignore[no-untyped-de
     count = data.draw(st.integers(0, len(pairs) - first))
     expected = reference.match_keys(keys, first, count, entries)
     assert native.match_keys(keys, first, count, entries) == expected
+
+
+def test_row_columns_are_copied_out_as_arrow_integers() -> None:
+    width = layout.ROW_WIDTH
+    rows = array("q", range(3 * width))
+    rows[width + layout.QUEUE_ID] = -(1 << 31)
+    rows[2 * width + layout.QUEUE_ID] = (1 << 31) - 1
+    rows[2 * width + layout.PHYSICAL_OFFSET] = 1 << 40
+    for impl in (native, reference):
+        out = bytearray(12)
+        impl.row_column(rows, 0, 3, layout.QUEUE_ID, out, 4)
+        assert list(array("i", bytes(out))) == [layout.QUEUE_ID, -(1 << 31), (1 << 31) - 1]
+        out = bytearray(16)
+        impl.row_column(rows, 1, 3, layout.PHYSICAL_OFFSET, out, 8)
+        assert list(array("q", bytes(out))) == [width + layout.PHYSICAL_OFFSET, 1 << 40]
+        with pytest.raises(ValueError, match="row 2: 1099511627776 does not fit in 32 bits"):
+            impl.row_column(rows, 0, 3, layout.PHYSICAL_OFFSET, bytearray(12), 4)
+        for call in (
+            (rows, 0, 3, layout.QUEUE_ID, bytearray(11), 4),  # too small for the values
+            (rows, 0, 4, layout.QUEUE_ID, bytearray(16), 4),  # more rows than there are
+            (rows, 2, 1, layout.QUEUE_ID, bytearray(16), 4),
+            (rows, 0, 1, width, bytearray(8), 8),  # no such column
+            (rows, 0, 1, -1, bytearray(8), 8),
+            (rows, 0, 1, 0, bytearray(8), 2),  # no such width
+        ):
+            with pytest.raises(ValueError):
+                impl.row_column(*call)
+
+
+@pytest.mark.parametrize("where", [0, 7, 8, 15, 16, 20])
+def test_ascii_only_finds_a_high_byte_anywhere(where: int) -> None:
+    for impl in (native, reference):
+        data = bytearray(b"a" * 21)
+        assert impl.ascii_only(data, 21)
+        data[where] = 0xC3
+        assert not impl.ascii_only(data, 21)
+        assert impl.ascii_only(data, where)  # the bytes before it
+        assert impl.ascii_only(memoryview(array("b", data)), where)  # any item format
+        with pytest.raises(ValueError):
+            impl.ascii_only(data, 22)
+        with pytest.raises(ValueError):
+            impl.ascii_only(data, -1)

@@ -119,6 +119,55 @@ def test_jsonl_export_holds_what_read_prints(tmp_path: Path) -> None:
         assert row["body"] == (document.get("body") or "")
 
 
+def test_parquet_writes_text_of_few_values_as_dictionaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file, version, host and tags columns reach the Parquet writer as Arrow
+    dictionaries, one per row group (batches whose hosts come in another order included), so
+    it writes them dictionary-encoded throughout; they read back as the strings the other
+    outputs give, under the schema a file written from strings stores."""
+    import pyarrow.parquet as pq
+
+    from rmqstore.pipeline import local as local_module
+    from rmqstore.pipeline.rows import CODED_TEXT, COMMITLOG_COLUMNS, arrow_schema
+
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)  # born hosts: IPv6 every fourth message, IPv4 the others
+    monkeypatch.setattr(local_module, "EXPORT_BATCH_ROWS", 7)  # many batches a row group
+    pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=1 << 20))
+    pipeline.export(str(tmp_path / "parquet"), "parquet")
+    pipeline.export(str(tmp_path / "jsonl"), "jsonl")
+    rows = parquet_rows(tmp_path / "parquet")
+    documents = [
+        json.loads(line)
+        for part in sorted((tmp_path / "jsonl").glob("part-*.jsonl"))
+        for line in part.read_text(encoding="utf-8").splitlines()
+    ]
+    assert len(rows) == len(documents) == 602
+    assert len({row["bornHost"] for row in rows}) == 2
+    for name in sorted(CODED_TEXT):
+        assert [row[name] for row in rows] == [document[name] for document in documents], name
+    for part in sorted((tmp_path / "parquet").glob("part-*.parquet")):
+        written = pq.ParquetFile(part)
+        assert written.schema_arrow == arrow_schema(COMMITLOG_COLUMNS)
+        # the same rows written from strings (the writer hashing them) take as many bytes
+        again = tmp_path / "again.parquet"
+        pq.write_table(
+            pq.read_table(part),
+            again,
+            row_group_size=local_module.ROW_GROUP_ROWS,
+            use_dictionary=local_module._DICTIONARY_COLUMNS,
+            write_statistics=local_module._STATISTICS_COLUMNS,
+        )
+        hashed = pq.ParquetFile(again).metadata
+        for group in range(written.metadata.num_row_groups):
+            for index, (name, _, _) in enumerate(COMMITLOG_COLUMNS):
+                if name in CODED_TEXT:
+                    size = written.metadata.row_group(group).column(index).total_compressed_size
+                    plain = hashed.row_group(group).column(index).total_compressed_size
+                    assert size <= plain + 16, (part.name, group, name, size, plain)
+
+
 def test_topics_and_no_body(tmp_path: Path) -> None:
     store_dir = tmp_path / "store"
     generate("multi", store_dir)
