@@ -782,6 +782,22 @@ _STATISTICS_COLUMNS = [
 ]
 
 
+# offsets and times: each close to the one before, so stored as deltas, bit-packed (Parquet's
+# DELTA_BINARY_PACKED, which Spark, Arrow, DuckDB and Trino read): a fraction of the bytes of
+# plain 8-byte values, and faster to write
+_DELTA_COLUMNS = {
+    name: "DELTA_BINARY_PACKED"
+    for name in (
+        "queueOffset",
+        "commitLogOffset",
+        "bornTimestamp",
+        "storeTimestamp",
+        "bornTime",
+        "storeTime",
+    )
+}
+
+
 def _stored_schema() -> dict[bytes, bytes]:
     """The file's ``ARROW:schema`` (what Arrow readers take column types from) for a part
     written from :class:`ParquetPart`'s batches: the plain export schema, strings where the
@@ -854,6 +870,7 @@ class ParquetPart:
                 store_schema=False,  # the coded schema: the plain one is stored below
                 use_dictionary=_DICTIONARY_COLUMNS,
                 write_statistics=_STATISTICS_COLUMNS,
+                column_encoding=_DELTA_COLUMNS,
             )
             self.writer.add_key_value_metadata(_stored_schema())
         # one dictionary per coded column in the row group: the writer then takes the
