@@ -82,6 +82,12 @@ def command(
     name and renamed at the end, so a failed export leaves nothing behind. Reads only; works
     on a store a broker holds.
 
+    Parquet parts hold row groups of about 65,536 messages, snappy-compressed: topic, tags,
+    hosts, version, file and the small integer columns dictionary-encoded; offsets and times
+    as deltas (DELTA_BINARY_PACKED, which Spark 3.3+, Arrow, DuckDB and Trino read); min/max
+    statistics for the columns one selects by (not bodies, properties, keys, ids, CRCs, hosts
+    or versions).
+
     JSON: destination, format, messages, files, commitLogFiles.
     """
     engine.resolve(store, jobs)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from rmqstore.config import DEFAULT_DELAY_LEVELS
-from rmqstore.errors import InputError
+from rmqstore.errors import InputError, RecordError
+from rmqstore.hashing import tags_code
+from rmqstore.properties import DELAY, TAGS
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _UNIT_MILLIS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -52,3 +54,22 @@ def parse_java_int(text: str) -> int:
 
 def level_to_queue_id(level: int) -> int:
     return level - 1
+
+
+def unit_tags_code(
+    topic: str, properties: dict[str, str], store_timestamp: int, delay_levels: DelayLevels
+) -> int:
+    """A consume-queue unit's tagsCode: the Java hash of TAGS, or the deliver time for
+    SCHEDULE_TOPIC_XXXX records with a DELAY level (spec §3.6). A DELAY that is not a number
+    is a RecordError, as the broker treats such a record as invalid."""
+    if topic == SCHEDULE_TOPIC and DELAY in properties:
+        try:
+            level = parse_java_int(properties[DELAY])
+        except ValueError:
+            raise RecordError(
+                "PROPERTIES", -1, f"DELAY={properties[DELAY]!r} is not a number"
+            ) from None
+        level = delay_levels.clamp(level)
+        if level > 0:
+            return delay_levels.deliver_timestamp(level, store_timestamp)
+    return tags_code(properties.get(TAGS))

@@ -20,13 +20,12 @@ from rmqstore import kernel
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
-from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, parse_java_int
+from rmqstore.delay import DelayLevels, unit_tags_code
 from rmqstore.errors import InputError, NotFoundError, RecordError
-from rmqstore.hashing import tags_code
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
+from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -36,25 +35,6 @@ from rmqstore.record import (
 )
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
-
-
-def unit_tags_code(
-    topic: str, properties: dict[str, str], store_timestamp: int, delay_levels: DelayLevels
-) -> int:
-    """A consume-queue unit's tagsCode: the Java hash of TAGS, or the deliver time for
-    SCHEDULE_TOPIC_XXXX records with a DELAY level (spec §3.6). A DELAY that is not a number
-    is a RecordError, as the broker treats such a record as invalid."""
-    if topic == SCHEDULE_TOPIC and DELAY in properties:
-        try:
-            level = parse_java_int(properties[DELAY])
-        except ValueError:
-            raise RecordError(
-                "PROPERTIES", -1, f"DELAY={properties[DELAY]!r} is not a number"
-            ) from None
-        level = delay_levels.clamp(level)
-        if level > 0:
-            return delay_levels.deliver_timestamp(level, store_timestamp)
-    return tags_code(properties.get(TAGS))
 
 
 @dataclass

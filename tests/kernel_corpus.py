@@ -12,6 +12,7 @@ import tarfile
 import tempfile
 from array import array
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from types import ModuleType
 
@@ -19,7 +20,9 @@ from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 from rmqstore.kernel import reference
 from rmqstore.kernel.layout import (
     CHECK_CRC,
+    FIELD_BORN_HOST,
     FIELD_KEYS,
+    FIELD_STORE_HOST,
     FIELD_TAGS,
     FIELD_TOPIC,
     FIELD_UNIQ_KEY,
@@ -27,6 +30,7 @@ from rmqstore.kernel.layout import (
     MESSAGE_ID_MAX,
     PICKED_WIDTH,
     PROPERTIES_AT,
+    PROPERTIES_LENGTH,
     PROPERTY_CRC,
     ROW_WIDTH,
     RUN_WIDTH,
@@ -303,6 +307,18 @@ def index_both(native: ModuleType, data: bytes, keys: bytes) -> Iterator[str]:
         yield "queue-file or index functions differ"
 
 
+def _decoded_pairs(data: bytes, row: list[int]) -> list[tuple[bytes, bytes]]:
+    """The pairs ``decode_properties`` keeps from a row's properties, as bytes."""
+    start = row[PROPERTIES_AT]
+    props = data[start : start + row[PROPERTIES_LENGTH]]
+    kept: dict[bytes, bytes] = {}
+    for pair in props.split(b"\x02"):
+        name, separator, value = pair.partition(b"\x01")
+        if separator and name and value:
+            kept[name] = value
+    return list(kept.items())
+
+
 def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int) -> Iterator[str]:
     """Every way the kernels disagree on the export columns of the rows of ``data``: each
     field's spans and gathered bytes, the property pairs (stopping where ``pair_capacity``
@@ -327,24 +343,30 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
             yield f"field_spans/gather differ (field {field})"
         found_spans[field] = got[0][2]
     calls = []
+    room = sum(row[PROPERTIES_LENGTH] for row in rows)
     for kernel in (reference, native):
-        names = array("q", bytes(16 * pair_capacity))
-        values = array("q", bytes(16 * pair_capacity))
-        offsets = array("i", bytes(4 * (count + 1)))
+        spans = array("q", bytes(32 * max(pair_capacity, 1)))  # one record's pairs
+        pair_offsets = array("i", bytes(4 * (count + 1)))
         row, made = first, []
         while row < count:
+            keys, items = bytearray(room), bytearray(room)
+            key_offsets = array("i", bytes(4 * (room + 1)))
+            item_offsets = array("i", bytes(4 * (room + 1)))
             picked = array("q", bytes(8 * PICKED_WIDTH * (count - row)))
-            following, pairs = kernel.property_pairs(
-                data, packed, row, count, names, values, offsets, picked
-            )
+            following, pairs, key_bytes, item_bytes = kernel.property_pairs(
+                data, packed, row, count, spans, keys, key_offsets, items, item_offsets,
+                pair_offsets, picked,
+            )  # fmt: skip
             done = following - row
             made.append(
                 (
                     following,
                     pairs,
-                    list(names[: 2 * pairs]),
-                    list(values[: 2 * pairs]),
-                    list(offsets[: done + 1]),
+                    bytes(keys[:key_bytes]),
+                    list(key_offsets[: pairs + 1]),
+                    bytes(items[:item_bytes]),
+                    list(item_offsets[: pairs + 1]),
+                    list(pair_offsets[: done + 1]),
                     [  # the picks of the rows done, field by field
                         list(picked[2 * (count - row) * n : 2 * (count - row) * n + 2 * done])
                         for n in range(3)
@@ -352,24 +374,48 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
                 )
             )
             if following == row:
-                break  # one record has more pairs than the buffers hold
+                break  # one record has more pairs than the working room holds
             row = following
         calls.append(made)
     if calls[0] != calls[1]:
-        yield f"property_pairs differ (capacity {pair_capacity})"
+        yield f"property_pairs differ (record capacity {pair_capacity})"
     elif len(calls[0]) == 1 and calls[0][0][0] == count:  # every row in one call
         for n, field in enumerate((FIELD_TAGS, FIELD_KEYS, FIELD_UNIQ_KEY)):
-            if calls[0][0][5][n] != found_spans[field]:
+            if calls[0][0][7][n] != found_spans[field]:
                 yield f"property_pairs picks field {field} unlike field_spans"
-    for kernel in (reference, native):  # without picks: the same pairs
-        offsets = array("i", bytes(4 * (count + 1)))
-        names = array("q", bytes(16 * pair_capacity))
-        values = array("q", bytes(16 * pair_capacity))
-        unpicked = kernel.property_pairs(
-            data, packed, first, count, names, values, offsets, array("q")
-        )
-        if unpicked[0] == calls[0][0][0] and list(names[: 2 * unpicked[1]]) != calls[0][0][2]:
-            yield "property_pairs without picks differ"
+        _, _, keys, key_offsets, items, item_offsets, pair_offsets, _ = calls[0][0]
+        names = []  # the map, record by record
+        for pair_first, pair_end in pairwise(pair_offsets):
+            names.append(
+                [
+                    (
+                        keys[key_offsets[pair] : key_offsets[pair + 1]],
+                        items[item_offsets[pair] : item_offsets[pair + 1]],
+                    )
+                    for pair in range(pair_first, pair_end)
+                ]
+            )
+        if names != [_decoded_pairs(data, row) for row in rows[first:]]:
+            yield "property_pairs' map unlike decode_properties"
+    for kernel in (reference, native):  # without the map: the same picks and pair offsets
+        spans = array("q", bytes(32 * max(pair_capacity, 1)))
+        pair_offsets = array("i", bytes(4 * (count + 1)))
+        picked = array("q", bytes(8 * PICKED_WIDTH * (count - first)))
+        unmapped = kernel.property_pairs(
+            data, packed, first, count, spans, bytearray(), array("i"), bytearray(), array("i"),
+            pair_offsets, picked,
+        )  # fmt: skip
+        done = unmapped[0] - first
+        if unmapped[0] == calls[0][0][0] and (
+            unmapped[1] != calls[0][0][1]
+            or list(pair_offsets[: done + 1]) != calls[0][0][6]
+            or [
+                list(picked[2 * (count - first) * n : 2 * (count - first) * n + 2 * done])
+                for n in range(3)
+            ]
+            != calls[0][0][7]
+        ):
+            yield "property_pairs without the map differ"
     ids = []
     for kernel in (reference, native):
         text = bytearray(MESSAGE_ID_MAX * count)
@@ -392,6 +438,19 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
         integer_columns.append(found)
     if integer_columns[0] != integer_columns[1]:
         yield "row_column differs"
+    for field in (FIELD_BORN_HOST, FIELD_STORE_HOST):
+        found_keys = []
+        for kernel in (reference, native):
+            keys = array("q", bytes(8 * (count - first)))
+            done = kernel.host_keys(data, packed, first, count, field, keys)
+            found_keys.append((done, list(keys[: done - first])))
+        if found_keys[0] != found_keys[1]:
+            yield f"host_keys differ (field {field})"
+        done, keys_found = found_keys[0]
+        spans = found_spans[field]
+        hosts = [data[at : at + length] for at, length in zip(spans[::2], spans[1::2], strict=True)]
+        if [key.to_bytes(8, "big", signed=True) for key in keys_found] != hosts[: done - first]:
+            yield f"host_keys unlike the fields (field {field})"
     cut = len(data) // 2
     if {kernel.ascii_only(data, cut) for kernel in (reference, native)} != {data[:cut].isascii()}:
         yield "ascii_only differs"

@@ -63,11 +63,12 @@ index_chain: Callable[..., int] = _refuse if _refusal else _implementation.index
 match_keys: Callable[..., int] = _refuse if _refusal else _implementation.match_keys
 field_spans: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.field_spans
 gather: Callable[..., int] = _refuse if _refusal else _implementation.gather
-property_pairs: Callable[..., tuple[int, int]] = (
+property_pairs: Callable[..., tuple[int, int, int, int]] = (
     _refuse if _refusal else _implementation.property_pairs
 )
 message_ids: Callable[..., int] = _refuse if _refusal else _implementation.message_ids
 row_column: Callable[..., None] = _refuse if _refusal else _implementation.row_column
+host_keys: Callable[..., int] = _refuse if _refusal else _implementation.host_keys
 ascii_only: Callable[[Any, int], bool] = _refuse if _refusal else _implementation.ascii_only
 pack_records: Callable[..., tuple[int, int, int, int]] = (
     _refuse if _refusal else _implementation.pack_records

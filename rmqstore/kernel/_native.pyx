@@ -12,7 +12,7 @@ AddressSanitizer). The scan runs without the GIL.
 """
 
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 from rmqstore.kernel.layout import (
     CHECK_CRC as _CHECK_CRC,
@@ -519,13 +519,17 @@ cdef inline int64_t _pair_end(const uint8_t* data, int64_t position, int64_t end
                               int64_t* separator) noexcept nogil:
     """Where the property pair starting at ``position`` ends (its 0x02, or ``end``); its
     0x01 goes into ``separator`` (the pair's end when it has none). The caller checked that
-    ``[position, end)`` lies in the buffer."""
-    cdef int64_t pair_end = position, at = position
-    while pair_end < end and data[pair_end] != 2:
-        pair_end += 1
-    while at < pair_end and data[at] != 1:
-        at += 1
-    separator[0] = at
+    ``[position, end)`` lies in the buffer (so both searches stay inside it)."""
+    cdef const uint8_t* found
+    cdef int64_t pair_end = end
+    if position >= end:
+        separator[0] = position
+        return position
+    found = <const uint8_t*>memchr(data + position, 2, <size_t>(end - position))
+    if found != NULL:
+        pair_end = found - data
+    found = <const uint8_t*>memchr(data + position, 1, <size_t>(pair_end - position))
+    separator[0] = pair_end if found == NULL else found - data
     return pair_end
 
 
@@ -1159,26 +1163,37 @@ def gather(buf, spans, int64_t count, data, offsets):
     return written
 
 
-def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_offsets, picked):
+def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_offsets, items,
+                   item_offsets, pair_offsets, picked):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
     cdef int64_t[::1] row_view = rows
-    cdef int64_t[::1] name_view = names
-    cdef int64_t[::1] value_view = values
+    cdef int64_t[::1] span_view = spans
+    cdef uint8_t[::1] key_view = keys
+    cdef int32_t[::1] key_offset_view = key_offsets
+    cdef uint8_t[::1] item_view = items
+    cdef int32_t[::1] item_offset_view = item_offsets
     cdef int32_t[::1] offset_view = pair_offsets
     cdef int64_t[::1] pick_view = picked
     cdef int64_t length = view.shape[0], row, at, props_at, props_length, position, end
     cdef int64_t pair_end, separator, name_length, value_length, pairs = 0, row_pairs, k
-    cdef int64_t capacity = min(name_view.shape[0], value_view.shape[0]) // 2, pick_at, which
+    cdef int64_t record_capacity = span_view.shape[0] // 4, pick_at, which
+    cdef int64_t capacity = min(key_offset_view.shape[0], item_offset_view.shape[0]) - 1
+    cdef int64_t key_room = key_view.shape[0], item_room = item_view.shape[0]
+    cdef int64_t key_bytes = 0, item_bytes = 0, row_key_bytes, row_item_bytes
     cdef const uint8_t* data
     cdef bint bad = False, full = False, duplicate
     cdef bint picking = pick_view.shape[0] > 0
+    cdef bint mapping = key_offset_view.shape[0] > 0 or item_offset_view.shape[0] > 0
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
-            or offset_view.shape[0] < count - first + 1 \
+            or offset_view.shape[0] < count - first + 1 or (mapping and capacity < 0) \
             or (picking and pick_view.shape[0] < PICKED_WIDTH_NATIVE * (count - first)):
         raise ValueError("rows are outside their buffers")
     data = &view[0] if length else NULL
     offset_view[0] = 0
+    if mapping:
+        key_offset_view[0] = 0
+        item_offset_view[0] = 0
     row = first
     with nogil:
         while row < count:
@@ -1188,6 +1203,7 @@ def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_
             if not _fits(props_at, props_length, length):
                 bad = True
                 break
+            # the record's pairs, as spans (name at, name length, value at, value length)
             row_pairs = 0
             position = props_at
             end = props_at + props_length
@@ -1197,55 +1213,77 @@ def property_pairs(buf, rows, int64_t first, int64_t count, names, values, pair_
                 value_length = pair_end - separator - 1
                 if separator < pair_end and name_length > 0 and value_length > 0:
                     duplicate = False
-                    k = pairs
-                    while k < pairs + row_pairs:
-                        if (name_view[2 * k + 1] == name_length
-                                and memcmp(data + name_view[2 * k], data + position,
+                    k = 0
+                    while k < row_pairs:
+                        if (span_view[4 * k + 1] == name_length
+                                and memcmp(data + span_view[4 * k], data + position,
                                            name_length) == 0):
-                            value_view[2 * k] = separator + 1
-                            value_view[2 * k + 1] = value_length
+                            span_view[4 * k + 2] = separator + 1
+                            span_view[4 * k + 3] = value_length
                             duplicate = True
                             break
                         k += 1
                     if not duplicate:
-                        if pairs + row_pairs == capacity:
+                        if row_pairs == record_capacity:
                             full = True
                             break
-                        name_view[2 * (pairs + row_pairs)] = position
-                        name_view[2 * (pairs + row_pairs) + 1] = name_length
-                        value_view[2 * (pairs + row_pairs)] = separator + 1
-                        value_view[2 * (pairs + row_pairs) + 1] = value_length
+                        span_view[4 * row_pairs] = position
+                        span_view[4 * row_pairs + 1] = name_length
+                        span_view[4 * row_pairs + 2] = separator + 1
+                        span_view[4 * row_pairs + 3] = value_length
                         row_pairs += 1
                 position = pair_end + 1
             if full:
                 break
+            row_key_bytes = 0
+            row_item_bytes = 0
+            k = 0
+            while k < row_pairs:
+                row_key_bytes += span_view[4 * k + 1]
+                row_item_bytes += span_view[4 * k + 3]
+                k += 1
+            if mapping and (row_pairs > capacity - pairs or row_key_bytes > key_room - key_bytes
+                            or row_item_bytes > item_room - item_bytes
+                            or key_bytes + row_key_bytes > 0x7FFFFFFF
+                            or item_bytes + row_item_bytes > 0x7FFFFFFF):
+                break  # the next call goes on from this row
+            k = 0
+            while mapping and k < row_pairs:  # the names and values, back to back
+                # a kept pair's name and value are never empty
+                memcpy(&key_view[key_bytes], data + span_view[4 * k], span_view[4 * k + 1])
+                key_bytes += span_view[4 * k + 1]
+                memcpy(&item_view[item_bytes], data + span_view[4 * k + 2], span_view[4 * k + 3])
+                item_bytes += span_view[4 * k + 3]
+                key_offset_view[pairs + k + 1] = <int32_t>key_bytes
+                item_offset_view[pairs + k + 1] = <int32_t>item_bytes
+                k += 1
             if picking:  # the values of TAGS, KEYS and UNIQ_KEY among the pairs kept
                 pick_at = 2 * (row - first)
                 for which in range(3):
                     pick_view[pick_at + 2 * (count - first) * which] = 0
                     pick_view[pick_at + 2 * (count - first) * which + 1] = SPAN_ABSENT
-                k = pairs
-                while k < pairs + row_pairs:
-                    name_length = name_view[2 * k + 1]
+                k = 0
+                while k < row_pairs:
+                    name_length = span_view[4 * k + 1]
                     which = -1
-                    if name_length == 4 and memcmp(data + name_view[2 * k], b"TAGS", 4) == 0:
+                    if name_length == 4 and memcmp(data + span_view[4 * k], b"TAGS", 4) == 0:
                         which = 0
-                    elif name_length == 4 and memcmp(data + name_view[2 * k], b"KEYS", 4) == 0:
+                    elif name_length == 4 and memcmp(data + span_view[4 * k], b"KEYS", 4) == 0:
                         which = 1
                     elif (name_length == 8
-                            and memcmp(data + name_view[2 * k], b"UNIQ_KEY", 8) == 0):
+                            and memcmp(data + span_view[4 * k], b"UNIQ_KEY", 8) == 0):
                         which = 2
                     if which >= 0:
-                        pick_view[pick_at + 2 * (count - first) * which] = value_view[2 * k]
+                        pick_view[pick_at + 2 * (count - first) * which] = span_view[4 * k + 2]
                         pick_view[pick_at + 2 * (count - first) * which + 1] = \
-                            value_view[2 * k + 1]
+                            span_view[4 * k + 3]
                     k += 1
             pairs += row_pairs
             row += 1
             offset_view[row - first] = <int32_t>pairs
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
-    return row, pairs
+    return row, pairs, key_bytes, item_bytes
 
 
 cdef const char* HEX_DIGITS = b"0123456789ABCDEF"
@@ -1330,6 +1368,47 @@ def row_column(rows, int64_t first, int64_t count, int64_t column, out, int widt
     if failure:
         raise ValueError(f"row {row}: {row_view[row * ROW_WIDTH_NATIVE + column]} does not fit "
                          "in 32 bits")
+
+
+def host_keys(buf, rows, int64_t first, int64_t count, int field, keys):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef int64_t[::1] key_view = keys
+    cdef int64_t length = view.shape[0], row, at, start, sys_flag, host_at
+    cdef uint64_t key
+    cdef int k
+    cdef bint bad = False
+    if field != FIELD_BORN_HOST and field != FIELD_STORE_HOST:
+        raise ValueError(f"field {field} is not a host field")
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
+            or key_view.shape[0] < count - first:
+        raise ValueError("rows are outside their buffers")
+    row = first
+    with nogil:
+        while row < count:
+            at = row * ROW_WIDTH_NATIVE
+            start = row_view[at + C_POSITION]
+            sys_flag = row_view[at + C_SYS_FLAG]
+            if field == FIELD_BORN_HOST:
+                if sys_flag & 0x10:
+                    break  # an IPv6 born host
+                host_at = start + BORN_HOST_AT
+            else:
+                if sys_flag & 0x20:
+                    break  # an IPv6 store host
+                host_at = start + BORN_HOST_AT + (20 if sys_flag & 0x10 else 8) + 8
+            if not (_fits(start, row_view[at + C_TOTAL_SIZE], length) and _fits(host_at, 8, length)):
+                bad = True
+                break
+            key = 0
+            for k in range(8):
+                key = (key << 8) | view[host_at + k]
+            key_view[row - first] = <int64_t>key
+            row += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return row
 
 
 def ascii_only(data, int64_t length):

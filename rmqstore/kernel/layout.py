@@ -307,17 +307,23 @@ SPAN_ABSENT = -1
 # ``count + 1`` 32-bit offsets into ``offsets`` (an absent span is empty), as an Arrow binary
 # column holds them. It returns the bytes written.
 #
-# ``property_pairs(buf, rows, first, count, names, values, pair_offsets, picked)`` parses the
-# properties of rows ``[first, count)`` as ``decode_properties`` does (a pair needs a non-empty
-# name and value; a later duplicate replaces the value and keeps the first one's place) and
-# writes each kept pair's name span into ``names`` and value span into ``values`` (two integers
-# each), and 32-bit offsets of each row's first pair into ``pair_offsets`` (index ``row -
-# first``; the one after the last row closes it). Unless ``picked`` is empty (else it holds
-# PICKED_WIDTH integers per row), it also writes there the value spans of the TAGS, KEYS and
-# UNIQ_KEY pairs kept (position 0 and SPAN_ABSENT where there is none; the spans field_spans
-# finds): all rows' TAGS spans first, as field_spans writes them, then the KEYS and the
-# UNIQ_KEY spans, each from index ``2 * (count - first) * n``. It returns ``(next_row,
-# pairs)``, stopping before a row whose pairs would not fit.
+# ``property_pairs(buf, rows, first, count, spans, keys, key_offsets, items, item_offsets,
+# pair_offsets, picked)`` parses the properties of rows ``[first, count)`` as
+# ``decode_properties`` does (a pair needs a non-empty name and value; a later duplicate
+# replaces the value and keeps the first one's place) and copies each kept pair's name into
+# ``keys`` and its value into ``items``, back to back, with 32-bit offsets in ``key_offsets``
+# and ``item_offsets`` (one per pair after a leading 0, as an Arrow string column holds them),
+# and 32-bit offsets of each row's first pair into ``pair_offsets`` (index ``row - first``; the
+# one after the last row closes it): the Arrow map of the rows' properties. With
+# ``key_offsets`` and ``item_offsets`` both empty, nothing is copied (the picks and the pair
+# offsets only). ``spans`` is working room for one record's pairs (4 integers a pair): a
+# record with more pairs than it holds is not parsed. Unless ``picked`` is empty (else it
+# holds PICKED_WIDTH integers per row), it also writes there the value spans of the TAGS,
+# KEYS and UNIQ_KEY pairs kept (position 0 and SPAN_ABSENT where there is none; the spans
+# field_spans finds): all rows' TAGS spans first, as field_spans writes them, then the KEYS
+# and the UNIQ_KEY spans, each from index ``2 * (count - first) * n``. It returns
+# ``(next_row, pairs, key_bytes, item_bytes)``, stopping before a row whose pairs or bytes
+# would not fit.
 PICKED_WIDTH = 6
 PICKED_NAMES = (b"TAGS", b"KEYS", b"UNIQ_KEY")
 #
@@ -330,6 +336,12 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # ``[first, count)`` into ``out`` (a writable buffer) as ``width``-byte signed integers in the
 # machine's byte order, back to back, as an Arrow int32 (width 4) or int64 (width 8) column
 # holds them. With width 4 a value outside 32 bits is a ValueError.
+#
+# ``host_keys(buf, rows, first, count, field, keys)`` writes the born or store host field
+# (``field``: FIELD_BORN_HOST or FIELD_STORE_HOST) of each row of ``[first, count)`` whose
+# host is IPv4 into ``keys`` (one signed 64-bit integer a row, index ``row - first``): the
+# field's 8 bytes (address, then port) read as a big-endian integer. It returns the first row
+# whose host is IPv6 (``count`` when none is).
 #
 # ``ascii_only(data, length)`` is whether the first ``length`` bytes of ``data`` are all below
 # 0x80 (plain ASCII: valid UTF-8 without a further check).

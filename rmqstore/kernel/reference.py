@@ -794,23 +794,31 @@ def property_pairs(
     rows: Any,
     first: int,
     count: int,
-    names: Any,
-    values: Any,
+    spans: Any,
+    keys: Any,
+    key_offsets: Any,
+    items: Any,
+    item_offsets: Any,
     pair_offsets: Any,
     picked: Any,
-) -> tuple[int, int]:
+) -> tuple[int, int, int, int]:
     """See :mod:`rmqstore.kernel.layout`."""
     picking = len(picked) > 0
+    mapping = len(key_offsets) > 0 or len(item_offsets) > 0
+    capacity = min(len(key_offsets), len(item_offsets)) - 1
     if (
         not 0 <= first <= count <= len(rows) // ROW_WIDTH
         or len(pair_offsets) < count - first + 1
+        or (mapping and capacity < 0)
         or (picking and len(picked) < PICKED_WIDTH * (count - first))
     ):
         raise ValueError("rows are outside their buffers")
-    capacity = min(len(names), len(values)) // 2
+    record_capacity = len(spans) // 4  # the compiled kernel's working room for one record
     length = len(buf)
-    pairs = 0
+    pairs = key_bytes = item_bytes = 0
     pair_offsets[0] = 0
+    if mapping:
+        key_offsets[0] = item_offsets[0] = 0
     row = first
     while row < count:
         at = row * ROW_WIDTH
@@ -828,20 +836,35 @@ def property_pairs(
                 name_at = position if place is None else place[0]
                 kept[name] = (name_at, position + len(name) + 1, len(value))
             position += len(pair) + 1
-        if pairs + len(kept) > capacity:
+        row_keys = sum(len(name) for name in kept)
+        row_items = sum(value_length for _, _, value_length in kept.values())
+        if len(kept) > record_capacity or (
+            mapping
+            and (
+                pairs + len(kept) > capacity
+                or key_bytes + row_keys > min(len(keys), 0x7FFFFFFF)
+                or item_bytes + row_items > min(len(items), 0x7FFFFFFF)
+            )
+        ):
             break
+        for name, (_, value_at, value_length) in kept.items():
+            if mapping:
+                keys[key_bytes : key_bytes + len(name)] = name
+                key_bytes += len(name)
+                items[item_bytes : item_bytes + value_length] = buf[
+                    value_at : value_at + value_length
+                ]
+                item_bytes += value_length
+                key_offsets[pairs + 1], item_offsets[pairs + 1] = key_bytes, item_bytes
+            pairs += 1
         if picking:
             for which, name in enumerate(PICKED_NAMES):
                 _, value_at, value_length = kept.get(name, (0, 0, SPAN_ABSENT))
                 at = 2 * (count - first) * which + 2 * (row - first)
                 picked[at], picked[at + 1] = value_at, value_length
-        for name, (name_at, value_at, value_length) in kept.items():
-            names[2 * pairs], names[2 * pairs + 1] = name_at, len(name)
-            values[2 * pairs], values[2 * pairs + 1] = value_at, value_length
-            pairs += 1
         row += 1
         pair_offsets[row - first] = pairs
-    return row, pairs
+    return row, pairs, key_bytes, item_bytes
 
 
 def message_ids(buf: Any, rows: Any, first: int, count: int, data: Any, offsets: Any) -> int:
@@ -891,6 +914,28 @@ def row_column(rows: Any, first: int, count: int, column: int, out: Any, width: 
     else:
         values = array("q", values)
     memoryview(out).cast("B")[: width * (count - first)] = memoryview(values).cast("B")
+
+
+def host_keys(buf: Any, rows: Any, first: int, count: int, field: int, keys: Any) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if field not in (FIELD_BORN_HOST, FIELD_STORE_HOST):
+        raise ValueError(f"field {field} is not a host field")
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH or len(keys) < count - first:
+        raise ValueError("rows are outside their buffers")
+    length = len(buf)
+    for row in range(first, count):
+        at = row * ROW_WIDTH
+        born_at, born_length, store_at, store_length = _host_fields(rows, at)
+        host_at, host_length = (
+            (born_at, born_length) if field == FIELD_BORN_HOST else (store_at, store_length)
+        )
+        if host_length != 8:
+            return row  # an IPv6 host
+        _row_fits(rows, at, length)
+        if host_at + 8 > length:
+            raise ValueError(f"row {row} points outside the buffer")
+        keys[row - first] = int.from_bytes(buf[host_at : host_at + 8], "big", signed=True)
+    return count
 
 
 def ascii_only(data: Any, length: int) -> bool:

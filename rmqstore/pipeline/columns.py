@@ -208,9 +208,18 @@ def crc_verdicts(pa: Any, rows: Any, count: int) -> Any:
 
 def hosts(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
     """Born or store host fields as ``address:port`` text, each distinct field decoded once:
-    an Arrow dictionary array (int32 indices) of those texts."""
-    encoded = binary(pa, buf, rows, count, field).dictionary_encode()
-    names = [str(HostAddress.from_field(value)) for value in encoded.dictionary.to_pylist()]
+    an Arrow dictionary array (int32 indices) of those texts. IPv4 fields are told apart as
+    the 64-bit integers the kernel reads them as; a batch with an IPv6 host, by their bytes."""
+    keys, key_view = fresh(pa, 8 * count, "q")
+    if kernel.host_keys(buf, rows, 0, count, field, key_view) == count:
+        encoded = pa.Array.from_buffers(pa.int64(), count, [None, keys]).dictionary_encode()
+        fields = [
+            (key & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big") for key in encoded.dictionary.to_pylist()
+        ]
+    else:
+        encoded = binary(pa, buf, rows, count, field).dictionary_encode()
+        fields = encoded.dictionary.to_pylist()
+    names = [str(HostAddress.from_field(value)) for value in fields]
     return pa.DictionaryArray.from_arrays(encoded.indices, strings(pa, names))
 
 
@@ -223,35 +232,52 @@ def message_ids(pa: Any, buf: Any, rows: Any, count: int) -> Any:
 
 
 class PropertyPairs:
-    """The property pairs of a batch's rows, parsed once by the kernel: the map column and
-    the TAGS, KEYS and UNIQ_KEY columns are built from them. Its spans live in this
-    thread's working arrays: use it before the thread parses the next batch."""
+    """The property pairs of a batch's rows, parsed once by the kernel: the map column (its
+    names and values copied into Arrow buffers in the same pass, ``with_map``) and the TAGS,
+    KEYS and UNIQ_KEY columns are built from them. The picks live in this thread's working
+    arrays: use it before the thread parses the next batch."""
 
-    def __init__(self, pa: Any, buf: Any, rows: Any, count: int) -> None:
+    def __init__(self, pa: Any, buf: Any, rows: Any, count: int, *, with_map: bool) -> None:
         import pyarrow.compute as pc
 
         self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
-        capacity = max(4 * count, _MOST_PAIRS_IN_A_RECORD)
-        self.names = scratch("names", 2 * capacity)
-        self.values = scratch("values", 2 * capacity)
-        self.picked = memoryview(scratch("picked", layout.PICKED_WIDTH * count))
-        self.pair_offsets, offset_view = fresh(pa, 4 * (count + 1), "i")
-        following, self.pairs = kernel.property_pairs(
-            buf, rows, 0, count, self.names, self.values, offset_view, self.picked
-        )
-        # short of the count: records with very many pairs (then one record at a time)
-        self.complete = following == count
+        self.with_map = with_map
         # the names and the values of a record lie in its properties: their bytes fit here
         self.room = pc.sum(integers(pa, rows, layout.PROPERTIES_LENGTH, count)).as_py() or 0
+        # a pair takes at least 4 bytes (3 for the last of a record): at most this many pairs
+        capacity = (self.room + count) // 4 + 1 if with_map else -1
+        map_room = self.room if with_map else 0
+        self.keys, key_view = fresh(pa, map_room)
+        self.key_offsets, key_offset_view = fresh(pa, 4 * (capacity + 1), "i")
+        self.items, item_view = fresh(pa, map_room)
+        self.item_offsets, item_offset_view = fresh(pa, 4 * (capacity + 1), "i")
+        self.picked = memoryview(scratch("picked", layout.PICKED_WIDTH * count))
+        self.pair_offsets, offset_view = fresh(pa, 4 * (count + 1), "i")
+        following, self.pairs, self.key_bytes, self.item_bytes = kernel.property_pairs(
+            buf,
+            rows,
+            0,
+            count,
+            scratch("pair_spans", 4 * _MOST_PAIRS_IN_A_RECORD),
+            key_view,
+            key_offset_view[: capacity + 1],
+            item_view,
+            item_offset_view[: capacity + 1],
+            offset_view,
+            self.picked,
+        )
+        # short of the count: a record with more pairs than a record can hold (then the
+        # columns are made one record at a time)
+        self.complete = following == count
 
     def map(self, kind: Any) -> Any:
         """The properties of each row as an Arrow map (``kind``), pairs in the order
         :func:`decode_properties` keeps them."""
         pa = self.pa
-        if not self.complete:
+        if not (self.complete and self.with_map):  # (a batch asks for the map up front)
             return _properties_by_record(pa, self.buf, self.rows, self.count, kind)
-        keys = _strings_from_spans(pa, self.buf, self.names, self.pairs, self.room)
-        items = _strings_from_spans(pa, self.buf, self.values, self.pairs, self.room)
+        keys = _strings(pa, self.pairs, self.key_offsets, self.keys.slice(0, self.key_bytes))
+        items = _strings(pa, self.pairs, self.item_offsets, self.items.slice(0, self.item_bytes))
         if keys is None or items is None:
             return _properties_by_record(pa, self.buf, self.rows, self.count, kind)
         offsets = pa.Array.from_buffers(pa.int32(), self.count + 1, [None, self.pair_offsets])
@@ -278,10 +304,10 @@ class PropertyPairs:
         return text(pa, values)
 
 
-def _strings_from_spans(pa: Any, buf: Any, spans: array, count: int, room: int) -> Any:
-    """Arrow strings of ``count`` spans (``room``: at least their total length); None when
-    one is not valid UTF-8."""
-    strings = _binary_from_spans(pa, buf, spans, count, room, 0).view(pa.string())
+def _strings(pa: Any, count: int, offsets: Any, data: Any) -> Any:
+    """An Arrow string array of ``count`` values from its buffers; None when one is not
+    valid UTF-8."""
+    strings = pa.Array.from_buffers(pa.string(), count, [None, offsets, data])
     return strings if _valid_utf8(pa, strings) else None
 
 

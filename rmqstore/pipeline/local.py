@@ -773,12 +773,25 @@ _DICTIONARY_COLUMNS = [
 ]
 
 
-# columns whose min/max statistics go into the file (what a reader can skip row groups by);
-# those of bodies, properties, keys and ids would cost as much as the rest of the encoding
+# columns whose min/max statistics go into the file (what a reader can skip row groups by):
+# not those of bodies, properties, keys and ids (they would cost as much as the rest of the
+# encoding), nor of CRCs, hosts and versions (no one selects a range of them, and each costs
+# a pass over a dictionary column's indices)
 _STATISTICS_COLUMNS = [
     name
     for name, _, _ in COMMITLOG_COLUMNS
-    if name not in ("body", "properties", "keys", "uniqKey", "msgId")
+    if name
+    not in (
+        "body",
+        "properties",
+        "keys",
+        "uniqKey",
+        "msgId",
+        "bodyCRC",
+        "bornHost",
+        "storeHost",
+        "version",
+    )
 ]
 
 
@@ -826,11 +839,12 @@ def _run(task: Callable[[], Any]) -> None:
 
 
 class ParquetPart:
-    """One Parquet part file, opened (``open_stream()``) when its first row group is ready:
-    row groups of about ROW_GROUP_ROWS messages (the kernel's batches are smaller), each
-    handed to ``encode`` (a :class:`_Background` running tasks in order in another thread:
-    the encoder releases the GIL, and at most two tasks wait, so memory stays flat). The
-    file is closed there too, so the caller goes on building the next part meanwhile."""
+    """One Parquet part file: row groups of about ROW_GROUP_ROWS messages (the kernel's
+    batches are smaller) made into tables here and handed to ``encode`` (a
+    :class:`_Background` running tasks in order in another thread: the encoder releases the
+    GIL, and at most two tasks wait, so memory stays flat). That thread opens the file
+    (``open_stream()``, when the first row group is ready; none when no message comes),
+    writes it and closes it, so the caller goes on building meanwhile."""
 
     def __init__(
         self,
@@ -842,15 +856,13 @@ class ParquetPart:
         import pyarrow as pa
 
         self.pa = pa
-        self.open_stream = open_stream
         self.encode = encode
-        self.close_stream = close_stream
         self.schema = arrow_schema(COMMITLOG_COLUMNS, coded=True)
+        self.file = _ParquetFile(open_stream, self.schema, close_stream)
         self.waiting: list[Any] = []
         self.waiting_rows = 0
         self.messages = 0
-        self.stream: Any = None
-        self.writer: Any = None
+        self.opened = False
 
     def add(self, batch: Any) -> None:
         self.waiting.append(batch)
@@ -860,43 +872,60 @@ class ParquetPart:
             self._hand_over()
 
     def _hand_over(self) -> None:
-        import pyarrow.parquet as pq
-
-        if self.writer is None:
-            self.stream = self.open_stream()
-            self.writer = pq.ParquetWriter(
-                self.stream,
-                self.schema,
-                store_schema=False,  # the coded schema: the plain one is stored below
-                use_dictionary=_DICTIONARY_COLUMNS,
-                write_statistics=_STATISTICS_COLUMNS,
-                column_encoding=_DELTA_COLUMNS,
-            )
-            self.writer.add_key_value_metadata(_stored_schema())
         # one dictionary per coded column in the row group: the writer then takes the
         # batches' indices as they are (a dictionary that changed would make it re-encode)
         table = self.pa.Table.from_batches(self.waiting, schema=self.schema).unify_dictionaries()
-        self.encode(partial(self.writer.write_table, table))
+        self.encode(partial(self.file.write, table))
+        self.opened = True
         self.waiting, self.waiting_rows = [], 0
 
     def close(self) -> None:
-        """The last row group and the footer, written in order after the others (nothing
-        is opened when no message came)."""
+        """The last row group and the footer, written in order after the others."""
         if self.waiting:
             self._hand_over()
-        if self.writer is not None:
-            self.encode(
-                partial(_close_parquet, self.writer, self.stream if self.close_stream else None)
-            )
-            self.writer = None
+        if self.opened:
+            self.encode(self.file.close)
+            self.opened = False
 
 
-def _close_parquet(writer: Any, stream: Any) -> None:
-    try:
-        writer.close()
-    finally:
-        if stream is not None:
-            stream.close()
+class _ParquetFile:
+    """The encoder thread's side of a :class:`ParquetPart`: the file and its writer, made
+    when the first row group comes (importing pyarrow.parquet there, not in the caller)."""
+
+    def __init__(self, open_stream: Callable[[], Any], schema: Any, close_stream: bool) -> None:
+        self.open_stream = open_stream
+        self.schema = schema
+        self.close_stream = close_stream
+        self.stream: Any = None
+        self.writer: Any = None
+
+    def write(self, table: Any) -> None:
+        if self.writer is None:
+            import pyarrow.parquet as pq
+
+            self.stream = self.open_stream()
+            try:
+                self.writer = pq.ParquetWriter(
+                    self.stream,
+                    self.schema,
+                    store_schema=False,  # the coded schema: the plain one is stored below
+                    use_dictionary=_DICTIONARY_COLUMNS,
+                    write_statistics=_STATISTICS_COLUMNS,
+                    column_encoding=_DELTA_COLUMNS,
+                )
+                self.writer.add_key_value_metadata(_stored_schema())
+            except BaseException:
+                self.close()
+                raise
+        self.writer.write_table(table)
+
+    def close(self) -> None:
+        try:
+            if self.writer is not None:
+                self.writer.close()
+        finally:
+            if self.close_stream and self.stream is not None:
+                self.stream.close()
 
 
 class JsonlPart:

@@ -21,8 +21,7 @@ from typing import Any, TypeVar
 
 from rmqstore import kernel
 from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
-from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
-from rmqstore.dispatch import unit_tags_code
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import RecordError
 from rmqstore.kernel import layout
 from rmqstore.pipeline.location import StoreLocation

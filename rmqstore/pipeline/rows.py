@@ -14,8 +14,7 @@ from typing import Any
 
 from rmqstore import kernel
 from rmqstore.consumequeue import PRE_BLANK_SIZE, UNIT
-from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
-from rmqstore.dispatch import unit_tags_code
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout
@@ -76,11 +75,11 @@ def ddl(columns: list[tuple[str, str, str]]) -> str:
 
 
 # text columns of few distinct values in a batch (its rows share one file; a record is V1 or
-# V2; a store has few hosts and tags): the Parquet export hands them to its writer as Arrow
-# dictionaries, so the writer has nothing to hash (see ``MessageBatcher``'s ``coded``). The
-# file, version and host columns are built as dictionaries (and decoded for other outputs),
-# the tags column as strings (and encoded for the export)
-CODED_TEXT = frozenset({"file", "version", "bornHost", "storeHost", "tags"})
+# V2; a store has few topics, hosts and tags): the Parquet export hands them to its writer as
+# Arrow dictionaries, so the writer has nothing to hash (see ``MessageBatcher``'s ``coded``).
+# The file, version and host columns are built as dictionaries (and decoded for other
+# outputs), the topic and tags columns as strings (and encoded for the export)
+CODED_TEXT = frozenset({"file", "version", "bornHost", "storeHost", "topic", "tags"})
 
 
 def arrow_schema(columns: list[tuple[str, str, str]], *, coded: bool = False) -> Any:
@@ -145,9 +144,11 @@ class _Batch:
         options: MessageRowOptions,
         levels: DelayLevels,
         file_label: str,
+        map_wanted: bool,
     ) -> None:
         self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
         self.options, self.levels, self.file_label = options, levels, file_label
+        self.map_wanted = map_wanted  # the properties column will be built: parse for it
         self.built: dict[str, Any] = {}
         self.coded_built: dict[str, Any] = {}
         self.property_pairs: columns.PropertyPairs | None = None
@@ -175,10 +176,13 @@ class _Batch:
     def field(self, field: int) -> Any:
         return columns.binary(self.pa, self.buf, self.rows, self.count, field)
 
-    def pairs(self) -> columns.PropertyPairs:
-        """The rows' property pairs, parsed once for the columns built from them."""
-        if self.property_pairs is None:
-            self.property_pairs = columns.PropertyPairs(self.pa, self.buf, self.rows, self.count)
+    def pairs(self, *, with_map: bool = False) -> columns.PropertyPairs:
+        """The rows' property pairs, parsed once for the columns built from them (again if
+        the map is wanted after a parse without it)."""
+        if self.property_pairs is None or (with_map and not self.property_pairs.with_map):
+            self.property_pairs = columns.PropertyPairs(
+                self.pa, self.buf, self.rows, self.count, with_map=with_map or self.map_wanted
+            )
         return self.property_pairs
 
     def keep_only(self, keep: Any) -> None:
@@ -219,7 +223,7 @@ def _crc_ok(batch: _Batch) -> Any:
 
 def _properties(batch: _Batch) -> Any:
     pa = batch.pa
-    return batch.pairs().map(pa.map_(pa.string(), pa.string()))
+    return batch.pairs(with_map=True).map(pa.map_(pa.string(), pa.string()))
 
 
 def _picked(field: int) -> Any:
@@ -315,6 +319,9 @@ class MessageBatcher:
         self.names = [name for name, _, _ in wanted]
         self.coded = CODED_TEXT if coded else frozenset()
         self.filters = options.row_filters()
+        self.map_wanted = "properties" in self.names or any(
+            row_filter.column == "properties" for row_filter in self.filters
+        )
         self.levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
 
     def __call__(self, buf: Any, rows: Any, count: int) -> Any | None:
@@ -322,7 +329,9 @@ class MessageBatcher:
         import pyarrow.compute as pc
 
         pa = self.pa
-        batch = _Batch(pa, buf, rows, count, self.options, self.levels, self.file_label)
+        batch = _Batch(
+            pa, buf, rows, count, self.options, self.levels, self.file_label, self.map_wanted
+        )
         if self.filters:
             keep = keep_mask(pa, self.filters, batch.column)
             kept = pc.sum(pc.cast(keep, pa.int64())).as_py() or 0

@@ -16,8 +16,7 @@ from rmqstore.consumequeue import (
     QueueBounds,
     list_queues,
 )
-from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
-from rmqstore.dispatch import unit_tags_code
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, StoreFormatError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout

@@ -418,3 +418,27 @@ def test_ascii_only_finds_a_high_byte_anywhere(where: int) -> None:
             impl.ascii_only(data, 22)
         with pytest.raises(ValueError):
             impl.ascii_only(data, -1)
+
+
+def test_host_keys_read_ipv4_fields_and_stop_at_ipv6() -> None:
+    v4 = parse_host("10.0.0.7:10911")
+    v6 = parse_host("[2001:db8::1]:10911")
+    data = b""
+    for born in (v4, v4, v6):
+        data += encode_record(
+            Message(topic="T", body=b"x", born_host=born, physical_offset=len(data))
+        )
+    rows = layout.new_rows(8)
+    count = native.scan(data, 0, len(data), 0, 0, 0, rows)[0]
+    assert count == 3
+    for impl in (native, reference):
+        keys = array("q", bytes(8 * 3))
+        assert impl.host_keys(data, rows, 0, count, layout.FIELD_BORN_HOST, keys) == 2
+        assert keys[0] == keys[1] == int.from_bytes(v4.to_field(), "big", signed=True)
+        assert impl.host_keys(data, rows, 0, count, layout.FIELD_STORE_HOST, keys) == 3
+        with pytest.raises(ValueError):
+            impl.host_keys(data, rows, 0, count, layout.FIELD_TOPIC, keys)
+        with pytest.raises(ValueError):
+            impl.host_keys(data, rows, 0, count, layout.FIELD_BORN_HOST, array("q", [0]))
+        with pytest.raises(ValueError):  # a row that points past the buffer
+            impl.host_keys(data[:100], rows, 0, count, layout.FIELD_STORE_HOST, keys)

@@ -15,8 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
-from rmqstore.dispatch import unit_tags_code
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.hosts import HostAddress, parse_host
