@@ -1043,6 +1043,19 @@ _check_columns((
 ))
 
 
+cdef inline int64_t _host_field(int64_t start, int64_t sys_flag, int field,
+                                int64_t* host_length) noexcept nogil:
+    """Where the born host (``field`` FIELD_BORN_HOST) or the store host field of the record
+    at ``start`` lies, and its length: 8 bytes, or 20 for IPv6 (the sysFlag bits 0x10 and
+    0x20 say which). The caller checks that it lies in the buffer."""
+    cdef int64_t born_length = 20 if sys_flag & 0x10 else 8
+    if field == FIELD_BORN_HOST:
+        host_length[0] = born_length
+        return start + BORN_HOST_AT
+    host_length[0] = 20 if sys_flag & 0x20 else 8
+    return start + BORN_HOST_AT + born_length + 8
+
+
 cdef inline void _find_value(const uint8_t* data, int64_t props_at, int64_t props_length,
                              const uint8_t* name, int64_t name_length, int64_t* found_at,
                              int64_t* found_length) noexcept nogil:
@@ -1066,7 +1079,7 @@ def field_spans(buf, rows, int64_t first, int64_t count, int field, spans):
     cdef int64_t[::1] row_view = rows
     cdef int64_t[::1] span_view = spans
     cdef int64_t length = view.shape[0], row, at, start, sys_flag, span_at = 0, span_length = 0
-    cdef int64_t born_length, total = 0, absent = 0, out
+    cdef int64_t total = 0, absent = 0, out
     cdef const uint8_t* data
     cdef bint bad = False
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
@@ -1084,7 +1097,6 @@ def field_spans(buf, rows, int64_t first, int64_t count, int field, spans):
                 bad = True
                 break
             sys_flag = row_view[at + C_SYS_FLAG]
-            born_length = 20 if sys_flag & 0x10 else 8
             if field == FIELD_TOPIC:
                 span_at, span_length = row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH]
             elif field == FIELD_BODY:
@@ -1093,11 +1105,8 @@ def field_spans(buf, rows, int64_t first, int64_t count, int field, spans):
             elif field == FIELD_PROPERTIES:
                 span_at = row_view[at + C_PROPERTIES_AT]
                 span_length = row_view[at + C_PROPERTIES_LENGTH]
-            elif field == FIELD_BORN_HOST:
-                span_at, span_length = start + BORN_HOST_AT, born_length
-            elif field == FIELD_STORE_HOST:
-                span_at = start + BORN_HOST_AT + born_length + 8
-                span_length = 20 if sys_flag & 0x20 else 8
+            elif field == FIELD_BORN_HOST or field == FIELD_STORE_HOST:
+                span_at = _host_field(start, sys_flag, field, &span_length)
             else:
                 span_at = row_view[at + C_PROPERTIES_AT]
                 span_length = row_view[at + C_PROPERTIES_LENGTH]
@@ -1296,7 +1305,7 @@ def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
     cdef uint8_t[::1] data_view = data
     cdef int32_t[::1] offset_view = offsets
     cdef int64_t length = view.shape[0], capacity = data_view.shape[0], written = 0
-    cdef int64_t row, at, start, sys_flag, host_at, host_length, k
+    cdef int64_t row, at, start, host_at, host_length, k
     cdef uint64_t offset
     cdef uint8_t byte
     cdef int failure = 0
@@ -1309,9 +1318,8 @@ def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
         while row < count:
             at = row * ROW_WIDTH_NATIVE
             start = row_view[at + C_POSITION]
-            sys_flag = row_view[at + C_SYS_FLAG]
-            host_at = start + BORN_HOST_AT + (20 if sys_flag & 0x10 else 8) + 8
-            host_length = 20 if sys_flag & 0x20 else 8
+            host_at = _host_field(start, row_view[at + C_SYS_FLAG], FIELD_STORE_HOST,
+                                  &host_length)
             if not (_fits(start, row_view[at + C_TOTAL_SIZE], length)
                     and _fits(host_at, host_length, length)):
                 failure = 1
@@ -1375,7 +1383,7 @@ def host_keys(buf, rows, int64_t first, int64_t count, int field, keys):
     cdef const uint8_t[::1] view = buf
     cdef const int64_t[::1] row_view = rows
     cdef int64_t[::1] key_view = keys
-    cdef int64_t length = view.shape[0], row, at, start, sys_flag, host_at
+    cdef int64_t length = view.shape[0], row, at, start, host_at, host_length
     cdef uint64_t key
     cdef int k
     cdef bint bad = False
@@ -1389,15 +1397,9 @@ def host_keys(buf, rows, int64_t first, int64_t count, int field, keys):
         while row < count:
             at = row * ROW_WIDTH_NATIVE
             start = row_view[at + C_POSITION]
-            sys_flag = row_view[at + C_SYS_FLAG]
-            if field == FIELD_BORN_HOST:
-                if sys_flag & 0x10:
-                    break  # an IPv6 born host
-                host_at = start + BORN_HOST_AT
-            else:
-                if sys_flag & 0x20:
-                    break  # an IPv6 store host
-                host_at = start + BORN_HOST_AT + (20 if sys_flag & 0x10 else 8) + 8
+            host_at = _host_field(start, row_view[at + C_SYS_FLAG], field, &host_length)
+            if host_length != 8:
+                break  # an IPv6 host
             if not (_fits(start, row_view[at + C_TOTAL_SIZE], length) and _fits(host_at, 8, length)):
                 bad = True
                 break
@@ -1897,8 +1899,8 @@ cdef inline bint _record_spans(const int64_t[::1] row_view, int64_t at, int64_t 
     spans.start = row_view[at + C_POSITION]
     spans.sys_flag = row_view[at + C_SYS_FLAG]
     spans.born_at = spans.start + BORN_HOST_AT
-    spans.store_at = spans.born_at + (20 if spans.sys_flag & 0x10 else 8) + 8
-    spans.store_length = 20 if spans.sys_flag & 0x20 else 8
+    spans.store_at = _host_field(spans.start, spans.sys_flag, FIELD_STORE_HOST,
+                                 &spans.store_length)
     spans.topic_at = row_view[at + C_TOPIC_AT]
     spans.topic_length = row_view[at + C_TOPIC_LENGTH]
     spans.props_at = row_view[at + C_PROPERTIES_AT]
