@@ -916,7 +916,10 @@ class _ParquetFile:
                     # a batch's worth costs 7% less encoding (a page may then pass 1 MiB)
                     write_batch_size=EXPORT_BATCH_ROWS,
                 )
-                self.writer.add_key_value_metadata(_stored_schema())
+                # (an older pyarrow without this call leaves the key out: readers then take
+                # the same types from the Parquet schema)
+                if hasattr(self.writer, "add_key_value_metadata"):
+                    self.writer.add_key_value_metadata(_stored_schema())
             except BaseException:
                 self.close()
                 raise
