@@ -42,8 +42,9 @@ def fresh(pa: Any, size: int, typecode: str = "B") -> tuple[Any, memoryview]:
     """A new Arrow buffer of ``size`` bytes for the kernel to fill (uninitialised: the
     kernel writes every byte a column reads), and a view of it as ``typecode`` items. It
     comes from Arrow's memory pool, which reuses freed memory: no zeroed pages per batch."""
-    buffer = pa.allocate_buffer(max(size, 1))
-    return buffer, memoryview(buffer).cast(typecode)
+    buffer = pa.allocate_buffer(max(size, 8))  # (none empty: Arrow wants a buffer)
+    view = memoryview(buffer).cast(typecode)
+    return buffer, view[: size // view.itemsize]
 
 
 def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> Any:
