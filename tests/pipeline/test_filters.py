@@ -68,6 +68,10 @@ def conditions(rows: list[dict[str, Any]], rng: random.Random) -> list[tuple[Row
         (RowFilter("tags", "is_null", negated=True),),
         (RowFilter("sysFlag", "eq", 0, negated=True),),
         (RowFilter("topic", "eq", "no such topic"),),
+        (RowFilter("bornHost", "eq", some["bornHost"]),),  # columns built as dictionaries
+        (RowFilter("storeHost", "in", (some["storeHost"], "1.2.3.4:5")),),
+        (RowFilter("version", "eq", "V2"), RowFilter("queueOffset", "ge", 1)),
+        (RowFilter("file", "starts_with", "commitlog/"),),
     ]
     if tags:
         tag = rng.choice(tags)
@@ -99,6 +103,8 @@ def test_filtered_rows_are_the_rows_the_condition_picks(seeds, tmp_path: Path) -
             got = rows_by_columns(location, part, MessageRowOptions(filters=filters))
             expected = [row for row in rows if all(satisfied(f, row) for f in filters)]
             assert got == expected, f"{name}: {filters}"
+            coded = rows_by_columns(location, part, MessageRowOptions(filters=filters), coded=True)
+            assert coded == expected, f"{name}: {filters} (coded)"
             checked += 1
         subset = ("msgId", "topic", "storeTime", "body")
         got = rows_by_columns(location, part, MessageRowOptions(columns=subset))
