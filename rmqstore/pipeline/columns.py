@@ -20,6 +20,7 @@ from typing import Any
 from rmqstore import kernel
 from rmqstore.hosts import HostAddress
 from rmqstore.kernel import layout
+from rmqstore.pipeline import arrowcalls
 from rmqstore.properties import decode_properties
 
 _WIDTH = layout.ROW_WIDTH
@@ -56,7 +57,7 @@ def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> A
     buffer, view = fresh(pa, width * count)
     kernel.row_column(rows, 0, count, column, view, width)
     result = pa.Array.from_buffers(pa.int32() if narrow else pa.int64(), count, [None, buffer])
-    return result if kind is None or narrow else result.cast(kind)
+    return result if kind is None or narrow else arrowcalls.cast(result, kind)
 
 
 def constant(pa: Any, value: int) -> Any:
@@ -78,19 +79,20 @@ TIMESTAMP_MS_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
 def timestamps(pa: Any, rows: Any, column: int, count: int) -> Any:
     """Row column ``column`` (epoch milliseconds) as Arrow timestamps in microseconds, UTC
     (Spark's TimestampType); null outside :data:`TIMESTAMP_MS_RANGE`."""
-    import pyarrow.compute as pc
-
+    call = arrowcalls.call
     millis = integers(pa, rows, column, count)
     low, high = TIMESTAMP_MS_RANGE
     kind = pa.timestamp("us", tz="UTC")
-    extremes = pc.min_max(millis)
+    extremes = call("min_max", millis)
     if not count or (low <= extremes["min"].as_py() and extremes["max"].as_py() <= high):
-        return pc.multiply(millis, constant(pa, 1000)).view(kind)  # the usual batch
-    shown = pc.and_(
-        pc.greater_equal(millis, constant(pa, low)), pc.less_equal(millis, constant(pa, high))
+        return call("multiply", millis, constant(pa, 1000)).view(kind)  # the usual batch
+    shown = call(
+        "and",
+        call("greater_equal", millis, constant(pa, low)),
+        call("less_equal", millis, constant(pa, high)),
     )
-    kept = pc.sum(pc.cast(shown, pa.int64())).as_py() or 0
-    micros = pc.multiply(pc.if_else(shown, millis, constant(pa, 0)), constant(pa, 1000))
+    kept = arrowcalls.total(arrowcalls.cast(shown, pa.int64()))
+    micros = call("multiply", call("if_else", shown, millis, constant(pa, 0)), constant(pa, 1000))
     return pa.Array.from_buffers(
         kind,
         count,
@@ -104,8 +106,6 @@ def _int64(pa: Any, values: array, count: int) -> Any:
 
 
 def _binary_from_spans(pa: Any, buf: Any, spans: array, count: int, total: int, absent: int) -> Any:
-    import pyarrow.compute as pc
-
     data, data_view = fresh(pa, total)
     offsets, offset_view = fresh(pa, 4 * (count + 1), "i")
     written = kernel.gather(buf, spans, count, data_view, offset_view)
@@ -113,7 +113,9 @@ def _binary_from_spans(pa: Any, buf: Any, spans: array, count: int, total: int, 
     validity = None
     if absent:
         lengths = _int64(pa, spans[1 : 2 * count : 2], count)
-        validity = pc.not_equal(lengths, constant(pa, layout.SPAN_ABSENT)).buffers()[1]
+        validity = arrowcalls.call(
+            "not_equal", lengths, constant(pa, layout.SPAN_ABSENT)
+        ).buffers()[1]
     return pa.Array.from_buffers(pa.binary(), count, [validity, offsets, data], null_count=absent)
 
 
@@ -188,20 +190,16 @@ def repeated(pa: Any, value: str, count: int) -> Any:
 def chosen(pa: Any, condition: Any, if_true: str, if_false: str) -> Any:
     """``if_true`` where the boolean array ``condition`` holds, else ``if_false``, as an
     Arrow dictionary array (int32 indices) of those two values, in that order."""
-    import pyarrow.compute as pc
-
-    indices = pc.cast(condition, pa.int32())
+    indices = arrowcalls.cast(condition, pa.int32())
     return pa.DictionaryArray.from_arrays(indices, strings(pa, [if_false, if_true]))
 
 
 def crc_verdicts(pa: Any, rows: Any, count: int) -> Any:
     """The CRC verdict of each row: true, false, or null where it was not checked."""
-    import pyarrow.compute as pc
-
     status = integers(pa, rows, layout.CRC_STATUS, count)
-    good = pc.equal(status, constant(pa, layout.CRC_GOOD))
-    checked = pc.not_equal(status, constant(pa, layout.CRC_UNCHECKED))
-    unchecked = count - pc.sum(pc.cast(checked, pa.int64())).as_py()
+    good = arrowcalls.call("equal", status, constant(pa, layout.CRC_GOOD))
+    checked = arrowcalls.call("not_equal", status, constant(pa, layout.CRC_UNCHECKED))
+    unchecked = count - arrowcalls.total(arrowcalls.cast(checked, pa.int64()))
     return pa.Array.from_buffers(
         pa.bool_(), count, [checked.buffers()[1], good.buffers()[1]], null_count=unchecked
     )
@@ -213,12 +211,14 @@ def hosts(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
     the 64-bit integers the kernel reads them as; a batch with an IPv6 host, by their bytes."""
     keys, key_view = fresh(pa, 8 * count, "q")
     if kernel.host_keys(buf, rows, 0, count, field, key_view) == count:
-        encoded = pa.Array.from_buffers(pa.int64(), count, [None, keys]).dictionary_encode()
+        encoded = arrowcalls.dictionary_encode(
+            pa.Array.from_buffers(pa.int64(), count, [None, keys])
+        )
         fields = [
             (key & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big") for key in encoded.dictionary.to_pylist()
         ]
     else:
-        encoded = binary(pa, buf, rows, count, field).dictionary_encode()
+        encoded = arrowcalls.dictionary_encode(binary(pa, buf, rows, count, field))
         fields = encoded.dictionary.to_pylist()
     names = [str(HostAddress.from_field(value)) for value in fields]
     return pa.DictionaryArray.from_arrays(encoded.indices, strings(pa, names))
@@ -239,12 +239,10 @@ class PropertyPairs:
     arrays: use it before the thread parses the next batch."""
 
     def __init__(self, pa: Any, buf: Any, rows: Any, count: int, *, with_map: bool) -> None:
-        import pyarrow.compute as pc
-
         self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
         self.with_map = with_map
         # the names and the values of a record lie in its properties: their bytes fit here
-        self.room = pc.sum(integers(pa, rows, layout.PROPERTIES_LENGTH, count)).as_py() or 0
+        self.room = arrowcalls.total(integers(pa, rows, layout.PROPERTIES_LENGTH, count))
         # a pair takes at least 4 bytes (3 for the last of a record): at most this many pairs
         capacity = (self.room + count) // 4 + 1 if with_map else -1
         map_room = self.room if with_map else 0
@@ -287,8 +285,6 @@ class PropertyPairs:
     def text(self, field: int) -> Any:
         """The value of TAGS, KEYS or UNIQ_KEY (``layout.FIELD_*``) of each row as Arrow
         text (see :func:`text`), null where the record has none."""
-        import pyarrow.compute as pc
-
         pa, count = self.pa, self.count
         if not self.complete:
             return text(pa, binary(pa, self.buf, self.rows, count, field))
@@ -296,7 +292,8 @@ class PropertyPairs:
         spans = self.picked[2 * count * which : 2 * count * (which + 1)]
         values = _binary_from_spans(pa, self.buf, spans, count, self.room, 0)
         # an absent value gathers as empty, and a present one never is (a pair needs one)
-        present = pc.greater(pc.binary_length(values), constant32(pa, 0))
+        call = arrowcalls.call
+        present = call("greater", call("binary_length", values), constant32(pa, 0))
         absent = count - present.true_count
         if absent:
             values = pa.Array.from_buffers(

@@ -30,7 +30,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
 from rmqstore.kernel import layout
-from rmqstore.pipeline import columns
+from rmqstore.pipeline import arrowcalls, columns
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     DEFAULT_SPLIT,
@@ -581,7 +581,6 @@ def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], Queu
     """The summary of one range and the per-queue counts of its messages, in one pass: Arrow
     aggregates columns taken from the kernel's row batches."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     queues: dict[tuple[str, int], QueueStats] = {}
     wanted = None if job.topics is None else columns.strings(pa, sorted(job.topics))
@@ -602,6 +601,8 @@ def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], Queu
             names=["topic", "queueId", "size", "queueOffset", "storeTimestamp", "tags"],
         )
         if wanted is not None:
+            import pyarrow.compute as pc
+
             table = table.filter(pc.is_in(table["topic"], value_set=wanted))
         waiting.append(table)
         rows_waiting += table.num_rows
@@ -624,7 +625,7 @@ def _fold_table(queues: dict[tuple[str, int], QueueStats], table: Any) -> None:
 
     if not table.num_rows:
         return
-    topics = table["topic"].combine_chunks().dictionary_encode()
+    topics = arrowcalls.dictionary_encode(table["topic"].combine_chunks())
     names = topics.dictionary.to_pylist()
     queue_ids = _numbers(np, table["queueId"].combine_chunks(), np.int64)
     topic_of = _numbers(np, topics.indices, np.int32).astype(np.int64)
@@ -662,7 +663,7 @@ def _fold_table(queues: dict[tuple[str, int], QueueStats], table: Any) -> None:
             queues[(topic, queue_id)] = part
         else:
             _add(total, part)
-    tags = table["tags"].combine_chunks().dictionary_encode()
+    tags = arrowcalls.dictionary_encode(table["tags"].combine_chunks())
     tag_of = _numbers(np, tags.indices, np.int32)
     tagged = _valid(np, tags.indices)
     if not tagged.any():

@@ -18,7 +18,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout
-from rmqstore.pipeline import columns
+from rmqstore.pipeline import arrowcalls, columns
 from rmqstore.pipeline.filters import RowFilter, keep_mask
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import FileRange, RangeScan
@@ -156,7 +156,7 @@ class _Batch:
     def column(self, name: str) -> Any:
         if name not in self.built:
             if name in _CODED_BUILDERS:
-                self.built[name] = self.coded(name).dictionary_decode()
+                self.built[name] = arrowcalls.dictionary_decode(self.coded(name))
             else:
                 self.built[name] = _BUILDERS[name](self)
         return self.built[name]
@@ -166,7 +166,9 @@ class _Batch:
         if name not in self.coded_built:
             build = _CODED_BUILDERS.get(name)
             self.coded_built[name] = (
-                build(self) if build is not None else self.column(name).dictionary_encode()
+                build(self)
+                if build is not None
+                else arrowcalls.dictionary_encode(self.column(name))
             )
         return self.coded_built[name]
 
@@ -193,14 +195,16 @@ class _Batch:
         flat = pa.Array.from_buffers(
             pa.int64(), self.count * width, [None, pa.py_buffer(self.rows)]
         )
-        picked = pa.FixedSizeListArray.from_arrays(flat, width).filter(keep).flatten()
+        picked = arrowcalls.keep(pa.FixedSizeListArray.from_arrays(flat, width), keep).flatten()
         data = memoryview(picked.buffers()[1])[
             8 * picked.offset : 8 * (picked.offset + len(picked))
         ]
         self.rows = array("q", data.tobytes())
         self.count = len(picked) // width
-        self.built = {name: values.filter(keep) for name, values in self.built.items()}
-        self.coded_built = {name: values.filter(keep) for name, values in self.coded_built.items()}
+        self.built = {name: arrowcalls.keep(values, keep) for name, values in self.built.items()}
+        self.coded_built = {
+            name: arrowcalls.keep(values, keep) for name, values in self.coded_built.items()
+        }
         self.property_pairs = None  # of the rows before
 
 
@@ -231,10 +235,8 @@ def _picked(field: int) -> Any:
 
 
 def _version(batch: _Batch) -> Any:
-    import pyarrow.compute as pc
-
     pa = batch.pa
-    v2 = pc.equal(batch.integers(layout.VERSION), columns.constant(pa, 2))
+    v2 = arrowcalls.call("equal", batch.integers(layout.VERSION), columns.constant(pa, 2))
     return columns.chosen(pa, v2, "V2", "V1")
 
 
@@ -326,15 +328,13 @@ class MessageBatcher:
 
     def __call__(self, buf: Any, rows: Any, count: int) -> Any | None:
         """The record batch of ``count`` rows (None when no row passes the filters)."""
-        import pyarrow.compute as pc
-
         pa = self.pa
         batch = _Batch(
             pa, buf, rows, count, self.options, self.levels, self.file_label, self.map_wanted
         )
         if self.filters:
             keep = keep_mask(pa, self.filters, batch.column)
-            kept = pc.sum(pc.cast(keep, pa.int64())).as_py() or 0
+            kept = arrowcalls.total(arrowcalls.cast(keep, pa.int64()))
             if not kept:
                 return None
             if kept < count:
@@ -349,13 +349,13 @@ def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:
     """``bodies`` with those of COMPRESSED records inflated (ZLIB, compression type 0 or 3,
     as :func:`rmqstore.record.decompress_body`); a body of another type, or one that does not
     inflate, stays as stored (``sysFlag`` still says it is compressed)."""
-    import pyarrow.compute as pc
-
-    compressed = pc.not_equal(
-        pc.bit_wise_and(sys_flags, columns.constant32(pa, COMPRESSED_FLAG)),
+    call = arrowcalls.call
+    compressed = call(
+        "not_equal",
+        call("bit_wise_and", sys_flags, columns.constant32(pa, COMPRESSED_FLAG)),
         columns.constant32(pa, 0),
     )
-    if not pc.any(compressed).as_py():
+    if not call("any", compressed).as_py():
         return bodies
     flags = sys_flags.to_pylist()
     values = bodies.to_pylist()
@@ -380,16 +380,15 @@ def _tags_codes_of(batch: _Batch) -> Any:
     once, as the dispatcher hashes it (a batch holds few). A batch with SCHEDULE_TOPIC_XXXX
     records (whose tagsCode is a deliver time) or very many distinct tags goes the
     dispatcher's way, row by row (:func:`_tags_codes`)."""
-    import pyarrow.compute as pc
-
+    call = arrowcalls.call
     pa = batch.pa
-    scheduled = pc.equal(batch.column("topic"), columns.strings(pa, [SCHEDULE_TOPIC])[0])
+    scheduled = call("equal", batch.column("topic"), columns.strings(pa, [SCHEDULE_TOPIC])[0])
     encoded = batch.coded("tags")
-    if pc.any(scheduled).as_py() or len(encoded.dictionary) > _MOST_DISTINCT_TAGS:
+    if call("any", scheduled).as_py() or len(encoded.dictionary) > _MOST_DISTINCT_TAGS:
         return _tags_codes(pa, batch.buf, batch.rows, batch.count, batch.levels)
     codes = array("q", [tags_code(tags) for tags in encoded.dictionary.to_pylist()])
     hashed = pa.Array.from_buffers(pa.int64(), len(codes), [None, pa.py_buffer(codes)])
-    return pc.fill_null(hashed.take(encoded.indices), columns.constant(pa, 0))
+    return call("coalesce", arrowcalls.take(hashed, encoded.indices), columns.constant(pa, 0))
 
 
 def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -> Any:
