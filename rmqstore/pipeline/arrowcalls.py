@@ -9,45 +9,51 @@ pyarrow's array methods that compute (``cast``, ``take``, ``filter``, ``dictiona
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-try:
-    from pyarrow._compute import CastOptions
-    from pyarrow._compute import call_function as _call_function
-except ImportError:  # pragma: no cover - a pyarrow whose layout differs
-    from pyarrow.compute import CastOptions
-    from pyarrow.compute import call_function as _call_function
+
+@cache
+def _compute() -> tuple[Any, Any]:
+    """pyarrow's ``call_function`` and ``CastOptions``, imported when first called (importing
+    this module does not import pyarrow)."""
+    try:
+        from pyarrow._compute import CastOptions, call_function
+    except ImportError:  # pragma: no cover - a pyarrow whose layout differs
+        from pyarrow.compute import CastOptions, call_function
+    return call_function, CastOptions
 
 
 def call(name: str, *args: Any, options: Any = None) -> Any:
     """Arrow's compute function ``name`` on ``args`` (arrays and scalars)."""
-    return _call_function(name, list(args), options)
+    return _compute()[0](name, list(args), options)
 
 
 def cast(values: Any, kind: Any) -> Any:
     """``values`` as Arrow type ``kind``, an error where a value does not fit."""
-    return _call_function("cast", [values], CastOptions.safe(kind))
+    call_function, cast_options = _compute()
+    return call_function("cast", [values], cast_options.safe(kind))
 
 
 def total(values: Any) -> int:
     """The sum of an integer array (0 when it has no values)."""
-    return _call_function("sum", [values]).as_py() or 0
+    return call("sum", values).as_py() or 0
 
 
 def dictionary_encode(values: Any) -> Any:
     """``values`` as an Arrow dictionary array (nulls stay null)."""
-    return _call_function("dictionary_encode", [values])
+    return call("dictionary_encode", values)
 
 
 def dictionary_decode(values: Any) -> Any:
     """A dictionary array's values, one per row."""
-    return _call_function("take", [values.dictionary, values.indices])
+    return call("take", values.dictionary, values.indices)
 
 
 def take(values: Any, indices: Any) -> Any:
-    return _call_function("take", [values, indices])
+    return call("take", values, indices)
 
 
 def keep(values: Any, mask: Any) -> Any:
     """The values where the boolean ``mask`` is true (``filter``)."""
-    return _call_function("filter", [values, mask])
+    return call("filter", values, mask)

@@ -382,7 +382,8 @@ def test_background_work_runs_in_order_and_its_failure_reaches_the_caller() -> N
 
 def test_export_and_stats_do_without_pyarrow_compute(tmp_path: Path) -> None:
     """Importing ``pyarrow.compute`` costs 20 ms of start-up: the column builders call Arrow's
-    functions by name instead (rmqstore.pipeline.arrowcalls)."""
+    functions by name instead (rmqstore.pipeline.arrowcalls). Nor is pyarrow imported with
+    the engine (stats and the commands that do not write Arrow run without it)."""
     import subprocess
     import sys
 
@@ -391,6 +392,7 @@ def test_export_and_stats_do_without_pyarrow_compute(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from rmqstore.pipeline.local import LocalPipeline, PipelineOptions\n"
+        "assert 'pyarrow' not in sys.modules, 'imported with the engine'\n"
         "pipeline = LocalPipeline(sys.argv[1], PipelineOptions(split=9000))\n"
         "pipeline.export(sys.argv[2], 'parquet')\n"
         "pipeline.stats()\n"
