@@ -210,10 +210,13 @@ def hosts(pa: Any, buf: Any, rows: Any, count: int, field: int) -> Any:
     an Arrow dictionary array (int32 indices) of those texts. IPv4 fields are told apart as
     the 64-bit integers the kernel reads them as; a batch with an IPv6 host, by their bytes."""
     keys, key_view = fresh(pa, 8 * count, "q")
-    if kernel.host_keys(buf, rows, 0, count, field, key_view) == count:
-        encoded = arrowcalls.dictionary_encode(
-            pa.Array.from_buffers(pa.int64(), count, [None, keys])
-        )
+    if count and kernel.host_keys(buf, rows, 0, count, field, key_view) == count:
+        integers = pa.Array.from_buffers(pa.int64(), count, [None, keys])
+        extremes = arrowcalls.call("min_max", integers)
+        if extremes["min"] == extremes["max"]:  # one host (a store host, usually)
+            field_bytes = (extremes["min"].as_py() & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")
+            return repeated(pa, str(HostAddress.from_field(field_bytes)), count)
+        encoded = arrowcalls.dictionary_encode(integers)
         fields = [
             (key & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big") for key in encoded.dictionary.to_pylist()
         ]
