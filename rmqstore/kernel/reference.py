@@ -827,17 +827,16 @@ def property_pairs(
         if not (props_at >= 0 and props_length >= 0 and props_at + props_length <= length):
             raise ValueError(f"row {row} points outside the buffer")
         props = bytes(buf[props_at : props_at + props_length])
-        kept: dict[bytes, tuple[int, int, int]] = {}  # name to (name at, value at, value length)
+        # name to (value at, value length); a later duplicate keeps the first one's place
+        kept: dict[bytes, tuple[int, int]] = {}
         position = props_at
         for pair in props.split(b"\x02"):
             name, separator, value = pair.partition(b"\x01")
             if separator and name and value:
-                place = kept.get(name)
-                name_at = position if place is None else place[0]
-                kept[name] = (name_at, position + len(name) + 1, len(value))
+                kept[name] = (position + len(name) + 1, len(value))
             position += len(pair) + 1
         row_keys = sum(len(name) for name in kept)
-        row_items = sum(value_length for _, _, value_length in kept.values())
+        row_items = sum(value_length for _, value_length in kept.values())
         if len(kept) > record_capacity or (
             mapping
             and (
@@ -847,7 +846,7 @@ def property_pairs(
             )
         ):
             break
-        for name, (_, value_at, value_length) in kept.items():
+        for name, (value_at, value_length) in kept.items():
             if mapping:
                 keys[key_bytes : key_bytes + len(name)] = name
                 key_bytes += len(name)
@@ -859,7 +858,7 @@ def property_pairs(
             pairs += 1
         if picking:
             for which, name in enumerate(PICKED_NAMES):
-                _, value_at, value_length = kept.get(name, (0, 0, SPAN_ABSENT))
+                value_at, value_length = kept.get(name, (0, SPAN_ABSENT))
                 at = 2 * (count - first) * which + 2 * (row - first)
                 picked[at], picked[at + 1] = value_at, value_length
         row += 1
