@@ -321,8 +321,9 @@ def _decoded_pairs(data: bytes, row: list[int]) -> list[tuple[bytes, bytes]]:
 
 def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int) -> Iterator[str]:
     """Every way the kernels disagree on the export columns of the rows of ``data``: each
-    field's spans and gathered bytes, the property pairs (stopping where ``pair_capacity``
-    pairs are full) and the message ids."""
+    field's spans and gathered bytes, the property map and picks (stopping before a record
+    with more than ``pair_capacity`` pairs), integer columns, host keys, the ASCII check and
+    the message ids."""
     rows, _final = run_scan(reference, data, 0, base, 0, 4096)
     if not rows:
         return
