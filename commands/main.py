@@ -197,4 +197,9 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def main() -> None:
     """Console-script entry point."""
+    # pyarrow imports numpy, whose OpenBLAS starts a thread per core that busy-waits for
+    # work for a while; rmqstore does no linear algebra, and on a small machine those
+    # threads take CPU from the export's encoder (5% of an export's wall time on 2 cores).
+    # A caller's own setting wins; worker processes and Spark's Python workers inherit it.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     cli.main(prog_name="rmqstore")

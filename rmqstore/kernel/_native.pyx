@@ -502,11 +502,18 @@ cdef inline int32_t _index_hash(uint32_t value) noexcept nogil:
 
 
 cdef inline bint _is_ascii(const uint8_t* data, int64_t length) noexcept nogil:
-    cdef int64_t i
-    for i in range(length):
-        if data[i] >= 0x80:
-            return False
-    return True
+    # eight bytes at a time (a record's properties are some 100 bytes), then the rest
+    cdef int64_t i = 0
+    cdef uint64_t word, seen = 0
+    cdef uint8_t tail = 0
+    while i + 8 <= length:
+        memcpy(&word, data + i, 8)
+        seen |= word
+        i += 8
+    while i < length:
+        tail |= data[i]
+        i += 1
+    return (seen & 0x8080808080808080ULL) == 0 and tail < 0x80
 
 
 cdef inline void _put_le(uint8_t* at, uint64_t value, int size) noexcept nogil:
@@ -1296,6 +1303,17 @@ def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_off
 
 
 cdef const char* HEX_DIGITS = b"0123456789ABCDEF"
+# the two upper-case hex digits of each byte value, back to back (byte b at 2 * b)
+cdef const char* HEX_PAIRS = (
+    b"000102030405060708090A0B0C0D0E0F101112131415161718191A1B1C1D1E1F"
+    b"202122232425262728292A2B2C2D2E2F303132333435363738393A3B3C3D3E3F"
+    b"404142434445464748494A4B4C4D4E4F505152535455565758595A5B5C5D5E5F"
+    b"606162636465666768696A6B6C6D6E6F707172737475767778797A7B7C7D7E7F"
+    b"808182838485868788898A8B8C8D8E8F909192939495969798999A9B9C9D9E9F"
+    b"A0A1A2A3A4A5A6A7A8A9AAABACADAEAFB0B1B2B3B4B5B6B7B8B9BABBBCBDBEBF"
+    b"C0C1C2C3C4C5C6C7C8C9CACBCCCDCECFD0D1D2D3D4D5D6D7D8D9DADBDCDDDEDF"
+    b"E0E1E2E3E4E5E6E7E8E9EAEBECEDEEEFF0F1F2F3F4F5F6F7F8F9FAFBFCFDFEFF"
+)
 
 
 def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
@@ -1307,11 +1325,13 @@ def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
     cdef int64_t length = view.shape[0], capacity = data_view.shape[0], written = 0
     cdef int64_t row, at, start, host_at, host_length, k
     cdef uint64_t offset
-    cdef uint8_t byte
+    cdef const uint8_t* source
+    cdef uint8_t* out
     cdef int failure = 0
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
             or offset_view.shape[0] < count - first + 1:
         raise ValueError("rows are outside their buffers")
+    source = &view[0] if length else NULL
     offset_view[0] = 0
     row = first
     with nogil:
@@ -1327,17 +1347,16 @@ def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
             if 2 * (host_length + 8) > capacity - written:
                 failure = 2
                 break
+            # both checked above: the host lies in the buffer, and the id fits in the room
+            # left at ``written``; each byte becomes its two digits from the pair table
+            out = &data_view[written]
             for k in range(host_length):
-                byte = view[host_at + k]
-                data_view[written] = HEX_DIGITS[byte >> 4]
-                data_view[written + 1] = HEX_DIGITS[byte & 0xF]
-                written += 2
+                memcpy(out + 2 * k, HEX_PAIRS + 2 * source[host_at + k], 2)
+            out += 2 * host_length
             offset = <uint64_t>row_view[at + C_PHYSICAL_OFFSET]
-            for k in range(7, -1, -1):
-                byte = (offset >> (8 * k)) & 0xFF
-                data_view[written] = HEX_DIGITS[byte >> 4]
-                data_view[written + 1] = HEX_DIGITS[byte & 0xF]
-                written += 2
+            for k in range(8):
+                memcpy(out + 2 * k, HEX_PAIRS + 2 * ((offset >> (56 - 8 * k)) & 0xFF), 2)
+            written += 2 * (host_length + 8)
             row += 1
             offset_view[row - first] = <int32_t>written
     if failure == 1:
@@ -1353,6 +1372,8 @@ def row_column(rows, int64_t first, int64_t count, int64_t column, out, int widt
     cdef uint8_t[::1] out_view = out
     cdef int64_t row, value
     cdef int32_t narrow
+    cdef const int64_t* source
+    cdef uint8_t* target
     cdef int failure = 0
     if width != 4 and width != 8:
         raise ValueError(f"width {width} is not 4 or 8")
@@ -1360,19 +1381,26 @@ def row_column(rows, int64_t first, int64_t count, int64_t column, out, int widt
             and count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
             or out_view.shape[0] < width * (count - first):
         raise ValueError("rows are outside their buffers")
+    if first == count:
+        return
+    # both checked above: the rows hold ``count`` rows, and ``out`` their values
+    source = &row_view[first * ROW_WIDTH_NATIVE + column]
+    target = &out_view[0]
     row = first
     with nogil:
-        while row < count:
-            value = row_view[row * ROW_WIDTH_NATIVE + column]
-            if width == 8:
-                memcpy(&out_view[8 * (row - first)], &value, 8)
-            else:
+        if width == 8:
+            while row < count:
+                memcpy(target + 8 * (row - first), source + (row - first) * ROW_WIDTH_NATIVE, 8)
+                row += 1
+        else:
+            while row < count:
+                value = source[(row - first) * ROW_WIDTH_NATIVE]
                 narrow = <int32_t>value
                 if narrow != value:
                     failure = 1
                     break
-                memcpy(&out_view[4 * (row - first)], &narrow, 4)
-            row += 1
+                memcpy(target + 4 * (row - first), &narrow, 4)
+                row += 1
     if failure:
         raise ValueError(f"row {row}: {row_view[row * ROW_WIDTH_NATIVE + column]} does not fit "
                          "in 32 bits")
@@ -1387,11 +1415,13 @@ def host_keys(buf, rows, int64_t first, int64_t count, int field, keys):
     cdef uint64_t key
     cdef int k
     cdef bint bad = False
+    cdef const uint8_t* data
     if field != FIELD_BORN_HOST and field != FIELD_STORE_HOST:
         raise ValueError(f"field {field} is not a host field")
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
             or key_view.shape[0] < count - first:
         raise ValueError("rows are outside their buffers")
+    data = &view[0] if length else NULL
     row = first
     with nogil:
         while row < count:
@@ -1404,8 +1434,8 @@ def host_keys(buf, rows, int64_t first, int64_t count, int field, keys):
                 bad = True
                 break
             key = 0
-            for k in range(8):
-                key = (key << 8) | view[host_at + k]
+            for k in range(8):  # checked above: the field lies in the buffer
+                key = (key << 8) | data[host_at + k]
             key_view[row - first] = <int64_t>key
             row += 1
     if bad:
