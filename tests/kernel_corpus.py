@@ -36,10 +36,12 @@ from rmqstore.kernel.layout import (
     RUN_WIDTH,
     STOP_ON_CRC_ERROR,
     TOPIC_AT,
+    TOTAL_SIZE,
     UNIT_SIZE,
     Stop,
     new_dispatch_out,
     new_rows,
+    rows_bytes,
 )
 
 from support import ORACLE_ARCHIVES
@@ -171,6 +173,9 @@ def run_scan(
             rows,
         )
         failures += failed
+        # one call's rows lie back to back (what layout.rows_bytes counts on)
+        sizes = sum(rows[TOTAL_SIZE : count * ROW_WIDTH : ROW_WIDTH])
+        assert rows_bytes(rows, count) == sizes, "a scan's rows are not back to back"
         for index in range(count):
             row = list(rows[index * ROW_WIDTH : (index + 1) * ROW_WIDTH])
             for column in (0, TOPIC_AT, PROPERTIES_AT):

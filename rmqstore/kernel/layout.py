@@ -143,6 +143,16 @@ def new_rows(capacity: int) -> array:
     return array("q", bytes(8 * ROW_WIDTH * capacity))
 
 
+def rows_bytes(rows: array, count: int) -> int:
+    """The bytes the first ``count`` rows of one ``scan`` call take in the log: a scan steps
+    from each record to the byte after it, so its rows lie back to back and their sizes sum
+    to where the last ends less where the first begins (no pass over the rows)."""
+    if count <= 0:
+        return 0
+    last = (count - 1) * ROW_WIDTH
+    return rows[last + POSITION] + rows[last + TOTAL_SIZE] - rows[POSITION]
+
+
 # -- dispatch preparation --------------------------------------------------------------------
 #
 # ``prepare_dispatch(buf, rows, first, count, options, out, keys)`` reads the properties of

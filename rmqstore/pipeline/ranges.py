@@ -324,14 +324,13 @@ def summarize_range(
     window's) as well (another count or an export in the same pass)."""
     scan = RangeScan(location, part, check_crc, resync_last=False, batch_rows=batch_rows)
     tally = RangeTally()
-    width = layout.ROW_WIDTH
     found = array("q")
     topics = layout.TopicNames()
     for buf, _, rows, count in scan.batches():
         if on_batch is not None:
             on_batch(buf, rows, count)
         tally.records += count
-        tally.bytes += sum(rows[layout.TOTAL_SIZE : count * width : width])
+        tally.bytes += layout.rows_bytes(rows, count)
         if tally.first_bad_delay is not None:
             continue
         if len(found) < count:

@@ -143,7 +143,7 @@ class _RangePreparer:
     def batch(self, buf: Any, rows: Any, count: int, *, damaged_before: bool) -> None:
         tally = self.tally
         tally.records += count
-        tally.bytes += sum(rows[layout.TOTAL_SIZE : count * _WIDTH : _WIDTH])
+        tally.bytes += layout.rows_bytes(rows, count)
         collect = 0
         if self.collecting and damaged_before:
             self.collecting = False  # a damaged region was skipped: dispatch stopped before it
