@@ -1196,8 +1196,19 @@ def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_off
     cdef int64_t record_capacity = span_view.shape[0] // 4, pick_at, which
     cdef int64_t capacity = min(key_offset_view.shape[0], item_offset_view.shape[0]) - 1
     cdef int64_t key_room = key_view.shape[0], item_room = item_view.shape[0]
-    cdef int64_t key_bytes = 0, item_bytes = 0, row_key_bytes, row_item_bytes
+    cdef int64_t key_bytes = 0, item_bytes = 0, row_key_bytes, row_item_bytes, stride
     cdef const uint8_t* data
+    # raw views of the working arrays: every index below is checked against these sizes
+    # before it is used (a record's pairs against record_capacity, the names and values
+    # against the rooms and capacity, the rows against the shapes checked here)
+    cdef const int64_t* row_at
+    cdef int64_t* span = NULL
+    cdef uint8_t* key_out = NULL
+    cdef uint8_t* item_out = NULL
+    cdef int32_t* key_offset_out = NULL
+    cdef int32_t* item_offset_out = NULL
+    cdef int32_t* offset_out
+    cdef int64_t* pick_out = NULL
     cdef bint bad = False, full = False, duplicate
     cdef bint picking = pick_view.shape[0] > 0
     cdef bint mapping = key_offset_view.shape[0] > 0 or item_offset_view.shape[0] > 0
@@ -1206,16 +1217,28 @@ def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_off
             or (picking and pick_view.shape[0] < PICKED_WIDTH_NATIVE * (count - first)):
         raise ValueError("rows are outside their buffers")
     data = &view[0] if length else NULL
-    offset_view[0] = 0
+    offset_out = &offset_view[0]
+    offset_out[0] = 0
+    if record_capacity:
+        span = &span_view[0]
     if mapping:
-        key_offset_view[0] = 0
-        item_offset_view[0] = 0
+        key_offset_out = &key_offset_view[0]
+        item_offset_out = &item_offset_view[0]
+        key_offset_out[0] = 0
+        item_offset_out[0] = 0
+        if key_room:
+            key_out = &key_view[0]
+        if item_room:
+            item_out = &item_view[0]
+    if picking:
+        pick_out = &pick_view[0]
+    stride = 2 * (count - first)  # between the TAGS, KEYS and UNIQ_KEY picks of a row
     row = first
     with nogil:
         while row < count:
-            at = row * ROW_WIDTH_NATIVE
-            props_at = row_view[at + C_PROPERTIES_AT]
-            props_length = row_view[at + C_PROPERTIES_LENGTH]
+            row_at = &row_view[0] + row * ROW_WIDTH_NATIVE
+            props_at = row_at[C_PROPERTIES_AT]
+            props_length = row_at[C_PROPERTIES_LENGTH]
             if not _fits(props_at, props_length, length):
                 bad = True
                 break
@@ -1231,11 +1254,11 @@ def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_off
                     duplicate = False
                     k = 0
                     while k < row_pairs:
-                        if (span_view[4 * k + 1] == name_length
-                                and memcmp(data + span_view[4 * k], data + position,
+                        if (span[4 * k + 1] == name_length
+                                and memcmp(data + span[4 * k], data + position,
                                            name_length) == 0):
-                            span_view[4 * k + 2] = separator + 1
-                            span_view[4 * k + 3] = value_length
+                            span[4 * k + 2] = separator + 1
+                            span[4 * k + 3] = value_length
                             duplicate = True
                             break
                         k += 1
@@ -1243,10 +1266,10 @@ def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_off
                         if row_pairs == record_capacity:
                             full = True
                             break
-                        span_view[4 * row_pairs] = position
-                        span_view[4 * row_pairs + 1] = name_length
-                        span_view[4 * row_pairs + 2] = separator + 1
-                        span_view[4 * row_pairs + 3] = value_length
+                        span[4 * row_pairs] = position
+                        span[4 * row_pairs + 1] = name_length
+                        span[4 * row_pairs + 2] = separator + 1
+                        span[4 * row_pairs + 3] = value_length
                         row_pairs += 1
                 position = pair_end + 1
             if full:
@@ -1255,8 +1278,8 @@ def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_off
             row_item_bytes = 0
             k = 0
             while k < row_pairs:
-                row_key_bytes += span_view[4 * k + 1]
-                row_item_bytes += span_view[4 * k + 3]
+                row_key_bytes += span[4 * k + 1]
+                row_item_bytes += span[4 * k + 3]
                 k += 1
             if mapping and (row_pairs > capacity - pairs or row_key_bytes > key_room - key_bytes
                             or row_item_bytes > item_room - item_bytes
@@ -1266,37 +1289,35 @@ def property_pairs(buf, rows, int64_t first, int64_t count, spans, keys, key_off
             k = 0
             while mapping and k < row_pairs:  # the names and values, back to back
                 # a kept pair's name and value are never empty
-                memcpy(&key_view[key_bytes], data + span_view[4 * k], span_view[4 * k + 1])
-                key_bytes += span_view[4 * k + 1]
-                memcpy(&item_view[item_bytes], data + span_view[4 * k + 2], span_view[4 * k + 3])
-                item_bytes += span_view[4 * k + 3]
-                key_offset_view[pairs + k + 1] = <int32_t>key_bytes
-                item_offset_view[pairs + k + 1] = <int32_t>item_bytes
+                memcpy(key_out + key_bytes, data + span[4 * k], span[4 * k + 1])
+                key_bytes += span[4 * k + 1]
+                memcpy(item_out + item_bytes, data + span[4 * k + 2], span[4 * k + 3])
+                item_bytes += span[4 * k + 3]
+                key_offset_out[pairs + k + 1] = <int32_t>key_bytes
+                item_offset_out[pairs + k + 1] = <int32_t>item_bytes
                 k += 1
             if picking:  # the values of TAGS, KEYS and UNIQ_KEY among the pairs kept
                 pick_at = 2 * (row - first)
                 for which in range(3):
-                    pick_view[pick_at + 2 * (count - first) * which] = 0
-                    pick_view[pick_at + 2 * (count - first) * which + 1] = SPAN_ABSENT
+                    pick_out[pick_at + stride * which] = 0
+                    pick_out[pick_at + stride * which + 1] = SPAN_ABSENT
                 k = 0
                 while k < row_pairs:
-                    name_length = span_view[4 * k + 1]
+                    name_length = span[4 * k + 1]
                     which = -1
-                    if name_length == 4 and memcmp(data + span_view[4 * k], b"TAGS", 4) == 0:
+                    if name_length == 4 and memcmp(data + span[4 * k], b"TAGS", 4) == 0:
                         which = 0
-                    elif name_length == 4 and memcmp(data + span_view[4 * k], b"KEYS", 4) == 0:
+                    elif name_length == 4 and memcmp(data + span[4 * k], b"KEYS", 4) == 0:
                         which = 1
-                    elif (name_length == 8
-                            and memcmp(data + span_view[4 * k], b"UNIQ_KEY", 8) == 0):
+                    elif name_length == 8 and memcmp(data + span[4 * k], b"UNIQ_KEY", 8) == 0:
                         which = 2
                     if which >= 0:
-                        pick_view[pick_at + 2 * (count - first) * which] = span_view[4 * k + 2]
-                        pick_view[pick_at + 2 * (count - first) * which + 1] = \
-                            span_view[4 * k + 3]
+                        pick_out[pick_at + stride * which] = span[4 * k + 2]
+                        pick_out[pick_at + stride * which + 1] = span[4 * k + 3]
                     k += 1
             pairs += row_pairs
             row += 1
-            offset_view[row - first] = <int32_t>pairs
+            offset_out[row - first] = <int32_t>pairs
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
     return row, pairs, key_bytes, item_bytes
