@@ -431,19 +431,37 @@ def columns_both(native: ModuleType, data: bytes, base: int, pair_capacity: int)
     if ids[0] != ids[1]:
         yield "message_ids differ"
     integer_columns = []
+    done = count - first
     for kernel in (reference, native):
         found = []
-        for column in range(ROW_WIDTH):
-            for width in (4, 8):
-                out = bytearray(width * (count - first) + 3)
+        for width in (4, 8):  # every column one at a time, then all of them in one pass
+            for column in range(ROW_WIDTH):
+                out = bytearray(width * done + 3)
                 try:
-                    kernel.row_column(packed, first, count, column, out, width)
+                    kernel.row_columns(packed, first, count, array("q", [column, width, 0]), out)
                     found.append(bytes(out))
                 except ValueError as exc:  # a value outside 32 bits: the same refusal
                     found.append(str(exc))
+            every = array("q")
+            for column in range(ROW_WIDTH):
+                every.extend((column, width, width * done * column))
+            out = bytearray(width * done * ROW_WIDTH)
+            try:
+                kernel.row_columns(packed, first, count, every, out)
+                found.append(bytes(out))
+            except ValueError as exc:
+                found.append(str(exc))
         integer_columns.append(found)
     if integer_columns[0] != integer_columns[1]:
-        yield "row_column differs"
+        yield "row_columns differs"
+    for number, width in enumerate((4, 8)):  # one pass gives what the columns one by one give
+        singles = integer_columns[0][number * (ROW_WIDTH + 1) : (number + 1) * (ROW_WIDTH + 1)]
+        *each, every = singles
+        if all(isinstance(value, bytes) for value in each):
+            if every != b"".join(value[: width * done] for value in each):
+                yield f"row_columns in one pass unlike column by column (width {width})"
+        elif not isinstance(every, str):
+            yield f"row_columns in one pass took a value it refuses alone (width {width})"
     for field in (FIELD_BORN_HOST, FIELD_STORE_HOST):
         found_keys = []
         for kernel in (reference, native):

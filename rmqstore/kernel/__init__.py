@@ -67,7 +67,7 @@ property_pairs: Callable[..., tuple[int, int, int, int]] = (
     _refuse if _refusal else _implementation.property_pairs
 )
 message_ids: Callable[..., int] = _refuse if _refusal else _implementation.message_ids
-row_column: Callable[..., None] = _refuse if _refusal else _implementation.row_column
+row_columns: Callable[..., None] = _refuse if _refusal else _implementation.row_columns
 host_keys: Callable[..., int] = _refuse if _refusal else _implementation.host_keys
 ascii_only: Callable[[Any, int], bool] = _refuse if _refusal else _implementation.ascii_only
 pack_records: Callable[..., tuple[int, int, int, int]] = (

@@ -1387,44 +1387,50 @@ def message_ids(buf, rows, int64_t first, int64_t count, data, offsets):
     return written
 
 
-def row_column(rows, int64_t first, int64_t count, int64_t column, out, int width):
+def row_columns(rows, int64_t first, int64_t count, columns, out):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const int64_t[::1] row_view = rows
+    cdef const int64_t[::1] spec_view = columns
     cdef uint8_t[::1] out_view = out
-    cdef int64_t row, value
+    cdef int64_t wanted = spec_view.shape[0] // 3, size = out_view.shape[0], done = count - first
+    cdef int64_t k, row = 0, value = 0, column, width, at
     cdef int32_t narrow
     cdef const int64_t* source
+    cdef const int64_t* spec
     cdef uint8_t* target
-    cdef int failure = 0
-    if width != 4 and width != 8:
-        raise ValueError(f"width {width} is not 4 or 8")
-    if not (0 <= column < ROW_WIDTH_NATIVE and 0 <= first <= count
-            and count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
-            or out_view.shape[0] < width * (count - first):
+    cdef bint failed = False
+    if spec_view.shape[0] % 3 or not (0 <= first <= count
+                                      and count <= row_view.shape[0] // ROW_WIDTH_NATIVE):
         raise ValueError("rows are outside their buffers")
-    if first == count:
+    for k in range(wanted):
+        column, width, at = spec_view[3 * k], spec_view[3 * k + 1], spec_view[3 * k + 2]
+        if width != 4 and width != 8:
+            raise ValueError(f"width {width} is not 4 or 8")
+        if not 0 <= column < ROW_WIDTH_NATIVE or at < 0 or at % width or width * done > size - at:
+            raise ValueError("rows are outside their buffers")
+    if done == 0 or wanted == 0:
         return
-    # both checked above: the rows hold ``count`` rows, and ``out`` their values
-    source = &row_view[first * ROW_WIDTH_NATIVE + column]
+    # all checked above: the rows hold rows [first, count), and each column's values fit in
+    # ``out`` from its offset (so ``out`` is not empty)
+    source = &row_view[first * ROW_WIDTH_NATIVE]
+    spec = &spec_view[0]
     target = &out_view[0]
-    row = first
     with nogil:
-        if width == 8:
-            while row < count:
-                memcpy(target + 8 * (row - first), source + (row - first) * ROW_WIDTH_NATIVE, 8)
+        while row < done and not failed:  # row by row: each row read once for every column
+            for k in range(wanted):
+                value = source[row * ROW_WIDTH_NATIVE + spec[3 * k]]
+                if spec[3 * k + 1] == 8:
+                    memcpy(target + spec[3 * k + 2] + 8 * row, &value, 8)
+                else:
+                    narrow = <int32_t>value
+                    if narrow != value:
+                        failed = True
+                        break
+                    memcpy(target + spec[3 * k + 2] + 4 * row, &narrow, 4)
+            if not failed:
                 row += 1
-        else:
-            while row < count:
-                value = source[(row - first) * ROW_WIDTH_NATIVE]
-                narrow = <int32_t>value
-                if narrow != value:
-                    failure = 1
-                    break
-                memcpy(target + 4 * (row - first), &narrow, 4)
-                row += 1
-    if failure:
-        raise ValueError(f"row {row}: {row_view[row * ROW_WIDTH_NATIVE + column]} does not fit "
-                         "in 32 bits")
+    if failed:
+        raise ValueError(f"row {first + row}: {value} does not fit in 32 bits")
 
 
 def host_keys(buf, rows, int64_t first, int64_t count, int field, keys):

@@ -342,10 +342,13 @@ PICKED_NAMES = (b"TAGS", b"KEYS", b"UNIQ_KEY")
 # offsets as ``gather``; it returns the bytes written.
 MESSAGE_ID_MAX = 2 * (20 + 8)
 #
-# ``row_column(rows, first, count, column, out, width)`` copies row column ``column`` of rows
-# ``[first, count)`` into ``out`` (a writable buffer) as ``width``-byte signed integers in the
+# ``row_columns(rows, first, count, columns, out)`` copies row columns of rows ``[first,
+# count)`` into ``out`` (a writable buffer) in one pass over the rows. ``columns`` holds a
+# triple per column: the row column, a width of 4 or 8 bytes, and the byte offset in ``out``
+# (a multiple of the width) where its values go, as ``width``-byte signed integers in the
 # machine's byte order, back to back, as an Arrow int32 (width 4) or int64 (width 8) column
-# holds them. With width 4 a value outside 32 bits is a ValueError.
+# holds them. A value outside 32 bits for width 4 is a ValueError naming the first such one,
+# row by row and column by column in ``columns``' order (``out`` is then partly written).
 #
 # ``host_keys(buf, rows, first, count, field, keys)`` writes the born or store host field
 # (``field``: FIELD_BORN_HOST or FIELD_STORE_HOST) of each row of ``[first, count)`` whose

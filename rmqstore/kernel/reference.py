@@ -896,23 +896,37 @@ def message_ids(buf: Any, rows: Any, first: int, count: int, data: Any, offsets:
     return written
 
 
-def row_column(rows: Any, first: int, count: int, column: int, out: Any, width: int) -> None:
+def row_columns(rows: Any, first: int, count: int, columns: Any, out: Any) -> None:
     """See :mod:`rmqstore.kernel.layout`."""
-    if width not in (4, 8):
-        raise ValueError(f"width {width} is not 4 or 8")
-    if not (0 <= column < ROW_WIDTH and 0 <= first <= count <= len(rows) // ROW_WIDTH) or len(
-        out
-    ) < width * (count - first):
+    if len(columns) % 3 or not 0 <= first <= count <= len(rows) // ROW_WIDTH:
         raise ValueError("rows are outside their buffers")
-    values = rows[first * ROW_WIDTH + column : count * ROW_WIDTH : ROW_WIDTH]
-    if width == 4:
-        for row, value in enumerate(values, first):
-            if not -(1 << 31) <= value < 1 << 31:
-                raise ValueError(f"row {row}: {value} does not fit in 32 bits")
-        values = array("i", values)
-    else:
-        values = array("q", values)
-    memoryview(out).cast("B")[: width * (count - first)] = memoryview(values).cast("B")
+    target = memoryview(out).cast("B")
+    specs = [tuple(columns[k : k + 3]) for k in range(0, len(columns), 3)]
+    done = count - first
+    for column, width, at in specs:
+        if width not in (4, 8):
+            raise ValueError(f"width {width} is not 4 or 8")
+        if not 0 <= column < ROW_WIDTH or at < 0 or at % width or width * done > len(target) - at:
+            raise ValueError("rows are outside their buffers")
+    found = []
+    for column, width, at in specs:
+        values = rows[first * ROW_WIDTH + column : count * ROW_WIDTH : ROW_WIDTH]
+        found.append((width, at, values))
+    # the native kernel goes row by row, every column of a row in turn: the value it refuses
+    # is the first outside 32 bits in that order
+    refused = [
+        (row, number, value)
+        for number, (width, _, values) in enumerate(found)
+        if width == 4
+        for row, value in enumerate(values)
+        if not -(1 << 31) <= value < 1 << 31
+    ]
+    if refused:
+        row, _, value = min(refused)
+        raise ValueError(f"row {first + row}: {value} does not fit in 32 bits")
+    for width, at, values in found:
+        packed = array("i" if width == 4 else "q", values)
+        target[at : at + width * done] = memoryview(packed).cast("B")
 
 
 def host_keys(buf: Any, rows: Any, first: int, count: int, field: int, keys: Any) -> int:

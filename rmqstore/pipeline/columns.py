@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from array import array
+from collections.abc import Iterable
 from typing import Any
 
 from rmqstore import kernel
@@ -55,9 +56,37 @@ def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> A
     narrow = kind is not None and kind == pa.int32()
     width = 4 if narrow else 8
     buffer, view = fresh(pa, width * count)
-    kernel.row_column(rows, 0, count, column, view, width)
+    kernel.row_columns(rows, 0, count, array("q", (column, width, 0)), view)
     result = pa.Array.from_buffers(pa.int32() if narrow else pa.int64(), count, [None, buffer])
     return result if kind is None or narrow else arrowcalls.cast(result, kind)
+
+
+class RowIntegers:
+    """Integer row columns of the first ``count`` rows, copied out by one kernel pass over
+    the rows into one Arrow buffer: ``wanted`` lists ``(row column, width)`` pairs (width 4:
+    int32, a value outside 32 bits is a ValueError; 8: int64). Each column starts on a
+    64-byte boundary of the buffer, as Arrow allocates them."""
+
+    def __init__(self, pa: Any, rows: Any, count: int, wanted: Iterable[tuple[int, int]]) -> None:
+        self.pa, self.count = pa, count
+        self.placed: dict[tuple[int, int], int] = {}
+        spec = array("q")
+        at = 0
+        for column, width in dict.fromkeys(wanted):
+            spec.extend((column, width, at))
+            self.placed[(column, width)] = at
+            at += -(-width * count // 64) * 64
+        self.buffer, view = fresh(pa, at)
+        kernel.row_columns(rows, 0, count, spec, view)
+
+    def array(self, column: int, width: int) -> Any | None:
+        """Row column ``column`` as Arrow int32 (width 4) or int64; None when not copied."""
+        at = self.placed.get((column, width))
+        if at is None:
+            return None
+        kind = self.pa.int32() if width == 4 else self.pa.int64()
+        values = self.buffer.slice(at, width * self.count)
+        return self.pa.Array.from_buffers(kind, self.count, [None, values])
 
 
 def constant(pa: Any, value: int) -> Any:
@@ -76,11 +105,11 @@ def constant32(pa: Any, value: int) -> Any:
 TIMESTAMP_MS_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
 
 
-def timestamps(pa: Any, rows: Any, column: int, count: int) -> Any:
-    """Row column ``column`` (epoch milliseconds) as Arrow timestamps in microseconds, UTC
+def timestamps(pa: Any, millis: Any) -> Any:
+    """Epoch milliseconds (an Arrow int64 array) as Arrow timestamps in microseconds, UTC
     (Spark's TimestampType); null outside :data:`TIMESTAMP_MS_RANGE`."""
     call = arrowcalls.call
-    millis = integers(pa, rows, column, count)
+    count = len(millis)
     low, high = TIMESTAMP_MS_RANGE
     kind = pa.timestamp("us", tz="UTC")
     extremes = call("min_max", millis)
@@ -241,11 +270,16 @@ class PropertyPairs:
     KEYS and UNIQ_KEY columns are built from them. The picks live in this thread's working
     arrays: use it before the thread parses the next batch."""
 
-    def __init__(self, pa: Any, buf: Any, rows: Any, count: int, *, with_map: bool) -> None:
+    def __init__(
+        self, pa: Any, buf: Any, rows: Any, count: int, *, with_map: bool, lengths: Any = None
+    ) -> None:
+        """``lengths``: the rows' PROPERTIES_LENGTH column as Arrow int64, when at hand."""
         self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
         self.with_map = with_map
+        if lengths is None:
+            lengths = integers(pa, rows, layout.PROPERTIES_LENGTH, count)
         # the names and the values of a record lie in its properties: their bytes fit here
-        self.room = arrowcalls.total(integers(pa, rows, layout.PROPERTIES_LENGTH, count))
+        self.room = arrowcalls.total(lengths)
         # a pair takes at least 4 bytes (3 for the last of a record): at most this many pairs
         capacity = (self.room + count) // 4 + 1 if with_map else -1
         map_room = self.room if with_map else 0

@@ -575,6 +575,13 @@ class StatsJob:
 
 
 _TALLY_ROWS = 65536  # rows aggregated at a time
+# queueId, size, queueOffset, storeTimestamp: the row columns stats aggregates, as int64
+_STATS_INTEGERS = (
+    (layout.QUEUE_ID, 8),
+    (layout.TOTAL_SIZE, 8),
+    (layout.QUEUE_OFFSET, 8),
+    (layout.STORE_TIMESTAMP, 8),
+)
 
 
 def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], QueueStats]]:
@@ -589,13 +596,11 @@ def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], Queu
 
     def count(buf: Any, rows: Any, count: int) -> None:
         nonlocal rows_waiting
+        integers = columns.RowIntegers(pa, rows, count, _STATS_INTEGERS)
         table = pa.Table.from_arrays(
             [
                 columns.topics(pa, buf, rows, count),
-                columns.integers(pa, rows, layout.QUEUE_ID, count),
-                columns.integers(pa, rows, layout.TOTAL_SIZE, count),
-                columns.integers(pa, rows, layout.QUEUE_OFFSET, count),
-                columns.integers(pa, rows, layout.STORE_TIMESTAMP, count),
+                *(integers.array(column, width) for column, width in _STATS_INTEGERS),
                 columns.text(pa, columns.binary(pa, buf, rows, count, layout.FIELD_TAGS)),
             ],
             names=["topic", "queueId", "size", "queueOffset", "storeTimestamp", "tags"],

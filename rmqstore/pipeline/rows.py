@@ -145,10 +145,14 @@ class _Batch:
         levels: DelayLevels,
         file_label: str,
         map_wanted: bool,
+        integer_columns: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self.pa, self.buf, self.rows, self.count = pa, buf, rows, count
         self.options, self.levels, self.file_label = options, levels, file_label
         self.map_wanted = map_wanted  # the properties column will be built: parse for it
+        # the (row column, width) pairs the batch's columns take: copied out in one pass
+        self.integer_columns = integer_columns
+        self.row_integers: columns.RowIntegers | None = None
         self.built: dict[str, Any] = {}
         self.coded_built: dict[str, Any] = {}
         self.property_pairs: columns.PropertyPairs | None = None
@@ -173,7 +177,15 @@ class _Batch:
         return self.coded_built[name]
 
     def integers(self, field: int, kind: Any = None) -> Any:
-        return columns.integers(self.pa, self.rows, field, self.count, kind)
+        """Row column ``field`` as Arrow int64, or int32 (or cast to another) ``kind``."""
+        pa = self.pa
+        narrow = kind is not None and kind == pa.int32()
+        if self.row_integers is None:
+            self.row_integers = columns.RowIntegers(pa, self.rows, self.count, self.integer_columns)
+        found = self.row_integers.array(field, 4 if narrow else 8)
+        if found is None:
+            return columns.integers(pa, self.rows, field, self.count, kind)
+        return found if kind is None or narrow else arrowcalls.cast(found, kind)
 
     def field(self, field: int) -> Any:
         return columns.binary(self.pa, self.buf, self.rows, self.count, field)
@@ -183,7 +195,12 @@ class _Batch:
         the map is wanted after a parse without it)."""
         if self.property_pairs is None or (with_map and not self.property_pairs.with_map):
             self.property_pairs = columns.PropertyPairs(
-                self.pa, self.buf, self.rows, self.count, with_map=with_map or self.map_wanted
+                self.pa,
+                self.buf,
+                self.rows,
+                self.count,
+                with_map=with_map or self.map_wanted,
+                lengths=self.integers(layout.PROPERTIES_LENGTH),
             )
         return self.property_pairs
 
@@ -206,6 +223,7 @@ class _Batch:
             name: arrowcalls.keep(values, keep) for name, values in self.coded_built.items()
         }
         self.property_pairs = None  # of the rows before
+        self.row_integers = None
 
 
 def _body(batch: _Batch) -> Any:
@@ -253,7 +271,7 @@ def _hosts(field: int) -> Any:
 
 
 def _timestamps(field: int) -> Any:
-    return lambda batch: columns.timestamps(batch.pa, batch.rows, field, batch.count)
+    return lambda batch: columns.timestamps(batch.pa, batch.integers(field))
 
 
 _BUILDERS: dict[str, Any] = {
@@ -324,13 +342,28 @@ class MessageBatcher:
         self.map_wanted = "properties" in self.names or any(
             row_filter.column == "properties" for row_filter in self.filters
         )
+        self.integer_columns = tuple(
+            dict.fromkeys(
+                pair
+                for name in [*self.names, *(row_filter.column for row_filter in self.filters)]
+                for pair in _ROW_INTEGERS.get(name, ())
+            )
+        )
         self.levels = DelayLevels(options.delay_levels) if options.delay_levels else DelayLevels()
 
     def __call__(self, buf: Any, rows: Any, count: int) -> Any | None:
         """The record batch of ``count`` rows (None when no row passes the filters)."""
         pa = self.pa
         batch = _Batch(
-            pa, buf, rows, count, self.options, self.levels, self.file_label, self.map_wanted
+            pa,
+            buf,
+            rows,
+            count,
+            self.options,
+            self.levels,
+            self.file_label,
+            self.map_wanted,
+            self.integer_columns,
         )
         if self.filters:
             keep = keep_mask(pa, self.filters, batch.column)
@@ -366,6 +399,30 @@ def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:
     return pa.array(values, type=pa.binary())
 
 
+_PROPERTIES_LENGTH = ((layout.PROPERTIES_LENGTH, 8),)  # a parse of the properties sizes by it
+_ROW_INTEGERS: dict[str, tuple[tuple[int, int], ...]] = {  # (row column, width) a column takes
+    "queueId": ((layout.QUEUE_ID, 4),),
+    "queueOffset": ((layout.QUEUE_OFFSET, 8),),
+    "properties": _PROPERTIES_LENGTH,
+    "bornTimestamp": ((layout.BORN_TIMESTAMP, 8),),
+    "storeTimestamp": ((layout.STORE_TIMESTAMP, 8),),
+    "flag": ((layout.FLAG, 4),),
+    "commitLogOffset": ((layout.PHYSICAL_OFFSET, 8),),
+    "storeSize": ((layout.TOTAL_SIZE, 4),),
+    "msgSize": ((layout.TOTAL_SIZE, 4),),
+    "bodyLength": ((layout.BODY_LENGTH, 4),),
+    "bodyCRC": ((layout.BODY_CRC, 4),),
+    "sysFlag": ((layout.SYS_FLAG, 4),),
+    "reconsumeTimes": ((layout.RECONSUME_TIMES, 4),),
+    "preparedTransactionOffset": ((layout.PREPARED_OFFSET, 8),),
+    "tags": _PROPERTIES_LENGTH,
+    "tagsCode": _PROPERTIES_LENGTH,
+    "keys": _PROPERTIES_LENGTH,
+    "uniqKey": _PROPERTIES_LENGTH,
+    "version": ((layout.VERSION, 8),),
+    "bornTime": ((layout.BORN_TIMESTAMP, 8),),
+    "storeTime": ((layout.STORE_TIMESTAMP, 8),),
+}
 _CODED_BUILDERS: dict[str, Any] = {  # columns built as dictionaries
     "version": _version,
     "file": lambda batch: columns.repeated(batch.pa, batch.file_label, batch.count),

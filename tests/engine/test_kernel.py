@@ -384,25 +384,37 @@ def test_row_columns_are_copied_out_as_arrow_integers() -> None:
     rows[width + layout.QUEUE_ID] = -(1 << 31)
     rows[2 * width + layout.QUEUE_ID] = (1 << 31) - 1
     rows[2 * width + layout.PHYSICAL_OFFSET] = 1 << 40
+    rows[width + layout.FLAG] = 1 << 33
     for impl in (native, reference):
         out = bytearray(12)
-        impl.row_column(rows, 0, 3, layout.QUEUE_ID, out, 4)
+        impl.row_columns(rows, 0, 3, array("q", [layout.QUEUE_ID, 4, 0]), out)
         assert list(array("i", bytes(out))) == [layout.QUEUE_ID, -(1 << 31), (1 << 31) - 1]
-        out = bytearray(16)
-        impl.row_column(rows, 1, 3, layout.PHYSICAL_OFFSET, out, 8)
-        assert list(array("q", bytes(out))) == [width + layout.PHYSICAL_OFFSET, 1 << 40]
+        # two columns in one pass, each at its own offset
+        out = bytearray(40)
+        both = array("q", [layout.PHYSICAL_OFFSET, 8, 0, layout.QUEUE_ID, 4, 24])
+        impl.row_columns(rows, 1, 3, both, out)
+        assert list(array("q", bytes(out[:16]))) == [width + layout.PHYSICAL_OFFSET, 1 << 40]
+        assert list(array("i", bytes(out[24:32]))) == [-(1 << 31), (1 << 31) - 1]
         with pytest.raises(ValueError, match="row 2: 1099511627776 does not fit in 32 bits"):
-            impl.row_column(rows, 0, 3, layout.PHYSICAL_OFFSET, bytearray(12), 4)
+            impl.row_columns(rows, 0, 3, array("q", [layout.PHYSICAL_OFFSET, 4, 0]), bytearray(12))
+        # the first refusal row by row: row 1's FLAG before row 2's PHYSICAL_OFFSET
+        narrow = array("q", [layout.PHYSICAL_OFFSET, 4, 0, layout.FLAG, 4, 12])
+        with pytest.raises(ValueError, match="row 1: 8589934592 does not fit in 32 bits"):
+            impl.row_columns(rows, 0, 3, narrow, bytearray(24))
         for call in (
-            (rows, 0, 3, layout.QUEUE_ID, bytearray(11), 4),  # too small for the values
-            (rows, 0, 4, layout.QUEUE_ID, bytearray(16), 4),  # more rows than there are
-            (rows, 2, 1, layout.QUEUE_ID, bytearray(16), 4),
-            (rows, 0, 1, width, bytearray(8), 8),  # no such column
-            (rows, 0, 1, -1, bytearray(8), 8),
-            (rows, 0, 1, 0, bytearray(8), 2),  # no such width
+            (rows, 0, 3, array("q", [layout.QUEUE_ID, 4, 0]), bytearray(11)),  # too small
+            (rows, 0, 3, array("q", [layout.QUEUE_ID, 4, 4]), bytearray(12)),  # past the end
+            (rows, 0, 1, array("q", [layout.QUEUE_ID, 4, 2]), bytearray(8)),  # misaligned
+            (rows, 0, 1, array("q", [layout.QUEUE_ID, 4, -4]), bytearray(8)),
+            (rows, 0, 4, array("q", [layout.QUEUE_ID, 4, 0]), bytearray(16)),  # no such rows
+            (rows, 2, 1, array("q", [layout.QUEUE_ID, 4, 0]), bytearray(16)),
+            (rows, 0, 1, array("q", [width, 8, 0]), bytearray(8)),  # no such column
+            (rows, 0, 1, array("q", [-1, 8, 0]), bytearray(8)),
+            (rows, 0, 1, array("q", [0, 2, 0]), bytearray(8)),  # no such width
+            (rows, 0, 1, array("q", [0, 8]), bytearray(8)),  # not triples
         ):
             with pytest.raises(ValueError):
-                impl.row_column(*call)
+                impl.row_columns(*call)
 
 
 @pytest.mark.parametrize("where", [0, 7, 8, 15, 16, 20])
