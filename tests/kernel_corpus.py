@@ -26,6 +26,7 @@ from rmqstore.kernel.layout import (
     FIELD_TAGS,
     FIELD_TOPIC,
     FIELD_UNIQ_KEY,
+    FORCE_PROPERTY_CRC,
     HASHED_KEY_SIZE,
     MESSAGE_ID_MAX,
     PICKED_WIDTH,
@@ -34,6 +35,7 @@ from rmqstore.kernel.layout import (
     PROPERTY_CRC,
     ROW_WIDTH,
     RUN_WIDTH,
+    SCHEDULED_ONLY,
     STOP_ON_CRC_ERROR,
     TOPIC_AT,
     TOTAL_SIZE,
@@ -234,13 +236,16 @@ def dispatch_both(
         return
     packed = pack_rows(rows)
     previous_time = rows[len(rows) // 2][10] if options else -1
-    attention = []
-    for kernel in (reference, native):
-        found = array("q", bytes(8 * len(rows)))
-        number = kernel.attention_rows(data, packed, 0, len(rows), previous_time, options, found)
-        attention.append(list(found[:number]))
-    if attention[0] != attention[1]:
-        yield f"attention_rows differs (options {options})"
+    for looking in (0, FORCE_PROPERTY_CRC, SCHEDULED_ONLY):
+        attention = []
+        for kernel in (reference, native):
+            found = array("q", bytes(8 * len(rows)))
+            number = kernel.attention_rows(
+                data, packed, 0, len(rows), previous_time, looking, found
+            )
+            attention.append(list(found[:number]))
+        if attention[0] != attention[1]:
+            yield f"attention_rows differs (options {looking})"
     results = []
     for kernel in (reference, native):
         out = new_dispatch_out(len(rows))

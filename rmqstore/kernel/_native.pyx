@@ -900,6 +900,9 @@ def cut_index(data, int64_t physical_offset):
 
 # -- record checks (see layout.py) -------------------------------------------------------------
 
+_check_columns((("FORCE_PROPERTY_CRC", 1), ("SCHEDULED_ONLY", 2)))  # attention_rows options
+
+
 def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_time, int options,
                    found):
     """See ``rmqstore/kernel/layout.py``."""
@@ -909,7 +912,7 @@ def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_tim
     cdef int64_t length = view.shape[0], number = 0, row, at, stamp, topic_at, topic_length
     cdef int64_t props_at, props_length
     cdef const uint8_t* data
-    cdef bint look, force = options & 1, bad = False
+    cdef bint look, force = options & 1, schedule_only = options & 2, bad = False
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
             or found_view.shape[0] < count - first:
         raise ValueError("rows are outside their buffers")
@@ -927,7 +930,8 @@ def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_tim
                     and _fits(props_at, props_length, length)):
                 bad = True
                 break
-            look = (
+            look = (topic_length == 19 and memcmp(data + topic_at, SCHEDULE_TOPIC, 19) == 0) \
+                if schedule_only else (
                 row_view[at + C_CRC_STATUS] == 0
                 or force
                 or not _is_ascii(data + props_at, props_length)

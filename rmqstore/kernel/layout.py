@@ -243,7 +243,10 @@ UNIT_SIZE = 20
 # and returns how many: a failed CRC check, properties that are not ASCII, properties ending with
 # a ``__CRC32#`` property (every row with FORCE_PROPERTY_CRC), a SCHEDULE_TOPIC_XXXX record,
 # or a store time earlier than the row before (``previous_time`` for the first; -1: none).
+# With SCHEDULED_ONLY, only the SCHEDULE_TOPIC_XXXX records (a range's summary looks at
+# their DELAY, nothing else).
 FORCE_PROPERTY_CRC = 1
+SCHEDULED_ONLY = 2
 
 
 class TopicNames:

@@ -108,6 +108,7 @@ from rmqstore.kernel.layout import (
     RUN_UNITS,
     RUN_UNITS_FROM,
     RUN_WIDTH,
+    SCHEDULED_ONLY,
     SPAN_ABSENT,
     STATE_BEGIN_OFFSET,
     STATE_BEGIN_TIMESTAMP,
@@ -611,6 +612,7 @@ def attention_rows(
         raise ValueError("rows are outside their buffers")
     view = memoryview(buf)
     force = bool(options & FORCE_PROPERTY_CRC)
+    schedule_only = bool(options & SCHEDULED_ONLY)
     number = 0
     try:
         for row in range(first, count):
@@ -619,13 +621,18 @@ def attention_rows(
             topic_at = rows[at + TOPIC_AT]
             properties_at = rows[at + PROPERTIES_AT]
             props = bytes(view[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
+            topic = bytes(view[topic_at : topic_at + rows[at + TOPIC_LENGTH]])
             look = (
-                rows[at + CRC_STATUS] == CRC_BAD
-                or not props.isascii()
-                or force
-                or (props[-20:-12] == b"__CRC32#" and props[-1:] == b"\x02")
-                or bytes(view[topic_at : topic_at + rows[at + TOPIC_LENGTH]]) == SCHEDULE_TOPIC
-                or stamp < previous_time
+                topic == SCHEDULE_TOPIC
+                if schedule_only
+                else (
+                    rows[at + CRC_STATUS] == CRC_BAD
+                    or not props.isascii()
+                    or force
+                    or (props[-20:-12] == b"__CRC32#" and props[-1:] == b"\x02")
+                    or topic == SCHEDULE_TOPIC
+                    or stamp < previous_time
+                )
             )
             previous_time = stamp
             if look:

@@ -335,10 +335,9 @@ def summarize_range(
             continue
         if len(found) < count:
             found = array("q", bytes(8 * count))
-        # the rows worth a look include every SCHEDULE_TOPIC_XXXX one
-        for row in found[: kernel.attention_rows(buf, rows, 0, count, -1, 0, found)]:
-            if topics.of(buf, rows, row) != SCHEDULE_TOPIC:
-                continue
+        # the SCHEDULE_TOPIC_XXXX rows
+        looked = kernel.attention_rows(buf, rows, 0, count, -1, layout.SCHEDULED_ONLY, found)
+        for row in found[:looked]:
             offset, header, _, props, _ = record_item(buf, rows, row, topics)
             if b"DELAY" in props:
                 tally.check_delay(offset, header, decode_properties(props), delay_levels)
