@@ -510,8 +510,10 @@ def export_range(
     if encode is None:
         with _Background(_run) as own:
             return export_range(job, own)
-    opener = partial(open, job.target, "wb")
-    writer = ParquetPart(opener, encode) if job.fmt == "parquet" else JsonlPart(opener)
+    if job.fmt == "parquet":
+        writer: ParquetPart | JsonlPart = ParquetPart(partial(_native_file, job.target), encode)
+    else:
+        writer = JsonlPart(partial(open, job.target, "wb"))
     batcher = MessageBatcher(job.rows, f"commitlog/{job.part.name}", coded=job.fmt == "parquet")
 
     def write(buf: Any, rows: Any, count: int) -> None:
@@ -532,6 +534,15 @@ def export_range(
     finally:
         writer.close()
     return summary, job.target, writer.messages
+
+
+def _native_file(path: str) -> Any:
+    """A new local file as an Arrow output stream: the Parquet writer's page writes then run
+    without the GIL (a Python file object takes it back for every page, and waits for it
+    while the caller's thread builds the next batches)."""
+    import pyarrow as pa
+
+    return pa.OSFile(path, "wb")
 
 
 def _number_parts(directory: Path, targets: list[str], extension: str) -> list[str]:
