@@ -399,7 +399,7 @@ def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:
     return pa.array(values, type=pa.binary())
 
 
-_PROPERTIES_LENGTH = ((layout.PROPERTIES_LENGTH, 8),)  # a parse of the properties sizes by it
+_PROPERTIES_LENGTH = ((layout.PROPERTIES_LENGTH, 8),)  # the property parse sizes its buffers by it
 _ROW_INTEGERS: dict[str, tuple[tuple[int, int], ...]] = {  # (row column, width) a column takes
     "queueId": ((layout.QUEUE_ID, 4),),
     "queueOffset": ((layout.QUEUE_OFFSET, 8),),
