@@ -1477,20 +1477,14 @@ def host_keys(buf, rows, int64_t first, int64_t count, int field, keys):
 def ascii_only(data, int64_t length):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = memoryview(data).cast("B")  # bytes of any item format
-    cdef int64_t at = 0
-    cdef uint64_t word, seen = 0
-    cdef uint8_t tail = 0
+    cdef bint plain
     if not 0 <= length <= view.shape[0]:
         raise ValueError("length is outside the buffer")
+    if length == 0:
+        return True
     with nogil:
-        while at + 8 <= length:
-            memcpy(&word, &view[at], 8)
-            seen |= word
-            at += 8
-        while at < length:
-            tail |= view[at]
-            at += 1
-    return (seen & 0x8080808080808080ULL) == 0 and tail < 0x80
+        plain = _is_ascii(&view[0], length)  # checked above: the bytes lie in the buffer
+    return plain
 
 
 # -- packing records for append (see layout.py) ------------------------------------------------
