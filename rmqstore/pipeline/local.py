@@ -271,7 +271,7 @@ def write_part(job: PartJob) -> tuple[str, int]:
         filesystem, path = _filesystem(job.target)
         with filesystem.open_output_stream(path) as stream:
             return job.target, _WRITERS[job.fmt](stream, everything)
-    with open(job.target, "wb") as stream:
+    with _native_file(job.target) if job.fmt == "parquet" else open(job.target, "wb") as stream:
         return job.target, _WRITERS[job.fmt](stream, everything)
 
 
@@ -365,19 +365,55 @@ class Pipeline:
         decompress: bool = True,
     ) -> ExportResult:
         """One part file per range, written by whoever reads the range; ``decompress``:
-        ZLIB bodies of COMPRESSED records inflated, as a consumer receives them."""
+        ZLIB bodies of COMPRESSED records inflated, as a consumer receives them.
+
+        One pass: each range is walked and its messages written to its part file together
+        (:meth:`_exported`); part files of ranges past where a file's records end are then
+        dropped, and the rest numbered in log order. A remote destination, which cannot
+        rename, is written after a walk of the log, in place."""
         check_export(destination, fmt)
-        walked = self.walk(check_crc=False)
         rows = self.export_rows(topics, include_body, decompress)
-        return export_parts(
-            self.location.uri,
-            self.bounded_ranges(walked),
-            rows,
-            destination,
-            fmt,
-            walked,
-            self.run,
+        if _remote(destination):
+            walked = self.walk(check_crc=False)
+            return export_parts(
+                self.location.uri,
+                self.bounded_ranges(walked),
+                rows,
+                destination,
+                fmt,
+                walked,
+                self.run,
+            )
+        ranges = plan_ranges(self.location, self.options.split, split_last=True, margin=self.margin)
+        extension = "parquet" if fmt == "parquet" else "jsonl"
+        try:
+            with staged_directory(destination) as staging:
+                root = staging.resolve()  # the same path for executors of another directory
+                jobs = [
+                    PartJob(
+                        self.location.uri,
+                        part,
+                        rows,
+                        fmt,
+                        str(root / f"range-{number:05d}.{extension}"),
+                    )
+                    for number, part in enumerate(ranges)
+                ]
+                with closing(self._exported(jobs)) as done:
+                    walked = list(walk_in_order(done, lambda item: item[0]))
+                # every part is closed (the encoder is done) before the files are renamed
+                kept = _number_parts(root, [target for _, target, _ in walked], extension)
+        except OSError as exc:
+            raise StoreIOError(f"cannot write {destination}: {exc.strerror or exc}") from None
+        files = [name for name, (_, _, count) in zip(kept, walked, strict=True) if count]
+        messages = sum(count for _, _, count in walked)
+        return ExportResult(
+            destination, fmt, messages, files, file_stats([item[0] for item in walked])
         )
+
+    def _exported(self, jobs: list[PartJob]) -> Iterator[tuple[RangeSummary, str, int]]:
+        """Each range exported (:func:`export_range`), in log order, by :meth:`run`."""
+        yield from self.run(export_range, jobs)
 
     def export_rows(
         self, topics: frozenset[str] | None, include_body: bool, decompress: bool
@@ -402,52 +438,6 @@ class LocalPipeline(Pipeline):
 
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
         return list(self._watched(function, jobs))
-
-    def export(
-        self,
-        destination: str,
-        fmt: str,
-        *,
-        topics: frozenset[str] | None = None,
-        include_body: bool = True,
-        decompress: bool = True,
-    ) -> ExportResult:
-        """One pass: each range is walked and its messages written to its part file
-        together (here, or in ``options.workers`` processes); part files of ranges past
-        where a file's records end are then dropped, and the rest numbered in log order. A
-        remote destination, which cannot rename, is written as the Spark engine writes it
-        (a walk first)."""
-        if _remote(destination):
-            return super().export(
-                destination, fmt, topics=topics, include_body=include_body, decompress=decompress
-            )
-        check_export(destination, fmt)
-        rows = self.export_rows(topics, include_body, decompress)
-        ranges = plan_ranges(self.location, self.options.split, split_last=True, margin=self.margin)
-        extension = "parquet" if fmt == "parquet" else "jsonl"
-        try:
-            with staged_directory(destination) as staging:
-                jobs = [
-                    PartJob(
-                        self.location.uri,
-                        part,
-                        rows,
-                        fmt,
-                        str(staging / f"range-{number:05d}.{extension}"),
-                    )
-                    for number, part in enumerate(ranges)
-                ]
-                with closing(self._exported(jobs)) as done:
-                    walked = list(walk_in_order(done, lambda item: item[0]))
-                # every part is closed (the encoder is done) before the files are renamed
-                kept = _number_parts(staging, [target for _, target, _ in walked], extension)
-        except OSError as exc:
-            raise StoreIOError(f"cannot write {destination}: {exc.strerror or exc}") from None
-        files = [name for name, (_, _, count) in zip(kept, walked, strict=True) if count]
-        messages = sum(count for _, _, count in walked)
-        return ExportResult(
-            destination, fmt, messages, files, file_stats([item[0] for item in walked])
-        )
 
     def _exported(self, jobs: list[PartJob]) -> Iterator[tuple[RangeSummary, str, int]]:
         """Each range exported, in log order: here with one encoder thread for all parts, or

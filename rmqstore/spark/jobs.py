@@ -3,8 +3,9 @@ on a SparkSession, over the same range functions the local engine runs
 (:class:`rmqstore.pipeline.local.Pipeline`; here :meth:`SparkPipeline.run` sends them to
 executors, one task per range).
 
-- export: every range summarised (where each file's records end), then each range written to
-  its own part file by the executor that reads it.
+- export: each range written to its own part file by the executor that reads it, and
+  summarised in the same pass; the parts of ranges past where a file's records end are
+  dropped after (:meth:`Pipeline.export`). An export to a URI summarises the ranges first.
 - stats: the summaries, and Spark aggregations over the ``rocketmq-commitlog`` rows read with
   those ``fileBounds``.
 - verify: :class:`rmqstore.verify.ranges.RangedVerify` with the ranges checked on executors;

@@ -165,7 +165,9 @@ def test_broker_stores_export_to_parquet_as_the_broker_reported(
 
 
 def test_export_and_stats_equal_the_local_engine(spark: Any, stores: Path, tmp_path: Path):
-    for name in ("multi", "crc-flip"):
+    # both export in one pass (the part files of ranges past a file's end are dropped after):
+    # a torn tail leaves such ranges
+    for name in ("multi", "crc-flip", "torn-tail"):
         options = PipelineOptions(split=30000)
         on_spark = SparkPipeline(spark, str(stores / name), options)
         here = LocalPipeline(str(stores / name), options)
