@@ -55,9 +55,7 @@ def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> A
     is a ValueError), or cast to another ``kind``."""
     narrow = kind is not None and kind == pa.int32()
     width = 4 if narrow else 8
-    buffer, view = fresh(pa, width * count)
-    kernel.row_columns(rows, 0, count, array("q", (column, width, 0)), view)
-    result = pa.Array.from_buffers(pa.int32() if narrow else pa.int64(), count, [None, buffer])
+    result = RowIntegers(pa, rows, count, [(column, width)]).array(column, width)
     return result if kind is None or narrow else arrowcalls.cast(result, kind)
 
 
