@@ -86,7 +86,8 @@ def command(
     hosts, version, file and the small integer columns dictionary-encoded; offsets and times
     as deltas (DELTA_BINARY_PACKED, which Spark 3.3+, Arrow, DuckDB and Trino read); min/max
     statistics for the columns one selects by (not bodies, properties, keys, ids, CRCs, hosts
-    or versions).
+    or versions). Columns every message has a value in are REQUIRED (not null); body, crcOk,
+    tags, keys, uniqKey, tagsCode, bornTime and storeTime may be null.
 
     JSON: destination, format, messages, files, commitLogFiles.
     """

@@ -822,9 +822,10 @@ def _stored_schema() -> dict[bytes, bytes]:
     """The file's ``ARROW:schema`` (what Arrow readers take column types from) for a part
     written from :class:`ParquetPart`'s batches: the plain export schema, strings where the
     batches carry dictionaries (``rows.CODED_TEXT``), so the file reads back with the types
-    of :data:`COMMITLOG_COLUMNS`, as if written from strings. Arrow stores the serialized
-    schema in base64 under that key."""
-    serialized = arrow_schema(COMMITLOG_COLUMNS).serialize().to_pybytes()
+    of :data:`COMMITLOG_COLUMNS`, as if written from strings (the columns every message has
+    a value in not null, as written). Arrow stores the serialized schema in base64 under
+    that key."""
+    serialized = arrow_schema(COMMITLOG_COLUMNS, required=True).serialize().to_pybytes()
     return {b"ARROW:schema": base64.b64encode(serialized)}
 
 
@@ -864,7 +865,7 @@ class ParquetPart:
 
         self.pa = pa
         self.encode = encode
-        self.schema = arrow_schema(COMMITLOG_COLUMNS, coded=True)
+        self.schema = arrow_schema(COMMITLOG_COLUMNS, coded=True, required=True)
         self.file = _ParquetFile(open_stream, self.schema, close_stream)
         self.waiting: list[Any] = []
         self.waiting_rows = 0

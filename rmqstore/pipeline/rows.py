@@ -82,9 +82,41 @@ def ddl(columns: list[tuple[str, str, str]]) -> str:
 CODED_TEXT = frozenset({"file", "version", "bornHost", "storeHost", "topic", "tags"})
 
 
-def arrow_schema(columns: list[tuple[str, str, str]], *, coded: bool = False) -> Any:
+# columns every message has a value in, whatever the options and however damaged its
+# properties (the others are null: body without includeBody, crcOk unchecked, a property the
+# record lacks, a tagsCode the dispatcher cannot compute, a time a timestamp cannot show)
+ALWAYS_PRESENT = frozenset(
+    {
+        "topic",
+        "queueId",
+        "queueOffset",
+        "properties",
+        "bornTimestamp",
+        "storeTimestamp",
+        "flag",
+        "commitLogOffset",
+        "storeSize",
+        "msgSize",
+        "bodyLength",
+        "bodyCRC",
+        "sysFlag",
+        "bornHost",
+        "storeHost",
+        "reconsumeTimes",
+        "preparedTransactionOffset",
+        "msgId",
+        "version",
+        "file",
+    }
+)
+
+
+def arrow_schema(
+    columns: list[tuple[str, str, str]], *, coded: bool = False, required: bool = False
+) -> Any:
     """The Arrow schema of ``columns``; with ``coded``, the :data:`CODED_TEXT` columns are
-    dictionaries of strings (int32 indices)."""
+    dictionaries of strings (int32 indices); with ``required``, the :data:`ALWAYS_PRESENT`
+    columns are declared not null (Parquet then stores no definition levels for them)."""
     import pyarrow as pa
 
     types = {
@@ -99,7 +131,11 @@ def arrow_schema(columns: list[tuple[str, str, str]], *, coded: bool = False) ->
     dictionary = pa.dictionary(pa.int32(), pa.string())
     return pa.schema(
         [
-            (name, dictionary if coded and name in CODED_TEXT else types[kind])
+            pa.field(
+                name,
+                dictionary if coded and name in CODED_TEXT else types[kind],
+                nullable=not (required and name in ALWAYS_PRESENT),
+            )
             for name, _, kind in columns
         ]
     )
@@ -325,8 +361,9 @@ class MessageBatcher:
     """Kernel row batches of one commit-log file (``file_label``) into Arrow record batches
     (see :mod:`rmqstore.pipeline.columns`): the columns ``options.columns`` names, or all of
     :data:`COMMITLOG_COLUMNS`, of the rows that pass the options' filters. A filter's column
-    is built first, for every row; the others only for the rows that pass. With ``coded``,
-    the :data:`CODED_TEXT` columns stay Arrow dictionaries (for the Parquet writer)."""
+    is built first, for every row; the others only for the rows that pass. With ``coded``
+    (batches for the Parquet writer), the :data:`CODED_TEXT` columns stay Arrow dictionaries
+    and the :data:`ALWAYS_PRESENT` ones are declared not null."""
 
     def __init__(self, options: MessageRowOptions, file_label: str, *, coded: bool = False) -> None:
         import pyarrow as pa
@@ -335,7 +372,7 @@ class MessageBatcher:
         self.options = options
         self.file_label = file_label
         wanted = commitlog_columns(options.columns)
-        self.schema = arrow_schema(wanted, coded=coded)
+        self.schema = arrow_schema(wanted, coded=coded, required=coded)
         self.names = [name for name, _, _ in wanted]
         self.coded = CODED_TEXT if coded else frozenset()
         self.filters = options.row_filters()

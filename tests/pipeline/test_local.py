@@ -9,6 +9,7 @@ import zlib
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,7 +131,7 @@ def test_parquet_layout_text_of_few_values_as_dictionaries_offsets_as_deltas(
     import pyarrow.parquet as pq
 
     from rmqstore.pipeline import local as local_module
-    from rmqstore.pipeline.rows import CODED_TEXT, COMMITLOG_COLUMNS, arrow_schema
+    from rmqstore.pipeline.rows import ALWAYS_PRESENT, CODED_TEXT, COMMITLOG_COLUMNS, arrow_schema
 
     store_dir = tmp_path / "store"
     generate("multi", store_dir)  # born hosts: IPv6 every fourth message, IPv4 the others
@@ -150,7 +151,16 @@ def test_parquet_layout_text_of_few_values_as_dictionaries_offsets_as_deltas(
         assert [row[name] for row in rows] == [document[name] for document in documents], name
     for part in sorted((tmp_path / "parquet").glob("part-*.parquet")):
         written = pq.ParquetFile(part)
-        assert written.schema_arrow == arrow_schema(COMMITLOG_COLUMNS)
+        assert written.schema_arrow == arrow_schema(COMMITLOG_COLUMNS, required=True)
+        # columns every message has a value in are REQUIRED (no definition levels stored);
+        # the map's key leaf has one level for its repeated pairs
+        top_level: dict[str, Any] = {}
+        for index in range(len(written.schema)):
+            column = written.schema.column(index)
+            top_level.setdefault(column.path.split(".")[0], column)  # the map's key leaf
+        for name, column in top_level.items():
+            optional = column.max_definition_level - column.max_repetition_level
+            assert optional == (name not in ALWAYS_PRESENT), name
         # the same rows written from strings (the writer hashing them) take as many bytes
         again = tmp_path / "again.parquet"
         pq.write_table(
