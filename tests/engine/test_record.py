@@ -286,3 +286,13 @@ def test_an_empty_body_has_no_crc_to_check() -> None:
     assert decoded.body == b"" and decoded.body_crc == 12345
     scan = RegionScan(bytes(record) + bytes(8), 0, len(record) + 8, 0, True)
     assert [crc_ok for *_, crc_ok in scan] == [True]
+
+
+def test_each_header_struct_unpacks_exactly_the_header_fields() -> None:
+    """record_item builds a RecordHeader from a struct's values without _make's count check:
+    every host-flag combination's struct must give one value per field."""
+    from rmqstore.record import _HEADERS, RecordHeader
+
+    for key, layout in _HEADERS.items():
+        values = layout.unpack(bytes(layout.size))
+        assert len(values) == len(RecordHeader._fields), key
