@@ -34,6 +34,14 @@ cores = spark.sparkContext.defaultParallelism
 warm = lambda _: len(__import__("pyarrow").__name__ + __import__("rmqstore.spark.jobs").__name__)
 spark.sparkContext.parallelize(range(cores), cores).map(warm).collect()
 figures["startup"] = time.perf_counter() - started
+# the export first, as `rmqstore export --engine spark` runs it (its session's first job),
+# then once more in the same session
+pipeline = SparkPipeline(spark, store, PipelineOptions(split=split))
+for key in ("export", "export_again"):
+    begin = time.perf_counter()
+    figures["exported"] = pipeline.export(out, "parquet").messages
+    figures[key] = time.perf_counter() - begin
+    shutil.rmtree(out)
 reader = spark.read.format("rocketmq-commitlog")  # the source's own splitSize, as a user gets
 begin = time.perf_counter()
 figures["counted"] = reader.load(store).count()
@@ -44,11 +52,6 @@ figures["count"] = time.perf_counter() - begin
 begin = time.perf_counter()
 figures["counted_one"] = reader.schema("commitLogOffset BIGINT").load(store).count()
 figures["count_one"] = time.perf_counter() - begin
-pipeline = SparkPipeline(spark, store, PipelineOptions(split=split))
-begin = time.perf_counter()
-figures["exported"] = pipeline.export(out, "parquet").messages
-figures["export"] = time.perf_counter() - begin
-shutil.rmtree(out)
 with Store.open_read(store) as opened:
     begin = time.perf_counter()
     report = pipeline.verify(opened, VerifyOptions())
@@ -119,10 +122,16 @@ def main() -> None:
     }
     for name, figures in [("local engine", here), *(("spark " + m, f) for m, f in spark.items())]:
         assert figures["exported"] == count and figures["verified"] == count, figures
+        again = (
+            f"; again in the session {figures['export_again']:.2f} s; first "
+            f"{figures['export'] / here['export']:.1f}x the local engine (target <= 2x)"
+            if "export_again" in figures
+            else ""
+        )
         row(
             f"export, {name}",
-            f"{figures['export']:6.1f} s  {count / figures['export']:>9,.0f} msg/s",
-            f"{size / figures['export'] / 1e6:.0f} MB/s",
+            f"{figures['export']:6.2f} s  {count / figures['export']:>9,.0f} msg/s",
+            f"{size / figures['export'] / 1e6:.0f} MB/s{again}",
         )
     for name, figures in [("local engine", here), *(("spark " + m, f) for m, f in spark.items())]:
         row(
