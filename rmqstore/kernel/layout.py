@@ -253,19 +253,27 @@ class TopicNames:
     """The topics of rows as text, each distinct topic decoded once (the scan checked that
     every row's topic is UTF-8)."""
 
-    __slots__ = ("names",)
+    __slots__ = ("last_name", "last_raw", "names")
 
     def __init__(self) -> None:
         self.names: dict[bytes, str] = {}
+        self.last_raw = b""  # the topic of the row asked for last: rows in a row mostly share it
+        self.last_name = ""
 
-    def of(self, window: Any, rows: Any, row: int) -> str:
-        """The topic of row ``row`` of ``rows`` (a scan of ``window``)."""
+    def of(self, window: bytes | bytearray, rows: Any, row: int) -> str:
+        """The topic of row ``row`` of ``rows`` (a scan of ``window``, the bytes or bytearray
+        a scan window is)."""
         at = row * ROW_WIDTH
         topic_at = rows[at + TOPIC_AT]
-        raw = bytes(window[topic_at : topic_at + rows[at + TOPIC_LENGTH]])
+        length = rows[at + TOPIC_LENGTH]
+        last = self.last_raw
+        if len(last) == length and window.startswith(last, topic_at):
+            return self.last_name  # compared in place: no copy of the topic's bytes
+        raw = bytes(window[topic_at : topic_at + length])
         name = self.names.get(raw)
         if name is None:
             name = self.names[raw] = raw.decode("utf-8")
+        self.last_raw, self.last_name = raw, name
         return name
 
 

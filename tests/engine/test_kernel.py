@@ -219,6 +219,23 @@ def test_windowed_region_scan_equals_whole(tmp_path: Path) -> None:
     )
 
 
+def test_topic_names_of_runs_and_of_topics_that_differ_in_one_byte() -> None:
+    """TopicNames compares a row's topic with the last one in place: runs of one topic,
+    topics of one length that differ in a byte, a topic that begins another, and non-ASCII
+    topics each come back as the record holds them, from bytes and from a bytearray."""
+    names = ["TopicA", "TopicA", "TopicB", "Topic", "TopicAB", "TopicA", "Tópico", "Tópicó"]
+    topics = [name for name in names for _ in range(2)]
+    data = b""
+    for topic in topics:
+        data += encode_record(Message(topic=topic, body=b"x", physical_offset=len(data)))
+    for window in (bytes(data), bytearray(data)):
+        found = []
+        for buf, _, rows, count in RegionScan(window, 0, len(window), 0).batches():
+            names_of = layout.TopicNames()
+            found += [names_of.of(buf, rows, row) for row in range(count)]
+        assert found == topics
+
+
 def test_dispatch_preparation_agrees_with_the_reference_rules(
     seeds: list[tuple[str, bytes, int]],
 ) -> None:
