@@ -69,6 +69,7 @@ _PHASES = {
 EXPORT_FORMATS = ("parquet", "jsonl")
 TOP_TAGS = 5
 ROW_GROUP_ROWS = 65536
+_WRITE_BUFFER_BYTES = 1 << 20  # written to a part file at a time
 
 
 @dataclass(frozen=True)
@@ -529,10 +530,12 @@ def export_range(
 def _native_file(path: str) -> Any:
     """A new local file as an Arrow output stream: the Parquet writer's page writes then run
     without the GIL (a Python file object takes it back for every page, and waits for it
-    while the caller's thread builds the next batches)."""
+    while the caller's thread builds the next batches). Buffered: the writer writes each
+    page and asks for the position after it, which on a bare file is a write and an lseek
+    per page (3,800 and 2,400 system calls for 1M messages, against 38 writes)."""
     import pyarrow as pa
 
-    return pa.OSFile(path, "wb")
+    return pa.BufferedOutputStream(pa.OSFile(path, "wb"), _WRITE_BUFFER_BYTES)
 
 
 def _number_parts(directory: Path, targets: list[str], extension: str) -> list[str]:

@@ -180,6 +180,33 @@ def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:
         assert {ack["msgId"] for ack in acknowledged} <= stored  # no acknowledged loss
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_export_to_a_full_disk_is_exit_4_and_leaves_nothing(tmp_path: Path, fmt: str) -> None:
+    """Part files that do not fit: one line naming the destination and the full disk, exit
+    4, and no destination or staging directory left behind; the store is untouched."""
+    store = tmp_path / "store"
+    lines = tmp_path / "in.jsonl"
+    with lines.open("w") as out:
+        for _ in range(3000):  # bodies that do not compress: 3 MB against a 256 KiB disk
+            out.write(json.dumps({"topic": "T", "body": os.urandom(500).hex()}) + "\n")
+    created = run_cli("append", store, "--create", "--commitlog-file-size", str(1 << 20),
+                      "--input", lines)  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    before = tree_digest(store)
+    with small_filesystem(tmp_path, "256k") as disk:
+        result = subprocess.run(
+            [sys.executable, "-m", "rmqstore", "export", str(store), "--to", str(disk / "out"),
+             "--format", fmt, "--engine", "local"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert result.returncode == 4, result.stderr
+        error = result.stderr.strip().splitlines()[-1]
+        assert error.startswith(f"rmqstore: error: cannot write {disk / 'out'}"), error
+        assert "No space left" in error and "Traceback" not in result.stderr
+        assert list(disk.iterdir()) == []
+    assert tree_digest(store) == before
+
+
 def test_every_writer_refuses_a_held_store_and_changes_nothing(tmp_path: Path) -> None:
     store = small_store(tmp_path, dispatch=False)
     before = tree_digest(store)
