@@ -229,9 +229,8 @@ def test_topic_names_of_runs_and_of_topics_that_differ_in_one_byte() -> None:
     for topic in topics:
         data += encode_record(Message(topic=topic, body=b"x", physical_offset=len(data)))
     for window in (bytes(data), bytearray(data)):
-        found = []
+        names_of, found = layout.TopicNames(), []
         for buf, _, rows, count in RegionScan(window, 0, len(window), 0).batches():
-            names_of = layout.TopicNames()
             found += [names_of.of(buf, rows, row) for row in range(count)]
         assert found == topics
 
