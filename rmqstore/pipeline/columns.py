@@ -53,10 +53,14 @@ def integers(pa: Any, rows: Any, column: int, count: int, kind: Any = None) -> A
     """Row column ``column`` of the first ``count`` rows as an Arrow int64 array, or int32
     when ``kind`` is (the kernel copies the column out of the rows; a value outside 32 bits
     is a ValueError), or cast to another ``kind``."""
-    narrow = kind is not None and kind == pa.int32()
-    width = 4 if narrow else 8
-    result = RowIntegers(pa, rows, count, [(column, width)]).array(column, width)
-    return result if kind is None or narrow else arrowcalls.cast(result, kind)
+    copied = RowIntegers(pa, rows, count, [(column, _width_of(pa, kind))])
+    return copied.integers(column, kind)
+
+
+def _width_of(pa: Any, kind: Any) -> int:
+    """The bytes a row column is copied out as for an Arrow column of ``kind``: 4 for
+    int32, else 8 (int64, cast to ``kind`` after when it is another type)."""
+    return 4 if kind is not None and kind == pa.int32() else 8
 
 
 class RowIntegers:
@@ -85,6 +89,15 @@ class RowIntegers:
         kind = self.pa.int32() if width == 4 else self.pa.int64()
         values = self.buffer.slice(at, width * self.count)
         return self.pa.Array.from_buffers(kind, self.count, [None, values])
+
+    def integers(self, column: int, kind: Any = None) -> Any | None:
+        """Row column ``column`` as Arrow int64, or as ``kind`` (int32 as copied, another
+        type cast from int64); None when it was not copied at that width."""
+        width = _width_of(self.pa, kind)
+        found = self.array(column, width)
+        if found is None or kind is None or width == 4:
+            return found
+        return arrowcalls.cast(found, kind)
 
 
 def constant(pa: Any, value: int) -> Any:

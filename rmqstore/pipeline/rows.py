@@ -213,15 +213,16 @@ class _Batch:
         return self.coded_built[name]
 
     def integers(self, field: int, kind: Any = None) -> Any:
-        """Row column ``field`` as Arrow int64, or int32 (or cast to another) ``kind``."""
-        pa = self.pa
-        narrow = kind is not None and kind == pa.int32()
+        """Row column ``field`` as Arrow int64, or int32 (or cast to another) ``kind``: from
+        the batch's one pass over the rows, or (a column it did not copy) a pass of its own."""
         if self.row_integers is None:
-            self.row_integers = columns.RowIntegers(pa, self.rows, self.count, self.integer_columns)
-        found = self.row_integers.array(field, 4 if narrow else 8)
+            self.row_integers = columns.RowIntegers(
+                self.pa, self.rows, self.count, self.integer_columns
+            )
+        found = self.row_integers.integers(field, kind)
         if found is None:
-            return columns.integers(pa, self.rows, field, self.count, kind)
-        return found if kind is None or narrow else arrowcalls.cast(found, kind)
+            return columns.integers(self.pa, self.rows, field, self.count, kind)
+        return found
 
     def field(self, field: int) -> Any:
         return columns.binary(self.pa, self.buf, self.rows, self.count, field)
