@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from rmqstore.commands.main import process_is_own
 from rmqstore.commands.options import (
     EngineChoice,
     engine_options,
@@ -18,6 +19,7 @@ from rmqstore.commands.options import (
 )
 from rmqstore.commands.output import console, counted, emit_json, fields_grid, progress_bar
 from rmqstore.config import StoreConfig
+from rmqstore.pipeline.arrowcalls import import_pyarrow_without_numpy
 from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
 
@@ -101,6 +103,8 @@ def command(
     else:
         from rmqstore.pipeline.local import LocalPipeline
 
+        if process_is_own():
+            import_pyarrow_without_numpy()  # an export converts nothing to numpy
         watch = functools.partial(progress_bar, enabled=not no_progress)
         pipeline = LocalPipeline(store, options, watch)
     result = pipeline.export(

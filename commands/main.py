@@ -16,6 +16,17 @@ import click
 from rmqstore import __version__, kernel
 from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError
 
+# the click context's ``obj`` when rmqstore's console script started the process (main()):
+# nothing but the command lives in it then, and a command may set the process up for its own
+# work (not when the command line runs from Python: ``run()``, a test's CliRunner)
+OWN_PROCESS = "rmqstore-process"
+
+
+def process_is_own() -> bool:
+    """Whether rmqstore's console script started this process (see :data:`OWN_PROCESS`)."""
+    context = click.get_current_context(silent=True)
+    return context is not None and context.find_root().obj == OWN_PROCESS
+
 
 def _error(message: str) -> None:
     click.echo(f"rmqstore: error: {message}", err=True)
@@ -197,9 +208,11 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def main() -> None:
     """Console-script entry point."""
-    # pyarrow imports numpy, whose OpenBLAS starts a thread per core that busy-waits for
-    # work for a while; rmqstore does no linear algebra, and on a small machine those
-    # threads take CPU from the export's encoder (5% of an export's wall time on 2 cores).
-    # A caller's own setting wins; worker processes and Spark's Python workers inherit it.
+    # numpy (which stats imports, and pyarrow wherever numpy is importable: Spark's workers,
+    # an export from Python) starts OpenBLAS threads, one per core, that busy-wait for work
+    # for a while; rmqstore does no linear algebra, and on a small machine those threads
+    # take CPU from the work (5% of an export's wall time on 2 cores, when it imported
+    # numpy). A caller's own setting wins; worker processes and Spark's Python workers
+    # inherit it.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    cli.main(prog_name="rmqstore")
+    cli.main(prog_name="rmqstore", obj=OWN_PROCESS)

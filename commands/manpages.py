@@ -345,10 +345,12 @@ def main_page() -> str:
             "or python (the reference).\n"
             ".TP\n.B PYSPARK_PYTHON\nThe Python of Spark's workers, in your own PySpark job: one "
             "with rmqstore installed (rmqstore's own sessions set it to their interpreter).\n"
-            ".TP\n.B OPENBLAS_NUM_THREADS\nrmqstore sets it to 1 unless it is set: pyarrow "
-            "imports numpy, whose OpenBLAS would otherwise start threads that spin for a while "
-            "(rmqstore does no linear algebra). Worker processes and Spark's Python workers "
-            "inherit it.\n",
+            ".TP\n.B OPENBLAS_NUM_THREADS\nrmqstore sets it to 1 unless it is set: numpy "
+            "(stats imports it, and pyarrow does wherever numpy can be imported: Spark's "
+            "workers, a program calling rmqstore) would otherwise start OpenBLAS threads that "
+            "spin for a while (rmqstore does no linear algebra). Worker processes and Spark's "
+            "Python workers inherit it. The export command's own process imports pyarrow "
+            "without numpy: an export converts nothing to numpy arrays.\n",
             ".SH SEE ALSO\n"
             + ",\n".join(f".BR rmqstore\\-{roff(name)} (1)" for name in sorted(subcommands))
             + ",\n.BR rmqstore\\-store (5)\n",

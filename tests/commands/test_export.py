@@ -1,0 +1,55 @@
+"""``rmqstore export`` as its console script runs it, and run from Python."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from rmqstore.fixtures import generate
+
+from support import parquet_rows
+
+
+def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> None:
+    """pyarrow imports numpy (30-35 ms) only for conversions an export never makes: the
+    command's own process imports pyarrow without it."""
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    export = ["export", str(store_dir), "--engine", "local", "--to", str(tmp_path / "out")]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rmqstore", *export, "--split-size", "9000"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+    assert "pyarrow.parquet" in imported
+    assert not [name for name in imported if name.split(".")[0] == "numpy"]
+    from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
+
+    # what an export in this process writes (pyarrow with numpy here)
+    LocalPipeline(str(store_dir), PipelineOptions(split=9000)).export(
+        str(tmp_path / "here"), "parquet"
+    )
+    assert parquet_rows(tmp_path / "out") == parquet_rows(tmp_path / "here") != []
+
+
+def test_run_from_python_the_export_leaves_pyarrow_as_it_loads(tmp_path: Path) -> None:
+    """Called from a program (``run()``, a test's CliRunner), the process is not rmqstore's:
+    pyarrow is imported as it imports itself, numpy included."""
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    code = (
+        "import sys\n"
+        "from rmqstore.commands.main import run\n"
+        "code = run(['export', sys.argv[1], '--engine', 'local', '--to', sys.argv[2]])\n"
+        "print(code, 'pyarrow' in sys.modules, 'numpy' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(store_dir), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-3:] == ["0", "True", "True"]
