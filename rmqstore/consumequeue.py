@@ -164,8 +164,7 @@ class ConsumeQueue:
         for segment in segments[max(0, len(segments) - 3) :]:
             if segment.start != end:
                 break  # a gap: the queue ends at the previous file
-            data = _read(segment.path, self.file_size)  # a wrong-size file: no further
-            valid = kernel.valid_units(data) * CQ_UNIT_SIZE
+            valid, _ = _valid_prefix(segment.path, self.file_size)  # a wrong-size file: no further
             end = segment.start + valid
             if valid < self.file_size:
                 break
@@ -203,7 +202,7 @@ class ConsumeQueue:
         dropped: list[Path] = []
         removed = 0
         for segment in reversed(self.queue.segments):
-            data = _read(segment.path, self.file_size)
+            _, data = _valid_prefix(segment.path, self.file_size, keep=True)
             data = data[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
             found = kernel.cut_index(data, physical_offset)
             cut_at = found if found >= 0 else None
@@ -480,6 +479,38 @@ def _read(path: Path, limit: int) -> bytes:
     """The first ``limit`` bytes of a queue file at most: a file larger than the configured
     size (hostile, or another broker's) never costs more memory than one file should."""
     return read_range(path, 0, limit)
+
+
+# bytes of a queue file read at a time while its valid units are counted (multiples of the
+# unit size): the first chunk is small, since a queue's last file is mostly unwritten (a
+# broker with thousands of queues has thousands of them), and the chunks grow up to the last
+# one for a file that is full
+_FIRST_CHUNK = (64 * 1024) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+_LARGEST_CHUNK = (4 * 1024 * 1024) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+
+
+def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, bytes]:
+    """How many bytes of valid units the first ``limit`` bytes of a queue file start with
+    (recovery's walk, unit by unit, to the first unit with ``offset < 0 or size <= 0``), and
+    with ``keep`` those bytes and the first invalid unit (what follows it cannot change a
+    walk that stops there). Read a chunk at a time up to that unit: no more of the file is
+    read than its units and one chunk after them."""
+    valid = 0
+    kept: list[bytes] = []
+    chunk = _FIRST_CHUNK
+    while valid < limit:
+        wanted = min(chunk, limit - valid)
+        data = read_range(path, valid, wanted)
+        whole = kernel.valid_units(data) * CQ_UNIT_SIZE
+        valid += whole
+        if whole < wanted:  # an invalid unit, or the file's end, within this chunk
+            if keep:
+                kept.append(data[: whole + CQ_UNIT_SIZE])
+            break
+        if keep:
+            kept.append(data)
+        chunk = min(chunk * 4, _LARGEST_CHUNK)
+    return valid, b"".join(kept)
 
 
 def _leading_valid_units(data: bytes) -> int:

@@ -13,6 +13,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 
 from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -225,9 +226,15 @@ class Store:
         """Whether ``path`` resolves (symlinks followed) to a place inside the store root:
         writers never follow a link out of the store."""
         try:
-            return path.resolve().is_relative_to(self.root.resolve())
+            return path.resolve().is_relative_to(self._resolved_root)
         except OSError:
             return False
+
+    @cached_property
+    def _resolved_root(self) -> Path:
+        """Where the store root resolves to (once: a store of thousands of queues asks for
+        each of them)."""
+        return self.root.resolve()
 
     def refuse_links_out(self) -> None:
         """Writers never follow a link out of the store: a store path a writer may write

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.consumequeue import QueueTip, list_queues
@@ -33,17 +33,27 @@ class _QueueStats:
         self.min_offset: int | None = None
 
 
-def consume_queue_table(
-    store: Store,
-) -> tuple[list[dict[str, Any]], int, dict[tuple[str, int], QueueTip]]:
-    """Each consume queue's min/max offsets as the broker computes them, the dispatch cursor
-    (the end of the last record in any consume queue, -1 when there are none) and each
-    queue's tip."""
+class QueueTable(NamedTuple):
+    """What :func:`consume_queue_table` reads of every consume queue, in one load of each."""
+
+    rows: list[dict[str, Any]]  # each queue's min/max offsets, as the broker computes them
+    cursor: int  # the end of the last record in any consume queue (-1 when there are none)
+    tips: dict[tuple[str, int], QueueTip]
+    last_units: dict[tuple[str, int], tuple[int, int]]  # (offset, size) of a queue's last unit
+
+
+def consume_queue_table(store: Store) -> QueueTable:
+    """Each consume queue's min/max offsets as the broker computes them, the dispatch cursor,
+    each queue's tip and the last unit of each queue that has units."""
     table = []
     cursor = -1
     tips: dict[tuple[str, int], QueueTip] = {}
+    last_units: dict[tuple[str, int], tuple[int, int]] = {}
     for topic, queue_id in list_queues(store.consumequeue_dir):
         queue = store.consume_queue(topic, queue_id)
+        if queue.max_offset > queue.min_offset:
+            unit = queue.read_unit(queue.max_offset - 1)
+            last_units[(topic, queue_id)] = (unit.physical_offset, unit.size)
         table.append(
             {
                 "topic": topic,
@@ -57,7 +67,7 @@ def consume_queue_table(
         if tip is not None:
             tips[(topic, queue_id)] = tip
         cursor = max(cursor, queue.max_physical_offset)
-    return table, cursor, tips
+    return QueueTable(table, cursor, tips, last_units)
 
 
 def topic_status(store: Store, topic: str) -> dict[str, Any]:
@@ -203,13 +213,13 @@ def summarize(
     (``messages`` and each queue's ``notQueued``, which the quick summary leaves null)."""
     log = store.commitlog
     checkpoint = store.checkpoint()
-    consume_queues, cursor, tips = consume_queue_table(store)
+    consume_queues, cursor, tips, last_units = consume_queue_table(store)
     queue_minima = {(q["topic"], q["queueId"]): q["minOffset"] for q in consume_queues}
     units = {(q["topic"], q["queueId"]): q["maxOffset"] - q["minOffset"] for q in consume_queues}
     index = index_summary(store)
     dispatch_from = max(cursor, log.min_offset)
     segments = log.segments
-    if not deep and not _record_ends_at(store, dispatch_from):
+    if not deep and not _record_ends_at(store, dispatch_from, last_units):
         deep = True  # the consume queues end where no record does: count it all
     walk_from = log.min_offset if deep else dispatch_from
     queues: dict[tuple[str, int], _QueueStats] = {}
@@ -221,7 +231,9 @@ def summarize(
             progress(walk.last_offset - walk_from)
     stopped = scan
     end_offset = scan.end_offset
-    last_time = walk.last_time if walk.records else _newest_queued_time(store, end_offset)
+    last_time = (
+        walk.last_time if walk.records else _newest_queued_time(store, end_offset, last_units)
+    )
     first_segment = segments[0] if segments else None
     data_after_end = [
         segment.name
@@ -302,35 +314,35 @@ def summarize(
     }
 
 
-def _record_ends_at(store: Store, offset: int) -> bool:
+def _record_ends_at(
+    store: Store, offset: int, last_units: dict[tuple[str, int], tuple[int, int]]
+) -> bool:
     """Whether ``offset`` is the log's first offset or the end of the record the consume
-    queues point to last (so a walk of the log's tail can start there)."""
+    queues point to last (so a walk of the log's tail can start there); ``last_units``: each
+    queue's last unit (see :class:`QueueTable`)."""
     log = store.commitlog
     if offset <= log.min_offset:
         return True
-    for topic, queue_id in list_queues(store.consumequeue_dir):
-        queue = store.consume_queue(topic, queue_id)
-        if queue.max_physical_offset != offset or queue.max_offset <= queue.min_offset:
+    for physical_offset, size in last_units.values():
+        if physical_offset + size != offset:
             continue
-        unit = queue.read_unit(queue.max_offset - 1)
         try:
-            record = log.read(unit.physical_offset, body=BodyMode.SKIP)
+            record = log.read(physical_offset, body=BodyMode.SKIP)
         except RmqStoreError:
             return False
-        return record.store_size == unit.size and unit.physical_offset + unit.size == offset
+        return record.store_size == size
     return False
 
 
-def _newest_queued_time(store: Store, end: int) -> int:
+def _newest_queued_time(
+    store: Store, end: int, last_units: dict[tuple[str, int], tuple[int, int]]
+) -> int:
     """The store time of the newest record a consume queue points to (0 when none): each
     queue's last unit, read where it points."""
     log = store.commitlog
     newest = 0
-    for topic, queue_id in list_queues(store.consumequeue_dir):
-        queue = store.consume_queue(topic, queue_id)
-        if queue.max_offset > queue.min_offset:
-            unit = queue.read_unit(queue.max_offset - 1)
-            newest = max(newest, log.store_timestamp_at(unit.physical_offset, unit.size, end))
+    for physical_offset, size in last_units.values():
+        newest = max(newest, log.store_timestamp_at(physical_offset, size, end))
     return newest
 
 

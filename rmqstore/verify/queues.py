@@ -34,7 +34,18 @@ from rmqstore.verify.records import RecordBatch, relative
 from rmqstore.windows import read_range
 from rmqstore.wording import counted
 
-_CHUNK = 64 * 1024 - 64 * 1024 % 20  # bytes of a consume-queue file read at a time (3,276 units)
+# bytes of a consume-queue file read at a time, kept until the queue's next unit lies past
+# them: 3,276 units, fewer when many queues share the budget (a broker may have tens of
+# thousands of queues), but never fewer than 204 units
+_CHUNK = 64 * 1024 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+_SMALLEST_CHUNK = 4 * 1024 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+_CHUNKS_BUDGET = 64 * 1024 * 1024  # the chunks of all queues together, while it holds
+
+
+def chunk_size(queues: int) -> int:
+    """Bytes of a queue file read at a time when ``queues`` queues are checked at once."""
+    share = _CHUNKS_BUDGET // max(queues, 1) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+    return max(_SMALLEST_CHUNK, min(_CHUNK, share))
 
 
 @dataclass
@@ -85,6 +96,7 @@ class QueueChecks:
         self._known = {
             key for key in list_queues(store.consumequeue_dir) if topics is None or key[0] in topics
         }
+        self._chunk = chunk_size(len(self._known))
         if structural:
             for topic, queue_id in list_queues(store.consumequeue_dir):
                 if (topic, queue_id) in self._known:
@@ -212,10 +224,14 @@ class QueueChecks:
         segment = state.queue.queue.find(position)
         if segment is None:
             return None
-        # the next units of this queue, a chunk at a time (units past the configured size
-        # belong to no file): memory is one chunk per queue, never mapped
+        # the next units of this queue, a chunk at a time, up to the queue's valid end (units
+        # past the configured size belong to no file): memory is one chunk per queue, never
+        # mapped, and no more than the units it holds
         within = position - segment.start
-        buf = read_range(segment.path, within, min(_CHUNK, state.queue.file_size - within))
+        wanted = min(
+            self._chunk, state.queue.file_size - within, state.max_offset * CQ_UNIT_SIZE - position
+        )
+        buf = read_range(segment.path, within, wanted)
         if len(buf) < CQ_UNIT_SIZE:
             return None
         state.buf, state.base, state.limit = buf, position, position + len(buf)

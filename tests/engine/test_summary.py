@@ -85,3 +85,25 @@ def test_on_damaged_stores_the_ends_and_the_lag_agree(tmp_path: Path, name: str)
     assert quick["commitLog"] == deep["commitLog"]
     assert quick["dispatch"] == deep["dispatch"]
     assert quick["consumeQueues"] == deep["consumeQueues"]
+
+
+@pytest.mark.parametrize("name", ["multi", "cq-truncated", "torn-tail"])
+def test_each_consume_queue_is_loaded_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A broker may have thousands of queues: the summary reads each one once (its offsets,
+    its tip and its last unit together), not once per question asked of them (a queue
+    ending before the log does sends the summary to the log's tail)."""
+    store_dir = tmp_path / "store"
+    generate(name, store_dir)
+    loads: list[tuple[str, int]] = []
+    real = Store.consume_queue
+
+    def counting(self: Store, topic: str, queue_id: int):  # type: ignore[no-untyped-def]
+        loads.append((topic, queue_id))
+        return real(self, topic, queue_id)
+
+    monkeypatch.setattr(Store, "consume_queue", counting)
+    with Store.open_read(store_dir) as store:
+        summary = summarize(store)
+    assert loads and len(loads) == len(set(loads)) == len(summary["consumeQueues"])

@@ -234,3 +234,44 @@ def test_bytes_past_a_consume_queue_files_size_are_not_units(oracle, tmp_path: P
     report = run(store_dir)
     assert kinds(report) == {"cq-file-size"}
     assert report.checked["units"] == 3002
+
+
+def test_queue_chunks_share_a_budget() -> None:
+    from rmqstore.verify.queues import _CHUNK, _CHUNKS_BUDGET, _SMALLEST_CHUNK, chunk_size
+
+    assert chunk_size(1) == chunk_size(0) == _CHUNK
+    assert chunk_size(4000) * 4000 <= _CHUNKS_BUDGET and chunk_size(4000) % 20 == 0
+    assert chunk_size(1_000_000) == _SMALLEST_CHUNK
+
+
+def test_queue_chunks_hold_no_more_than_the_queue_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each queue keeps the chunk of units it read last: for a queue of few units that is
+    its units, not a chunk's worth of the empty file after them (a broker's thousands of
+    queues held 64 KiB each)."""
+    from rmqstore.consumequeue import list_queues
+    from rmqstore.fixtures import generate
+    from rmqstore.verify import queues as queue_checks
+
+    store_dir = tmp_path / "store"
+    generate("cq-truncated", store_dir)  # its records past the queue's end go one by one
+    reads: list[tuple[Path, int, int]] = []
+    real_read_range = queue_checks.read_range
+
+    def recording(path: Path, start: int, length: int) -> bytes:
+        reads.append((Path(path), start, length))
+        return real_read_range(path, start, length)
+
+    monkeypatch.setattr(queue_checks, "read_range", recording)
+    with Store.open_read(store_dir) as store:
+        report = verify_store(store, VerifyOptions())
+        valid_ends = {}
+        for topic, queue_id in list_queues(store.consumequeue_dir):
+            queue = store.consume_queue(topic, queue_id)
+            for segment in queue.queue.segments:
+                valid_ends[segment.path] = queue.end - segment.start
+    assert "dispatch-lag" in kinds(report)
+    assert reads
+    for path, start, length in reads:
+        assert start + length <= valid_ends[path], (path, start, length)

@@ -1,0 +1,110 @@
+"""rmqstore.consumequeue: a queue file's valid end found by reading its units, not the file."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from rmqstore import consumequeue, kernel
+from rmqstore.consumequeue import _FIRST_CHUNK, _LARGEST_CHUNK, CQ_UNIT_SIZE, ConsumeQueue
+
+FILE_SIZE = 300_000 * CQ_UNIT_SIZE  # a broker's default consume-queue file (6,000,000 bytes)
+UNIT = struct.Struct(">qiq")
+
+
+def _units(count: int, first_offset: int = 0) -> bytes:
+    return b"".join(UNIT.pack(first_offset + 100 * i, 100, i) for i in range(count))
+
+
+def _queue_file(root: Path, body: bytes, *, size: int = FILE_SIZE, start: int = 0) -> Path:
+    """A queue file of ``size`` bytes (sparse, as a broker's) starting with ``body``."""
+    directory = root / "T" / "0"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{start:020d}"
+    with path.open("wb") as file:
+        file.write(body)
+        file.truncate(max(size, len(body)))
+    return path
+
+
+def _whole_file_count(path: Path, limit: int) -> int:
+    """The reference: every byte of the file read, then its leading valid units counted."""
+    return kernel.valid_units(path.read_bytes()[:limit]) * CQ_UNIT_SIZE
+
+
+# unit counts around the chunk boundaries (the chunks grow 4x from the first)
+_BOUNDARIES = [
+    _FIRST_CHUNK // CQ_UNIT_SIZE,
+    (_FIRST_CHUNK + 4 * _FIRST_CHUNK) // CQ_UNIT_SIZE,
+    (_FIRST_CHUNK * (1 + 4 + 16)) // CQ_UNIT_SIZE,
+]
+SHAPES = sorted(
+    {0, 1, 7, *_BOUNDARIES, *(n - 1 for n in _BOUNDARIES), *(n + 1 for n in _BOUNDARIES)}
+)
+
+
+@pytest.mark.parametrize("units", SHAPES)
+def test_the_valid_end_is_the_whole_file_walk(tmp_path: Path, units: int) -> None:
+    path = _queue_file(tmp_path, _units(units))
+    valid, kept = consumequeue._valid_prefix(path, FILE_SIZE, keep=True)
+    assert valid == _whole_file_count(path, FILE_SIZE) == units * CQ_UNIT_SIZE
+    # what is kept: the valid units and the first invalid one (a zero unit here)
+    assert kept == path.read_bytes()[: valid + CQ_UNIT_SIZE]
+    assert consumequeue._valid_prefix(path, FILE_SIZE)[1] == b""  # nothing kept unasked
+
+
+def test_a_full_file_is_valid_to_its_end(tmp_path: Path) -> None:
+    size = (_FIRST_CHUNK + _LARGEST_CHUNK) // CQ_UNIT_SIZE * CQ_UNIT_SIZE + 3 * CQ_UNIT_SIZE
+    path = _queue_file(tmp_path, _units(size // CQ_UNIT_SIZE), size=size)
+    valid, kept = consumequeue._valid_prefix(path, size, keep=True)
+    assert valid == size and kept == path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        UNIT.pack(-1, 100, 0),  # offset < 0
+        UNIT.pack(500, 0, 0),  # size 0
+        UNIT.pack(500, -5, 0),  # size < 0
+        b"\x00\x00\x00",  # a partial unit at the file's end
+    ],
+)
+def test_the_walk_stops_where_the_broker_stops(tmp_path: Path, tail: bytes) -> None:
+    count = _FIRST_CHUNK // CQ_UNIT_SIZE + 5  # the stop lies in the second chunk
+    if len(tail) < CQ_UNIT_SIZE:  # the file ends there
+        path = _queue_file(tmp_path, _units(count) + tail, size=0)
+    else:  # valid-looking units follow the stop: they are not the queue's
+        path = _queue_file(tmp_path, _units(count) + tail + _units(10, 10_000))
+    valid, _ = consumequeue._valid_prefix(path, FILE_SIZE)
+    assert valid == _whole_file_count(path, FILE_SIZE) == count * CQ_UNIT_SIZE
+
+
+def test_a_file_longer_than_the_configured_size_is_read_no_further(tmp_path: Path) -> None:
+    path = _queue_file(tmp_path, _units(1000), size=1000 * CQ_UNIT_SIZE)
+    assert consumequeue._valid_prefix(path, 400 * CQ_UNIT_SIZE)[0] == 400 * CQ_UNIT_SIZE
+
+
+def test_loading_a_queue_reads_its_units_and_a_chunk_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker with thousands of queues has thousands of mostly unwritten 6 MB files:
+    finding each one's end must not read (and copy) all of it."""
+    _queue_file(tmp_path, _units(5))
+    read: list[int] = []
+    real_read_range = consumequeue.read_range
+
+    def counting(path: Path, start: int, length: int) -> bytes:
+        data = real_read_range(path, start, length)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(consumequeue, "read_range", counting)
+    queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
+    assert queue.max_offset == 5 and queue.max_physical_offset == 4 * 100 + 100
+    assert sum(read) <= _FIRST_CHUNK + CQ_UNIT_SIZE, read
+    read.clear()
+    truncation = queue.truncation_at(200)  # keep the units of the records below 200
+    assert truncation is not None and truncation.units_removed == 3
+    assert sum(read) <= _FIRST_CHUNK, read
