@@ -95,6 +95,11 @@ class QueueTip:
         return QueueTip(tip.max_offset + 1, physical_offset + size)
 
 
+# how a queue file's mapping is read around a page fault: page by page, not a read-ahead
+# window. The first write fault of a fresh (sparse) file with Linux's read-ahead costs 1.5
+# ms on ext4, 0.05 ms without: a store of thousands of queues pays it per queue
+_MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
+
 _RESERVE_STEP = 256 * 1024  # disk blocks reserved ahead of the units written
 
 
@@ -432,6 +437,8 @@ class ConsumeQueue:
         if self._write_segment is not segment:
             self._release()
             self._write_map = map_writable(segment.path)
+            if _MADV_RANDOM is not None:
+                self._write_map.madvise(_MADV_RANDOM)
             self._write_segment = segment
             self._write_base = segment.start
             self._reserved = 0
