@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,11 @@ def flush_store(store: Store) -> FlushResult:
     files, size = _sync_tree(store)
     end = store.log_end().offset
     before = store.checkpoint()
+    last_units = _last_units(store, end)  # each queue read once, for both times
     after = replace(
         before or Checkpoint(),
-        physic_msg_timestamp=last_record_timestamp(store, end),
-        logics_msg_timestamp=_newest_queued_timestamp(store, end),
+        physic_msg_timestamp=last_record_timestamp(store, end, last_units),
+        logics_msg_timestamp=_newest_queued_timestamp(store, end, last_units),
         index_msg_timestamp=_full_index_end_timestamp(store),
     )
     write_checkpoint(store.checkpoint_path, after)
@@ -97,11 +99,10 @@ def _fsync(path: Path) -> int:
         raise StoreIOError(f"cannot flush {path}: {exc.strerror}") from None
 
 
-def _queues(store: Store) -> list[ConsumeQueue]:
-    return [
-        ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
-        for topic, queue_id in list_queues(store.consumequeue_dir)
-    ]
+def _queues(store: Store) -> Iterator[ConsumeQueue]:
+    """Each consume queue, loaded as it comes (a store may have thousands)."""
+    for topic, queue_id in list_queues(store.consumequeue_dir):
+        yield ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
 
 
 def _last_units(store: Store, end: int) -> list[tuple[int, int]]:
@@ -115,22 +116,28 @@ def _last_units(store: Store, end: int) -> list[tuple[int, int]]:
     return units
 
 
-def _newest_queued_timestamp(store: Store, end: int) -> int:
-    units = _last_units(store, end)
+def _newest_queued_timestamp(store: Store, end: int, units: list[tuple[int, int]]) -> int:
+    """The store time of the newest record a queue's last unit (``units``, see
+    :func:`_last_units`) points to."""
     if not units:
         return 0
     offset, size = max(units)
     return max(0, store.commitlog.store_timestamp_at(offset, size, end))
 
 
-def last_record_timestamp(store: Store, end: int) -> int:
+def last_record_timestamp(
+    store: Store, end: int, last_units: list[tuple[int, int]] | None = None
+) -> int:
     """The store time of the last record before ``end`` (0 for an empty log). The walk starts
-    at the newest record a consume queue points to when there is one, so a dispatched store
-    reads only its undispatched tail; otherwise at the start of the file that ends the log."""
+    at the newest record a consume queue points to when there is one (``last_units``: each
+    queue's last unit, when at hand; see :func:`_last_units`), so a dispatched store reads only
+    its undispatched tail; otherwise at the start of the file that ends the log."""
     log = store.commitlog
     if end <= log.min_offset:
         return 0
-    starts = [offset for offset, _ in _last_units(store, end) if offset < end]
+    if last_units is None:
+        last_units = _last_units(store, end)
+    starts = [offset for offset, _ in last_units if offset < end]
     last_file = log.queue.find(end - 1)
     if last_file is not None:
         starts.append(last_file.start)
