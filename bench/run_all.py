@@ -14,6 +14,7 @@ SCRIPTS = [
     "scan.py",
     "dispatch.py",
     "verify.py",
+    "queues.py",
     "replicate.py",
     "spark.py",
     "streaming.py",
