@@ -102,6 +102,19 @@ def java_host(text: str) -> str:
     return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
 
 
+def fresh_python(code: str, *args: str | Path) -> str:
+    """The standard output of ``code`` run in a fresh interpreter (``sys.argv[1:]`` =
+    ``args``), for what one process's imports decide; fails the test on a nonzero exit."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def run_cli(*args: str | Path, input: str | bytes | None = None, env: dict[str, str] | None = None):
     """Run ``rmqstore ARGS`` in-process; returns click's Result (exit_code, stdout, stderr)."""
     runner = CliRunner()

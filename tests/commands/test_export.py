@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rmqstore.fixtures import generate
 
-from support import parquet_rows
+from support import fresh_python, parquet_rows
 
 
 def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> None:
@@ -46,10 +46,5 @@ def test_run_from_python_the_export_leaves_pyarrow_as_it_loads(tmp_path: Path) -
         "code = run(['export', sys.argv[1], '--engine', 'local', '--to', sys.argv[2]])\n"
         "print(code, 'pyarrow' in sys.modules, 'numpy' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(store_dir), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-3:] == ["0", "True", "True"]
+    found = fresh_python(code, store_dir, tmp_path / "out")
+    assert found.split()[-3:] == ["0", "True", "True"]

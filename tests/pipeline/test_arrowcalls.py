@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from rmqstore.fixtures import generate
 
-from support import parquet_rows
+from support import fresh_python, parquet_rows
 
 # in a fresh interpreter: pyarrow loaded without numpy, an export and stats, then numpy
 _WITHOUT_NUMPY = """
@@ -33,20 +31,12 @@ print(json.dumps({
 """
 
 
-def _fresh_python(code: str, *args: str | Path) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def test_without_numpy_an_export_writes_the_same_files_and_stats_still_count(
     tmp_path: Path,
 ) -> None:
     store_dir = tmp_path / "store"
     generate("multi", store_dir)
-    found = json.loads(_fresh_python(_WITHOUT_NUMPY, store_dir, tmp_path / "alone"))
+    found = json.loads(fresh_python(_WITHOUT_NUMPY, store_dir, tmp_path / "alone"))
     assert found["loaded"] is True
     assert found["numpyAfterExport"] is False  # nothing in the export asked for numpy
     assert found["numpy"] == "numpy"  # and numpy is importable afterwards
@@ -71,6 +61,6 @@ def test_nothing_changes_where_numpy_or_pyarrow_is_already_loaded() -> None:
         "from rmqstore.pipeline.arrowcalls import import_pyarrow_without_numpy\n"
         "print(import_pyarrow_without_numpy(), 'numpy' in sys.modules)\n"
     )
-    assert _fresh_python(code.format(first="numpy")).split() == ["False", "True"]
+    assert fresh_python(code.format(first="numpy")).split() == ["False", "True"]
     # pyarrow first: it brought numpy in, as where rmqstore is not the process's owner
-    assert _fresh_python(code.format(first="pyarrow")).split() == ["False", "True"]
+    assert fresh_python(code.format(first="pyarrow")).split() == ["False", "True"]

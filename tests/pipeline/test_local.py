@@ -25,7 +25,7 @@ from rmqstore.pipeline.ranges import FileRange
 from rmqstore.record import COMPRESSED_FLAG
 from rmqstore.store import Store
 
-from support import check_against_broker, parquet_rows, run_cli
+from support import check_against_broker, fresh_python, parquet_rows, run_cli
 
 BROKER_STORES = ["s1_multi", "s3_txn_delay", "v533_s1_multi", "v533_s3_txn"]
 
@@ -394,8 +394,6 @@ def test_export_and_stats_do_without_pyarrow_compute(tmp_path: Path) -> None:
     """Importing ``pyarrow.compute`` costs 20 ms of start-up: the column builders call Arrow's
     functions by name instead (rmqstore.pipeline.arrowcalls). Nor is pyarrow imported with
     the engine (stats and the commands that do not write Arrow run without it)."""
-    import subprocess
-    import sys
 
     store_dir = tmp_path / "store"
     generate("multi", store_dir)
@@ -408,12 +406,6 @@ def test_export_and_stats_do_without_pyarrow_compute(tmp_path: Path) -> None:
         "pipeline.stats()\n"
         "print(sorted(name for name in sys.modules if name.startswith(('pyarrow.', 'pandas'))))\n"
     )
-    found = subprocess.run(
-        [sys.executable, "-c", code, str(store_dir), str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    loaded = found.stdout
+    loaded = fresh_python(code, store_dir, tmp_path / "out")
     assert "pyarrow.parquet" in loaded  # it did export
     assert "pyarrow.compute" not in loaded and "pandas" not in loaded, loaded
