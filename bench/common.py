@@ -43,6 +43,42 @@ def timed() -> object:
     clock.seconds = time.perf_counter() - start
 
 
+def best_of(
+    command: list[str],
+    environment: dict[str, str] | None = None,
+    runs: int = 3,
+    prepare=None,  # type: ignore[no-untyped-def]
+) -> float:
+    """The fastest of ``runs`` runs of ``command``, a fresh process each (its output
+    discarded; ``environment`` instead of this one's); ``prepare()`` runs before each, untimed."""
+    best = float("inf")
+    for _ in range(runs):
+        if prepare is not None:
+            prepare()
+        began = time.perf_counter()
+        subprocess.run(
+            command,
+            check=True,
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def fresh_copy(source: Path, target: Path, abort: bool = False) -> None:
+    """A copy of the store (sparse files stay sparse), synced before the timed run so that
+    writing the copy back is not counted in it."""
+    import shutil
+
+    shutil.rmtree(target, ignore_errors=True)
+    subprocess.run(["cp", "-a", "--sparse=always", str(source), str(target)], check=True)
+    if abort:
+        (target / "abort").touch()
+    os.sync()
+
+
 def row(name: str, figure: str, baseline: str = "") -> None:
     print(f"  {name:<44} {figure:<34} {baseline}")
 

@@ -15,10 +15,18 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from common import REPO, arguments, build_store, commitlog_bytes, row, zlib_crc_gb_s
+from common import (
+    REPO,
+    arguments,
+    best_of,
+    build_store,
+    commitlog_bytes,
+    fresh_copy,
+    row,
+    zlib_crc_gb_s,
+)
 
 RMQSTORE = Path(sys.executable).parent / "rmqstore"
 ROCKETMQ = {  # seconds, RocketMQ 4.9.8's store on 1,000,000 messages (issue 13)
@@ -45,33 +53,6 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
 
 def env(kernel: str) -> dict[str, str]:
     return {**os.environ, "RMQSTORE_KERNEL": kernel}
-
-
-def best_of(command: list[str], kernel: str, runs: int = 3, prepare=None) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(runs):
-        if prepare is not None:
-            prepare()
-        began = time.perf_counter()
-        subprocess.run(
-            command,
-            check=True,
-            env=env(kernel),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        best = min(best, time.perf_counter() - began)
-    return best
-
-
-def fresh_copy(source: Path, target: Path, abort: bool = False) -> None:
-    """A copy of the store (sparse files stay sparse), synced before the timed run so that
-    writing the copy back is not counted in it."""
-    shutil.rmtree(target, ignore_errors=True)
-    subprocess.run(["cp", "-a", "--sparse=always", str(source), str(target)], check=True)
-    if abort:
-        (target / "abort").touch()
-    os.sync()
 
 
 def peak_rss_mib(command: list[str]) -> float:
@@ -146,13 +127,13 @@ def main() -> None:
     for name, arguments_, prepare, baseline in commands:
         for kernel in kernels:
             command = [str(RMQSTORE), *arguments_, "--no-progress"]
-            seconds = best_of(command, kernel, prepare=prepare)
+            seconds = best_of(command, env(kernel), prepare=prepare)
             note = ""
             if baseline:
                 note = f"RocketMQ 4.9.8: {ROCKETMQ[baseline]:.2f} s"
             row(f"[{kernel}] {name}", f"{seconds:.2f} s", note)
     verify_seconds = best_of(
-        [str(RMQSTORE), "verify", str(path), "--commitlog-only", "--no-progress"], "native"
+        [str(RMQSTORE), "verify", str(path), "--commitlog-only", "--no-progress"], env("native")
     )
     exported = options.workdir / "kernel-export"
     for name, arguments_, prepare in (
@@ -163,7 +144,7 @@ def main() -> None:
             lambda: shutil.rmtree(exported, ignore_errors=True),
         ),
     ):
-        seconds = best_of([str(RMQSTORE), *arguments_], "native", prepare=prepare)
+        seconds = best_of([str(RMQSTORE), *arguments_], env("native"), prepare=prepare)
         row(
             f"[native] {name}",
             f"{seconds:.2f} s",
@@ -175,7 +156,7 @@ def main() -> None:
         ("--version", ["--version"]),
         ("info, 20-message store", ["info", str(small)]),
     ):
-        seconds = best_of([str(RMQSTORE), *arguments_], "native", runs=5)
+        seconds = best_of([str(RMQSTORE), *arguments_], env("native"), runs=5)
         row(f"[native] start-up: rmqstore {name}", f"{seconds:.3f} s", "target <= 0.1 s")
     bigger, _ = build_store(options.workdir, options.rss_messages or 4 * options.messages)
     for store in (path, bigger):

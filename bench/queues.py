@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import DEFAULT_WORKDIR, REPO, row
+from common import DEFAULT_WORKDIR, REPO, best_of, fresh_copy, row
 
 RMQSTORE = [sys.executable, "-m", "rmqstore"]
 
@@ -37,17 +36,6 @@ def build(path: Path, topics: int) -> None:
         capture_output=True,
     )
     subprocess.run([*RMQSTORE, "dispatch", str(path)], check=True, capture_output=True)
-
-
-def best_of(command: list[str], prepare=None, runs: int = 3) -> float:  # type: ignore[no-untyped-def]
-    best = float("inf")
-    for _ in range(runs):
-        if prepare is not None:
-            prepare()
-        began = time.perf_counter()
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        best = min(best, time.perf_counter() - began)
-    return best
 
 
 def walk_and_read(root: Path) -> tuple[int, float]:
@@ -97,17 +85,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=options.workdir) as scratch:
         copy = Path(scratch) / "store"
 
-        def fresh() -> None:
-            shutil.rmtree(copy, ignore_errors=True)
-            subprocess.run(["cp", "-a", "--sparse=always", str(store), str(copy)], check=True)
-            os.sync()
-
         for name, arguments in [
             ("append one message", ["append", str(copy), "--topic", "T1", "--body", "x"]),
             ("flush (every file fsync'ed)", ["flush", str(copy)]),
             ("dispatch --rebuild", ["dispatch", str(copy), "--rebuild", "--yes"]),
         ]:
-            seconds = best_of([*RMQSTORE, *arguments], prepare=fresh)
+            seconds = best_of([*RMQSTORE, *arguments], prepare=lambda: fresh_copy(store, copy))
             row(name, f"{seconds:.2f} s", f"{seconds / baseline:.1f}x the baseline")
 
 
