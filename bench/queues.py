@@ -4,7 +4,10 @@ Whole commands (best of three, fresh process each) beside the least any tool mus
 list and stat every consume-queue file (``os.walk``), and open and read each file's first
 4 KiB.
 
-    python bench/queues.py [--topics N] [--workdir DIR]
+    python bench/queues.py [--messages N] [--topics N] [--workdir DIR]
+
+(``--topics`` defaults to one per thousand ``--messages``: 1,000 for ``make bench``, 200
+for ``make bench-quick``.)
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import DEFAULT_WORKDIR, REPO, best_of, fresh_copy, row
+from common import REPO, arguments, best_of, fresh_copy, row
 
 RMQSTORE = [sys.executable, "-m", "rmqstore"]
 
@@ -56,41 +59,39 @@ def walk_and_read(root: Path) -> tuple[int, float]:
 
 
 def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--topics", type=int, default=1000)
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR)
+    parser = arguments(__doc__)
+    parser.add_argument("--topics", type=int, default=None)
     options = parser.parse_args()
+    topics = options.topics or max(1, options.messages // 1000)
     subprocess.run(
         [sys.executable, "-m", "compileall", "-q", str(REPO / "rmqstore"), str(REPO / "commands")],
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    store = options.workdir / f"queues-{options.topics}"
+    store = options.workdir / f"queues-{topics}"
     if not store.exists():
         options.workdir.mkdir(parents=True, exist_ok=True)
-        build(store, options.topics)
+        build(store, topics)
     files, baseline = walk_and_read(store / "consumequeue")
-    print(f"queues: {options.topics:,} topics x 4 queues, one message each ({files:,} files)")
+    print(f"queues: {topics:,} topics x 4 queues, one message each ({files:,} files)")
     row("baseline: walk, stat, open, read 4 KiB each", f"{baseline:.2f} s")
-    for name, arguments in [
+    for name, command in [
         ("info", ["info", str(store)]),
         ("verify", ["verify", str(store)]),
         ("recover --dry-run", ["recover", str(store), "--dry-run"]),
         ("stats --engine local", ["stats", str(store), "--engine", "local"]),
     ]:
-        seconds = best_of([*RMQSTORE, *arguments])
+        seconds = best_of([*RMQSTORE, *command])
         row(name, f"{seconds:.2f} s", f"{seconds / baseline:.1f}x the baseline")
     with tempfile.TemporaryDirectory(dir=options.workdir) as scratch:
         copy = Path(scratch) / "store"
 
-        for name, arguments in [
+        for name, command in [
             ("append one message", ["append", str(copy), "--topic", "T1", "--body", "x"]),
             ("flush (every file fsync'ed)", ["flush", str(copy)]),
             ("dispatch --rebuild", ["dispatch", str(copy), "--rebuild", "--yes"]),
         ]:
-            seconds = best_of([*RMQSTORE, *arguments], prepare=lambda: fresh_copy(store, copy))
+            seconds = best_of([*RMQSTORE, *command], prepare=lambda: fresh_copy(store, copy))
             row(name, f"{seconds:.2f} s", f"{seconds / baseline:.1f}x the baseline")
 
 
