@@ -23,6 +23,11 @@ SEGMENT_NAME_DIGITS = 20
 _SEGMENT_NAME = re.compile(r"\d{20}")
 
 
+def is_segment_name(name: str) -> bool:
+    """Whether ``name`` is a segment file's name: its start offset in 20 digits."""
+    return _SEGMENT_NAME.fullmatch(name) is not None
+
+
 def segment_name(start_offset: int) -> str:
     """``UtilAll.offset2FileName``: the offset as 20 zero-padded decimal digits."""
     return f"{start_offset:0{SEGMENT_NAME_DIGITS}d}"
@@ -65,7 +70,7 @@ class SegmentQueue:
         except OSError as exc:
             raise StoreIOError(f"cannot list {directory}: {exc.strerror}") from None
         for entry in entries:
-            if not _SEGMENT_NAME.fullmatch(entry.name):
+            if not is_segment_name(entry.name):
                 if not entry.is_dir(follow_symlinks=False):
                     queue.unexpected.append(Path(entry.path))
                 continue

@@ -38,7 +38,7 @@ from rmqstore.record import (
     find_next_record_in_file,
     property_crc_status,
 )
-from rmqstore.segments import Segment, nonzero_extent
+from rmqstore.segments import Segment, is_segment_name, nonzero_extent
 from rmqstore.store import Store
 from rmqstore.verify.findings import ERROR, NOTE, WARNING, VerifyReport
 from rmqstore.windows import FileWindows
@@ -244,7 +244,9 @@ class RecordPass:
         for path in self.log.queue.unexpected:
             report.add(
                 "file-name",
-                "not a commit-log file (a broker cannot parse its name)",
+                "not a regular file, under a commit-log file's name (a broker cannot load it)"
+                if is_segment_name(path.name)
+                else "not a commit-log file (a broker cannot parse its name)",
                 WARNING,
                 file=relative(self.store, path),
             )

@@ -275,3 +275,25 @@ def test_queue_chunks_hold_no_more_than_the_queue_units(
     assert reads
     for path, start, length in reads:
         assert start + length <= valid_ends[path], (path, start, length)
+
+
+def test_a_folder_under_a_commit_log_file_name_is_named_as_such(tmp_path: Path) -> None:
+    """A folder where a commit-log file belongs: its name parses, but a broker cannot load it
+    (4.9 refuses a store file of the wrong size); a stray name is one it cannot parse."""
+    from rmqstore.fixtures import generate
+    from rmqstore.segments import segment_name
+
+    store_dir = tmp_path / "store"
+    generate("basic", store_dir)
+    (store_dir / "commitlog" / segment_name(1 << 40)).mkdir()
+    (store_dir / "commitlog" / "notes.txt").write_text("kept by an operator")
+    with Store.open_read(store_dir) as store:
+        report = verify_store(store, VerifyOptions())
+    messages = {
+        finding.file: finding.message for finding in report.findings if finding.kind == "file-name"
+    }
+    assert messages == {
+        f"commitlog/{segment_name(1 << 40)}": "not a regular file, under a commit-log file's "
+        "name (a broker cannot load it)",
+        "commitlog/notes.txt": "not a commit-log file (a broker cannot parse its name)",
+    }
