@@ -44,10 +44,9 @@ from rmqstore.record import (
     ScanStop,
     find_next_record_in_file,
 )
-from rmqstore.segments import nonzero_extent
+from rmqstore.segments import is_segment_name, nonzero_extent
 from rmqstore.windows import FileWindows
 
-_OFFSET_NAME = re.compile(r"\d{20}")
 _INDEX_NAME = re.compile(r"\d{17}")
 _UNIT = struct.Struct(">qiq")
 _UNITS_PER_READ = 4096  # 80 KiB of units at a time
@@ -99,7 +98,7 @@ def identify(path: Path, kind: FileKind | None = None) -> DumpTarget:
 
 def _base_offset(path: Path, file_size: int) -> tuple[int, str | None]:
     """The offset of a file's first byte, from its 20-digit name (0 and a note otherwise)."""
-    if _OFFSET_NAME.fullmatch(path.name):
+    if is_segment_name(path.name):
         return int(path.name), None
     return 0, f"{path.name} is not a 20-digit offset name: offsets are counted from 0"
 

@@ -5,7 +5,6 @@ themselves from the location and names a partition carries."""
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,10 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.errors import InputError, NotAStoreError
-from rmqstore.segments import data_end_estimate
+from rmqstore.segments import data_end_estimate, is_segment_name
 from rmqstore.windows import FileWindows, ReadWindows, read_range
-
-_SEGMENT = re.compile(r"\d{20}")
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,7 @@ class StoreLocation:
             return sorted(
                 (entry.name, entry.stat().st_size)
                 for entry in os.scandir(directory)
-                if _SEGMENT.fullmatch(entry.name) and entry.is_file()
+                if is_segment_name(entry.name) and entry.is_file()
             )
         from pyarrow import fs
 
@@ -61,7 +58,7 @@ class StoreLocation:
         return sorted(
             (info.base_name, info.size)
             for info in infos
-            if info.type == fs.FileType.File and _SEGMENT.fullmatch(info.base_name)
+            if info.type == fs.FileType.File and is_segment_name(info.base_name)
         )
 
     def directories(self, relative: str) -> list[str]:
