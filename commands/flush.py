@@ -30,8 +30,10 @@ def command(store: Path, config: StoreConfig, as_json: bool) -> int:
     Every file under commitlog/, consumequeue/ and index/ is fsynced, then the checkpoint
     gets what is on disk: physicMsgTimestamp = store time of the last valid record,
     logicsMsgTimestamp = store time of the newest record in the consume queues,
-    indexMsgTimestamp = end time of the last full index file. 'abort' is left as it is (run
-    rmqstore recover for a crashed store). Takes the store's lock.
+    indexMsgTimestamp = end time of the last full index file. A checkpoint a crash cut short
+    is read as a broker reads it (the bytes it holds, then zeros) and written whole; one
+    longer than 4096 bytes is refused (exit 2). 'abort' is left as it is (run rmqstore
+    recover for a crashed store). Takes the store's lock.
 
     JSON: files, bytes, logEnd, checkpointBefore, checkpoint, abortPresent.
     """

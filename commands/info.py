@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE
 from rmqstore.commands.options import (
     json_option,
     progress_option,
@@ -77,8 +78,9 @@ def command(
     JSON fields: store, kernel (native or python: which record kernel ran), deep, locked (a
     boolean), lockHolder (null, "another process" or "this process"), abort,
     checkpoint{physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp, masterFlushedOffset,
-    confirmPhyOffset, minTimestamp, minTimestampIndex}, geometry{...}, commitLog{files,
-    firstFile, lastFile, minOffset, maxOffset, messages, firstStoreTimestamp,
+    confirmPhyOffset, minTimestamp, minTimestampIndex} (as a broker reads it), checkpointBytes
+    (the file's size: 4096, fewer when a crash cut it short, null when absent), geometry{...},
+    commitLog{files, firstFile, lastFile, minOffset, maxOffset, messages, firstStoreTimestamp,
     lastStoreTimestamp, end, endError, filesWithDataAfterEnd}, topics[{topic, queues[{queueId,
     messages, minOffset, maxOffset, notQueued}]}] (from the commit log), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
@@ -165,6 +167,12 @@ def _render(summary: dict[str, Any]) -> None:
     if checkpoint is None:
         overview.add_row("checkpoint", "absent (a broker reads it as zeros)")
     else:
+        if summary["checkpointBytes"] < CHECKPOINT_FILE_SIZE:
+            overview.add_row(
+                "checkpoint",
+                f"{summary['checkpointBytes']} bytes, cut short: a broker reads the rest as "
+                "zeros (rmqstore flush writes it whole)",
+            )
         for key in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp"):
             overview.add_row(key, f"{checkpoint[key]} ({format_millis(checkpoint[key])})")
         if checkpoint["confirmPhyOffset"] or checkpoint["masterFlushedOffset"]:

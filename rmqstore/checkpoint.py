@@ -71,10 +71,32 @@ class Checkpoint:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True, slots=True)
+class CheckpointFile:
+    """The checkpoint as a broker reads it, and how many bytes its file holds."""
+
+    checkpoint: Checkpoint
+    size: int  # 4096, or fewer when a crash left the file short
+
+    @property
+    def short(self) -> bool:
+        return self.size < CHECKPOINT_FILE_SIZE
+
+
 def read_checkpoint(path: Path) -> Checkpoint | None:
-    """The checkpoint, or None when the file does not exist (which a broker reads as zeros).
-    Only a regular file of the right size is read (a FIFO is not waited on, a huge file is
-    not read)."""
+    """The checkpoint, or None when the file does not exist (which a broker reads as zeros);
+    see :func:`read_checkpoint_file`."""
+    found = read_checkpoint_file(path)
+    return None if found is None else found.checkpoint
+
+
+def read_checkpoint_file(path: Path) -> CheckpointFile | None:
+    """The checkpoint file, or None when it does not exist. A file shorter than 4096 bytes (a
+    crash while the broker created it) is read as the broker maps it: the bytes it holds, then
+    zeros. The times are big-endian, so the missing bytes only make them earlier, and a
+    recovery from them starts no later than one from the whole file. Only a regular file of
+    at most 4096 bytes is read (a FIFO is not waited on; a longer file is not a checkpoint a
+    broker or a crash leaves, and rmqstore does not write into it)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -85,16 +107,18 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise StoreFormatError(f"{path} is not a regular file; a checkpoint is")
-        if status.st_size != CHECKPOINT_FILE_SIZE:
+        if status.st_size > CHECKPOINT_FILE_SIZE:
             raise StoreFormatError(
-                f"{path} is {status.st_size} bytes; a checkpoint is {CHECKPOINT_FILE_SIZE}"
+                f"{path} is {status.st_size} bytes; a checkpoint is {CHECKPOINT_FILE_SIZE} "
+                "(neither a broker nor a crash leaves a longer one: move it aside, and "
+                "rmqstore flush writes a new one)"
             )
         data = os.pread(fd, CHECKPOINT_FILE_SIZE, 0)
     except OSError as exc:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
-    return Checkpoint.decode(data)
+    return CheckpointFile(Checkpoint.decode(data), len(data))
 
 
 def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from rmqstore import kernel
+from rmqstore.checkpoint import read_checkpoint_file
 from rmqstore.consumequeue import QueueTip, list_queues
 from rmqstore.errors import NotFoundError, RmqStoreError
 from rmqstore.indexfile import read_index_headers
@@ -212,7 +213,8 @@ def summarize(
     point where the consume queues end. ``deep`` counts every record of the log instead
     (``messages`` and each queue's ``notQueued``, which the quick summary leaves null)."""
     log = store.commitlog
-    checkpoint = store.checkpoint()
+    checkpoint_file = read_checkpoint_file(store.checkpoint_path)
+    checkpoint = checkpoint_file.checkpoint if checkpoint_file else None
     consume_queues, cursor, tips, last_units = consume_queue_table(store)
     queue_minima = {(q["topic"], q["queueId"]): q["minOffset"] for q in consume_queues}
     units = {(q["topic"], q["queueId"]): q["maxOffset"] - q["minOffset"] for q in consume_queues}
@@ -278,6 +280,8 @@ def summarize(
         }[lock],
         "abort": store.aborted,
         "checkpoint": checkpoint.to_dict() if checkpoint else None,
+        # the checkpoint file's size: 4096, fewer when a crash cut it short, null when absent
+        "checkpointBytes": checkpoint_file.size if checkpoint_file else None,
         "geometry": {
             "commitLogFileSize": store.commitlog_file_size,
             "consumeQueueFileSize": store.consumequeue_file_size,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rmqstore.checkpoint import read_checkpoint
+from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint_file
 from rmqstore.errors import StoreFormatError
 from rmqstore.store import Store
 from rmqstore.verify.findings import WARNING, VerifyReport
@@ -41,12 +41,21 @@ def _check_checkpoint(
 ) -> None:
     """Checkpoint times may not be ahead of the data they vouch for (spec §8.1, §13)."""
     try:
-        checkpoint = read_checkpoint(store.checkpoint_path)
+        found = read_checkpoint_file(store.checkpoint_path)
     except StoreFormatError as exc:
         report.add("checkpoint-size", str(exc), file="checkpoint")
         return
-    if checkpoint is None:
+    if found is None:
         return
+    if found.short:
+        report.add(
+            "checkpoint-short",
+            f"{store.checkpoint_path} is {found.size} bytes, not {CHECKPOINT_FILE_SIZE} (cut "
+            "short by a crash): a broker reads the missing bytes as zeros, so its times are "
+            "no later than those written",
+            file="checkpoint",
+        )
+    checkpoint = found.checkpoint
     # (field, its byte position in the checkpoint file, value, limit, what the limit is)
     limits: Iterable[tuple[str, int, int, int, str]] = [
         (

@@ -42,7 +42,8 @@ KINDS = {
     "index-entry": "an index entry that does not match the keys of its record",
     "index-lag": "records whose keys are missing from the index",
     "checkpoint-future": "a checkpoint time ahead of the data it vouches for",
-    "checkpoint-size": "the checkpoint file is not 4096 bytes",
+    "checkpoint-short": "the checkpoint file is shorter than 4096 bytes (a crash cut it short)",
+    "checkpoint-size": "the checkpoint is longer than 4096 bytes, or not a regular file",
     "abort-present": "the store was not closed cleanly (a broker was running or crashed)",
 }
 
@@ -78,7 +79,7 @@ FIXES = {
     "dispatch-lag": _DISPATCH,
     "index-lag": _DISPATCH,
     "checkpoint-future": _FLUSH,
-    "checkpoint-size": _FLUSH,
+    "checkpoint-short": _FLUSH,
     "file-size": REPORT_ONLY,
     "file-name": REPORT_ONLY,
     "file-gap": REPORT_ONLY,
@@ -87,6 +88,7 @@ FIXES = {
     "queue-offset-gap": REPORT_ONLY,
     "stale-bytes-after-end": REPORT_ONLY,
     "index-unchecked": REPORT_ONLY,
+    "checkpoint-size": REPORT_ONLY,
 }
 assert set(FIXES) == set(KINDS)
 

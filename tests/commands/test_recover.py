@@ -117,3 +117,37 @@ def test_damage_recovery_does_not_mend_is_named_and_exits_1(tmp_path: Path) -> N
     assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
     again = run_cli("recover", store, "--yes", "--json")
     assert again.exit_code == 0 and json.loads(again.stdout)["remaining"]["ok"] is True
+
+
+def test_a_short_checkpoint_is_read_as_zeros_beyond_its_bytes_and_flush_makes_it_whole(
+    tmp_path: Path,
+) -> None:
+    store = fixture(tmp_path, "short-checkpoint")
+    size = (store / "checkpoint").stat().st_size
+    info = json.loads(run_cli("info", store, "--json").stdout)
+    assert info["checkpointBytes"] == size < 4096
+    assert "cut short" in run_cli("info", store).stdout
+    verified = json.loads(run_cli("verify", store, "--json").stdout)
+    assert verified["findingsByKind"] == {"checkpoint-short": 1, "abort-present": 1}
+    flushed = run_cli("flush", store, "--json")
+    assert flushed.exit_code == 0, flushed.stderr
+    assert (store / "checkpoint").stat().st_size == 4096
+    assert json.loads(run_cli("info", store, "--json").stdout)["checkpointBytes"] == 4096
+    after = json.loads(run_cli("verify", store, "--json").stdout)
+    assert after["findingsByKind"] == {"abort-present": 1}
+
+
+def test_a_longer_checkpoint_is_reported_and_no_writer_touches_the_store(tmp_path: Path) -> None:
+    store = fixture(tmp_path, "abort-left")
+    with open(store / "checkpoint", "ab") as checkpoint:
+        checkpoint.write(b"\1" * 100)
+    verified = json.loads(run_cli("verify", store, "--json").stdout)
+    (finding,) = [f for f in verified["findings"] if f["kind"] == "checkpoint-size"]
+    assert finding["fix"] == "none: report only" and "4196 bytes" in finding["message"]
+    before = tree_digest(store)
+    for command in (["flush"], ["recover", "--yes"], ["dispatch"]):
+        result = run_cli(*command, store)
+        assert result.exit_code == 2, (command, result.stderr)
+        assert "4196 bytes; a checkpoint is 4096" in result.stderr
+        assert "move it aside" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert tree_digest(store) == before

@@ -193,7 +193,8 @@ def test_only_some_checks(tmp_path: Path, jobs: str) -> None:
 @pytest.mark.parametrize(
     "scenario",
     ["torn-tail", "crc-flip", "garbage-after-end", "cq-truncated", "cq-wrong-size",
-     "index-broken-chain", "stale-checkpoint", "abort-left", "missing-file"],
+     "index-broken-chain", "stale-checkpoint", "short-checkpoint", "abort-left",
+     "missing-file"],
 )  # fmt: skip
 def test_the_next_step_mends_what_verify_found(tmp_path: Path, scenario: str) -> None:
     import shlex

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from rmqstore.checkpoint import (
+    Checkpoint,
+    read_checkpoint,
+    read_checkpoint_file,
+    write_checkpoint,
+)
 from rmqstore.errors import StoreFormatError
 
 from support import vectors
@@ -60,7 +65,30 @@ def test_write_preserves_the_5x_fields_and_creates_4096_bytes(tmp_path: Path) ->
     )
 
 
-def test_wrong_size_is_a_format_error(tmp_path: Path) -> None:
-    (tmp_path / "checkpoint").write_bytes(b"\0" * 24)
-    with pytest.raises(StoreFormatError, match="24 bytes"):
+def test_a_longer_file_or_a_folder_is_a_format_error(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint").write_bytes(b"\0" * 4097)
+    with pytest.raises(StoreFormatError, match="4097 bytes"):
         read_checkpoint(tmp_path / "checkpoint")
+    (tmp_path / "other").mkdir()
+    with pytest.raises(StoreFormatError, match="not a regular file"):
+        read_checkpoint(tmp_path / "other")
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 12, 23, 24, 39, 40, 4095])
+def test_a_short_file_reads_as_a_broker_maps_it(tmp_path: Path, size: int) -> None:
+    """The bytes it holds, then zeros; every time no later than the one written, so a
+    recovery from it starts no later."""
+    whole = Checkpoint(**FIELDS, master_flushed_offset=5, confirm_phy_offset=9)
+    path = tmp_path / "checkpoint"
+    path.write_bytes(whole.encode()[:size])
+    found = read_checkpoint_file(path)
+    assert found is not None and found.size == size and found.short
+    assert found.checkpoint == Checkpoint.decode(whole.encode()[:size] + bytes(4096 - size))
+    assert found.checkpoint.physic_msg_timestamp <= whole.physic_msg_timestamp
+    assert found.checkpoint.logics_msg_timestamp <= whole.logics_msg_timestamp
+    assert found.checkpoint.index_msg_timestamp <= whole.index_msg_timestamp
+    assert found.checkpoint.min_timestamp <= whole.min_timestamp
+    # written again, the file is whole
+    write_checkpoint(path, found.checkpoint)
+    assert path.stat().st_size == 4096
+    assert read_checkpoint(path) == found.checkpoint

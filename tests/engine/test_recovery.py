@@ -26,7 +26,7 @@ from rmqstore.verify import NOTE, verify_store
 
 from support import ORACLE_CONFIG, run_cli, tree_digest
 
-CRASHES = ["torn-tail", "crc-flip", "garbage-after-end", "abort-left"]
+CRASHES = ["torn-tail", "crc-flip", "garbage-after-end", "abort-left", "short-checkpoint"]
 
 
 def recovered(root: Path, config: StoreConfig | None = None):

@@ -84,13 +84,13 @@ def same_as_one_walk(
 def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("generated")
     for name in ("multi", "txn", "delay", "v2", "torn-tail", "garbage-after-end", "crc-flip",
-                 "missing-file", "abort-left", "stale-checkpoint"):  # fmt: skip
+                 "missing-file", "abort-left", "stale-checkpoint", "short-checkpoint"):  # fmt: skip
         generate(name, root / name)
     return root
 
 
 SCENARIOS = ["multi", "txn", "delay", "v2", "torn-tail", "garbage-after-end", "crc-flip",
-             "missing-file", "abort-left", "stale-checkpoint"]  # fmt: skip
+             "missing-file", "abort-left", "stale-checkpoint", "short-checkpoint"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
