@@ -198,7 +198,8 @@ def engine_options(default: str) -> Callable[[F], F]:
                 default=32 * 1024 * 1024,
                 show_default=True,
                 metavar="BYTES",
-                help="Bytes of commit log per partition (range) of the pipeline.",
+                help="Bytes of commit log per partition (range) of the pipeline (a "
+                "file's last range may run a tenth over rather than leave a sliver).",
             ),
         ]
         for option in reversed(options):

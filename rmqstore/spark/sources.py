@@ -343,10 +343,11 @@ class CommitLogDataSource(DataSource):
     Options: includeBody (true), decompress (false: ZLIB bodies of COMPRESSED records as
     stored), verifyCrc (false: crcOk is null), topics and queueIds (comma-separated),
     startingOffset and endingOffset (a commit-log offset window, the end excluded),
-    splitSize (bytes, 134217728; 0 for one partition per file), messageDelayLevel (for the
-    deliver-time tagsCode of SCHEDULE_TOPIC_XXXX), maxMessageSize (4194304), fileBounds
-    (JSON: file name to where its records end), summary=files (one row per range; with
-    crcFrom, CRCs are checked in the files from that offset on)."""
+    splitSize (bytes, 134217728, a file's last range up to a tenth over; 0 for one partition
+    per file), messageDelayLevel (for the deliver-time tagsCode of SCHEDULE_TOPIC_XXXX),
+    maxMessageSize (4194304), fileBounds (JSON: file name to where its records end),
+    summary=files (one row per range; with crcFrom, CRCs are checked in the files from that
+    offset on)."""
 
     @classmethod
     def name(cls) -> str:

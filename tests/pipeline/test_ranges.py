@@ -142,3 +142,20 @@ def test_one_planner_for_every_caller() -> None:
     assert plan_spans(files, 400, split_last=False, data_end=data_end)[-1:] == [
         (2000, 1000, 0, 1000, True)
     ]
+    # a last range of at most a tenth of a split joins the one before (SPLIT_SLOP)
+    assert plan_spans([(0, 1000)], 450, data_end=lambda start, size: 495) == [
+        (0, 1000, 0, 1000, True)
+    ]  # 45 bytes of data after 450: not a range of their own
+    assert plan_spans([(0, 1000)], 450, data_end=lambda start, size: 496) == [
+        (0, 1000, 0, 450, True),
+        (0, 1000, 450, 1000, True),
+    ]
+    assert plan_spans([(0, 1000)], 450, ends={0: 945}) == [
+        (0, 1000, 0, 450, True),
+        (0, 1000, 450, 945, True),
+    ]
+    assert plan_spans([(0, 1000)], 450, ends={0: 946}) == [
+        (0, 1000, 0, 450, True),
+        (0, 1000, 450, 900, True),
+        (0, 1000, 900, 946, True),
+    ]
