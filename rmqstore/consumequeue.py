@@ -144,13 +144,16 @@ class ConsumeQueue:
         self._dirty: set[Path] = set()
         if known is not None:
             self.end, self.min_logic_offset, self.max_physical_offset = known
-            return
-        self.end = self._find_end()  # logical byte offset after the last valid unit
-        self.max_physical_offset = -1  # end (offset + size) of the last valid unit
-        self.min_logic_offset = self.queue.min_offset or 0
-        if self.end > self.min_logic_offset:
-            last = self.read_unit((self.end - CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
-            self.max_physical_offset = last.physical_offset + last.size
+        else:
+            self.end = self._find_end()  # logical byte offset after the last valid unit
+            self.max_physical_offset = -1  # end (offset + size) of the last valid unit
+            self.min_logic_offset = self.queue.min_offset or 0
+            if self.end > self.min_logic_offset:
+                last = self.read_unit((self.end - CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
+                self.max_physical_offset = last.physical_offset + last.size
+        # the end as of the last flush(): every write moves the end on, so a flush with the
+        # end where it was and no file marked dirty has nothing to make durable
+        self._synced_end = self.end
 
     @property
     def bounds(self) -> QueueBounds:
@@ -466,6 +469,9 @@ class ConsumeQueue:
             self._write_limit = -1
 
     def flush(self) -> None:
+        """Make the units written since the last flush durable (msync, fdatasync)."""
+        if self.end == self._synced_end and not self._dirty:
+            return
         try:
             if self._write_map is not None:
                 self._write_map.flush()
@@ -476,6 +482,7 @@ class ConsumeQueue:
         except OSError as exc:
             raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
         self._dirty.clear()
+        self._synced_end = self.end
 
     def close(self) -> None:
         self.flush()

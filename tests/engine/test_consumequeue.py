@@ -108,3 +108,35 @@ def test_loading_a_queue_reads_its_units_and_a_chunk_not_the_file(
     truncation = queue.truncation_at(200)  # keep the units of the records below 200
     assert truncation is not None and truncation.units_removed == 3
     assert sum(read) <= _FIRST_CHUNK, read
+
+
+def test_a_flush_syncs_only_what_was_written_since_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatcher flushes its queues before writing the checkpoint and again as it closes
+    them: the second flush of a queue with nothing new written does not sync it again."""
+    import os
+
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:  # counts, and syncs for real
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    queue = ConsumeQueue(tmp_path, "T", 0, 400)
+    queue.put(0, 0, 100, 7)
+    queue.flush()
+    assert len(synced) == 1
+    queue.flush()
+    queue.close()
+    assert len(synced) == 1
+    queue = ConsumeQueue(tmp_path, "T", 0, 400)
+    assert queue.max_offset == 1
+    queue.flush()  # loaded, nothing written
+    assert len(synced) == 1
+    queue.put(1, 100, 100, 7)  # the common case of put() marks no file dirty
+    queue.close()
+    assert len(synced) == 2
+    assert ConsumeQueue(tmp_path, "T", 0, 400).max_offset == 2
