@@ -52,7 +52,7 @@ def read_geometry(root: Path) -> dict[str, int]:
     path = geometry_path(root)
     try:
         status = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no config/ folder, or a file in its place
         return {}
     except OSError as exc:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None

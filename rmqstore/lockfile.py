@@ -77,6 +77,10 @@ class StoreLock:
                 raise StoreFormatError(
                     f"{self.path} is a symbolic link; writers do not follow links out of the store"
                 ) from None
+            if exc.errno == errno.EISDIR:
+                raise StoreFormatError(
+                    f"{self.path} is not a regular file; a store's lock file is"
+                ) from None
             raise StoreIOError(f"cannot open {self.path}: {exc.strerror}") from None
         try:
             if _OFD_SETLK is not None:

@@ -606,6 +606,40 @@ def _remove_empty_directory(directory: Path) -> None:
         pass  # not empty, or gone: nothing of ours to remove
 
 
+# the folders a writer may write into, and what to tell of a file in the place of each
+_STORE_FOLDERS = (
+    (CONSUMEQUEUE_DIR, "rmqstore dispatch rebuilds the consume queues from the commit log"),
+    (INDEX_DIR, "rmqstore dispatch rebuilds the index from the commit log"),
+    (CONFIG_DIR, "a broker keeps its topic and offset files there"),
+)
+
+
+def misplaced_files(root: Path) -> list[tuple[str, str]]:
+    """(store-relative name, message) of each file where a store folder should be, and of an
+    ``abort`` that is not a file: a writer refuses them before it changes anything (it would
+    fail part way through, or could not remove ``abort``), and verify reports them."""
+    found = []
+    for name, why in _STORE_FOLDERS:
+        path = root / name
+        if path.exists() and not path.is_dir():
+            found.append((name, f"{path} is not a directory; move it aside ({why})"))
+    abort = root / ABORT_FILE
+    if abort.exists() and not abort.is_file():
+        found.append(
+            (
+                ABORT_FILE,
+                f"{abort} is not a regular file; a store's abort file is (an empty one: move "
+                "this aside and put an empty file there to keep the crash marker)",
+            )
+        )
+    return found
+
+
+def _refuse_misplaced_files(root: Path) -> None:
+    for _name, message in misplaced_files(root)[:1]:
+        raise NotAStoreError(message)
+
+
 def _check_store_root(
     root: Path, *, create: bool, config: StoreConfig | None, writing: bool = False
 ) -> _Creation | None:
@@ -625,6 +659,8 @@ def _check_store_root(
     commitlog_dir = (config.commitlog_dir if config else None) or root / COMMITLOG_DIR
     if commitlog_dir.exists() and not commitlog_dir.is_dir():
         raise NotAStoreError(f"{commitlog_dir} is not a directory")
+    if writing:
+        _refuse_misplaced_files(root)
     if commitlog_dir.is_dir() or any((root / marker).exists() for marker in _STORE_MARKERS):
         return None
     if create and all(entry.name == QUARANTINE_DIR for entry in root.iterdir()):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rmqstore.store import Store
+from rmqstore.store import Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
@@ -55,6 +55,8 @@ def verify_store(
 ) -> VerifyReport:
     """Check ``store`` (opened read-only) and return the report."""
     report = VerifyReport(max_findings=options.max_findings)
+    for name, message in misplaced_files(store.root):
+        report.add("store-layout", message, file=name)
     queues = index = None
     topics = set(options.topics) if options.topics else None
     checks = options.cross_checks

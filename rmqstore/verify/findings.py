@@ -15,6 +15,7 @@ NOTE = "note"  # worth knowing, not a problem (does not fail verify)
 KINDS = {
     "file-size": "a store file's size differs from the configured size",
     "file-name": "a file whose name a broker cannot parse, or an unexpected file",
+    "store-layout": "a file where a store folder should be, or an abort that is not a file",
     "file-gap": "commit-log files are not contiguous",
     "file-incomplete": "a commit-log file ends without a BLANK record but later files hold data",
     "data-after-end": "a commit-log file after the end of the log holds data",
@@ -82,6 +83,7 @@ FIXES = {
     "checkpoint-short": _FLUSH,
     "file-size": REPORT_ONLY,
     "file-name": REPORT_ONLY,
+    "store-layout": REPORT_ONLY,
     "file-gap": REPORT_ONLY,
     "record-properties": REPORT_ONLY,
     "store-time-order": REPORT_ONLY,
@@ -93,8 +95,9 @@ FIXES = {
 assert set(FIXES) == set(KINDS)
 
 
-# found, these leave nothing a command can mend (the log has a hole, or files of another store)
-_BLOCKING = frozenset({"file-gap", "file-size"})
+# found, these leave nothing a command can mend (the log has a hole, files of another store,
+# or a file where a folder should be)
+_BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
 
 
 def fix_for(kind: str, store: str) -> str:

@@ -281,3 +281,40 @@ def test_permission_denied_is_exit_4_for_writers_and_nothing_for_readers(tmp_pat
     finally:
         for path in [store, *store.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@pytest.mark.parametrize("what", ["consumequeue", "index", "config", "abort", "lock"])
+def test_a_file_where_a_folder_should_be_is_refused_before_anything_changes(
+    tmp_path: Path, what: str
+) -> None:
+    """consumequeue/, index/ or config/ a file, abort or lock a folder: every writer says so
+    in one line (exit 2) before it writes, where it used to fail part way (exit 4, or a path
+    "already exists" inside the file); verify names it and gives no command as the next step."""
+    store = small_store(tmp_path)
+    (store / "abort").touch()  # a crashed store: recover would cut, dispatch and flush
+    folder = store / what
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    elif folder.exists():
+        folder.unlink()
+    if what in ("abort", "lock"):
+        folder.mkdir()
+    else:
+        folder.write_text("not a folder\n")
+    before = tree_digest(store)
+    for command in (["append", store, "--topic", "T", "--body", "y"], ["dispatch", store],
+                    ["dispatch", store, "--rebuild", "--yes"], ["recover", store, "--yes"],
+                    ["flush", store]):  # fmt: skip
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert f"{folder} is not a" in result.stderr, (command, result.stderr)
+    assert tree_digest(store) == before
+    verified = run_cli("verify", store, "--json")
+    if what == "lock":
+        one_line_error(verified, 2)  # readers check the lock too
+        return
+    report = json.loads(verified.stdout)
+    assert verified.exit_code == 1 and report["nextStep"] is None
+    (finding,) = [f for f in report["findings"] if f["kind"] == "store-layout"]
+    assert finding["file"] == what and finding["fix"] == "none: report only"
+    assert run_cli("info", store).exit_code == 0  # reading the log needs none of them
