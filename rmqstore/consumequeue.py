@@ -16,7 +16,7 @@ from enum import Enum
 from pathlib import Path
 
 from rmqstore import kernel
-from rmqstore.errors import StoreIOError
+from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
@@ -434,7 +434,13 @@ class ConsumeQueue:
             self.end += length
 
     def _create(self, start: int) -> Segment:
-        return self.queue.create(start)  # sparse: blocks are reserved as units are written
+        try:
+            return self.queue.create(start)  # sparse: blocks are reserved as units are written
+        except StoreFormatError as exc:  # something stands where the queue's file must go
+            raise StoreFormatError(
+                f"{exc}; rmqstore dispatch --rebuild --yes moves the consume queues to "
+                "quarantine and builds them anew"
+            ) from None
 
     def _writable(self, segment: Segment) -> mmap.mmap:
         if self._write_segment is not segment:

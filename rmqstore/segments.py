@@ -150,7 +150,12 @@ class SegmentQueue:
             os.rename(temporary, path)
             fsync_directory(self.directory)
         except FileExistsError:
-            raise StoreFormatError(f"{path} already exists") from None
+            what = "a folder" if path.is_dir() else "a file that is not empty"
+            raise StoreFormatError(f"{path} already exists ({what})") from None
+        except NotADirectoryError as exc:
+            raise StoreFormatError(
+                f"{exc.filename or path.parent} is a file where a folder must be (for {path})"
+            ) from None
         except OSError as exc:
             raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
         segment = Segment(start_offset, path, self.file_size)
@@ -211,7 +216,9 @@ def make_directories(path: Path) -> None:
             directory.mkdir()
         except FileExistsError:
             if not directory.is_dir():
-                raise
+                raise NotADirectoryError(
+                    errno.ENOTDIR, "a file where a folder must be", str(directory)
+                ) from None
             continue
         fsync_directory(directory.parent)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 from rmqstore.consumequeue import (
@@ -27,6 +28,7 @@ from rmqstore.record import (
     BodyMode,
     RecordHeader,
 )
+from rmqstore.segments import is_segment_name
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import WARNING, VerifyReport
@@ -166,6 +168,16 @@ class QueueChecks:
         for problem in queue.queue.problems:
             self.report.add("cq-file-size", problem, file=name, topic=topic, queue_id=queue_id)
         for path in queue.queue.unexpected:
+            if is_segment_name(path.name):  # a folder (or the like) under a file's name
+                self.report.add(
+                    "cq-layout",
+                    "not a regular file, under a consume-queue file's name (no unit can be "
+                    "written there)",
+                    file=relative(self.store, path),
+                    topic=topic,
+                    queue_id=queue_id,
+                )
+                continue
             self.report.add(
                 "file-name", "not a consume-queue file", WARNING, file=relative(self.store, path)
             )
@@ -361,6 +373,17 @@ class QueueChecks:
             if state.matched < queue.max_offset - queue.min_offset:
                 self._report_orphans(topic, queue_id, queue, log_end)
         for (topic, queue_id), count in self.missing_queues.items():
+            blocker = self._in_the_way(topic, queue_id)
+            if blocker is not None:
+                self.report.add(
+                    "cq-layout",
+                    f"not a directory, where the consume queue of {topic}:{queue_id} must be "
+                    f"({counted(count, 'record')} of it in the commit log)",
+                    file=relative(self.store, blocker),
+                    topic=topic,
+                    queue_id=queue_id,
+                )
+                continue
             self.report.add(
                 "dispatch-lag",
                 f"{counted(count, 'record')} of {topic}:{queue_id} "
@@ -371,6 +394,14 @@ class QueueChecks:
                 queue_id=queue_id,
             )
         self.close()
+
+    def _in_the_way(self, topic: str, queue_id: int) -> Path | None:
+        """A file where the folder of a queue (or of its topic) must be made, if one is."""
+        topic_dir = self.store.consumequeue_dir / topic
+        for path in (topic_dir, topic_dir / str(queue_id)):
+            if path.exists() and not path.is_dir():
+                return path
+        return None
 
     def _report_orphans(self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int) -> None:
         """Second look at a queue whose units were not all matched by records: say which

@@ -318,3 +318,35 @@ def test_a_file_where_a_folder_should_be_is_refused_before_anything_changes(
     (finding,) = [f for f in report["findings"] if f["kind"] == "store-layout"]
     assert finding["file"] == what and finding["fix"] == "none: report only"
     assert run_cli("info", store).exit_code == 0  # reading the log needs none of them
+
+
+@pytest.mark.parametrize("what", ["topic", "queue", "segment"])
+def test_a_file_in_the_way_of_a_consume_queue_is_named_and_rebuilt_around(
+    tmp_path: Path, what: str
+) -> None:
+    """A file where a queue's topic or queue folder must be, or a folder under a queue
+    file's name: verify reports cq-layout with the rebuild as the next step; dispatch exits 2
+    naming what is in the way (it used to say the queue file "already exists"); the rebuild
+    moves it to quarantine and the store verifies sound."""
+    store = small_store(tmp_path)
+    queue = store / "consumequeue" / "T" / "0"
+    blocker = {"topic": queue.parent, "queue": queue, "segment": queue / f"{0:020d}"}[what]
+    shutil.rmtree(queue.parent)
+    if what == "segment":
+        blocker.mkdir(parents=True)
+    else:
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_text("in the way\n")
+    report = json.loads(run_cli("verify", store, "--json").stdout)
+    (finding,) = [f for f in report["findings"] if f["kind"] == "cq-layout"]
+    assert finding["file"] == str(blocker.relative_to(store))
+    assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
+    before = tree_digest(store)
+    result = run_cli("dispatch", store)
+    one_line_error(result, 2)
+    assert str(blocker) in result.stderr and "dispatch --rebuild --yes" in result.stderr
+    assert tree_digest(store) == before
+    assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"] is True
+    kept = list((store / "quarantine").rglob(blocker.name))
+    assert kept, "the blocker is kept in quarantine"
