@@ -42,6 +42,11 @@ _ENTRY_CHUNK = 65536  # entries read at a time (1.25 MiB)
 HASHED_KEY = struct.Struct(kernel_layout.HASHED_KEY_FORMAT)
 
 
+def is_index_name(name: str) -> bool:
+    """Whether ``name`` is an index file's: 17 digits, its creation time (yyyyMMddHHmmssSSS)."""
+    return _NAME.fullmatch(name) is not None
+
+
 def index_file_size(slots: int, entries: int) -> int:
     return HEADER_SIZE + slots * SLOT_SIZE + entries * ENTRY_SIZE
 
@@ -70,7 +75,7 @@ def read_index_headers(directory: Path) -> list[tuple[Path, IndexHeader]]:
     if not directory.is_dir():
         return headers
     for path in sorted(directory.iterdir()):
-        if _NAME.fullmatch(path.name) and path.is_file():
+        if is_index_name(path.name) and path.is_file():
             try:
                 with open(path, "rb") as handle:
                     data = handle.read(HEADER_SIZE)
@@ -399,7 +404,7 @@ class IndexService:
         if directory.is_dir():
             try:
                 for path in sorted(directory.iterdir()):
-                    if _NAME.fullmatch(path.name) and path.is_file():
+                    if is_index_name(path.name) and path.is_file():
                         self.files.append(IndexFile.open(path, slots, entries, writable=writable))
                     else:
                         self.unexpected.append(path)

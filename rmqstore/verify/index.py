@@ -24,6 +24,7 @@ from rmqstore.indexfile import (
     SLOT_SIZE,
     IndexFile,
     IndexService,
+    is_index_name,
 )
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.properties import KEYS, UNIQ_KEY, split_keys
@@ -114,7 +115,9 @@ class IndexChecks:
             for path in self.service.unexpected:
                 report.add(
                     "file-name",
-                    "not an index file (names are 17-digit creation times)",
+                    "not a regular file, under an index file's name (a broker cannot load it)"
+                    if is_index_name(path.name)
+                    else "not an index file (names are 17-digit creation times)",
                     WARNING,
                     file=relative(store, path),
                 )

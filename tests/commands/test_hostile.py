@@ -350,3 +350,16 @@ def test_a_file_in_the_way_of_a_consume_queue_is_named_and_rebuilt_around(
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"] is True
     kept = list((store / "quarantine").rglob(blocker.name))
     assert kept, "the blocker is kept in quarantine"
+
+
+def test_a_folder_under_an_index_files_name_is_said_to_be_one(tmp_path: Path) -> None:
+    store = small_store(tmp_path)
+    (store / "index" / "20231115221320020").mkdir()
+    (store / "index" / "junk").write_text("x\n")
+    findings = json.loads(run_cli("verify", store, "--json").stdout)["findings"]
+    messages = {f["file"]: f["message"] for f in findings if f["kind"] == "file-name"}
+    assert messages == {
+        "index/20231115221320020": "not a regular file, under an index file's name (a broker "
+        "cannot load it)",
+        "index/junk": "not an index file (names are 17-digit creation times)",
+    }
