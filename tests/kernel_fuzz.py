@@ -72,9 +72,9 @@ spec = importlib.util.spec_from_file_location("rmqstore.kernel._native", sys.arg
 native = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(native)
 from kernel_corpus import differences, mutate, scenario_workdir, seed_files
-inputs, seed = int(sys.argv[2]), int(sys.argv[3])
+inputs, seed, failure = int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[6])
 rng = random.Random(seed)
-started = time.monotonic()
+started = told = time.monotonic()
 with scenario_workdir() as workdir:
     seeds = seed_files(Path(workdir))
 done = 0
@@ -89,16 +89,27 @@ while done < inputs:
     mutated = mutate(data, base, rng)
     problems = list(differences(native, mutated, base, rng))
     if problems:
-        Path("kernel-fuzz-failure.bin").write_bytes(mutated)
-        raise SystemExit(f"{name} mutated (saved as kernel-fuzz-failure.bin): {problems}")
+        failure.write_bytes(mutated)
+        raise SystemExit(f"{name} mutated (saved as {failure}): {problems}")
     done += 1
+    if time.monotonic() - told >= 60:  # a long run says how far it is, once a minute
+        told = time.monotonic()
+        print(f"kernel fuzz: {done:,} of {inputs:,} inputs, {told - started:.0f} s",
+              file=sys.stderr, flush=True)
 seconds = time.monotonic() - started
 print(f"kernel fuzz: {done} inputs ({len(seeds)} seeds, the rest mutations), "
       f"sanitizers {sys.argv[5]}, no finding, no divergence, {seconds:.0f} s")
 """
 
 
-def fuzz(inputs: int, seed: int, build_dir: Path | None = None) -> subprocess.CompletedProcess:
+def fuzz(
+    inputs: int, seed: int, build_dir: Path | None = None, *, show_progress: bool = False
+) -> subprocess.CompletedProcess:
+    """Build the sanitized kernel and run ``inputs`` inputs through it. A mutated input that
+    makes it fail is saved as ``kernel-fuzz-failure.bin`` in the current directory. With
+    ``show_progress`` the run's progress lines (and any sanitizer report) go straight to this
+    process's stderr instead of being captured."""
+    failure = Path.cwd() / "kernel-fuzz-failure.bin"
     with tempfile.TemporaryDirectory(prefix="rmqstore-asan-") as scratch:
         directory = build_dir or Path(scratch)
         directory.mkdir(parents=True, exist_ok=True)
@@ -120,10 +131,12 @@ def fuzz(inputs: int, seed: int, build_dir: Path | None = None) -> subprocess.Co
                 str(seed),
                 str(REPO / "tests"),
                 SANITIZERS,
+                str(failure),
             ],
             env=env,
             cwd=directory,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=None if show_progress else subprocess.PIPE,
             text=True,
         )
 
@@ -134,9 +147,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--build-dir", type=Path)
     options = parser.parse_args()
-    result = fuzz(options.inputs, options.seed, options.build_dir)
+    result = fuzz(options.inputs, options.seed, options.build_dir, show_progress=True)
     sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr[-20000:])
     raise SystemExit(result.returncode)
 
 
