@@ -87,23 +87,32 @@ def spark_session(
         os.environ["PYSPARK_PYTHON"] = worker_python()
     ship = (conf or {}).get(SHIP_CONF, "true").strip().lower() != "false"
     shipped = {"spark.submit.pyFiles": _with_package(conf or {})} if ship and not local else {}
+    launching = SparkContext._active_spark_context is None
+    archive_option, archive_written = class_archive_options() if launching else ("", None)
+    java_options = (
+        f"-Dlog4j.configurationFile={_LOG_CONFIG}",
+        archive_option,
+        (conf or {}).get("spark.driver.extraJavaOptions", ""),
+    )
     settings = {
         "spark.app.name": app_name,
         "spark.master": master,
         "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={_LOG_CONFIG}",
         "spark.sql.shuffle.partitions": "8" if local else "200",
         **({"spark.ui.enabled": "false"} if local else {}),
         **(conf or {}),
+        "spark.driver.extraJavaOptions": " ".join(option for option in java_options if option),
         **shipped,
     }
     log_path = spark_log_path()
     _leave(log_path)
     try:
-        if SparkContext._active_spark_context is None:
+        if launching:
             spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
             with open(log_path, "ab") as log:
                 gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": log})
+            if archive_written is not None:
+                atexit.register(_install_class_archive, gateway.proc, *archive_written)
             SparkContext(conf=spark_conf, gateway=gateway)
         spark = SparkSession.builder.getOrCreate()
     except Exception as exc:  # the JVM failed to start: one sentence, no stack trace
@@ -115,6 +124,54 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+CLASS_ARCHIVE_ENV = "RMQSTORE_SPARK_CLASS_ARCHIVE"
+
+
+def class_archive_options() -> tuple[str, tuple[Path, Path] | None]:
+    """The driver JVM's option for the class archive :data:`CLASS_ARCHIVE_ENV` names, and,
+    when the JVM is to write one, (where it writes, where the archive goes); ("", None) when
+    no archive is named.
+
+    With Java's class data sharing a JVM maps the classes an earlier JVM loaded from one
+    archive instead of reading each from its jar: a local session here started in 3.1 s
+    instead of 4.8-5.3 s and answered its first query about 1 s sooner. An archive fits one
+    Java and one set of jars (Spark's make it about 170 MB); a JVM that finds it does not fit
+    runs without it. When the file is missing, this session's JVM writes it as it exits
+    (about 4 s more, once), under a temporary name that :func:`_install_class_archive`
+    renames into place once that JVM has exited."""
+    named = os.environ.get(CLASS_ARCHIVE_ENV, "").strip()
+    if not named:
+        return "", None
+    archive = Path(named).expanduser().absolute()
+    # what the JVM says of the classes it cannot archive (hundreds of lines) goes to its log
+    # (stderr), with its other warnings, not to the terminal (its stdout)
+    logging = "-Xlog:disable -Xlog:all=warning:stderr:uptime,level,tags"
+    if archive.is_file():
+        return f"{logging} -XX:SharedArchiveFile={archive}", None
+    partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
+    return f"{logging} -XX:ArchiveClassesAtExit={partial}", (partial, archive)
+
+
+def _install_class_archive(jvm: Any, partial: Path, archive: Path) -> None:
+    """At this process's exit: stop the session, end its JVM (it exits when its stdin
+    closes, and writes the class archive as it does), wait for it, and put the archive in
+    place unless another process did first."""
+    with contextlib.suppress(Exception):
+        from pyspark import SparkContext
+
+        if SparkContext._active_spark_context is not None:  # its threads expect the JVM
+            SparkContext._active_spark_context.stop()
+    with contextlib.suppress(Exception):
+        if jvm.stdin is not None:
+            jvm.stdin.close()
+        jvm.wait(timeout=120)
+    with contextlib.suppress(OSError):
+        if partial.is_file() and partial.stat().st_size and not archive.exists():
+            os.replace(partial, archive)
+    with contextlib.suppress(OSError):
+        partial.unlink()
 
 
 _WORKER_PYTHON: list[str] = []  # the launcher worker_python() wrote, once per process

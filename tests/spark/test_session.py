@@ -65,3 +65,46 @@ def test_a_local_sessions_workers_import_the_installed_pyspark(spark: Any, tmp_p
         spark.read.format("rocketmq-commitlog").schema("file STRING").load(str(tmp_path / "store"))
     )
     assert rows.count() == manifest["messageCount"]
+
+
+ARCHIVED_JOB = """
+import sys
+from rmqstore.spark import spark_session
+conf = {"spark.driver.extraJavaOptions": sys.argv[2]} if sys.argv[2] else {}
+spark = spark_session("local[1]", conf)
+print(spark.read.format("rocketmq-commitlog").load(sys.argv[1]).count())
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_class_archive_is_written_once_then_mapped(tmp_path: Path) -> None:
+    """RMQSTORE_SPARK_CLASS_ARCHIVE: the first session's JVM writes the archive as the
+    process ends (put in place whole, nothing said on the terminal); the next one loads
+    Spark's classes from it."""
+    manifest = generate("basic", tmp_path / "store", FixtureOptions())
+    archive = tmp_path / "cache" / "spark.jsa"
+    archive.parent.mkdir()
+    env = {**os.environ, "RMQSTORE_SPARK_CLASS_ARCHIVE": str(archive)}
+
+    def job(java_options: str = "") -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "-c", ARCHIVED_JOB, str(tmp_path / "store"), java_options],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split() == [str(manifest["messageCount"])], done.stdout[-3000:]
+        assert "Traceback" not in done.stderr, done.stderr[-3000:]
+        return done
+
+    job()
+    assert archive.is_file() and archive.stat().st_size > 0
+    assert [path.name for path in archive.parent.iterdir()] == ["spark.jsa"]  # no partial left
+    loaded = tmp_path / "classes.log"
+    job(f"-Xlog:class+load=info:file={loaded}")
+    spark_lines = [line for line in loaded.read_text().splitlines() if "org.apache.spark." in line]
+    shared = [line for line in spark_lines if "shared objects file (top)" in line]
+    assert spark_lines and len(shared) > len(spark_lines) // 2, spark_lines[:5]
