@@ -150,7 +150,7 @@ class SegmentQueue:
             os.rename(temporary, path)
             fsync_directory(self.directory)
         except FileExistsError:
-            what = "a folder" if path.is_dir() else "a file that is not empty"
+            what = "a folder" if path.is_dir() else "not an empty regular file"
             raise StoreFormatError(f"{path} already exists ({what})") from None
         except NotADirectoryError as exc:
             raise StoreFormatError(

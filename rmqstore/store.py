@@ -636,8 +636,9 @@ def misplaced_files(root: Path) -> list[tuple[str, str]]:
 
 
 def _refuse_misplaced_files(root: Path) -> None:
-    for _name, message in misplaced_files(root)[:1]:
-        raise NotAStoreError(message)
+    found = misplaced_files(root)
+    if found:
+        raise NotAStoreError(found[0][1])
 
 
 def _check_store_root(
