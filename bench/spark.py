@@ -73,14 +73,17 @@ def local_engine(path, out, split: int) -> dict:
     from rmqstore.verify import VerifyOptions, verify_store
 
     figures = {}
-    with timed() as clock:
-        figures["exported"] = (
-            LocalPipeline(str(path), PipelineOptions(split=split))
-            .export(str(out), "parquet")
-            .messages
-        )
-    figures["export"] = clock.seconds
-    shutil.rmtree(out)
+    times = []
+    for _ in range(3):  # best of three: a single run here varied from 0.37 s to 0.69 s
+        with timed() as clock:
+            figures["exported"] = (
+                LocalPipeline(str(path), PipelineOptions(split=split))
+                .export(str(out), "parquet")
+                .messages
+            )
+        times.append(clock.seconds)
+        shutil.rmtree(out)
+    figures["export"] = min(times)
     with Store.open_read(path) as store, timed() as clock:
         report = verify_store(store, VerifyOptions())
     figures["verify"] = clock.seconds
