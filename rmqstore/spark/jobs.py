@@ -1,7 +1,7 @@
 """The jobs of the Spark engine: ``export``, ``stats``, ``verify`` and ``dispatch --rebuild``
 on a SparkSession, over the same range functions the local engine runs
 (:class:`rmqstore.pipeline.local.Pipeline`; here :meth:`SparkPipeline.run` sends them to
-executors, one task per range).
+executors, consecutive ranges sharing a task up to about 128 MiB).
 
 - export: each range written to its own part file by the executor that reads it, and
   summarised in the same pass; the parts of ranges past where a file's records end are
@@ -49,6 +49,7 @@ from rmqstore.pipeline.ranges import (
 from rmqstore.pipeline.rebuild import crc_checked_from, settle_walk_end, walk_end
 from rmqstore.segments import fsync_directory
 from rmqstore.spark import SparkUnavailable
+from rmqstore.spark.sources import SOURCE_SPLIT
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, VerifyReport
 from rmqstore.verify.ranges import DEFAULT_RANGE_SIZE, RangedVerify
@@ -101,11 +102,22 @@ class SparkPipeline(Pipeline):
 
     @spark_errors
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
-        """``function`` over ``jobs`` on the executors, one task per job (walk, export and
-        verify go through here, so their Spark failures become one engine error)."""
+        """``function`` over ``jobs`` (ranges of the split size) on the executors, in order
+        (walk, export and verify go through here, so their Spark failures become one engine
+        error). Consecutive jobs share a task up to about :data:`SOURCE_SPLIT` bytes, with at
+        least one task per core: a task costs PySpark 45-60 ms here however little it does,
+        and nine 32 MiB exports of the 1M store took 0.53-0.64 s as nine tasks, 0.34-0.49 s
+        as two (each range still its own part file)."""
         if not jobs:
             return []
-        return self.spark.sparkContext.parallelize(jobs, len(jobs)).map(function).collect()
+        context = self.spark.sparkContext
+        return (
+            context.parallelize(
+                jobs, task_count(len(jobs), self.options.split, context.defaultParallelism)
+            )
+            .map(function)
+            .collect()
+        )
 
     def _reader(self, **options: str) -> Any:
         reader = self.spark.read.format("rocketmq-commitlog")
@@ -262,6 +274,15 @@ class SparkPipeline(Pipeline):
 
         written = ordered.mapInArrow(write, "outcome STRING").collect()
         return [_decode(row.outcome) for row in written]
+
+
+def task_count(jobs: int, split: int, cores: int) -> int:
+    """How many tasks ``jobs`` ranges of ``split`` bytes each (0: whole files, a task each)
+    are spread over: about :data:`SOURCE_SPLIT` bytes a task, at least ``cores`` of them,
+    never more than the jobs."""
+    if split <= 0:
+        return jobs
+    return max(1, min(jobs, max(cores, round(jobs * split / SOURCE_SPLIT))))
 
 
 def _encode(outcome: QueueRunOutcome) -> str:

@@ -307,3 +307,17 @@ def test_commands_with_the_spark_engine(spark: Any, oracle, tmp_path: Path) -> N
     assert (store_dir / "quarantine").is_dir()
     refused = run_cli("dispatch", store_dir, "--engine", "spark")
     assert refused.exit_code == 2 and "--rebuild" in refused.stderr
+
+
+def test_consecutive_ranges_share_a_task_up_to_the_sources_split() -> None:
+    from rmqstore.spark.jobs import task_count
+    from rmqstore.spark.sources import SOURCE_SPLIT
+
+    mib = 1024 * 1024
+    assert task_count(9, 32 * mib, 2) == 2  # the 1M store's 279 MB: about 128 MiB a task
+    assert task_count(9, 32 * mib, 1) == 2
+    assert task_count(9, 32 * mib, 8) == 8  # at least one task per core
+    assert task_count(3, 32 * mib, 8) == 3  # never more than the jobs
+    assert task_count(10_000, 32 * mib, 100) == 10_000 * 32 * mib // SOURCE_SPLIT
+    assert task_count(5, 0, 2) == 5  # whole files: a task each
+    assert task_count(1, 4096, 2) == 1
