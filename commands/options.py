@@ -198,8 +198,9 @@ def engine_options(default: str) -> Callable[[F], F]:
                 default=32 * 1024 * 1024,
                 show_default=True,
                 metavar="BYTES",
-                help="Bytes of commit log per partition (range) of the pipeline (a "
-                "file's last range may run a tenth over rather than leave a sliver).",
+                help="Bytes of commit log per range of the pipeline (a file's last range "
+                "may run a tenth over rather than leave a sliver; on Spark, consecutive "
+                "ranges share a task of about 128 MiB).",
             ),
         ]
         for option in reversed(options):
