@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: all venv java-check test test-fast fuzz-native lint format demo man man-check bench bench-quick campaigns clean
+.PHONY: all venv java-check test test-fast fuzz-native lint format demo man bench bench-quick campaigns clean
 
 all: test
 
