@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from rmqstore.fixtures import FixtureOptions, generate
-from rmqstore.spark import _installed_pyspark_archive, worker_python
+from rmqstore.spark import ARROW_JAVA_OPTIONS, _installed_pyspark_archive, worker_python
+from rmqstore.spark.sources import checked
 
 # as the run started (modules are collected before any session starts)
 PRESET = os.environ.get("PYSPARK_PYTHON")
@@ -65,6 +66,26 @@ def test_a_local_sessions_workers_import_the_installed_pyspark(spark: Any, tmp_p
         spark.read.format("rocketmq-commitlog").schema("file STRING").load(str(tmp_path / "store"))
     )
     assert rows.count() == manifest["messageCount"]
+
+
+@pytest.mark.spark
+def test_a_session_reads_arrow_unchecked_and_the_sources_validate_each_batch(spark: Any) -> None:
+    import pyarrow as pa
+
+    system = spark.sparkContext._jvm.java.lang.System
+    for option in ARROW_JAVA_OPTIONS:
+        name, value = option.removeprefix("-D").split("=")
+        assert system.getProperty(name) == value
+    good = pa.record_batch([pa.array(["a", "bc"]), pa.array([1, 2])], names=["s", "n"])
+    assert list(checked([good])) == [good]
+    # the second string ends before it starts (a length of -1 for the JVM to copy): Arrow's
+    # quick validation, which from_buffers runs, looks only at the last offset
+    offsets = b"".join(number.to_bytes(4, "little") for number in (0, 2, 1))
+    backwards = pa.Array.from_buffers(
+        pa.string(), 2, [None, pa.py_buffer(offsets), pa.py_buffer(b"xy")]
+    )
+    with pytest.raises(pa.ArrowInvalid):
+        list(checked([good, pa.record_batch([backwards, pa.array([1, 2])], names=["s", "n"])]))
 
 
 ARCHIVED_JOB = """
