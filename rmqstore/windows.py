@@ -34,13 +34,30 @@ class BufferWindows:
         pass
 
 
+def _read_length(position: int, need: int, limit: int, read_ahead: int, window_bytes: int) -> int:
+    """How many bytes a window read at ``position`` takes: ``window_bytes``, or what a record
+    there needs, but not past ``read_ahead`` unless the record needs it, nor past ``limit``."""
+    wanted = min(max(need, 8), limit - position)
+    bound = max(min(read_ahead, limit), position + wanted)
+    return min(max(window_bytes, need), bound - position)
+
+
 class FileWindows:
     """A file region ``[0, limit)`` read in windows of at least ``window_bytes`` (larger when a
     record needs more). ``limit`` is taken from the file's size when opened; a file that turns
-    out shorter while it is read raises :class:`StoreIOError`."""
+    out shorter while it is read raises :class:`StoreIOError`. ``read_ahead``: windows do not
+    run past this position unless a record needs the bytes beyond it (a scan of a range of
+    the file reads little of what follows; a record longer than expected is still read
+    whole, up to ``limit``)."""
 
     def __init__(
-        self, path: Path, limit: int, window_bytes: int = WINDOW_BYTES, *, fresh: bool = False
+        self,
+        path: Path,
+        limit: int,
+        window_bytes: int = WINDOW_BYTES,
+        *,
+        fresh: bool = False,
+        read_ahead: int | None = None,
     ) -> None:
         """``fresh``: every read goes into a new buffer, so earlier windows stay as they were
         for as long as someone holds them (a reader working ahead of its consumer)."""
@@ -57,6 +74,7 @@ class FileWindows:
             os.close(self.fd)
             raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
         self.limit = min(limit, size)
+        self.read_ahead = self.limit if read_ahead is None else read_ahead
         self.window_bytes = window_bytes
         self.buffer = bytearray()
         self.start = 0  # file position of buffer[0]
@@ -68,7 +86,10 @@ class FileWindows:
         wanted = min(max(need, 8), self.limit - position)
         end = self.start + self.filled
         if not (self.start <= position and position + wanted <= end):
-            self._read(position, min(max(self.window_bytes, need), self.limit - position))
+            self._read(
+                position,
+                _read_length(position, need, self.limit, self.read_ahead, self.window_bytes),
+            )
             end = self.start + self.filled
         return self.buffer, self.start, self.filled, self.limit - end
 
@@ -109,12 +130,21 @@ class FileWindows:
 
 class ReadWindows:
     """A region ``[0, limit)`` of a file read through ``read(position, length)`` (a remote
-    file), in windows as :class:`FileWindows` reads a local one; ``name`` names the file in
-    errors."""
+    file), in windows as :class:`FileWindows` reads a local one (``read_ahead`` too); ``name``
+    names the file in errors."""
 
-    def __init__(self, read: Any, limit: int, name: str, window_bytes: int = WINDOW_BYTES) -> None:
+    def __init__(
+        self,
+        read: Any,
+        limit: int,
+        name: str,
+        window_bytes: int = WINDOW_BYTES,
+        *,
+        read_ahead: int | None = None,
+    ) -> None:
         self.read = read
         self.limit = limit
+        self.read_ahead = limit if read_ahead is None else read_ahead
         self.name = name
         self.window_bytes = window_bytes
         self.buffer: Any = b""
@@ -126,7 +156,7 @@ class ReadWindows:
         wanted = min(max(need, 8), self.limit - position)
         end = self.start + self.filled
         if not (self.start <= position and position + wanted <= end):
-            length = min(max(self.window_bytes, need), self.limit - position)
+            length = _read_length(position, need, self.limit, self.read_ahead, self.window_bytes)
             data = self.read(position, length)
             if len(data) < length:
                 raise StoreIOError(

@@ -100,12 +100,12 @@ class StoreLocation:
         return data_end_estimate(read, size)
 
     @contextmanager
-    def windows(self, relative: str, limit: int) -> Iterator[Any]:
+    def windows(self, relative: str, limit: int, *, read_ahead: int | None = None) -> Iterator[Any]:
         """The file's bytes ``[0, limit)`` (fewer at its end) for a scan that reads them in
         windows (:class:`rmqstore.windows.FileWindows`): memory stays flat whatever the size
-        of the region."""
+        of the region; windows stop at ``read_ahead`` unless a record needs more."""
         if not self.remote:
-            with FileWindows(Path(self.uri) / relative, limit) as windows:
+            with FileWindows(Path(self.uri) / relative, limit, read_ahead=read_ahead) as windows:
                 yield windows
             return
         filesystem, root = self._filesystem()
@@ -116,6 +116,7 @@ class StoreLocation:
                 lambda position, length: handle.read_at(length, position),
                 min(limit, size),
                 f"{self.uri.rstrip('/')}/{relative}",
+                read_ahead=read_ahead,
             )
 
     @contextmanager

@@ -199,7 +199,11 @@ class RangeScan:
         counts the damaged regions skipped before the batch's first record."""
         part = self.part
         relative = f"commitlog/{part.name}"
-        with self.location.windows(relative, part.stop + 2 * part.margin) as windows:
+        # the file's bytes to its end: a record starting in the range is read whole however
+        # long it is (a broker may allow larger records than the margin expects); windows
+        # read ahead only to the margin past the range
+        read_ahead = part.stop + 2 * part.margin
+        with self.location.windows(relative, part.file_size, read_ahead=read_ahead) as windows:
             base = part.file_start
             position = part.start
             stop = part.stop
@@ -238,6 +242,9 @@ class RangeScan:
                 if self.first_invalid is None:
                     self.first_invalid = end
                     self.error = str(region.error)
+                # (to the file's end, as a walk of the whole file does: a damaged region is
+                # searched past once, by the range where it begins; the ranges inside it only
+                # search their own bytes)
                 resumed = find_next_record_in_file(windows, end, base) if self.resync else None
                 if resumed is None:
                     self.outcome = "invalid"

@@ -20,9 +20,11 @@ from rmqstore.pipeline.ranges import (
     file_bounds,
     plan_ranges,
     plan_spans,
+    record_margin,
     summarize_range,
     walk_summaries,
 )
+from rmqstore.record import Message
 from rmqstore.store import Store
 
 from support import ORACLE_CONFIG
@@ -30,15 +32,15 @@ from support import ORACLE_CONFIG
 SPLITS = [97, 1500, 0]
 
 
-def ranged_records(store_dir: Path, split: int) -> list[int]:
+def ranged_records(store_dir: Path, split: int, margin: int = record_margin()) -> list[int]:
     location = StoreLocation(str(store_dir))
     summaries = [
         summarize_range(location, part, check_crc=False, delay_levels=DelayLevels())
-        for part in plan_ranges(location, split, split_last=True)
+        for part in plan_ranges(location, split, split_last=True, margin=margin)
     ]
     bounds = file_bounds(walk_summaries(summaries))
     offsets = []
-    for part in plan_ranges(location, split, split_last=True, bounds=bounds):
+    for part in plan_ranges(location, split, split_last=True, bounds=bounds, margin=margin):
         offsets.extend(item[2] for item in RangeScan(location, part, False, resync_last=True))
     return offsets
 
@@ -57,6 +59,50 @@ def test_ranges_read_what_a_walk_reads(stores: Path, name: str, split: int) -> N
     with Store.open_read(stores / name) as store:
         expected = [offset for offset, *_ in store.commitlog.scan()]
     assert ranged_records(stores / name, split) == expected
+
+
+def test_a_record_longer_than_the_margin_is_still_read_whole(tmp_path: Path) -> None:
+    # a broker configured with a larger maxMessageSize than the reader's: records that run
+    # past a range's end by more than the margin the reader reads ahead
+    store_dir = tmp_path / "store"
+    config = StoreConfig(commitlog_file_size=1024 * 1024)
+    bodies = [bytes([n]) * (200_000 + n) for n in range(4)] + [b"small"]
+    with Store.open_write(store_dir, config, create=True) as store:
+        store.appender().append_many(Message(topic="Big", body=body) for body in bodies)
+    with Store.open_read(store_dir) as store:
+        expected = [offset for offset, *_ in store.commitlog.scan()]
+    assert len(expected) == len(bodies)
+    for split in (30_000, 150_000, 0):
+        assert ranged_records(store_dir, split, margin=record_margin(1)) == expected
+    # the bytes a range reads past its end stay near the margin
+    location = StoreLocation(str(store_dir))
+    first = plan_ranges(location, 150_000, split_last=True, margin=record_margin(1))[0]
+    with location.windows("commitlog/" + first.name, first.file_size, read_ahead=1000) as w:
+        _, start, filled, room = w.window(0, 0)
+        assert (start, filled, room) == (0, 1000, first.file_size - 1000)
+        _, start, filled, _ = w.window(500, 200_100)  # a record needs more: read whole
+        assert (start, filled) == (500, 200_100)
+
+
+def test_a_long_damaged_region_of_long_records_is_skipped(tmp_path: Path) -> None:
+    # damage longer than a range reads ahead, in a completed file: each range past it finds
+    # its own first record, and the ranges together read what a walk of the log reads
+    store_dir = tmp_path / "store"
+    config = StoreConfig(commitlog_file_size=1024 * 1024)
+    with Store.open_write(store_dir, config, create=True) as store:
+        store.appender().append_many(
+            Message(topic="Big", body=bytes([n]) * 150_000) for n in range(10)
+        )
+    with Store.open_read(store_dir) as store:
+        offsets = [offset for offset, *_ in store.commitlog.scan()]
+    fd = os.open(store_dir / "commitlog" / f"{0:020d}", os.O_RDWR)
+    os.pwrite(fd, b"\xab" * (offsets[5] - offsets[1] - 8), offsets[1] + 8)  # records 1-4 garbled
+    os.close(fd)
+    for split in (30_000, 150_000, 0):
+        assert ranged_records(store_dir, split, margin=record_margin(1)) == [
+            offsets[0],
+            *offsets[5:],
+        ]
 
 
 def test_damage_in_a_completed_file_is_skipped(stores: Path, tmp_path: Path) -> None:
