@@ -96,14 +96,58 @@ def _flag(options: dict[str, str], name: str, default: bool) -> bool:
     return default if value is None else value.strip().lower() in ("1", "true", "yes")
 
 
-def _int_option(options: dict[str, str], name: str, default: int) -> int:
+def _int_option(
+    options: dict[str, str],
+    name: str,
+    default: int,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
     value = _option(options, name)
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise InputError(f"option {name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise InputError(f"option {name}={value!r} is less than {minimum}")
+    if maximum is not None and number > maximum:
+        raise InputError(f"option {name}={value!r} is more than {maximum}")
+    return number
+
+
+_JAVA_INT_MAX = 2**31 - 1
+
+
+def _split_option(options: dict[str, str]) -> int:
+    return _int_option(options, "splitSize", SOURCE_SPLIT, minimum=0)
+
+
+def _margin_option(options: dict[str, str]) -> int:
+    """The read-ahead past a range for records starting in it (maxMessageSize, a Java int on
+    the broker); a longer record is still read whole."""
+    return record_margin(
+        _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1, _JAVA_INT_MAX)
+    )
+
+
+def _file_bounds(options: dict[str, str]) -> dict[str, int] | None:
+    """Option fileBounds: commit-log file name to where its records end."""
+    text = _option(options, "fileBounds")
+    if not text:
+        return None
+    try:
+        found = json.loads(text)
+        bounds = {str(name): int(end) for name, end in found.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise InputError("option fileBounds is not a JSON object of offsets") from None
+    for name, end in bounds.items():
+        if not (len(name) == 20 and name.isascii() and name.isdigit()):
+            raise InputError(f"option fileBounds: {name!r} is not a commit-log file name")
+        if end < 0:
+            raise InputError(f"option fileBounds: {name} ends at {end}, before its start")
+    return bounds
 
 
 def _topics(options: dict[str, str]) -> frozenset[str] | None:
@@ -227,19 +271,11 @@ _QUEUE_KINDS = {"topic": "string", "queueId": "int32"}
 class CommitLogReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: Any = None) -> None:
         self.location = StoreLocation(str(_option(options, "path", "")))
-        self.split = _int_option(options, "splitSize", SOURCE_SPLIT)
-        self.margin = record_margin(
-            _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE)
-        )
+        self.split = _split_option(options)
+        self.margin = _margin_option(options)
         self.summary = (_option(options, "summary") or "") == "files"
         self.crc_from = _int_option(options, "crcFrom", 0)
-        bounds = _option(options, "fileBounds")
-        try:
-            self.bounds = (
-                {str(k): int(v) for k, v in json.loads(bounds).items()} if bounds else None
-            )
-        except (ValueError, AttributeError):
-            raise InputError("option fileBounds is not a JSON object of offsets") from None
+        self.bounds = _file_bounds(options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
             check_crc=_flag(options, "verifyCrc", False),
@@ -355,7 +391,8 @@ class CommitLogDataSource(DataSource):
     startingOffset and endingOffset (a commit-log offset window, the end excluded),
     splitSize (bytes, 134217728, a file's last range up to a tenth over; 0 for one partition
     per file), messageDelayLevel (for the deliver-time tagsCode of SCHEDULE_TOPIC_XXXX),
-    maxMessageSize (4194304), fileBounds (JSON: file name to where its records end),
+    maxMessageSize (4194304: how far a range reads ahead past its end; a longer record is
+    still read whole), fileBounds (JSON: file name to where its records end),
     summary=files (one row per range; with crcFrom, CRCs are checked in the files from that
     offset on)."""
 
@@ -398,10 +435,8 @@ class CommitLogStreamReader(DataSourceStreamReader):
         if self.location.remote:
             raise InputError("the streaming source reads a store directory on this machine")
         self.root = Path(path)
-        self.split = _int_option(options, "splitSize", SOURCE_SPLIT)
-        self.margin = record_margin(
-            _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE)
-        )
+        self.split = _split_option(options)
+        self.margin = _margin_option(options)
         self.starting = (_option(options, "startingOffsets") or "earliest").strip().lower()
         if self.starting not in ("earliest", "latest") and not self.starting.isdigit():
             raise InputError(

@@ -1,0 +1,76 @@
+"""The commit-log source's options, as a user gives them to a read: refused with a message
+naming the option when they cannot mean anything, and never a reason to leave records out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rmqstore.config import StoreConfig
+from rmqstore.errors import InputError
+from rmqstore.fixtures import generate
+from rmqstore.record import Message
+from rmqstore.spark.sources import CommitLogReader
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"splitSize": "-5"}, "splitSize='-5' is less than 0"),
+        ({"maxMessageSize": "0"}, "maxMessageSize='0' is less than 1"),
+        ({"maxMessageSize": str(2**31)}, "maxMessageSize='2147483648' is more than 2147483647"),
+        ({"fileBounds": "[1, 2]"}, "fileBounds is not a JSON object of offsets"),
+        ({"fileBounds": '{"00000000000000000000": "x"}'}, "not a JSON object of offsets"),
+        ({"fileBounds": '{"../../etc/passwd": 5}'}, "'../../etc/passwd' is not a commit-log file"),
+        ({"fileBounds": '{"00000000000000000000": -7}'}, "ends at -7, before its start"),
+    ],
+)
+def test_options_that_cannot_mean_anything_are_refused(
+    tmp_path: Path, options: dict[str, str], message: str
+) -> None:
+    generate("basic", tmp_path / "store")
+    with pytest.raises(InputError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        CommitLogReader({"path": str(tmp_path / "store"), **options})
+
+
+def _big_store(root: Path) -> list[int]:
+    """A store whose records are longer than a small maxMessageSize lets a reader expect (a
+    broker configured to allow more): their lengths."""
+    from rmqstore.store import Store
+
+    bodies = [bytes([n]) * (120_000 + n) for n in range(5)]
+    with Store.open_write(root, StoreConfig(commitlog_file_size=1024 * 1024), create=True) as store:
+        store.appender().append_many(Message(topic="Big", body=body) for body in bodies)
+    return [len(body) for body in bodies]
+
+
+def test_records_longer_than_max_message_size_are_all_read(tmp_path: Path) -> None:
+    lengths = _big_store(tmp_path / "store")
+    for split in ("50000", "0"):
+        reader = CommitLogReader(
+            {"path": str(tmp_path / "store"), "splitSize": split, "maxMessageSize": "1"}
+        )
+        read = [
+            length
+            for partition in reader.partitions()
+            for batch in reader.read(partition)
+            for length in batch.column("bodyLength").to_pylist()
+        ]
+        assert read == lengths
+
+
+@pytest.mark.spark
+def test_a_spark_read_of_long_records_in_small_splits_counts_them_all(
+    spark: Any, tmp_path: Path
+) -> None:
+    lengths = _big_store(tmp_path / "store")
+    frame = (
+        spark.read.format("rocketmq-commitlog")
+        .option("splitSize", "50000")
+        .option("maxMessageSize", "1024")
+        .load(str(tmp_path / "store"))
+    )
+    assert frame.rdd.getNumPartitions() > 1
+    assert sorted(row.bodyLength for row in frame.select("bodyLength").collect()) == lengths
