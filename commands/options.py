@@ -10,7 +10,12 @@ from typing import Any
 import click
 
 from rmqstore.commands.output import note
-from rmqstore.config import StoreConfig, load_broker_config, round_consumequeue_size
+from rmqstore.config import (
+    SMALLEST_SPLIT_SIZE,
+    StoreConfig,
+    load_broker_config,
+    round_consumequeue_size,
+)
 
 F = Callable[..., Any]
 
@@ -30,7 +35,7 @@ _CONFIG_OPTIONS = [
     ),
     click.option(
         "--commitlog-file-size",
-        type=click.IntRange(min=4096),
+        type=click.IntRange(min=SMALLEST_SPLIT_SIZE),
         metavar="BYTES",
         help="Commit-log file size (mappedFileSizeCommitLog); default: the size of "
         "the existing files, else 1073741824.",
@@ -194,7 +199,7 @@ def engine_options(default: str) -> Callable[[F], F]:
             ),
             click.option(
                 "--split-size",
-                type=click.IntRange(min=4096),
+                type=click.IntRange(min=SMALLEST_SPLIT_SIZE),
                 default=32 * 1024 * 1024,
                 show_default=True,
                 metavar="BYTES",

@@ -17,6 +17,9 @@ DEFAULT_CONSUMEQUEUE_FILE_SIZE = 300_000 * 20
 DEFAULT_INDEX_SLOTS = 5_000_000
 DEFAULT_INDEX_ENTRIES = 5_000_000 * 4
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024 * 4
+# the smallest range of commit log the pipelines split into (--split-size, splitSize): below
+# it, planning and per-range work cost more than the reading
+SMALLEST_SPLIT_SIZE = 4096
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_LISTEN_PORT = 10911
 CQ_UNIT_SIZE = 20

@@ -53,7 +53,7 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
+from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
@@ -121,7 +121,13 @@ _JAVA_INT_MAX = 2**31 - 1
 
 
 def _split_option(options: dict[str, str]) -> int:
-    return _int_option(options, "splitSize", SOURCE_SPLIT, minimum=0)
+    """splitSize: 0 (a partition per file) or at least :data:`SMALLEST_SPLIT_SIZE` bytes."""
+    split = _int_option(options, "splitSize", SOURCE_SPLIT, minimum=0)
+    if 0 < split < SMALLEST_SPLIT_SIZE:
+        raise InputError(
+            f"option splitSize={split} is less than {SMALLEST_SPLIT_SIZE} (0: a partition per file)"
+        )
+    return split
 
 
 def _margin_option(options: dict[str, str]) -> int:
