@@ -155,8 +155,8 @@ def test_files_a_broker_deleted_are_skipped(tmp_path: Path) -> None:
     assert end["offset"] > int(names[-1])
 
 
-@pytest.mark.parametrize("split", ["0", "97", "5000"])
-def test_a_batch_reads_each_message_once_whatever_the_split(tmp_path: Path, split: str) -> None:
+@pytest.mark.parametrize("split", [0, 97, 5000])
+def test_a_batch_reads_each_message_once_whatever_the_split(tmp_path: Path, split: int) -> None:
     """Micro-batches between offsets inside files, over file rolls: every message once, in
     order, whatever ``splitSize`` (0: a partition per file). The reader's own calls."""
     from rmqstore.spark.sources import CommitLogStreamReader
@@ -170,7 +170,8 @@ def test_a_batch_reads_each_message_once_whatever_the_split(tmp_path: Path, spli
         json.loads(line)["commitLogOffset"]
         for line in run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()
     ]
-    reader = CommitLogStreamReader({"path": str(store), "splitSize": split})
+    reader = CommitLogStreamReader({"path": str(store), "splitSize": str(max(split, 4096))})
+    reader.split = split  # ranges of 97 bytes, under the option's 4096, put many in a file
     end = reader.latestOffset(reader.initialOffset())
     edges = [0, offsets[7], offsets[60], offsets[61], end["offset"]]  # inside files, and not
     got = []
