@@ -70,9 +70,8 @@ class SegmentQueue:
         except OSError as exc:
             raise StoreIOError(f"cannot list {directory}: {exc.strerror}") from None
         for entry in entries:
-            if not is_segment_name(entry.name):
-                if not entry.is_dir(follow_symlinks=False):
-                    queue.unexpected.append(Path(entry.path))
+            if not is_segment_name(entry.name):  # a broker lists folders with the files
+                queue.unexpected.append(Path(entry.path))
                 continue
             if not entry.is_file():
                 queue.unexpected.append(Path(entry.path))

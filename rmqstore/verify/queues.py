@@ -179,7 +179,12 @@ class QueueChecks:
                 )
                 continue
             self.report.add(
-                "file-name", "not a consume-queue file", WARNING, file=relative(self.store, path)
+                "file-name",
+                "a folder among the consume-queue files (a broker lists it with them)"
+                if path.is_dir()
+                else "not a consume-queue file",
+                WARNING,
+                file=relative(self.store, path),
             )
         for previous, following in pairwise(queue.queue.segments):
             if following.start != previous.start + queue.file_size:

@@ -242,14 +242,18 @@ class RecordPass:
         for problem in self.log.queue.problems:
             report.add("file-size", problem, file=relative(self.store, self.store.commitlog_dir))
         for path in self.log.queue.unexpected:
-            report.add(
-                "file-name",
-                "not a regular file, under a commit-log file's name (a broker cannot load it)"
-                if is_segment_name(path.name)
-                else "not a commit-log file (a broker cannot parse its name)",
-                WARNING,
-                file=relative(self.store, path),
-            )
+            if is_segment_name(path.name):
+                said = (
+                    "not a regular file, under a commit-log file's name (a broker cannot load it)"
+                )
+            elif path.is_dir():
+                said = (
+                    "a folder among the commit-log files (a broker lists it with them and "
+                    "cannot parse its name)"
+                )
+            else:
+                said = "not a commit-log file (a broker cannot parse its name)"
+            report.add("file-name", said, WARNING, file=relative(self.store, path))
         segments = self.log.segments
         for previous, following in pairwise(segments):
             if following.start != previous.start + self.log.file_size:

@@ -287,6 +287,9 @@ def test_a_folder_under_a_commit_log_file_name_is_named_as_such(tmp_path: Path) 
     generate("basic", store_dir)
     (store_dir / "commitlog" / segment_name(1 << 40)).mkdir()
     (store_dir / "commitlog" / "notes.txt").write_text("kept by an operator")
+    (store_dir / "commitlog" / "backup").mkdir()  # a folder is listed with the files too
+    queue = next((store_dir / "consumequeue").iterdir()) / "0"
+    (queue / "old").mkdir()
     with Store.open_read(store_dir) as store:
         report = verify_store(store, VerifyOptions())
     messages = {
@@ -296,4 +299,8 @@ def test_a_folder_under_a_commit_log_file_name_is_named_as_such(tmp_path: Path) 
         f"commitlog/{segment_name(1 << 40)}": "not a regular file, under a commit-log file's "
         "name (a broker cannot load it)",
         "commitlog/notes.txt": "not a commit-log file (a broker cannot parse its name)",
+        "commitlog/backup": "a folder among the commit-log files (a broker lists it with them "
+        "and cannot parse its name)",
+        f"consumequeue/{queue.parent.name}/0/old": "a folder among the consume-queue files (a "
+        "broker lists it with them)",
     }
