@@ -81,8 +81,9 @@ def command(
     record of its last file. One part file per range of the commit log (--split-size),
     part-NNNNN.parquet or .jsonl; both engines write the same files. STORE and DIR may be local
     paths or pyarrow URIs (s3://, hdfs://, gs://). A local DIR is written under a temporary
-    name and renamed at the end, so a failed export leaves nothing behind. Reads only; works
-    on a store a broker holds.
+    name and renamed at the end, so a failed export leaves nothing behind; a DIR inside the
+    store is refused (exit 2: a broker lists the store's folders). Reads only; works on a
+    store a broker holds.
 
     Parquet parts hold row groups of about 65,536 messages, snappy-compressed: topic, tags,
     hosts, version, file and the small integer columns dictionary-encoded; offsets and times

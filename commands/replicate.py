@@ -11,7 +11,7 @@ from rmqstore.commands.output import console, counted, emit_json, fields_grid, j
 from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
 from rmqstore.replication import ReplicationRound, follow, replicate_round, source_geometry
-from rmqstore.store import Store
+from rmqstore.store import Store, refuse_output_inside
 
 HA_SCHEME = "ha://"
 
@@ -64,14 +64,14 @@ def command(
     the command (exit 4), DEST left at its last whole record.
 
     A directory SOURCE is read only, even while a broker writes it: only whole, CRC-valid
-    records up to its valid end are copied. DEST is created when missing or empty; its
-    commit-log files get SOURCE's names, sizes and bytes (records, BLANKs), and after every
-    round its consume queues and index cover what was copied and its checkpoint says so, so
-    verify finds it sound. A second run copies only what is new, from DEST's end. DEST must
-    be a prefix of SOURCE (its last 64 MiB and any bytes after its end equal to SOURCE's),
-    else nothing changes and the command exits 2. The writer's lock of DEST is taken (exit 3
-    when held). Consumer offsets and other config/*.json files are not part of the commit log
-    and are not copied.
+    records up to its valid end are copied. DEST is created when missing or empty (a DEST
+    inside SOURCE is refused, exit 2); its commit-log files get SOURCE's names, sizes and
+    bytes (records, BLANKs), and after every round its consume queues and index cover what
+    was copied and its checkpoint says so, so verify finds it sound. A second run copies
+    only what is new, from DEST's end. DEST must be a prefix of SOURCE (its last 64 MiB and
+    any bytes after its end equal to SOURCE's), else nothing changes and the command exits 2.
+    The writer's lock of DEST is taken (exit 3 when held). Consumer offsets and other
+    config/*.json files are not part of the commit log and are not copied.
 
     JSON: {source, dest, fromOffset, toOffset, sourceEnd, bytesCopied, filesCreated,
     recordsDispatched}; with --follow one such object per round and line. From ha://:
@@ -83,6 +83,7 @@ def command(
         return _from_master(source, dest, keep_following, config, as_json)
     config = source_geometry(Path(source), config)
     source_dir = Path(source)
+    refuse_output_inside(source_dir, dest, "DEST")
     with Store.open_write(dest, config, create=True) as opened:
         for text in opened.notes:
             note(text)

@@ -24,6 +24,7 @@ from rmqstore.config import (
 from rmqstore.consumequeue import ConsumeQueue, QueueTip, list_queues
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import (
+    InputError,
     NotAStoreError,
     NotFoundError,
     StoreBusyError,
@@ -612,6 +613,24 @@ _STORE_FOLDERS = (
     (INDEX_DIR, "rmqstore dispatch rebuilds the index from the commit log"),
     (CONFIG_DIR, "a broker keeps its topic and offset files there"),
 )
+
+
+def refuse_output_inside(store_root: Path, output: Path, what: str) -> None:
+    """InputError when ``output`` (links followed) is the store's directory or inside it: a
+    command's output goes elsewhere. A 4.x broker refuses to start with a folder in its
+    commit-log directory or a queue's, and every folder under ``consumequeue/`` is a topic."""
+    try:
+        root, target = store_root.resolve(), output.resolve()
+    except (OSError, RuntimeError):  # a link loop: opening it fails later with its own error
+        return
+    if target == root:
+        raise InputError(f"{what} {output} is the store {store_root} itself")
+    if target.is_relative_to(root):
+        raise InputError(
+            f"{what} {output} is inside the store {store_root}; choose a place outside it (a "
+            "broker lists the store's folders, and a 4.x broker refuses to start with a "
+            "folder in its commit-log directory)"
+        )
 
 
 def misplaced_files(root: Path) -> list[tuple[str, str]]:

@@ -373,6 +373,14 @@ class Pipeline:
         dropped, and the rest numbered in log order. A remote destination, which cannot
         rename, is written after a walk of the log, in place."""
         check_export(destination, fmt)
+        if not self.location.remote and not _remote(destination):
+            from rmqstore.store import refuse_output_inside
+
+            refuse_output_inside(
+                Path(self.location.uri),
+                Path(destination.removeprefix("file://")),
+                "the export destination",
+            )
         rows = self.export_rows(topics, include_body, decompress)
         if _remote(destination):
             walked = self.walk(check_crc=False)

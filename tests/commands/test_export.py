@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rmqstore.fixtures import generate
 
-from support import fresh_python, parquet_rows
+from support import fresh_python, parquet_rows, run_cli, tree_digest
 
 
 def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> None:
@@ -48,3 +48,18 @@ def test_run_from_python_the_export_leaves_pyarrow_as_it_loads(tmp_path: Path) -
     )
     found = fresh_python(code, store_dir, tmp_path / "out")
     assert found.split()[-3:] == ["0", "True", "True"]
+
+
+def test_an_export_into_the_store_is_refused(tmp_path: Path) -> None:
+    """A folder in the commit-log directory stops a 4.x broker's start: an export never
+    writes inside the store, whichever folder it names."""
+    store_dir = tmp_path / "store"
+    generate("basic", store_dir)
+    before = tree_digest(store_dir)
+    inside_places = ("commitlog/out", "export", "index/x")
+    for inside in (store_dir / place for place in inside_places):
+        refused = run_cli("export", store_dir, "--to", inside, "--format", "jsonl")
+        assert refused.exit_code == 2 and "is inside the store" in refused.stderr
+    assert tree_digest(store_dir) == before
+    done = run_cli("export", store_dir, "--to", tmp_path / "out", "--format", "jsonl")
+    assert done.exit_code == 0

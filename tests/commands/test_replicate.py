@@ -127,6 +127,21 @@ def test_a_dest_that_is_not_a_prefix_is_refused_unchanged(tmp_path: Path) -> Non
     assert run_cli("replicate", other, dest).exit_code == 2
 
 
+def test_a_dest_inside_source_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    generate("basic", source, FixtureOptions())
+    before = tree_digest(source)
+    for dest, said in (
+        (source / "commitlog" / "copy", "is inside the store"),
+        (source / "backup", "is inside the store"),
+        (source, "is the store"),
+    ):
+        refused = run_cli("replicate", source, dest)
+        assert refused.exit_code == 2 and said in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+    assert tree_digest(source) == before
+
+
 @pytest.mark.campaign
 def test_kills_at_random_points_then_a_rerun_reach_the_same_replica(tmp_path: Path) -> None:
     source = tmp_path / "source"
