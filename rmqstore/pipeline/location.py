@@ -80,8 +80,12 @@ class StoreLocation:
 
     def check_store(self) -> None:
         """Refuse what is not a store with one clear sentence."""
+        if not self.uri:
+            raise NotAStoreError("no store given: a directory or URI (with Spark: load(STORE))")
         if not self.remote:
             root = Path(self.uri)
+            if root.exists() and not root.is_dir():
+                raise NotAStoreError(f"{root} is a file, not a store directory")
             if not root.is_dir():
                 raise NotAStoreError(f"{root}: no such directory")
             if not (root / "commitlog").is_dir():

@@ -76,3 +76,26 @@ def test_a_spark_read_of_long_records_in_small_splits_counts_them_all(
     )
     assert frame.rdd.getNumPartitions() > 1
     assert sorted(row.bodyLength for row in frame.select("bodyLength").collect()) == lengths
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("", "no store given"),
+        ("file", "is a file, not a store directory"),
+        ("missing", "no such directory"),
+        ("empty", "is not a RocketMQ store (no commitlog/ directory)"),
+    ],
+)
+def test_a_read_of_what_is_not_a_store_says_what_it_is(
+    tmp_path: Path, path: str, message: str
+) -> None:
+    from rmqstore.errors import NotAStoreError
+    from rmqstore.spark.sources import ConsumeQueueReader
+
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    where = str(tmp_path / path) if path else ""
+    for reader in (CommitLogReader, ConsumeQueueReader):
+        with pytest.raises(NotAStoreError, match=re.escape(message)):
+            reader({"path": where}).partitions()
