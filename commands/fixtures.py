@@ -9,6 +9,13 @@ import click
 
 from rmqstore.commands.options import jobs_option, json_option, progress_option
 from rmqstore.commands.output import Grid, console, counted, emit_json, note, progress_bar
+from rmqstore.config import (
+    JAVA_INT_MAX,
+    LARGEST_CONSUMEQUEUE_FILE_SIZE,
+    SMALLEST_COMMITLOG_FILE_SIZE,
+    SMALLEST_INDEX_ENTRIES,
+    SMALLEST_INDEX_SLOTS,
+)
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
 from rmqstore.verify.findings import where_text
 
@@ -86,25 +93,25 @@ def list_command(as_json: bool) -> int:
 )
 @click.option(
     "--commitlog-file-size",
-    type=click.IntRange(min=4096),
+    type=click.IntRange(min=SMALLEST_COMMITLOG_FILE_SIZE, max=JAVA_INT_MAX),
     metavar="BYTES",
     help="Commit-log file size (default: the scenario's).",
 )
 @click.option(
     "--consumequeue-file-size",
-    type=click.IntRange(min=20),
+    type=click.IntRange(min=20, max=LARGEST_CONSUMEQUEUE_FILE_SIZE),
     metavar="BYTES",
     help="Consume-queue file size (default: the scenario's).",
 )
 @click.option(
     "--index-slots",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=SMALLEST_INDEX_SLOTS, max=JAVA_INT_MAX),
     metavar="N",
     help="Index hash slots per file (default: the scenario's).",
 )
 @click.option(
     "--index-entries",
-    type=click.IntRange(min=2),
+    type=click.IntRange(min=SMALLEST_INDEX_ENTRIES, max=JAVA_INT_MAX),
     metavar="N",
     help="Index entries per file (default: the scenario's).",
 )

@@ -11,8 +11,14 @@ import click
 
 from rmqstore.commands.output import note
 from rmqstore.config import (
+    JAVA_INT_MAX,
+    LARGEST_CONSUMEQUEUE_FILE_SIZE,
+    SMALLEST_COMMITLOG_FILE_SIZE,
+    SMALLEST_INDEX_ENTRIES,
+    SMALLEST_INDEX_SLOTS,
     SMALLEST_SPLIT_SIZE,
     StoreConfig,
+    check_index_geometry,
     load_broker_config,
     round_consumequeue_size,
 )
@@ -35,27 +41,27 @@ _CONFIG_OPTIONS = [
     ),
     click.option(
         "--commitlog-file-size",
-        type=click.IntRange(min=SMALLEST_SPLIT_SIZE),
+        type=click.IntRange(min=SMALLEST_COMMITLOG_FILE_SIZE, max=JAVA_INT_MAX),
         metavar="BYTES",
         help="Commit-log file size (mappedFileSizeCommitLog); default: the size of "
         "the existing files, else 1073741824.",
     ),
     click.option(
         "--consumequeue-file-size",
-        type=click.IntRange(min=20),
+        type=click.IntRange(min=20, max=LARGEST_CONSUMEQUEUE_FILE_SIZE),
         metavar="BYTES",
         help="Consume-queue file size (mappedFileSizeConsumeQueue), rounded up to a "
         "multiple of 20; default: existing files, else 6000000.",
     ),
     click.option(
         "--index-slots",
-        type=click.IntRange(min=1),
+        type=click.IntRange(min=SMALLEST_INDEX_SLOTS, max=JAVA_INT_MAX),
         metavar="N",
         help="Index hash slots per file (maxHashSlotNum); default 5000000.",
     ),
     click.option(
         "--index-entries",
-        type=click.IntRange(min=2),
+        type=click.IntRange(min=SMALLEST_INDEX_ENTRIES, max=JAVA_INT_MAX),
         metavar="N",
         help="Index entries per file (maxIndexNum); default 20000000.",
     ),
@@ -75,12 +81,14 @@ def store_config_options(func: F) -> F:
             broker_config = left if left.is_file() else None
         config = load_broker_config(broker_config, local_root) if broker_config else StoreConfig()
         cq_size = kwargs.pop("consumequeue_file_size")
-        kwargs["config"] = config.with_overrides(
+        config = config.with_overrides(
             commitlog_file_size=kwargs.pop("commitlog_file_size"),
             consumequeue_file_size=round_consumequeue_size(cq_size) if cq_size else None,
             index_slots=kwargs.pop("index_slots"),
             index_entries=kwargs.pop("index_entries"),
         )
+        check_index_geometry(config.index_slots, config.index_entries)
+        kwargs["config"] = config
         return func(**kwargs)
 
     for option in reversed(_CONFIG_OPTIONS):

@@ -23,13 +23,52 @@ SMALLEST_SPLIT_SIZE = 4096
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_LISTEN_PORT = 10911
 CQ_UNIT_SIZE = 20
+# a broker keeps file sizes and counts in Java ints and maps a file of at most this many bytes
+JAVA_INT_MAX = 2**31 - 1
+SMALLEST_COMMITLOG_FILE_SIZE = 4096
+LARGEST_CONSUMEQUEUE_FILE_SIZE = JAVA_INT_MAX // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+SMALLEST_INDEX_SLOTS, SMALLEST_INDEX_ENTRIES = 1, 2
+_INDEX_HEADER, _INDEX_SLOT, _INDEX_ENTRY = 40, 4, 20  # bytes (spec §7)
+# the values rmqstore takes for the broker.conf keys it reads, smallest and largest
+BROKER_INT_BOUNDS = {
+    "mappedFileSizeCommitLog": (SMALLEST_COMMITLOG_FILE_SIZE, JAVA_INT_MAX),
+    "mappedFileSizeConsumeQueue": (CQ_UNIT_SIZE, LARGEST_CONSUMEQUEUE_FILE_SIZE),
+    "maxHashSlotNum": (SMALLEST_INDEX_SLOTS, JAVA_INT_MAX),
+    "maxIndexNum": (SMALLEST_INDEX_ENTRIES, JAVA_INT_MAX),
+    "maxMessageSize": (1, JAVA_INT_MAX),
+    "flushIntervalCommitLog": (0, JAVA_INT_MAX),
+    "flushCommitLogLeastPages": (0, JAVA_INT_MAX),
+    "flushCommitLogThoroughInterval": (0, JAVA_INT_MAX),
+    "commitIntervalCommitLog": (0, JAVA_INT_MAX),
+    "commitCommitLogLeastPages": (0, JAVA_INT_MAX),
+    "commitCommitLogThoroughInterval": (0, JAVA_INT_MAX),
+    "listenPort": (0, 65535),
+}
 
 
 def _int(text: str, key: str) -> int:
     try:
-        return int(text.strip())
+        value = int(text.strip())
     except ValueError:
         raise InputError(f"broker config: {key}={text!r} is not an integer") from None
+    smallest, largest = BROKER_INT_BOUNDS.get(key, (None, None))
+    if smallest is not None and largest is not None and not smallest <= value <= largest:
+        raise InputError(
+            f"broker config: {key}={value} is outside {smallest:,}..{largest:,} "
+            "(what a broker takes)"
+        )
+    return value
+
+
+def check_index_geometry(slots: int, entries: int) -> None:
+    """InputError when ``slots`` and ``entries`` make index files larger than a broker can
+    map (it computes the size in a Java int)."""
+    size = _INDEX_HEADER + slots * _INDEX_SLOT + entries * _INDEX_ENTRY
+    if size > JAVA_INT_MAX:
+        raise InputError(
+            f"maxHashSlotNum={slots:,} and maxIndexNum={entries:,} make index files of "
+            f"{size:,} bytes; a broker maps at most {JAVA_INT_MAX:,}"
+        )
 
 
 def _bool(text: str) -> bool:
@@ -218,6 +257,7 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
             commitlog.strip(), take("storePathRootDir"), store_root
         )
     config = StoreConfig(**values)  # type: ignore[arg-type]
+    check_index_geometry(config.index_slots, config.index_entries)
     sources = {name: f"broker config {path}" for name in values}
     return replace(config, sources=sources)
 

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rmqstore.config import (
+    BROKER_INT_BOUNDS,
     DEFAULT_COMMITLOG_FILE_SIZE,
     DEFAULT_CONSUMEQUEUE_FILE_SIZE,
     DEFAULT_INDEX_ENTRIES,
@@ -40,7 +41,6 @@ GEOMETRY_KEYS = {
     "index_entries": "maxIndexNum",
 }
 _MAX_FILE_BYTES = 64 * 1024
-_MAX_VALUE = (1 << 62) - 1
 
 
 def geometry_path(root: Path) -> Path:
@@ -72,8 +72,12 @@ def read_geometry(root: Path) -> dict[str, int]:
         if key not in document:
             continue
         value = document[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_VALUE:
-            raise StoreFormatError(f"{path}: {key} must be a positive integer, not {value!r}")
+        smallest, largest = BROKER_INT_BOUNDS[key]
+        whole = isinstance(value, int) and not isinstance(value, bool)
+        if not whole or not smallest <= value <= largest:
+            raise StoreFormatError(
+                f"{path}: {key} must be an integer from {smallest:,} to {largest:,}, not {value!r}"
+            )
         values[name] = value
     return values
 

@@ -363,3 +363,34 @@ def test_a_folder_under_an_index_files_name_is_said_to_be_one(tmp_path: Path) ->
         "cannot load it)",
         "index/junk": "not an index file (names are 17-digit creation times)",
     }
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["--broker-config", "mappedFileSizeCommitLog=0"],  # was an internal error (exit 70)
+        ["--broker-config", "mappedFileSizeCommitLog=-4096"],  # was exit 4 after a mkdir
+        ["--broker-config", "maxIndexNum=200000000"],  # a 4 GB index file no broker maps
+        ["--index-entries", "200000000"],
+        ["--commitlog-file-size", "4294967296"],
+    ],
+)
+def test_geometry_no_broker_takes_is_refused_before_anything_is_made(
+    tmp_path: Path, settings: list[str]
+) -> None:
+    option, value = settings
+    if option == "--broker-config":
+        (tmp_path / "broker.conf").write_text(value + "\n")
+        value = str(tmp_path / "broker.conf")
+    store = tmp_path / "store"
+    for command in (
+        ["append", store, "--create", "--topic", "T", "--body", "x", "--dispatch"],
+        ["fixtures", "generate", "basic", store],
+    ):
+        if command[0] == "fixtures" and option == "--broker-config":
+            continue  # fixtures take the sizes as options only
+        refused = run_cli(*command, option, value)
+        assert refused.exit_code == 2, refused.stderr
+        last = refused.stderr.strip().splitlines()[-1]  # (a usage error shows the usage first)
+        assert "error" in last.lower() and "Traceback" not in refused.stderr
+        assert not store.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,40 @@ def test_bad_values_are_input_errors(tmp_path: Path, line: str) -> None:
         load_broker_config(conf)
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("mappedFileSizeCommitLog=0", "mappedFileSizeCommitLog=0 is outside 4,096..2,147,483,647"),
+        ("mappedFileSizeCommitLog=-4096", "mappedFileSizeCommitLog=-4096 is outside"),
+        ("mappedFileSizeCommitLog=4294967296", "mappedFileSizeCommitLog=4294967296 is outside"),
+        ("mappedFileSizeConsumeQueue=0", "mappedFileSizeConsumeQueue=0 is outside 20.."),
+        ("maxHashSlotNum=0", "maxHashSlotNum=0 is outside 1.."),
+        ("maxIndexNum=1", "maxIndexNum=1 is outside 2.."),
+        ("maxMessageSize=-5", "maxMessageSize=-5 is outside 1.."),
+        ("flushIntervalCommitLog=-1", "flushIntervalCommitLog=-1 is outside 0.."),
+        ("maxIndexNum=200000000", "make index files of 4,020,000,040 bytes; a broker maps at"),
+    ],
+)
+def test_values_no_broker_takes_are_refused(tmp_path: Path, line: str, said: str) -> None:
+    """Sizes and counts a broker keeps in Java ints, and index files it could not map: a
+    zero file size used to fail as an internal error, a huge one after creating files."""
+    conf = tmp_path / "broker.conf"
+    conf.write_text(line + "\n")
+    with pytest.raises(InputError, match=re.escape(said)):
+        load_broker_config(conf)
+
+
+def test_the_largest_values_a_broker_takes_are_read(tmp_path: Path) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(
+        "mappedFileSizeCommitLog=2147483647\nmappedFileSizeConsumeQueue=2147483640\n"
+        "maxHashSlotNum=1\nmaxIndexNum=107374180\n"
+    )
+    config = load_broker_config(conf)
+    assert (config.commitlog_file_size, config.consumequeue_file_size) == (2**31 - 1, 2147483640)
+    assert 40 + 4 + 20 * config.index_entries <= 2**31 - 1
+
+
 def test_missing_broker_config(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read broker config"):
         load_broker_config(tmp_path / "absent.conf")
@@ -99,3 +134,18 @@ def test_geometry_comes_from_options_then_files_then_defaults(oracle, tmp_path: 
     assert config.commitlog_file_size == 8192 and config.sources == {
         "commitlog_file_size": "option"
     }
+
+
+@pytest.mark.parametrize("value", [0, 4095, 2**31, True, "4096"])
+def test_a_remembered_size_no_broker_takes_is_a_format_error(tmp_path: Path, value) -> None:
+    import json
+
+    from rmqstore.errors import StoreFormatError
+    from rmqstore.geometry import geometry_path, read_geometry
+
+    geometry_path(tmp_path).parent.mkdir()
+    geometry_path(tmp_path).write_text(json.dumps({"mappedFileSizeCommitLog": value}))
+    with pytest.raises(StoreFormatError, match="mappedFileSizeCommitLog must be an integer"):
+        read_geometry(tmp_path)
+    geometry_path(tmp_path).write_text(json.dumps({"mappedFileSizeCommitLog": 4096}))
+    assert read_geometry(tmp_path) == {"commitlog_file_size": 4096}
