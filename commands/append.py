@@ -55,7 +55,7 @@ def _parse_property(
 @click.option(
     "--queue",
     "queue_id",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, (1 << 31) - 1),
     default=0,
     show_default=True,
     help="Queue id.",
@@ -106,7 +106,7 @@ def _parse_property(
 )
 @click.option(
     "--prepared-offset",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, (1 << 63) - 1),
     default=0,
     help="preparedTransactionOffset (commit/rollback of a half message).",
 )

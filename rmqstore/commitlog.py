@@ -432,6 +432,27 @@ def _unlink(path: Path) -> None:
         raise StoreIOError(f"cannot remove {path}: {exc.strerror}") from None
 
 
+_FIELD_TYPES = (  # Message attribute, RocketMQ's name, bits of its (signed) Java type
+    ("queue_id", "queueId", 32),
+    ("flag", "flag", 32),
+    ("sys_flag", "sysFlag", 32),
+    ("born_timestamp", "bornTimestamp", 64),
+    ("reconsume_times", "reconsumeTimes", 32),
+    ("prepared_transaction_offset", "preparedTransactionOffset", 64),
+)
+
+
+def _field_problem(message: Message) -> str:
+    """Which of ``message``'s numbers does not fit its field of the record."""
+    for attribute, name, bits in _FIELD_TYPES:
+        value = getattr(message, attribute)
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{name} must be an integer, not {value!r}"
+        if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            return f"{name} {value} does not fit a {bits}-bit field of the record"
+    return "a field of the message does not fit the record"
+
+
 class AppendResult(NamedTuple):
     """What the store returned for one put. A tuple, so the append loop builds one with
     ``tuple.__new__`` (half the cost of a class instance)."""
@@ -825,13 +846,24 @@ class CommitLogAppender:
                     self._dirty_from = dirty_from = position
                 shape = (header, body_length, len(topic_field), len(props))
                 record = record_structs.get(shape) or self._record_struct(shape)
-                record.pack_into(
-                    buf, position, total, magic, crc32(body) & 0x7FFFFFFF, queue_id,
-                    message.flag, queue_offset, physical_offset, sys_flag,
-                    message.born_timestamp, born_field, last_stamp, store_host_field,
-                    message.reconsume_times, message.prepared_transaction_offset, body_length,
-                    body, topic_field, props_length, props,
-                )  # fmt: skip
+                try:
+                    record.pack_into(
+                        buf, position, total, magic, crc32(body) & 0x7FFFFFFF, queue_id,
+                        message.flag, queue_offset, physical_offset, sys_flag,
+                        message.born_timestamp, born_field, last_stamp, store_host_field,
+                        message.reconsume_times, message.prepared_transaction_offset,
+                        body_length, body, topic_field, props_length, props,
+                    )  # fmt: skip
+                except (struct.error, OverflowError, TypeError):
+                    # a field outside its Java type: the fields packed before it are undone,
+                    # and so is the queue offset taken, so the log ends where it did
+                    buf[position : position + total] = bytes(total)
+                    if sys_flag & TRANSACTION_MASK not in not_queued:
+                        if queue_offset:
+                            queue_offsets[(topic, queue_id)] = queue_offset
+                        else:
+                            queue_offsets.pop((topic, queue_id), None)
+                    raise InputError(_field_problem(message)) from None
                 if crc_reserve:
                     self._write_crc_property(position, total)
                 position += total

@@ -4,12 +4,13 @@ limits, V2, DELAY rewrite, the CRC property, rollback."""
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
 
 from rmqstore.config import StoreConfig
-from rmqstore.errors import MessageTooLargeError, TopicError
+from rmqstore.errors import InputError, MessageTooLargeError, TopicError
 from rmqstore.hosts import HostAddress, parse_host
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import (
@@ -134,6 +135,36 @@ def test_limits(tmp_path: Path) -> None:
         with pytest.raises(TopicError):
             appender.append(message(topic="../x"))
         assert appender.appended == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"queue_id": 1 << 31}, "queueId 2147483648 does not fit a 32-bit field"),
+        ({"flag": -(1 << 31) - 1}, "flag -2147483649 does not fit a 32-bit field"),
+        ({"reconsume_times": 1 << 40}, "reconsumeTimes 1099511627776 does not fit"),
+        ({"prepared_transaction_offset": 1 << 63}, "preparedTransactionOffset 92233720368547"),
+        ({"born_timestamp": "now"}, "bornTimestamp must be an integer, not 'now'"),
+    ],
+)
+def test_a_field_outside_its_java_type_leaves_the_log_as_it_was(
+    tmp_path: Path, fields: dict, said: str
+) -> None:
+    """The record's fields are packed one after the other: one that does not fit used to
+    leave the fields before it in the file (12 bytes after the log's end, a store every
+    later writer refused as not closed cleanly) and its queue offset taken."""
+    root = tmp_path / "s"
+    with new_store(root) as store:
+        appender = store.appender(clock=counting_clock())
+        appender.append(message(queue_id=1))
+        end = appender.savepoint().offset
+        with pytest.raises(InputError, match=re.escape(said)):
+            appender.append_many([message(queue_id=1, body=b"second"), message(**fields)])
+        assert appender.savepoint().offset > end  # the message before it stays appended
+        after = appender.append(message(queue_id=1, body=b"third"))
+        assert after.queue_offset == 2
+    with Store.open_read(root) as store:
+        assert [item[0] for item in store.commitlog.scan()] == [0, end, after.physical_offset]
 
 
 def test_long_retry_topics_are_v2_only_when_allowed(tmp_path: Path) -> None:
