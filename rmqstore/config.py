@@ -28,7 +28,7 @@ JAVA_INT_MAX = 2**31 - 1
 SMALLEST_COMMITLOG_FILE_SIZE = 4096
 LARGEST_CONSUMEQUEUE_FILE_SIZE = JAVA_INT_MAX // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 SMALLEST_INDEX_SLOTS, SMALLEST_INDEX_ENTRIES = 1, 2
-_INDEX_HEADER, _INDEX_SLOT, _INDEX_ENTRY = 40, 4, 20  # bytes (spec §7)
+_INDEX_HEADER, _INDEX_SLOT, _INDEX_ENTRY = 40, 4, 20  # bytes (spec §7, indexfile.index_file_size)
 # the values rmqstore takes for the broker.conf keys it reads, smallest and largest
 BROKER_INT_BOUNDS = {
     "mappedFileSizeCommitLog": (SMALLEST_COMMITLOG_FILE_SIZE, JAVA_INT_MAX),

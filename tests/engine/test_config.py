@@ -149,3 +149,17 @@ def test_a_remembered_size_no_broker_takes_is_a_format_error(tmp_path: Path, val
         read_geometry(tmp_path)
     geometry_path(tmp_path).write_text(json.dumps({"mappedFileSizeCommitLog": 4096}))
     assert read_geometry(tmp_path) == {"commitlog_file_size": 4096}
+
+
+def test_the_index_size_checked_is_the_size_of_the_file_written() -> None:
+    from rmqstore.config import JAVA_INT_MAX, check_index_geometry
+    from rmqstore.indexfile import index_file_size
+
+    for slots, entries in ((1, 107_374_180), (1, 107_374_181), (536_870_901, 2), (5_000_000, 4)):
+        fits = index_file_size(slots, entries) <= JAVA_INT_MAX
+        try:
+            check_index_geometry(slots, entries)
+        except InputError:
+            assert not fits
+        else:
+            assert fits
