@@ -176,3 +176,21 @@ def test_odd_queue_offsets_unsafe_topics_and_a_bad_delay(
         assert any("../evil" in problem for problem in result["problems"])
         assert (result["stoppedBy"] is not None) == (bad_delay_at is not None)
     same_as_one_walk(tmp_path / "crafted", tmp_path, workers=2, split=700)
+
+
+def test_records_longer_than_max_message_size_are_all_queued(tmp_path: Path) -> None:
+    """A broker that allows longer records than the reader's maxMessageSize: the ranges
+    queue every record, as one walk does (they used to queue none of these six)."""
+    from rmqstore.record import Message
+    from rmqstore.store import Store
+
+    source = tmp_path / "source"
+    written = StoreConfig(commitlog_file_size=4 * 1024 * 1024)  # the broker's: 4 MiB bodies
+    config = StoreConfig(commitlog_file_size=4 * 1024 * 1024, max_message_size=1000)
+    with Store.open_write(source, written, create=True) as store:
+        store.appender().append_many(
+            Message(topic="Big", queue_id=n % 2, body=bytes([n]) * 300_000) for n in range(6)
+        )
+    for workers in (1, 2):
+        result = same_as_one_walk(source, tmp_path, config, workers=workers, split=100_000)
+        assert result["unitsWritten"] == 6
