@@ -28,7 +28,6 @@ JAVA_INT_MAX = 2**31 - 1
 SMALLEST_COMMITLOG_FILE_SIZE = 4096
 LARGEST_CONSUMEQUEUE_FILE_SIZE = JAVA_INT_MAX // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 SMALLEST_INDEX_SLOTS, SMALLEST_INDEX_ENTRIES = 1, 2
-_INDEX_HEADER, _INDEX_SLOT, _INDEX_ENTRY = 40, 4, 20  # bytes (spec §7, indexfile.index_file_size)
 # the values rmqstore takes for the broker.conf keys it reads, smallest and largest
 BROKER_INT_BOUNDS = {
     "mappedFileSizeCommitLog": (SMALLEST_COMMITLOG_FILE_SIZE, JAVA_INT_MAX),
@@ -63,7 +62,10 @@ def _int(text: str, key: str) -> int:
 def check_index_geometry(slots: int, entries: int) -> None:
     """InputError when ``slots`` and ``entries`` make index files larger than a broker can
     map (it computes the size in a Java int)."""
-    size = _INDEX_HEADER + slots * _INDEX_SLOT + entries * _INDEX_ENTRY
+    from rmqstore.indexfile import index_file_size  # the format's own sum (every command
+    # that checks a geometry opens a store, which imports it anyway)
+
+    size = index_file_size(slots, entries)
     if size > JAVA_INT_MAX:
         raise InputError(
             f"maxHashSlotNum={slots:,} and maxIndexNum={entries:,} make index files of "

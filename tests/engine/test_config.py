@@ -151,7 +151,7 @@ def test_a_remembered_size_no_broker_takes_is_a_format_error(tmp_path: Path, val
     assert read_geometry(tmp_path) == {"commitlog_file_size": 4096}
 
 
-def test_the_index_size_checked_is_the_size_of_the_file_written() -> None:
+def test_an_index_geometry_is_refused_exactly_when_its_files_pass_2_gib() -> None:
     from rmqstore.config import JAVA_INT_MAX, check_index_geometry
     from rmqstore.indexfile import index_file_size
 
