@@ -53,7 +53,7 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
+from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
@@ -117,9 +117,6 @@ def _int_option(
     return number
 
 
-_JAVA_INT_MAX = 2**31 - 1
-
-
 def _split_option(options: dict[str, str]) -> int:
     """splitSize: 0 (a partition per file) or at least :data:`SMALLEST_SPLIT_SIZE` bytes."""
     split = _int_option(options, "splitSize", SOURCE_SPLIT, minimum=0)
@@ -133,8 +130,9 @@ def _split_option(options: dict[str, str]) -> int:
 def _margin_option(options: dict[str, str]) -> int:
     """The read-ahead past a range for records starting in it (maxMessageSize, a Java int on
     the broker); a longer record is still read whole."""
+    smallest, largest = BROKER_INT_BOUNDS["maxMessageSize"]  # as in a broker.conf
     return record_margin(
-        _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1, _JAVA_INT_MAX)
+        _int_option(options, "maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, smallest, largest)
     )
 
 
