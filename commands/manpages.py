@@ -307,7 +307,10 @@ SPARK_SOURCES = (
     'spark.readStream.format("rocketmq-commitlog") tails a live store, its offsets commit-log '
     "physical offsets.\n\n"
     'A schema given to the read (.schema("topic STRING, commitLogOffset BIGINT")) builds only '
-    "those columns. register(spark, pushdown=True) turns on "
+    "those columns. Columns every message has a value in are NOT NULL in the sources' schema "
+    "(all but crcOk unless verifyCrc, body with includeBody=false, tags, tagsCode, keys, "
+    "uniqKey, bornTime and storeTime); NOT NULL in a schema given to the read on a column "
+    "that can be null is an error. register(spark, pushdown=True) turns on "
     "spark.sql.python.filterPushdown.enabled and the sources take pushed-down conditions "
     "(=, <>, <, >, IN, LIKE prefix/suffix/infix, IS NULL on topic, queueId, offsets, sizes, "
     "flags, timestamps, tags, keys and the like), applied to each batch of records before "

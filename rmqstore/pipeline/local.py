@@ -48,6 +48,7 @@ from rmqstore.pipeline.ranges import (
     walk_summaries,
 )
 from rmqstore.pipeline.rows import (
+    ALWAYS_PRESENT,
     COMMITLOG_COLUMNS,
     EXPORT_BATCH_ROWS,
     MessageBatcher,
@@ -836,7 +837,7 @@ def _stored_schema() -> dict[bytes, bytes]:
     of :data:`COMMITLOG_COLUMNS`, as if written from strings (the columns every message has
     a value in not null, as written). Arrow stores the serialized schema in base64 under
     that key."""
-    serialized = arrow_schema(COMMITLOG_COLUMNS, required=True).serialize().to_pybytes()
+    serialized = arrow_schema(COMMITLOG_COLUMNS, not_null=ALWAYS_PRESENT).serialize().to_pybytes()
     return {b"ARROW:schema": base64.b64encode(serialized)}
 
 
@@ -876,7 +877,7 @@ class ParquetPart:
 
         self.pa = pa
         self.encode = encode
-        self.schema = arrow_schema(COMMITLOG_COLUMNS, coded=True, required=True)
+        self.schema = arrow_schema(COMMITLOG_COLUMNS, coded=True, not_null=ALWAYS_PRESENT)
         self.file = _ParquetFile(open_stream, self.schema, close_stream)
         self.waiting: list[Any] = []
         self.waiting_rows = 0

@@ -7,7 +7,7 @@ imported when batches are built, pyspark never.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -69,9 +69,11 @@ CONSUMEQUEUE_COLUMNS = [
 ]
 
 
-def ddl(columns: list[tuple[str, str, str]]) -> str:
-    """A Spark DDL schema string for ``columns``."""
-    return ", ".join(f"{name} {kind}" for name, kind, _ in columns)
+def ddl(columns: list[tuple[str, str, str]], not_null: Collection[str] = ()) -> str:
+    """A Spark DDL schema string for ``columns``, those named in ``not_null`` NOT NULL."""
+    return ", ".join(
+        f"{name} {kind}" + (" NOT NULL" if name in not_null else "") for name, kind, _ in columns
+    )
 
 
 # text columns of few distinct values in a batch (its rows share one file; a record is V1 or
@@ -111,12 +113,25 @@ ALWAYS_PRESENT = frozenset(
 )
 
 
+def present_columns(include_body: bool, check_crc: bool) -> frozenset[str]:
+    """The commit-log columns no row leaves null under these options: the
+    :data:`ALWAYS_PRESENT` ones, the body when bodies are read, the CRC verdict when CRCs
+    are checked."""
+    present = set(ALWAYS_PRESENT)
+    if include_body:
+        present.add("body")
+    if check_crc:
+        present.add("crcOk")
+    return frozenset(present)
+
+
 def arrow_schema(
-    columns: list[tuple[str, str, str]], *, coded: bool = False, required: bool = False
+    columns: list[tuple[str, str, str]], *, coded: bool = False, not_null: Collection[str] = ()
 ) -> Any:
     """The Arrow schema of ``columns``; with ``coded``, the :data:`CODED_TEXT` columns are
-    dictionaries of strings (int32 indices); with ``required``, the :data:`ALWAYS_PRESENT`
-    columns are declared not null (Parquet then stores no definition levels for them)."""
+    dictionaries of strings (int32 indices); those named in ``not_null`` are declared not
+    null (Parquet then stores no definition levels for them, and Spark reads them without
+    testing each value for null)."""
     import pyarrow as pa
 
     types = {
@@ -134,7 +149,7 @@ def arrow_schema(
             pa.field(
                 name,
                 dictionary if coded and name in CODED_TEXT else types[kind],
-                nullable=not (required and name in ALWAYS_PRESENT),
+                nullable=name not in not_null,
             )
             for name, _, kind in columns
         ]
@@ -151,6 +166,7 @@ class MessageRowOptions:
     decompress: bool = False  # inflate ZLIB bodies of COMPRESSED records, as a consumer does
     filters: tuple[RowFilter, ...] = ()  # rows that fail one are left out before decoding
     columns: tuple[str, ...] | None = None  # the columns wanted, in order (None: all)
+    not_null: frozenset[str] = frozenset()  # columns the batches declare not null (no row has one)
 
     def row_filters(self) -> tuple[RowFilter, ...]:
         """The filters, the ``topics`` option among them."""
@@ -364,7 +380,8 @@ class MessageBatcher:
     :data:`COMMITLOG_COLUMNS`, of the rows that pass the options' filters. A filter's column
     is built first, for every row; the others only for the rows that pass. With ``coded``
     (batches for the Parquet writer), the :data:`CODED_TEXT` columns stay Arrow dictionaries
-    and the :data:`ALWAYS_PRESENT` ones are declared not null."""
+    and the :data:`ALWAYS_PRESENT` ones are declared not null; without it, the options'
+    ``not_null`` ones are."""
 
     def __init__(self, options: MessageRowOptions, file_label: str, *, coded: bool = False) -> None:
         import pyarrow as pa
@@ -373,7 +390,8 @@ class MessageBatcher:
         self.options = options
         self.file_label = file_label
         wanted = commitlog_columns(options.columns)
-        self.schema = arrow_schema(wanted, coded=coded, required=coded)
+        not_null = ALWAYS_PRESENT if coded else options.not_null
+        self.schema = arrow_schema(wanted, coded=coded, not_null=not_null)
         self.names = [name for name, _, _ in wanted]
         self.coded = CODED_TEXT if coded else frozenset()
         self.filters = options.row_filters()

@@ -72,6 +72,7 @@ from rmqstore.pipeline.rows import (
     MessageRowOptions,
     ddl,
     message_batches,
+    present_columns,
     queue_units,
 )
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
@@ -268,6 +269,23 @@ def requested_columns(
     return tuple(name for name, _ in fields)
 
 
+def declared_not_null(schema: Any, present: frozenset[str], source: str) -> frozenset[str]:
+    """The columns the schema a read was given declares NOT NULL, each one that no row
+    leaves null (``present``): Spark reads such a column without testing its values for
+    null, so a null there would read as some other value."""
+    declared = frozenset(field.name for field in schema.fields if not field.nullable)
+    for name in sorted(declared - present):
+        raise InputError(
+            f"{source} column {name} can be null with these options: declare it without NOT NULL"
+        )
+    return declared
+
+
+def _present(options: dict[str, str]) -> frozenset[str]:
+    """The commit-log columns no row leaves null under the read's options."""
+    return present_columns(_flag(options, "includeBody", True), _flag(options, "verifyCrc", False))
+
+
 _COMMITLOG_KINDS = {name: kind for name, _, kind in COMMITLOG_COLUMNS}
 _QUEUE_KINDS = {"topic": "string", "queueId": "int32"}
 
@@ -280,6 +298,7 @@ class CommitLogReader(DataSourceReader):
         self.summary = (_option(options, "summary") or "") == "files"
         self.crc_from = _int_option(options, "crcFrom", 0)
         self.bounds = _file_bounds(options)
+        present = _present(options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
             check_crc=_flag(options, "verifyCrc", False),
@@ -292,6 +311,11 @@ class CommitLogReader(DataSourceReader):
                 None
                 if self.summary or schema is None
                 else requested_columns(schema, COMMITLOG_COLUMNS, "rocketmq-commitlog")
+            ),
+            not_null=(
+                present
+                if self.summary or schema is None
+                else declared_not_null(schema, present, "rocketmq-commitlog")
             ),
         )
 
@@ -363,11 +387,15 @@ class PushdownCommitLogReader(CommitLogReader):
 
 def checked(batches: Iterable[Any]) -> Iterator[Any]:
     """The Arrow batches, each validated in full (offsets within their buffers, lengths,
-    UTF-8) before Spark's JVM reads them, which in the sessions rmqstore starts it does
-    without bounds checks (:data:`rmqstore.spark.ARROW_JAVA_OPTIONS`): about 55 ms of the
-    worker's time per million rows of every column."""
+    UTF-8, no null in a column declared not null) before Spark's JVM reads them, which in the
+    sessions rmqstore starts it does without bounds checks
+    (:data:`rmqstore.spark.ARROW_JAVA_OPTIONS`), and a column declared not null without
+    testing for null: about 55 ms of the worker's time per million rows of every column."""
     for batch in batches:
         batch.validate(full=True)
+        for field, column in zip(batch.schema, batch.columns, strict=True):
+            if not field.nullable and column.null_count:
+                raise ValueError(f"column {field.name} is declared not null but has nulls")
         yield batch
 
 
@@ -405,8 +433,9 @@ class CommitLogDataSource(DataSource):
         return "rocketmq-commitlog"
 
     def schema(self) -> str:
-        summary = (_option(self.options, "summary") or "") == "files"
-        return ddl(SUMMARY_FIELDS if summary else COMMITLOG_COLUMNS)
+        if (_option(self.options, "summary") or "") == "files":
+            return ddl(SUMMARY_FIELDS)
+        return ddl(COMMITLOG_COLUMNS, _present(self.options))
 
     def reader(self, schema: Any) -> DataSourceReader:
         return CommitLogReader(dict(self.options), schema)
@@ -446,6 +475,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
             raise InputError(
                 f"option startingOffsets={self.starting!r}: earliest, latest or an offset"
             )
+        present = _present(options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
             check_crc=_flag(options, "verifyCrc", False),
@@ -457,6 +487,11 @@ class CommitLogStreamReader(DataSourceStreamReader):
                 None
                 if schema is None
                 else requested_columns(schema, COMMITLOG_COLUMNS, "rocketmq-commitlog")
+            ),
+            not_null=(
+                present
+                if schema is None
+                else declared_not_null(schema, present, "rocketmq-commitlog")
             ),
         )
         self.location.check_store()
@@ -594,7 +629,7 @@ class ConsumeQueueDataSource(DataSource):
         return "rocketmq-consumequeue"
 
     def schema(self) -> str:
-        return ddl(CONSUMEQUEUE_COLUMNS)
+        return ddl(CONSUMEQUEUE_COLUMNS, [name for name, _, _ in CONSUMEQUEUE_COLUMNS])
 
     def reader(self, schema: Any) -> DataSourceReader:
         return ConsumeQueueReader(dict(self.options), schema)

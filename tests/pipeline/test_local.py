@@ -151,7 +151,7 @@ def test_parquet_layout_text_of_few_values_as_dictionaries_offsets_as_deltas(
         assert [row[name] for row in rows] == [document[name] for document in documents], name
     for part in sorted((tmp_path / "parquet").glob("part-*.parquet")):
         written = pq.ParquetFile(part)
-        assert written.schema_arrow == arrow_schema(COMMITLOG_COLUMNS, required=True)
+        assert written.schema_arrow == arrow_schema(COMMITLOG_COLUMNS, not_null=ALWAYS_PRESENT)
         # columns every message has a value in are REQUIRED (no definition levels stored);
         # the map's key leaf has one level for its repeated pairs
         top_level: dict[str, Any] = {}

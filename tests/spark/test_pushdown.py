@@ -86,6 +86,37 @@ def test_a_schema_given_to_the_read_is_the_columns_built(spark: Any, oracle) -> 
         spark.read.format("rocketmq-commitlog").schema("queueId STRING").load(store).collect()
 
 
+def test_columns_no_row_leaves_null_are_declared_not_null(spark: Any, oracle) -> None:
+    store = str(oracle("v533_s1_multi").store)
+
+    def reader() -> Any:  # a reader of its own each time: option() changes the one it is on
+        return spark.read.format("rocketmq-commitlog")
+
+    default = reader().load(store)
+    nullable = {field.name for field in default.schema.fields if field.nullable}
+    assert nullable == {"crcOk", "tags", "tagsCode", "keys", "uniqKey", "bornTime", "storeTime"}
+    assert default.where("body IS NULL OR properties IS NULL").count() == 0
+    options = reader().option("includeBody", "false").option("verifyCrc", "true").load(store)
+    fields = {field.name: field.nullable for field in options.schema.fields}
+    assert fields["body"] and not fields["crcOk"]
+    rows = options.select("body", "crcOk").collect()
+    assert {(row.body, row.crcOk) for row in rows} == {(None, True)}
+    # a schema given to the read keeps its own nullability, NOT NULL only where it holds
+    given = reader().schema("topic STRING NOT NULL, tags STRING, body BINARY").load(store)
+    assert [field.nullable for field in given.schema.fields] == [False, True, True]
+    assert sorted(map(str, given.collect())) == sorted(
+        map(str, default.select("topic", "tags", "body").collect())
+    )
+    without_bodies = reader().option("includeBody", "false").schema("body BINARY NOT NULL")
+    with pytest.raises(Exception, match="column body can be null with these options"):
+        without_bodies.load(store).count()
+    with pytest.raises(Exception, match="column tags can be null"):
+        reader().schema("tags STRING NOT NULL").load(store).count()
+    queues = spark.read.format("rocketmq-consumequeue").load(store)
+    assert not any(field.nullable for field in queues.schema.fields)
+    assert queues.collect()  # every unit converted under the NOT NULL schema
+
+
 def test_consume_queue_conditions_leave_queues_out(pushdown: Any, oracle) -> None:
     spark = pushdown
     store = str(oracle("s1_multi").store)

@@ -86,6 +86,11 @@ def test_a_session_reads_arrow_unchecked_and_the_sources_validate_each_batch(spa
     )
     with pytest.raises(pa.ArrowInvalid):
         list(checked([good, pa.record_batch([backwards, pa.array([1, 2])], names=["s", "n"])]))
+    # a null where the schema says there is none: the JVM would read it as a value
+    schema = pa.schema([pa.field("s", pa.string(), nullable=False)])
+    assert list(checked([pa.record_batch([pa.array(["a"])], schema=schema)]))
+    with pytest.raises(ValueError, match="column s is declared not null but has nulls"):
+        list(checked([pa.record_batch([pa.array(["a", None])], schema=schema)]))
 
 
 ARCHIVED_JOB = """
