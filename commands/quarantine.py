@@ -100,7 +100,9 @@ def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: b
     """Put quarantine folder NAME back where its pieces came from: moved files and folders
     are moved back, cut byte ranges written back, then the emptied folder is removed. Refuses,
     before changing anything, a piece whose place is taken (a path that exists again, a range
-    written since it was cut). The store is then as it was before the cut: run rmqstore
+    written since it was cut) and a piece missing from the folder or shorter or longer than
+    its range. A restore that stopped part-way (a full disk) is finished by running it again:
+    pieces already back are left out. The store is then as it was before the cut: run rmqstore
     verify (a torn tail put back needs recover again). Takes the store's lock.
 
     JSON: restored[{kind, target, start, end}] (wouldRestore with --dry-run).

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.segments import write_whole_file
+from rmqstore.segments import pwrite_fully, write_whole_file
 
 CHECKPOINT_FILE_SIZE = 4096
 RECOVERY_SAFETY_MILLIS = 3000
@@ -135,7 +135,7 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
                 raise StoreFormatError(f"{path} is not a regular file")
             if os.fstat(fd).st_size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
-            os.pwrite(fd, checkpoint.encode()[: _FIELDS.size], 0)
+            pwrite_fully(fd, checkpoint.encode()[: _FIELDS.size], 0)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -33,7 +33,7 @@ from rmqstore.replication import (
     readable_end,
     whole_records_end,
 )
-from rmqstore.segments import open_for_writing, sync_file_data
+from rmqstore.segments import open_for_writing, pwrite_fully, sync_file_data
 from rmqstore.store import Store
 
 REPORT = struct.Struct(">q")
@@ -670,7 +670,7 @@ def _zero_partial(dest: Store, progress: SlaveProgress) -> None:
         stop = min(progress.to_offset, segment.start + log.file_size)
         fd = open_for_writing(segment.path)
         try:
-            os.pwrite(fd, bytes(stop - offset), offset - segment.start)
+            pwrite_fully(fd, bytes(stop - offset), offset - segment.start)
             os.fdatasync(fd)
         finally:
             os.close(fd)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from rmqstore.errors import StoreBusyError, StoreFormatError, StoreIOError
+from rmqstore.segments import pwrite_fully
 
 LOCK_FILE_CONTENT = b"lock"
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
@@ -99,7 +100,7 @@ class StoreLock:
             raise StoreIOError(f"cannot lock {self.path}: {exc.strerror}") from None
         try:
             if os.pread(fd, 4, 0) != LOCK_FILE_CONTENT:
-                os.pwrite(fd, LOCK_FILE_CONTENT, 0)
+                pwrite_fully(fd, LOCK_FILE_CONTENT, 0)
         except OSError as exc:
             os.close(fd)
             raise StoreIOError(f"cannot write {self.path}: {exc.strerror}") from None

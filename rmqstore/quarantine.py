@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.segments import fsync_directory, make_directories, write_whole_file
+from rmqstore.segments import fsync_directory, make_directories, pwrite_fully, write_whole_file
 
 QUARANTINE_DIR = "quarantine"
 MANIFEST_FILE = "manifest.json"
@@ -97,7 +97,8 @@ class Quarantine:
         return candidate
 
     def save_region(self, source: Path, start: int, end: int, description: str) -> Path:
-        """Copy bytes ``[start, end)`` of ``source`` into the quarantine, durably."""
+        """Copy bytes ``[start, end)`` of ``source`` into the quarantine, durably; a source
+        that ends before ``end`` is refused (the copy would be short of what is cut)."""
         relative = self.relative_place(source)
         target = self._free_target(relative.with_name(f"{relative.name}.{start}-{end}.bin"))
         try:
@@ -105,7 +106,7 @@ class Quarantine:
             try:
                 writer_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 try:
-                    _copy_range(reader_fd, writer_fd, start, end)
+                    copied = _copy_range(reader_fd, writer_fd, start, end)
                     os.fsync(writer_fd)
                 finally:
                     os.close(writer_fd)
@@ -114,6 +115,11 @@ class Quarantine:
             fsync_directory(target.parent)
         except OSError as exc:
             raise StoreIOError(f"cannot quarantine {source}: {exc.strerror}") from None
+        if copied != end - start:
+            raise StoreFormatError(
+                f"{source} ends at byte {start + copied}, before the bytes {start}-{end} to "
+                "quarantine end; nothing was cut"
+            )
         self._record(
             {
                 "file": str(source),
@@ -135,7 +141,7 @@ class Quarantine:
                 position = start
                 while position < end:
                     length = min(end - position, _COPY_CHUNK)
-                    os.pwrite(fd, bytes(length), position)
+                    pwrite_fully(fd, bytes(length), position)
                     position += length
                 os.fdatasync(fd)
             finally:
@@ -186,14 +192,17 @@ class Quarantine:
             raise StoreIOError(f"cannot write quarantine manifest: {exc.strerror}") from None
 
 
-def _copy_range(reader_fd: int, writer_fd: int, start: int, end: int) -> None:
+def _copy_range(reader_fd: int, writer_fd: int, start: int, end: int) -> int:
+    """Bytes ``[start, end)`` of the reader to the start of the writer, every one written
+    (see :func:`pwrite_fully`); how many there were (fewer if the reader ends first)."""
     position = start
     while position < end:
         chunk = os.pread(reader_fd, min(_COPY_CHUNK, end - position), position)
         if not chunk:
             break
-        os.write(writer_fd, chunk)
+        pwrite_fully(writer_fd, chunk, position - start)
         position += len(chunk)
+    return position - start
 
 
 def _durable_copy(source: Path, target: Path) -> None:
@@ -338,9 +347,12 @@ _TWIN_SUFFIX = re.compile(r"~\d+$")
 def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
     """How quarantine folder ``name`` goes back into the store; refuses (before anything is
     changed) a piece whose place is taken: a moved file whose path exists again, a cut range
-    that is no longer all zeros (written since) or whose file is gone. Places come from the
-    pieces' own paths inside the folder, never from the manifest's text, and must lie inside
-    the store without passing through a link."""
+    that is no longer all zeros (written since) or whose file is gone, and a piece missing
+    from the folder or of another length than its range. A piece already back (a restore
+    that stopped part-way: a moved one gone from the folder with its path there again, a
+    range holding the piece's bytes) is left out, so running the restore again finishes
+    it. Places come from the pieces' own paths inside the folder, never from the manifest's
+    text, and must lie inside the store without passing through a link."""
     base = quarantine_base(store_root)
     if base is None or name not in {f.name for f in list_quarantine(store_root)}:
         raise StoreFormatError(f"no quarantine folder {name} in {store_root}")
@@ -371,8 +383,8 @@ def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
             target = store_root / relative.with_name(stem[: matched.start()])
             step = RestoreStep("write back", folder / relative, target, start, end)
         _check_inside(store_root, target)
-        _check_free(step)
-        steps.append(step)
+        if not _already_back(step):
+            steps.append(step)
     return steps
 
 
@@ -386,29 +398,57 @@ def _check_inside(store_root: Path, target: Path) -> None:
             raise StoreFormatError(f"{current} is a link; rmqstore does not follow it")
 
 
-def _check_free(step: RestoreStep) -> None:
+def _already_back(step: RestoreStep) -> bool:
+    """Whether ``step``'s piece is back in place already; refuses one whose place is taken
+    or whose piece is missing or damaged."""
     if step.kind == "move back":
-        if os.path.lexists(step.target):
+        piece_there = os.path.lexists(step.piece)
+        if not os.path.lexists(step.target):
+            if not piece_there:
+                raise StoreFormatError(f"{step.piece} is missing from its quarantine folder")
+            return False
+        if piece_there:
             raise StoreFormatError(f"{step.target} exists again; restoring would replace it")
-        return
+        return True  # moved back by a restore that stopped before removing the folder
+    try:
+        status = os.lstat(step.piece)
+        whole = stat.S_ISREG(status.st_mode) and status.st_size == step.end - step.start
+    except OSError:
+        whole = False
+    if not whole:
+        raise StoreFormatError(
+            f"{step.piece} is not the {step.end - step.start} bytes it was cut as"
+        )
     try:
         size = os.path.getsize(step.target)
     except OSError:
         raise StoreFormatError(f"{step.target} is gone; its cut range cannot go back") from None
     if size < step.end:
         raise StoreFormatError(f"{step.target} is shorter than its cut range")
-    with open(step.target, "rb") as handle:
-        handle.seek(step.start)
-        if any(handle.read(step.end - step.start)):
-            raise StoreFormatError(
-                f"bytes {step.start}-{step.end} of {step.target} were written since they were "
-                "cut; restoring would overwrite them"
-            )
+    zeros = same = True
+    with open(step.target, "rb") as handle, open(step.piece, "rb") as piece:
+        position = step.start
+        handle.seek(position)
+        while position < step.end and (zeros or same):
+            length = min(_COPY_CHUNK, step.end - position)
+            held = handle.read(length)
+            zeros = zeros and not any(held)
+            same = same and held == piece.read(length)
+            position += length
+    if same:
+        return True  # written back by a restore that stopped before removing the folder
+    if not zeros:
+        raise StoreFormatError(
+            f"bytes {step.start}-{step.end} of {step.target} were written since they were "
+            "cut; restoring would overwrite them"
+        )
+    return False
 
 
 def restore_quarantine(store_root: Path, name: str) -> list[RestoreStep]:
     """Put quarantine folder ``name`` back (see :func:`plan_restore`), each piece durably,
-    then remove the emptied folder. The caller holds the store's lock."""
+    then remove the emptied folder. The caller holds the store's lock. A restore that
+    stops part-way (a full disk) leaves the folder, and running it again finishes it."""
     steps = plan_restore(store_root, name)
     base = store_root / QUARANTINE_DIR
     for step in steps:
@@ -419,13 +459,7 @@ def restore_quarantine(store_root: Path, name: str) -> list[RestoreStep]:
                 fsync_directory(step.target.parent)
                 fsync_directory(step.piece.parent)
             else:
-                fd = os.open(step.target, os.O_RDWR | os.O_NOFOLLOW)
-                try:
-                    with open(step.piece, "rb") as copy:
-                        os.pwrite(fd, copy.read(), step.start)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _write_back(step)
         except OSError as exc:
             raise StoreIOError(f"cannot restore {step.target}: {exc.strerror}") from None
     try:
@@ -434,3 +468,20 @@ def restore_quarantine(store_root: Path, name: str) -> list[RestoreStep]:
     except OSError as exc:
         raise StoreIOError(f"cannot remove {base / name}: {exc.strerror}") from None
     return steps
+
+
+def _write_back(step: RestoreStep) -> None:
+    """A cut range's bytes back into its file, a chunk at a time, then synced."""
+    fd = os.open(step.target, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        with open(step.piece, "rb") as copy:
+            position = step.start
+            while position < step.end:
+                chunk = copy.read(min(_COPY_CHUNK, step.end - position))
+                if not chunk:
+                    raise OSError(errno.EIO, f"{step.piece} ended early")
+                pwrite_fully(fd, chunk, position)
+                position += len(chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -175,6 +175,18 @@ def is_creating_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(CREATING_SUFFIX)
 
 
+def pwrite_fully(fd: int, data: bytes | memoryview, position: int) -> None:
+    """Write all of ``data`` at ``position``. A file system that writes only part (a disk
+    filling up writes what fits and says how much) is asked for the rest, so the failure is
+    raised instead of the rest going unwritten. OSError is the caller's to report."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, position)
+        if written <= 0:  # no progress and no error: never taken as done
+            raise OSError(errno.EIO, f"wrote nothing of the last {len(view)} bytes")
+        view, position = view[written:], position + written
+
+
 def write_whole_file(path: Path, data: bytes) -> None:
     """Write ``path`` whole: under its temporary name, fsynced, renamed into place (over an
     older version), then its directory fsynced. A crash leaves the old file or the new one,
@@ -182,7 +194,7 @@ def write_whole_file(path: Path, data: bytes) -> None:
     temporary = path.with_name(creating_name(path.name))
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
-        os.write(fd, data)
+        pwrite_fully(fd, data, 0)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -6,7 +6,9 @@ import ipaddress
 import json
 import os
 import shutil
+import subprocess
 import tarfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from rmqstore.commands.main import cli
@@ -308,3 +311,20 @@ def replicate(source: str | Path, dest: Path, *options: object) -> dict:
     result = run_cli("replicate", source, dest, "--json", *options)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
+
+
+@contextmanager
+def small_filesystem(tmp_path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted for the test (root only; skipped elsewhere)."""
+    mount_point = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)

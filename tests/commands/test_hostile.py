@@ -4,19 +4,16 @@ documented exit code, with nothing written outside the store."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from support import lock_held_elsewhere, run_cli, tree_digest
+from support import lock_held_elsewhere, run_cli, small_filesystem, tree_digest
 
 
 def small_store(tmp_path: Path, count: int = 20, *, dispatch: bool = True) -> Path:
@@ -128,23 +125,6 @@ def test_huge_sparse_files_are_not_read_whole(tmp_path: Path) -> None:
         handle.truncate(4 << 30)
     code, peak = peak_rss_mib(["verify", str(store)])
     assert code in (1, 2) and peak < 300
-
-
-@contextlib.contextmanager
-def small_filesystem(tmp_path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted for the test (root only; skipped elsewhere)."""
-    mount_point = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
-    mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a small filesystem here (needs root)")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
 def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:

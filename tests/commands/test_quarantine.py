@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from rmqstore.fixtures import generate
+from rmqstore.quarantine import plan_restore
 
-from support import lock_held_elsewhere, run_cli
+from support import lock_held_elsewhere, run_cli, tree_digest
 
 
 def recovered(tmp_path: Path) -> Path:
@@ -61,8 +62,6 @@ def test_names_outside_the_quarantine_and_links_are_refused(tmp_path: Path) -> N
 
 
 def test_restore_puts_the_store_back_as_it_was_before_the_cut(tmp_path: Path) -> None:
-    from support import tree_digest
-
     store = tmp_path / "store"
     generate("torn-tail", store)
     before = tree_digest(store)
@@ -111,3 +110,57 @@ def test_a_manifest_naming_places_outside_the_store_is_refused(tmp_path: Path) -
         result = run_cli("quarantine", "restore", store, folder.name, "--yes")
         assert result.exit_code == 2, (place, result.stderr)
     assert (store / "commitlog").is_dir()
+
+
+def test_a_restore_that_stopped_part_way_finishes_when_run_again(tmp_path: Path) -> None:
+    """A restore that stopped after some pieces (a full disk, a kill) left the folder: run
+    again, it leaves out the pieces already back and puts the rest back."""
+    store = tmp_path / "store"
+    generate("torn-tail", store)
+    before = tree_digest(store)
+    assert run_cli("recover", store, "--yes").exit_code == 0
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    steps = plan_restore(store, folder["name"])
+    kinds = [step.kind for step in steps]
+    assert "write back" in kinds and "move back" in kinds
+    done = [steps[kinds.index("write back")], steps[kinds.index("move back")]]
+    for step in done:  # as the stopped restore left them
+        if step.kind == "move back":
+            step.piece.rename(step.target)
+        else:
+            with open(step.target, "r+b") as target:
+                target.seek(step.start)
+                target.write(step.piece.read_bytes())
+    again = run_cli("quarantine", "restore", store, folder["name"], "--dry-run", "--json")
+    assert len(json.loads(again.stdout)["wouldRestore"]) == len(steps) - 2
+    finished = run_cli("quarantine", "restore", store, folder["name"], "--yes", "--json")
+    assert finished.exit_code == 0, finished.stderr
+    assert len(json.loads(finished.stdout)["restored"]) == len(steps) - 2
+    after = tree_digest(store)
+    assert {k: after.get(k) for k in before if k.startswith("commitlog/")} == {
+        k: v for k, v in before.items() if k.startswith("commitlog/")
+    }
+    assert not (store / "quarantine" / folder["name"]).exists()
+
+
+def test_a_damaged_or_missing_piece_is_refused_before_anything_goes_back(
+    tmp_path: Path,
+) -> None:
+    for damage in ("short", "missing"):
+        store = recovered(tmp_path / damage)
+        (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+        manifest = json.loads((store / "quarantine" / folder["name"] / "manifest.json").read_text())
+        cut = next(p for p in manifest["pieces"] if "copy" in p)
+        moved = next(p for p in manifest["pieces"] if "moved" in p)
+        folder_path = store / "quarantine" / folder["name"]
+        if damage == "short":  # a range copy of fewer bytes than were cut
+            piece = folder_path / cut["copy"]
+            piece.write_bytes(piece.read_bytes()[:-1])
+            expected = "is not the"
+        else:
+            (folder_path / moved["moved"]).unlink()
+            expected = "is missing from its quarantine folder"
+        before = tree_digest(store)
+        refused = run_cli("quarantine", "restore", store, folder["name"], "--yes")
+        assert refused.exit_code == 2 and expected in refused.stderr, refused.stderr
+        assert tree_digest(store) == before

@@ -12,12 +12,14 @@ import pytest
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
 from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import StoreFormatError
+from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import Message
 from rmqstore.recovery import apply_recovery, plan_recovery
 from rmqstore.store import Store
+
+from support import small_filesystem
 
 CONFIG = StoreConfig(
     commitlog_file_size=64 * 1024, consumequeue_file_size=40, index_slots=8, index_entries=32
@@ -159,3 +161,29 @@ def test_a_quarantine_that_is_a_link_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreFormatError, match="symbolic link"):
         Quarantine.create(root, "recover")
     assert not any(outside.iterdir())
+
+
+def test_a_range_past_the_end_of_its_file_is_not_cut(tmp_path: Path) -> None:
+    """The copy must hold every byte that is cut: a source that ends first is refused, the
+    source left as it was and no piece recorded."""
+    root = tmp_path / "s"
+    root.mkdir()
+    source = root / "data"
+    source.write_bytes(b"abc" * 100)
+    quarantine = Quarantine.create(root, "recover")
+    with pytest.raises(StoreFormatError, match="ends at byte 300, before the bytes 200-400"):
+        quarantine.cut_region(source, 200, 400, "past the end")
+    assert source.read_bytes() == b"abc" * 100 and quarantine.pieces == []
+
+
+def test_a_quarantine_copy_on_a_full_disk_cuts_nothing(tmp_path: Path) -> None:
+    with small_filesystem(tmp_path, "1m") as disk:
+        root = disk / "s"
+        root.mkdir()
+        source = root / "data"
+        source.write_bytes(os.urandom(600_000))
+        kept = source.read_bytes()
+        quarantine = Quarantine.create(root, "recover")
+        with pytest.raises(StoreIOError, match="No space left"):
+            quarantine.cut_region(source, 0, 600_000, "more than the disk has room for")
+        assert source.read_bytes() == kept and quarantine.pieces == []

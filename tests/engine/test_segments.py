@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
 from rmqstore.errors import StoreFormatError
-from rmqstore.segments import SegmentQueue, nonzero_extent, segment_name
+from rmqstore.segments import SegmentQueue, nonzero_extent, pwrite_fully, segment_name
 
-from support import vectors
+from support import small_filesystem, vectors
 
 
 @pytest.mark.parametrize(("offset", "name"), sorted(vectors()["mappedFileNames"].items()))
@@ -72,3 +73,20 @@ def test_nonzero_extent(tmp_path: Path) -> None:
     assert nonzero_extent(path, 0, 10 << 20) == ((5 << 20) + 7, (5 << 20) + 10)
     assert nonzero_extent(path, (5 << 20) + 9, 10 << 20) == ((5 << 20) + 9, (5 << 20) + 10)
     assert nonzero_extent(path, (5 << 20) + 10, 10 << 20) is None
+
+
+def test_a_write_the_disk_cuts_short_is_continued_until_it_fails(tmp_path: Path) -> None:
+    """A disk filling up writes what fits and reports it as a short count, not an error:
+    pwrite_fully asks for the rest and so raises the full disk instead of stopping short."""
+    with small_filesystem(tmp_path, "1m") as disk:
+        fd = os.open(disk / "f", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            written = os.pwrite(fd, bytes(2 << 20), 0)
+            assert 0 < written < 2 << 20  # what a single write does here
+            with pytest.raises(OSError) as raised:
+                pwrite_fully(fd, b"x" * (2 << 20), 0)
+            assert raised.value.errno == errno.ENOSPC
+            pwrite_fully(fd, b"y" * 4096, 0)  # what fits is written whole
+        finally:
+            os.close(fd)
+        assert (disk / "f").read_bytes()[:4097] == b"y" * 4096 + b"x"
