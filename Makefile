@@ -69,8 +69,9 @@ demo: venv java-check
 
 # The adversarial campaigns in their long form (200 kills during appends, 60 during recover
 # and rebuild, 300 mutated real stores x every command); make test runs a short form of each.
+# SEED=N kills and mutates elsewhere than the fixed default (a failure names its seed).
 campaigns: venv
-	RMQSTORE_CAMPAIGN=long $(BIN)/python -m pytest -q -p no:cacheprovider -m campaign
+	RMQSTORE_CAMPAIGN=long RMQSTORE_CAMPAIGN_SEED=$(SEED) $(BIN)/python -m pytest -q -p no:cacheprovider -m campaign
 
 bench: venv java-check
 	$(BIN)/python bench/run_all.py

@@ -15,11 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LONG = os.environ.get("RMQSTORE_CAMPAIGN") == "long"
+# another seed gives other kills and mutations than every run's own (make campaigns SEED=N)
+SEED = os.environ.get("RMQSTORE_CAMPAIGN_SEED", "")
 DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4}
 
 
 def rounds(short: int, long: int) -> int:
     return long if LONG else short
+
+
+def campaign_random(label: str) -> random.Random:
+    """The random source of one campaign: the same in every run unless a seed is given, so
+    a failure names what reproduces it (see :func:`seed_note`)."""
+    return random.Random(f"{label}-{SEED}" if SEED else label)
+
+
+def seed_note() -> str:
+    """How to run a failed campaign again."""
+    return f" (RMQSTORE_CAMPAIGN_SEED={SEED})" if SEED else ""
 
 
 def child_env() -> dict[str, str]:

@@ -19,7 +19,7 @@ from rmqstore.record import BodyMode
 from rmqstore.store import Store
 from rmqstore.verify import NOTE, verify_store
 
-from campaigns import child_env, rounds
+from campaigns import campaign_random, child_env, rounds, seed_note
 from support import run_cli
 
 KILLS = rounds(short=3, long=50)  # per flush policy and dispatch setting: 6 x 50 = 300 long
@@ -96,7 +96,7 @@ def append_until_killed(
 def test_no_acknowledged_message_is_lost_to_a_kill(
     tmp_path: Path, flush: str, dispatch: bool
 ) -> None:
-    rng = random.Random(f"crash-append-{flush}-{dispatch}")
+    rng = campaign_random(f"crash-append-{flush}-{dispatch}")
     store = tmp_path / "store"
     created = run_cli("append", store, "--create", *GEOMETRY, "--topic", "A", "--body", "first")
     assert created.exit_code == 0, created.stderr
@@ -104,14 +104,16 @@ def test_no_acknowledged_message_is_lost_to_a_kill(
     for kill in range(KILLS):
         acknowledged.update(append_until_killed(store, rng, f"k{kill}", flush, dispatch))
         recovered = run_cli("recover", store, "--yes")
-        assert recovered.exit_code == 0, f"kill {kill}: {recovered.stderr}{recovered.stdout}"
+        assert recovered.exit_code == 0, (
+            f"kill {kill}{seed_note()}: {recovered.stderr}{recovered.stdout}"
+        )
         with Store.open_read(store, CONFIG) as opened:
             stored = {}
             for offset, *_ in opened.commitlog.scan(check_crc=True):
                 message = opened.commitlog.read(offset, body=BodyMode.VERIFY)
                 stored[message.msg_id] = (message.body or b"").decode()
             lost = {m for m in acknowledged if stored.get(m) != acknowledged[m]}
-            assert not lost, f"kill {kill}: {len(lost)} acknowledged messages lost"
+            assert not lost, f"kill {kill}{seed_note()}: {len(lost)} acknowledged messages lost"
             findings = [f for f in verify_store(opened).findings if f.severity != NOTE]
-            assert findings == [], f"kill {kill}: {findings[:3]}"
+            assert findings == [], f"kill {kill}{seed_note()}: {findings[:3]}"
     assert acknowledged  # the kills came after acknowledgements, not only before

@@ -3,7 +3,6 @@ same files, byte for byte, as a run that was never interrupted."""
 
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import pytest
 
 from rmqstore.fixtures import FixtureOptions, generate
 
-from campaigns import child_env, rounds, tree_state
+from campaigns import campaign_random, child_env, rounds, seed_note, tree_state
 from support import run_cli
 
 KILLS = rounds(short=2, long=30)
@@ -64,15 +63,15 @@ def test_a_killed_repair_run_again_gives_the_same_files(
     duration = time.monotonic() - started
     assert done.exit_code == 0, done.stderr
     expected = outcome(reference)
-    rng = random.Random(f"crash-repair-{scenario}")
+    rng = campaign_random(f"crash-repair-{scenario}")
     for kill in range(KILLS):
         store = tmp_path / f"killed-{kill}"
         shutil.copytree(source, store)
         run_and_kill([command[0], str(store), *command[1:]], rng.uniform(0.3, 0.3 + duration))
         again = run_cli(command[0], store, *command[1:])
-        assert again.exit_code == 0, f"kill {kill}: {again.stderr}"
+        assert again.exit_code == 0, f"kill {kill}{seed_note()}: {again.stderr}"
         got = outcome(store)
         assert got == expected, (
-            f"kill {kill}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
+            f"kill {kill}{seed_note()}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
         )
         shutil.rmtree(store)

@@ -7,12 +7,11 @@ the store, memory capped at 4 GiB."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from campaigns import mutate, rounds, run_commands, tree_state
+from campaigns import campaign_random, mutate, rounds, run_commands, seed_note, tree_state
 from support import ORACLE_OPTIONS
 
 MUTANTS = rounds(short=4, long=100)  # per real store; 3 stores
@@ -39,7 +38,7 @@ WRITERS = [
 @pytest.mark.campaign
 @pytest.mark.parametrize("name", ["s1_multi", "s2_crash", "v533_s3_txn"])
 def test_every_command_on_mutated_real_stores(oracle, tmp_path: Path, name: str) -> None:
-    rng = random.Random(f"mutants-{name}")
+    rng = campaign_random(f"mutants-{name}")
     failures = []
     for number in range(MUTANTS):
         root = tmp_path / f"m{number}"
@@ -69,4 +68,4 @@ def test_every_command_on_mutated_real_stores(oracle, tmp_path: Path, name: str)
                 failures.append(f"{where}: {outcome.command[0]}: {outcome.code} {outcome.stderr}")
         if tree_state(outside) != outside_before:
             failures.append(f"{where}: something was written outside the store")
-    assert not failures, "\n".join(failures[:20])
+    assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
