@@ -15,6 +15,7 @@ from rmqstore.batch import (
     MessageDefaults,
     build_message,
     compressed_bodies,
+    longest_line,
     messages_from_lines,
     read_line_blocks,
     read_lines,
@@ -29,11 +30,12 @@ from rmqstore.commands.output import console, emit_json, note
 from rmqstore.commitlog import AppendResult
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import InputError, OutputClosedError
+from rmqstore.errors import InputError, MessageTooLargeError, OutputClosedError
 from rmqstore.hosts import parse_host
 from rmqstore.kernel.layout import LINES_JSONL, LINES_PLAIN
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import Message
+from rmqstore.segments import read_given_file
 from rmqstore.store import Store
 
 
@@ -80,7 +82,8 @@ def _parse_property(
 @click.option(
     "--body-file",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    help="Message body: the bytes of this file.",
+    help="Message body: the bytes of this file (read no further than maxMessageSize: a "
+    "longer one is refused).",
 )
 @click.option(
     "--input",
@@ -89,7 +92,9 @@ def _parse_property(
     help="Append one message per JSON line of FILE (- for stdin). Fields: topic, "
     "queueId, tags, keys, properties, body or bodyBase64, flag, bornTimestamp, "
     "bornHost, reconsumeTimes, transaction, preparedTransactionOffset; the "
-    "options above are defaults for missing fields.",
+    "options above are defaults for missing fields. A line longer than any message of at "
+    "most maxMessageSize takes as JSON (6 x maxMessageSize + 1 MiB) is refused once that "
+    "much of it is read.",
 )
 @click.option(
     "--born-host",
@@ -324,7 +329,15 @@ def command(
                 job.transform = lambda messages: compressed_bodies(
                     messages, compress_over, type_bits=appender.trailing_separator
                 )
-            _run_job(job, input_path, body, body_file, defaults, appender.prepare)
+            _run_job(
+                job,
+                input_path,
+                body,
+                body_file,
+                defaults,
+                appender.prepare,
+                opened.config.max_message_size,
+            )
             appended = job.committed
         finally:
             if dispatcher is not None:
@@ -374,22 +387,29 @@ def _run_job(
     body_file: Path | None,
     defaults: MessageDefaults,
     prepare: Callable[[Message], object],
+    max_message_size: int,
 ) -> None:
     if input_path is None:
-        payload = _body_bytes(body) if body is not None else _read_file(body_file)
+        payload = _body_bytes(body) if body is not None else _read_body(body_file, max_message_size)
         message = build_message({}, defaults, "options")
         message.body = payload
         job.run([message])
-    elif input_path == "-":
+        return
+    longest = longest_line(max_message_size)
+    if input_path == "-":
         stream = sys.stdin.buffer
-        blocks = read_line_blocks(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
+        blocks = read_line_blocks(
+            stream, job.commit, job.policy.tick_seconds, longest=longest, source="stdin"
+        )
         job.run_line_blocks(blocks, defaults, "stdin")
     else:
         path = Path(input_path)
         if job.sync:
-            _prevalidate(path, defaults, prepare)
+            _prevalidate(path, defaults, prepare, longest)
         with _open_input(path) as stream:
-            blocks = read_line_blocks(stream, on_idle=job.commit, tick=job.policy.tick_seconds)
+            blocks = read_line_blocks(
+                stream, job.commit, job.policy.tick_seconds, longest=longest, source=str(path)
+            )
             job.run_line_blocks(blocks, defaults, str(path))
 
 
@@ -460,12 +480,20 @@ def result_document(result: AppendResult, uniq_key: str | None) -> dict[str, obj
     return {**result.to_dict(), "uniqKey": uniq_key}
 
 
-def _read_file(path: Path | None) -> bytes:
+def _read_body(path: Path | None, max_message_size: int) -> bytes:
+    """``--body-file``: read no further than one byte past the longest body the store takes
+    (``/dev/zero`` is refused, not read for ever)."""
     assert path is not None
     try:
-        return path.read_bytes()
+        body = read_given_file(path, max_message_size)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from None
+    if body is None:
+        raise MessageTooLargeError(
+            f"{path}: message body is more than {max_message_size} bytes; maxMessageSize is "
+            f"{max_message_size}"
+        )
+    return body
 
 
 def _open_input(path: Path):
@@ -476,11 +504,12 @@ def _open_input(path: Path):
 
 
 def _prevalidate(
-    path: Path, defaults: MessageDefaults, prepare: Callable[[Message], object]
+    path: Path, defaults: MessageDefaults, prepare: Callable[[Message], object], longest: int
 ) -> None:
     """Check every line of a file before appending any, so a bad line appends nothing even
     when earlier groups would already be durable."""
     with _open_input(path) as stream:
-        messages: Iterator[Message] = messages_from_lines(read_lines(stream), defaults, str(path))
+        lines = read_lines(stream, longest=longest, source=str(path))
+        messages: Iterator[Message] = messages_from_lines(lines, defaults, str(path))
         for message in messages:
             prepare(message)

@@ -236,19 +236,27 @@ LineBlock = tuple[int, list[bytes]]  # the number of the first line, and the lin
 
 
 def read_line_blocks(
-    stream: BinaryIO, on_idle: Callable[[], None] | None = None, tick: float | None = None
+    stream: BinaryIO,
+    on_idle: Callable[[], None] | None = None,
+    tick: float | None = None,
+    *,
+    longest: int | None = None,
+    source: str = "input",
 ) -> Iterator[LineBlock]:
     """The input in blocks of whole lines as they arrive: ``(number of the first line,
     lines)``, lines numbered from 1 and blank ones included (numbers are positions). Before
     waiting for more input ``on_idle`` is called, so a group commit happens whenever the
     writer on the other end pauses; with ``tick`` (seconds) it is called again that often
-    while the input stays quiet (the interval flush of a pipe that stays open)."""
+    while the input stays quiet (the interval flush of a pipe that stays open). A line
+    longer than ``longest`` bytes (see :func:`longest_line`) is an InputError naming it
+    (``source`` line N) once that much of it has come, so memory stays bounded."""
     try:
         fd = stream.fileno()
     except (AttributeError, OSError, ValueError):
         fd = None
     number = 1
     parts: list[bytes] = []  # the start of a line whose end has not come yet
+    pending = 0  # its length
     while True:
         if fd is not None and on_idle is not None and not select.select([fd], [], [], 0)[0]:
             on_idle()
@@ -262,19 +270,38 @@ def read_line_blocks(
         cut = chunk.rfind(b"\n")
         if cut < 0:
             parts.append(chunk)
+            pending += len(chunk)
+            if longest is not None and pending > longest:
+                raise InputError(
+                    f"{source} line {number}: longer than {longest} bytes, more than a "
+                    "message of at most maxMessageSize takes as JSON"
+                )
             continue
         parts.append(chunk[:cut])
         lines = b"".join(parts).split(b"\n") if len(parts) > 1 else chunk[:cut].split(b"\n")
         yield number, lines
         number += len(lines)
         parts = [chunk[cut + 1 :]] if cut + 1 < len(chunk) else []
+        pending = len(parts[0]) if parts else 0
+
+
+def longest_line(max_message_size: int) -> int:
+    """The longest JSON line a message of at most ``max_message_size`` body bytes can take:
+    six characters a body byte (a control character written as ``\\u0001``) and a MiB
+    for the rest (topic, properties, numbers, spacing)."""
+    return 6 * max_message_size + (1 << 20)
 
 
 def read_lines(
-    stream: BinaryIO, on_idle: Callable[[], None] | None = None, tick: float | None = None
+    stream: BinaryIO,
+    on_idle: Callable[[], None] | None = None,
+    tick: float | None = None,
+    *,
+    longest: int | None = None,
+    source: str = "input",
 ) -> Iterator[tuple[int, bytes]]:
     """Non-empty lines with their 1-based numbers (see :func:`read_line_blocks`)."""
-    for first, lines in read_line_blocks(stream, on_idle, tick):
+    for first, lines in read_line_blocks(stream, on_idle, tick, longest=longest, source=source):
         for number, line in enumerate(lines, first):
             if line.strip():
                 yield number, line

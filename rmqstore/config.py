@@ -11,12 +11,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rmqstore.errors import InputError
+from rmqstore.segments import read_given_file
 
 DEFAULT_COMMITLOG_FILE_SIZE = 1024 * 1024 * 1024
 DEFAULT_CONSUMEQUEUE_FILE_SIZE = 300_000 * 20
 DEFAULT_INDEX_SLOTS = 5_000_000
 DEFAULT_INDEX_ENTRIES = 5_000_000 * 4
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024 * 4
+BROKER_CONFIG_LIMIT = 4 * 1024 * 1024  # a broker.conf is a few KiB; /dev/zero is not one
 # the smallest range of commit log the pipelines split into (--split-size, splitSize): below
 # it, planning and per-range work cost more than the reading
 SMALLEST_SPLIT_SIZE = 4096
@@ -199,9 +201,14 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
     ``store_root`` (the store may have been copied elsewhere); elsewhere it is used as is.
     """
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        data = read_given_file(path, BROKER_CONFIG_LIMIT)
     except OSError as exc:
         raise InputError(f"cannot read broker config {path}: {exc.strerror}") from None
+    if data is None:
+        raise InputError(
+            f"broker config {path} is longer than {BROKER_CONFIG_LIMIT} bytes; is it a broker.conf?"
+        )
+    text = data.decode("utf-8", errors="replace")
     props = parse_java_properties(text)
     values: dict[str, object] = {}
 

@@ -23,11 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.segments import fsync_directory, make_directories, pwrite_fully, write_whole_file
+from rmqstore.segments import (
+    fsync_directory,
+    make_directories,
+    pwrite_fully,
+    read_small_file,
+    write_whole_file,
+)
 
 QUARANTINE_DIR = "quarantine"
 MANIFEST_FILE = "manifest.json"
 _COPY_CHUNK = 8 * 1024 * 1024
+# a manifest longer than this is not one rmqstore wrote (a piece takes about 250 bytes)
+_MANIFEST_LIMIT = 64 * 1024 * 1024
 
 
 @dataclass
@@ -281,10 +289,10 @@ def list_quarantine(store_root: Path) -> list[QuarantineFolder]:
         folder = Path(entry.path)
         pieces, manifest_ok, operation = 0, True, entry.name.partition("-")[2]
         try:
-            manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+            manifest = _read_manifest(folder)
             pieces = len(manifest["pieces"])
             operation = str(manifest.get("operation", operation))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, StoreFormatError):
             manifest_ok = False
         size = 0
         for directory, _subdirectories, names in os.walk(folder):
@@ -300,6 +308,15 @@ def list_quarantine(store_root: Path) -> list[QuarantineFolder]:
             created = ""
         folders.append(QuarantineFolder(entry.name, operation, created, pieces, size, manifest_ok))
     return folders
+
+
+def _read_manifest(folder: Path) -> dict:
+    """A folder's manifest: a regular file (a FIFO planted there is never waited on) of
+    bounded size, holding a JSON object; ValueError, OSError or StoreFormatError if not."""
+    manifest = json.loads(read_small_file(folder / MANIFEST_FILE, _MANIFEST_LIMIT))
+    if not isinstance(manifest, dict):
+        raise ValueError("not a JSON object")
+    return manifest
 
 
 def purge_quarantine(store_root: Path, names: list[str]) -> int:
@@ -358,12 +375,14 @@ def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
         raise StoreFormatError(f"no quarantine folder {name} in {store_root}")
     folder = base / name
     try:
-        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+        manifest = _read_manifest(folder)
         pieces = list(manifest["pieces"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, StoreFormatError):
         raise StoreFormatError(f"{folder} has no readable {MANIFEST_FILE}") from None
     steps = []
     for piece in pieces:
+        if not isinstance(piece, dict):
+            raise StoreFormatError(f"{folder}: {MANIFEST_FILE} lists a piece that is not one")
         relative = Path(str(piece.get("moved") or piece.get("copy") or ""))
         if not relative.parts or relative.is_absolute() or ".." in relative.parts:
             raise StoreFormatError(f"{folder}: a piece names no place inside the folder")
@@ -380,6 +399,8 @@ def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
             if matched is None:
                 raise StoreFormatError(f"{folder / relative} is not a cut range")
             start, end = int(matched.group(1)), int(matched.group(2))
+            if start >= end:
+                raise StoreFormatError(f"{folder / relative} is not a cut range")
             target = store_root / relative.with_name(stem[: matched.start()])
             step = RestoreStep("write back", folder / relative, target, start, end)
         _check_inside(store_root, target)

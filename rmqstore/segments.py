@@ -187,6 +187,49 @@ def pwrite_fully(fd: int, data: bytes | memoryview, position: int) -> None:
         view, position = view[written:], position + written
 
 
+def read_small_file(path: Path, limit: int) -> bytes:
+    """A small file the store keeps (a quarantine manifest): a regular file, not a link, FIFO
+    or device (never waited on), of at most ``limit`` bytes. OSError when it cannot be
+    opened or read; StoreFormatError when it is not such a file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
+            raise StoreFormatError(f"{path} is not a regular file of at most {limit} bytes")
+        data = _read_up_to(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grown since
+        raise StoreFormatError(f"{path} is not a regular file of at most {limit} bytes")
+    return data
+
+
+def read_given_file(path: Path, limit: int) -> bytes | None:
+    """A file a user names (a broker config, a message body): its bytes, or None when it
+    holds more than ``limit``, found by reading at most ``limit`` + 1 of them, so a device
+    that never ends (``/dev/zero``) costs no more. A pipe is read as it comes (process
+    substitution, ``<(...)``). OSError is the caller's to report."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = _read_up_to(fd, limit + 1)
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else None
+
+
+def _read_up_to(fd: int, most: int) -> bytes:
+    """Up to ``most`` bytes of ``fd``: fewer only at its end."""
+    parts: list[bytes] = []
+    got = 0
+    while got < most:
+        chunk = os.read(fd, min(most - got, 1 << 20))
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 def write_whole_file(path: Path, data: bytes) -> None:
     """Write ``path`` whole: under its temporary name, fsynced, renamed into place (over an
     older version), then its directory fsynced. A crash leaves the old file or the new one,

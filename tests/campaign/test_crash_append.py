@@ -76,6 +76,8 @@ def append_until_killed(
 
     def read() -> None:
         for count, line in enumerate(child.stdout):
+            if not line.endswith(b"\n"):  # killed while writing it: not an acknowledgement
+                break
             acknowledged[json.loads(line)["msgId"]] = bodies[count]
 
     feeder = threading.Thread(target=feed)

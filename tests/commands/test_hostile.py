@@ -127,6 +127,66 @@ def test_huge_sparse_files_are_not_read_whole(tmp_path: Path) -> None:
     assert code in (1, 2) and peak < 300
 
 
+def test_inputs_that_never_end_are_read_no_further_than_a_message_takes(
+    tmp_path: Path,
+) -> None:
+    """/dev/zero as a body file, an input of one endless line, a broker config: exit 2 in
+    one line once more than a message (or a config) can take has been read, in memory that
+    does not grow with the input, the store unchanged (they used to be read until memory ran
+    out: exit 70, or a hang)."""
+    store = small_store(tmp_path)
+    before = tree_digest(store)
+    for command, said in (
+        (["append", str(store), "--topic", "T", "--body-file", "/dev/zero"], "more than 4194304"),
+        (["append", str(store), "--input", "/dev/zero"], "/dev/zero line 1: longer than"),
+        (["info", str(store), "--broker-config", "/dev/zero"], "longer than 4194304 bytes"),
+    ):
+        code, peak = peak_rss_mib(command)
+        assert code == 2 and peak < 300, (command, code, peak)
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert said in result.stderr, result.stderr
+    conf = tmp_path / "broker.conf"
+    conf.write_text("maxMessageSize=1024\n")
+    long_line = tmp_path / "long.jsonl"  # a whole line, but more than 1024 bytes take as JSON
+    long_line.write_text(json.dumps({"topic": "T", "body": "x" * (2 << 20)}) + "\n")
+    for flush in ("sync", "async"):
+        result = run_cli("append", store, "--broker-config", conf, "--flush", flush,
+                         "--input", long_line)  # fmt: skip
+        one_line_error(result, 2)
+        assert "long.jsonl line 1: longer than 1054720 bytes" in result.stderr, result.stderr
+    assert tree_digest(store) == before
+
+
+def test_store_manifests_that_are_fifos_or_not_objects_are_refused(tmp_path: Path) -> None:
+    store = small_store(tmp_path)
+    folder = store / "quarantine" / "20240101T000000-recover"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "manifest.json")
+    listed = subprocess.run(
+        [sys.executable, "-m", "rmqstore", "quarantine", "list", str(store), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert listed.returncode == 0 and not json.loads(listed.stdout)["folders"][0]["manifestOk"]
+    fixture = tmp_path / "fixture"
+    fixture.mkdir()
+    os.mkfifo(fixture / "fixture.json")
+    for command in (["quarantine", "restore", str(store), folder.name, "--yes"],
+                    ["fixtures", "describe", "basic", str(fixture)]):  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "rmqstore", *command], capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (folder / "manifest.json").unlink()
+    for pieces in ([5], "abc", {"a": 1}, [{"copy": "commitlog/x.7-3.bin"}]):
+        (folder / "manifest.json").write_text(json.dumps({"pieces": pieces}))
+        one_line_error(run_cli("quarantine", "restore", store, folder.name, "--yes"), 2)
+    (fixture / "fixture.json").unlink()
+    (fixture / "fixture.json").write_text("[1]")
+    one_line_error(run_cli("fixtures", "describe", "basic", fixture), 2)
+
+
 def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:
     """Groups of 1024 messages are fsynced, dispatched and acknowledged until the 4 MiB disk
     is full: the command ends with exit 4, and recovery keeps every acknowledged message."""
