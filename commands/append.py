@@ -266,8 +266,10 @@ def command(
     flushCommitLogThoroughInterval, transientStorePoolEnable, commitIntervalCommitLog,
     commitCommitLogLeastPages, commitCommitLogThoroughInterval, warmMapedFileEnable). A closed
     stdout ends the command with exit 4, keeping what is stored. Queue offsets continue the
-    consume queues' (and the undispatched records after them). Takes the store's lock;
-    refuses a store a broker holds.
+    consume queues' (and the undispatched records after them); a topic's or queue's
+    consume-queue folder that is a symbolic link is refused, since its offsets cannot be
+    learnt without following it (dispatch --rebuild --yes moves it to quarantine). Takes the
+    store's lock; refuses a store a broker holds.
     """
     sources = [
         name

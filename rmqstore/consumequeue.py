@@ -553,6 +553,24 @@ def list_queues(root: Path) -> list[tuple[str, int]]:
     return queues
 
 
+def linked_queue_dirs(root: Path) -> list[Path]:
+    """The topic and queue directories under ``root`` (``consumequeue/``) that are symbolic
+    links: :func:`list_queues` leaves them out, as rmqstore never follows one there."""
+    linked = []
+    if not root.is_dir():
+        return linked
+    for topic_dir in sorted(root.iterdir()):
+        if topic_dir.is_symlink():
+            linked.append(topic_dir)
+        elif topic_dir.is_dir():
+            linked.extend(
+                queue_dir
+                for queue_dir in sorted(topic_dir.iterdir())
+                if queue_dir.is_symlink() and _is_int(queue_dir.name)
+            )
+    return linked
+
+
 def _is_int(text: str) -> bool:
     try:
         int(text)

@@ -21,7 +21,7 @@ from rmqstore.commitlog import CommitLog, CommitLogAppender, LogEnd
 from rmqstore.config import (
     StoreConfig,
 )
-from rmqstore.consumequeue import ConsumeQueue, QueueTip, list_queues
+from rmqstore.consumequeue import ConsumeQueue, QueueTip, linked_queue_dirs, list_queues
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import (
     InputError,
@@ -333,10 +333,17 @@ class Store:
         trailing_separator: bool = True,
     ) -> CommitLogAppender:
         """Prepare to append: find the valid end, deal with bytes after it, learn the queue
-        offsets, then create ``abort``. Refuses a crashed store whose tail is not clean."""
+        offsets, then create ``abort``. Refuses a crashed store whose tail is not clean, and
+        one with a consume-queue folder that is a link (its queues' offsets are unknown)."""
         if self._appender is not None:
             return self._appender
         self._require_writable()
+        for linked in linked_queue_dirs(self.consumequeue_dir)[:1]:  # before anything moves
+            raise StoreFormatError(
+                f"{linked} is a symbolic link, which rmqstore does not follow, so the next "
+                "queue offsets of its queues are unknown; rmqstore dispatch --rebuild --yes "
+                "moves it to quarantine and rebuilds its queues in the store"
+            )
         end = self.log_end()
         self._clear_residue(end)
         state = self.log_state(end)

@@ -62,6 +62,33 @@ def test_writers_refuse_links_leading_out_of_the_store(tmp_path: Path, what: str
     assert not (outside / "abort").exists()
 
 
+@pytest.mark.parametrize("what", ["topic", "queue"])
+def test_append_refuses_a_linked_queue_whose_offsets_it_cannot_learn(
+    tmp_path: Path, what: str
+) -> None:
+    """A topic's or queue's consume-queue folder that is a link: append cannot learn that
+    queue's next offset (rmqstore follows no link there), so it refuses before writing (it
+    used to start the queue again at offset 0, a second record at each offset); the rebuild
+    moves the link to quarantine, and appending then continues the queue."""
+    store = small_store(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    moved = store / "consumequeue" / "T" if what == "topic" else store / "consumequeue" / "T" / "0"
+    moved.rename(outside / "moved")
+    moved.symlink_to(outside / "moved")
+    before, outside_before = tree_digest(store), tree_digest(outside)
+    result = run_cli("append", store, "--topic", "T", "--body", "y", "--dispatch")
+    one_line_error(result, 2)
+    assert "is a symbolic link" in result.stderr and "--rebuild" in result.stderr
+    assert tree_digest(store) == before and tree_digest(outside) == outside_before
+    assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+    appended = run_cli("append", store, "--topic", "T", "--body", "y", "--dispatch", "--json")
+    assert appended.exit_code == 0, appended.stderr
+    assert json.loads(appended.stdout)["messages"][0]["queueOffset"] == 20
+    assert run_cli("verify", store).exit_code == 0
+    assert tree_digest(outside) == outside_before
+
+
 def test_fixtures_force_refuses_a_held_store_and_quarantines_what_it_replaces(
     tmp_path: Path,
 ) -> None:
