@@ -178,6 +178,13 @@ def consumequeue_items(
         yield {"type": "note", "message": name_note}
     if start % 20:
         raise StoreFormatError(f"{path}: a consume-queue file name is a multiple of 20 bytes")
+    whole = size - size % 20  # the units; a torn write or a grown file can leave a part
+    if whole < size:
+        yield {
+            "type": "note",
+            "message": f"{path.name} is {size} bytes, not a whole number of 20-byte units: "
+            f"its last {size - whole} bytes are no unit",
+        }
     topic = queue_id = None
     if target.store_root is not None:
         topic, queue_text = path.parent.parent.name, path.parent.name
@@ -192,8 +199,8 @@ def consumequeue_items(
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         cleanup.callback(os.close, fd)
         position = 0
-        while position < size:
-            want = min(_UNITS_PER_READ * 20, size - position)
+        while position < whole:
+            want = min(_UNITS_PER_READ * 20, whole - position)
             data = _pread(fd, path, want, position)
             for step, (offset, unit_size, tags_code) in enumerate(_UNIT.iter_unpack(data)):
                 at = position + step * 20
@@ -223,11 +230,12 @@ def consumequeue_items(
                     )
                 yield item
             position += len(data)
+        extent = nonzero_extent(path, whole, size) if whole < size else None
         yield {
             "type": "end",
-            "queueOffset": (start + size) // 20,
-            "filePosition": size,
-            "nonZeroBytesAfter": 0,
+            "queueOffset": (start + whole) // 20,
+            "filePosition": whole,
+            "nonZeroBytesAfter": 0 if extent is None else extent[1] - whole,
         }
 
 

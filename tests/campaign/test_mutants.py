@@ -24,6 +24,14 @@ READ_ONLY = [
     ["dispatch", "{store}", "--dry-run"],
     ["stats", "{store}", "--engine", "local", "--json"],
     ["export", "{store}", "--engine", "local", "--format", "jsonl", "--to", "{export}"],
+    ["info", "{store}", "--deep", "--json"],
+    ["read", "{store}", "--topic", "TopicTest", "--queue", "0", "--jsonl"],
+    ["dump", "{store}/commitlog/00000000000000000000", "--json"],
+    ["dump", "{index_file}", "--json"],
+    ["dump", "{queue_file}", "--json"],
+    ["quarantine", "list", "{store}", "--json"],
+    # a read of the store, whatever it writes to the replica beside it
+    ["replicate", "{store}", "{replica}"],
 ]
 WRITERS = [
     ["append", "{store}", "--topic", "TopicTest", "--body", "after", "--dispatch"],
@@ -50,9 +58,14 @@ def test_every_command_on_mutated_real_stores(oracle, tmp_path: Path, name: str)
         where = f"{name} mutant {number} ({'; '.join(done)})"
 
         def lines(commands: list[list[str]], store: Path = store) -> list[list[str]]:
-            export = store.parent / "export"  # beside the store: export writes only there
-            return [
-                [part.format(store=store, export=export) for part in c] + ORACLE_OPTIONS
+            beside = {"export": store.parent / "export", "replica": store.parent / "replica"}
+            files = {  # the first of each, or a path that is not there (one more error case)
+                f"{kind}_file": min((store / folder).glob("*"), default=store / folder)
+                for kind, folder in (("index", "index"), ("queue", "consumequeue/TopicTest/0"))
+            }
+            return [  # export and replicate write only beside the store
+                [part.format(store=store, **beside, **files) for part in c]
+                + (ORACLE_OPTIONS if c[0] != "quarantine" else [])
                 for c in commands
             ]
 

@@ -90,6 +90,29 @@ def test_a_unit_pointing_at_the_wrong_record_is_named(oracle, tmp_path: Path) ->
     assert code == 0 and {item.get("record") for item in listed} == {"unchecked", None}
 
 
+def test_a_consume_queue_file_of_a_part_unit_is_dumped_to_its_last_whole_unit(
+    oracle, tmp_path: Path
+) -> None:
+    """A queue file that is not a whole number of units (a write torn by a crash, a file
+    grown by hand): its units, a note, and the part unit as non-zero bytes after the end
+    (it used to end the dump with an internal error, exit 70, half a JSON document)."""
+    root = oracle("s1_multi").copy_to(tmp_path)
+    path = root / "consumequeue" / "TopicTest" / "2" / "00000000000000002000"
+    whole = items(path)[1]
+    units = [item for item in whole if item["type"] == "unit"]
+    assert path.stat().st_size == len(units) * 20  # a full file
+    os.truncate(path, len(units) * 20 - 13)  # its last unit cut to 7 bytes
+    with open(path, "r+b") as handle:
+        handle.seek(len(units) * 20 - 20)
+        handle.write(b"\x01" * 7)
+    code, listed = items(path)
+    assert code == 1
+    assert "not a whole number of 20-byte units: its last 7 bytes" in listed[0]["message"]
+    assert [item for item in listed if item["type"] == "unit"] == units[:-1]
+    assert listed[-1] == {"type": "end", "queueOffset": units[-1]["queueOffset"],
+                          "filePosition": len(units) * 20 - 20, "nonZeroBytesAfter": 7}  # fmt: skip
+
+
 def test_torn_tail_shows_where_records_stop(oracle) -> None:
     crash = oracle("s2_crash")
     store = crash.root / "store_torn_half_record"
