@@ -122,8 +122,15 @@ def _files(store: Path) -> list[Path]:
 
 
 def _record_offsets(store: Path) -> list[tuple[Path, int]]:
-    """(commit-log file, position) of the records of the first commit-log file."""
-    first = sorted((store / "commitlog").iterdir())[0]
+    """(commit-log file, position) of the records of the first commit-log file (a regular
+    one: an earlier mutation may have put a folder, a FIFO or a link in its place)."""
+    commitlog = store / "commitlog"
+    if not commitlog.is_dir() or commitlog.is_symlink():
+        return []
+    files = sorted(p for p in commitlog.iterdir() if p.is_file() and not p.is_symlink())
+    if not files:
+        return []
+    first = files[0]
     data = first.read_bytes()
     positions, position = [], 0
     while position + 8 <= len(data):
@@ -142,12 +149,18 @@ def _write_at(path: Path, position: int, data: bytes) -> None:
         handle.write(data)
 
 
+def _real_folders(paths: list[Path]) -> list[Path]:
+    """The folders among ``paths`` that are not links."""
+    return [path for path in paths if path.is_dir() and not path.is_symlink()]
+
+
 def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     """Damage ``store`` one way, chosen by ``rng``; returns what was done. ``outside`` is a
     folder links may lead to (nothing may be written there)."""
     kind = rng.choice(
         ["bit-flip", "bit-flip", "truncate", "length-field", "delete", "junk", "grow",
-         "dir-for-file", "empty", "link-out", "topic-traversal", "zero-run"]
+         "dir-for-file", "empty", "link-out", "topic-traversal", "zero-run", "fifo",
+         "folder-link-out"]
     )  # fmt: skip
     files = _files(store)
     target = rng.choice(files)
@@ -177,7 +190,9 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
         target.unlink()
         return f"delete {name}"
     if kind == "junk":
-        folder = rng.choice([p for p in store.rglob("*") if p.is_dir()] + [store])
+        folder = rng.choice(
+            [p for p in store.rglob("*") if p.is_dir() and not p.is_symlink()] + [store]
+        )
         junk = folder / rng.choice(["00000000000000009999", "junk", "20990101000000000", "x.tmp"])
         junk.write_bytes(rng.randbytes(rng.randrange(1, 5000)))
         return f"junk {junk.relative_to(store)}"
@@ -208,6 +223,20 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
             if length >= 3:
                 _write_at(path, at + 1, b"../" + b"x" * (length - 3))
                 return f"topic-traversal {path.name}@{position}"
+    if kind == "fifo":  # a FIFO no one writes to: opening it to read would wait for ever
+        target.unlink()
+        os.mkfifo(target)
+        return f"fifo {name}"
+    if kind == "folder-link-out":  # a topic's, queue's or the index folder, moved out and linked
+        folders = _real_folders(list((store / "consumequeue").glob("*")))
+        folders += _real_folders([p for topic in folders for p in topic.glob("*")])
+        folders += _real_folders([store / "index"])
+        if folders:
+            folder = rng.choice(folders)
+            moved = outside / f"{folder.name}-{rng.randrange(1 << 30)}"
+            folder.rename(moved)
+            folder.symlink_to(moved)
+            return f"folder-link-out {folder.relative_to(store)}"
     if kind == "zero-run" and size:
         position = rng.randrange(size)
         _write_at(target, position, bytes(min(size - position, rng.randrange(1, 4096))))
