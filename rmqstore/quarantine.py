@@ -44,6 +44,9 @@ class Quarantine:
     operation: str
     store_root: Path
     pieces: list[dict[str, object]] = field(default_factory=list)
+    # each piece as it stands in the manifest, serialized once (not again for every piece
+    # after it: 4,000 pieces took 20 s of JSON encoding)
+    _piece_texts: list[str] = field(default_factory=list, repr=False)
 
     @classmethod
     def create(cls, store_root: Path, operation: str) -> Quarantine:
@@ -191,11 +194,14 @@ class Quarantine:
         """Add a piece to the manifest, written whole under a temporary name and renamed into
         place, so a crash leaves the previous manifest or the new one, never half of one."""
         self.pieces.append(piece)
-        manifest = {"operation": self.operation, "pieces": self.pieces}
+        self._piece_texts.append(json.dumps(piece, indent=2).replace("\n", "\n    "))
+        manifest = (  # what json.dumps(..., indent=2) writes for the whole document
+            f'{{\n  "operation": {json.dumps(self.operation)},\n  "pieces": [\n    '
+            + ",\n    ".join(self._piece_texts)
+            + "\n  ]\n}\n"
+        )
         try:
-            write_whole_file(
-                self.directory / MANIFEST_FILE, (json.dumps(manifest, indent=2) + "\n").encode()
-            )
+            write_whole_file(self.directory / MANIFEST_FILE, manifest.encode())
         except OSError as exc:
             raise StoreIOError(f"cannot write quarantine manifest: {exc.strerror}") from None
 

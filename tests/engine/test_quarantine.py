@@ -106,6 +106,10 @@ def test_pieces_keep_their_store_relative_place(tmp_path: Path) -> None:
     (root / "consumequeue" / "B" / "0" / "00000000000000000000").write_bytes(b"again")
     again = quarantine.move_path(root / "consumequeue" / "B" / "0" / "00000000000000000000", "c")
     assert again != b and again.read_bytes() == b"again" and b.read_bytes() == b"B" * 40
+    # the manifest, built from each piece's text serialized once, is what json.dumps writes
+    written = (quarantine.directory / "manifest.json").read_text(encoding="utf-8")
+    document = {"operation": "test", "pieces": quarantine.pieces}
+    assert written == json.dumps(document, indent=2) + "\n" and len(quarantine.pieces) == 3
 
 
 def test_directories_are_durable_before_a_source_byte_changes(
