@@ -102,8 +102,10 @@ def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: b
     before changing anything, a piece whose place is taken (a path that exists again, a range
     written since it was cut) and a piece missing from the folder or shorter or longer than
     its range. A restore that stopped part-way (a full disk) is finished by running it again:
-    pieces already back are left out. The store is then as it was before the cut: run rmqstore
-    verify (a torn tail put back needs recover again). Takes the store's lock.
+    pieces already back are left out. A file in the folder that the manifest does not list (a
+    kill between moving it there and listing it) goes back by its path too. The store is then
+    as it was before the cut: run rmqstore verify (a torn tail put back needs recover again).
+    Takes the store's lock.
 
     JSON: restored[{kind, target, start, end}] (wouldRestore with --dry-run).
     """

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.segments import (
+    creating_name,
     fsync_directory,
     make_directories,
     pwrite_fully,
@@ -375,7 +376,9 @@ def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
     that stopped part-way: a moved one gone from the folder with its path there again, a
     range holding the piece's bytes) is left out, so running the restore again finishes
     it. Places come from the pieces' own paths inside the folder, never from the manifest's
-    text, and must lie inside the store without passing through a link."""
+    text, and must lie inside the store without passing through a link. A file in the
+    folder that the manifest does not list (a kill between moving a piece and listing it)
+    goes back too, by its path, rather than being deleted with the folder."""
     base = quarantine_base(store_root)
     if base is None or name not in {f.name for f in list_quarantine(store_root)}:
         raise StoreFormatError(f"no quarantine folder {name} in {store_root}")
@@ -385,34 +388,68 @@ def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
         pieces = list(manifest["pieces"])
     except (OSError, ValueError, KeyError, TypeError, StoreFormatError):
         raise StoreFormatError(f"{folder} has no readable {MANIFEST_FILE}") from None
-    steps = []
+    places: list[tuple[Path, bool]] = []  # (place in the folder, a cut range)
     for piece in pieces:
         if not isinstance(piece, dict):
             raise StoreFormatError(f"{folder}: {MANIFEST_FILE} lists a piece that is not one")
         relative = Path(str(piece.get("moved") or piece.get("copy") or ""))
         if not relative.parts or relative.is_absolute() or ".." in relative.parts:
             raise StoreFormatError(f"{folder}: a piece names no place inside the folder")
-        if relative.parts[0] == "external":
-            raise StoreFormatError(
-                f"{folder / relative} came from outside the store; put it back by hand"
-            )
-        stem = _TWIN_SUFFIX.sub("", relative.name)
-        if "moved" in piece:
-            target = store_root / relative.with_name(stem)
-            step = RestoreStep("move back", folder / relative, target)
-        else:
-            matched = _COPY_SUFFIX.search(stem)
-            if matched is None:
-                raise StoreFormatError(f"{folder / relative} is not a cut range")
-            start, end = int(matched.group(1)), int(matched.group(2))
-            if start >= end:
-                raise StoreFormatError(f"{folder / relative} is not a cut range")
-            target = store_root / relative.with_name(stem[: matched.start()])
-            step = RestoreStep("write back", folder / relative, target, start, end)
-        _check_inside(store_root, target)
+        places.append((relative, "moved" not in piece))
+    listed = {relative for relative, _ in places}
+    places += [
+        (relative, _COPY_SUFFIX.search(_TWIN_SUFFIX.sub("", relative.name)) is not None)
+        for relative in unlisted_pieces(folder, listed)
+    ]
+    steps = []
+    for relative, cut in places:
+        step = _restore_step(store_root, folder, relative, cut)
         if not _already_back(step):
             steps.append(step)
     return steps
+
+
+def _restore_step(store_root: Path, folder: Path, relative: Path, cut: bool) -> RestoreStep:
+    """How the piece at ``relative`` in ``folder`` goes back: moved back, or (``cut``) its
+    range written back into its file."""
+    if relative.parts[0] == "external":
+        raise StoreFormatError(
+            f"{folder / relative} came from outside the store; put it back by hand"
+        )
+    stem = _TWIN_SUFFIX.sub("", relative.name)
+    if not cut:
+        target = store_root / relative.with_name(stem)
+        step = RestoreStep("move back", folder / relative, target)
+    else:
+        matched = _COPY_SUFFIX.search(stem)
+        if matched is None:
+            raise StoreFormatError(f"{folder / relative} is not a cut range")
+        start, end = int(matched.group(1)), int(matched.group(2))
+        if start >= end:
+            raise StoreFormatError(f"{folder / relative} is not a cut range")
+        target = store_root / relative.with_name(stem[: matched.start()])
+        step = RestoreStep("write back", folder / relative, target, start, end)
+    _check_inside(store_root, target)
+    return step
+
+
+def unlisted_pieces(folder: Path, listed: set[Path]) -> list[Path]:
+    """The files and links in a quarantine folder (by their place in it) that are neither a
+    listed piece nor inside one, the manifest and its temporary aside."""
+    found = []
+    for directory, subdirectories, names in os.walk(folder):
+        here = Path(directory).relative_to(folder)
+        subdirectories[:] = [d for d in subdirectories if here / d not in listed]
+        for name in sorted(names) + [
+            d for d in subdirectories if (Path(directory) / d).is_symlink()
+        ]:
+            relative = here / name
+            if relative in listed or (
+                here == Path(".") and name in (MANIFEST_FILE, creating_name(MANIFEST_FILE))
+            ):
+                continue
+            found.append(relative)
+    return found
 
 
 def _check_inside(store_root: Path, target: Path) -> None:
@@ -489,6 +526,15 @@ def restore_quarantine(store_root: Path, name: str) -> list[RestoreStep]:
                 _write_back(step)
         except OSError as exc:
             raise StoreIOError(f"cannot restore {step.target}: {exc.strerror}") from None
+    left = [  # all that may remain: the cut ranges' copies, their bytes back in the store
+        relative
+        for relative in unlisted_pieces(base / name, set())
+        if _COPY_SUFFIX.search(_TWIN_SUFFIX.sub("", relative.name)) is None
+    ]
+    if left:
+        raise StoreFormatError(
+            f"{base / name} still holds {left[0]} after the restore; the folder was left in place"
+        )
     try:
         shutil.rmtree(base / name)
         fsync_directory(base)

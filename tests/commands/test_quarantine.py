@@ -164,3 +164,26 @@ def test_a_damaged_or_missing_piece_is_refused_before_anything_goes_back(
         refused = run_cli("quarantine", "restore", store, folder["name"], "--yes")
         assert refused.exit_code == 2 and expected in refused.stderr, refused.stderr
         assert tree_digest(store) == before
+
+
+def test_a_piece_moved_but_not_yet_listed_goes_back_too(tmp_path: Path) -> None:
+    """A kill between moving a piece into quarantine and listing it in the manifest leaves a
+    piece the manifest does not name: restore puts it back by its path (it used to delete it
+    with the folder)."""
+    store = tmp_path / "store"
+    generate("torn-tail", store)
+    before = tree_digest(store)
+    assert run_cli("recover", store, "--yes").exit_code == 0
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    manifest_path = store / "quarantine" / folder["name"] / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    unlisted = [piece for piece in manifest["pieces"] if "moved" in piece][-1]
+    manifest["pieces"].remove(unlisted)
+    manifest_path.write_text(json.dumps(manifest))
+    restored = run_cli("quarantine", "restore", store, folder["name"], "--yes", "--json")
+    assert restored.exit_code == 0, restored.stderr
+    targets = [step["target"] for step in json.loads(restored.stdout)["restored"]]
+    assert str(store / unlisted["moved"]) in targets
+    after = tree_digest(store)
+    assert after[unlisted["moved"]] == before[unlisted["moved"]]
+    assert not (store / "quarantine" / folder["name"]).exists()
