@@ -12,8 +12,6 @@ own configuration keys, so the file reads like the ``broker.conf`` it stands for
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +27,7 @@ from rmqstore.config import (
 from rmqstore.consumequeue import CQ_UNIT_SIZE
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import infer_geometry, read_index_headers
-from rmqstore.segments import make_directories, write_whole_file
+from rmqstore.segments import make_directories, read_small_file, write_whole_file
 
 CONFIG_DIR = "config"
 GEOMETRY_FILE = "rmqstore-geometry.json"
@@ -51,16 +49,9 @@ def read_geometry(root: Path) -> dict[str, int]:
     """The remembered sizes by StoreConfig field name (empty when none are remembered)."""
     path = geometry_path(root)
     try:
-        status = os.lstat(path)
+        document = json.loads(read_small_file(path, _MAX_FILE_BYTES))
     except (FileNotFoundError, NotADirectoryError):  # no config/ folder, or a file in its place
         return {}
-    except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(status.st_mode) or status.st_size > _MAX_FILE_BYTES:
-        raise StoreFormatError(f"{path} is not a small regular file")
-    try:
-        with open(path, "rb") as handle:
-            document = json.loads(handle.read(_MAX_FILE_BYTES))
     except OSError as exc:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
     except (ValueError, UnicodeDecodeError):

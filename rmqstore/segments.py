@@ -191,16 +191,22 @@ def read_small_file(path: Path, limit: int) -> bytes:
     """A small file the store keeps (a quarantine manifest): a regular file, not a link, FIFO
     or device (never waited on), of at most ``limit`` bytes. OSError when it cannot be
     opened or read; StoreFormatError when it is not such a file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    refused = StoreFormatError(f"{path} is not a regular file of at most {limit} bytes")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link (O_NOFOLLOW)
+            raise refused from None
+        raise
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
-            raise StoreFormatError(f"{path} is not a regular file of at most {limit} bytes")
+            raise refused
         data = _read_up_to(fd, limit + 1)
     finally:
         os.close(fd)
     if len(data) > limit:  # grown since
-        raise StoreFormatError(f"{path} is not a regular file of at most {limit} bytes")
+        raise refused
     return data
 
 
