@@ -286,6 +286,21 @@ def _present(options: dict[str, str]) -> frozenset[str]:
     return present_columns(_flag(options, "includeBody", True), _flag(options, "verifyCrc", False))
 
 
+def _columns_read(
+    schema: Any, options: dict[str, str]
+) -> tuple[tuple[str, ...] | None, frozenset[str]]:
+    """The commit-log columns a read builds (None: all) and those its batches declare not
+    null: the source's own when no schema was given, else the given schema's (checked)."""
+    present = _present(options)
+    if schema is None:
+        return None, present
+    source = "rocketmq-commitlog"
+    return (
+        requested_columns(schema, COMMITLOG_COLUMNS, source),
+        declared_not_null(schema, present, source),
+    )
+
+
 _COMMITLOG_KINDS = {name: kind for name, _, kind in COMMITLOG_COLUMNS}
 _QUEUE_KINDS = {"topic": "string", "queueId": "int32"}
 
@@ -298,7 +313,7 @@ class CommitLogReader(DataSourceReader):
         self.summary = (_option(options, "summary") or "") == "files"
         self.crc_from = _int_option(options, "crcFrom", 0)
         self.bounds = _file_bounds(options)
-        present = _present(options)
+        columns, not_null = _columns_read(None if self.summary else schema, options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
             check_crc=_flag(options, "verifyCrc", False),
@@ -307,16 +322,8 @@ class CommitLogReader(DataSourceReader):
             resync_last=self.bounds is not None,
             decompress=_flag(options, "decompress", False),
             filters=_option_filters(options),
-            columns=(
-                None
-                if self.summary or schema is None
-                else requested_columns(schema, COMMITLOG_COLUMNS, "rocketmq-commitlog")
-            ),
-            not_null=(
-                present
-                if self.summary or schema is None
-                else declared_not_null(schema, present, "rocketmq-commitlog")
-            ),
+            columns=columns,
+            not_null=not_null,
         )
 
     def partitions(self) -> list[InputPartition]:
@@ -475,7 +482,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
             raise InputError(
                 f"option startingOffsets={self.starting!r}: earliest, latest or an offset"
             )
-        present = _present(options)
+        columns, not_null = _columns_read(schema, options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
             check_crc=_flag(options, "verifyCrc", False),
@@ -483,16 +490,8 @@ class CommitLogStreamReader(DataSourceStreamReader):
             delay_levels=_option(options, "messageDelayLevel"),
             resync_last=True,
             decompress=_flag(options, "decompress", False),
-            columns=(
-                None
-                if schema is None
-                else requested_columns(schema, COMMITLOG_COLUMNS, "rocketmq-commitlog")
-            ),
-            not_null=(
-                present
-                if schema is None
-                else declared_not_null(schema, present, "rocketmq-commitlog")
-            ),
+            columns=columns,
+            not_null=not_null,
         )
         self.location.check_store()
 
