@@ -538,37 +538,30 @@ def _leading_valid_units(data: bytes) -> int:
     return kernel.valid_units(data)
 
 
-def list_queues(root: Path) -> list[tuple[str, int]]:
+def list_queues(root: Path, linked: list[Path] | None = None) -> list[tuple[str, int]]:
     """(topic, queue id) of every consume-queue directory under ``root`` (``consumequeue/``).
-    Entries whose queue-id directory name is not an integer are ignored, as by the broker."""
+    Entries whose queue-id directory name is not an integer are ignored, as by the broker.
+    Topic and queue directories that are symbolic links are left out (rmqstore never follows
+    one there); ``linked`` gets them."""
     queues = []
     if not root.is_dir():
         return queues
     for topic_dir in sorted(root.iterdir()):
-        if not topic_dir.is_dir() or topic_dir.is_symlink():
+        if topic_dir.is_symlink():
+            if linked is not None:
+                linked.append(topic_dir)
+            continue
+        if not topic_dir.is_dir():
             continue
         for queue_dir in sorted(topic_dir.iterdir()):
-            if queue_dir.is_dir() and not queue_dir.is_symlink() and _is_int(queue_dir.name):
+            if not _is_int(queue_dir.name):
+                continue
+            if queue_dir.is_symlink():
+                if linked is not None:
+                    linked.append(queue_dir)
+            elif queue_dir.is_dir():
                 queues.append((topic_dir.name, int(queue_dir.name)))
     return queues
-
-
-def linked_queue_dirs(root: Path) -> list[Path]:
-    """The topic and queue directories under ``root`` (``consumequeue/``) that are symbolic
-    links: :func:`list_queues` leaves them out, as rmqstore never follows one there."""
-    linked = []
-    if not root.is_dir():
-        return linked
-    for topic_dir in sorted(root.iterdir()):
-        if topic_dir.is_symlink():
-            linked.append(topic_dir)
-        elif topic_dir.is_dir():
-            linked.extend(
-                queue_dir
-                for queue_dir in sorted(topic_dir.iterdir())
-                if queue_dir.is_symlink() and _is_int(queue_dir.name)
-            )
-    return linked
 
 
 def _is_int(text: str) -> bool:

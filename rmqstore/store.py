@@ -21,7 +21,7 @@ from rmqstore.commitlog import CommitLog, CommitLogAppender, LogEnd
 from rmqstore.config import (
     StoreConfig,
 )
-from rmqstore.consumequeue import ConsumeQueue, QueueTip, linked_queue_dirs, list_queues
+from rmqstore.consumequeue import ConsumeQueue, QueueTip, list_queues
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import (
     InputError,
@@ -338,15 +338,17 @@ class Store:
         if self._appender is not None:
             return self._appender
         self._require_writable()
-        for linked in linked_queue_dirs(self.consumequeue_dir)[:1]:  # before anything moves
+        linked: list[Path] = []
+        queues = list_queues(self.consumequeue_dir, linked)
+        for link in linked[:1]:  # before anything moves
             raise StoreFormatError(
-                f"{linked} is a symbolic link, which rmqstore does not follow, so the next "
+                f"{link} is a symbolic link, which rmqstore does not follow, so the next "
                 "queue offsets of its queues are unknown; rmqstore dispatch --rebuild --yes "
                 "moves it to quarantine and rebuilds its queues in the store"
             )
         end = self.log_end()
         self._clear_residue(end)
-        state = self.log_state(end)
+        state = self.log_state(end, queues)
         host = (
             store_host or _config_host(self.config) or state.last_store_host or DEFAULT_STORE_HOST
         )
@@ -433,7 +435,7 @@ class Store:
         self.notes.append(f"moved {where} to {quarantine.directory} before appending")
         self.commitlog.forget_maps()
 
-    def log_state(self, end: LogEnd) -> LogState:
+    def log_state(self, end: LogEnd, queues: list[tuple[str, int]]) -> LogState:
         """What appending continues from, learnt as a broker's start-up learns it
         (``recoverTopicQueueTable`` once the dispatcher has caught up): each queue's next
         offset is its consume queue's max offset, moved on by the records after the point
@@ -445,7 +447,7 @@ class Store:
         tips: dict[tuple[str, int], QueueTip | None] = {}
         cursor = -1  # where the consume queues end
         last_queued = -1  # start of the newest record a consume queue points to
-        for topic, queue_id in list_queues(self.consumequeue_dir):
+        for topic, queue_id in queues:
             queue = ConsumeQueue(
                 self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size
             )
