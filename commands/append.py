@@ -37,6 +37,7 @@ from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import Message
 from rmqstore.segments import read_given_file
 from rmqstore.store import Store
+from rmqstore.wording import quoted
 
 
 def _parse_property(
@@ -46,7 +47,7 @@ def _parse_property(
     for item in values:
         name, separator, value = item.partition("=")
         if not separator or not name:
-            raise click.BadParameter(f"{item!r} is not NAME=VALUE")
+            raise click.BadParameter(f"{quoted(item)} is not NAME=VALUE")
         properties[name] = value
     return properties
 

@@ -116,6 +116,11 @@ def command(
         raise click.UsageError("--engine spark works with --rebuild (a parallel rebuild)")
     if engine.spark and max_records is not None:
         raise click.UsageError("--max-records does not apply to --engine spark")
+    if rebuild and from_offset is not None:
+        raise click.UsageError(
+            "--rebuild replays the whole commit log; --from-offset N replays from N into the "
+            "consume queues and index as they are (without --rebuild)"
+        )
     engine.check_jobs(jobs)
     if jobs > 1 and (not rebuild or max_records is not None):
         raise click.UsageError("--jobs works with --rebuild (and without --max-records)")

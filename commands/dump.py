@@ -21,6 +21,12 @@ from rmqstore.filedump import (
     index_items,
 )
 
+_A_FILE_OF = {
+    FileKind.COMMITLOG: "a commit-log file",
+    FileKind.CONSUMEQUEUE: "a consume-queue file",
+    FileKind.INDEX: "an index file",
+}
+
 
 @click.command("dump")
 @click.argument("file", type=click.Path(path_type=Path), metavar="FILE")
@@ -83,6 +89,15 @@ def command(
     if as_json and as_jsonl:
         raise click.UsageError("--json and --jsonl exclude each other")
     target = identify(file, FileKind(kind) if kind else None)
+    for flag, given, wanted in (
+        ("--no-crc", no_crc, FileKind.COMMITLOG),
+        ("--no-check", no_check, FileKind.CONSUMEQUEUE),
+        ("--slots", with_slots, FileKind.INDEX),
+    ):
+        if given and target.kind is not wanted:
+            raise click.UsageError(
+                f"{flag} goes with {_A_FILE_OF[wanted]}; {file} is {_A_FILE_OF[target.kind]}"
+            )
     if target.kind is FileKind.COMMITLOG:
         items = commitlog_items(target.path, check_crc=not no_crc)
     elif target.kind is FileKind.CONSUMEQUEUE:

@@ -91,6 +91,10 @@ def command(
     """
     if as_json and delimited:
         raise click.UsageError("--json and --csv/--tsv/--jsonl exclude each other")
+    if topics and deep:
+        raise click.UsageError(
+            "--deep counts the records of the whole log; --topic reads only the consume queues"
+        )
     with Store.open_read(store, config) as opened:
         for message in opened.notes:
             warn(message)

@@ -231,6 +231,12 @@ class EngineChoice:
     ) -> None:
         self.name = name
         self.spark_asked = master is not None or bool(spark_conf)
+        if name == "local" and self.spark_asked:
+            given = "--master" if master is not None else "--spark-conf"
+            raise click.UsageError(
+                f"{given} is for --engine spark, and this run's engine is local "
+                "(add --engine spark to run it on Spark)"
+            )
         self.master = master or "local[*]"
         self.spark_conf = spark_conf
         self.split = split

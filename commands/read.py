@@ -38,6 +38,7 @@ from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.reader import MessageReader, selected
 from rmqstore.record import BodyMode, Message, decompress_body
 from rmqstore.store import Store
+from rmqstore.wording import clipped
 
 _TABLE_CHUNK = 100
 
@@ -208,8 +209,9 @@ def command(
     searched; no hit is a note and exit 1, as with grep); --topic T --queue Q --time MS (the
     queue offset for a store time). --tags A||B and --begin/--end keep only the messages with
     those tags, stored in that time (--count then counts the messages kept). --seek starts a
-    sequential read at the next record when none starts at N. A long --jsonl or --csv read
-    shows progress on a terminal. Reads only.
+    sequential read at the next record when none starts at N. An option the lookup would not use
+    is an error, not ignored (--offset is a commit-log offset; a queue offset is --from). A long
+    --jsonl or --csv read shows progress on a terminal. Reads only.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
@@ -223,6 +225,7 @@ def command(
     mode = _mode(
         offset, msg_id, from_offset, topic, queue_id, queue_from, count, key, uniq_key, timestamp
     )
+    _refuse_unused(mode, tags)
     if sum((as_json, as_jsonl, delimited is not None)) > 1:
         raise click.UsageError("--json, --jsonl and --csv/--tsv exclude each other")
     table = DelimitedWriter(*delimited) if delimited else None
@@ -318,7 +321,7 @@ def command(
         if not shown and mode in ("key", "uniq-key"):
             where = f"topic {topic}" if topic is not None else "any topic"
             kind = "UNIQ_KEY" if mode == "uniq-key" else "key"
-            note(f"no message of {where} has {kind} {key or uniq_key}")
+            note(f"no message of {where} has {kind} {clipped(key or uniq_key or '')}")
             return 1
     return 0
 
@@ -397,7 +400,44 @@ def _mode(
         raise click.UsageError("--count goes with --from-offset, --topic or --topic/--queue")
     if queue_from is not None and mode != "queue":
         raise click.UsageError("--from goes with --topic/--queue")
+    if topic is not None and mode in ("offset", "msg-id", "sequential"):
+        raise click.UsageError(
+            "--topic does not go with --offset, --msg-id or --from-offset, which name a "
+            "commit-log position (a queue's messages from queue offset N: --topic T --queue Q "
+            "--from N)"
+        )
+    if queue_id is not None and mode in ("offset", "msg-id", "sequential", "key", "uniq-key"):
+        raise click.UsageError("--queue goes with --topic (a consume-queue read) or --topic/--time")
     return mode
+
+
+def _refuse_unused(mode: str, tags: str | None) -> None:
+    """Refuse a filter or setting the mode would silently leave unused."""
+    given = _given_options()
+    if mode in ("offset", "msg-id", "time"):
+        unused = ["--tags"] if tags is not None else []
+        unused += [name for name in ("--begin", "--end") if name in given]
+        if unused:
+            verb = "filters" if len(unused) == 1 else "filter"
+            raise click.UsageError(
+                f"{'/'.join(unused)} {verb} a read of many messages: --from-offset, "
+                "--topic [--queue], --key or --uniq-key"
+            )
+    if "--max" in given and mode not in ("key", "uniq-key"):
+        raise click.UsageError("--max goes with --key or --uniq-key (--count limits other reads)")
+    if "--time-rule" in given and mode != "time":
+        raise click.UsageError("--time-rule goes with --time")
+
+
+def _given_options() -> set[str]:
+    """The options of this command line the user gave, among those with a default."""
+    context = click.get_current_context()
+    names = {"begin": "--begin", "end": "--end", "max_results": "--max", "time_rule": "--time-rule"}
+    return {
+        option
+        for name, option in names.items()
+        if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+    }
 
 
 def _warn_all(notes: list[str]) -> None:

@@ -138,6 +138,16 @@ def command(
     chosen = set(only)
     if "commitlog" in chosen and chosen - {"commitlog"}:
         raise click.UsageError("--only commitlog checks the commit log alone: give it alone")
+    if commitlog_only and chosen - {"commitlog"}:
+        raise click.UsageError(
+            "--commitlog-only checks the commit log alone; it does not go with --only "
+            + "/".join(sorted(chosen - {"commitlog"}))
+        )
+    if topics and (commitlog_only or chosen == {"commitlog"}):
+        raise click.UsageError(
+            "--topic picks the consume queues and index entries to check; the commit log "
+            "alone (--commitlog-only) is checked whole"
+        )
     options = VerifyOptions(
         check_crc=not no_crc,
         commitlog_only=commitlog_only or chosen == {"commitlog"},

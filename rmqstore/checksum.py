@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import zlib
 
+from rmqstore.wording import quoted
+
 CRC32_PROPERTY_NAME = "__CRC32#"
 CRC32_DIGITS = 10
 # "__CRC32#" + 0x01 + 10 digits + 0x02, reserved at the very end of the properties field
@@ -35,7 +37,7 @@ def decode_crc_digits(digits: bytes | str) -> int:
     """Inverse of :func:`encode_crc_digits` (reads the characters from last to first)."""
     text = digits.decode("ascii") if isinstance(digits, (bytes, bytearray)) else digits
     if len(text) != CRC32_DIGITS or not text.isdigit():
-        raise ValueError(f"not {CRC32_DIGITS} decimal digits: {text!r}")
+        raise ValueError(f"not {CRC32_DIGITS} decimal digits: {quoted(text)}")
     return int(text[::-1])
 
 

@@ -84,6 +84,7 @@ from rmqstore.segments import (
 )
 from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 from rmqstore.windows import FileWindows, read_ahead
+from rmqstore.wording import quoted
 
 ScanItem = tuple[int, RecordHeader, str, bytes, "bool | None"]
 _OPEN_FILES = 8
@@ -447,7 +448,7 @@ def _field_problem(message: Message) -> str:
     for attribute, name, bits in _FIELD_TYPES:
         value = getattr(message, attribute)
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"{name} must be an integer, not {value!r}"
+            return f"{name} must be an integer, not {quoted(value)}"
         if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
             return f"{name} {value} does not fit a {bits}-bit field of the record"
     return "a field of the message does not fit the record"
@@ -758,7 +759,7 @@ class CommitLogAppender:
         try:
             level = parse_java_int(properties[DELAY])
         except ValueError:
-            raise InputError(f"DELAY={properties[DELAY]!r} is not a delay level") from None
+            raise InputError(f"DELAY={quoted(properties[DELAY])} is not a delay level") from None
         if level <= 0:
             return message, properties
         level = self.delay_levels.clamp(level)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rmqstore.errors import InputError
 from rmqstore.segments import read_given_file
+from rmqstore.wording import quoted
 
 DEFAULT_COMMITLOG_FILE_SIZE = 1024 * 1024 * 1024
 DEFAULT_CONSUMEQUEUE_FILE_SIZE = 300_000 * 20
@@ -51,7 +52,7 @@ def _int(text: str, key: str) -> int:
     try:
         value = int(text.strip())
     except ValueError:
-        raise InputError(f"broker config: {key}={text!r} is not an integer") from None
+        raise InputError(f"broker config: {key}={quoted(text)} is not an integer") from None
     smallest, largest = BROKER_INT_BOUNDS.get(key, (None, None))
     if smallest is not None and largest is not None and not smallest <= value <= largest:
         raise InputError(
@@ -250,7 +251,9 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
     if (raw := take("flushDiskType")) is not None:
         flush_type = raw.strip().upper()
         if flush_type not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
-            raise InputError(f"broker config: flushDiskType={raw!r} is not ASYNC_FLUSH/SYNC_FLUSH")
+            raise InputError(
+                f"broker config: flushDiskType={quoted(raw)} is not ASYNC_FLUSH/SYNC_FLUSH"
+            )
         values["flush_disk_type"] = flush_type
     if (raw := take("messageDelayLevel")) is not None:
         values["message_delay_level"] = raw.strip()

@@ -8,6 +8,7 @@ from rmqstore.config import DEFAULT_DELAY_LEVELS
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
 from rmqstore.properties import DELAY, TAGS
+from rmqstore.wording import quoted
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _UNIT_MILLIS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -23,7 +24,9 @@ class DelayLevels:
         for item in text.split():
             match = _LEVEL.fullmatch(item)
             if not match:
-                raise InputError(f"messageDelayLevel item {item!r} is not a number plus s/m/h/d")
+                raise InputError(
+                    f"messageDelayLevel item {quoted(item)} is not a number plus s/m/h/d"
+                )
             self.millis.append(int(match.group(1)) * _UNIT_MILLIS[match.group(2)])
         if not self.millis:
             raise InputError("messageDelayLevel is empty")
@@ -45,10 +48,10 @@ class DelayLevels:
 def parse_java_int(text: str) -> int:
     """``Integer.parseInt``: optional sign and digits only, within the int range."""
     if not _JAVA_INT.fullmatch(text):
-        raise ValueError(f"not an integer: {text!r}")
+        raise ValueError(f"not an integer: {quoted(text)}")
     value = int(text)
     if not -(1 << 31) <= value < (1 << 31):
-        raise ValueError(f"out of int range: {text!r}")
+        raise ValueError(f"out of int range: {quoted(text)}")
     return value
 
 
@@ -67,7 +70,7 @@ def unit_tags_code(
             level = parse_java_int(properties[DELAY])
         except ValueError:
             raise RecordError(
-                "PROPERTIES", -1, f"DELAY={properties[DELAY]!r} is not a number"
+                "PROPERTIES", -1, f"DELAY={quoted(properties[DELAY])} is not a number"
             ) from None
         level = delay_levels.clamp(level)
         if level > 0:

@@ -35,6 +35,7 @@ from rmqstore.record import (
 )
 from rmqstore.store import Store
 from rmqstore.topics import is_path_safe
+from rmqstore.wording import quoted
 
 
 @dataclass
@@ -622,7 +623,7 @@ def out_of_order_problem(offset: int, queue_offset: int, topic: str, queue_id: i
 
 def unsafe_topic_problem(topic: str) -> str:
     return (
-        f"topic {topic!r} cannot name a consume-queue directory inside the store "
+        f"topic {quoted(topic)} cannot name a consume-queue directory inside the store "
         "(unsafe name, or a symbolic link leading out); its records were skipped"
     )
 

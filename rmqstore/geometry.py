@@ -28,6 +28,7 @@ from rmqstore.consumequeue import CQ_UNIT_SIZE
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import infer_geometry, read_index_headers
 from rmqstore.segments import make_directories, read_small_file, write_whole_file
+from rmqstore.wording import quoted
 
 CONFIG_DIR = "config"
 GEOMETRY_FILE = "rmqstore-geometry.json"
@@ -67,7 +68,8 @@ def read_geometry(root: Path) -> dict[str, int]:
         whole = isinstance(value, int) and not isinstance(value, bool)
         if not whole or not smallest <= value <= largest:
             raise StoreFormatError(
-                f"{path}: {key} must be an integer from {smallest:,} to {largest:,}, not {value!r}"
+                f"{path}: {key} must be an integer from {smallest:,} to {largest:,}, "
+                f"not {quoted(value)}"
             )
         values[name] = value
     return values

@@ -6,6 +6,7 @@ import ipaddress
 from typing import NamedTuple
 
 from rmqstore.errors import InputError
+from rmqstore.wording import quoted
 
 
 class HostAddress(NamedTuple):
@@ -60,9 +61,9 @@ def parse_host(text: str) -> HostAddress:
         address = ipaddress.ip_address(host)
         port_number = int(port)
     except ValueError as exc:
-        raise InputError(f"bad host {text!r}: {exc}") from None
+        raise InputError(f"bad host {quoted(text)}: {exc}") from None
     if not 0 <= port_number <= 65535:
-        raise InputError(f"bad host {text!r}: port {port_number} is outside 0-65535")
+        raise InputError(f"bad host {quoted(text)}: port {port_number} is outside 0-65535")
     return HostAddress(address.packed, port_number)
 
 
@@ -75,5 +76,5 @@ def split_host_port(text: str) -> tuple[str, int]:
     else:
         host, _, port = raw.rpartition(":")
     if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InputError(f"bad address {text!r}: expected HOST:PORT")
+        raise InputError(f"bad address {quoted(text)}: expected HOST:PORT")
     return host, int(port)

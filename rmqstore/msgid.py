@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from rmqstore.errors import InputError
 from rmqstore.hosts import HostAddress
+from rmqstore.wording import quoted
 
 _IPV4_ID_LEN = 32  # hex chars: 4 address + 4 port + 8 offset bytes
 _IPV6_ID_LEN = 56  # hex chars: 16 address + 4 port + 8 offset bytes
@@ -26,13 +27,13 @@ def decode_offset_msg_id(msg_id: str) -> tuple[HostAddress, int]:
     text = msg_id.strip()
     if len(text) not in (_IPV4_ID_LEN, _IPV6_ID_LEN):
         raise InputError(
-            f"bad message id {msg_id!r}: an offset message id has 32 (IPv4) or 56 (IPv6) hex "
+            f"bad message id {quoted(msg_id)}: an offset message id has 32 (IPv4) or 56 (IPv6) hex "
             "digits; a UNIQ_KEY is found with --uniq-key instead"
         )
     try:
         raw = bytes.fromhex(text)
     except ValueError:
-        raise InputError(f"bad message id {msg_id!r}: not hexadecimal") from None
+        raise InputError(f"bad message id {quoted(msg_id)}: not hexadecimal") from None
     host = HostAddress.from_field(raw[:-8])
     return host, int.from_bytes(raw[-8:], "big", signed=True)
 
@@ -50,11 +51,11 @@ class UniqKeyInfo(NamedTuple):
 def decode_uniq_key(uniq_key: str) -> UniqKeyInfo:
     text = uniq_key.strip()
     if len(text) not in (_IPV4_ID_LEN, _IPV6_ID_LEN):
-        raise InputError(f"bad UNIQ_KEY {uniq_key!r}: expected 32 or 56 hex digits")
+        raise InputError(f"bad UNIQ_KEY {quoted(uniq_key)}: expected 32 or 56 hex digits")
     try:
         raw = bytes.fromhex(text)
     except ValueError:
-        raise InputError(f"bad UNIQ_KEY {uniq_key!r}: not hexadecimal") from None
+        raise InputError(f"bad UNIQ_KEY {quoted(uniq_key)}: not hexadecimal") from None
     address_length = len(raw) - 12
     ip = str(HostAddress(raw[:address_length], 0)).rsplit(":", 1)[0].strip("[]")
     tail = raw[address_length:]

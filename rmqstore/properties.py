@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from rmqstore.errors import InputError
+from rmqstore.wording import quoted
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -48,10 +49,10 @@ def check_property(name: str, value: str) -> None:
     if not name:
         raise InputError("property name is empty")
     if not value:
-        raise InputError(f"property {name!r} has an empty value (brokers drop such pairs)")
+        raise InputError(f"property {quoted(name)} has an empty value (brokers drop such pairs)")
     for part, what in ((name, "name"), (value, "value")):
         if NAME_VALUE_SEPARATOR in part or PROPERTY_SEPARATOR in part:
-            raise InputError(f"property {what} {part!r} contains a 0x01/0x02 separator byte")
+            raise InputError(f"property {what} {quoted(part)} contains a 0x01/0x02 separator byte")
 
 
 def encode_properties(

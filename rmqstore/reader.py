@@ -31,7 +31,7 @@ from rmqstore.record import (
 )
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
-from rmqstore.wording import counted
+from rmqstore.wording import clipped, counted
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
@@ -92,17 +92,22 @@ class MessageReader:
             text = msg_id.strip()
             if not text or any(c not in _HEX_DIGITS for c in text):
                 raise  # not an id of either kind
+            as_offset_id = (
+                f"as an offset message id, {not_offset}"
+                if isinstance(not_offset, NotFoundError)
+                else f"it has {len(text):,} hex digits, not the 32 or 56 of an offset message id"
+            )
             try:
                 found = self._by_client_id(text, body)
             except RmqStoreError as exc:
                 raise NotFoundError(
-                    f"no message has id {msg_id}: as an offset message id, {not_offset}; as a "
-                    f"client id (UNIQ_KEY), the index cannot be searched: {exc}"
+                    f"no message has id {clipped(text)}: {as_offset_id}; as a client id "
+                    f"(UNIQ_KEY), the index cannot be searched: {exc}"
                 ) from None
             if found is None:
                 raise NotFoundError(
-                    f"no message has id {msg_id}: as an offset message id, {not_offset}; as "
-                    "a client id (UNIQ_KEY), the index has no message with it"
+                    f"no message has id {clipped(text)}: {as_offset_id}; as a client id "
+                    "(UNIQ_KEY), the index has no message with it"
                 ) from None
             return found
         if message.store_host != host:
@@ -121,10 +126,10 @@ class MessageReader:
             return None
         if not found:
             return None
-        self.notes.append(f"{key} is a client id (UNIQ_KEY): found through the index")
+        self.notes.append(f"{clipped(key)} is a client id (UNIQ_KEY): found through the index")
         if len(found) > 1:
             self.notes.append(
-                f"{counted(len(found), 'message')} carry UNIQ_KEY {key}; showing the first"
+                f"{counted(len(found), 'message')} carry UNIQ_KEY {clipped(key)}; showing the first"
             )
         return found[0]
 
@@ -234,7 +239,11 @@ class MessageReader:
         if other_kind:
             self.notes.append(
                 counted(other_kind, "message")
-                + (f" carries {key} as its " if other_kind == 1 else f" carry {key} as their ")
+                + (
+                    f" carries {clipped(key)} as its "
+                    if other_kind == 1
+                    else f" carry {clipped(key)} as their "
+                )
                 + ("KEYS (use --key)" if uniq else "UNIQ_KEY (use --uniq-key, or --msg-id)")
             )
         collisions = len(hits) - len(found) - other_kind

@@ -66,6 +66,7 @@ from rmqstore.segments import (
     sync_directory,
 )
 from rmqstore.topics import check_topic_path_safe
+from rmqstore.wording import quoted
 
 COMMITLOG_DIR = "commitlog"
 CONSUMEQUEUE_DIR = "consumequeue"
@@ -271,7 +272,9 @@ class Store:
                 if known
                 else (" (the store has no consume queues; run rmqstore dispatch)")
             )
-            raise NotFoundError(f"no consume queue for topic {topic!r} queue {queue_id}{hint}")
+            raise NotFoundError(
+                f"no consume queue for topic {quoted(topic)} queue {queue_id}{hint}"
+            )
         queue = ConsumeQueue(self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size)
         queue.correct_min_offset(self.commitlog.min_offset)
         return queue

@@ -8,6 +8,7 @@ import time
 from datetime import datetime, timezone
 
 from rmqstore.errors import InputError
+from rmqstore.wording import quoted
 
 _MQADMIN = re.compile(r"(\d{4})-(\d{2})-(\d{2})#(\d{2}):(\d{2}):(\d{2}):(\d{3})")
 
@@ -28,14 +29,14 @@ def parse_store_time(text: str) -> int:
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise InputError(
-            f"{text!r} is not a time: give epoch milliseconds, ISO-8601 "
+            f"{quoted(text)} is not a time: give epoch milliseconds, ISO-8601 "
             "(2024-03-01T12:00:00[.123][Z|+08:00]) or yyyy-MM-dd#HH:mm:ss:SSS"
         ) from None
     if moment.tzinfo is None:
         moment = moment.astimezone()  # local time, as the shell's user means it
     millis = round(moment.timestamp() * 1000)
     if millis < 0:
-        raise InputError(f"{text!r} is before 1970")
+        raise InputError(f"{quoted(text)} is before 1970")
     return millis
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from rmqstore.errors import TopicError
+from rmqstore.wording import quoted
 
 MAX_TOPIC_LENGTH = 127  # chars (4.x store check); 5.x: UTF-8 bytes
 MAX_RETRY_TOPIC_BYTES = 255  # 5.x: %RETRY% topics up to 255 bytes, stored as V2 records
@@ -27,8 +28,8 @@ def check_topic(topic: str, *, allow_v2: bool = True) -> None:
     if not _VALID_TOPIC.fullmatch(topic):
         bad = sorted({ch for ch in topic if not _VALID_TOPIC.fullmatch(ch)})
         raise TopicError(
-            f"topic {topic!r} has characters RocketMQ does not allow ({''.join(bad)!r}); "
-            "allowed are letters, digits, '%', '|', '-' and '_'"
+            f"topic {quoted(topic)} has characters RocketMQ does not allow "
+            f"({quoted(''.join(bad))}); allowed are letters, digits, '%', '|', '-' and '_'"
         )
     limit = MAX_TOPIC_LENGTH
     if allow_v2 and topic.startswith(RETRY_PREFIX):
@@ -40,9 +41,9 @@ def check_topic(topic: str, *, allow_v2: bool = True) -> None:
 def check_topic_path_safe(topic: str) -> None:
     """Refuse a topic (usually read from a record) that is not a safe single path component."""
     if not topic or topic in (".", ".."):
-        raise TopicError(f"topic {topic!r} cannot name a consume-queue directory")
+        raise TopicError(f"topic {quoted(topic)} cannot name a consume-queue directory")
     if _UNSAFE_CHARS.search(topic):
-        raise TopicError(f"topic {topic!r} contains a path separator or control character")
+        raise TopicError(f"topic {quoted(topic)} contains a path separator or control character")
     if len(topic.encode("utf-8", "surrogatepass")) > MAX_RETRY_TOPIC_BYTES:
         raise TopicError("topic is longer than 255 bytes, the limit of a directory name")
 

@@ -58,6 +58,7 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import RecordHeader
+from rmqstore.wording import quoted
 from rmqstore.workers import Progress, Runner, process_map, process_runner
 
 # what each phase is called while its ranges are worked on
@@ -197,7 +198,7 @@ class ExportResult:
 def check_export(destination: str, fmt: str) -> None:
     """An export goes to a new or empty directory, never over earlier output."""
     if fmt not in EXPORT_FORMATS:
-        raise InputError(f"unknown export format {fmt!r} (parquet or jsonl)")
+        raise InputError(f"unknown export format {quoted(fmt)} (parquet or jsonl)")
     if _remote(destination):
         filesystem, path = _filesystem(destination)
         from pyarrow import fs

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.errors import InputError, RmqStoreError
+from rmqstore.wording import quoted
 
 DEFAULT_MASTER = "local[*]"
 _PACKAGE = Path(__file__).resolve().parent.parent
@@ -309,6 +310,6 @@ def parse_conf(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     for item in items:
         key, separator, value = item.partition("=")
         if not separator or not key:
-            raise InputError(f"--spark-conf {item!r} is not KEY=VALUE")
+            raise InputError(f"--spark-conf {quoted(item)} is not KEY=VALUE")
         conf[key.strip()] = value.strip()
     return conf

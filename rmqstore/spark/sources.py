@@ -77,6 +77,7 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
+from rmqstore.wording import quoted
 
 # bytes of commit log per partition of a load() that does not say (option splitSize): what
 # Spark's own file sources take (spark.sql.files.maxPartitionBytes), since each task of a
@@ -110,11 +111,11 @@ def _int_option(
     try:
         number = int(value)
     except ValueError:
-        raise InputError(f"option {name}={value!r} is not an integer") from None
+        raise InputError(f"option {name}={quoted(value)} is not an integer") from None
     if minimum is not None and number < minimum:
-        raise InputError(f"option {name}={value!r} is less than {minimum}")
+        raise InputError(f"option {name}={quoted(value)} is less than {minimum}")
     if maximum is not None and number > maximum:
-        raise InputError(f"option {name}={value!r} is more than {maximum}")
+        raise InputError(f"option {name}={quoted(value)} is more than {maximum}")
     return number
 
 
@@ -149,7 +150,7 @@ def _file_bounds(options: dict[str, str]) -> dict[str, int] | None:
         raise InputError("option fileBounds is not a JSON object of offsets") from None
     for name, end in bounds.items():
         if not (len(name) == 20 and name.isascii() and name.isdigit()):
-            raise InputError(f"option fileBounds: {name!r} is not a commit-log file name")
+            raise InputError(f"option fileBounds: {quoted(name)} is not a commit-log file name")
         if end < 0:
             raise InputError(f"option fileBounds: {name} ends at {end}, before its start")
     return bounds
@@ -173,7 +174,9 @@ def _option_filters(options: dict[str, str]) -> tuple[RowFilter, ...]:
         try:
             wanted = tuple(int(item) for item in queues.split(",") if item.strip())
         except ValueError:
-            raise InputError(f"option queueIds={queues!r} is not a list of integers") from None
+            raise InputError(
+                f"option queueIds={quoted(queues)} is not a list of integers"
+            ) from None
         found.append(RowFilter("queueId", "in", wanted))
     return tuple(found)
 
@@ -263,7 +266,9 @@ def requested_columns(
         return None
     for name, kind in fields:
         if name not in known:
-            raise InputError(f"{source} has no column {name!r} (its columns: {', '.join(known)})")
+            raise InputError(
+                f"{source} has no column {quoted(name)} (its columns: {', '.join(known)})"
+            )
         if kind != known[name]:
             raise InputError(f"{source} column {name} is {known[name].upper()}, not {kind.upper()}")
     return tuple(name for name, _ in fields)
@@ -480,7 +485,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
         self.starting = (_option(options, "startingOffsets") or "earliest").strip().lower()
         if self.starting not in ("earliest", "latest") and not self.starting.isdigit():
             raise InputError(
-                f"option startingOffsets={self.starting!r}: earliest, latest or an offset"
+                f"option startingOffsets={quoted(self.starting)}: earliest, latest or an offset"
             )
         columns, not_null = _columns_read(schema, options)
         self.rows = MessageRowOptions(

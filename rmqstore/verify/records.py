@@ -42,6 +42,7 @@ from rmqstore.segments import Segment, is_segment_name, nonzero_extent
 from rmqstore.store import Store
 from rmqstore.verify.findings import ERROR, NOTE, WARNING, VerifyReport
 from rmqstore.windows import FileWindows
+from rmqstore.wording import quoted
 
 _CRC_NAME = b"__CRC32#"
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
@@ -584,7 +585,7 @@ class RecordPass:
                 segment,
                 "record-properties",
                 offset,
-                f"DELAY={level!r} is not a number: a broker treats the record as invalid",
+                f"DELAY={quoted(level)} is not a number: a broker treats the record as invalid",
             )
 
     def _check_after_end(self, end_segment: Segment | None, end: int) -> None:

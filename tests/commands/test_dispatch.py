@@ -207,6 +207,12 @@ def test_rebuild_in_worker_processes(oracle, tmp_path: Path) -> None:
                  ["--rebuild", "--yes", "--jobs", "2", "--engine", "spark"]):  # fmt: skip
         refused = run_cli("dispatch", store, *args, *ORACLE_OPTIONS)
         assert refused.exit_code == 2 and "--jobs" in refused.stderr, args
+    for args, needle in (
+        (["--rebuild", "--from-offset", "266", "--dry-run"], "--rebuild replays the whole"),
+        (["--master", "local[1]"], "--master is for --engine spark"),
+    ):
+        refused = run_cli("dispatch", store, *args, *ORACLE_OPTIONS)
+        assert refused.exit_code == 2 and needle in refused.stderr, args
 
 
 def test_topic_only_rebuild_leaves_the_index(oracle, tmp_path: Path) -> None:

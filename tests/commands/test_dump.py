@@ -177,3 +177,19 @@ def test_bad_input_is_one_line_and_exit_2(oracle, target: str, message: str) -> 
     result = run_cli("dump", path[target])
     assert result.exit_code == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("file", "flag", "needle"),
+    [
+        ("commitlog/00000000000000000000", "--slots", "--slots goes with an index file"),
+        ("commitlog/00000000000000000000", "--no-check", "goes with a consume-queue file"),
+        ("consumequeue/TopicTest/0/00000000000000000000", "--no-crc", "goes with a commit-log"),
+        ("consumequeue/TopicTest/0/00000000000000000000", "--slots", "is a consume-queue file"),
+    ],
+)
+def test_an_option_for_another_kind_of_file_is_refused(
+    oracle, file: str, flag: str, needle: str
+) -> None:
+    result = run_cli("dump", oracle("s1_multi").store / file, flag)
+    assert result.exit_code == 2 and needle in result.stderr and result.stdout == ""

@@ -78,3 +78,5 @@ def test_topic_status_matches_the_broker(oracle, name: str) -> None:
     assert "last updated" in human.stdout and "TopicTest" in human.stdout
     missing = run_cli("info", store, "--topic", "Nope", *ORACLE_OPTIONS)
     assert missing.exit_code == 2 and "has no consume queues" in missing.stderr
+    deep = run_cli("info", store, "--topic", "TopicTest", "--deep", *ORACLE_OPTIONS)
+    assert deep.exit_code == 2 and "--deep counts the records of the whole log" in deep.stderr

@@ -176,6 +176,39 @@ def test_option_misuse_is_a_usage_error(oracle, args: list[str]) -> None:
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--topic", "TopicTest", "--queue", "0", "--offset", "0"], "--topic does not go with"),
+        (["--topic", "TopicTest", "--msg-id", "0" * 32], "--topic does not go with"),
+        (["--from-offset", "0", "--queue", "1"], "--queue goes with --topic"),
+        (["--key", "k", "--topic", "TopicTest", "--queue", "1"], "--queue goes with --topic"),
+        (["--offset", "0", "--tags", "TagA"], "--tags filters a read of many messages"),
+        (["--msg-id", "0" * 32, "--begin", "1", "--end", "2"], "--begin/--end filter a read"),
+        (["--topic", "TopicTest", "--queue", "0", "--time", "0", "--end", "5"], "--end filters"),
+        (["--from-offset", "0", "--max", "3"], "--max goes with --key or --uniq-key"),
+        (["--topic", "TopicTest", "--queue", "0", "--time-rule", "4.x"], "--time-rule goes with"),
+    ],
+)
+def test_an_option_the_lookup_would_ignore_is_refused(oracle, args: list[str], needle: str) -> None:
+    """``--topic T --queue 0 --offset 5`` once read the commit-log record at offset 5, of any
+    topic, as if the queue offset had been meant; every option a mode leaves unused is refused."""
+    result = run_cli("read", oracle("s1_multi").store, *args)
+    assert result.exit_code == 2, result.stdout
+    assert needle in result.stderr and result.stdout == ""
+
+
+def test_a_long_value_is_repeated_cut_in_its_error(oracle) -> None:
+    store = oracle("s1_multi").store
+    long_id = "A" * 10_000
+    by_id = run_cli("read", store, *ORACLE_OPTIONS, "--msg-id", long_id)
+    by_time = run_cli("read", store, "--topic", "TopicTest", "--queue", "0", "--time", long_id)
+    for result in (by_id, by_time):
+        assert result.exit_code == 2
+        assert "(10,000 characters)" in result.stderr and len(result.stderr) < 1_000
+    assert "has 10,000 hex digits, not the 32 or 56 of an offset message id" in by_id.stderr
+
+
 def test_not_a_store(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     (tmp_path / "empty").mkdir()

@@ -188,6 +188,15 @@ def test_only_some_checks(tmp_path: Path, jobs: str) -> None:
         assert run_cli(*args, "--only", "commitlog").exit_code == 0
     misuse = run_cli("verify", store, "--only", "commitlog", "--only", "index")
     assert misuse.exit_code == 2 and "give it alone" in misuse.stderr
+    for args, needle in (
+        (["--commitlog-only", "--only", "index"], "does not go with --only index"),
+        (["--commitlog-only", "--topic", "A"], "--topic picks the consume queues"),
+        (["--only", "commitlog", "--topic", "A"], "--topic picks the consume queues"),
+        (["--master", "local[2]"], "--master is for --engine spark"),
+        (["--spark-conf", "a=b"], "--spark-conf is for --engine spark"),
+    ):
+        refused = run_cli("verify", store, *args)
+        assert refused.exit_code == 2 and needle in refused.stderr, args
 
 
 @pytest.mark.parametrize(
