@@ -38,7 +38,8 @@ HA_SCHEME = "ha://"
     "--until",
     type=click.IntRange(min=0),
     metavar="OFFSET",
-    help="Copy only the records that end by this commit-log offset.",
+    help="Copy only the records that end by this commit-log offset (with --follow: stop "
+    "once DEST holds them all).",
 )
 @store_config_options
 @json_option
@@ -104,6 +105,8 @@ def command(
             )
         if stop.signal is not None:
             note(f"stopped by {stop.signal}; DEST ends at {end} and is sound")
+        else:
+            note(f"DEST holds every record that ends by --until {until}; it ends at {end}")
     return 0
 
 

@@ -644,7 +644,7 @@ def _dispatch_whole(dest: Store, whole_end: int, received: int) -> tuple[int, in
         if segment.start > position:
             break
         limit = min(log.file_size, received - segment.start)
-        end, complete = whole_records_end(segment, position - segment.start, received=limit)
+        end, complete, _ = whole_records_end(segment, position - segment.start, received=limit)
         if complete and segment.start + log.file_size > received:
             complete = False  # the BLANK's padding is still on its way: wait at the BLANK
         position = segment.start + (log.file_size if complete else end)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.config import StoreConfig
@@ -55,6 +55,7 @@ class ReplicationRound:
     bytes_copied: int = 0
     files_created: list[str] = field(default_factory=list)
     records_dispatched: int = 0
+    until_reached: bool = False  # DEST holds every record that ends by --until, and no more
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,7 +115,10 @@ def replicate_round(
                     f"SOURCE has no commit-log file at {position} (its next file starts at "
                     f"{segment.start}): the log has a gap"
                 )
-            end, complete = whole_records_end(segment, position - segment.start, until=until)
+            end, complete, past_until = whole_records_end(
+                segment, position - segment.start, until=until
+            )
+            outcome.until_reached = past_until
             if complete:  # the BLANK and the bytes after it go too
                 end = log.file_size
             if end > position - segment.start or complete:
@@ -130,6 +134,8 @@ def replicate_round(
                 progress(segment.start + end - start)
         outcome.source_end = position
     outcome.to_offset = position
+    if until is not None and position >= until:
+        outcome.until_reached = True
     _make_durable(dest, outcome)
     outcome.records_dispatched = dispatch_copied(dest, position)
     return outcome
@@ -218,21 +224,31 @@ def readable_end(store_root: Path, config: StoreConfig, known: int = 0) -> int:
         for segment in log.segments:
             if segment.start + log.file_size <= position:
                 continue
-            end, complete = whole_records_end(segment, max(0, position - segment.start))
+            end, complete, _ = whole_records_end(segment, max(0, position - segment.start))
             position = segment.start + (log.file_size if complete else end)
             if not complete:
                 break
         return position
 
 
+class RecordsEnd(NamedTuple):
+    """Where a file's whole records end, as :func:`whole_records_end` finds it."""
+
+    end: int  # a file position
+    complete: bool  # a BLANK closes the file at ``end``
+    past_until: bool = False  # a record (or the BLANK) there runs past ``until``
+
+
 def whole_records_end(
     segment: Segment, position: int, *, received: int | None = None, until: int | None = None
-) -> tuple[int, bool]:
+) -> RecordsEnd:
     """Where the whole, CRC-valid records of ``segment`` from ``position`` end (a file
     position), and whether a BLANK closes the file there (the end is then the BLANK's
     position; the file is complete). ``received``: only the file's bytes before this file
     position count (a record whose tail is still zeros can pass the checks: its properties
-    are outside the body CRC). ``until``: only records that end by this physical offset."""
+    are outside the body CRC). ``until``: only records that end by this physical offset; the
+    answer then says whether the next record (or the BLANK) runs past it, so no record that
+    ends by ``until`` can come later."""
     limit = until - segment.start if until is not None else None
     windows = FileWindows(segment.path, segment.size if received is None else received)
     try:
@@ -248,12 +264,14 @@ def whole_records_end(
             if limit is not None and last_end > limit:  # the records that end by the limit
                 for offset, size in zip(offsets, sizes, strict=True):
                     if offset - segment.start + size > limit:
-                        return end, False
+                        return RecordsEnd(end, False, True)
                     end = offset - segment.start + size
             end = last_end
-        if region.stop is ScanStop.BLANK and (limit is None or limit >= segment.size):
-            return region.end_position, True
-        return region.end_position if limit is None else end, False
+        if region.stop is ScanStop.BLANK:
+            if limit is None or limit >= segment.size:
+                return RecordsEnd(region.end_position, True)
+            return RecordsEnd(end, False, True)  # the BLANK runs past the limit
+        return RecordsEnd(region.end_position if limit is None else end, False)
     finally:
         windows.close()
 
@@ -358,7 +376,7 @@ def follow(
         outcome = replicate_round(source, dest, config, until=until, dest_end=end)
         end = outcome.to_offset
         on_round(outcome)
-        if until is not None and end >= until:
+        if outcome.until_reached:
             return end
         deadline = time.monotonic() + interval
         while time.monotonic() < deadline:

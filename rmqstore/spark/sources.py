@@ -523,7 +523,7 @@ class CommitLogStreamReader(DataSourceStreamReader):
                 continue
             position = max(position, start)  # files before it were deleted
             segment = Segment(start, self.root / "commitlog" / name, size)
-            end, complete = whole_records_end(segment, position - start)
+            end, complete, _ = whole_records_end(segment, position - start)
             position = start + (size if complete else end)
             if not complete:
                 break

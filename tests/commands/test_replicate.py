@@ -107,6 +107,35 @@ def test_an_interrupted_copy_resumes_where_dest_ends(tmp_path: Path) -> None:
     assert queue_files(dest) == queue_files(source)
 
 
+def test_follow_until_an_offset_no_record_ends_at_stops(tmp_path: Path) -> None:
+    """``--follow --until N`` once polled for ever when no record ends exactly at N (N inside
+    a record, or inside the BLANK that closes a file): no later record can end by N, so the
+    copy is complete."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    first = sorted((source / "commitlog").iterdir())[0]
+    items = [json.loads(line) for line in run_cli("dump", first, "--jsonl").stdout.splitlines()]
+    records = [item for item in items if item["type"] == "record"]
+    (blank,) = [item for item in items if item["type"] == "blank"]
+    inside_record = records[3]["commitLogOffset"] + 10
+    inside_blank = blank["commitLogOffset"] + 10
+    for until, expected_end in (
+        (inside_record, records[3]["commitLogOffset"]),
+        (inside_blank, blank["commitLogOffset"]),
+    ):
+        dest = tmp_path / f"dest-{until}"
+        args = ["replicate", source, dest, "--follow", "--interval", "10", "--until", until]
+        done = subprocess.run(  # a process, so that polling for ever fails the test
+            [sys.executable, "-m", "rmqstore", *map(str, args), "--json"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        rounds = [json.loads(line) for line in done.stdout.splitlines()]
+        assert len(rounds) == 1 and rounds[-1]["toOffset"] == expected_end
+        assert f"every record that ends by --until {until}" in done.stderr
+        assert run_cli("verify", dest).exit_code == 0
+
+
 def test_a_dest_that_is_not_a_prefix_is_refused_unchanged(tmp_path: Path) -> None:
     source = tmp_path / "source"
     generate("multi", source, FixtureOptions())
