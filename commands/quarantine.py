@@ -11,6 +11,7 @@ from rmqstore.commands.output import Grid, confirm_or_refuse, console, counted, 
 from rmqstore.errors import ExitCode
 from rmqstore.quarantine import (
     QuarantineFolder,
+    RestoreStep,
     list_quarantine,
     plan_restore,
     purge_quarantine,
@@ -98,16 +99,21 @@ def purge_command(
 @json_option
 def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: bool) -> int:
     """Put quarantine folder NAME back where its pieces came from: moved files and folders
-    are moved back, cut byte ranges written back, then the emptied folder is removed. Refuses,
-    before changing anything, a piece whose place is taken (a path that exists again, a range
-    written since it was cut) and a piece missing from the folder or shorter or longer than
-    its range. A restore that stopped part-way (a full disk) is finished by running it again:
-    pieces already back are left out. A file in the folder that the manifest does not list (a
-    kill between moving it there and listing it) goes back by its path too. The store is then
-    as it was before the cut: run rmqstore verify (a torn tail put back needs recover again).
-    Takes the store's lock.
+    are moved back, cut byte ranges written back, then the emptied folder is removed.
+    Refuses, before changing anything, a piece whose place is taken by what the operation
+    did not make (a path that exists again, a range written since it was cut) and a piece
+    missing from the folder or shorter or longer than its range. A restore that stopped
+    part-way (a full disk, a kill) is finished by running it again: pieces already back are
+    left out. A file in the folder that the manifest does not list (a kill between moving it
+    there and listing it) goes back by its path too. What the operation made in the pieces'
+    places or beside them (the queues and index a dispatch --rebuild rebuilt, the index files
+    recover rebuilt) is first moved into a new quarantine folder, <time>-restore, whose own
+    restore undoes this one. The commit log, consume queues and index are then as they were
+    before the operation; the checkpoint and abort stay as it left them: run rmqstore verify
+    (a torn tail put back needs recover again). Takes the store's lock.
 
-    JSON: restored[{kind, target, start, end}] (wouldRestore with --dry-run).
+    JSON: restored[{kind (set aside, move back, write back), target, start, end}]
+    (wouldRestore with --dry-run), setAsideIn (the new folder, or null).
     """
     if dry_run:
         with Store.open_read(store):
@@ -121,13 +127,28 @@ def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: b
     with Store.open_write(store):  # the store's lock, as a writer takes it
         steps = plan_restore(store, name)
         if steps and not yes:
-            confirm_or_refuse("quarantine restore", f"put {counted(len(steps), 'piece')} back")
-        steps = restore_quarantine(store, name)
+            confirm_or_refuse("quarantine restore", _what_restore_does(steps))
+        outcome = restore_quarantine(store, name)
     if as_json:
-        emit_json({"restored": [s.to_dict() for s in steps]})
+        emit_json(
+            {
+                "restored": [s.to_dict() for s in outcome.steps],
+                "setAsideIn": str(outcome.set_aside_in) if outcome.set_aside_in else None,
+            }
+        )
     else:
-        note(f"put {counted(len(steps), 'piece')} back; run rmqstore verify {store}")
+        if outcome.set_aside_in is not None:
+            note(f"what {name} replaced is now in {outcome.set_aside_in}")
+        note(f"{_what_restore_does(outcome.steps)}; run rmqstore verify {store}")
     return ExitCode.OK
+
+
+def _what_restore_does(steps: list[RestoreStep]) -> str:
+    aside = sum(step.kind == "set aside" for step in steps)
+    back = f"put {counted(len(steps) - aside, 'piece')} back"
+    if not aside:
+        return back
+    return f"set aside {counted(aside, 'path')} the operation made, then {back}"
 
 
 def _render(folders: list[QuarantineFolder]) -> None:

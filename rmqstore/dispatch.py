@@ -685,6 +685,7 @@ def apply_rebuild(store: Store, plan: RebuildPlan) -> Path | None:
         quarantine = Quarantine.create(store.root, "dispatch-rebuild")
         for path in plan.moves:
             quarantine.move_path(path, "replaced by dispatch --rebuild")
+        quarantine.note_made(plan.moves, "rebuilt by dispatch --rebuild")
     checkpoint = store.checkpoint()
     if checkpoint is not None:
         reset = replace(checkpoint, logics_msg_timestamp=0)

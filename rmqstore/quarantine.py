@@ -191,11 +191,25 @@ class Quarantine:
         )
         return target
 
-    def _record(self, piece: dict[str, object]) -> None:
-        """Add a piece to the manifest, written whole under a temporary name and renamed into
+    def note_made(self, paths: list[Path], description: str) -> None:
+        """List ``paths``, which the operation makes (or is about to make) in the store, in
+        place of what it moved here or beside it: ``quarantine restore`` sets them aside into a
+        folder of their own before it puts this folder's pieces back, so that a restore undoes
+        the operation instead of finding the pieces' places taken."""
+        entries = [
+            {"made": str(path.relative_to(self.store_root)), "description": description}
+            for path in paths
+            if path.is_relative_to(self.store_root)
+        ]
+        if entries:
+            self._record(*entries)
+
+    def _record(self, *pieces: dict[str, object]) -> None:
+        """Add pieces to the manifest, written whole under a temporary name and renamed into
         place, so a crash leaves the previous manifest or the new one, never half of one."""
-        self.pieces.append(piece)
-        self._piece_texts.append(json.dumps(piece, indent=2).replace("\n", "\n    "))
+        for piece in pieces:
+            self.pieces.append(piece)
+            self._piece_texts.append(json.dumps(piece, indent=2).replace("\n", "\n    "))
         manifest = (  # what json.dumps(..., indent=2) writes for the whole document
             f'{{\n  "operation": {json.dumps(self.operation)},\n  "pieces": [\n    '
             + ",\n    ".join(self._piece_texts)
@@ -291,13 +305,15 @@ def list_quarantine(store_root: Path) -> list[QuarantineFolder]:
         return []
     folders = []
     for entry in sorted(os.scandir(base), key=lambda item: item.name):
-        if not entry.is_dir(follow_symlinks=False):
+        if not entry.is_dir(follow_symlinks=False) or entry.name.startswith("."):
             continue
         folder = Path(entry.path)
         pieces, manifest_ok, operation = 0, True, entry.name.partition("-")[2]
         try:
             manifest = _read_manifest(folder)
-            pieces = len(manifest["pieces"])
+            pieces = sum(
+                not (isinstance(piece, dict) and "made" in piece) for piece in manifest["pieces"]
+            )
             operation = str(manifest.get("operation", operation))
         except (OSError, ValueError, KeyError, TypeError, StoreFormatError):
             manifest_ok = False
@@ -336,6 +352,7 @@ def purge_quarantine(store_root: Path, names: list[str]) -> int:
         raise StoreFormatError(
             f"no quarantine folder {', '.join(missing or names)} in {store_root}"
         )
+    _remove_leftovers(base)
     freed = 0
     for name in names:
         try:
@@ -351,8 +368,10 @@ def purge_quarantine(store_root: Path, names: list[str]) -> int:
 class RestoreStep:
     """One piece of a quarantine folder going back where it came from."""
 
-    kind: str  # "move back" (a whole file or folder) or "write back" (a cut byte range)
-    piece: Path  # inside the quarantine folder
+    # "move back" (a whole file or folder), "write back" (a cut byte range), or "set aside"
+    # (what the operation made, moved into a new quarantine folder before the pieces go back)
+    kind: str
+    piece: Path  # inside the quarantine folder (for "set aside": the target again)
     target: Path  # inside the store
     start: int = 0
     end: int = 0
@@ -364,6 +383,9 @@ class RestoreStep:
         return document
 
 
+_RESTORED_SUFFIX = ".restored"  # a folder put back in full, being deleted
+# the writers' lock (held while the restore runs) and the quarantine itself
+_NEVER_SET_ASIDE = frozenset({"lock", QUARANTINE_DIR, "."})
 _COPY_SUFFIX = re.compile(r"\.(\d+)-(\d+)\.bin$")
 _TWIN_SUFFIX = re.compile(r"~\d+$")
 
@@ -389,9 +411,24 @@ def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
     except (OSError, ValueError, KeyError, TypeError, StoreFormatError):
         raise StoreFormatError(f"{folder} has no readable {MANIFEST_FILE}") from None
     places: list[tuple[Path, bool]] = []  # (place in the folder, a cut range)
+    made: list[Path] = []  # what the operation made in the store
     for piece in pieces:
         if not isinstance(piece, dict):
             raise StoreFormatError(f"{folder}: {MANIFEST_FILE} lists a piece that is not one")
+        if "made" in piece:
+            relative = Path(str(piece["made"]))
+            if (
+                not relative.parts
+                or relative.is_absolute()
+                or ".." in relative.parts
+                or relative.parts[0] in _NEVER_SET_ASIDE
+            ):
+                raise StoreFormatError(
+                    f"{folder}: a made path names no place a restore may set aside"
+                )
+            _check_inside(store_root, store_root / relative)
+            made.append(store_root / relative)
+            continue
         relative = Path(str(piece.get("moved") or piece.get("copy") or ""))
         if not relative.parts or relative.is_absolute() or ".." in relative.parts:
             raise StoreFormatError(f"{folder}: a piece names no place inside the folder")
@@ -401,12 +438,22 @@ def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:
         (relative, _COPY_SUFFIX.search(_TWIN_SUFFIX.sub("", relative.name)) is not None)
         for relative in unlisted_pieces(folder, listed)
     ]
+    every_step = [_restore_step(store_root, folder, relative, cut) for relative, cut in places]
     steps = []
-    for relative, cut in places:
-        step = _restore_step(store_root, folder, relative, cut)
-        if not _already_back(step):
+    in_the_way: list[Path] = []
+    for step in every_step:
+        if step.kind == "move back" and step.target in made and os.path.lexists(step.piece):
+            if os.path.lexists(step.target):  # the operation's own output holds the place
+                in_the_way.append(step.target)
             steps.append(step)
-    return steps
+        elif not _already_back(step):
+            steps.append(step)
+    # what the operation made beside its pieces' places (an index file recover rebuilt); one
+    # already set aside by a restore that stopped part-way is not there any more
+    targets = {step.target for step in every_step}
+    in_the_way += [path for path in made if path not in targets and os.path.lexists(path)]
+    aside = [RestoreStep("set aside", path, path) for path in dict.fromkeys(in_the_way)]
+    return aside + steps
 
 
 def _restore_step(store_root: Path, folder: Path, relative: Path, cut: bool) -> RestoreStep:
@@ -509,14 +556,38 @@ def _already_back(step: RestoreStep) -> bool:
     return False
 
 
-def restore_quarantine(store_root: Path, name: str) -> list[RestoreStep]:
+@dataclass(frozen=True)
+class RestoreOutcome:
+    steps: list[RestoreStep]
+    set_aside_in: Path | None  # the quarantine folder what the operation made was moved to
+
+
+def restore_quarantine(store_root: Path, name: str) -> RestoreOutcome:
     """Put quarantine folder ``name`` back (see :func:`plan_restore`), each piece durably,
-    then remove the emptied folder. The caller holds the store's lock. A restore that
-    stops part-way (a full disk) leaves the folder, and running it again finishes it."""
+    then remove the emptied folder. What the operation made in the pieces' places (or listed
+    as made beside them) is first moved into a new quarantine folder of operation
+    ``restore``, whose own restore undoes this one. The caller holds the store's lock. A
+    restore that stops part-way (a full disk, a kill) leaves the folder, and running it again
+    finishes it."""
     steps = plan_restore(store_root, name)
     base = store_root / QUARANTINE_DIR
+    _remove_leftovers(base)
+    aside = [step for step in steps if step.kind == "set aside"]
+    kept = None
+    if aside:
+        operation = _read_manifest(base / name).get("operation", "")
+        kept = Quarantine.create(store_root, "restore")
+        for step in aside:
+            kept.move_path(step.target, f"made by {operation} ({name}), set aside by its restore")
+        # restoring this folder in turn undoes the restore: the pieces put back give way
+        kept.note_made(
+            [step.target for step in steps if step.kind == "move back"],
+            f"put back by the restore of {name}",
+        )
     for step in steps:
         try:
+            if step.kind == "set aside":
+                continue
             if step.kind == "move back":
                 make_directories(step.target.parent)
                 os.rename(step.piece, step.target)
@@ -535,12 +606,29 @@ def restore_quarantine(store_root: Path, name: str) -> list[RestoreStep]:
         raise StoreFormatError(
             f"{base / name} still holds {left[0]} after the restore; the folder was left in place"
         )
+    _remove_restored(base, name)
+    return RestoreOutcome(steps, kept.directory if kept is not None else None)
+
+
+def _remove_restored(base: Path, name: str) -> None:
+    """Remove a folder whose pieces are all back: renamed out of the list first, so that a
+    kill while its files are deleted leaves no folder that looks restorable without its
+    manifest (what is left under the hidden name goes with the next restore or purge)."""
+    finished = base / f".{name}{_RESTORED_SUFFIX}"
     try:
-        shutil.rmtree(base / name)
+        os.rename(base / name, finished)
         fsync_directory(base)
+        shutil.rmtree(finished)
     except OSError as exc:
         raise StoreIOError(f"cannot remove {base / name}: {exc.strerror}") from None
-    return steps
+
+
+def _remove_leftovers(base: Path) -> None:
+    """Finish removing the folders a restore had put back fully but was stopped deleting."""
+    for entry in os.scandir(base):
+        hidden = entry.name.startswith(".") and entry.name.endswith(_RESTORED_SUFFIX)
+        if hidden and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _write_back(step: RestoreStep) -> None:

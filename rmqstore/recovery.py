@@ -254,6 +254,13 @@ def _cut(store: Store, plan: RecoveryPlan, path: Path, start: int, end: int, rea
     plan.cuts.append(ByteCut(path, start, end, reason))
 
 
+def _index_files(store: Store) -> set[Path]:
+    try:
+        return {entry for entry in store.index_dir.iterdir() if not entry.is_symlink()}
+    except OSError:
+        return set()
+
+
 def apply_recovery(
     store: Store, plan: RecoveryPlan, progress: Callable[[int], None] | None = None
 ) -> RecoveryResult:
@@ -267,6 +274,7 @@ def apply_recovery(
         for move in plan.moves:
             quarantine.move_path(move.path, move.reason)
         store.reload_files()
+    index_before = _index_files(store)
     dispatcher = Dispatcher(store)
     try:
         dispatched = dispatcher.run(progress=progress)
@@ -274,4 +282,7 @@ def apply_recovery(
         dispatcher.close()
     store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
     flushed = flush_store(store)
+    if quarantine is not None:  # a restore sets the rebuilt index files aside
+        made = sorted(_index_files(store) - index_before)
+        quarantine.note_made(made, "index file rebuilt by recover")
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)

@@ -1,8 +1,9 @@
-"""SIGKILL during ``recover`` and ``dispatch --rebuild``: running the command again reaches the
-same files, byte for byte, as a run that was never interrupted."""
+"""SIGKILL during ``recover``, ``dispatch --rebuild`` and ``quarantine restore``: running the
+command again reaches the same files, byte for byte, as a run that was never interrupted."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.store import Store
 
 from campaigns import campaign_random, child_env, rounds, seed_note, tree_state
 from support import run_cli
@@ -74,4 +76,76 @@ def test_a_killed_repair_run_again_gives_the_same_files(
         assert got == expected, (
             f"kill {kill}{seed_note()}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
         )
+        shutil.rmtree(store)
+
+
+QUEUED_TOPICS = rounds(short=300, long=1_000)
+INDEX_OPTIONS = ("--index-slots", "1000", "--index-entries", "4000")
+
+
+def torn_store_of_many_queues(root: Path, messages_file: Path) -> None:
+    """A topic per queue, two messages each, then a crash that lost the last two thirds of
+    the log: ``recover`` cuts a unit from most queues (a piece each) and rebuilds the index."""
+    with messages_file.open("w") as out:
+        for round_number in range(2):
+            for topic in range(QUEUED_TOPICS):
+                out.write(
+                    json.dumps({"topic": f"T{topic}", "body": "x" * 50, "keys": f"k{round_number}"})
+                    + "\n"
+                )
+    geometry = (
+        "--consumequeue-file-size",
+        "2000",
+        "--index-slots",
+        "1000",
+        "--index-entries",
+        "4000",
+    )
+    made = run_cli("append", root, "--create", "--input", messages_file, "--dispatch", *geometry)
+    assert made.exit_code == 0, made.stderr
+    log = sorted((root / "commitlog").iterdir())[0]
+    with Store.open_read(root) as store:
+        end = store.log_end().offset
+    with open(log, "r+b") as handle:
+        handle.seek(end // 3)
+        handle.write(bytes(end - end // 3))
+    (root / "abort").touch()
+
+
+@pytest.mark.campaign
+def test_a_killed_restore_run_again_gives_the_store_before_the_recovery(tmp_path: Path) -> None:
+    """SIGKILL at a random moment of ``quarantine restore`` of a recovery that cut a piece from
+    hundreds of queues (and rebuilt the index): running the restore again leaves the commit
+    log, consume queues and index as they were before the recovery, byte for byte."""
+    source = tmp_path / "source"
+    torn_store_of_many_queues(source, tmp_path / "messages.jsonl")
+    expected = outcome(source)
+    expected.pop("checkpoint")  # recover's checkpoint stays (see quarantine restore)
+    assert run_cli("recover", source, "--yes", *INDEX_OPTIONS).exit_code == 0
+    (folder,) = json.loads(run_cli("quarantine", "list", source, "--json").stdout)["folders"]
+    assert folder["pieces"] >= QUEUED_TOPICS // 2
+    restore = ["quarantine", "restore", None, folder["name"], "--yes"]
+    reference = tmp_path / "reference"
+    shutil.copytree(source, reference)
+    started = time.monotonic()
+    done = run_cli(*restore[:2], reference, *restore[3:])
+    duration = time.monotonic() - started
+    assert done.exit_code == 0, done.stderr
+    got = outcome(reference)
+    got.pop("checkpoint")
+    assert got == expected
+    rng = campaign_random("crash-restore")
+    for kill in range(KILLS):
+        store = tmp_path / f"killed-{kill}"
+        shutil.copytree(source, store)
+        run_and_kill([*restore[:2], str(store), *restore[3:]], rng.uniform(0.3, 0.3 + duration))
+        if (store / "quarantine" / folder["name"]).exists():  # else the kill came after it
+            again = run_cli(*restore[:2], store, *restore[3:])
+            assert again.exit_code == 0, f"kill {kill}{seed_note()}: {again.stderr}"
+        got = outcome(store)
+        got.pop("checkpoint")
+        assert got == expected, (
+            f"kill {kill}{seed_note()}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
+        )
+        assert not (store / "quarantine" / folder["name"]).exists()
         shutil.rmtree(store)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from rmqstore.fixtures import generate
-from rmqstore.quarantine import plan_restore
+from rmqstore.quarantine import Quarantine, plan_restore
 
 from support import lock_held_elsewhere, run_cli, tree_digest
 
@@ -71,24 +71,110 @@ def test_restore_puts_the_store_back_as_it_was_before_the_cut(tmp_path: Path) ->
     assert dry.exit_code == 1 and json.loads(dry.stdout)["wouldRestore"]
     restored = run_cli("quarantine", "restore", store, folder["name"], "--yes", "--json")
     assert restored.exit_code == 0, restored.stderr
+    document = json.loads(restored.stdout)
     after = tree_digest(store)
-    # every cut byte range and moved file is back; what recover wrote besides (a checkpoint,
-    # rebuilt index files, units after the cut) is not undone
-    assert {k: after.get(k) for k in before if k.startswith("commitlog/")} == {
-        k: v for k, v in before.items() if k.startswith("commitlog/")
+    # every cut byte range and moved file is back, and the index files recover rebuilt are
+    # set aside in a folder of their own; the checkpoint and 'abort' stay as recover left them
+    kept = ("commitlog/", "consumequeue/", "index/")
+    assert {k: v for k, v in after.items() if k.startswith(kept)} == {
+        k: v for k, v in before.items() if k.startswith(kept)
     }
-    assert all(after.get(k) == v for k, v in before.items() if k.startswith("index/"))
+    assert [step["kind"] for step in document["restored"]].count("set aside") >= 1
+    aside = Path(document["setAsideIn"])
+    assert aside.parent == store / "quarantine" and aside.name.endswith("-restore")
     assert not (store / "quarantine" / folder["name"]).exists()
 
 
-def test_a_rebuild_cannot_be_restored_over_its_new_files(tmp_path: Path) -> None:
+def test_a_rebuild_is_undone_by_its_restore_and_that_restore_by_its_own(tmp_path: Path) -> None:
+    """``dispatch --rebuild`` moves the consume queues and index to quarantine and makes new
+    ones in their places: its restore sets the new ones aside (into a folder of operation
+    restore) and moves the old ones back; restoring that folder swaps them again. Nothing
+    is deleted either way (the restore used to be refused: the places were taken)."""
     store = tmp_path / "store"
     generate("multi", store)
+    (store / "consumequeue" / "TopicTest" / "0" / "00000000000000000000").write_bytes(b"\0" * 20)
+    original = tree_digest(store)
     assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+    rebuilt = tree_digest(store)
     (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
-    refused = run_cli("quarantine", "restore", store, folder["name"], "--yes")
-    assert refused.exit_code == 2 and "exists again" in refused.stderr
-    assert (store / "quarantine" / folder["name"]).is_dir()
+    assert folder["pieces"] == 2  # the consume queues and the index; what it made is not one
+    dry = run_cli("quarantine", "restore", store, folder["name"], "--dry-run")
+    assert dry.exit_code == 1 and f"would set aside {store / 'consumequeue'}" in dry.stderr
+
+    def outside_quarantine(digest: dict[str, str]) -> dict[str, str]:
+        return {
+            k: v for k, v in digest.items() if not k.startswith("quarantine/") and k != "checkpoint"
+        }
+
+    restored = run_cli("quarantine", "restore", store, folder["name"], "--yes")
+    assert restored.exit_code == 0, restored.stderr
+    assert "set aside 2 paths the operation made, then put 2 pieces back" in restored.stderr
+    assert outside_quarantine(tree_digest(store)) == outside_quarantine(original)
+    (aside,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    assert aside["operation"] == "restore" and aside["pieces"] == 2
+    again = run_cli("quarantine", "restore", store, aside["name"], "--yes")
+    assert again.exit_code == 0, again.stderr
+    assert outside_quarantine(tree_digest(store)) == outside_quarantine(rebuilt)
+    assert run_cli("verify", store).exit_code == 0
+
+
+def test_a_restore_killed_after_setting_aside_finishes_when_run_again(tmp_path: Path) -> None:
+    """The states a kill can leave a restore of a rebuild in: what the rebuild made set aside
+    (all of it or part), and some pieces moved back. Run again, the restore finishes, and
+    never sets aside a piece it has already moved back."""
+    for stop_after in range(1, 4):  # steps done: set aside 1, set aside 2, moved back 1
+        store = tmp_path / f"store-{stop_after}"
+        generate("basic", store)
+        original = tree_digest(store)
+        assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+        (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+        steps = plan_restore(store, folder["name"])
+        assert [step.kind for step in steps] == ["set aside"] * 2 + ["move back"] * 2
+        kept = Quarantine.create(store, "restore")
+        for step in steps[:stop_after]:
+            if step.kind == "set aside":
+                kept.move_path(step.target, "set aside")
+            else:
+                step.piece.rename(step.target)
+        finished = run_cli("quarantine", "restore", store, folder["name"], "--yes", "--json")
+        assert finished.exit_code == 0, (stop_after, finished.stderr)
+        after = tree_digest(store)
+        for path in ("consumequeue/", "index/", "commitlog/"):
+            assert {k: v for k, v in after.items() if k.startswith(path)} == {
+                k: v for k, v in original.items() if k.startswith(path)
+            }, (stop_after, path)
+        assert not (store / "quarantine" / folder["name"]).exists()
+
+
+def test_a_made_path_a_restore_may_not_set_aside_is_refused(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    generate("basic", store)
+    before = tree_digest(store)
+    for number, place in enumerate(["lock", "quarantine", "../x", "/etc", "", "index/../.."]):
+        folder = store / "quarantine" / f"20240101T00000{number}-recover"
+        folder.mkdir(parents=True)
+        (folder / "manifest.json").write_text(json.dumps({"pieces": [{"made": place}]}))
+        result = run_cli("quarantine", "restore", store, folder.name, "--yes")
+        assert result.exit_code == 2, (place, result.stderr)
+    after = tree_digest(store)
+    assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+
+
+def test_a_folder_put_back_in_full_but_not_yet_deleted_is_not_listed(tmp_path: Path) -> None:
+    """A restore renames the folder it has put back out of the list before deleting it, so a
+    kill while deleting leaves no folder without its manifest that ``restore`` would refuse
+    and ``list`` would show; the next restore or purge deletes what is left."""
+    store = recovered(tmp_path)
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    leftover = store / "quarantine" / f".{folder['name']}.restored"
+    (leftover / "consumequeue").mkdir(parents=True)
+    (leftover / "consumequeue" / "piece.0-20.bin").write_bytes(b"x" * 20)
+    listed = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    assert [entry["name"] for entry in listed] == [folder["name"]]
+    assert run_cli("quarantine", "restore", store, folder["name"], "--yes").exit_code == 0
+    assert not leftover.exists()
+    left = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    assert all(entry["operation"] == "restore" for entry in left)  # what recover rebuilt
 
 
 def test_restore_refuses_a_place_that_is_taken(tmp_path: Path) -> None:

@@ -68,8 +68,13 @@ def test_recovery_reaches_what_the_fixture_expects(tmp_path: Path, name: str, se
     assert not (out / "abort").exists()
     # every cut byte is in quarantine, as it was
     if plan.cuts or plan.moves:
-        pieces = json.loads((result.quarantine / "manifest.json").read_text())["pieces"]
+        listed = json.loads((result.quarantine / "manifest.json").read_text())["pieces"]
+        pieces = [piece for piece in listed if "made" not in piece]
         assert len(pieces) == len(plan.cuts) + len(plan.moves)
+        # what recover made in their place: the index files it rebuilt, and only those
+        made = {out / piece["made"] for piece in listed if "made" in piece}
+        assert made <= set((out / "index").iterdir())
+        assert bool(made) == bool(plan.index_files_rebuilt)
         for piece in pieces:
             source = Path(piece["file"])
             copy = (result.quarantine / (piece.get("copy") or piece["moved"])).read_bytes()
