@@ -370,6 +370,35 @@ def _flush_policy(
                 "SYNC_FLUSH)"
             )
         note("the broker config enables the transient store pool, which SYNC_FLUSH ignores")
+    if sync:
+        async_only = [
+            name
+            for name, value in (
+                ("--flush-interval", flush_interval),
+                ("--flush-least-pages", given.get("flush_commitlog_least_pages")),
+                ("--flush-thorough-interval", given.get("flush_commitlog_thorough_interval")),
+            )
+            if value is not None
+        ]
+        if async_only:
+            raise click.UsageError(
+                f"{'/'.join(async_only)} {'goes' if len(async_only) == 1 else 'go'} with "
+                "ASYNC_FLUSH; with SYNC_FLUSH each message is flushed before it is reported"
+            )
+    if not (config.transient_store_pool_enable and not sync):
+        pool_only = [
+            name
+            for name, value in (
+                ("--commit-interval", given.get("commit_interval_commitlog")),
+                ("--commit-least-pages", given.get("commit_commitlog_least_pages")),
+            )
+            if value is not None
+        ]
+        if pool_only:
+            raise click.UsageError(
+                f"{'/'.join(pool_only)} {'goes' if len(pool_only) == 1 else 'go'} with "
+                "--transient-store-pool"
+            )
     policy = FlushPolicy(
         sync=sync,
         interval_ms=config.flush_interval_commitlog,

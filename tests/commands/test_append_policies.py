@@ -132,6 +132,24 @@ def test_the_transient_pool_goes_with_async_flush_only(store: Path) -> None:
     assert refused.exit_code == 2 and "ASYNC_FLUSH" in refused.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["--flush", "sync", "--flush-interval", "100"], "--flush-interval goes with ASYNC"),
+        (["--flush", "sync", "--flush-least-pages", "1", "--flush-thorough-interval", "9"],
+         "--flush-least-pages/--flush-thorough-interval go with ASYNC"),
+        (["--commit-interval", "40"], "--commit-interval goes with --transient-store-pool"),
+        (["--flush", "sync", "--commit-least-pages", "2"], "goes with --transient-store-pool"),
+    ],
+)  # fmt: skip
+def test_a_setting_the_flush_policy_would_not_use_is_refused(
+    store: Path, options: list[str], needle: str
+) -> None:
+    refused = run_cli("append", store, "--topic", "T", "--body", "x", *options)
+    assert refused.exit_code == 2 and needle in refused.stderr, refused.stderr
+    assert "appended" not in refused.stderr
+
+
 def test_a_transient_append_writes_what_a_mapped_one_writes(tmp_path: Path) -> None:
     lines = _lines(300, size=900).decode()  # rolls over several 64 KiB files
     digests = []
