@@ -249,6 +249,11 @@ class EngineChoice:
         """Settle ``--engine auto`` for ``store`` and say on stderr which engine runs and why;
         then check ``--jobs`` against the engine."""
         if self.name == "auto":
+            if jobs > 1 and self.spark_asked:
+                raise click.UsageError(
+                    "--jobs asks for local worker processes and --master/--spark-conf for "
+                    "Spark; give one of them"
+                )
             from rmqstore.pipeline.engines import choose_engine
 
             decision = choose_engine(store, spark_asked=self.spark_asked, jobs=jobs)

@@ -321,6 +321,10 @@ def test_export_in_worker_processes_writes_the_same_files(tmp_path: Path) -> Non
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(one, two, strict=True))
     spark = run_cli("export", store_dir, "--to", tmp_path / "3", "--engine", "spark", "--jobs", "2")
     assert spark.exit_code == 2 and "--jobs is for --engine local" in spark.output
+    both = run_cli("stats", store_dir, "--jobs", "2", "--master", "local[1]")
+    assert both.exit_code == 2 and "give one of them" in both.output
+    local = run_cli("stats", store_dir, "--engine", "local", "--spark-conf", "a=b")
+    assert local.exit_code == 2 and "--spark-conf is for --engine spark" in local.output
     auto = run_cli(
         "export", store_dir, "--to", tmp_path / "4", "--jobs", "2", "--split-size", "9000"
     )
