@@ -89,7 +89,7 @@ def list_command(as_json: bool) -> int:
     default="4.9",
     show_default=True,
     help="4.9: properties without the trailing separator, as 4.9.x writes them; 5: "
-    "with it (v2 is always 5).",
+    "with it (v2 is always 5: 4.9 with it is refused).",
 )
 @click.option(
     "--commitlog-file-size",
@@ -145,6 +145,13 @@ def generate_command(
     OUT/fixture.json. OUT must be missing or empty (or --force). The geometry used is in the
     manifest; pass the same --index-slots/--index-entries to other commands.
     """
+    forced = SCENARIOS[scenario].broker_version
+    given = click.get_current_context().get_parameter_source("broker_version")
+    if forced and broker_version != forced and given is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError(
+            f"scenario {scenario} is a {forced}.x store; --broker-version {broker_version} "
+            "does not go with it"
+        )
     options = FixtureOptions(
         seed=seed,
         messages=messages,

@@ -69,3 +69,8 @@ def test_bad_input(tmp_path: Path) -> None:
     assert busy.exit_code == 2 and "not empty" in busy.stderr
     missing = run_cli("fixtures", "describe", "basic", tmp_path / "nowhere")
     assert missing.exit_code == 2 and "fixture.json" in missing.stderr
+    forced = run_cli("fixtures", "generate", "v2", tmp_path / "v2", "--broker-version", "4.9")
+    assert forced.exit_code == 2 and "v2 is a 5.x store" in forced.stderr
+    assert not (tmp_path / "v2").exists()
+    made = run_cli("fixtures", "generate", "v2", tmp_path / "v2", "--broker-version", "5")
+    assert made.exit_code == 0, made.stderr
