@@ -109,8 +109,9 @@ def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: b
     places or beside them (the queues and index a dispatch --rebuild rebuilt, the index files
     recover rebuilt) is first moved into a new quarantine folder, <time>-restore, whose own
     restore undoes this one. The commit log, consume queues and index are then as they were
-    before the operation; the checkpoint and abort stay as it left them: run rmqstore verify
-    (a torn tail put back needs recover again). Takes the store's lock.
+    before the operation, but for the units it dispatched after where queues ended (they
+    index records the log holds); the checkpoint and abort stay as it left them: run
+    rmqstore verify (a torn tail put back needs recover again). Takes the store's lock.
 
     JSON: restored[{kind (set aside, move back, write back), target, start, end}]
     (wouldRestore with --dry-run), setAsideIn (the new folder, or null).

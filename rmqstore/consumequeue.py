@@ -134,6 +134,10 @@ class ConsumeQueue:
         )
         self._write_map: mmap.mmap | None = None
         self._write_segment: Segment | None = None
+        # called with (file, start, end) for non-zero bytes after the queue's valid end in a
+        # file about to be written (a torn unit, junk): they must go to quarantine before a
+        # unit overwrites them (the dispatcher sets it; None: not looked for)
+        self.on_residue: Callable[[Path, int, int], None] | None = None
         # where the mapped file's units may be written, in logical bytes: [_write_base,
         # _write_limit), up to where its disk blocks are reserved (files are sparse, as a
         # broker's; blocks are reserved ahead of the writes, so a full disk is an error, not
@@ -445,6 +449,11 @@ class ConsumeQueue:
     def _writable(self, segment: Segment) -> mmap.mmap:
         if self._write_segment is not segment:
             self._release()
+            if self.on_residue is not None:
+                start = max(0, self.end - segment.start)
+                extent = nonzero_extent(segment.path, start, self.file_size)
+                if extent is not None:
+                    self.on_residue(segment.path, start, extent[1])
             self._write_map = map_writable(segment.path)
             if _MADV_RANDOM is not None:
                 self._write_map.madvise(_MADV_RANDOM)

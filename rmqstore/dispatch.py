@@ -9,6 +9,7 @@ tail) ends it without moving the cursor past it.
 
 from __future__ import annotations
 
+import functools
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
@@ -80,6 +81,7 @@ class Dispatcher:
         if not store.writable:
             raise RuntimeError("dispatch needs a store opened for writing")
         self.store = store
+        self._residue_quarantine: Quarantine | None = None  # made at the first residue
         self.topics = set(topics) if topics else None
         self.build_index = build_index and store.config.message_index_enable
         self.build_queues = build_queues  # off: the consume queues are written elsewhere
@@ -107,7 +109,21 @@ class Dispatcher:
             self.store.consumequeue_dir, topic, queue_id, self.store.consumequeue_file_size
         )
         queue.correct_min_offset(self.store.commitlog.min_offset)
+        queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
         return queue
+
+    def _quarantine_residue(self, queue: str, path: Path, start: int, end: int) -> None:
+        """Non-zero bytes after a queue's valid end, about to be overwritten by its next
+        units (a broker overwrites them): copied to quarantine and zeroed first."""
+        if self._residue_quarantine is None:
+            self._residue_quarantine = Quarantine.create(self.store.root, "dispatch")
+        self._residue_quarantine.cut_region(
+            path, start, end, f"bytes after the valid end of consume queue {queue}, overwritten"
+        )
+        self.store.notes.append(
+            f"moved {end - start:,} bytes after the valid end of consume queue {queue} to "
+            f"{self._residue_quarantine.directory} before writing there"
+        )
 
     def cursor(self) -> int:
         """Where dispatch resumes (see :func:`resume_offset`)."""

@@ -19,6 +19,7 @@ file, so no index entry is lost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.dispatch import Dispatcher, DispatchResult
+from rmqstore.errors import RmqStoreError
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
@@ -275,14 +277,23 @@ def apply_recovery(
             quarantine.move_path(move.path, move.reason)
         store.reload_files()
     index_before = _index_files(store)
-    dispatcher = Dispatcher(store)
+
+    def note_made() -> None:  # a restore sets the index files recover made aside
+        if quarantine is not None:
+            made = sorted(_index_files(store) - index_before)
+            quarantine.note_made(made, "index file rebuilt by recover")
+
     try:
-        dispatched = dispatcher.run(progress=progress)
-    finally:
-        dispatcher.close()
-    store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
-    flushed = flush_store(store)
-    if quarantine is not None:  # a restore sets the rebuilt index files aside
-        made = sorted(_index_files(store) - index_before)
-        quarantine.note_made(made, "index file rebuilt by recover")
+        dispatcher = Dispatcher(store)
+        try:
+            dispatched = dispatcher.run(progress=progress)
+        finally:
+            dispatcher.close()
+        store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
+        flushed = flush_store(store)
+    except BaseException:  # stopped by something in its way: its restore undoes it still
+        with contextlib.suppress(RmqStoreError, OSError):
+            note_made()
+        raise
+    note_made()
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)

@@ -160,6 +160,37 @@ def test_dispatch_twice_or_resumed_gives_the_same_bytes(oracle, tmp_path: Path) 
     assert tree_digest(resumed) == digest
 
 
+def test_bytes_after_a_queues_end_go_to_quarantine_before_units_cover_them(
+    oracle, tmp_path: Path
+) -> None:
+    """A consume queue ends at its first empty unit; a byte of junk further on (a torn unit
+    write) is overwritten by the units dispatched there, as a broker overwrites it, but is
+    copied to quarantine and zeroed first (it used to be overwritten: a byte lost)."""
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    queue_file = store_dir / "consumequeue" / "TopicTest" / "0" / "00000000000000000000"
+    data = bytearray(queue_file.read_bytes())
+    units = 40  # keep the first 40 units: the rest are zeros, then a byte of junk
+    junk = units * 20 + 20 * 5 + 3
+    data[units * 20 :] = bytes(len(data) - units * 20)
+    data[junk] = 0x5A
+    queue_file.write_bytes(bytes(data))
+    with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        dispatcher = Dispatcher(store, topics=["TopicTest"])
+        dispatcher.run(from_offset=0)
+        dispatcher.close()
+        notes = list(store.notes)
+    assert any("bytes after the valid end of consume queue TopicTest/0" in n for n in notes)
+    (folder,) = (store_dir / "quarantine").glob("*-dispatch")
+    copies = {str(p.relative_to(folder / "consumequeue")): p for p in folder.rglob("*.bin")}
+    # the junk of the first file, and the later files' units the new ones are written over
+    first = f"TopicTest/0/00000000000000000000.{units * 20}-{junk + 1}.bin"
+    assert first in copies and len(copies) == 3
+    assert copies[first].read_bytes() == bytes(data[units * 20 : junk + 1])
+    broker = oracle("s1_multi").store / "consumequeue" / "TopicTest" / "0"
+    for path in broker.iterdir():
+        assert (queue_file.parent / path.name).read_bytes() == path.read_bytes()
+
+
 def test_a_torn_tail_never_advances_the_cursor(oracle, tmp_path: Path) -> None:
     crash = oracle("s2_crash")
     store_dir = crash.copy_to(tmp_path, "store_torn_half_record")
