@@ -371,34 +371,22 @@ def _flush_policy(
             )
         note("the broker config enables the transient store pool, which SYNC_FLUSH ignores")
     if sync:
-        async_only = [
-            name
-            for name, value in (
-                ("--flush-interval", flush_interval),
-                ("--flush-least-pages", given.get("flush_commitlog_least_pages")),
-                ("--flush-thorough-interval", given.get("flush_commitlog_thorough_interval")),
-            )
-            if value is not None
-        ]
-        if async_only:
-            raise click.UsageError(
-                f"{'/'.join(async_only)} {'goes' if len(async_only) == 1 else 'go'} with "
-                "ASYNC_FLUSH; with SYNC_FLUSH each message is flushed before it is reported"
-            )
+        _refuse_given(
+            {
+                "--flush-interval": flush_interval,
+                "--flush-least-pages": given.get("flush_commitlog_least_pages"),
+                "--flush-thorough-interval": given.get("flush_commitlog_thorough_interval"),
+            },
+            "ASYNC_FLUSH; with SYNC_FLUSH each message is flushed before it is reported",
+        )
     if not (config.transient_store_pool_enable and not sync):
-        pool_only = [
-            name
-            for name, value in (
-                ("--commit-interval", given.get("commit_interval_commitlog")),
-                ("--commit-least-pages", given.get("commit_commitlog_least_pages")),
-            )
-            if value is not None
-        ]
-        if pool_only:
-            raise click.UsageError(
-                f"{'/'.join(pool_only)} {'goes' if len(pool_only) == 1 else 'go'} with "
-                "--transient-store-pool"
-            )
+        _refuse_given(
+            {
+                "--commit-interval": given.get("commit_interval_commitlog"),
+                "--commit-least-pages": given.get("commit_commitlog_least_pages"),
+            },
+            "--transient-store-pool",
+        )
     policy = FlushPolicy(
         sync=sync,
         interval_ms=config.flush_interval_commitlog,
@@ -410,6 +398,14 @@ def _flush_policy(
         commit_thorough_ms=config.commit_commitlog_thorough_interval,
     )
     return config, policy
+
+
+def _refuse_given(options: dict[str, object], goes_with: str) -> None:
+    """A usage error naming the options given (not None) that only go with ``goes_with``."""
+    given = [name for name, value in options.items() if value is not None]
+    if given:
+        verb = "goes" if len(given) == 1 else "go"
+        raise click.UsageError(f"{'/'.join(given)} {verb} with {goes_with}")
 
 
 def _run_job(

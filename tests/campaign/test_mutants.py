@@ -9,6 +9,7 @@ an rmqstore slave: the same, the master's store unchanged."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import select
 import signal
@@ -62,19 +63,25 @@ WRITERS = [
 ]
 
 
+def mutated_copy(oracle, name: str, root: Path, rng: random.Random) -> tuple[Path, Path, str]:
+    """A copy of real store ``name`` under ``root``, mutated one to three times, beside a
+    folder ``outside`` it may be linked to: (store, outside, what was done, for messages)."""
+    root.mkdir()
+    outside = root / "outside"
+    outside.mkdir()
+    store = oracle(name).copy_to(root)
+    done = [mutate(store, outside, rng) for _ in range(rng.randint(1, 3))]
+    number = root.name.removeprefix("m")
+    return store, outside, f"{name} mutant {number} ({'; '.join(done)})"
+
+
 @pytest.mark.campaign
 @pytest.mark.parametrize("name", ["s1_multi", "s2_crash", "v533_s3_txn"])
 def test_every_command_on_mutated_real_stores(oracle, tmp_path: Path, name: str) -> None:
     rng = campaign_random(f"mutants-{name}")
     failures = []
     for number in range(MUTANTS):
-        root = tmp_path / f"m{number}"
-        root.mkdir()
-        outside = root / "outside"
-        outside.mkdir()
-        store = oracle(name).copy_to(root)
-        done = [mutate(store, outside, rng) for _ in range(rng.randint(1, 3))]
-        where = f"{name} mutant {number} ({'; '.join(done)})"
+        store, outside, where = mutated_copy(oracle, name, tmp_path / f"m{number}", rng)
 
         def lines(commands: list[list[str]], store: Path = store) -> list[list[str]]:
             beside = {"export": store.parent / "export", "replica": store.parent / "replica"}
@@ -245,13 +252,7 @@ def test_a_recovery_of_a_mutant_is_undone_by_its_restore(oracle, tmp_path: Path,
     failures = []
     restores = 0
     for number in range(UNDONE_MUTANTS):
-        root = tmp_path / f"m{number}"
-        root.mkdir()
-        outside = root / "outside"
-        outside.mkdir()
-        store = oracle(name).copy_to(root)
-        done = [mutate(store, outside, rng) for _ in range(rng.randint(1, 3))]
-        where = f"{name} mutant {number} ({'; '.join(done)})"
+        store, outside, where = mutated_copy(oracle, name, tmp_path / f"m{number}", rng)
         outside_before = tree_state(outside)
         before = _store_bytes(store)
         (recovered,) = run_commands([["recover", str(store), "--yes", *ORACLE_OPTIONS]])
