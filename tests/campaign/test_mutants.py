@@ -63,6 +63,16 @@ WRITERS = [
 ]
 
 
+def unclean(where: str, outcomes: list[Outcome]) -> list[str]:
+    """A failure line for each outcome that ended without a documented exit code and a
+    one-line error."""
+    return [
+        f"{where}: {outcome.command[0]}: {outcome.code} {outcome.stderr}"
+        for outcome in outcomes
+        if not outcome.clean
+    ]
+
+
 def mutated_copy(oracle, name: str, root: Path, rng: random.Random) -> tuple[Path, Path, str]:
     """A copy of real store ``name`` under ``root``, mutated one to three times, beside a
     folder ``outside`` it may be linked to: (store, outside, what was done, for messages)."""
@@ -97,14 +107,10 @@ def test_every_command_on_mutated_real_stores(oracle, tmp_path: Path, name: str)
 
         outside_before = tree_state(outside)
         store_before = tree_state(store)
-        for outcome in run_commands(lines(READ_ONLY)):
-            if not outcome.clean:
-                failures.append(f"{where}: {outcome.command[0]}: {outcome.code} {outcome.stderr}")
+        failures += unclean(where, run_commands(lines(READ_ONLY)))
         if tree_state(store) != store_before:
             failures.append(f"{where}: a read-only command changed the store")
-        for outcome in run_commands(lines(WRITERS)):
-            if not outcome.clean:
-                failures.append(f"{where}: {outcome.command[0]}: {outcome.code} {outcome.stderr}")
+        failures += unclean(where, run_commands(lines(WRITERS)))
         if tree_state(outside) != outside_before:
             failures.append(f"{where}: something was written outside the store")
     assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
@@ -165,9 +171,7 @@ def test_serve_ha_on_mutated_real_stores(oracle, tmp_path: Path, name: str) -> N
         outcomes = [Outcome(["serve-ha"], master.returncode, said)]
         if slave is not None:
             outcomes.append(Outcome(["replicate"], slave.returncode, slave.stderr))
-        for outcome in outcomes:
-            if not outcome.clean:
-                failures.append(f"{where}: {outcome.command[0]}: {outcome.code} {outcome.stderr}")
+        failures += unclean(where, outcomes)
         if tree_state(store) != before:
             failures.append(f"{where}: serving the store changed it")
     assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
@@ -265,7 +269,7 @@ def test_a_recovery_of_a_mutant_is_undone_by_its_restore(oracle, tmp_path: Path,
         after = _store_bytes(store)
         restores += restored.code == 0
         if not restored.clean:
-            failures.append(f"{where}: restore: {restored.code} {restored.stderr}")
+            failures += unclean(where, [restored])
         elif restored.code == 0 and (lost := _not_given_back(before, after, _kept_ranges(store))):
             failures.append(f"{where}: the restore did not give back {lost[:4]}")
         elif restored.code != 0 and after != undone:
