@@ -107,11 +107,13 @@ def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: b
     left out. A file in the folder that the manifest does not list (a kill between moving it
     there and listing it) goes back by its path too. What the operation made in the pieces'
     places or beside them (the queues and index a dispatch --rebuild rebuilt, the index files
-    recover rebuilt) is first moved into a new quarantine folder, <time>-restore, whose own
-    restore undoes this one. The commit log, consume queues and index are then as they were
-    before the operation, but for the units it dispatched after where queues ended (they
-    index records the log holds); the checkpoint and abort stay as it left them: run
-    rmqstore verify (a torn tail put back needs recover again). Takes the store's lock.
+    recover rebuilt, the checkpoint both wrote, an abort one left) is first moved into a new
+    quarantine folder, <time>-restore, whose own restore undoes this one. The commit log,
+    consume queues, index, checkpoint and abort are then as they were before the operation
+    (recover and dispatch --rebuild keep copies of the checkpoint and abort), but for the
+    units it dispatched after where queues ended (they index records the log holds): a torn
+    tail put back is under abort again, for a broker's start or rmqstore recover. Takes the
+    store's lock.
 
     JSON: restored[{kind (set aside, move back, write back), target, start, end}]
     (wouldRestore with --dry-run), setAsideIn (the new folder, or null).

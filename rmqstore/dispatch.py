@@ -699,6 +699,7 @@ def apply_rebuild(store: Store, plan: RebuildPlan) -> Path | None:
     quarantine = None
     if plan.moves:
         quarantine = Quarantine.create(store.root, "dispatch-rebuild")
+        store.keep_state(quarantine)
         for path in plan.moves:
             quarantine.move_path(path, "replaced by dispatch --rebuild")
         quarantine.note_made(plan.moves, "rebuilt by dispatch --rebuild")

@@ -191,6 +191,47 @@ class Quarantine:
         )
         return target
 
+    def keep_copy(self, source: Path, existed: bool, description: str) -> None:
+        """Keep what ``source`` (a small file the operation rewrites, creates or removes:
+        the checkpoint, ``abort``) holds now: a durable copy, listed as moved here, and
+        ``source`` listed as made, so that a restore sets the operation's version aside and
+        puts this one back. When it did not exist (``existed`` false: ``abort`` a writer has
+        created since it began) it is only listed as made, for a restore to set aside. A
+        link, or anything but a regular file, is neither copied nor listed."""
+        try:
+            mode: int | None = os.lstat(source).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as exc:
+            raise StoreIOError(f"cannot inspect {source}: {exc.strerror}") from None
+        if mode is not None and not stat.S_ISREG(mode):
+            return
+        relative = self.relative_place(source)
+        if relative.parts[0] == "external":
+            return
+        made = {
+            "made": str(relative),
+            "description": f"{description}: as the {self.operation} left it",
+        }
+        if mode is None or not existed:
+            self._record(made)
+            return
+        target = self._free_target(relative)
+        try:
+            _durable_copy(source, target)
+            fsync_directory(target.parent)
+        except OSError as exc:
+            raise StoreIOError(f"cannot quarantine {source}: {exc.strerror}") from None
+        self._record(
+            {
+                "file": str(source),
+                "moved": str(target.relative_to(self.directory)),
+                "copied": True,
+                "description": f"{description}: as it was before the {self.operation}",
+            },
+            made,
+        )
+
     def note_made(self, paths: list[Path], description: str) -> None:
         """List ``paths``, which the operation makes (or is about to make) in the store, in
         place of what it moved here or beside it: ``quarantine restore`` sets them aside into a

@@ -271,6 +271,7 @@ def apply_recovery(
     quarantine = None
     if plan.cuts or plan.moves:
         quarantine = Quarantine.create(store.root, "recover")
+        store.keep_state(quarantine)
         for cut in plan.cuts:
             quarantine.cut_region(cut.path, cut.start, cut.end, cut.reason)
         for move in plan.moves:

@@ -390,6 +390,13 @@ class Store:
             sync_directory(self.root)
         self._writing = True
 
+    def keep_state(self, quarantine: Quarantine) -> None:
+        """Keep the checkpoint and ``abort`` as they were when this store was opened in
+        ``quarantine``, so that its restore gives them back along with its pieces (a
+        restored torn tail under ``abort`` is recovered again at a broker's start)."""
+        quarantine.keep_copy(self.checkpoint_path, True, "the checkpoint")
+        quarantine.keep_copy(self.abort_path, self.abort_existed, "abort")
+
     def residue_after(self, end: LogEnd) -> Residue:
         """Non-zero bytes after the valid end of the log: in its last file, and in later files
         (which a broker's recovery deletes)."""

@@ -178,13 +178,14 @@ def test_serve_ha_on_mutated_real_stores(oracle, tmp_path: Path, name: str) -> N
 
 
 UNDONE_MUTANTS = rounds(short=3, long=100)  # per real store
-# what a restore does not undo (see quarantine restore), and the store's own bookkeeping (the
-# geometry a writer remembers for the commands after it, in a config folder it may make)
-_NOT_UNDONE = ("checkpoint", "abort", "lock", "quarantine", "config")
+# the store's own bookkeeping (the writers' lock, the quarantine, the geometry a writer
+# remembers for the commands after it, in a config folder it may make)
+_NOT_UNDONE = ("lock", "quarantine", "config")
 
 
 def _store_bytes(store: Path) -> dict[str, bytes | str]:
-    """The commit log, consume queues and index: each file's bytes, each link's target."""
+    """The commit log, consume queues, index, checkpoint and abort: each file's bytes, each
+    link's target."""
     held: dict[str, bytes | str] = {}
     for path in sorted(store.rglob("*")):
         key = str(path.relative_to(store))
@@ -249,9 +250,9 @@ def _not_given_back(
 def test_a_recovery_of_a_mutant_is_undone_by_its_restore(oracle, tmp_path: Path, name: str) -> None:
     """``recover --yes`` on a mutated real store, then ``quarantine restore`` of the folder it
     made (also when the recovery stopped at something in its way after it had begun): the
-    commit log, consume queues and index are the mutant's again (the units the recovery
-    dispatched after where queues ended aside), or the restore refuses in one line, changing
-    nothing. Nothing is written outside."""
+    commit log, consume queues, index, checkpoint and abort are the mutant's again (the units
+    the recovery dispatched after where queues ended aside), or the restore refuses in one
+    line, changing nothing. Nothing is written outside."""
     rng = campaign_random(f"undo-mutants-{name}")
     failures = []
     restores = 0

@@ -73,16 +73,37 @@ def test_restore_puts_the_store_back_as_it_was_before_the_cut(tmp_path: Path) ->
     assert restored.exit_code == 0, restored.stderr
     document = json.loads(restored.stdout)
     after = tree_digest(store)
-    # every cut byte range and moved file is back, and the index files recover rebuilt are
-    # set aside in a folder of their own; the checkpoint and 'abort' stay as recover left them
-    kept = ("commitlog/", "consumequeue/", "index/")
-    assert {k: v for k, v in after.items() if k.startswith(kept)} == {
-        k: v for k, v in before.items() if k.startswith(kept)
-    }
+    # every cut byte range and moved file is back, the checkpoint and 'abort' as they were
+    # (a broker's start recovers the torn tail again), and the index files and checkpoint
+    # recover made are set aside in a folder of their own
+    assert "abort" in before and "checkpoint" in before
+    assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
     assert [step["kind"] for step in document["restored"]].count("set aside") >= 1
     aside = Path(document["setAsideIn"])
     assert aside.parent == store / "quarantine" and aside.name.endswith("-restore")
     assert not (store / "quarantine" / folder["name"]).exists()
+
+
+def test_a_restore_gives_back_the_checkpoint_and_no_abort_of_a_store_closed_cleanly(
+    tmp_path: Path,
+) -> None:
+    """A store closed cleanly (no abort) with junk after its log's end: recover cuts it and
+    writes the checkpoint; its restore puts the junk and the old checkpoint back and
+    leaves no abort, as before. A recovery that stopped part-way leaves abort (a writer's
+    mark): its restore sets that aside too."""
+    store = tmp_path / "store"
+    generate("garbage-after-end", store)
+    (store / "abort").unlink()
+    before = tree_digest(store)
+    assert run_cli("recover", store, "--yes").exit_code == 0
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    (store / "abort").touch()  # as a recovery stopped part-way leaves it
+    restored = run_cli("quarantine", "restore", store, folder["name"], "--yes", "--json")
+    assert restored.exit_code == 0, restored.stderr
+    after = tree_digest(store)
+    assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+    aside = Path(json.loads(restored.stdout)["setAsideIn"])
+    assert (aside / "abort").exists() and (aside / "checkpoint").exists()
 
 
 def test_a_rebuild_is_undone_by_its_restore_and_that_restore_by_its_own(tmp_path: Path) -> None:
@@ -97,21 +118,20 @@ def test_a_rebuild_is_undone_by_its_restore_and_that_restore_by_its_own(tmp_path
     assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
     rebuilt = tree_digest(store)
     (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
-    assert folder["pieces"] == 2  # the consume queues and the index; what it made is not one
+    # the consume queues, the index and a copy of the checkpoint; what it made is not one
+    assert folder["pieces"] == 3
     dry = run_cli("quarantine", "restore", store, folder["name"], "--dry-run")
     assert dry.exit_code == 1 and f"would set aside {store / 'consumequeue'}" in dry.stderr
 
     def outside_quarantine(digest: dict[str, str]) -> dict[str, str]:
-        return {
-            k: v for k, v in digest.items() if not k.startswith("quarantine/") and k != "checkpoint"
-        }
+        return {k: v for k, v in digest.items() if not k.startswith("quarantine/")}
 
     restored = run_cli("quarantine", "restore", store, folder["name"], "--yes")
     assert restored.exit_code == 0, restored.stderr
-    assert "set aside 2 paths the operation made, then put 2 pieces back" in restored.stderr
+    assert "set aside 3 paths the operation made, then put 3 pieces back" in restored.stderr
     assert outside_quarantine(tree_digest(store)) == outside_quarantine(original)
     (aside,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
-    assert aside["operation"] == "restore" and aside["pieces"] == 2
+    assert aside["operation"] == "restore" and aside["pieces"] == 3
     again = run_cli("quarantine", "restore", store, aside["name"], "--yes")
     assert again.exit_code == 0, again.stderr
     assert outside_quarantine(tree_digest(store)) == outside_quarantine(rebuilt)
@@ -129,7 +149,7 @@ def test_a_restore_killed_after_setting_aside_finishes_when_run_again(tmp_path: 
         assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
         (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
         steps = plan_restore(store, folder["name"])
-        assert [step.kind for step in steps] == ["set aside"] * 2 + ["move back"] * 2
+        assert [step.kind for step in steps] == ["set aside"] * 3 + ["move back"] * 3
         kept = Quarantine.create(store, "restore")
         for step in steps[:stop_after]:
             if step.kind == "set aside":
@@ -209,7 +229,9 @@ def test_a_restore_that_stopped_part_way_finishes_when_run_again(tmp_path: Path)
     steps = plan_restore(store, folder["name"])
     kinds = [step.kind for step in steps]
     assert "write back" in kinds and "move back" in kinds
-    done = [steps[kinds.index("write back")], steps[kinds.index("move back")]]
+    made = {step.target for step in steps if step.kind == "set aside"}
+    moved = next(step for step in steps if step.kind == "move back" and step.target not in made)
+    done = [steps[kinds.index("write back")], moved]
     for step in done:  # as the stopped restore left them
         if step.kind == "move back":
             step.piece.rename(step.target)
@@ -237,7 +259,9 @@ def test_a_damaged_or_missing_piece_is_refused_before_anything_goes_back(
         (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
         manifest = json.loads((store / "quarantine" / folder["name"] / "manifest.json").read_text())
         cut = next(p for p in manifest["pieces"] if "copy" in p)
-        moved = next(p for p in manifest["pieces"] if "moved" in p)
+        # (not a copy of a file the recovery rewrote: with that gone, the one in its place
+        # is taken for the piece moved back by a restore that stopped part-way)
+        moved = next(p for p in manifest["pieces"] if "moved" in p and "copied" not in p)
         folder_path = store / "quarantine" / folder["name"]
         if damage == "short":  # a range copy of fewer bytes than were cut
             piece = folder_path / cut["copy"]

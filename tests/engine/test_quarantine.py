@@ -68,10 +68,15 @@ def test_same_named_queue_files_of_two_topics_are_both_kept(tmp_path: Path) -> N
     assert sorted(p.name for p in cut) == ["00000000000000000080"] * 2
     assert result.quarantine is not None
     manifest = json.loads((result.quarantine / "manifest.json").read_text())
-    pieces = [piece for piece in manifest["pieces"] if "made" not in piece]
+    pieces = [piece for piece in manifest["pieces"] if not {"made", "copied"} & set(piece)]
     assert len(pieces) == len(plan.cuts) + len(plan.moves)
     made = [piece["made"] for piece in manifest["pieces"] if "made" in piece]
-    assert made and all((root / path).parent == root / "index" for path in made)
+    # the checkpoint and abort (kept as they were: a restore gives them back) and the index
+    # files recover rebuilt
+    assert made[:2] == ["checkpoint", "abort"]
+    assert made[2:] and all((root / path).parent == root / "index" for path in made[2:])
+    kept = [piece["moved"] for piece in manifest["pieces"] if "copied" in piece]
+    assert kept == ["checkpoint", "abort"]  # abort: the store was recovered after a crash
     places = [piece.get("copy") or piece["moved"] for piece in pieces]
     assert len(set(places)) == len(places)  # no piece overwrote another
     for piece in pieces:

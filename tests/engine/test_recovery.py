@@ -69,11 +69,14 @@ def test_recovery_reaches_what_the_fixture_expects(tmp_path: Path, name: str, se
     # every cut byte is in quarantine, as it was
     if plan.cuts or plan.moves:
         listed = json.loads((result.quarantine / "manifest.json").read_text())["pieces"]
-        pieces = [piece for piece in listed if "made" not in piece]
+        pieces = [piece for piece in listed if not {"made", "copied"} & set(piece)]
         assert len(pieces) == len(plan.cuts) + len(plan.moves)
-        # what recover made in their place: the index files it rebuilt, and only those
+        # what recover made in their place: the index files it rebuilt, and the checkpoint
+        # and abort (kept as it found them), and only those
         made = {out / piece["made"] for piece in listed if "made" in piece}
-        assert made <= set((out / "index").iterdir())
+        assert made - {out / "checkpoint", out / "abort"} <= set((out / "index").iterdir())
+        kept = {piece["moved"] for piece in listed if "copied" in piece}
+        assert kept == ({"checkpoint", "abort"} if plan.abnormal else {"checkpoint"})
         assert bool(made) == bool(plan.index_files_rebuilt)
         for piece in pieces:
             source = Path(piece["file"])
