@@ -44,8 +44,9 @@ from rmqstore.store import Store
 @click.option(
     "--rebuild",
     is_flag=True,
-    help="Rebuild from scratch: move the existing consume queues (and index) to "
-    "quarantine/, then replay the whole commit log. Asks on a terminal.",
+    help="Rebuild from scratch: move the existing consume queues (and index) to a new "
+    "quarantine/ folder (with a copy of the checkpoint: quarantine restore undoes the "
+    "rebuild), then replay the whole commit log. Asks on a terminal.",
 )
 @click.option(
     "--topic",
@@ -149,7 +150,7 @@ def command(
                 )
             session = engine.session() if engine.spark else None  # before anything moves
             quarantine = apply_rebuild(opened, plan)
-            document["quarantine"] = str(quarantine) if quarantine else None
+            document["quarantine"] = str(quarantine)
             from_offset = plan.from_offset
             if session is not None:
                 result = _rebuild_on_spark(session, opened, engine, topics, build_index, plan)

@@ -654,6 +654,9 @@ class RebuildPlan:
     files: int
     reset_index: bool
     from_offset: int
+    # what the rebuild makes (the folders it moves, and those it makes where there were none),
+    # for a restore of its quarantine folder to set aside
+    makes: list[Path] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -670,20 +673,15 @@ def plan_rebuild(
 ) -> RebuildPlan:
     """Plan a rebuild of the consume queues (of ``topics``, or all) and of the index."""
     selected = set(topics) if topics else None
-    moves: list[Path] = []
-    if store.consumequeue_dir.exists():
-        if selected is None:
-            moves.append(store.consumequeue_dir)
-        else:
-            moves.extend(
-                store.consumequeue_dir / topic
-                for topic in sorted(selected)
-                if (store.consumequeue_dir / topic).exists()
-            )
-    if rebuild_index and store.index_dir.exists():
-        moves.append(store.index_dir)
+    if selected is None:
+        makes = [store.consumequeue_dir]
+    else:
+        makes = [store.consumequeue_dir / topic for topic in sorted(selected)]
+    if rebuild_index:
+        makes.append(store.index_dir)
+    moves = [path for path in makes if path.exists()]
     files = sum(1 for path in moves for item in _walk(path) if item.is_file())
-    return RebuildPlan(moves, files, rebuild_index, store.commitlog.min_offset)
+    return RebuildPlan(moves, files, rebuild_index, store.commitlog.min_offset, makes)
 
 
 def _walk(path: Path) -> Iterable[Path]:
@@ -692,21 +690,20 @@ def _walk(path: Path) -> Iterable[Path]:
     return path.rglob("*")
 
 
-def apply_rebuild(store: Store, plan: RebuildPlan) -> Path | None:
-    """Quarantine the old files and reset the checkpoint times, before a Dispatcher replays
-    the log. Returns the quarantine folder (None when there was nothing to move)."""
+def apply_rebuild(store: Store, plan: RebuildPlan) -> Path:
+    """Quarantine the old files (and a copy of the checkpoint and abort) and reset the
+    checkpoint times, before a Dispatcher replays the log. Returns the quarantine folder."""
     store.begin_write()
-    quarantine = None
-    if plan.moves:
-        quarantine = Quarantine.create(store.root, "dispatch-rebuild")
-        store.keep_state(quarantine)
-        for path in plan.moves:
-            quarantine.move_path(path, "replaced by dispatch --rebuild")
-        quarantine.note_made(plan.moves, "rebuilt by dispatch --rebuild")
+    # a folder even when nothing is moved: its restore undoes the rebuild all the same
+    quarantine = Quarantine.create(store.root, "dispatch-rebuild")
+    store.keep_state(quarantine)
+    for path in plan.moves:
+        quarantine.move_path(path, "replaced by dispatch --rebuild")
+    quarantine.note_made(plan.makes, "rebuilt by dispatch --rebuild")
     checkpoint = store.checkpoint()
     if checkpoint is not None:
         reset = replace(checkpoint, logics_msg_timestamp=0)
         if plan.reset_index:
             reset = replace(reset, index_msg_timestamp=0)
         write_checkpoint(store.checkpoint_path, reset)
-    return quarantine.directory if quarantine else None
+    return quarantine.directory

@@ -4,6 +4,7 @@ takes the lock, asks first, and never leaves the store's quarantine folder."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from rmqstore.fixtures import generate
@@ -136,6 +137,27 @@ def test_a_rebuild_is_undone_by_its_restore_and_that_restore_by_its_own(tmp_path
     assert again.exit_code == 0, again.stderr
     assert outside_quarantine(tree_digest(store)) == outside_quarantine(rebuilt)
     assert run_cli("verify", store).exit_code == 0
+
+
+def test_a_topic_rebuild_s_restore_sets_aside_the_queues_it_made_where_there_were_none(
+    tmp_path: Path,
+) -> None:
+    """``dispatch --rebuild --topic T`` for a topic whose queues were lost: it makes them,
+    and its restore (of the index it moved) sets them aside, as they were not there."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    shutil.rmtree(store / "consumequeue" / "TopicTest")
+    original = tree_digest(store)
+    rebuilt = run_cli("dispatch", store, "--rebuild", "--topic", "TopicTest", "--yes")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    assert (store / "consumequeue" / "TopicTest").is_dir()
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    restored = run_cli("quarantine", "restore", store, folder["name"], "--yes")
+    assert restored.exit_code == 0, restored.stderr
+    after = tree_digest(store)
+    assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == original
+    (aside,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    assert (store / "quarantine" / aside["name"] / "consumequeue" / "TopicTest").is_dir()
 
 
 def test_a_restore_killed_after_setting_aside_finishes_when_run_again(tmp_path: Path) -> None:
