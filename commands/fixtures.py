@@ -116,7 +116,10 @@ def list_command(as_json: bool) -> int:
     help="Index entries per file (default: the scenario's).",
 )
 @click.option(
-    "--force", is_flag=True, help="Replace OUT when it holds an earlier store or fixture."
+    "--force",
+    is_flag=True,
+    help="Replace OUT when it holds an earlier store or fixture (moved to a quarantine "
+    "folder, whose restore gives it back).",
 )
 @jobs_option(
     "Build the consume queues and index with the commit log read in N worker "

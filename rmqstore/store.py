@@ -118,6 +118,7 @@ class Store:
         self._writing = False
         self._log_end: LogEnd | None = None
         self._creation: _Creation | None = None  # set when this open made the store
+        self._lock_existed = True  # whether the lock file was there before this open
         self._given_config = StoreConfig()  # what the caller said (open_write sets it)
 
     # -- paths ---------------------------------------------------------------------------------
@@ -180,6 +181,7 @@ class Store:
         size given for them may differ from the remembered one."""
         path = Path(root)
         creation = _check_store_root(path, create=create, config=config, writing=True)
+        lock_existed = os.path.lexists(path / LOCK_FILE)
         lock = StoreLock(path / LOCK_FILE)
         try:
             lock.acquire()
@@ -193,6 +195,7 @@ class Store:
             store = cls(path, resolve_geometry(path, given, replacing), writable=True)
             store._lock = lock
             store._creation = creation
+            store._lock_existed = lock_existed
             store._given_config = given
             store.refuse_links_out()
             if creation is not None:
@@ -557,14 +560,15 @@ class Store:
 
     def _undo_creation(self) -> None:
         """Remove what creating the store made (all of it empty: zero-filled commit-log files,
-        ``abort``, the remembered geometry, ``lock``) so a failed ``--create`` leaves the
-        directory as it was. Only empty directories are removed."""
+        ``abort``, the remembered geometry, ``lock`` unless it was there before) so a failed
+        ``--create`` leaves the directory as it was. Only empty directories are removed."""
         self.reload_files()
         if self.commitlog_dir.is_dir():
             for entry in os.scandir(self.commitlog_dir):
                 if entry.is_file(follow_symlinks=False):
                     os.unlink(entry.path)
-        for path in (self.abort_path, geometry_path(self.root), self.lock_path):
+        made = [self.abort_path, geometry_path(self.root)]
+        for path in made if self._lock_existed else [*made, self.lock_path]:
             path.unlink(missing_ok=True)
         for directory in (
             self.commitlog_dir,
@@ -702,8 +706,8 @@ def _check_store_root(
         _refuse_misplaced_files(root)
     if commitlog_dir.is_dir() or any((root / marker).exists() for marker in _STORE_MARKERS):
         return None
-    if create and all(entry.name == QUARANTINE_DIR for entry in root.iterdir()):
-        return _Creation.IN_EMPTY_ROOT  # empty, or emptied into its quarantine
+    if create and all(entry.name in (QUARANTINE_DIR, LOCK_FILE) for entry in root.iterdir()):
+        return _Creation.IN_EMPTY_ROOT  # empty, or emptied into its quarantine (lock aside)
     if create:
         raise NotAStoreError(
             f"{root} is not empty and is not a RocketMQ store; refusing to create a store in it"

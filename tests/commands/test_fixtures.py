@@ -74,3 +74,23 @@ def test_bad_input(tmp_path: Path) -> None:
     assert not (tmp_path / "v2").exists()
     made = run_cli("fixtures", "generate", "v2", tmp_path / "v2", "--broker-version", "5")
     assert made.exit_code == 0, made.stderr
+
+
+def test_a_forced_generation_is_undone_by_its_restore(tmp_path: Path) -> None:
+    """``--force`` moves the earlier store into quarantine (the lock stays: it is held) and
+    lists what the new fixture makes: restoring the folder sets the new fixture aside and
+    gives the earlier store back, byte for byte."""
+    out = tmp_path / "out"
+    assert run_cli("fixtures", "generate", "torn-tail", out).exit_code == 0
+    (out / "lock").touch()
+    before = tree_digest(out)
+    forced = run_cli("fixtures", "generate", "multi", out, "--force")
+    assert forced.exit_code == 0, forced.stderr
+    (folder,) = json.loads(run_cli("quarantine", "list", out, "--json").stdout)["folders"]
+    assert folder["operation"] == "fixtures-generate"
+    restored = run_cli("quarantine", "restore", out, folder["name"], "--yes", "--json")
+    assert restored.exit_code == 0, restored.stderr
+    after = tree_digest(out)
+    assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+    aside = Path(json.loads(restored.stdout)["setAsideIn"])
+    assert json.loads((aside / "fixture.json").read_text())["scenario"] == "multi"
