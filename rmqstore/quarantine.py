@@ -37,6 +37,8 @@ MANIFEST_FILE = "manifest.json"
 _COPY_CHUNK = 8 * 1024 * 1024
 # a manifest longer than this is not one rmqstore wrote (a piece takes about 250 bytes)
 _MANIFEST_LIMIT = 64 * 1024 * 1024
+# a copy of a file the operation rewrites, until it is whole (see Quarantine.keep_copy)
+_COPYING_SUFFIX = ".copying"
 
 
 @dataclass
@@ -216,12 +218,10 @@ class Quarantine:
         if mode is None or not existed:
             self._record(made)
             return
+        # listed first, then copied under a name a restore passes over and renamed: a kill
+        # before the rename leaves the copy missing, which a restore takes for a piece put
+        # back already (the file is still the one copied), never half a copy put back
         target = self._free_target(relative)
-        try:
-            _durable_copy(source, target)
-            fsync_directory(target.parent)
-        except OSError as exc:
-            raise StoreIOError(f"cannot quarantine {source}: {exc.strerror}") from None
         self._record(
             {
                 "file": str(source),
@@ -231,6 +231,13 @@ class Quarantine:
             },
             made,
         )
+        copying = target.with_name(f".{target.name}{_COPYING_SUFFIX}")
+        try:
+            _durable_copy(source, copying)
+            os.rename(copying, target)
+            fsync_directory(target.parent)
+        except OSError as exc:
+            raise StoreIOError(f"cannot quarantine {source}: {exc.strerror}") from None
 
     def note_made(self, paths: list[Path], description: str) -> None:
         """List ``paths``, which the operation makes (or is about to make) in the store, in
@@ -523,7 +530,8 @@ def _restore_step(store_root: Path, folder: Path, relative: Path, cut: bool) -> 
 
 def unlisted_pieces(folder: Path, listed: set[Path]) -> list[Path]:
     """The files and links in a quarantine folder (by their place in it) that are neither a
-    listed piece nor inside one, the manifest and its temporary aside."""
+    listed piece nor inside one, the manifest and its temporary aside, nor a copy a kill
+    left unfinished (its file is still in the store)."""
     found = []
     for directory, subdirectories, names in os.walk(folder):
         here = Path(directory).relative_to(folder)
@@ -532,8 +540,10 @@ def unlisted_pieces(folder: Path, listed: set[Path]) -> list[Path]:
             d for d in subdirectories if (Path(directory) / d).is_symlink()
         ]:
             relative = here / name
-            if relative in listed or (
-                here == Path(".") and name in (MANIFEST_FILE, creating_name(MANIFEST_FILE))
+            if (
+                relative in listed
+                or (here == Path(".") and name in (MANIFEST_FILE, creating_name(MANIFEST_FILE)))
+                or (name.startswith(".") and name.endswith(_COPYING_SUFFIX))
             ):
                 continue
             found.append(relative)

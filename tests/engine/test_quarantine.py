@@ -198,3 +198,32 @@ def test_a_quarantine_copy_on_a_full_disk_cuts_nothing(tmp_path: Path) -> None:
         with pytest.raises(StoreIOError, match="No space left"):
             quarantine.cut_region(source, 0, 600_000, "more than the disk has room for")
         assert source.read_bytes() == kept and quarantine.pieces == []
+
+
+def test_a_kept_copy_a_kill_left_unfinished_is_passed_over_by_the_restore(tmp_path: Path) -> None:
+    """The checkpoint and abort are listed before they are copied, under a name a restore
+    passes over until the copy is renamed into place: a kill in between leaves a folder whose
+    restore changes nothing in the store (the file is still the one being copied) and
+    removes the folder; a finished copy goes back in place of what the operation wrote."""
+    from rmqstore.fixtures import generate
+    from rmqstore.quarantine import restore_quarantine
+
+    for finished in (False, True):
+        root = tmp_path / f"store-{finished}"
+        generate("torn-tail", root)
+        original = (root / "checkpoint").read_bytes()
+        with Store.open_write(root) as store:
+            quarantine = Quarantine.create(root, "recover")
+            store.keep_state(quarantine)
+        kept = quarantine.directory / "checkpoint"
+        assert kept.read_bytes() == original and (quarantine.directory / "abort").exists()
+        if not finished:  # as a kill before the renames leaves it
+            kept.rename(quarantine.directory / ".checkpoint.copying")
+            (quarantine.directory / "abort").unlink()
+        (root / "checkpoint").write_bytes(bytes(len(original)))  # what the operation wrote
+        outcome = restore_quarantine(root, quarantine.directory.name)
+        assert not quarantine.directory.exists()
+        expected = original if finished else bytes(len(original))
+        assert (root / "checkpoint").read_bytes() == expected
+        assert (root / "abort").exists()
+        assert [step.kind for step in outcome.steps].count("move back") == (2 if finished else 0)
