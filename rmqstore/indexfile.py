@@ -400,6 +400,8 @@ class IndexService:
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.unexpected: list[Path] = []
         self.files: list[IndexFile] = []
+        # told each new file's path before the file is made (a quarantine lists it as made)
+        self.on_create: Callable[[Path], None] | None = None
         self._topic_prefixes: dict[str, int] = {}  # Java hash of "topic#"
         if directory.is_dir():
             try:
@@ -430,8 +432,11 @@ class IndexService:
             millis += 1  # two files in one millisecond: keep names unique and ordered
         if last is not None:
             last.flush()
+        path = self.directory / index_file_name(millis, utc=self.utc_names)
+        if self.on_create is not None:
+            self.on_create(path)
         created = IndexFile.create(
-            self.directory / index_file_name(millis, utc=self.utc_names),
+            path,
             self.slots,
             self.entries,
             last.header if last else None,

@@ -19,7 +19,6 @@ file, so no index entry is lost.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,11 +29,10 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.dispatch import Dispatcher, DispatchResult
-from rmqstore.errors import RmqStoreError
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
-from rmqstore.segments import is_creating_name, nonzero_extent
+from rmqstore.segments import creating_name, is_creating_name, nonzero_extent
 from rmqstore.store import Store
 
 
@@ -256,13 +254,6 @@ def _cut(store: Store, plan: RecoveryPlan, path: Path, start: int, end: int, rea
     plan.cuts.append(ByteCut(path, start, end, reason))
 
 
-def _index_files(store: Store) -> set[Path]:
-    try:
-        return {entry for entry in store.index_dir.iterdir() if not entry.is_symlink()}
-    except OSError:
-        return set()
-
-
 def apply_recovery(
     store: Store, plan: RecoveryPlan, progress: Callable[[int], None] | None = None
 ) -> RecoveryResult:
@@ -277,24 +268,19 @@ def apply_recovery(
         for move in plan.moves:
             quarantine.move_path(move.path, move.reason)
         store.reload_files()
-    index_before = _index_files(store)
-
-    def note_made() -> None:  # a restore sets the index files recover made aside
-        if quarantine is not None:
-            made = sorted(_index_files(store) - index_before)
-            quarantine.note_made(made, "index file rebuilt by recover")
-
+    dispatcher = Dispatcher(store)
     try:
-        dispatcher = Dispatcher(store)
-        try:
-            dispatched = dispatcher.run(progress=progress)
-        finally:
-            dispatcher.close()
-        store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
-        flushed = flush_store(store)
-    except BaseException:  # stopped by something in its way: its restore undoes it still
-        with contextlib.suppress(RmqStoreError, OSError):
-            note_made()
-        raise
-    note_made()
+        if quarantine is not None and dispatcher.index is not None:
+            # each index file listed as made (and the temporary name it is made under)
+            # before it is made, so a restore of a recovery stopped at any point (a kill
+            # too) sets aside the ones it made
+            kept = quarantine
+            dispatcher.index.on_create = lambda path: kept.note_made(
+                [path.with_name(creating_name(path.name)), path], "index file rebuilt by recover"
+            )
+        dispatched = dispatcher.run(progress=progress)
+    finally:
+        dispatcher.close()
+    store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
+    flushed = flush_store(store)
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)

@@ -151,3 +151,50 @@ def test_a_killed_restore_run_again_gives_the_store_before_the_recovery(tmp_path
         )
         assert not (store / "quarantine" / folder["name"]).exists()
         shutil.rmtree(store)
+
+
+@pytest.mark.campaign
+def test_a_killed_recovery_is_undone_by_its_restore(tmp_path: Path) -> None:
+    """SIGKILL at a random moment of ``recover`` of a torn store whose every index file is
+    rebuilt (the checkpoint's index time zeroed), then ``quarantine restore`` of the folder
+    it made: the commit log, consume queues, index, checkpoint and abort are as they were
+    before the recovery, byte for byte, whatever the kill interrupted (the index files made
+    before it are set aside: each is listed as made before it is made)."""
+
+    def state(store: Path) -> dict[str, str]:
+        kept = tree_state(store)
+        return {
+            path: digest
+            for path, digest in kept.items()
+            if path.split("/")[0] in ("commitlog", "consumequeue", "index", "checkpoint", "abort")
+        }
+
+    source = tmp_path / "source"
+    generate("torn-tail", source, FixtureOptions(seed=3, messages=MESSAGES))
+    with open(source / "checkpoint", "r+b") as checkpoint:
+        checkpoint.seek(16)  # indexMsgTimestamp
+        checkpoint.write(bytes(8))
+    expected = state(source)
+    reference = tmp_path / "reference"
+    shutil.copytree(source, reference)
+    started = time.monotonic()
+    done = run_cli("recover", reference, "--yes", "--json")
+    duration = time.monotonic() - started
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["plan"]["indexFilesRebuilt"] == len(
+        list((source / "index").iterdir())
+    )
+    rng = campaign_random("crash-recover-restore")
+    for kill in range(KILLS):
+        store = tmp_path / f"killed-{kill}"
+        shutil.copytree(source, store)
+        run_and_kill(["recover", str(store), "--yes"], rng.uniform(0.25, 0.3 + duration))
+        folders = sorted((store / "quarantine").glob("*-recover*"))
+        for folder in folders:  # none: the kill came before the recovery changed anything
+            restored = run_cli("quarantine", "restore", store, folder.name, "--yes")
+            assert restored.exit_code == 0, f"kill {kill}{seed_note()}: {restored.stderr}"
+        got = state(store)
+        assert got == expected, (
+            f"kill {kill}{seed_note()}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
+        )
+        shutil.rmtree(store)

@@ -71,10 +71,13 @@ def test_recovery_reaches_what_the_fixture_expects(tmp_path: Path, name: str, se
         listed = json.loads((result.quarantine / "manifest.json").read_text())["pieces"]
         pieces = [piece for piece in listed if not {"made", "copied"} & set(piece)]
         assert len(pieces) == len(plan.cuts) + len(plan.moves)
-        # what recover made in their place: the index files it rebuilt, and the checkpoint
-        # and abort (kept as it found them), and only those
+        # what recover made in their place: the index files it rebuilt (and the temporary
+        # names they were made under), and the checkpoint and abort (kept as it found
+        # them), and only those
         made = {out / piece["made"] for piece in listed if "made" in piece}
-        assert made - {out / "checkpoint", out / "abort"} <= set((out / "index").iterdir())
+        index_files = set((out / "index").iterdir())
+        temporary = {path.with_name(f".{path.name}.creating") for path in index_files}
+        assert made - {out / "checkpoint", out / "abort"} <= index_files | temporary
         kept = {piece["moved"] for piece in listed if "copied" in piece}
         assert kept == ({"checkpoint", "abort"} if plan.abnormal else {"checkpoint"})
         assert bool(made) == bool(plan.index_files_rebuilt)
