@@ -154,12 +154,19 @@ def test_a_killed_restore_run_again_gives_the_store_before_the_recovery(tmp_path
 
 
 @pytest.mark.campaign
-def test_a_killed_recovery_is_undone_by_its_restore(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("scenario", "command"),
+    [("torn-tail", ["recover", "--yes"]), ("multi", ["dispatch", "--rebuild", "--yes"])],
+)
+def test_a_killed_repair_is_undone_by_its_restore(
+    tmp_path: Path, scenario: str, command: list[str]
+) -> None:
     """SIGKILL at a random moment of ``recover`` of a torn store whose every index file is
-    rebuilt (the checkpoint's index time zeroed), then ``quarantine restore`` of the folder
-    it made: the commit log, consume queues, index, checkpoint and abort are as they were
-    before the recovery, byte for byte, whatever the kill interrupted (the index files made
-    before it are set aside: each is listed as made before it is made)."""
+    rebuilt (the checkpoint's index time zeroed), or of ``dispatch --rebuild``, then
+    ``quarantine restore`` of the folder it made: the commit log, consume queues, index,
+    checkpoint and abort are as they were before, byte for byte, whatever the kill
+    interrupted (what it made is set aside: each index file recover makes is listed as made
+    before it is made, the folders a rebuild makes before it makes them)."""
 
     def state(store: Path) -> dict[str, str]:
         kept = tree_state(store)
@@ -170,27 +177,28 @@ def test_a_killed_recovery_is_undone_by_its_restore(tmp_path: Path) -> None:
         }
 
     source = tmp_path / "source"
-    generate("torn-tail", source, FixtureOptions(seed=3, messages=MESSAGES))
+    generate(scenario, source, FixtureOptions(seed=3, messages=MESSAGES))
     with open(source / "checkpoint", "r+b") as checkpoint:
-        checkpoint.seek(16)  # indexMsgTimestamp
+        checkpoint.seek(16)  # indexMsgTimestamp: a recovery rebuilds every index file
         checkpoint.write(bytes(8))
     expected = state(source)
     reference = tmp_path / "reference"
     shutil.copytree(source, reference)
     started = time.monotonic()
-    done = run_cli("recover", reference, "--yes", "--json")
+    done = run_cli(command[0], reference, *command[1:], "--json")
     duration = time.monotonic() - started
     assert done.exit_code == 0, done.stderr
-    assert json.loads(done.stdout)["plan"]["indexFilesRebuilt"] == len(
-        list((source / "index").iterdir())
-    )
-    rng = campaign_random("crash-recover-restore")
+    if command[0] == "recover":
+        assert json.loads(done.stdout)["plan"]["indexFilesRebuilt"] == len(
+            list((source / "index").iterdir())
+        )
+    rng = campaign_random(f"crash-undo-{scenario}")
     for kill in range(KILLS):
         store = tmp_path / f"killed-{kill}"
         shutil.copytree(source, store)
-        run_and_kill(["recover", str(store), "--yes"], rng.uniform(0.25, 0.3 + duration))
-        folders = sorted((store / "quarantine").glob("*-recover*"))
-        for folder in folders:  # none: the kill came before the recovery changed anything
+        run_and_kill([command[0], str(store), *command[1:]], rng.uniform(0.25, 0.3 + duration))
+        folders = sorted((store / "quarantine").glob(f"*-{command[0]}*"))
+        for folder in folders:  # none: the kill came before the repair changed anything
             restored = run_cli("quarantine", "restore", store, folder.name, "--yes")
             assert restored.exit_code == 0, f"kill {kill}{seed_note()}: {restored.stderr}"
         got = state(store)
