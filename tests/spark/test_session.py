@@ -134,3 +134,19 @@ def test_a_class_archive_is_written_once_then_mapped(tmp_path: Path) -> None:
     spark_lines = [line for line in loaded.read_text().splitlines() if "org.apache.spark." in line]
     shared = [line for line in spark_lines if "shared objects file (top)" in line]
     assert spark_lines and len(shared) > len(spark_lines) // 2, spark_lines[:5]
+
+
+@pytest.mark.spark
+def test_a_sessions_workers_use_the_c_librarys_allocator_for_arrow(spark: Any) -> None:
+    """The sessions rmqstore starts give their Python workers (tasks, and data-source reads)
+    Arrow's system memory pool, unless this process's environment names one."""
+    named = os.environ.get("ARROW_DEFAULT_MEMORY_POOL")
+    expected = named or "system"
+    pools = (
+        spark.sparkContext.parallelize([0, 1], 2)
+        .map(lambda _: __import__("pyarrow").default_memory_pool().backend_name)
+        .collect()
+    )
+    assert pools == [expected, expected]
+    if named is None:
+        assert spark.conf.get("spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL") == "system"
