@@ -19,6 +19,7 @@ file, so no index entry is lost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.dispatch import Dispatcher, DispatchResult
+from rmqstore.errors import RmqStoreError
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
@@ -265,8 +267,14 @@ def apply_recovery(
         store.keep_state(quarantine)
         for cut in plan.cuts:
             quarantine.cut_region(cut.path, cut.start, cut.end, cut.reason)
-        for move in plan.moves:
-            quarantine.move_path(move.path, move.reason)
+        try:
+            for move in plan.moves:
+                quarantine.move_path(move.path, move.reason, list_later=True)
+        except BaseException:  # what was moved is listed if it can be (else found by path)
+            with contextlib.suppress(RmqStoreError, OSError):
+                quarantine.list_pending()
+            raise
+        quarantine.list_pending()
         store.reload_files()
     dispatcher = Dispatcher(store)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,43 @@ def test_a_kept_copy_a_kill_left_unfinished_is_passed_over_by_the_restore(tmp_pa
         assert (root / "checkpoint").read_bytes() == expected
         assert (root / "abort").exists()
         assert [step.kind for step in outcome.steps].count("move back") == (2 if finished else 0)
+
+
+def test_moves_listed_later_are_in_the_manifest_by_the_next_listing(tmp_path: Path) -> None:
+    """Moves made with ``list_later`` wait (at most 256 of them) until a piece is listed at
+    once or :meth:`Quarantine.list_pending`; a restore finds those not listed yet by their
+    paths, so none is lost in between."""
+    from rmqstore.quarantine import _PENDING_PIECES, restore_quarantine
+
+    root = tmp_path / "store"
+    (root / "commitlog").mkdir(parents=True)
+    files = []
+    for number in range(_PENDING_PIECES + 10):
+        path = root / "consumequeue" / f"T{number}" / "0" / "00000000000000000000"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(number.to_bytes(20, "big"))
+        files.append(path)
+    quarantine = Quarantine.create(root, "recover")
+
+    def listed() -> list[str]:
+        manifest = json.loads((quarantine.directory / "manifest.json").read_text())
+        return [piece["file"] for piece in manifest["pieces"]]
+
+    quarantine.save_region(files[0], 0, 20, "listed at once")
+    for path in files[1:5]:
+        quarantine.move_path(path, "moved", list_later=True)
+    assert listed() == [str(files[0])]  # not yet
+    restored_early = tmp_path / "early"
+    shutil.copytree(root, restored_early)  # as a kill here leaves the store
+    quarantine.list_pending()
+    assert listed() == [str(path) for path in files[:5]]
+    for path in files[5:]:
+        quarantine.move_path(path, "moved", list_later=True)
+    assert len(listed()) >= len(files) - _PENDING_PIECES  # never more than that many wait
+    quarantine.list_pending()
+    assert listed() == [str(path) for path in files]
+    early = restore_quarantine(restored_early, quarantine.directory.name)
+    assert [step.kind for step in early.steps] == ["move back"] * 4  # (the copy: in place)
+    for number, path in enumerate(files[1:5], start=1):
+        again = restored_early / path.relative_to(root)
+        assert again.read_bytes() == number.to_bytes(20, "big")
