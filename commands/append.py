@@ -23,6 +23,7 @@ from rmqstore.batch import (
 from rmqstore.commands.options import (
     json_option,
     jsonl_option,
+    refuse_empty,
     store_argument,
     store_config_options,
 )
@@ -90,6 +91,7 @@ def _parse_property(
     "--input",
     "input_path",
     metavar="FILE|-",
+    callback=refuse_empty,
     help="Append one message per JSON line of FILE (- for stdin). Fields: topic, "
     "queueId, tags, keys, properties, body or bodyBase64, flag, bornTimestamp, "
     "bornHost, reconsumeTimes, transaction, preparedTransactionOffset; the "

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from rmqstore.commands.options import store_config_options
+from rmqstore.commands.options import GivenPath, store_config_options
 from rmqstore.commands.output import format_millis, json_text
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
@@ -29,7 +29,7 @@ _A_FILE_OF = {
 
 
 @click.command("dump")
-@click.argument("file", type=click.Path(path_type=Path), metavar="FILE")
+@click.argument("file", type=GivenPath(path_type=Path), metavar="FILE")
 @click.option(
     "--kind",
     type=click.Choice([kind.value for kind in FileKind]),

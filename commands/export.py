@@ -14,6 +14,7 @@ from rmqstore.commands.options import (
     jobs_option,
     json_option,
     progress_option,
+    refuse_empty,
     store_config_options,
     store_location_argument,
 )
@@ -30,6 +31,7 @@ from rmqstore.store import Store
     "--to",
     "destination",
     required=True,
+    callback=refuse_empty,
     metavar="DIR",
     help="A new (or empty) directory for the part files, or a pyarrow URI (s3://, hdfs://, gs://).",
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rmqstore.commands.options import jobs_option, json_option, progress_option
+from rmqstore.commands.options import GivenPath, jobs_option, json_option, progress_option
 from rmqstore.commands.output import Grid, console, counted, emit_json, note, progress_bar
 from rmqstore.config import (
     JAVA_INT_MAX,
@@ -69,7 +69,7 @@ def list_command(as_json: bool) -> int:
 
 @command.command("generate")
 @click.argument("scenario", type=click.Choice(list(SCENARIOS)), metavar="SCENARIO")
-@click.argument("out", type=click.Path(path_type=Path), metavar="OUT")
+@click.argument("out", type=GivenPath(path_type=Path), metavar="OUT")
 @click.option(
     "--seed",
     type=int,
@@ -198,7 +198,7 @@ def generate_command(
 
 @command.command("describe")
 @click.argument("scenario", type=click.Choice(list(SCENARIOS)), metavar="SCENARIO")
-@click.argument("out", type=click.Path(path_type=Path), metavar="OUT")
+@click.argument("out", type=GivenPath(path_type=Path), metavar="OUT")
 @json_option
 def describe_command(scenario: str, out: Path, as_json: bool) -> int:
     """Print the manifest of scenario SCENARIO generated in OUT.

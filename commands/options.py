@@ -25,17 +25,38 @@ from rmqstore.config import (
 
 F = Callable[..., Any]
 
+_EMPTY = "is empty (an unset variable?): give a path; . names the current directory"
+
+
+class GivenPath(click.Path):
+    """``click.Path`` refusing an empty string, which would name the current directory: a
+    script's ``rmqstore recover "$STORE" --yes`` with STORE unset must not recover the
+    store it happens to run in."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value == "":
+            self.fail(_EMPTY, param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def refuse_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A callback refusing an empty string for a path or URI given as text."""
+    if value == "":
+        raise click.BadParameter(_EMPTY, ctx=ctx, param=param)
+    return value
+
+
 store_argument = click.argument(
-    "store", type=click.Path(path_type=Path, file_okay=True, dir_okay=True), metavar="STORE"
+    "store", type=GivenPath(path_type=Path, file_okay=True, dir_okay=True), metavar="STORE"
 )
 
 # a store the Spark pipeline reads: a path, or a pyarrow URI (s3://, hdfs://, gs://, file://)
-store_location_argument = click.argument("store", metavar="STORE")
+store_location_argument = click.argument("store", metavar="STORE", callback=refuse_empty)
 
 _CONFIG_OPTIONS = [
     click.option(
         "--broker-config",
-        type=click.Path(path_type=Path, dir_okay=False),
+        type=GivenPath(path_type=Path, dir_okay=False),
         help="Read store settings (file sizes, index geometry, CRC switches, "
         "storePathCommitLog, ...) from the broker's broker.conf.",
     ),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from rmqstore.commands.options import json_option, store_config_options
+from rmqstore.commands.options import GivenPath, json_option, refuse_empty, store_config_options
 from rmqstore.commands.output import console, counted, emit_json, fields_grid, json_text, note
 from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
@@ -17,8 +17,8 @@ HA_SCHEME = "ha://"
 
 
 @click.command("replicate")
-@click.argument("source", metavar="SOURCE")
-@click.argument("dest", type=click.Path(path_type=Path), metavar="DEST")
+@click.argument("source", metavar="SOURCE", callback=refuse_empty)
+@click.argument("dest", type=GivenPath(path_type=Path), metavar="DEST")
 @click.option(
     "--follow",
     "keep_following",

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from rmqstore.fixtures import generate
+
 from support import lock_held_elsewhere, run_cli, small_filesystem, tree_digest
 
 
@@ -462,3 +464,36 @@ def test_geometry_no_broker_takes_is_refused_before_anything_is_made(
         last = refused.stderr.strip().splitlines()[-1]  # (a usage error shows the usage first)
         assert "error" in last.lower() and "Traceback" not in refused.stderr
         assert not store.exists()
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rmqstore recover "$STORE" --yes`` with STORE unset must not recover the store the
+    script runs in: an empty STORE (or SOURCE, DEST, OUT, FILE, --to, --input,
+    --broker-config) is a usage error, exit 2, and nothing is read or written."""
+    store = tmp_path / "store"
+    generate("torn-tail", store)
+    before = tree_digest(store)
+    monkeypatch.chdir(store)
+    for command in (
+        ["recover", "", "--yes"],
+        ["dispatch", "", "--rebuild", "--yes"],
+        ["info", ""],
+        ["verify", ""],
+        ["stats", ""],
+        ["export", "", "--to", str(tmp_path / "out")],
+        ["export", ".", "--to", ""],
+        ["replicate", "", str(tmp_path / "copy")],
+        ["replicate", ".", ""],
+        ["fixtures", "generate", "basic", ""],
+        ["dump", ""],
+        ["append", ".", "--input", ""],
+        ["info", ".", "--broker-config", ""],
+        ["quarantine", "purge", "", "--all", "--yes"],
+    ):
+        result = run_cli(*command)
+        assert result.exit_code == 2, (command, result.stderr)
+        assert "is empty (an unset variable?)" in result.stderr, command
+    assert tree_digest(store) == before
+    assert not (tmp_path / "out").exists() and not (tmp_path / "copy").exists()
