@@ -24,6 +24,7 @@ from rmqstore.commands.options import (
     json_option,
     jsonl_option,
     refuse_empty,
+    refuse_empty_text,
     store_argument,
     store_config_options,
 )
@@ -55,7 +56,11 @@ def _parse_property(
 
 @click.command("append")
 @store_argument
-@click.option("--topic", help="Topic (RocketMQ rules: letters, digits, %, |, -, _).")
+@click.option(
+    "--topic",
+    callback=refuse_empty_text("a topic name"),
+    help="Topic (RocketMQ rules: letters, digits, %, |, -, _).",
+)
 @click.option(
     "--queue",
     "queue_id",

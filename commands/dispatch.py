@@ -12,6 +12,7 @@ from rmqstore.commands.options import (
     jobs_option,
     json_option,
     progress_option,
+    refuse_empty_text,
     store_argument,
     store_config_options,
 )
@@ -53,6 +54,7 @@ from rmqstore.store import Store
     "topics",
     multiple=True,
     metavar="T",
+    callback=refuse_empty_text("a topic name"),
     help="Only these topics' consume queues (repeatable). The index, shared by all "
     "topics, is then left alone.",
 )

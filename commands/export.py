@@ -15,6 +15,7 @@ from rmqstore.commands.options import (
     json_option,
     progress_option,
     refuse_empty,
+    refuse_empty_text,
     store_config_options,
     store_location_argument,
 )
@@ -43,7 +44,14 @@ from rmqstore.store import Store
     show_default=True,
     help="Parquet files, or JSON lines (one object per message, body in base64).",
 )
-@click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="T",
+    callback=refuse_empty_text("a topic name"),
+    help="Only these topics.",
+)
 @click.option("--no-body", is_flag=True, help="Leave the message bodies out.")
 @click.option(
     "--decompress/--no-decompress",

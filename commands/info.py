@@ -11,6 +11,7 @@ from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE
 from rmqstore.commands.options import (
     json_option,
     progress_option,
+    refuse_empty_text,
     store_argument,
     store_config_options,
 )
@@ -38,6 +39,7 @@ from rmqstore.summary import summarize, topic_status
     "topics",
     multiple=True,
     metavar="T",
+    callback=refuse_empty_text("a topic name"),
     help="Only the status of these topics' queues (like mqadmin topicStatus): min and max "
     "offsets and the store time of each queue's last message, without reading the log.",
 )

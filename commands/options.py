@@ -46,6 +46,19 @@ def refuse_empty(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
+def refuse_empty_text(what: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A callback refusing an empty string (one value or one of several) where ``what``
+    (a topic name, a key, ...) is wanted: a script's ``--topic "$TOPIC"`` with TOPIC unset
+    would otherwise count, export or check no message and report success."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value == "" or (isinstance(value, tuple) and "" in value):
+            raise click.BadParameter(f"is empty (an unset variable?): give {what}", ctx, param)
+        return value
+
+    return callback
+
+
 store_argument = click.argument(
     "store", type=GivenPath(path_type=Path, file_okay=True, dir_okay=True), metavar="STORE"
 )

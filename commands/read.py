@@ -13,6 +13,7 @@ from rmqstore.commands.options import (
     json_option,
     jsonl_option,
     progress_option,
+    refuse_empty_text,
     store_argument,
     store_config_options,
 )
@@ -54,6 +55,7 @@ _TABLE_CHUNK = 100
 @click.option(
     "--msg-id",
     metavar="ID",
+    callback=refuse_empty_text("a message id"),
     help="The message named by an offset message id (32 or 56 hex digits).",
 )
 @click.option(
@@ -70,6 +72,7 @@ _TABLE_CHUNK = 100
 @click.option(
     "--topic",
     metavar="T",
+    callback=refuse_empty_text("a topic name"),
     help="With --queue: read through the consume queue; with --key/--uniq-key: the "
     "topic to search.",
 )
@@ -92,11 +95,13 @@ _TABLE_CHUNK = 100
 @click.option(
     "--key",
     metavar="K",
+    callback=refuse_empty_text("a key"),
     help="Messages with this key in KEYS (of --topic, or of every topic), through the index.",
 )
 @click.option(
     "--uniq-key",
     metavar="ID",
+    callback=refuse_empty_text("a unique key"),
     help="Messages with this UNIQ_KEY (client message id; of --topic, or of every topic), "
     "through the index.",
 )

@@ -13,6 +13,7 @@ from rmqstore.commands.options import (
     jobs_option,
     json_option,
     progress_option,
+    refuse_empty_text,
     store_config_options,
     store_location_argument,
 )
@@ -32,7 +33,14 @@ from rmqstore.pipeline.local import PipelineOptions, StoreStats
 
 @click.command("stats")
 @store_location_argument
-@click.option("--topic", "topics", multiple=True, metavar="T", help="Only these topics.")
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="T",
+    callback=refuse_empty_text("a topic name"),
+    help="Only these topics.",
+)
 @engine_options(default="auto")
 @jobs_option()
 @store_config_options

@@ -12,6 +12,7 @@ from rmqstore.commands.options import (
     jobs_option,
     json_option,
     progress_option,
+    refuse_empty_text,
     store_argument,
     store_config_options,
 )
@@ -31,6 +32,7 @@ from rmqstore.errors import ExitCode
 from rmqstore.store import Store
 from rmqstore.verify import CROSS_CHECKS, KINDS, VerifyOptions, VerifyReport, verify_store
 from rmqstore.verify.ranges import RangedVerify
+from rmqstore.wording import quoted
 from rmqstore.workers import process_runner
 
 _STYLE = {"error": "red", "warning": "yellow", "note": "dim"}
@@ -96,8 +98,10 @@ _HELP = (
     "topics",
     multiple=True,
     metavar="T",
+    callback=refuse_empty_text("a topic name"),
     help="Check consume queues (and index entries) of these topics only "
-    "(repeatable); the commit log is always checked.",
+    "(repeatable); the commit log is always checked. The checkpoint's consume-queue time "
+    "vouches for every queue, so it is checked only without --topic.",
 )
 @click.option(
     "--from-offset",
@@ -170,17 +174,17 @@ def command(
                 PipelineOptions.for_config(opened.config, engine.split),
             )
             report = pipeline.verify(opened, options)
-            return _finish(report, as_json, store, delimited)
+            return _finish(report, as_json, store, delimited, topics)
         if jobs > 1:
             ranged = RangedVerify.for_options(opened, options, engine.split)
             report = ranged.run(process_runner(jobs))
-            return _finish(report, as_json, store, delimited)
+            return _finish(report, as_json, store, delimited, topics)
         segments = opened.commitlog.segments
         base = segments[0].start if segments else 0
         total = opened.commitlog.data_extent() - base  # the data, not pre-allocated zeros
         with progress_bar("verifying", total, not no_progress) as update:
             report = verify_store(opened, options, lambda offset: update(offset - base))
-    return _finish(report, as_json, store, delimited)
+    return _finish(report, as_json, store, delimited, topics)
 
 
 def _finish(
@@ -188,6 +192,7 @@ def _finish(
     as_json: bool,
     store: Path,
     delimited: tuple[str, list[str]] | None = None,
+    topics: tuple[str, ...] = (),
 ) -> int:
     if as_json and delimited:
         raise click.UsageError("--json and --csv/--tsv exclude each other")
@@ -198,7 +203,7 @@ def _finish(
     elif as_json:
         emit_json(report.to_dict(str(store)))
     else:
-        _render(report)
+        _render(report, topics)
         if not report.ok:
             step = report.next_step(str(store))
             console.print(
@@ -209,7 +214,7 @@ def _finish(
     return ExitCode.OK if report.ok else ExitCode.FINDINGS
 
 
-def _render(report: VerifyReport) -> None:
+def _render(report: VerifyReport, topics: tuple[str, ...] = ()) -> None:
     checked = report.checked
     summary = fields_grid()
     summary.add_row(
@@ -222,6 +227,12 @@ def _render(report: VerifyReport) -> None:
             "consume queues",
             f"{counted(checked['consumeQueues'], 'queue')}, "
             f"{counted(checked['units'], 'unit')} matched against records",
+        )
+    elif topics:  # a mistyped --topic: say that nothing of it was checked
+        summary.add_row(
+            "consume queues",
+            f"none of {'topic' if len(topics) == 1 else 'topics'} "
+            f"{', '.join(quoted(topic) for topic in sorted(set(topics)))}",
         )
     if checked["indexFiles"]:
         summary.add_row(

@@ -31,7 +31,7 @@ from rmqstore.record import (
 )
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
-from rmqstore.wording import clipped, counted
+from rmqstore.wording import clipped, counted, quoted
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
@@ -184,7 +184,7 @@ class MessageReader:
         walks them), each through its consume queue."""
         queue_ids = sorted(q for t, q in list_queues(self.store.consumequeue_dir) if t == topic)
         if not queue_ids:
-            raise NotFoundError(f"topic {topic} has no consume queues")
+            raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
         produced = 0
         for queue_id in queue_ids:
             for message in self.by_queue(topic, queue_id, body=body):

@@ -23,6 +23,7 @@ from rmqstore.record import (
     ScanStop,
 )
 from rmqstore.store import Store
+from rmqstore.wording import quoted
 
 
 class _QueueStats:
@@ -97,7 +98,7 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
             }
         )
     if not queues:
-        raise NotFoundError(f"topic {topic} has no consume queues")
+        raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
     return {"topic": topic, "queues": queues}
 
 

@@ -497,3 +497,33 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_directory(
         assert "is empty (an unset variable?)" in result.stderr, command
     assert tree_digest(store) == before
     assert not (tmp_path / "out").exists() and not (tmp_path / "copy").exists()
+
+
+def test_an_empty_topic_or_key_is_refused_not_matched_against_nothing(tmp_path: Path) -> None:
+    """``--topic "$TOPIC"`` with TOPIC unset used to count, export, check or build nothing
+    and exit 0 (``append`` said no topic was given, ``read --key`` found no message): an
+    empty --topic, --key, --uniq-key or --msg-id is a usage error, exit 2, naming the
+    option, and nothing is written."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    before = tree_digest(store)
+    for command in (
+        ["read", store, "--topic", "", "--queue", "0"],
+        ["read", store, "--key", ""],
+        ["read", store, "--uniq-key", ""],
+        ["read", store, "--msg-id", ""],
+        ["stats", store, "--topic", "TopicTest", "--topic", ""],
+        ["export", store, "--to", tmp_path / "out", "--topic", ""],
+        ["verify", store, "--topic", ""],
+        ["dispatch", store, "--topic", ""],
+        ["info", store, "--topic", ""],
+        ["append", store, "--topic", "", "--body", "x"],
+    ):
+        result = run_cli(*command)
+        assert result.exit_code == 2, (command, result.stdout, result.stderr)
+        option = next(
+            str(word) for word in command if str(word).startswith("--") and word != "--to"
+        )
+        assert f"Invalid value for '{option}': is empty (an unset variable?)" in result.stderr
+    assert tree_digest(store) == before
+    assert not (tmp_path / "out").exists()
