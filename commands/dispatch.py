@@ -56,7 +56,8 @@ from rmqstore.store import Store
     metavar="T",
     callback=refuse_empty_text("a topic name"),
     help="Only these topics' consume queues (repeatable). The index, shared by all "
-    "topics, is then left alone.",
+    "topics, is then left alone, and 'abort' kept when the queues built reach past records "
+    "left out (a broker would not dispatch them).",
 )
 @click.option(
     "--from-offset",
@@ -65,7 +66,11 @@ from rmqstore.store import Store
     help="Replay from this record offset instead of where the queues and index end "
     "(what is already there is skipped, as a broker does).",
 )
-@click.option("--no-index", is_flag=True, help="Build consume queues only.")
+@click.option(
+    "--no-index",
+    is_flag=True,
+    help="Build consume queues only ('abort' kept when they reach past records not indexed).",
+)
 @click.option(
     "--max-records",
     type=click.IntRange(min=1),

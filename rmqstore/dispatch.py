@@ -85,6 +85,14 @@ class Dispatcher:
         self.topics = set(topics) if topics else None
         self.build_index = build_index and store.config.message_index_enable
         self.build_queues = build_queues  # off: the consume queues are written elsewhere
+        # some topics' queues, or not the index: what is left out is not caught up by this
+        # dispatch, and a broker starting without 'abort' would never dispatch what lies
+        # before where the queues now reach (see queue_reach)
+        self.partial = self.topics is not None or (
+            store.config.message_index_enable and not self.build_index
+        )
+        if self.partial:
+            store.remember_queue_reach(queue_reach)
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         for topic, queue_id in list_queues(store.consumequeue_dir) if build_queues else []:
@@ -242,13 +250,22 @@ class Dispatcher:
             full_index_end = full[-1].header.end_timestamp if full else 0
         checkpoint = self.store.checkpoint() or Checkpoint()
         updated = checkpoint
-        if last_time is not None and last_time > checkpoint.logics_msg_timestamp:
+        # logicsMsgTimestamp vouches for every consume queue: some topics' queues built leave
+        # the others where they were (a broker's crash recovery picks the file it replays
+        # from by this time)
+        if (
+            self.topics is None
+            and last_time is not None
+            and last_time > checkpoint.logics_msg_timestamp
+        ):
             updated = replace(updated, logics_msg_timestamp=last_time)
         if full_index_end > checkpoint.index_msg_timestamp:
             updated = replace(updated, index_msg_timestamp=full_index_end)
         if updated != checkpoint or (self.store.checkpoint() is None and last_time is not None):
             write_checkpoint(self.store.checkpoint_path, updated)
-        if result.to_offset >= result.log_end:
+        if self.partial:
+            self.store.settle_partial_dispatch(queue_reach(self.store))
+        elif result.to_offset >= result.log_end:
             self.store.dispatched_through = result.to_offset
 
     def close(self) -> None:
@@ -547,6 +564,30 @@ def _index_resume_offset(store: Store, index: IndexService, start: int) -> int:
     return offset + record.store_size
 
 
+def queue_reach(store: Store) -> int | None:
+    """Where the store's consume queues reach: the end of the record the furthest of their
+    last units points to (-1 without a unit; None when a queue cannot be read). A broker
+    starting without ``abort`` dispatches only what follows it (4.9: its dispatcher starts
+    there; 5.x: normal recovery dispatches past it, then the dispatcher starts at the log's
+    end, spec 10.2 and 10.4)."""
+    reach = -1
+    for topic, queue_id in list_queues(store.consumequeue_dir):
+        directory = store.consumequeue_dir / topic / str(queue_id)
+        if not is_path_safe(topic) or not store.inside(directory):
+            continue  # no dispatch writes there, nor does a broker read it
+        try:
+            queue = ConsumeQueue(
+                store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size
+            )
+        except (InputError, OSError):
+            return None
+        try:
+            reach = max(reach, queue.max_physical_offset)
+        finally:
+            queue.close()
+    return reach
+
+
 def plan_dispatch(
     store: Store, *, topics: Iterable[str] | None = None, build_index: bool = True
 ) -> tuple[int, int]:
@@ -694,6 +735,10 @@ def apply_rebuild(store: Store, plan: RebuildPlan) -> Path:
     """Quarantine the old files (and a copy of the checkpoint and abort) and reset the
     checkpoint times, before a Dispatcher replays the log. Returns the quarantine folder."""
     store.begin_write()
+    if store.consumequeue_dir not in plan.makes or (
+        store.config.message_index_enable and not plan.reset_index
+    ):
+        store.remember_queue_reach(queue_reach)  # before some topics' queues are moved
     # a folder even when nothing is moved: its restore undoes the rebuild all the same
     quarantine = Quarantine.create(store.root, "dispatch-rebuild")
     store.keep_state(quarantine)

@@ -222,7 +222,9 @@ class SparkPipeline(Pipeline):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         settle_walk_end(store, result, walked, end, from_offset)
-        dispatcher = Dispatcher(store, build_index=build_index, build_queues=False, clock=clock)
+        dispatcher = Dispatcher(
+            store, topics=topics, build_index=build_index, build_queues=False, clock=clock
+        )
         try:
             if dispatcher.build_index:
                 indexed = dispatcher.run(from_offset, until=end.cut, queued_time=last_time)

@@ -228,6 +228,78 @@ def test_topic_only_rebuild_leaves_the_index(oracle, tmp_path: Path) -> None:
     assert {k: v for k, v in after.items() if k.startswith("index/")} == index_before
 
 
+def _two_topics_undispatched(store: Path, *, abort: bool) -> None:
+    """A store whose records of A and B (interleaved, the last one B's) are in no consume
+    queue or index; with ``abort`` as append leaves it, or without (queues behind the log
+    of a store a broker stopped cleanly, or one a foreign writer appended to)."""
+    lines = "".join(
+        json.dumps({"topic": topic, "body": f"{topic}{number}", "keys": f"k{topic}{number}"}) + "\n"
+        for number in range(5)
+        for topic in ("A", "B")
+    )
+    result = run_cli("append", store, "--create", "--input", "-", "--json", input=lines)
+    assert result.exit_code == 0, result.stderr
+    assert (store / "abort").exists()
+    if not abort:
+        (store / "abort").unlink()
+
+
+@pytest.mark.parametrize("abort", [True, False])
+@pytest.mark.parametrize(
+    "options",
+    [["--topic", "A"], ["--no-index"], ["--rebuild", "--yes", "--topic", "A"]],
+    ids=["topic", "no-index", "rebuild-topic"],
+)
+def test_a_dispatch_leaving_records_out_keeps_abort(
+    tmp_path: Path, options: list[str], abort: bool
+) -> None:
+    """--topic A (or --no-index) built A's queue to the log's end and said the queues and
+    index covered the whole log, so 'abort' was removed (and the checkpoint's consume-queue
+    time moved to A's last message). A broker starting without 'abort' dispatches only what
+    follows the furthest queue's end (spec 10.2, 10.4): B's records before it, and the keys
+    of every record, would never have been dispatched. 'abort' now stays (or is made), and
+    the checkpoint's consume-queue time stays where it was."""
+    from rmqstore.checkpoint import read_checkpoint
+
+    store = tmp_path / "store"
+    _two_topics_undispatched(store, abort=abort)
+    before = read_checkpoint(store / "checkpoint")
+    result = run_cli("dispatch", store, *options)
+    assert result.exit_code == 0, result.stderr
+    assert (store / "abort").exists()
+    assert "'abort' is kept" in result.stderr and "was removed" not in result.stderr
+    after = read_checkpoint(store / "checkpoint")
+    if "--topic" in options:
+        expected = 0 if "--rebuild" in options else (before.logics_msg_timestamp if before else 0)
+        assert after is not None and after.logics_msg_timestamp == expected
+    lagging = json.loads(run_cli("verify", store, "--json").stdout)["findingsByKind"]
+    assert {"dispatch-lag", "index-lag"} & set(lagging)
+    # a whole dispatch then catches everything up, and 'abort' goes
+    caught_up = run_cli("dispatch", store)
+    assert caught_up.exit_code == 0 and not (store / "abort").exists(), caught_up.stderr
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
+def test_a_dispatch_of_some_queues_of_a_caught_up_store_makes_no_abort(tmp_path: Path) -> None:
+    """Queues of some topics rebuilt (or caught up) on a store whose queues already reach
+    the log's end reach no further than before: no 'abort' is left behind."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    for options in (
+        ["--topic", "TopicTest"],
+        ["--rebuild", "--yes", "--topic", "TopicTest"],
+        ["--rebuild", "--yes", "--topic", "TopicTest", "--jobs", "2"],
+        ["--rebuild", "--yes", "--no-index"],
+    ):
+        result = run_cli("dispatch", store, *options)
+        assert result.exit_code == 0, (options, result.stderr)
+        assert not (store / "abort").exists(), options
+        assert "'abort' is kept" not in result.stderr, options
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
 def test_append_with_dispatch_is_queryable_and_clean(tmp_path: Path) -> None:
     store = tmp_path / "store"
     lines = "".join(

@@ -307,6 +307,18 @@ def test_commands_with_the_spark_engine(spark: Any, oracle, tmp_path: Path) -> N
     assert (store_dir / "quarantine").is_dir()
     refused = run_cli("dispatch", store_dir, "--engine", "spark")
     assert refused.exit_code == 2 and "--rebuild" in refused.stderr
+    # a rebuild of A's queues on Spark, with B's records before A's last in no queue and no
+    # 'abort': a broker would never dispatch them, so 'abort' is made and kept
+    lagging = tmp_path / "lagging"
+    lines = "".join(f'{{"topic": "{topic}", "body": "x"}}\n' for _ in range(3) for topic in "AB")
+    assert run_cli("append", lagging, "--create", "--input", "-", input=lines).exit_code == 0
+    (lagging / "abort").unlink()
+    partial = run_cli(
+        "dispatch", lagging, "--rebuild", "--yes", "--topic", "A", "--engine", "spark", "--json"
+    )
+    assert partial.exit_code == 0, partial.stderr
+    assert json.loads(partial.stdout)["unitsWritten"] == 3
+    assert (lagging / "abort").exists() and "'abort' is kept" in partial.stderr
 
 
 def test_consecutive_ranges_share_a_task_up_to_the_sources_split() -> None:
