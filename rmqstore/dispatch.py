@@ -93,6 +93,7 @@ class Dispatcher:
         )
         if self.partial:
             store.remember_queue_reach(queue_reach)
+        self.skips_records = False  # set by run: it starts past where queues and index end
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         for topic, queue_id in list_queues(store.consumequeue_dir) if build_queues else []:
@@ -153,7 +154,13 @@ class Dispatcher:
         store = self.store
         log = store.commitlog
         store.begin_write()
-        start = self.cursor() if from_offset is None else from_offset
+        cursor = self.cursor()
+        start = cursor if from_offset is None else from_offset
+        if start > cursor:  # --from-offset past where the queues and index end
+            self.skips_records = True
+            if not self.partial:
+                self.partial = True
+                store.remember_queue_reach(queue_reach)
         ahead = max((q.max_physical_offset for q in self.queues.values()), default=-1)
         result = DispatchResult(from_offset=start, to_offset=start)
         if (until is not None and start >= until) or log.queue.find(start) is None:
@@ -251,10 +258,11 @@ class Dispatcher:
         checkpoint = self.store.checkpoint() or Checkpoint()
         updated = checkpoint
         # logicsMsgTimestamp vouches for every consume queue: some topics' queues built leave
-        # the others where they were (a broker's crash recovery picks the file it replays
-        # from by this time)
+        # the others where they were, a start past the cursor the records before it (a
+        # broker's crash recovery picks the file it replays from by this time)
         if (
             self.topics is None
+            and not self.skips_records
             and last_time is not None
             and last_time > checkpoint.logics_msg_timestamp
         ):

@@ -606,12 +606,17 @@ class Store:
 
     def _settle_abort(self, appended: int, end_offset: int | None) -> None:
         if self._partial_dispatch is not None:
-            if self._partial_dispatch or self.abort_existed:
+            left_out = (
+                "this dispatch left records out (other topics' queues with --topic, the "
+                "index with --no-index, those before --from-offset)"
+            )
+            if self._partial_dispatch:
                 self.notes.append(
-                    "only some topics' consume queues, or not the index, were built, so "
-                    "'abort' is kept: a broker then dispatches what was left out when it "
-                    "starts (or run rmqstore dispatch)"
+                    f"{left_out} and the queues now reach past them, so 'abort' is kept: a "
+                    "broker's crash recovery dispatches them (or run rmqstore dispatch)"
                 )
+            elif self.abort_existed:
+                self.notes.append(f"{left_out}, so 'abort' stays")
             else:
                 self._remove_abort()  # the queues reach no further than before
             return

@@ -18,7 +18,7 @@ from rmqstore.consumequeue import (
     list_queues,
 )
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
-from rmqstore.errors import NotFoundError, RecordError, StoreFormatError
+from rmqstore.errors import NotFoundError, RecordError, RmqStoreError, StoreFormatError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.properties import TAGS
@@ -94,6 +94,7 @@ class QueueChecks:
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.states: dict[tuple[str, int], _QueueState] = {}
         self.missing_queues: dict[tuple[str, int], int] = {}
+        self.missing_first: dict[tuple[str, int], int] = {}  # their first record's offset
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self._known = {
             key for key in list_queues(store.consumequeue_dir) if topics is None or key[0] in topics
@@ -137,6 +138,7 @@ class QueueChecks:
                 if state.matched or state.lag
             },
             "missing": dict(self.missing_queues),
+            "missingFirst": dict(self.missing_first),
             "lastQueuedTime": self.last_queued_time,
         }
 
@@ -147,10 +149,12 @@ class QueueChecks:
                 continue
             state.matched += matched
             state.lag += lag
-            if state.first_lag is None:
+            if state.first_lag is None or (first_lag is not None and first_lag < state.first_lag):
                 state.first_lag = first_lag
         for key, count in partial["missing"].items():
             self.missing_queues[key] = self.missing_queues.get(key, 0) + count
+        for key, first in partial["missingFirst"].items():
+            self.missing_first[key] = min(first, self.missing_first.get(key, first))
         self.last_queued_time = max(self.last_queued_time, partial["lastQueuedTime"])
 
     def close(self) -> None:
@@ -319,6 +323,7 @@ class QueueChecks:
         if state is None:
             if is_path_safe(topic):
                 self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
+                self.missing_first.setdefault(key, offset)
             return
         queue_offset = header.queue_offset
         if queue_offset < state.min_offset:
@@ -358,10 +363,23 @@ class QueueChecks:
                 self.last_queued_time = stamp
 
     def finish(self, log_end: int) -> None:
+        resume = self._dispatch_resume() if self._lags() else None
         for (topic, queue_id), state in self.states.items():
             queue = state.queue
             name = relative(self.store, queue.directory)
-            if state.lag:
+            if state.lag and state.first_lag is not None and _left_behind(state.first_lag, resume):
+                self._report_hole(
+                    f"{counted(state.lag, 'record')} of {topic}:{queue_id} from offset "
+                    f"{state.first_lag} {'is' if state.lag == 1 else 'are'} not in the "
+                    "consume queue",
+                    state.first_lag,
+                    resume,
+                    file=name,
+                    topic=topic,
+                    queue_id=queue_id,
+                    queue_offset=queue.max_offset,
+                )
+            elif state.lag:
                 self.report.add(
                     "dispatch-lag",
                     f"{counted(state.lag, 'record')} of {topic}:{queue_id} from offset "
@@ -389,16 +407,62 @@ class QueueChecks:
                     queue_id=queue_id,
                 )
                 continue
+            text = (
+                f"{counted(count, 'record')} of {topic}:{queue_id} "
+                f"{'has' if count == 1 else 'have'} no consume queue at all"
+            )
+            first = self.missing_first.get((topic, queue_id))
+            if first is not None and _left_behind(first, resume):
+                self._report_hole(
+                    text,
+                    first,
+                    resume,
+                    file=f"consumequeue/{topic}/{queue_id}",
+                    topic=topic,
+                    queue_id=queue_id,
+                )
+                continue
             self.report.add(
                 "dispatch-lag",
-                f"{counted(count, 'record')} of {topic}:{queue_id} "
-                f"{'has' if count == 1 else 'have'} no consume queue at all",
+                text,
                 WARNING,
                 file=f"consumequeue/{topic}/{queue_id}",
+                commit_log_offset=first,
                 topic=topic,
                 queue_id=queue_id,
             )
         self.close()
+
+    def _lags(self) -> bool:
+        return bool(self.missing_queues) or any(state.lag for state in self.states.values())
+
+    def _dispatch_resume(self) -> int | None:
+        """Where ``rmqstore dispatch`` (and a broker starting without ``abort``) would start:
+        after the furthest consume queue's last record, or earlier where the index ends.
+        None when that cannot be told (a queue or the index unreadable)."""
+        from rmqstore.dispatch import plan_dispatch
+
+        try:
+            start, _ = plan_dispatch(self.store)
+        except (RmqStoreError, OSError):
+            return None
+        return start
+
+    def _report_hole(self, text: str, first: int, resume: int | None, **place: Any) -> None:
+        """Records of a queue left behind where a dispatch resumes: neither a dispatch nor
+        a broker's restart (without ``abort``) ever adds them, and the queue's next unit
+        would take the queue offset of its first missing record."""
+        where = (
+            f"{resume:,}" if resume is not None else "not known: a queue or the index is unreadable"
+        )
+        self.report.add(
+            "dispatch-hole",
+            f"{text}, before where a dispatch resumes ({where}): neither rmqstore dispatch "
+            "nor a broker's restart adds them (the queue's next unit would take the wrong "
+            f"queue offset); rmqstore dispatch --from-offset {first} does, or --rebuild",
+            commit_log_offset=first,
+            **place,
+        )
 
     def _in_the_way(self, topic: str, queue_id: int) -> Path | None:
         """A file where the folder of a queue (or of its topic) must be made, if one is."""
@@ -459,3 +523,9 @@ class QueueChecks:
             "queue_id": queue.queue_id,
             "queue_offset": queue_offset,
         }
+
+
+def _left_behind(first: int, resume: int | None) -> bool:
+    """Whether records from ``first`` on lie before where a dispatch resumes (or that is
+    not known): then no dispatch from there adds them."""
+    return resume is None or first < resume

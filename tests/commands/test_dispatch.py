@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -228,10 +229,11 @@ def test_topic_only_rebuild_leaves_the_index(oracle, tmp_path: Path) -> None:
     assert {k: v for k, v in after.items() if k.startswith("index/")} == index_before
 
 
-def _two_topics_undispatched(store: Path, *, abort: bool) -> None:
+def _two_topics_undispatched(store: Path, *, abort: bool) -> list[int]:
     """A store whose records of A and B (interleaved, the last one B's) are in no consume
     queue or index; with ``abort`` as append leaves it, or without (queues behind the log
-    of a store a broker stopped cleanly, or one a foreign writer appended to)."""
+    of a store a broker stopped cleanly, or one a foreign writer appended to). Returns the
+    records' offsets."""
     lines = "".join(
         json.dumps({"topic": topic, "body": f"{topic}{number}", "keys": f"k{topic}{number}"}) + "\n"
         for number in range(5)
@@ -242,13 +244,19 @@ def _two_topics_undispatched(store: Path, *, abort: bool) -> None:
     assert (store / "abort").exists()
     if not abort:
         (store / "abort").unlink()
+    return [message["commitLogOffset"] for message in json.loads(result.stdout)["messages"]]
 
 
 @pytest.mark.parametrize("abort", [True, False])
 @pytest.mark.parametrize(
     "options",
-    [["--topic", "A"], ["--no-index"], ["--rebuild", "--yes", "--topic", "A"]],
-    ids=["topic", "no-index", "rebuild-topic"],
+    [
+        ["--topic", "A"],
+        ["--no-index"],
+        ["--rebuild", "--yes", "--topic", "A"],
+        ["--from-offset", "FOURTH"],  # the fourth record's offset: three left out
+    ],
+    ids=["topic", "no-index", "rebuild-topic", "from-offset"],
 )
 def test_a_dispatch_leaving_records_out_keeps_abort(
     tmp_path: Path, options: list[str], abort: bool
@@ -262,22 +270,28 @@ def test_a_dispatch_leaving_records_out_keeps_abort(
     from rmqstore.checkpoint import read_checkpoint
 
     store = tmp_path / "store"
-    _two_topics_undispatched(store, abort=abort)
+    offsets = _two_topics_undispatched(store, abort=abort)
     before = read_checkpoint(store / "checkpoint")
+    options = [str(offsets[3]) if option == "FOURTH" else option for option in options]
     result = run_cli("dispatch", store, *options)
     assert result.exit_code == 0, result.stderr
     assert (store / "abort").exists()
-    assert "'abort' is kept" in result.stderr and "was removed" not in result.stderr
+    assert "so 'abort' is kept" in result.stderr and "was removed" not in result.stderr
     after = read_checkpoint(store / "checkpoint")
-    if "--topic" in options:
+    if "--topic" in options or "--from-offset" in options:
         expected = 0 if "--rebuild" in options else (before.logics_msg_timestamp if before else 0)
         assert after is not None and after.logics_msg_timestamp == expected
     lagging = json.loads(run_cli("verify", store, "--json").stdout)["findingsByKind"]
-    assert {"dispatch-lag", "index-lag"} & set(lagging)
-    # a whole dispatch then catches everything up, and 'abort' goes
-    caught_up = run_cli("dispatch", store)
-    assert caught_up.exit_code == 0 and not (store / "abort").exists(), caught_up.stderr
-    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+    assert {"dispatch-lag", "index-lag", "cq-unit"} & set(lagging)  # --from-offset: cq-unit
+    # verify's next steps, taken one after the other, catch everything up, and 'abort' goes
+    for _ in range(4):
+        report = json.loads(run_cli("verify", store, "--json").stdout)
+        if report["ok"]:
+            break
+        step = shlex.split(report["nextStep"])
+        assert step[0] == "rmqstore", step
+        assert run_cli(*step[1:]).exit_code in (0, 1), step  # 1: recover found problems
+    assert report["ok"] and not (store / "abort").exists(), report
 
 
 def test_a_dispatch_of_some_queues_of_a_caught_up_store_makes_no_abort(tmp_path: Path) -> None:
