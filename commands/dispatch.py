@@ -12,9 +12,9 @@ from rmqstore.commands.options import (
     jobs_option,
     json_option,
     progress_option,
-    refuse_empty_text,
     store_argument,
     store_config_options,
+    topics_option,
 )
 from rmqstore.commands.output import (
     confirm_or_refuse,
@@ -49,15 +49,10 @@ from rmqstore.store import Store
     "quarantine/ folder (with a copy of the checkpoint: quarantine restore undoes the "
     "rebuild), then replay the whole commit log. Asks on a terminal.",
 )
-@click.option(
-    "--topic",
-    "topics",
-    multiple=True,
-    metavar="T",
-    callback=refuse_empty_text("a topic name"),
-    help="Only these topics' consume queues (repeatable). The index, shared by all "
+@topics_option(
+    "Only these topics' consume queues (repeatable). The index, shared by all "
     "topics, is then left alone, and 'abort' kept when the queues built reach past records "
-    "left out (a broker would not dispatch them).",
+    "left out (a broker would not dispatch them)."
 )
 @click.option(
     "--from-offset",

@@ -15,9 +15,9 @@ from rmqstore.commands.options import (
     json_option,
     progress_option,
     refuse_empty,
-    refuse_empty_text,
     store_config_options,
     store_location_argument,
+    topics_option,
 )
 from rmqstore.commands.output import console, counted, emit_json, fields_grid, progress_bar
 from rmqstore.config import StoreConfig
@@ -44,14 +44,7 @@ from rmqstore.store import Store
     show_default=True,
     help="Parquet files, or JSON lines (one object per message, body in base64).",
 )
-@click.option(
-    "--topic",
-    "topics",
-    multiple=True,
-    metavar="T",
-    callback=refuse_empty_text("a topic name"),
-    help="Only these topics.",
-)
+@topics_option("Only these topics.")
 @click.option("--no-body", is_flag=True, help="Leave the message bodies out.")
 @click.option(
     "--decompress/--no-decompress",

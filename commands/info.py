@@ -11,9 +11,9 @@ from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE
 from rmqstore.commands.options import (
     json_option,
     progress_option,
-    refuse_empty_text,
     store_argument,
     store_config_options,
+    topics_option,
 )
 from rmqstore.commands.output import (
     DelimitedWriter,
@@ -34,14 +34,9 @@ from rmqstore.summary import summarize, topic_status
 
 @click.command("info")
 @store_argument
-@click.option(
-    "--topic",
-    "topics",
-    multiple=True,
-    metavar="T",
-    callback=refuse_empty_text("a topic name"),
-    help="Only the status of these topics' queues (like mqadmin topicStatus): min and max "
-    "offsets and the store time of each queue's last message, without reading the log.",
+@topics_option(
+    "Only the status of these topics' queues (like mqadmin topicStatus): min and max "
+    "offsets and the store time of each queue's last message, without reading the log."
 )
 @click.option(
     "--deep",

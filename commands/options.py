@@ -59,6 +59,18 @@ def refuse_empty_text(what: str) -> Callable[[click.Context, click.Parameter, An
     return callback
 
 
+def topics_option(help: str) -> Callable[[F], F]:
+    """``--topic T`` (repeatable) into ``topics``: an empty one is refused."""
+    return click.option(
+        "--topic",
+        "topics",
+        multiple=True,
+        metavar="T",
+        callback=refuse_empty_text("a topic name"),
+        help=help,
+    )
+
+
 store_argument = click.argument(
     "store", type=GivenPath(path_type=Path, file_okay=True, dir_okay=True), metavar="STORE"
 )

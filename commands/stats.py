@@ -13,9 +13,9 @@ from rmqstore.commands.options import (
     jobs_option,
     json_option,
     progress_option,
-    refuse_empty_text,
     store_config_options,
     store_location_argument,
+    topics_option,
 )
 from rmqstore.commands.output import (
     DelimitedWriter,
@@ -33,14 +33,7 @@ from rmqstore.pipeline.local import PipelineOptions, StoreStats
 
 @click.command("stats")
 @store_location_argument
-@click.option(
-    "--topic",
-    "topics",
-    multiple=True,
-    metavar="T",
-    callback=refuse_empty_text("a topic name"),
-    help="Only these topics.",
-)
+@topics_option("Only these topics.")
 @engine_options(default="auto")
 @jobs_option()
 @store_config_options

@@ -12,9 +12,9 @@ from rmqstore.commands.options import (
     jobs_option,
     json_option,
     progress_option,
-    refuse_empty_text,
     store_argument,
     store_config_options,
+    topics_option,
 )
 from rmqstore.commands.output import (
     DelimitedWriter,
@@ -93,15 +93,10 @@ _HELP = (
     help="Check only these (repeatable): the commit log alone, or the consume queues and/or "
     "the index against it (the commit log's records are always checked).",
 )
-@click.option(
-    "--topic",
-    "topics",
-    multiple=True,
-    metavar="T",
-    callback=refuse_empty_text("a topic name"),
-    help="Check consume queues (and index entries) of these topics only "
+@topics_option(
+    "Check consume queues (and index entries) of these topics only "
     "(repeatable); the commit log is always checked. The checkpoint's consume-queue time "
-    "vouches for every queue, so it is checked only without --topic.",
+    "vouches for every queue, so it is checked only without --topic."
 )
 @click.option(
     "--from-offset",
