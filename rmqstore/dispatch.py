@@ -92,7 +92,7 @@ class Dispatcher:
             store.config.message_index_enable and not self.build_index
         )
         if self.partial:
-            store.remember_queue_reach(queue_reach)
+            remember_queue_reach(store)
         self.skips_records = False  # set by run: it starts past where queues and index end
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
@@ -160,7 +160,7 @@ class Dispatcher:
             self.skips_records = True
             if not self.partial:
                 self.partial = True
-                store.remember_queue_reach(queue_reach)
+                remember_queue_reach(store)
         ahead = max((q.max_physical_offset for q in self.queues.values()), default=-1)
         result = DispatchResult(from_offset=start, to_offset=start)
         if (until is not None and start >= until) or log.queue.find(start) is None:
@@ -271,8 +271,12 @@ class Dispatcher:
             updated = replace(updated, index_msg_timestamp=full_index_end)
         if updated != checkpoint or (self.store.checkpoint() is None and last_time is not None):
             write_checkpoint(self.store.checkpoint_path, updated)
-        if self.partial:
-            self.store.settle_partial_dispatch(queue_reach(self.store))
+        if self.partial:  # does it leave records out before where the queues now reach?
+            before, after = self.store.queue_reach_before, queue_reach(self.store)
+            further = after is None or before in (None, _UNKNOWN_REACH) or after > before
+            self.store.partial_dispatch_reaches_further = (
+                bool(self.store.partial_dispatch_reaches_further) or further
+            )
         elif result.to_offset >= result.log_end:
             self.store.dispatched_through = result.to_offset
 
@@ -596,6 +600,17 @@ def queue_reach(store: Store) -> int | None:
     return reach
 
 
+_UNKNOWN_REACH = -2  # a consume queue could not be read: how far they reach is not known
+
+
+def remember_queue_reach(store: Store) -> None:
+    """Before a dispatch that leaves records out changes anything: where the queues reach
+    (:func:`queue_reach`), once per open of ``store``."""
+    if store.queue_reach_before is None:
+        reach = queue_reach(store)
+        store.queue_reach_before = reach if reach is not None else _UNKNOWN_REACH
+
+
 def plan_dispatch(
     store: Store, *, topics: Iterable[str] | None = None, build_index: bool = True
 ) -> tuple[int, int]:
@@ -746,7 +761,7 @@ def apply_rebuild(store: Store, plan: RebuildPlan) -> Path:
     if store.consumequeue_dir not in plan.makes or (
         store.config.message_index_enable and not plan.reset_index
     ):
-        store.remember_queue_reach(queue_reach)  # before some topics' queues are moved
+        remember_queue_reach(store)  # before some topics' queues are moved
     # a folder even when nothing is moved: its restore undoes the rebuild all the same
     quarantine = Quarantine.create(store.root, "dispatch-rebuild")
     store.keep_state(quarantine)

@@ -100,9 +100,6 @@ class Residue:
         return sum(stop - start for _, start, stop in self.pieces)
 
 
-_UNKNOWN_REACH = -2  # a consume queue could not be read: how far they reach is not known
-
-
 class Store:
     """An opened store root. Use :meth:`open_read` or :meth:`open_write`; close when done."""
 
@@ -117,10 +114,12 @@ class Store:
         self._appender: CommitLogAppender | None = None
         self.abort_existed = self.aborted
         self.dispatched_through: int | None = None  # set by dispatch: consume queues' end
-        # where the consume queues reached before a dispatch of some topics (or without the
-        # index) changed anything, and whether that dispatch left them reaching further
-        self._queue_reach_before: int | None = None
-        self._partial_dispatch: bool | None = None  # None: none; True: it reaches further
+        # set by a dispatch that left records out (some topics' queues, no index, a start
+        # past where queues end): where the queues reached before it changed anything
+        # (rmqstore.dispatch.queue_reach), and whether they now reach further (None: no such
+        # dispatch ran); the close then keeps 'abort' (see _settle_abort)
+        self.queue_reach_before: int | None = None
+        self.partial_dispatch_reaches_further: bool | None = None
         self.tail_verified = False  # nothing but zeros follows the valid end of the log
         self._writing = False
         self._log_end: LogEnd | None = None
@@ -588,29 +587,15 @@ class Store:
         if self._creation is _Creation.MADE_ROOT:
             _remove_empty_directory(self.root)
 
-    def remember_queue_reach(self, reach_of: Callable[[Store], int | None]) -> None:
-        """Before a dispatch of some topics' queues (or without the index) changes anything:
-        where the queues reach (``reach_of``, :func:`rmqstore.dispatch.queue_reach`), once."""
-        if self._queue_reach_before is None:
-            before = reach_of(self)
-            self._queue_reach_before = before if before is not None else _UNKNOWN_REACH
-
-    def settle_partial_dispatch(self, reach: int | None) -> None:
-        """After a dispatch of some topics' queues (or without the index): whether the
-        queues now reach further than before (or either is unknown). Records before that
-        reach which it left out (other topics', the index's keys) a broker starting without
-        'abort' would never dispatch, so the close keeps 'abort' then."""
-        before = self._queue_reach_before
-        further = reach is None or before is None or before == _UNKNOWN_REACH or reach > before
-        self._partial_dispatch = bool(self._partial_dispatch) or further
-
     def _settle_abort(self, appended: int, end_offset: int | None) -> None:
-        if self._partial_dispatch is not None:
+        # records a dispatch left out, before where the queues now reach, a broker starting
+        # without 'abort' would never dispatch
+        if self.partial_dispatch_reaches_further is not None:
             left_out = (
                 "this dispatch left records out (other topics' queues with --topic, the "
                 "index with --no-index, those before --from-offset)"
             )
-            if self._partial_dispatch:
+            if self.partial_dispatch_reaches_further:
                 self.notes.append(
                     f"{left_out} and the queues now reach past them, so 'abort' is kept: a "
                     "broker's crash recovery dispatches them (or run rmqstore dispatch)"
