@@ -66,10 +66,10 @@ def command(
     records at or after it. Index files newer than the checkpoint's indexMsgTimestamp after a
     crash, or holding entries for cut records, are rebuilt. Every cut byte is copied to
     quarantine/ first and every file is moved there, never deleted. Then it dispatches the
-    log into the consume queues and index from the file the recovery started from, skipping
-    what they hold (a queue that lost its last units while others kept theirs gets them
-    back), flushes, writes the checkpoint and removes 'abort'. Takes the store's lock; asks
-    on a terminal before cutting.
+    log into the consume queues and index from where they end (after a crash from the file
+    the recovery started from, as a broker does, skipping what they hold: a queue that lost
+    its last units while others kept theirs gets them back), flushes, writes the checkpoint
+    and removes 'abort'. Takes the store's lock; asks on a terminal before cutting.
 
     Afterwards the store is verified (unless --no-check): exit 0 when verify calls it sound;
     1 when damage remains that recovery does not mend (it is named, with the next step, such

@@ -294,15 +294,14 @@ def apply_recovery(
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)
 
 
-def _replay_from(store: Store, dispatcher: Dispatcher) -> int:
-    """Where recovery's dispatch starts: where the consume queues and index end, or earlier,
-    at the file a broker's recovery starts from (spec 10.2, 10.3: the one the checkpoint
-    picks after a crash, else the third-last). A broker's crash recovery dispatches every
-    valid record from there, which gives back units a queue lost while other queues kept
-    theirs (a power loss with some of a queue's pages not on disk); its normal start
-    dispatches only past where the queues end, and such a queue's next record then takes
-    the wrong queue offset. recover replays from that file either way; what the queues and
-    index hold is skipped."""
-    segment = store.commitlog.recovery_start(store.checkpoint(), store.abort_existed)
+def _replay_from(store: Store, dispatcher: Dispatcher) -> int | None:
+    """Where recovery's dispatch starts: where the consume queues and index end (None), or,
+    after a crash, no later than the file the checkpoint picks, as a broker's crash recovery
+    dispatches every valid record from there (spec 10.3). That gives back units a queue lost
+    while other queues kept theirs (a power loss with some of a queue's pages not on disk);
+    what the queues and index hold is skipped."""
+    if not store.abort_existed:
+        return None
+    segment = store.commitlog.recovery_start(store.checkpoint(), True)
     cursor = dispatcher.cursor()
     return cursor if segment is None else min(cursor, segment.start)
