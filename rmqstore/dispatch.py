@@ -146,16 +146,21 @@ class Dispatcher:
         until: int | None = None,
         progress: Callable[[int], None] | None = None,
         queued_time: int | None = None,
+        no_later_than: int | None = None,
     ) -> DispatchResult:
         """Dispatch from ``from_offset`` (default: :meth:`cursor`) to the log's valid end, or
         to ``until`` when the caller knows it (an appender that just wrote up to there, or a
         parallel rebuild that found the end). ``queued_time``: the store time of the newest
-        record put into a consume queue elsewhere (for the checkpoint)."""
+        record put into a consume queue elsewhere (for the checkpoint). ``no_later_than``:
+        start there when the cursor is later (a crash recovery replaying from its start
+        file; what the queues and index hold is skipped)."""
         store = self.store
         log = store.commitlog
         store.begin_write()
         cursor = self.cursor()
         start = cursor if from_offset is None else from_offset
+        if no_later_than is not None:
+            start = min(start, no_later_than)
         if start > cursor:  # --from-offset past where the queues and index end
             self.skips_records = True
             if not self.partial:

@@ -286,7 +286,7 @@ def apply_recovery(
             dispatcher.index.on_create = lambda path: kept.note_made(
                 [path.with_name(creating_name(path.name)), path], "index file rebuilt by recover"
             )
-        dispatched = dispatcher.run(_replay_from(store, dispatcher), progress=progress)
+        dispatched = dispatcher.run(progress=progress, no_later_than=_replay_from(store))
     finally:
         dispatcher.close()
     store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
@@ -294,14 +294,13 @@ def apply_recovery(
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)
 
 
-def _replay_from(store: Store, dispatcher: Dispatcher) -> int | None:
-    """Where recovery's dispatch starts: where the consume queues and index end (None), or,
-    after a crash, no later than the file the checkpoint picks, as a broker's crash recovery
-    dispatches every valid record from there (spec 10.3). That gives back units a queue lost
-    while other queues kept theirs (a power loss with some of a queue's pages not on disk);
-    what the queues and index hold is skipped."""
+def _replay_from(store: Store) -> int | None:
+    """Where recovery's dispatch starts at the latest: after a crash, the file the checkpoint
+    picks, as a broker's crash recovery dispatches every valid record from there (spec
+    10.3). That gives back units a queue lost while other queues kept theirs (a power loss
+    with some of a queue's pages not on disk). None for a store closed cleanly: from where
+    the consume queues and index end."""
     if not store.abort_existed:
         return None
     segment = store.commitlog.recovery_start(store.checkpoint(), True)
-    cursor = dispatcher.cursor()
-    return cursor if segment is None else min(cursor, segment.start)
+    return None if segment is None else segment.start
