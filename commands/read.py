@@ -119,7 +119,7 @@ _TABLE_CHUNK = 100
     type=STORE_TIME,
     default=LONG_MAX,
     metavar="TIME",
-    help="Only messages stored at or before TIME.",
+    help="Only messages stored at or before TIME (not before --begin).",
 )
 @click.option(
     "--tags",
@@ -231,6 +231,11 @@ def command(
         offset, msg_id, from_offset, topic, queue_id, queue_from, count, key, uniq_key, timestamp
     )
     _refuse_unused(mode, tags)
+    if begin > end:
+        raise click.UsageError(
+            f"--begin is after --end ({begin} > {end}, epoch ms): no message is stored in "
+            "that window"
+        )
     if sum((as_json, as_jsonl, delimited is not None)) > 1:
         raise click.UsageError("--json, --jsonl and --csv/--tsv exclude each other")
     table = DelimitedWriter(*delimited) if delimited else None

@@ -13,12 +13,17 @@ from rmqstore.wording import quoted
 _MQADMIN = re.compile(r"(\d{4})-(\d{2})-(\d{2})#(\d{2}):(\d{2}):(\d{2}):(\d{3})")
 
 
+_LONG_MAX = 2**63 - 1  # a Java long: what a record's timestamps hold
+
+
 def parse_store_time(text: str) -> int:
     """Epoch milliseconds from ``text``: digits (epoch ms), ISO-8601 (``2024-03-01T12:00:00``,
     with ``Z`` or ``+08:00``; without a zone, local time) or mqadmin's
     ``2024-03-01#12:00:00:000`` (local time, as mqadmin reads it)."""
     value = text.strip()
     if value.isdigit():
+        if int(value) > _LONG_MAX:
+            raise InputError(f"{quoted(text)} is beyond the epoch milliseconds a broker can store")
         return int(value)
     matched = _MQADMIN.fullmatch(value)
     try:

@@ -310,6 +310,11 @@ def test_times_in_any_form_and_shown_with_their_zone(oracle) -> None:
     assert json.loads(by_ms.stdout) == json.loads(by_iso.stdout)
     bad = run_cli("read", store, "--topic", "T", "--queue", "0", "--time", "noon")
     assert bad.exit_code == 2 and "is not a time" in bad.stderr
+    past_long = run_cli("read", store, "--topic", "T", "--queue", "0", "--time", str(2**63))
+    assert past_long.exit_code == 2 and "beyond the epoch milliseconds" in past_long.stderr
+    last_long = run_cli("read", store, "--topic", first["topic"], "--queue",
+                        str(first["queueId"]), "--time", str(2**63 - 1), "--json")  # fmt: skip
+    assert last_long.exit_code == 0, last_long.stderr
     shown = run_cli("--utc", "read", store, "--offset", str(first["commitLogOffset"]))
     assert " UTC" in shown.stdout
 
@@ -338,6 +343,10 @@ def test_a_whole_topic_filtered_by_tags_and_time(oracle) -> None:
     assert len(counted.stdout.splitlines()) == 2
     nothing = run_cli("read", store, "--topic", "NoSuchTopic")
     assert nothing.exit_code == 2 and "has no consume queues" in nothing.stderr
+    assert begin < end
+    for lookup in (["--topic", "TopicTest"], ["--from-offset", "0"], ["--key", "k"]):
+        swapped = run_cli("read", store, *lookup, "--begin", str(end), "--end", str(begin))
+        assert swapped.exit_code == 2 and "--begin is after --end" in swapped.stderr
 
 
 def test_csv_and_tsv_with_chosen_fields(oracle) -> None:
