@@ -189,7 +189,9 @@ def _parse_property(
     "dispatcher would (then 'abort' is removed at the end).",
 )
 @click.option(
-    "--create", is_flag=True, help="Create a new store if STORE is missing or an empty directory."
+    "--create",
+    is_flag=True,
+    help="Create a new store if STORE is missing or an empty directory (not inside another store).",
 )
 @click.option(
     "--store-host",

@@ -145,8 +145,9 @@ def generate_command(
     """Write scenario SCENARIO as a complete store in OUT.
 
     Commit log, consume queues, index, checkpoint and config/topics.json, plus
-    OUT/fixture.json. OUT must be missing or empty (or --force). The geometry used is in the
-    manifest; pass the same --index-slots/--index-entries to other commands.
+    OUT/fixture.json. OUT must be missing or empty (or --force), and not inside another
+    store. The geometry used is in the manifest; pass the same --index-slots/--index-entries
+    to other commands.
     """
     forced = SCENARIOS[scenario].broker_version
     given = click.get_current_context().get_parameter_source("broker_version")

@@ -66,11 +66,12 @@ def command(
 
     A directory SOURCE is read only, even while a broker writes it: only whole, CRC-valid
     records up to its valid end are copied. DEST is created when missing or empty (a DEST
-    inside SOURCE is refused, exit 2); its commit-log files get SOURCE's names, sizes and
-    bytes (records, BLANKs), and after every round its consume queues and index cover what
-    was copied and its checkpoint says so, so verify finds it sound. A second run copies
-    only what is new, from DEST's end. DEST must be a prefix of SOURCE (its last 64 MiB and
-    any bytes after its end equal to SOURCE's), else nothing changes and the command exits 2.
+    inside SOURCE or another store is refused, exit 2); its commit-log files get SOURCE's
+    names, sizes and bytes (records, BLANKs), and after every round its consume queues and
+    index cover what was copied and its checkpoint says so, so verify finds it sound. A
+    second run copies only what is new, from DEST's end. DEST must be a prefix of SOURCE
+    (its last 64 MiB and any bytes after its end equal to SOURCE's), else nothing changes
+    and the command exits 2.
     The writer's lock of DEST is taken (exit 3 when held). Consumer offsets and other
     config/*.json files are not part of the commit log and are not copied.
 

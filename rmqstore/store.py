@@ -679,6 +679,37 @@ def refuse_output_inside(store_root: Path, output: Path, what: str) -> None:
         )
 
 
+def enclosing_store(path: Path) -> Path | None:
+    """The store directory ``path`` (links followed) lies inside, if any: the nearest folder
+    above it holding a ``commitlog/`` folder and a checkpoint or ``consumequeue/``."""
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # a link loop: creating it fails later with its own error
+        return None
+    for folder in resolved.parents:
+        try:
+            if (folder / COMMITLOG_DIR).is_dir() and (
+                (folder / CHECKPOINT_FILE).is_file() or (folder / CONSUMEQUEUE_DIR).is_dir()
+            ):
+                return folder
+        except OSError:
+            return None
+    return None
+
+
+def _refuse_store_inside_another(root: Path) -> None:
+    """A new store is not made inside another: a broker lists that store's folders (a 4.x
+    broker refuses to start with a folder in its commit-log directory; a topic's folder under
+    ``consumequeue/`` holds its queues)."""
+    outer = enclosing_store(root)
+    if outer is not None:
+        raise NotAStoreError(
+            f"{root} is inside the store {outer}; make the new store outside it (a broker "
+            "lists the store's folders, and a 4.x broker refuses to start with a folder in its "
+            "commit-log directory)"
+        )
+
+
 def misplaced_files(root: Path) -> list[tuple[str, str]]:
     """(store-relative name, message) of each file where a store folder should be, and of an
     ``abort`` that is not a file: a writer refuses them before it changes anything (it would
@@ -712,6 +743,7 @@ def _check_store_root(
     """Refuse what is not a store; says how a new store is being created (None: it exists)."""
     if not root.exists():
         if create:
+            _refuse_store_inside_another(root)
             try:
                 root.mkdir(parents=True)
                 fsync_directory(root.parent)
@@ -730,6 +762,7 @@ def _check_store_root(
     if commitlog_dir.is_dir() or any((root / marker).exists() for marker in _STORE_MARKERS):
         return None
     if create and all(entry.name in (QUARANTINE_DIR, LOCK_FILE) for entry in root.iterdir()):
+        _refuse_store_inside_another(root)
         return _Creation.IN_EMPTY_ROOT  # empty, or emptied into its quarantine (lock aside)
     if create:
         raise NotAStoreError(

@@ -527,3 +527,26 @@ def test_an_empty_topic_or_key_is_refused_not_matched_against_nothing(tmp_path: 
         assert f"Invalid value for '{option}': is empty (an unset variable?)" in result.stderr
     assert tree_digest(store) == before
     assert not (tmp_path / "out").exists()
+
+
+def test_a_new_store_is_not_made_inside_another(tmp_path: Path) -> None:
+    """A store made in a folder of another (fixtures generate, append --create, replicate's
+    DEST) would leave a folder a broker of the outer store lists: a 4.x broker refuses to
+    start with a folder in its commit-log directory. Refused, exit 2, the outer store as it
+    was; a store beside it, under the same parent, is made."""
+    store = small_store(tmp_path)
+    (store / "commitlog" / "empty").mkdir()  # an empty folder there is the user's to remove
+    before = tree_digest(store)
+    for command in (
+        ["fixtures", "generate", "basic", store / "commitlog" / "new"],
+        ["fixtures", "generate", "basic", store / "commitlog" / "empty"],
+        ["append", store / "consumequeue" / "T" / "9", "--create", "--topic", "T", "--body", "x"],
+        ["replicate", store, store / "index" / "copy"],
+        ["fixtures", "generate", "basic", store / "backup"],
+    ):
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert f"is inside the store {store.resolve()}" in result.stderr, command
+    assert tree_digest(store) == before
+    beside = run_cli("fixtures", "generate", "basic", tmp_path / "beside")
+    assert beside.exit_code == 0, beside.stderr
