@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -214,9 +215,11 @@ def command(
     searched; no hit is a note and exit 1, as with grep); --topic T --queue Q --time MS (the
     queue offset for a store time). --tags A||B and --begin/--end keep only the messages with
     those tags, stored in that time (--count then counts the messages kept). --seek starts a
-    sequential read at the next record when none starts at N. An option the lookup would not use
-    is an error, not ignored (--offset is a commit-log offset; a queue offset is --from). A long
-    --jsonl or --csv read shows progress on a terminal. Reads only.
+    sequential read at the next record when none starts at N; without it an N inside a record is
+    an error (exit 2, before anything is printed). A read from the log's end (or past it in the
+    last file) is empty, exit 0, so a script can read on from where it stopped. An option the
+    lookup would not use is an error, not ignored (--offset is a commit-log offset; a queue
+    offset is --from). A long --jsonl or --csv read shows progress on a terminal. Reads only.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
@@ -238,7 +241,6 @@ def command(
         )
     if sum((as_json, as_jsonl, delimited is not None)) > 1:
         raise click.UsageError("--json, --jsonl and --csv/--tsv exclude each other")
-    table = DelimitedWriter(*delimited) if delimited else None
     if seek and mode != "sequential":
         raise click.UsageError("--seek goes with --from-offset")
     if body_mode == "raw" and mode not in ("offset", "msg-id"):
@@ -257,8 +259,9 @@ def command(
                 else reader.by_msg_id(msg_id, body=body)
             )  # type: ignore[arg-type]
             _warn_all(reader.notes)
-            if table is not None:
-                table.row(message_document(message, body_mode, _body_of(message, decompress)))
+            if delimited:
+                document = message_document(message, body_mode, _body_of(message, decompress))
+                DelimitedWriter(*delimited).row(document)
                 return 0
             _show_one(message, body_mode, decompress, as_json, as_jsonl)
             return 0
@@ -311,6 +314,8 @@ def command(
                 uniq=mode == "uniq-key",
                 body=body,
             )
+        messages = _first_fetched(messages)
+        table = DelimitedWriter(*delimited) if delimited else None
         if mode in ("sequential", "queue", "topic") and filtered:
             wanted = frozenset(tags.split("||")) if tags is not None else None
             messages = selected(messages, tags=wanted, begin=begin, end=end, count=count)
@@ -356,6 +361,16 @@ def _stream_lines(
         ):
             write(lines)
             update(end - from_offset)
+
+
+def _first_fetched(messages: Iterable[Message]) -> Iterator[Message]:
+    """``messages`` with the first one read already, so that an error where they start (no
+    record at the offset, a queue offset past the end) comes before anything is printed: no
+    JSON array or CSV header left open on stdout."""
+    iterator = iter(messages)
+    for first in iterator:
+        return itertools.chain((first,), iterator)
+    return iter(())
 
 
 def _watched(

@@ -33,6 +33,11 @@ from rmqstore.store import Store
 from rmqstore.windows import FileWindows
 from rmqstore.wording import clipped, counted, quoted
 
+# more than a record's header and its topic's length take: a body (at most maxMessageSize
+# bytes) is followed by the topic's length, which is not zero
+_HEADER_REACH = 256
+_ZEROS_PIECE = 1024 * 1024
+
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
@@ -313,9 +318,32 @@ class MessageReader:
         if found is not None:
             return segment.start + found
         following = [s for s in log.segments if s.start > segment.start]
-        if not following:
-            raise NotFoundError(f"no record starts at or after offset {offset}")
-        return following[0].start
+        if following:
+            return following[0].start
+        if self._data_ends_before(offset):
+            return offset  # the end of the log: no record yet, as at the end itself
+        raise NotFoundError(f"no record starts at or after offset {offset}")
+
+    def _data_ends_before(self, offset: int) -> bool:
+        """Whether the log's data ends at or before ``offset``: it is in the last file and
+        only zeros follow it as far as a record reaches (a zero byte there is otherwise part
+        of a record: an empty or zero-filled body is followed by its topic)."""
+        log = self.store.commitlog
+        if not log.segments:
+            return offset == 0
+        segment = log.queue.find(offset)
+        if segment is None or segment is not log.segments[-1]:
+            return False
+        reach = offset - segment.start + self.store.config.max_message_size + _HEADER_REACH
+        position = offset - segment.start
+        while position < min(reach, segment.size):
+            piece = log.pread(segment, position, min(_ZEROS_PIECE, reach - position))
+            if not piece:
+                break
+            if piece.count(0) != len(piece):
+                return False
+            position += len(piece)
+        return True
 
     def sequential(
         self,
@@ -370,6 +398,8 @@ class MessageReader:
     def _sequential_start(self, start_offset: int, seek: bool) -> int:
         """Where a sequential read starts (``seek``: the next record start, with a note)."""
         log = self.store.commitlog
+        if not log.segments and start_offset == 0:
+            return start_offset  # an empty log ends at 0: nothing to read yet, as at any end
         if log.queue.find(start_offset) is None:
             raise NotFoundError(f"offset {start_offset} is outside the commit-log files")
         if seek:
@@ -385,6 +415,16 @@ class MessageReader:
     def _sequential_end(self, scan: LogScan, produced: int, start_offset: int) -> None:
         """How a sequential read that ran to the end of the log ended: an error when no
         message starts where it began, a note when the log ends with invalid bytes."""
+        if (
+            scan.stop is ScanStop.END
+            and not produced
+            and scan.end_offset == start_offset
+            and not self._data_ends_before(start_offset)
+        ):
+            raise NotFoundError(
+                f"no message starts at offset {start_offset}: the log goes on after it "
+                "(--seek starts at the next record)"
+            )
         if scan.stop is ScanStop.INVALID and scan.error is not None:
             if not produced and scan.end_offset == start_offset:
                 raise NotFoundError(

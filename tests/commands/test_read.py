@@ -396,6 +396,41 @@ def test_seek_starts_at_the_next_record(oracle) -> None:
     assert misuse.exit_code == 2 and "--seek goes with --from-offset" in misuse.stderr
 
 
+def test_a_read_from_the_end_is_empty_and_from_inside_a_record_an_error(
+    oracle, tmp_path: Path
+) -> None:
+    """A script reading on from where its last read stopped gets nothing new, exit 0: at the
+    log's end, past it in the last file, with or without --seek, and at 0 of a store with no
+    commit-log file yet. An offset inside a record is an error even where the record holds
+    zeros (the high bytes of its queue offset), which read as the end of the data, and the
+    error comes before anything is printed: no JSON array or CSV header left open."""
+    store = oracle("s1_multi").store
+    first = json.loads(run_cli("read", store, "--from-offset", "0", "--count", "1",
+                               "--jsonl").stdout)  # fmt: skip
+    end = json.loads(run_cli("info", store, "--json").stdout)["commitLog"]["maxOffset"]
+    for start in (end, end + 1):
+        for flags in ([], ["--seek"]):
+            for shape, empty in (("--json", "[\n]\n"), ("--jsonl", ""), ("--csv", "msgId,")):
+                result = run_cli("read", store, "--from-offset", start, *flags, shape)
+                assert result.exit_code == 0, (start, flags, shape, result.stderr)
+                assert result.stdout.startswith(empty) and len(result.stdout.splitlines()) <= 2
+    zeros = first["commitLogOffset"] + 20  # the queue offset's high bytes: zero
+    for shape in ("--json", "--jsonl", "--csv", "--tsv"):
+        inside = run_cli("read", store, "--from-offset", zeros, shape)
+        assert inside.exit_code == 2, (shape, inside.stderr)
+        assert f"no message starts at offset {zeros}: the log goes on" in inside.stderr
+        assert inside.stdout == ""
+    missing = run_cli("read", store, "--offset", zeros, "--csv")
+    assert missing.exit_code == 2 and missing.stdout == ""
+    empty = tmp_path / "empty"
+    (empty / "commitlog").mkdir(parents=True)
+    for flags in ([], ["--seek"]):
+        nothing = run_cli("read", empty, "--from-offset", "0", *flags, "--json")
+        assert nothing.exit_code == 0 and json.loads(nothing.stdout) == [], nothing.stderr
+    beyond = run_cli("read", empty, "--from-offset", "1")
+    assert beyond.exit_code == 2 and "outside the commit-log files" in beyond.stderr
+
+
 @pytest.mark.parametrize("name, generation", [("s1_multi", "4.x"), ("v533_s1_multi", "5.x")])
 def test_time_reads_follow_the_rule_of_the_broker_that_wrote_the_store(
     oracle, name: str, generation: str
