@@ -102,7 +102,8 @@ _HELP = (
     "--from-offset",
     type=click.IntRange(min=0),
     metavar="N",
-    help="Start the record checks at the record at physical offset N.",
+    help="Start the record checks at the record at physical offset N (exit 2 when none "
+    "starts there; from the log's end, nothing is left to check).",
 )
 @click.option(
     "--max-findings",

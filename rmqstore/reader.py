@@ -26,17 +26,13 @@ from rmqstore.record import (
     BodyMode,
     Message,
     ScanStop,
+    data_ends_at,
     find_next_record_in_file,
     message_from_row,
 )
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
 from rmqstore.wording import clipped, counted, quoted
-
-# more than a record's header and its topic's length take: a body (at most maxMessageSize
-# bytes) is followed by the topic's length, which is not zero
-_HEADER_REACH = 256
-_ZEROS_PIECE = 1024 * 1024
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
@@ -334,16 +330,12 @@ class MessageReader:
         segment = log.queue.find(offset)
         if segment is None or segment is not log.segments[-1]:
             return False
-        reach = offset - segment.start + self.store.config.max_message_size + _HEADER_REACH
-        position = offset - segment.start
-        while position < min(reach, segment.size):
-            piece = log.pread(segment, position, min(_ZEROS_PIECE, reach - position))
-            if not piece:
-                break
-            if piece.count(0) != len(piece):
-                return False
-            position += len(piece)
-        return True
+        return data_ends_at(
+            lambda position, length: log.pread(segment, position, length),
+            offset - segment.start,
+            segment.size,
+            self.store.config.max_message_size,
+        )
 
     def sequential(
         self,

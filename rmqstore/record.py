@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -668,6 +668,31 @@ def find_next_record(
 
 _RESYNC_CHUNK = 8 * 1024 * 1024
 _RESYNC_SPAN = 8 * 1024 * 1024 + 65536  # the longest record a resynchronisation can accept
+
+
+# more than a record's header and its topic's length take: a body (at most maxMessageSize
+# bytes) is followed by the topic's length, which is not zero
+_HEADER_REACH = 256
+_ZEROS_PIECE = 1024 * 1024
+
+
+def data_ends_at(
+    read: Callable[[int, int], bytes], position: int, file_size: int, max_message_size: int
+) -> bool:
+    """Whether a file's data ends at ``position``, where its bytes are zeros: only zeros
+    follow as far as a record holding that position could reach. A zero there is otherwise
+    inside a record (the high bytes of its queue offset, an empty or zero-filled body), and
+    a scan from it reads as the end of the data. ``read(position, length)`` gives the file's
+    bytes (fewer at its end)."""
+    stop = min(file_size, position + max_message_size + _HEADER_REACH)
+    while position < stop:
+        piece = read(position, min(_ZEROS_PIECE, stop - position))
+        if not piece:
+            break
+        if piece.count(0) != len(piece):
+            return False
+        position += len(piece)
+    return True
 
 
 def find_next_record_in_file(

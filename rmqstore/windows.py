@@ -93,6 +93,15 @@ class FileWindows:
             end = self.start + self.filled
         return self.buffer, self.start, self.filled, self.limit - end
 
+    def read(self, position: int, length: int) -> bytes:
+        """``length`` bytes from ``position`` (fewer at the region's end), apart from the
+        windows."""
+        length = max(0, min(length, self.limit - position))
+        try:
+            return os.pread(self.fd, length, position)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read {self.path}: {exc.strerror}") from None
+
     def _read(self, position: int, length: int) -> None:
         if self.fresh or len(self.buffer) < length:
             self.buffer = bytearray(length)

@@ -68,5 +68,5 @@ def verify_store(
     facts = RecordPass(
         store, report, check_crc=options.check_crc, listeners=listeners, progress=progress
     ).run(options.from_offset)
-    check_checkpoint_and_abort(store, report, facts, queues, index)
+    check_checkpoint_and_abort(store, report, facts, queues, index, options.from_offset)
     return report

@@ -20,8 +20,9 @@ def check_checkpoint_and_abort(
     facts: LogFacts,
     queues: QueueChecks | None,
     index: IndexChecks | None,
+    from_offset: int | None = None,
 ) -> None:
-    _check_checkpoint(store, report, facts, queues, index)
+    _check_checkpoint(store, report, facts, queues, index, from_offset)
     if store.aborted:
         report.add(
             "abort-present",
@@ -38,8 +39,12 @@ def _check_checkpoint(
     facts: LogFacts,
     queues: QueueChecks | None,
     index: IndexChecks | None,
+    from_offset: int | None = None,
 ) -> None:
-    """Checkpoint times may not be ahead of the data they vouch for (spec §8.1, §13)."""
+    """Checkpoint times may not be ahead of the data they vouch for (spec §8.1, §13). A walk
+    from ``from_offset`` saw the log's newest records (the rest are older) only if it saw
+    records, and the newest queued one only if it saw one queued: else there is nothing to
+    compare a time with."""
     try:
         found = read_checkpoint_file(store.checkpoint_path)
     except StoreFormatError as exc:
@@ -56,20 +61,27 @@ def _check_checkpoint(
             file="checkpoint",
         )
     checkpoint = found.checkpoint
+    part_walked = from_offset is not None and from_offset > store.commitlog.min_offset
     # (field, its byte position in the checkpoint file, value, limit, what the limit is)
-    limits: Iterable[tuple[str, int, int, int, str]] = [
-        (
-            "physicMsgTimestamp",
-            0,
-            checkpoint.physic_msg_timestamp,
-            facts.last_store_timestamp,
-            "the newest record of the commit log",
-        )
-    ]
+    limits: Iterable[tuple[str, int, int, int, str]] = []
+    if facts.records or not part_walked:
+        limits = [
+            (
+                "physicMsgTimestamp",
+                0,
+                checkpoint.physic_msg_timestamp,
+                facts.last_store_timestamp,
+                "the newest record of the commit log",
+            )
+        ]
     # logicsMsgTimestamp vouches for every consume queue: checked against the newest record
     # of all of them, so not when --topic left queues out (the newest of those checked is
     # older, and a sound store would be reported as ahead)
-    if queues is not None and queues.topics is None:
+    if (
+        queues is not None
+        and queues.topics is None
+        and (queues.last_queued_time or not part_walked)
+    ):
         limits = [
             *limits,
             (

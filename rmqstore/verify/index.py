@@ -241,10 +241,11 @@ class IndexChecks:
         records, or past ``log_end`` when the log ended."""
         pending = self._pending
         while pending is not None and (until is None or (pending[4], pending[1]) < until):
-            if log_end is not None:
+            if log_end is not None and pending[3] >= log_end:
                 self._orphan(pending, f"points past the end of the commit log ({log_end})")
-            else:
+            elif self._started:
                 self._orphan(pending, "points between records")
+            # else: before the first record checked (a walk from past it found none)
             pending = next(self._entries, None)
         self._pending = pending
 

@@ -363,7 +363,9 @@ class RangedVerify:
         finished = [c for c in (self.queues, self.index) if c is not None]
         self.record_pass.listeners = []
         self.record_pass.finish_log(finished)
-        check_checkpoint_and_abort(self.store, self.report, facts, self.queues, self.index)
+        check_checkpoint_and_abort(
+            self.store, self.report, facts, self.queues, self.index, self.from_offset
+        )
         return self.report
 
 

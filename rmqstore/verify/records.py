@@ -35,6 +35,7 @@ from rmqstore.record import (
     RecordHeader,
     RegionScan,
     ScanStop,
+    data_ends_at,
     find_next_record_in_file,
     property_crc_status,
 )
@@ -291,6 +292,18 @@ class RecordPass:
                     and region.stop is ScanStop.INVALID
                 ):
                     raise InputError(f"no record starts at offset {from_offset}: {region.error}")
+                if (
+                    from_offset is not None
+                    and region.end_position == position
+                    and region.stop is ScanStop.END
+                    and not data_ends_at(
+                        windows.read, position, file_size, self.store.config.max_message_size
+                    )
+                ):
+                    raise InputError(
+                        f"no record starts at offset {from_offset}: it holds zeros, and the "
+                        "file's data goes on after it"
+                    )
                 from_offset = None
                 end = segment.start + region.end_position
                 if region.stop is ScanStop.BLANK:

@@ -12,7 +12,7 @@ import pytest
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError
 from rmqstore.fixtures import SCENARIOS, generate
-from rmqstore.record import BORNHOST_V6_FLAG, H_STORE_TIMESTAMP, H_SYS_FLAG
+from rmqstore.record import BORNHOST_V6_FLAG, H_STORE_TIMESTAMP, H_SYS_FLAG, H_TOTAL_SIZE
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, verify_store
 from rmqstore.verify.ranges import RangedVerify
@@ -151,6 +151,50 @@ def test_a_from_offset_that_is_not_a_record_is_refused(scenarios: Path) -> None:
             )
             with pytest.raises(InputError, match="no record starts at offset"):
                 ranged.run()
+
+
+def test_a_from_offset_holding_zeros_inside_a_record_is_refused(scenarios: Path) -> None:
+    """The queue offset of a queue's first record is 8 zero bytes, which a scan reads as the
+    end of the data: from there the walk found a file ending without a BLANK record
+    ("file-incomplete", next step recover) in a sound store."""
+    offsets = [offset for offset, _ in _records(scenarios / "multi")]
+    refused = pytest.raises(InputError, match="holds zeros, and the file's data goes on")
+    with Store.open_read(scenarios / "multi") as store, refused:
+        verify_store(store, VerifyOptions(from_offset=offsets[0] + 20))
+    for range_size in (400, 1 << 30):
+        with Store.open_read(scenarios / "multi") as store:
+            ranged = RangedVerify(
+                store,
+                check_crc=True,
+                commitlog_only=False,
+                topics=None,
+                from_offset=offsets[0] + 20,
+                max_findings=None,
+                range_size=range_size,
+            )
+            with pytest.raises(InputError, match="holds zeros, and the file's data goes on"):
+                ranged.run()
+
+
+@pytest.mark.parametrize("past", [0, 1, 4000])
+def test_a_from_offset_at_or_past_the_end_finds_a_sound_store_sound(
+    scenarios: Path, past: int
+) -> None:
+    """A walk from the log's end sees no record: the index entries before it are older than
+    the walk (they were all said to point past the end), and there is no newest record to
+    hold the checkpoint's times against (both were said to be ahead). A store whose
+    checkpoint is ahead is still told so from its last record."""
+    last, header = _records(scenarios / "multi")[-1]
+    end = last + header[H_TOTAL_SIZE]
+    for range_size in (400, 1 << 30):
+        single, ranged = both(scenarios / "multi", range_size, from_offset=end + past)
+        assert single.ok and not single.findings, single.findings
+        assert single.checked["records"] == 0
+        assert_same(single, ranged)
+    stale = [offset for offset, _ in _records(scenarios / "stale-checkpoint")]
+    single, ranged = both(scenarios / "stale-checkpoint", 1 << 30, from_offset=stale[-1])
+    assert set(single.counts) == {"checkpoint-future"} and single.checked["records"] == 1
+    assert_same(single, ranged)
 
 
 def test_max_findings_keeps_the_count(damaged: Path) -> None:
