@@ -59,7 +59,8 @@ from rmqstore.store import Store
     type=click.IntRange(min=0),
     metavar="N",
     help="Replay from this record offset instead of where the queues and index end "
-    "(what is already there is skipped, as a broker does).",
+    "(what is already there is skipped, as a broker does; exit 2 when no record starts at N "
+    "before the log's end).",
 )
 @click.option(
     "--no-index",
@@ -168,6 +169,7 @@ def command(
                 with progress_bar("dispatching", total, not no_progress) as update:
                     result = dispatcher.run(
                         from_offset,
+                        check_start=from_offset is not None and not rebuild,
                         max_records=max_records,
                         progress=lambda offset: update(offset - base),
                     )
@@ -191,9 +193,9 @@ def _dry_run(
         if rebuild:
             plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
             return _show_plan({"plan": plan.to_dict()}, as_json)
-        start, end = plan_dispatch(opened, topics=topics or None, build_index=build_index)
-        if from_offset is not None:
-            start = from_offset
+        start, end = plan_dispatch(
+            opened, topics=topics or None, build_index=build_index, from_offset=from_offset
+        )
         document = {"fromOffset": start, "logEnd": end, "behindBytes": max(0, end - start)}
         return _show_plan(document, as_json, work=end > start)
 

@@ -147,13 +147,15 @@ class Dispatcher:
         progress: Callable[[int], None] | None = None,
         queued_time: int | None = None,
         no_later_than: int | None = None,
+        check_start: bool = False,
     ) -> DispatchResult:
         """Dispatch from ``from_offset`` (default: :meth:`cursor`) to the log's valid end, or
         to ``until`` when the caller knows it (an appender that just wrote up to there, or a
         parallel rebuild that found the end). ``queued_time``: the store time of the newest
         record put into a consume queue elsewhere (for the checkpoint). ``no_later_than``:
         start there when the cursor is later (a crash recovery replaying from its start
-        file; what the queues and index hold is skipped)."""
+        file; what the queues and index hold is skipped). ``check_start``: ``from_offset`` is
+        a user's, refused (InputError) where no record starts before the log's valid end."""
         store = self.store
         log = store.commitlog
         store.begin_write()
@@ -208,6 +210,13 @@ class Dispatcher:
         result.index_entries = index_entries
         if until is not None:
             result.log_end = until
+        elif check_start and not records and scan.end_offset == start:
+            # the scan ended where --from-offset put it: at the log's valid end, past it, or
+            # where no record starts (zeros inside a record read as the end of the data):
+            # the end is the one a broker's recovery finds, not where this scan stopped
+            result.log_end = store.log_end().offset
+            if start < result.log_end:
+                raise _no_record_at(start, result.log_end)
         elif complete and result.stopped_by is None:
             end = LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
             store.remember_log_end(end)
@@ -616,11 +625,32 @@ def remember_queue_reach(store: Store) -> None:
         store.queue_reach_before = reach if reach is not None else _UNKNOWN_REACH
 
 
+def _no_record_at(offset: int, log_end: int) -> InputError:
+    return InputError(
+        f"no record starts at offset {offset}; the log goes on to its valid end at {log_end} "
+        f"(rmqstore read --from-offset {offset} --seek shows the next record)"
+    )
+
+
 def plan_dispatch(
-    store: Store, *, topics: Iterable[str] | None = None, build_index: bool = True
+    store: Store,
+    *,
+    topics: Iterable[str] | None = None,
+    build_index: bool = True,
+    from_offset: int | None = None,
 ) -> tuple[int, int]:
     """(where a dispatch would start, where the log's valid end is), reading only: a dry run
-    opens nothing for writing."""
+    opens nothing for writing. A ``from_offset`` before the end where no record starts is
+    refused, as the dispatch itself refuses it."""
+    if from_offset is not None:
+        end = store.log_end().offset
+        if from_offset < end:
+            if store.commitlog.queue.find(from_offset) is None:
+                raise InputError(f"offset {from_offset} is outside the commit-log files")
+            first = next(iter(store.commitlog.scan(from_offset)), None)
+            if first is None or first[0] != from_offset:
+                raise _no_record_at(from_offset, end)
+        return from_offset, end
     selected = set(topics) if topics else None
     queues = [
         ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)

@@ -314,6 +314,42 @@ def test_a_dispatch_of_some_queues_of_a_caught_up_store_makes_no_abort(tmp_path:
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
 
 
+def test_a_from_offset_where_no_record_starts_is_refused_and_the_end_is_the_logs(
+    tmp_path: Path,
+) -> None:
+    """dispatch --from-offset N where no record starts (inside a record, where its bytes are
+    zeros or not) stopped its scan at N and took N for the log's end: the queues then seemed
+    to point past it, and the error said to rebuild them; with --topic of no queue it
+    reported logEnd N, exit 0. Now it is refused, the dry run too, and nothing changes. From
+    the end or past it in the last file, the log end shown is the valid end."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    first = json.loads(run_cli("read", store, "--from-offset", "0", "--count", "1",
+                               "--jsonl").stdout)  # fmt: skip
+    end = json.loads(run_cli("info", store, "--json").stdout)["commitLog"]["maxOffset"]
+    before = tree_digest(store)
+    for inside in (first["commitLogOffset"] + 20, first["commitLogOffset"] + 7):
+        for options in ([], ["--topic", "NoSuch", "--no-index"], ["--dry-run"]):
+            result = run_cli("dispatch", store, "--from-offset", inside, *options)
+            assert result.exit_code == 2, (inside, options, result.stderr)
+            assert (
+                f"no record starts at offset {inside}; the log goes on to its valid end at "
+                f"{end}" in result.stderr
+            )
+            assert "rebuild" not in result.stderr
+    assert tree_digest(store) == before
+    for start in (end, end + 1000):
+        result = run_cli("dispatch", store, "--from-offset", start, "--json")
+        assert result.exit_code == 0, result.stderr
+        done = json.loads(result.stdout)
+        assert (done["records"], done["logEnd"]) == (0, end)
+        planned = run_cli("dispatch", store, "--from-offset", start, "--dry-run", "--json")
+        assert planned.exit_code == 0 and json.loads(planned.stdout)["logEnd"] == end
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
 def test_append_with_dispatch_is_queryable_and_clean(tmp_path: Path) -> None:
     store = tmp_path / "store"
     lines = "".join(
