@@ -78,7 +78,8 @@ def command(
     confirmPhyOffset, minTimestamp, minTimestampIndex} (as a broker reads it), checkpointBytes
     (the file's size: 4096, fewer when a crash cut it short, null when absent), geometry{...},
     commitLog{files, firstFile, lastFile, minOffset, maxOffset, messages, firstStoreTimestamp,
-    lastStoreTimestamp, end, endError, filesWithDataAfterEnd}, topics[{topic, queues[{queueId,
+    lastStoreTimestamp, end, endError, filesWithDataAfterEnd, missingFiles[{from, to, files}]
+    (runs of files missing between two that are there)}, topics[{topic, queues[{queueId,
     messages, minOffset, maxOffset, notQueued}]}] (from the commit log), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
     entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}. With
@@ -163,6 +164,14 @@ def _render(summary: dict[str, Any]) -> None:
             "files after the end hold data: "
             + ", ".join(log["filesWithDataAfterEnd"])
             + " (run rmqstore verify)",
+        )
+    for gap in log["missingFiles"]:
+        overview.add_row(
+            "[red]warning[/red]",
+            f"commit-log files missing: {gap['from']}"
+            + (f" .. {gap['to']}" if gap["to"] != gap["from"] else "")
+            + f" ({counted(gap['files'], 'file')}; the messages there are lost; run rmqstore "
+            "verify)",
         )
     checkpoint = summary["checkpoint"]
     if checkpoint is None:

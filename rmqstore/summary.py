@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 from rmqstore import kernel
@@ -245,6 +246,17 @@ def summarize(
         and segment.start > stopped.segment.start
         and log.first_record_store_timestamp(segment) is not None
     ]
+    # commit-log files missing between two that are there (each file starts where the one
+    # before it ends): a broker loads the rest, and the messages in the gap are lost
+    file_gaps = [
+        {
+            "from": f"{previous.start + log.file_size:020d}",
+            "to": f"{following.start - log.file_size:020d}",
+            "files": max(0, (following.start - previous.start) // log.file_size - 1),
+        }
+        for previous, following in pairwise(segments)
+        if following.start != previous.start + log.file_size
+    ]
     end_state = "clean" if stopped.stop in (ScanStop.END, ScanStop.BLANK, None) else "invalid"
     topics: dict[str, list[dict[str, Any]]] = {}
     keys = set(queues) | (set() if deep else set(queue_minima))
@@ -307,6 +319,7 @@ def summarize(
             "end": end_state,
             "endError": str(stopped.error) if stopped.error else None,
             "filesWithDataAfterEnd": data_after_end,
+            "missingFiles": file_gaps,
         },
         "topics": [{"topic": topic, "queues": items} for topic, items in topics.items()],
         "consumeQueues": consume_queues,

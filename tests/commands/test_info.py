@@ -45,6 +45,23 @@ def test_info_of_a_torn_store(oracle) -> None:
     assert info["commitLog"]["end"] == "invalid"
 
 
+def test_info_names_commit_log_files_missing_between_others(oracle, tmp_path) -> None:
+    """A commit-log file deleted from the middle: the rest loads, and info said the log end
+    was clean with nothing to warn of. Now it names the missing run of files."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    files = sorted((store / "commitlog").iterdir())
+    for gone in files[3:5]:
+        gone.unlink()
+    info = json.loads(run_cli("info", store, "--json").stdout)
+    assert info["commitLog"]["missingFiles"] == [
+        {"from": files[3].name, "to": files[4].name, "files": 2}
+    ]
+    shown = run_cli("info", store)
+    assert f"commit-log files missing: {files[3].name} .. {files[4].name} (2 files" in shown.stdout
+    whole = oracle("s1_multi").store
+    assert json.loads(run_cli("info", whole, "--json").stdout)["commitLog"]["missingFiles"] == []
+
+
 def test_info_human_output(oracle) -> None:
     result = run_cli("info", oracle("s1_multi").store)
     assert result.exit_code == 0
