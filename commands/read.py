@@ -36,6 +36,7 @@ from rmqstore.commands.output import (
     warn,
 )
 from rmqstore.config import StoreConfig
+from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.reader import MessageReader, selected
 from rmqstore.record import BodyMode, Message, decompress_body
@@ -217,9 +218,11 @@ def command(
     those tags, stored in that time (--count then counts the messages kept). --seek starts a
     sequential read at the next record when none starts at N; without it an N inside a record is
     an error (exit 2, before anything is printed). A read from the log's end (or past it in the
-    last file) is empty, exit 0, so a script can read on from where it stopped. An option the
-    lookup would not use is an error, not ignored (--offset is a commit-log offset; a queue
-    offset is --from). A long --jsonl or --csv read shows progress on a terminal. Reads only.
+    last file) is empty, exit 0, so a script can read on from where it stopped; a queue read
+    stops, with a warning, at units pointing past the log's valid end (a torn tail). An option
+    the lookup would not use is an error, not ignored (--offset is a commit-log offset; a
+    queue offset is --from). A long --jsonl or --csv read shows progress on a terminal. Reads
+    only.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,
@@ -531,13 +534,18 @@ def _show_many(
     """Print the messages as they stream; returns how many were shown."""
     shown = 0
     if as_json:
-        # one JSON array, written as it streams so memory stays flat
+        # one JSON array, written as it streams so memory stays flat, and closed when a
+        # record part way fails (the error and exit 2 say the array is not all there)
         sys.stdout.write("[")
-        for message in messages:
-            document = message_document(message, body_mode, _body_of(message, decompress))
-            sys.stdout.write(("," if shown else "") + "\n")
-            sys.stdout.write(message_json(document))
-            shown += 1
+        try:
+            for message in messages:
+                document = message_document(message, body_mode, _body_of(message, decompress))
+                sys.stdout.write(("," if shown else "") + "\n")
+                sys.stdout.write(message_json(document))
+                shown += 1
+        except RmqStoreError:
+            sys.stdout.write("\n]\n")
+            raise
         sys.stdout.write("\n]\n")
         return shown
     if as_jsonl:

@@ -164,7 +164,18 @@ class MessageReader:
         for unit in queue.units(start, count):
             if unit.is_pre_blank:
                 continue
-            message = self.store.commitlog.read(unit.physical_offset, body=body)
+            try:
+                message = self.store.commitlog.read(unit.physical_offset, body=body)
+            except (RecordError, NotFoundError):
+                end = self.store.log_end().offset
+                if unit.physical_offset < end:
+                    raise
+                self.notes.append(
+                    f"units of {topic}:{queue_id} from queue offset {unit.queue_offset} point "
+                    f"at or past the commit log's valid end ({end}), where no whole record "
+                    "is: a broker's recovery truncates them (rmqstore recover)"
+                )
+                return
             if (message.topic, message.queue_id, message.store_size) != (
                 topic,
                 queue_id,

@@ -431,6 +431,47 @@ def test_a_read_from_the_end_is_empty_and_from_inside_a_record_an_error(
     assert beyond.exit_code == 2 and "outside the commit-log files" in beyond.stderr
 
 
+def test_a_queue_read_stops_at_units_past_the_logs_valid_end(tmp_path: Path) -> None:
+    """A crashed store's queue whose last units point at its torn tail: the read gives the
+    messages before it and a warning, exit 0 (it failed part way, exit 2, leaving a JSON
+    array open). A unit pointing at a damaged record before the log's valid end is still an
+    error, exit 2, after an array that is closed."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "torn"
+    generate("torn-tail", store)
+    lines = run_cli("read", store, "--from-offset", "0", "--jsonl", "--body", "none").stdout
+    whole = [json.loads(line) for line in lines.splitlines()]
+    end = whole[-1]["commitLogOffset"] + whole[-1]["storeSize"]
+    queue = run_cli("read", store, "--topic", "Orders-EU_west", "--queue", "2", "--json",
+                    "--body", "none")  # fmt: skip
+    assert queue.exit_code == 0, queue.stderr
+    read = json.loads(queue.stdout)
+    expected = [d for d in whole if (d["topic"], d["queueId"]) == ("Orders-EU_west", 2)]
+    assert read == expected and read
+    cut = read[-1]["queueOffset"] + 1
+    assert (f"units of Orders-EU_west:2 from queue offset {cut} point at or past the commit "
+            f"log's valid end ({end})") in queue.stderr  # fmt: skip
+    topic = run_cli("read", store, "--topic", "Orders-EU_west", "--jsonl", "--body", "none")
+    assert topic.exit_code == 0 and len(topic.stdout.splitlines()) == len(
+        [d for d in whole if d["topic"] == "Orders-EU_west"]
+    )
+    clean = tmp_path / "clean"  # no abort: a broker's recovery walks its last three files
+    generate("multi", clean)
+    lines = run_cli("read", clean, "--topic", "TopicTest", "--queue", "0", "--jsonl",
+                    "--body", "none").stdout  # fmt: skip
+    expected = [json.loads(line) for line in lines.splitlines()]
+    damaged = expected[3]["commitLogOffset"]  # in the first file
+    path = clean / "commitlog" / f"{damaged - damaged % 65536:020d}"
+    with path.open("r+b") as handle:
+        handle.seek(damaged % 65536 + 4)
+        handle.write(b"\xde\xad\xbe\xef")  # its magic code
+    broken = run_cli("read", clean, "--topic", "TopicTest", "--queue", "0", "--json",
+                     "--body", "none")  # fmt: skip
+    assert broken.exit_code == 2 and f"record at offset {damaged}" in broken.stderr
+    assert json.loads(broken.stdout) == expected[:3]
+
+
 @pytest.mark.parametrize("name, generation", [("s1_multi", "4.x"), ("v533_s1_multi", "5.x")])
 def test_time_reads_follow_the_rule_of_the_broker_that_wrote_the_store(
     oracle, name: str, generation: str
