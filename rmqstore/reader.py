@@ -98,6 +98,7 @@ class MessageReader:
                 if isinstance(not_offset, NotFoundError)
                 else f"it has {len(text):,} hex digits, not the 32 or 56 of an offset message id"
             )
+            noted = len(self.notes)
             try:
                 found = self._by_client_id(text, body)
             except RmqStoreError as exc:
@@ -106,9 +107,10 @@ class MessageReader:
                     f"(UNIQ_KEY), the index cannot be searched: {exc}"
                 ) from None
             if found is None:
+                left_out = "".join(f" ({note})" for note in self.notes[noted:])
                 raise NotFoundError(
                     f"no message has id {clipped(text)}: {as_offset_id}; as a client id "
-                    "(UNIQ_KEY), the index has no message with it"
+                    f"(UNIQ_KEY), the index has no message with it{left_out}"
                 ) from None
             return found
         if message.store_host != host:
@@ -238,8 +240,21 @@ class MessageReader:
             index.close()
         found = []
         other_kind = 0  # hits that are the key, but as the other kind (UNIQ_KEY / KEYS)
+        unreadable = 0
         for offset, name in hits:
-            message = self.store.commitlog.read(offset, body=body)
+            try:
+                message = self.store.commitlog.read(offset, body=body)
+            except (RecordError, NotFoundError) as exc:
+                unreadable += 1
+                valid_end = self.store.log_end().offset
+                self.notes.append(
+                    f"an index hit at offset {offset} is past the commit log's valid end "
+                    f"({valid_end}), where no whole record is (a crash's torn tail): left out"
+                    if offset >= valid_end
+                    else f"an index hit at offset {offset} is not a readable record ({exc}): "
+                    "left out"
+                )
+                continue
             is_uniq = message.uniq_key == key
             in_keys = key in split_keys(message.keys)
             if message.topic != name:
@@ -258,7 +273,7 @@ class MessageReader:
                 )
                 + ("KEYS (use --key)" if uniq else "UNIQ_KEY (use --uniq-key, or --msg-id)")
             )
-        collisions = len(hits) - len(found) - other_kind
+        collisions = len(hits) - len(found) - other_kind - unreadable
         if collisions:
             self.notes.append(
                 f"{counted(collisions, 'index hit')} "

@@ -472,6 +472,42 @@ def test_a_queue_read_stops_at_units_past_the_logs_valid_end(tmp_path: Path) -> 
     assert json.loads(broken.stdout) == expected[:3]
 
 
+def test_index_hits_on_records_that_cannot_be_read_are_left_out_with_a_note(
+    tmp_path: Path,
+) -> None:
+    """A key lookup whose index hit is the torn tail of a crashed store, or a damaged record:
+    the hit is left out with a warning, and the lookup answers as for no hit (exit 1; the
+    lookup failed, exit 2, on the record it could not read)."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "torn"
+    generate("torn-tail", store)
+    torn = json.loads((store / "fixture.json").read_text())["messages"][-1]
+    end = torn["commitLogOffset"]
+    lookup = run_cli("read", store, "--uniq-key", torn["uniqKey"], "--json")
+    assert lookup.exit_code == 1 and json.loads(lookup.stdout) == [], lookup.stderr
+    assert f"an index hit at offset {end} is past the commit log's valid end ({end})" in (
+        lookup.stderr
+    )
+    by_id = run_cli("read", store, "--msg-id", torn["uniqKey"])
+    assert by_id.exit_code == 2 and "the index has no message with it (an index hit" in (
+        by_id.stderr
+    )
+    clean = tmp_path / "clean"
+    generate("multi", clean)
+    first = json.loads(run_cli("read", clean, "--from-offset", "0", "--count", "1",
+                               "--jsonl").stdout)  # fmt: skip
+    path = clean / "commitlog" / f"{0:020d}"
+    with path.open("r+b") as handle:
+        handle.seek(first["commitLogOffset"] + 4)
+        handle.write(b"\xde\xad\xbe\xef")  # its magic code
+    damaged = run_cli("read", clean, "--uniq-key", first["uniqKey"], "--json")
+    assert damaged.exit_code == 1 and json.loads(damaged.stdout) == []
+    assert f"an index hit at offset {first['commitLogOffset']} is not a readable record" in (
+        damaged.stderr
+    )
+
+
 @pytest.mark.parametrize("name, generation", [("s1_multi", "4.x"), ("v533_s1_multi", "5.x")])
 def test_time_reads_follow_the_rule_of_the_broker_that_wrote_the_store(
     oracle, name: str, generation: str
