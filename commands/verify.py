@@ -157,6 +157,8 @@ def command(
         max_findings=max_findings,
     )
     engine.check_jobs(jobs)
+    # the topics whose queues were looked for (a mistyped one is said to have none)
+    topics = topics if "queues" in options.cross_checks else ()
     with Store.open_read(store, config) as opened:
         for text in opened.notes:
             warn(text)

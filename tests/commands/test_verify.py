@@ -80,6 +80,9 @@ def test_a_topic_selection_of_a_sound_store_is_sound(tmp_path: Path, jobs: str) 
     typo = run_cli("verify", store, "--topic", "NoSuch", "--topic", "Other", "--jobs", jobs)
     assert typo.exit_code == 0, typo.stdout
     assert "consume queues  none of topics 'NoSuch', 'Other'" in typo.stdout
+    index_only = run_cli("verify", store, "--only", "index", "--topic", topics[0], "--jobs", jobs)
+    assert index_only.exit_code == 0, index_only.stdout
+    assert "consume queues" not in index_only.stdout  # not checked: not said to be missing
     # a checkpoint that is ahead is still found: of the commit log with --topic, of the
     # consume queues without
     stale = tmp_path / "stale"
