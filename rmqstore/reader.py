@@ -339,28 +339,31 @@ class MessageReader:
             windows.close()
         if found is not None:
             return segment.start + found
+        if self._data_ends_before(offset):
+            return offset  # the end of the log: no record yet, as at the end itself
         following = [s for s in log.segments if s.start > segment.start]
         if following:
             return following[0].start
-        if self._data_ends_before(offset):
-            return offset  # the end of the log: no record yet, as at the end itself
         raise NotFoundError(f"no record starts at or after offset {offset}")
 
     def _data_ends_before(self, offset: int) -> bool:
-        """Whether the log's data ends at or before ``offset``: it is in the last file and
-        only zeros follow it as far as a record reaches (a zero byte there is otherwise part
-        of a record: an empty or zero-filled body is followed by its topic)."""
+        """Whether the log's data ends at or before ``offset``: only zeros follow it in its
+        file as far as a record reaches (a zero byte there is otherwise part of a record: an
+        empty or zero-filled body is followed by its topic), and the files after it begin
+        with zeros (pre-allocated by a broker, not yet written)."""
         log = self.store.commitlog
         if not log.segments:
             return offset == 0
         segment = log.queue.find(offset)
-        if segment is None or segment is not log.segments[-1]:
-            return False
-        return data_ends_at(
+        if segment is None or not data_ends_at(
             lambda position, length: log.pread(segment, position, length),
             offset - segment.start,
             segment.size,
             self.store.config.max_message_size,
+        ):
+            return False
+        return not any(
+            any(log.pread(later, 0, 8)) for later in log.segments if later.start > segment.start
         )
 
     def sequential(

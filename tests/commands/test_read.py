@@ -400,20 +400,27 @@ def test_a_read_from_the_end_is_empty_and_from_inside_a_record_an_error(
     oracle, tmp_path: Path
 ) -> None:
     """A script reading on from where its last read stopped gets nothing new, exit 0: at the
-    log's end, past it in the last file, with or without --seek, and at 0 of a store with no
-    commit-log file yet. An offset inside a record is an error even where the record holds
-    zeros (the high bytes of its queue offset), which read as the end of the data, and the
-    error comes before anything is printed: no JSON array or CSV header left open."""
-    store = oracle("s1_multi").store
+    log's end, past it in the last file, with or without --seek (also when a broker has
+    pre-allocated the next file), and at 0 of a store with no commit-log file yet. An offset
+    inside a record is an error even where the record holds zeros (the high bytes of its
+    queue offset), which read as the end of the data, and the error comes before anything is
+    printed: no JSON array or CSV header left open."""
+    store = oracle("s1_multi").copy_to(tmp_path)
     first = json.loads(run_cli("read", store, "--from-offset", "0", "--count", "1",
                                "--jsonl").stdout)  # fmt: skip
     end = json.loads(run_cli("info", store, "--json").stdout)["commitLog"]["maxOffset"]
-    for start in (end, end + 1):
-        for flags in ([], ["--seek"]):
-            for shape, empty in (("--json", "[\n]\n"), ("--jsonl", ""), ("--csv", "msgId,")):
-                result = run_cli("read", store, "--from-offset", start, *flags, shape)
-                assert result.exit_code == 0, (start, flags, shape, result.stderr)
-                assert result.stdout.startswith(empty) and len(result.stdout.splitlines()) <= 2
+    last = sorted((store / "commitlog").iterdir())[-1]
+    for preallocated in (False, True):
+        if preallocated:  # the next file, all zeros, as a broker's allocation service makes it
+            size = last.stat().st_size
+            (last.parent / f"{int(last.name) + size:020d}").write_bytes(bytes(size))
+        for start in (end, end + 1):
+            for flags in ([], ["--seek"]):
+                for shape, empty in (("--json", "[\n]\n"), ("--jsonl", ""), ("--csv", "msgId,")):
+                    result = run_cli("read", store, "--from-offset", start, *flags, shape)
+                    assert result.exit_code == 0, (start, flags, shape, result.stderr)
+                    assert result.stdout.startswith(empty), (start, flags, shape)
+                    assert len(result.stdout.splitlines()) <= 2 and result.stderr == ""
     zeros = first["commitLogOffset"] + 20  # the queue offset's high bytes: zero
     for shape in ("--json", "--jsonl", "--csv", "--tsv"):
         inside = run_cli("read", store, "--from-offset", zeros, shape)
