@@ -96,6 +96,7 @@ class QueueChecks:
         self.missing_queues: dict[tuple[str, int], int] = {}
         self.missing_first: dict[tuple[str, int], int] = {}  # their first record's offset
         self.last_queued_time = 0  # store time of the newest record found in a queue
+        self.resume_without_index = False  # where a dispatch resumes was told without it
         self._known = {
             key for key in list_queues(store.consumequeue_dir) if topics is None or key[0] in topics
         }
@@ -445,7 +446,11 @@ class QueueChecks:
         try:
             start, _ = plan_dispatch(self.store)
         except (RmqStoreError, OSError):
-            return None
+            try:  # the index unreadable (its geometry not known, say): the queues alone
+                start, _ = plan_dispatch(self.store, build_index=False)
+            except (RmqStoreError, OSError):
+                return None
+            self.resume_without_index = True
         return start
 
     def _report_hole(self, text: str, first: int, resume: int | None, **place: Any) -> None:
@@ -453,7 +458,11 @@ class QueueChecks:
         a broker's restart (without ``abort``) ever adds them, and the queue's next unit
         would take the queue offset of its first missing record."""
         where = (
-            f"{resume:,}" if resume is not None else "not known: a queue or the index is unreadable"
+            "not known: a consume queue is unreadable"
+            if resume is None
+            else f"{resume:,}, where the consume queues end: the index could not be read"
+            if self.resume_without_index
+            else f"{resume:,}"
         )
         self.report.add(
             "dispatch-hole",

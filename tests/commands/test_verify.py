@@ -172,6 +172,19 @@ def test_bad_input(tmp_path: Path, oracle) -> None:
     assert result.exit_code == 2 and "no record starts at offset 7" in result.stderr
 
 
+def test_an_index_of_unknown_geometry_does_not_turn_a_lag_into_a_hole(oracle) -> None:
+    """A real broker's crashed store whose last records were never dispatched, verified
+    without its index geometry: the index cannot be read, and where a dispatch resumes was
+    taken as not known, so each queue's lag was reported as a dispatch-hole (an error, with
+    dispatch --rebuild as its fix). Where the consume queues end tells it."""
+    crash = oracle("s2_crash")
+    result = run_cli("verify", crash.root / "store", "--json")
+    kinds = json.loads(result.stdout)["findingsByKind"]
+    assert kinds == {"abort-present": 1, "dispatch-lag": 12, "index-unchecked": 1}
+    known = run_cli("verify", crash.root / "store", "--json", *ORACLE_OPTIONS)
+    assert json.loads(known.stdout)["findingsByKind"]["dispatch-lag"] == 12
+
+
 def test_worker_processes_give_the_same_report(oracle, tmp_path: Path) -> None:
     store_dir = oracle("s2_crash").copy_to(tmp_path)  # torn tail, abort, lag: findings
     args = ("verify", store_dir, "--json", "--split-size", "65536", *ORACLE_OPTIONS)
