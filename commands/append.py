@@ -278,8 +278,11 @@ def command(
     stdout ends the command with exit 4, keeping what is stored. Queue offsets continue the
     consume queues' (and the undispatched records after them); a topic's or queue's
     consume-queue folder that is a symbolic link is refused, since its offsets cannot be
-    learnt without following it (dispatch --rebuild --yes moves it to quarantine). Takes the
-    store's lock; refuses a store a broker holds.
+    learnt without following it (dispatch --rebuild --yes moves it to quarantine), and so is a
+    store whose next record to dispatch carries a later queue offset than its queue's next one
+    (records missing from the queue: the next message would take a stored one's queue
+    offset; dispatch --rebuild --yes mends it). Takes the store's lock; refuses a store a
+    broker holds.
     """
     sources = [
         name

@@ -359,8 +359,8 @@ class Store:
                 "moves it to quarantine and rebuilds its queues in the store"
             )
         end = self.log_end()
+        state = self.log_state(end, queues)  # (refuses a dispatch hole before anything moves)
         self._clear_residue(end)
-        state = self.log_state(end, queues)
         host = (
             store_host or _config_host(self.config) or state.last_store_host or DEFAULT_STORE_HOST
         )
@@ -499,8 +499,15 @@ class Store:
                 if rows[at + SYS_FLAG] & TRANSACTION_MASK in _UNQUEUED:
                     continue
                 key = (topics.of(window, rows, row), rows[at + QUEUE_ID])
+                tip = tips.get(key)
+                if (
+                    tip is not None
+                    and rows[at + QUEUE_OFFSET] > tip.max_offset
+                    and offsets[row] + rows[at + TOTAL_SIZE] > tip.max_physical_offset
+                ):
+                    raise StoreFormatError(_hole_refusal(key, rows[at + QUEUE_OFFSET], tip))
                 tips[key] = QueueTip.after_put(
-                    tips.get(key), rows[at + QUEUE_OFFSET], offsets[row], rows[at + TOTAL_SIZE]
+                    tip, rows[at + QUEUE_OFFSET], offsets[row], rows[at + TOTAL_SIZE]
                 )
             if kept < count:
                 reached_end = True
@@ -677,6 +684,20 @@ def refuse_output_inside(store_root: Path, output: Path, what: str) -> None:
             "broker lists the store's folders, and a 4.x broker refuses to start with a "
             "folder in its commit-log directory)"
         )
+
+
+def _hole_refusal(key: tuple[str, int], queue_offset: int, tip: QueueTip) -> str:
+    """Why appending is refused when a record after where the consume queues end carries a
+    later queue offset than its queue's next one: the records between are missing from the
+    queue (a dispatch hole), and the queue offset appending would give the next message of
+    that queue is one a record already has (a rebuild then drops the message as a repeat)."""
+    topic, queue_id = key
+    return (
+        f"records of {topic}:{queue_id} are missing from its consume queue: the next one to "
+        f"dispatch has queue offset {queue_offset}, but the queue ends at {tip.max_offset}, so "
+        "an appended message would take a queue offset a stored message already has; run "
+        "rmqstore dispatch --rebuild --yes first (rmqstore verify shows the hole)"
+    )
 
 
 def enclosing_store(path: Path) -> Path | None:

@@ -432,6 +432,35 @@ def test_queue_offsets_come_from_the_consume_queues_not_a_scan_that_stops(
     assert json.loads(result.stdout)["queueOffset"] == 200
 
 
+def test_a_store_with_a_dispatch_hole_is_refused_until_rebuilt(tmp_path: Path) -> None:
+    """A consume queue that lost its last units while another queue reaches past them: the
+    queue's next record to dispatch carries queue offset 12 while the queue ends at 10. The
+    message appended to it took queue offset 11, which a stored message already has (and a
+    rebuild then drops the appended one as a repeat). Refused, the store unchanged, until
+    dispatch --rebuild; then the message takes 13."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("cq-truncated", store)
+    before = tree_digest(store)
+    for queue in ("2", "0"):  # the queue with the hole, and another of the same store
+        refused = run_cli("append", store, "--topic", "Orders-EU_west", "--queue", queue,
+                          "--body", "x")  # fmt: skip
+        assert refused.exit_code == 2, refused.stderr
+        assert (
+            "records of Orders-EU_west:2 are missing from its consume queue: the next "
+            "one to dispatch has queue offset 12, but the queue ends at 10" in refused.stderr
+        )
+    assert tree_digest(store) == before
+    rebuilt = run_cli("dispatch", store, "--rebuild", "--yes")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    result = run_cli("append", store, "--topic", "Orders-EU_west", "--queue", "2", "--body", "x",
+                     "--dispatch", "--jsonl")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == 13
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
 def test_a_log_that_cannot_be_read_to_its_end_is_refused(tmp_path: Path) -> None:
     """Without consume queues the offsets come from the whole log; a corrupt record before
     the valid end makes them unknowable, and the append is refused with nothing changed."""
