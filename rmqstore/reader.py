@@ -169,7 +169,7 @@ class MessageReader:
             try:
                 message = self.store.commitlog.read(unit.physical_offset, body=body)
             except (RecordError, NotFoundError):
-                end = self.store.log_end().offset
+                end = self.log_end().offset
                 if unit.physical_offset < end:
                     raise
                 self.notes.append(
@@ -246,7 +246,7 @@ class MessageReader:
                 message = self.store.commitlog.read(offset, body=body)
             except (RecordError, NotFoundError) as exc:
                 unreadable += 1
-                valid_end = self.store.log_end().offset
+                valid_end = self.log_end().offset
                 self.notes.append(
                     f"an index hit at offset {offset} is past the commit log's valid end "
                     f"({valid_end}), where no whole record is (a crash's torn tail): left out"
