@@ -15,6 +15,7 @@ import re
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
@@ -116,6 +117,15 @@ class SegmentQueue:
             if segment.start <= offset < segment.start + self.file_size:
                 return segment
         return None
+
+    def gaps(self) -> list[tuple[Segment, Segment]]:
+        """Each pair of neighbouring segments with files missing between them: the second
+        does not start where the first ends."""
+        return [
+            (previous, following)
+            for previous, following in pairwise(self.segments)
+            if following.start != previous.start + self.file_size
+        ]
 
     def forget_after(self, count: int) -> None:
         """Drop segments beyond the first ``count`` from the list (the files stay)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
-from itertools import pairwise
 from typing import Any, NamedTuple
 
 from rmqstore import kernel
@@ -254,8 +253,7 @@ def summarize(
             "to": f"{following.start - log.file_size:020d}",
             "files": max(0, (following.start - previous.start) // log.file_size - 1),
         }
-        for previous, following in pairwise(segments)
-        if following.start != previous.start + log.file_size
+        for previous, following in log.queue.gaps()
     ]
     end_state = "clean" if stopped.stop in (ScanStop.END, ScanStop.BLANK, None) else "invalid"
     topics: dict[str, list[dict[str, Any]]] = {}

@@ -5,7 +5,6 @@ matched (orphan units, units past the end of the log, dispatch lag), and the fil
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -191,15 +190,14 @@ class QueueChecks:
                 WARNING,
                 file=relative(self.store, path),
             )
-        for previous, following in pairwise(queue.queue.segments):
-            if following.start != previous.start + queue.file_size:
-                self.report.add(
-                    "cq-file-gap",
-                    f"expected the next file at {previous.start + queue.file_size}",
-                    file=relative(self.store, following.path),
-                    topic=topic,
-                    queue_id=queue_id,
-                )
+        for previous, following in queue.queue.gaps():
+            self.report.add(
+                "cq-file-gap",
+                f"expected the next file at {previous.start + queue.file_size}",
+                file=relative(self.store, following.path),
+                topic=topic,
+                queue_id=queue_id,
+            )
         if self._defer_scans:
             self._deferred.append((queue, name))
         else:

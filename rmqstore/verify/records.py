@@ -18,7 +18,6 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from itertools import pairwise
 from pathlib import PurePath
 from typing import Any, Protocol
 
@@ -256,15 +255,13 @@ class RecordPass:
             else:
                 said = "not a commit-log file (a broker cannot parse its name)"
             report.add("file-name", said, WARNING, file=relative(self.store, path))
-        segments = self.log.segments
-        for previous, following in pairwise(segments):
-            if following.start != previous.start + self.log.file_size:
-                report.add(
-                    "file-gap",
-                    f"expected the next file at {previous.start + self.log.file_size}",
-                    **log_place(relative(self.store, following.path), following.start),
-                )
-        report.checked["commitLogFiles"] += len(segments)
+        for previous, following in self.log.queue.gaps():
+            report.add(
+                "file-gap",
+                f"expected the next file at {previous.start + self.log.file_size}",
+                **log_place(relative(self.store, following.path), following.start),
+            )
+        report.checked["commitLogFiles"] += len(self.log.segments)
 
     def _scan_file(
         self,
