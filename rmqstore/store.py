@@ -8,6 +8,7 @@ when the consume queues have caught up (as a broker's shutdown does).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from bisect import bisect_left
 from collections.abc import Callable
@@ -758,6 +759,31 @@ def _refuse_misplaced_files(root: Path) -> None:
         raise NotAStoreError(found[0][1])
 
 
+def _make_new_root(root: Path) -> None:
+    """Make the missing folder ``root`` and the missing folders above it; when that fails, the
+    folders made on the way are removed again, so a refused path leaves nothing behind."""
+    if ".." in root.parts:
+        # "new/.." names the folder above "new", which the OS finds only once "new" exists
+        raise NotAStoreError(
+            f"{root}: no such directory, and a new store's path cannot pass through '..'; "
+            "name the folder to create without '..'"
+        )
+    missing = [root]
+    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    made: list[Path] = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+            fsync_directory(folder.parent)
+    except OSError as exc:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise StoreIOError(f"cannot create {root}: {exc.strerror}") from None
+
+
 def _check_store_root(
     root: Path, *, create: bool, config: StoreConfig | None, writing: bool = False
 ) -> _Creation | None:
@@ -765,11 +791,7 @@ def _check_store_root(
     if not root.exists():
         if create:
             _refuse_store_inside_another(root)
-            try:
-                root.mkdir(parents=True)
-                fsync_directory(root.parent)
-            except OSError as exc:
-                raise StoreIOError(f"cannot create {root}: {exc.strerror}") from None
+            _make_new_root(root)
             return _Creation.MADE_ROOT
         hint = "; use --create to make a new store" if writing else ""
         raise NotAStoreError(f"{root}: no such directory{hint}")

@@ -550,3 +550,25 @@ def test_a_new_store_is_not_made_inside_another(tmp_path: Path) -> None:
     assert tree_digest(store) == before
     beside = run_cli("fixtures", "generate", "basic", tmp_path / "beside")
     assert beside.exit_code == 0, beside.stderr
+
+
+def test_a_new_store_path_through_dotdot_or_failing_part_way_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """``new/..`` names the folder above ``new``, which exists only once ``new`` is made: the
+    writers made ``new``, then failed with "File exists" (exit 4), leaving it behind. Such a
+    path is refused (exit 2) before anything is made; and a path whose folders are made part
+    way before one cannot be (its name too long) has those folders removed again."""
+    source = small_store(tmp_path)
+    for command in (
+        ["fixtures", "generate", "basic", tmp_path / "new1" / ".."],
+        ["append", tmp_path / "new2" / "..", "--create", "--topic", "T", "--body", "x"],
+        ["replicate", source, tmp_path / "new3" / ".."],
+    ):
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert "cannot pass through '..'" in result.stderr, command
+    too_long = tmp_path / "new4" / "deeper" / ("x" * 300)
+    result = run_cli("fixtures", "generate", "basic", too_long)
+    one_line_error(result, 4)
+    assert not any(entry.name.startswith("new") for entry in tmp_path.iterdir())
