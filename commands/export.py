@@ -19,11 +19,19 @@ from rmqstore.commands.options import (
     store_location_argument,
     topics_option,
 )
-from rmqstore.commands.output import console, counted, emit_json, fields_grid, progress_bar
+from rmqstore.commands.output import (
+    console,
+    counted,
+    emit_json,
+    fields_grid,
+    progress_bar,
+    warn,
+)
 from rmqstore.config import StoreConfig
 from rmqstore.pipeline.arrowcalls import import_pyarrow_without_numpy
 from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
+from rmqstore.wording import quoted
 
 
 @click.command("export")
@@ -88,6 +96,9 @@ def command(
     store is refused (exit 2: a broker lists the store's folders). Reads only; works on a
     store a broker holds.
 
+    A --topic that matches no message gets a warning on stderr naming the topics that have
+    consume queues (a typo, most often); the exit code stays 0.
+
     Parquet parts hold row groups of about 65,536 messages, snappy-compressed: topic, tags,
     hosts, version, file and the small integer columns dictionary-encoded; offsets and times
     as deltas (DELTA_BINARY_PACKED, which Spark 3.3+, Arrow, DuckDB and Trino read); min/max
@@ -114,6 +125,8 @@ def command(
     result = pipeline.export(
         destination, fmt, topics=selected, include_body=not no_body, decompress=decompress
     )
+    if selected and not result.messages:
+        warn_topics_without_messages(store, config, sorted(selected))
     if as_json:
         emit_json(result.to_dict())
     else:
@@ -126,6 +139,21 @@ def store_settings(store: str, config: StoreConfig) -> StoreConfig:
     if "://" in store:
         return config
     return Store.open_read(Path(store), config).config
+
+
+def warn_topics_without_messages(store: str, config: StoreConfig, missing: list[str]) -> None:
+    """A --topic that matched no message is most often a typo: say so on stderr, with the
+    topics that have consume queues (of a local store) to compare with."""
+    if not missing:
+        return
+    hint = ""
+    if "://" not in store:
+        known = Store.open_read(Path(store), config).topics_with_queues()
+        if known:
+            more = ", ..." if len(known) > 10 else ""
+            hint = f" (topics with consume queues: {', '.join(known[:10])}{more})"
+    names = ", ".join(quoted(topic) for topic in missing)
+    warn(f"no message of topic {names} in the commit log{hint}")
 
 
 def _render(result: ExportResult) -> None:

@@ -6,7 +6,7 @@ import functools
 
 import click
 
-from rmqstore.commands.export import store_settings
+from rmqstore.commands.export import store_settings, warn_topics_without_messages
 from rmqstore.commands.options import (
     EngineChoice,
     engine_options,
@@ -64,6 +64,9 @@ def command(
     damaged regions skipped, and where and why its records end. STORE may be a local path or a
     pyarrow URI (s3://, hdfs://, gs://). Reads only.
 
+    A --topic that matches no message gets a warning on stderr naming the topics that have
+    consume queues (a typo, most often); the exit code stays 0.
+
     JSON: messages, bytes, queues[{topic, queueId, messages, bytes, minOffset, maxOffset
     (RocketMQ's meaning, as in info: the first queue offset and the one after the last),
     firstStoreTimestamp, lastStoreTimestamp, distinctTags, topTags[{tag,
@@ -84,6 +87,9 @@ def command(
         stats = LocalPipeline(store, options, watch).stats(topics=selected)
     if as_json and delimited:
         raise click.UsageError("--json and --csv/--tsv exclude each other")
+    if selected:
+        found = {queue["topic"] for queue in stats.to_dict()["queues"]}
+        warn_topics_without_messages(store, config, sorted(selected - found))
     if delimited:
         table = DelimitedWriter(*delimited)  # a row per topic and queue
         for queue in stats.to_dict()["queues"]:

@@ -276,7 +276,7 @@ class Store:
         check_topic_path_safe(topic)
         directory = self.consumequeue_dir / topic / str(queue_id)
         if not directory.is_dir() or not self.inside(directory):
-            known = sorted({t for t, _ in list_queues(self.consumequeue_dir)})
+            known = self.topics_with_queues()
             hint = (
                 f" (topics with queues: {', '.join(known[:10])})"
                 if known
@@ -288,6 +288,10 @@ class Store:
         queue = ConsumeQueue(self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size)
         queue.correct_min_offset(self.commitlog.min_offset)
         return queue
+
+    def topics_with_queues(self) -> list[str]:
+        """The topics that have a consume-queue folder, sorted (for hints at a mistyped topic)."""
+        return sorted({topic for topic, _ in list_queues(self.consumequeue_dir)})
 
     def index_service(self) -> IndexService:
         """The index files, read-only (their geometry comes from the configuration)."""

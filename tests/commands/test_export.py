@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +64,29 @@ def test_an_export_into_the_store_is_refused(tmp_path: Path) -> None:
     assert tree_digest(store_dir) == before
     done = run_cli("export", store_dir, "--to", tmp_path / "out", "--format", "jsonl")
     assert done.exit_code == 0
+
+
+def test_a_topic_that_matches_no_message_is_named_with_the_store_topics(tmp_path: Path) -> None:
+    """``--topic TopicTset`` (a typo) exported or counted 0 messages with no word why: export
+    and stats still exit 0 with their usual output (an empty topic is an answer), and warn on
+    stderr, naming the topic and the topics that have consume queues."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    hint = (
+        "rmqstore: warning: no message of topic 'TopicTset' in the commit log (topics with "
+        "consume queues: %RETRY%group_a, Orders-EU_west, TopicTest)"
+    )
+    export = run_cli("export", store, "--to", tmp_path / "out", "--topic", "TopicTset", "--json")
+    assert export.exit_code == 0, export.stderr
+    assert json.loads(export.stdout)["messages"] == 0
+    assert hint in export.stderr
+    stats = run_cli("stats", store, "--topic", "TopicTset", "--topic", "TopicTest", "--json")
+    assert stats.exit_code == 0, stats.stderr
+    assert {queue["topic"] for queue in json.loads(stats.stdout)["queues"]} == {"TopicTest"}
+    assert hint in stats.stderr
+    for command in (
+        ["stats", store, "--topic", "TopicTest"],
+        ["export", store, "--to", tmp_path / "out2", "--topic", "TopicTest"],
+    ):
+        result = run_cli(*command)
+        assert result.exit_code == 0 and "warning" not in result.stderr, result.stderr
