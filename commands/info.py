@@ -83,7 +83,9 @@ def command(
     messages, minOffset, maxOffset, notQueued}]}] (from the commit log), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
     entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}. With
-    --topic: topics[{topic, queues[{queueId, minOffset, maxOffset, lastUpdated}]}].
+    --topic: topics[{topic, queues[{queueId, minOffset, maxOffset, lastUpdated}]}]
+    (lastUpdated: the store time of the queue's last message; 0 when the queue is empty, or,
+    with a warning, when its last unit points at no whole record).
     --csv, --tsv and --jsonl print a row per topic and queue (messages and notQueued from the
     commit log; with --topic, lastUpdated instead, without reading the log).
     """
@@ -98,6 +100,14 @@ def command(
             warn(message)
         if topics:
             status = [topic_status(opened, topic) for topic in topics]
+            for topic in status:
+                for queue in topic["queues"]:
+                    if queue["maxOffset"] > queue["minOffset"] and not queue["lastUpdated"]:
+                        warn(
+                            f"the last unit of {topic['topic']}:{queue['queueId']} (queue "
+                            f"offset {queue['maxOffset'] - 1}) points at no whole record (a "
+                            "crash's torn tail, or a removed file); run rmqstore verify"
+                        )
             if delimited:
                 _queue_rows(status, delimited)
             elif as_json:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.checkpoint import read_checkpoint_file
+from rmqstore.commitlog import CommitLog
 from rmqstore.consumequeue import QueueTip, list_queues
 from rmqstore.errors import NotFoundError, RmqStoreError
 from rmqstore.indexfile import read_index_headers
@@ -89,6 +90,8 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
         if queue.max_offset > queue.min_offset:
             unit = queue.read_unit(queue.max_offset - 1)
             last_updated = max(0, log.store_timestamp_at(unit.physical_offset, unit.size, end))
+            if last_updated and not _whole_record_at(log, unit.physical_offset, unit.size):
+                last_updated = 0  # a torn tail's header keeps a time no message has
         queues.append(
             {
                 "queueId": queue_id,
@@ -100,6 +103,15 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
     if not queues:
         raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
     return {"topic": topic, "queues": queues}
+
+
+def _whole_record_at(log: CommitLog, offset: int, size: int) -> bool:
+    """A record of ``size`` bytes whose fields decode starts at ``offset`` (its body CRC is
+    not checked: a bad body is still a message that was stored at its time)."""
+    try:
+        return log.read(offset, body=BodyMode.SKIP).store_size == size
+    except RmqStoreError:
+        return False
 
 
 def index_summary(store: Store) -> dict[str, Any]:

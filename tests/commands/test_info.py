@@ -97,3 +97,41 @@ def test_topic_status_matches_the_broker(oracle, name: str) -> None:
     assert missing.exit_code == 2 and "has no consume queues" in missing.stderr
     deep = run_cli("info", store, "--topic", "TopicTest", "--deep", *ORACLE_OPTIONS)
     assert deep.exit_code == 2 and "--deep counts the records of the whole log" in deep.stderr
+
+
+def test_topic_status_of_a_queue_whose_last_record_is_torn(oracle, tmp_path) -> None:
+    """A broker killed while writing leaves its last record half written, and the queue's
+    unit for it may be dispatched already. ``info --topic`` showed that queue as last updated
+    at the time the torn record's header still held; now lastUpdated is 0, with a warning
+    naming the queue, and the other queues keep their times."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    end = json.loads(run_cli("info", store, "--json").stdout)["commitLog"]["maxOffset"]
+    (status,) = json.loads(run_cli("info", store, "--topic", "TopicTest", "--json").stdout)[
+        "topics"
+    ]
+    last = None
+    for queue in status["queues"]:
+        tail = run_cli(
+            "read", store, "--topic", "TopicTest", "--queue", str(queue["queueId"]),
+            "--from", str(queue["maxOffset"] - 1), "--jsonl",
+        )  # fmt: skip
+        message = json.loads(tail.stdout)
+        if message["commitLogOffset"] + message["storeSize"] == end:
+            last = (queue["queueId"], queue["maxOffset"], message)
+    assert last is not None, "TopicTest holds the log's last record"
+    queue_id, max_offset, message = last
+    segment = sorted((store / "commitlog").iterdir())[-1]
+    position = message["commitLogOffset"] - int(segment.name)
+    with open(segment, "r+b") as file:  # the record's second half never reached the disk
+        file.seek(position + message["storeSize"] // 2)
+        file.write(bytes(message["storeSize"] - message["storeSize"] // 2))
+    result = run_cli("info", store, "--topic", "TopicTest", "--json")
+    assert result.exit_code == 0, result.stderr
+    (torn,) = json.loads(result.stdout)["topics"]
+    for before, after in zip(status["queues"], torn["queues"], strict=True):
+        expected = 0 if after["queueId"] == queue_id else before["lastUpdated"]
+        assert after["lastUpdated"] == expected and after["maxOffset"] == before["maxOffset"]
+    assert (
+        f"warning: the last unit of TopicTest:{queue_id} (queue offset {max_offset - 1}) "
+        "points at no whole record" in result.stderr
+    )
