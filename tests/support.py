@@ -262,7 +262,9 @@ def record_pid_and_sleep(job: tuple[str, int]) -> int:
     import time
 
     directory, number = job
-    Path(directory, f"worker-{number}.pid").write_text(str(os.getpid()))
+    staged = Path(directory, f"worker-{number}.pid.tmp")
+    staged.write_text(str(os.getpid()))
+    staged.rename(Path(directory, f"worker-{number}.pid"))  # the test reads a whole pid
     time.sleep(120)
     return number
 
