@@ -259,7 +259,11 @@ def command(
     the store's, non-decreasing store times, a generated UNIQ_KEY and the CLUSTER property,
     DELAY messages moved to SCHEDULE_TOPIC_XXXX. With --dispatch the messages also go into
     consume queues and the index; without it 'abort' is left so a broker re-dispatches them at
-    start.
+    start. A topic appended to that config/topics.json does not list (or a queue id past its
+    readQueueNums/writeQueueNums) is added to it, with default options, as mqadmin updateTopic
+    would, since a broker serves only the topics listed there; the old file is kept as
+    topics.json.bak, a file that does not parse is left alone (with a warning), and a store
+    without the file gets one only when --create makes it.
 
     Prints per message: msgId, commitLogOffset, queueOffset, storeSize, uniqKey (also topic,
     queueId, storeTimestamp in JSON; uniqKey is read back from the stored record), only once
@@ -327,6 +331,7 @@ def command(
             uniq_keys=None if no_uniq_key else UniqKeyGenerator(),
             allow_v2=record_version == "auto",
             store_host=parse_host(store_host) if store_host else None,
+            list_topics=True,
         )
         dispatcher = Dispatcher(opened) if dispatch_after else None
         try:

@@ -561,6 +561,7 @@ class CommitLogAppender:
         self._flushed_offset = end_offset  # the physical offset up to which all is flushed
         self.file_size = log.file_size
         self.queue_offsets = queue_offsets
+        self._queue_offsets_at_start = dict(queue_offsets)
         self.store_host = store_host
         self._store_host_field = store_host.to_field()
         self.max_message_size = max_message_size
@@ -1133,6 +1134,16 @@ class CommitLogAppender:
                 buf.flush()
             finally:
                 buf.close()
+
+    def queues_appended(self) -> dict[str, int]:
+        """Topic to the number of queues its appended messages need (highest queue id + 1),
+        for the topics this appender gave a message."""
+        queues: dict[str, int] = {}
+        started = self._queue_offsets_at_start
+        for (topic, queue_id), offset in self.queue_offsets.items():
+            if started.get((topic, queue_id)) != offset:
+                queues[topic] = max(queues.get(topic, 0), queue_id + 1)
+        return queues
 
     def close(self) -> None:
         self.flush()

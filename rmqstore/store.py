@@ -67,6 +67,7 @@ from rmqstore.segments import (
     sync_directory,
 )
 from rmqstore.topics import check_topic_path_safe
+from rmqstore.topicsconfig import add_topics
 from rmqstore.wording import quoted
 
 COMMITLOG_DIR = "commitlog"
@@ -125,6 +126,7 @@ class Store:
         self._writing = False
         self._log_end: LogEnd | None = None
         self._creation: _Creation | None = None  # set when this open made the store
+        self._list_topics = False  # closing adds the topics appended to config/topics.json
         self._lock_existed = True  # whether the lock file was there before this open
         self._given_config = StoreConfig()  # what the caller said (open_write sets it)
 
@@ -348,12 +350,16 @@ class Store:
         allow_v2: bool = True,
         store_host: HostAddress | None = None,
         trailing_separator: bool = True,
+        list_topics: bool = False,
     ) -> CommitLogAppender:
         """Prepare to append: find the valid end, deal with bytes after it, learn the queue
         offsets, then create ``abort``. Refuses a crashed store whose tail is not clean, and
-        one with a consume-queue folder that is a link (its queues' offsets are unknown)."""
+        one with a consume-queue folder that is a link (its queues' offsets are unknown).
+        With ``list_topics``, closing the store adds the topics and queues appended to that
+        ``config/topics.json`` lacks (written anew for a store this open created)."""
         if self._appender is not None:
             return self._appender
+        self._list_topics = list_topics
         self._require_writable()
         linked: list[Path] = []
         queues = list_queues(self.consumequeue_dir, linked)
@@ -549,6 +555,15 @@ class Store:
                         self.checkpoint_path,
                         replace(previous, physic_msg_timestamp=appender.last_store_timestamp),
                     )
+                    if self._list_topics:
+                        self.notes.extend(
+                            add_topics(
+                                self.root / CONFIG_DIR,
+                                appender.queues_appended(),
+                                appender.last_store_timestamp,
+                                create=self._creation is not None,
+                            )
+                        )
             if self._writing:
                 self._settle_abort(appended, end_offset)
             if not failed and (self._writing or self._creation is not None):

@@ -1,48 +1,131 @@
 """``config/topics.json`` (spec §8.4): the topics a broker lets clients use. Written in
-fastjson's pretty style (tab indentation, sorted fields)."""
+fastjson's pretty style (tab indentation, sorted fields). A broker serves a topic's consume
+queues only to a topic it lists (a pull of another is refused, "topic not exist"), and a
+consumer balances over its readQueueNums queues only."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 from rmqstore.errors import StoreIOError
+from rmqstore.segments import fsync_directory
 
 DEFAULT_PERM = 6  # READ | WRITE
 
 
+TOPICS_FILE = "topics.json"
+
+
+def topic_config(topic: str, queue_count: int) -> dict[str, Any]:
+    """A topic's entry as ``mqadmin updateTopic`` makes it with default options."""
+    return {
+        "order": False,
+        "perm": DEFAULT_PERM,
+        "readQueueNums": queue_count,
+        "topicFilterType": "SINGLE_TAG",
+        "topicName": topic,
+        "topicSysFlag": 0,
+        "writeQueueNums": queue_count,
+    }
+
+
 def topics_document(queues: dict[str, int], timestamp: int) -> dict:
     """``queues``: topic -> number of queues (highest queue id + 1)."""
-    table = {
-        topic: {
-            "order": False,
-            "perm": DEFAULT_PERM,
-            "readQueueNums": count,
-            "topicFilterType": "SINGLE_TAG",
-            "topicName": topic,
-            "topicSysFlag": 0,
-            "writeQueueNums": count,
-        }
-        for topic, count in sorted(queues.items())
-    }
+    table = {topic: topic_config(topic, count) for topic, count in sorted(queues.items())}
     return {
         "dataVersion": {"counter": len(table), "timestamp": timestamp},
         "topicConfigTable": table,
     }
 
 
-def write_topics_json(config_dir: Path, queues: dict[str, int], timestamp: int) -> Path:
-    path = config_dir / "topics.json"
-    text = json.dumps(
-        topics_document(queues, timestamp),
-        indent="\t",
-        separators=(",", ":"),
-        sort_keys=True,
-        ensure_ascii=False,
+def _text(document: dict) -> str:
+    return json.dumps(
+        document, indent="\t", separators=(",", ":"), sort_keys=True, ensure_ascii=False
     )
+
+
+def write_topics_json(config_dir: Path, queues: dict[str, int], timestamp: int) -> Path:
+    path = config_dir / TOPICS_FILE
     try:
         config_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        path.write_text(_text(topics_document(queues, timestamp)), encoding="utf-8")
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
     return path
+
+
+def add_topics(
+    config_dir: Path, queues: dict[str, int], timestamp: int, *, create: bool
+) -> list[str]:
+    """Make ``topics.json`` list every topic of ``queues`` with at least that many read and
+    write queues, keeping every other field as it is; ``dataVersion`` counts the change.
+    A missing file is written only with ``create``. The old content goes to
+    ``topics.json.bak`` first, where a broker looks when ``topics.json`` does not load.
+    Returns what the user should hear: the topics added or widened, or why none were."""
+    path = config_dir / TOPICS_FILE
+    if not path.exists():
+        if not create or not queues:
+            return []
+        write_topics_json(config_dir, queues, timestamp)
+        return [f"wrote {path} listing {_names(queues)}"]
+    try:
+        old = path.read_bytes()
+        document = json.loads(old) if old.strip() else {"topicConfigTable": {}}
+        table = document.setdefault("topicConfigTable", {})
+        if not isinstance(table, dict):
+            raise ValueError("topicConfigTable is not an object")
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        reason = exc.strerror if isinstance(exc, OSError) else "it does not parse as JSON"
+        return [
+            f"{path} was left as it is ({reason}); a broker serves {_names(queues)} only once "
+            "it lists them (mqadmin updateTopic)"
+        ]
+    changed: dict[str, int] = {}
+    for topic, count in sorted(queues.items()):
+        entry = table.get(topic)
+        if not isinstance(entry, dict):
+            table[topic] = topic_config(topic, count)
+            changed[topic] = count
+            continue
+        for field in ("readQueueNums", "writeQueueNums"):
+            current = entry.get(field)
+            if not isinstance(current, int) or current < count:
+                entry[field] = count
+                changed[topic] = count
+    if not changed:
+        return []
+    version = document.get("dataVersion")
+    if not isinstance(version, dict):
+        version = document["dataVersion"] = {"counter": 0}
+    counter = version.get("counter")
+    version["counter"] = (counter if isinstance(counter, int) else 0) + 1
+    version["timestamp"] = timestamp
+    _replace(path, old, _text(document).encode("utf-8"))
+    return [f"added {_names(changed)} to {path} (so a broker serves them)"]
+
+
+def _replace(path: Path, old: bytes, new: bytes) -> None:
+    """The broker's persist: the old content to ``.bak``, then the new content in place (here
+    through a renamed temporary file, so a crash leaves one whole file or the other)."""
+    backup = path.with_name(path.name + ".bak")
+    staged = path.with_name(path.name + ".tmp")
+    try:
+        for target, content in ((backup, old), (staged, new)):
+            with open(target, "wb") as file:
+                file.write(content)
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(staged, path)
+        fsync_directory(path.parent)
+    except OSError as exc:
+        raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _names(queues: dict[str, int]) -> str:
+    listed = ", ".join(
+        f"{topic} ({count} queue{'s' if count != 1 else ''})" for topic, count in queues.items()
+    )
+    return f"topic{'s' if len(queues) != 1 else ''} {listed}"

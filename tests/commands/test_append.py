@@ -575,3 +575,59 @@ def test_each_reported_message_carries_the_uniq_key_it_was_stored_with(tmp_path:
     assert [r["uniqKey"] for r in reported] == [s["uniqKey"] for s in stored]
     assert reported[-1]["uniqKey"] == "OWN-KEY"
     assert len({r["uniqKey"] for r in reported}) == 5001
+
+
+def test_append_lists_new_topics_and_queues_in_topics_json(tmp_path: Path) -> None:
+    """A broker serves a topic's queues only when config/topics.json lists it, and balances
+    consumers over readQueueNums queues: append left a new topic (or a queue past the count)
+    out, so a broker started on the store refused to serve it. Now the topic is added with
+    default options, or its queue counts raised; every other field stays as it was, the old
+    content goes to topics.json.bak, and a file that does not parse is left alone."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("basic", store)
+    topics = store / "config" / "topics.json"
+    original = json.loads(topics.read_text())
+    original["topicConfigTable"]["BasicTopic"]["attributes"] = {"+message.type": "NORMAL"}
+    topics.write_text(json.dumps(original))  # a 5.x field rmqstore does not write
+    before = topics.read_bytes()
+
+    result = run_cli("append", store, "--topic", "BasicTopic", "--body", "known")
+    assert result.exit_code == 0, result.stderr
+    assert topics.read_bytes() == before and not (store / "config" / "topics.json.bak").exists()
+
+    result = run_cli("append", store, "--topic", "NewTopic", "--queue", "3", "--body", "x")
+    assert result.exit_code == 0, result.stderr
+    assert "added topic NewTopic (4 queues) to" in result.stderr
+    after = json.loads(topics.read_text())
+    assert (store / "config" / "topics.json.bak").read_bytes() == before
+    assert after["topicConfigTable"]["BasicTopic"] == original["topicConfigTable"]["BasicTopic"]
+    assert after["topicConfigTable"]["NewTopic"] == {
+        "order": False, "perm": 6, "readQueueNums": 4, "topicFilterType": "SINGLE_TAG",
+        "topicName": "NewTopic", "topicSysFlag": 0, "writeQueueNums": 4,
+    }  # fmt: skip
+    assert after["dataVersion"]["counter"] == original["dataVersion"]["counter"] + 1
+
+    result = run_cli("append", store, "--topic", "BasicTopic", "--queue", "1", "--body", "y")
+    assert result.exit_code == 0, result.stderr
+    widened = json.loads(topics.read_text())["topicConfigTable"]["BasicTopic"]
+    assert (widened["readQueueNums"], widened["writeQueueNums"]) == (2, 2)
+    assert widened["attributes"] == {"+message.type": "NORMAL"}
+
+    topics.write_text("{not json")
+    result = run_cli("append", store, "--topic", "Third", "--body", "z")
+    assert result.exit_code == 0, result.stderr
+    assert "topics.json was left as it is (it does not parse as JSON)" in result.stderr
+    assert topics.read_text() == "{not json"
+
+    created = tmp_path / "created"
+    result = run_cli("append", created, "--create", "--topic", "T", "--queue", "2", "--body", "w")
+    assert result.exit_code == 0, result.stderr
+    table = json.loads((created / "config" / "topics.json").read_text())["topicConfigTable"]
+    assert table["T"]["readQueueNums"] == 3
+    bare = tmp_path / "bare"  # a store without the file (store code only, as the oracle's)
+    generate("basic", bare)
+    (bare / "config" / "topics.json").unlink()
+    assert run_cli("append", bare, "--topic", "U", "--body", "v").exit_code == 0
+    assert not (bare / "config" / "topics.json").exists()
