@@ -86,6 +86,13 @@ def test_a_session_reads_arrow_unchecked_and_the_sources_validate_each_batch(spa
     )
     with pytest.raises(pa.ArrowInvalid):
         list(checked([good, pa.record_batch([backwards, pa.array([1, 2])], names=["s", "n"])]))
+    # the same in the keys of a map (the properties column)
+    keys = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(offsets), pa.py_buffer(b"xy")])
+    pairs = pa.MapArray.from_arrays(pa.array([0, 2], pa.int32()), keys, pa.array(["v", "w"]))
+    with pytest.raises(pa.ArrowInvalid):
+        list(checked([pa.record_batch([pairs], names=["m"])]))
+    fine = pa.MapArray.from_arrays(pa.array([0, 2], pa.int32()), ["k", "l"], ["v", "w"])
+    assert list(checked([pa.record_batch([fine], names=["m"])]))
     # a null where the schema says there is none: the JVM would read it as a value
     schema = pa.schema([pa.field("s", pa.string(), nullable=False)])
     assert list(checked([pa.record_batch([pa.array(["a"])], schema=schema)]))
