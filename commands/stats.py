@@ -61,8 +61,9 @@ def command(
     Per topic and queue: messages (records of any transaction type), bytes (storeSize),
     min/max queue offset, first/last store time, distinct tags and the most common ones. Per
     commit-log file: records, bytes, BLANK bytes, CRC failures (body CRCs are checked),
-    damaged regions skipped, and where and why its records end. STORE may be a local path or a
-    pyarrow URI (s3://, hdfs://, gs://). Reads only.
+    damaged regions skipped, and where and why its records end (a file after the last one
+    holding data, such as a broker's pre-allocated next file, ends at 0). STORE may be a
+    local path or a pyarrow URI (s3://, hdfs://, gs://). Reads only.
 
     A --topic that matches no message gets a warning on stderr naming the topics that have
     consume queues (a typo, most often); the exit code stays 0.

@@ -112,9 +112,11 @@ class FileStats:
         }
 
 
-def file_stats(walked: list[RangeSummary]) -> list[FileStats]:
-    """Per commit-log file: the sums over the ranges one walk visits."""
+def file_stats(walked: list[RangeSummary], location: StoreLocation) -> list[FileStats]:
+    """Per commit-log file: the sums over the ranges one walk visits; a file after the last
+    one holding data (a broker's pre-allocated next file) as one whose data ends at 0."""
     stats: dict[str, FileStats] = {}
+    last = walked[-1].file if walked else ""
     for summary in walked:
         entry = stats.setdefault(summary.file, FileStats(f"commitlog/{summary.file}"))
         entry.records += summary.records
@@ -124,6 +126,9 @@ def file_stats(walked: list[RangeSummary]) -> list[FileStats]:
         entry.invalid_regions += summary.invalid_regions
         if summary.outcome in ("blank", "end", "invalid"):
             entry.end, entry.ended_by = summary.end, summary.outcome
+    for name, _ in location.segments("commitlog"):
+        if name > last:
+            stats[name] = FileStats(f"commitlog/{name}", end=0, ended_by="end")
     return list(stats.values())
 
 
@@ -310,7 +315,7 @@ def export_parts(
         raise StoreIOError(f"cannot write {destination}: {exc.strerror or exc}") from None
     files = [target.rsplit("/", 1)[-1] for target, count in written if count]
     messages = sum(count for _, count in written)
-    return ExportResult(destination, fmt, messages, files, file_stats(walked))
+    return ExportResult(destination, fmt, messages, files, file_stats(walked, StoreLocation(store)))
 
 
 class Pipeline:
@@ -419,7 +424,11 @@ class Pipeline:
         files = [name for name, (_, _, count) in zip(kept, walked, strict=True) if count]
         messages = sum(count for _, _, count in walked)
         return ExportResult(
-            destination, fmt, messages, files, file_stats([item[0] for item in walked])
+            destination,
+            fmt,
+            messages,
+            files,
+            file_stats([item[0] for item in walked], self.location),
         )
 
     def _exported(self, jobs: list[PartJob]) -> Iterator[tuple[RangeSummary, str, int]]:
@@ -492,14 +501,14 @@ class LocalPipeline(Pipeline):
         ):
             walked.append(summary)
             _fold(queues, counted)
-        return _store_stats(queues, walked)
+        return _store_stats(queues, walked, self.location)
 
     def _stats_by_record(self, topics: frozenset[str] | None) -> StoreStats:
         walked = self.walk(check_crc=True)
         queues: dict[tuple[str, int], QueueStats] = {}
         for part in self.bounded_ranges(walked):
             _fold(queues, count_range_by_record(self.location.uri, part, topics))
-        return _store_stats(queues, walked)
+        return _store_stats(queues, walked, self.location)
 
 
 def export_range(
@@ -574,10 +583,12 @@ def _fold(queues: dict[tuple[str, int], QueueStats], counted: dict) -> None:
             _add(total, entry)
 
 
-def _store_stats(queues: dict[tuple[str, int], QueueStats], walked: list) -> StoreStats:
+def _store_stats(
+    queues: dict[tuple[str, int], QueueStats], walked: list, location: StoreLocation
+) -> StoreStats:
     for entry in queues.values():
         entry.distinct_tags = len(entry.tags)
-    return StoreStats(list(queues.values()), file_stats(walked))
+    return StoreStats(list(queues.values()), file_stats(walked, location))
 
 
 @dataclass(frozen=True)

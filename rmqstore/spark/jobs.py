@@ -190,7 +190,7 @@ class SparkPipeline(Pipeline):
             )
         for row in tag_counts.collect():
             queues[(row.topic, row.queueId)].tags[row.tags] = row["count"]
-        return StoreStats(list(queues.values()), file_stats(walked))
+        return StoreStats(list(queues.values()), file_stats(walked, self.location))
 
     def verify(self, store: Store, options: VerifyOptions) -> VerifyReport:
         """The same findings as the local engine, the record ranges checked on executors."""
