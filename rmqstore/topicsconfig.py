@@ -12,6 +12,7 @@ from typing import Any
 
 from rmqstore.errors import StoreIOError
 from rmqstore.segments import fsync_directory
+from rmqstore.topics import SCHEDULE_TOPIC
 
 DEFAULT_PERM = 6  # READ | WRITE
 
@@ -65,6 +66,9 @@ def add_topics(
     A missing file is written only with ``create``. The old content goes to
     ``topics.json.bak`` first, where a broker looks when ``topics.json`` does not load.
     Returns what the user should hear: the topics added or widened, or why none were."""
+    # the broker makes SCHEDULE_TOPIC_XXXX itself, with a queue per delay level: an entry
+    # for the few levels appended to would replace that one when the broker loads the file
+    queues = {topic: count for topic, count in queues.items() if topic != SCHEDULE_TOPIC}
     path = config_dir / TOPICS_FILE
     if not path.exists():
         if not create or not queues:

@@ -615,6 +615,15 @@ def test_append_lists_new_topics_and_queues_in_topics_json(tmp_path: Path) -> No
     assert (widened["readQueueNums"], widened["writeQueueNums"]) == (2, 2)
     assert widened["attributes"] == {"+message.type": "NORMAL"}
 
+    # a DELAY message goes to SCHEDULE_TOPIC_XXXX, which a broker makes itself with a queue
+    # per level: an entry for the one level used would shrink it when the broker loads it
+    listed = topics.read_bytes()
+    result = run_cli(
+        "append", store, "--topic", "BasicTopic", "--property", "DELAY=3", "--body", "later"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert topics.read_bytes() == listed
+
     topics.write_text("{not json")
     result = run_cli("append", store, "--topic", "Third", "--body", "z")
     assert result.exit_code == 0, result.stderr
