@@ -261,8 +261,9 @@ def command(
     consume queues and the index; without it 'abort' is left so a broker re-dispatches them at
     start. A topic appended to that config/topics.json does not list (or a queue id past its
     readQueueNums/writeQueueNums) is added to it, with default options, as mqadmin updateTopic
-    would, since a broker serves only the topics listed there (not SCHEDULE_TOPIC_XXXX, which
-    a broker makes itself with a queue per delay level); the old file is kept as
+    would, since a broker serves only the topics listed there (a DELAY message's own topic,
+    where it is delivered later, not SCHEDULE_TOPIC_XXXX, which a broker makes itself with a
+    queue per delay level); the old file is kept as
     topics.json.bak, a file that does not parse is left alone (with a warning), and a store
     without the file gets one only when --create makes it.
 

@@ -562,6 +562,7 @@ class CommitLogAppender:
         self.file_size = log.file_size
         self.queue_offsets = queue_offsets
         self._queue_offsets_at_start = dict(queue_offsets)
+        self._delayed_queues: dict[str, int] = {}  # real topic -> queues, of DELAY messages
         self.store_host = store_host
         self._store_host_field = store_host.to_field()
         self.max_message_size = max_message_size
@@ -771,6 +772,8 @@ class CommitLogAppender:
             REAL_QID: str(message.queue_id),
         }
         scheduled = replace(message, topic=SCHEDULE_TOPIC, queue_id=level_to_queue_id(level))
+        known = self._delayed_queues.get(message.topic, 0)
+        self._delayed_queues[message.topic] = max(known, message.queue_id + 1)
         return scheduled, rewritten
 
     def append(self, message: Message) -> AppendResult:
@@ -1137,12 +1140,16 @@ class CommitLogAppender:
 
     def queues_appended(self) -> dict[str, int]:
         """Topic to the number of queues its appended messages need (highest queue id + 1),
-        for the topics this appender gave a message."""
+        for the topics this appender gave a message; with SCHEDULE_TOPIC_XXXX, the topics
+        and queues its DELAY messages will be delivered to (REAL_TOPIC, REAL_QID)."""
         queues: dict[str, int] = {}
         started = self._queue_offsets_at_start
         for (topic, queue_id), offset in self.queue_offsets.items():
             if started.get((topic, queue_id)) != offset:
                 queues[topic] = max(queues.get(topic, 0), queue_id + 1)
+        if SCHEDULE_TOPIC in queues:  # (a DELAY message prepared and not appended may count)
+            for topic, count in self._delayed_queues.items():
+                queues[topic] = max(queues.get(topic, 0), count)
         return queues
 
     def close(self) -> None:

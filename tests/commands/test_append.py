@@ -617,12 +617,20 @@ def test_append_lists_new_topics_and_queues_in_topics_json(tmp_path: Path) -> No
 
     # a DELAY message goes to SCHEDULE_TOPIC_XXXX, which a broker makes itself with a queue
     # per level: an entry for the one level used would shrink it when the broker loads it
+    # (the topic it is delivered to later, REAL_TOPIC, is listed)
     listed = topics.read_bytes()
     result = run_cli(
         "append", store, "--topic", "BasicTopic", "--property", "DELAY=3", "--body", "later"
     )
     assert result.exit_code == 0, result.stderr
     assert topics.read_bytes() == listed
+    result = run_cli(
+        "append", store, "--topic", "Later", "--queue", "1", "--property", "DELAY=3",
+        "--body", "later",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    table = json.loads(topics.read_text())["topicConfigTable"]
+    assert "SCHEDULE_TOPIC_XXXX" not in table and table["Later"]["readQueueNums"] == 2
 
     topics.write_text("{not json")
     result = run_cli("append", store, "--topic", "Third", "--body", "z")
