@@ -160,7 +160,8 @@ _TABLE_CHUNK = 100
     default="auto",
     show_default=True,
     help="How to show bodies: auto (UTF-8 text, else base64), text, hex, base64, "
-    "none, or raw (the bytes alone on stdout; one message only).",
+    "none, or raw (the bytes alone on stdout; one message only, not with --json, --jsonl, "
+    "--csv or --tsv).",
 )
 @click.option(
     "--decompress",
@@ -248,6 +249,12 @@ def command(
         raise click.UsageError("--seek goes with --from-offset")
     if body_mode == "raw" and mode not in ("offset", "msg-id"):
         raise click.UsageError("--body raw shows one message; use --offset or --msg-id")
+    if body_mode == "raw" and (as_json or as_jsonl or delimited is not None):
+        # the body's bytes alone: one of these would be ignored, or would leave it out
+        raise click.UsageError(
+            "--body raw writes the body's bytes alone; it does not go with --json, --jsonl, "
+            "--csv or --tsv (use --body base64 in those)"
+        )
     body = (
         BodyMode.SKIP if body_mode == "none" else (BodyMode.VERIFY if verify_crc else BodyMode.READ)
     )

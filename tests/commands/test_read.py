@@ -120,6 +120,19 @@ def test_body_encodings(oracle) -> None:
     assert "body" not in json.loads(result.stdout)
 
 
+def test_raw_body_does_not_go_with_a_structured_output(oracle) -> None:
+    """``--body raw --json`` wrote the raw bytes and no JSON, and ``--body raw --csv`` a CSV
+    row without the body: one option was dropped without a word. Both are usage errors."""
+    store = oracle("s1_multi")
+    put = next(p for p in store.manifest["puts"] if p["storedBodyLength"] > 10)
+    for output in ("--json", "--jsonl", "--csv", "--tsv"):
+        result = run_cli(
+            "read", store.store, "--offset", put["physicalOffset"], "--body", "raw", output
+        )
+        assert result.exit_code == 2 and result.stdout == "", output
+        assert "--body raw writes the body's bytes alone" in result.stderr
+
+
 def test_human_output_shows_fields(oracle) -> None:
     result = run_cli("read", oracle("s1_multi").store, "--offset", "316690")
     assert result.exit_code == 0
