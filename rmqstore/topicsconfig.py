@@ -6,12 +6,11 @@ consumer balances over its readQueueNums queues only."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from rmqstore.errors import StoreIOError
-from rmqstore.segments import fsync_directory
+from rmqstore.segments import write_whole_file
 from rmqstore.topics import SCHEDULE_TOPIC
 
 DEFAULT_PERM = 6  # READ | WRITE
@@ -70,6 +69,12 @@ def add_topics(
     # for the few levels appended to would replace that one when the broker loads the file
     queues = {topic: count for topic, count in queues.items() if topic != SCHEDULE_TOPIC}
     path = config_dir / TOPICS_FILE
+    if path.is_symlink() and queues:  # its target may be outside the store, or shared
+        return [
+            f"{path} is a symbolic link, which rmqstore does not write through, so it was "
+            f"left as it is; a broker serves {_names(queues)} only once it lists them "
+            "(mqadmin updateTopic)"
+        ]
     if not path.exists():
         if not create or not queues:
             return []
@@ -108,22 +113,16 @@ def add_topics(
     version["counter"] = (counter if isinstance(counter, int) else 0) + 1
     version["timestamp"] = timestamp
     _replace(path, old, _text(document).encode("utf-8"))
-    return [f"added {_names(changed)} to {path} (so a broker serves them)"]
+    return [f"added {_names(changed)} to {path}, where a broker looks up the topics it serves"]
 
 
 def _replace(path: Path, old: bytes, new: bytes) -> None:
-    """The broker's persist: the old content to ``.bak``, then the new content in place (here
-    through a renamed temporary file, so a crash leaves one whole file or the other)."""
-    backup = path.with_name(path.name + ".bak")
-    staged = path.with_name(path.name + ".tmp")
+    """The broker's persist: the old content to ``.bak``, then the new content in place,
+    each written whole (a crash leaves the old file or the new one; a link there is
+    replaced, never written through)."""
     try:
-        for target, content in ((backup, old), (staged, new)):
-            with open(target, "wb") as file:
-                file.write(content)
-                file.flush()
-                os.fsync(file.fileno())
-        os.replace(staged, path)
-        fsync_directory(path.parent)
+        write_whole_file(path.with_name(path.name + ".bak"), old)
+        write_whole_file(path, new)
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
 

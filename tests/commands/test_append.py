@@ -632,6 +632,29 @@ def test_append_lists_new_topics_and_queues_in_topics_json(tmp_path: Path) -> No
     table = json.loads(topics.read_text())["topicConfigTable"]
     assert "SCHEDULE_TOPIC_XXXX" not in table and table["Later"]["readQueueNums"] == 2
 
+    # links: a topics.json.bak one is replaced, never written through; a topics.json one
+    # (its target may be shared, or outside the store) is left alone
+    outside = tmp_path / "outside"
+    outside.write_text("kept")
+    backup = store / "config" / "topics.json.bak"
+    backup.unlink()
+    backup.symlink_to(outside)
+    result = run_cli("append", store, "--topic", "Fourth", "--body", "z")
+    assert result.exit_code == 0, result.stderr
+    assert outside.read_text() == "kept" and not backup.is_symlink()
+    assert "Fourth" in json.loads(topics.read_text())["topicConfigTable"]
+    kept = topics.read_text()
+    topics.unlink()
+    topics.symlink_to(outside)
+    result = run_cli("append", store, "--topic", "Fifth", "--body", "z")
+    assert result.exit_code == 0, result.stderr
+    assert "topics.json is a symbolic link, which rmqstore does not write through" in (
+        result.stderr
+    )
+    assert outside.read_text() == "kept" and topics.is_symlink()
+    topics.unlink()
+    topics.write_text(kept)
+
     topics.write_text("{not json")
     result = run_cli("append", store, "--topic", "Third", "--body", "z")
     assert result.exit_code == 0, result.stderr
