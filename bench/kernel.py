@@ -55,6 +55,12 @@ def env(kernel: str) -> dict[str, str]:
     return {**os.environ, "RMQSTORE_KERNEL": kernel}
 
 
+def _only_topic(path: Path) -> str:
+    """The benchmark store's one topic."""
+    (topic,) = sorted(entry.name for entry in (path / "consumequeue").iterdir())
+    return topic
+
+
 def peak_rss_mib(command: list[str]) -> float:
     output = subprocess.run(
         [sys.executable, "-c", RSS_CODE, *command], check=True, capture_output=True, text=True
@@ -105,6 +111,24 @@ def main() -> None:
         ("verify --commitlog-only", ["verify", str(path), "--commitlog-only"], None, "verify"),
         ("verify (queues and index too)", ["verify", str(path)], None, None),
         ("info", ["info", str(path)], None, None),
+        (
+            "read --from-offset 0 --jsonl (the whole log)",
+            ["read", str(path), "--from-offset", "0", "--jsonl"],
+            None,
+            None,
+        ),
+        (
+            "read --topic T --jsonl (every queue of it)",
+            ["read", str(path), "--topic", _only_topic(path), "--jsonl"],
+            None,
+            None,
+        ),
+        (
+            "read --topic T --csv (message by message, a baseline)",
+            ["read", str(path), "--topic", _only_topic(path), "--csv"],
+            None,
+            None,
+        ),
         (
             "dispatch --rebuild (one process)",
             ["dispatch", str(work), "--rebuild", "--yes"],

@@ -303,6 +303,15 @@ def command(
             _stream_lines(opened, reader, from_offset, count, body_mode, seek, no_progress)  # type: ignore[arg-type]
             _warn_all(reader.notes)
             return 0
+        if mode in ("queue", "topic") and as_jsonl and not (filtered or decompress or verify_crc):
+            items = (
+                reader.queue_lines(topic, queue_id, queue_from, count, body_mode=body_mode)  # type: ignore[arg-type]
+                if mode == "queue"
+                else reader.topic_lines(topic, count, body_mode=body_mode)  # type: ignore[arg-type]
+            )
+            _write_items(items, body_mode)
+            _warn_all(reader.notes)
+            return 0
         if mode == "sequential":
             messages: Iterable[Message] = reader.sequential(
                 from_offset,  # type: ignore[arg-type]
@@ -371,6 +380,22 @@ def _stream_lines(
         ):
             write(lines)
             update(end - from_offset)
+
+
+def _write_items(items: Iterable[bytes | Message], body_mode: str) -> None:
+    """``read --topic T [--queue Q] --jsonl``: blocks of lines the record kernel wrote, and
+    the messages of blocks read one by one, each as its line."""
+    sys.stdout.flush()
+    text_written = False  # lines in the text layer's buffer, to go out before more bytes
+    for item in items:
+        if isinstance(item, bytes):
+            if text_written:
+                sys.stdout.flush()
+                text_written = False
+            sys.stdout.buffer.write(item)
+        else:
+            emit_jsonl(message_document(item, body_mode, _body_of(item, False)))
+            text_written = True
 
 
 def _first_fetched(messages: Iterable[Message]) -> Iterator[Message]:

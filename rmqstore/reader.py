@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any
 
 from rmqstore import kernel
 from rmqstore.commitlog import LogEnd, LogScan
-from rmqstore.consumequeue import list_queues
+from rmqstore.consumequeue import ConsumeQueue, Unit, list_queues
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import (
@@ -16,9 +18,13 @@ from rmqstore.kernel.layout import (
     PHYSICAL_OFFSET,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
+    QUEUE_ID,
     ROW_WIDTH,
+    TOPIC_AT,
+    TOPIC_LENGTH,
     TOTAL_SIZE,
     VERSION,
+    new_rows,
 )
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.properties import split_keys
@@ -35,6 +41,8 @@ from rmqstore.windows import FileWindows
 from rmqstore.wording import clipped, counted, quoted
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_UNITS_PER_BLOCK = 4096  # units read, and records decoded, together by queue_lines
+_RUN_SPAN = 16 * 1024 * 1024  # at most this much of the commit log read at once for them
 
 
 class MessageReader:
@@ -46,6 +54,8 @@ class MessageReader:
         self.store = store
         self.notes: list[str] = []
         self._end: LogEnd | None = None
+        self.queue_cut = False  # the last queue read stopped at units past the valid end
+        self._block_rows: tuple[Any, list[memoryview]] | None = None
 
     def log_end(self) -> LogEnd:
         if self._end is None:
@@ -152,6 +162,14 @@ class MessageReader:
         """Messages of one queue through its consume queue, from queue offset ``start``
         (default: the queue's min offset)."""
         queue = self.store.consume_queue(topic, queue_id)
+        start = self._queue_start(queue, topic, queue_id, start)
+        yield from self._unit_messages(topic, queue_id, queue.units(start, count), body)
+
+    def _queue_start(
+        self, queue: ConsumeQueue, topic: str, queue_id: int, start: int | None
+    ) -> int | None:
+        """Where a read of ``queue`` from ``start`` begins (a note when it is past its end,
+        or below its min offset, where it then starts)."""
         if start is not None and start >= queue.max_offset:
             self.notes.append(
                 f"queue offset {start} is at or after the end of {topic}:"
@@ -163,7 +181,14 @@ class MessageReader:
                 f"{queue_id} ({queue.min_offset}); starting there"
             )
             start = queue.min_offset
-        for unit in queue.units(start, count):
+        return start
+
+    def _unit_messages(
+        self, topic: str, queue_id: int, units: Iterable[Unit], body: BodyMode
+    ) -> Iterator[Message]:
+        """The message each unit points at, read one by one; units from one pointing at or
+        past the log's valid end, where no whole record is, end it (``self.queue_cut`` set)."""
+        for unit in units:
             if unit.is_pre_blank:
                 continue
             try:
@@ -177,6 +202,7 @@ class MessageReader:
                     f"at or past the commit log's valid end ({end}), where no whole record "
                     "is: a broker's recovery truncates them (rmqstore recover)"
                 )
+                self.queue_cut = True
                 return
             if (message.topic, message.queue_id, message.store_size) != (
                 topic,
@@ -196,16 +222,156 @@ class MessageReader:
     ) -> Iterator[Message]:
         """Messages of every queue of ``topic``, queue after queue (as mqadmin printMsg
         walks them), each through its consume queue."""
-        queue_ids = sorted(q for t, q in list_queues(self.store.consumequeue_dir) if t == topic)
-        if not queue_ids:
-            raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
         produced = 0
-        for queue_id in queue_ids:
+        for queue_id in self._topic_queues(topic):
             for message in self.by_queue(topic, queue_id, body=body):
                 yield message
                 produced += 1
                 if count is not None and produced >= count:
                     return
+
+    def _topic_queues(self, topic: str) -> list[int]:
+        queue_ids = sorted(q for t, q in list_queues(self.store.consumequeue_dir) if t == topic)
+        if not queue_ids:
+            raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
+        return queue_ids
+
+    def queue_lines(
+        self,
+        topic: str,
+        queue_id: int,
+        start: int | None = None,
+        count: int | None = None,
+        *,
+        body_mode: str,
+    ) -> Iterator[bytes | Message]:
+        """What :meth:`by_queue` reads, as the JSON lines ``read --jsonl`` prints: blocks of
+        lines written by the record kernel (``bytes``), the units of a block read together
+        and each record decoded where its unit points; a block with a unit that is not
+        plainly a whole record of this queue there (a pre-blank unit, a record of another
+        queue or size, none at all) comes as the :class:`Message` objects :meth:`by_queue`
+        gives, with the same notes, errors and end."""
+        queue = self.store.consume_queue(topic, queue_id)
+        start = self._queue_start(queue, topic, queue_id, start)
+        yield from self._lines_of_units(topic, queue_id, queue.units(start, count), body_mode)
+
+    def topic_lines(
+        self, topic: str, count: int | None = None, *, body_mode: str
+    ) -> Iterator[bytes | Message]:
+        """What :meth:`by_topic` reads, as :meth:`queue_lines` gives it."""
+        left = count
+        for queue_id in self._topic_queues(topic):
+            queue = self.store.consume_queue(topic, queue_id)
+            for item in self._lines_of_units(topic, queue_id, queue.units(), body_mode, limit=left):
+                yield item
+                if left is not None:
+                    left -= item.count(b"\n") if isinstance(item, bytes) else 1
+            if left is not None and left <= 0:
+                return
+
+    def _lines_of_units(
+        self,
+        topic: str,
+        queue_id: int,
+        units: Iterable[Unit],
+        body_mode: str,
+        *,
+        limit: int | None = None,
+    ) -> Iterator[bytes | Message]:
+        """The lines (or messages) of the units, at most ``limit`` messages."""
+        mode = BODY_MODE_NAMES.index(body_mode)
+        name = topic.encode("utf-8")
+        if self._block_rows is None:
+            rows = new_rows(_UNITS_PER_BLOCK)
+            whole = memoryview(rows)
+            views = [whole[n * ROW_WIDTH : (n + 1) * ROW_WIDTH] for n in range(_UNITS_PER_BLOCK)]
+            self._block_rows = rows, views
+        rows, row_views = self._block_rows
+        self.queue_cut = False
+        iterator = iter(units)
+        left = limit
+        while left is None or left > 0:
+            wanted = _UNITS_PER_BLOCK if left is None else min(_UNITS_PER_BLOCK, left)
+            block = list(islice(iterator, wanted))
+            if not block:
+                return
+            for run in self._record_runs(block):
+                lines = self._run_lines(run, queue_id, name, rows, row_views, mode)
+                if lines is not None:
+                    if left is not None:
+                        left -= len(run)
+                    yield lines
+                    continue
+                for message in self._unit_messages(topic, queue_id, run, BodyMode.READ):
+                    if left is not None:
+                        left -= 1
+                    yield message
+                if self.queue_cut:
+                    return
+
+    def _record_runs(self, units: list[Unit]) -> Iterator[list[Unit]]:
+        """``units`` cut into runs whose records lie in one commit-log file, in order, within
+        :data:`_RUN_SPAN` bytes (one read each); a unit no file holds is a run of its own."""
+        log = self.store.commitlog
+        run: list[Unit] = []
+        segment = None
+        for unit in units:
+            if run and segment is not None:
+                first = run[0].physical_offset
+                if (
+                    unit.size > 0
+                    and first <= unit.physical_offset
+                    and unit.physical_offset + unit.size <= segment.start + segment.size
+                    and unit.physical_offset + unit.size - first <= _RUN_SPAN
+                ):
+                    run.append(unit)
+                    continue
+            if run:
+                yield run
+            run = [unit]
+            segment = log.queue.find(unit.physical_offset)
+        if run:
+            yield run
+
+    def _run_lines(
+        self,
+        run: list[Unit],
+        queue_id: int,
+        topic: bytes,
+        rows: Any,
+        row_views: list[memoryview],
+        mode: int,
+    ) -> bytes | None:
+        """The JSON lines of the records ``run`` points at, decoded from one read of their
+        span; None when a unit is not plainly a whole record of the queue (the caller then
+        reads them one by one, as by_queue does)."""
+        log = self.store.commitlog
+        first = run[0].physical_offset
+        segment = log.queue.find(first)
+        if segment is None or any(unit.is_pre_blank or unit.size <= 0 for unit in run):
+            return None
+        span = max(unit.physical_offset + unit.size for unit in run) - first
+        position = first - segment.start
+        if first < log.min_offset or span > _RUN_SPAN or position + span > segment.size:
+            return None  # (a unit's size comes from a file: bounded before anything is read)
+        buf = log.pread(segment, position, span)
+        scan = kernel.scan
+        for row, unit in enumerate(run):
+            at = unit.physical_offset - first
+            count = scan(buf, at, at + unit.size, first, 0, 0, row_views[row])[0]
+            base = row * ROW_WIDTH
+            if (
+                count != 1
+                or rows[base + TOTAL_SIZE] != unit.size
+                or rows[base + PHYSICAL_OFFSET] != unit.physical_offset
+                or rows[base + QUEUE_ID] != queue_id
+                or buf[rows[base + TOPIC_AT] : rows[base + TOPIC_AT] + rows[base + TOPIC_LENGTH]]
+                != topic
+            ):
+                return None
+        out = bytearray()
+        kernel.write_lines("message_lines", buf, rows, len(run), mode, out)
+        return bytes(out)
 
     def by_key(
         self,

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rmqstore.fixtures import generate
+
 from support import (
     ORACLE_OPTIONS,
     assert_read_matches_scan_record,
@@ -131,6 +133,26 @@ def test_raw_body_does_not_go_with_a_structured_output(oracle) -> None:
         )
         assert result.exit_code == 2 and result.stdout == "", output
         assert "--body raw writes the body's bytes alone" in result.stderr
+
+
+def test_topic_and_queue_jsonl_lines_are_the_json_documents(tmp_path: Path) -> None:
+    """``--topic T [--queue Q] --jsonl`` writes the record kernel's lines a block at a time,
+    and a block with an odd unit message by message: in order, one line per document of the
+    same read with --json (which reads message by message)."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    (path,) = sorted((store / "consumequeue" / "TopicTest" / "0").iterdir())[:1]
+    data = bytearray(path.read_bytes())
+    data[20 * 5 : 20 * 5 + 8] = data[0:8]  # unit 5 points at unit 0's record: a note
+    path.write_bytes(data)
+    for selection in (["--queue", "0"], ["--queue", "0", "--from", "3", "--count", "9"], []):
+        command = ["read", store, "--topic", "TopicTest", *selection, "--body", "base64"]
+        lines = run_cli(*command, "--jsonl")
+        array = run_cli(*command, "--json")
+        assert lines.exit_code == array.exit_code == 0, lines.stderr
+        documents = [json.loads(line) for line in lines.stdout.splitlines()]
+        assert documents == json.loads(array.stdout) and documents
+        assert lines.stderr == array.stderr and "points at offset" in lines.stderr
 
 
 def test_human_output_shows_fields(oracle) -> None:

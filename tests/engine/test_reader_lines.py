@@ -1,0 +1,217 @@
+"""``MessageReader.queue_lines``/``topic_lines`` (``read --topic T [--queue Q] --jsonl``: the
+units of a block read together, the records decoded by the record kernel and written as JSON
+lines by it) against :meth:`by_queue`/:meth:`by_topic` read one message at a time: the same
+text, notes and errors on every fixture, every real-broker store, and copies whose consume
+queues point anywhere."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rmqstore.commands.output import message_json
+from rmqstore.config import StoreConfig
+from rmqstore.consumequeue import list_queues
+from rmqstore.documents import message_document
+from rmqstore.errors import RmqStoreError
+from rmqstore.fixtures import SCENARIOS, generate
+from rmqstore.kernel.layout import BODY_MODE_NAMES
+from rmqstore.reader import MessageReader
+from rmqstore.record import BodyMode, Message
+from rmqstore.store import Store
+
+from support import ORACLE_CONFIG, ORACLE_STORES, run_cli
+
+SMALL_SCENARIOS = sorted(name for name in SCENARIOS if name != "large")
+
+
+def _render(items, body_mode: str) -> str:
+    parts = []
+    for item in items:
+        if isinstance(item, bytes):
+            parts.append(item.decode("utf-8"))
+        else:
+            assert isinstance(item, Message)
+            parts.append(message_json(message_document(item, body_mode, item.body)) + "\n")
+    return "".join(parts)
+
+
+def _outcome(store_dir: Path, config: StoreConfig, read) -> tuple[str, list[str], str | None]:
+    """(the lines, the notes, the error) of ``read(reader)``, with a reader of its own."""
+    with Store.open_read(store_dir, config) as store:
+        reader = MessageReader(store)
+        parts: list = []
+        error = None
+        try:
+            for item in read(reader):
+                parts.append(item)
+        except RmqStoreError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        return _render(parts, read.body_mode), reader.notes, error
+
+
+class _Read:
+    """One read, one at a time (``slow``) or by blocks of lines (the reader's lines)."""
+
+    def __init__(self, kind: str, topic: str, queue_id: int, start, count, body_mode: str):
+        self.kind, self.topic, self.queue_id = kind, topic, queue_id
+        self.start, self.count, self.body_mode = start, count, body_mode
+
+    def slow(self):
+        body = BodyMode.SKIP if self.body_mode == "none" else BodyMode.READ
+
+        def read(reader: MessageReader):
+            if self.kind == "queue":
+                return reader.by_queue(self.topic, self.queue_id, self.start, self.count, body=body)
+            return reader.by_topic(self.topic, self.count, body=body)
+
+        read.body_mode = self.body_mode  # type: ignore[attr-defined]
+        return read
+
+    def fast(self):
+        def read(reader: MessageReader):
+            if self.kind == "queue":
+                return reader.queue_lines(
+                    self.topic, self.queue_id, self.start, self.count, body_mode=self.body_mode
+                )
+            return reader.topic_lines(self.topic, self.count, body_mode=self.body_mode)
+
+        read.body_mode = self.body_mode  # type: ignore[attr-defined]
+        return read
+
+
+def _reads(store_dir: Path, rng: random.Random) -> list[_Read]:
+    queues = list_queues(store_dir / "consumequeue")
+    reads = []
+    for topic, queue_id in queues:
+        mode = rng.choice(BODY_MODE_NAMES)
+        reads.append(_Read("queue", topic, queue_id, None, None, mode))
+        reads.append(
+            _Read("queue", topic, queue_id, rng.randrange(-2, 30), rng.randrange(1, 40), mode)
+        )
+    for topic in sorted({topic for topic, _ in queues}):
+        mode = rng.choice(BODY_MODE_NAMES)
+        reads.append(_Read("topic", topic, 0, None, None, mode))
+        reads.append(_Read("topic", topic, 0, None, rng.randrange(1, 60), mode))
+    return reads
+
+
+def _check_store(store_dir: Path, config: StoreConfig, seed: int) -> int:
+    """Every read of ``_reads`` gives the same either way; returns how many lines they gave."""
+    lines = 0
+    for read in _reads(store_dir, random.Random(seed)):
+        slow = _outcome(store_dir, config, read.slow())
+        fast = _outcome(store_dir, config, read.fast())
+        assert fast == slow, (store_dir, read.__dict__)
+        lines += slow[0].count("\n")
+    return lines
+
+
+@pytest.mark.parametrize("scenario", SMALL_SCENARIOS)
+def test_lines_of_every_fixture_are_the_messages_read_one_by_one(
+    tmp_path: Path, scenario: str
+) -> None:
+    generate(scenario, tmp_path / "store")
+    assert _check_store(tmp_path / "store", StoreConfig(), 1) > 0
+
+
+@pytest.mark.parametrize("name", sorted(ORACLE_STORES))
+def test_lines_of_every_real_broker_store_are_the_messages_read_one_by_one(
+    oracle, name: str
+) -> None:
+    found = oracle(name)
+    stores = [found.store]
+    if name == "s2_crash":
+        stores += [found.root / "store_torn_half_record", found.root / "store_torn_random_garbage"]
+    for store_dir in stores:
+        assert _check_store(store_dir, StoreConfig(**ORACLE_CONFIG), 2) > 0
+
+
+def _mutate_units(store_dir: Path, rng: random.Random, changes: int) -> None:
+    """Rewrite ``changes`` random units of the consume queues: offsets moved a little or
+    anywhere, sizes off by a little, zero, negative or huge, pre-blank units, zeros."""
+    files = sorted(
+        path
+        for path in (store_dir / "consumequeue").rglob("*")
+        if path.is_file() and len(path.name) == 20
+    )
+    for _ in range(changes):
+        path = rng.choice(files)
+        data = bytearray(path.read_bytes())
+        units = [n for n in range(len(data) // 20) if any(data[n * 20 : n * 20 + 20])]
+        if not units:
+            continue
+        at = rng.choice(units) * 20
+        offset = int.from_bytes(data[at : at + 8], "big", signed=True)
+        size = int.from_bytes(data[at + 8 : at + 12], "big", signed=True)
+        kind = rng.randrange(7)
+        if kind == 0:
+            offset += rng.choice([-1, 1, -size, size, 4, -4])
+        elif kind == 1:
+            offset = rng.randrange(0, 1 << 20)
+        elif kind == 2:
+            size += rng.choice([-1, 1, -8, 8, 100])
+        elif kind == 3:
+            size = rng.choice([0, -1, -(1 << 31), (1 << 31) - 1, 1 << 26])
+        elif kind == 4:
+            offset, size = 0, 20  # a pre-blank unit
+        elif kind == 5:
+            offset, size = (1 << 62), 200  # far past the log
+        else:
+            data[at : at + 20] = bytes(20)
+            path.write_bytes(data)
+            continue
+        data[at : at + 8] = offset.to_bytes(8, "big", signed=True)
+        data[at + 8 : at + 12] = size.to_bytes(4, "big", signed=True)
+        path.write_bytes(data)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lines_of_mutated_queues_are_the_messages_read_one_by_one(
+    tmp_path: Path, seed: int
+) -> None:
+    base = tmp_path / "base"
+    generate("multi" if seed % 2 else "torn-tail", base)
+    store_dir = tmp_path / "store"
+    shutil.copytree(base, store_dir)
+    rng = random.Random(seed)
+    _mutate_units(store_dir, rng, rng.randrange(1, 12))
+    _check_store(store_dir, StoreConfig(), seed)
+
+
+def test_a_unit_pointing_at_a_record_of_another_queue_of_the_same_size(tmp_path: Path) -> None:
+    """Records of the same size in other queues and topics: only the queue id or the topic
+    tells them apart, and a unit pointing at one gets the same note both ways."""
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(
+        "".join(
+            f'{{"topic": "{topic}", "queueId": {queue}, "body": "same"}}\n'
+            for topic, queue in (("TA", 0), ("TA", 1), ("TB", 0), ("TA", 0), ("TA", 1))
+        )
+    )
+    store_dir = tmp_path / "store"
+    result = run_cli("append", store_dir, "--create", "--input", lines, "--dispatch", "--jsonl")
+    assert result.exit_code == 0, result.stderr
+    puts = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len({put["storeSize"] for put in puts}) == 1
+
+    def point(topic: str, queue: int, unit: int, offset: int) -> None:
+        (path,) = (store_dir / "consumequeue" / topic / str(queue)).iterdir()
+        data = bytearray(path.read_bytes())
+        data[unit * 20 : unit * 20 + 8] = offset.to_bytes(8, "big")
+        path.write_bytes(data)
+
+    point("TA", 1, 0, puts[0]["commitLogOffset"])  # TA:0's record: another queue
+    point("TA", 0, 1, puts[2]["commitLogOffset"])  # TB:0's record: another topic
+    for read in (
+        _Read("queue", "TA", 0, None, None, "auto"),
+        _Read("queue", "TA", 1, None, None, "base64"),
+        _Read("topic", "TA", 0, None, None, "none"),
+    ):
+        slow = _outcome(store_dir, StoreConfig(), read.slow())
+        assert any("not a" in note for note in slow[1])
+        assert _outcome(store_dir, StoreConfig(), read.fast()) == slow
