@@ -631,13 +631,15 @@ def selected(
 ) -> Iterator[Message]:
     """The messages with one of ``tags`` (None: any) stored within ``[begin, end]``, at most
     ``count`` of them."""
+    if count is not None and count <= 0:
+        return
     produced = 0
     for message in messages:
-        if count is not None and produced >= count:
-            return
         if not begin <= message.store_timestamp <= end:
             continue
         if tags is not None and message.tags not in tags:
             continue
         yield message
         produced += 1
+        if count is not None and produced >= count:
+            return  # before the next is read: it may be where a read fails

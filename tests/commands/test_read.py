@@ -155,6 +155,19 @@ def test_topic_and_queue_jsonl_lines_are_the_json_documents(tmp_path: Path) -> N
         assert lines.stderr == array.stderr and "points at offset" in lines.stderr
 
 
+def test_a_filtered_read_stops_at_its_count_before_reading_on(tmp_path: Path) -> None:
+    """``--count 5 --begin T`` read a sixth message before stopping, so a read whose sixth
+    message lies in a deleted file failed (exit 2) after printing the five it asked for."""
+    store = tmp_path / "store"
+    generate("missing-file", store)
+    command = ["read", store, "--topic", "%RETRY%group_a", "--queue", "1", "--from", "2"]
+    assert run_cli(*command, "--count", "6", "--jsonl").exit_code == 2  # the sixth is gone
+    for selection in (["--begin", "1"], ["--end", "9999999999999"]):
+        result = run_cli(*command, "--count", "5", "--jsonl", *selection)
+        assert result.exit_code == 0, result.stderr
+        assert len(result.stdout.splitlines()) == 5
+
+
 def test_human_output_shows_fields(oracle) -> None:
     result = run_cli("read", oracle("s1_multi").store, "--offset", "316690")
     assert result.exit_code == 0
