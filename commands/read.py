@@ -299,17 +299,18 @@ def command(
             return 0
         filtered = tags is not None or begin > 0 or end < LONG_MAX
         walk_count = None if filtered else count  # a filter counts what it lets through
-        if mode == "sequential" and as_jsonl and not (filtered or decompress or verify_crc):
-            _stream_lines(opened, reader, from_offset, count, body_mode, seek, no_progress)  # type: ignore[arg-type]
+        kernel_lines = (as_jsonl or as_json) and not (filtered or decompress or verify_crc)
+        if mode == "sequential" and kernel_lines:
+            _stream_lines(opened, reader, from_offset, count, body_mode, seek, no_progress, as_json)  # type: ignore[arg-type]
             _warn_all(reader.notes)
             return 0
-        if mode in ("queue", "topic") and as_jsonl and not (filtered or decompress or verify_crc):
+        if mode in ("queue", "topic") and kernel_lines:
             items = (
                 reader.queue_lines(topic, queue_id, queue_from, count, body_mode=body_mode)  # type: ignore[arg-type]
                 if mode == "queue"
                 else reader.topic_lines(topic, count, body_mode=body_mode)  # type: ignore[arg-type]
             )
-            _write_items(items, body_mode)
+            _write_items(items, body_mode, as_json)
             _warn_all(reader.notes)
             return 0
         if mode == "sequential":
@@ -368,34 +369,51 @@ def _stream_lines(
     body_mode: str,
     seek: bool,
     no_progress: bool,
+    as_array: bool,
 ) -> None:
-    """``read --from-offset N --jsonl``: the lines written by the record kernel, a block at a
-    time (the same text :func:`message_json` gives of each message document)."""
+    """``read --from-offset N --jsonl`` (or ``--json``): the lines written by the record
+    kernel, a block at a time (the same text :func:`message_json` gives of each message
+    document)."""
     total = store.commitlog.data_extent() - from_offset
+    with progress_bar("reading", total, not no_progress) as update:
+
+        def blocks() -> Iterator[bytes]:
+            for lines, _, end in reader.sequential_lines(
+                from_offset, count, body_mode=body_mode, seek=seek
+            ):
+                yield lines
+                update(end - from_offset)
+
+        _write_items(blocks(), body_mode, as_array)
+
+
+def _write_items(items: Iterable[bytes | Message], body_mode: str, as_array: bool) -> None:
+    """Blocks of JSON lines the record kernel wrote, and messages (of blocks read one by one)
+    as their lines: one per line (``--jsonl``), or the elements of one JSON array
+    (``--json``), written as they come and closed when a read part way fails (an error
+    before the first comes before the ``[``, as elsewhere)."""
     sys.stdout.flush()
     write = sys.stdout.buffer.write
-    with progress_bar("reading", total, not no_progress) as update:
-        for lines, _, end in reader.sequential_lines(
-            from_offset, count, body_mode=body_mode, seek=seek
-        ):
-            write(lines)
-            update(end - from_offset)
-
-
-def _write_items(items: Iterable[bytes | Message], body_mode: str) -> None:
-    """``read --topic T [--queue Q] --jsonl``: blocks of lines the record kernel wrote, and
-    the messages of blocks read one by one, each as its line."""
+    opened = False
+    try:
+        for item in items:
+            if isinstance(item, bytes):
+                block = item
+            else:
+                document = message_document(item, body_mode, _body_of(item, False))
+                block = (message_json(document) + "\n").encode("utf-8")
+            if as_array:  # no JSON text holds a raw newline: each one ends an element
+                block = (b"[\n" if not opened else b",\n") + block[:-1].replace(b"\n", b",\n")
+            opened = True
+            write(block)
+    except RmqStoreError:
+        if as_array and opened:
+            write(b"\n]\n")
+            sys.stdout.flush()
+        raise
+    if as_array:
+        write(b"\n]\n" if opened else b"[\n]\n")
     sys.stdout.flush()
-    text_written = False  # lines in the text layer's buffer, to go out before more bytes
-    for item in items:
-        if isinstance(item, bytes):
-            if text_written:
-                sys.stdout.flush()
-                text_written = False
-            sys.stdout.buffer.write(item)
-        else:
-            emit_jsonl(message_document(item, body_mode, _body_of(item, False)))
-            text_written = True
 
 
 def _first_fetched(messages: Iterable[Message]) -> Iterator[Message]:

@@ -155,6 +155,35 @@ def test_topic_and_queue_jsonl_lines_are_the_json_documents(tmp_path: Path) -> N
         assert lines.stderr == array.stderr and "points at offset" in lines.stderr
 
 
+@pytest.mark.parametrize("scenario", ["multi", "torn-tail", "missing-file", "cq-truncated"])
+def test_json_and_jsonl_from_kernel_lines_are_what_message_by_message_gives(
+    tmp_path: Path, scenario: str
+) -> None:
+    """``--json`` and ``--jsonl`` reads of the log, a topic or a queue are written from the
+    record kernel's lines; ``--begin 1`` (every message passes) makes the same read go message
+    by message. Output, errors (an array closed before one) and exit codes are the same."""
+    store = tmp_path / "store"
+    generate(scenario, store)
+    selections = [
+        ["--from-offset", "0"],
+        ["--from-offset", "0", "--count", "3"],
+        ["--topic", "TopicTest"],
+        ["--topic", "TopicTest", "--count", "7"],
+        ["--topic", "TopicTest", "--queue", "1", "--from", "4", "--count", "20"],
+        ["--topic", "TopicTest", "--queue", "3", "--from", "9999"],
+    ]
+    for selection in selections:
+        for output in ("--json", "--jsonl"):
+            for body in ("auto", "none", "hex"):
+                command = ["read", store, *selection, output, "--body", body]
+                fast, slow = run_cli(*command), run_cli(*command, "--begin", "1")
+                assert (fast.exit_code, fast.stdout, fast.stderr) == (
+                    slow.exit_code,
+                    slow.stdout,
+                    slow.stderr,
+                ), command
+
+
 def test_a_filtered_read_stops_at_its_count_before_reading_on(tmp_path: Path) -> None:
     """``--count 5 --begin T`` read a sixth message before stopping, so a read whose sixth
     message lies in a deleted file failed (exit 2) after printing the five it asked for."""
