@@ -31,7 +31,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.pipeline.arrowcalls import import_pyarrow_without_numpy
 from rmqstore.pipeline.local import EXPORT_FORMATS, ExportResult, PipelineOptions
 from rmqstore.store import Store
-from rmqstore.wording import quoted
+from rmqstore.wording import missing_files, quoted
 
 
 @click.command("export")
@@ -125,6 +125,7 @@ def command(
     result = pipeline.export(
         destination, fmt, topics=selected, include_body=not no_body, decompress=decompress
     )
+    warn_missing_files(store, config, "export")
     if selected and not result.messages:
         warn_topics_without_messages(store, config, sorted(selected))
     if as_json:
@@ -154,6 +155,21 @@ def warn_topics_without_messages(store: str, config: StoreConfig, missing: list[
             hint = f" (topics with consume queues: {', '.join(known[:10])}{more})"
     names = ", ".join(quoted(topic) for topic in missing)
     warn(f"no message of topic {names} in the commit log{hint}")
+
+
+def warn_missing_files(store: str, config: StoreConfig, what: str) -> None:
+    """Commit-log files missing between others (a local store's): the ranges of the files
+    that are there were read, and ``what`` does not hold the missing files' messages."""
+    if "://" in store:
+        return
+    with Store.open_read(Path(store), config) as opened:
+        log = opened.commitlog
+        for previous, following in log.queue.gaps():
+            start = previous.start + log.file_size
+            warn(
+                f"{missing_files(start, following.start, log.file_size)}: their messages are "
+                f"not in the {what} (run rmqstore verify)"
+            )
 
 
 def _render(result: ExportResult) -> None:

@@ -6,7 +6,11 @@ import functools
 
 import click
 
-from rmqstore.commands.export import store_settings, warn_topics_without_messages
+from rmqstore.commands.export import (
+    store_settings,
+    warn_missing_files,
+    warn_topics_without_messages,
+)
 from rmqstore.commands.options import (
     EngineChoice,
     engine_options,
@@ -88,6 +92,7 @@ def command(
         stats = LocalPipeline(store, options, watch).stats(topics=selected)
     if as_json and delimited:
         raise click.UsageError("--json and --csv/--tsv exclude each other")
+    warn_missing_files(store, config, "counts")
     if selected:
         found = {queue["topic"] for queue in stats.to_dict()["queues"]}
         warn_topics_without_messages(store, config, sorted(selected - found))

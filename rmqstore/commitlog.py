@@ -342,7 +342,9 @@ class LogScan:
     """Iterates a commit log from an offset; see :class:`rmqstore.record.RegionScan` for items.
 
     After iteration: ``end_offset`` (end of the last valid record, or a BLANK's position when
-    the BLANK is in the last file), ``stop``, ``error`` and ``segment`` (where it ended).
+    the BLANK is in the last file), ``stop``, ``error`` and ``segment`` (where it ended);
+    ``gaps``: the ``(start, end)`` offsets of missing files it went on past (from a file's
+    BLANK to the next file there is, as a broker's own walk of its files does).
     """
 
     def __init__(
@@ -366,6 +368,7 @@ class LogScan:
         self.error: RecordError | None = None
         self.segment = first_segment
         self.crc_failures = 0
+        self.gaps: list[tuple[int, int]] = []
 
     def __iter__(self) -> Iterator[ScanItem]:
         return self._walk(iter)
@@ -416,7 +419,10 @@ class LogScan:
             if region.stop is not ScanStop.BLANK or index + 1 >= len(segments):
                 return
             index += 1
-            segment = segments[index]
+            following = segments[index]
+            if following.start > segment.start + log.file_size:
+                self.gaps.append((segment.start + log.file_size, following.start))
+            segment = following
             position = 0
 
 

@@ -38,7 +38,7 @@ from rmqstore.record import (
 )
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
-from rmqstore.wording import clipped, counted, quoted
+from rmqstore.wording import clipped, counted, missing_files, quoted
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _UNITS_PER_BLOCK = 4096  # units read, and records decoded, together by queue_lines
@@ -548,6 +548,7 @@ class MessageReader:
         scan = self.store.commitlog.scan(start_offset, check_crc=verify)
         produced = 0
         for window, _window_start, rows, batch in scan.batches():
+            self._note_gaps(scan)
             for row in range(batch):
                 if verify and rows[row * ROW_WIDTH + CRC_STATUS] == CRC_BAD:
                     offset = rows[row * ROW_WIDTH + PHYSICAL_OFFSET]
@@ -571,6 +572,7 @@ class MessageReader:
         scan = self.store.commitlog.scan(start_offset)
         produced = 0
         for window, _window_start, rows, batch in scan.batches():
+            self._note_gaps(scan)
             wanted = batch if count is None else min(batch, count - produced)
             out = bytearray()
             kernel.write_lines("message_lines", window, rows, wanted, mode, out)
@@ -599,9 +601,21 @@ class MessageReader:
                 start_offset = found
         return start_offset
 
+    def _note_gaps(self, scan: LogScan) -> None:
+        """A note for each run of missing files a sequential read went on past, once, as
+        soon as it has gone past (a read cut short after it still says so)."""
+        while scan.gaps:
+            start, end = scan.gaps.pop(0)
+            self.notes.append(
+                f"{missing_files(start, end, self.store.commitlog.file_size)}: the read went "
+                "on past them, and their messages are not in it (run rmqstore verify)"
+            )
+
     def _sequential_end(self, scan: LogScan, produced: int, start_offset: int) -> None:
         """How a sequential read that ran to the end of the log ended: an error when no
-        message starts where it began, a note when the log ends with invalid bytes."""
+        message starts where it began, a note when the log ends with invalid bytes (and
+        :meth:`_note_gaps`)."""
+        self._note_gaps(scan)
         if (
             scan.stop is ScanStop.END
             and not produced

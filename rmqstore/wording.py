@@ -8,6 +8,14 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count:,} {noun if count == 1 else (plural or noun + 's')}"
 
 
+def missing_files(start: int, end: int, file_size: int) -> str:
+    """The commit-log files missing from offset ``start`` to ``end``, in words."""
+    return (
+        f"commit-log files are missing from offset {start} to {end} "
+        f"({counted((end - start) // file_size, 'file')})"
+    )
+
+
 SHOWN_TEXT_LIMIT = 64  # characters of a user's or a file's value an error repeats
 
 

@@ -90,3 +90,18 @@ def test_a_topic_that_matches_no_message_is_named_with_the_store_topics(tmp_path
     ):
         result = run_cli(*command)
         assert result.exit_code == 0 and "warning" not in result.stderr, result.stderr
+
+
+def test_export_and_stats_of_a_log_with_missing_files_say_so(tmp_path: Path) -> None:
+    """A commit-log file deleted between others: export wrote the messages of the files that
+    are there and stats counted them, exit 0, with no word of the missing ones. Both warn."""
+    store = tmp_path / "store"
+    generate("missing-file", store)
+    gone = "commit-log files are missing from offset 81920 to 98304 (1 file): their messages"
+    export = run_cli("export", store, "--to", tmp_path / "out", "--json")
+    assert export.exit_code == 0 and f"{gone} are not in the export" in export.stderr
+    stats = run_cli("stats", store, "--json")
+    assert stats.exit_code == 0 and f"{gone} are not in the counts" in stats.stderr
+    whole = tmp_path / "whole"
+    generate("multi", whole)
+    assert "missing" not in run_cli("stats", whole).stderr

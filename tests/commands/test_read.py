@@ -184,6 +184,24 @@ def test_json_and_jsonl_from_kernel_lines_are_what_message_by_message_gives(
                 ), command
 
 
+def test_a_read_going_on_past_missing_files_says_so(tmp_path: Path) -> None:
+    """A sequential read went on from a file's BLANK to the next file there is, over a
+    deleted one, and said nothing: 183 of the 202 messages, exit 0, no word of the 19 others.
+    It now warns, naming the offsets (once it has gone past them, with a --count too)."""
+    store = tmp_path / "store"
+    generate("missing-file", store)
+    warning = (
+        "warning: commit-log files are missing from offset 81920 to 98304 (1 file): the read "
+        "went on past them, and their messages are not in it"
+    )
+    for extra in ([], ["--begin", "1"], ["--count", "150"]):
+        for output in ("--jsonl", "--json"):
+            result = run_cli("read", store, "--from-offset", "0", output, *extra)
+            assert result.exit_code == 0 and warning in result.stderr, (extra, output)
+    before = run_cli("read", store, "--from-offset", "0", "--count", "3", "--jsonl")
+    assert before.exit_code == 0 and "missing" not in before.stderr
+
+
 def test_a_filtered_read_stops_at_its_count_before_reading_on(tmp_path: Path) -> None:
     """``--count 5 --begin T`` read a sixth message before stopping, so a read whose sixth
     message lies in a deleted file failed (exit 2) after printing the five it asked for."""
