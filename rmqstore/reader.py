@@ -55,6 +55,7 @@ class MessageReader:
         self.notes: list[str] = []
         self._end: LogEnd | None = None
         self.queue_cut = False  # the last queue read stopped at units past the valid end
+        self._missing: list[int] = []  # see _note_missing
         self._block_rows: tuple[Any, list[memoryview]] | None = None
 
     def log_end(self) -> LogEnd:
@@ -163,7 +164,9 @@ class MessageReader:
         (default: the queue's min offset)."""
         queue = self.store.consume_queue(topic, queue_id)
         start = self._queue_start(queue, topic, queue_id, start)
+        self._missing.clear()
         yield from self._unit_messages(topic, queue_id, queue.units(start, count), body)
+        self._note_missing(topic, queue_id)
 
     def _queue_start(
         self, queue: ConsumeQueue, topic: str, queue_id: int, start: int | None
@@ -188,11 +191,21 @@ class MessageReader:
     ) -> Iterator[Message]:
         """The message each unit points at, read one by one; units from one pointing at or
         past the log's valid end, where no whole record is, end it (``self.queue_cut`` set)."""
+        log = self.store.commitlog
+        missing = self._missing  # queue offsets of a run of units pointing into missing files
         for unit in units:
             if unit.is_pre_blank:
                 continue
+            if (
+                log.segments
+                and log.min_offset <= unit.physical_offset < log.segments[-1].start
+                and log.queue.find(unit.physical_offset) is None
+            ):
+                missing.append(unit.queue_offset)  # a broker's consumer skips it too
+                continue
+            self._note_missing(topic, queue_id)
             try:
-                message = self.store.commitlog.read(unit.physical_offset, body=body)
+                message = log.read(unit.physical_offset, body=body)
             except (RecordError, NotFoundError):
                 end = self.log_end().offset
                 if unit.physical_offset < end:
@@ -216,6 +229,22 @@ class MessageReader:
                     "this queue"
                 )
             yield message
+
+    def _note_missing(self, topic: str, queue_id: int) -> None:
+        """A note for the run of units (of the queue being read) seen pointing into
+        commit-log files that are missing, once a unit after them is read or the queue
+        ends."""
+        missing = self._missing
+        if not missing:
+            return
+        span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]} to {missing[-1]}"
+        points = "points" if len(missing) == 1 else "point"
+        self.notes.append(
+            f"{counted(len(missing), 'unit')} of {topic}:{queue_id} (queue offset {span}) "
+            f"{points} into commit-log files that are missing: left out, as a broker's "
+            "consumers skip them (run rmqstore verify)"
+        )
+        missing.clear()
 
     def by_topic(
         self, topic: str, count: int | None = None, *, body: BodyMode = BodyMode.READ
@@ -288,16 +317,18 @@ class MessageReader:
             self._block_rows = rows, views
         rows, row_views = self._block_rows
         self.queue_cut = False
+        self._missing.clear()
         iterator = iter(units)
         left = limit
         while left is None or left > 0:
             wanted = _UNITS_PER_BLOCK if left is None else min(_UNITS_PER_BLOCK, left)
             block = list(islice(iterator, wanted))
             if not block:
-                return
+                break
             for run in self._record_runs(block):
                 lines = self._run_lines(run, queue_id, name, rows, row_views, mode)
                 if lines is not None:
+                    self._note_missing(topic, queue_id)
                     if left is not None:
                         left -= len(run)
                     yield lines
@@ -308,6 +339,7 @@ class MessageReader:
                     yield message
                 if self.queue_cut:
                     return
+        self._note_missing(topic, queue_id)
 
     def _record_runs(self, units: list[Unit]) -> Iterator[list[Unit]]:
         """``units`` cut into runs whose records lie in one commit-log file, in order, within

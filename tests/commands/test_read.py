@@ -202,13 +202,41 @@ def test_a_read_going_on_past_missing_files_says_so(tmp_path: Path) -> None:
     assert before.exit_code == 0 and "missing" not in before.stderr
 
 
-def test_a_filtered_read_stops_at_its_count_before_reading_on(tmp_path: Path) -> None:
-    """``--count 5 --begin T`` read a sixth message before stopping, so a read whose sixth
-    message lies in a deleted file failed (exit 2) after printing the five it asked for."""
+def test_a_queue_read_leaves_out_units_pointing_into_missing_files(tmp_path: Path) -> None:
+    """A consume queue's units pointing into a deleted commit-log file made a topic or queue
+    read fail (exit 2) at the first of them, hiding every later message. A broker's consumer
+    skips such units; the read now leaves them out with a warning per run, and goes on."""
     store = tmp_path / "store"
     generate("missing-file", store)
-    command = ["read", store, "--topic", "%RETRY%group_a", "--queue", "1", "--from", "2"]
-    assert run_cli(*command, "--count", "6", "--jsonl").exit_code == 2  # the sixth is gone
+    everything = run_cli("read", store, "--from-offset", "0", "--jsonl").stdout
+    stored = {json.loads(line)["msgId"] for line in everything.splitlines()}
+    for output in ("--jsonl", "--json"):
+        result = run_cli("read", store, "--topic", "TopicTest", output, "--body", "none")
+        assert result.exit_code == 0, result.stderr
+        assert (
+            "warning: 2 units of TopicTest:0 (queue offset 9 to 10) point into commit-log "
+            "files that are missing: left out" in result.stderr
+        )
+        if output == "--jsonl":
+            read = [json.loads(line) for line in result.stdout.splitlines()]
+        else:
+            read = json.loads(result.stdout)
+        assert {message["msgId"] for message in read} <= stored
+        assert [m["queueOffset"] for m in read if m["queueId"] == 0][8:10] == [8, 11]
+
+
+def test_a_filtered_read_stops_at_its_count_before_reading_on(tmp_path: Path) -> None:
+    """``--count 5 --begin T`` read a sixth message before stopping, so a read whose sixth
+    unit points where no record starts failed (exit 2) after printing the five it asked for."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    (path,) = sorted((store / "consumequeue" / "TopicTest" / "0").iterdir())[:1]
+    data = bytearray(path.read_bytes())
+    offset = int.from_bytes(data[100:108], "big") + 1  # unit 5: inside its record
+    data[100:108] = offset.to_bytes(8, "big")
+    path.write_bytes(data)
+    command = ["read", store, "--topic", "TopicTest", "--queue", "0", "--from", "0"]
+    assert run_cli(*command, "--count", "6", "--jsonl").exit_code == 2  # the sixth fails
     for selection in (["--begin", "1"], ["--end", "9999999999999"]):
         result = run_cli(*command, "--count", "5", "--jsonl", *selection)
         assert result.exit_code == 0, result.stderr
