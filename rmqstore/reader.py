@@ -275,11 +275,12 @@ class MessageReader:
         body_mode: str,
     ) -> Iterator[bytes | Message]:
         """What :meth:`by_queue` reads, as the JSON lines ``read --jsonl`` prints: blocks of
-        lines written by the record kernel (``bytes``), the units of a block read together
-        and each record decoded where its unit points; a block with a unit that is not
-        plainly a whole record of this queue there (a pre-blank unit, a record of another
-        queue or size, none at all) comes as the :class:`Message` objects :meth:`by_queue`
-        gives, with the same notes, errors and end."""
+        lines written by the record kernel (``bytes``): the units of a block are read
+        together, cut into runs whose records lie close together in one file, and each run's
+        records are decoded from one read where their units point. A run with a unit that is
+        not plainly a whole record of this queue there (a pre-blank unit, a record of another
+        queue or size, none at all, a missing file) comes as the :class:`Message` objects
+        :meth:`by_queue` gives, with the same notes, errors and end."""
         queue = self.store.consume_queue(topic, queue_id)
         start = self._queue_start(queue, topic, queue_id, start)
         yield from self._lines_of_units(topic, queue_id, queue.units(start, count), body_mode)
