@@ -6,7 +6,7 @@ import functools
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -237,9 +237,8 @@ class DelimitedWriter:
 
         self.fields = fields
         self.jsonl = kind == "jsonl"
-        self._writer = csv.writer(
-            sys.stdout, delimiter="\t" if kind == "tsv" else ",", lineterminator="\n"
-        )
+        self._delimiter = "\t" if kind == "tsv" else ","
+        self._writer = csv.writer(sys.stdout, delimiter=self._delimiter, lineterminator="\n")
         if not self.jsonl:
             self._writer.writerow(fields)
 
@@ -248,7 +247,35 @@ class DelimitedWriter:
             sys.stdout.write(json_text({name: document.get(name) for name in self.fields}))
             sys.stdout.write("\n")
         else:
-            self._writer.writerow([_cell(document.get(name)) for name in self.fields])
+            self._writer.writerow(_cells(document, self.fields))
+
+    def rows(self, documents: Iterable[dict[str, Any]]) -> None:
+        """The rows of many documents, written to stdout at once (one write, not one per
+        row: stdout may be unbuffered, PYTHONUNBUFFERED)."""
+        import csv
+        import io
+
+        buffer = io.StringIO()
+        fields = self.fields
+        if self.jsonl:
+            for document in documents:
+                buffer.write(json_text({name: document.get(name) for name in fields}))
+                buffer.write("\n")
+        else:
+            writer = csv.writer(buffer, delimiter=self._delimiter, lineterminator="\n")
+            writer.writerows(_cells(document, fields) for document in documents)
+        sys.stdout.write(buffer.getvalue())
+
+
+_AS_THEY_ARE = frozenset((str, int, type(None)))  # the csv module writes None as empty
+
+
+def _cells(document: dict[str, Any], fields: list[str]) -> list[Any]:
+    """The row of ``document``: text and integers as they are, the rest by :func:`_cell`."""
+    return [
+        value if type(value) in _AS_THEY_ARE else _cell(value)
+        for value in map(document.get, fields)
+    ]
 
 
 def _cell(value: Any) -> str:

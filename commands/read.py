@@ -299,9 +299,20 @@ def command(
             return 0
         filtered = tags is not None or begin > 0 or end < LONG_MAX
         walk_count = None if filtered else count  # a filter counts what it lets through
-        kernel_lines = (as_jsonl or as_json) and not (filtered or decompress or verify_crc)
+        kernel_lines = (as_jsonl or as_json or delimited is not None) and not (
+            filtered or decompress or verify_crc
+        )
         if mode == "sequential" and kernel_lines:
-            _stream_lines(opened, reader, from_offset, count, body_mode, seek, no_progress, as_json)  # type: ignore[arg-type]
+            _stream_lines(
+                opened,
+                reader,
+                from_offset,  # type: ignore[arg-type]
+                count,
+                body_mode,
+                seek,
+                no_progress,
+                lambda items: _write_items(items, body_mode, as_json, delimited),
+            )
             _warn_all(reader.notes)
             return 0
         if mode in ("queue", "topic") and kernel_lines:
@@ -310,7 +321,7 @@ def command(
                 if mode == "queue"
                 else reader.topic_lines(topic, count, body_mode=body_mode)  # type: ignore[arg-type]
             )
-            _write_items(items, body_mode, as_json)
+            _write_items(items, body_mode, as_json, delimited)
             _warn_all(reader.notes)
             return 0
         if mode == "sequential":
@@ -369,11 +380,11 @@ def _stream_lines(
     body_mode: str,
     seek: bool,
     no_progress: bool,
-    as_array: bool,
+    write: Callable[[Iterable[bytes]], None],
 ) -> None:
-    """``read --from-offset N --jsonl`` (or ``--json``): the lines written by the record
-    kernel, a block at a time (the same text :func:`message_json` gives of each message
-    document)."""
+    """``read --from-offset N`` with --jsonl, --json, --csv or --tsv: the lines written by
+    the record kernel, a block at a time (the same text :func:`message_json` gives of each
+    message document), handed to ``write`` with the progress told as they go."""
     total = store.commitlog.data_extent() - from_offset
     with progress_bar("reading", total, not no_progress) as update:
 
@@ -384,14 +395,23 @@ def _stream_lines(
                 yield lines
                 update(end - from_offset)
 
-        _write_items(blocks(), body_mode, as_array)
+        write(blocks())
 
 
-def _write_items(items: Iterable[bytes | Message], body_mode: str, as_array: bool) -> None:
+def _write_items(
+    items: Iterable[bytes | Message],
+    body_mode: str,
+    as_array: bool,
+    delimited: tuple[str, list[str]] | None,
+) -> None:
     """Blocks of JSON lines the record kernel wrote, and messages (of blocks read one by one)
     as their lines: one per line (``--jsonl``), or the elements of one JSON array
     (``--json``), written as they come and closed when a read part way fails (an error
-    before the first comes before the ``[``, as elsewhere)."""
+    before the first comes before the ``[``, as elsewhere); or, ``delimited``, a CSV/TSV row
+    per message (the header once the first block is in)."""
+    if delimited is not None:
+        _write_rows(items, body_mode, delimited)
+        return
     sys.stdout.flush()
     write = sys.stdout.buffer.write
     opened = False
@@ -414,6 +434,25 @@ def _write_items(items: Iterable[bytes | Message], body_mode: str, as_array: boo
     if as_array:
         write(b"\n]\n" if opened else b"[\n]\n")
     sys.stdout.flush()
+
+
+def _write_rows(
+    items: Iterable[bytes | Message], body_mode: str, delimited: tuple[str, list[str]]
+) -> None:
+    """CSV/TSV rows of the kernel's JSON lines (each parsed back into the message document
+    it was written from: twice as fast as decoding the message in Python) and of messages."""
+    import orjson
+
+    table: DelimitedWriter | None = None
+    for item in items:
+        if table is None:
+            table = DelimitedWriter(*delimited)
+        if isinstance(item, bytes):
+            table.rows(orjson.loads(line) for line in item.splitlines())
+        else:
+            table.row(message_document(item, body_mode, _body_of(item, False)))
+    if table is None:
+        DelimitedWriter(*delimited)  # the header of no rows
 
 
 def _first_fetched(messages: Iterable[Message]) -> Iterator[Message]:

@@ -156,12 +156,13 @@ def test_topic_and_queue_jsonl_lines_are_the_json_documents(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("scenario", ["multi", "torn-tail", "missing-file", "cq-truncated"])
-def test_json_and_jsonl_from_kernel_lines_are_what_message_by_message_gives(
+def test_json_jsonl_and_csv_from_kernel_lines_are_what_message_by_message_gives(
     tmp_path: Path, scenario: str
 ) -> None:
-    """``--json`` and ``--jsonl`` reads of the log, a topic or a queue are written from the
-    record kernel's lines; ``--begin 1`` (every message passes) makes the same read go message
-    by message. Output, errors (an array closed before one) and exit codes are the same."""
+    """``--json``, ``--jsonl``, ``--csv`` and ``--tsv`` reads of the log, a topic or a queue
+    are written from the record kernel's lines; ``--begin 1`` (every message passes) makes the
+    same read go message by message. Output, errors (an array closed before one) and exit
+    codes are the same."""
     store = tmp_path / "store"
     generate(scenario, store)
     selections = [
@@ -172,10 +173,16 @@ def test_json_and_jsonl_from_kernel_lines_are_what_message_by_message_gives(
         ["--topic", "TopicTest", "--queue", "1", "--from", "4", "--count", "20"],
         ["--topic", "TopicTest", "--queue", "3", "--from", "9999"],
     ]
+    outputs = [
+        ["--json"],
+        ["--jsonl"],
+        ["--csv"],
+        ["--tsv", "--fields", "msgId,properties,body,bodyEncoding,queueOffset,storeHost"],
+    ]
     for selection in selections:
-        for output in ("--json", "--jsonl"):
+        for output in outputs:
             for body in ("auto", "none", "hex"):
-                command = ["read", store, *selection, output, "--body", body]
+                command = ["read", store, *selection, *output, "--body", body]
                 fast, slow = run_cli(*command), run_cli(*command, "--begin", "1")
                 assert (fast.exit_code, fast.stdout, fast.stderr) == (
                     slow.exit_code,
