@@ -124,7 +124,13 @@ def main() -> None:
             None,
         ),
         (
-            "read --topic T --csv (message by message, a baseline)",
+            "read --topic T --jsonl --begin 1 (message by message)",
+            ["read", str(path), "--topic", _only_topic(path), "--jsonl", "--begin", "1"],
+            None,
+            None,
+        ),
+        (
+            "read --topic T --csv",
             ["read", str(path), "--topic", _only_topic(path), "--csv"],
             None,
             None,
