@@ -116,6 +116,26 @@ def add_topics(
     return [f"added {_names(changed)} to {path}, where a broker looks up the topics it serves"]
 
 
+def listed_queue_counts(config_dir: Path) -> tuple[dict[str, int], Path] | None:
+    """The readQueueNums of each topic ``topics.json`` lists, read as a broker loads it (its
+    ``.bak`` when the file is missing, empty or does not parse), and the file it came from;
+    None when neither gives a table (a store written by the store code alone has neither)."""
+    path = config_dir / TOPICS_FILE
+    for candidate in (path, path.with_name(path.name + ".bak")):
+        try:
+            table = json.loads(candidate.read_bytes())["topicConfigTable"]
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        if not isinstance(table, dict):
+            continue
+        counts = {}
+        for topic, entry in table.items():
+            count = entry.get("readQueueNums") if isinstance(entry, dict) else None
+            counts[topic] = count if isinstance(count, int) and not isinstance(count, bool) else 0
+        return counts, candidate
+    return None
+
+
 def _replace(path: Path, old: bytes, new: bytes) -> None:
     """The broker's persist: the old content to ``.bak``, then the new content in place,
     each written whole (a crash leaves the old file or the new one; a link there is

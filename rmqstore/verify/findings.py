@@ -48,6 +48,7 @@ KINDS = {
     "checkpoint-short": "the checkpoint file is shorter than 4096 bytes (a crash cut it short)",
     "checkpoint-size": "the checkpoint is longer than 4096 bytes, or not a regular file",
     "abort-present": "the store was not closed cleanly (a broker was running or crashed)",
+    "topic-unlisted": "a topic (or queue) with units that config/topics.json leaves out",
 }
 
 
@@ -95,6 +96,7 @@ FIXES = {
     "stale-bytes-after-end": REPORT_ONLY,
     "index-unchecked": REPORT_ONLY,
     "checkpoint-size": REPORT_ONLY,
+    "topic-unlisted": REPORT_ONLY,
 }
 assert set(FIXES) == set(KINDS)
 

@@ -321,3 +321,45 @@ def test_a_folder_under_a_commit_log_file_name_is_named_as_such(tmp_path: Path) 
         f"consumequeue/{queue.parent.name}/0/old": "a folder among the consume-queue files (a "
         "broker lists it with them)",
     }
+
+
+def test_topics_json_that_leaves_out_a_topic_or_queue_is_noted(tmp_path: Path) -> None:
+    """A broker serves only the topics config/topics.json lists, and its consumers balance
+    over readQueueNums queues: a topic with units the file leaves out, or a queue past the
+    count, is a note (verify stays sound). The broker's own SCHEDULE_TOPIC_XXXX, empty
+    queues and stores without the file (store code alone) are not; an unparseable file is
+    read from its .bak, as a broker does."""
+    import json
+
+    from rmqstore.consumequeue import list_queues
+    from rmqstore.fixtures import generate
+
+    store_dir = tmp_path / "store"
+    generate("delay", store_dir)
+    topics = store_dir / "config" / "topics.json"
+    document = json.loads(topics.read_text())
+    assert "SCHEDULE_TOPIC_XXXX" in document["topicConfigTable"]
+    with Store.open_read(store_dir) as store:
+        assert verify_store(store).counts["topic-unlisted"] == 0
+    del document["topicConfigTable"]["SCHEDULE_TOPIC_XXXX"]
+    (real,) = [name for name in document["topicConfigTable"] if not name.startswith("%")][:1]
+    document["topicConfigTable"][real]["readQueueNums"] = 1
+    topics.write_text(json.dumps(document))
+    with Store.open_read(store_dir) as store:
+        report = verify_store(store)
+    noted = [f for f in report.findings if f.kind == "topic-unlisted"]
+    assert report.ok and noted and all(f.severity == NOTE for f in noted)
+    assert {(f.topic, f.queue_id) for f in noted} == {
+        (real, queue_id)
+        for topic, queue_id in list_queues(store_dir / "consumequeue")
+        if topic == real and queue_id >= 1
+    }
+    (store_dir / "config" / "topics.json.bak").write_text(topics.read_text())
+    topics.write_text("{broken")  # the broker loads the .bak: the same notes
+    with Store.open_read(store_dir) as store:
+        again = [f for f in verify_store(store).findings if f.kind == "topic-unlisted"]
+    assert [f.message.replace(".bak", "") for f in again] == [f.message for f in noted]
+    topics.unlink()
+    (store_dir / "config" / "topics.json.bak").unlink()
+    with Store.open_read(store_dir) as store:
+        assert verify_store(store).counts["topic-unlisted"] == 0
