@@ -78,16 +78,21 @@ def add_topics(
     if not path.exists():
         if not create or not queues:
             return []
-        write_topics_json(config_dir, queues, timestamp)
+        try:
+            write_topics_json(config_dir, queues, timestamp)
+        except StoreIOError as exc:  # the messages are stored: a note, not a failure
+            return [f"{exc}; a broker serves {_names(queues)} only once it lists them"]
         return [f"wrote {path} listing {_names(queues)}"]
     try:
         old = path.read_bytes()
         document = json.loads(old) if old.strip() else {"topicConfigTable": {}}
+        if not isinstance(document, dict):
+            raise ValueError("not a JSON object")
         table = document.setdefault("topicConfigTable", {})
         if not isinstance(table, dict):
             raise ValueError("topicConfigTable is not an object")
     except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
-        reason = exc.strerror if isinstance(exc, OSError) else "it does not parse as JSON"
+        reason = exc.strerror if isinstance(exc, OSError) else "it is not a JSON topic table"
         return [
             f"{path} was left as it is ({reason}); a broker serves {_names(queues)} only once "
             "it lists them (mqadmin updateTopic)"
@@ -112,7 +117,10 @@ def add_topics(
     counter = version.get("counter")
     version["counter"] = (counter if isinstance(counter, int) else 0) + 1
     version["timestamp"] = timestamp
-    _replace(path, old, _text(document).encode("utf-8"))
+    try:
+        _replace(path, old, _text(document).encode("utf-8"))
+    except StoreIOError as exc:  # the messages are stored: a note, not a failure
+        return [f"{exc}; a broker serves {_names(changed)} only once it lists them"]
     return [f"added {_names(changed)} to {path}, where a broker looks up the topics it serves"]
 
 

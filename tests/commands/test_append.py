@@ -658,8 +658,19 @@ def test_append_lists_new_topics_and_queues_in_topics_json(tmp_path: Path) -> No
     topics.write_text("{not json")
     result = run_cli("append", store, "--topic", "Third", "--body", "z")
     assert result.exit_code == 0, result.stderr
-    assert "topics.json was left as it is (it does not parse as JSON)" in result.stderr
+    assert "topics.json was left as it is (it is not a JSON topic table)" in result.stderr
     assert topics.read_text() == "{not json"
+    topics.write_text("[1, 2]")  # JSON, but not a table
+    result = run_cli("append", store, "--topic", "Third", "--body", "z")
+    assert result.exit_code == 0 and "it is not a JSON topic table" in result.stderr
+    topics.write_text(kept)
+    backup.unlink()
+    backup.mkdir()  # the .bak cannot be written: the messages are stored all the same
+    result = run_cli("append", store, "--topic", "Sixth", "--body", "z")
+    assert result.exit_code == 0, result.stderr
+    assert "cannot write" in result.stderr and "appended 1 message" in result.stderr
+    assert topics.read_text() == kept
+    backup.rmdir()
 
     created = tmp_path / "created"
     result = run_cli("append", created, "--create", "--topic", "T", "--queue", "2", "--body", "w")
