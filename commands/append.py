@@ -263,9 +263,9 @@ def command(
     readQueueNums/writeQueueNums) is added to it, with default options, as mqadmin updateTopic
     would, since a broker serves only the topics listed there (a DELAY message's own topic,
     where it is delivered later, not SCHEDULE_TOPIC_XXXX, which a broker makes itself with a
-    queue per delay level); the old file is kept as
-    topics.json.bak, a file that does not parse is left alone (with a warning), and a store
-    without the file gets one only when --create makes it.
+    queue per delay level); the old file is kept as topics.json.bak, a file that is not a
+    JSON topic table (or a link) is left alone with a warning, and a store without the file
+    gets one only when --create makes it.
 
     Prints per message: msgId, commitLogOffset, queueOffset, storeSize, uniqKey (also topic,
     queueId, storeTimestamp in JSON; uniqKey is read back from the stored record), only once

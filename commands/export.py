@@ -149,7 +149,8 @@ def warn_topics_without_messages(store: str, config: StoreConfig, missing: list[
         return
     hint = ""
     if "://" not in store:
-        known = Store.open_read(Path(store), config).topics_with_queues()
+        with Store.open_read(Path(store), config) as opened:
+            known = opened.topics_with_queues()
         if known:
             more = ", ..." if len(known) > 10 else ""
             hint = f" (topics with consume queues: {', '.join(known[:10])}{more})"
