@@ -149,7 +149,7 @@ class MessageReader:
 
     def topics(self) -> list[str]:
         """The topics that have consume queues (the ones a search of every topic covers)."""
-        return sorted({topic for topic, _ in list_queues(self.store.consumequeue_dir)})
+        return self.store.topics_with_queues()
 
     def by_queue(
         self,
