@@ -12,6 +12,7 @@ point leaves either the untouched source or a complete, findable copy.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -76,17 +77,28 @@ class Quarantine:
             make_directories(base)
         except OSError as exc:
             raise StoreIOError(f"cannot create {base}: {exc.strerror}") from None
+        _remove_leftovers(base)
         for attempt in range(1000):
             suffix = f"-{attempt}" if attempt else ""
             directory = base / f"{stamp}-{operation}{suffix}"
+            if os.path.lexists(directory):
+                continue
+            # made whole under a hidden name, its (empty) manifest in it, then renamed: a
+            # kill leaves no folder, or one that restore reads (a folder without a manifest
+            # could not be restored, whatever was moved into it before the first was written)
+            staged = base / f".{directory.name}{_CREATING_SUFFIX}"
             try:
-                directory.mkdir()
+                staged.mkdir()
+                folder = cls(staged, operation, store_root)
+                folder._record()
+                os.rename(staged, directory)
                 fsync_directory(base)
             except FileExistsError:
                 continue
             except OSError as exc:
                 raise StoreIOError(f"cannot create {directory}: {exc.strerror}") from None
-            return cls(directory, operation, store_root)
+            folder.directory = directory
+            return folder
         raise StoreIOError(f"cannot create a quarantine folder under {base}")
 
     def relative_place(self, source: Path) -> Path:
@@ -451,6 +463,7 @@ class RestoreStep:
 
 
 _RESTORED_SUFFIX = ".restored"  # a folder put back in full, being deleted
+_CREATING_SUFFIX = ".creating"  # a folder being made, until its first manifest is in it
 # the writers' lock (held while the restore runs) and the quarantine itself
 _NEVER_SET_ASIDE = frozenset({"lock", QUARANTINE_DIR, "."})
 _COPY_SUFFIX = re.compile(r"\.(\d+)-(\d+)\.bin$")
@@ -694,11 +707,17 @@ def _remove_restored(base: Path, name: str) -> None:
 
 
 def _remove_leftovers(base: Path) -> None:
-    """Finish removing the folders a restore had put back fully but was stopped deleting."""
+    """Finish removing the folders a restore had put back fully but was stopped deleting, and
+    those a kill left being made (holding no more than their first, empty manifest)."""
     for entry in os.scandir(base):
-        hidden = entry.name.startswith(".") and entry.name.endswith(_RESTORED_SUFFIX)
-        if hidden and entry.is_dir(follow_symlinks=False):
+        if not entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            continue
+        if entry.name.endswith(_RESTORED_SUFFIX):
             shutil.rmtree(entry.path, ignore_errors=True)
+        elif entry.name.endswith(_CREATING_SUFFIX):
+            with contextlib.suppress(OSError):
+                if {item.name for item in os.scandir(entry.path)} <= {MANIFEST_FILE}:
+                    shutil.rmtree(entry.path)
 
 
 def _write_back(step: RestoreStep) -> None:

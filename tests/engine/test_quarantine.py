@@ -268,3 +268,38 @@ def test_moves_listed_later_are_in_the_manifest_by_the_next_listing(tmp_path: Pa
     for number, path in enumerate(files[1:5], start=1):
         again = restored_early / path.relative_to(root)
         assert again.read_bytes() == number.to_bytes(20, "big")
+
+
+def test_a_folder_is_born_with_its_manifest_so_a_kill_before_the_first_listing_restores(
+    tmp_path: Path,
+) -> None:
+    """The campaign killed a ``dispatch --rebuild`` after it had made its quarantine folder
+    and moved the consume queues there, before the first manifest was written: the restore
+    refused the folder ("no readable manifest.json"), and the queues stayed in it. A folder
+    now appears under its name only with a manifest in it (made under a hidden name, then
+    renamed), so the moves not yet listed go back by their paths; a hidden folder a kill
+    left half made (a manifest and nothing else) is removed by the next operation."""
+    from rmqstore.fixtures import generate
+    from rmqstore.quarantine import list_quarantine, restore_quarantine
+
+    from support import tree_digest
+
+    store = tmp_path / "store"
+    generate("basic", store)
+    before = tree_digest(store)
+    folder = Quarantine.create(store, "dispatch-rebuild")
+    assert json.loads((folder.directory / "manifest.json").read_text())["pieces"] == []
+    folder.move_path(store / "consumequeue", "the old queues", list_later=True)
+    # a kill here: the move is not listed yet
+    (listed,) = list_quarantine(store)
+    assert listed.manifest_ok
+    restore_quarantine(store, folder.directory.name)
+    assert tree_digest(store) == before
+    half = store / "quarantine" / ".20990101T000000-recover.creating"
+    half.mkdir()
+    (half / "manifest.json").write_text('{"operation": "recover", "pieces": []}')
+    kept = store / "quarantine" / ".other.creating"  # not one rmqstore leaves: stays
+    kept.mkdir()
+    (kept / "data.bin").write_bytes(b"x")
+    Quarantine.create(store, "recover")
+    assert not half.exists() and (kept / "data.bin").exists()
