@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
 from rmqstore import kernel
 from rmqstore.commitlog import LogEnd, LogScan
-from rmqstore.consumequeue import ConsumeQueue, Unit, list_queues
+from rmqstore.consumequeue import PRE_BLANK_SIZE, ConsumeQueue, Unit, list_queues
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import (
@@ -18,10 +19,7 @@ from rmqstore.kernel.layout import (
     PHYSICAL_OFFSET,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
-    QUEUE_ID,
     ROW_WIDTH,
-    TOPIC_AT,
-    TOPIC_LENGTH,
     TOTAL_SIZE,
     VERSION,
     new_rows,
@@ -56,7 +54,7 @@ class MessageReader:
         self._end: LogEnd | None = None
         self.queue_cut = False  # the last queue read stopped at units past the valid end
         self._missing: list[int] = []  # see _note_missing
-        self._block_rows: tuple[Any, list[memoryview]] | None = None
+        self._block_rows: Any = None  # rows for queue_lines' blocks, made once
 
     def log_end(self) -> LogEnd:
         if self._end is None:
@@ -283,7 +281,7 @@ class MessageReader:
         :meth:`by_queue` gives, with the same notes, errors and end."""
         queue = self.store.consume_queue(topic, queue_id)
         start = self._queue_start(queue, topic, queue_id, start)
-        yield from self._lines_of_units(topic, queue_id, queue.units(start, count), body_mode)
+        yield from self._lines_of_units(topic, queue_id, queue.unit_values(start, count), body_mode)
 
     def topic_lines(
         self, topic: str, count: int | None = None, *, body_mode: str
@@ -292,7 +290,8 @@ class MessageReader:
         left = count
         for queue_id in self._topic_queues(topic):
             queue = self.store.consume_queue(topic, queue_id)
-            for item in self._lines_of_units(topic, queue_id, queue.units(), body_mode, limit=left):
+            values = queue.unit_values()
+            for item in self._lines_of_units(topic, queue_id, values, body_mode, limit=left):
                 yield item
                 if left is not None:
                     left -= item.count(b"\n") if isinstance(item, bytes) else 1
@@ -303,20 +302,18 @@ class MessageReader:
         self,
         topic: str,
         queue_id: int,
-        units: Iterable[Unit],
+        units: Iterable[tuple[int, int, int, int]],
         body_mode: str,
         *,
         limit: int | None = None,
     ) -> Iterator[bytes | Message]:
-        """The lines (or messages) of the units, at most ``limit`` messages."""
+        """The lines (or messages) of the units (:meth:`ConsumeQueue.unit_values` tuples),
+        at most ``limit`` messages."""
         mode = BODY_MODE_NAMES.index(body_mode)
         name = topic.encode("utf-8")
         if self._block_rows is None:
-            rows = new_rows(_UNITS_PER_BLOCK)
-            whole = memoryview(rows)
-            views = [whole[n * ROW_WIDTH : (n + 1) * ROW_WIDTH] for n in range(_UNITS_PER_BLOCK)]
-            self._block_rows = rows, views
-        rows, row_views = self._block_rows
+            self._block_rows = new_rows(_UNITS_PER_BLOCK)
+        rows = self._block_rows
         self.queue_cut = False
         self._missing.clear()
         iterator = iter(units)
@@ -327,14 +324,15 @@ class MessageReader:
             if not block:
                 break
             for run in self._record_runs(block):
-                lines = self._run_lines(run, queue_id, name, rows, row_views, mode)
+                lines = self._run_lines(run, queue_id, name, rows, mode)
                 if lines is not None:
                     self._note_missing(topic, queue_id)
                     if left is not None:
                         left -= len(run)
                     yield lines
                     continue
-                for message in self._unit_messages(topic, queue_id, run, BodyMode.READ):
+                units_of_run = [Unit(*values) for values in run]
+                for message in self._unit_messages(topic, queue_id, units_of_run, BodyMode.READ):
                     if left is not None:
                         left -= 1
                     yield message
@@ -342,66 +340,65 @@ class MessageReader:
                     return
         self._note_missing(topic, queue_id)
 
-    def _record_runs(self, units: list[Unit]) -> Iterator[list[Unit]]:
+    def _record_runs(
+        self, units: list[tuple[int, int, int, int]]
+    ) -> Iterator[list[tuple[int, int, int, int]]]:
         """``units`` cut into runs whose records lie in one commit-log file, in order, within
         :data:`_RUN_SPAN` bytes (one read each); a unit no file holds is a run of its own."""
-        log = self.store.commitlog
-        run: list[Unit] = []
-        segment = None
-        for unit in units:
-            if run and segment is not None:
-                first = run[0].physical_offset
-                if (
-                    unit.size > 0
-                    and first <= unit.physical_offset
-                    and unit.physical_offset + unit.size <= segment.start + segment.size
-                    and unit.physical_offset + unit.size - first <= _RUN_SPAN
-                ):
-                    run.append(unit)
-                    continue
+        find = self.store.commitlog.queue.find
+        run: list[tuple[int, int, int, int]] = []
+        first = end = 0  # the run's first record offset, and where its file ends
+        for values in units:
+            offset, size = values[1], values[2]
+            if (
+                run
+                and size > 0
+                and first <= offset
+                and offset + size <= end
+                and offset + size - first <= _RUN_SPAN
+            ):
+                run.append(values)
+                continue
             if run:
                 yield run
-            run = [unit]
-            segment = log.queue.find(unit.physical_offset)
+            run = [values]
+            segment = find(offset)
+            first, end = offset, (segment.start + segment.size if segment is not None else -1)
         if run:
             yield run
 
     def _run_lines(
         self,
-        run: list[Unit],
+        run: list[tuple[int, int, int, int]],
         queue_id: int,
         topic: bytes,
         rows: Any,
-        row_views: list[memoryview],
         mode: int,
     ) -> bytes | None:
-        """The JSON lines of the records ``run`` points at, decoded from one read of their
-        span; None when a unit is not plainly a whole record of the queue (the caller then
-        reads them one by one, as by_queue does)."""
+        """The JSON lines of the records ``run`` points at, decoded by the record kernel from
+        one read of their span (:func:`rmqstore.kernel.records_at`); None when a unit is not
+        plainly a whole record of the queue (the caller then reads them one by one, as
+        by_queue does)."""
         log = self.store.commitlog
-        first = run[0].physical_offset
+        first = run[0][1]
         segment = log.queue.find(first)
-        if segment is None or any(unit.is_pre_blank or unit.size <= 0 for unit in run):
+        if segment is None:
             return None
-        span = max(unit.physical_offset + unit.size for unit in run) - first
+        spans = array("q")
+        last = first
+        for _queue_offset, offset, size, _tags_code in run:
+            if size <= 0 or (offset == 0 and size == PRE_BLANK_SIZE):
+                return None
+            spans.append(offset - first)
+            spans.append(size)
+            last = max(last, offset + size)
+        span = last - first
         position = first - segment.start
         if first < log.min_offset or span > _RUN_SPAN or position + span > segment.size:
             return None  # (a unit's size comes from a file: bounded before anything is read)
         buf = log.pread(segment, position, span)
-        scan = kernel.scan
-        for row, unit in enumerate(run):
-            at = unit.physical_offset - first
-            count = scan(buf, at, at + unit.size, first, 0, 0, row_views[row])[0]
-            base = row * ROW_WIDTH
-            if (
-                count != 1
-                or rows[base + TOTAL_SIZE] != unit.size
-                or rows[base + PHYSICAL_OFFSET] != unit.physical_offset
-                or rows[base + QUEUE_ID] != queue_id
-                or buf[rows[base + TOPIC_AT] : rows[base + TOPIC_AT] + rows[base + TOPIC_LENGTH]]
-                != topic
-            ):
-                return None
+        if kernel.records_at(buf, spans, len(run), first, queue_id, topic, rows) != len(run):
+            return None
         out = bytearray()
         kernel.write_lines("message_lines", buf, rows, len(run), mode, out)
         return bytes(out)

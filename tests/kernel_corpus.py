@@ -38,6 +38,7 @@ from rmqstore.kernel.layout import (
     SCHEDULED_ONLY,
     STOP_ON_CRC_ERROR,
     TOPIC_AT,
+    TOPIC_LENGTH,
     TOTAL_SIZE,
     UNIT_SIZE,
     Stop,
@@ -216,6 +217,58 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from lines_both(native, data, base)
     yield from message_lines_both(native, data, base, rng.randrange(5))
     yield from documents_both(native, rng)
+    yield from records_at_both(native, data, base, rng)
+
+
+def records_at_both(
+    native: ModuleType, data: bytes, base: int, rng: random.Random
+) -> Iterator[str]:
+    """How ``records_at`` differs between the kernels on spans of ``data`` as consume-queue
+    units give them: the records' own (start and size), of one queue and topic or not, and
+    spans moved, resized, out of the buffer, empty or negative."""
+    rows = new_rows(4096)
+    records = []
+    position = 0
+    while True:  # (start, size, queue id, topic) of each record a scan accepts
+        count, stop, position, *_ = reference.scan(data, position, len(data), base, 0, 0, rows)
+        for index in range(count):
+            row = rows[index * ROW_WIDTH : (index + 1) * ROW_WIDTH]
+            topic = data[row[TOPIC_AT] : row[TOPIC_AT] + row[TOPIC_LENGTH]]
+            records.append((row[0], row[1], row[4], topic))
+        if stop != Stop.ROWS_FULL:
+            break
+    if records:
+        _start, _size, queue_id, topic = rng.choice(records)
+    else:
+        queue_id, topic = rng.randrange(-1, 4), rng.choice((b"", b"TopicTest"))
+    spans = array("q")
+    for start, size, record_queue, record_topic in records:
+        if rng.random() < 0.5 and (record_queue, record_topic) != (queue_id, topic):
+            continue  # mostly the one queue's records, as a queue's units point at them
+        kind = rng.randrange(12)
+        if kind == 0:
+            start += rng.choice((-1, 1, -8, 8))
+        elif kind == 1:
+            size += rng.choice((-1, 1, -size, 1 << 20))
+        elif kind == 2:
+            start = rng.choice((-1, len(data), len(data) - 1, -(1 << 62)))
+        elif kind == 3:
+            size = rng.choice((0, -1, -(1 << 31)))
+        spans.extend((start, size))
+    count = len(spans) // 2
+    outcomes = []
+    for kernel in (reference, native):
+        got = new_rows(max(count, 1))
+        decoded = kernel.records_at(data, spans, count, base, queue_id, topic, got)
+        outcomes.append((decoded, list(got[: decoded * ROW_WIDTH])))
+    if outcomes[0] != outcomes[1]:
+        yield "records_at differs"
+    for kernel in (reference, native):  # more spans than rows: refused, nothing read
+        try:
+            kernel.records_at(data, spans, count + 1, base, queue_id, topic, new_rows(count))
+        except ValueError:
+            continue
+        yield "records_at took more spans than its rows hold"
 
 
 def pack_rows(rows: list[tuple[int, ...]]) -> array:

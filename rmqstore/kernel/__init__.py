@@ -56,6 +56,7 @@ prepare_dispatch: Callable[..., tuple[int, int]] = (
 )
 apply_index: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.apply_index
 queue_runs: Callable[..., tuple[int, int]] = _refuse if _refusal else _implementation.queue_runs
+records_at: Callable[..., int] = _refuse if _refusal else _implementation.records_at
 valid_units: Callable[[Any], int] = _refuse if _refusal else _implementation.valid_units
 cut_index: Callable[[Any, int], int] = _refuse if _refusal else _implementation.cut_index
 attention_rows: Callable[..., int] = _refuse if _refusal else _implementation.attention_rows

@@ -479,6 +479,47 @@ def scan(buf, int64_t start, int64_t limit, int64_t base_offset, int64_t room, i
     return out.count, out.stop, out.position, out.value, out.failures, out.problem
 
 
+def records_at(buf, spans, int64_t count, int64_t base_offset, int64_t queue_id, topic,
+               rows):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] span_view = spans
+    cdef const uint8_t[::1] name = topic
+    cdef int64_t[::1] row_view = rows
+    cdef Reader reader
+    cdef Outcome out
+    cdef int64_t i, position, size, name_length = name.shape[0]
+    cdef int64_t* row
+    if count < 0 or count > row_view.shape[0] // WIDTH or 2 * count > span_view.shape[0]:
+        raise ValueError("records_at: more spans than rows or span pairs")
+    reader.data = &view[0] if view.shape[0] else NULL
+    reader.length = view.shape[0]
+    reader.breached = 0
+    i = 0
+    with nogil:
+        while i < count:
+            position = span_view[2 * i]
+            size = span_view[2 * i + 1]
+            if size <= 0 or not _fits(position, size, reader.length):
+                break
+            row = &row_view[i * WIDTH]
+            _scan(&reader, position, position + size, base_offset, 0, 0, 0, 0, row, 1, &out)
+            if reader.breached or out.count != 1:
+                break
+            if row[C_TOTAL_SIZE] != size or row[C_QUEUE_ID] != queue_id:
+                break
+            if row[C_TOPIC_LENGTH] != name_length or not _fits(
+                    row[C_TOPIC_AT], name_length, reader.length):
+                break
+            if name_length and memcmp(reader.data + row[C_TOPIC_AT], &name[0],
+                                      <size_t>name_length) != 0:
+                break
+            i += 1
+    if reader.breached:
+        raise KernelBoundsError("record kernel stopped a read outside its buffer (records_at)")
+    return i
+
+
 # -- dispatch preparation (see layout.py) -----------------------------------------------------
 
 DEF DISPATCH_WIDTH = 4

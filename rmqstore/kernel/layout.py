@@ -236,6 +236,17 @@ UNIT_SIZE = 20
 # none is.
 
 
+# -- records where consume-queue units point (read --topic) ---------------------------------
+#
+# ``records_at(buf, spans, count, base_offset, queue_id, topic, rows)``: ``spans`` holds
+# ``count`` (position, size) pairs of ``buf`` (whose first byte is at physical offset
+# ``base_offset``); the record at each is scanned into row ``i`` of ``rows``, in order, while
+# it is exactly one whole record of that size there (its own physical offset, as ``scan``
+# requires) of queue ``queue_id`` of ``topic`` (bytes). Returns how many in a row were; a span
+# outside ``buf``, or with a size of 0 or less, stops it too. More spans than ``rows`` or
+# ``spans`` hold is a ValueError.
+
+
 # -- record checks (verify) ------------------------------------------------------------------
 #
 # ``attention_rows(buf, rows, first, count, previous_time, options, found)`` writes into

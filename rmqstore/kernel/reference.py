@@ -580,6 +580,37 @@ def queue_runs(
         view.release()
 
 
+def records_at(
+    buf: Any,
+    spans: Any,
+    count: int,
+    base_offset: int,
+    queue_id: int,
+    topic: bytes,
+    rows: Any,
+) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if count < 0 or count > len(rows) // ROW_WIDTH or 2 * count > len(spans):
+        raise ValueError("records_at: more spans than rows or span pairs")
+    view = memoryview(rows)
+    for number in range(count):
+        position, size = spans[2 * number], spans[2 * number + 1]
+        if size <= 0 or position < 0 or position > len(buf) - size:
+            return number
+        at = number * ROW_WIDTH
+        row = view[at : at + ROW_WIDTH]
+        if scan(buf, position, position + size, base_offset, 0, 0, row)[0] != 1:
+            return number
+        topic_at, topic_length = rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]
+        if (
+            rows[at + TOTAL_SIZE] != size
+            or rows[at + QUEUE_ID] != queue_id
+            or bytes(buf[topic_at : topic_at + topic_length]) != topic
+        ):
+            return number
+    return count
+
+
 def valid_units(data: Any) -> int:
     """See :mod:`rmqstore.kernel.layout`."""
     count = 0

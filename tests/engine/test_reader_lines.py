@@ -166,6 +166,7 @@ def _mutate_units(store_dir: Path, rng: random.Random, changes: int) -> None:
             path.write_bytes(data)
             continue
         data[at : at + 8] = offset.to_bytes(8, "big", signed=True)
+        size = (size + (1 << 31)) % (1 << 32) - (1 << 31)  # a 32-bit field: it wraps
         data[at + 8 : at + 12] = size.to_bytes(4, "big", signed=True)
         path.write_bytes(data)
 
