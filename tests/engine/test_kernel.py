@@ -470,3 +470,43 @@ def test_host_keys_read_ipv4_fields_and_stop_at_ipv6() -> None:
             impl.host_keys(data, rows, 0, count, layout.FIELD_BORN_HOST, array("q", [0]))
         with pytest.raises(ValueError):  # a row that points past the buffer
             impl.host_keys(data[:100], rows, 0, count, layout.FIELD_STORE_HOST, keys)
+
+
+@pytest.mark.parametrize("implementation", [reference, native], ids=["reference", "native"])
+def test_records_at_stops_at_the_first_span_that_is_not_a_record_of_the_queue(
+    implementation: ModuleType,
+) -> None:
+    """``records_at`` decodes records where consume-queue units say they are, each exactly
+    one whole record of the unit's size, of the queue and topic asked for: the first span
+    that is not (another size or queue or topic, inside a record, past the buffer, a size of
+    0 or less) ends it, and it returns how many came before."""
+    records = [
+        encode_record(
+            Message(topic="T", queue_id=queue, body=b"x" * 10, physical_offset=100 + 200 * n)
+        )
+        for n, queue in enumerate((1, 1, 2, 1))
+    ]
+    assert all(len(record) < 200 for record in records)
+    data = b"".join(record + bytes(200 - len(record)) for record in records)
+    sizes = [len(record) for record in records]
+
+    def decoded(pairs: list[tuple[int, int]], queue_id: int = 1, topic: bytes = b"T") -> int:
+        spans = array("q", [value for pair in pairs for value in pair])
+        rows = layout.new_rows(max(len(pairs), 1))
+        return implementation.records_at(data, spans, len(pairs), 100, queue_id, topic, rows)
+
+    assert decoded([(0, sizes[0]), (200, sizes[1]), (600, sizes[3])]) == 3
+    assert decoded([(0, sizes[0]), (400, sizes[2])]) == 1  # queue 2's record
+    assert decoded([(400, sizes[2])], queue_id=2) == 1
+    assert decoded([(0, sizes[0])], topic=b"U") == 0
+    assert decoded([(0, sizes[0])], topic=b"") == 0
+    assert decoded([(0, sizes[0] + 1)]) == 0  # a size off by one
+    assert decoded([(0, sizes[0] - 1)]) == 0
+    assert decoded([(4, sizes[0])]) == 0  # inside the record
+    assert decoded([(0, sizes[0]), (len(data) - 10, 20)]) == 1  # past the buffer
+    assert decoded([(-(1 << 62), sizes[0])]) == 0
+    assert decoded([(0, 0)]) == 0 and decoded([(0, -(1 << 31))]) == 0
+    assert decoded([]) == 0
+    with pytest.raises(ValueError):
+        implementation.records_at(data, array("q", [0, sizes[0]] * 2), 2, 100, 1, b"T",
+                                  layout.new_rows(1))  # fmt: skip
