@@ -48,7 +48,12 @@ class Unit:
 
     @property
     def is_pre_blank(self) -> bool:
-        return self.physical_offset == 0 and self.size == PRE_BLANK_SIZE
+        return is_pre_blank(self.physical_offset, self.size)
+
+
+def is_pre_blank(physical_offset: int, size: int) -> bool:
+    """Whether a unit is one of the pre-blank units filling a queue that starts above 0."""
+    return physical_offset == 0 and size == PRE_BLANK_SIZE
 
 
 QueueBounds = tuple[int, int, int]

@@ -9,7 +9,7 @@ from typing import Any
 
 from rmqstore import kernel
 from rmqstore.commitlog import LogEnd, LogScan
-from rmqstore.consumequeue import PRE_BLANK_SIZE, ConsumeQueue, Unit, list_queues
+from rmqstore.consumequeue import ConsumeQueue, Unit, is_pre_blank, list_queues
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import (
@@ -34,6 +34,7 @@ from rmqstore.record import (
     find_next_record_in_file,
     message_from_row,
 )
+from rmqstore.segments import Segment
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
 from rmqstore.wording import clipped, counted, missing_files, quoted
@@ -323,8 +324,8 @@ class MessageReader:
             block = list(islice(iterator, wanted))
             if not block:
                 break
-            for run in self._record_runs(block):
-                lines = self._run_lines(run, queue_id, name, rows, mode)
+            for run, segment in self._record_runs(block):
+                lines = self._run_lines(run, segment, queue_id, name, rows, mode)
                 if lines is not None:
                     self._note_missing(topic, queue_id)
                     if left is not None:
@@ -342,11 +343,13 @@ class MessageReader:
 
     def _record_runs(
         self, units: list[tuple[int, int, int, int]]
-    ) -> Iterator[list[tuple[int, int, int, int]]]:
-        """``units`` cut into runs whose records lie in one commit-log file, in order, within
-        :data:`_RUN_SPAN` bytes (one read each); a unit no file holds is a run of its own."""
+    ) -> Iterator[tuple[list[tuple[int, int, int, int]], Segment | None]]:
+        """``units`` cut into runs whose records lie in one commit-log file (given with each
+        run), in order, within :data:`_RUN_SPAN` bytes (one read each); a unit no file holds
+        is a run of its own (its file None)."""
         find = self.store.commitlog.queue.find
         run: list[tuple[int, int, int, int]] = []
+        segment: Segment | None = None
         first = end = 0  # the run's first record offset, and where its file ends
         for values in units:
             offset, size = values[1], values[2]
@@ -360,34 +363,34 @@ class MessageReader:
                 run.append(values)
                 continue
             if run:
-                yield run
+                yield run, segment
             run = [values]
             segment = find(offset)
             first, end = offset, (segment.start + segment.size if segment is not None else -1)
         if run:
-            yield run
+            yield run, segment
 
     def _run_lines(
         self,
         run: list[tuple[int, int, int, int]],
+        segment: Segment | None,
         queue_id: int,
         topic: bytes,
         rows: Any,
         mode: int,
     ) -> bytes | None:
-        """The JSON lines of the records ``run`` points at, decoded by the record kernel from
-        one read of their span (:func:`rmqstore.kernel.records_at`); None when a unit is not
-        plainly a whole record of the queue (the caller then reads them one by one, as
-        by_queue does)."""
+        """The JSON lines of the records ``run`` points at in ``segment``, decoded by the
+        record kernel from one read of their span (:func:`rmqstore.kernel.records_at`); None
+        when a unit is not plainly a whole record of the queue (the caller then reads them
+        one by one, as by_queue does)."""
         log = self.store.commitlog
         first = run[0][1]
-        segment = log.queue.find(first)
         if segment is None:
             return None
         spans = array("q")
         last = first
         for _queue_offset, offset, size, _tags_code in run:
-            if size <= 0 or (offset == 0 and size == PRE_BLANK_SIZE):
+            if size <= 0 or is_pre_blank(offset, size):
                 return None
             spans.append(offset - first)
             spans.append(size)
