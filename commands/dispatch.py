@@ -114,7 +114,8 @@ def command(
 
     JSON: fromOffset, toOffset, logEnd, records, unitsWritten, unitsSkipped,
     indexedRecords, indexEntries, queuesTouched, stoppedBy, problems (and plan, quarantine
-    with --rebuild).
+    with --rebuild). With --dry-run: fromOffset, logEnd, behindBytes, maxRecords (or plan and
+    maxRecords with --rebuild).
     """
     build_index = not no_index and not topics
     if engine.spark and not rebuild:
@@ -132,7 +133,9 @@ def command(
     if topics and not no_index:
         note("--topic: only those consume queues are built; the index is left alone")
     if dry_run:
-        return _dry_run(store, config, rebuild, topics, build_index, from_offset, as_json)
+        return _dry_run(
+            store, config, rebuild, topics, build_index, from_offset, max_records, as_json
+        )
     result: DispatchResult | None = None
     replacing = frozenset()
     if rebuild:  # the rebuilt files may take sizes other than the ones they replace
@@ -185,6 +188,7 @@ def _dry_run(
     topics: tuple[str, ...],
     build_index: bool,
     from_offset: int | None,
+    max_records: int | None,
     as_json: bool,
 ) -> int:
     """The plan, from a read-only open: a dry run takes no lock and writes nothing."""
@@ -192,11 +196,16 @@ def _dry_run(
         opened.refuse_if_locked()
         if rebuild:
             plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
-            return _show_plan({"plan": plan.to_dict()}, as_json)
+            return _show_plan({"plan": plan.to_dict(), "maxRecords": max_records}, as_json)
         start, end = plan_dispatch(
             opened, topics=topics or None, build_index=build_index, from_offset=from_offset
         )
-        document = {"fromOffset": start, "logEnd": end, "behindBytes": max(0, end - start)}
+        document = {
+            "fromOffset": start,
+            "logEnd": end,
+            "behindBytes": max(0, end - start),
+            "maxRecords": max_records,
+        }
         return _show_plan(document, as_json, work=end > start)
 
 
@@ -265,6 +274,8 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
         emit_json(document)
     else:
         plan = document.get("plan")
+        most = document.get("maxRecords")
+        limit = "" if most is None else f", stopping after {counted(most, 'record')}"
         if plan:
             console.print("[bold]dispatch --rebuild plan[/bold]")
             for path in plan["quarantine"]:
@@ -272,11 +283,11 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
             console.print(
                 f"  files: {plan['files']}; reset checkpoint: {', '.join(plan['resetCheckpoint'])}"
             )
-            console.print(f"  then dispatch from offset {plan['dispatchFrom']}")
+            console.print(f"  then dispatch from offset {plan['dispatchFrom']}{limit}")
         else:
             console.print(
                 f"would dispatch {document['behindBytes']:,} bytes of the commit log "
-                f"(offsets {document['fromOffset']:,} .. {document['logEnd']:,})"
+                f"(offsets {document['fromOffset']:,} .. {document['logEnd']:,}){limit}"
             )
     return ExitCode.FINDINGS if work else ExitCode.OK
 

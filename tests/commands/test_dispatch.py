@@ -461,3 +461,21 @@ def test_a_missing_optional_module_is_a_usage_error(
     result = run_cli("export", store, "--to", tmp_path / "out", "--engine", "local")
     assert result.exit_code == 2, result.stderr
     assert "optional module pyarrow" in result.stderr and "internal error" not in result.stderr
+
+
+def test_a_dry_run_says_where_max_records_stops_it(oracle, tmp_path: Path) -> None:
+    """``--max-records N --dry-run`` showed the whole replay, as if N were not given; the plan
+    now says the dispatch stops after N records (and JSON has maxRecords)."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    shutil.rmtree(store / "consumequeue")
+    plain = run_cli("dispatch", store, "--dry-run", "--max-records", "5", *ORACLE_OPTIONS)
+    assert plain.exit_code == 1 and "stopping after 5 records" in plain.stdout
+    rebuild = run_cli(
+        "dispatch", store, "--rebuild", "--dry-run", "--max-records", "5", *ORACLE_OPTIONS
+    )
+    assert rebuild.exit_code == 1 and "then dispatch from offset 0, stopping after 5" in (
+        rebuild.stdout
+    )
+    for extra, expected in (([], None), (["--max-records", "7"], 7)):
+        result = run_cli("dispatch", store, "--dry-run", "--json", *extra, *ORACLE_OPTIONS)
+        assert json.loads(result.stdout)["maxRecords"] == expected
