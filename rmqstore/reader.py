@@ -325,18 +325,10 @@ class MessageReader:
             if not block:
                 break
             for run, segment in self._record_runs(block):
-                lines = self._run_lines(run, segment, queue_id, name, rows, mode)
-                if lines is not None:
-                    self._note_missing(topic, queue_id)
+                for item in self._run_items(run, segment, topic, queue_id, name, rows, mode):
                     if left is not None:
-                        left -= len(run)
-                    yield lines
-                    continue
-                units_of_run = [Unit(*values) for values in run]
-                for message in self._unit_messages(topic, queue_id, units_of_run, BodyMode.READ):
-                    if left is not None:
-                        left -= 1
-                    yield message
+                        left -= item.count(b"\n") if isinstance(item, bytes) else 1
+                    yield item
                 if self.queue_cut:
                     return
         self._note_missing(topic, queue_id)
@@ -370,41 +362,55 @@ class MessageReader:
         if run:
             yield run, segment
 
-    def _run_lines(
+    def _run_items(
         self,
         run: list[tuple[int, int, int, int]],
         segment: Segment | None,
+        topic: str,
         queue_id: int,
-        topic: bytes,
+        name: bytes,
         rows: Any,
         mode: int,
-    ) -> bytes | None:
-        """The JSON lines of the records ``run`` points at in ``segment``, decoded by the
-        record kernel from one read of their span (:func:`rmqstore.kernel.records_at`); None
-        when a unit is not plainly a whole record of the queue (the caller then reads them
-        one by one, as by_queue does)."""
+    ) -> Iterator[bytes | Message]:
+        """The lines of the records ``run`` points at in ``segment``: their span read once,
+        and decoded by the record kernel (:func:`rmqstore.kernel.records_at`) as far as each
+        unit is plainly a whole record of the queue; a unit that is not is read as by_queue
+        reads it (a :class:`Message`, or its note), and the kernel goes on after it."""
         log = self.store.commitlog
         first = run[0][1]
-        if segment is None:
-            return None
         spans = array("q")
         last = first
         for _queue_offset, offset, size, _tags_code in run:
-            if size <= 0 or is_pre_blank(offset, size):
-                return None
-            spans.append(offset - first)
-            spans.append(size)
-            last = max(last, offset + size)
-        span = last - first
-        position = first - segment.start
-        if first < log.min_offset or span > _RUN_SPAN or position + span > segment.size:
-            return None  # (a unit's size comes from a file: bounded before anything is read)
-        buf = log.pread(segment, position, span)
-        if kernel.records_at(buf, spans, len(run), first, queue_id, topic, rows) != len(run):
-            return None
-        out = bytearray()
-        kernel.write_lines("message_lines", buf, rows, len(run), mode, out)
-        return bytes(out)
+            relative = offset - first
+            if size <= 0 or is_pre_blank(offset, size) or not 0 <= relative <= _RUN_SPAN - size:
+                spans.extend((-1, 0))  # records_at stops at it: read as by_queue reads it
+            else:
+                spans.extend((relative, size))
+                last = max(last, offset + size)
+        buf = b""
+        if segment is not None and first >= log.min_offset:
+            position = first - segment.start
+            if position + last - first <= segment.size:  # (unit sizes come from a file)
+                buf = log.pread(segment, position, last - first)
+        span_view = memoryview(spans)
+        done = 0
+        while done < len(run):
+            decoded = 0
+            if buf:
+                decoded = kernel.records_at(
+                    buf, span_view[2 * done :], len(run) - done, first, queue_id, name, rows
+                )
+            if decoded:
+                self._note_missing(topic, queue_id)
+                out = bytearray()
+                kernel.write_lines("message_lines", buf, rows, decoded, mode, out)
+                yield bytes(out)
+                done += decoded
+                continue
+            yield from self._unit_messages(topic, queue_id, [Unit(*run[done])], BodyMode.READ)
+            if self.queue_cut:
+                return
+            done += 1
 
     def by_key(
         self,

@@ -216,3 +216,24 @@ def test_a_unit_pointing_at_a_record_of_another_queue_of_the_same_size(tmp_path:
         slow = _outcome(store_dir, StoreConfig(), read.slow())
         assert any("not a" in note for note in slow[1])
         assert _outcome(store_dir, StoreConfig(), read.fast()) == slow
+
+
+def test_one_odd_unit_is_read_alone_and_the_kernel_goes_on_after_it(tmp_path: Path) -> None:
+    """A unit pointing inside a record is read message by message (its note, its error), and
+    only it: the units before and after it in the same run still come as the kernel's
+    lines."""
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    (path,) = sorted((store_dir / "consumequeue" / "TopicTest" / "0").iterdir())[:1]
+    data = bytearray(path.read_bytes())
+    data[100:108] = data[0:8]  # unit 5 points at unit 0's record
+    path.write_bytes(data)
+    with Store.open_read(store_dir) as store:
+        reader = MessageReader(store)
+        items = list(reader.queue_lines("TopicTest", 0, body_mode="none"))
+    kinds = [type(item).__name__ for item in items]
+    assert kinds.count("Message") == 1, kinds
+    odd = kinds.index("Message")
+    assert kinds[odd - 1] == kinds[odd + 1] == "bytes"
+    assert sum(item.count(b"\n") for item in items[:odd]) == 5
+    assert any("unit 5 of TopicTest:0 points at offset" in note for note in reader.notes)
