@@ -276,10 +276,10 @@ class MessageReader:
         """What :meth:`by_queue` reads, as the JSON lines ``read --jsonl`` prints: blocks of
         lines written by the record kernel (``bytes``): the units of a block are read
         together, cut into runs whose records lie close together in one file, and each run's
-        records are decoded from one read where their units point. A run with a unit that is
-        not plainly a whole record of this queue there (a pre-blank unit, a record of another
-        queue or size, none at all, a missing file) comes as the :class:`Message` objects
-        :meth:`by_queue` gives, with the same notes, errors and end."""
+        records are decoded from one read where their units point. A unit that is not plainly
+        a whole record of this queue there (a pre-blank unit, a record of another queue or
+        size, none at all, a missing file) comes as :meth:`by_queue` gives it (a
+        :class:`Message`, or a note, an error, the end), and the kernel goes on after it."""
         queue = self.store.consume_queue(topic, queue_id)
         start = self._queue_start(queue, topic, queue_id, start)
         yield from self._lines_of_units(topic, queue_id, queue.unit_values(start, count), body_mode)
