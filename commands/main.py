@@ -175,6 +175,7 @@ _COMMAND_MODULES = (
     "serve-ha",
     "export",
     "stats",
+    "offsets",
     "fixtures",
     "quarantine",
 )

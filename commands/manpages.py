@@ -171,6 +171,14 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ("rmqstore stats store", "Messages, bytes, offsets, times and tags per queue."),
         ("rmqstore stats store --tsv --fields topic,queueId,messages", "Tab-separated, for awk."),
     ],
+    "rmqstore-offsets": [
+        ("rmqstore offsets store", "Each group's offset, lag and last consumed time per queue."),
+        ("rmqstore offsets store --group orders-app", "One group (consumerProgress, offline)."),
+        (
+            "rmqstore offsets store --csv --fields group,topic,queueId,state | grep past-end",
+            "The offsets a recovery left past their queue's end.",
+        ),
+    ],
     "rmqstore-fixtures": [
         ("rmqstore fixtures list", "The scenarios."),
         ("rmqstore fixtures generate torn-tail /tmp/torn --seed 7", "A damaged store."),

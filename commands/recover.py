@@ -75,10 +75,15 @@ def command(
     1 when damage remains that recovery does not mend (it is named, with the next step, such
     as a consume queue or index corrupted before the recovery point, a bad body CRC in a file
     recovery does not walk, a missing commit-log file), when a dispatch problem was met, or,
-    with --dry-run, when there is work.
+    with --dry-run, when there is work. A consumer group's offset (config/consumerOffset.json)
+    or the delay scheduler's (config/delayOffset.json) that the cuts leave past its queue's
+    end is named in the plan and after the run (verify fails on it): messages stored there
+    again below it may never be consumed; reset it (mqadmin resetOffsetByTime) before
+    producers write. rmqstore does not write those files.
 
     JSON: plan{mode, logEnd, stoppedBy, cuts[{file, start, end, why}], moves[{file, why}],
-    bytesCut, unitsRemoved, queuesTruncated, indexFilesRebuilt, skipped, warnings}, and
+    bytesCut, unitsRemoved, queuesTruncated, indexFilesRebuilt, skipped, warnings,
+    offsetsPastEnd[{group (null: the delay scheduler), topic, queueId, offset, queueEnd}]}, and
     after a run: quarantine, dispatch{...as rmqstore dispatch}, checkpoint{...},
     abortRemoved, remaining{ok, findingsByKind, nextStep} (null with --no-check).
     """
@@ -105,6 +110,8 @@ def command(
         note(text)
     for problem in [*plan.warnings, *result.dispatch.problems]:
         warn(problem)
+    for offset in plan.offsets_past_end:
+        warn(f"{offset.describe()}{_RESET}")
     remaining = None
     if not no_check:
         with Store.open_read(store, config) as checked:
@@ -128,6 +135,14 @@ def command(
     if remaining is not None and not remaining.ok:
         mended = False
     return ExitCode.OK if mended else ExitCode.FINDINGS
+
+
+# what an offset past its queue's end means, and what to do (rmqstore does not write the
+# broker's offset files)
+_RESET = (
+    ": messages stored there again below it may never be consumed; reset it (mqadmin "
+    "resetOffsetByTime) before producers write"
+)
 
 
 def _log_size(store: Store) -> int:
@@ -160,10 +175,14 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
             console.print(f"  left alone: {skipped}")
         for warning in plan.warnings:
             console.print(f"  [yellow]cannot mend:[/yellow] {warning}")
+        for offset in plan.offsets_past_end:
+            console.print(
+                f"  [yellow]left for you:[/yellow] {offset.describe()} once recovered{_RESET}"
+            )
         if plan.queues_truncated:
             console.print(
                 f"  consume queues truncated: {plan.queues_truncated} "
-                f"({plan.units_removed:,} units)"
+                f"({counted(plan.units_removed, 'unit')})"
             )
         if plan.index_files_rebuilt:
             console.print(f"  index files rebuilt: {plan.index_files_rebuilt}")
@@ -186,7 +205,7 @@ def _render(result: RecoveryResult, abort_removed: bool) -> None:
     )
     table.add_row(
         "consume queues",
-        f"{plan.queues_truncated} truncated ({plan.units_removed:,} units); "
+        f"{plan.queues_truncated} truncated ({counted(plan.units_removed, 'unit')}); "
         f"{result.dispatch.units_written:,} units dispatched",
     )
     table.add_row("index", f"{counted(result.dispatch.index_entries, 'entry', 'entries')} added")

@@ -29,6 +29,7 @@ from typing import Any
 from rmqstore.checkpoint import Checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
+from rmqstore.consumerprogress import OffsetPastEnd, offsets_past_end
 from rmqstore.dispatch import Dispatcher, DispatchResult
 from rmqstore.errors import RmqStoreError
 from rmqstore.flush import FlushResult, flush_store
@@ -74,6 +75,10 @@ class RecoveryPlan:
     index_files_rebuilt: int = 0
     skipped: list[str] = field(default_factory=list)  # paths left alone, and why
     warnings: list[str] = field(default_factory=list)  # what recovery cannot mend
+    # consumer groups' and the delay scheduler's offsets past their queue's end once the
+    # queues are cut: recovery leaves them (a broker's does too), the operator resets them
+    offsets_past_end: list[OffsetPastEnd] = field(default_factory=list)
+    queue_ends: dict[tuple[str, int], int] = field(default_factory=dict)  # after the cuts
 
     @property
     def bytes_cut(self) -> int:
@@ -97,6 +102,7 @@ class RecoveryPlan:
             "indexFilesRebuilt": self.index_files_rebuilt,
             "skipped": self.skipped,
             "warnings": self.warnings,
+            "offsetsPastEnd": [offset.to_dict() for offset in self.offsets_past_end],
         }
 
 
@@ -137,6 +143,7 @@ def plan_recovery(store: Store, progress: Callable[[int], None] | None = None) -
         _plan_index(store, plan)
     _plan_leftovers(store, plan, queue_folders)
     _note_missing_files(store, plan)
+    plan.offsets_past_end = offsets_past_end(store, plan.queue_ends)
     return plan
 
 
@@ -186,6 +193,7 @@ def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> list[Path
             continue
         plan.queues_truncated += 1
         plan.units_removed += truncation.units_removed
+        plan.queue_ends[(topic, queue_id)] = queue.max_offset - truncation.units_removed
         reason = f"units of {topic}/{queue_id} for records at or after {end_offset}"
         for path in truncation.dropped_files:
             _move(store, plan, path, reason)

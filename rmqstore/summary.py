@@ -89,9 +89,7 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
         last_updated = 0
         if queue.max_offset > queue.min_offset:
             unit = queue.read_unit(queue.max_offset - 1)
-            last_updated = max(0, log.store_timestamp_at(unit.physical_offset, unit.size, end))
-            if last_updated and not _whole_record_at(log, unit.physical_offset, unit.size):
-                last_updated = 0  # a torn tail's header keeps a time no message has
+            last_updated = unit_store_time(log, unit.physical_offset, unit.size, end)
         queues.append(
             {
                 "queueId": queue_id,
@@ -103,6 +101,14 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
     if not queues:
         raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
     return {"topic": topic, "queues": queues}
+
+
+def unit_store_time(log: CommitLog, offset: int, size: int, end: int) -> int:
+    """The store time of the record a consume-queue unit (``offset``, ``size``) points at;
+    0 when no whole record of that size starts there (a crash's torn tail keeps a time in
+    its header that no message has; a removed file has none). ``end``: the log's end."""
+    stored = max(0, log.store_timestamp_at(offset, size, end))
+    return stored if stored and _whole_record_at(log, offset, size) else 0
 
 
 def _whole_record_at(log: CommitLog, offset: int, size: int) -> bool:

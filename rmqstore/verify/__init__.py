@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rmqstore.store import Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
-from rmqstore.verify.config import check_topics_config
+from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
 from rmqstore.verify.queues import QueueChecks
@@ -70,5 +70,5 @@ def verify_store(
         store, report, check_crc=options.check_crc, listeners=listeners, progress=progress
     ).run(options.from_offset)
     check_checkpoint_and_abort(store, report, facts, queues, index, options.from_offset)
-    check_topics_config(store, report, queues)
+    check_config_files(store, report, queues)
     return report

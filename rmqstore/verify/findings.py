@@ -49,6 +49,8 @@ KINDS = {
     "checkpoint-size": "the checkpoint is longer than 4096 bytes, or not a regular file",
     "abort-present": "the store was not closed cleanly (a broker was running or crashed)",
     "topic-unlisted": "a topic (or queue) with units that config/topics.json leaves out",
+    "offset-past-end": "a consumer group's or the delay scheduler's offset past its queue's end",
+    "config-unreadable": "config/consumerOffset.json or delayOffset.json does not load (nor .bak)",
 }
 
 
@@ -97,6 +99,8 @@ FIXES = {
     "index-unchecked": REPORT_ONLY,
     "checkpoint-size": REPORT_ONLY,
     "topic-unlisted": REPORT_ONLY,
+    "offset-past-end": REPORT_ONLY,
+    "config-unreadable": REPORT_ONLY,
 }
 assert set(FIXES) == set(KINDS)
 

@@ -26,7 +26,7 @@ from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
 from rmqstore.verify import CROSS_CHECKS, VerifyOptions
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
-from rmqstore.verify.config import check_topics_config
+from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
 from rmqstore.verify.queues import QueueChecks
@@ -367,7 +367,7 @@ class RangedVerify:
         check_checkpoint_and_abort(
             self.store, self.report, facts, self.queues, self.index, self.from_offset
         )
-        check_topics_config(self.store, self.report, self.queues)
+        check_config_files(self.store, self.report, self.queues)
         return self.report
 
 

@@ -50,6 +50,7 @@ READ_ONLY = [
     ["dump", "{index_file}", "--json"],
     ["dump", "{queue_file}", "--json"],
     ["quarantine", "list", "{store}", "--json"],
+    ["offsets", "{store}", "--json"],
     # a read of the store, whatever it writes to the replica beside it
     ["replicate", "{store}", "{replica}"],
 ]
@@ -80,9 +81,25 @@ def mutated_copy(oracle, name: str, root: Path, rng: random.Random) -> tuple[Pat
     outside = root / "outside"
     outside.mkdir()
     store = oracle(name).copy_to(root)
+    # a consumer group at the end of every queue, as a broker's fastjson writes it: the
+    # mutations may hit this file too, and recover may leave the group past a queue's end
+    (store / "config").mkdir(exist_ok=True)
+    (store / "config" / "consumerOffset.json").write_text(_consumer_offsets(store))
     done = [mutate(store, outside, rng) for _ in range(rng.randint(1, 3))]
     number = root.name.removeprefix("m")
     return store, outside, f"{name} mutant {number} ({'; '.join(done)})"
+
+
+def _consumer_offsets(store: Path) -> str:
+    """``consumerOffset.json`` with group g1 at the end of each queue of the store."""
+    entries = []
+    for topic in sorted((store / "consumequeue").iterdir()):
+        ends = []
+        for queue in sorted(topic.iterdir(), key=lambda path: int(path.name)):
+            units = sum(-(-len(f.read_bytes().rstrip(b"\0")) // 20) for f in queue.iterdir())
+            ends.append(f"{queue.name}:{units}")
+        entries.append(f'\t\t"{topic.name}@g1":{{{",".join(ends)}\n\t\t}}')
+    return '{\n\t"offsetTable":{\n' + ",\n".join(entries) + "\n\t}\n}"
 
 
 @pytest.mark.campaign

@@ -1,0 +1,297 @@
+"""Where consumer groups and the delay scheduler stand in their queues (``rmqstore offsets``;
+mqadmin consumerProgress, offline): the offsets ``config/consumerOffset.json`` and
+``config/delayOffset.json`` hold, against each queue's min and max offsets as a broker
+computes them, with what is left to consume and the offsets a broker would find out of range.
+
+An offset past its queue's end is what a recovery that cut a queue leaves (the group had
+consumed messages the store no longer holds): a broker answers the group's pulls as out of
+range, and messages stored again in that queue below the group's offset may never reach it.
+An offset before the queue's start means messages were removed (expired files) before the
+group consumed them; the broker moves the group on to the start."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from rmqstore.consumequeue import ConsumeQueue, list_queues
+from rmqstore.delay import DelayLevels
+from rmqstore.errors import NotFoundError
+from rmqstore.geometry import CONFIG_DIR
+from rmqstore.offsetsconfig import (
+    ConsumerOffsets,
+    DelayOffsets,
+    LoadedConfig,
+    read_consumer_offsets,
+    read_delay_offsets,
+)
+from rmqstore.store import Store
+from rmqstore.summary import unit_store_time
+from rmqstore.topics import SCHEDULE_TOPIC
+from rmqstore.wording import counted
+
+IN_RANGE = "ok"
+PAST_END = "past-end"  # the offset is beyond the queue's max offset
+BEFORE_START = "before-start"  # the queue's first messages went before they were consumed
+NO_QUEUE = "no-queue"  # the store has no consume queue for it
+
+
+@dataclass
+class QueueOffsets:
+    """One queue's bounds, read once however many groups consume it (None: no such queue)."""
+
+    min_offset: int
+    max_offset: int
+    queue: ConsumeQueue
+
+
+@dataclass
+class OffsetsReport:
+    """JSON-ready parts of ``rmqstore offsets``' answer, and what the user should hear."""
+
+    consumers: dict[str, Any]
+    scheduler: dict[str, Any]
+    consumers_loaded: LoadedConfig
+    scheduler_loaded: LoadedConfig
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"consumerOffsets": self.consumers, "delayOffsets": self.scheduler}
+
+
+class _Queues:
+    """The store's consume queues by (topic, queue id), each opened once when first asked."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._known: dict[tuple[str, int], QueueOffsets | None] = {}
+        log = store.commitlog
+        segments = log.segments
+        self.log_end = segments[-1].start + segments[-1].size if segments else 0
+
+    def get(self, topic: str, queue_id: int) -> QueueOffsets | None:
+        key = (topic, queue_id)
+        if key not in self._known:
+            try:
+                queue = self.store.consume_queue(topic, queue_id)
+            except NotFoundError:
+                self._known[key] = None
+            else:
+                self._known[key] = QueueOffsets(queue.min_offset, queue.max_offset, queue)
+        return self._known[key]
+
+    def store_time(self, bounds: QueueOffsets, queue_offset: int) -> int:
+        """The store time of the message at ``queue_offset`` (0 when there is none)."""
+        if not bounds.min_offset <= queue_offset < bounds.max_offset:
+            return 0
+        unit = bounds.queue.read_unit(queue_offset)
+        return unit_store_time(self.store.commitlog, unit.physical_offset, unit.size, self.log_end)
+
+    def tags_code(self, bounds: QueueOffsets, queue_offset: int) -> int | None:
+        if not bounds.min_offset <= queue_offset < bounds.max_offset:
+            return None
+        return bounds.queue.read_unit(queue_offset).tags_code
+
+
+def offsets_report(
+    store: Store,
+    groups: Collection[str] = (),
+    topics: Collection[str] = (),
+    delay_levels: DelayLevels | None = None,
+) -> OffsetsReport:
+    """Each consumer group's offsets (only ``groups``' and ``topics``' when given) and the
+    delay scheduler's against the store's consume queues. Reads the config files, each
+    queue's bounds and one unit (and its record's store time) per offset."""
+    queues = _Queues(store)
+    config_dir = store.root / CONFIG_DIR
+    consumers = read_consumer_offsets(config_dir)
+    scheduler = read_delay_offsets(config_dir)
+    report = OffsetsReport(
+        _consumer_rows(queues, consumers, set(groups), set(topics)),
+        _scheduler_rows(queues, scheduler, delay_levels),
+        consumers.loaded,
+        scheduler.loaded,
+    )
+    for loaded, left_out in (
+        (consumers.loaded, consumers.left_out),
+        (scheduler.loaded, scheduler.left_out),
+    ):
+        report.notes.extend(_load_notes(store, loaded, left_out))
+    return report
+
+
+def _consumer_rows(
+    queues: _Queues, offsets: ConsumerOffsets, groups: set[str], topics: set[str]
+) -> dict[str, Any]:
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for (topic, group), table in sorted(offsets.table.items()):
+        if (groups and group not in groups) or (topics and topic not in topics):
+            continue
+        rows = by_group.setdefault(group, [])
+        for queue_id, offset in sorted(table.items()):
+            rows.append(
+                {"topic": topic, "queueId": queue_id, **_position(queues, topic, queue_id, offset)}
+            )
+    return {
+        "file": _relative(queues.store, offsets.loaded),
+        "groups": [
+            {"group": group, "lag": sum(row["lag"] for row in rows), "queues": rows}
+            for group, rows in by_group.items()
+        ],
+    }
+
+
+def _position(queues: _Queues, topic: str, queue_id: int, offset: int) -> dict[str, Any]:
+    """A consumer offset against its queue: bounds, lag, the store time of the last message
+    consumed (0: none in the store) and the state."""
+    bounds = queues.get(topic, queue_id)
+    if bounds is None:
+        return {
+            "consumerOffset": offset,
+            "minOffset": None,
+            "maxOffset": None,
+            "lag": 0,
+            "lastConsumed": 0,
+            "state": NO_QUEUE,
+        }
+    return {
+        "consumerOffset": offset,
+        "minOffset": bounds.min_offset,
+        "maxOffset": bounds.max_offset,
+        "lag": max(0, bounds.max_offset - max(offset, bounds.min_offset)),
+        "lastConsumed": queues.store_time(bounds, offset - 1),
+        "state": _state(offset, bounds),
+    }
+
+
+def _state(offset: int, bounds: QueueOffsets) -> str:
+    if offset > bounds.max_offset:
+        return PAST_END
+    if offset < bounds.min_offset:
+        return BEFORE_START
+    return IN_RANGE
+
+
+def _scheduler_rows(
+    queues: _Queues, offsets: DelayOffsets, levels: DelayLevels | None
+) -> dict[str, Any]:
+    """A row per delay level that has a recorded offset or a ``SCHEDULE_TOPIC_XXXX`` queue: the
+    scheduler's offset (0 when none is recorded, as the scheduler starts), the messages still
+    waiting and when the next of them is due (its unit's tagsCode, the deliver time)."""
+    levels = levels or DelayLevels()
+    present = {
+        queue_id + 1
+        for topic, queue_id in list_queues(queues.store.consumequeue_dir)
+        if topic == SCHEDULE_TOPIC
+    }
+    rows = []
+    for level in sorted(present | set(offsets.table)):
+        recorded = level in offsets.table
+        offset = offsets.table.get(level, 0)
+        bounds = queues.get(SCHEDULE_TOPIC, level - 1)
+        row: dict[str, Any] = {
+            "level": level,
+            "delayMillis": levels.millis[level - 1] if level <= levels.max_level else None,
+            "offset": offset,
+            "recorded": recorded,
+            "minOffset": None,
+            "maxOffset": None,
+            "pending": 0,
+            "nextDue": 0,
+            "state": NO_QUEUE,
+        }
+        if bounds is not None:
+            start = max(offset, bounds.min_offset)
+            row.update(
+                minOffset=bounds.min_offset,
+                maxOffset=bounds.max_offset,
+                pending=max(0, bounds.max_offset - start),
+                nextDue=queues.tags_code(bounds, start) or 0,
+                state=_state(offset, bounds),
+            )
+        rows.append(row)
+    return {"file": _relative(queues.store, offsets.loaded), "levels": rows}
+
+
+def _relative(store: Store, loaded: LoadedConfig) -> str | None:
+    return None if loaded.source is None else loaded.source.relative_to(store.root).as_posix()
+
+
+def _load_notes(store: Store, loaded: LoadedConfig, left_out: list[str]) -> list[str]:
+    name = loaded.path.relative_to(store.root).as_posix()
+    notes = []
+    if loaded.failures:
+        fallback = (
+            f"; read {loaded.source.name} instead, as a broker does"
+            if loaded.source is not None and loaded.source != loaded.path
+            else ": a broker finds no offsets in it"
+        )
+        notes.append(f"{name} does not load ({'; '.join(loaded.failures)}){fallback}")
+    if left_out:
+        shown = "; ".join(left_out[:3]) + ("; ..." if len(left_out) > 3 else "")
+        notes.append(
+            f"{name}: {counted(len(left_out), 'entry', 'entries')} left out, not offsets: {shown}"
+        )
+    return notes
+
+
+@dataclass(frozen=True)
+class OffsetPastEnd:
+    """A consumer group's (or, with ``group`` None, the delay scheduler's) offset past the
+    end of its queue."""
+
+    group: str | None
+    topic: str
+    queue_id: int
+    offset: int
+    queue_end: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "topic": self.topic,
+            "queueId": self.queue_id,
+            "offset": self.offset,
+            "queueEnd": self.queue_end,
+        }
+
+    def describe(self) -> str:
+        owner = (
+            f"group {self.group}'s offset"
+            if self.group is not None
+            else f"the delay scheduler's offset for level {self.queue_id + 1}"
+        )
+        return (
+            f"{owner} {self.offset} in {self.topic}:{self.queue_id} is past the queue's end "
+            f"{self.queue_end}"
+        )
+
+
+def offsets_past_end(
+    store: Store, queue_ends: dict[tuple[str, int], int] | None = None
+) -> list[OffsetPastEnd]:
+    """Every offset of ``consumerOffset.json`` and ``delayOffset.json`` past the end of its
+    queue, each queue ending where ``queue_ends`` says (a recovery's cuts) or where it ends
+    now. Reads only the config files and the queues' bounds."""
+    ends = queue_ends or {}
+    queues = _Queues(store)
+    config_dir = store.root / CONFIG_DIR
+    found = []
+
+    def past(group: str | None, topic: str, queue_id: int, offset: int) -> None:
+        end = ends.get((topic, queue_id))
+        if end is None:
+            bounds = queues.get(topic, queue_id)
+            if bounds is None:
+                return
+            end = bounds.max_offset
+        if offset > end:
+            found.append(OffsetPastEnd(group, topic, queue_id, offset, end))
+
+    for (topic, group), table in sorted(read_consumer_offsets(config_dir).table.items()):
+        for queue_id, offset in sorted(table.items()):
+            past(group, topic, queue_id, offset)
+    for level, offset in sorted(read_delay_offsets(config_dir).table.items()):
+        past(None, SCHEDULE_TOPIC, level - 1, offset)
+    return found

@@ -1,0 +1,133 @@
+"""``rmqstore offsets``, and the offsets ``verify`` and ``recover`` check, from the command
+line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rmqstore.fixtures import FixtureOptions, generate
+
+from support import ORACLE_OPTIONS, run_cli, tree_digest
+
+
+def consumed_store(tmp_path: Path, offsets: str, scenario: str = "basic") -> Path:
+    store = tmp_path / scenario
+    generate(scenario, store, FixtureOptions())
+    (store / "config" / "consumerOffset.json").write_text(offsets)
+    return store
+
+
+def test_table_json_and_rows(tmp_path: Path) -> None:
+    store = consumed_store(
+        tmp_path, '{"offsetTable":{"BasicTopic@g1":{0:5},"BasicTopic@g2":{0:25}}}'
+    )
+    before = tree_digest(store)
+    table = run_cli("--utc", "offsets", store)
+    assert table.exit_code == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == "consumer offsets (config/consumerOffset.json)"
+    assert lines[1].split() == [
+        "group", "topic", "queue", "offset", "min", "max", "lag", "last", "consumed", "state",
+    ]  # fmt: skip
+    assert lines[2].split()[:7] == ["g1", "BasicTopic", "0", "5", "0", "20", "15"]
+    assert lines[2].endswith("UTC  ok")
+    assert lines[3].split() == ["g2", "BasicTopic", "0", "25", "0", "20", "0", "-", "past-end"]
+    assert "g1: lag 15 over 1 queue" in lines
+    assert "g2: lag 0 over 1 queue, 1 past the end" in lines
+    assert "1 consumer offset past the end of its queue" in table.stderr
+    document = json.loads(run_cli("offsets", store, "--json").stdout)
+    assert [g["group"] for g in document["consumerOffsets"]["groups"]] == ["g1", "g2"]
+    assert document["delayOffsets"] == {"file": None, "levels": []}
+    rows = run_cli("offsets", store, "--csv", "--fields", "group,lag,state").stdout
+    assert rows.splitlines() == ["group,lag,state", "g1,15,ok", "g2,0,past-end"]
+    jsonl = run_cli("offsets", store, "--jsonl", "--group", "g2").stdout.splitlines()
+    assert [json.loads(line)["state"] for line in jsonl] == ["past-end"]
+    assert tree_digest(store) == before  # reads only
+
+
+def test_filters_and_what_they_did_not_match(tmp_path: Path) -> None:
+    store = consumed_store(tmp_path, '{"offsetTable":{"BasicTopic@g1":{0:5}}}')
+    result = run_cli("offsets", store, "--group", "g1", "--group", "nobody", "--json")
+    assert result.exit_code == 0
+    document = json.loads(result.stdout)
+    assert [g["group"] for g in document["consumerOffsets"]["groups"]] == ["g1"]
+    assert document["delayOffsets"] is None  # the scheduler is not a group
+    assert "no offsets of group 'nobody'" in result.stderr
+    result = run_cli("offsets", store, "--topic", "Elsewhere", "--json")
+    assert json.loads(result.stdout)["consumerOffsets"]["groups"] == []
+    assert "no offsets in topic 'Elsewhere'" in result.stderr
+    assert run_cli("offsets", store, "--group", "").exit_code == 2
+    assert run_cli("offsets", store, "--json", "--csv").exit_code == 2
+
+
+def test_the_delay_scheduler_of_a_real_store(oracle) -> None:
+    store = oracle("s3_txn_delay")
+    result = run_cli("--utc", "offsets", store.store, *ORACLE_OPTIONS)
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("consumer offsets: none")
+    assert lines[1] == "delay scheduler (config/delayOffset.json)"
+    assert lines[3].split()[:7] == ["1", "1s", "3", "0", "3", "0", "-"]
+    assert lines[-1].split()[:8] == ["18", "2h", "0", "(none", "recorded)", "0", "3", "3"]
+    shown = run_cli("offsets", store.store, "--topic", "SCHEDULE_TOPIC_XXXX", "--json")
+    assert len(json.loads(shown.stdout)["delayOffsets"]["levels"]) == 4
+
+
+def test_files_that_do_not_load_are_warned_of_and_bad_input_is_one_line(tmp_path: Path) -> None:
+    store = consumed_store(tmp_path, '{\n\t"offsetTable":{"BasicTopic@g1":{0:')
+    result = run_cli("offsets", store)
+    assert result.exit_code == 0
+    assert "config/consumerOffset.json does not load" in result.stderr
+    assert "a broker finds no offsets in it" in result.stderr
+    missing = run_cli("offsets", tmp_path / "nowhere")
+    assert missing.exit_code == 2 and missing.stderr.count("\n") == 1
+
+
+def test_verify_fails_on_an_offset_past_its_queues_end(tmp_path: Path) -> None:
+    store = consumed_store(tmp_path, '{"offsetTable":{"BasicTopic@g1":{0:20}}}')
+    assert run_cli("verify", store).exit_code == 0  # at the end: nothing left to consume
+    (store / "config" / "consumerOffset.json").write_text(
+        '{"offsetTable":{"BasicTopic@g1":{0:21}}}'
+    )
+    (store / "config" / "delayOffset.json").write_text("{")
+    result = run_cli("verify", store, "--json")
+    assert result.exit_code == 1
+    findings = json.loads(result.stdout)["findings"]
+    assert {(f["kind"], f["severity"]) for f in findings} == {
+        ("offset-past-end", "warning"),
+        ("config-unreadable", "warning"),
+    }
+    past = next(f for f in findings if f["kind"] == "offset-past-end")
+    assert (past["topic"], past["queueId"], past["queueOffset"]) == ("BasicTopic", 0, 21)
+    assert past["file"] == "config/consumerOffset.json"
+    # another topic's check leaves it out; a commit-log-only check reads no queues
+    assert run_cli("verify", store, "--topic", "Other").exit_code == 0
+    assert run_cli("verify", store, "--commitlog-only").exit_code == 0
+
+
+def test_recover_names_the_offsets_its_cuts_leave_past_a_queues_end(tmp_path: Path) -> None:
+    """torn-tail: the last record is half written and its queue holds a unit for it. A group
+    that had consumed it has an offset past the queue's end once recovery cuts the unit: the
+    next message stored in that queue gets an offset the group skips."""
+    store = tmp_path / "torn"
+    generate("torn-tail", store, FixtureOptions())
+    plan = json.loads(run_cli("recover", store, "--dry-run", "--json").stdout)["plan"]
+    cut = next(c for c in plan["cuts"] if "consumequeue" in c["file"])
+    topic, queue_id = Path(cut["file"]).parts[-3], int(Path(cut["file"]).parts[-2])
+    end = (cut["start"] // 20) + 1  # the queue's end before the cut
+    (store / "config" / "consumerOffset.json").write_text(
+        json.dumps({"offsetTable": {f"{topic}@g1": {str(queue_id): end}}})
+    )
+    dry = run_cli("recover", store, "--dry-run", "--json")
+    assert json.loads(dry.stdout)["plan"]["offsetsPastEnd"] == [
+        {"group": "g1", "topic": topic, "queueId": queue_id, "offset": end, "queueEnd": end - 1}
+    ]
+    shown = run_cli("recover", store, "--dry-run")
+    assert f"left for you: group g1's offset {end} in {topic}:{queue_id}" in shown.stdout
+    result = run_cli("recover", store, "--yes")
+    assert result.exit_code == 1  # recovered, but the group's offset needs resetting
+    assert f"group g1's offset {end} in {topic}:{queue_id} is past the queue's end" in (
+        result.stderr
+    )
+    assert "offset-past-end: 1" in result.stderr
