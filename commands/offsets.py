@@ -157,7 +157,9 @@ def _render_consumers(report: OffsetsReport) -> None:
     consumers = report.consumers
     if consumers["file"] is None:
         console.print(
-            "consumer offsets: none (no config/consumerOffset.json: a broker writes it as "
+            "consumer offsets: none (config/consumerOffset.json does not load)"
+            if report.consumers_loaded.failures
+            else "consumer offsets: none (no config/consumerOffset.json: a broker writes it as "
             "groups consume)"
         )
         return

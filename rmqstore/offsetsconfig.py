@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rmqstore.errors import TopicError
+from rmqstore.errors import StoreFormatError, TopicError
+from rmqstore.segments import read_small_file
 from rmqstore.topics import check_topic_path_safe
 from rmqstore.wording import quoted
 
@@ -63,16 +64,17 @@ def load_config(config_dir: Path, name: str) -> LoadedConfig:
     path = config_dir / name
     failures = []
     for candidate in (path, path.with_name(name + ".bak")):
-        try:
-            with candidate.open("rb") as handle:
-                data = handle.read(MAX_CONFIG_BYTES + 1)
+        try:  # a FIFO or device is not waited on
+            data = read_small_file(candidate, MAX_CONFIG_BYTES, follow_links=True)
         except FileNotFoundError:
             continue
         except OSError as exc:
             failures.append(f"{candidate.name}: {exc.strerror or exc}")
             continue
-        if len(data) > MAX_CONFIG_BYTES:
-            failures.append(f"{candidate.name}: larger than {MAX_CONFIG_BYTES >> 20} MiB")
+        except StoreFormatError:
+            failures.append(
+                f"{candidate.name}: not a regular file of at most {MAX_CONFIG_BYTES >> 20} MiB"
+            )
             continue
         if not data.strip():
             continue  # empty: the broker goes on to the .bak, and loads nothing without one

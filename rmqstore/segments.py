@@ -197,13 +197,15 @@ def pwrite_fully(fd: int, data: bytes | memoryview, position: int) -> None:
         view, position = view[written:], position + written
 
 
-def read_small_file(path: Path, limit: int) -> bytes:
+def read_small_file(path: Path, limit: int, *, follow_links: bool = False) -> bytes:
     """A small file the store keeps (a quarantine manifest): a regular file, not a link, FIFO
-    or device (never waited on), of at most ``limit`` bytes. OSError when it cannot be
-    opened or read; StoreFormatError when it is not such a file."""
+    or device (never waited on), of at most ``limit`` bytes; ``follow_links`` reads the file
+    a link leads to (a broker's config file, which a broker reads through a link). OSError
+    when it cannot be opened or read; StoreFormatError when it is not such a file."""
     refused = StoreFormatError(f"{path} is not a regular file of at most {limit} bytes")
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # a link (O_NOFOLLOW)
             raise refused from None

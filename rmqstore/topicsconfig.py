@@ -9,14 +9,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rmqstore.errors import StoreIOError
-from rmqstore.segments import write_whole_file
+from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.segments import read_small_file, write_whole_file
 from rmqstore.topics import SCHEDULE_TOPIC
 
 DEFAULT_PERM = 6  # READ | WRITE
 
 
 TOPICS_FILE = "topics.json"
+MAX_TOPICS_BYTES = 256 << 20  # a broker of many thousands of topics writes a few MB
 
 
 def topic_config(topic: str, queue_count: int) -> dict[str, Any]:
@@ -84,15 +85,21 @@ def add_topics(
             return [f"{exc}; a broker serves {_names(queues)} only once it lists them"]
         return [f"wrote {path} listing {_names(queues)}"]
     try:
-        old = path.read_bytes()
+        old = read_small_file(path, MAX_TOPICS_BYTES)  # a FIFO is not waited on
         document = json.loads(old) if old.strip() else {"topicConfigTable": {}}
         if not isinstance(document, dict):
             raise ValueError("not a JSON object")
         table = document.setdefault("topicConfigTable", {})
         if not isinstance(table, dict):
             raise ValueError("topicConfigTable is not an object")
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
-        reason = exc.strerror if isinstance(exc, OSError) else "it is not a JSON topic table"
+    except (OSError, ValueError, StoreFormatError) as exc:  # JSONDecodeError included
+        reason = (
+            exc.strerror
+            if isinstance(exc, OSError)
+            else "it is not a regular file of JSON"
+            if isinstance(exc, StoreFormatError)
+            else "it is not a JSON topic table"
+        )
         return [
             f"{path} was left as it is ({reason}); a broker serves {_names(queues)} only once "
             "it lists them (mqadmin updateTopic)"
@@ -131,8 +138,9 @@ def listed_queue_counts(config_dir: Path) -> tuple[dict[str, int], Path] | None:
     path = config_dir / TOPICS_FILE
     for candidate in (path, path.with_name(path.name + ".bak")):
         try:
-            table = json.loads(candidate.read_bytes())["topicConfigTable"]
-        except (OSError, ValueError, TypeError, KeyError):
+            data = read_small_file(candidate, MAX_TOPICS_BYTES, follow_links=True)
+            table = json.loads(data)["topicConfigTable"]
+        except (OSError, ValueError, TypeError, KeyError, StoreFormatError):
             continue
         if not isinstance(table, dict):
             continue

@@ -4,6 +4,9 @@ line."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from rmqstore.fixtures import FixtureOptions, generate
@@ -131,3 +134,40 @@ def test_recover_names_the_offsets_its_cuts_leave_past_a_queues_end(tmp_path: Pa
         result.stderr
     )
     assert "offset-past-end: 1" in result.stderr
+
+
+def test_a_fifo_or_folder_in_place_of_a_config_file_is_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO where topics.json or consumerOffset.json should be: verify, offsets and append
+    (which adds its topics to topics.json) waited for a writer that never came."""
+    store = tmp_path / "store"
+    generate("basic", store, FixtureOptions())
+    config = store / "config"
+    (config / "topics.json").unlink()
+    os.mkfifo(config / "topics.json")
+    os.mkfifo(config / "consumerOffset.json")
+    (config / "delayOffset.json").mkdir()
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "rmqstore", *args, str(store)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    offsets = run("offsets")
+    assert offsets.returncode == 0, offsets.stderr
+    assert "consumer offsets: none (config/consumerOffset.json does not load)" in offsets.stdout
+    assert "consumerOffset.json: not a regular file" in offsets.stderr
+    verify = run("verify", "--json")
+    assert verify.returncode == 1
+    kinds = {f["kind"] for f in json.loads(verify.stdout)["findings"]}
+    assert kinds == {"config-unreadable"}
+    append = subprocess.run(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--topic", "New", "--body", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert append.returncode == 0, append.stderr
+    assert "topics.json was left as it is (it is not a regular file of JSON)" in append.stderr

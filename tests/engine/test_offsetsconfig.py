@@ -78,7 +78,7 @@ def test_a_file_past_the_bound_is_not_read(tmp_path: Path) -> None:
     with path.open("wb") as handle:  # sparse: no disk used
         handle.truncate(MAX_CONFIG_BYTES + 1)
     loaded = load_config(tmp_path, "consumerOffset.json")
-    assert loaded.unreadable and "larger than" in loaded.failures[0]
+    assert loaded.unreadable and "at most 256 MiB" in loaded.failures[0]
 
 
 def test_entries_that_are_not_offsets_are_left_out_and_said(tmp_path: Path) -> None:
