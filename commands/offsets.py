@@ -74,7 +74,8 @@ def command(
     out of range, and messages stored again below the offset may never reach it: reset the
     group's offset, mqadmin resetOffsetByTime, before producers write); before-start (the
     queue's first messages were removed, expired, before the group consumed them); no-queue
-    (the store has no consume queue for it). Reads only; the commit log is read only for
+    (the store has no consume queue for it); unreadable (its consume queue does not load, a
+    file of the wrong size: a warning says why). Reads only; the commit log is read only for
     the store time of each group's last consumed message. Exit 0, with a warning when an
     offset is past its queue's end (rmqstore verify fails on it).
 

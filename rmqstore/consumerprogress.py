@@ -17,7 +17,7 @@ from typing import Any
 
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.delay import DelayLevels
-from rmqstore.errors import NotFoundError
+from rmqstore.errors import InputError, NotFoundError
 from rmqstore.geometry import CONFIG_DIR
 from rmqstore.offsetsconfig import (
     ConsumerOffsets,
@@ -35,6 +35,7 @@ IN_RANGE = "ok"
 PAST_END = "past-end"  # the offset is beyond the queue's max offset
 BEFORE_START = "before-start"  # the queue's first messages went before they were consumed
 NO_QUEUE = "no-queue"  # the store has no consume queue for it
+UNREADABLE = "unreadable"  # its consume queue does not load (a file of the wrong size)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class _Queues:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._known: dict[tuple[str, int], QueueOffsets | None] = {}
+        self.unreadable: dict[tuple[str, int], str] = {}  # why each queue does not load
         log = store.commitlog
         segments = log.segments
         self.log_end = segments[-1].start + segments[-1].size if segments else 0
@@ -77,9 +79,16 @@ class _Queues:
                 queue = self.store.consume_queue(topic, queue_id)
             except NotFoundError:
                 self._known[key] = None
+            except InputError as exc:  # verify names its files' damage; the rest goes on
+                self._known[key] = None
+                self.unreadable[key] = str(exc)
             else:
                 self._known[key] = QueueOffsets(queue.min_offset, queue.max_offset, queue)
         return self._known[key]
+
+    def missing(self, topic: str, queue_id: int) -> str:
+        """The state of an offset in a queue :meth:`get` gave None for."""
+        return UNREADABLE if (topic, queue_id) in self.unreadable else NO_QUEUE
 
     def store_time(self, bounds: QueueOffsets, queue_offset: int) -> int:
         """The store time of the message at ``queue_offset`` (0 when there is none)."""
@@ -118,6 +127,8 @@ def offsets_report(
         (scheduler.loaded, scheduler.left_out),
     ):
         report.notes.extend(_load_notes(store, loaded, left_out))
+    for (topic, queue_id), why in sorted(queues.unreadable.items()):
+        report.notes.append(f"{topic}:{queue_id} left out (state unreadable): {why}")
     return report
 
 
@@ -153,7 +164,7 @@ def _position(queues: _Queues, topic: str, queue_id: int, offset: int) -> dict[s
             "maxOffset": None,
             "lag": 0,
             "lastConsumed": 0,
-            "state": NO_QUEUE,
+            "state": queues.missing(topic, queue_id),
         }
     return {
         "consumerOffset": offset,
@@ -201,7 +212,9 @@ def _scheduler_rows(
             "nextDue": 0,
             "state": NO_QUEUE,
         }
-        if bounds is not None:
+        if bounds is None:
+            row["state"] = queues.missing(SCHEDULE_TOPIC, level - 1)
+        else:
             start = max(offset, bounds.min_offset)
             row.update(
                 minOffset=bounds.min_offset,

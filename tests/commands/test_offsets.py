@@ -171,3 +171,21 @@ def test_a_fifo_or_folder_in_place_of_a_config_file_is_not_waited_on(tmp_path: P
     )
     assert append.returncode == 0, append.stderr
     assert "topics.json was left as it is (it is not a regular file of JSON)" in append.stderr
+
+
+def test_a_queue_that_does_not_load_is_left_out_and_verify_still_reports(tmp_path: Path) -> None:
+    """A consume-queue file of the wrong size: verify failed with exit 2 once it read the
+    group offsets of that queue, instead of reporting the file (cq-file-size)."""
+    store = consumed_store(
+        tmp_path,
+        '{"offsetTable":{"%RETRY%group_a@g":{0:3,1:2}}}',
+        scenario="cq-wrong-size",  # %RETRY%group_a:0's file is cut to half its size
+    )
+    verify = run_cli("verify", store, "--json")
+    assert verify.exit_code == 1
+    assert "cq-file-size" in json.loads(verify.stdout)["findingsByKind"]
+    offsets = run_cli("offsets", store, "--json")
+    assert offsets.exit_code == 0
+    rows = json.loads(offsets.stdout)["consumerOffsets"]["groups"][0]["queues"]
+    assert [row["state"] for row in rows] == ["unreadable", "ok"]
+    assert "%RETRY%group_a:0 left out (state unreadable): consume-queue file" in offsets.stderr
