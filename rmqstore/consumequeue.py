@@ -108,6 +108,17 @@ _MADV_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 _RESERVE_STEP = 256 * 1024  # disk blocks reserved ahead of the units written
 
 
+# spec 6.6: with enableConsumeQueueExt a unit's tagsCode holds an address in
+# consumequeue_ext/ (its offset there + Long.MIN_VALUE); a tag's hash code is a sign-extended
+# int, so it never reaches this far down
+_LARGEST_EXT_ADDRESS = -(2**31) - 1
+
+
+def is_ext_address(tags_code: int) -> bool:
+    """``ConsumeQueueExt.isExtAddr``: whether a unit's tagsCode is a ConsumeQueueExt address."""
+    return tags_code <= _LARGEST_EXT_ADDRESS
+
+
 def is_valid_unit(physical_offset: int, size: int) -> bool:
     """The broker's test while recovering a queue: ``offset >= 0 && size > 0``."""
     return physical_offset >= 0 and size > 0

@@ -14,6 +14,7 @@ from rmqstore.consumequeue import (
     UNIT,
     ConsumeQueue,
     QueueBounds,
+    is_ext_address,
     list_queues,
 )
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
@@ -346,7 +347,12 @@ class QueueChecks:
             unit is None
             or unit[0] != offset
             or unit[1] != header.total_size
-            or (expected_tags is not None and unit[2] != expected_tags)
+            # a ConsumeQueueExt address stands for the tagsCode (enableConsumeQueueExt)
+            or (
+                expected_tags is not None
+                and unit[2] != expected_tags
+                and not is_ext_address(unit[2])
+            )
         ):
             expected = (offset, header.total_size, expected_tags)
             self.report.add(

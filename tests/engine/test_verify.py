@@ -363,3 +363,28 @@ def test_topics_json_that_leaves_out_a_topic_or_queue_is_noted(tmp_path: Path) -
     (store_dir / "config" / "topics.json.bak").unlink()
     with Store.open_read(store_dir) as store:
         assert verify_store(store).counts["topic-unlisted"] == 0
+
+
+def test_a_consume_queue_ext_address_stands_for_the_tags_code(tmp_path: Path) -> None:
+    """A broker with enableConsumeQueueExt writes an address in consumequeue_ext/ (its
+    position there + Long.MIN_VALUE) as a unit's tagsCode (spec 6.6): verify called every
+    such unit broken and sent the operator to dispatch --rebuild. A tagsCode that is not an
+    address (Integer.MIN_VALUE is still an int) is compared as before."""
+    from rmqstore.fixtures import FixtureOptions, generate
+
+    store = tmp_path / "store"
+    generate("basic", store, FixtureOptions())
+    queue_file = store / "consumequeue" / "BasicTopic" / "0" / "00000000000000000000"
+    units = bytearray(queue_file.read_bytes())
+    for number in (0, 5, 19):
+        offset, size, _ = struct.unpack_from(">qiq", units, number * 20)
+        struct.pack_into(">qiq", units, number * 20, offset, size, -(2**63) + 48 * number)
+    queue_file.write_bytes(units)
+    with Store.open_read(store) as opened:  # both kernels: make test runs each
+        report = verify_store(opened)
+    assert report.ok and report.checked["units"] == 20, report.counts
+    offset, size, _ = struct.unpack_from(">qiq", units, 40)
+    struct.pack_into(">qiq", units, 40, offset, size, -(2**31))
+    queue_file.write_bytes(units)
+    with Store.open_read(store) as opened:
+        assert verify_store(opened).counts["cq-unit"] == 1
