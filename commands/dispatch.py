@@ -104,10 +104,12 @@ def command(
 
     An idempotent replay, like a broker's dispatcher: it resumes where the consume queues and
     the index end, puts NOT_TYPE/COMMIT records into consume queues (SCHEDULE_TOPIC_XXXX
-    units carry the deliver time), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK
-    records, and updates the checkpoint. Running it twice changes nothing; an invalid record
-    (a torn tail) ends it. Bytes after a queue's valid end (junk, a torn unit) go to
-    quarantine/<time>-dispatch before units are written over them. Takes the store's lock.
+    units carry the deliver time; a record naming LMQ queues in INNER_MULTI_DISPATCH, with
+    the offsets its broker gave it in INNER_MULTI_QUEUE_OFFSET, gets a unit in each of them
+    too), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK records, and updates the
+    checkpoint. Running it twice changes nothing; an invalid record (a torn tail) ends it.
+    Bytes after a queue's valid end (junk, a torn unit) go to quarantine/<time>-dispatch
+    before units are written over them. Takes the store's lock.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass.

@@ -26,6 +26,7 @@ from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
+from rmqstore.multidispatch import queue_copies
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import (
@@ -505,30 +506,15 @@ class _BatchWalk:
         except RecordError as exc:  # the broker treats it as an invalid record
             result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
             return False
-        if (
-            dispatcher.build_queues
-            and transaction in QUEUED_TRANSACTIONS
-            and (dispatcher.topics is None or topic in dispatcher.topics)
-        ):
+        if dispatcher.build_queues and transaction in QUEUED_TRANSACTIONS:
             queue_id = rows[at + kernel_layout.QUEUE_ID]
-            key = (topic, queue_id)
-            queue = dispatcher.queues.get(key)
-            if queue is None:
-                queue = dispatcher.new_queue(topic, queue_id, result.problems)
-            if queue is not None:
-                queue_offset = rows[at + kernel_layout.QUEUE_OFFSET]
-                outcome = queue.put(queue_offset, physical_offset, size, code)
-                if outcome is PutOutcome.DUPLICATE:
-                    self.units_skipped += 1
-                else:
-                    self.units_written += 1
-                    self.touched.add(key)
+            units = [(topic, queue_id, rows[at + kernel_layout.QUEUE_OFFSET])]
+            units += queue_copies(topic, queue_id, properties)  # LMQ queues (spec 6.8)
+            for unit_topic, unit_queue_id, queue_offset in units:
+                if (dispatcher.topics is None or unit_topic in dispatcher.topics) and self._put(
+                    unit_topic, unit_queue_id, queue_offset, physical_offset, size, code
+                ):
                     self.last_time = store_timestamp
-                    self.newest_queued = physical_offset
-                    if outcome is PutOutcome.OUT_OF_ORDER:
-                        result.problems.append(
-                            out_of_order_problem(physical_offset, queue_offset, topic, queue_id)
-                        )
         if self.index is not None and transaction != TRANSACTION_ROLLBACK:
             uniq = properties.get(UNIQ_KEY)
             keys_text = properties.get(KEYS)
@@ -545,6 +531,37 @@ class _BatchWalk:
         if self.max_records is not None and self.records >= self.max_records:
             self.complete = False
             return False
+        return True
+
+    def _put(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        physical_offset: int,
+        size: int,
+        code: int,
+    ) -> bool:
+        """One unit into its queue, as ``putMessagePositionInfo`` puts it; whether it was
+        written (not already there)."""
+        dispatcher = self.dispatcher
+        key = (topic, queue_id)
+        queue = dispatcher.queues.get(key)
+        if queue is None:
+            queue = dispatcher.new_queue(topic, queue_id, self.result.problems)
+            if queue is None:
+                return False
+        outcome = queue.put(queue_offset, physical_offset, size, code)
+        if outcome is PutOutcome.DUPLICATE:
+            self.units_skipped += 1
+            return False
+        self.units_written += 1
+        self.touched.add(key)
+        self.newest_queued = physical_offset
+        if outcome is PutOutcome.OUT_OF_ORDER:
+            self.result.problems.append(
+                out_of_order_problem(physical_offset, queue_offset, topic, queue_id)
+            )
         return True
 
 
@@ -682,19 +699,20 @@ def write_sorted_units(
     root: Path,
     file_size: int,
     commitlog_min_offset: int,
-    rows: Iterable[tuple[str, int, int, int, int, int, int, int]],
+    rows: Iterable[tuple[str, int, int, int, int, int, int, int, bool]],
     topics: frozenset[str] | None = None,
 ) -> QueueRunOutcome:
     """Put units into consume queues under ``root`` (a ``consumequeue/`` directory or a
     staging copy of it) from rows ``(topic, queueId, queueOffset, commitLogOffset, size,
-    tagsCode, sysFlag, storeTimestamp)`` grouped by queue and ordered by offset within each:
-    the same puts, in the same order per queue, as a dispatch walking the log makes."""
+    tagsCode, sysFlag, storeTimestamp, copy)`` grouped by queue and ordered by offset within
+    each: the same puts, in the same order per queue, as a dispatch walking the log makes.
+    ``copy``: the unit of a record in a further queue (LMQ), not a record of its own."""
     outcome = QueueRunOutcome()
     current: tuple[str, int] | None = None
     queue: ConsumeQueue | None = None
     try:
-        for topic, queue_id, queue_offset, offset, size, code, sys_flag, stamp in rows:
-            outcome.records += 1
+        for topic, queue_id, queue_offset, offset, size, code, sys_flag, stamp, copy in rows:
+            outcome.records += not copy
             if sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
                 continue
             if topics is not None and topic not in topics:

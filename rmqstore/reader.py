@@ -25,6 +25,7 @@ from rmqstore.kernel.layout import (
     new_rows,
 )
 from rmqstore.msgid import decode_offset_msg_id
+from rmqstore.multidispatch import queue_copies
 from rmqstore.properties import split_keys
 from rmqstore.record import (
     BodyMode,
@@ -220,7 +221,7 @@ class MessageReader:
                 topic,
                 queue_id,
                 unit.size,
-            ):
+            ) and not _copy_of(message, topic, queue_id, unit):
                 self.notes.append(
                     f"unit {unit.queue_offset} of {topic}:{queue_id} points at offset "
                     f"{unit.physical_offset}, a {message.store_size}-byte record of "
@@ -696,3 +697,11 @@ def selected(
         produced += 1
         if count is not None and produced >= count:
             return  # before the next is read: it may be where a read fails
+
+
+def _copy_of(message: Message, topic: str, queue_id: int, unit: Unit) -> bool:
+    """Whether ``unit`` of ``topic``/``queue_id`` is ``message``'s unit in a further (LMQ)
+    queue (spec 6.8): the record lists that queue at that queue offset."""
+    return message.store_size == unit.size and (topic, queue_id, unit.queue_offset) in (
+        queue_copies(message.topic, message.queue_id, message.properties)
+    )

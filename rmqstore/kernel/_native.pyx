@@ -596,7 +596,7 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
     cdef const uint8_t* data
     cdef uint8_t* key_data = &key_view[0] if key_view.shape[0] else NULL
     cdef uint32_t prefix
-    cdef bint reference, bad = False
+    cdef bint reference, multi_dispatch, bad = False
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
             or out_view.shape[0] < count * DISPATCH_WIDTH:
         raise ValueError("dispatch rows are outside their buffers")
@@ -615,6 +615,7 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
                 break
             tags_at = keys_at = uniq_at = -1
             tags_length = keys_length = uniq_length = 0
+            multi_dispatch = False
             position = props_at
             end = props_at + props_length
             while position <= end:
@@ -629,9 +630,13 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
                         keys_at, keys_length = value_at, value_length
                     elif name_length == 8 and memcmp(data + position, b"UNIQ_KEY", 8) == 0:
                         uniq_at, uniq_length = value_at, value_length
+                    elif name_length == 20 and memcmp(data + position,
+                                                      b"INNER_MULTI_DISPATCH", 20) == 0:
+                        multi_dispatch = True  # its units go to LMQ queues too
                 position = pair_end + 1
             reference = (
                 (topic_length == 19 and memcmp(data + topic_at, SCHEDULE_TOPIC, 19) == 0)
+                or multi_dispatch
                 or not _is_ascii(data + topic_at, topic_length)
                 or (tags_at >= 0 and not _is_ascii(data + tags_at, tags_length))
                 or (keys_at >= 0 and not _is_ascii(data + keys_at, keys_length))

@@ -159,9 +159,10 @@ def rows_bytes(rows: array, count: int) -> int:
 # rows ``[first, count)`` of a scan of ``buf`` and writes, per row, DISPATCH_WIDTH integers
 # into ``out`` (at the row's own index) and the row's index keys into ``keys`` (packed with
 # HASHED_KEY, entry 0 first). It returns ``(next_row, entries)``: it stops before a row whose
-# keys would not fit. A row flagged NEEDS_REFERENCE (a SCHEDULE_TOPIC_XXXX record, or a topic,
-# TAGS, KEYS or UNIQ_KEY that is not ASCII) gets no tagsCode and no keys: the caller prepares
-# it the reference way (rmqstore.dispatch). Properties are parsed as ``string2messageProperties``
+# keys would not fit. A row flagged NEEDS_REFERENCE (a SCHEDULE_TOPIC_XXXX record, a record
+# with an INNER_MULTI_DISPATCH property (its units go to LMQ queues too), or a topic, TAGS, KEYS
+# or UNIQ_KEY that is not ASCII) gets no tagsCode and no keys: the caller prepares it the
+# reference way (rmqstore.dispatch). Properties are parsed as ``string2messageProperties``
 # does (a pair needs a non-empty name and value; a later duplicate wins).
 TAGS_CODE = 0  # the Java hash of TAGS, sign-extended; 0 without TAGS
 DISPATCH_FLAGS = 1

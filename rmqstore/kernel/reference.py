@@ -352,9 +352,13 @@ def _index_hash(value: int) -> int:
     return 0 if signed == -(1 << 31) else abs(signed)
 
 
-def dispatch_properties(props: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
-    """TAGS, KEYS and UNIQ_KEY values as ``string2messageProperties`` finds them."""
+def dispatch_properties(
+    props: bytes,
+) -> tuple[bytes | None, bytes | None, bytes | None, bool]:
+    """TAGS, KEYS and UNIQ_KEY values as ``string2messageProperties`` finds them, and whether
+    an INNER_MULTI_DISPATCH property is there."""
     tags = keys = uniq = None
+    multi_dispatch = False
     for pair in props.split(b"\x02"):
         name, _, value = pair.partition(b"\x01")
         if not name or not value:
@@ -365,7 +369,9 @@ def dispatch_properties(props: bytes) -> tuple[bytes | None, bytes | None, bytes
             keys = value
         elif name == b"UNIQ_KEY":
             uniq = value
-    return tags, keys, uniq
+        elif name == b"INNER_MULTI_DISPATCH":
+            multi_dispatch = True
+    return tags, keys, uniq, multi_dispatch
 
 
 def prepare_dispatch(
@@ -385,9 +391,13 @@ def prepare_dispatch(
             topic = bytes(view[topic_at : topic_at + rows[at + TOPIC_LENGTH]])
             properties_at = rows[at + PROPERTIES_AT]
             props = bytes(view[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
-            tags, keys_value, uniq = dispatch_properties(props)
-            reference = topic == SCHEDULE_TOPIC or not all(
-                value is None or value.isascii() for value in (topic, tags, keys_value, uniq)
+            tags, keys_value, uniq, multi_dispatch = dispatch_properties(props)
+            reference = (
+                topic == SCHEDULE_TOPIC
+                or multi_dispatch
+                or not all(
+                    value is None or value.isascii() for value in (topic, tags, keys_value, uniq)
+                )
             )
             pieces: list[bytes] = []
             if (

@@ -33,6 +33,7 @@ from rmqstore.dispatch import Dispatcher, DispatchResult, out_of_order_problem
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
+from rmqstore.multidispatch import queue_copies
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -247,15 +248,19 @@ class _RangePreparer:
             code = tags_code(properties.get(TAGS))
         transaction = header.sys_flag & TRANSACTION_MASK
         size = header.total_size
-        if transaction in QUEUED_TRANSACTIONS and (self.topics is None or topic in self.topics):
-            key = (topic, header.queue_id)
-            queue_offset = header.queue_offset
-            run = self.open_runs.get(key)
-            if run is None or run.next_offset != queue_offset:
-                run = self.open_runs[key] = UnitRun(topic, key[1], queue_offset, offset)
-                self.runs.append(run)
-            run.units += UNIT.pack(offset, size, code)
-            run.stamps.append(store_timestamp)
+        if transaction in QUEUED_TRANSACTIONS:
+            units = [(topic, header.queue_id, header.queue_offset)]
+            units += queue_copies(topic, header.queue_id, properties)  # LMQ queues (spec 6.8)
+            for unit_topic, queue_id, queue_offset in units:
+                if self.topics is not None and unit_topic not in self.topics:
+                    continue
+                key = (unit_topic, queue_id)
+                run = self.open_runs.get(key)
+                if run is None or run.next_offset != queue_offset:
+                    run = self.open_runs[key] = UnitRun(unit_topic, queue_id, queue_offset, offset)
+                    self.runs.append(run)
+                run.units += UNIT.pack(offset, size, code)
+                run.stamps.append(store_timestamp)
         if self.build_index and transaction != TRANSACTION_ROLLBACK:
             self._index_row(offset, store_timestamp, topic, properties)
         self.records += 1

@@ -254,10 +254,13 @@ class SparkPipeline(Pipeline):
         root = str(staging.resolve())
         file_size = store.consumequeue_file_size
         min_offset = store.commitlog.min_offset
+        # each record's unit, then its units in further (LMQ) queues (spec 6.8) as rows of
+        # their own, in one read of the log
         rows = (
             self.messages(walked, include_body=False, topics=None)
             .where(F.col("commitLogOffset") < F.lit(cut))
-            .select(*_UNIT_COLUMNS)
+            .select(*_UNIT_COLUMNS, "properties")
+            .mapInArrow(_unit_rows, _UNIT_SCHEMA)
         )
         partitions = max(1, self.spark.sparkContext.defaultParallelism)
         ordered = rows.repartition(partitions, "topic", "queueId").sortWithinPartitions(
@@ -269,13 +272,51 @@ class SparkPipeline(Pipeline):
 
             def units() -> Any:
                 for batch in frames:
-                    yield from zip(*(batch.column(i).to_pylist() for i in range(8)), strict=True)
+                    yield from zip(*(batch.column(i).to_pylist() for i in range(9)), strict=True)
 
             outcome = write_sorted_units(Path(root), file_size, min_offset, units(), topics)
             yield pa.RecordBatch.from_pylist([{"outcome": _encode(outcome)}])
 
         written = ordered.mapInArrow(write, "outcome STRING").collect()
         return [_decode(row.outcome) for row in written]
+
+
+_UNIT_SCHEMA = (
+    "topic STRING, queueId INT, queueOffset BIGINT, commitLogOffset BIGINT, msgSize INT, "
+    "tagsCode BIGINT, sysFlag INT, storeTimestamp BIGINT, copy BOOLEAN"
+)
+
+
+def _unit_rows(frames: Any) -> Any:
+    """Each record's unit row (``copy`` false), and a row for each of its units in further
+    queues (``copy`` true), found through ``INNER_MULTI_QUEUE_OFFSET`` (runs on executors)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from rmqstore.multidispatch import INNER_MULTI_QUEUE_OFFSET, queue_copies
+
+    for batch in frames:
+        units = batch.drop_columns(["properties"])
+        yield units.append_column("copy", pa.repeat(pa.scalar(False), batch.num_rows))
+        marked = pc.is_valid(
+            pc.map_lookup(batch.column("properties"), INNER_MULTI_QUEUE_OFFSET, "first")
+        )
+        if not pc.any(marked).as_py():
+            continue
+        found = []
+        for row in batch.filter(marked).to_pylist():
+            properties = dict(row.pop("properties"))
+            for topic, queue_id, queue_offset in queue_copies(
+                row["topic"], row["queueId"], properties
+            ):
+                found.append(
+                    row | {"topic": topic, "queueId": queue_id, "queueOffset": queue_offset}
+                )
+        if found:
+            yield pa.RecordBatch.from_pylist(
+                [row | {"copy": True} for row in found],
+                schema=units.schema.append(pa.field("copy", pa.bool_())),
+            )
 
 
 def task_count(jobs: int, split: int, cores: int) -> int:

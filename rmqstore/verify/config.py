@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rmqstore.consumerprogress import PAST_END, offsets_report
 from rmqstore.geometry import CONFIG_DIR
+from rmqstore.multidispatch import LMQ_PREFIX
 from rmqstore.store import Store
 from rmqstore.topics import SCHEDULE_TOPIC
 from rmqstore.topicsconfig import listed_queue_counts
@@ -93,8 +94,14 @@ def check_topics_config(store: Store, report: VerifyReport, queues: QueueChecks 
     name = source.relative_to(store.root).as_posix()
     unlisted: dict[str, list[int]] = {}
     for (topic, queue_id), state in sorted(queues.states.items()):
-        if topic == SCHEDULE_TOPIC or state.max_offset <= state.min_offset:
-            continue  # a broker makes SCHEDULE_TOPIC_XXXX itself; an empty queue loses nothing
+        if (
+            topic == SCHEDULE_TOPIC
+            or topic.startswith(LMQ_PREFIX)
+            or state.max_offset <= state.min_offset
+        ):
+            # a broker makes SCHEDULE_TOPIC_XXXX itself and serves LMQ queues without a topic
+            # of their own; an empty queue loses nothing
+            continue
         listed = counts.get(topic)
         if listed is None:
             unlisted.setdefault(topic, []).append(queue_id)

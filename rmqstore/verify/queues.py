@@ -21,6 +21,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, RmqStoreError, StoreFormatError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
+from rmqstore.multidispatch import INNER_MULTI_DISPATCH, queue_copies
 from rmqstore.properties import TAGS
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -316,33 +317,54 @@ class QueueChecks:
     ) -> None:
         if header.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
             return
-        if self.topics is not None and topic not in self.topics:
-            return
-        key = (topic, header.queue_id)
-        state = self.states.get(key) or self._state(key)
-        if state is None:
-            if is_path_safe(topic):
-                self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
-                self.missing_first.setdefault(key, offset)
-            return
-        queue_offset = header.queue_offset
-        if queue_offset < state.min_offset:
-            return  # the unit expired with older files
-        if queue_offset >= state.max_offset:
-            state.lag += 1
-            if state.first_lag is None:
-                state.first_lag = offset
-            return
+        units = [(topic, header.queue_id, header.queue_offset)]
+        if INNER_MULTI_DISPATCH in properties:  # its units in LMQ queues too (spec 6.8)
+            units += queue_copies(topic, header.queue_id, properties)
+        expected_tags: int | None = None
+        tags_known = False
+        for unit_topic, queue_id, queue_offset in units:
+            if self.topics is not None and unit_topic not in self.topics:
+                continue
+            key = (unit_topic, queue_id)
+            state = self.states.get(key) or self._state(key)
+            if state is None:
+                if is_path_safe(unit_topic):
+                    self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
+                    self.missing_first.setdefault(key, offset)
+                continue
+            if queue_offset < state.min_offset:
+                continue  # the unit expired with older files
+            if queue_offset >= state.max_offset:
+                state.lag += 1
+                if state.first_lag is None:
+                    state.first_lag = offset
+                continue
+            if not tags_known:
+                expected_tags, tags_known = self._tags_code(topic, header, properties), True
+            self._compare_unit(state, key, queue_offset, offset, header, expected_tags)
+
+    def _tags_code(
+        self, topic: str, header: RecordHeader, properties: dict[str, str]
+    ) -> int | None:
+        """The tagsCode a record's units carry (None: not known, its DELAY is bad)."""
+        if topic != SCHEDULE_TOPIC:
+            return tags_code(properties.get(TAGS))
+        try:
+            return unit_tags_code(topic, properties, header.store_timestamp, self.delay_levels)
+        except RecordError:
+            return None  # reported by the record checks
+
+    def _compare_unit(
+        self,
+        state: _QueueState,
+        key: tuple[str, int],
+        queue_offset: int,
+        offset: int,
+        header: RecordHeader,
+        expected_tags: int | None,
+    ) -> None:
         unit = self._unit(state, queue_offset)
         state.checked += 1
-        stamp = header.store_timestamp
-        if topic != SCHEDULE_TOPIC:
-            expected_tags: int | None = tags_code(properties.get(TAGS))
-        else:
-            try:
-                expected_tags = unit_tags_code(topic, properties, stamp, self.delay_levels)
-            except RecordError:
-                expected_tags = None  # reported by the record checks
         if (
             unit is None
             or unit[0] != offset
@@ -357,13 +379,14 @@ class QueueChecks:
             expected = (offset, header.total_size, expected_tags)
             self.report.add(
                 "cq-unit",
-                f"unit {queue_offset} of {topic}:{key[1]} is (offset, size, tagsCode) = "
+                f"unit {queue_offset} of {key[0]}:{key[1]} is (offset, size, tagsCode) = "
                 f"{unit}, but its record at {offset} needs {expected}",
                 **self._unit_place(state.queue, queue_offset),
                 commit_log_offset=offset,
             )
         else:
             state.matched += 1
+            stamp = header.store_timestamp
             if stamp > self.last_queued_time:
                 self.last_queued_time = stamp
 
@@ -510,8 +533,12 @@ class QueueChecks:
                 reason = f"no record starts there ({exc})"
             else:
                 holder = (message.topic, message.queue_id, message.queue_offset)
-                if holder == (topic, queue_id, unit.queue_offset):
-                    continue
+                if holder == (topic, queue_id, unit.queue_offset) or (
+                    topic,
+                    queue_id,
+                    unit.queue_offset,
+                ) in queue_copies(message.topic, message.queue_id, message.properties):
+                    continue  # its record's, or the record's copy in an LMQ queue
                 reason = (
                     f"the record there belongs to {holder[0]}:{holder[1]} at queue "
                     f"offset {holder[2]}"

@@ -20,6 +20,7 @@ from rmqstore import kernel
 from rmqstore.hashing import index_key_hash, tags_code
 from rmqstore.hosts import parse_host
 from rmqstore.kernel import layout, reference
+from rmqstore.multidispatch import INNER_MULTI_DISPATCH
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.record import Message, RegionScan, ScanStop, encode_blank, encode_record
 from rmqstore.windows import FileWindows
@@ -240,7 +241,7 @@ def test_dispatch_preparation_agrees_with_the_reference_rules(
 ) -> None:
     """Rows the kernel prepares get the tagsCode and index key hashes the reference functions
     (decode_properties, tags_code, index_key_hash) give; the others are flagged."""
-    checked = flagged = 0
+    checked = flagged = lmq = 0
     for name, data, base in seeds:
         rows, _final = run_scan(native, data, 0, base, 0, 4096)
         packed = pack_rows(rows)
@@ -258,6 +259,9 @@ def test_dispatch_preparation_agrees_with_the_reference_rules(
                 row[layout.PROPERTIES_AT] : row[layout.PROPERTIES_AT]
                 + row[layout.PROPERTIES_LENGTH]
             ]
+            if INNER_MULTI_DISPATCH in decode_properties(props):  # LMQ units go the reference way
+                assert out[at + layout.DISPATCH_FLAGS] & layout.NEEDS_REFERENCE, name
+                lmq += 1
             if out[at + layout.DISPATCH_FLAGS] & layout.NEEDS_REFERENCE:
                 flagged += 1
                 continue
@@ -279,7 +283,7 @@ def test_dispatch_preparation_agrees_with_the_reference_rules(
             assert {(entry[0], entry[1]) for entry in got} <= {
                 (row[layout.PHYSICAL_OFFSET], row[layout.STORE_TIMESTAMP])
             }
-    assert checked > 1000 and flagged > 10
+    assert checked > 1000 and flagged > 10 and lmq > 10
 
 
 def _index_buffer(slots: int, entries: int) -> bytearray:

@@ -44,7 +44,8 @@ def clock() -> int:
 def stores(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("generated")
     for name in ("multi", "txn", "delay", "v2", "torn-tail", "garbage-after-end", "crc-flip",
-                 "missing-file", "cq-truncated", "index-broken-chain", "abort-left"):  # fmt: skip
+                 "missing-file", "cq-truncated", "index-broken-chain", "abort-left",
+                 "lmq"):  # fmt: skip
         generate(name, root / name)
     return root
 
@@ -197,7 +198,7 @@ def _verify_both(spark: Any, store_dir: Path, config: StoreConfig | None, split:
 def test_verify_on_spark_finds_what_the_local_engine_finds(spark: Any, stores: Path, oracle):
     # ranges are checked in-process against every scenario in tests/engine/test_verify_ranges;
     # here: the same merge with the ranges checked on executors
-    damaged = ("multi", "torn-tail", "missing-file", "index-broken-chain", "cq-truncated")
+    damaged = ("multi", "torn-tail", "missing-file", "index-broken-chain", "cq-truncated", "lmq")
     cases = [(stores / name, None, 20000) for name in damaged]
     oracle_config = StoreConfig(**ORACLE_CONFIG)
     cases += [(oracle("s2_crash").root / "store_torn_random_garbage", oracle_config, 300_000)]
@@ -230,7 +231,7 @@ def _rebuild(
 
 
 REBUILT = ["multi", "txn", "delay", "v2", "torn-tail", "garbage-after-end", "crc-flip",
-           "missing-file"]  # fmt: skip
+           "missing-file", "lmq"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", REBUILT)

@@ -1,0 +1,141 @@
+"""Multi-dispatch and LMQ queues (spec 6.8): the units a record has in further queues are
+written by every dispatch, checked by verify, and read back without a warning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rmqstore.dispatch import Dispatcher
+from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.multidispatch import QueueCopy, queue_copies
+from rmqstore.store import Store
+from rmqstore.verify import verify_store
+
+from support import run_cli, tree_digest
+
+LMQ = ["%LMQ%room-1", "%LMQ%room-2", "%LMQ%device_7"]  # the lmq scenario's queues
+
+
+def _copies(dispatch: str, offsets: str, topic: str = "T", queue_id: int = 3) -> list:
+    properties = {"INNER_MULTI_DISPATCH": dispatch, "INNER_MULTI_QUEUE_OFFSET": offsets}
+    return queue_copies(topic, queue_id, properties)
+
+
+def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> None:
+    assert _copies("%LMQ%a,%LMQ%b", "4,0") == [
+        QueueCopy("%LMQ%a", 0, 4),
+        QueueCopy("%LMQ%b", 0, 0),
+    ]
+    assert _copies("Plain", "9") == [QueueCopy("Plain", 3, 9)]  # the record's own queue id
+    assert _copies("%LMQ%a", "1", topic="%RETRY%g") == []  # the broker skips retry topics
+    assert _copies("%LMQ%a,%LMQ%b", "1") == []  # unpaired: the broker writes none
+    assert _copies("%LMQ%a,%LMQ%b", "1,x") == []  # Long.parseLong fails: none
+    assert _copies("%LMQ%a", " 1") == [] and _copies("%LMQ%a", "-1") == []
+    assert _copies("../../x,%LMQ%b", "1,2") == [QueueCopy("%LMQ%b", 0, 2)]  # no such folder
+    assert queue_copies("T", 0, {"INNER_MULTI_DISPATCH": "%LMQ%a"}) == []  # no broker offsets
+
+
+@pytest.fixture
+def lmq_store(tmp_path: Path) -> Path:
+    store = tmp_path / "lmq"
+    generate("lmq", store, FixtureOptions())
+    return store
+
+
+def _lmq_files(store: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(store)): path.read_bytes()
+        for name in LMQ
+        for path in sorted((store / "consumequeue" / name / "0").iterdir())
+    }
+
+
+def test_every_dispatch_writes_the_lmq_units_the_broker_would(lmq_store: Path, tmp_path) -> None:
+    """The units of each LMQ queue are the records naming it, at the offsets they carry, each
+    with its record's offset, size and tagsCode; a rebuild in one process and one in worker
+    processes write the same bytes."""
+    with Store.open_read(lmq_store) as store:
+        records = [store.commitlog.read(offset) for offset, *_ in store.commitlog.scan()]
+        expected: dict[str, list[tuple[int, int, int]]] = {name: [] for name in LMQ}
+        for message in records:
+            for copy in queue_copies(message.topic, message.queue_id, message.properties):
+                assert copy.queue_id == 0 and copy.queue_offset == len(expected[copy.topic])
+                expected[copy.topic].append((message.physical_offset, message.store_size))
+        for name in LMQ:
+            units = [(u.physical_offset, u.size) for u in store.consume_queue(name, 0).units()]
+            assert units == expected[name] and units
+    before = _lmq_files(lmq_store)
+    digest = tree_digest(lmq_store / "consumequeue")
+    for jobs in ("1", "2"):
+        copy = tmp_path / f"jobs{jobs}"
+        shutil.copytree(lmq_store, copy)
+        result = run_cli(
+            "dispatch", copy, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "4096"
+        )
+        assert result.exit_code == 0, result.stderr
+        assert _lmq_files(copy) == before, jobs
+        assert tree_digest(copy / "consumequeue") == digest, jobs
+
+
+def test_verify_checks_lmq_units_and_a_dispatch_from_an_offset_restores_one(
+    lmq_store: Path,
+) -> None:
+    """verify called every LMQ unit an orphan (its record belongs to another queue), with
+    dispatch --rebuild as the next step, which dropped the LMQ queues."""
+    with Store.open_read(lmq_store) as store:
+        report = verify_store(store)
+    assert report.ok, report.counts
+    assert report.counts["topic-unlisted"] == 0  # a broker serves LMQ queues without a topic
+    queue_file = sorted((lmq_store / "consumequeue" / LMQ[0] / "0").iterdir())[-1]
+    units = bytearray(queue_file.read_bytes())
+    last = len(units.rstrip(b"\0")) + 19
+    last -= last % 20 + 20  # the queue's last unit
+    removed = bytes(units[last : last + 20])
+    units[last : last + 20] = bytes(20)
+    queue_file.write_bytes(units)
+    result = run_cli("verify", lmq_store, "--json")
+    assert result.exit_code == 1
+    findings = json.loads(result.stdout)["findings"]
+    assert [(f["kind"], f["topic"]) for f in findings] == [("dispatch-hole", LMQ[0])]
+    offset = findings[0]["commitLogOffset"]
+    assert run_cli("dispatch", lmq_store, "--from-offset", str(offset)).exit_code == 0
+    assert queue_file.read_bytes()[last : last + 20] == removed
+    # a unit pointing at another record of the topic is named as not its record's
+    units = bytearray(queue_file.read_bytes())
+    units[0:8] = units[20:28]
+    queue_file.write_bytes(units)
+    with Store.open_read(lmq_store) as store:
+        report = verify_store(store)
+    assert report.counts["cq-unit"] == 1 and report.counts["cq-unit-orphan"] == 1
+
+
+def test_an_lmq_queue_reads_without_warnings(lmq_store: Path) -> None:
+    result = run_cli("read", lmq_store, "--topic", LMQ[1], "--queue", "0", "--jsonl")
+    assert result.exit_code == 0 and result.stderr == ""
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines and {line["topic"] for line in lines} == {"MqttTopic"}
+    for number, line in enumerate(lines):
+        names = line["properties"]["INNER_MULTI_DISPATCH"].split(",")
+        offsets = line["properties"]["INNER_MULTI_QUEUE_OFFSET"].split(",")
+        assert offsets[names.index(LMQ[1])] == str(number)
+
+
+def test_a_dispatcher_walking_the_log_writes_what_a_rebuild_does(lmq_store: Path) -> None:
+    """Recovery's dispatch after a cut: the LMQ units for the records after the cut come
+    back as the dispatcher walks the log."""
+    before = _lmq_files(lmq_store)
+    for name in LMQ:
+        shutil.rmtree(lmq_store / "consumequeue" / name)
+    with Store.open_write(lmq_store) as store:
+        dispatcher = Dispatcher(store)
+        try:
+            result = dispatcher.run(0)
+        finally:
+            dispatcher.close()
+    assert _lmq_files(lmq_store) == before
+    lmq_units = 155 - 60  # the lmq scenario's units in all queues, less one per record
+    assert (result.units_written, result.units_skipped) == (lmq_units, 60)
