@@ -80,7 +80,8 @@ def command(
     commitLog{files, firstFile, lastFile, minOffset, maxOffset, messages, firstStoreTimestamp,
     lastStoreTimestamp, end, endError, filesWithDataAfterEnd, missingFiles[{from, to, files}]
     (runs of files missing between two that are there)}, topics[{topic, queues[{queueId,
-    messages, minOffset, maxOffset, notQueued}]}] (from the commit log), consumeQueues[{topic,
+    messages, minOffset, maxOffset, notQueued}]}] (from the commit log; an LMQ queue's from its
+    consume queue), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
     entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}. With
     --topic: topics[{topic, queues[{queueId, minOffset, maxOffset, lastUpdated}]}]

@@ -16,6 +16,7 @@ from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.lockfile import LockState
+from rmqstore.multidispatch import LMQ_PREFIX
 from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
@@ -275,9 +276,13 @@ def summarize(
     ]
     end_state = "clean" if stopped.stop in (ScanStop.END, ScanStop.BLANK, None) else "invalid"
     topics: dict[str, list[dict[str, Any]]] = {}
-    keys = set(queues) | (set() if deep else set(queue_minima))
+    # LMQ queues hold other topics' records (spec 6.8): their consume queues tell, even deep
+    lmq = {key for key in queue_minima if key[0].startswith(LMQ_PREFIX)}
+    keys = set(queues) | (lmq if deep else set(queue_minima))
     for topic, queue_id in sorted(keys):
         stats = queues.get((topic, queue_id)) or _QueueStats()
+        if deep and (topic, queue_id) in lmq and (topic, queue_id) not in queues:
+            stats.messages = units[(topic, queue_id)]
         tip = tips.get((topic, queue_id))
         minimum = queue_minima.get((topic, queue_id), stats.min_offset)
         minimum = minimum if minimum is not None else 0
