@@ -103,15 +103,8 @@ class ConsumerOffsets:
 
 
 def read_consumer_offsets(config_dir: Path) -> ConsumerOffsets:
-    loaded = load_config(config_dir, CONSUMER_OFFSETS_FILE)
-    offsets = ConsumerOffsets(loaded)
-    if loaded.document is None:
-        return offsets
-    entries = loaded.document.get("offsetTable", {})
-    if not isinstance(entries, dict):
-        offsets.left_out.append("offsetTable is not an object")
-        return offsets
-    for key, queues in entries.items():
+    offsets = ConsumerOffsets(load_config(config_dir, CONSUMER_OFFSETS_FILE))
+    for key, queues in _offset_table(offsets.loaded, offsets.left_out).items():
         topic, separator, group = key.partition(TOPIC_GROUP_SEPARATOR)
         if not separator or not topic or not group:
             offsets.left_out.append(f"key {quoted(key)} is not <topic>@<group>")
@@ -147,21 +140,26 @@ class DelayOffsets:
 
 
 def read_delay_offsets(config_dir: Path) -> DelayOffsets:
-    loaded = load_config(config_dir, DELAY_OFFSETS_FILE)
-    offsets = DelayOffsets(loaded)
-    if loaded.document is None:
-        return offsets
-    entries = loaded.document.get("offsetTable", {})
-    if not isinstance(entries, dict):
-        offsets.left_out.append("offsetTable is not an object")
-        return offsets
-    for level_text, offset in entries.items():
+    offsets = DelayOffsets(load_config(config_dir, DELAY_OFFSETS_FILE))
+    for level_text, offset in _offset_table(offsets.loaded, offsets.left_out).items():
         level = _int_key(level_text, _JAVA_INT_MAX)
         if level is None or level < 1 or not _is_int(offset, _JAVA_LONG_MAX):
             offsets.left_out.append(f"level {quoted(level_text)} offset {quoted(offset)}")
             continue
         offsets.table[level] = offset
     return offsets
+
+
+def _offset_table(loaded: LoadedConfig, left_out: list[str]) -> dict[str, Any]:
+    """The loaded document's offsetTable (empty when there is none, or it is not an
+    object: said in ``left_out``)."""
+    if loaded.document is None:
+        return {}
+    entries = loaded.document.get("offsetTable", {})
+    if not isinstance(entries, dict):
+        left_out.append("offsetTable is not an object")
+        return {}
+    return entries
 
 
 def _int_key(text: str, limit: int) -> int | None:
