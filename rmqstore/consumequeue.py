@@ -37,6 +37,10 @@ class PutOutcome(Enum):
     WRITTEN = "written"
     DUPLICATE = "duplicate"  # already in the queue: skipped
     OUT_OF_ORDER = "out of order"  # written at the end, though its queue offset is further on
+    # not written: the first unit of a queue at a queue offset whose file position is not a
+    # Java long (negative, or past Long.MAX once times 20: a damaged QUEUEOFFSET), so its file
+    # would get a name no broker loads
+    OUT_OF_RANGE = "out of range"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,11 @@ _RESERVE_STEP = 256 * 1024  # disk blocks reserved ahead of the units written
 # consumequeue_ext/ (its offset there + Long.MIN_VALUE); a tag's hash code is a sign-extended
 # int, so it never reaches this far down
 _LARGEST_EXT_ADDRESS = -(2**31) - 1
+
+
+_LARGEST_FILE_START = 2**63 - 1  # a file's name is its start, a Java long
+# the largest queue offset whose unit has a file position (a damaged QUEUEOFFSET may be more)
+LARGEST_QUEUE_OFFSET = _LARGEST_FILE_START // CQ_UNIT_SIZE
 
 
 def is_ext_address(tags_code: int) -> bool:
@@ -411,6 +420,8 @@ class ConsumeQueue:
             self.max_physical_offset = physical_offset + size
             return PutOutcome.WRITTEN
         if not self.queue.segments:
+            if not 0 <= queue_offset <= LARGEST_QUEUE_OFFSET:
+                return PutOutcome.OUT_OF_RANGE
             self._start_at(expected)
         elif queue_offset != 0 and expected < self.end:
             return PutOutcome.DUPLICATE  # "built repeatedly"

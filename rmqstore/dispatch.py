@@ -466,6 +466,11 @@ class _BatchWalk:
                     if outcome is PutOutcome.DUPLICATE:
                         self.units_skipped += 1
                         continue
+                    if outcome is PutOutcome.OUT_OF_RANGE:
+                        problems.append(
+                            (offset, out_of_range_problem(offset, queue_offset, topic, queue_id))
+                        )
+                        continue
                     written += 1
                     newest = number_in_run
                     if outcome is PutOutcome.OUT_OF_ORDER:
@@ -554,6 +559,11 @@ class _BatchWalk:
         outcome = queue.put(queue_offset, physical_offset, size, code)
         if outcome is PutOutcome.DUPLICATE:
             self.units_skipped += 1
+            return False
+        if outcome is PutOutcome.OUT_OF_RANGE:
+            self.result.problems.append(
+                out_of_range_problem(physical_offset, queue_offset, topic, queue_id)
+            )
             return False
         self.units_written += 1
         self.touched.add(key)
@@ -732,6 +742,11 @@ def write_sorted_units(
             if put is PutOutcome.DUPLICATE:
                 outcome.units_skipped += 1
                 continue
+            if put is PutOutcome.OUT_OF_RANGE:
+                outcome.problems.append(
+                    (offset, out_of_range_problem(offset, queue_offset, topic, queue_id))
+                )
+                continue
             outcome.units_written += 1
             if not outcome.touched or outcome.touched[-1] != current:
                 outcome.touched.append(current)
@@ -751,6 +766,14 @@ def out_of_order_problem(offset: int, queue_offset: int, topic: str, queue_id: i
     return (
         f"record at {offset}: queue offset {queue_offset} leaves a gap in {topic}:{queue_id}; "
         "its unit was appended at the end of the queue, as a broker does"
+    )
+
+
+def out_of_range_problem(offset: int, queue_offset: int, topic: str, queue_id: int) -> str:
+    return (
+        f"record at {offset}: queue offset {queue_offset} cannot start the consume queue of "
+        f"{topic}:{queue_id} (times 20 it is no file position a broker can name: a damaged "
+        "QUEUEOFFSET?); its unit was not written"
     )
 
 

@@ -29,7 +29,12 @@ from rmqstore import kernel
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, PutOutcome
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
-from rmqstore.dispatch import Dispatcher, DispatchResult, out_of_order_problem
+from rmqstore.dispatch import (
+    Dispatcher,
+    DispatchResult,
+    out_of_order_problem,
+    out_of_range_problem,
+)
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
@@ -347,6 +352,12 @@ class _Applier:
             outcome = queue.put(run.queue_offset + number, offset, size, code)
             if outcome is PutOutcome.DUPLICATE:
                 self.result.units_skipped += 1
+                continue
+            if outcome is PutOutcome.OUT_OF_RANGE:
+                text = out_of_range_problem(
+                    offset, run.queue_offset + number, run.topic, run.queue_id
+                )
+                problems.append((offset, text))
                 continue
             self.result.units_written += 1
             self.touched.add(key)

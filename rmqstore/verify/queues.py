@@ -10,6 +10,7 @@ from typing import Any
 
 from rmqstore.consumequeue import (
     CQ_UNIT_SIZE,
+    LARGEST_QUEUE_OFFSET,
     PRE_BLANK_SIZE,
     UNIT,
     ConsumeQueue,
@@ -324,6 +325,17 @@ class QueueChecks:
         tags_known = False
         for unit_topic, queue_id, queue_offset in units:
             if self.topics is not None and unit_topic not in self.topics:
+                continue
+            if not 0 <= queue_offset <= LARGEST_QUEUE_OFFSET:
+                self.report.add(
+                    "record-queue-offset",
+                    f"the record at {offset} has queue offset {queue_offset} in "
+                    f"{unit_topic}:{queue_id}, which no consume-queue position can hold "
+                    "(a damaged QUEUEOFFSET?): dispatch leaves its unit out",
+                    commit_log_offset=offset,
+                    topic=unit_topic,
+                    queue_id=queue_id,
+                )
                 continue
             key = (unit_topic, queue_id)
             state = self.states.get(key) or self._state(key)

@@ -329,3 +329,40 @@ def test_rebuild_quarantines_and_reproduces(oracle, tmp_path: Path) -> None:
     }
     assert rebuilt == queues_before
     assert (quarantine / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("queue_offset", [-5, 2**62, 2**63 - 1])
+def test_a_damaged_queue_offset_starts_no_queue_file_a_broker_cannot_name(
+    tmp_path: Path, queue_offset: int
+) -> None:
+    """QUEUEOFFSET is not covered by any CRC. A record whose queue offset times 20 is no Java
+    long made the dispatch create its queue's first file under a name such as
+    -0000000000006000000 or 92233720368546000000, which a broker cannot parse (and verify
+    called the store sound). Now no unit is written for it, the dispatch says why, and
+    verify names the record."""
+    from rmqstore.verify import verify_store
+
+    store_dir = tmp_path / "store"
+    config = StoreConfig(**ORACLE_CONFIG)
+    with Store.open_write(store_dir, config, create=True) as store:
+        appender = store.appender()
+        appender.append(Message(topic="T", body=b"damaged"))
+        appender.append(Message(topic="Other", body=b"fine"))
+    log_file = store_dir / "commitlog" / "00000000000000000000"
+    data = bytearray(log_file.read_bytes())
+    data[20:28] = queue_offset.to_bytes(8, "big", signed=True)  # the first record's QUEUEOFFSET
+    log_file.write_bytes(data)
+    with Store.open_write(store_dir, config) as store:
+        dispatcher = Dispatcher(store)
+        try:
+            result = dispatcher.run(0)
+        finally:
+            dispatcher.close()
+    assert result.units_written == 1  # Other's
+    assert any(f"queue offset {queue_offset} cannot start" in p for p in result.problems)
+    assert not (store_dir / "consumequeue" / "T").exists()
+    for path in (store_dir / "consumequeue").rglob("*"):
+        assert not path.is_file() or 0 <= int(path.name) < 2**63, path
+    with Store.open_read(store_dir, config) as store:
+        report = verify_store(store)
+    assert report.counts["record-queue-offset"] == 1 and not report.ok
