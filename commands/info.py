@@ -83,7 +83,9 @@ def command(
     messages, minOffset, maxOffset, notQueued}]}] (from the commit log; an LMQ queue's from its
     consume queue), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
-    entries, endOffset, endTimestamp}, dispatch{cursor, behindBytes, behindRecords}. With
+    entries, endOffset, endTimestamp}, consumerOffsets{file, groups, lag, pastEnd} (from
+    config/consumerOffset.json, as rmqstore offsets reads it; null without one),
+    dispatch{cursor, behindBytes, behindRecords}. With
     --topic: topics[{topic, queues[{queueId, minOffset, maxOffset, lastUpdated}]}]
     (lastUpdated: the store time of the queue's last message; 0 when the queue is empty, or,
     with a warning, when its last unit points at no whole record).
@@ -119,6 +121,14 @@ def command(
         total = opened.commitlog.data_extent() - opened.commitlog.min_offset
         with progress_bar("scanning commit log", total, not no_progress) as update:
             summary = summarize(opened, update, deep=deep)
+    consumers = summary["consumerOffsets"]
+    if consumers is not None and consumers["pastEnd"]:
+        warn(
+            f"{counted(consumers['pastEnd'], 'consumer offset')} in {consumers['file']} "
+            f"{'is' if consumers['pastEnd'] == 1 else 'are'} past the end of "
+            f"{'its' if consumers['pastEnd'] == 1 else 'their'} queue; rmqstore offsets "
+            "names them"
+        )
     if delimited:
         _queue_rows(summary["topics"], delimited)
     elif as_json:
@@ -210,6 +220,14 @@ def _render(summary: dict[str, Any]) -> None:
         "index",
         f"{counted(index['files'], 'file')}, {counted(index['entries'], 'entry', 'entries')}",
     )
+    consumers = summary["consumerOffsets"]
+    if consumers is not None:
+        overview.add_row(
+            "consumer groups",
+            f"{consumers['groups']:,}, lag {consumers['lag']:,}"
+            + (f"; {consumers['pastEnd']:,} past a queue's end" if consumers["pastEnd"] else "")
+            + " (rmqstore offsets)",
+        )
     console.print(overview)
     if summary["consumeQueues"]:
         _consume_queue_table(summary["consumeQueues"])

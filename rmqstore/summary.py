@@ -12,11 +12,13 @@ from rmqstore.checkpoint import read_checkpoint_file
 from rmqstore.commitlog import CommitLog
 from rmqstore.consumequeue import QueueTip, list_queues
 from rmqstore.errors import NotFoundError, RmqStoreError
+from rmqstore.geometry import CONFIG_DIR
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.lockfile import LockState
 from rmqstore.multidispatch import LMQ_PREFIX
+from rmqstore.offsetsconfig import read_consumer_offsets
 from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
@@ -345,11 +347,42 @@ def summarize(
         "topics": [{"topic": topic, "queues": items} for topic, items in topics.items()],
         "consumeQueues": consume_queues,
         "index": index,
+        "consumerOffsets": consumer_summary(
+            store, {key: (lowest, units[key] + lowest) for key, lowest in queue_minima.items()}
+        ),
         "dispatch": {
             "cursor": dispatch_from,
             "behindBytes": max(0, end_offset - dispatch_from) if segments else 0,
             "behindRecords": walk.behind_records,
         },
+    }
+
+
+def consumer_summary(
+    store: Store, bounds: dict[tuple[str, int], tuple[int, int]]
+) -> dict[str, Any] | None:
+    """``info``'s line on consumer groups: how many, their lag in all, and how many of their
+    offsets are past their queue's end, from ``consumerOffset.json`` and the queues' (min,
+    max) offsets in ``bounds``; None when the store has no such file (nor a ``.bak``)."""
+    offsets = read_consumer_offsets(store.root / CONFIG_DIR)
+    if offsets.loaded.document is None and not offsets.loaded.failures:
+        return None
+    lag = past_end = 0
+    for (topic, _group), table in offsets.table.items():
+        for queue_id, offset in table.items():
+            queue = bounds.get((topic, queue_id))
+            if queue is None:
+                continue
+            lowest, highest = queue
+            lag += max(0, highest - max(offset, lowest))
+            past_end += offset > highest
+    return {
+        "file": None
+        if offsets.loaded.source is None
+        else offsets.loaded.source.relative_to(store.root).as_posix(),
+        "groups": len({group for _topic, group in offsets.table}),
+        "lag": lag,
+        "pastEnd": past_end,
     }
 
 

@@ -189,3 +189,24 @@ def test_a_queue_that_does_not_load_is_left_out_and_verify_still_reports(tmp_pat
     rows = json.loads(offsets.stdout)["consumerOffsets"]["groups"][0]["queues"]
     assert [row["state"] for row in rows] == ["unreadable", "ok"]
     assert "%RETRY%group_a:0 left out (state unreadable): consume-queue file" in offsets.stderr
+
+
+def test_info_counts_the_groups_and_warns_of_offsets_past_an_end(tmp_path: Path) -> None:
+    store = consumed_store(
+        tmp_path, '{"offsetTable":{"BasicTopic@g1":{0:5},"BasicTopic@g2":{0:25},"Gone@g3":{0:1}}}'
+    )
+    result = run_cli("info", store, "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["consumerOffsets"] == {
+        "file": "config/consumerOffset.json",
+        "groups": 3,
+        "lag": 15,
+        "pastEnd": 1,
+    }
+    assert "1 consumer offset in config/consumerOffset.json is past the end" in result.stderr
+    table = run_cli("info", store)
+    assert "consumer groups     3, lag 15; 1 past a queue's end (rmqstore offsets)" in (
+        table.stdout.splitlines()
+    )
+    (store / "config" / "consumerOffset.json").unlink()
+    assert json.loads(run_cli("info", store, "--json").stdout)["consumerOffsets"] is None
