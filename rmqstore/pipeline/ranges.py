@@ -24,6 +24,7 @@ from rmqstore.config import DEFAULT_MAX_MESSAGE_SIZE
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import RecordError
 from rmqstore.kernel import layout
+from rmqstore.multidispatch import INNER_MULTI_QUEUE_OFFSET
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.properties import decode_properties
 from rmqstore.record import (
@@ -304,6 +305,9 @@ class RangeSummary:
     first_bad_delay: int | None
     error: str | None  # why the first invalid record is invalid
     delay_error: str | None = None  # why the first bad DELAY is bad
+    # records that may have units in further (LMQ) queues: the times INNER_MULTI_QUEUE_OFFSET
+    # is found among the range's records (a body may hold it too: an upper bound)
+    queue_copies: int = 0
 
 
 SUMMARY_FIELDS = [
@@ -323,7 +327,31 @@ SUMMARY_FIELDS = [
     ("firstBadDelay", "BIGINT", "int64"),
     ("error", "STRING", "string"),
     ("delayError", "STRING", "string"),
+    ("queueCopies", "BIGINT", "int64"),
 ]
+
+
+_COPIES_MARK = f"{INNER_MULTI_QUEUE_OFFSET}\x01".encode()
+
+
+def copies_marked(buf: Any, rows: Any, count: int) -> int:
+    """How often INNER_MULTI_QUEUE_OFFSET appears from the first to the last of ``count``
+    rows' properties in ``buf`` (a search in C, about 0.2 ms per MiB)."""
+    if not count:
+        return 0
+    width = layout.ROW_WIDTH
+    low = rows[layout.PROPERTIES_AT]
+    last = (count - 1) * width
+    high = rows[last + layout.PROPERTIES_AT] + rows[last + layout.PROPERTIES_LENGTH]
+    data = buf
+    if not hasattr(buf, "find"):  # a memoryview: its bytes
+        data, low, high = bytes(buf[low:high]), 0, high - low
+    found = 0
+    at = data.find(_COPIES_MARK, low, high)
+    while at >= 0:
+        found += 1
+        at = data.find(_COPIES_MARK, at + len(_COPIES_MARK), high)
+    return found
 
 
 def summarize_range(
@@ -348,6 +376,7 @@ def summarize_range(
             on_batch(buf, rows, count)
         tally.records += count
         tally.bytes += layout.rows_bytes(rows, count)
+        tally.queue_copies += copies_marked(buf, rows, count)
         if tally.first_bad_delay is not None:
             continue
         if len(found) < count:
@@ -368,6 +397,7 @@ class RangeTally:
 
     records: int = 0
     bytes: int = 0
+    queue_copies: int = 0
     first_crc_failure: int | None = None
     first_bad_delay: int | None = None
     delay_error: str | None = None
@@ -404,6 +434,7 @@ class RangeTally:
             first_bad_delay=self.first_bad_delay,
             error=scan.error,
             delay_error=self.delay_error,
+            queue_copies=self.queue_copies,
         )
 
 

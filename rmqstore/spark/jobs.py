@@ -34,6 +34,7 @@ from rmqstore.dispatch import (
     write_sorted_units,
 )
 from rmqstore.errors import InputError, RmqStoreError, StoreIOError
+from rmqstore.multidispatch import INNER_MULTI_QUEUE_OFFSET
 from rmqstore.pipeline.local import (
     TOP_TAGS,
     Pipeline,
@@ -254,14 +255,25 @@ class SparkPipeline(Pipeline):
         root = str(staging.resolve())
         file_size = store.consumequeue_file_size
         min_offset = store.commitlog.min_offset
-        # each record's unit, then its units in further (LMQ) queues (spec 6.8) as rows of
-        # their own, in one read of the log
         rows = (
             self.messages(walked, include_body=False, topics=None)
             .where(F.col("commitLogOffset") < F.lit(cut))
-            .select(*_UNIT_COLUMNS, "properties")
-            .mapInArrow(_unit_rows, _UNIT_SCHEMA)
+            .select(*_UNIT_COLUMNS, F.lit(False).alias("copy"))
         )
+        # the units records have in further (LMQ) queues (spec 6.8), as rows of their own: a
+        # second read, of only the files where the walk found such records
+        marked = {summary.file for summary in walked if summary.queue_copies}
+        if marked:
+            bounds = {name: end for name, end in file_bounds(walked).items() if name in marked}
+            copies = (
+                self._reader(fileBounds=json.dumps(bounds), includeBody="false")
+                .load(self.location.uri)
+                .where(F.col("commitLogOffset") < F.lit(cut))
+                .where(F.col("properties").getItem(INNER_MULTI_QUEUE_OFFSET).isNotNull())
+                .select(*_UNIT_COLUMNS, "properties")
+                .mapInArrow(_copy_rows, _UNIT_SCHEMA)
+            )
+            rows = rows.unionByName(copies)
         partitions = max(1, self.spark.sparkContext.defaultParallelism)
         ordered = rows.repartition(partitions, "topic", "queueId").sortWithinPartitions(
             "topic", "queueId", "commitLogOffset"
@@ -287,36 +299,31 @@ _UNIT_SCHEMA = (
 )
 
 
-def _unit_rows(frames: Any) -> Any:
-    """Each record's unit row (``copy`` false), and a row for each of its units in further
-    queues (``copy`` true), found through ``INNER_MULTI_QUEUE_OFFSET`` (runs on executors)."""
+def _copy_rows(frames: Any) -> Any:
+    """A unit row for each of the further queues each record names (runs on executors)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    from rmqstore.multidispatch import INNER_MULTI_QUEUE_OFFSET, queue_copies
+    from rmqstore.multidispatch import queue_copies
 
+    schema = None
     for batch in frames:
-        units = batch.drop_columns(["properties"])
-        yield units.append_column("copy", pa.repeat(pa.scalar(False), batch.num_rows))
-        marked = pc.is_valid(
-            pc.map_lookup(batch.column("properties"), INNER_MULTI_QUEUE_OFFSET, "first")
-        )
-        if not pc.any(marked).as_py():
-            continue
+        if schema is None:
+            schema = batch.schema.remove(batch.schema.get_field_index("properties")).append(
+                pa.field("copy", pa.bool_())
+            )
         found = []
-        for row in batch.filter(marked).to_pylist():
+        for row in batch.to_pylist():
             properties = dict(row.pop("properties"))
             for topic, queue_id, queue_offset in queue_copies(
                 row["topic"], row["queueId"], properties
             ):
                 found.append(
-                    row | {"topic": topic, "queueId": queue_id, "queueOffset": queue_offset}
+                    row
+                    | {"topic": topic, "queueId": queue_id, "queueOffset": queue_offset}
+                    | {"copy": True}
                 )
         if found:
-            yield pa.RecordBatch.from_pylist(
-                [row | {"copy": True} for row in found],
-                schema=units.schema.append(pa.field("copy", pa.bool_())),
-            )
+            yield pa.RecordBatch.from_pylist(found, schema=schema)
 
 
 def task_count(jobs: int, split: int, cores: int) -> int:

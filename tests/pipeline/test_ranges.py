@@ -205,3 +205,26 @@ def test_one_planner_for_every_caller() -> None:
         (0, 1000, 450, 900, True),
         (0, 1000, 900, 946, True),
     ]
+
+
+@pytest.mark.parametrize("split", [0, 4096])
+def test_the_summaries_count_the_records_with_lmq_units(tmp_path: Path, split: int) -> None:
+    """A walk's summaries say where records with units in further (LMQ) queues lie, so a
+    rebuild on Spark reads only those files a second time for them, and none without."""
+    from rmqstore.multidispatch import queue_copies
+
+    generate("lmq", tmp_path / "lmq")
+    generate("basic", tmp_path / "basic")
+    for name in ("lmq", "basic"):
+        location = StoreLocation(str(tmp_path / name))
+        summaries = [
+            summarize_range(location, part, check_crc=False, delay_levels=DelayLevels())
+            for part in plan_ranges(location, split, split_last=True)
+        ]
+        with Store.open_read(tmp_path / name) as store:
+            copies = sum(
+                bool(queue_copies(m.topic, m.queue_id, m.properties))
+                for m in (store.commitlog.read(offset) for offset, *_ in store.commitlog.scan())
+            )
+        assert sum(summary.queue_copies for summary in summaries) == copies
+        assert copies == (45 if name == "lmq" else 0)
