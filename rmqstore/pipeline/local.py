@@ -341,8 +341,11 @@ class Pipeline:
                 update(done)
                 yield result
 
-    def walk(self, *, check_crc: bool, crc_from: int = 0) -> list[RangeSummary]:
-        """The summaries of the ranges one walk of the log visits."""
+    def walk(
+        self, *, check_crc: bool, crc_from: int = 0, count_copies: bool = False
+    ) -> list[RangeSummary]:
+        """The summaries of the ranges one walk of the log visits (``count_copies``: with the
+        records that have units in LMQ queues counted)."""
         jobs = summary_jobs(
             self.location,
             self.options.split,
@@ -350,6 +353,7 @@ class Pipeline:
             crc_from=crc_from,
             delay_levels=self.options.delay_levels,
             margin=self.margin,
+            count_copies=count_copies,
         )
         return walk_summaries(self.run(summarize_job, jobs))
 

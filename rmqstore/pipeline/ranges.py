@@ -362,9 +362,12 @@ def summarize_range(
     delay_levels: DelayLevels,
     on_batch: Callable[[Any, Any, int], None] | None = None,
     batch_rows: int = 0,
+    count_copies: bool = False,
 ) -> RangeSummary:
     """Count one range's records. CRCs are checked when asked; a SCHEDULE_TOPIC_XXXX record
-    whose DELAY is not a number is noted (dispatch stops there, as a broker does).
+    whose DELAY is not a number is noted (dispatch stops there, as a broker does);
+    ``count_copies`` counts the records with units in further (LMQ) queues (a search of the
+    range's bytes: a rebuild's walk asks for it, the other passes do not pay for it).
     ``on_batch(buf, rows, count)`` sees each batch of rows (of at most ``batch_rows``; 0: a
     window's) as well (another count or an export in the same pass)."""
     scan = RangeScan(location, part, check_crc, resync_last=False, batch_rows=batch_rows)
@@ -376,7 +379,8 @@ def summarize_range(
             on_batch(buf, rows, count)
         tally.records += count
         tally.bytes += layout.rows_bytes(rows, count)
-        tally.queue_copies += copies_marked(buf, rows, count)
+        if count_copies:
+            tally.queue_copies += copies_marked(buf, rows, count)
         if tally.first_bad_delay is not None:
             continue
         if len(found) < count:
@@ -446,6 +450,7 @@ class SummaryJob:
     part: FileRange
     check_crc: bool
     delay_levels: str | None
+    count_copies: bool = False  # count the records with LMQ units (a rebuild's walk)
 
 
 def summarize_job(
@@ -458,6 +463,7 @@ def summarize_job(
         check_crc=job.check_crc,
         delay_levels=levels,
         on_batch=on_batch,
+        count_copies=job.count_copies,
     )
 
 
@@ -469,10 +475,17 @@ def summary_jobs(
     crc_from: int = 0,
     delay_levels: str | None = None,
     margin: int = record_margin(),
+    count_copies: bool = False,
 ) -> list[SummaryJob]:
     """A summary job per range of the whole log (CRCs checked in files from ``crc_from``)."""
     return [
-        SummaryJob(location.uri, part, check_crc and part.file_start >= crc_from, delay_levels)
+        SummaryJob(
+            location.uri,
+            part,
+            check_crc and part.file_start >= crc_from,
+            delay_levels,
+            count_copies,
+        )
         for part in plan_ranges(location, split, split_last=True, margin=margin)
     ]
 

@@ -212,7 +212,9 @@ class SparkPipeline(Pipeline):
         for writing with the old files moved to quarantine: what ``Dispatcher.run`` does,
         the consume queues written in parallel. ``clock`` names new index files (tests)."""
         crc_from = crc_checked_from(store)
-        walked = self.walk(check_crc=crc_from is not None, crc_from=crc_from or 0)
+        walked = self.walk(
+            check_crc=crc_from is not None, crc_from=crc_from or 0, count_copies=True
+        )
         end = walk_end(store, walked, crc_from)
         result = DispatchResult(from_offset=from_offset, to_offset=from_offset)
         staging = store.root / f".consumequeue.rebuild-{uuid.uuid4().hex[:12]}"

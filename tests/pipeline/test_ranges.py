@@ -218,7 +218,9 @@ def test_the_summaries_count_the_records_with_lmq_units(tmp_path: Path, split: i
     for name in ("lmq", "basic"):
         location = StoreLocation(str(tmp_path / name))
         summaries = [
-            summarize_range(location, part, check_crc=False, delay_levels=DelayLevels())
+            summarize_range(
+                location, part, check_crc=False, delay_levels=DelayLevels(), count_copies=True
+            )
             for part in plan_ranges(location, split, split_last=True)
         ]
         with Store.open_read(tmp_path / name) as store:
