@@ -27,6 +27,7 @@ from rmqstore.commands.output import (
     warn,
 )
 from rmqstore.config import StoreConfig
+from rmqstore.consumerprogress import offsets_past_end
 from rmqstore.dispatch import (
     Dispatcher,
     DispatchResult,
@@ -112,7 +113,9 @@ def command(
     before units are written over them. Takes the store's lock.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
-    processes and applied here in log order: the same files and result as one pass.
+    processes and applied here in log order: the same files and result as one pass. After a
+    rebuild, a consumer group's offset (config/consumerOffset.json) past the end of a
+    rebuilt queue is named in a warning.
 
     JSON: fromOffset, toOffset, logEnd, records, unitsWritten, unitsSkipped,
     indexedRecords, indexEntries, queuesTouched, stoppedBy, problems (and plan, quarantine
@@ -180,6 +183,10 @@ def command(
                     )
             finally:
                 dispatcher.close()
+    if rebuild:  # rebuilt queues may end before where consumers stood
+        with Store.open_read(store, config) as rebuilt:
+            for offset in offsets_past_end(rebuilt):
+                warn(offset.describe())
     return _report(opened, result, document, as_json)
 
 

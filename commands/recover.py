@@ -111,7 +111,7 @@ def command(
     for problem in [*plan.warnings, *result.dispatch.problems]:
         warn(problem)
     for offset in plan.offsets_past_end:
-        warn(f"{offset.describe()}{_RESET}")
+        warn(offset.describe())
     remaining = None
     if not no_check:
         with Store.open_read(store, config) as checked:
@@ -135,14 +135,6 @@ def command(
     if remaining is not None and not remaining.ok:
         mended = False
     return ExitCode.OK if mended else ExitCode.FINDINGS
-
-
-# what an offset past its queue's end means, and what to do (rmqstore does not write the
-# broker's offset files)
-_RESET = (
-    ": messages stored there again below it may never be consumed; reset it (mqadmin "
-    "resetOffsetByTime) before producers write"
-)
 
 
 def _log_size(store: Store) -> int:
@@ -176,9 +168,7 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
         for warning in plan.warnings:
             console.print(f"  [yellow]cannot mend:[/yellow] {warning}")
         for offset in plan.offsets_past_end:
-            console.print(
-                f"  [yellow]left for you:[/yellow] {offset.describe()} once recovered{_RESET}"
-            )
+            console.print(f"  [yellow]left for you:[/yellow] {offset.describe(' once recovered')}")
         if plan.queues_truncated:
             console.print(
                 f"  consume queues truncated: {plan.queues_truncated} "

@@ -269,7 +269,8 @@ class OffsetPastEnd:
             "queueEnd": self.queue_end,
         }
 
-    def describe(self) -> str:
+    def describe(self, when: str = "") -> str:
+        """What it is and what to do, in one sentence (``when``: " once recovered", say)."""
         owner = (
             f"group {self.group}'s offset"
             if self.group is not None
@@ -277,7 +278,8 @@ class OffsetPastEnd:
         )
         return (
             f"{owner} {self.offset} in {self.topic}:{self.queue_id} is past the queue's end "
-            f"{self.queue_end}"
+            f"{self.queue_end}{when}: messages stored there again below it may never be "
+            "consumed; reset it (mqadmin resetOffsetByTime) before producers write"
         )
 
 

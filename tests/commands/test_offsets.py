@@ -210,3 +210,13 @@ def test_info_counts_the_groups_and_warns_of_offsets_past_an_end(tmp_path: Path)
     )
     (store / "config" / "consumerOffset.json").unlink()
     assert json.loads(run_cli("info", store, "--json").stdout)["consumerOffsets"] is None
+
+
+def test_a_rebuild_names_the_offsets_past_its_queues_ends(tmp_path: Path) -> None:
+    store = consumed_store(
+        tmp_path, '{"offsetTable":{"BasicTopic@g1":{0:20},"BasicTopic@g2":{0:24}}}'
+    )
+    result = run_cli("dispatch", store, "--rebuild", "--yes")
+    assert result.exit_code == 0
+    assert "group g2's offset 24 in BasicTopic:0 is past the queue's end 20" in result.stderr
+    assert "g1's" not in result.stderr
