@@ -33,6 +33,7 @@ from rmqstore.errors import (
     MessageTooLargeError,
     NotFoundError,
     RecordError,
+    RmqStoreError,
     StoreIOError,
 )
 from rmqstore.hosts import HostAddress
@@ -290,6 +291,20 @@ class CommitLog:
             if progress is not None:
                 progress(rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET])
         return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
+
+    def unit_store_time(self, offset: int, size: int, end: int) -> int:
+        """The store time of the record a consume-queue unit (``offset``, ``size``) points
+        at; 0 when no whole record of that size starts there (a crash's torn tail keeps a
+        time in its header that no message has; a removed file has none; its body CRC is not
+        checked: a bad body is still a message stored at its time). ``end``: the log's end."""
+        stored = max(0, self.store_timestamp_at(offset, size, end))
+        if not stored:
+            return 0
+        try:
+            whole = self.read(offset, body=BodyMode.SKIP).store_size == size
+        except RmqStoreError:
+            return 0
+        return stored if whole else 0
 
     def store_timestamp_at(self, offset: int, size: int, end: int) -> int:
         """``pickupStoreTimestamp``: the store time of the record at ``offset``, or -1 when

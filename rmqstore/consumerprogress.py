@@ -11,7 +11,7 @@ group consumed them; the broker moves the group on to the start."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,6 @@ from rmqstore.offsetsconfig import (
     read_delay_offsets,
 )
 from rmqstore.store import Store
-from rmqstore.summary import unit_store_time
 from rmqstore.topics import SCHEDULE_TOPIC
 from rmqstore.wording import counted
 
@@ -95,7 +94,7 @@ class _Queues:
         if not bounds.min_offset <= queue_offset < bounds.max_offset:
             return 0
         unit = bounds.queue.read_unit(queue_offset)
-        return unit_store_time(self.store.commitlog, unit.physical_offset, unit.size, self.log_end)
+        return self.store.commitlog.unit_store_time(unit.physical_offset, unit.size, self.log_end)
 
     def tags_code(self, bounds: QueueOffsets, queue_offset: int) -> int | None:
         if not bounds.min_offset <= queue_offset < bounds.max_offset:
@@ -145,7 +144,7 @@ def _consumer_rows(
                 {"topic": topic, "queueId": queue_id, **_position(queues, topic, queue_id, offset)}
             )
     return {
-        "file": _relative(queues.store, offsets.loaded),
+        "file": offsets.loaded.source_name(queues.store.root),
         "groups": [
             {"group": group, "lag": sum(row["lag"] for row in rows), "queues": rows}
             for group, rows in by_group.items()
@@ -170,7 +169,7 @@ def _position(queues: _Queues, topic: str, queue_id: int, offset: int) -> dict[s
         "consumerOffset": offset,
         "minOffset": bounds.min_offset,
         "maxOffset": bounds.max_offset,
-        "lag": max(0, bounds.max_offset - max(offset, bounds.min_offset)),
+        "lag": queue_lag(offset, bounds.min_offset, bounds.max_offset),
         "lastConsumed": queues.store_time(bounds, offset - 1),
         "state": _state(offset, bounds),
     }
@@ -224,11 +223,7 @@ def _scheduler_rows(
                 state=_state(offset, bounds),
             )
         rows.append(row)
-    return {"file": _relative(queues.store, offsets.loaded), "levels": rows}
-
-
-def _relative(store: Store, loaded: LoadedConfig) -> str | None:
-    return None if loaded.source is None else loaded.source.relative_to(store.root).as_posix()
+    return {"file": offsets.loaded.source_name(queues.store.root), "levels": rows}
 
 
 def _load_notes(store: Store, loaded: LoadedConfig, left_out: list[str]) -> list[str]:
@@ -283,6 +278,31 @@ class OffsetPastEnd:
         )
 
 
+def past_end(
+    consumers: ConsumerOffsets,
+    scheduler: DelayOffsets | None,
+    end_of: Callable[[str, int], int | None],
+) -> list[OffsetPastEnd]:
+    """Every offset of ``consumers`` (and of ``scheduler``) past the end of its queue,
+    ``end_of(topic, queue id)`` giving each queue's max offset (None: not one to check)."""
+    found = []
+    entries = [
+        (group, topic, queue_id, offset)
+        for (topic, group), table in sorted(consumers.table.items())
+        for queue_id, offset in sorted(table.items())
+    ]
+    if scheduler is not None:
+        entries += [
+            (None, SCHEDULE_TOPIC, level - 1, offset)
+            for level, offset in sorted(scheduler.table.items())
+        ]
+    for group, topic, queue_id, offset in entries:
+        end = end_of(topic, queue_id)
+        if end is not None and offset > end:
+            found.append(OffsetPastEnd(group, topic, queue_id, offset, end))
+    return found
+
+
 def offsets_past_end(
     store: Store, queue_ends: dict[tuple[str, int], int] | None = None
 ) -> list[OffsetPastEnd]:
@@ -291,22 +311,19 @@ def offsets_past_end(
     now. Reads only the config files and the queues' bounds."""
     ends = queue_ends or {}
     queues = _Queues(store)
-    config_dir = store.root / CONFIG_DIR
-    found = []
 
-    def past(group: str | None, topic: str, queue_id: int, offset: int) -> None:
+    def end_of(topic: str, queue_id: int) -> int | None:
         end = ends.get((topic, queue_id))
         if end is None:
             bounds = queues.get(topic, queue_id)
-            if bounds is None:
-                return
-            end = bounds.max_offset
-        if offset > end:
-            found.append(OffsetPastEnd(group, topic, queue_id, offset, end))
+            end = None if bounds is None else bounds.max_offset
+        return end
 
-    for (topic, group), table in sorted(read_consumer_offsets(config_dir).table.items()):
-        for queue_id, offset in sorted(table.items()):
-            past(group, topic, queue_id, offset)
-    for level, offset in sorted(read_delay_offsets(config_dir).table.items()):
-        past(None, SCHEDULE_TOPIC, level - 1, offset)
-    return found
+    config_dir = store.root / CONFIG_DIR
+    return past_end(read_consumer_offsets(config_dir), read_delay_offsets(config_dir), end_of)
+
+
+def queue_lag(offset: int, min_offset: int, max_offset: int) -> int:
+    """The messages a consumer at ``offset`` has still to consume in a queue of these
+    bounds (those before its start are gone)."""
+    return max(0, max_offset - max(offset, min_offset))

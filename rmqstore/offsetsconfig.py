@@ -52,6 +52,10 @@ class LoadedConfig:
     document: dict[str, Any] | None  # None: neither file gave one
     failures: tuple[str, ...] = ()  # why a file there did not load (empty when none failed)
 
+    def source_name(self, root: Path) -> str | None:
+        """The file the document came from, relative to the store ``root`` (None: none)."""
+        return None if self.source is None else self.source.relative_to(root).as_posix()
+
     @property
     def unreadable(self) -> bool:
         """A file is there, but neither it nor its ``.bak`` loads."""

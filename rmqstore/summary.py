@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.checkpoint import read_checkpoint_file
-from rmqstore.commitlog import CommitLog
 from rmqstore.consumequeue import QueueTip, list_queues
+from rmqstore.consumerprogress import past_end, queue_lag
 from rmqstore.errors import NotFoundError, RmqStoreError
 from rmqstore.geometry import CONFIG_DIR
 from rmqstore.indexfile import read_index_headers
@@ -92,7 +92,7 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
         last_updated = 0
         if queue.max_offset > queue.min_offset:
             unit = queue.read_unit(queue.max_offset - 1)
-            last_updated = unit_store_time(log, unit.physical_offset, unit.size, end)
+            last_updated = log.unit_store_time(unit.physical_offset, unit.size, end)
         queues.append(
             {
                 "queueId": queue_id,
@@ -104,23 +104,6 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
     if not queues:
         raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
     return {"topic": topic, "queues": queues}
-
-
-def unit_store_time(log: CommitLog, offset: int, size: int, end: int) -> int:
-    """The store time of the record a consume-queue unit (``offset``, ``size``) points at;
-    0 when no whole record of that size starts there (a crash's torn tail keeps a time in
-    its header that no message has; a removed file has none). ``end``: the log's end."""
-    stored = max(0, log.store_timestamp_at(offset, size, end))
-    return stored if stored and _whole_record_at(log, offset, size) else 0
-
-
-def _whole_record_at(log: CommitLog, offset: int, size: int) -> bool:
-    """A record of ``size`` bytes whose fields decode starts at ``offset`` (its body CRC is
-    not checked: a bad body is still a message that was stored at its time)."""
-    try:
-        return log.read(offset, body=BodyMode.SKIP).store_size == size
-    except RmqStoreError:
-        return False
 
 
 def index_summary(store: Store) -> dict[str, Any]:
@@ -365,24 +348,22 @@ def consumer_summary(
     offsets are past their queue's end, from ``consumerOffset.json`` and the queues' (min,
     max) offsets in ``bounds``; None when the store has no such file (nor a ``.bak``)."""
     offsets = read_consumer_offsets(store.root / CONFIG_DIR)
-    if offsets.loaded.document is None and not offsets.loaded.failures:
+    loaded = offsets.loaded
+    if loaded.document is None and not loaded.failures:
         return None
-    lag = past_end = 0
-    for (topic, _group), table in offsets.table.items():
-        for queue_id, offset in table.items():
-            queue = bounds.get((topic, queue_id))
-            if queue is None:
-                continue
-            lowest, highest = queue
-            lag += max(0, highest - max(offset, lowest))
-            past_end += offset > highest
+    lag = sum(
+        queue_lag(offset, *bounds[(topic, queue_id)])
+        for (topic, _group), table in offsets.table.items()
+        for queue_id, offset in table.items()
+        if (topic, queue_id) in bounds
+    )
+    ends = {key: max_offset for key, (_min_offset, max_offset) in bounds.items()}
+    past = past_end(offsets, None, lambda topic, queue_id: ends.get((topic, queue_id)))
     return {
-        "file": None
-        if offsets.loaded.source is None
-        else offsets.loaded.source.relative_to(store.root).as_posix(),
+        "file": loaded.source_name(store.root),
         "groups": len({group for _topic, group in offsets.table}),
         "lag": lag,
-        "pastEnd": past_end,
+        "pastEnd": len(past),
     }
 
 

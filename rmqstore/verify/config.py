@@ -6,9 +6,10 @@ recovery that cut the queue leaves, makes the broker skip messages stored there 
 
 from __future__ import annotations
 
-from rmqstore.consumerprogress import PAST_END, offsets_report
+from rmqstore.consumerprogress import past_end
 from rmqstore.geometry import CONFIG_DIR
 from rmqstore.multidispatch import LMQ_PREFIX
+from rmqstore.offsetsconfig import read_consumer_offsets, read_delay_offsets
 from rmqstore.store import Store
 from rmqstore.topics import SCHEDULE_TOPIC
 from rmqstore.topicsconfig import listed_queue_counts
@@ -26,16 +27,16 @@ def check_config_files(store: Store, report: VerifyReport, queues: QueueChecks |
 
 def check_offsets(store: Store, report: VerifyReport, queues: QueueChecks | None) -> None:
     """A warning for each consumer group's offset and each delay level's scheduler offset
-    past the end of its queue, and for an offsets file that does not load."""
+    past the end of its queue (of the queues checked), and for an offsets file that does
+    not load."""
     if queues is None:
         return
-    topics = queues.topics or ()
-    found = offsets_report(store, topics=topics, delay_levels=queues.delay_levels)
-    scheduler_checked = not topics or SCHEDULE_TOPIC in topics
-    loaded_files = [found.consumers_loaded] + (
-        [found.scheduler_loaded] if scheduler_checked else []
-    )
-    for loaded in loaded_files:
+    config_dir = store.root / CONFIG_DIR
+    consumers = read_consumer_offsets(config_dir)
+    scheduler = None
+    if not queues.topics or SCHEDULE_TOPIC in queues.topics:
+        scheduler = read_delay_offsets(config_dir)
+    for loaded in [consumers.loaded] + ([scheduler.loaded] if scheduler is not None else []):
         if loaded.unreadable:
             name = loaded.path.relative_to(store.root).as_posix()
             report.add(
@@ -45,40 +46,24 @@ def check_offsets(store: Store, report: VerifyReport, queues: QueueChecks | None
                 WARNING,
                 file=name,
             )
-    consumers = found.consumers
-    for group in consumers["groups"]:
-        for row in group["queues"]:
-            if row["state"] != PAST_END:
-                continue
-            report.add(
-                "offset-past-end",
-                f"group {group['group']}'s offset {row['consumerOffset']} in "
-                f"{row['topic']}:{row['queueId']} is past the queue's end "
-                f"{row['maxOffset']}: messages stored there again below it may never reach "
-                "the group (reset its offset, mqadmin resetOffsetByTime, before producers "
-                "write)",
-                WARNING,
-                file=consumers["file"],
-                topic=row["topic"],
-                queue_id=row["queueId"],
-                queue_offset=row["consumerOffset"],
-            )
-    if not scheduler_checked:
-        return
-    scheduler = found.scheduler
-    for row in scheduler["levels"]:
-        if row["state"] == PAST_END:
-            report.add(
-                "offset-past-end",
-                f"the delay scheduler's offset {row['offset']} for level {row['level']} is "
-                f"past the end {row['maxOffset']} of its {SCHEDULE_TOPIC} queue: messages "
-                "delayed there again below it may never be delivered",
-                WARNING,
-                file=scheduler["file"],
-                topic=SCHEDULE_TOPIC,
-                queue_id=row["level"] - 1,
-                queue_offset=row["offset"],
-            )
+    states = queues.states
+
+    def end_of(topic: str, queue_id: int) -> int | None:
+        state = states.get((topic, queue_id))
+        return None if state is None else state.max_offset
+
+    for offset in past_end(consumers, scheduler, end_of):
+        source = consumers if offset.group is not None else scheduler
+        assert source is not None
+        report.add(
+            "offset-past-end",
+            offset.describe(),
+            WARNING,
+            file=source.loaded.source_name(store.root),
+            topic=offset.topic,
+            queue_id=offset.queue_id,
+            queue_offset=offset.offset,
+        )
 
 
 def check_topics_config(store: Store, report: VerifyReport, queues: QueueChecks | None) -> None:
