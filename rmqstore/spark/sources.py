@@ -382,6 +382,7 @@ class CommitLogReader(DataSourceReader):
             part,
             check_crc=self.rows.check_crc and part.file_start >= self.crc_from,
             delay_levels=DelayLevels(levels) if levels else DelayLevels(),
+            count_copies=True,  # its queueCopies column says how many, not 0 for not counted
         )
         yield astuple(summary)
 
