@@ -292,11 +292,13 @@ class CommitLog:
                 progress(rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET])
         return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
 
-    def unit_store_time(self, offset: int, size: int, end: int) -> int:
+    def unit_store_time(self, offset: int, size: int) -> int:
         """The store time of the record a consume-queue unit (``offset``, ``size``) points
         at; 0 when no whole record of that size starts there (a crash's torn tail keeps a
         time in its header that no message has; a removed file has none; its body CRC is not
-        checked: a bad body is still a message stored at its time). ``end``: the log's end."""
+        checked: a bad body is still a message stored at its time)."""
+        segments = self.segments
+        end = segments[-1].start + segments[-1].size if segments else 0
         stored = max(0, self.store_timestamp_at(offset, size, end))
         if not stored:
             return 0

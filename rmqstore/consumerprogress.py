@@ -67,9 +67,6 @@ class _Queues:
         self.store = store
         self._known: dict[tuple[str, int], QueueOffsets | None] = {}
         self.unreadable: dict[tuple[str, int], str] = {}  # why each queue does not load
-        log = store.commitlog
-        segments = log.segments
-        self.log_end = segments[-1].start + segments[-1].size if segments else 0
 
     def get(self, topic: str, queue_id: int) -> QueueOffsets | None:
         key = (topic, queue_id)
@@ -94,7 +91,7 @@ class _Queues:
         if not bounds.min_offset <= queue_offset < bounds.max_offset:
             return 0
         unit = bounds.queue.read_unit(queue_offset)
-        return self.store.commitlog.unit_store_time(unit.physical_offset, unit.size, self.log_end)
+        return self.store.commitlog.unit_store_time(unit.physical_offset, unit.size)
 
     def tags_code(self, bounds: QueueOffsets, queue_offset: int) -> int | None:
         if not bounds.min_offset <= queue_offset < bounds.max_offset:
@@ -209,17 +206,14 @@ def _scheduler_rows(
             "maxOffset": None,
             "pending": 0,
             "nextDue": 0,
-            "state": NO_QUEUE,
+            "state": queues.missing(SCHEDULE_TOPIC, level - 1),
         }
-        if bounds is None:
-            row["state"] = queues.missing(SCHEDULE_TOPIC, level - 1)
-        else:
-            start = max(offset, bounds.min_offset)
+        if bounds is not None:
             row.update(
                 minOffset=bounds.min_offset,
                 maxOffset=bounds.max_offset,
-                pending=max(0, bounds.max_offset - start),
-                nextDue=queues.tags_code(bounds, start) or 0,
+                pending=queue_lag(offset, bounds.min_offset, bounds.max_offset),
+                nextDue=queues.tags_code(bounds, max(offset, bounds.min_offset)) or 0,
                 state=_state(offset, bounds),
             )
         rows.append(row)
@@ -228,14 +222,8 @@ def _scheduler_rows(
 
 def _load_notes(store: Store, loaded: LoadedConfig, left_out: list[str]) -> list[str]:
     name = loaded.path.relative_to(store.root).as_posix()
-    notes = []
-    if loaded.failures:
-        fallback = (
-            f"; read {loaded.source.name} instead, as a broker does"
-            if loaded.source is not None and loaded.source != loaded.path
-            else ": a broker finds no offsets in it"
-        )
-        notes.append(f"{name} does not load ({'; '.join(loaded.failures)}){fallback}")
+    failed = loaded.failure_text(store.root)
+    notes = [failed] if failed else []
     if left_out:
         shown = "; ".join(left_out[:3]) + ("; ..." if len(left_out) > 3 else "")
         notes.append(

@@ -26,7 +26,7 @@ from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import queue_copies
+from rmqstore.multidispatch import record_units
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import (
@@ -513,8 +513,8 @@ class _BatchWalk:
             return False
         if dispatcher.build_queues and transaction in QUEUED_TRANSACTIONS:
             queue_id = rows[at + kernel_layout.QUEUE_ID]
-            units = [(topic, queue_id, rows[at + kernel_layout.QUEUE_OFFSET])]
-            units += queue_copies(topic, queue_id, properties)  # LMQ queues (spec 6.8)
+            queue_offset = rows[at + kernel_layout.QUEUE_OFFSET]
+            units = record_units(topic, queue_id, queue_offset, properties)  # LMQ too (6.8)
             for unit_topic, unit_queue_id, queue_offset in units:
                 if (dispatcher.topics is None or unit_topic in dispatcher.topics) and self._put(
                     unit_topic, unit_queue_id, queue_offset, physical_offset, size, code

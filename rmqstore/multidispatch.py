@@ -53,3 +53,11 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
             continue
         copies.append(QueueCopy(name, 0 if name.startswith(LMQ_PREFIX) else queue_id, queue_offset))
     return copies
+
+
+def record_units(
+    topic: str, queue_id: int, queue_offset: int, properties: dict[str, str]
+) -> list[QueueCopy]:
+    """Every unit a queued record has: in its own queue, then in the further queues it
+    names (:func:`queue_copies`)."""
+    return [QueueCopy(topic, queue_id, queue_offset), *queue_copies(topic, queue_id, properties)]

@@ -52,6 +52,19 @@ class LoadedConfig:
     document: dict[str, Any] | None  # None: neither file gave one
     failures: tuple[str, ...] = ()  # why a file there did not load (empty when none failed)
 
+    def failure_text(self, root: Path) -> str | None:
+        """Why the file did not load, and what was read instead, in one sentence (None when
+        nothing failed)."""
+        if not self.failures:
+            return None
+        name = self.path.relative_to(root).as_posix()
+        fallback = (
+            f"; read {self.source.name} instead, as a broker does"
+            if self.source is not None and self.source != self.path
+            else ": a broker finds no offsets in it"
+        )
+        return f"{name} does not load ({'; '.join(self.failures)}){fallback}"
+
     def source_name(self, root: Path) -> str | None:
         """The file the document came from, relative to the store ``root`` (None: none)."""
         return None if self.source is None else self.source.relative_to(root).as_posix()

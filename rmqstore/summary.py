@@ -82,8 +82,6 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
     empty or its last unit points at no record). Reads no more of the commit log than those
     last records."""
     log = store.commitlog
-    segments = log.segments
-    end = segments[-1].start + segments[-1].size if segments else 0
     queues = []
     for name, queue_id in list_queues(store.consumequeue_dir):
         if name != topic:
@@ -92,7 +90,7 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
         last_updated = 0
         if queue.max_offset > queue.min_offset:
             unit = queue.read_unit(queue.max_offset - 1)
-            last_updated = log.unit_store_time(unit.physical_offset, unit.size, end)
+            last_updated = log.unit_store_time(unit.physical_offset, unit.size)
         queues.append(
             {
                 "queueId": queue_id,

@@ -38,7 +38,7 @@ from rmqstore.dispatch import (
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
-from rmqstore.multidispatch import queue_copies
+from rmqstore.multidispatch import record_units
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -254,9 +254,8 @@ class _RangePreparer:
         transaction = header.sys_flag & TRANSACTION_MASK
         size = header.total_size
         if transaction in QUEUED_TRANSACTIONS:
-            units = [(topic, header.queue_id, header.queue_offset)]
-            units += queue_copies(topic, header.queue_id, properties)  # LMQ queues (spec 6.8)
-            for unit_topic, queue_id, queue_offset in units:
+            units = record_units(topic, header.queue_id, header.queue_offset, properties)
+            for unit_topic, queue_id, queue_offset in units:  # LMQ queues too (spec 6.8)
                 if self.topics is not None and unit_topic not in self.topics:
                     continue
                 key = (unit_topic, queue_id)

@@ -37,15 +37,10 @@ def check_offsets(store: Store, report: VerifyReport, queues: QueueChecks | None
     if not queues.topics or SCHEDULE_TOPIC in queues.topics:
         scheduler = read_delay_offsets(config_dir)
     for loaded in [consumers.loaded] + ([scheduler.loaded] if scheduler is not None else []):
-        if loaded.unreadable:
+        text = loaded.failure_text(store.root)
+        if loaded.unreadable and text:
             name = loaded.path.relative_to(store.root).as_posix()
-            report.add(
-                "config-unreadable",
-                f"{name} does not load ({'; '.join(loaded.failures)}): a broker finds no "
-                "offsets in it",
-                WARNING,
-                file=name,
-            )
+            report.add("config-unreadable", text, WARNING, file=name)
     states = queues.states
 
     def end_of(topic: str, queue_id: int) -> int | None:

@@ -22,7 +22,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, RmqStoreError, StoreFormatError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
-from rmqstore.multidispatch import INNER_MULTI_DISPATCH, queue_copies
+from rmqstore.multidispatch import queue_copies, record_units
 from rmqstore.properties import TAGS
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -318,9 +318,8 @@ class QueueChecks:
     ) -> None:
         if header.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
             return
-        units = [(topic, header.queue_id, header.queue_offset)]
-        if INNER_MULTI_DISPATCH in properties:  # its units in LMQ queues too (spec 6.8)
-            units += queue_copies(topic, header.queue_id, properties)
+        # its units in LMQ queues too (spec 6.8)
+        units = record_units(topic, header.queue_id, header.queue_offset, properties)
         expected_tags: int | None = None
         tags_known = False
         for unit_topic, queue_id, queue_offset in units:
