@@ -29,6 +29,7 @@ from rmqstore import kernel
 from rmqstore.commitlog import AppendResult, CommitLogAppender
 from rmqstore.errors import InputError, RmqStoreError, StoreFormatError
 from rmqstore.hosts import DEFAULT_BORN_HOST, HostAddress, parse_host
+from rmqstore.jsontext import parse_json
 from rmqstore.kernel import layout
 from rmqstore.messagebatch import BatchBuilder, BatchUnsupported
 from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, encode_properties
@@ -71,7 +72,7 @@ try:  # orjson parses a line five times as fast; its errors are json.JSONDecodeE
 
     _LOADS_CHECKS_UTF8 = True  # orjson refuses lone surrogates ("\ud800")
 except ImportError:  # pragma: no cover - a dependency, but the engine works without it
-    _loads = json.loads
+    _loads = parse_json
     _LOADS_CHECKS_UTF8 = False
 
 

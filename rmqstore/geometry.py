@@ -27,6 +27,7 @@ from rmqstore.config import (
 from rmqstore.consumequeue import CQ_UNIT_SIZE
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import infer_geometry, read_index_headers
+from rmqstore.jsontext import parse_json
 from rmqstore.segments import make_directories, read_small_file, write_whole_file
 from rmqstore.wording import quoted
 
@@ -50,7 +51,7 @@ def read_geometry(root: Path) -> dict[str, int]:
     """The remembered sizes by StoreConfig field name (empty when none are remembered)."""
     path = geometry_path(root)
     try:
-        document = json.loads(read_small_file(path, _MAX_FILE_BYTES))
+        document = parse_json(read_small_file(path, _MAX_FILE_BYTES))
     except (FileNotFoundError, NotADirectoryError):  # no config/ folder, or a file in its place
         return {}
     except OSError as exc:

@@ -6,13 +6,13 @@ way to its ``.bak``. Read only: rmqstore never writes these files."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rmqstore.errors import StoreFormatError, TopicError
+from rmqstore.jsontext import parse_json
 from rmqstore.segments import read_small_file
 from rmqstore.topics import check_topic_path_safe
 from rmqstore.wording import quoted
@@ -40,7 +40,7 @@ def loads_fastjson(text: str) -> Any:
         ),
         text,
     )
-    return json.loads(quoted_keys)
+    return parse_json(quoted_keys)
 
 
 @dataclass(frozen=True)

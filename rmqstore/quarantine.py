@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.jsontext import parse_json
 from rmqstore.segments import (
     creating_name,
     fsync_directory,
@@ -415,7 +416,7 @@ def list_quarantine(store_root: Path) -> list[QuarantineFolder]:
 def _read_manifest(folder: Path) -> dict:
     """A folder's manifest: a regular file (a FIFO planted there is never waited on) of
     bounded size, holding a JSON object; ValueError, OSError or StoreFormatError if not."""
-    manifest = json.loads(read_small_file(folder / MANIFEST_FILE, _MANIFEST_LIMIT))
+    manifest = parse_json(read_small_file(folder / MANIFEST_FILE, _MANIFEST_LIMIT))
     if not isinstance(manifest, dict):
         raise ValueError("not a JSON object")
     return manifest

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.jsontext import parse_json
 from rmqstore.segments import read_small_file, write_whole_file
 from rmqstore.topics import SCHEDULE_TOPIC
 
@@ -86,7 +87,7 @@ def add_topics(
         return [f"wrote {path} listing {_names(queues)}"]
     try:
         old = read_small_file(path, MAX_TOPICS_BYTES)  # a FIFO is not waited on
-        document = json.loads(old) if old.strip() else {"topicConfigTable": {}}
+        document = parse_json(old) if old.strip() else {"topicConfigTable": {}}
         if not isinstance(document, dict):
             raise ValueError("not a JSON object")
         table = document.setdefault("topicConfigTable", {})
@@ -139,7 +140,7 @@ def listed_queue_counts(config_dir: Path) -> tuple[dict[str, int], Path] | None:
     for candidate in (path, path.with_name(path.name + ".bak")):
         try:
             data = read_small_file(candidate, MAX_TOPICS_BYTES, follow_links=True)
-            table = json.loads(data)["topicConfigTable"]
+            table = parse_json(data)["topicConfigTable"]
         except (OSError, ValueError, TypeError, KeyError, StoreFormatError):
             continue
         if not isinstance(table, dict):

@@ -25,7 +25,6 @@ Timestamp conditions are applied too but also handed back to Spark, which checks
 from __future__ import annotations
 
 import calendar
-import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import astuple, replace
@@ -56,6 +55,7 @@ from pyspark.sql.datasource import (
 from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
+from rmqstore.jsontext import parse_json
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
@@ -144,7 +144,7 @@ def _file_bounds(options: dict[str, str]) -> dict[str, int] | None:
     if not text:
         return None
     try:
-        found = json.loads(text)
+        found = parse_json(text)
         bounds = {str(name): int(end) for name, end in found.items()}
     except (ValueError, AttributeError, TypeError):
         raise InputError("option fileBounds is not a JSON object of offsets") from None

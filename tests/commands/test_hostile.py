@@ -572,3 +572,48 @@ def test_a_new_store_path_through_dotdot_or_failing_part_way_leaves_nothing(
     result = run_cli("fixtures", "generate", "basic", too_long)
     one_line_error(result, 4)
     assert not any(entry.name.startswith("new") for entry in tmp_path.iterdir())
+
+
+def test_json_files_nested_too_deeply_or_holding_huge_numbers_are_named(tmp_path: Path) -> None:
+    """Every JSON file rmqstore reads from a store or a fixture folder, nested deeper than
+    Python parses or holding a number of thousands of digits: each was an internal error
+    (RecursionError), or a message with Python's advice about its integer limits. Now each is
+    a file that does not load, said as it is for any other text that is not JSON."""
+    nested = "[" * 20_000 + "]" * 20_000  # 40 KB: under every file's size bound
+    huge = '{"offsetTable": {"T@g": {"0": ' + "9" * 5000 + "}}}"
+    store = small_store(tmp_path)
+    config = store / "config"
+    for text, said in ((nested, "nested too deeply"), (huge, "a number of 5000 digits")):
+        (config / "consumerOffset.json").write_text(text)
+        result = run_cli("offsets", store)
+        assert result.exit_code == 0, result.stderr
+        assert said in result.stderr and "consumerOffset.json does not load" in result.stderr
+        assert "internal error" not in result.stderr
+        result = run_cli("verify", store, "--json")
+        assert "internal error" not in result.stderr, result.stderr
+        problems = json.loads(result.stdout)["findings"]
+        assert [problem["kind"] for problem in problems] == ["config-unreadable"], problems
+    (config / "consumerOffset.json").unlink()
+
+    (config / "topics.json").write_text(nested)
+    result = run_cli("append", store, "--topic", "T", "--body", "kept")
+    assert result.exit_code == 0 and "internal error" not in result.stderr, result.stderr
+    assert (config / "topics.json").read_text() == nested  # left alone, with a note
+    (config / "topics.json").unlink()
+
+    (config / "rmqstore-geometry.json").write_text(nested)
+    one_line_error(run_cli("verify", store), 2)
+
+    folder = store / "quarantine" / "20240101T000000-recover"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(nested)
+    (config / "rmqstore-geometry.json").unlink()
+    listed = run_cli("quarantine", "list", store, "--json")
+    assert listed.exit_code == 0, listed.stderr
+    assert not json.loads(listed.stdout)["folders"][0]["manifestOk"]
+    one_line_error(run_cli("quarantine", "restore", store, folder.name, "--yes"), 2)
+
+    fixture = tmp_path / "fixture"
+    fixture.mkdir()
+    (fixture / "fixture.json").write_text(nested)
+    one_line_error(run_cli("fixtures", "describe", "basic", fixture), 2)
