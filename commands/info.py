@@ -70,7 +70,9 @@ def command(
     queues end (and its last files, for the valid end as a broker's recovery finds it), so a
     store of any size answers at once; a queue's messages are then its consume queue's units
     plus the records after them. --deep reads every record: the log's message count and each
-    queue's records no consume queue holds (notQueued), null without it.
+    queue's records no consume queue holds (notQueued), null without it. A 5.x store whose
+    consume queues are a RocksDB database (storeType=defaultRocksDB) is read from its commit
+    log alone, every record (its queues are not read: no dispatch lag).
 
     JSON fields: store, kernel (native or python: which record kernel ran), deep, locked (a
     boolean), lockHolder (null, "another process" or "this process"), abort,
@@ -82,10 +84,11 @@ def command(
     (runs of files missing between two that are there)}, topics[{topic, queues[{queueId,
     messages, minOffset, maxOffset, notQueued}]}] (from the commit log; an LMQ queue's from its
     consume queue), consumeQueues[{topic,
-    queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files), index{files,
+    queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files),
+    consumeQueueStore ("files", or "rocksdb": not read), index{files,
     entries, endOffset, endTimestamp}, consumerOffsets{file, groups, lag, pastEnd} (from
     config/consumerOffset.json, as rmqstore offsets reads it; null without one),
-    dispatch{cursor, behindBytes, behindRecords}. With
+    dispatch{cursor, behindBytes, behindRecords} (null for "rocksdb"). With
     --topic: topics[{topic, queues[{queueId, minOffset, maxOffset, lastUpdated}]}]
     (lastUpdated: the store time of the queue's last message; 0 when the queue is empty, or,
     with a warning, when its last unit points at no whole record).
@@ -210,11 +213,17 @@ def _render(summary: dict[str, Any]) -> None:
             overview.add_row("confirmPhyOffset", str(checkpoint["confirmPhyOffset"]))
             overview.add_row("masterFlushedOffset", str(checkpoint["masterFlushedOffset"]))
     dispatch = summary["dispatch"]
-    overview.add_row(
-        "dispatch lag",
-        f"{dispatch['behindRecords']:,} records, "
-        f"{dispatch['behindBytes']:,} bytes behind the commit log",
-    )
+    if summary["consumeQueueStore"] == "rocksdb":
+        overview.add_row(
+            "consume queues",
+            "a RocksDB database (storeType=defaultRocksDB), not read: no dispatch lag known",
+        )
+    else:
+        overview.add_row(
+            "dispatch lag",
+            f"{dispatch['behindRecords']:,} records, "
+            f"{dispatch['behindBytes']:,} bytes behind the commit log",
+        )
     index = summary["index"]
     overview.add_row(
         "index",

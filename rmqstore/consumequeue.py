@@ -9,6 +9,7 @@ skips), and the two time lookups (4.x and 5.x rules).
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -583,6 +584,30 @@ def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, b
 def _leading_valid_units(data: bytes) -> int:
     """How many units at the start of ``data`` (a multiple of 20 bytes) are valid."""
     return kernel.valid_units(data)
+
+
+ROCKSDB_QUEUES_NOTE = (
+    "holds a RocksDB database (a RocketMQ 5 broker's storeType=defaultRocksDB), not consume-"
+    "queue files"
+)
+
+
+def holds_rocksdb(root: Path) -> bool:
+    """Whether ``root`` (``consumequeue/``) holds a RocksDB database instead of queue folders
+    (spec §6.9): a regular file ``CURRENT`` beside a regular file ``MANIFEST-<number>``, as
+    every RocksDB database has. Told from the names and kinds alone (nothing is read: a FIFO
+    there is never opened); a topic may be named CURRENT, but its entry is a folder."""
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return False
+    return rocksdb_names({entry.name for entry in entries if entry.is_file(follow_symlinks=False)})
+
+
+def rocksdb_names(files: set[str]) -> bool:
+    """Whether the names of a folder's regular ``files`` are a RocksDB database's."""
+    numbers = (name.removeprefix("MANIFEST-") for name in files if name.startswith("MANIFEST-"))
+    return "CURRENT" in files and any(number.isascii() and number.isdigit() for number in numbers)
 
 
 def list_queues(root: Path, linked: list[Path] | None = None) -> list[tuple[str, int]]:

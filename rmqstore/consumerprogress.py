@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from rmqstore.consumequeue import ConsumeQueue, list_queues
+from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE, ConsumeQueue, list_queues
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, NotFoundError
 from rmqstore.geometry import CONFIG_DIR
@@ -26,7 +26,7 @@ from rmqstore.offsetsconfig import (
     read_consumer_offsets,
     read_delay_offsets,
 )
-from rmqstore.store import Store
+from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import SCHEDULE_TOPIC
 from rmqstore.wording import counted
 
@@ -73,8 +73,10 @@ class _Queues:
         if key not in self._known:
             try:
                 queue = self.store.consume_queue(topic, queue_id)
-            except NotFoundError:
+            except NotFoundError as exc:
                 self._known[key] = None
+                if self.store.queues_in_rocksdb:  # not read: no queue's end is known
+                    self.unreadable[key] = str(exc)
             except InputError as exc:  # verify names its files' damage; the rest goes on
                 self._known[key] = None
                 self.unreadable[key] = str(exc)
@@ -123,8 +125,14 @@ def offsets_report(
         (scheduler.loaded, scheduler.left_out),
     ):
         report.notes.extend(_load_notes(store, loaded, left_out))
-    for (topic, queue_id), why in sorted(queues.unreadable.items()):
-        report.notes.append(f"{topic}:{queue_id} left out (state unreadable): {why}")
+    if store.queues_in_rocksdb:
+        report.notes.append(
+            f"{CONSUMEQUEUE_DIR}/ {ROCKSDB_QUEUES_NOTE}, which rmqstore does not read: no "
+            "queue's bounds are known (every offset's state is unreadable)"
+        )
+    else:
+        for (topic, queue_id), why in sorted(queues.unreadable.items()):
+            report.notes.append(f"{topic}:{queue_id} left out (state unreadable): {why}")
     return report
 
 

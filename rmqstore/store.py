@@ -22,7 +22,13 @@ from rmqstore.commitlog import CommitLog, CommitLogAppender, LogEnd
 from rmqstore.config import (
     StoreConfig,
 )
-from rmqstore.consumequeue import ConsumeQueue, QueueTip, list_queues
+from rmqstore.consumequeue import (
+    ROCKSDB_QUEUES_NOTE,
+    ConsumeQueue,
+    QueueTip,
+    holds_rocksdb,
+    list_queues,
+)
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import (
     InputError,
@@ -181,13 +187,16 @@ class Store:
         *,
         create: bool = False,
         replacing: frozenset[str] = frozenset(),
+        leaves_queues: bool = False,
     ) -> Store:
         """Open a store for writing with its lock held; ``create`` makes a new, empty store in
         a missing or empty directory. Everything the store says about itself (``abort``, file
         sizes, the valid end) is read only once the lock is held, so a writer that crashed
         just before cannot make a crashed store look clean. ``replacing``: the geometry
         fields (StoreConfig names) whose files the caller replaces whole (a rebuild), so a
-        size given for them may differ from the remembered one."""
+        size given for them may differ from the remembered one. A store whose consume queues
+        are a RocksDB database is refused (:meth:`refuse_rocksdb_queues`) unless the caller
+        ``leaves_queues`` alone (neither reads nor writes them, nor the log they index)."""
         path = Path(root)
         creation = _check_store_root(path, create=create, config=config, writing=True)
         lock_existed = os.path.lexists(path / LOCK_FILE)
@@ -207,6 +216,8 @@ class Store:
             store._lock_existed = lock_existed
             store._given_config = given
             store.refuse_links_out()
+            if not leaves_queues:
+                store.refuse_rocksdb_queues()
             if creation is not None:
                 make_directories(store.commitlog_dir)
             store.commitlog  # noqa: B018 - load and check the commit log files now
@@ -273,10 +284,37 @@ class Store:
                     "follow one (put the real file or folder there instead)"
                 )
 
+    @cached_property
+    def queues_in_rocksdb(self) -> bool:
+        """Whether ``consumequeue/`` holds a RocksDB database (a 5.x broker's
+        storeType=defaultRocksDB) instead of consume-queue files."""
+        return holds_rocksdb(self.consumequeue_dir)
+
+    def refuse_rocksdb_queues(self) -> None:
+        """Writers refuse a store whose consume queues are a RocksDB database: appending needs
+        each queue's next offset, which only the database holds, and dispatch, recovery and
+        flush would write (or cut, or vouch for) queue files its broker does not read."""
+        if self.queues_in_rocksdb:
+            raise StoreFormatError(
+                f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}; rmqstore writes nothing in "
+                "such a store (its broker recovers and dispatches it at start-up); read, "
+                "verify, stats and export read its commit log"
+            )
+
+    def queues_unread(self, what: str) -> NotFoundError:
+        """The error for ``what`` (a consume queue that is not there) in a store whose queues
+        are a RocksDB database, which rmqstore does not read."""
+        return NotFoundError(
+            f"{what}: {self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}, which rmqstore does not "
+            "read (find messages by --offset, --from-offset, --msg-id or --key instead)"
+        )
+
     def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """An existing consume queue, read-only, with its min offset corrected as at load."""
         check_topic_path_safe(topic)
         directory = self.consumequeue_dir / topic / str(queue_id)
+        if self.queues_in_rocksdb:
+            raise self.queues_unread(f"no consume queue for topic {quoted(topic)} queue {queue_id}")
         if not directory.is_dir() or not self.inside(directory):
             known = self.topics_with_queues()
             hint = (

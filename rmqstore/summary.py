@@ -100,6 +100,8 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
             }
         )
     if not queues:
+        if store.queues_in_rocksdb:
+            raise store.queues_unread(f"topic {quoted(topic)} has no consume-queue files")
         raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
     return {"topic": topic, "queues": queues}
 
@@ -226,6 +228,8 @@ def summarize(
     segments = log.segments
     if not deep and not _record_ends_at(store, dispatch_from, last_units):
         deep = True  # the consume queues end where no record does: count it all
+    rocksdb = store.queues_in_rocksdb
+    deep = deep or rocksdb  # no queue files to count from: the whole log is walked
     walk_from = log.min_offset if deep else dispatch_from
     queues: dict[tuple[str, int], _QueueStats] = {}
     scan = log.scan(walk_from)
@@ -327,11 +331,16 @@ def summarize(
         },
         "topics": [{"topic": topic, "queues": items} for topic, items in topics.items()],
         "consumeQueues": consume_queues,
+        # where the broker keeps its consume queues: "files", or "rocksdb" (a 5.x broker's
+        # storeType=defaultRocksDB), which rmqstore does not read (no dispatch lag then)
+        "consumeQueueStore": "rocksdb" if rocksdb else "files",
         "index": index,
         "consumerOffsets": consumer_summary(
             store, {key: (lowest, units[key] + lowest) for key, lowest in queue_minima.items()}
         ),
-        "dispatch": {
+        "dispatch": None
+        if rocksdb
+        else {
             "cursor": dispatch_from,
             "behindBytes": max(0, end_offset - dispatch_from) if segments else 0,
             "behindRecords": walk.behind_records,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rmqstore.consumequeue import holds_rocksdb, rocksdb_names
 from rmqstore.errors import InputError, NotAStoreError
 from rmqstore.segments import data_end_estimate, is_segment_name
 from rmqstore.windows import FileWindows, ReadWindows, read_range
@@ -77,6 +78,19 @@ class StoreLocation:
             fs.FileSelector(f"{root.rstrip('/')}/{relative}", allow_not_found=True)
         )
         return sorted(info.base_name for info in infos if info.type == fs.FileType.Directory)
+
+    def queues_in_rocksdb(self) -> bool:
+        """Whether ``consumequeue/`` holds a RocksDB database, not queue folders
+        (:func:`rmqstore.consumequeue.holds_rocksdb`)."""
+        if not self.remote:
+            return holds_rocksdb(Path(self.uri) / "consumequeue")
+        from pyarrow import fs
+
+        filesystem, root = self._filesystem()
+        infos = filesystem.get_file_info(
+            fs.FileSelector(f"{root.rstrip('/')}/consumequeue", allow_not_found=True)
+        )
+        return rocksdb_names({info.base_name for info in infos if info.type == fs.FileType.File})
 
     def check_store(self) -> None:
         """Refuse what is not a store with one clear sentence."""

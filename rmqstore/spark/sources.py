@@ -53,6 +53,7 @@ from pyspark.sql.datasource import (
 )
 
 from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
+from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
 from rmqstore.jsontext import parse_json
@@ -608,6 +609,12 @@ class ConsumeQueueReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         self.location.check_store()
+        if self.location.queues_in_rocksdb():
+            raise InputError(
+                f"{self.location.uri.rstrip('/')}/consumequeue {ROCKSDB_QUEUES_NOTE}: the "
+                "rocketmq-consumequeue source reads consume-queue files (rocketmq-commitlog "
+                "reads this store's messages)"
+            )
         segments = self.location.segments("commitlog")
         minimum = int(segments[0][0]) if segments else 0
         parts = []

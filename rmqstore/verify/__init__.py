@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rmqstore.store import Store, misplaced_files
+from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE
+from rmqstore.store import CONSUMEQUEUE_DIR, Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
@@ -61,6 +62,16 @@ def verify_store(
     queues = index = None
     topics = set(options.topics) if options.topics else None
     checks = options.cross_checks
+    if store.queues_in_rocksdb and not options.commitlog_only:
+        checks -= {"queues"}
+        report.add(
+            "queues-rocksdb",
+            f"{CONSUMEQUEUE_DIR}/ {ROCKSDB_QUEUES_NOTE}: the commit log"
+            + (", the index" if "index" in checks else "")
+            + " and the checkpoint are checked, not the consume queues",
+            NOTE,
+            file=CONSUMEQUEUE_DIR,
+        )
     if "queues" in checks:
         queues = QueueChecks(store, report, topics)
     if "index" in checks:

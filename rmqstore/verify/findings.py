@@ -52,6 +52,7 @@ KINDS = {
     "topic-unlisted": "a topic (or queue) with units that config/topics.json leaves out",
     "offset-past-end": "a consumer group's or the delay scheduler's offset past its queue's end",
     "config-unreadable": "config/consumerOffset.json or delayOffset.json does not load (nor .bak)",
+    "queues-rocksdb": "consumequeue/ holds a RocksDB database: consume queues not checked",
 }
 
 
@@ -103,6 +104,7 @@ FIXES = {
     "topic-unlisted": REPORT_ONLY,
     "offset-past-end": REPORT_ONLY,
     "config-unreadable": REPORT_ONLY,
+    "queues-rocksdb": REPORT_ONLY,
 }
 assert set(FIXES) == set(KINDS)
 
@@ -110,6 +112,9 @@ assert set(FIXES) == set(KINDS)
 # found, these leave nothing a command can mend (the log has a hole, files of another store,
 # or a file where a folder should be)
 _BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
+# noted, this leaves nothing for rmqstore to mend: its writers refuse a store whose consume
+# queues are a RocksDB database (its broker recovers the store at start-up)
+_WRITERS_REFUSED = "queues-rocksdb"
 
 
 def fix_for(kind: str, store: str) -> str:
@@ -233,7 +238,7 @@ class VerifyReport:
         """The first command to run to mend what was found (errors and warnings), in the
         order of :data:`FIXES`; None when nothing found can be mended by a command."""
         found = {f.kind for f in self.findings if f.severity != NOTE}
-        if found & _BLOCKING:
+        if found & _BLOCKING or self.counts[_WRITERS_REFUSED]:
             return None  # a missing or foreign file: no command makes the rest whole
         for kind, template in FIXES.items():
             if kind in found and template != REPORT_ONLY:
@@ -249,7 +254,8 @@ class VerifyReport:
         findings = [finding.to_dict() for finding in self.findings]
         if store is not None:
             for document in findings:
-                document["fix"] = fix_for(document["kind"], store)
+                refused = bool(self.counts[_WRITERS_REFUSED])
+                document["fix"] = REPORT_ONLY if refused else fix_for(document["kind"], store)
         return {
             "ok": self.ok,
             **({"nextStep": self.next_step(store)} if store is not None else {}),

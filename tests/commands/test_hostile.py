@@ -617,3 +617,50 @@ def test_json_files_nested_too_deeply_or_holding_huge_numbers_are_named(tmp_path
     fixture.mkdir()
     (fixture / "fixture.json").write_text(nested)
     one_line_error(run_cli("fixtures", "describe", "basic", fixture), 2)
+
+
+def test_a_store_whose_consume_queues_are_rocksdb_is_read_and_never_written(
+    tmp_path: Path,
+) -> None:
+    """A 5.x broker with storeType=defaultRocksDB keeps its consume queues in a RocksDB
+    database under consumequeue/ (spec §6.9). rmqstore took it for a store with no queues:
+    verify called every record undispatched, dispatch planned queue folders inside the
+    database (--rebuild moved the database to quarantine), and append started every queue
+    again at offset 0. Now the readers read the commit log and say the queues are not read;
+    every writer refuses before changing anything."""
+    store = small_store(tmp_path)
+    queues = store / "consumequeue"
+    shutil.rmtree(queues)
+    queues.mkdir()
+    (queues / "CURRENT").write_text("MANIFEST-000005\n")
+    (queues / "MANIFEST-000005").write_bytes(os.urandom(256))
+    (queues / "000004.log").write_bytes(os.urandom(1024))
+    (queues / "LOCK").write_bytes(b"")
+    before = tree_digest(store)
+
+    result = run_cli("verify", store, "--json")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [f["kind"] for f in report["findings"]] == ["queues-rocksdb"]
+    assert report["nextStep"] is None
+    info = json.loads(run_cli("info", store, "--json").stdout)
+    assert info["consumeQueueStore"] == "rocksdb" and info["dispatch"] is None
+    assert info["topics"][0]["queues"][0]["messages"] == 20  # counted from the log
+    assert "not read" in run_cli("info", store).stdout
+    lines = run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()
+    assert len(lines) == 20
+    one_line_error(run_cli("read", store, "--topic", "T", "--queue", "0"), 2)
+    for command in (
+        ["append", store, "--topic", "T", "--body", "y"],
+        ["dispatch", store],
+        ["dispatch", store, "--dry-run"],
+        ["dispatch", store, "--rebuild", "--yes"],
+        ["dispatch", store, "--rebuild", "--dry-run"],
+        ["recover", store, "--yes"],
+        ["recover", store, "--dry-run"],
+        ["flush", store],
+    ):
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert "holds a RocksDB database" in result.stderr, command
+    assert tree_digest(store) == before

@@ -140,3 +140,27 @@ def test_a_flush_syncs_only_what_was_written_since_the_last(
     queue.close()
     assert len(synced) == 2
     assert ConsumeQueue(tmp_path, "T", 0, 400).max_offset == 2
+
+
+def test_a_rocksdb_database_is_told_from_queue_folders(tmp_path: Path) -> None:
+    """consumequeue/ of a 5.x broker with storeType=defaultRocksDB (spec §6.9): told by the
+    names and kinds of its entries, never by opening them."""
+    import os
+
+    root = tmp_path / "consumequeue"
+    (root / "TopicA" / "0").mkdir(parents=True)
+    assert not consumequeue.holds_rocksdb(root)
+    assert not consumequeue.holds_rocksdb(tmp_path / "missing")
+    (root / "CURRENT").mkdir()  # a topic named CURRENT is a folder
+    (root / "MANIFEST-000005").write_bytes(b"")
+    assert not consumequeue.holds_rocksdb(root)
+    (root / "CURRENT").rmdir()
+    os.mkfifo(root / "CURRENT")  # not a regular file: not a database's, and never opened
+    assert not consumequeue.holds_rocksdb(root)
+    (root / "CURRENT").unlink()
+    (root / "CURRENT").write_text("MANIFEST-000005\n")
+    assert consumequeue.holds_rocksdb(root)
+    (root / "MANIFEST-000005").rename(root / "MANIFEST-x")
+    assert not consumequeue.holds_rocksdb(root)
+    (root / "MANIFEST-x").rename(root / "MANIFEST-000012")
+    assert consumequeue.holds_rocksdb(root)

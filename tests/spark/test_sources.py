@@ -99,3 +99,19 @@ def test_a_read_of_what_is_not_a_store_says_what_it_is(
     for reader in (CommitLogReader, ConsumeQueueReader):
         with pytest.raises(NotAStoreError, match=re.escape(message)):
             reader({"path": where}).partitions()
+
+
+def test_the_consume_queue_source_refuses_queues_kept_in_rocksdb(tmp_path: Path) -> None:
+    """A 5.x store with storeType=defaultRocksDB: its consume queues are a RocksDB database,
+    not folders, so the source read no queue and gave an empty table without a word."""
+    from rmqstore.spark.sources import ConsumeQueueReader
+
+    store = tmp_path / "store"
+    generate("basic", store)
+    assert len(ConsumeQueueReader({"path": str(store)}).partitions()) == 1
+    queues = store / "consumequeue"
+    (queues / "CURRENT").write_text("MANIFEST-000005\n")
+    (queues / "MANIFEST-000005").write_bytes(b"\0" * 64)
+    with pytest.raises(InputError, match="consumequeue holds a RocksDB database"):
+        ConsumeQueueReader({"path": str(store)}).partitions()
+    assert len(CommitLogReader({"path": str(store)}).partitions()) == 1  # the log reads
