@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE
-from rmqstore.store import CONSUMEQUEUE_DIR, Store, misplaced_files
+from rmqstore.store import Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
-from rmqstore.verify.queues import QueueChecks
+from rmqstore.verify.queues import QueueChecks, readable_checks
 from rmqstore.verify.records import RecordListener, RecordPass
 
 __all__ = [
@@ -61,17 +60,7 @@ def verify_store(
         report.add("store-layout", message, file=name)
     queues = index = None
     topics = set(options.topics) if options.topics else None
-    checks = options.cross_checks
-    if store.queues_in_rocksdb and not options.commitlog_only:
-        checks -= {"queues"}
-        report.add(
-            "queues-rocksdb",
-            f"{CONSUMEQUEUE_DIR}/ {ROCKSDB_QUEUES_NOTE}: the commit log"
-            + (", the index" if "index" in checks else "")
-            + " and the checkpoint are checked, not the consume queues",
-            NOTE,
-            file=CONSUMEQUEUE_DIR,
-        )
+    checks = readable_checks(store, report, options.cross_checks)
     if "queues" in checks:
         queues = QueueChecks(store, report, topics)
     if "index" in checks:

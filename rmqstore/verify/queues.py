@@ -12,6 +12,7 @@ from rmqstore.consumequeue import (
     CQ_UNIT_SIZE,
     LARGEST_QUEUE_OFFSET,
     PRE_BLANK_SIZE,
+    ROCKSDB_QUEUES_NOTE,
     UNIT,
     ConsumeQueue,
     QueueBounds,
@@ -31,9 +32,9 @@ from rmqstore.record import (
     RecordHeader,
 )
 from rmqstore.segments import is_segment_name
-from rmqstore.store import Store
+from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import is_path_safe
-from rmqstore.verify.findings import WARNING, VerifyReport
+from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
 from rmqstore.windows import read_range
 from rmqstore.wording import counted
@@ -70,6 +71,23 @@ class _QueueState:
     def __post_init__(self) -> None:
         self.min_offset = self.queue.min_offset
         self.max_offset = self.queue.max_offset
+
+
+def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:
+    """``checks`` (the files checked against the commit log) without the consume queues when
+    they are a RocksDB database, which rmqstore does not read: ``report`` notes it."""
+    if "queues" not in checks or not store.queues_in_rocksdb:
+        return checks
+    checks -= {"queues"}
+    report.add(
+        "queues-rocksdb",
+        f"{CONSUMEQUEUE_DIR}/ {ROCKSDB_QUEUES_NOTE}: the commit log"
+        + (", the index" if "index" in checks else "")
+        + " and the checkpoint are checked, not the consume queues",
+        NOTE,
+        file=CONSUMEQUEUE_DIR,
+    )
+    return checks
 
 
 class QueueChecks:

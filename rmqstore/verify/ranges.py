@@ -29,7 +29,7 @@ from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
-from rmqstore.verify.queues import QueueChecks
+from rmqstore.verify.queues import QueueChecks, readable_checks
 from rmqstore.verify.records import (
     FileScan,
     LogFacts,
@@ -175,11 +175,11 @@ class RangedVerify:
             raise InputError(f"range size {range_size} must be positive")
         self.store = store
         self.check_crc = check_crc
-        self.checks = frozenset() if commitlog_only else checks
         self.topics = topics
         self.from_offset = from_offset
         self.range_size = range_size
         self.report = VerifyReport(max_findings=max_findings)
+        self.checks = readable_checks(store, self.report, frozenset() if commitlog_only else checks)
         self.queues: QueueChecks | None = None
         self.index: IndexChecks | None = None
         selected = set(topics) if topics else None
