@@ -72,7 +72,8 @@ def command(
     plus the records after them. --deep reads every record: the log's message count and each
     queue's records no consume queue holds (notQueued), null without it. A 5.x store whose
     consume queues are a RocksDB database (storeType=defaultRocksDB) is read from its commit
-    log alone, every record (its queues are not read: no dispatch lag).
+    log alone, every record (its queues are not read: no dispatch lag); so is one with BatchCQ
+    topics (their queues in batchconsumequeue/ are not read).
 
     JSON fields: store, kernel (native or python: which record kernel ran), deep, locked (a
     boolean), lockHolder (null, "another process" or "this process"), abort,

@@ -75,7 +75,7 @@ class _Queues:
                 queue = self.store.consume_queue(topic, queue_id)
             except NotFoundError as exc:
                 self._known[key] = None
-                if self.store.queues_in_rocksdb:  # not read: no queue's end is known
+                if self.store.queues_unread(topic) is not None:  # no queue end is known
                     self.unreadable[key] = str(exc)
             except InputError as exc:  # verify names its files' damage; the rest goes on
                 self._known[key] = None

@@ -262,8 +262,9 @@ class MessageReader:
     def _topic_queues(self, topic: str) -> list[int]:
         queue_ids = sorted(q for t, q in list_queues(self.store.consumequeue_dir) if t == topic)
         if not queue_ids:
-            if self.store.queues_in_rocksdb:
-                raise self.store.queues_unread(f"topic {quoted(topic)} has no consume-queue files")
+            unread = self.store.queues_unread(topic)
+            if unread is not None:
+                raise NotFoundError(f"topic {quoted(topic)} has no consume-queue files: {unread}")
             raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
         return queue_ids
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -73,11 +73,12 @@ from rmqstore.segments import (
     sync_directory,
 )
 from rmqstore.topics import check_topic_path_safe
-from rmqstore.topicsconfig import add_topics
+from rmqstore.topicsconfig import add_topics, batch_queue_topics
 from rmqstore.wording import quoted
 
 COMMITLOG_DIR = "commitlog"
 CONSUMEQUEUE_DIR = "consumequeue"
+BATCH_CONSUMEQUEUE_DIR = "batchconsumequeue"  # 5.x BatchCQ topics' queues (spec §6.7)
 INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
@@ -106,6 +107,17 @@ class Residue:
     @property
     def total(self) -> int:
         return sum(stop - start for _, start, stop in self.pieces)
+
+
+def batch_queues_note(topics: Collection[str]) -> str:
+    """What a store's BatchCQ ``topics`` are, in a few words (the first ten named)."""
+    named = sorted(topics)
+    listed = ", ".join(named[:10]) + (f" and {len(named) - 10} more" if len(named) > 10 else "")
+    return (
+        f"topic{'s' if len(named) != 1 else ''} {listed} keep{'s' if len(named) == 1 else ''} "
+        f"{'its' if len(named) == 1 else 'their'} queues in {BATCH_CONSUMEQUEUE_DIR}/ "
+        "(queue.type BatchCQ, a RocketMQ 5 broker's batch consume queues)"
+    )
 
 
 class Store:
@@ -194,9 +206,10 @@ class Store:
         sizes, the valid end) is read only once the lock is held, so a writer that crashed
         just before cannot make a crashed store look clean. ``replacing``: the geometry
         fields (StoreConfig names) whose files the caller replaces whole (a rebuild), so a
-        size given for them may differ from the remembered one. A store whose consume queues
-        are a RocksDB database is refused (:meth:`refuse_rocksdb_queues`) unless the caller
-        ``leaves_queues`` alone (neither reads nor writes them, nor the log they index)."""
+        size given for them may differ from the remembered one. A store with queues rmqstore
+        does not keep (a RocksDB database, BatchCQ topics) is refused
+        (:meth:`refuse_foreign_queues`) unless the caller ``leaves_queues`` alone (neither
+        reads nor writes them, nor the log they index)."""
         path = Path(root)
         creation = _check_store_root(path, create=create, config=config, writing=True)
         lock_existed = os.path.lexists(path / LOCK_FILE)
@@ -217,7 +230,7 @@ class Store:
             store._given_config = given
             store.refuse_links_out()
             if not leaves_queues:
-                store.refuse_rocksdb_queues()
+                store.refuse_foreign_queues()
             if creation is not None:
                 make_directories(store.commitlog_dir)
             store.commitlog  # noqa: B018 - load and check the commit log files now
@@ -290,31 +303,63 @@ class Store:
         storeType=defaultRocksDB) instead of consume-queue files."""
         return holds_rocksdb(self.consumequeue_dir)
 
-    def refuse_rocksdb_queues(self) -> None:
-        """Writers refuse a store whose consume queues are a RocksDB database: appending needs
-        each queue's next offset, which only the database holds, and dispatch, recovery and
-        flush would write (or cut, or vouch for) queue files its broker does not read."""
-        if self.queues_in_rocksdb:
-            raise StoreFormatError(
-                f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}; rmqstore writes nothing in "
-                "such a store (its broker recovers and dispatches it at start-up); read, "
-                "verify, stats and export read its commit log"
-            )
+    @cached_property
+    def batch_queue_topics(self) -> frozenset[str]:
+        """The topics whose queues a 5.x broker keeps in ``batchconsumequeue/`` (spec §6.7),
+        which rmqstore neither reads nor writes: those ``config/topics.json`` gives the
+        attribute queue.type=BatchCQ, and those with a folder there."""
+        folders: set[str] = set()
+        with contextlib.suppress(OSError):
+            folders = {
+                entry.name
+                for entry in os.scandir(self.root / BATCH_CONSUMEQUEUE_DIR)
+                if entry.is_dir(follow_symlinks=False)
+            }
+        return batch_queue_topics(self.root / CONFIG_DIR) | folders
 
-    def queues_unread(self, what: str) -> NotFoundError:
-        """The error for ``what`` (a consume queue that is not there) in a store whose queues
-        are a RocksDB database, which rmqstore does not read."""
-        return NotFoundError(
-            f"{what}: {self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}, which rmqstore does not "
-            "read (find messages by --offset, --from-offset, --msg-id or --key instead)"
+    def refuse_foreign_queues(self) -> None:
+        """Writers refuse a store with queues rmqstore does not keep: consume queues in a
+        RocksDB database, or BatchCQ topics' queues. Appending needs each queue's next
+        offset, which only those hold, and dispatch, recovery and flush would write (or cut,
+        or vouch for) queue files its broker does not read, or leave those queues pointing
+        past what they cut."""
+        if self.queues_in_rocksdb:
+            what = f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}"
+        elif self.batch_queue_topics:
+            what = (
+                f"{batch_queues_note(self.batch_queue_topics)}, which rmqstore neither reads "
+                "nor writes"
+            )
+        else:
+            return
+        raise StoreFormatError(
+            f"{what}; rmqstore writes nothing in such a store (its broker recovers and "
+            "dispatches it at start-up); read, verify, stats and export read its commit log"
+        )
+
+    def queues_unread(self, topic: str) -> str | None:
+        """Why ``topic``'s queues are not read: they are in a RocksDB database, or in
+        ``batchconsumequeue/`` (a BatchCQ topic); None when they are consume-queue files."""
+        if self.queues_in_rocksdb:
+            where = f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}"
+        elif topic in self.batch_queue_topics:
+            where = batch_queues_note([topic])
+        else:
+            return None
+        return (
+            f"{where}, which rmqstore does not read (find messages by --offset, --from-offset, "
+            "--msg-id or --key instead)"
         )
 
     def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """An existing consume queue, read-only, with its min offset corrected as at load."""
         check_topic_path_safe(topic)
         directory = self.consumequeue_dir / topic / str(queue_id)
-        if self.queues_in_rocksdb:
-            raise self.queues_unread(f"no consume queue for topic {quoted(topic)} queue {queue_id}")
+        unread = self.queues_unread(topic)
+        if unread is not None:
+            raise NotFoundError(
+                f"no consume queue for topic {quoted(topic)} queue {queue_id}: {unread}"
+            )
         if not directory.is_dir() or not self.inside(directory):
             known = self.topics_with_queues()
             hint = (

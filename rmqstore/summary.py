@@ -100,8 +100,9 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
             }
         )
     if not queues:
-        if store.queues_in_rocksdb:
-            raise store.queues_unread(f"topic {quoted(topic)} has no consume-queue files")
+        unread = store.queues_unread(topic)
+        if unread is not None:
+            raise NotFoundError(f"topic {quoted(topic)} has no consume-queue files: {unread}")
         raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
     return {"topic": topic, "queues": queues}
 
@@ -229,7 +230,8 @@ def summarize(
     if not deep and not _record_ends_at(store, dispatch_from, last_units):
         deep = True  # the consume queues end where no record does: count it all
     rocksdb = store.queues_in_rocksdb
-    deep = deep or rocksdb  # no queue files to count from: the whole log is walked
+    # no queue files to count (all, or the BatchCQ topics') from: the whole log is walked
+    deep = deep or rocksdb or bool(store.batch_queue_topics)
     walk_from = log.min_offset if deep else dispatch_from
     queues: dict[tuple[str, int], _QueueStats] = {}
     scan = log.scan(walk_from)

@@ -18,6 +18,8 @@ DEFAULT_PERM = 6  # READ | WRITE
 
 
 TOPICS_FILE = "topics.json"
+QUEUE_TYPE_ATTRIBUTE = "queue.type"  # a 5.x topic attribute (spec §8.4)
+BATCH_QUEUE_TYPE = "BatchCQ"
 MAX_TOPICS_BYTES = 256 << 20  # a broker of many thousands of topics writes a few MB
 
 
@@ -136,6 +138,36 @@ def listed_queue_counts(config_dir: Path) -> tuple[dict[str, int], Path] | None:
     """The readQueueNums of each topic ``topics.json`` lists, read as a broker loads it (its
     ``.bak`` when the file is missing, empty or does not parse), and the file it came from;
     None when neither gives a table (a store written by the store code alone has neither)."""
+    found = _topic_table(config_dir)
+    if found is None:
+        return None
+    table, source = found
+    counts = {}
+    for topic, entry in table.items():
+        count = entry.get("readQueueNums") if isinstance(entry, dict) else None
+        counts[topic] = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    return counts, source
+
+
+def batch_queue_topics(config_dir: Path) -> frozenset[str]:
+    """The topics ``topics.json`` (read as :func:`listed_queue_counts` reads it) gives the
+    5.x attribute ``queue.type`` = ``BatchCQ``: a broker keeps their queues in
+    ``batchconsumequeue/`` (spec §6.7), not in ``consumequeue/``."""
+    found = _topic_table(config_dir)
+    if found is None:
+        return frozenset()
+    return frozenset(
+        topic
+        for topic, entry in found[0].items()
+        if isinstance(entry, dict)
+        and isinstance(entry.get("attributes"), dict)
+        and entry["attributes"].get(QUEUE_TYPE_ATTRIBUTE) == BATCH_QUEUE_TYPE
+    )
+
+
+def _topic_table(config_dir: Path) -> tuple[dict[str, Any], Path] | None:
+    """``topicConfigTable`` of ``topics.json``, or of its ``.bak`` when the file is missing,
+    empty or does not parse (as a broker loads it), and the file it came from."""
     path = config_dir / TOPICS_FILE
     for candidate in (path, path.with_name(path.name + ".bak")):
         try:
@@ -143,13 +175,8 @@ def listed_queue_counts(config_dir: Path) -> tuple[dict[str, int], Path] | None:
             table = parse_json(data)["topicConfigTable"]
         except (OSError, ValueError, TypeError, KeyError, StoreFormatError):
             continue
-        if not isinstance(table, dict):
-            continue
-        counts = {}
-        for topic, entry in table.items():
-            count = entry.get("readQueueNums") if isinstance(entry, dict) else None
-            counts[topic] = count if isinstance(count, int) and not isinstance(count, bool) else 0
-        return counts, candidate
+        if isinstance(table, dict):
+            return table, candidate
     return None
 
 

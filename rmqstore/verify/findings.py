@@ -53,6 +53,7 @@ KINDS = {
     "offset-past-end": "a consumer group's or the delay scheduler's offset past its queue's end",
     "config-unreadable": "config/consumerOffset.json or delayOffset.json does not load (nor .bak)",
     "queues-rocksdb": "consumequeue/ holds a RocksDB database: consume queues not checked",
+    "queues-batchcq": "BatchCQ topics keep their queues in batchconsumequeue/: not checked",
 }
 
 
@@ -105,6 +106,7 @@ FIXES = {
     "offset-past-end": REPORT_ONLY,
     "config-unreadable": REPORT_ONLY,
     "queues-rocksdb": REPORT_ONLY,
+    "queues-batchcq": REPORT_ONLY,
 }
 assert set(FIXES) == set(KINDS)
 
@@ -112,9 +114,9 @@ assert set(FIXES) == set(KINDS)
 # found, these leave nothing a command can mend (the log has a hole, files of another store,
 # or a file where a folder should be)
 _BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
-# noted, this leaves nothing for rmqstore to mend: its writers refuse a store whose consume
-# queues are a RocksDB database (its broker recovers the store at start-up)
-_WRITERS_REFUSED = "queues-rocksdb"
+# noted, these leave nothing for rmqstore to mend: its writers refuse a store whose consume
+# queues are a RocksDB database, or with BatchCQ topics (its broker recovers it at start-up)
+_WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq")
 
 
 def fix_for(kind: str, store: str) -> str:
@@ -231,6 +233,11 @@ class VerifyReport:
         self.checked.update(other.checked)
 
     @property
+    def writers_refused(self) -> bool:
+        """Whether rmqstore's writers refuse the store (no command of it mends anything)."""
+        return any(self.counts[kind] for kind in _WRITERS_REFUSED)
+
+    @property
     def ok(self) -> bool:
         return self.problems == 0
 
@@ -238,7 +245,7 @@ class VerifyReport:
         """The first command to run to mend what was found (errors and warnings), in the
         order of :data:`FIXES`; None when nothing found can be mended by a command."""
         found = {f.kind for f in self.findings if f.severity != NOTE}
-        if found & _BLOCKING or self.counts[_WRITERS_REFUSED]:
+        if found & _BLOCKING or self.writers_refused:
             return None  # a missing or foreign file: no command makes the rest whole
         for kind, template in FIXES.items():
             if kind in found and template != REPORT_ONLY:
@@ -254,7 +261,7 @@ class VerifyReport:
         findings = [finding.to_dict() for finding in self.findings]
         if store is not None:
             for document in findings:
-                refused = bool(self.counts[_WRITERS_REFUSED])
+                refused = self.writers_refused
                 document["fix"] = REPORT_ONLY if refused else fix_for(document["kind"], store)
         return {
             "ok": self.ok,

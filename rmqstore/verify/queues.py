@@ -32,7 +32,7 @@ from rmqstore.record import (
     RecordHeader,
 )
 from rmqstore.segments import is_segment_name
-from rmqstore.store import CONSUMEQUEUE_DIR, Store
+from rmqstore.store import BATCH_CONSUMEQUEUE_DIR, CONSUMEQUEUE_DIR, Store, batch_queues_note
 from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
@@ -75,8 +75,19 @@ class _QueueState:
 
 def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:
     """``checks`` (the files checked against the commit log) without the consume queues when
-    they are a RocksDB database, which rmqstore does not read: ``report`` notes it."""
-    if "queues" not in checks or not store.queues_in_rocksdb:
+    they are a RocksDB database, which rmqstore does not read: ``report`` notes it, and the
+    BatchCQ topics, whose queues :class:`QueueChecks` leaves out."""
+    if "queues" not in checks:
+        return checks
+    if not store.queues_in_rocksdb:
+        if store.batch_queue_topics:
+            report.add(
+                "queues-batchcq",
+                f"{batch_queues_note(store.batch_queue_topics)}, which rmqstore does not read: "
+                "not checked (the other topics' queues are)",
+                NOTE,
+                file=BATCH_CONSUMEQUEUE_DIR,
+            )
         return checks
     checks -= {"queues"}
     report.add(
@@ -111,20 +122,24 @@ class QueueChecks:
         self._deferred: list[tuple[ConsumeQueue, str]] = []
         self.report = report
         self.topics = topics
+        # BatchCQ topics: their queues are in batchconsumequeue/, which rmqstore does not read
+        self.excluded = store.batch_queue_topics
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.states: dict[tuple[str, int], _QueueState] = {}
         self.missing_queues: dict[tuple[str, int], int] = {}
         self.missing_first: dict[tuple[str, int], int] = {}  # their first record's offset
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self.resume_without_index = False  # where a dispatch resumes was told without it
-        self._known = {
-            key for key in list_queues(store.consumequeue_dir) if topics is None or key[0] in topics
-        }
+        self._known = {key for key in list_queues(store.consumequeue_dir) if self._checked(key[0])}
         self._chunk = chunk_size(len(self._known))
         if structural:
             for topic, queue_id in list_queues(store.consumequeue_dir):
                 if (topic, queue_id) in self._known:
                     self._load(topic, queue_id)
+
+    def _checked(self, topic: str) -> bool:
+        """Whether the units of ``topic``'s queues are checked."""
+        return (self.topics is None or topic in self.topics) and topic not in self.excluded
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         known = self._bounds.get((topic, queue_id))
@@ -287,7 +302,7 @@ class QueueChecks:
         runs = batch.runs
         width = kernel_layout.RUN_WIDTH
         for number, key in enumerate(batch.run_keys):
-            if self.topics is not None and key[0] not in self.topics:
+            if not self._checked(key[0]):
                 continue
             state = self.states.get(key)
             if state is None:
@@ -341,7 +356,7 @@ class QueueChecks:
         expected_tags: int | None = None
         tags_known = False
         for unit_topic, queue_id, queue_offset in units:
-            if self.topics is not None and unit_topic not in self.topics:
+            if not self._checked(unit_topic):
                 continue
             if not 0 <= queue_offset <= LARGEST_QUEUE_OFFSET:
                 self.report.add(

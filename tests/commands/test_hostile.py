@@ -665,3 +665,56 @@ def test_a_store_whose_consume_queues_are_rocksdb_is_read_and_never_written(
         one_line_error(result, 2)
         assert "holds a RocksDB database" in result.stderr, command
     assert tree_digest(store) == before
+
+
+def test_a_store_with_batchcq_topics_is_read_and_never_written(tmp_path: Path) -> None:
+    """A 5.x topic with the attribute queue.type=BatchCQ keeps its queues in
+    batchconsumequeue/ (spec §6.7), which rmqstore does not read. verify called its records
+    undispatched, and dispatch (or recover) would write consume-queue files for it that its
+    broker does not read, or cut the log under its batch queues; append would start its
+    queues again at offset 0. Now verify checks the other topics' queues and notes
+    queues-batchcq; every writer refuses before changing anything."""
+    store = tmp_path / "store"
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(
+        "".join(json.dumps({"topic": topic, "body": "x" * 50}) + "\n" for topic in "ABAB")
+    )
+    result = run_cli("append", store, "--create", "--dispatch", "--input", lines)
+    assert result.exit_code == 0, result.stderr
+    topics = store / "config" / "topics.json"
+    document = json.loads(topics.read_text())
+    document["topicConfigTable"]["B"]["attributes"] = {"queue.type": "BatchCQ"}
+    topics.write_text(json.dumps(document))
+    shutil.rmtree(store / "consumequeue" / "B")
+    before = tree_digest(store)
+
+    for ranged in ((), ("--jobs", "2")):
+        result = run_cli("verify", store, "--json", *ranged)
+        assert result.exit_code == 0, result.stdout + result.stderr
+        report = json.loads(result.stdout)
+        assert [f["kind"] for f in report["findings"]] == ["queues-batchcq"]
+        assert report["checked"]["units"] == 2  # topic A's
+        assert report["nextStep"] is None
+    info = json.loads(run_cli("info", store, "--json").stdout)
+    counts = {t["topic"]: t["queues"][0]["messages"] for t in info["topics"]}
+    assert counts == {"A": 2, "B": 2}  # from the log, every record
+    result = run_cli("read", store, "--topic", "B", "--queue", "0")
+    one_line_error(result, 2)
+    assert "batchconsumequeue/" in result.stderr
+    assert run_cli("read", store, "--topic", "A", "--queue", "0", "--jsonl").exit_code == 0
+    for command in (
+        ["append", store, "--topic", "A", "--body", "y"],
+        ["dispatch", store],
+        ["dispatch", store, "--rebuild", "--dry-run"],
+        ["recover", store, "--yes"],
+        ["flush", store],
+    ):
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert "topic B keeps its queues in batchconsumequeue/" in result.stderr, command
+    assert tree_digest(store) == before
+
+    # a folder in batchconsumequeue/ says so too, whatever topics.json says
+    topics.write_text(json.dumps({"topicConfigTable": {}}))
+    (store / "batchconsumequeue" / "C" / "0").mkdir(parents=True)
+    one_line_error(run_cli("dispatch", store), 2)
