@@ -260,8 +260,8 @@ class VerifyReport:
         """The JSON report; with ``store``, each finding's ``fix`` and the ``nextStep``."""
         findings = [finding.to_dict() for finding in self.findings]
         if store is not None:
+            refused = self.writers_refused  # no command of rmqstore mends anything then
             for document in findings:
-                refused = self.writers_refused
                 document["fix"] = REPORT_ONLY if refused else fix_for(document["kind"], store)
         return {
             "ok": self.ok,
