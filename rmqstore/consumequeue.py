@@ -626,19 +626,29 @@ def list_queues(root: Path, linked: list[Path] | None = None) -> list[tuple[str,
         if not topic_dir.is_dir():
             continue
         for queue_dir in sorted(topic_dir.iterdir()):
-            if not _is_int(queue_dir.name):
+            queue_id = queue_id_of(queue_dir.name)
+            if queue_id is None:
                 continue
             if queue_dir.is_symlink():
                 if linked is not None:
                     linked.append(queue_dir)
             elif queue_dir.is_dir():
-                queues.append((topic_dir.name, int(queue_dir.name)))
+                queues.append((topic_dir.name, queue_id))
     return queues
 
 
-def _is_int(text: str) -> bool:
+_JAVA_INT = range(-(2**31), 2**31)
+
+
+def queue_id_of(name: str) -> int | None:
+    """The queue id a queue folder's ``name`` gives a broker, None when it gives none. The
+    broker parses the name as a Java int, then opens the folder of that number: a name that
+    is not the number as Java writes it (``+2``, ``007``, ``1_0``, `` 1``, other scripts'
+    digits) names no queue, and one outside an int's range is skipped at load."""
+    if not name.isascii():
+        return None
     try:
-        int(text)
+        number = int(name)
     except ValueError:
-        return False
-    return True
+        return None
+    return number if str(number) == name and number in _JAVA_INT else None

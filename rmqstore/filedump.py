@@ -47,7 +47,7 @@ from rmqstore.record import (
 from rmqstore.segments import is_segment_name, nonzero_extent
 from rmqstore.windows import FileWindows
 
-_INDEX_NAME = re.compile(r"\d{17}")
+_INDEX_NAME = re.compile(r"[0-9]{17}")
 _UNIT = struct.Struct(">qiq")
 _UNITS_PER_READ = 4096  # 80 KiB of units at a time
 

@@ -28,7 +28,7 @@ from rmqstore.consumequeue import CQ_UNIT_SIZE
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import infer_geometry, read_index_headers
 from rmqstore.jsontext import parse_json
-from rmqstore.segments import make_directories, read_small_file, write_whole_file
+from rmqstore.segments import is_segment_name, make_directories, read_small_file, write_whole_file
 from rmqstore.wording import quoted
 
 CONFIG_DIR = "config"
@@ -99,7 +99,7 @@ def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
     sizes: Counter[int] = Counter()
     for folder in frontier:
         for entry in sorted(folder.iterdir()):
-            if entry.name.isdigit() and len(entry.name) == 20 and entry.is_file():
+            if is_segment_name(entry.name) and entry.is_file():
                 size = entry.stat().st_size
                 if size and size % unit == 0:
                     sizes[size] += 1

@@ -35,7 +35,7 @@ LONG_MAX = (1 << 63) - 1
 _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
 _INT = struct.Struct(">i")
-_NAME = re.compile(r"\d{17}")
+_NAME = re.compile(r"[0-9]{17}")
 _RESERVE_ENTRIES = 65536  # entries whose blocks are allocated at a time (1.25 MiB)
 _ENTRY_CHUNK = 65536  # entries read at a time (1.25 MiB)
 # a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key

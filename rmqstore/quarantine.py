@@ -467,8 +467,8 @@ _RESTORED_SUFFIX = ".restored"  # a folder put back in full, being deleted
 _CREATING_SUFFIX = ".creating"  # a folder being made, until its first manifest is in it
 # the writers' lock (held while the restore runs) and the quarantine itself
 _NEVER_SET_ASIDE = frozenset({"lock", QUARANTINE_DIR, "."})
-_COPY_SUFFIX = re.compile(r"\.(\d+)-(\d+)\.bin$")
-_TWIN_SUFFIX = re.compile(r"~\d+$")
+_COPY_SUFFIX = re.compile(r"\.([0-9]+)-([0-9]+)\.bin$")
+_TWIN_SUFFIX = re.compile(r"~[0-9]+$")
 
 
 def plan_restore(store_root: Path, name: str) -> list[RestoreStep]:

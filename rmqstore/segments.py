@@ -21,7 +21,7 @@ from pathlib import Path
 from rmqstore.errors import StoreFormatError, StoreIOError
 
 SEGMENT_NAME_DIGITS = 20
-_SEGMENT_NAME = re.compile(r"\d{20}")
+_SEGMENT_NAME = re.compile(r"[0-9]{20}")  # ASCII digits: a regex's \d takes any script's
 
 
 def is_segment_name(name: str) -> bool:

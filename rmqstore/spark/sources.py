@@ -53,7 +53,7 @@ from pyspark.sql.datasource import (
 )
 
 from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
-from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE
+from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE, queue_id_of
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, StoreIOError
 from rmqstore.jsontext import parse_json
@@ -622,8 +622,9 @@ class ConsumeQueueReader(DataSourceReader):
             if self.topics is not None and topic not in self.topics:
                 continue
             for queue in self.location.directories(f"consumequeue/{topic}"):
-                if queue.lstrip("-").isdigit() and self._wanted(topic, int(queue)):
-                    parts.append(InputPartition((topic, int(queue), minimum)))
+                queue_id = queue_id_of(queue)
+                if queue_id is not None and self._wanted(topic, queue_id):
+                    parts.append(InputPartition((topic, queue_id, minimum)))
         return parts
 
     def _wanted(self, topic: str, queue_id: int) -> bool:

@@ -718,3 +718,22 @@ def test_a_store_with_batchcq_topics_is_read_and_never_written(tmp_path: Path) -
     topics.write_text(json.dumps({"topicConfigTable": {}}))
     (store / "batchconsumequeue" / "C" / "0").mkdir(parents=True)
     one_line_error(run_cli("dispatch", store), 2)
+
+
+def test_queue_folders_a_broker_reads_as_no_queue_are_left_alone(tmp_path: Path) -> None:
+    """Copies of a queue under names Python's int() reads and a broker does not take for
+    that queue (``0_0``, `` 1``, ``+2``: the broker parses the name, then opens the folder of
+    the number): verify counted each as another queue and info failed (no consume queue for
+    queue 1). Now they are not queues, as for a broker."""
+    store = small_store(tmp_path)
+    queue = store / "consumequeue" / "T" / "0"
+    for name in ("0_0", " 1", "+2", "\u0663"):
+        shutil.copytree(queue, queue.with_name(name))
+    result = run_cli("verify", store, "--json")
+    assert result.exit_code == 0, result.stdout
+    assert json.loads(result.stdout)["checked"]["units"] == 20
+    info = run_cli("info", store, "--json")
+    assert info.exit_code == 0, info.stderr
+    assert [(q["topic"], q["queueId"]) for q in json.loads(info.stdout)["consumeQueues"]] == [
+        ("T", 0)
+    ]

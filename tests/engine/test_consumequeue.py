@@ -164,3 +164,33 @@ def test_a_rocksdb_database_is_told_from_queue_folders(tmp_path: Path) -> None:
     assert not consumequeue.holds_rocksdb(root)
     (root / "MANIFEST-x").rename(root / "MANIFEST-000012")
     assert consumequeue.holds_rocksdb(root)
+
+
+@pytest.mark.parametrize(
+    ("name", "queue_id"),
+    [
+        ("0", 0),
+        ("15", 15),
+        ("-1", -1),
+        ("2147483647", 2**31 - 1),
+        ("+2", None),  # Java parses it as 2, then opens folder "2": this one is no queue
+        ("007", None),
+        ("-0", None),
+        ("1_0", None),  # Python's int() takes these; Java's parseInt does not
+        (" 1", None),
+        ("1\n", None),
+        ("\u0663", None),  # an Arabic-Indic 3
+        ("2147483648", None),  # past a Java int: skipped at load
+        ("", None),
+        ("x", None),
+    ],
+)
+def test_a_queue_folder_is_named_by_its_number_as_java_writes_it(
+    tmp_path: Path, name: str, queue_id: int | None
+) -> None:
+    assert consumequeue.queue_id_of(name) == queue_id
+    if name and "\n" not in name:
+        (tmp_path / "T" / "0").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "T" / name).mkdir(exist_ok=True)
+        expected = sorted({("T", 0), *([] if queue_id is None else [("T", queue_id)])})
+        assert sorted(consumequeue.list_queues(tmp_path)) == expected
