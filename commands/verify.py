@@ -207,6 +207,9 @@ def _finish(
             console.print(
                 f"next step: {step} (then verify again)"
                 if step
+                else "next step: start its broker, which recovers and dispatches the store "
+                "(rmqstore's writers refuse a store with queues it does not keep)"
+                if report.writers_refused
                 else "next step: none of these is mended by a command; see the messages"
             )
     return ExitCode.OK if report.ok else ExitCode.FINDINGS
