@@ -35,6 +35,23 @@ def one_line_error(result, code: int) -> None:
     assert "Traceback" not in result.stderr
 
 
+def writers_refuse(store: Path, topic: str, said: str) -> None:
+    """Every writer, and every dry run, exits 2 in one line saying ``said``."""
+    for command in (
+        ["append", store, "--topic", topic, "--body", "y"],
+        ["dispatch", store],
+        ["dispatch", store, "--dry-run"],
+        ["dispatch", store, "--rebuild", "--yes"],
+        ["dispatch", store, "--rebuild", "--dry-run"],
+        ["recover", store, "--yes"],
+        ["recover", store, "--dry-run"],
+        ["flush", store],
+    ):
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert said in result.stderr, command
+
+
 @pytest.mark.parametrize("what", ["segment", "checkpoint", "abort", "index", "consumequeue"])
 def test_writers_refuse_links_leading_out_of_the_store(tmp_path: Path, what: str) -> None:
     store = small_store(tmp_path)
@@ -651,19 +668,7 @@ def test_a_store_whose_consume_queues_are_rocksdb_is_read_and_never_written(
     lines = run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()
     assert len(lines) == 20
     one_line_error(run_cli("read", store, "--topic", "T", "--queue", "0"), 2)
-    for command in (
-        ["append", store, "--topic", "T", "--body", "y"],
-        ["dispatch", store],
-        ["dispatch", store, "--dry-run"],
-        ["dispatch", store, "--rebuild", "--yes"],
-        ["dispatch", store, "--rebuild", "--dry-run"],
-        ["recover", store, "--yes"],
-        ["recover", store, "--dry-run"],
-        ["flush", store],
-    ):
-        result = run_cli(*command)
-        one_line_error(result, 2)
-        assert "holds a RocksDB database" in result.stderr, command
+    writers_refuse(store, "T", "holds a RocksDB database")
     assert tree_digest(store) == before
 
 
@@ -702,16 +707,7 @@ def test_a_store_with_batchcq_topics_is_read_and_never_written(tmp_path: Path) -
     one_line_error(result, 2)
     assert "batchconsumequeue/" in result.stderr
     assert run_cli("read", store, "--topic", "A", "--queue", "0", "--jsonl").exit_code == 0
-    for command in (
-        ["append", store, "--topic", "A", "--body", "y"],
-        ["dispatch", store],
-        ["dispatch", store, "--rebuild", "--dry-run"],
-        ["recover", store, "--yes"],
-        ["flush", store],
-    ):
-        result = run_cli(*command)
-        one_line_error(result, 2)
-        assert "topic B keeps its queues in batchconsumequeue/" in result.stderr, command
+    writers_refuse(store, "A", "topic B keeps its queues in batchconsumequeue/")
     assert tree_digest(store) == before
 
     # a folder in batchconsumequeue/ says so too, whatever topics.json says
