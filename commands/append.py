@@ -328,7 +328,7 @@ def command(
         if lines_style is None
         else {"on_lines": _guard_output(_write_lines), "lines_style": lines_style}
     )
-    with Store.open_write(store, config, create=create) as opened:
+    with Store.open_write(store, config, create=create, appends_only=not dispatch_after) as opened:
         appender = opened.appender(
             uniq_keys=None if no_uniq_key else UniqKeyGenerator(),
             allow_v2=record_version == "auto",

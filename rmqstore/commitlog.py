@@ -13,7 +13,7 @@ import struct
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -576,8 +576,10 @@ class CommitLogAppender:
         trailing_separator: bool = True,
         transient: bool = False,
         preallocate: bool = False,
+        refused_topics: Mapping[str, str] | None = None,
     ) -> None:
         self.log = log
+        self.refused_topics = refused_topics or {}  # topic -> why its messages are refused
         self.transient = transient
         self.preallocate = preallocate
         self._committed = 0  # transient: the staged bytes below this are in the file
@@ -771,6 +773,8 @@ class CommitLogAppender:
     def _learn_topic(self, topic: str) -> None:
         """Check a topic once and remember its encoded TOPICLENGTH+TOPIC field and magic."""
         check_topic(topic, allow_v2=self.allow_v2)
+        if topic in self.refused_topics:
+            raise InputError(self.refused_topics[topic])
         encoded = topic.encode("utf-8")
         if len(topic) > MAX_TOPIC_LENGTH:  # 5.x writes V2 for topics over 127 chars
             self._topic_fields[topic] = (len(encoded).to_bytes(2, "big") + encoded, MAGIC_V2)

@@ -200,6 +200,7 @@ class Store:
         create: bool = False,
         replacing: frozenset[str] = frozenset(),
         leaves_queues: bool = False,
+        appends_only: bool = False,
     ) -> Store:
         """Open a store for writing with its lock held; ``create`` makes a new, empty store in
         a missing or empty directory. Everything the store says about itself (``abort``, file
@@ -209,7 +210,8 @@ class Store:
         size given for them may differ from the remembered one. A store with queues rmqstore
         does not keep (a RocksDB database, BatchCQ topics) is refused
         (:meth:`refuse_foreign_queues`) unless the caller ``leaves_queues`` alone (neither
-        reads nor writes them, nor the log they index)."""
+        reads nor writes them, nor the log they index); a caller that ``appends_only`` (no
+        dispatch) may open one with BatchCQ topics, whose messages its appender refuses."""
         path = Path(root)
         creation = _check_store_root(path, create=create, config=config, writing=True)
         lock_existed = os.path.lexists(path / LOCK_FILE)
@@ -230,7 +232,7 @@ class Store:
             store._given_config = given
             store.refuse_links_out()
             if not leaves_queues:
-                store.refuse_foreign_queues()
+                store.refuse_foreign_queues(batch_topics=not appends_only)
             if creation is not None:
                 make_directories(store.commitlog_dir)
             store.commitlog  # noqa: B018 - load and check the commit log files now
@@ -317,15 +319,15 @@ class Store:
             }
         return batch_queue_topics(self.root / CONFIG_DIR) | folders
 
-    def refuse_foreign_queues(self) -> None:
+    def refuse_foreign_queues(self, *, batch_topics: bool = True) -> None:
         """Writers refuse a store with queues rmqstore does not keep: consume queues in a
-        RocksDB database, or BatchCQ topics' queues. Appending needs each queue's next
-        offset, which only those hold, and dispatch, recovery and flush would write (or cut,
-        or vouch for) queue files its broker does not read, or leave those queues pointing
-        past what they cut."""
+        RocksDB database, or (``batch_topics``) BatchCQ topics' queues. Appending needs each
+        queue's next offset, which only those hold, and dispatch, recovery and flush would
+        write (or cut, or vouch for) queue files its broker does not read, or leave those
+        queues pointing past what they cut."""
         if self.queues_in_rocksdb:
             what = f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}"
-        elif self.batch_queue_topics:
+        elif batch_topics and self.batch_queue_topics:
             what = (
                 f"{batch_queues_note(self.batch_queue_topics)}, which rmqstore neither reads "
                 "nor writes"
@@ -472,6 +474,11 @@ class Store:
             last_store_timestamp=state.last_store_timestamp,
             trailing_separator=trailing_separator,
             # the broker uses the pool only with ASYNC_FLUSH (isTransientStorePoolEnable)
+            refused_topics={
+                topic: f"{batch_queues_note([topic])}, whose next queue offsets rmqstore cannot "
+                "learn: its messages are not appended"
+                for topic in self.batch_queue_topics
+            },
             transient=self.config.transient_store_pool_enable
             and self.config.flush_disk_type == "ASYNC_FLUSH",
             preallocate=self.config.warm_mapped_file_enable,
@@ -729,7 +736,8 @@ class Store:
         elif appended:
             self.notes.append(
                 "the consume queues do not include the appended messages, so 'abort' is left "
-                "in place: a broker re-dispatches them when it starts (or run rmqstore dispatch)"
+                "in place: a broker re-dispatches them when it starts"
+                + ("" if self.batch_queue_topics else " (or run rmqstore dispatch)")
             )
 
     def _remove_abort(self) -> None:

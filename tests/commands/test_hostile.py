@@ -678,7 +678,8 @@ def test_a_store_with_batchcq_topics_is_read_and_never_written(tmp_path: Path) -
     undispatched, and dispatch (or recover) would write consume-queue files for it that its
     broker does not read, or cut the log under its batch queues; append would start its
     queues again at offset 0. Now verify checks the other topics' queues and notes
-    queues-batchcq; every writer refuses before changing anything."""
+    queues-batchcq; every writer refuses before changing anything, but for appending (no
+    dispatch) to the other topics."""
     store = tmp_path / "store"
     lines = tmp_path / "in.jsonl"
     lines.write_text(
@@ -707,8 +708,15 @@ def test_a_store_with_batchcq_topics_is_read_and_never_written(tmp_path: Path) -
     one_line_error(result, 2)
     assert "batchconsumequeue/" in result.stderr
     assert run_cli("read", store, "--topic", "A", "--queue", "0", "--jsonl").exit_code == 0
-    writers_refuse(store, "A", "topic B keeps its queues in batchconsumequeue/")
+    writers_refuse(store, "B", "topic B keeps its queues in batchconsumequeue/")
     assert tree_digest(store) == before
+
+    # appending (no dispatch) to the other topics goes on, their queue offsets known
+    result = run_cli("append", store, "--topic", "A", "--body", "later", "--jsonl")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == 2
+    assert "or run rmqstore dispatch" not in result.stderr  # refused here
+    one_line_error(run_cli("append", store, "--topic", "A", "--body", "y", "--dispatch"), 2)
 
     # a folder in batchconsumequeue/ says so too, whatever topics.json says
     topics.write_text(json.dumps({"topicConfigTable": {}}))
