@@ -203,7 +203,7 @@ def _dry_run(
     """The plan, from a read-only open: a dry run takes no lock and writes nothing."""
     with Store.open_read(store, config) as opened:
         opened.refuse_if_locked()
-        opened.refuse_foreign_queues()
+        opened.refuse_foreign_parts()
         if rebuild:
             plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
             return _show_plan({"plan": plan.to_dict(), "maxRecords": max_records}, as_json)

@@ -147,10 +147,11 @@ def cli(utc: bool, progress: bool) -> None:
 
     STORE is the store root directory (the broker's storePathRootDir), holding commitlog/,
     consumequeue/, index/, checkpoint, abort and lock. Files are read and written
-    byte-compatible with RocketMQ 4.x and 5.x brokers; no broker needs to run. A 5.x store
-    whose queues rmqstore does not keep (consume queues in a RocksDB database, BatchCQ
-    topics' batchconsumequeue/) is read but not written: the writers refuse it (exit 2),
-    but for append without --dispatch to its other topics.
+    byte-compatible with RocketMQ 4.x and 5.x brokers; no broker needs to run. A store whose
+    commit log or queues rmqstore does not keep (no commitlog/ folder: give --broker-config
+    when storePathCommitLog is elsewhere; a DLedger log; 5.x consume queues in a RocksDB
+    database; BatchCQ topics' batchconsumequeue/) is read but not written: the writers refuse
+    it (exit 2), but for append without --dispatch to the other topics of a BatchCQ store.
 
     Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
     not a store, corrupt or unreadable input, aborted at a prompt, --engine spark without

@@ -82,7 +82,7 @@ def purge_command(
             f"delete {counted(len(chosen), 'quarantine folder')} "
             f"({counted(size, 'byte')}) for good",
         )
-    with Store.open_write(store, leaves_queues=True):  # the store's lock, as a writer takes it
+    with Store.open_write(store, only_quarantine=True):  # the lock, as a writer takes it
         freed = purge_quarantine(store, chosen) if chosen else 0
     if as_json:
         emit_json({"purged": chosen, "bytes": freed})
@@ -127,7 +127,7 @@ def restore_command(store: Path, name: str, dry_run: bool, yes: bool, as_json: b
             for step in steps:
                 note(f"would {step.kind} {step.target}")
         return ExitCode.FINDINGS if steps else ExitCode.OK
-    with Store.open_write(store, leaves_queues=True):  # the store's lock, as a writer takes it
+    with Store.open_write(store, only_quarantine=True):  # the lock, as a writer takes it
         steps = plan_restore(store, name)
         if steps and not yes:
             confirm_or_refuse("quarantine restore", _what_restore_does(steps))

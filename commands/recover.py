@@ -91,7 +91,7 @@ def command(
     with (Store.open_read if dry_run else Store.open_write)(store, config) as opened:
         if dry_run:
             opened.refuse_if_locked()
-            opened.refuse_foreign_queues()
+            opened.refuse_foreign_parts()
         with progress_bar("finding the valid end", _log_size(opened), not no_progress) as update:
             plan = plan_recovery(opened, progress=_relative(opened, update))
         if dry_run:

@@ -79,6 +79,7 @@ from rmqstore.wording import quoted
 COMMITLOG_DIR = "commitlog"
 CONSUMEQUEUE_DIR = "consumequeue"
 BATCH_CONSUMEQUEUE_DIR = "batchconsumequeue"  # 5.x BatchCQ topics' queues (spec §6.7)
+DLEDGER_PREFIX = "dledger-"  # dledger-<selfId>/: a DLedger-mode broker's commit log
 INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
 ABORT_FILE = "abort"
@@ -107,6 +108,14 @@ class Residue:
     @property
     def total(self) -> int:
         return sum(stop - start for _, start, stop in self.pieces)
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    """The entries of ``folder`` (none when it cannot be listed)."""
+    try:
+        return list(os.scandir(folder))
+    except OSError:
+        return []
 
 
 def batch_queues_note(topics: Collection[str]) -> str:
@@ -189,6 +198,8 @@ class Store:
                 "the store is locked by a running process (a broker?); what is "
                 "read may change underneath"
             )
+        if store.foreign_log is not None:
+            store.notes.append(store.foreign_log)
         return store
 
     @classmethod
@@ -199,7 +210,7 @@ class Store:
         *,
         create: bool = False,
         replacing: frozenset[str] = frozenset(),
-        leaves_queues: bool = False,
+        only_quarantine: bool = False,
         appends_only: bool = False,
     ) -> Store:
         """Open a store for writing with its lock held; ``create`` makes a new, empty store in
@@ -207,11 +218,12 @@ class Store:
         sizes, the valid end) is read only once the lock is held, so a writer that crashed
         just before cannot make a crashed store look clean. ``replacing``: the geometry
         fields (StoreConfig names) whose files the caller replaces whole (a rebuild), so a
-        size given for them may differ from the remembered one. A store with queues rmqstore
-        does not keep (a RocksDB database, BatchCQ topics) is refused
-        (:meth:`refuse_foreign_queues`) unless the caller ``leaves_queues`` alone (neither
-        reads nor writes them, nor the log they index); a caller that ``appends_only`` (no
-        dispatch) may open one with BatchCQ topics, whose messages its appender refuses."""
+        size given for them may differ from the remembered one. A store whose commit log or
+        queues rmqstore does not keep (no commit-log folder, a DLedger log, a RocksDB
+        database, BatchCQ topics) is refused (:meth:`refuse_foreign_parts`) unless the caller
+        ``only_quarantine`` moves pieces to and from quarantine (restore, purge); a caller
+        that ``appends_only`` (no dispatch) may open one with BatchCQ topics, whose messages
+        its appender refuses."""
         path = Path(root)
         creation = _check_store_root(path, create=create, config=config, writing=True)
         lock_existed = os.path.lexists(path / LOCK_FILE)
@@ -231,8 +243,8 @@ class Store:
             store._lock_existed = lock_existed
             store._given_config = given
             store.refuse_links_out()
-            if not leaves_queues:
-                store.refuse_foreign_queues(batch_topics=not appends_only)
+            if not only_quarantine and creation is None:
+                store.refuse_foreign_parts(batch_topics=not appends_only)
             if creation is not None:
                 make_directories(store.commitlog_dir)
             store.commitlog  # noqa: B018 - load and check the commit log files now
@@ -319,12 +331,41 @@ class Store:
             }
         return batch_queue_topics(self.root / CONFIG_DIR) | folders
 
-    def refuse_foreign_queues(self, *, batch_topics: bool = True) -> None:
-        """Writers refuse a store with queues rmqstore does not keep: consume queues in a
-        RocksDB database, or (``batch_topics``) BatchCQ topics' queues. Appending needs each
-        queue's next offset, which only those hold, and dispatch, recovery and flush would
-        write (or cut, or vouch for) queue files its broker does not read, or leave those
-        queues pointing past what they cut."""
+    @cached_property
+    def foreign_log(self) -> str | None:
+        """Why this store's commit log is not where rmqstore reads it, or not one it reads
+        (None when it is): its folder does not exist (a broker's storePathCommitLog points
+        elsewhere, or the log is a DLedger one), or a ``dledger-*`` folder holds a DLedger
+        commit log (enableDLegerCommitLog, another record framing)."""
+        dledger = sorted(
+            entry.name
+            for entry in _entries(self.root)
+            if entry.name.startswith(DLEDGER_PREFIX) and entry.is_dir(follow_symlinks=False)
+        )
+        if dledger:
+            return (
+                f"{self.root / dledger[0]} holds a DLedger commit log (enableDLegerCommitLog), "
+                "which rmqstore does not read"
+            )
+        if not os.path.lexists(self.commitlog_dir):
+            return (
+                f"{self.commitlog_dir} does not exist: the commit log is elsewhere (give "
+                "--broker-config with the broker's storePathCommitLog), or the store has none "
+                "(an empty folder there has the log taken as empty, as a broker takes it, "
+                "dropping every queue)"
+            )
+        return None
+
+    def refuse_foreign_parts(self, *, batch_topics: bool = True) -> None:
+        """Writers refuse a store whose commit log or queues rmqstore does not keep: no
+        commit-log folder or a DLedger log (:attr:`foreign_log`: recovery would cut every
+        queue for a log it cannot see), consume queues in a RocksDB database, or
+        (``batch_topics``) BatchCQ topics' queues. Appending needs each queue's next offset,
+        which only those hold, and dispatch, recovery and flush would write (or cut, or vouch
+        for) queue files its broker does not read, or leave those queues pointing past what
+        they cut."""
+        if self.foreign_log is not None:
+            raise StoreFormatError(f"{self.foreign_log}; rmqstore writes nothing in this store")
         if self.queues_in_rocksdb:
             what = f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}"
         elif batch_topics and self.batch_queue_topics:

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rmqstore.store import Store, misplaced_files
+from rmqstore.store import Store
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
-from rmqstore.verify.queues import QueueChecks, readable_checks
+from rmqstore.verify.queues import QueueChecks, check_layout, readable_checks
 from rmqstore.verify.records import RecordListener, RecordPass
 
 __all__ = [
@@ -56,8 +56,7 @@ def verify_store(
 ) -> VerifyReport:
     """Check ``store`` (opened read-only) and return the report."""
     report = VerifyReport(max_findings=options.max_findings)
-    for name, message in misplaced_files(store.root):
-        report.add("store-layout", message, file=name)
+    check_layout(store, report)
     queues = index = None
     topics = set(options.topics) if options.topics else None
     checks = readable_checks(store, report, options.cross_checks)

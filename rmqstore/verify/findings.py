@@ -15,7 +15,8 @@ NOTE = "note"  # worth knowing, not a problem (does not fail verify)
 KINDS = {
     "file-size": "a store file's size differs from the configured size",
     "file-name": "a file whose name a broker cannot parse, or an unexpected file",
-    "store-layout": "a file where a store folder should be, or an abort that is not a file",
+    "store-layout": "a file where a store folder should be, an abort that is not a file, or "
+    "a commit log not where rmqstore reads it (no commitlog/ folder, a DLedger log)",
     "file-gap": "commit-log files are not contiguous",
     "file-incomplete": "a commit-log file ends without a BLANK record but later files hold data",
     "data-after-end": "a commit-log file after the end of the log holds data",

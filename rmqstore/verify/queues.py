@@ -32,7 +32,14 @@ from rmqstore.record import (
     RecordHeader,
 )
 from rmqstore.segments import is_segment_name
-from rmqstore.store import BATCH_CONSUMEQUEUE_DIR, CONSUMEQUEUE_DIR, Store, batch_queues_note
+from rmqstore.store import (
+    BATCH_CONSUMEQUEUE_DIR,
+    COMMITLOG_DIR,
+    CONSUMEQUEUE_DIR,
+    Store,
+    batch_queues_note,
+    misplaced_files,
+)
 from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
@@ -71,6 +78,16 @@ class _QueueState:
     def __post_init__(self) -> None:
         self.min_offset = self.queue.min_offset
         self.max_offset = self.queue.max_offset
+
+
+def check_layout(store: Store, report: VerifyReport) -> None:
+    """Files where store folders should be, and a commit log that is not where rmqstore reads
+    it (no commit-log folder, a DLedger log): every unit would point past its end, and no
+    command mends that (``store-layout`` stops the next step)."""
+    for name, message in misplaced_files(store.root):
+        report.add("store-layout", message, file=name)
+    if store.foreign_log is not None:
+        report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
 
 
 def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:

@@ -29,7 +29,7 @@ from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
-from rmqstore.verify.queues import QueueChecks, readable_checks
+from rmqstore.verify.queues import QueueChecks, check_layout, readable_checks
 from rmqstore.verify.records import (
     FileScan,
     LogFacts,
@@ -179,6 +179,7 @@ class RangedVerify:
         self.from_offset = from_offset
         self.range_size = range_size
         self.report = VerifyReport(max_findings=max_findings)
+        check_layout(store, self.report)
         self.checks = readable_checks(store, self.report, frozenset() if commitlog_only else checks)
         self.queues: QueueChecks | None = None
         self.index: IndexChecks | None = None

@@ -741,3 +741,38 @@ def test_queue_folders_a_broker_reads_as_no_queue_are_left_alone(tmp_path: Path)
     assert [(q["topic"], q["queueId"]) for q in json.loads(info.stdout)["consumeQueues"]] == [
         ("T", 0)
     ]
+
+
+def test_a_store_whose_commit_log_is_elsewhere_or_dledger_is_never_written(
+    tmp_path: Path,
+) -> None:
+    """A store whose commitlog/ is not there (a broker's storePathCommitLog points elsewhere,
+    or its log is a DLedger one in dledger-<id>/): rmqstore took the log as empty, so
+    `recover --yes` cut every consume queue and the index (to quarantine) and verify's next
+    step was `dispatch --rebuild --yes`, which moved them all away. Now every writer refuses,
+    verify names the missing log as a store-layout error with no next step, and with the
+    broker's config giving the log's folder everything works."""
+    store = small_store(tmp_path)
+    elsewhere = tmp_path / "data2" / "commitlog"
+    elsewhere.parent.mkdir()
+    (store / "commitlog").rename(elsewhere)
+    before = tree_digest(store)
+    writers_refuse(store, "T", "commitlog does not exist: the commit log is elsewhere")
+    assert tree_digest(store) == before
+    result = run_cli("verify", store, "--json")
+    report = json.loads(result.stdout)
+    assert report["findingsByKind"]["store-layout"] == 1 and report["nextStep"] is None
+    assert "does not exist" in run_cli("info", store).stderr
+
+    config = tmp_path / "broker.conf"
+    config.write_text(f"storePathCommitLog={elsewhere}\n")
+    result = run_cli("verify", store, "--broker-config", config)
+    assert result.exit_code == 0, result.stdout
+    result = run_cli("append", store, "--broker-config", config, "--topic", "T", "--body", "z")
+    assert result.exit_code == 0, result.stderr
+
+    (store / "commitlog").mkdir()  # an empty log: taken as one, as a broker takes it
+    (store / "dledger-n0" / "data").mkdir(parents=True)
+    writers_refuse(store, "T", "dledger-n0 holds a DLedger commit log")
+    report = json.loads(run_cli("verify", store, "--json").stdout)
+    assert report["findingsByKind"]["store-layout"] == 1 and report["nextStep"] is None
