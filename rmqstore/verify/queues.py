@@ -132,6 +132,7 @@ class QueueChecks:
         structural: bool = True,
         bounds: dict[tuple[str, int], QueueBounds] | None = None,
         defer_scans: bool = False,
+        excluded: frozenset[str] | None = None,
     ) -> None:
         self.store = store
         self._bounds = bounds or {}
@@ -140,7 +141,7 @@ class QueueChecks:
         self.report = report
         self.topics = topics
         # BatchCQ topics: their queues are in batchconsumequeue/, which rmqstore does not read
-        self.excluded = store.batch_queue_topics
+        self.excluded = store.batch_queue_topics if excluded is None else excluded
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.states: dict[tuple[str, int], _QueueState] = {}
         self.missing_queues: dict[tuple[str, int], int] = {}

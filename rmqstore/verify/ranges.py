@@ -71,6 +71,8 @@ class RangeJob:
     max_findings: int | None
     range: VerifyRange
     queue_bounds: dict[tuple[str, int], tuple[int, int, int]] | None = None
+    # the BatchCQ topics, found once (not from config/topics.json again for every range)
+    batch_topics: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -96,7 +98,14 @@ def check_range(job: RangeJob) -> RangeOutcome:
         queues = index = None
         topics = set(job.topics) if job.topics else None
         if "queues" in job.checks:
-            queues = QueueChecks(store, report, topics, structural=False, bounds=job.queue_bounds)
+            queues = QueueChecks(
+                store,
+                report,
+                topics,
+                structural=False,
+                bounds=job.queue_bounds,
+                excluded=job.batch_topics,
+            )
         if "index" in job.checks:
             index = IndexChecks(
                 store,
@@ -277,6 +286,7 @@ class RangedVerify:
                 self.report.max_findings,
                 part,
                 bounds,
+                self.store.batch_queue_topics,
             )
             for part in ranges
         ]
