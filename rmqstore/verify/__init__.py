@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rmqstore.store import Store
+from rmqstore.store import COMMITLOG_DIR, Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
-from rmqstore.verify.queues import QueueChecks, check_layout, readable_checks
+from rmqstore.verify.queues import QueueChecks, readable_checks
 from rmqstore.verify.records import RecordListener, RecordPass
 
 __all__ = [
@@ -47,6 +47,16 @@ class VerifyOptions:
     def cross_checks(self) -> frozenset[str]:
         """The files checked against the commit log (none with ``commitlog_only``)."""
         return frozenset() if self.commitlog_only else self.checks & CROSS_CHECKS
+
+
+def check_layout(store: Store, report: VerifyReport) -> None:
+    """Files where store folders should be, and a commit log that is not where rmqstore reads
+    it (no commit-log folder, a DLedger log): every unit would point past its end, and no
+    command mends that (``store-layout`` stops the next step)."""
+    for name, message in misplaced_files(store.root):
+        report.add("store-layout", message, file=name)
+    if store.foreign_log is not None:
+        report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
 
 
 def verify_store(

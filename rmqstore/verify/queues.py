@@ -32,14 +32,7 @@ from rmqstore.record import (
     RecordHeader,
 )
 from rmqstore.segments import is_segment_name
-from rmqstore.store import (
-    BATCH_CONSUMEQUEUE_DIR,
-    COMMITLOG_DIR,
-    CONSUMEQUEUE_DIR,
-    Store,
-    batch_queues_note,
-    misplaced_files,
-)
+from rmqstore.store import BATCH_CONSUMEQUEUE_DIR, CONSUMEQUEUE_DIR, Store, batch_queues_note
 from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
@@ -80,41 +73,30 @@ class _QueueState:
         self.max_offset = self.queue.max_offset
 
 
-def check_layout(store: Store, report: VerifyReport) -> None:
-    """Files where store folders should be, and a commit log that is not where rmqstore reads
-    it (no commit-log folder, a DLedger log): every unit would point past its end, and no
-    command mends that (``store-layout`` stops the next step)."""
-    for name, message in misplaced_files(store.root):
-        report.add("store-layout", message, file=name)
-    if store.foreign_log is not None:
-        report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
-
-
 def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:
     """``checks`` (the files checked against the commit log) without the consume queues when
     they are a RocksDB database, which rmqstore does not read: ``report`` notes it, and the
     BatchCQ topics, whose queues :class:`QueueChecks` leaves out."""
     if "queues" not in checks:
         return checks
-    if not store.queues_in_rocksdb:
-        if store.batch_queue_topics:
-            report.add(
-                "queues-batchcq",
-                f"{batch_queues_note(store.batch_queue_topics)}, which rmqstore does not read: "
-                "not checked (the other topics' queues are)",
-                NOTE,
-                file=BATCH_CONSUMEQUEUE_DIR,
-            )
-        return checks
-    checks -= {"queues"}
-    report.add(
-        "queues-rocksdb",
-        f"{CONSUMEQUEUE_DIR}/ {ROCKSDB_QUEUES_NOTE}: the commit log"
-        + (", the index" if "index" in checks else "")
-        + " and the checkpoint are checked, not the consume queues",
-        NOTE,
-        file=CONSUMEQUEUE_DIR,
-    )
+    if store.queues_in_rocksdb:
+        report.add(
+            "queues-rocksdb",
+            f"{CONSUMEQUEUE_DIR}/ {ROCKSDB_QUEUES_NOTE}: the commit log"
+            + (", the index" if "index" in checks else "")
+            + " and the checkpoint are checked, not the consume queues",
+            NOTE,
+            file=CONSUMEQUEUE_DIR,
+        )
+        return checks - {"queues"}
+    if store.batch_queue_topics:
+        report.add(
+            "queues-batchcq",
+            f"{batch_queues_note(store.batch_queue_topics)}, which rmqstore does not read: "
+            "not checked (the other topics' queues are)",
+            NOTE,
+            file=BATCH_CONSUMEQUEUE_DIR,
+        )
     return checks
 
 

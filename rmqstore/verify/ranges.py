@@ -24,12 +24,12 @@ from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatE
 from rmqstore.pipeline.ranges import plan_spans
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
-from rmqstore.verify import CROSS_CHECKS, VerifyOptions
+from rmqstore.verify import CROSS_CHECKS, VerifyOptions, check_layout
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
-from rmqstore.verify.queues import QueueChecks, check_layout, readable_checks
+from rmqstore.verify.queues import QueueChecks, readable_checks
 from rmqstore.verify.records import (
     FileScan,
     LogFacts,
