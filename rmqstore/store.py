@@ -322,13 +322,11 @@ class Store:
         """The topics whose queues a 5.x broker keeps in ``batchconsumequeue/`` (spec §6.7),
         which rmqstore neither reads nor writes: those ``config/topics.json`` gives the
         attribute queue.type=BatchCQ, and those with a folder there."""
-        folders: set[str] = set()
-        with contextlib.suppress(OSError):
-            folders = {
-                entry.name
-                for entry in os.scandir(self.root / BATCH_CONSUMEQUEUE_DIR)
-                if entry.is_dir(follow_symlinks=False)
-            }
+        folders = {
+            entry.name
+            for entry in _entries(self.root / BATCH_CONSUMEQUEUE_DIR)
+            if entry.is_dir(follow_symlinks=False)
+        }
         return batch_queue_topics(self.root / CONFIG_DIR) | folders
 
     @cached_property
