@@ -86,7 +86,8 @@ def command(
     messages, minOffset, maxOffset, notQueued}]}] (from the commit log; an LMQ queue's from its
     consume queue), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files),
-    consumeQueueStore ("files", or "rocksdb": not read), index{files,
+    consumeQueueStore ("files", or "rocksdb": not read), batchQueueTopics (topics whose
+    queues are in batchconsumequeue/, not read), index{files,
     entries, endOffset, endTimestamp}, consumerOffsets{file, groups, lag, pastEnd} (from
     config/consumerOffset.json, as rmqstore offsets reads it; null without one),
     dispatch{cursor, behindBytes, behindRecords} (null for "rocksdb"). With
@@ -223,7 +224,19 @@ def _render(summary: dict[str, Any]) -> None:
         overview.add_row(
             "dispatch lag",
             f"{dispatch['behindRecords']:,} records, "
-            f"{dispatch['behindBytes']:,} bytes behind the commit log",
+            f"{dispatch['behindBytes']:,} bytes behind the commit log"
+            + (
+                " (BatchCQ topics' records among them)"
+                if summary["batchQueueTopics"] and dispatch["behindRecords"]
+                else ""
+            ),
+        )
+    if batch_topics := summary["batchQueueTopics"]:
+        named = ", ".join(batch_topics[:10])
+        more = f" and {len(batch_topics) - 10} more" if len(batch_topics) > 10 else ""
+        overview.add_row(
+            "batch queues",
+            f"{named}{more}: queue.type BatchCQ, queues in batchconsumequeue/, not read",
         )
     index = summary["index"]
     overview.add_row(

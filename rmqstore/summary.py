@@ -336,6 +336,8 @@ def summarize(
         # where the broker keeps its consume queues: "files", or "rocksdb" (a 5.x broker's
         # storeType=defaultRocksDB), which rmqstore does not read (no dispatch lag then)
         "consumeQueueStore": "rocksdb" if rocksdb else "files",
+        # topics whose queues are in batchconsumequeue/ (queue.type BatchCQ), not read
+        "batchQueueTopics": sorted(store.batch_queue_topics),
         "index": index,
         "consumerOffsets": consumer_summary(
             store, {key: (lowest, units[key] + lowest) for key, lowest in queue_minima.items()}

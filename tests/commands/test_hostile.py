@@ -704,6 +704,8 @@ def test_a_store_with_batchcq_topics_is_read_and_never_written(tmp_path: Path) -
     info = json.loads(run_cli("info", store, "--json").stdout)
     counts = {t["topic"]: t["queues"][0]["messages"] for t in info["topics"]}
     assert counts == {"A": 2, "B": 2}  # from the log, every record
+    assert info["batchQueueTopics"] == ["B"]
+    assert "batch queues" in run_cli("info", store).stdout
     result = run_cli("read", store, "--topic", "B", "--queue", "0")
     one_line_error(result, 2)
     assert "batchconsumequeue/" in result.stderr
