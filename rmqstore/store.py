@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from rmqstore.commitlog import CommitLog, CommitLogAppender, LogEnd
@@ -73,7 +74,7 @@ from rmqstore.segments import (
     sync_directory,
 )
 from rmqstore.topics import check_topic_path_safe
-from rmqstore.topicsconfig import add_topics, batch_queue_topics
+from rmqstore.topicsconfig import add_topics, batch_queue_topics, read_topic_table
 from rmqstore.wording import quoted
 
 COMMITLOG_DIR = "commitlog"
@@ -327,7 +328,13 @@ class Store:
             for entry in _entries(self.root / BATCH_CONSUMEQUEUE_DIR)
             if entry.is_dir(follow_symlinks=False)
         }
-        return batch_queue_topics(self.root / CONFIG_DIR) | folders
+        return batch_queue_topics(self.topic_table) | folders
+
+    @cached_property
+    def topic_table(self) -> tuple[dict[str, Any], Path] | None:
+        """``config/topics.json``'s topic table as a broker loads it (its ``.bak`` when the
+        file does not load), and the file it came from; read once."""
+        return read_topic_table(self.root / CONFIG_DIR)
 
     @cached_property
     def foreign_log(self) -> str | None:

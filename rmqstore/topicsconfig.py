@@ -134,11 +134,12 @@ def add_topics(
     return [f"added {_names(changed)} to {path}, where a broker looks up the topics it serves"]
 
 
-def listed_queue_counts(config_dir: Path) -> tuple[dict[str, int], Path] | None:
-    """The readQueueNums of each topic ``topics.json`` lists, read as a broker loads it (its
-    ``.bak`` when the file is missing, empty or does not parse), and the file it came from;
-    None when neither gives a table (a store written by the store code alone has neither)."""
-    found = _topic_table(config_dir)
+def listed_queue_counts(
+    found: tuple[dict[str, Any], Path] | None,
+) -> tuple[dict[str, int], Path] | None:
+    """The readQueueNums of each topic of a topic table (:func:`read_topic_table`), and the
+    file it came from; None when there is no table (a store written by the store code alone
+    has neither file)."""
     if found is None:
         return None
     table, source = found
@@ -149,11 +150,10 @@ def listed_queue_counts(config_dir: Path) -> tuple[dict[str, int], Path] | None:
     return counts, source
 
 
-def batch_queue_topics(config_dir: Path) -> frozenset[str]:
-    """The topics ``topics.json`` (read as :func:`listed_queue_counts` reads it) gives the
-    5.x attribute ``queue.type`` = ``BatchCQ``: a broker keeps their queues in
-    ``batchconsumequeue/`` (spec §6.7), not in ``consumequeue/``."""
-    found = _topic_table(config_dir)
+def batch_queue_topics(found: tuple[dict[str, Any], Path] | None) -> frozenset[str]:
+    """The topics a topic table (:func:`read_topic_table`) gives the 5.x attribute
+    ``queue.type`` = ``BatchCQ``: a broker keeps their queues in ``batchconsumequeue/``
+    (spec §6.7), not in ``consumequeue/``."""
     if found is None:
         return frozenset()
     return frozenset(
@@ -165,7 +165,7 @@ def batch_queue_topics(config_dir: Path) -> frozenset[str]:
     )
 
 
-def _topic_table(config_dir: Path) -> tuple[dict[str, Any], Path] | None:
+def read_topic_table(config_dir: Path) -> tuple[dict[str, Any], Path] | None:
     """``topicConfigTable`` of ``topics.json``, or of its ``.bak`` when the file is missing,
     empty or does not parse (as a broker loads it), and the file it came from."""
     path = config_dir / TOPICS_FILE

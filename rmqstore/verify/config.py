@@ -67,7 +67,7 @@ def check_topics_config(store: Store, report: VerifyReport, queues: QueueChecks 
     store has no such file, or when the queues were not checked."""
     if queues is None:
         return
-    found = listed_queue_counts(store.root / CONFIG_DIR)
+    found = listed_queue_counts(store.topic_table)
     if found is None:
         return
     counts, source = found
