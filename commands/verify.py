@@ -210,7 +210,7 @@ def _finish(
                 if step
                 else "next step: start its broker, which recovers and dispatches the store "
                 "(rmqstore's writers refuse a store with queues it does not keep)"
-                if report.writers_refused
+                if report.writers_refused and not report.counts["queue-type"]  # it would start
                 else "next step: none of these is mended by a command; see the messages"
             )
     return ExitCode.OK if report.ok else ExitCode.FINDINGS

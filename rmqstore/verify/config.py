@@ -6,23 +6,56 @@ recovery that cut the queue leaves, makes the broker skip messages stored there 
 
 from __future__ import annotations
 
+from rmqstore.consumequeue import list_queues
 from rmqstore.consumerprogress import past_end
 from rmqstore.geometry import CONFIG_DIR
 from rmqstore.multidispatch import LMQ_PREFIX
 from rmqstore.offsetsconfig import read_consumer_offsets, read_delay_offsets
-from rmqstore.store import Store
+from rmqstore.store import BATCH_CONSUMEQUEUE_DIR, CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import SCHEDULE_TOPIC
-from rmqstore.topicsconfig import listed_queue_counts
+from rmqstore.topicsconfig import batch_queue_topics, listed_queue_counts
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.queues import QueueChecks
 from rmqstore.wording import counted
 
 
 def check_config_files(store: Store, report: VerifyReport, queues: QueueChecks | None) -> None:
-    """The config files against the consume queues; nothing when the queues were not
-    checked."""
+    """The config files against the consume queues (the topic table and the queue folders
+    always; the rest not when the queues were not checked)."""
+    check_queue_types(store, report)
     check_topics_config(store, report, queues)
     check_offsets(store, report, queues)
+
+
+def check_queue_types(store: Store, report: VerifyReport) -> None:
+    """An error for each topic whose queue folders are not where its queue type keeps them:
+    a 5.x broker loads ``consumequeue/`` expecting ordinary topics and ``batchconsumequeue/``
+    expecting BatchCQ ones (``queue.type`` in ``config/topics.json``; a topic it does not
+    list is ordinary), and refuses to start on a queue folder of the other type."""
+    found = store.topic_table
+    batch = batch_queue_topics(found)
+    config = found[1].relative_to(store.root).as_posix() if found else "config/topics.json"
+    if not store.queues_in_rocksdb:
+        for topic in sorted({topic for topic, _ in list_queues(store.consumequeue_dir)} & batch):
+            report.add(
+                "queue-type",
+                f"{CONSUMEQUEUE_DIR}/{topic}/ holds queues of {topic}, which {config} makes a "
+                f"BatchCQ topic (queue.type): a 5.x broker does not start (the queue type of "
+                f"topic {topic} should be BatchCQ); move the folder aside",
+                file=f"{CONSUMEQUEUE_DIR}/{topic}",
+                topic=topic,
+            )
+    for topic in sorted({topic for topic, _ in list_queues(store.root / BATCH_CONSUMEQUEUE_DIR)}):
+        if topic not in batch:
+            report.add(
+                "queue-type",
+                f"{BATCH_CONSUMEQUEUE_DIR}/{topic}/ holds batch queues of {topic}, which "
+                f"{config} does not make a BatchCQ topic: a 5.x broker does not start (the "
+                f"queue type of topic {topic} should be SimpleCQ); list it with queue.type "
+                "BatchCQ, or move the folder aside",
+                file=f"{BATCH_CONSUMEQUEUE_DIR}/{topic}",
+                topic=topic,
+            )
 
 
 def check_offsets(store: Store, report: VerifyReport, queues: QueueChecks | None) -> None:

@@ -726,6 +726,29 @@ def test_a_store_with_batchcq_topics_is_read_and_never_written(tmp_path: Path) -
     one_line_error(run_cli("dispatch", store), 2)
 
 
+def test_queue_folders_of_the_other_queue_type_are_errors(tmp_path: Path) -> None:
+    """A 5.x broker loads consumequeue/ expecting ordinary topics and batchconsumequeue/
+    expecting BatchCQ ones, and refuses to start on a queue folder of the other type (its
+    ConsumeQueueStore: "The queue type of topic ... should be ..."). Such a store (an
+    ordinary queue left for a topic made BatchCQ, batch queues of a topic topics.json does
+    not make BatchCQ) is now a queue-type error, without the advice to start the broker."""
+    store = small_store(tmp_path)
+    topics = store / "config" / "topics.json"
+    topics.write_text(
+        json.dumps(
+            {"topicConfigTable": {"T": {"topicName": "T", "attributes": {"queue.type": "BatchCQ"}}}}
+        )
+    )
+    (store / "batchconsumequeue" / "U" / "0").mkdir(parents=True)
+    result = run_cli("verify", store, "--json")
+    assert result.exit_code == 1, result.stdout
+    report = json.loads(result.stdout)
+    wrong = sorted(f["file"] for f in report["findings"] if f["kind"] == "queue-type")
+    assert wrong == ["batchconsumequeue/U", "consumequeue/T"]
+    text = run_cli("verify", store).stdout
+    assert "start its broker" not in text and "a 5.x broker does not start" in text
+
+
 def test_queue_folders_a_broker_reads_as_no_queue_are_left_alone(tmp_path: Path) -> None:
     """Copies of a queue under names Python's int() reads and a broker does not take for
     that queue (``0_0``, `` 1``, ``+2``: the broker parses the name, then opens the folder of
