@@ -204,16 +204,21 @@ def _finish(
     else:
         _render(report, topics)
         if not report.ok:
-            step = report.next_step(str(store))
-            console.print(
-                f"next step: {step} (then verify again)"
-                if step
-                else "next step: start its broker, which recovers and dispatches the store "
-                "(rmqstore's writers refuse a store with queues it does not keep)"
-                if report.writers_refused and not report.counts["queue-type"]  # it would start
-                else "next step: none of these is mended by a command; see the messages"
-            )
+            console.print(f"next step: {_next_step(report, str(store))}")
     return ExitCode.OK if report.ok else ExitCode.FINDINGS
+
+
+def _next_step(report: VerifyReport, store: str) -> str:
+    """What to do about what was found, in words."""
+    step = report.next_step(store)
+    if step:
+        return f"{step} (then verify again)"
+    if report.writers_refused and not report.counts["queue-type"]:  # the broker would start
+        return (
+            "start its broker, which recovers and dispatches the store (rmqstore's writers "
+            "refuse a store with queues it does not keep)"
+        )
+    return "none of these is mended by a command; see the messages"
 
 
 def _render(report: VerifyReport, topics: tuple[str, ...] = ()) -> None:
