@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from bisect import bisect_left
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -74,12 +74,17 @@ from rmqstore.segments import (
     sync_directory,
 )
 from rmqstore.topics import check_topic_path_safe
-from rmqstore.topicsconfig import add_topics, batch_queue_topics, read_topic_table
+from rmqstore.topicsconfig import (
+    BATCH_CONSUMEQUEUE_DIR,
+    add_topics,
+    batch_queue_topics,
+    batch_queues_note,
+    read_topic_table,
+)
 from rmqstore.wording import quoted
 
 COMMITLOG_DIR = "commitlog"
 CONSUMEQUEUE_DIR = "consumequeue"
-BATCH_CONSUMEQUEUE_DIR = "batchconsumequeue"  # 5.x BatchCQ topics' queues (spec §6.7)
 DLEDGER_PREFIX = "dledger-"  # dledger-<selfId>/: a DLedger-mode broker's commit log
 INDEX_DIR = "index"
 CHECKPOINT_FILE = "checkpoint"
@@ -117,17 +122,6 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
         return list(os.scandir(folder))
     except OSError:
         return []
-
-
-def batch_queues_note(topics: Collection[str]) -> str:
-    """What a store's BatchCQ ``topics`` are, in a few words (the first ten named)."""
-    named = sorted(topics)
-    listed = ", ".join(named[:10]) + (f" and {len(named) - 10} more" if len(named) > 10 else "")
-    return (
-        f"topic{'s' if len(named) != 1 else ''} {listed} keep{'s' if len(named) == 1 else ''} "
-        f"{'its' if len(named) == 1 else 'their'} queues in {BATCH_CONSUMEQUEUE_DIR}/ "
-        "(queue.type BatchCQ, a RocketMQ 5 broker's batch consume queues)"
-    )
 
 
 class Store:

@@ -6,6 +6,7 @@ consumer balances over its readQueueNums queues only."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ DEFAULT_PERM = 6  # READ | WRITE
 TOPICS_FILE = "topics.json"
 QUEUE_TYPE_ATTRIBUTE = "queue.type"  # a 5.x topic attribute (spec §8.4)
 BATCH_QUEUE_TYPE = "BatchCQ"
+BATCH_CONSUMEQUEUE_DIR = "batchconsumequeue"  # 5.x BatchCQ topics' queues (spec §6.7)
 MAX_TOPICS_BYTES = 256 << 20  # a broker of many thousands of topics writes a few MB
 
 
@@ -162,6 +164,17 @@ def batch_queue_topics(found: tuple[dict[str, Any], Path] | None) -> frozenset[s
         if isinstance(entry, dict)
         and isinstance(entry.get("attributes"), dict)
         and entry["attributes"].get(QUEUE_TYPE_ATTRIBUTE) == BATCH_QUEUE_TYPE
+    )
+
+
+def batch_queues_note(topics: Collection[str]) -> str:
+    """What a store's BatchCQ ``topics`` are, in a few words (the first ten named)."""
+    named = sorted(topics)
+    listed = ", ".join(named[:10]) + (f" and {len(named) - 10} more" if len(named) > 10 else "")
+    return (
+        f"topic{'s' if len(named) != 1 else ''} {listed} keep{'s' if len(named) == 1 else ''} "
+        f"{'its' if len(named) == 1 else 'their'} queues in {BATCH_CONSUMEQUEUE_DIR}/ "
+        "(queue.type BatchCQ, a RocketMQ 5 broker's batch consume queues)"
     )
 
 

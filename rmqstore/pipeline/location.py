@@ -14,6 +14,7 @@ from typing import Any
 from rmqstore.consumequeue import holds_rocksdb, rocksdb_names
 from rmqstore.errors import InputError, NotAStoreError
 from rmqstore.segments import data_end_estimate, is_segment_name
+from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, read_topic_table
 from rmqstore.windows import FileWindows, ReadWindows, read_range
 
 
@@ -91,6 +92,15 @@ class StoreLocation:
             fs.FileSelector(f"{root.rstrip('/')}/consumequeue", allow_not_found=True)
         )
         return rocksdb_names({info.base_name for info in infos if info.type == fs.FileType.File})
+
+    def batch_queue_topics(self) -> frozenset[str]:
+        """The topics whose queues are in ``batchconsumequeue/`` (5.x BatchCQ topics): those
+        with a folder there, and, for a store on this machine, those ``config/topics.json``
+        makes BatchCQ (:attr:`rmqstore.store.Store.batch_queue_topics`)."""
+        folders = frozenset(self.directories(BATCH_CONSUMEQUEUE_DIR))
+        if self.remote:
+            return folders
+        return folders | batch_queue_topics(read_topic_table(Path(self.uri) / "config"))
 
     def check_store(self) -> None:
         """Refuse what is not a store with one clear sentence."""

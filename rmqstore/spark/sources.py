@@ -78,6 +78,7 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
+from rmqstore.topicsconfig import batch_queues_note
 from rmqstore.wording import quoted
 
 # bytes of commit log per partition of a load() that does not say (option splitSize): what
@@ -614,6 +615,12 @@ class ConsumeQueueReader(DataSourceReader):
                 f"{self.location.uri.rstrip('/')}/consumequeue {ROCKSDB_QUEUES_NOTE}: the "
                 "rocketmq-consumequeue source reads consume-queue files (rocketmq-commitlog "
                 "reads this store's messages)"
+            )
+        batch = self.topics & self.location.batch_queue_topics() if self.topics else None
+        if batch:
+            raise InputError(
+                f"{batch_queues_note(batch)}: the rocketmq-consumequeue source reads "
+                "consume-queue files (rocketmq-commitlog reads their messages)"
             )
         segments = self.location.segments("commitlog")
         minimum = int(segments[0][0]) if segments else 0

@@ -11,9 +11,9 @@ from rmqstore.consumerprogress import past_end
 from rmqstore.geometry import CONFIG_DIR
 from rmqstore.multidispatch import LMQ_PREFIX
 from rmqstore.offsetsconfig import read_consumer_offsets, read_delay_offsets
-from rmqstore.store import BATCH_CONSUMEQUEUE_DIR, CONSUMEQUEUE_DIR, Store
+from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import SCHEDULE_TOPIC
-from rmqstore.topicsconfig import batch_queue_topics, listed_queue_counts
+from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, listed_queue_counts
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.queues import QueueChecks
 from rmqstore.wording import counted

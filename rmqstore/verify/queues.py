@@ -32,8 +32,9 @@ from rmqstore.record import (
     RecordHeader,
 )
 from rmqstore.segments import is_segment_name
-from rmqstore.store import BATCH_CONSUMEQUEUE_DIR, CONSUMEQUEUE_DIR, Store, batch_queues_note
+from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import is_path_safe
+from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queues_note
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
 from rmqstore.windows import read_range

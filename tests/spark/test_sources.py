@@ -115,3 +115,16 @@ def test_the_consume_queue_source_refuses_queues_kept_in_rocksdb(tmp_path: Path)
     with pytest.raises(InputError, match="consumequeue holds a RocksDB database"):
         ConsumeQueueReader({"path": str(store)}).partitions()
     assert len(CommitLogReader({"path": str(store)}).partitions()) == 1  # the log reads
+
+
+def test_the_consume_queue_source_names_batchcq_topics_asked_for(tmp_path: Path) -> None:
+    """A BatchCQ topic (5.x queue.type=BatchCQ) keeps its queues in batchconsumequeue/, which
+    the source does not read: asked for by the topics option, it gave an empty table."""
+    from rmqstore.spark.sources import ConsumeQueueReader
+
+    store = tmp_path / "store"
+    generate("basic", store)
+    (store / "batchconsumequeue" / "Batched" / "0").mkdir(parents=True)
+    assert len(ConsumeQueueReader({"path": str(store)}).partitions()) == 1
+    with pytest.raises(InputError, match="topic Batched keeps its queues in batchconsumequeue/"):
+        ConsumeQueueReader({"path": str(store), "topics": "BasicTopic,Batched"}).partitions()
