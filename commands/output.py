@@ -12,7 +12,12 @@ from typing import Any
 
 import click
 
-from rmqstore.documents import encode_body, message_document  # noqa: F401  (for the commands)
+from rmqstore.documents import (  # noqa: F401  (encode_body and message_document for the commands)
+    delimited_row,
+    document_cells,
+    encode_body,
+    message_document,
+)
 from rmqstore.wording import counted  # noqa: F401  (the commands take it from here)
 
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
@@ -229,63 +234,34 @@ def _fast_dumps() -> Callable[[Any], bytes] | None:
 
 class DelimitedWriter:
     """CSV or TSV on stdout: a header row of ``fields``, then one row per document (a missing
-    or null value empty, an object or list as compact JSON, booleans as true/false); or, for
-    ``jsonl``, one JSON object of ``fields`` per document and line."""
+    or null value empty, an object or list as compact JSON, booleans as true/false; quoted
+    as :func:`rmqstore.documents.delimited_row` says); or, for ``jsonl``, one JSON object of
+    ``fields`` per document and line."""
 
     def __init__(self, kind: str, fields: list[str]) -> None:
-        import csv
-
         self.fields = fields
         self.jsonl = kind == "jsonl"
         self._delimiter = "\t" if kind == "tsv" else ","
-        self._writer = csv.writer(sys.stdout, delimiter=self._delimiter, lineterminator="\n")
         if not self.jsonl:
-            self._writer.writerow(fields)
+            sys.stdout.write(delimited_row(list(fields), self._delimiter))
 
     def row(self, document: dict[str, Any]) -> None:
-        if self.jsonl:  # the row's fields as one JSON object, values as --json has them
-            sys.stdout.write(json_text({name: document.get(name) for name in self.fields}))
-            sys.stdout.write("\n")
-        else:
-            self._writer.writerow(_cells(document, self.fields))
+        sys.stdout.write(self._text(document))
+
+    def write_rows(self, text: bytes) -> None:
+        """Rows already written as this table writes them (UTF-8), as they are."""
+        sys.stdout.flush()  # the header (or rows) written as text before it
+        sys.stdout.buffer.write(text)
 
     def rows(self, documents: Iterable[dict[str, Any]]) -> None:
         """The rows of many documents, written to stdout at once (one write, not one per
         row: stdout may be unbuffered, PYTHONUNBUFFERED)."""
-        import csv
-        import io
+        sys.stdout.write("".join(map(self._text, documents)))
 
-        buffer = io.StringIO()
-        fields = self.fields
-        if self.jsonl:
-            for document in documents:
-                buffer.write(json_text({name: document.get(name) for name in fields}))
-                buffer.write("\n")
-        else:
-            writer = csv.writer(buffer, delimiter=self._delimiter, lineterminator="\n")
-            writer.writerows(_cells(document, fields) for document in documents)
-        sys.stdout.write(buffer.getvalue())
-
-
-_AS_THEY_ARE = frozenset((str, int, type(None)))  # the csv module writes None as empty
-
-
-def _cells(document: dict[str, Any], fields: list[str]) -> list[Any]:
-    """The row of ``document``: text and integers as they are, the rest by :func:`_cell`."""
-    return [
-        value if type(value) in _AS_THEY_ARE else _cell(value)
-        for value in map(document.get, fields)
-    ]
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict | list):
-        return json_text(value)
-    return str(value)
+    def _text(self, document: dict[str, Any]) -> str:
+        if self.jsonl:  # the row's fields as one JSON object, values as --json has them
+            return json_text({name: document.get(name) for name in self.fields}) + "\n"
+        return delimited_row(document_cells(document, self.fields), self._delimiter)
 
 
 def delimited_options(
@@ -318,13 +294,17 @@ def delimited_options(
 
         options = [
             click.option(
-                "--csv", "delimited_kind", flag_value="csv", help="CSV with a header row."
+                "--csv",
+                "delimited_kind",
+                flag_value="csv",
+                help="CSV with a header row (RFC 4180: a cell holding a comma, a quote or a "
+                "line break in quotes, its quotes doubled).",
             ),
             click.option(
                 "--tsv",
                 "delimited_kind",
                 flag_value="tsv",
-                help="Tab-separated, with a header row.",
+                help="Tab-separated, with a header row (quoted as --csv is, for a tab).",
             ),
             click.option(
                 "--fields",

@@ -36,9 +36,11 @@ from rmqstore.commands.output import (
     warn,
 )
 from rmqstore.config import StoreConfig
+from rmqstore.documents import MessageTable
 from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
-from rmqstore.reader import MessageReader, selected
+from rmqstore.kernel.layout import MOST_COLUMNS
+from rmqstore.reader import MessageReader, TextBlock, selected
 from rmqstore.record import BodyMode, Message, decompress_body
 from rmqstore.store import Store
 from rmqstore.wording import clipped
@@ -302,6 +304,12 @@ def command(
         kernel_lines = (as_jsonl or as_json or delimited is not None) and not (
             filtered or decompress or verify_crc
         )
+        table = (  # rows the record kernel writes (more --fields than it takes: message by message)
+            MessageTable(tuple(delimited[1]), "\t" if delimited[0] == "tsv" else ",")
+            if delimited is not None and len(delimited[1]) <= MOST_COLUMNS
+            else None
+        )
+        kernel_lines = kernel_lines and (delimited is None or table is not None)
         if mode == "sequential" and kernel_lines:
             _stream_lines(
                 opened,
@@ -309,6 +317,7 @@ def command(
                 from_offset,  # type: ignore[arg-type]
                 count,
                 body_mode,
+                table,
                 seek,
                 no_progress,
                 lambda items: _write_items(items, body_mode, as_json, delimited),
@@ -316,10 +325,11 @@ def command(
             _warn_all(reader.notes)
             return 0
         if mode in ("queue", "topic") and kernel_lines:
+            shape = {"body_mode": body_mode, "table": table}
             items = (
-                reader.queue_lines(topic, queue_id, queue_from, count, body_mode=body_mode)  # type: ignore[arg-type]
+                reader.queue_lines(topic, queue_id, queue_from, count, **shape)  # type: ignore[arg-type]
                 if mode == "queue"
-                else reader.topic_lines(topic, count, body_mode=body_mode)  # type: ignore[arg-type]
+                else reader.topic_lines(topic, count, **shape)  # type: ignore[arg-type]
             )
             _write_items(items, body_mode, as_json, delimited)
             _warn_all(reader.notes)
@@ -378,34 +388,36 @@ def _stream_lines(
     from_offset: int,
     count: int | None,
     body_mode: str,
+    table: MessageTable | None,
     seek: bool,
     no_progress: bool,
-    write: Callable[[Iterable[bytes]], None],
+    write: Callable[[Iterable[TextBlock]], None],
 ) -> None:
-    """``read --from-offset N`` with --jsonl, --json, --csv or --tsv: the lines written by
-    the record kernel, a block at a time (the same text :func:`message_json` gives of each
-    message document), handed to ``write`` with the progress told as they go."""
+    """``read --from-offset N`` with --jsonl, --json, --csv or --tsv: the lines (or the rows
+    of ``table``) written by the record kernel, a block at a time (the same text
+    :func:`message_json` gives of each message document), handed to ``write`` with the
+    progress told as they go."""
     total = store.commitlog.data_extent() - from_offset
     with progress_bar("reading", total, not no_progress) as update:
 
-        def blocks() -> Iterator[bytes]:
-            for lines, _, end in reader.sequential_lines(
-                from_offset, count, body_mode=body_mode, seek=seek
+        def blocks() -> Iterator[TextBlock]:
+            for text, messages, end in reader.sequential_lines(
+                from_offset, count, body_mode=body_mode, table=table, seek=seek
             ):
-                yield lines
+                yield TextBlock(text, messages)
                 update(end - from_offset)
 
         write(blocks())
 
 
 def _write_items(
-    items: Iterable[bytes | Message],
+    items: Iterable[TextBlock | Message],
     body_mode: str,
     as_array: bool,
     delimited: tuple[str, list[str]] | None,
 ) -> None:
-    """Blocks of JSON lines the record kernel wrote, and messages (of blocks read one by one)
-    as their lines: one per line (``--jsonl``), or the elements of one JSON array
+    """Blocks of text the record kernel wrote, and messages (of blocks read one by one) as
+    their text: a JSON line each (``--jsonl``), or the elements of one JSON array
     (``--json``), written as they come and closed when a read part way fails (an error
     before the first comes before the ``[``, as elsewhere); or, ``delimited``, a CSV/TSV row
     per message (the header once the first block is in)."""
@@ -417,8 +429,8 @@ def _write_items(
     opened = False
     try:
         for item in items:
-            if isinstance(item, bytes):
-                block = item
+            if isinstance(item, TextBlock):
+                block = item.text
             else:
                 document = message_document(item, body_mode, _body_of(item, False))
                 block = (message_json(document) + "\n").encode("utf-8")
@@ -437,18 +449,16 @@ def _write_items(
 
 
 def _write_rows(
-    items: Iterable[bytes | Message], body_mode: str, delimited: tuple[str, list[str]]
+    items: Iterable[TextBlock | Message], body_mode: str, delimited: tuple[str, list[str]]
 ) -> None:
-    """CSV/TSV rows of the kernel's JSON lines (each parsed back into the message document
-    it was written from: twice as fast as decoding the message in Python) and of messages."""
-    import orjson
-
+    """CSV/TSV rows: the record kernel's blocks of rows as they are, and the rows of
+    messages (the header once the first block is in)."""
     table: DelimitedWriter | None = None
     for item in items:
         if table is None:
             table = DelimitedWriter(*delimited)
-        if isinstance(item, bytes):
-            table.rows(orjson.loads(line) for line in item.splitlines())
+        if isinstance(item, TextBlock):
+            table.write_rows(item.text)
         else:
             table.row(message_document(item, body_mode, _body_of(item, False)))
     if table is None:

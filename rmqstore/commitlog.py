@@ -227,7 +227,7 @@ class CommitLog:
             while wanted and rows[(wanted - 1) * ROW_WIDTH + PHYSICAL_OFFSET] >= end:
                 wanted -= 1
             out = bytearray()
-            kernel.write_lines("result_lines", window, rows, wanted, style, out)
+            kernel.write_lines("result_lines", window, rows, wanted, out, style)
             if wanted:
                 yield bytes(out), wanted
             if wanted < count:

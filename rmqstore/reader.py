@@ -5,17 +5,19 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import islice
-from typing import Any
+from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.commitlog import LogEnd, LogScan
 from rmqstore.consumequeue import ConsumeQueue, Unit, is_pre_blank, list_queues
+from rmqstore.documents import MessageTable
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import (
     BODY_MODE_NAMES,
     CRC_BAD,
     CRC_STATUS,
+    MESSAGE_COLUMNS,
     PHYSICAL_OFFSET,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
@@ -43,6 +45,24 @@ from rmqstore.wording import clipped, counted, missing_files, quoted
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _UNITS_PER_BLOCK = 4096  # units read, and records decoded, together by queue_lines
 _RUN_SPAN = 16 * 1024 * 1024  # at most this much of the commit log read at once for them
+
+
+class TextBlock(NamedTuple):
+    """Text the record kernel wrote of ``messages`` messages: their JSON lines, or their
+    CSV/TSV rows (a row may hold newlines, in a quoted cell)."""
+
+    text: bytes
+    messages: int
+
+
+def _text_writer(body_mode: str, table: MessageTable | None) -> tuple[str, tuple[Any, ...]]:
+    """The kernel's text writer (for :func:`rmqstore.kernel.write_lines`) and its modes:
+    JSON lines of message documents in ``body_mode``, or rows of ``table``."""
+    mode = BODY_MODE_NAMES.index(body_mode)
+    if table is None:
+        return "message_lines", (mode,)
+    columns = bytes(MESSAGE_COLUMNS.index(name) for name in table.fields)
+    return "message_rows", (mode, columns, ord(table.delimiter))
 
 
 class MessageReader:
@@ -276,30 +296,40 @@ class MessageReader:
         count: int | None = None,
         *,
         body_mode: str,
-    ) -> Iterator[bytes | Message]:
-        """What :meth:`by_queue` reads, as the JSON lines ``read --jsonl`` prints: blocks of
-        lines written by the record kernel (``bytes``): the units of a block are read
-        together, cut into runs whose records lie close together in one file, and each run's
-        records are decoded from one read where their units point. A unit that is not plainly
-        a whole record of this queue there (a pre-blank unit, a record of another queue or
-        size, none at all, a missing file) comes as :meth:`by_queue` gives it (a
-        :class:`Message`, or a note, an error, the end), and the kernel goes on after it."""
+        table: MessageTable | None = None,
+    ) -> Iterator[TextBlock | Message]:
+        """What :meth:`by_queue` reads, as the JSON lines ``read --jsonl`` prints (or the
+        rows of ``table``): blocks of text written by the record kernel (:class:`TextBlock`).
+        The units of a block are read together, cut into runs whose records lie close
+        together in one file, and each run's records are decoded from one read where their
+        units point. A unit that is not plainly a whole record of this queue there (a
+        pre-blank unit, a record of another queue or size, none at all, a missing file) comes
+        as :meth:`by_queue` gives it (a :class:`Message`, or a note, an error, the end), and
+        the kernel goes on after it."""
         queue = self.store.consume_queue(topic, queue_id)
         start = self._queue_start(queue, topic, queue_id, start)
-        yield from self._lines_of_units(topic, queue_id, queue.unit_values(start, count), body_mode)
+        yield from self._lines_of_units(
+            topic, queue_id, queue.unit_values(start, count), _text_writer(body_mode, table)
+        )
 
     def topic_lines(
-        self, topic: str, count: int | None = None, *, body_mode: str
-    ) -> Iterator[bytes | Message]:
+        self,
+        topic: str,
+        count: int | None = None,
+        *,
+        body_mode: str,
+        table: MessageTable | None = None,
+    ) -> Iterator[TextBlock | Message]:
         """What :meth:`by_topic` reads, as :meth:`queue_lines` gives it."""
         left = count
         for queue_id in self._topic_queues(topic):
             queue = self.store.consume_queue(topic, queue_id)
             values = queue.unit_values()
-            for item in self._lines_of_units(topic, queue_id, values, body_mode, limit=left):
+            writer = _text_writer(body_mode, table)
+            for item in self._lines_of_units(topic, queue_id, values, writer, limit=left):
                 yield item
                 if left is not None:
-                    left -= item.count(b"\n") if isinstance(item, bytes) else 1
+                    left -= item.messages if isinstance(item, TextBlock) else 1
             if left is not None and left <= 0:
                 return
 
@@ -308,13 +338,12 @@ class MessageReader:
         topic: str,
         queue_id: int,
         units: Iterable[tuple[int, int, int, int]],
-        body_mode: str,
+        writer: tuple[str, tuple[Any, ...]],
         *,
         limit: int | None = None,
-    ) -> Iterator[bytes | Message]:
-        """The lines (or messages) of the units (:meth:`ConsumeQueue.unit_values` tuples),
-        at most ``limit`` messages."""
-        mode = BODY_MODE_NAMES.index(body_mode)
+    ) -> Iterator[TextBlock | Message]:
+        """The text (or messages) of the units (:meth:`ConsumeQueue.unit_values` tuples),
+        at most ``limit`` messages, written by ``writer`` (:func:`_text_writer`)."""
         name = topic.encode("utf-8")
         if self._block_rows is None:
             self._block_rows = new_rows(_UNITS_PER_BLOCK)
@@ -329,9 +358,9 @@ class MessageReader:
             if not block:
                 break
             for run, segment in self._record_runs(block):
-                for item in self._run_items(run, segment, topic, queue_id, name, rows, mode):
+                for item in self._run_items(run, segment, topic, queue_id, name, rows, writer):
                     if left is not None:
-                        left -= item.count(b"\n") if isinstance(item, bytes) else 1
+                        left -= item.messages if isinstance(item, TextBlock) else 1
                     yield item
                 if self.queue_cut:
                     return
@@ -374,9 +403,9 @@ class MessageReader:
         queue_id: int,
         name: bytes,
         rows: Any,
-        mode: int,
-    ) -> Iterator[bytes | Message]:
-        """The lines of the records ``run`` points at in ``segment``: their span read once,
+        writer: tuple[str, tuple[Any, ...]],
+    ) -> Iterator[TextBlock | Message]:
+        """The text of the records ``run`` points at in ``segment``: their span read once,
         and decoded by the record kernel (:func:`rmqstore.kernel.records_at`) as far as each
         unit is plainly a whole record of the queue; a unit that is not is read as by_queue
         reads it (a :class:`Message`, or its note), and the kernel goes on after it."""
@@ -407,8 +436,8 @@ class MessageReader:
             if decoded:
                 self._note_missing(topic, queue_id)
                 out = bytearray()
-                kernel.write_lines("message_lines", buf, rows, decoded, mode, out)
-                yield bytes(out)
+                kernel.write_lines(writer[0], buf, rows, decoded, out, *writer[1])
+                yield TextBlock(bytes(out), decoded)
                 done += decoded
                 continue
             yield from self._unit_messages(topic, queue_id, [Unit(*run[done])], BodyMode.READ)
@@ -603,14 +632,20 @@ class MessageReader:
         self._sequential_end(scan, produced, start_offset)
 
     def sequential_lines(
-        self, start_offset: int, count: int | None = None, *, body_mode: str, seek: bool = False
+        self,
+        start_offset: int,
+        count: int | None = None,
+        *,
+        body_mode: str,
+        table: MessageTable | None = None,
+        seek: bool = False,
     ) -> Iterator[tuple[bytes, int, int]]:
         """What :meth:`sequential` reads, as the JSON lines ``read --jsonl`` prints of each
         message (:func:`rmqstore.documents.message_document` in ``body_mode``: none, auto,
-        text, hex or base64), written by the record kernel a scan batch at a time: ``(lines,
-        how many, the physical offset after the last)``. The same start, end, notes and
-        errors as :meth:`sequential`."""
-        mode = BODY_MODE_NAMES.index(body_mode)
+        text, hex or base64), or as the rows of ``table``, written by the record kernel a scan
+        batch at a time: ``(text, how many, the physical offset after the last)``. The same
+        start, end, notes and errors as :meth:`sequential`."""
+        kind, modes = _text_writer(body_mode, table)
         start_offset = self._sequential_start(start_offset, seek)
         scan = self.store.commitlog.scan(start_offset)
         produced = 0
@@ -618,7 +653,7 @@ class MessageReader:
             self._note_gaps(scan)
             wanted = batch if count is None else min(batch, count - produced)
             out = bytearray()
-            kernel.write_lines("message_lines", window, rows, wanted, mode, out)
+            kernel.write_lines(kind, window, rows, wanted, out, *modes)
             if wanted:
                 last = (wanted - 1) * ROW_WIDTH
                 yield bytes(out), wanted, rows[last + PHYSICAL_OFFSET] + rows[last + TOTAL_SIZE]

@@ -78,6 +78,7 @@ def seed_files(workdir: Path) -> list[tuple[str, bytes, int]]:
                 if member.isfile() and len(parts) >= 2 and parts[-2] == "commitlog":
                     data = tar.extractfile(member).read()  # type: ignore[union-attr]
                     seeds.append((f"{archive.name}:{member.name}", data, int(parts[-1])))
+    seeds.append(("crafted text cells", crafted_text_records(), 0))
     for name in SCENARIOS:
         out = workdir / name
         small = name == "large"  # the benchmark shape, kept small: 1 GiB files are no seed
@@ -86,6 +87,31 @@ def seed_files(workdir: Path) -> list[tuple[str, bytes, int]]:
         for path in sorted((out / "commitlog").iterdir()):
             seeds.append((f"scenario {name}:{path.name}", path.read_bytes(), int(path.name)))
     return Seeds(seeds)
+
+
+_AWKWARD_TEXTS = ("a,b", 'say "hi"', "two\nlines", "cr\rhere", "tab\there", "nul\x00", "é😀", '"')
+
+
+def crafted_text_records() -> bytes:
+    """Records whose bodies, tags, keys and properties hold what text output must escape or
+    quote (delimiters, quotes, line breaks, zero bytes, characters beyond ASCII)."""
+    from rmqstore.properties import encode_properties
+    from rmqstore.record import Message, encode_record
+
+    data = bytearray()
+    for number, text in enumerate(_AWKWARD_TEXTS * 2):
+        properties = {"TAGS": text, "KEYS": text, text: text} if number % 2 else {"n": text}
+        body = text.encode("utf-8") if number < len(_AWKWARD_TEXTS) else b"\r\xff" + bytes([number])
+        message = Message(
+            topic="Cells",
+            body=body,
+            properties=properties,
+            properties_bytes=encode_properties(properties),
+            physical_offset=len(data),
+            queue_offset=number,
+        )
+        data += encode_record(message)
+    return bytes(data)
 
 
 def scenario_workdir() -> tempfile.TemporaryDirectory:
@@ -216,6 +242,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from pack_both(native, rng)
     yield from lines_both(native, data, base)
     yield from message_lines_both(native, data, base, rng.randrange(5))
+    yield from message_rows_both(native, data, base, rng)
     yield from documents_both(native, rng)
     yield from records_at_both(native, data, base, rng)
 
@@ -683,21 +710,44 @@ def message_lines_both(native: ModuleType, data: bytes, base: int, body_mode: in
     yield from _text_both(native, "message_lines", data, base, body_mode)
 
 
-def _text_both(native: ModuleType, kind: str, data: bytes, base: int, mode: int) -> Iterator[str]:
-    """How ``kind`` (``result_lines`` or ``message_lines``) differs between the kernels on the
-    rows of ``data``, driven as ``rmqstore.kernel.write_lines`` drives it."""
+def message_rows_both(
+    native: ModuleType, data: bytes, base: int, rng: random.Random
+) -> Iterator[str]:
+    """Every way the CSV/TSV rows ``read --csv``/``--tsv`` prints of the rows of ``data``
+    differ between the kernels, for a random body mode, delimiter and list of columns (one
+    column, every column, or some, a column maybe twice)."""
+    from rmqstore.kernel.layout import MESSAGE_COLUMNS
+
+    numbers = range(len(MESSAGE_COLUMNS))
+    shape = rng.randrange(3)
+    if shape == 0:
+        columns = bytes((rng.choice(numbers),))
+    elif shape == 1:
+        columns = bytes(numbers)
+    else:
+        columns = bytes(rng.choice(numbers) for _ in range(rng.randint(2, 30)))
+    modes = (rng.randrange(5), columns, rng.choice((9, 44)))
+    yield from _text_both(native, "message_rows", data, base, *modes)
+
+
+def _text_both(
+    native: ModuleType, kind: str, data: bytes, base: int, *modes: object
+) -> Iterator[str]:
+    """How ``kind`` (``result_lines``, ``message_lines`` or ``message_rows``) differs
+    between the kernels on the rows of ``data``, driven as ``rmqstore.kernel.write_lines``
+    drives it."""
     rows, _final = run_scan(reference, data, 0, base, 0, 4096)
     if not rows:
         return
     packed = pack_rows(rows)
     count = len(rows)
     expected = bytearray()
-    getattr(reference, kind)(data, packed, 0, count, mode, expected)
+    getattr(reference, kind)(data, packed, 0, count, *modes, expected)
     got = bytearray()
     row = 0
     while row < count:
-        row = getattr(native, kind)(data, packed, row, count, mode, got)
+        row = getattr(native, kind)(data, packed, row, count, *modes, got)
         if row < count:
-            row = getattr(reference, kind)(data, packed, row, row + 1, mode, got)
+            row = getattr(reference, kind)(data, packed, row, row + 1, *modes, got)
     if got != expected:
-        yield f"{kind} differ (mode {mode})"
+        yield f"{kind} differ (modes {modes})"

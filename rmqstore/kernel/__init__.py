@@ -79,21 +79,27 @@ document_rows: Callable[..., tuple[int, int, Any]] = (
 )
 result_lines: Callable[..., int] = _refuse if _refusal else _implementation.result_lines
 message_lines: Callable[..., int] = _refuse if _refusal else _implementation.message_lines
+message_rows: Callable[..., int] = _refuse if _refusal else _implementation.message_rows
 
 
-def write_lines(kind: str, buf: Any, rows: Any, count: int, mode: int, out: bytearray) -> None:
+def write_lines(kind: str, buf: Any, rows: Any, count: int, out: bytearray, *modes: Any) -> None:
     """The text lines of rows ``[0, count)`` of a scan of ``buf`` appended to ``out``:
-    ``kind`` is ``result_lines`` (``mode`` a LINES_* style) or ``message_lines`` (a BODY_*
-    mode). The kernel that runs writes them; a row the compiled kernel leaves is written by
-    the reference, so the text is the same either way."""
-    write = result_lines if kind == "result_lines" else message_lines
+    ``kind`` is ``result_lines`` (``modes``: a LINES_* style), ``message_lines`` (a BODY_*
+    mode) or ``message_rows`` (a BODY_* mode, the columns and the delimiter). The kernel that
+    runs writes them; a row the compiled kernel leaves is written by the reference, so the
+    text is the same either way."""
+    write = {
+        "result_lines": result_lines,
+        "message_lines": message_lines,
+        "message_rows": message_rows,
+    }[kind]
     row = 0
     while row < count:
-        row = write(buf, rows, row, count, mode, out)
+        row = write(buf, rows, row, count, *modes, out)
         if row < count:  # text the compiled kernel leaves to the reference
             from rmqstore.kernel import reference
 
-            row = getattr(reference, kind)(buf, rows, row, row + 1, mode, out)
+            row = getattr(reference, kind)(buf, rows, row, row + 1, *modes, out)
 
 
 def description() -> str:

@@ -2043,7 +2043,7 @@ cdef void _put_msg_id(Writer* writer, const uint8_t* store_host, int64_t host_le
     _put_hex_bytes(writer, offset_bytes, 8)
 
 
-def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray out):
+def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray out not None):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
     cdef const int64_t[::1] row_view = rows
@@ -2146,9 +2146,11 @@ cdef inline void _put_byte(Writer* writer, uint8_t byte) noexcept nogil:
     writer.cursor += 1
 
 
-cdef void _put_json_text(Writer* writer, const uint8_t* data, int64_t length) noexcept nogil:
+cdef void _put_json_text(Writer* writer, const uint8_t* data, int64_t length,
+                         bint doubled) noexcept nogil:
     """Valid UTF-8 as the inside of a JSON string, as json.dumps(ensure_ascii=False) writes
-    it: quote and backslash escaped, control characters as \\n \\r \\t \\b \\f or \\u00XX."""
+    it: quote and backslash escaped, control characters as \\n \\r \\t \\b \\f or \\u00XX;
+    ``doubled``: each quote twice (the JSON text inside a quoted CSV cell)."""
     cdef int64_t k
     cdef uint8_t byte
     for k in range(length):
@@ -2156,6 +2158,8 @@ cdef void _put_json_text(Writer* writer, const uint8_t* data, int64_t length) no
         if byte == 34 or byte == 92:
             _put_byte(writer, 92)
             _put_byte(writer, byte)
+            if doubled and byte == 34:
+                _put_byte(writer, 34)
         elif byte >= 0x20:
             _put_byte(writer, byte)
         elif byte == 10:
@@ -2215,17 +2219,23 @@ cdef inline void _put_field_name(Writer* writer, const char* name) noexcept nogi
 
 
 cdef void _put_json_value(Writer* writer, const uint8_t* data, int64_t at,
-                          int64_t length) noexcept nogil:
-    """A JSON string of data[at:at+length], or null for SPAN_ABSENT."""
+                          int64_t length, bint doubled) noexcept nogil:
+    """A JSON string of data[at:at+length], or null for SPAN_ABSENT (``doubled``: see
+    _put_json_text)."""
     if length == SPAN_ABSENT:
         _put_text(writer, b"null")
         return
     _put_byte(writer, 34)
-    _put_json_text(writer, data + at, length)
+    if doubled:
+        _put_byte(writer, 34)
+    _put_json_text(writer, data + at, length, doubled)
     _put_byte(writer, 34)
+    if doubled:
+        _put_byte(writer, 34)
 
 
-def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytearray out):
+def message_lines(buf, rows, int64_t first, int64_t count, int body_mode,
+                  bytearray out not None):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
     cdef const int64_t[::1] row_view = rows
@@ -2306,7 +2316,7 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
         _put_text(&writer, b'{"msgId":"')
         _put_msg_id(&writer, data + store_at, 8, row_view[at + C_PHYSICAL_OFFSET])
         _put_text(&writer, b'","topic":')
-        _put_json_value(&writer, data, topic_at, topic_length)
+        _put_json_value(&writer, data, topic_at, topic_length, False)
         _put_text(&writer, b',"queueId":')
         _put_decimal(&writer, row_view[at + C_QUEUE_ID])
         _put_text(&writer, b',"queueOffset":')
@@ -2337,15 +2347,15 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
         for j in range(pairs):
             if j:
                 _put_byte(&writer, 44)
-            _put_json_value(&writer, data, name_at[j], name_length[j])
+            _put_json_value(&writer, data, name_at[j], name_length[j], False)
             _put_byte(&writer, 58)
-            _put_json_value(&writer, data, value_at[j], value_length[j])
+            _put_json_value(&writer, data, value_at[j], value_length[j], False)
         _put_text(&writer, b'},"tags":')
-        _put_json_value(&writer, data, tags_at, tags_length)
+        _put_json_value(&writer, data, tags_at, tags_length, False)
         _put_text(&writer, b',"keys":')
-        _put_json_value(&writer, data, keys_at, keys_length)
+        _put_json_value(&writer, data, keys_at, keys_length, False)
         _put_text(&writer, b',"uniqKey":')
-        _put_json_value(&writer, data, uniq_at, uniq_length)
+        _put_json_value(&writer, data, uniq_at, uniq_length, False)
         _put_text(&writer, b',"bodyLength":')
         _put_decimal(&writer, body_length)
         _put_text(&writer, b',"version":"V2"' if row_view[at + C_VERSION] == 2
@@ -2353,7 +2363,7 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
         if body_mode != BODY_NONE_C:
             _put_text(&writer, b',"body":"')
             if body_text:
-                _put_json_text(&writer, data + body_at, body_length)
+                _put_json_text(&writer, data + body_at, body_length, False)
                 _put_text(&writer, b'","bodyEncoding":"text"')
             elif body_mode == BODY_HEX_C:
                 _put_hex_bytes(&writer, data + body_at, body_length)
@@ -2362,6 +2372,292 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode, bytear
                 _put_base64(&writer, data + body_at, body_length)
                 _put_text(&writer, b'","bodyEncoding":"base64"')
         _put_text(&writer, b"}\n")
+        _end_line(out, &writer, old_size)
+        row += 1
+    if bad:
+        raise ValueError(f"row {row} points outside the buffer")
+    return row
+
+
+# -- what read prints of a message, as CSV or TSV rows (see layout.py) --------------------------
+
+cdef struct MessageParts:
+    # what message_rows writes of a record, found once. message_lines finds the same in its
+    # own loop, by the same rules: through this struct it ran 15% slower (the compiler keeps
+    # its locals in registers, the struct's fields it reloads after every byte written)
+    RecordSpans spans
+    int64_t body_at
+    int64_t body_length
+    bint body_text  # the body is written as text (valid UTF-8, body mode auto or text)
+    int64_t pairs
+    int64_t name_at[MOST_PAIRS]
+    int64_t name_length[MOST_PAIRS]
+    int64_t value_at[MOST_PAIRS]
+    int64_t value_length[MOST_PAIRS]
+    int64_t tags_at
+    int64_t tags_length
+    int64_t keys_at
+    int64_t keys_length
+    int64_t uniq_at
+    int64_t uniq_length
+
+
+cdef enum:
+    PARTS_OUTSIDE = -1  # the row points outside the buffer
+    PARTS_REFERENCE = 0  # the reference writes this row
+    PARTS_FOUND = 1
+
+
+cdef inline int _message_parts(const int64_t[::1] row_view, int64_t at, const uint8_t* data,
+                               int64_t length, int body_mode, MessageParts* parts) noexcept nogil:
+    """The spans of the row at ``at`` that a message document is made of: its record's
+    fields, its property pairs as decode_properties keeps them (a name and a value, both
+    non-empty), TAGS, KEYS and UNIQ_KEY among them, and whether the body is text."""
+    cdef int64_t position, end, pair_end, separator, j, pairs = 0
+    parts.body_at = row_view[at + C_POSITION] + row_view[at + C_HEADER_SIZE]
+    parts.body_length = row_view[at + C_BODY_LENGTH]
+    if not (_record_spans(row_view, at, length, &parts.spans)
+            and _fits(parts.body_at, parts.body_length, length)):
+        return PARTS_OUTSIDE
+    if parts.spans.sys_flag & 0x30:  # an IPv6 host: the reference writes its text
+        return PARTS_REFERENCE
+    if not _utf8_valid(data + parts.spans.props_at, parts.spans.props_length):
+        return PARTS_REFERENCE
+    position = parts.spans.props_at
+    end = position + parts.spans.props_length
+    while position <= end:
+        pair_end = _pair_end(data, position, end, &separator)
+        if separator < pair_end and separator > position and pair_end - separator - 1 > 0:
+            for j in range(pairs):
+                if (parts.name_length[j] == separator - position
+                        and memcmp(data + parts.name_at[j], data + position,
+                                   parts.name_length[j]) == 0):
+                    return PARTS_REFERENCE  # a name twice: the later value in the first place
+            if pairs >= MOST_PAIRS:
+                return PARTS_REFERENCE
+            parts.name_at[pairs], parts.name_length[pairs] = position, separator - position
+            parts.value_at[pairs] = separator + 1
+            parts.value_length[pairs] = pair_end - separator - 1
+            pairs += 1
+        position = pair_end + 1
+    parts.pairs = pairs
+    parts.body_text = False
+    if body_mode == BODY_AUTO_C or body_mode == BODY_TEXT_C:
+        parts.body_text = _utf8_valid(data + parts.body_at, parts.body_length)
+        if not parts.body_text and body_mode == BODY_TEXT_C:
+            return PARTS_REFERENCE  # text-lossy: the reference writes it
+    parts.tags_at, parts.tags_length = 0, SPAN_ABSENT
+    parts.keys_at, parts.keys_length = 0, SPAN_ABSENT
+    parts.uniq_at, parts.uniq_length = 0, SPAN_ABSENT
+    for j in range(pairs):
+        if parts.name_length[j] == 4 and memcmp(data + parts.name_at[j], b"TAGS", 4) == 0:
+            parts.tags_at, parts.tags_length = parts.value_at[j], parts.value_length[j]
+        elif parts.name_length[j] == 4 and memcmp(data + parts.name_at[j], b"KEYS", 4) == 0:
+            parts.keys_at, parts.keys_length = parts.value_at[j], parts.value_length[j]
+        elif parts.name_length[j] == 8 and memcmp(data + parts.name_at[j], b"UNIQ_KEY", 8) == 0:
+            parts.uniq_at, parts.uniq_length = parts.value_at[j], parts.value_length[j]
+    return PARTS_FOUND
+
+
+cdef void _put_properties_json(Writer* writer, const uint8_t* data, MessageParts* parts,
+                               bint doubled) noexcept nogil:
+    """The properties as a JSON object, in the order the record has them (``doubled``: see
+    _put_json_text)."""
+    cdef int64_t j
+    _put_byte(writer, 123)
+    for j in range(parts.pairs):
+        if j:
+            _put_byte(writer, 44)
+        _put_json_value(writer, data, parts.name_at[j], parts.name_length[j], doubled)
+        _put_byte(writer, 58)
+        _put_json_value(writer, data, parts.value_at[j], parts.value_length[j], doubled)
+    _put_byte(writer, 125)
+
+
+cdef enum:  # MESSAGE_COLUMNS, by number
+    COL_MSG_ID = 0
+    COL_TOPIC = 1
+    COL_QUEUE_ID = 2
+    COL_QUEUE_OFFSET = 3
+    COL_COMMIT_LOG_OFFSET = 4
+    COL_STORE_SIZE = 5
+    COL_BODY_CRC = 6
+    COL_FLAG = 7
+    COL_SYS_FLAG = 8
+    COL_BORN_TIMESTAMP = 9
+    COL_BORN_HOST = 10
+    COL_STORE_TIMESTAMP = 11
+    COL_STORE_HOST = 12
+    COL_RECONSUME_TIMES = 13
+    COL_PREPARED_OFFSET = 14
+    COL_PROPERTIES = 15
+    COL_TAGS = 16
+    COL_KEYS = 17
+    COL_UNIQ_KEY = 18
+    COL_BODY_LENGTH = 19
+    COL_VERSION = 20
+    COL_BODY = 21
+    COL_BODY_ENCODING = 22
+    COLUMN_COUNT = 23
+    MOST_COLUMNS_C = 64
+
+_COLUMNS_BY_NUMBER = (  # the COL_* numbers above, in order
+    "msgId", "topic", "queueId", "queueOffset", "commitLogOffset", "storeSize", "bodyCRC",
+    "flag", "sysFlag", "bornTimestamp", "bornHost", "storeTimestamp", "storeHost",
+    "reconsumeTimes", "preparedTransactionOffset", "properties", "tags", "keys", "uniqKey",
+    "bodyLength", "version", "body", "bodyEncoding",
+)
+if (_layout.MESSAGE_COLUMNS != _COLUMNS_BY_NUMBER or len(_COLUMNS_BY_NUMBER) != COLUMN_COUNT
+        or _layout.MOST_COLUMNS != MOST_COLUMNS_C):
+    raise ImportError("the compiled kernel's message columns are not layout.py's")
+
+
+cdef bint _text_cell_quoted(const uint8_t* data, int64_t length, uint8_t delimiter) noexcept nogil:
+    """Whether a text cell goes in quotes: it holds the delimiter, a quote, a line feed or a
+    carriage return."""
+    cdef int64_t k
+    cdef uint8_t byte
+    for k in range(length):
+        byte = data[k]
+        if byte == delimiter or byte == 34 or byte == 10 or byte == 13:
+            return True
+    return False
+
+
+cdef void _put_text_cell(Writer* writer, const uint8_t* data, int64_t length,
+                         bint quoted) noexcept nogil:
+    cdef int64_t k
+    if not quoted:
+        _put_bytes(writer, data, length)
+        return
+    _put_byte(writer, 34)
+    for k in range(length):
+        _put_byte(writer, data[k])
+        if data[k] == 34:
+            _put_byte(writer, 34)
+    _put_byte(writer, 34)
+
+
+def message_rows(buf, rows, int64_t first, int64_t count, int body_mode,
+                 bytes columns not None, int delimiter, bytearray out not None):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef int64_t length = view.shape[0], row, at, need, old_size, state, line_start, k
+    cdef int64_t column_count = PyBytes_GET_SIZE(columns), cell_at, cell_length
+    cdef const uint8_t* codes = <const uint8_t*>PyBytes_AS_STRING(columns)
+    cdef uint8_t code, separator = <uint8_t>delimiter
+    cdef MessageParts parts
+    cdef const uint8_t* data
+    cdef bint bad = False
+    cdef Writer writer
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE):
+        raise ValueError("rows are outside their buffers")
+    if not BODY_NONE_C <= body_mode <= BODY_BASE64_C:
+        raise ValueError(f"no body mode {body_mode}")
+    if not 0 < column_count <= MOST_COLUMNS_C:
+        raise ValueError("no such columns")
+    for k in range(column_count):
+        if codes[k] >= COLUMN_COUNT:
+            raise ValueError("no such columns")
+    if delimiter != 9 and delimiter != 44:
+        raise ValueError(f"no delimiter {delimiter}")
+    data = &view[0] if length else NULL
+    old_size = PyByteArray_GET_SIZE(out)
+    row = first
+    while row < count:
+        at = row * ROW_WIDTH_NATIVE
+        state = _message_parts(row_view, at, data, length, body_mode, &parts)
+        if state == PARTS_OUTSIDE:
+            bad = True
+            break
+        if state == PARTS_REFERENCE:
+            break
+        need = 3  # a row of one empty cell, and its newline
+        for k in range(column_count):
+            code = codes[k]
+            if code == COL_TOPIC:
+                need += 2 * parts.spans.topic_length + 3
+            elif code == COL_PROPERTIES:
+                need += 12 * parts.spans.props_length + 8
+            elif code == COL_TAGS or code == COL_KEYS or code == COL_UNIQ_KEY:
+                need += 2 * parts.spans.props_length + 3
+            elif code == COL_BODY:
+                need += 2 * parts.body_length + 8
+            else:
+                need += 48
+        _start_line(out, &writer, need)
+        line_start = writer.cursor
+        for k in range(column_count):
+            if k:
+                _put_byte(&writer, separator)
+            code = codes[k]
+            if code == COL_MSG_ID:
+                _put_msg_id(&writer, data + parts.spans.store_at, 8,
+                            row_view[at + C_PHYSICAL_OFFSET])
+            elif code == COL_QUEUE_ID:
+                _put_decimal(&writer, row_view[at + C_QUEUE_ID])
+            elif code == COL_QUEUE_OFFSET:
+                _put_decimal(&writer, row_view[at + C_QUEUE_OFFSET])
+            elif code == COL_COMMIT_LOG_OFFSET:
+                _put_decimal(&writer, row_view[at + C_PHYSICAL_OFFSET])
+            elif code == COL_STORE_SIZE:
+                _put_decimal(&writer, row_view[at + C_TOTAL_SIZE])
+            elif code == COL_BODY_CRC:
+                _put_decimal(&writer, row_view[at + C_BODY_CRC])
+            elif code == COL_FLAG:
+                _put_decimal(&writer, row_view[at + C_FLAG])
+            elif code == COL_SYS_FLAG:
+                _put_decimal(&writer, parts.spans.sys_flag)
+            elif code == COL_BORN_TIMESTAMP:
+                _put_decimal(&writer, row_view[at + C_BORN_TIMESTAMP])
+            elif code == COL_BORN_HOST:
+                _put_ipv4_host(&writer, data + parts.spans.born_at)
+            elif code == COL_STORE_TIMESTAMP:
+                _put_decimal(&writer, row_view[at + C_STORE_TIMESTAMP])
+            elif code == COL_STORE_HOST:
+                _put_ipv4_host(&writer, data + parts.spans.store_at)
+            elif code == COL_RECONSUME_TIMES:
+                _put_decimal(&writer, row_view[at + C_RECONSUME_TIMES])
+            elif code == COL_PREPARED_OFFSET:
+                _put_decimal(&writer, row_view[at + C_PREPARED_OFFSET])
+            elif code == COL_PROPERTIES:
+                # JSON text holds no raw control character; it holds quotes once not empty
+                if parts.pairs:
+                    _put_byte(&writer, 34)
+                _put_properties_json(&writer, data, &parts, parts.pairs > 0)
+                if parts.pairs:
+                    _put_byte(&writer, 34)
+            elif code == COL_BODY_LENGTH:
+                _put_decimal(&writer, parts.body_length)
+            elif code == COL_VERSION:
+                _put_text(&writer, b"V2" if row_view[at + C_VERSION] == 2 else b"V1")
+            elif code == COL_BODY_ENCODING:
+                if body_mode != BODY_NONE_C:
+                    _put_text(&writer, b"text" if parts.body_text
+                              else b"hex" if body_mode == BODY_HEX_C else b"base64")
+            elif code == COL_BODY and body_mode != BODY_NONE_C and not parts.body_text:
+                if body_mode == BODY_HEX_C:
+                    _put_hex_bytes(&writer, data + parts.body_at, parts.body_length)
+                else:
+                    _put_base64(&writer, data + parts.body_at, parts.body_length)
+            else:  # a text cell, or nothing (a body not shown, a property the record lacks)
+                cell_at, cell_length = 0, 0
+                if code == COL_TOPIC:
+                    cell_at, cell_length = parts.spans.topic_at, parts.spans.topic_length
+                elif code == COL_TAGS and parts.tags_length != SPAN_ABSENT:
+                    cell_at, cell_length = parts.tags_at, parts.tags_length
+                elif code == COL_KEYS and parts.keys_length != SPAN_ABSENT:
+                    cell_at, cell_length = parts.keys_at, parts.keys_length
+                elif code == COL_UNIQ_KEY and parts.uniq_length != SPAN_ABSENT:
+                    cell_at, cell_length = parts.uniq_at, parts.uniq_length
+                elif code == COL_BODY and body_mode != BODY_NONE_C:
+                    cell_at, cell_length = parts.body_at, parts.body_length
+                _put_text_cell(&writer, data + cell_at, cell_length,
+                               _text_cell_quoted(data + cell_at, cell_length, separator))
+        if column_count == 1 and writer.cursor == line_start:
+            _put_text(&writer, b'""')  # as csv writes a row of one empty cell
+        _put_byte(&writer, 10)
         _end_line(out, &writer, old_size)
         row += 1
     if bad:

@@ -518,3 +518,24 @@ BODY_TEXT = 2
 BODY_HEX = 3
 BODY_BASE64 = 4
 BODY_MODE_NAMES = ("none", "auto", "text", "hex", "base64")  # by BODY_* number
+
+
+# -- what read prints of a message, as CSV or TSV rows -------------------------------------------
+#
+# ``message_rows(buf, rows, first, count, body_mode, columns, delimiter, out)`` appends to the
+# bytearray ``out`` the row ``read --csv``/``--tsv`` prints for each row ``[first, count)`` of a
+# scan of ``buf``: :func:`rmqstore.documents.delimited_row` (UTF-8) of the
+# :func:`rmqstore.documents.document_cells` of the document ``message_lines`` writes (in
+# ``body_mode``) for the fields numbered by ``columns`` (bytes, each an index into
+# MESSAGE_COLUMNS; a field may come more than once), ``delimiter`` 44 (a comma) or 9 (a tab):
+# a cell holding the delimiter, a quote, a line feed or a carriage return in quotes, its
+# quotes doubled; a row of one empty cell as ``""``. It returns the row it stopped before:
+# ``count``, or (the compiled kernel only) a row ``message_lines`` also leaves, whose row the
+# caller then has the reference write.
+MESSAGE_COLUMNS = (
+    "msgId", "topic", "queueId", "queueOffset", "commitLogOffset", "storeSize", "bodyCRC",
+    "flag", "sysFlag", "bornTimestamp", "bornHost", "storeTimestamp", "storeHost",
+    "reconsumeTimes", "preparedTransactionOffset", "properties", "tags", "keys", "uniqKey",
+    "bodyLength", "version", "body", "bodyEncoding",
+)  # fmt: skip
+MOST_COLUMNS = 64  # columns longer than this are refused (ValueError)

@@ -1299,3 +1299,37 @@ def message_lines(
         out += json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         out += b"\n"
     return count
+
+
+def message_rows(
+    buf: Any,
+    rows: Any,
+    first: int,
+    count: int,
+    body_mode: int,
+    columns: bytes,
+    delimiter: int,
+    out: bytearray,
+) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    from rmqstore.documents import delimited_row, document_cells, message_document
+    from rmqstore.kernel.layout import BODY_MODE_NAMES, BODY_NONE, MESSAGE_COLUMNS, MOST_COLUMNS
+    from rmqstore.record import message_from_row
+
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH:
+        raise ValueError("rows are outside their buffers")
+    if not 0 <= body_mode < len(BODY_MODE_NAMES):
+        raise ValueError(f"no body mode {body_mode}")
+    if not 0 < len(columns) <= MOST_COLUMNS or max(columns) >= len(MESSAGE_COLUMNS):
+        raise ValueError("no such columns")
+    if delimiter not in (9, 44):
+        raise ValueError(f"no delimiter {delimiter}")
+    fields = [MESSAGE_COLUMNS[number] for number in columns]
+    length = len(buf)
+    mode = BODY_MODE_NAMES[body_mode]
+    for row in range(first, count):
+        _row_fits(rows, row * ROW_WIDTH, length)
+        message = message_from_row(buf, rows, row, body=body_mode != BODY_NONE)
+        cells = document_cells(message_document(message, mode), fields)
+        out += delimited_row(cells, chr(delimiter)).encode("utf-8")
+    return count

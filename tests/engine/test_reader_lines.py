@@ -1,8 +1,8 @@
-"""``MessageReader.queue_lines``/``topic_lines`` (``read --topic T [--queue Q] --jsonl``: the
-units of a block read together, the records decoded by the record kernel and written as JSON
-lines by it) against :meth:`by_queue`/:meth:`by_topic` read one message at a time: the same
-text, notes and errors on every fixture, every real-broker store, and copies whose consume
-queues point anywhere."""
+"""``MessageReader.queue_lines``/``topic_lines`` (``read --topic T [--queue Q] --jsonl`` or
+``--csv``/``--tsv``: the units of a block read together, the records decoded by the record
+kernel and written as JSON lines or CSV/TSV rows by it) against :meth:`by_queue`/:meth:`by_topic`
+read one message at a time: the same text, notes and errors on every fixture, every
+real-broker store, and copies whose consume queues point anywhere."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 from rmqstore.commands.output import message_json
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
-from rmqstore.documents import message_document
+from rmqstore.documents import MessageTable, delimited_row, document_cells, message_document
 from rmqstore.errors import RmqStoreError
 from rmqstore.fixtures import SCENARIOS, generate
-from rmqstore.kernel.layout import BODY_MODE_NAMES
-from rmqstore.reader import MessageReader
+from rmqstore.kernel.layout import BODY_MODE_NAMES, MESSAGE_COLUMNS
+from rmqstore.reader import MessageReader, TextBlock
 from rmqstore.record import BodyMode, Message
 from rmqstore.store import Store
 
@@ -29,14 +29,20 @@ from support import ORACLE_CONFIG, ORACLE_STORES, run_cli
 SMALL_SCENARIOS = sorted(name for name in SCENARIOS if name != "large")
 
 
-def _render(items, body_mode: str) -> str:
+def _render(items, body_mode: str, table: MessageTable | None = None) -> str:
+    """The text of the items: a block's as it is; a message's JSON line, or its row of
+    ``table`` as ``read --csv``/``--tsv`` writes it."""
     parts = []
     for item in items:
-        if isinstance(item, bytes):
-            parts.append(item.decode("utf-8"))
+        if isinstance(item, TextBlock):
+            parts.append(item.text.decode("utf-8"))
+            continue
+        assert isinstance(item, Message)
+        document = message_document(item, body_mode, item.body)
+        if table is None:
+            parts.append(message_json(document) + "\n")
         else:
-            assert isinstance(item, Message)
-            parts.append(message_json(message_document(item, body_mode, item.body)) + "\n")
+            parts.append(delimited_row(document_cells(document, table.fields), table.delimiter))
     return "".join(parts)
 
 
@@ -51,15 +57,24 @@ def _outcome(store_dir: Path, config: StoreConfig, read) -> tuple[str, list[str]
                 parts.append(item)
         except RmqStoreError as exc:
             error = f"{type(exc).__name__}: {exc}"
-        return _render(parts, read.body_mode), reader.notes, error
+        return _render(parts, read.body_mode, read.table), reader.notes, error
 
 
 class _Read:
     """One read, one at a time (``slow``) or by blocks of lines (the reader's lines)."""
 
-    def __init__(self, kind: str, topic: str, queue_id: int, start, count, body_mode: str):
+    def __init__(
+        self,
+        kind: str,
+        topic: str,
+        queue_id: int,
+        start,
+        count,
+        body_mode: str,
+        table: MessageTable | None = None,
+    ):
         self.kind, self.topic, self.queue_id = kind, topic, queue_id
-        self.start, self.count, self.body_mode = start, count, body_mode
+        self.start, self.count, self.body_mode, self.table = start, count, body_mode, table
 
     def slow(self):
         body = BodyMode.SKIP if self.body_mode == "none" else BodyMode.READ
@@ -70,33 +85,52 @@ class _Read:
             return reader.by_topic(self.topic, self.count, body=body)
 
         read.body_mode = self.body_mode  # type: ignore[attr-defined]
+        read.table = self.table  # type: ignore[attr-defined]
         return read
 
     def fast(self):
         def read(reader: MessageReader):
             if self.kind == "queue":
                 return reader.queue_lines(
-                    self.topic, self.queue_id, self.start, self.count, body_mode=self.body_mode
+                    self.topic,
+                    self.queue_id,
+                    self.start,
+                    self.count,
+                    body_mode=self.body_mode,
+                    table=self.table,
                 )
-            return reader.topic_lines(self.topic, self.count, body_mode=self.body_mode)
+            return reader.topic_lines(
+                self.topic, self.count, body_mode=self.body_mode, table=self.table
+            )
 
         read.body_mode = self.body_mode  # type: ignore[attr-defined]
+        read.table = self.table  # type: ignore[attr-defined]
         return read
+
+
+def _table(rng: random.Random) -> MessageTable | None:
+    """JSON lines half the time, else a CSV or TSV table of every column or some."""
+    if rng.random() < 0.5:
+        return None
+    fields = MESSAGE_COLUMNS if rng.random() < 0.5 else rng.sample(MESSAGE_COLUMNS, 4)
+    return MessageTable(tuple(fields), rng.choice((",", "\t")))
 
 
 def _reads(store_dir: Path, rng: random.Random) -> list[_Read]:
     queues = list_queues(store_dir / "consumequeue")
     reads = []
     for topic, queue_id in queues:
-        mode = rng.choice(BODY_MODE_NAMES)
-        reads.append(_Read("queue", topic, queue_id, None, None, mode))
+        mode, table = rng.choice(BODY_MODE_NAMES), _table(rng)
+        reads.append(_Read("queue", topic, queue_id, None, None, mode, table))
         reads.append(
-            _Read("queue", topic, queue_id, rng.randrange(-2, 30), rng.randrange(1, 40), mode)
+            _Read(
+                "queue", topic, queue_id, rng.randrange(-2, 30), rng.randrange(1, 40), mode, table
+            )
         )
     for topic in sorted({topic for topic, _ in queues}):
-        mode = rng.choice(BODY_MODE_NAMES)
-        reads.append(_Read("topic", topic, 0, None, None, mode))
-        reads.append(_Read("topic", topic, 0, None, rng.randrange(1, 60), mode))
+        mode, table = rng.choice(BODY_MODE_NAMES), _table(rng)
+        reads.append(_Read("topic", topic, 0, None, None, mode, table))
+        reads.append(_Read("topic", topic, 0, None, rng.randrange(1, 60), mode, table))
     return reads
 
 
@@ -234,6 +268,7 @@ def test_one_odd_unit_is_read_alone_and_the_kernel_goes_on_after_it(tmp_path: Pa
     kinds = [type(item).__name__ for item in items]
     assert kinds.count("Message") == 1, kinds
     odd = kinds.index("Message")
-    assert kinds[odd - 1] == kinds[odd + 1] == "bytes"
-    assert sum(item.count(b"\n") for item in items[:odd]) == 5
+    assert kinds[odd - 1] == kinds[odd + 1] == "TextBlock"
+    assert sum(item.messages for item in items[:odd]) == 5
+    assert sum(item.text.count(b"\n") for item in items[:odd]) == 5
     assert any("unit 5 of TopicTest:0 points at offset" in note for note in reader.notes)
