@@ -2511,6 +2511,19 @@ if (_layout.MESSAGE_COLUMNS != _COLUMNS_BY_NUMBER or len(_COLUMNS_BY_NUMBER) != 
         or _layout.MOST_COLUMNS != MOST_COLUMNS_C):
     raise ImportError("the compiled kernel's message columns are not layout.py's")
 
+cdef int64_t ROW_COLUMN_OF[COLUMN_COUNT]  # the row column holding each message column, or -1
+for _number in range(COLUMN_COUNT):
+    ROW_COLUMN_OF[_number] = -1
+for _number, _column in (
+    (COL_QUEUE_ID, C_QUEUE_ID), (COL_QUEUE_OFFSET, C_QUEUE_OFFSET),
+    (COL_COMMIT_LOG_OFFSET, C_PHYSICAL_OFFSET), (COL_STORE_SIZE, C_TOTAL_SIZE),
+    (COL_BODY_CRC, C_BODY_CRC), (COL_FLAG, C_FLAG), (COL_SYS_FLAG, C_SYS_FLAG),
+    (COL_BORN_TIMESTAMP, C_BORN_TIMESTAMP), (COL_STORE_TIMESTAMP, C_STORE_TIMESTAMP),
+    (COL_RECONSUME_TIMES, C_RECONSUME_TIMES), (COL_PREPARED_OFFSET, C_PREPARED_OFFSET),
+    (COL_BODY_LENGTH, C_BODY_LENGTH),
+):
+    ROW_COLUMN_OF[_number] = _column
+
 
 cdef bint _text_cell_quoted(const uint8_t* data, int64_t length, uint8_t delimiter) noexcept nogil:
     """Whether a text cell goes in quotes: it holds the delimiter, a quote, a line feed or a
@@ -2592,35 +2605,15 @@ def message_rows(buf, rows, int64_t first, int64_t count, int body_mode,
             if k:
                 _put_byte(&writer, separator)
             code = codes[k]
-            if code == COL_MSG_ID:
+            if ROW_COLUMN_OF[code] >= 0:  # a number the scan put in the row
+                _put_decimal(&writer, row_view[at + ROW_COLUMN_OF[code]])
+            elif code == COL_MSG_ID:
                 _put_msg_id(&writer, data + parts.spans.store_at, 8,
                             row_view[at + C_PHYSICAL_OFFSET])
-            elif code == COL_QUEUE_ID:
-                _put_decimal(&writer, row_view[at + C_QUEUE_ID])
-            elif code == COL_QUEUE_OFFSET:
-                _put_decimal(&writer, row_view[at + C_QUEUE_OFFSET])
-            elif code == COL_COMMIT_LOG_OFFSET:
-                _put_decimal(&writer, row_view[at + C_PHYSICAL_OFFSET])
-            elif code == COL_STORE_SIZE:
-                _put_decimal(&writer, row_view[at + C_TOTAL_SIZE])
-            elif code == COL_BODY_CRC:
-                _put_decimal(&writer, row_view[at + C_BODY_CRC])
-            elif code == COL_FLAG:
-                _put_decimal(&writer, row_view[at + C_FLAG])
-            elif code == COL_SYS_FLAG:
-                _put_decimal(&writer, parts.spans.sys_flag)
-            elif code == COL_BORN_TIMESTAMP:
-                _put_decimal(&writer, row_view[at + C_BORN_TIMESTAMP])
             elif code == COL_BORN_HOST:
                 _put_ipv4_host(&writer, data + parts.spans.born_at)
-            elif code == COL_STORE_TIMESTAMP:
-                _put_decimal(&writer, row_view[at + C_STORE_TIMESTAMP])
             elif code == COL_STORE_HOST:
                 _put_ipv4_host(&writer, data + parts.spans.store_at)
-            elif code == COL_RECONSUME_TIMES:
-                _put_decimal(&writer, row_view[at + C_RECONSUME_TIMES])
-            elif code == COL_PREPARED_OFFSET:
-                _put_decimal(&writer, row_view[at + C_PREPARED_OFFSET])
             elif code == COL_PROPERTIES:
                 # JSON text holds no raw control character; it holds quotes once not empty
                 if parts.pairs:
@@ -2628,8 +2621,6 @@ def message_rows(buf, rows, int64_t first, int64_t count, int body_mode,
                 _put_properties_json(&writer, data, &parts, parts.pairs > 0)
                 if parts.pairs:
                     _put_byte(&writer, 34)
-            elif code == COL_BODY_LENGTH:
-                _put_decimal(&writer, parts.body_length)
             elif code == COL_VERSION:
                 _put_text(&writer, b"V2" if row_view[at + C_VERSION] == 2 else b"V1")
             elif code == COL_BODY_ENCODING:

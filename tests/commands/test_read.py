@@ -726,3 +726,18 @@ def test_csv_and_tsv_cells_holding_delimiters_quotes_and_line_breaks(tmp_path: P
                 assert row[2] == (document["keys"] or "")
                 assert json.loads(row[3]) == document["properties"]
                 assert row[4] == document["body"] and row[5] == document["bodyEncoding"]
+
+
+def test_more_fields_than_the_kernel_takes_are_written_message_by_message(tmp_path: Path) -> None:
+    """A --fields list longer than the record kernel's rows take (MOST_COLUMNS) still gives
+    every column, as message by message (--begin 1) gives it."""
+    from rmqstore.kernel.layout import MOST_COLUMNS
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    fields = ",".join(["msgId", "tags"] * (MOST_COLUMNS // 2 + 1))
+    for selection in (["--from-offset", "0"], ["--topic", "TopicTest"]):
+        command = ["read", store, *selection, "--count", "5", "--csv", "--fields", fields]
+        fast, slow = run_cli(*command), run_cli(*command, "--begin", "1")
+        assert fast.exit_code == 0 and fast.stdout == slow.stdout
+        assert [len(line.split(",")) for line in fast.stdout.splitlines()] == [MOST_COLUMNS + 2] * 6
