@@ -73,7 +73,10 @@ def command(
     (its last 64 MiB and any bytes after its end equal to SOURCE's), else nothing changes
     and the command exits 2.
     The writer's lock of DEST is taken (exit 3 when held). Consumer offsets and other
-    config/*.json files are not part of the commit log and are not copied.
+    config/*.json files are not part of the commit log and are not copied. A directory SOURCE
+    whose broker keeps its consume queues in a RocksDB database or in batchconsumequeue/
+    (BatchCQ topics), or with no commit-log folder, is refused (exit 2) before DEST is made:
+    a replica's consume queues would not be what its broker reads.
 
     JSON: {source, dest, fromOffset, toOffset, sourceEnd, bytesCopied, filesCreated,
     recordsDispatched}; with --follow one such object per round and line. From ha://:

@@ -73,12 +73,31 @@ def source_geometry(source: Path, config: StoreConfig) -> StoreConfig:
     file sizes, index slots and entries: a replica's files must be the same), and whatever
     else was given."""
     with Store.open_read(source, config) as opened:
+        _refuse_foreign_source(opened)
         resolved = opened.config
         return config.with_overrides(
             commitlog_file_size=opened.commitlog_file_size,
             consumequeue_file_size=opened.consumequeue_file_size,
             index_slots=resolved.index_slots,
             index_entries=resolved.index_entries,
+        )
+
+
+def _refuse_foreign_source(source: Store) -> None:
+    """A SOURCE whose log or queues rmqstore does not keep is refused before DEST is made:
+    without its commit-log folder (or with a DLedger log) there is no log to copy, and a
+    replica's consume queues, dispatched as a slave broker does, would not be the ones its
+    broker reads when SOURCE's broker keeps them in a RocksDB database or in
+    batchconsumequeue/ (a slave broker started on such a replica would not dispatch the
+    records again, or would refuse to start on queue folders of the wrong type)."""
+    if source.foreign_log is not None:
+        raise StoreFormatError(f"SOURCE: {source.foreign_log}; there is no log to replicate")
+    what = source.foreign_queues()
+    if what is not None:
+        raise StoreFormatError(
+            f"SOURCE: {what}, and a replica's consume queues would not be the ones its broker "
+            "reads: nothing was replicated (let a slave broker replicate it, or copy the store "
+            "with its broker stopped)"
         )
 
 

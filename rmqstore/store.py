@@ -365,19 +365,25 @@ class Store:
         they cut."""
         if self.foreign_log is not None:
             raise StoreFormatError(f"{self.foreign_log}; rmqstore writes nothing in this store")
+        what = self.foreign_queues(batch_topics=batch_topics)
+        if what is not None:
+            raise StoreFormatError(
+                f"{what}; rmqstore writes nothing in such a store (its broker recovers and "
+                "dispatches it at start-up); read, verify, stats and export read its commit log"
+            )
+
+    def foreign_queues(self, *, batch_topics: bool = True) -> str | None:
+        """What of the store's queues rmqstore does not keep, said in a phrase: consume
+        queues in a RocksDB database, or (``batch_topics``) BatchCQ topics' queues; None when
+        it keeps them all."""
         if self.queues_in_rocksdb:
-            what = f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}"
-        elif batch_topics and self.batch_queue_topics:
-            what = (
+            return f"{self.consumequeue_dir} {ROCKSDB_QUEUES_NOTE}"
+        if batch_topics and self.batch_queue_topics:
+            return (
                 f"{batch_queues_note(self.batch_queue_topics)}, which rmqstore neither reads "
                 "nor writes"
             )
-        else:
-            return
-        raise StoreFormatError(
-            f"{what}; rmqstore writes nothing in such a store (its broker recovers and "
-            "dispatches it at start-up); read, verify, stats and export read its commit log"
-        )
+        return None
 
     def queues_unread(self, topic: str) -> str | None:
         """Why ``topic``'s queues are not read: they are in a RocksDB database, or in

@@ -36,8 +36,11 @@ def one_line_error(result, code: int) -> None:
 
 
 def writers_refuse(store: Path, topic: str, said: str) -> None:
-    """Every writer, and every dry run, exits 2 in one line saying ``said``."""
+    """Every writer, and every dry run, exits 2 in one line saying ``said``; so does a
+    replication from the store, before it makes its DEST."""
+    replica = store.parent / f"{store.name}-replica"
     for command in (
+        ["replicate", store, replica],
         ["append", store, "--topic", topic, "--body", "y"],
         ["dispatch", store],
         ["dispatch", store, "--dry-run"],
@@ -50,6 +53,7 @@ def writers_refuse(store: Path, topic: str, said: str) -> None:
         result = run_cli(*command)
         one_line_error(result, 2)
         assert said in result.stderr, command
+    assert not replica.exists()
 
 
 @pytest.mark.parametrize("what", ["segment", "checkpoint", "abort", "index", "consumequeue"])
