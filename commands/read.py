@@ -40,7 +40,7 @@ from rmqstore.documents import MessageTable
 from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import MOST_COLUMNS
-from rmqstore.reader import MessageReader, TextBlock, selected
+from rmqstore.reader import MessageReader, MessageSelection, TextBlock, selected
 from rmqstore.record import BodyMode, Message, decompress_body
 from rmqstore.store import Store
 from rmqstore.wording import clipped
@@ -301,8 +301,13 @@ def command(
             return 0
         filtered = tags is not None or begin > 0 or end < LONG_MAX
         walk_count = None if filtered else count  # a filter counts what it lets through
+        selection = (  # the kernel's rows filtered by their store time, then TAGS
+            MessageSelection(begin, end, frozenset(tags.split("||")) if tags is not None else None)
+            if filtered
+            else None
+        )
         kernel_lines = (as_jsonl or as_json or delimited is not None) and not (
-            filtered or decompress or verify_crc
+            decompress or verify_crc
         )
         table = (  # rows the record kernel writes (more --fields than it takes: message by message)
             MessageTable(tuple(delimited[1]), "\t" if delimited[0] == "tsv" else ",")
@@ -318,6 +323,7 @@ def command(
                 count,
                 body_mode,
                 table,
+                selection,
                 seek,
                 no_progress,
                 lambda items: _write_items(items, body_mode, as_json, delimited),
@@ -325,7 +331,7 @@ def command(
             _warn_all(reader.notes)
             return 0
         if mode in ("queue", "topic") and kernel_lines:
-            shape = {"body_mode": body_mode, "table": table}
+            shape = {"body_mode": body_mode, "table": table, "selection": selection}
             items = (
                 reader.queue_lines(topic, queue_id, queue_from, count, **shape)  # type: ignore[arg-type]
                 if mode == "queue"
@@ -389,20 +395,26 @@ def _stream_lines(
     count: int | None,
     body_mode: str,
     table: MessageTable | None,
+    selection: MessageSelection | None,
     seek: bool,
     no_progress: bool,
     write: Callable[[Iterable[TextBlock]], None],
 ) -> None:
     """``read --from-offset N`` with --jsonl, --json, --csv or --tsv: the lines (or the rows
-    of ``table``) written by the record kernel, a block at a time (the same text
-    :func:`message_json` gives of each message document), handed to ``write`` with the
-    progress told as they go."""
+    of ``table``) of the messages ``selection`` keeps (all without one), written by the
+    record kernel a block at a time (the same text :func:`message_json` gives of each
+    message document), handed to ``write`` with the progress told as they go."""
     total = store.commitlog.data_extent() - from_offset
     with progress_bar("reading", total, not no_progress) as update:
 
         def blocks() -> Iterator[TextBlock]:
             for text, messages, end in reader.sequential_lines(
-                from_offset, count, body_mode=body_mode, table=table, seek=seek
+                from_offset,
+                count,
+                body_mode=body_mode,
+                table=table,
+                selection=selection,
+                seek=seek,
             ):
                 yield TextBlock(text, messages)
                 update(end - from_offset)
@@ -430,6 +442,8 @@ def _write_items(
     try:
         for item in items:
             if isinstance(item, TextBlock):
+                if not item.messages:
+                    continue  # a block a filter kept nothing of (it told the progress)
                 block = item.text
             else:
                 document = message_document(item, body_mode, _body_of(item, False))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any, NamedTuple
 
@@ -17,18 +18,20 @@ from rmqstore.kernel.layout import (
     BODY_MODE_NAMES,
     CRC_BAD,
     CRC_STATUS,
+    FIELD_TAGS,
     MESSAGE_COLUMNS,
     PHYSICAL_OFFSET,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
     ROW_WIDTH,
+    STORE_TIMESTAMP,
     TOTAL_SIZE,
     VERSION,
     new_rows,
 )
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.multidispatch import queue_copies
-from rmqstore.properties import split_keys
+from rmqstore.properties import TAGS, decode_properties, split_keys
 from rmqstore.record import (
     BodyMode,
     Message,
@@ -63,6 +66,67 @@ def _text_writer(body_mode: str, table: MessageTable | None) -> tuple[str, tuple
         return "message_lines", (mode,)
     columns = bytes(MESSAGE_COLUMNS.index(name) for name in table.fields)
     return "message_rows", (mode, columns, ord(table.delimiter))
+
+
+@dataclass(frozen=True)
+class MessageSelection:
+    """The messages a read keeps (``read --begin/--end/--tags``): stored within ``[begin,
+    end]`` (epoch ms), and, ``tags`` not None, whose TAGS is one of them."""
+
+    begin: int = 0
+    end: int = LONG_MAX
+    tags: frozenset[str] | None = None
+
+    def keeps(self, message: Message) -> bool:
+        return self.begin <= message.store_timestamp <= self.end and (
+            self.tags is None or message.tags in self.tags
+        )
+
+    def rows_kept(self, buf: Any, rows: Any, count: int, limit: int | None) -> tuple[Any, int]:
+        """The rows ``[0, count)`` of a scan of ``buf`` it keeps, at most ``limit`` of them, in
+        rows of their own (``rows`` itself when it keeps them all), and how many: the store
+        time from the row, then, of the rows in the time window, the TAGS
+        (:meth:`_with_tags`)."""
+        begin, end = self.begin, self.end
+        stamps = rows[STORE_TIMESTAMP : count * ROW_WIDTH : ROW_WIDTH]
+        kept = [row for row, stamp in enumerate(stamps) if begin <= stamp <= end]
+        if self.tags is not None and kept:
+            kept = self._with_tags(buf, rows, count, kept)
+        if limit is not None:
+            del kept[limit:]
+        if len(kept) == count:
+            return rows, count
+        chosen = array("q")
+        for row in kept:
+            chosen.extend(rows[row * ROW_WIDTH : (row + 1) * ROW_WIDTH])
+        return chosen, len(kept)
+
+    def _with_tags(self, buf: Any, rows: Any, count: int, candidates: list[int]) -> list[int]:
+        """The ``candidates`` (rows of a scan of ``buf``) whose TAGS is one of :attr:`tags`:
+        found by the record kernel (the value a message's properties give it), compared as
+        bytes when ASCII (one text only encodes to them), else decoded as the message is."""
+        assert self.tags is not None
+        tags = self.tags
+        ascii_tags = {tag.encode("ascii") for tag in tags if tag.isascii()}
+        spans = array("q", bytes(16 * count))
+        kernel.field_spans(buf, rows, 0, count, FIELD_TAGS, spans)
+        kept = []
+        for row in candidates:
+            at, length = spans[2 * row], spans[2 * row + 1]
+            if length < 0:
+                continue  # no TAGS: None is no tag asked for
+            raw = bytes(buf[at : at + length])
+            if raw in ascii_tags or (not raw.isascii() and _row_tags(buf, rows, row) in tags):
+                kept.append(row)
+        return kept
+
+
+def _row_tags(buf: Any, rows: Any, row: int) -> str | None:
+    """The TAGS of the message in row ``row`` of a scan of ``buf``, as :class:`Message` has
+    it (None when it has none)."""
+    at = row * ROW_WIDTH
+    start = rows[at + PROPERTIES_AT]
+    return decode_properties(bytes(buf[start : start + rows[at + PROPERTIES_LENGTH]])).get(TAGS)
 
 
 class MessageReader:
@@ -297,19 +361,22 @@ class MessageReader:
         *,
         body_mode: str,
         table: MessageTable | None = None,
+        selection: MessageSelection | None = None,
     ) -> Iterator[TextBlock | Message]:
-        """What :meth:`by_queue` reads, as the JSON lines ``read --jsonl`` prints (or the
-        rows of ``table``): blocks of text written by the record kernel (:class:`TextBlock`).
-        The units of a block are read together, cut into runs whose records lie close
-        together in one file, and each run's records are decoded from one read where their
-        units point. A unit that is not plainly a whole record of this queue there (a
-        pre-blank unit, a record of another queue or size, none at all, a missing file) comes
-        as :meth:`by_queue` gives it (a :class:`Message`, or a note, an error, the end), and
-        the kernel goes on after it."""
+        """What :meth:`by_queue` reads (of it, what ``selection`` keeps), as the JSON lines
+        ``read --jsonl`` prints (or the rows of ``table``): blocks of text written by the
+        record kernel (:class:`TextBlock`). The units of a block are read together, cut into
+        runs whose records lie close together in one file, and each run's records are decoded
+        from one read where their units point. A unit that is not plainly a whole record of
+        this queue there (a pre-blank unit, a record of another queue or size, none at all, a
+        missing file) comes as :meth:`by_queue` gives it (a :class:`Message`, or a note, an
+        error, the end), and the kernel goes on after it."""
         queue = self.store.consume_queue(topic, queue_id)
         start = self._queue_start(queue, topic, queue_id, start)
+        writer = _text_writer(body_mode, table)
+        units = queue.unit_values(start, count if selection is None else None)
         yield from self._lines_of_units(
-            topic, queue_id, queue.unit_values(start, count), _text_writer(body_mode, table)
+            topic, queue_id, units, writer, limit=count, selection=selection
         )
 
     def topic_lines(
@@ -319,14 +386,18 @@ class MessageReader:
         *,
         body_mode: str,
         table: MessageTable | None = None,
+        selection: MessageSelection | None = None,
     ) -> Iterator[TextBlock | Message]:
-        """What :meth:`by_topic` reads, as :meth:`queue_lines` gives it."""
+        """What :meth:`by_topic` reads (of it, what ``selection`` keeps), as
+        :meth:`queue_lines` gives it."""
         left = count
         for queue_id in self._topic_queues(topic):
             queue = self.store.consume_queue(topic, queue_id)
             values = queue.unit_values()
             writer = _text_writer(body_mode, table)
-            for item in self._lines_of_units(topic, queue_id, values, writer, limit=left):
+            for item in self._lines_of_units(
+                topic, queue_id, values, writer, limit=left, selection=selection
+            ):
                 yield item
                 if left is not None:
                     left -= item.messages if isinstance(item, TextBlock) else 1
@@ -341,9 +412,11 @@ class MessageReader:
         writer: tuple[str, tuple[Any, ...]],
         *,
         limit: int | None = None,
+        selection: MessageSelection | None = None,
     ) -> Iterator[TextBlock | Message]:
-        """The text (or messages) of the units (:meth:`ConsumeQueue.unit_values` tuples),
-        at most ``limit`` messages, written by ``writer`` (:func:`_text_writer`)."""
+        """The text (or messages) of the units (:meth:`ConsumeQueue.unit_values` tuples), of
+        the messages ``selection`` keeps (all without one), at most ``limit`` of them,
+        written by ``writer`` (:func:`_text_writer`)."""
         name = topic.encode("utf-8")
         if self._block_rows is None:
             self._block_rows = new_rows(_UNITS_PER_BLOCK)
@@ -353,17 +426,26 @@ class MessageReader:
         iterator = iter(units)
         left = limit
         while left is None or left > 0:
-            wanted = _UNITS_PER_BLOCK if left is None else min(_UNITS_PER_BLOCK, left)
+            wanted = (
+                min(_UNITS_PER_BLOCK, left)
+                if left is not None and selection is None
+                else _UNITS_PER_BLOCK
+            )
             block = list(islice(iterator, wanted))
             if not block:
                 break
             for run, segment in self._record_runs(block):
-                for item in self._run_items(run, segment, topic, queue_id, name, rows, writer):
+                items = self._run_items(
+                    run, segment, topic, queue_id, name, rows, writer, selection, left
+                )
+                for item in items:
                     if left is not None:
                         left -= item.messages if isinstance(item, TextBlock) else 1
                     yield item
                 if self.queue_cut:
                     return
+                if left is not None and left <= 0:
+                    break
         self._note_missing(topic, queue_id)
 
     def _record_runs(
@@ -404,11 +486,14 @@ class MessageReader:
         name: bytes,
         rows: Any,
         writer: tuple[str, tuple[Any, ...]],
+        selection: MessageSelection | None,
+        limit: int | None,
     ) -> Iterator[TextBlock | Message]:
-        """The text of the records ``run`` points at in ``segment``: their span read once,
-        and decoded by the record kernel (:func:`rmqstore.kernel.records_at`) as far as each
-        unit is plainly a whole record of the queue; a unit that is not is read as by_queue
-        reads it (a :class:`Message`, or its note), and the kernel goes on after it."""
+        """The text of the records ``run`` points at in ``segment`` (of those ``selection``
+        keeps, at most ``limit``): their span read once, and decoded by the record kernel
+        (:func:`rmqstore.kernel.records_at`) as far as each unit is plainly a whole record
+        of the queue; a unit that is not is read as by_queue reads it (a :class:`Message`,
+        or its note), and the kernel goes on after it."""
         log = self.store.commitlog
         first = run[0][1]
         spans = array("q")
@@ -427,7 +512,8 @@ class MessageReader:
                 buf = log.pread(segment, position, last - first)
         span_view = memoryview(spans)
         done = 0
-        while done < len(run):
+        left = limit
+        while done < len(run) and (left is None or left > 0):
             decoded = 0
             if buf:
                 decoded = kernel.records_at(
@@ -435,12 +521,21 @@ class MessageReader:
                 )
             if decoded:
                 self._note_missing(topic, queue_id)
-                out = bytearray()
-                kernel.write_lines(writer[0], buf, rows, decoded, out, *writer[1])
-                yield TextBlock(bytes(out), decoded)
+                if selection is not None:
+                    kept_rows, kept = selection.rows_kept(buf, rows, decoded, left)
+                else:
+                    kept_rows, kept = rows, (decoded if left is None else min(decoded, left))
+                if kept:
+                    out = bytearray()
+                    kernel.write_lines(writer[0], buf, kept_rows, kept, out, *writer[1])
+                    yield TextBlock(bytes(out), kept)
+                    left = None if left is None else left - kept
                 done += decoded
                 continue
-            yield from self._unit_messages(topic, queue_id, [Unit(*run[done])], BodyMode.READ)
+            for message in self._unit_messages(topic, queue_id, [Unit(*run[done])], BodyMode.READ):
+                if selection is None or selection.keeps(message):
+                    yield message
+                    left = None if left is None else left - 1
             if self.queue_cut:
                 return
             done += 1
@@ -638,29 +733,37 @@ class MessageReader:
         *,
         body_mode: str,
         table: MessageTable | None = None,
+        selection: MessageSelection | None = None,
         seek: bool = False,
     ) -> Iterator[tuple[bytes, int, int]]:
-        """What :meth:`sequential` reads, as the JSON lines ``read --jsonl`` prints of each
-        message (:func:`rmqstore.documents.message_document` in ``body_mode``: none, auto,
-        text, hex or base64), or as the rows of ``table``, written by the record kernel a scan
-        batch at a time: ``(text, how many, the physical offset after the last)``. The same
+        """What :meth:`sequential` reads (of it, what ``selection`` keeps), as the JSON lines
+        ``read --jsonl`` prints of each message (:func:`rmqstore.documents.message_document`
+        in ``body_mode``: none, auto, text, hex or base64), or as the rows of ``table``,
+        written by the record kernel a scan batch at a time: ``(text, how many, the physical
+        offset after the batch)``; the text of a batch it keeps nothing of is empty. The same
         start, end, notes and errors as :meth:`sequential`."""
         kind, modes = _text_writer(body_mode, table)
         start_offset = self._sequential_start(start_offset, seek)
         scan = self.store.commitlog.scan(start_offset)
-        produced = 0
+        produced = records = 0
         for window, _window_start, rows, batch in scan.batches():
             self._note_gaps(scan)
-            wanted = batch if count is None else min(batch, count - produced)
+            if not batch:
+                continue
+            left = None if count is None else count - produced
+            if selection is not None:
+                kept_rows, kept = selection.rows_kept(window, rows, batch, left)
+            else:
+                kept_rows, kept = rows, (batch if left is None else min(batch, left))
             out = bytearray()
-            kernel.write_lines(kind, window, rows, wanted, out, *modes)
-            if wanted:
-                last = (wanted - 1) * ROW_WIDTH
-                yield bytes(out), wanted, rows[last + PHYSICAL_OFFSET] + rows[last + TOTAL_SIZE]
-            produced += wanted
+            kernel.write_lines(kind, window, kept_rows, kept, out, *modes)
+            last = (batch - 1) * ROW_WIDTH
+            yield bytes(out), kept, rows[last + PHYSICAL_OFFSET] + rows[last + TOTAL_SIZE]
+            produced += kept
+            records += batch
             if count is not None and produced >= count:
                 return
-        self._sequential_end(scan, produced, start_offset)
+        self._sequential_end(scan, records, start_offset)
 
     def _sequential_start(self, start_offset: int, seek: bool) -> int:
         """Where a sequential read starts (``seek``: the next record start, with a note)."""

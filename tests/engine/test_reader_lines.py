@@ -20,7 +20,7 @@ from rmqstore.documents import MessageTable, delimited_row, document_cells, mess
 from rmqstore.errors import RmqStoreError
 from rmqstore.fixtures import SCENARIOS, generate
 from rmqstore.kernel.layout import BODY_MODE_NAMES, MESSAGE_COLUMNS
-from rmqstore.reader import MessageReader, TextBlock
+from rmqstore.reader import MessageReader, MessageSelection, TextBlock, selected
 from rmqstore.record import BodyMode, Message
 from rmqstore.store import Store
 
@@ -61,7 +61,8 @@ def _outcome(store_dir: Path, config: StoreConfig, read) -> tuple[str, list[str]
 
 
 class _Read:
-    """One read, one at a time (``slow``) or by blocks of lines (the reader's lines)."""
+    """One read, one at a time (``slow``) or by blocks of lines (the reader's lines), of the
+    messages ``selection`` keeps (all without one)."""
 
     def __init__(
         self,
@@ -72,36 +73,43 @@ class _Read:
         count,
         body_mode: str,
         table: MessageTable | None = None,
+        selection: MessageSelection | None = None,
     ):
         self.kind, self.topic, self.queue_id = kind, topic, queue_id
         self.start, self.count, self.body_mode, self.table = start, count, body_mode, table
+        self.selection = selection
 
     def slow(self):
         body = BodyMode.SKIP if self.body_mode == "none" else BodyMode.READ
+        walk_count = self.count if self.selection is None else None
 
         def read(reader: MessageReader):
             if self.kind == "queue":
-                return reader.by_queue(self.topic, self.queue_id, self.start, self.count, body=body)
-            return reader.by_topic(self.topic, self.count, body=body)
+                messages = reader.by_queue(
+                    self.topic, self.queue_id, self.start, walk_count, body=body
+                )
+            else:
+                messages = reader.by_topic(self.topic, walk_count, body=body)
+            if self.selection is None:
+                return messages
+            chosen = self.selection
+            return selected(
+                messages, tags=chosen.tags, begin=chosen.begin, end=chosen.end, count=self.count
+            )
 
         read.body_mode = self.body_mode  # type: ignore[attr-defined]
         read.table = self.table  # type: ignore[attr-defined]
         return read
 
     def fast(self):
+        shape = {"body_mode": self.body_mode, "table": self.table, "selection": self.selection}
+
         def read(reader: MessageReader):
             if self.kind == "queue":
                 return reader.queue_lines(
-                    self.topic,
-                    self.queue_id,
-                    self.start,
-                    self.count,
-                    body_mode=self.body_mode,
-                    table=self.table,
+                    self.topic, self.queue_id, self.start, self.count, **shape
                 )
-            return reader.topic_lines(
-                self.topic, self.count, body_mode=self.body_mode, table=self.table
-            )
+            return reader.topic_lines(self.topic, self.count, **shape)
 
         read.body_mode = self.body_mode  # type: ignore[attr-defined]
         read.table = self.table  # type: ignore[attr-defined]
@@ -116,28 +124,52 @@ def _table(rng: random.Random) -> MessageTable | None:
     return MessageTable(tuple(fields), rng.choice((",", "\t")))
 
 
-def _reads(store_dir: Path, rng: random.Random) -> list[_Read]:
+def _selection(rng: random.Random, stored: list[tuple[int, str | None]]) -> MessageSelection | None:
+    """None half the time, else a window between two of the ``stored`` (store time, TAGS)
+    pairs, some of their tags (with one no message has), or both."""
+    if rng.random() < 0.5 or not stored:
+        return None
+    stamps = sorted(stamp for stamp, _ in stored)
+    begin, end = sorted((rng.choice(stamps), rng.choice(stamps)))
+    known = sorted({tags for _, tags in stored if tags is not None})
+    tags = frozenset([*rng.sample(known, min(len(known), rng.randint(1, 3))), "no-such-tag"])
+    kind = rng.randrange(3)
+    if kind == 0:
+        return MessageSelection(begin, end)
+    if kind == 1:
+        return MessageSelection(tags=tags)
+    return MessageSelection(begin, end, tags)
+
+
+def _reads(store_dir: Path, rng: random.Random, config: StoreConfig) -> list[_Read]:
     queues = list_queues(store_dir / "consumequeue")
+    with Store.open_read(store_dir, config) as store:
+        try:
+            stored = [
+                (message.store_timestamp, message.tags)
+                for message in MessageReader(store).sequential(0, body=BodyMode.SKIP)
+            ]
+        except RmqStoreError:
+            stored = []
     reads = []
     for topic, queue_id in queues:
         mode, table = rng.choice(BODY_MODE_NAMES), _table(rng)
-        reads.append(_Read("queue", topic, queue_id, None, None, mode, table))
-        reads.append(
-            _Read(
-                "queue", topic, queue_id, rng.randrange(-2, 30), rng.randrange(1, 40), mode, table
-            )
-        )
+        chosen = _selection(rng, stored)
+        reads.append(_Read("queue", topic, queue_id, None, None, mode, table, chosen))
+        start, count = rng.randrange(-2, 30), rng.randrange(1, 40)
+        reads.append(_Read("queue", topic, queue_id, start, count, mode, table, chosen))
     for topic in sorted({topic for topic, _ in queues}):
         mode, table = rng.choice(BODY_MODE_NAMES), _table(rng)
-        reads.append(_Read("topic", topic, 0, None, None, mode, table))
-        reads.append(_Read("topic", topic, 0, None, rng.randrange(1, 60), mode, table))
+        chosen = _selection(rng, stored)
+        reads.append(_Read("topic", topic, 0, None, None, mode, table, chosen))
+        reads.append(_Read("topic", topic, 0, None, rng.randrange(1, 60), mode, table, chosen))
     return reads
 
 
 def _check_store(store_dir: Path, config: StoreConfig, seed: int) -> int:
     """Every read of ``_reads`` gives the same either way; returns how many lines they gave."""
     lines = 0
-    for read in _reads(store_dir, random.Random(seed)):
+    for read in _reads(store_dir, random.Random(seed), config):
         slow = _outcome(store_dir, config, read.slow())
         fast = _outcome(store_dir, config, read.fast())
         assert fast == slow, (store_dir, read.__dict__)
