@@ -46,7 +46,7 @@ READ_ONLY = [
     ["read", "{store}", "--topic", "TopicTest", "--queue", "1", "--time", "1700000000000"],
     ["read", "{store}", "--uniq-key", "7F0000010001000000000000", "--begin", "0", "--json"],
     ["read", "{store}", "--from-offset", "100", "--seek", "--count", "50", "--csv"],
-    ["read", "{store}", "--topic", "TopicTest", "--tsv", "--fields", "msgId,properties,body"],
+    ["read", "{store}", "--topic", "TopicTest", "--tags", "TagA||TagB", "--begin", "1", "--tsv"],
     ["dump", "{store}/commitlog/00000000000000000000", "--json"],
     ["dump", "{index_file}", "--json"],
     ["dump", "{queue_file}", "--json"],
