@@ -340,15 +340,30 @@ def command(
             _write_items(items, body_mode, as_json, delimited)
             _warn_all(reader.notes)
             return 0
+        # a filter the reader applies to the scan's rows (a body CRC check of a queue's
+        # records reads them one by one, and a filter then picks among the messages)
+        picked = selection is not None and (mode == "sequential" or body is not BodyMode.VERIFY)
         if mode == "sequential":
             messages: Iterable[Message] = reader.sequential(
                 from_offset,  # type: ignore[arg-type]
-                walk_count,
+                count,
                 body=body,
                 seek=seek,
+                selection=selection,
+            )
+        elif mode == "queue" and picked:
+            messages = reader.queue_messages(
+                topic,  # type: ignore[arg-type]
+                queue_id,  # type: ignore[arg-type]
+                queue_from,
+                count,
+                selection=selection,  # type: ignore[arg-type]
+                body=body,
             )
         elif mode == "queue":
             messages = reader.by_queue(topic, queue_id, queue_from, walk_count, body=body)  # type: ignore[arg-type]
+        elif mode == "topic" and picked:
+            messages = reader.topic_messages(topic, count, selection=selection, body=body)  # type: ignore[arg-type]
         elif mode == "topic":
             messages = reader.by_topic(topic, walk_count, body=body)  # type: ignore[arg-type]
         else:
@@ -363,7 +378,7 @@ def command(
             )
         messages = _first_fetched(messages)
         table = DelimitedWriter(*delimited) if delimited else None
-        if mode in ("sequential", "queue", "topic") and filtered:
+        if mode in ("queue", "topic") and filtered and not picked:
             wanted = frozenset(tags.split("||")) if tags is not None else None
             messages = selected(messages, tags=wanted, begin=begin, end=end, count=count)
         elif mode in ("key", "uniq-key") and tags is not None:

@@ -83,15 +83,10 @@ class MessageSelection:
         )
 
     def rows_kept(self, buf: Any, rows: Any, count: int, limit: int | None) -> tuple[Any, int]:
-        """The rows ``[0, count)`` of a scan of ``buf`` it keeps, at most ``limit`` of them, in
-        rows of their own (``rows`` itself when it keeps them all), and how many: the store
-        time from the row, then, of the rows in the time window, the TAGS
-        (:meth:`_with_tags`)."""
-        begin, end = self.begin, self.end
-        stamps = rows[STORE_TIMESTAMP : count * ROW_WIDTH : ROW_WIDTH]
-        kept = [row for row, stamp in enumerate(stamps) if begin <= stamp <= end]
-        if self.tags is not None and kept:
-            kept = self._with_tags(buf, rows, count, kept)
+        """The rows ``[0, count)`` of a scan of ``buf`` it keeps (:meth:`kept_rows`), at most
+        ``limit`` of them, in rows of their own (``rows`` itself when it keeps them all), and
+        how many."""
+        kept = self.kept_rows(buf, rows, count)
         if limit is not None:
             del kept[limit:]
         if len(kept) == count:
@@ -100,6 +95,17 @@ class MessageSelection:
         for row in kept:
             chosen.extend(rows[row * ROW_WIDTH : (row + 1) * ROW_WIDTH])
         return chosen, len(kept)
+
+    def kept_rows(self, buf: Any, rows: Any, count: int) -> list[int]:
+        """The numbers of the rows ``[0, count)`` of a scan of ``buf`` it keeps: the store
+        time from the row, then, of the rows in the time window, the TAGS
+        (:meth:`_with_tags`)."""
+        begin, end = self.begin, self.end
+        stamps = rows[STORE_TIMESTAMP : count * ROW_WIDTH : ROW_WIDTH]
+        kept = [row for row, stamp in enumerate(stamps) if begin <= stamp <= end]
+        if self.tags is not None and kept:
+            kept = self._with_tags(buf, rows, count, kept)
+        return kept
 
     def _with_tags(self, buf: Any, rows: Any, count: int, candidates: list[int]) -> list[int]:
         """The ``candidates`` (rows of a scan of ``buf``) whose TAGS is one of :attr:`tags`:
@@ -371,9 +377,37 @@ class MessageReader:
         this queue there (a pre-blank unit, a record of another queue or size, none at all, a
         missing file) comes as :meth:`by_queue` gives it (a :class:`Message`, or a note, an
         error, the end), and the kernel goes on after it."""
+        writer = _text_writer(body_mode, table)
+        yield from self._queue_items(topic, queue_id, start, count, writer, selection)
+
+    def queue_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        start: int | None = None,
+        count: int | None = None,
+        *,
+        selection: MessageSelection,
+        body: BodyMode = BodyMode.READ,
+    ) -> Iterator[Message]:
+        """The messages of :meth:`by_queue` ``selection`` keeps, read as :meth:`queue_lines`
+        reads them: a :class:`Message` made only of each record kept (``body`` SKIP or READ;
+        a body CRC check goes through by_queue)."""
+        for item in self._queue_items(topic, queue_id, start, count, body, selection):
+            assert isinstance(item, Message)
+            yield item
+
+    def _queue_items(
+        self,
+        topic: str,
+        queue_id: int,
+        start: int | None,
+        count: int | None,
+        writer: tuple[str, tuple[Any, ...]] | BodyMode,
+        selection: MessageSelection | None,
+    ) -> Iterator[TextBlock | Message]:
         queue = self.store.consume_queue(topic, queue_id)
         start = self._queue_start(queue, topic, queue_id, start)
-        writer = _text_writer(body_mode, table)
         units = queue.unit_values(start, count if selection is None else None)
         yield from self._lines_of_units(
             topic, queue_id, units, writer, limit=count, selection=selection
@@ -390,11 +424,33 @@ class MessageReader:
     ) -> Iterator[TextBlock | Message]:
         """What :meth:`by_topic` reads (of it, what ``selection`` keeps), as
         :meth:`queue_lines` gives it."""
+        yield from self._topic_items(topic, count, _text_writer(body_mode, table), selection)
+
+    def topic_messages(
+        self,
+        topic: str,
+        count: int | None = None,
+        *,
+        selection: MessageSelection,
+        body: BodyMode = BodyMode.READ,
+    ) -> Iterator[Message]:
+        """The messages of :meth:`by_topic` ``selection`` keeps, as :meth:`queue_messages`
+        reads them."""
+        for item in self._topic_items(topic, count, body, selection):
+            assert isinstance(item, Message)
+            yield item
+
+    def _topic_items(
+        self,
+        topic: str,
+        count: int | None,
+        writer: tuple[str, tuple[Any, ...]] | BodyMode,
+        selection: MessageSelection | None,
+    ) -> Iterator[TextBlock | Message]:
         left = count
         for queue_id in self._topic_queues(topic):
             queue = self.store.consume_queue(topic, queue_id)
             values = queue.unit_values()
-            writer = _text_writer(body_mode, table)
             for item in self._lines_of_units(
                 topic, queue_id, values, writer, limit=left, selection=selection
             ):
@@ -409,14 +465,15 @@ class MessageReader:
         topic: str,
         queue_id: int,
         units: Iterable[tuple[int, int, int, int]],
-        writer: tuple[str, tuple[Any, ...]],
+        writer: tuple[str, tuple[Any, ...]] | BodyMode,
         *,
         limit: int | None = None,
         selection: MessageSelection | None = None,
     ) -> Iterator[TextBlock | Message]:
         """The text (or messages) of the units (:meth:`ConsumeQueue.unit_values` tuples), of
         the messages ``selection`` keeps (all without one), at most ``limit`` of them,
-        written by ``writer`` (:func:`_text_writer`)."""
+        written by ``writer`` (:func:`_text_writer`; a BodyMode: messages only, their bodies
+        read or skipped)."""
         name = topic.encode("utf-8")
         if self._block_rows is None:
             self._block_rows = new_rows(_UNITS_PER_BLOCK)
@@ -485,7 +542,7 @@ class MessageReader:
         queue_id: int,
         name: bytes,
         rows: Any,
-        writer: tuple[str, tuple[Any, ...]],
+        writer: tuple[str, tuple[Any, ...]] | BodyMode,
         selection: MessageSelection | None,
         limit: int | None,
     ) -> Iterator[TextBlock | Message]:
@@ -525,14 +582,20 @@ class MessageReader:
                     kept_rows, kept = selection.rows_kept(buf, rows, decoded, left)
                 else:
                     kept_rows, kept = rows, (decoded if left is None else min(decoded, left))
-                if kept:
+                if isinstance(writer, BodyMode):
+                    for row in range(kept):
+                        yield message_from_row(
+                            buf, kept_rows, row, body=writer is not BodyMode.SKIP
+                        )
+                elif kept:
                     out = bytearray()
                     kernel.write_lines(writer[0], buf, kept_rows, kept, out, *writer[1])
                     yield TextBlock(bytes(out), kept)
-                    left = None if left is None else left - kept
+                left = None if left is None else left - kept
                 done += decoded
                 continue
-            for message in self._unit_messages(topic, queue_id, [Unit(*run[done])], BodyMode.READ):
+            body = writer if isinstance(writer, BodyMode) else BodyMode.READ
+            for message in self._unit_messages(topic, queue_id, [Unit(*run[done])], body):
                 if selection is None or selection.keeps(message):
                     yield message
                     left = None if left is None else left - 1
@@ -706,25 +769,32 @@ class MessageReader:
         *,
         body: BodyMode = BodyMode.READ,
         seek: bool = False,
+        selection: MessageSelection | None = None,
     ) -> Iterator[Message]:
         """Messages from the record starting at ``start_offset`` to the end of the log (or
-        ``count`` of them), crossing files over BLANK records. ``seek``: when no record
+        ``count`` of them), crossing files over BLANK records; with ``selection``, those it
+        keeps (picked from the scan's rows, a message made of each kept one only; a body
+        CRC checked, BodyMode.VERIFY, on every record read). ``seek``: when no record
         starts at ``start_offset``, start at the next one that does (with a note)."""
         start_offset = self._sequential_start(start_offset, seek)
         verify = body is BodyMode.VERIFY
         scan = self.store.commitlog.scan(start_offset, check_crc=verify)
-        produced = 0
+        produced = records = 0
         for window, _window_start, rows, batch in scan.batches():
             self._note_gaps(scan)
+            kept = None if selection is None else set(selection.kept_rows(window, rows, batch))
             for row in range(batch):
                 if verify and rows[row * ROW_WIDTH + CRC_STATUS] == CRC_BAD:
                     offset = rows[row * ROW_WIDTH + PHYSICAL_OFFSET]
                     raise RecordError("BODYCRC", offset, "does not match the body")
+                if kept is not None and row not in kept:
+                    continue
                 yield message_from_row(window, rows, row, body=body is not BodyMode.SKIP)
                 produced += 1
                 if count is not None and produced >= count:
                     return
-        self._sequential_end(scan, produced, start_offset)
+            records += batch
+        self._sequential_end(scan, records, start_offset)
 
     def sequential_lines(
         self,

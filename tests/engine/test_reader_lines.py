@@ -115,6 +115,23 @@ class _Read:
         read.table = self.table  # type: ignore[attr-defined]
         return read
 
+    def picked(self):
+        """With a selection: the messages the reader picks from the kernel's rows
+        (``queue_messages``/``topic_messages``, as ``read`` shows a filtered table)."""
+        body = BodyMode.SKIP if self.body_mode == "none" else BodyMode.READ
+        chosen = self.selection
+
+        def read(reader: MessageReader):
+            if self.kind == "queue":
+                return reader.queue_messages(
+                    self.topic, self.queue_id, self.start, self.count, selection=chosen, body=body
+                )
+            return reader.topic_messages(self.topic, self.count, selection=chosen, body=body)
+
+        read.body_mode = self.body_mode  # type: ignore[attr-defined]
+        read.table = self.table  # type: ignore[attr-defined]
+        return read
+
 
 def _table(rng: random.Random) -> MessageTable | None:
     """JSON lines half the time, else a CSV or TSV table of every column or some."""
@@ -173,8 +190,44 @@ def _check_store(store_dir: Path, config: StoreConfig, seed: int) -> int:
         slow = _outcome(store_dir, config, read.slow())
         fast = _outcome(store_dir, config, read.fast())
         assert fast == slow, (store_dir, read.__dict__)
+        if read.selection is not None:
+            assert _outcome(store_dir, config, read.picked()) == slow, (store_dir, read.__dict__)
         lines += slow[0].count("\n")
     return lines
+
+
+def _check_sequential(store_dir: Path, config: StoreConfig, seed: int) -> None:
+    """A sequential read picking by store time and TAGS from the scan's rows gives the
+    messages a read of every message filtered one by one gives (with a body CRC check too,
+    and a count), the same notes and error."""
+    rng = random.Random(seed)
+    with Store.open_read(store_dir, config) as store:
+        stored = [
+            (message.store_timestamp, message.tags)
+            for message in MessageReader(store).sequential(0, body=BodyMode.SKIP)
+        ]
+    for _ in range(6):
+        chosen = _selection(rng, stored) or MessageSelection(tags=frozenset({"TagA"}))
+        count = rng.choice((None, 1, 7))
+        body = rng.choice((BodyMode.READ, BodyMode.SKIP, BodyMode.VERIFY))
+
+        def everything(reader: MessageReader, chosen=chosen, count=count, body=body):
+            return selected(
+                reader.sequential(0, body=body),
+                tags=chosen.tags,
+                begin=chosen.begin,
+                end=chosen.end,
+                count=count,
+            )
+
+        def picked(reader: MessageReader, chosen=chosen, count=count, body=body):
+            return reader.sequential(0, count, body=body, selection=chosen)
+
+        for read in (everything, picked):
+            read.body_mode = "auto"  # type: ignore[attr-defined]
+            read.table = None  # type: ignore[attr-defined]
+        slow = _outcome(store_dir, config, everything)
+        assert _outcome(store_dir, config, picked) == slow, (store_dir, chosen, count, body)
 
 
 @pytest.mark.parametrize("scenario", SMALL_SCENARIOS)
@@ -183,6 +236,7 @@ def test_lines_of_every_fixture_are_the_messages_read_one_by_one(
 ) -> None:
     generate(scenario, tmp_path / "store")
     assert _check_store(tmp_path / "store", StoreConfig(), 1) > 0
+    _check_sequential(tmp_path / "store", StoreConfig(), 1)
 
 
 @pytest.mark.parametrize("name", sorted(ORACLE_STORES))
@@ -195,6 +249,7 @@ def test_lines_of_every_real_broker_store_are_the_messages_read_one_by_one(
         stores += [found.root / "store_torn_half_record", found.root / "store_torn_random_garbage"]
     for store_dir in stores:
         assert _check_store(store_dir, StoreConfig(**ORACLE_CONFIG), 2) > 0
+        _check_sequential(store_dir, StoreConfig(**ORACLE_CONFIG), 2)
 
 
 def _mutate_units(store_dir: Path, rng: random.Random, changes: int) -> None:
