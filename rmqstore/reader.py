@@ -898,11 +898,10 @@ def selected(
     ``count`` of them."""
     if count is not None and count <= 0:
         return
+    keeps = MessageSelection(begin, end, tags).keeps
     produced = 0
     for message in messages:
-        if not begin <= message.store_timestamp <= end:
-            continue
-        if tags is not None and message.tags not in tags:
+        if not keeps(message):
             continue
         yield message
         produced += 1
