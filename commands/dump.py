@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from rmqstore.commands.options import GivenPath, store_config_options
-from rmqstore.commands.output import format_millis, json_text
+from rmqstore.commands.output import document_json, format_millis, json_text
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.filedump import (
@@ -115,12 +115,12 @@ def command(
         out.write(f'{{"file":{json_text(str(file))},"kind":"{target.kind.value}","items":[')
         for number, item in enumerate(items):
             problems += _is_problem(item)
-            out.write(("," if number else "") + "\n" + json_text(item))
+            out.write(("," if number else "") + "\n" + document_json(item))
         out.write(f'\n],"problems":{problems}}}\n')
     elif as_jsonl:
         for item in items:
             problems += _is_problem(item)
-            sys.stdout.write(json_text(item) + "\n")
+            sys.stdout.write(document_json(item) + "\n")
     else:
         print(f"{file}: {target.kind.value} file, {file.stat().st_size:,} bytes")
         render = _RENDER[target.kind]

@@ -18,6 +18,7 @@ from rmqstore.documents import (  # noqa: F401  (encode_body and message_documen
     encode_body,
     message_document,
 )
+from rmqstore.times import format_store_time
 from rmqstore.wording import counted  # noqa: F401  (the commands take it from here)
 
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
@@ -199,8 +200,8 @@ def emit_json(document: Any) -> None:
 
 
 def emit_jsonl(document: Any) -> None:
-    """A message document as one line of JSON (see :func:`message_json`)."""
-    sys.stdout.write(message_json(document) + "\n")
+    """A message document as one line of JSON (see :func:`document_json`)."""
+    sys.stdout.write(document_json(document) + "\n")
 
 
 def json_text(document: Any) -> str:
@@ -208,11 +209,12 @@ def json_text(document: Any) -> str:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
 
 
-def message_json(document: Any) -> str:
-    """A message document (:func:`message_document`: text, integers, null, booleans and
-    objects of them, no floats) as :func:`json_text` writes it, by orjson, several times as
-    fast (a test holds the two to the same text). orjson writes floats otherwise, so other
-    documents go through :func:`json_text`."""
+def document_json(document: Any) -> str:
+    """A document of text, integers, null, booleans, and lists and objects of them, no
+    floats (a message document, :func:`message_document`; a ``dump`` item) as
+    :func:`json_text` writes it, by orjson, several times as fast (a test holds the two to
+    the same text). orjson writes floats otherwise, so other documents go through
+    :func:`json_text`."""
     dumps = _fast_dumps()
     if dumps is not None:
         try:
@@ -348,8 +350,6 @@ SHOW_PROGRESS = True  # cleared by the global --no-progress option
 def format_millis(millis: int) -> str:
     """An epoch-millisecond value as local time (UTC with ``--utc``) with milliseconds and
     the zone (``-`` for 0)."""
-    from rmqstore.times import format_store_time
-
     return format_store_time(millis, utc=SHOW_UTC)
 
 

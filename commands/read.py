@@ -24,13 +24,13 @@ from rmqstore.commands.output import (
     Grid,
     console,
     delimited_options,
+    document_json,
     emit_json,
     emit_jsonl,
     encode_body,
     fields_grid,
     format_millis,
     message_document,
-    message_json,
     note,
     progress_bar,
     warn,
@@ -417,7 +417,7 @@ def _stream_lines(
 ) -> None:
     """``read --from-offset N`` with --jsonl, --json, --csv or --tsv: the lines (or the rows
     of ``table``) of the messages ``selection`` keeps (all without one), written by the
-    record kernel a block at a time (the same text :func:`message_json` gives of each
+    record kernel a block at a time (the same text :func:`document_json` gives of each
     message document), handed to ``write`` with the progress told as they go."""
     total = store.commitlog.data_extent() - from_offset
     with progress_bar("reading", total, not no_progress) as update:
@@ -462,7 +462,7 @@ def _write_items(
                 block = item.text
             else:
                 document = message_document(item, body_mode, _body_of(item, False))
-                block = (message_json(document) + "\n").encode("utf-8")
+                block = (document_json(document) + "\n").encode("utf-8")
             if as_array:  # no JSON text holds a raw newline: each one ends an element
                 block = (b"[\n" if not opened else b",\n") + block[:-1].replace(b"\n", b",\n")
             opened = True
@@ -669,7 +669,7 @@ def _show_many(
             for message in messages:
                 document = message_document(message, body_mode, _body_of(message, decompress))
                 sys.stdout.write(("," if shown else "") + "\n")
-                sys.stdout.write(message_json(document))
+                sys.stdout.write(document_json(document))
                 shown += 1
         except RmqStoreError:
             sys.stdout.write("\n]\n")

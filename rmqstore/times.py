@@ -49,11 +49,25 @@ def format_store_time(millis: int, *, utc: bool = False) -> str:
     """``2024-03-01 12:00:00.123 +0800`` (``UTC`` with ``utc``); ``-`` for 0 or less."""
     if millis <= 0:
         return "-"
-    try:
-        if utc:
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(millis / 1000))
-            return f"{stamp}.{millis % 1000:03d} UTC"
-        moment = datetime.fromtimestamp(millis / 1000, timezone.utc).astimezone()
-    except (OverflowError, OSError, ValueError):
-        return str(millis)
-    return f"{moment:%Y-%m-%d %H:%M:%S}.{millis % 1000:03d} {moment:%z}"
+    second, rest = divmod(millis, 1000)
+    key = (second, utc, time.tzname)  # the zone too: a process may change it (time.tzset)
+    if _last_second[0] == key:  # records in a row mostly share their second
+        before, after = _last_second[1]
+    else:
+        try:
+            before, after = _second_text(second, utc)
+        except (OverflowError, OSError, ValueError):
+            return str(millis)
+        _last_second[:] = [key, (before, after)]
+    return f"{before}.{rest:03d}{after}"
+
+
+_last_second: list = [None, None]  # (second, utc, zone) and its text, last asked for
+
+
+def _second_text(second: int, utc: bool) -> tuple[str, str]:
+    """The text before and after the milliseconds of a time in ``second`` (epoch seconds)."""
+    if utc:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(second)), " UTC"
+    moment = datetime.fromtimestamp(second, timezone.utc).astimezone()
+    return f"{moment:%Y-%m-%d %H:%M:%S}", f" {moment:%z}"

@@ -288,11 +288,11 @@ def test_identifiers_stay_whole_on_a_narrow_terminal(torn: Path) -> None:
 
 @pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi", "s3_txn_delay"])
 def test_message_json_is_what_the_standard_encoder_writes(oracle, name: str) -> None:
-    """``message_json`` (orjson where it takes the document) writes what ``json_text``
+    """``document_json`` (orjson where it takes the document) writes what ``json_text``
     (``json.dumps(..., ensure_ascii=False, separators=(",", ":"))``) writes: for every message
     of the broker stores with every body encoding, and for text and keys orjson escapes or
     refuses."""
-    from rmqstore.commands.output import json_text, message_document, message_json
+    from rmqstore.commands.output import document_json, json_text, message_document
     from rmqstore.reader import MessageReader
     from rmqstore.store import Store
 
@@ -311,4 +311,4 @@ def test_message_json_is_what_the_standard_encoder_writes(oracle, name: str) -> 
             documents.append(message_document(message, mode))
     assert len(documents) > 100
     for document in documents:
-        assert message_json(document) == json_text(document) == standard(document)
+        assert document_json(document) == json_text(document) == standard(document)

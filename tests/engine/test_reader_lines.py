@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.commands.output import message_json
+from rmqstore.commands.output import document_json
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
 from rmqstore.documents import MessageTable, delimited_row, document_cells, message_document
@@ -40,7 +40,7 @@ def _render(items, body_mode: str, table: MessageTable | None = None) -> str:
         assert isinstance(item, Message)
         document = message_document(item, body_mode, item.body)
         if table is None:
-            parts.append(message_json(document) + "\n")
+            parts.append(document_json(document) + "\n")
         else:
             parts.append(delimited_row(document_cells(document, table.fields), table.delimiter))
     return "".join(parts)
