@@ -287,7 +287,7 @@ def test_identifiers_stay_whole_on_a_narrow_terminal(torn: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi", "s3_txn_delay"])
-def test_message_json_is_what_the_standard_encoder_writes(oracle, name: str) -> None:
+def test_document_json_is_what_the_standard_encoder_writes(oracle, name: str) -> None:
     """``document_json`` (orjson where it takes the document) writes what ``json_text``
     (``json.dumps(..., ensure_ascii=False, separators=(",", ":"))``) writes: for every message
     of the broker stores with every body encoding, and for text and keys orjson escapes or
