@@ -36,7 +36,7 @@ from rmqstore.commands.output import (
     warn,
 )
 from rmqstore.config import StoreConfig
-from rmqstore.documents import MessageTable
+from rmqstore.documents import DelimitedLayout
 from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import MOST_COLUMNS
@@ -309,12 +309,12 @@ def command(
         kernel_lines = (as_jsonl or as_json or delimited is not None) and not (
             decompress or verify_crc
         )
-        table = (  # rows the record kernel writes (more --fields than it takes: message by message)
-            MessageTable(tuple(delimited[1]), "\t" if delimited[0] == "tsv" else ",")
+        layout = (  # the rows the record kernel writes (more --fields: message by message)
+            DelimitedLayout(tuple(delimited[1]), "\t" if delimited[0] == "tsv" else ",")
             if delimited is not None and len(delimited[1]) <= MOST_COLUMNS
             else None
         )
-        kernel_lines = kernel_lines and (delimited is None or table is not None)
+        kernel_lines = kernel_lines and (delimited is None or layout is not None)
         if mode == "sequential" and kernel_lines:
             _stream_lines(
                 opened,
@@ -322,7 +322,7 @@ def command(
                 from_offset,  # type: ignore[arg-type]
                 count,
                 body_mode,
-                table,
+                layout,
                 selection,
                 seek,
                 no_progress,
@@ -331,7 +331,7 @@ def command(
             _warn_all(reader.notes)
             return 0
         if mode in ("queue", "topic") and kernel_lines:
-            shape = {"body_mode": body_mode, "table": table, "selection": selection}
+            shape = {"body_mode": body_mode, "layout": layout, "selection": selection}
             items = (
                 reader.queue_lines(topic, queue_id, queue_from, count, **shape)  # type: ignore[arg-type]
                 if mode == "queue"
@@ -409,14 +409,14 @@ def _stream_lines(
     from_offset: int,
     count: int | None,
     body_mode: str,
-    table: MessageTable | None,
+    layout: DelimitedLayout | None,
     selection: MessageSelection | None,
     seek: bool,
     no_progress: bool,
     write: Callable[[Iterable[TextBlock]], None],
 ) -> None:
     """``read --from-offset N`` with --jsonl, --json, --csv or --tsv: the lines (or the rows
-    of ``table``) of the messages ``selection`` keeps (all without one), written by the
+    of ``layout``) of the messages ``selection`` keeps (all without one), written by the
     record kernel a block at a time (the same text :func:`document_json` gives of each
     message document), handed to ``write`` with the progress told as they go."""
     total = store.commitlog.data_extent() - from_offset
@@ -427,7 +427,7 @@ def _stream_lines(
                 from_offset,
                 count,
                 body_mode=body_mode,
-                table=table,
+                layout=layout,
                 selection=selection,
                 seek=seek,
             ):
@@ -681,7 +681,7 @@ def _show_many(
             emit_jsonl(message_document(message, body_mode, _body_of(message, decompress)))
             shown += 1
         return shown
-    table = _MessageTable(body_mode, decompress)
+    table = _DelimitedLayout(body_mode, decompress)
     chunk: list[Message] = []
     for message in messages:
         chunk.append(message)
@@ -707,7 +707,7 @@ def _detail_table(document: dict) -> None:
     console.print(table)
 
 
-class _MessageTable:
+class _DelimitedLayout:
     """Messages as a table printed chunk by chunk as they stream: the header once, and the
     columns kept at least as wide as earlier chunks had them, so the lines stay aligned."""
 

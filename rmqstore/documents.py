@@ -78,7 +78,7 @@ def delimited_row(cells: list[str], delimiter: str) -> str:
 
 
 @dataclass(frozen=True)
-class MessageTable:
+class DelimitedLayout:
     """Messages as ``read --csv``/``--tsv`` prints them: a row of :func:`document_cells` of
     ``fields`` (names of :data:`rmqstore.kernel.layout.MESSAGE_COLUMNS`) per message, cells
     split by ``delimiter`` (``,`` or a tab)."""

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from rmqstore import kernel
 from rmqstore.commitlog import LogEnd, LogScan
 from rmqstore.consumequeue import ConsumeQueue, Unit, is_pre_blank, list_queues
-from rmqstore.documents import MessageTable
+from rmqstore.documents import DelimitedLayout
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import (
@@ -58,14 +58,14 @@ class TextBlock(NamedTuple):
     messages: int
 
 
-def _text_writer(body_mode: str, table: MessageTable | None) -> tuple[str, tuple[Any, ...]]:
+def _text_writer(body_mode: str, layout: DelimitedLayout | None) -> tuple[str, tuple[Any, ...]]:
     """The kernel's text writer (for :func:`rmqstore.kernel.write_lines`) and its modes:
-    JSON lines of message documents in ``body_mode``, or rows of ``table``."""
+    JSON lines of message documents in ``body_mode``, or rows of ``layout``."""
     mode = BODY_MODE_NAMES.index(body_mode)
-    if table is None:
+    if layout is None:
         return "message_lines", (mode,)
-    columns = bytes(MESSAGE_COLUMNS.index(name) for name in table.fields)
-    return "message_rows", (mode, columns, ord(table.delimiter))
+    columns = bytes(MESSAGE_COLUMNS.index(name) for name in layout.fields)
+    return "message_rows", (mode, columns, ord(layout.delimiter))
 
 
 @dataclass(frozen=True)
@@ -366,18 +366,18 @@ class MessageReader:
         count: int | None = None,
         *,
         body_mode: str,
-        table: MessageTable | None = None,
+        layout: DelimitedLayout | None = None,
         selection: MessageSelection | None = None,
     ) -> Iterator[TextBlock | Message]:
         """What :meth:`by_queue` reads (of it, what ``selection`` keeps), as the JSON lines
-        ``read --jsonl`` prints (or the rows of ``table``): blocks of text written by the
+        ``read --jsonl`` prints (or the rows of ``layout``): blocks of text written by the
         record kernel (:class:`TextBlock`). The units of a block are read together, cut into
         runs whose records lie close together in one file, and each run's records are decoded
         from one read where their units point. A unit that is not plainly a whole record of
         this queue there (a pre-blank unit, a record of another queue or size, none at all, a
         missing file) comes as :meth:`by_queue` gives it (a :class:`Message`, or a note, an
         error, the end), and the kernel goes on after it."""
-        writer = _text_writer(body_mode, table)
+        writer = _text_writer(body_mode, layout)
         yield from self._queue_items(topic, queue_id, start, count, writer, selection)
 
     def queue_messages(
@@ -419,12 +419,12 @@ class MessageReader:
         count: int | None = None,
         *,
         body_mode: str,
-        table: MessageTable | None = None,
+        layout: DelimitedLayout | None = None,
         selection: MessageSelection | None = None,
     ) -> Iterator[TextBlock | Message]:
         """What :meth:`by_topic` reads (of it, what ``selection`` keeps), as
         :meth:`queue_lines` gives it."""
-        yield from self._topic_items(topic, count, _text_writer(body_mode, table), selection)
+        yield from self._topic_items(topic, count, _text_writer(body_mode, layout), selection)
 
     def topic_messages(
         self,
@@ -802,17 +802,17 @@ class MessageReader:
         count: int | None = None,
         *,
         body_mode: str,
-        table: MessageTable | None = None,
+        layout: DelimitedLayout | None = None,
         selection: MessageSelection | None = None,
         seek: bool = False,
     ) -> Iterator[tuple[bytes, int, int]]:
         """What :meth:`sequential` reads (of it, what ``selection`` keeps), as the JSON lines
         ``read --jsonl`` prints of each message (:func:`rmqstore.documents.message_document`
-        in ``body_mode``: none, auto, text, hex or base64), or as the rows of ``table``,
+        in ``body_mode``: none, auto, text, hex or base64), or as the rows of ``layout``,
         written by the record kernel a scan batch at a time: ``(text, how many, the physical
         offset after the batch)``; the text of a batch it keeps nothing of is empty. The same
         start, end, notes and errors as :meth:`sequential`."""
-        kind, modes = _text_writer(body_mode, table)
+        kind, modes = _text_writer(body_mode, layout)
         start_offset = self._sequential_start(start_offset, seek)
         scan = self.store.commitlog.scan(start_offset)
         produced = records = 0

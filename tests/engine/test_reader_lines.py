@@ -16,7 +16,7 @@ import pytest
 from rmqstore.commands.output import document_json
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import list_queues
-from rmqstore.documents import MessageTable, delimited_row, document_cells, message_document
+from rmqstore.documents import DelimitedLayout, delimited_row, document_cells, message_document
 from rmqstore.errors import RmqStoreError
 from rmqstore.fixtures import SCENARIOS, generate
 from rmqstore.kernel.layout import BODY_MODE_NAMES, MESSAGE_COLUMNS
@@ -29,7 +29,7 @@ from support import ORACLE_CONFIG, ORACLE_STORES, run_cli
 SMALL_SCENARIOS = sorted(name for name in SCENARIOS if name != "large")
 
 
-def _render(items, body_mode: str, table: MessageTable | None = None) -> str:
+def _render(items, body_mode: str, table: DelimitedLayout | None = None) -> str:
     """The text of the items: a block's as it is; a message's JSON line, or its row of
     ``table`` as ``read --csv``/``--tsv`` writes it."""
     parts = []
@@ -72,7 +72,7 @@ class _Read:
         start,
         count,
         body_mode: str,
-        table: MessageTable | None = None,
+        table: DelimitedLayout | None = None,
         selection: MessageSelection | None = None,
     ):
         self.kind, self.topic, self.queue_id = kind, topic, queue_id
@@ -102,7 +102,7 @@ class _Read:
         return read
 
     def fast(self):
-        shape = {"body_mode": self.body_mode, "table": self.table, "selection": self.selection}
+        shape = {"body_mode": self.body_mode, "layout": self.table, "selection": self.selection}
 
         def read(reader: MessageReader):
             if self.kind == "queue":
@@ -133,12 +133,12 @@ class _Read:
         return read
 
 
-def _table(rng: random.Random) -> MessageTable | None:
+def _table(rng: random.Random) -> DelimitedLayout | None:
     """JSON lines half the time, else a CSV or TSV table of every column or some."""
     if rng.random() < 0.5:
         return None
     fields = MESSAGE_COLUMNS if rng.random() < 0.5 else rng.sample(MESSAGE_COLUMNS, 4)
-    return MessageTable(tuple(fields), rng.choice((",", "\t")))
+    return DelimitedLayout(tuple(fields), rng.choice((",", "\t")))
 
 
 def _selection(rng: random.Random, stored: list[tuple[int, str | None]]) -> MessageSelection | None:
