@@ -547,7 +547,8 @@ class MessageReader:
         limit: int | None,
     ) -> Iterator[TextBlock | Message]:
         """The text of the records ``run`` points at in ``segment`` (of those ``selection``
-        keeps, at most ``limit``): their span read once, and decoded by the record kernel
+        keeps, at most ``limit``; with a BodyMode ``writer``, a :class:`Message` of each):
+        their span read once, and decoded by the record kernel
         (:func:`rmqstore.kernel.records_at`) as far as each unit is plainly a whole record
         of the queue; a unit that is not is read as by_queue reads it (a :class:`Message`,
         or its note), and the kernel goes on after it."""
