@@ -45,6 +45,7 @@ from rmqstore.record import (
     find_next_record_in_file,
 )
 from rmqstore.segments import is_segment_name, nonzero_extent
+from rmqstore.topics import is_path_safe
 from rmqstore.windows import FileWindows
 
 _INDEX_NAME = re.compile(r"[0-9]{17}")
@@ -190,19 +191,24 @@ def consumequeue_items(
         topic, queue_text = path.parent.parent.name, path.parent.name
         queue_id = int(queue_text) if queue_text.isdigit() else None
     with ExitStack() as cleanup:
-        log = None
+        log = reader = None
         if check and target.store_root is not None:
+            from rmqstore.reader import MessageReader
             from rmqstore.store import Store
 
             store = cleanup.enter_context(Store.open_read(target.store_root, config))
             log = store.commitlog
+            if queue_id is not None and is_path_safe(topic or ""):
+                reader = MessageReader(store)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         cleanup.callback(os.close, fd)
         position = 0
         while position < whole:
             want = min(_UNITS_PER_READ * 20, whole - position)
             data = _pread(fd, path, want, position)
-            for step, (offset, unit_size, tags_code) in enumerate(_UNIT.iter_unpack(data)):
+            units = list(_UNIT.iter_unpack(data))
+            in_place = _units_in_place(reader, topic, queue_id, units, (start + position) // 20)
+            for step, (offset, unit_size, tags_code) in enumerate(units):
                 at = position + step * 20
                 if offset == 0 and unit_size == 0 and tags_code == 0:
                     extent = nonzero_extent(path, at, size)
@@ -224,7 +230,9 @@ def consumequeue_items(
                     "preBlank": offset == 0 and unit_size == 0x7FFFFFFF,
                     "record": "unchecked",
                 }
-                if log is not None and not item["preBlank"]:
+                if step < len(in_place) and in_place[step]:
+                    item["record"], item["recordNote"] = "ok", None
+                elif log is not None and not item["preBlank"]:
                     item["record"], item["recordNote"] = _unit_record(
                         log, offset, unit_size, (topic, queue_id, queue_offset)
                     )
@@ -237,6 +245,23 @@ def consumequeue_items(
             "filePosition": whole,
             "nonZeroBytesAfter": 0 if extent is None else extent[1] - whole,
         }
+
+
+def _units_in_place(
+    reader: Any, topic: str | None, queue_id: int | None, units: list, first_queue_offset: int
+) -> list[bool]:
+    """Which of ``units`` (offset, size, tagsCode from ``first_queue_offset`` on) plainly
+    point at their records (:meth:`MessageReader.units_in_place`: a span of the log read at
+    once, not a read per unit), up to the first all-zero unit (the end); the others are
+    looked up one by one. None without a reader (no check, or no queue of a store)."""
+    if reader is None or topic is None or queue_id is None:
+        return []
+    values = []
+    for step, (offset, size, tags_code) in enumerate(units):
+        if offset == 0 and size == 0 and tags_code == 0:
+            break
+        values.append((first_queue_offset + step, offset, size, tags_code))
+    return reader.units_in_place(topic, queue_id, values)
 
 
 def _unit_record(log: Any, offset: int, size: int, wanted: tuple) -> tuple[str, str | None]:

@@ -23,6 +23,7 @@ from rmqstore.kernel.layout import (
     PHYSICAL_OFFSET,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
+    QUEUE_OFFSET,
     ROW_WIDTH,
     STORE_TIMESTAMP,
     TOTAL_SIZE,
@@ -552,22 +553,8 @@ class MessageReader:
         (:func:`rmqstore.kernel.records_at`) as far as each unit is plainly a whole record
         of the queue; a unit that is not is read as by_queue reads it (a :class:`Message`,
         or its note), and the kernel goes on after it."""
-        log = self.store.commitlog
         first = run[0][1]
-        spans = array("q")
-        last = first
-        for _queue_offset, offset, size, _tags_code in run:
-            relative = offset - first
-            if size <= 0 or is_pre_blank(offset, size) or not 0 <= relative <= _RUN_SPAN - size:
-                spans.extend((-1, 0))  # records_at stops at it: read as by_queue reads it
-            else:
-                spans.extend((relative, size))
-                last = max(last, offset + size)
-        buf = b""
-        if segment is not None and first >= log.min_offset:
-            position = first - segment.start
-            if position + last - first <= segment.size:  # (unit sizes come from a file)
-                buf = log.pread(segment, position, last - first)
+        buf, spans = self._run_span(run, segment)
         span_view = memoryview(spans)
         done = 0
         left = limit
@@ -603,6 +590,66 @@ class MessageReader:
             if self.queue_cut:
                 return
             done += 1
+
+    def _run_span(
+        self, run: list[tuple[int, int, int, int]], segment: Segment | None
+    ) -> tuple[bytes, array]:
+        """The bytes of ``segment`` from the first record ``run`` points at to the end of the
+        last (empty when they are not all in the file, or below the log's min offset), and
+        each unit's ``(position, size)`` in them for :func:`rmqstore.kernel.records_at`
+        (``(-1, 0)``, where it stops, for a unit that is no plain record's: a pre-blank
+        unit, a size of 0 or less, a record beyond the span)."""
+        log = self.store.commitlog
+        first = run[0][1]
+        spans = array("q")
+        last = first
+        for _queue_offset, offset, size, _tags_code in run:
+            relative = offset - first
+            if size <= 0 or is_pre_blank(offset, size) or not 0 <= relative <= _RUN_SPAN - size:
+                spans.extend((-1, 0))  # records_at stops at it: read as by_queue reads it
+            else:
+                spans.extend((relative, size))
+                last = max(last, offset + size)
+        buf = b""
+        if segment is not None and first >= log.min_offset:
+            position = first - segment.start
+            if position + last - first <= segment.size:  # (unit sizes come from a file)
+                buf = log.pread(segment, position, last - first)
+        return buf, spans
+
+    def units_in_place(
+        self, topic: str, queue_id: int, units: list[tuple[int, int, int, int]]
+    ) -> list[bool]:
+        """For each unit (:meth:`ConsumeQueue.unit_values` tuples) of ``topic``/``queue_id``:
+        True when it points at a whole record of its size, queue and queue offset, found as
+        :meth:`queue_lines` finds the records (a span of the log read at once, the record
+        kernel's ``records_at``); False when that is not plain, for the caller to read one
+        by one."""
+        if self._block_rows is None:
+            self._block_rows = new_rows(_UNITS_PER_BLOCK)
+        rows = self._block_rows
+        name = topic.encode("utf-8")
+        found: list[bool] = []
+        for start in range(0, len(units), _UNITS_PER_BLOCK):
+            for run, segment in self._record_runs(units[start : start + _UNITS_PER_BLOCK]):
+                first = run[0][1]
+                buf, spans = self._run_span(run, segment)
+                span_view = memoryview(spans)
+                done = 0
+                while done < len(run):
+                    decoded = 0
+                    if buf:
+                        decoded = kernel.records_at(
+                            buf, span_view[2 * done :], len(run) - done, first, queue_id, name, rows
+                        )
+                    for row in range(decoded):
+                        queue_offset = run[done + row][0]
+                        found.append(rows[row * ROW_WIDTH + QUEUE_OFFSET] == queue_offset)
+                    if not decoded:
+                        found.append(False)
+                        decoded = 1
+                    done += decoded
+        return found
 
     def by_key(
         self,

@@ -24,7 +24,7 @@ from rmqstore.reader import MessageReader, MessageSelection, TextBlock, selected
 from rmqstore.record import BodyMode, Message
 from rmqstore.store import Store
 
-from support import ORACLE_CONFIG, ORACLE_STORES, run_cli
+from support import ORACLE_CONFIG, ORACLE_STORES, mutate_units, run_cli
 
 SMALL_SCENARIOS = sorted(name for name in SCENARIOS if name != "large")
 
@@ -252,46 +252,6 @@ def test_lines_of_every_real_broker_store_are_the_messages_read_one_by_one(
         _check_sequential(store_dir, StoreConfig(**ORACLE_CONFIG), 2)
 
 
-def _mutate_units(store_dir: Path, rng: random.Random, changes: int) -> None:
-    """Rewrite ``changes`` random units of the consume queues: offsets moved a little or
-    anywhere, sizes off by a little, zero, negative or huge, pre-blank units, zeros."""
-    files = sorted(
-        path
-        for path in (store_dir / "consumequeue").rglob("*")
-        if path.is_file() and len(path.name) == 20
-    )
-    for _ in range(changes):
-        path = rng.choice(files)
-        data = bytearray(path.read_bytes())
-        units = [n for n in range(len(data) // 20) if any(data[n * 20 : n * 20 + 20])]
-        if not units:
-            continue
-        at = rng.choice(units) * 20
-        offset = int.from_bytes(data[at : at + 8], "big", signed=True)
-        size = int.from_bytes(data[at + 8 : at + 12], "big", signed=True)
-        kind = rng.randrange(7)
-        if kind == 0:
-            offset += rng.choice([-1, 1, -size, size, 4, -4])
-        elif kind == 1:
-            offset = rng.randrange(0, 1 << 20)
-        elif kind == 2:
-            size += rng.choice([-1, 1, -8, 8, 100])
-        elif kind == 3:
-            size = rng.choice([0, -1, -(1 << 31), (1 << 31) - 1, 1 << 26])
-        elif kind == 4:
-            offset, size = 0, 20  # a pre-blank unit
-        elif kind == 5:
-            offset, size = (1 << 62), 200  # far past the log
-        else:
-            data[at : at + 20] = bytes(20)
-            path.write_bytes(data)
-            continue
-        data[at : at + 8] = offset.to_bytes(8, "big", signed=True)
-        size = (size + (1 << 31)) % (1 << 32) - (1 << 31)  # a 32-bit field: it wraps
-        data[at + 8 : at + 12] = size.to_bytes(4, "big", signed=True)
-        path.write_bytes(data)
-
-
 @pytest.mark.parametrize("seed", range(12))
 def test_lines_of_mutated_queues_are_the_messages_read_one_by_one(
     tmp_path: Path, seed: int
@@ -301,7 +261,7 @@ def test_lines_of_mutated_queues_are_the_messages_read_one_by_one(
     store_dir = tmp_path / "store"
     shutil.copytree(base, store_dir)
     rng = random.Random(seed)
-    _mutate_units(store_dir, rng, rng.randrange(1, 12))
+    mutate_units(store_dir, rng, rng.randrange(1, 12))
     _check_store(store_dir, StoreConfig(), seed)
 
 
