@@ -553,17 +553,10 @@ class MessageReader:
         (:func:`rmqstore.kernel.records_at`) as far as each unit is plainly a whole record
         of the queue; a unit that is not is read as by_queue reads it (a :class:`Message`,
         or its note), and the kernel goes on after it."""
-        first = run[0][1]
-        buf, spans = self._run_span(run, segment)
-        span_view = memoryview(spans)
-        done = 0
         left = limit
-        while done < len(run) and (left is None or left > 0):
-            decoded = 0
-            if buf:
-                decoded = kernel.records_at(
-                    buf, span_view[2 * done :], len(run) - done, first, queue_id, name, rows
-                )
+        for done, decoded, buf in self._decoded_runs(run, segment, queue_id, name, rows):
+            if left is not None and left <= 0:
+                return
             if decoded:
                 self._note_missing(topic, queue_id)
                 if selection is not None:
@@ -580,7 +573,6 @@ class MessageReader:
                     kernel.write_lines(writer[0], buf, kept_rows, kept, out, *writer[1])
                     yield TextBlock(bytes(out), kept)
                 left = None if left is None else left - kept
-                done += decoded
                 continue
             body = writer if isinstance(writer, BodyMode) else BodyMode.READ
             for message in self._unit_messages(topic, queue_id, [Unit(*run[done])], body):
@@ -589,7 +581,32 @@ class MessageReader:
                     left = None if left is None else left - 1
             if self.queue_cut:
                 return
-            done += 1
+
+    def _decoded_runs(
+        self,
+        run: list[tuple[int, int, int, int]],
+        segment: Segment | None,
+        queue_id: int,
+        name: bytes,
+        rows: Any,
+    ) -> Iterator[tuple[int, int, bytes]]:
+        """``(first, decoded, buf)`` for the units of ``run`` in order: ``decoded`` units from
+        unit ``first`` on whose records the record kernel (:func:`rmqstore.kernel.records_at`)
+        found plainly in place and scanned into ``rows`` (of ``buf``, the span of the log they
+        lie in, read once), or 0: unit ``first`` is not plainly one (its caller reads it on its
+        own). Rows are overwritten at the next step."""
+        first_offset = run[0][1]
+        buf, spans = self._run_span(run, segment)
+        span_view = memoryview(spans)
+        done = 0
+        while done < len(run):
+            decoded = 0
+            if buf:
+                decoded = kernel.records_at(
+                    buf, span_view[2 * done :], len(run) - done, first_offset, queue_id, name, rows
+                )
+            yield done, decoded, buf
+            done += decoded or 1
 
     def _run_span(
         self, run: list[tuple[int, int, int, int]], segment: Segment | None
@@ -632,23 +649,13 @@ class MessageReader:
         found: list[bool] = []
         for start in range(0, len(units), _UNITS_PER_BLOCK):
             for run, segment in self._record_runs(units[start : start + _UNITS_PER_BLOCK]):
-                first = run[0][1]
-                buf, spans = self._run_span(run, segment)
-                span_view = memoryview(spans)
-                done = 0
-                while done < len(run):
-                    decoded = 0
-                    if buf:
-                        decoded = kernel.records_at(
-                            buf, span_view[2 * done :], len(run) - done, first, queue_id, name, rows
-                        )
-                    for row in range(decoded):
-                        queue_offset = run[done + row][0]
-                        found.append(rows[row * ROW_WIDTH + QUEUE_OFFSET] == queue_offset)
+                for done, decoded, _buf in self._decoded_runs(run, segment, queue_id, name, rows):
+                    found.extend(
+                        rows[row * ROW_WIDTH + QUEUE_OFFSET] == run[done + row][0]
+                        for row in range(decoded)
+                    )
                     if not decoded:
                         found.append(False)
-                        decoded = 1
-                    done += decoded
         return found
 
     def by_key(
