@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, NotFoundError, RecordError, StoreFormatError, StoreIOError
@@ -47,6 +47,9 @@ from rmqstore.record import (
 from rmqstore.segments import is_segment_name, nonzero_extent
 from rmqstore.topics import is_path_safe
 from rmqstore.windows import FileWindows
+
+if TYPE_CHECKING:
+    from rmqstore.reader import MessageReader
 
 _INDEX_NAME = re.compile(r"[0-9]{17}")
 _UNIT = struct.Struct(">qiq")
@@ -248,12 +251,17 @@ def consumequeue_items(
 
 
 def _units_in_place(
-    reader: Any, topic: str | None, queue_id: int | None, units: list, first_queue_offset: int
+    reader: MessageReader | None,
+    topic: str | None,
+    queue_id: int | None,
+    units: list[tuple[int, int, int]],
+    first_queue_offset: int,
 ) -> list[bool]:
     """Which of ``units`` (offset, size, tagsCode from ``first_queue_offset`` on) plainly
     point at their records (:meth:`MessageReader.units_in_place`: a span of the log read at
     once, not a read per unit), up to the first all-zero unit (the end); the others are
-    looked up one by one. None without a reader (no check, or no queue of a store)."""
+    looked up one by one. None is found so without a reader (no check, or no queue of a
+    store)."""
     if reader is None or topic is None or queue_id is None:
         return []
     values = []
