@@ -833,14 +833,16 @@ def _walk(path: Path) -> Iterable[Path]:
 def apply_rebuild(store: Store, plan: RebuildPlan) -> Path:
     """Quarantine the old files (and a copy of the checkpoint and abort) and reset the
     checkpoint times, before a Dispatcher replays the log. Returns the quarantine folder."""
-    store.begin_write()
     if store.consumequeue_dir not in plan.makes or (
         store.config.message_index_enable and not plan.reset_index
     ):
         remember_queue_reach(store)  # before some topics' queues are moved
-    # a folder even when nothing is moved: its restore undoes the rebuild all the same
+    # a folder even when nothing is moved: its restore undoes the rebuild all the same; made
+    # (with the checkpoint and abort as they were) before 'abort' is: a kill between the two
+    # left an 'abort' no restore removed
     quarantine = Quarantine.create(store.root, "dispatch-rebuild")
     store.keep_state(quarantine)
+    store.begin_write()
     for path in plan.moves:
         quarantine.move_path(path, "replaced by dispatch --rebuild")
     quarantine.note_made(plan.makes, "rebuilt by dispatch --rebuild")

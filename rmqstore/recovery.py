@@ -268,11 +268,14 @@ def apply_recovery(
     store: Store, plan: RecoveryPlan, progress: Callable[[int], None] | None = None
 ) -> RecoveryResult:
     """Carry out ``plan`` on ``store`` (opened for writing, the plan just made from it)."""
-    store.begin_write()
     quarantine = None
     if plan.cuts or plan.moves:
+        # made (with the checkpoint and abort as they were) before 'abort' is: a kill between
+        # the two left an 'abort' no restore removed
         quarantine = Quarantine.create(store.root, "recover")
         store.keep_state(quarantine)
+    store.begin_write()
+    if quarantine is not None:
         for cut in plan.cuts:
             quarantine.cut_region(cut.path, cut.start, cut.end, cut.reason)
         try:

@@ -250,7 +250,22 @@ def test_stdin_failure_rolls_back_everything_in_async_mode(tmp_path: Path) -> No
     store = new_store(tmp_path)
     before = tree_digest(store)
     good = json.dumps({"topic": "T", "body": "ok"}) + "\n"
-    result = run_cli("append", store, "--input", "-", "--jsonl", input=good * 9000 + "garbage\n")
+    # no interval flush while the input is read (on a loaded machine reading 9,000 lines took
+    # longer than the default 500 ms, and the messages a flush covered were reported)
+    result = run_cli(
+        "append",
+        store,
+        "--input",
+        "-",
+        "--jsonl",
+        "--flush",
+        "async",
+        "--flush-interval",
+        "600000",
+        "--flush-thorough-interval",
+        "600000",
+        input=good * 9000 + "garbage\n",
+    )
     assert result.exit_code == 2
     assert result.stdout == ""  # nothing is reported before the whole input is stored
     assert "unreported messages appended before it were rolled back" in result.stderr

@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from rmqstore.fixtures import generate
 from rmqstore.quarantine import Quarantine, plan_restore
 
@@ -319,3 +321,38 @@ def test_a_piece_moved_but_not_yet_listed_goes_back_too(tmp_path: Path) -> None:
     after = tree_digest(store)
     assert after[unlisted["moved"]] == before[unlisted["moved"]]
     assert not (store / "quarantine" / folder["name"]).exists()
+
+
+@pytest.mark.parametrize(
+    ("scenario", "command"),
+    [("torn-tail", ["recover", "--yes"]), ("multi", ["dispatch", "--rebuild", "--yes"])],
+)
+def test_a_repair_keeps_the_store_state_before_it_makes_abort(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scenario: str, command: list[str]
+) -> None:
+    """A repair makes 'abort' (the store is being written) only once its quarantine folder
+    keeps the checkpoint and abort as they were: killed between the two (found by the crash
+    campaign under load), a rebuild left an 'abort' that no folder's restore removed."""
+    from rmqstore.store import Store
+
+    store = tmp_path / "store"
+    generate(scenario, store)
+    (store / "abort").unlink(missing_ok=True)
+    seen: list[list[str]] = []
+    begin_write = Store.begin_write
+
+    def watched(self: Store) -> None:
+        seen.append(
+            [str(path.relative_to(store)) for path in (store / "quarantine").glob("*/*")]
+            if (store / "quarantine").is_dir()
+            else []
+        )
+        begin_write(self)
+
+    monkeypatch.setattr(Store, "begin_write", watched)
+    result = run_cli(command[0], store, *command[1:])
+    assert result.exit_code in (0, 1), result.stderr
+    assert seen and all(any(name.endswith("manifest.json") for name in kept) for kept in seen)
+    (folder,) = (store / "quarantine").iterdir()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert "abort" in json.dumps(manifest)
