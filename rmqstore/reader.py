@@ -128,6 +128,16 @@ class MessageSelection:
         return kept
 
 
+def _rows_taken(
+    selection: MessageSelection | None, buf: Any, rows: Any, count: int, limit: int | None
+) -> tuple[Any, int]:
+    """The rows of ``[0, count)`` of a scan of ``buf`` a read takes, at most ``limit``:
+    those ``selection`` keeps (:meth:`MessageSelection.rows_kept`), else the first ones."""
+    if selection is not None:
+        return selection.rows_kept(buf, rows, count, limit)
+    return rows, (count if limit is None else min(count, limit))
+
+
 def _row_tags(buf: Any, rows: Any, row: int) -> str | None:
     """The TAGS of the message in row ``row`` of a scan of ``buf``, as :class:`Message` has
     it (None when it has none)."""
@@ -559,10 +569,7 @@ class MessageReader:
                 return
             if decoded:
                 self._note_missing(topic, queue_id)
-                if selection is not None:
-                    kept_rows, kept = selection.rows_kept(buf, rows, decoded, left)
-                else:
-                    kept_rows, kept = rows, (decoded if left is None else min(decoded, left))
+                kept_rows, kept = _rows_taken(selection, buf, rows, decoded, left)
                 if isinstance(writer, BodyMode):
                     for row in range(kept):
                         yield message_from_row(
@@ -876,10 +883,7 @@ class MessageReader:
             if not batch:
                 continue
             left = None if count is None else count - produced
-            if selection is not None:
-                kept_rows, kept = selection.rows_kept(window, rows, batch, left)
-            else:
-                kept_rows, kept = rows, (batch if left is None else min(batch, left))
+            kept_rows, kept = _rows_taken(selection, window, rows, batch, left)
             out = bytearray()
             kernel.write_lines(kind, window, kept_rows, kept, out, *modes)
             last = (batch - 1) * ROW_WIDTH
