@@ -218,6 +218,15 @@ def _parse_property(
     "producer does over compressMsgBodyOverHowmuch (4.x default 4096); read --decompress "
     "restores the body.",
 )
+@click.option(
+    "--multi-dispatch/--no-multi-dispatch",
+    default=None,
+    help="As a broker with enableMultiDispatch (the default when the broker config says so): "
+    "a message whose INNER_MULTI_DISPATCH property names further queues (comma separated; "
+    "%LMQ% names are LMQ queues, queue 0) gets the next offset of each in "
+    "INNER_MULTI_QUEUE_OFFSET, and a dispatch puts its unit in each of them. Not for %RETRY% "
+    "topics, DELAY messages (their delivery is the broker's) or prepared and rollback records.",
+)
 @store_config_options
 @json_option
 @jsonl_option
@@ -249,6 +258,7 @@ def command(
     no_uniq_key: bool,
     compress_over: int | None,
     dispatch_after: bool,
+    multi_dispatch: bool | None,
     config: StoreConfig,
     as_json: bool,
     as_jsonl: bool,
@@ -265,7 +275,9 @@ def command(
     where it is delivered later, not SCHEDULE_TOPIC_XXXX, which a broker makes itself with a
     queue per delay level); the old file is kept as topics.json.bak, a file that is not a
     JSON topic table (or a link) is left alone with a warning, and a store without the file
-    gets one only when --create makes it.
+    gets one only when --create makes it. With --multi-dispatch, messages naming further (LMQ)
+    queues in INNER_MULTI_DISPATCH get their offsets in INNER_MULTI_QUEUE_OFFSET, as a broker
+    with enableMultiDispatch gives them.
 
     Prints per message: msgId, commitLogOffset, queueOffset, storeSize, uniqKey (also topic,
     queueId, storeTimestamp in JSON; uniqKey is read back from the stored record), only once
@@ -334,6 +346,9 @@ def command(
             allow_v2=record_version == "auto",
             store_host=parse_host(store_host) if store_host else None,
             list_topics=True,
+            multi_dispatch=config.enable_multi_dispatch
+            if multi_dispatch is None
+            else multi_dispatch,
         )
         dispatcher = Dispatcher(opened) if dispatch_after else None
         try:

@@ -41,6 +41,13 @@ from rmqstore.kernel import layout
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, TOTAL_SIZE
 from rmqstore.messagebatch import BatchUnsupported, MessageBatch
 from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.multidispatch import (
+    DISPATCH_MARK,
+    INNER_MULTI_DISPATCH,
+    INNER_MULTI_QUEUE_OFFSET,
+    LMQ_PREFIX,
+    copy_queues,
+)
 from rmqstore.properties import (
     DELAY,
     MAX_PROPERTIES_BYTES,
@@ -83,7 +90,7 @@ from rmqstore.segments import (
     sync_directory,
     sync_file_data,
 )
-from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
+from rmqstore.topics import MAX_TOPIC_LENGTH, RETRY_PREFIX, check_topic
 from rmqstore.windows import FileWindows, read_ahead
 from rmqstore.wording import quoted
 
@@ -557,6 +564,13 @@ class CommitLogAppender:
     ``pwrite`` by :meth:`commit` (a full disk is then a write error): what is staged and not
     committed is not in the file, so a crash loses it, as a broker's does. ``preallocate``
     (warmMapedFileEnable) allocates every block of a new file when it is created.
+
+    ``multi_dispatch`` (the broker's enableMultiDispatch): a queued message naming further
+    queues in ``INNER_MULTI_DISPATCH`` gets the next offset of each in
+    ``INNER_MULTI_QUEUE_OFFSET`` (replacing one it carries), and each of those queues moves
+    on, as the broker's ``MultiDispatch`` does (spec §6.8); not for ``%RETRY%`` topics, as
+    the broker, nor for a DELAY message waiting in SCHEDULE_TOPIC_XXXX, whose copies belong
+    to its delivery.
     """
 
     def __init__(
@@ -577,8 +591,13 @@ class CommitLogAppender:
         transient: bool = False,
         preallocate: bool = False,
         refused_topics: Mapping[str, str] | None = None,
+        multi_dispatch: bool = False,
     ) -> None:
         self.log = log
+        self.multi_dispatch = multi_dispatch
+        # the further queues and offsets prepare() gave the last message (multi_dispatch)
+        self._copies_prepared: list[tuple[tuple[str, int], int]] | None = None
+        self._copy_queues: set[tuple[str, int]] = set()  # LMQ queues copies moved on
         self.refused_topics = refused_topics or {}  # topic -> why its messages are refused
         self.transient = transient
         self.preallocate = preallocate
@@ -735,6 +754,8 @@ class CommitLogAppender:
                 self._learn_topic(message.topic)
         if self.append_crc_property and CRC32_PROPERTY_NAME in properties:
             properties = {k: v for k, v in properties.items() if k != CRC32_PROPERTY_NAME}
+        if self.multi_dispatch:
+            properties = self._with_copy_offsets(message, properties)
         if properties == self._last_properties:  # producers repeat tags/keys: reuse bytes
             props = self._last_properties_bytes
         else:
@@ -755,6 +776,27 @@ class CommitLogAppender:
                 f"{MAX_PROPERTIES_BYTES}"
             )
         return message, props
+
+    def _with_copy_offsets(self, message: Message, properties: dict[str, str]) -> dict[str, str]:
+        """``properties`` with the offsets the message's further queues give it (remembered
+        for the append that follows), or as they are when it has none."""
+        self._copies_prepared = None
+        queues = properties.get(INNER_MULTI_DISPATCH)
+        topic = message.topic
+        if (
+            not queues
+            or topic.startswith(RETRY_PREFIX)
+            or topic == SCHEDULE_TOPIC
+            or message.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS
+        ):
+            return properties
+        offsets = [
+            (key, self.queue_offsets.get(key, 0))
+            for key in copy_queues(topic, message.queue_id, queues)
+        ]
+        self._copies_prepared = offsets
+        text = ",".join(str(offset) for _, offset in offsets)
+        return {**properties, INNER_MULTI_QUEUE_OFFSET: text}
 
     def record_size(self, message: Message) -> int:
         """The size the record of ``message`` will have once appended."""
@@ -826,6 +868,7 @@ class CommitLogAppender:
         now_ns = self._now_ns
         not_queued = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
         record_structs = self._record_structs
+        multi_dispatch = self.multi_dispatch
         last_born: HostAddress | None = None
         host: tuple[bytes, int, Any, int] = (b"", 0, None, 0)
         # the write state lives in locals and goes back to the appender in `finally`
@@ -840,6 +883,7 @@ class CommitLogAppender:
             for message in messages:
                 now = now_ns() // 1_000_000 if clock is None else clock()
                 message, props = prepare(message, now)
+                copies = self._copies_prepared if multi_dispatch else None
                 topic = message.topic
                 topic_field, magic = topic_fields[topic]
                 body = message.body or b""
@@ -898,6 +942,11 @@ class CommitLogAppender:
                     raise InputError(_field_problem(message)) from None
                 if crc_reserve:
                     self._write_crc_property(position, total)
+                if copies:  # the further queues move on past the offsets given
+                    for key, copy_offset in copies:
+                        queue_offsets[key] = copy_offset + 1
+                        if key[0].startswith(LMQ_PREFIX):
+                            self._copy_queues.add(key)
                 position += total
                 appended += 1
                 add_result(new_result(AppendResult, (physical_offset, queue_offset, total,
@@ -918,6 +967,8 @@ class CommitLogAppender:
         for the ``__CRC32#`` property (``append_many`` writes it)."""
         if self.append_crc_property:
             raise BatchUnsupported("the __CRC32# property is written one record at a time")
+        if self.multi_dispatch and DISPATCH_MARK in batch.props:
+            raise BatchUnsupported("further queues' offsets are given one record at a time")
         if batch.trailing_separator != self.trailing_separator:
             raise ValueError("the batch's properties were encoded for another broker version")
         count = batch.count
@@ -1168,10 +1219,13 @@ class CommitLogAppender:
     def queues_appended(self) -> dict[str, int]:
         """Topic to the number of queues its appended messages need (highest queue id + 1),
         for the topics this appender gave a message; with SCHEDULE_TOPIC_XXXX, the topics
-        and queues its DELAY messages will be delivered to (REAL_TOPIC, REAL_QID)."""
+        and queues its DELAY messages will be delivered to (REAL_TOPIC, REAL_QID). An LMQ
+        queue that multi-dispatch copies went into is no topic a broker lists."""
         queues: dict[str, int] = {}
         started = self._queue_offsets_at_start
         for (topic, queue_id), offset in self.queue_offsets.items():
+            if (topic, queue_id) in self._copy_queues:
+                continue
             if started.get((topic, queue_id)) != offset:
                 queues[topic] = max(queues.get(topic, 0), queue_id + 1)
         if SCHEDULE_TOPIC in queues:  # (a DELAY message prepared and not appended may count)

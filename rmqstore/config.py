@@ -110,6 +110,7 @@ class StoreConfig:
     force_verify_prop_crc: bool = False
     append_prop_crc: bool = False  # 5.x enabledAppendPropCRC
     message_index_enable: bool = True
+    enable_multi_dispatch: bool = False  # copies' offsets given at append (spec §6.8)
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     cluster_name: str = "DefaultCluster"
     store_host: str | None = None  # brokerIP1:listenPort
@@ -245,6 +246,7 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
         ("messageIndexEnable", "message_index_enable"),
         ("transientStorePoolEnable", "transient_store_pool_enable"),
         ("warmMapedFileEnable", "warm_mapped_file_enable"),
+        ("enableMultiDispatch", "enable_multi_dispatch"),
     ):
         if (raw := take(key)) is not None:
             values[name] = _bool(raw)

@@ -8,19 +8,25 @@ queue offset.
 
 The broker adds ``INNER_MULTI_QUEUE_OFFSET`` only when it dispatches the copies, so a record
 carrying both properties, with as many offsets as queues, is one whose copies a broker wrote:
-rmqstore writes and checks them from the record alone, whatever the broker's settings."""
+rmqstore writes and checks them from the record alone, whatever the broker's settings.
+``append --multi-dispatch`` gives offsets as such a broker does (:func:`copy_queues` names
+the queues it takes them in)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from rmqstore.topics import RETRY_PREFIX, is_path_safe
+from rmqstore.errors import InputError, TopicError
+from rmqstore.topics import RETRY_PREFIX, check_topic, is_path_safe
 
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 LMQ_PREFIX = "%LMQ%"
 _SPLITTER = ","
 _JAVA_LONG_MAX = 2**63 - 1
+# how a record's properties hold each of them (name, then the name/value separator)
+DISPATCH_MARK = f"{INNER_MULTI_DISPATCH}\x01".encode()
+COPIES_MARK = f"{INNER_MULTI_QUEUE_OFFSET}\x01".encode()
 
 
 class QueueCopy(NamedTuple):
@@ -61,3 +67,41 @@ def record_units(
     """Every unit a queued record has: in its own queue, then in the further queues it
     names (:func:`queue_copies`)."""
     return [QueueCopy(topic, queue_id, queue_offset), *queue_copies(topic, queue_id, properties)]
+
+
+def copy_queues(topic: str, queue_id: int, queues: str) -> list[tuple[str, int]]:
+    """The queues (topic, queue id) a broker with ``enableMultiDispatch`` gives a record of
+    ``topic``/``queue_id`` whose ``INNER_MULTI_DISPATCH`` is ``queues`` an offset in, in the
+    property's order: the queue 0 of a ``%LMQ%`` name, else the record's own queue id of the
+    name. A name that is no topic name by RocketMQ's rules (an empty one, ``..``, a slash) is
+    an :class:`InputError`: no queue of it could be dispatched."""
+    keys = []
+    for name in queues.split(_SPLITTER):
+        try:
+            check_topic(name, allow_v2=False)
+        except TopicError as exc:
+            raise InputError(f"{INNER_MULTI_DISPATCH} names no queue: {exc}") from None
+        keys.append((name, 0 if name.startswith(LMQ_PREFIX) else queue_id))
+    return keys
+
+
+def copies_marked(buf: Any, rows: Any, count: int, first: int = 0) -> int:
+    """How often INNER_MULTI_QUEUE_OFFSET appears from row ``first`` to the last of ``count``
+    kernel rows' properties in ``buf`` (a search in C, about 0.2 ms per MiB)."""
+    from rmqstore.kernel import layout  # the kernel loads only for a caller with its rows
+
+    if first >= count:
+        return 0
+    width = layout.ROW_WIDTH
+    low = rows[first * width + layout.PROPERTIES_AT]
+    last = (count - 1) * width
+    high = rows[last + layout.PROPERTIES_AT] + rows[last + layout.PROPERTIES_LENGTH]
+    data = buf
+    if not hasattr(buf, "find"):  # a memoryview: its bytes
+        data, low, high = bytes(buf[low:high]), 0, high - low
+    found = 0
+    at = data.find(COPIES_MARK, low, high)
+    while at >= 0:
+        found += 1
+        at = data.find(COPIES_MARK, at + len(COPIES_MARK), high)
+    return found

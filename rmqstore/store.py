@@ -50,6 +50,8 @@ from rmqstore.hosts import DEFAULT_STORE_HOST, HostAddress, parse_host
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel.layout import (
     PHYSICAL_OFFSET,
+    PROPERTIES_AT,
+    PROPERTIES_LENGTH,
     QUEUE_ID,
     QUEUE_OFFSET,
     ROW_WIDTH,
@@ -59,11 +61,13 @@ from rmqstore.kernel.layout import (
 )
 from rmqstore.lockfile import LockState, StoreLock, probe_lock
 from rmqstore.msgid import UniqKeyGenerator
+from rmqstore.multidispatch import copies_marked, queue_copies
 from rmqstore.quarantine import QUARANTINE_DIR, Quarantine
 from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
+    decode_properties,
     record_item,
 )
 from rmqstore.segments import (
@@ -482,12 +486,15 @@ class Store:
         store_host: HostAddress | None = None,
         trailing_separator: bool = True,
         list_topics: bool = False,
+        multi_dispatch: bool = False,
     ) -> CommitLogAppender:
         """Prepare to append: find the valid end, deal with bytes after it, learn the queue
         offsets, then create ``abort``. Refuses a crashed store whose tail is not clean, and
         one with a consume-queue folder that is a link (its queues' offsets are unknown).
         With ``list_topics``, closing the store adds the topics and queues appended to that
-        ``config/topics.json`` lacks (written anew for a store this open created)."""
+        ``config/topics.json`` lacks (written anew for a store this open created).
+        ``multi_dispatch``: messages naming further queues get offsets in them, as with the
+        broker's enableMultiDispatch (:class:`CommitLogAppender`)."""
         if self._appender is not None:
             return self._appender
         self._list_topics = list_topics
@@ -528,6 +535,7 @@ class Store:
             transient=self.config.transient_store_pool_enable
             and self.config.flush_disk_type == "ASYNC_FLUSH",
             preallocate=self.config.warm_mapped_file_enable,
+            multi_dispatch=multi_dispatch,
         )
         self.begin_write()
         return self._appender
@@ -641,7 +649,9 @@ class Store:
             if kept:
                 state.records += kept
                 last = record_item(window, rows, kept - 1, topics)[1]
-            for row in range(bisect_left(offsets, cursor, 0, kept), kept):
+            first = bisect_left(offsets, cursor, 0, kept)
+            marked = copies_marked(window, rows, kept, first)  # units in further queues
+            for row in range(first, kept):
                 at = row * ROW_WIDTH
                 if rows[at + SYS_FLAG] & TRANSACTION_MASK in _UNQUEUED:
                     continue
@@ -656,6 +666,8 @@ class Store:
                 tips[key] = QueueTip.after_put(
                     tip, rows[at + QUEUE_OFFSET], offsets[row], rows[at + TOTAL_SIZE]
                 )
+                if marked and copies_marked(window, rows, row + 1, row):
+                    _put_copies(tips, window, rows, row, key)
             if kept < count:
                 reached_end = True
                 break
@@ -798,6 +810,27 @@ class Store:
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
         self.close(failed=exc_type is not None)
+
+
+def _put_copies(
+    tips: dict[tuple[str, int], QueueTip | None],
+    window: Any,
+    rows: Any,
+    row: int,
+    key: tuple[str, int],
+) -> None:
+    """Move the queues on that a dispatch of the record of kernel ``row`` (in ``key``'s
+    queue) puts units in besides its own (multi-dispatch copies, spec §6.8), by the consume
+    queues' rules."""
+    at = row * ROW_WIDTH
+    properties_at = rows[at + PROPERTIES_AT]
+    properties = decode_properties(
+        bytes(window[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
+    )
+    physical_offset, size = rows[at + PHYSICAL_OFFSET], rows[at + TOTAL_SIZE]
+    for topic, queue_id, queue_offset in queue_copies(key[0], key[1], properties):
+        copy_key = (topic, queue_id)
+        tips[copy_key] = QueueTip.after_put(tips.get(copy_key), queue_offset, physical_offset, size)
 
 
 def _config_host(config: StoreConfig) -> HostAddress | None:

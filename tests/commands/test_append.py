@@ -194,6 +194,13 @@ def bad_case(tmp_path: Path, store: Path, name: str) -> list[str]:
     if name == "body over the limit":
         (tmp_path / "broker.conf").write_text("maxMessageSize=16\n")
         return ["--topic", "T", "--body", "x" * 17, "--broker-config", tmp_path / "broker.conf"]
+    if name == "traversal lmq queue":
+        lines = [
+            '{"topic": "T", "properties": {"INNER_MULTI_DISPATCH": "%LMQ%a"}}',
+            '{"topic": "T", "properties": {"INNER_MULTI_DISPATCH": "%LMQ%a,../x"}}',
+        ]
+        (tmp_path / "in.jsonl").write_text("\n".join(lines * 3) + "\n")
+        return ["--multi-dispatch", "--input", tmp_path / "in.jsonl"]
     lines = {
         "malformed json": ['{"topic": "T", "body": "a"}', "{not json"],
         "unknown field": ['{"topic": "T", "body": "a"}', '{"topic": "T", "bodi": "b"}'],
@@ -218,6 +225,7 @@ def bad_case(tmp_path: Path, store: Path, name: str) -> list[str]:
         "wrong type",
         "bad base64",
         "missing topic",
+        "traversal lmq queue",
     ],
 )
 def test_bad_input_is_one_line_and_leaves_the_store_as_it_was(
@@ -697,3 +705,47 @@ def test_append_lists_new_topics_and_queues_in_topics_json(tmp_path: Path) -> No
     (bare / "config" / "topics.json").unlink()
     assert run_cli("append", bare, "--topic", "U", "--body", "v").exit_code == 0
     assert not (bare / "config" / "topics.json").exists()
+
+
+def test_multi_dispatch_gives_lmq_offsets_to_every_message_of_an_input(tmp_path: Path) -> None:
+    """As a broker with enableMultiDispatch (from --multi-dispatch or the broker config):
+    every message naming LMQ queues gets their next offsets, also in inputs the record kernel
+    packs in batches; the queues are not listed in topics.json (no broker lists them);
+    --no-multi-dispatch, or no setting, stores the property as given."""
+    store = new_store(tmp_path)
+    rooms = ["%LMQ%room-a", "%LMQ%room-b"]
+    lines = [
+        {"topic": "Chat", "queueId": number % 2, "body": f"m{number}",
+         "properties": {"INNER_MULTI_DISPATCH": ",".join(rooms[: 1 + number % 2])}}
+        for number in range(300)
+    ]  # fmt: skip
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (tmp_path / "broker.conf").write_text("enableMultiDispatch=true\n")
+    given = {
+        "option": ["--multi-dispatch"],
+        "config": ["--broker-config", tmp_path / "broker.conf"],
+        "off": ["--broker-config", tmp_path / "broker.conf", "--no-multi-dispatch"],
+        "default": [],
+    }
+    for name, options in given.items():
+        result = run_cli("append", store, "--input", tmp_path / "in.jsonl", "--dispatch", *options)
+        assert result.exit_code == 0, (name, result.stderr)
+    stored = [m for m in read_all(store) if m["topic"] == "Chat"]
+    assert len(stored) == 4 * 300
+    expected = {room: 0 for room in rooms}
+    for number, message in enumerate(stored):
+        offsets = message["properties"].get("INNER_MULTI_QUEUE_OFFSET")
+        if number >= 2 * 300:  # --no-multi-dispatch, then no setting
+            assert offsets is None
+            continue
+        named = message["properties"]["INNER_MULTI_DISPATCH"].split(",")
+        assert offsets == ",".join(str(expected[room]) for room in named), number
+        for room in named:
+            expected[room] += 1
+    for room in rooms:
+        result = run_cli("read", store, "--topic", room, "--queue", "0", "--jsonl")
+        assert result.exit_code == 0 and result.stderr == "", result.stderr
+        assert len(result.stdout.splitlines()) == expected[room]
+    table = json.loads((store / "config" / "topics.json").read_text())["topicConfigTable"]
+    assert "Chat" in table and not any(name.startswith("%LMQ%") for name in table)
+    assert run_cli("verify", store).exit_code == 0

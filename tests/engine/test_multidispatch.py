@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 
 from rmqstore.dispatch import Dispatcher
+from rmqstore.errors import InputError
 from rmqstore.fixtures import FixtureOptions, generate
-from rmqstore.multidispatch import QueueCopy, queue_copies
+from rmqstore.multidispatch import (
+    INNER_MULTI_DISPATCH,
+    INNER_MULTI_QUEUE_OFFSET,
+    QueueCopy,
+    copy_queues,
+    queue_copies,
+)
+from rmqstore.record import Message
 from rmqstore.store import Store
 from rmqstore.verify import verify_store
 
@@ -139,3 +147,107 @@ def test_a_dispatcher_walking_the_log_writes_what_a_rebuild_does(lmq_store: Path
     assert _lmq_files(lmq_store) == before
     lmq_units = 155 - 60  # the lmq scenario's units in all queues, less one per record
     assert (result.units_written, result.units_skipped) == (lmq_units, 60)
+
+
+# -- append gives the offsets (a broker with enableMultiDispatch) ------------------------------
+
+
+def test_the_queues_a_broker_gives_offsets_in() -> None:
+    assert copy_queues("T", 3, "%LMQ%a,Plain,%LMQ%a") == [
+        ("%LMQ%a", 0),
+        ("Plain", 3),
+        ("%LMQ%a", 0),
+    ]
+    for bad in ("", "%LMQ%a,", "../x", "%LMQ%a/b", "x" * 128):
+        with pytest.raises(InputError, match="INNER_MULTI_DISPATCH names no queue"):
+            copy_queues("T", 0, bad)
+
+
+def _lmq_message(body: str, queues: str | None, **fields: object) -> Message:
+    properties = {} if queues is None else {INNER_MULTI_DISPATCH: queues}
+    return Message(
+        topic=str(fields.pop("topic", "MqttTopic")), body=body.encode(), properties=properties,
+        **fields,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def _next_offsets(store_dir: Path) -> dict[str, int]:
+    with Store.open_read(store_dir) as store:
+        return {name: store.consume_queue(name, 0).max_offset for name in LMQ}
+
+
+def test_append_gives_each_further_queue_its_next_offset_as_the_broker_does(
+    lmq_store: Path,
+) -> None:
+    """Offsets continue the LMQ queues, in the property's order; a given
+    INNER_MULTI_QUEUE_OFFSET is replaced; a second append before any dispatch continues
+    after the copies of the records the first one left undispatched; a dispatch then puts
+    every copy at its offset and verify finds the store sound."""
+    start = _next_offsets(lmq_store)
+    stale = _lmq_message("stale", LMQ[1])
+    stale.properties[INNER_MULTI_QUEUE_OFFSET] = "0"  # what a producer cannot know
+    for _session in range(2):
+        with Store.open_write(lmq_store) as store:
+            appender = store.appender(multi_dispatch=True)
+            appender.append_many(
+                [
+                    _lmq_message("both", f"{LMQ[0]},{LMQ[2]}"),
+                    _lmq_message("one", LMQ[0]),
+                    stale,
+                    _lmq_message("none", None),
+                ]
+            )
+    with Store.open_read(lmq_store) as store:
+        appended = [store.commitlog.read(offset) for offset, *_ in store.commitlog.scan()][-8:]
+    offsets = [m.properties.get(INNER_MULTI_QUEUE_OFFSET) for m in appended]
+    first, second = (start[LMQ[0]], start[LMQ[2]]), (start[LMQ[0]] + 2, start[LMQ[2]] + 1)
+    assert offsets == [
+        f"{first[0]},{first[1]}", str(first[0] + 1), str(start[LMQ[1]]), None,
+        f"{second[0]},{second[1]}", str(second[0] + 1), str(start[LMQ[1]] + 1), None,
+    ]  # fmt: skip
+    assert run_cli("dispatch", lmq_store).exit_code == 0
+    assert _next_offsets(lmq_store) == {
+        LMQ[0]: start[LMQ[0]] + 4,
+        LMQ[1]: start[LMQ[1]] + 2,
+        LMQ[2]: start[LMQ[2]] + 2,
+    }
+    with Store.open_read(lmq_store) as store:
+        report = verify_store(store)
+    assert report.ok, report.counts
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"topic": "%RETRY%group"},  # the broker skips retry topics
+        {"properties_extra": {"DELAY": "3"}},  # copies belong to the delivery
+        {"sys_flag": 0x4},  # a prepared half message is in no queue
+    ],
+    ids=["retry", "delay", "prepared"],
+)
+def test_messages_a_broker_gives_no_copies(lmq_store: Path, fields: dict) -> None:
+    start = _next_offsets(lmq_store)
+    extra = fields.pop("properties_extra", {})
+    message = _lmq_message("x", LMQ[0], **fields)
+    message.properties.update(extra)
+    with Store.open_write(lmq_store) as store:
+        (result,) = store.appender(multi_dispatch=True).append_many([message])
+    with Store.open_read(lmq_store) as store:
+        stored = store.commitlog.read(result.physical_offset)
+    assert INNER_MULTI_QUEUE_OFFSET not in stored.properties
+    assert stored.properties[INNER_MULTI_DISPATCH] == LMQ[0]
+    assert run_cli("dispatch", lmq_store).exit_code == 0
+    assert _next_offsets(lmq_store) == start
+
+
+def test_a_rolled_back_append_gives_its_offsets_again(lmq_store: Path) -> None:
+    start = _next_offsets(lmq_store)
+    with Store.open_write(lmq_store) as store:
+        appender = store.appender(multi_dispatch=True)
+        savepoint = appender.savepoint()
+        appender.append_many([_lmq_message("undone", LMQ[0])])
+        appender.rollback(savepoint)
+        (result,) = appender.append_many([_lmq_message("kept", LMQ[0])])
+    with Store.open_read(lmq_store) as store:
+        stored = store.commitlog.read(result.physical_offset)
+    assert stored.properties[INNER_MULTI_QUEUE_OFFSET] == str(start[LMQ[0]])
