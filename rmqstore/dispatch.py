@@ -780,7 +780,7 @@ def out_of_range_problem(offset: int, queue_offset: int, topic: str, queue_id: i
 def unsafe_topic_problem(topic: str) -> str:
     return (
         f"topic {quoted(topic)} cannot name a consume-queue directory inside the store "
-        "(unsafe name, or a symbolic link leading out); its records were skipped"
+        "(unsafe name, or a symbolic link leading out); no unit was written in its queues"
     )
 
 

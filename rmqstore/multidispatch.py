@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from rmqstore.errors import InputError, TopicError
-from rmqstore.topics import RETRY_PREFIX, check_topic, is_path_safe
+from rmqstore.topics import RETRY_PREFIX, check_topic
 
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
@@ -40,8 +40,9 @@ class QueueCopy(NamedTuple):
 def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:
     """The further queues a record of ``topic``/``queue_id`` with ``properties`` has a unit
     in (none for a ``%RETRY%`` topic, as the broker skips them, or when the two properties do
-    not pair up: the broker logs an error and writes no copy). A queue whose name is not a
-    safe folder name (``..``, a slash) is left out: it names no queue rmqstore can open."""
+    not pair up: the broker logs an error and writes no copy). A queue whose name is no safe
+    folder name (``..``, a slash) is kept: the writers and ``verify`` name it as they name
+    such a topic of a record's own, and write no unit for it."""
     queues = properties.get(INNER_MULTI_DISPATCH)
     offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
     if not queues or not offsets or topic.startswith(RETRY_PREFIX):
@@ -55,7 +56,7 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
         if not number.isascii() or not number.isdigit() or len(number) > 19:
             return []  # Long.parseLong fails: the broker writes none of them
         queue_offset = int(number)
-        if queue_offset > _JAVA_LONG_MAX or not is_path_safe(name):
+        if queue_offset > _JAVA_LONG_MAX:
             continue
         copies.append(QueueCopy(name, 0 if name.startswith(LMQ_PREFIX) else queue_id, queue_offset))
     return copies

@@ -29,6 +29,8 @@ KINDS = {
     "store-time-order": "store timestamps decrease along the log",
     "queue-offset-gap": "a queue's offsets in the commit log are not dense",
     "record-queue-offset": "a record's QUEUEOFFSET no consume-queue position can hold",
+    "queue-name-unsafe": "records of a topic (or of a further queue INNER_MULTI_DISPATCH "
+    "names) that cannot name a consume-queue folder: no unit is written for them",
     "torn-tail": "non-zero bytes after the valid end of the log of a store not closed cleanly",
     "stale-bytes-after-end": "non-zero bytes after the valid end (left by a broker's recovery)",
     "cq-file-size": "a consume-queue file has the wrong size",
@@ -102,6 +104,7 @@ FIXES = {
     "store-time-order": REPORT_ONLY,
     "queue-offset-gap": REPORT_ONLY,
     "record-queue-offset": REPORT_ONLY,
+    "queue-name-unsafe": REPORT_ONLY,
     "stale-bytes-after-end": REPORT_ONLY,
     "index-unchecked": REPORT_ONLY,
     "checkpoint-size": REPORT_ONLY,

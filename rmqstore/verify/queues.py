@@ -38,7 +38,7 @@ from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queues_note
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import RecordBatch, relative
 from rmqstore.windows import read_range
-from rmqstore.wording import counted
+from rmqstore.wording import counted, quoted
 
 # bytes of a consume-queue file read at a time, kept until the queue's next unit lies past
 # them: 3,276 units, fewer when many queues share the budget (a broker may have tens of
@@ -129,6 +129,8 @@ class QueueChecks:
         self.states: dict[tuple[str, int], _QueueState] = {}
         self.missing_queues: dict[tuple[str, int], int] = {}
         self.missing_first: dict[tuple[str, int], int] = {}  # their first record's offset
+        # topics no consume-queue folder can be named by: [records, first record's offset]
+        self.unsafe_topics: dict[str, list[int]] = {}
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self.resume_without_index = False  # where a dispatch resumes was told without it
         self._known = {key for key in list_queues(store.consumequeue_dir) if self._checked(key[0])}
@@ -176,8 +178,14 @@ class QueueChecks:
             },
             "missing": dict(self.missing_queues),
             "missingFirst": dict(self.missing_first),
+            "unsafe": {topic: tuple(seen) for topic, seen in self.unsafe_topics.items()},
             "lastQueuedTime": self.last_queued_time,
         }
+
+    def _unsafe(self, topic: str, count: int, first: int) -> None:
+        seen = self.unsafe_topics.setdefault(topic, [0, first])
+        seen[0] += count
+        seen[1] = min(seen[1], first)
 
     def absorb(self, partial: dict[str, Any]) -> None:
         for key, (matched, lag, first_lag) in partial["queues"].items():
@@ -192,6 +200,8 @@ class QueueChecks:
             self.missing_queues[key] = self.missing_queues.get(key, 0) + count
         for key, first in partial["missingFirst"].items():
             self.missing_first[key] = min(first, self.missing_first.get(key, first))
+        for topic, (count, first) in partial["unsafe"].items():
+            self._unsafe(topic, count, first)
         self.last_queued_time = max(self.last_queued_time, partial["lastQueuedTime"])
 
     def close(self) -> None:
@@ -376,6 +386,8 @@ class QueueChecks:
                 if is_path_safe(unit_topic):
                     self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
                     self.missing_first.setdefault(key, offset)
+                else:
+                    self._unsafe(unit_topic, 1, offset)
                 continue
             if queue_offset < state.min_offset:
                 continue  # the unit expired with older files
@@ -468,6 +480,17 @@ class QueueChecks:
                 )
             if state.matched < queue.max_offset - queue.min_offset:
                 self._report_orphans(topic, queue_id, queue, log_end)
+        for topic, (count, first) in sorted(self.unsafe_topics.items()):
+            self.report.add(
+                "queue-name-unsafe",
+                f"{counted(count, 'record')} of topic {quoted(topic)} (its own or a further "
+                "queue INNER_MULTI_DISPATCH names) cannot have a consume queue: the name is no "
+                "folder inside the store (a broker would write outside consumequeue/); "
+                "dispatch writes no unit for them",
+                WARNING,
+                commit_log_offset=first,
+                topic=topic,
+            )
         for (topic, queue_id), count in self.missing_queues.items():
             blocker = self._in_the_way(topic, queue_id)
             if blocker is not None:

@@ -43,7 +43,11 @@ def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> Non
     assert _copies("%LMQ%a,%LMQ%b", "1") == []  # unpaired: the broker writes none
     assert _copies("%LMQ%a,%LMQ%b", "1,x") == []  # Long.parseLong fails: none
     assert _copies("%LMQ%a", " 1") == [] and _copies("%LMQ%a", "-1") == []
-    assert _copies("../../x,%LMQ%b", "1,2") == [QueueCopy("%LMQ%b", 0, 2)]  # no such folder
+    # no folder can hold it: kept, so that dispatch and verify name it
+    assert _copies("../../x,%LMQ%b", "1,2") == [
+        QueueCopy("../../x", 3, 1),
+        QueueCopy("%LMQ%b", 0, 2),
+    ]
     assert queue_copies("T", 0, {"INNER_MULTI_DISPATCH": "%LMQ%a"}) == []  # no broker offsets
 
 
@@ -251,3 +255,43 @@ def test_a_rolled_back_append_gives_its_offsets_again(lmq_store: Path) -> None:
     with Store.open_read(lmq_store) as store:
         stored = store.commitlog.read(result.physical_offset)
     assert stored.properties[INNER_MULTI_QUEUE_OFFSET] == str(start[LMQ[0]])
+
+
+def test_queue_names_no_folder_can_hold_are_named_by_dispatch_and_verify(tmp_path: Path) -> None:
+    """A record naming a further queue such as ``../../evil`` (a broker would write outside
+    consumequeue/), or with such a topic of its own: dispatch writes no unit for it and says
+    so, and verify reports it (it called the store sound), on one process and on two."""
+    from rmqstore.record import encode_record
+
+    store_dir = tmp_path / "s"
+    lines = [
+        {"topic": "Chat", "body": "a", "properties": {
+            INNER_MULTI_DISPATCH: "%LMQ%ok,../../evil", INNER_MULTI_QUEUE_OFFSET: "0,0"}},
+        {"topic": "Chat", "body": "b", "properties": {
+            INNER_MULTI_DISPATCH: "../../evil", INNER_MULTI_QUEUE_OFFSET: "1"}},
+    ]  # fmt: skip
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = run_cli("append", store_dir, "--create", "--input", tmp_path / "in.jsonl")
+    assert result.exit_code == 0, result.stderr
+    log = sorted((store_dir / "commitlog").iterdir())[0]
+    end = len(log.read_bytes().rstrip(b"\0"))
+    with open(log, "r+b") as handle:  # a record with an unsafe topic of its own
+        handle.seek(end)
+        handle.write(
+            encode_record(
+                Message(topic="a/b", body=b"x", physical_offset=end, store_timestamp=2**50)
+            )
+        )
+    result = run_cli("dispatch", store_dir, "--json")
+    assert result.exit_code == 0, result.stderr
+    problems = json.loads(result.stdout)["problems"]
+    assert len(problems) == 2 and "'../../evil'" in problems[0] and "'a/b'" in problems[1]
+    assert not (tmp_path / "evil").exists() and not (store_dir / "evil").exists()
+    assert sorted(p.name for p in (store_dir / "consumequeue").iterdir()) == ["%LMQ%ok", "Chat"]
+    for jobs in ("1", "2"):
+        result = run_cli("verify", store_dir, "--json", "--jobs", jobs, "--split-size", "4096")
+        assert result.exit_code == 1, result.stderr
+        findings = json.loads(result.stdout)["findings"]
+        named = [(f["kind"], f["topic"], f["commitLogOffset"]) for f in findings]
+        assert named == [("queue-name-unsafe", "../../evil", 0), ("queue-name-unsafe", "a/b", end)]
+        assert findings[0]["message"].startswith("2 records of topic '../../evil'")
