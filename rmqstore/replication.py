@@ -259,7 +259,12 @@ class RecordsEnd(NamedTuple):
 
 
 def whole_records_end(
-    segment: Segment, position: int, *, received: int | None = None, until: int | None = None
+    segment: Segment,
+    position: int,
+    *,
+    received: int | None = None,
+    until: int | None = None,
+    at_least_one: bool = False,
 ) -> RecordsEnd:
     """Where the whole, CRC-valid records of ``segment`` from ``position`` end (a file
     position), and whether a BLANK closes the file there (the end is then the BLANK's
@@ -267,7 +272,9 @@ def whole_records_end(
     position count (a record whose tail is still zeros can pass the checks: its properties
     are outside the body CRC). ``until``: only records that end by this physical offset; the
     answer then says whether the next record (or the BLANK) runs past it, so no record that
-    ends by ``until`` can come later."""
+    ends by ``until`` can come later. ``at_least_one``: the first whole record, or a BLANK at
+    ``position``, counts even when it runs past ``until`` (a reader bounded by ``until``
+    still moves on)."""
     limit = until - segment.start if until is not None else None
     windows = FileWindows(segment.path, segment.size if received is None else received)
     try:
@@ -282,12 +289,14 @@ def whole_records_end(
             last_end = offsets[-1] - segment.start + sizes[-1]
             if limit is not None and last_end > limit:  # the records that end by the limit
                 for offset, size in zip(offsets, sizes, strict=True):
-                    if offset - segment.start + size > limit:
+                    if offset - segment.start + size > limit and not (
+                        at_least_one and end == position
+                    ):
                         return RecordsEnd(end, False, True)
                     end = offset - segment.start + size
             end = last_end
         if region.stop is ScanStop.BLANK:
-            if limit is None or limit >= segment.size:
+            if limit is None or limit >= segment.size or (at_least_one and end == position):
                 return RecordsEnd(region.end_position, True)
             return RecordsEnd(end, False, True)  # the BLANK runs past the limit
         return RecordsEnd(region.end_position if limit is None else end, False)

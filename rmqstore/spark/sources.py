@@ -52,6 +52,19 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
+try:  # Spark 4.2+: read limits and Trigger.AvailableNow for Python streaming sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxBytes,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # Spark 4.1: every micro-batch reads all that is there
+    ReadAllAvailable = ReadMaxBytes = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stands in for Spark 4.2's mixin: 4.1 runs AvailableNow as one batch."""
+
+
 from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
 from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE, queue_id_of
 from rmqstore.delay import DelayLevels
@@ -488,7 +501,7 @@ class PushdownCommitLogDataSource(CommitLogDataSource):
         return PushdownCommitLogReader(dict(self.options), schema)
 
 
-class CommitLogStreamReader(DataSourceStreamReader):
+class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("rocketmq-commitlog")``: the messages a store gains, batch
     after batch. Offsets are commit-log physical offsets (``{"offset": N}``): a micro-batch
     reads the records in ``[start, end)``, both record boundaries, so a query restarted from
@@ -496,7 +509,12 @@ class CommitLogStreamReader(DataSourceStreamReader):
     whole, CRC-valid records end (a completed file to its end), found the way ``serve-ha
     --follow`` finds it, and its bytes are read at least 50 ms later, when a record a broker
     was writing is complete. Files a broker deleted are skipped (their messages are gone); a
-    file rolled to is read from its start."""
+    file rolled to is read from its start.
+
+    Spark 4.2+: ``maxBytesPerTrigger`` bounds a micro-batch to the whole records within that
+    many commit-log bytes of its start (one record at least, so the query always moves on:
+    a backlog is read in batches of about that size), and ``Trigger.AvailableNow`` reads what
+    the store holds when the query starts, in such batches, then stops."""
 
     def __init__(self, options: dict[str, str], schema: Any = None) -> None:
         path = str(_option(options, "path", ""))
@@ -511,6 +529,15 @@ class CommitLogStreamReader(DataSourceStreamReader):
             raise InputError(
                 f"option startingOffsets={quoted(self.starting)}: earliest, latest or an offset"
             )
+        self.max_bytes: int | None = None  # maxBytesPerTrigger
+        if _option(options, "maxBytesPerTrigger") is not None:
+            if ReadMaxBytes is None:
+                raise InputError(
+                    "option maxBytesPerTrigger needs Spark 4.2 or later (read limits of Python "
+                    "streaming sources)"
+                )
+            self.max_bytes = _int_option(options, "maxBytesPerTrigger", 0, minimum=1)
+        self.target: int | None = None  # Trigger.AvailableNow: where the store ended at start
         columns, not_null = _columns_read(schema, options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
@@ -532,14 +559,34 @@ class CommitLogStreamReader(DataSourceStreamReader):
         segments = self.location.segments("commitlog")
         return {"offset": int(segments[0][0]) if segments else 0}
 
+    def getDefaultReadLimit(self) -> Any:
+        if self.max_bytes is None:
+            return ReadAllAvailable() if ReadAllAvailable is not None else None
+        return ReadMaxBytes(self.max_bytes)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: the query reads up to where the whole records end now (in
+        the last file: the ones before it are complete) and no further."""
+        segments = self.location.segments("commitlog")
+        self.target = self._end(int(segments[-1][0])) if segments else 0
+
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         known = int(start["offset"]) if start else 0
-        found = self._end(known)
+        until = self.target
+        if until is not None and known >= until:
+            return {"offset": known}  # AvailableNow: all that was there is read
+        if ReadMaxBytes is not None and isinstance(limit, ReadMaxBytes):
+            bound = known + limit.max_bytes
+            until = bound if until is None else min(until, bound)
+        found = self._end(known, until)
+        if self.target is not None:
+            found = min(found, self.target)
         time.sleep(WRITE_SETTLE)  # a record a writer had begun is whole when it is read
         return {"offset": max(found, known)}
 
-    def _end(self, known: int) -> int:
-        """Where the whole, CRC-valid records end, looked for from ``known`` on."""
+    def _end(self, known: int, until: int | None = None) -> int:
+        """Where the whole, CRC-valid records end, looked for from ``known`` on; with
+        ``until``, the last that ends by it, or the first after ``known`` when none does."""
         position = known
         for name, size in self.location.segments("commitlog"):
             start = int(name)
@@ -547,7 +594,9 @@ class CommitLogStreamReader(DataSourceStreamReader):
                 continue
             position = max(position, start)  # files before it were deleted
             segment = Segment(start, self.root / "commitlog" / name, size)
-            end, complete, _ = whole_records_end(segment, position - start)
+            end, complete, _ = whole_records_end(
+                segment, position - start, until=until, at_least_one=position == known
+            )
             position = start + (size if complete else end)
             if not complete:
                 break

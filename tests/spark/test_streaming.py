@@ -181,3 +181,130 @@ def test_a_batch_reads_each_message_once_whatever_the_split(tmp_path: Path, spli
                 got.extend(batch.column("body").to_pylist())
     assert reader.partitions({"offset": offsets[9]}, {"offset": offsets[9]}) == []
     assert [body.decode() for body in got] == [f"message-{n}" for n in range(121)]
+
+
+def _batches(reader: Any, start: dict, limit: Any) -> list[tuple[int, int]]:
+    """The micro-batches (start, end) a query makes from ``start`` until the reader offers
+    nothing more under ``limit``, as Spark asks for them."""
+    made = []
+    while True:
+        end = reader.latestOffset(start, limit)
+        if end["offset"] == start["offset"]:
+            return made
+        made.append((start["offset"], end["offset"]))
+        start = end
+
+
+def _bodies(reader: Any, begin: int, stop: int) -> list[str]:
+    return [
+        body.decode()
+        for partition in reader.partitions({"offset": begin}, {"offset": stop})
+        for batch in reader.read(partition)
+        for body in batch.column("body").to_pylist()
+    ]
+
+
+def test_max_bytes_per_trigger_reads_a_backlog_in_bounded_batches(tmp_path: Path) -> None:
+    """maxBytesPerTrigger (Spark 4.2+): each micro-batch ends at the last whole record
+    within that many bytes of its start, over file rolls and BLANKs; a record longer than the
+    bound is a batch of its own (the query always moves on); every message is read once, in
+    order. Without a limit (Trigger.AvailableNow's ReadAllAvailable) one batch takes all."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
+
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    store = tmp_path / "store"
+    created = run_cli("append", store, "--create", "--topic", "T", "--body", "message-0",
+                      "--commitlog-file-size", "4096")  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    append(store, 1, 60)
+    big = run_cli("append", store, "--topic", "T", "--body", "x" * 1500)
+    assert big.exit_code == 0, big.stderr
+    append(store, 61, 60)
+    documents = [
+        json.loads(line)
+        for line in run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()
+    ]
+    ends = {d["commitLogOffset"] + d["storeSize"] for d in documents}
+    reader = CommitLogStreamReader({"path": str(store), "maxBytesPerTrigger": "600"})
+    limit = reader.getDefaultReadLimit()
+    assert limit == ReadMaxBytes(600)
+    batches = _batches(reader, reader.initialOffset(), limit)
+    got = []
+    for begin, stop in batches:
+        read = _bodies(reader, begin, stop)
+        got += read
+        within = stop - begin <= 600 or len(read) == 1 or stop % 4096 == 0
+        assert within, (begin, stop, len(read))  # one long record, or a BLANK crossed
+        assert stop in ends or stop % 4096 == 0
+    assert got == [d["body"] for d in documents] and len(batches) > 15
+    assert any(len(_bodies(reader, *b)) == 1 and b[1] - b[0] > 600 for b in batches)
+    everything = _batches(reader, reader.initialOffset(), ReadAllAvailable())
+    assert len(everything) == 1 and everything[0][1] == batches[-1][1]
+
+    for bad in ("0", "-5", "lots"):
+        with pytest.raises(InputError, match="maxBytesPerTrigger"):
+            CommitLogStreamReader({"path": str(store), "maxBytesPerTrigger": bad})
+
+
+def test_available_now_reads_what_was_there_when_the_query_started(tmp_path: Path) -> None:
+    """Trigger.AvailableNow (Spark 4.2+): the reader stops where the store's records ended
+    when the query started, however much is appended later, with or without a read limit."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
+
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    store = tmp_path / "store"
+    created = run_cli("append", store, "--create", "--topic", "T", "--body", "message-0",
+                      "--commitlog-file-size", "4096")  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    append(store, 1, 80)
+    there = [f"message-{n}" for n in range(81)]
+    counts = []
+    for first, limit in ((1000, ReadAllAvailable()), (2000, ReadMaxBytes(1000))):
+        reader = CommitLogStreamReader({"path": str(store)})
+        reader.prepareForTriggerAvailableNow()
+        append(store, first, 30)  # after the query started: not read
+        batches = _batches(reader, reader.initialOffset(), limit)
+        got = [body for batch in batches for body in _bodies(reader, *batch)]
+        assert got == there, limit
+        counts.append(len(batches))
+        there += [f"message-{n}" for n in range(first, first + 30)]
+    assert counts[0] == 1 and counts[1] > 5  # ReadMaxBytes(1000): bounded batches
+
+
+def test_an_available_now_query_exports_a_backlog_in_batches_and_stops(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A scheduled incremental export, as a data engineer writes it: Trigger.AvailableNow
+    with maxBytesPerTrigger and a checkpoint. Each run reads what was appended since the last
+    one in bounded micro-batches and stops by itself; every message lands in the sink once."""
+    store, sink, checkpoint = tmp_path / "store", tmp_path / "sink", tmp_path / "checkpoint"
+    created = run_cli("append", store, "--create", "--topic", "T0", "--body", "message-0",
+                      "--commitlog-file-size", str(FILE))  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    append(store, 1, 1999)
+
+    def run_once() -> list[Any]:
+        query = (
+            spark.readStream.format("rocketmq-commitlog")
+            .option("maxBytesPerTrigger", "40000")
+            .load(str(store))
+            .select("body", "commitLogOffset")
+            .writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120), "the AvailableNow query did not stop"
+        return [progress for progress in query.recentProgress if progress["numInputRows"]]
+
+    batches = run_once()
+    assert len(batches) >= 4  # about 130 bytes a record: some 300 records a batch
+    assert max(b["numInputRows"] for b in batches) <= 40000 // 100
+    assert sorted(sink_bodies(spark, sink)) == sorted(f"message-{n}" for n in range(2000))
+    append(store, 2000, 500)
+    batches = run_once()
+    assert 1 <= len(batches) <= 3 and sum(b["numInputRows"] for b in batches) == 500
+    assert sorted(sink_bodies(spark, sink)) == sorted(f"message-{n}" for n in range(2500))
