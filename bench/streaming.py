@@ -2,7 +2,12 @@
 fed 10,000 messages a second for 20 s; each body carries the time it was handed to the
 writer, and the lag is measured when the Parquet sink commits the file holding it.
 
-    python bench/streaming.py [--workdir DIR] [--rate N] [--seconds S]
+With ``--catch-up``: then an ``availableNow`` query with ``maxBytesPerTrigger`` exports the
+benchmark store (``--messages``) to Parquet from a new checkpoint, beside the local engine's
+export of the same store (best of three) in the same run.
+
+    python bench/streaming.py [--workdir DIR] [--rate N] [--seconds S] [--catch-up]
+        [--messages N] [--max-bytes BYTES]
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import arguments, row
+from common import arguments, build_store, commitlog_bytes, row, timed
 
 TRIGGER = 1.0
 
@@ -41,6 +46,8 @@ def main() -> None:
     parser = arguments(__doc__)
     parser.add_argument("--rate", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--catch-up", action="store_true")
+    parser.add_argument("--max-bytes", type=int, default=64 << 20)
     options = parser.parse_args()
     work = options.workdir / "streaming"
     shutil.rmtree(work, ignore_errors=True)
@@ -102,6 +109,8 @@ def main() -> None:
     feeding.join()
     writer.wait()
     query.stop()
+    if options.catch_up:
+        catch_up = catch_up_figures(spark, options)
     spark.stop()
     lags.sort()
     rate, seconds = options.rate, options.seconds
@@ -124,7 +133,74 @@ def main() -> None:
             f"median {late_start[len(late_start) // 2]:.2f} s, "
             f"p99 {late_start[int(len(late_start) * 0.99)]:.2f} s, max {late_start[-1]:.2f} s",
         )
+    if options.catch_up:
+        catch_up_rows(*catch_up)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def catch_up_figures(spark, options) -> tuple:  # type: ignore[no-untyped-def]
+    """An availableNow query over the benchmark store from a new checkpoint (Parquet, every
+    column), then the local engine's export of the same store, best of three."""
+    from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
+
+    path, _ = build_store(options.workdir, options.messages)
+    work = options.workdir / "catch-up"
+    shutil.rmtree(work, ignore_errors=True)
+    written = []  # the same rows by a batch read and Spark's Parquet writer, same session
+    for number in range(2):
+        with timed() as batch:
+            spark.read.format("rocketmq-commitlog").load(str(path)).write.parquet(
+                str(work / f"batch{number}")
+            )
+        written.append(batch.seconds)
+    with timed() as clock:
+        query = (
+            spark.readStream.format("rocketmq-commitlog")
+            .option("maxBytesPerTrigger", str(options.max_bytes))
+            .load(str(path))
+            .writeStream.format("parquet")
+            .option("path", str(work / "sink"))
+            .option("checkpointLocation", str(work / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    local = float("inf")
+    for _ in range(3):
+        shutil.rmtree(work / "local", ignore_errors=True)
+        with timed() as run:
+            LocalPipeline(str(path), PipelineOptions()).export(str(work / "local"), "parquet")
+        local = min(local, run.seconds)
+    shutil.rmtree(work, ignore_errors=True)
+    return clock.seconds, batches, written, local, commitlog_bytes(path), options.max_bytes
+
+
+def catch_up_rows(  # type: ignore[no-untyped-def]
+    seconds: float,
+    batches: list[int],
+    written: list[float],
+    local: float,
+    size: int,
+    max_bytes: int,
+) -> None:
+    messages = sum(batches)
+    print(
+        f"catch-up: availableNow, maxBytesPerTrigger {max_bytes:,}, {size / 1e6:.0f} MB of log, "
+        "to Parquet (every column)"
+    )
+    row(
+        "  availableNow query, start to stop",
+        f"{seconds:.2f} s",
+        f"{messages:,} messages in {len(batches)} batches (largest {max(batches, default=0):,}), "
+        f"{messages / seconds:,.0f} msg/s",
+    )
+    row(
+        "  baseline: batch read, Spark's Parquet writer",
+        f"{written[-1]:.2f} s",
+        f"first in the session {written[0]:.2f} s; the query {seconds / written[-1]:.1f}x",
+    )
+    row("  baseline: export --engine local", f"{local:.2f} s", f"the query {seconds / local:.1f}x")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ Timestamp conditions are applied too but also handed back to Spark, which checks
 from __future__ import annotations
 
 import calendar
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import astuple, replace
@@ -513,8 +514,9 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     Spark 4.2+: ``maxBytesPerTrigger`` bounds a micro-batch to the whole records within that
     many commit-log bytes of its start (one record at least, so the query always moves on:
-    a backlog is read in batches of about that size), and ``Trigger.AvailableNow`` reads what
-    the store holds when the query starts, in such batches, then stops."""
+    a backlog is read in batches of about that size; without ``splitSize`` a batch is split
+    into a partition per core of this machine), and ``Trigger.AvailableNow`` reads what the
+    store holds when the query starts, in such batches, then stops."""
 
     def __init__(self, options: dict[str, str], schema: Any = None) -> None:
         path = str(_option(options, "path", ""))
@@ -537,6 +539,11 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                     "streaming sources)"
                 )
             self.max_bytes = _int_option(options, "maxBytesPerTrigger", 0, minimum=1)
+            if _option(options, "splitSize") is None:
+                # the store is on this machine: a bounded batch is spread over its cores (one
+                # partition of it ran on one core while the others waited)
+                share = -(-self.max_bytes // (os.cpu_count() or 1))
+                self.split = max(SMALLEST_SPLIT_SIZE, min(self.split, share))
         self.target: int | None = None  # Trigger.AvailableNow: where the store ended at start
         columns, not_null = _columns_read(schema, options)
         self.rows = MessageRowOptions(

@@ -5,6 +5,7 @@ once, also across a restart of the query and the roll to new commit-log files.""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -245,6 +246,11 @@ def test_max_bytes_per_trigger_reads_a_backlog_in_bounded_batches(tmp_path: Path
     for bad in ("0", "-5", "lots"):
         with pytest.raises(InputError, match="maxBytesPerTrigger"):
             CommitLogStreamReader({"path": str(store), "maxBytesPerTrigger": bad})
+    # a bounded batch is spread over the machine's cores, unless splitSize says otherwise
+    bounded = {"path": str(store), "maxBytesPerTrigger": str(64 << 20)}
+    cores = os.cpu_count() or 1
+    assert CommitLogStreamReader(bounded).split == min(128 << 20, -(-(64 << 20) // cores))
+    assert CommitLogStreamReader({**bounded, "splitSize": "8192"}).split == 8192
 
 
 def test_available_now_reads_what_was_there_when_the_query_started(tmp_path: Path) -> None:
