@@ -545,6 +545,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 share = -(-self.max_bytes // (os.cpu_count() or 1))
                 self.split = max(SMALLEST_SPLIT_SIZE, min(self.split, share))
         self.target: int | None = None  # Trigger.AvailableNow: where the store ended at start
+        self.reported: int | None = None  # where the records ended at the last report
         columns, not_null = _columns_read(schema, options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
@@ -576,6 +577,18 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         the last file: the ones before it are complete) and no further."""
         segments = self.location.segments("commitlog")
         self.target = self._end(int(segments[-1][0])) if segments else 0
+
+    def reportLatestOffset(self) -> dict | None:
+        """Where the store's whole records end now, shown in a query's progress beside the
+        batch's end (how far a bounded query is behind; Spark 4.2+). Each report looks from
+        where the last one ended (the first from the last file's start: the ones before it
+        are complete), so it reads only what the store gained."""
+        segments = self.location.segments("commitlog")
+        if not segments:
+            return None
+        since = int(segments[-1][0]) if self.reported is None else self.reported
+        self.reported = self._end(since)
+        return {"offset": self.reported}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         known = int(start["offset"]) if start else 0

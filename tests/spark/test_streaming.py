@@ -309,6 +309,11 @@ def test_an_available_now_query_exports_a_backlog_in_batches_and_stops(
     batches = run_once()
     assert len(batches) >= 4  # about 130 bytes a record: some 300 records a batch
     assert max(b["numInputRows"] for b in batches) <= 40000 // 100
+    # each batch's progress shows where the store's records end: how far behind it is
+    sources = [b["sources"][0] for b in batches]
+    assert {json.loads(s["latestOffset"])["offset"] for s in sources} == {
+        json.loads(sources[-1]["endOffset"])["offset"]
+    }
     assert sorted(sink_bodies(spark, sink)) == sorted(f"message-{n}" for n in range(2000))
     append(store, 2000, 500)
     batches = run_once()
