@@ -538,12 +538,26 @@ class RegionScan:
             return
 
     def __iter__(self) -> Iterator[tuple[int, RecordHeader, str, bytes, bool | None]]:
+        # the Python API's per-record iterator: the kernel makes a batch's items at once
+        # (record_items); a stop part-way leaves end_position at the start of the batch it
+        # stopped in (where reading again finds every record not yet yielded)
+        names = self._topics.names
+        base = self.base_offset
+        crc_at, width = _CRC_STATUS, _ROW_WIDTH
         position = self.start
         try:
             # failures are counted as records are yielded: a caller may stop part-way
-            for window, window_start, rows, count in self._batches(count_failures=False):
-                for item in self.items(window, window_start, rows, count):
-                    position = item[0] - self.base_offset
+            for window, _, rows, count in self._batches(count_failures=False):
+                items: list[tuple[int, RecordHeader, str, bytes, bool | None]] = []
+                kernel.record_items(window, rows, 0, count, RecordHeader, names, items)
+                position = items[0][0] - base
+                if _CRC_BAD not in rows[crc_at : count * width : width]:
+                    yield from items
+                    continue
+                for item in items:
+                    if item[4] is False:
+                        self.crc_failures += 1
+                    position = item[0] - base
                     yield item
             position = self.end_position
         finally:
@@ -554,9 +568,9 @@ class RegionScan:
     ) -> Iterator[tuple[int, RecordHeader, str, bytes, bool | None]]:
         """The per-record items (see the class) of one batch of :meth:`batches`, each
         failed CRC check counted as it is yielded."""
-        topics = self._topics
-        for row in range(count):
-            item = record_item(window, rows, row, topics)
+        items: list[tuple[int, RecordHeader, str, bytes, bool | None]] = []
+        kernel.record_items(window, rows, 0, count, RecordHeader, self._topics.names, items)
+        for item in items:
             if item[4] is False:
                 self.crc_failures += 1
             yield item
@@ -602,6 +616,7 @@ _PROPERTIES_LENGTH = kernel_layout.PROPERTIES_LENGTH
 _CRC_STATUS = kernel_layout.CRC_STATUS
 _CRC_UNCHECKED = kernel_layout.CRC_UNCHECKED
 _CRC_GOOD = kernel_layout.CRC_GOOD
+_CRC_BAD = kernel_layout.CRC_BAD
 _PHYSICAL_OFFSET = kernel_layout.PHYSICAL_OFFSET
 _UNPACK_IPV4 = HEADER_IPV4.unpack_from
 # a RecordHeader straight from a header struct's values (each struct unpacks exactly its

@@ -30,6 +30,7 @@ from rmqstore.kernel.layout import (
     HASHED_KEY_SIZE,
     MESSAGE_ID_MAX,
     PICKED_WIDTH,
+    POSITION,
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
     PROPERTY_CRC,
@@ -37,6 +38,7 @@ from rmqstore.kernel.layout import (
     RUN_WIDTH,
     SCHEDULED_ONLY,
     STOP_ON_CRC_ERROR,
+    SYS_FLAG,
     TOPIC_AT,
     TOPIC_LENGTH,
     TOTAL_SIZE,
@@ -245,6 +247,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from message_rows_both(native, data, base, rng)
     yield from documents_both(native, rng)
     yield from records_at_both(native, data, base, rng)
+    yield from record_items_both(native, data, base, rng)
 
 
 def records_at_both(
@@ -751,3 +754,53 @@ def _text_both(
             row = getattr(reference, kind)(data, packed, row, row + 1, *modes, got)
     if got != expected:
         yield f"{kind} differ (modes {modes})"
+
+
+def record_items_both(
+    native: ModuleType, data: bytes, base: int, rng: random.Random
+) -> Iterator[str]:
+    """How ``record_items`` (the Python API's per-record items) differs between the kernels
+    on the rows of ``data`` as a scan with CRC checks gives them, and on those rows with a
+    position, topic or properties span moved (inside the buffer, past it, negative), a host
+    flag flipped (the other header size) or a row taken from the middle: the items, the
+    header type, and the error (its type and message) where one is raised."""
+    from rmqstore.record import RecordHeader
+
+    rows, _final = run_scan(reference, data, 0, base, CHECK_CRC, 4096)
+    if rows and rng.random() < 0.5:
+        rows = [list(row) for row in rows]
+        for row in rng.sample(rows, min(len(rows), rng.randint(1, 3))):
+            column = rng.choice((POSITION, TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT,
+                                 PROPERTIES_LENGTH, SYS_FLAG))  # fmt: skip
+            if column == SYS_FLAG:
+                row[column] ^= rng.choice((0x10, 0x20, 0x30))
+            else:
+                row[column] = rng.choice(
+                    (row[column] + rng.choice((-1, 1, 7)), -1, len(data), len(data) - 3,
+                     1 << 40, -(1 << 62), 0)
+                )  # fmt: skip
+        rows = [tuple(row) for row in rows]
+    packed = pack_rows(rows)
+    first = rng.randrange(len(rows) + 1) if rows and rng.random() < 0.3 else 0
+    outcomes = []
+    for kernel in (reference, native):
+        items: list = []
+        try:
+            returned: object = kernel.record_items(
+                data, packed, first, len(rows), RecordHeader, {}, items
+            )
+        except (ValueError, UnicodeDecodeError) as exc:
+            returned = f"{type(exc).__name__}: {exc}"
+        types = {type(item[1]) for item in items}
+        outcomes.append((returned, items, types))
+    if outcomes[0] != outcomes[1]:
+        yield "record_items differs"
+    elif outcomes[0][2] - {RecordHeader}:
+        yield "record_items made headers of another type"
+    for kernel in (reference, native):  # more rows than the buffer holds: refused
+        try:
+            kernel.record_items(data, packed, 0, len(packed) // ROW_WIDTH + 1, RecordHeader,
+                                {}, [])  # fmt: skip
+        except ValueError:
+            continue
+        yield "record_items took more rows than its buffer holds"

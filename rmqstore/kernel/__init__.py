@@ -80,6 +80,7 @@ document_rows: Callable[..., tuple[int, int, Any]] = (
 result_lines: Callable[..., int] = _refuse if _refusal else _implementation.result_lines
 message_lines: Callable[..., int] = _refuse if _refusal else _implementation.message_lines
 message_rows: Callable[..., int] = _refuse if _refusal else _implementation.message_rows
+record_items: Callable[..., int] = _refuse if _refusal else _implementation.record_items
 
 
 def write_lines(kind: str, buf: Any, rows: Any, count: int, out: bytearray, *modes: Any) -> None:

@@ -2654,3 +2654,66 @@ def message_rows(buf, rows, int64_t first, int64_t count, int body_mode,
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
     return row
+
+
+# -- the Python API's per-record items (see layout.py) -----------------------------------------
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+assert (_layout.CRC_UNCHECKED, _layout.CRC_BAD, _layout.CRC_GOOD) == (-1, 0, 1)  # as _scan writes
+
+
+def record_items(buf, rows, int64_t first, int64_t count, header_type, dict names, list items):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef int64_t length = view.shape[0], row, at, start, sys_flag, born, store
+    cdef int64_t topic_at, topic_length, props_at, props_length, status
+    cdef int64_t last_at = -1, last_length = -1
+    cdef const uint8_t* data
+    cdef const uint8_t* p
+    cdef object topic = None, raw, header, crc_ok
+    if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE):
+        raise ValueError("rows are outside their buffers")
+    data = &view[0] if length else NULL
+    new_header = tuple.__new__
+    for row in range(first, count):
+        at = row * ROW_WIDTH_NATIVE
+        start = row_view[at + C_POSITION]
+        sys_flag = row_view[at + C_SYS_FLAG]
+        born = 20 if sys_flag & 0x10 else 8
+        store = 20 if sys_flag & 0x20 else 8
+        topic_at = row_view[at + C_TOPIC_AT]
+        topic_length = row_view[at + C_TOPIC_LENGTH]
+        props_at = row_view[at + C_PROPERTIES_AT]
+        props_length = row_view[at + C_PROPERTIES_LENGTH]
+        if not (_fits(start, 72 + born + store, length) and _fits(topic_at, topic_length, length)
+                and _fits(props_at, props_length, length)):
+            raise ValueError(f"row {row} points outside the buffer")
+        # (checked above: every read below lies inside the buffer)
+        if topic_length != last_length or (
+                topic_length and memcmp(data + topic_at, data + last_at, <size_t>topic_length)):
+            raw = PyBytes_FromStringAndSize(<const char*>(data + topic_at), topic_length) \
+                if topic_length else b""
+            topic = names.get(raw)
+            if topic is None:
+                topic = raw.decode("utf-8")
+                names[raw] = topic
+            last_at, last_length = topic_at, topic_length
+        p = data + start
+        header = new_header(header_type, (
+            _get_be32(p), _get_be32(p + 4), _get_be32(p + 8), _get_be32(p + 12),
+            _get_be32(p + 16), _get_be64(p + 20), _get_be64(p + 28), _get_be32(p + 36),
+            _get_be64(p + 40), PyBytes_FromStringAndSize(<const char*>(p + 48), born),
+            _get_be64(p + 48 + born),
+            PyBytes_FromStringAndSize(<const char*>(p + 56 + born), store),
+            _get_be32(p + 56 + born + store), _get_be64(p + 60 + born + store),
+            _get_be32(p + 68 + born + store)))
+        status = row_view[at + C_CRC_STATUS]
+        crc_ok = None if status == -1 else status == 1  # CRC_UNCHECKED, CRC_GOOD
+        items.append((
+            row_view[at + C_PHYSICAL_OFFSET], header, topic,
+            PyBytes_FromStringAndSize(<const char*>(data + props_at), props_length)
+            if props_length else b"",
+            crc_ok))
+    return count - first

@@ -381,6 +381,18 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 #
 # ``ascii_only(data, length)`` is whether the first ``length`` bytes of ``data`` are all below
 # 0x80 (plain ASCII: valid UTF-8 without a further check).
+#
+# ``record_items(buf, rows, first, count, header_type, names, items)`` appends to the list
+# ``items`` the per-record item of each row of ``[first, count)``, as the Python API's record
+# iterator yields it: ``(physical_offset, header, topic, properties, crc_ok)``. ``header`` is
+# a ``header_type`` (a tuple subclass: rmqstore.record.RecordHeader) made of the fixed header
+# read from the row's POSITION by the row's SYS_FLAG's host sizes (TOTALSIZE .. BODYLENGTH,
+# big-endian signed integers, the hosts as 8- or 20-byte bytes); ``topic`` the row's topic
+# bytes decoded as UTF-8 (strictly: a UnicodeDecodeError otherwise), through ``names`` (a dict
+# of topic bytes to text, filled as topics are first met); ``properties`` the row's property
+# bytes; ``crc_ok`` None for CRC_UNCHECKED, else whether CRC_STATUS is CRC_GOOD;
+# ``physical_offset`` the row's PHYSICAL_OFFSET. A row whose header, topic or properties lie
+# outside ``buf`` is a ValueError (rows before it are appended). It returns ``count - first``.
 
 
 # -- packing records for append ------------------------------------------------------------

@@ -999,6 +999,55 @@ def host_keys(buf: Any, rows: Any, first: int, count: int, field: int, keys: Any
     return count
 
 
+_ITEM_HEADERS = {  # the fixed header with its hosts, by (sysFlag >> 4) & 3
+    0: struct.Struct(">iiiiiqqiq8sq8siqi"),
+    1: struct.Struct(">iiiiiqqiq20sq8siqi"),
+    2: struct.Struct(">iiiiiqqiq8sq20siqi"),
+    3: struct.Struct(">iiiiiqqiq20sq20siqi"),
+}
+
+
+def record_items(
+    buf: Any, rows: Any, first: int, count: int, header_type: Any, names: Any, items: Any
+) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if not 0 <= first <= count <= len(rows) // ROW_WIDTH:
+        raise ValueError("rows are outside their buffers")
+    length = len(buf)
+    new_header = tuple.__new__
+    raw, topic = None, ""
+    for row in range(first, count):
+        at = row * ROW_WIDTH
+        start = rows[at + POSITION]
+        header = _ITEM_HEADERS[(rows[at + SYS_FLAG] >> 4) & 3]
+        topic_at, topic_length = rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]
+        props_at, props_length = rows[at + PROPERTIES_AT], rows[at + PROPERTIES_LENGTH]
+        if not (
+            0 <= start <= length - header.size
+            and topic_at >= 0
+            and 0 <= topic_length <= length - topic_at
+            and props_at >= 0
+            and 0 <= props_length <= length - props_at
+        ):
+            raise ValueError(f"row {row} points outside the buffer")
+        if raw is None or buf[topic_at : topic_at + topic_length] != raw:
+            raw = bytes(buf[topic_at : topic_at + topic_length])
+            topic = names.get(raw)
+            if topic is None:
+                topic = names[raw] = raw.decode("utf-8")
+        status = rows[at + CRC_STATUS]
+        items.append(
+            (
+                rows[at + PHYSICAL_OFFSET],
+                new_header(header_type, header.unpack_from(buf, start)),
+                topic,
+                bytes(buf[props_at : props_at + props_length]),
+                None if status == CRC_UNCHECKED else status == CRC_GOOD,
+            )
+        )
+    return count - first
+
+
 def ascii_only(data: Any, length: int) -> bool:
     """See :mod:`rmqstore.kernel.layout`."""
     view = memoryview(data).cast("B")
