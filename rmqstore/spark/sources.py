@@ -93,6 +93,7 @@ from rmqstore.pipeline.rows import (
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
 from rmqstore.topicsconfig import batch_queues_note
+from rmqstore.windows import read_range
 from rmqstore.wording import quoted
 
 # bytes of commit log per partition of a load() that does not say (option splitSize): what
@@ -574,21 +575,33 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: the query reads up to where the whole records end now (in
-        the last file: the ones before it are complete) and no further."""
-        segments = self.location.segments("commitlog")
-        self.target = self._end(int(segments[-1][0])) if segments else 0
+        the last file holding one: the ones before it are complete) and no further."""
+        last = self._last_written_file()
+        self.target = 0 if last is None else self._end(last)
 
     def reportLatestOffset(self) -> dict | None:
         """Where the store's whole records end now, shown in a query's progress beside the
         batch's end (how far a bounded query is behind; Spark 4.2+). Each report looks from
-        where the last one ended (the first from the last file's start: the ones before it
-        are complete), so it reads only what the store gained."""
-        segments = self.location.segments("commitlog")
-        if not segments:
+        where the last one ended (the first from the last file holding a record), so it
+        reads only what the store gained."""
+        since = self._last_written_file() if self.reported is None else self.reported
+        if since is None:
             return None
-        since = int(segments[-1][0]) if self.reported is None else self.reported
         self.reported = self._end(since)
         return {"offset": self.reported}
+
+    def _last_written_file(self) -> int | None:
+        """The start of the last commit-log file a record begins, by its first bytes (a
+        broker creates its next file ahead, all zeros), else of the first file; None
+        without files."""
+        segments = self.location.segments("commitlog")
+        for name, _size in reversed(segments):
+            try:
+                if any(read_range(self.root / "commitlog" / name, 0, 8)):
+                    return int(name)
+            except StoreIOError:
+                continue  # deleted by the broker meanwhile
+        return int(segments[0][0]) if segments else None
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         known = int(start["offset"]) if start else 0

@@ -255,7 +255,9 @@ def test_max_bytes_per_trigger_reads_a_backlog_in_bounded_batches(tmp_path: Path
 
 def test_available_now_reads_what_was_there_when_the_query_started(tmp_path: Path) -> None:
     """Trigger.AvailableNow (Spark 4.2+): the reader stops where the store's records ended
-    when the query started, however much is appended later, with or without a read limit."""
+    when the query started, however much is appended later, with or without a read limit,
+    also when the broker has made its next file ahead (all zeros) and the one being written
+    is not full; the progress report says where the records end, from the same file."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
     from rmqstore.spark.sources import CommitLogStreamReader
@@ -268,12 +270,17 @@ def test_available_now_reads_what_was_there_when_the_query_started(tmp_path: Pat
     there = [f"message-{n}" for n in range(81)]
     counts = []
     for first, limit in ((1000, ReadAllAvailable()), (2000, ReadMaxBytes(1000))):
+        files = sorted((store / "commitlog").iterdir())
+        ahead = store / "commitlog" / f"{int(files[-1].name) + 4096:020d}"
+        ahead.write_bytes(bytes(4096))  # the next file, made ahead as a broker does
         reader = CommitLogStreamReader({"path": str(store)})
         reader.prepareForTriggerAvailableNow()
+        reported = reader.reportLatestOffset()
         append(store, first, 30)  # after the query started: not read
         batches = _batches(reader, reader.initialOffset(), limit)
         got = [body for batch in batches for body in _bodies(reader, *batch)]
         assert got == there, limit
+        assert reported == {"offset": batches[-1][1]}
         counts.append(len(batches))
         there += [f"message-{n}" for n in range(first, first + 30)]
     assert counts[0] == 1 and counts[1] > 5  # ReadMaxBytes(1000): bounded batches
