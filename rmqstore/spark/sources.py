@@ -561,8 +561,9 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.location.check_store()
 
     def initialOffset(self) -> dict:
-        if self.starting == "latest":
-            return {"offset": self._end(0)}
+        if self.starting == "latest":  # from the last file a record begins: no full walk
+            last = self._last_written_file()
+            return {"offset": 0 if last is None else self._end(last)}
         if self.starting.isdigit():
             return {"offset": int(self.starting)}
         segments = self.location.segments("commitlog")

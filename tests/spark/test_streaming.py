@@ -257,7 +257,8 @@ def test_available_now_reads_what_was_there_when_the_query_started(tmp_path: Pat
     """Trigger.AvailableNow (Spark 4.2+): the reader stops where the store's records ended
     when the query started, however much is appended later, with or without a read limit,
     also when the broker has made its next file ahead (all zeros) and the one being written
-    is not full; the progress report says where the records end, from the same file."""
+    is not full; the progress report and startingOffsets=latest say where the records end,
+    from the same file."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
     from rmqstore.spark.sources import CommitLogStreamReader
@@ -276,6 +277,8 @@ def test_available_now_reads_what_was_there_when_the_query_started(tmp_path: Pat
         reader = CommitLogStreamReader({"path": str(store)})
         reader.prepareForTriggerAvailableNow()
         reported = reader.reportLatestOffset()
+        latest = CommitLogStreamReader({"path": str(store), "startingOffsets": "latest"})
+        assert latest.initialOffset() == reported
         append(store, first, 30)  # after the query started: not read
         batches = _batches(reader, reader.initialOffset(), limit)
         got = [body for batch in batches for body in _bodies(reader, *batch)]
