@@ -288,6 +288,13 @@ def test_queue_names_no_folder_can_hold_are_named_by_dispatch_and_verify(tmp_pat
     assert len(problems) == 2 and "'../../evil'" in problems[0] and "'a/b'" in problems[1]
     assert not (tmp_path / "evil").exists() and not (store_dir / "evil").exists()
     assert sorted(p.name for p in (store_dir / "consumequeue").iterdir()) == ["%LMQ%ok", "Chat"]
+    for jobs in ("1", "2"):  # a rebuild in one process and in workers says the same
+        result = run_cli("dispatch", store_dir, "--rebuild", "--yes", "--jobs", jobs, "--json")
+        assert result.exit_code == 0, result.stderr
+        problems = json.loads(result.stdout)["problems"]
+        assert len(problems) == 2 and "'../../evil'" in problems[0] and "'a/b'" in problems[1]
+        queues = sorted(p.name for p in (store_dir / "consumequeue").iterdir())
+        assert queues == ["%LMQ%ok", "Chat"] and not (tmp_path / "evil").exists()
     for jobs in ("1", "2"):
         result = run_cli("verify", store_dir, "--json", "--jobs", jobs, "--split-size", "4096")
         assert result.exit_code == 1, result.stderr
