@@ -26,7 +26,12 @@ from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import record_units
+from rmqstore.multidispatch import (
+    LMQ_PREFIX,
+    QueueCopy,
+    queue_copies,
+    record_units,
+)
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import (
@@ -362,9 +367,10 @@ class _BatchWalk:
             if self.max_records is not None:
                 stop = min(stop, first + self.max_records - self.records)
             position = first
-            for special in [*self._special_rows(offsets, first, stop), stop]:
+            special_rows, copies = self._special_rows(window, rows, offsets, first, stop)
+            for special in [*special_rows, stop]:
                 if position < special:
-                    self._bulk(window, rows, position, special)
+                    self._bulk(window, rows, position, special, copies)
                 if special == stop:
                     break
                 if not self._row(window, rows, special):
@@ -378,20 +384,65 @@ class _BatchWalk:
             first = done
         return True
 
-    def _special_rows(self, offsets: array, first: int, stop: int) -> list[int]:
+    def _special_rows(
+        self, window: Any, rows: Any, offsets: array, first: int, stop: int
+    ) -> tuple[list[int], dict[int, list[QueueCopy]]]:
         """Rows taking the reference way: flagged by the kernel, or at or before where the
-        index ends (some of their keys may be there already)."""
+        index ends (some of their keys may be there already); and the further-queue units of
+        the kernel-prepared rows with copies (HAS_COPIES), which their bulk puts after its
+        own units. Those rows take the reference way too when a copy could share a queue
+        with a unit of the rows' own (a copy not into an LMQ queue, or a record of an LMQ
+        topic among the rows): a queue's units must go in in log order."""
         resumed = bisect_right(offsets, self.index_resumes_at, 0, stop - first)
         special = set(range(first, first + resumed))
+        copies: dict[int, list[QueueCopy]] = {}
         width = kernel_layout.DISPATCH_WIDTH
         flags = self.out[_FLAGS_COLUMN + first * width : stop * width : width]
         if flags.count(0) != len(flags):
-            special.update(first + n for n, flag in enumerate(flags) if flag)
-        return sorted(special)
+            with_copies = []
+            for number, flag in enumerate(flags):
+                if flag == _HAS_COPIES and first + number not in special:
+                    with_copies.append(first + number)
+                elif flag:
+                    special.add(first + number)
+            if with_copies:
+                copies = self._copies(window, rows, with_copies, first, stop)
+                if copies is None:
+                    special.update(with_copies)
+                    copies = {}
+        return sorted(special), copies
 
-    def _bulk(self, window: Any, rows: Any, first: int, stop: int) -> None:
+    def _copies(
+        self, window: Any, rows: Any, numbers: list[int], first: int, stop: int
+    ) -> dict[int, list[QueueCopy]] | None:
+        """The further-queue units of rows ``numbers`` (queued records only, as a broker
+        puts them), or None when one could share a queue with a unit of rows ``[first,
+        stop)``'s own."""
+        found: dict[int, list[QueueCopy]] = {}
+        for row in numbers:
+            at = row * ROW_WIDTH
+            if rows[at + kernel_layout.SYS_FLAG] & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
+                continue
+            properties_at = rows[at + kernel_layout.PROPERTIES_AT]
+            properties_end = properties_at + rows[at + kernel_layout.PROPERTIES_LENGTH]
+            properties = decode_properties(bytes(window[properties_at:properties_end]))
+            topic = self.topics.of(window, rows, row)
+            units = queue_copies(topic, rows[at + kernel_layout.QUEUE_ID], properties)
+            if any(not unit.topic.startswith(LMQ_PREFIX) for unit in units):
+                return None
+            found[row] = units
+        topic_at = kernel_layout.TOPIC_AT
+        own = rows[topic_at + first * ROW_WIDTH : topic_at + stop * ROW_WIDTH : ROW_WIDTH]
+        if any(window.startswith(_LMQ_BYTES, at) for at in own):
+            return None  # an LMQ topic's own record among them (a broker never writes one)
+        return found
+
+    def _bulk(
+        self, window: Any, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
+    ) -> None:
         """Rows ``[first, stop)`` the kernel prepared, as a whole: their units go into the
-        consume queues run by run, their keys into the index in one call."""
+        consume queues run by run, then their units in further queues (``copies``) in log
+        order, their keys into the index in one call."""
         out = self.out
         width = kernel_layout.DISPATCH_WIDTH
         if self.dispatcher.build_queues:
@@ -406,6 +457,8 @@ class _BatchWalk:
                 # in log order, as one record after the other would have reported them
                 problems.sort(key=lambda item: item[0])
                 self.result.problems.extend(text for _, text in problems)
+            if copies:
+                self._put_copies(rows, first, stop, copies)
         if self.index is not None:
             keys_from = out[(first) * width + kernel_layout.KEYS_FROM]
             last = (stop - 1) * width
@@ -423,6 +476,26 @@ class _BatchWalk:
         self.to_offset = rows[last_row + _OFFSET_COLUMN] + rows[last_row + kernel_layout.TOTAL_SIZE]
         if self.progress is not None:
             self.progress(rows[last_row + _OFFSET_COLUMN])
+
+    def _put_copies(
+        self, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
+    ) -> None:
+        """The further-queue units of rows ``[first, stop)``, row by row (each with its
+        record's offset, size and the kernel's tagsCode), as ``_row`` puts them."""
+        topics = self.dispatcher.topics
+        width = kernel_layout.DISPATCH_WIDTH
+        for row in sorted(number for number in copies if first <= number < stop):
+            at = row * ROW_WIDTH
+            offset, size = rows[at + _OFFSET_COLUMN], rows[at + kernel_layout.TOTAL_SIZE]
+            code = self.out[row * width + kernel_layout.TAGS_CODE]
+            for topic, queue_id, queue_offset in copies[row]:
+                if topics is not None and topic not in topics:
+                    continue
+                if (
+                    self._put(topic, queue_id, queue_offset, offset, size, code)
+                    and offset >= self.newest_queued
+                ):
+                    self.last_time = rows[at + kernel_layout.STORE_TIMESTAMP]
 
     def _put_units(
         self, window: Any, rows: Any, number: int, problems: list[tuple[int, str]]
@@ -567,7 +640,7 @@ class _BatchWalk:
             return False
         self.units_written += 1
         self.touched.add(key)
-        self.newest_queued = physical_offset
+        self.newest_queued = max(self.newest_queued, physical_offset)
         if outcome is PutOutcome.OUT_OF_ORDER:
             self.result.problems.append(
                 out_of_order_problem(physical_offset, queue_offset, topic, queue_id)
@@ -580,6 +653,8 @@ _KEY_CAPACITY = 65536  # keys prepared per kernel call (a record has at most 16,
 _RUNS = 256  # runs of units gathered per kernel call
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _FLAGS_COLUMN = kernel_layout.DISPATCH_FLAGS
+_HAS_COPIES = kernel_layout.HAS_COPIES  # and nothing else: the kernel prepared the row
+_LMQ_BYTES = LMQ_PREFIX.encode()
 
 
 def _unit_end(units: Any) -> int:

@@ -37,6 +37,9 @@ class QueueCopy(NamedTuple):
     queue_offset: int
 
 
+_new_copy = tuple.__new__  # a QueueCopy from a tuple, without its keyword-taking __new__
+
+
 def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:
     """The further queues a record of ``topic``/``queue_id`` with ``properties`` has a unit
     in (none for a ``%RETRY%`` topic, as the broker skips them, or when the two properties do
@@ -58,7 +61,8 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
         queue_offset = int(number)
         if queue_offset > _JAVA_LONG_MAX:
             continue
-        copies.append(QueueCopy(name, 0 if name.startswith(LMQ_PREFIX) else queue_id, queue_offset))
+        unit = (name, 0 if name.startswith(LMQ_PREFIX) else queue_id, queue_offset)
+        copies.append(_new_copy(QueueCopy, unit))
     return copies
 
 

@@ -632,11 +632,10 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
                         uniq_at, uniq_length = value_at, value_length
                     elif name_length == 20 and memcmp(data + position,
                                                       b"INNER_MULTI_DISPATCH", 20) == 0:
-                        multi_dispatch = True  # its units go to LMQ queues too
+                        multi_dispatch = True  # its units go to further queues too
                 position = pair_end + 1
             reference = (
                 (topic_length == 19 and memcmp(data + topic_at, SCHEDULE_TOPIC, 19) == 0)
-                or multi_dispatch
                 or not _is_ascii(data + topic_at, topic_length)
                 or (tags_at >= 0 and not _is_ascii(data + tags_at, tags_length))
                 or (keys_at >= 0 and not _is_ascii(data + keys_at, keys_length))
@@ -660,7 +659,7 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
             out_view[out_at + TAGS_CODE] = 0
             if tags_at >= 0 and not reference:
                 out_view[out_at + TAGS_CODE] = <int32_t>_java_hash(data + tags_at, tags_length, 0)
-            out_view[out_at + DISPATCH_FLAGS] = 1 if reference else 0
+            out_view[out_at + DISPATCH_FLAGS] = (1 if reference else 0) | (2 if multi_dispatch else 0)
             out_view[out_at + KEYS_FROM] = entries
             out_view[out_at + KEYS_COUNT] = pieces
             if pieces:

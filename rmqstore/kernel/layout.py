@@ -159,11 +159,13 @@ def rows_bytes(rows: array, count: int) -> int:
 # rows ``[first, count)`` of a scan of ``buf`` and writes, per row, DISPATCH_WIDTH integers
 # into ``out`` (at the row's own index) and the row's index keys into ``keys`` (packed with
 # HASHED_KEY, entry 0 first). It returns ``(next_row, entries)``: it stops before a row whose
-# keys would not fit. A row flagged NEEDS_REFERENCE (a SCHEDULE_TOPIC_XXXX record, a record
-# with an INNER_MULTI_DISPATCH property (its units go to LMQ queues too), or a topic, TAGS, KEYS
-# or UNIQ_KEY that is not ASCII) gets no tagsCode and no keys: the caller prepares it the
-# reference way (rmqstore.dispatch). Properties are parsed as ``string2messageProperties``
-# does (a pair needs a non-empty name and value; a later duplicate wins).
+# keys would not fit. A row flagged NEEDS_REFERENCE (a SCHEDULE_TOPIC_XXXX record, or a topic,
+# TAGS, KEYS or UNIQ_KEY that is not ASCII) gets no tagsCode and no keys: the caller prepares it
+# the reference way (rmqstore.dispatch). A row with an INNER_MULTI_DISPATCH property is flagged
+# HAS_COPIES as well (its units go to further queues too, which the caller puts: the kernel
+# reads no queue names); it gets its tagsCode and keys unless also NEEDS_REFERENCE. Properties
+# are parsed as ``string2messageProperties`` does (a pair needs a non-empty name and value; a
+# later duplicate wins).
 TAGS_CODE = 0  # the Java hash of TAGS, sign-extended; 0 without TAGS
 DISPATCH_FLAGS = 1
 KEYS_FROM = 2  # the row's first entry in ``keys``
@@ -171,6 +173,7 @@ KEYS_COUNT = 3  # UNIQ_KEY first, then each KEYS piece (none for ROLLBACK or wit
 DISPATCH_WIDTH = 4
 
 NEEDS_REFERENCE = 1  # flag: prepare this row the reference way
+HAS_COPIES = 2  # flag: the row has units in further queues (INNER_MULTI_DISPATCH) too
 INDEX_KEYS = 1  # option: compute index keys (ROLLBACK records get none)
 
 # a key to index: physical offset, store time, key hash, 1 for a record's first key

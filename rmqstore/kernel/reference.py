@@ -53,6 +53,7 @@ from rmqstore.kernel.layout import (
     FIELD_TOPIC,
     FIELD_UNIQ_KEY,
     FORCE_PROPERTY_CRC,
+    HAS_COPIES,
     HASHED_KEY_FORMAT,
     HASHED_KEY_SIZE,
     HEADER_SIZE,
@@ -392,12 +393,8 @@ def prepare_dispatch(
             properties_at = rows[at + PROPERTIES_AT]
             props = bytes(view[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
             tags, keys_value, uniq, multi_dispatch = dispatch_properties(props)
-            reference = (
-                topic == SCHEDULE_TOPIC
-                or multi_dispatch
-                or not all(
-                    value is None or value.isascii() for value in (topic, tags, keys_value, uniq)
-                )
+            reference = topic == SCHEDULE_TOPIC or not all(
+                value is None or value.isascii() for value in (topic, tags, keys_value, uniq)
             )
             pieces: list[bytes] = []
             if (
@@ -415,7 +412,9 @@ def prepare_dispatch(
             out[out_at + TAGS_CODE] = (
                 _signed(java_hash(tags)) if tags is not None and not reference else 0
             )
-            out[out_at + DISPATCH_FLAGS] = NEEDS_REFERENCE if reference else 0
+            out[out_at + DISPATCH_FLAGS] = (NEEDS_REFERENCE if reference else 0) | (
+                HAS_COPIES if multi_dispatch else 0
+            )
             out[out_at + KEYS_FROM] = entries
             out[out_at + KEYS_COUNT] = len(pieces)
             if pieces:

@@ -180,7 +180,7 @@ class _RangePreparer:
                 * layout.DISPATCH_WIDTH : layout.DISPATCH_WIDTH
             ]
             special = (
-                [first + n for n, flag in enumerate(flags) if flag & layout.NEEDS_REFERENCE]
+                [first + n for n, flag in enumerate(flags) if flag]  # copies: that way too
                 if flags.count(0) != len(flags)
                 else []
             )

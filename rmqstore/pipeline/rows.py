@@ -513,7 +513,7 @@ def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -
     kernel.prepare_dispatch(buf, rows, 0, count, 0, out, bytearray())
     codes = out[layout.TAGS_CODE : width * count : width]
     flags = out[layout.DISPATCH_FLAGS : width * count : width]
-    if not flags.count(layout.NEEDS_REFERENCE):
+    if flags.count(0) + flags.count(layout.HAS_COPIES) == count:  # none NEEDS_REFERENCE
         return pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(codes)])
     found: list[int | None] = list(codes)
     topic_names = layout.TopicNames()

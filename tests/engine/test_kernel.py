@@ -259,9 +259,11 @@ def test_dispatch_preparation_agrees_with_the_reference_rules(
                 row[layout.PROPERTIES_AT] : row[layout.PROPERTIES_AT]
                 + row[layout.PROPERTIES_LENGTH]
             ]
-            if INNER_MULTI_DISPATCH in decode_properties(props):  # LMQ units go the reference way
-                assert out[at + layout.DISPATCH_FLAGS] & layout.NEEDS_REFERENCE, name
+            if INNER_MULTI_DISPATCH in decode_properties(props):  # the caller puts LMQ units
+                assert out[at + layout.DISPATCH_FLAGS] & layout.HAS_COPIES, name
                 lmq += 1
+            else:
+                assert not out[at + layout.DISPATCH_FLAGS] & layout.HAS_COPIES, name
             if out[at + layout.DISPATCH_FLAGS] & layout.NEEDS_REFERENCE:
                 flagged += 1
                 continue

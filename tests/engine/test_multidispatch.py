@@ -302,3 +302,64 @@ def test_queue_names_no_folder_can_hold_are_named_by_dispatch_and_verify(tmp_pat
         named = [(f["kind"], f["topic"], f["commitLogOffset"]) for f in findings]
         assert named == [("queue-name-unsafe", "../../evil", 0), ("queue-name-unsafe", "a/b", end)]
         assert findings[0]["message"].startswith("2 records of topic '../../evil'")
+
+
+def test_the_walk_puts_copies_of_kernel_prepared_rows_as_the_reference_way_does(
+    tmp_path: Path,
+) -> None:
+    """The dispatcher's walk puts the LMQ units of rows the kernel prepared after their own
+    units, row by row; rows it leaves to the reference way (a DELAY, text that is not ASCII,
+    rows before where the index ends) and batches where a copy could share a queue with an own
+    unit (a non-LMQ queue named, an LMQ topic's own record) go the reference way. Every
+    consume-queue file and the index are the same bytes as a rebuild in worker processes
+    (which puts every copy the reference way), over file rolls, and a resumed dispatch adds
+    what a removed LMQ queue lacks."""
+    import random
+
+    rng = random.Random(11)
+    rooms = [f"%LMQ%room-{n}" for n in range(7)]
+    lines = []
+    for number in range(3000):
+        document: dict = {"topic": "Chat", "queueId": number % 3, "body": f"m{number}"}
+        named = rng.sample(rooms, rng.randint(1, 3))
+        shape = rng.randrange(40)
+        if shape == 0:
+            document["properties"] = {"DELAY": "2"}
+        elif shape == 1:
+            document["tags"] = "café"  # not ASCII: the reference way
+        elif shape == 2 and number > 2000:
+            named.append("PlainCopy")  # a non-LMQ queue: the batch goes the reference way
+        elif shape == 3 and number > 2500:
+            document["topic"] = rooms[0]  # an LMQ topic's own record
+        if shape != 4:
+            document.setdefault("properties", {})[INNER_MULTI_DISPATCH] = ",".join(named)
+        lines.append(json.dumps(document))
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    store = tmp_path / "walk"
+    result = run_cli("append", store, "--create", "--multi-dispatch", "--input",
+                     tmp_path / "in.jsonl", "--commitlog-file-size", "65536")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(store, rebuilt)
+    assert run_cli("dispatch", store).exit_code == 0  # the walk
+    result = run_cli("dispatch", rebuilt, "--rebuild", "--yes", "--jobs", "2",
+                     "--split-size", "65536")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert tree_digest(store / "consumequeue") == tree_digest(rebuilt / "consumequeue")
+    assert len(list((store / "consumequeue").iterdir())) == 10  # Chat, 7 rooms, PlainCopy, SCHEDULE
+
+    def index_bytes(root: Path) -> list[bytes]:  # (files are named by their creation time)
+        return [path.read_bytes()[8:] for path in sorted((root / "index").iterdir())]
+
+    assert index_bytes(store) == index_bytes(rebuilt)
+    room = store / "consumequeue" / rooms[3]
+    before = tree_digest(room)
+    shutil.rmtree(room)
+    result = run_cli("dispatch", store, "--from-offset", "0")
+    assert result.exit_code == 0, result.stderr
+    assert tree_digest(room) == before
+    with Store.open_read(store) as opened:
+        report = verify_store(opened)
+    # only the LMQ topic's own records, whose offsets the copies into it interleave (no broker
+    # writes such records), are not dense
+    assert {(f.kind, f.topic) for f in report.findings} == {("queue-offset-gap", rooms[0])}
