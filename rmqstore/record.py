@@ -547,18 +547,16 @@ class RegionScan:
         position = self.start
         try:
             # failures are counted as records are yielded: a caller may stop part-way
-            for window, _, rows, count in self._batches(count_failures=False):
+            for window, window_start, rows, count in self._batches(count_failures=False):
+                position = rows[_PHYSICAL_OFFSET] - base
+                if _CRC_BAD in rows[crc_at : count * width : width]:
+                    for item in self.items(window, window_start, rows, count):
+                        position = item[0] - base
+                        yield item
+                    continue
                 items: list[tuple[int, RecordHeader, str, bytes, bool | None]] = []
                 kernel.record_items(window, rows, 0, count, RecordHeader, names, items)
-                position = items[0][0] - base
-                if _CRC_BAD not in rows[crc_at : count * width : width]:
-                    yield from items
-                    continue
-                for item in items:
-                    if item[4] is False:
-                        self.crc_failures += 1
-                    position = item[0] - base
-                    yield item
+                yield from items
             position = self.end_position
         finally:
             self.end_position = position
