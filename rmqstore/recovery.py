@@ -297,6 +297,15 @@ def apply_recovery(
             dispatcher.index.on_create = lambda path: kept.note_made(
                 [path.with_name(creating_name(path.name)), path], "index file rebuilt by recover"
             )
+            last = dispatcher.index.last
+            if (
+                last is not None
+                and not last.is_full
+                and all(c.path != last.path for c in plan.cuts)
+            ):
+                # the dispatch may add entries to it in place (an index behind the log of a
+                # store without 'abort'): kept as it is, for a restore to give back
+                quarantine.keep_copy(last.path, True, "the last index file")
         dispatched = dispatcher.run(progress=progress, no_later_than=_replay_from(store))
     finally:
         dispatcher.close()

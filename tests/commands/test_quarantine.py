@@ -356,3 +356,31 @@ def test_a_repair_keeps_the_store_state_before_it_makes_abort(
     (folder,) = (store / "quarantine").iterdir()
     manifest = json.loads((folder / "manifest.json").read_text())
     assert "abort" in json.dumps(manifest)
+
+
+def test_the_restore_of_a_recovery_gives_back_the_index_file_its_dispatch_added_to(
+    oracle, tmp_path: Path
+) -> None:
+    """A real 4.9.8 crash store without its ``abort`` (recovered as a cleanly closed store)
+    whose index is behind the log: recover moves a file after the valid end to quarantine and
+    its dispatch adds entries to the last index file in place. The restore used to leave that
+    file as the recovery left it (found by the mutants campaign, seed 20261205); the folder now
+    keeps a copy of it, and the restore gives back every byte."""
+    from support import ORACLE_OPTIONS
+
+    store = oracle("s2_crash").copy_to(tmp_path)
+    (store / "abort").unlink()
+    before = tree_digest(store)
+    result = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
+    assert result.exit_code == 0, result.stderr
+    assert "index           750 entries added" in result.stdout
+    recovered_store = tree_digest(store)
+    index_keys = [key for key in before if key.startswith("index/")]
+    assert index_keys and any(recovered_store[key] != before[key] for key in index_keys)
+    (folder,) = [path.name for path in (store / "quarantine").iterdir()]
+    result = run_cli("quarantine", "restore", store, folder, "--yes")
+    assert result.exit_code == 0, result.stderr
+    after = tree_digest(store)
+    for key, digest in before.items():
+        if not key.startswith("consumequeue/"):  # (units dispatched after a queue's end stay)
+            assert after.get(key) == digest, key
