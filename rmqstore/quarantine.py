@@ -316,19 +316,58 @@ def _copy_range(reader_fd: int, writer_fd: int, start: int, end: int) -> int:
 
 def _durable_copy(source: Path, target: Path) -> None:
     """Copy a file or a directory tree (links copied as links), every file and directory
-    fsynced."""
+    fsynced; a regular file's holes stay holes (an index or commit-log file is mostly
+    zeros a broker never wrote)."""
     if source.is_symlink() or not source.is_dir():
-        shutil.copy2(source, target, follow_symlinks=False)
+        copy = _sparse_copy if source.is_file() and not source.is_symlink() else shutil.copy2
+        copy(source, target, follow_symlinks=False)
         if not target.is_symlink():
             _fsync_file(target)
         return
-    shutil.copytree(source, target, symlinks=True)
+    shutil.copytree(source, target, symlinks=True, copy_function=_sparse_copy)
     for directory, _subdirectories, names in os.walk(target):
         for name in names:
             path = Path(directory) / name
             if not path.is_symlink():
                 _fsync_file(path)
         fsync_directory(Path(directory))
+
+
+def _sparse_copy(source: str | Path, target: str | Path, *, follow_symlinks: bool = True) -> None:
+    """``shutil.copy2`` of a regular file that copies only its data (SEEK_DATA/SEEK_HOLE)
+    and leaves its holes as holes; where the filesystem cannot say, every byte."""
+    if not follow_symlinks and os.path.islink(source):
+        shutil.copy2(source, target, follow_symlinks=False)
+        return
+    reader_fd = os.open(source, os.O_RDONLY)
+    try:
+        size = os.fstat(reader_fd).st_size
+        writer_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            position = 0
+            while position < size:
+                try:
+                    data = os.lseek(reader_fd, position, os.SEEK_DATA)
+                    hole = os.lseek(reader_fd, data, os.SEEK_HOLE)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:
+                        break  # no data after here: a hole to the end
+                    data, hole = position, size  # cannot say: every byte
+                position = data
+                while position < hole:  # the same positions in the copy
+                    chunk = os.pread(reader_fd, min(_COPY_CHUNK, hole - position), position)
+                    if not chunk:
+                        break  # the file ended sooner
+                    pwrite_fully(writer_fd, chunk, position)
+                    position += len(chunk)
+                if position < hole:
+                    break
+            os.ftruncate(writer_fd, size)
+        finally:
+            os.close(writer_fd)
+    finally:
+        os.close(reader_fd)
+    shutil.copystat(source, target)
 
 
 def _fsync_file(path: Path) -> None:
