@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from rmqstore.errors import InputError, TopicError
+from rmqstore.kernel import layout
 from rmqstore.topics import RETRY_PREFIX, check_topic
 
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
@@ -93,8 +94,6 @@ def copy_queues(topic: str, queue_id: int, queues: str) -> list[tuple[str, int]]
 def copies_marked(buf: Any, rows: Any, count: int, first: int = 0) -> int:
     """How often INNER_MULTI_QUEUE_OFFSET appears from row ``first`` to the last of ``count``
     kernel rows' properties in ``buf`` (a search in C, about 0.2 ms per MiB)."""
-    from rmqstore.kernel import layout  # the kernel loads only for a caller with its rows
-
     if first >= count:
         return 0
     width = layout.ROW_WIDTH

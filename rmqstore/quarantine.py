@@ -319,8 +319,10 @@ def _durable_copy(source: Path, target: Path) -> None:
     fsynced; a regular file's holes stay holes (an index or commit-log file is mostly
     zeros a broker never wrote)."""
     if source.is_symlink() or not source.is_dir():
-        copy = _sparse_copy if source.is_file() and not source.is_symlink() else shutil.copy2
-        copy(source, target, follow_symlinks=False)
+        if source.is_file() and not source.is_symlink():
+            _sparse_copy(source, target)
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
         if not target.is_symlink():
             _fsync_file(target)
         return
@@ -333,12 +335,10 @@ def _durable_copy(source: Path, target: Path) -> None:
         fsync_directory(Path(directory))
 
 
-def _sparse_copy(source: str | Path, target: str | Path, *, follow_symlinks: bool = True) -> None:
+def _sparse_copy(source: str | Path, target: str | Path) -> None:
     """``shutil.copy2`` of a regular file that copies only its data (SEEK_DATA/SEEK_HOLE)
-    and leaves its holes as holes; where the filesystem cannot say, every byte."""
-    if not follow_symlinks and os.path.islink(source):
-        shutil.copy2(source, target, follow_symlinks=False)
-        return
+    and leaves its holes as holes; where the filesystem cannot say, every byte. (A tree's
+    links are copied as links by ``copytree`` itself.)"""
     reader_fd = os.open(source, os.O_RDONLY)
     try:
         size = os.fstat(reader_fd).st_size
