@@ -27,10 +27,10 @@ from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.multidispatch import (
-    LMQ_PREFIX,
     QueueCopy,
-    queue_copies,
+    may_share_queues,
     record_units,
+    row_copies,
 )
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
@@ -418,23 +418,9 @@ class _BatchWalk:
         """The further-queue units of rows ``numbers`` (queued records only, as a broker
         puts them), or None when one could share a queue with a unit of rows ``[first,
         stop)``'s own."""
-        found: dict[int, list[QueueCopy]] = {}
-        for row in numbers:
-            at = row * ROW_WIDTH
-            if rows[at + kernel_layout.SYS_FLAG] & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
-                continue
-            properties_at = rows[at + kernel_layout.PROPERTIES_AT]
-            properties_end = properties_at + rows[at + kernel_layout.PROPERTIES_LENGTH]
-            properties = decode_properties(bytes(window[properties_at:properties_end]))
-            topic = self.topics.of(window, rows, row)
-            units = queue_copies(topic, rows[at + kernel_layout.QUEUE_ID], properties)
-            if any(not unit.topic.startswith(LMQ_PREFIX) for unit in units):
-                return None
-            found[row] = units
-        topic_at = kernel_layout.TOPIC_AT
-        own = rows[topic_at + first * ROW_WIDTH : topic_at + stop * ROW_WIDTH : ROW_WIDTH]
-        if any(window.startswith(_LMQ_BYTES, at) for at in own):
-            return None  # an LMQ topic's own record among them (a broker never writes one)
+        found = {row: row_copies(window, rows, row, self.topics) for row in numbers}
+        if may_share_queues(window, rows, first, stop, found.values()):
+            return None
         return found
 
     def _bulk(
@@ -654,7 +640,6 @@ _RUNS = 256  # runs of units gathered per kernel call
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _FLAGS_COLUMN = kernel_layout.DISPATCH_FLAGS
 _HAS_COPIES = kernel_layout.HAS_COPIES  # and nothing else: the kernel prepared the row
-_LMQ_BYTES = LMQ_PREFIX.encode()
 
 
 def _unit_end(units: Any) -> int:

@@ -14,20 +14,26 @@ the queues it takes them in)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from rmqstore.errors import InputError, TopicError
 from rmqstore.kernel import layout
+from rmqstore.properties import decode_properties
+from rmqstore.record import QUEUED_TRANSACTIONS, TRANSACTION_MASK
 from rmqstore.topics import RETRY_PREFIX, check_topic
 
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
 INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 LMQ_PREFIX = "%LMQ%"
+_LMQ_BYTES = LMQ_PREFIX.encode()
 _SPLITTER = ","
 _JAVA_LONG_MAX = 2**63 - 1
 # how a record's properties hold each of them (name, then the name/value separator)
 DISPATCH_MARK = f"{INNER_MULTI_DISPATCH}\x01".encode()
 COPIES_MARK = f"{INNER_MULTI_QUEUE_OFFSET}\x01".encode()
+_PAIR_END_BYTES = b"\x02"  # what ends a pair
+_PAIR_END = _PAIR_END_BYTES[0]
 
 
 class QueueCopy(NamedTuple):
@@ -47,8 +53,49 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
     not pair up: the broker logs an error and writes no copy). A queue whose name is no safe
     folder name (``..``, a slash) is kept: the writers and ``verify`` name it as they name
     such a topic of a record's own, and write no unit for it."""
-    queues = properties.get(INNER_MULTI_DISPATCH)
-    offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
+    return _copies(
+        topic,
+        queue_id,
+        properties.get(INNER_MULTI_DISPATCH),
+        properties.get(INNER_MULTI_QUEUE_OFFSET),
+    )
+
+
+def property_copies(topic: str, queue_id: int, data: bytes) -> list[QueueCopy]:
+    """:func:`queue_copies` of a record whose properties are ``data`` as stored, without
+    decoding all of them: each of the two is found by its name where the name occurs once, at
+    the start of a pair, with an ASCII value (what :func:`decode_properties` would give it
+    then); anything else is decoded in full."""
+    try:
+        queues = _ascii_value(data, DISPATCH_MARK)
+        offsets = _ascii_value(data, COPIES_MARK)
+    except _FullDecode:
+        return queue_copies(topic, queue_id, decode_properties(data))
+    return _copies(topic, queue_id, queues, offsets)
+
+
+class _FullDecode(Exception):
+    """A property that takes decoding all of a record's properties to tell."""
+
+
+def _ascii_value(data: bytes, mark: bytes) -> str | None:
+    """The value of the property named by ``mark`` (its name and 0x01) in stored properties
+    ``data``, None when it has none; :class:`_FullDecode` when it takes a full decode to
+    tell (the name more than once, not at a pair's start, a value that is not ASCII)."""
+    at = data.find(mark)
+    if at < 0:
+        return None
+    if (at and data[at - 1] != _PAIR_END) or data.find(mark, at + 1) >= 0:
+        raise _FullDecode
+    start = at + len(mark)
+    end = data.find(_PAIR_END_BYTES, start)
+    value = data[start:] if end < 0 else data[start:end]
+    if not value.isascii():
+        raise _FullDecode
+    return value.decode("ascii") or None  # an empty value: no such property
+
+
+def _copies(topic: str, queue_id: int, queues: str | None, offsets: str | None) -> list[QueueCopy]:
     if not queues or not offsets or topic.startswith(RETRY_PREFIX):
         return []
     names = queues.split(_SPLITTER)
@@ -65,6 +112,35 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
         unit = (name, 0 if name.startswith(LMQ_PREFIX) else queue_id, queue_offset)
         copies.append(_new_copy(QueueCopy, unit))
     return copies
+
+
+def row_copies(buf: Any, rows: Any, row: int, names: layout.TopicNames) -> list[QueueCopy]:
+    """:func:`queue_copies` of kernel row ``row`` of ``buf`` (none for a record a broker
+    puts in no queue: prepared, rolled back)."""
+    at = row * layout.ROW_WIDTH
+    if rows[at + layout.SYS_FLAG] & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
+        return []
+    properties_at = rows[at + layout.PROPERTIES_AT]
+    properties_end = properties_at + rows[at + layout.PROPERTIES_LENGTH]
+    topic = names.of(buf, rows, row)
+    return property_copies(
+        topic, rows[at + layout.QUEUE_ID], bytes(buf[properties_at:properties_end])
+    )
+
+
+def may_share_queues(
+    buf: Any, rows: Any, first: int, stop: int, copies: Iterable[list[QueueCopy]]
+) -> bool:
+    """Whether a unit of ``copies`` could go into the queue of a unit of kernel rows
+    ``[first, stop)``'s own: a copy not into an LMQ queue, or a record of an LMQ topic among
+    the rows (a broker never writes one). A caller putting the rows' own units first and
+    their copies after keeps each queue's units in log order only when not."""
+    if any(not unit.topic.startswith(LMQ_PREFIX) for units in copies for unit in units):
+        return True
+    topic_at = layout.TOPIC_AT
+    width = layout.ROW_WIDTH
+    own = rows[topic_at + first * width : topic_at + stop * width : width]
+    return any(buf[at : at + len(_LMQ_BYTES)] == _LMQ_BYTES for at in own)
 
 
 def record_units(

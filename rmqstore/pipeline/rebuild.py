@@ -38,7 +38,7 @@ from rmqstore.dispatch import (
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
-from rmqstore.multidispatch import record_units
+from rmqstore.multidispatch import QueueCopy, may_share_queues, record_units, row_copies
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -179,15 +179,13 @@ class _RangePreparer:
                 layout.DISPATCH_FLAGS + first * layout.DISPATCH_WIDTH : done
                 * layout.DISPATCH_WIDTH : layout.DISPATCH_WIDTH
             ]
-            special = (
-                [first + n for n, flag in enumerate(flags) if flag]  # copies: that way too
-                if flags.count(0) != len(flags)
-                else []
-            )
+            special, copies = self._special_rows(buf, rows, flags, first, done)
             position = first
             for row in [*special, done]:
                 if position < row:
                     self._bulk(buf, rows, position, row)
+                    if copies:
+                        self._add_copies(rows, position, row, copies)
                 if row == done:
                     break
                 if not self._row(buf, rows, row):
@@ -195,6 +193,60 @@ class _RangePreparer:
                 position = row + 1
             first = done
         return count
+
+    def _special_rows(
+        self, buf: Any, rows: Any, flags: Any, first: int, stop: int
+    ) -> tuple[list[int], dict[int, list[QueueCopy]]]:
+        """Rows ``[first, stop)`` (``flags`` the kernel's) that take the reference way, and
+        the further-queue units of the kernel-prepared rows with copies (HAS_COPIES), which
+        are added after their bulk's own units; those rows take the reference way too when a
+        copy could share a queue with one of the rows' own units (a queue's units must be in
+        log order)."""
+        if flags.count(0) == len(flags):
+            return [], {}
+        special = [first + n for n, flag in enumerate(flags) if flag & layout.NEEDS_REFERENCE]
+        with_copies = [first + n for n, flag in enumerate(flags) if flag == layout.HAS_COPIES]
+        if not with_copies:
+            return special, {}
+        copies = {row: row_copies(buf, rows, row, self.names) for row in with_copies}
+        if may_share_queues(buf, rows, first, stop, copies.values()):
+            return sorted([*special, *with_copies]), {}
+        return special, copies
+
+    def _add_copies(
+        self, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
+    ) -> None:
+        """The further-queue units of rows ``[first, stop)``, row by row, as :meth:`_row`
+        adds them (each with its record's offset, size, store time and the kernel's
+        tagsCode)."""
+        width = layout.DISPATCH_WIDTH
+        for row in range(first, stop):
+            units = copies.get(row)
+            if not units:
+                continue
+            at = row * _WIDTH
+            offset = rows[at + layout.PHYSICAL_OFFSET]
+            unit = UNIT.pack(
+                offset, rows[at + layout.TOTAL_SIZE], self.out[row * width + layout.TAGS_CODE]
+            )
+            stamp = rows[at + layout.STORE_TIMESTAMP]
+            for unit_topic, queue_id, queue_offset in units:
+                self._add_unit(unit_topic, queue_id, queue_offset, offset, unit, stamp)
+
+    def _add_unit(
+        self, topic: str, queue_id: int, queue_offset: int, offset: int, unit: bytes, stamp: int
+    ) -> None:
+        """Add ``unit`` (of the record at ``offset``) at ``queue_offset`` of a queue: to its
+        open run when it continues it, else as a new run."""
+        if self.topics is not None and topic not in self.topics:
+            return
+        key = (topic, queue_id)
+        run = self.open_runs.get(key)
+        if run is None or run.next_offset != queue_offset:
+            run = self.open_runs[key] = UnitRun(topic, queue_id, queue_offset, offset)
+            self.runs.append(run)
+        run.units += unit
+        run.stamps.append(stamp)
 
     def _bulk(self, buf: Any, rows: Any, first: int, stop: int) -> None:
         """Rows ``[first, stop)`` as the kernel prepared them: units run by run, keys whole."""
@@ -255,16 +307,9 @@ class _RangePreparer:
         size = header.total_size
         if transaction in QUEUED_TRANSACTIONS:
             units = record_units(topic, header.queue_id, header.queue_offset, properties)
+            unit = UNIT.pack(offset, size, code)
             for unit_topic, queue_id, queue_offset in units:  # LMQ queues too (spec 6.8)
-                if self.topics is not None and unit_topic not in self.topics:
-                    continue
-                key = (unit_topic, queue_id)
-                run = self.open_runs.get(key)
-                if run is None or run.next_offset != queue_offset:
-                    run = self.open_runs[key] = UnitRun(unit_topic, queue_id, queue_offset, offset)
-                    self.runs.append(run)
-                run.units += UNIT.pack(offset, size, code)
-                run.stamps.append(store_timestamp)
+                self._add_unit(unit_topic, queue_id, queue_offset, offset, unit, store_timestamp)
         if self.build_index and transaction != TRANSACTION_ROLLBACK:
             self._index_row(offset, store_timestamp, topic, properties)
         self.records += 1

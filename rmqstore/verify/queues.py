@@ -36,7 +36,7 @@ from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queues_note
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
-from rmqstore.verify.records import RecordBatch, relative
+from rmqstore.verify.records import RecordBatch, RecordCopies, relative
 from rmqstore.windows import read_range
 from rmqstore.wording import counted, quoted
 
@@ -72,6 +72,11 @@ class _QueueState:
     def __post_init__(self) -> None:
         self.min_offset = self.queue.min_offset
         self.max_offset = self.queue.max_offset
+
+
+# a clean batch taken as a whole: each run's queue, units and newest store time; the
+# further-queue units of its records
+_BatchPlan = tuple[list[tuple[_QueueState, int, int]], list[RecordCopies]]
 
 
 def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:
@@ -305,10 +310,13 @@ class QueueChecks:
         within = 0
         return UNIT.unpack_from(buf, within)
 
-    def batch_check(self, batch: RecordBatch) -> list[tuple[_QueueState, int, int]] | None:
+    def batch_check(self, batch: RecordBatch) -> _BatchPlan | None:
         """A clean batch's runs of units, each compared with its queue's stored units in one
         comparison; None when a run is not simply there (a queue not loaded yet, units
-        expired or not dispatched yet, any difference): then record by record."""
+        expired or not dispatched yet, any difference): then record by record. Units in
+        further queues (``batch.copies``) are compared one by one when the plan is applied
+        (the order of the comparisons does not matter: each unit is compared with the unit
+        stored at its own position)."""
         plan = []
         runs = batch.runs
         width = kernel_layout.RUN_WIDTH
@@ -328,14 +336,17 @@ class QueueChecks:
             if self._stored_units(state, first, count) != expected:
                 return None
             plan.append((state, count, batch.stamps[runs[at + kernel_layout.RUN_LAST_ROW]]))
-        return plan
+        return plan, batch.copies
 
-    def batch_apply(self, plan: list[tuple[_QueueState, int, int]]) -> None:
-        for state, count, newest in plan:
+    def batch_apply(self, plan: _BatchPlan) -> None:
+        runs, copies = plan
+        for state, count, newest in runs:
             state.checked += count
             state.matched += count
             if newest > self.last_queued_time:
                 self.last_queued_time = newest
+        if copies:
+            self._check_copies(copies)
 
     def _stored_units(self, state: _QueueState, first: int, count: int) -> bytes | None:
         """The stored bytes of units ``[first, first + count)`` (None where a file lacks
@@ -367,38 +378,89 @@ class QueueChecks:
         expected_tags: int | None = None
         tags_known = False
         for unit_topic, queue_id, queue_offset in units:
-            if not self._checked(unit_topic):
-                continue
-            if not 0 <= queue_offset <= LARGEST_QUEUE_OFFSET:
-                self.report.add(
-                    "record-queue-offset",
-                    f"the record at {offset} has queue offset {queue_offset} in "
-                    f"{unit_topic}:{queue_id}, which no consume-queue position can hold "
-                    "(a damaged QUEUEOFFSET?): dispatch leaves its unit out",
-                    commit_log_offset=offset,
-                    topic=unit_topic,
-                    queue_id=queue_id,
-                )
-                continue
-            key = (unit_topic, queue_id)
-            state = self.states.get(key) or self._state(key)
+            state = self._due(unit_topic, queue_id, queue_offset, offset)
             if state is None:
-                if is_path_safe(unit_topic):
-                    self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
-                    self.missing_first.setdefault(key, offset)
-                else:
-                    self._unsafe(unit_topic, 1, offset)
-                continue
-            if queue_offset < state.min_offset:
-                continue  # the unit expired with older files
-            if queue_offset >= state.max_offset:
-                state.lag += 1
-                if state.first_lag is None:
-                    state.first_lag = offset
                 continue
             if not tags_known:
                 expected_tags, tags_known = self._tags_code(topic, header, properties), True
-            self._compare_unit(state, key, queue_offset, offset, header, expected_tags)
+            self._compare_unit(
+                state,
+                (unit_topic, queue_id),
+                queue_offset,
+                offset,
+                header.total_size,
+                header.store_timestamp,
+                expected_tags,
+            )
+
+    def _check_copies(self, copies: list[RecordCopies]) -> None:
+        """The further-queue units of a clean batch's records, as :meth:`on_record` checks
+        each record's (their tagsCode prepared by the kernel). A unit in the chunk its queue
+        read last that is what the record needs is counted here; any other goes the way of
+        :meth:`on_record`."""
+        states = self.states
+        newest = self.last_queued_time
+        for offset, size, stamp, code, units in copies:
+            for unit_topic, queue_id, queue_offset in units:
+                key = (unit_topic, queue_id)
+                state = states.get(key)
+                if state is not None and self._checked(unit_topic):
+                    position = queue_offset * CQ_UNIT_SIZE
+                    if (
+                        state.min_offset <= queue_offset < state.max_offset
+                        and state.base <= position <= state.limit - CQ_UNIT_SIZE
+                        and UNIT.unpack_from(state.buf, position - state.base)
+                        == (offset, size, code)
+                    ):
+                        state.checked += 1
+                        state.matched += 1
+                        if stamp > newest:
+                            newest = stamp
+                        continue
+                self.last_queued_time = newest
+                state = self._due(unit_topic, queue_id, queue_offset, offset)
+                if state is not None:
+                    self._compare_unit(state, key, queue_offset, offset, size, stamp, code)
+                newest = self.last_queued_time
+        self.last_queued_time = newest
+
+    def _due(
+        self, unit_topic: str, queue_id: int, queue_offset: int, offset: int
+    ) -> _QueueState | None:
+        """The state of the queue where the record at ``offset`` has a unit at
+        ``queue_offset`` when that unit is to be compared; None when it is not (a topic left
+        out, an offset no queue holds, no such queue, the unit expired or not dispatched
+        yet), each counted or reported as it must be."""
+        if not self._checked(unit_topic):
+            return None
+        if not 0 <= queue_offset <= LARGEST_QUEUE_OFFSET:
+            self.report.add(
+                "record-queue-offset",
+                f"the record at {offset} has queue offset {queue_offset} in "
+                f"{unit_topic}:{queue_id}, which no consume-queue position can hold "
+                "(a damaged QUEUEOFFSET?): dispatch leaves its unit out",
+                commit_log_offset=offset,
+                topic=unit_topic,
+                queue_id=queue_id,
+            )
+            return None
+        key = (unit_topic, queue_id)
+        state = self.states.get(key) or self._state(key)
+        if state is None:
+            if is_path_safe(unit_topic):
+                self.missing_queues[key] = self.missing_queues.get(key, 0) + 1
+                self.missing_first.setdefault(key, offset)
+            else:
+                self._unsafe(unit_topic, 1, offset)
+            return None
+        if queue_offset < state.min_offset:
+            return None  # the unit expired with older files
+        if queue_offset >= state.max_offset:
+            state.lag += 1
+            if state.first_lag is None:
+                state.first_lag = offset
+            return None
+        return state
 
     def _tags_code(
         self, topic: str, header: RecordHeader, properties: dict[str, str]
@@ -417,7 +479,8 @@ class QueueChecks:
         key: tuple[str, int],
         queue_offset: int,
         offset: int,
-        header: RecordHeader,
+        size: int,
+        stamp: int,
         expected_tags: int | None,
     ) -> None:
         unit = self._unit(state, queue_offset)
@@ -425,7 +488,7 @@ class QueueChecks:
         if (
             unit is None
             or unit[0] != offset
-            or unit[1] != header.total_size
+            or unit[1] != size
             # a ConsumeQueueExt address stands for the tagsCode (enableConsumeQueueExt)
             or (
                 expected_tags is not None
@@ -433,7 +496,7 @@ class QueueChecks:
                 and not is_ext_address(unit[2])
             )
         ):
-            expected = (offset, header.total_size, expected_tags)
+            expected = (offset, size, expected_tags)
             self.report.add(
                 "cq-unit",
                 f"unit {queue_offset} of {key[0]}:{key[1]} is (offset, size, tagsCode) = "
@@ -443,7 +506,6 @@ class QueueChecks:
             )
         else:
             state.matched += 1
-            stamp = header.store_timestamp
             if stamp > self.last_queued_time:
                 self.last_queued_time = stamp
 

@@ -27,6 +27,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
 from rmqstore.errors import InputError
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
+from rmqstore.multidispatch import QueueCopy, row_copies
 from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -47,6 +48,11 @@ from rmqstore.wording import quoted
 _CRC_NAME = b"__CRC32#"
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
+_HAS_COPIES = kernel_layout.HAS_COPIES
+
+# a queued record's units in further queues (INNER_MULTI_DISPATCH): its offset, size, store
+# time and tagsCode, and each (queue, queue id, queue offset)
+RecordCopies = tuple[int, int, int, int, list[QueueCopy]]
 
 
 @dataclass
@@ -66,6 +72,7 @@ class RecordBatch:
     runs: Any
     run_keys: list[tuple[str, int]]  # (topic, queue id) of each run
     units: Any
+    copies: list[RecordCopies]  # the rows' units in further queues (spec 6.8), row by row
 
 
 class RecordListener(Protocol):
@@ -378,6 +385,7 @@ class RecordPass:
         ):
             return False
         dispatch_out, key_count = self._no_dispatch, 0
+        copies: list[RecordCopies] = []
         if self.listeners:  # they compare tagsCodes and index keys: prepare them
             dispatch_out = self._dispatch_out
             done, key_count = kernel.prepare_dispatch(
@@ -385,8 +393,11 @@ class RecordPass:
             )
             width = kernel_layout.DISPATCH_WIDTH
             flags = dispatch_out[kernel_layout.DISPATCH_FLAGS : count * width : width]
-            if done < count or flags.count(0) != count:
+            clean = flags.count(0)
+            if done < count or clean + flags.count(_HAS_COPIES) != count:
                 return False
+            if clean < count:
+                copies = self._copies(window, rows, flags, dispatch_out)
         done, found = kernel.queue_runs(
             window, rows, 0, count, dispatch_out, self._units, self._runs, self._row_runs
         )
@@ -423,6 +434,7 @@ class RecordPass:
                 runs,
                 [key for key, *_ in started],
                 self._units,
+                copies,
             )
             for listener in self.listeners:
                 check = getattr(listener, "batch_check", None)
@@ -450,6 +462,26 @@ class RecordPass:
         if self.progress is not None:
             self.progress(offsets[count - 1])
         return True
+
+    def _copies(self, window: Any, rows: Any, flags: Any, dispatch_out: Any) -> list[RecordCopies]:
+        """The further-queue units of the rows flagged HAS_COPIES (queued records only, as a
+        broker puts them), with the tagsCode the kernel prepared."""
+        found = []
+        width = kernel_layout.DISPATCH_WIDTH
+        for number, flag in enumerate(flags):
+            units = row_copies(window, rows, number, self._topics) if flag else None
+            if units:
+                at = number * ROW_WIDTH
+                found.append(
+                    (
+                        rows[at + _OFFSET_COLUMN],
+                        rows[at + kernel_layout.TOTAL_SIZE],
+                        rows[at + kernel_layout.STORE_TIMESTAMP],
+                        dispatch_out[number * width + kernel_layout.TAGS_CODE],
+                        units,
+                    )
+                )
+        return found
 
     def _walk_records(self, region: RegionScan, segment: Segment, items: Any) -> bool:
         """Check each record of ``items`` (from ``region``); True when it reached a record

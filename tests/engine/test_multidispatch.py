@@ -4,6 +4,7 @@ written by every dispatch, checked by verify, and read back without a warning.""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -17,8 +18,10 @@ from rmqstore.multidispatch import (
     INNER_MULTI_QUEUE_OFFSET,
     QueueCopy,
     copy_queues,
+    property_copies,
     queue_copies,
 )
+from rmqstore.properties import decode_properties
 from rmqstore.record import Message
 from rmqstore.store import Store
 from rmqstore.verify import verify_store
@@ -49,6 +52,41 @@ def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> Non
         QueueCopy("%LMQ%b", 0, 2),
     ]
     assert queue_copies("T", 0, {"INNER_MULTI_DISPATCH": "%LMQ%a"}) == []  # no broker offsets
+
+
+_D, _O = b"INNER_MULTI_DISPATCH\x01", b"INNER_MULTI_QUEUE_OFFSET\x01"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _D + b"%LMQ%a,%LMQ%b\x02" + _O + b"4,0\x02",
+        b"TAGS\x01t\x02" + _D + b"%LMQ%a\x02KEYS\x01k\x02" + _O + b"7",  # no last 0x02
+        _D + b"%LMQ%a\x02" + _O + b"1\x02" + _D + b"%LMQ%b\x02",  # later duplicate wins
+        b"X\x01" + _D + b"%LMQ%a\x02" + _O + b"1\x02",  # a name inside a value: not a pair
+        b"X\x01y\x01" + _D[:-1] + b"\x02" + _D + b"%LMQ%z\x02" + _O + b"2\x02",
+        _D + b"\x02" + _O + b"1\x02",  # an empty value: no such property
+        _D + "%LMQ%sal\u00f6n".encode() + b"\x02" + _O + b"3\x02",  # not ASCII
+        _D + b"%LMQ%\xff\xfe\x02" + _O + b"3\x02",  # not UTF-8
+        _D + b"%LMQ%a\x01b\x02" + _O + b"3\x01\x02",  # a value holding 0x01
+        _O + b"5\x02",
+        b"",
+        _D + b"%LMQ%a",
+    ],
+)
+def test_the_stored_properties_give_the_copies_a_full_decode_gives(data: bytes) -> None:
+    for topic in ("T", "%RETRY%g"):
+        assert property_copies(topic, 3, data) == queue_copies(topic, 3, decode_properties(data))
+
+
+def test_random_stored_properties_give_the_copies_a_full_decode_gives() -> None:
+    pieces = [_D, _O, _D[:-1], b"\x01", b"\x02", b"%LMQ%a", b"Q", b",", b"7", b"12", b"\xc3\xb6"]
+    pieces += [b"\xff", b"TAGS\x01x\x02", b"-1", b"\x02" + _D + b"%LMQ%b,Q", b"\x02" + _O + b"3,4"]
+    chooser = random.Random(20261127)
+    for _ in range(20000):
+        data = b"".join(chooser.choices(pieces, k=chooser.randrange(0, 12)))
+        expected = queue_copies("T", 1, decode_properties(data))
+        assert property_copies("T", 1, data) == expected, data
 
 
 @pytest.fixture
@@ -363,3 +401,42 @@ def test_the_walk_puts_copies_of_kernel_prepared_rows_as_the_reference_way_does(
     # only the LMQ topic's own records, whose offsets the copies into it interleave (no broker
     # writes such records), are not dense
     assert {(f.kind, f.topic) for f in report.findings} == {("queue-offset-gap", rooms[0])}
+
+
+def test_verify_compares_each_lmq_unit_of_clean_batches(tmp_path: Path) -> None:
+    """Records whose only reason for a look is their LMQ units are taken in batches: each
+    of their LMQ units is still compared with its record (a unit whose size was changed, or
+    that points at the next record, is named, in one process and in ranges)."""
+    rooms = [f"%LMQ%r{n}" for n in range(4)]
+    lines = [
+        json.dumps(
+            {
+                "topic": "Chat",
+                "queueId": number % 2,
+                "body": f"message {number}",
+                "keys": f"k{number}",
+                "properties": {INNER_MULTI_DISPATCH: ",".join(rooms[: 1 + number % 3])},
+            }
+        )
+        for number in range(12000)
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    store = tmp_path / "store"
+    result = run_cli("append", store, "--create", "--multi-dispatch", "--dispatch", "--input",
+                     tmp_path / "in.jsonl")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    for jobs in ("1", "2"):
+        result = run_cli("verify", store, "--json", "--jobs", jobs)
+        assert result.exit_code == 0, result.stdout
+        assert json.loads(result.stdout)["checked"]["units"] == 12000 + 12000 + 8000 + 4000
+    queue_file = store / "consumequeue" / rooms[1] / "0" / "00000000000000000000"
+    units = bytearray(queue_file.read_bytes())
+    units[5000 * 20 + 8 : 5000 * 20 + 12] = (123).to_bytes(4, "big")  # unit 5000's size
+    units[7000 * 20 : 7000 * 20 + 8] = units[7001 * 20 : 7001 * 20 + 8]  # unit 7000's offset
+    queue_file.write_bytes(units)
+    for jobs in ("1", "2"):
+        result = run_cli("verify", store, "--json", "--jobs", jobs)
+        assert result.exit_code == 1
+        findings = json.loads(result.stdout)["findings"]
+        named = sorted((f["kind"], f.get("queueOffset")) for f in findings)
+        assert named == [("cq-unit", 5000), ("cq-unit", 7000), ("cq-unit-orphan", 7000)], findings
