@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
@@ -216,17 +217,25 @@ class IndexChecks:
 
     def positions_of(self, offsets: list[int]) -> list[EntryPosition]:
         """For each of the ascending physical ``offsets``, where the range of records from
-        it takes up the stream: at the first entry pointing at or after it. Entries before
-        that position and after the previous one are the previous range's."""
+        it takes up the stream: at the first entry pointing at or after it (at or after the
+        previous one's position). Entries before that position and after the previous one
+        are the previous range's. Read a chunk of offsets at a time: a chunk pointing
+        nowhere that far is passed over, the others searched (:func:`_first_at_or_after`)."""
         positions: list[EntryPosition] = []
         end = self.stream_end()
         if self.service is None or not offsets:
             return [end] * len(offsets)
         wanted = 0
         for ordinal, index in enumerate(self.service.files):
-            for number, (_, offset, _, _) in index.iter_entries():
-                while wanted < len(offsets) and offset >= offsets[wanted]:
-                    positions.append((ordinal, number))
+            for number, pointed in index.offset_chunks():
+                if max(pointed) < offsets[wanted]:
+                    continue
+                at = 0
+                while wanted < len(offsets):
+                    at = _first_at_or_after(pointed, offsets[wanted], at)
+                    if at == len(pointed):
+                        break
+                    positions.append((ordinal, number + at))
                     wanted += 1
                 if wanted == len(offsets):
                     return positions
@@ -466,3 +475,14 @@ def _indexed_again(hashes: list[int], expected: list[int]) -> bool:
         return False
     before = hashes[:-count]
     return before == (expected * (len(before) // count + 1))[: len(before)]
+
+
+def _first_at_or_after(pointed: array, target: int, at: int) -> int:
+    """The first position from ``at`` of ``pointed`` holding ``target`` or more
+    (``len(pointed)`` when none): found by bisection, as a broker appends entries in log
+    order (bisection stops at such a position or at the end), then checked: where an entry
+    before it holds that much (entries out of order), the first such entry."""
+    candidate = bisect_left(pointed, target, at)
+    if candidate == at or max(pointed[at:candidate]) < target:
+        return candidate
+    return next(n for n in range(at, candidate) if pointed[n] >= target)

@@ -46,6 +46,8 @@ from rmqstore.wording import counted, quoted
 _CHUNK = 64 * 1024 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 _SMALLEST_CHUNK = 4 * 1024 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 _CHUNKS_BUDGET = 64 * 1024 * 1024  # the chunks of all queues together, while it holds
+# how a pre-blank unit starts: physical offset 0, then size PRE_BLANK_SIZE
+_PRE_BLANK_START = UNIT.pack(0, PRE_BLANK_SIZE, 0)[:12]
 
 
 def chunk_size(queues: int) -> int:
@@ -264,29 +266,36 @@ class QueueChecks:
         self._deferred.clear()
 
     def _check_pre_blank(self, queue: ConsumeQueue, name: str) -> None:
-        """Pre-blank units may only fill the start of a queue's first file."""
+        """Pre-blank units may only fill the start of a queue's first file. The units
+        before the first real one are read one by one; after it, a pre-blank unit (offset
+        0, size PRE_BLANK_SIZE) is searched for in the bytes."""
         seen_real = False
-        topic, queue_id = queue.topic, queue.queue_id
         for segment in queue.queue.segments:
             wanted = max(0, min(queue.end - segment.start, queue.file_size))
             buf = read_range(segment.path, 0, wanted)
-            length = len(buf) // CQ_UNIT_SIZE
-            units = UNIT.iter_unpack(buf[: length * CQ_UNIT_SIZE])
-            for index, (offset, size, _) in enumerate(units):
-                pre_blank = offset == 0 and size == PRE_BLANK_SIZE
-                if pre_blank and seen_real:
-                    queue_offset = segment.start // CQ_UNIT_SIZE + index
-                    self.report.add(
-                        "cq-pre-blank",
-                        f"pre-blank unit at queue offset {queue_offset} after real units",
-                        file=relative(self.store, segment.path),
-                        file_position=index * CQ_UNIT_SIZE,
-                        topic=topic,
-                        queue_id=queue_id,
-                        queue_offset=queue_offset,
-                    )
-                    return
-                seen_real = seen_real or not pre_blank
+            end = len(buf) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+            position = 0
+            while not seen_real and position < end:
+                offset, size, _ = UNIT.unpack_from(buf, position)
+                if offset == 0 and size == PRE_BLANK_SIZE:
+                    position += CQ_UNIT_SIZE
+                else:
+                    seen_real = True
+            found = buf.find(_PRE_BLANK_START, position, end)
+            while found >= 0 and found % CQ_UNIT_SIZE:  # within two units: not one
+                found = buf.find(_PRE_BLANK_START, found + 1, end)
+            if found >= 0:
+                queue_offset = (segment.start + found) // CQ_UNIT_SIZE
+                self.report.add(
+                    "cq-pre-blank",
+                    f"pre-blank unit at queue offset {queue_offset} after real units",
+                    file=relative(self.store, segment.path),
+                    file_position=found,
+                    topic=queue.topic,
+                    queue_id=queue.queue_id,
+                    queue_offset=queue_offset,
+                )
+                return
 
     def _unit(self, state: _QueueState, queue_offset: int) -> tuple[int, int, int] | None:
         position = queue_offset * CQ_UNIT_SIZE
@@ -312,8 +321,8 @@ class QueueChecks:
 
     def batch_check(self, batch: RecordBatch) -> _BatchPlan | None:
         """A clean batch's runs of units, each compared with its queue's stored units in one
-        comparison; None when a run is not simply there (a queue not loaded yet, units
-        expired or not dispatched yet, any difference): then record by record. Units in
+        comparison; None when a run is not simply there (no such queue, units expired or
+        not dispatched yet, any difference): then record by record. Units in
         further queues (``batch.copies``) are compared one by one when the plan is applied
         (the order of the comparisons does not matter: each unit is compared with the unit
         stored at its own position)."""
@@ -323,7 +332,7 @@ class QueueChecks:
         for number, key in enumerate(batch.run_keys):
             if not self._checked(key[0]):
                 continue
-            state = self.states.get(key)
+            state = self.states.get(key) or self._state(key)  # a range opens it as needed
             if state is None:
                 return None
             at = number * width

@@ -388,3 +388,55 @@ def test_a_consume_queue_ext_address_stands_for_the_tags_code(tmp_path: Path) ->
     queue_file.write_bytes(units)
     with Store.open_read(store) as opened:
         assert verify_store(opened).counts["cq-unit"] == 1
+
+
+def test_pre_blank_units_only_at_the_start_of_a_queue(tmp_path: Path) -> None:
+    """A queue starting above 0 (its first units pre-blank) is sound; a pre-blank unit after
+    a real unit is named at its queue offset, in the first file or a later one, in one
+    process and in ranges; the same bytes straddling two units are not one."""
+    from rmqstore.consumequeue import PRE_BLANK_UNIT
+    from rmqstore.record import Message
+    from rmqstore.verify.ranges import RangedVerify
+
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    store_dir = tmp_path / "s"
+    with Store.open_write(store_dir, config, create=True) as store:
+        store.appender().append_many([Message(topic="T", body=b"x" * 700) for _ in range(40)])
+    (store_dir / "commitlog" / "00000000000000000000").unlink()  # expired, queue starts above 0
+    with Store.open_write(store_dir, config) as store:
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    queue_dir = store_dir / "consumequeue" / "T" / "0"
+    first = queue_dir / "00000000000000000000"
+    assert first.read_bytes().startswith(PRE_BLANK_UNIT)  # pre-blank units, then real ones
+
+    def pre_blank_findings() -> list[tuple[int | None, int | None]]:
+        reports = []
+        with Store.open_read(store_dir, config) as store:
+            reports.append(verify_store(store))
+        with Store.open_read(store_dir, config) as store:
+            settings = dict(check_crc=True, commitlog_only=False, topics=None, from_offset=None)
+            ranged = RangedVerify(store, range_size=3000, max_findings=None, **settings)
+            reports.append(ranged.run())
+        found = [
+            [(f.queue_offset, f.file_position) for f in report.findings if f.kind == "cq-pre-blank"]
+            for report in reports
+        ]
+        assert found[0] == found[1]
+        return found[0]
+
+    assert pre_blank_findings() == []
+    units = bytearray(first.read_bytes())
+    # a unit's tagsCode of zeros, then 0x7FFFFFFF starting the next unit's offset: the bytes
+    # of a pre-blank unit's start, across units 8 and 9
+    units[8 * 20 + 12 : 8 * 20 + 24] = bytes(8) + b"\x7f\xff\xff\xff"
+    first.write_bytes(units)
+    second = queue_dir / "00000000000000000200"
+    later = bytearray(second.read_bytes())
+    later[3 * 20 : 4 * 20] = PRE_BLANK_UNIT
+    second.write_bytes(later)
+    assert pre_blank_findings() == [(13, 60)]
+    units[9 * 20 : 10 * 20] = PRE_BLANK_UNIT
+    first.write_bytes(units)
+    assert pre_blank_findings() == [(9, 180)]

@@ -244,3 +244,64 @@ def _failing_queue_checks(*_args: object, **_kwargs: object) -> None:
     from rmqstore.errors import StoreFormatError
 
     raise StoreFormatError("a queue file of the wrong size")
+
+
+def _positions_one_by_one(checks, offsets: list[int]) -> list:
+    """Where each range takes up the index's entries, entry by entry (what positions_of
+    must give, however it reads them)."""
+    positions: list = []
+    wanted = 0
+    for ordinal, index in enumerate(checks.service.files):
+        for number, (_, offset, _, _) in index.iter_entries():
+            while wanted < len(offsets) and offset >= offsets[wanted]:
+                positions.append((ordinal, number))
+                wanted += 1
+    return positions + [checks.stream_end()] * (len(offsets) - wanted)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 65536])
+def test_where_ranges_take_up_the_index_in_order_and_out_of_order(
+    scenarios: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """positions_of searches chunks of ascending entries by bisection and passes over
+    chunks pointing before what it looks for: the same positions as a walk of every entry,
+    across index files, and also where entries are out of order (offsets swapped)."""
+    import random
+    import shutil
+
+    from rmqstore import indexfile
+    from rmqstore.verify.findings import VerifyReport
+    from rmqstore.verify.index import IndexChecks
+
+    monkeypatch.setattr(indexfile, "_ENTRY_CHUNK", chunk)  # chunks of 1, 7 and all entries
+    store_dir = tmp_path / "store"
+    shutil.copytree(scenarios / "abort-left", store_dir)
+    chooser = random.Random(5)
+    for damaged in (False, True):
+        with Store.open_read(store_dir) as store:
+            checks = IndexChecks(store, VerifyReport(), None)
+            files = checks.service.files if checks.service is not None else []
+            assert len(files) == 2
+            places = [
+                (Path(index.path), index._entries_at, index.header.index_count) for index in files
+            ]
+            pointed = sorted(
+                offset for index in files for _, (_, offset, _, _) in index.iter_entries()
+            )
+            for _ in range(40):
+                wanted = chooser.sample(range(pointed[-1] + 50), chooser.randint(1, 6))
+                wanted += chooser.sample(pointed, 2)
+                wanted = sorted(set(wanted))
+                assert checks.positions_of(wanted) == _positions_one_by_one(checks, wanted)
+        if not damaged:  # swap the offsets of a few entries in each file, then again
+            for path, entries_at, count in places:
+                data = bytearray(path.read_bytes())
+                for _ in range(5):
+                    one, other = (
+                        entries_at + 20 * n + 4 for n in chooser.sample(range(1, count), 2)
+                    )
+                    data[one : one + 8], data[other : other + 8] = (
+                        data[other : other + 8],
+                        data[one : one + 8],
+                    )
+                path.write_bytes(data)
