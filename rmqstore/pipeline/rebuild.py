@@ -27,7 +27,7 @@ from typing import Any
 
 from rmqstore import kernel
 from rmqstore.commitlog import LogEnd
-from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, PutOutcome
+from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import (
     Dispatcher,
@@ -385,11 +385,7 @@ class _Applier:
                 return
         units = memoryview(run.units)
         count = len(run.stamps)
-        first, first_size, _ = UNIT.unpack_from(units, 0)
-        if queue.put_run(run.queue_offset, units, first + first_size):
-            self.result.units_written += count
-            self.touched.add(key)
-            self._wrote(UNIT.unpack_from(units, len(units) - CQ_UNIT_SIZE)[0], run.stamps[-1])
+        if self._put_rest(queue, run, units, 0):
             return
         for number in range(count):  # as a walk puts them: duplicates skipped, gaps told
             offset, size, code = UNIT.unpack_from(units, number * CQ_UNIT_SIZE)
@@ -415,6 +411,20 @@ class _Applier:
                         ),
                     )
                 )
+            if number + 1 < count and self._put_rest(queue, run, units, number + 1):
+                return  # this unit started the queue (or filled its gap): the rest continue it
+
+    def _put_rest(self, queue: ConsumeQueue, run: UnitRun, units: memoryview, first: int) -> bool:
+        """Put the units of ``run`` from its ``first`` in one write when they continue the
+        queue (:meth:`ConsumeQueue.put_run`); False (nothing written) otherwise."""
+        at = first * CQ_UNIT_SIZE
+        offset, size, _ = UNIT.unpack_from(units, at)
+        if not queue.put_run(run.queue_offset + first, units[at:], offset + size):
+            return False
+        self.result.units_written += len(run.stamps) - first
+        self.touched.add((run.topic, run.queue_id))
+        self._wrote(UNIT.unpack_from(units, len(units) - CQ_UNIT_SIZE)[0], run.stamps[-1])
+        return True
 
     def _wrote(self, offset: int, stamp: int) -> None:
         if self.newest is None or offset > self.newest[0]:
