@@ -30,7 +30,7 @@ from rmqstore.multidispatch import (
     QueueCopy,
     may_share_queues,
     record_units,
-    row_copies,
+    rows_copies,
 )
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
@@ -347,6 +347,7 @@ class _BatchWalk:
         # records up to here may be partly indexed already: IndexService.build decides
         self.index_resumes_at = last.header.end_phy_offset if last is not None else -1
         self.topics = kernel_layout.TopicNames()
+        self.queue_names: dict[bytes, str] = {}  # further queues' names (rows_copies)
 
     def batch(self, window: Any, rows: Any, count: int) -> bool:
         """Dispatch ``count`` rows of ``window``; False once the walk must stop."""
@@ -418,7 +419,9 @@ class _BatchWalk:
         """The further-queue units of rows ``numbers`` (queued records only, as a broker
         puts them), or None when one could share a queue with a unit of rows ``[first,
         stop)``'s own."""
-        found = {row: row_copies(window, rows, row, self.topics) for row in numbers}
+        found = dict(
+            zip(numbers, rows_copies(window, rows, numbers, self.queue_names), strict=True)
+        )
         if may_share_queues(window, rows, first, stop, found.values()):
             return None
         return found

@@ -14,13 +14,13 @@ the queues it takes them in)."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from rmqstore import kernel
 from rmqstore.errors import InputError, TopicError
 from rmqstore.kernel import layout
-from rmqstore.properties import decode_properties
-from rmqstore.record import QUEUED_TRANSACTIONS, TRANSACTION_MASK
 from rmqstore.topics import RETRY_PREFIX, check_topic
 
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
@@ -28,12 +28,11 @@ INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 LMQ_PREFIX = "%LMQ%"
 _LMQ_BYTES = LMQ_PREFIX.encode()
 _SPLITTER = ","
+_MOST_NAMES = 65536  # queue names kept decoded between calls of rows_copies
 _JAVA_LONG_MAX = 2**63 - 1
 # how a record's properties hold each of them (name, then the name/value separator)
 DISPATCH_MARK = f"{INNER_MULTI_DISPATCH}\x01".encode()
 COPIES_MARK = f"{INNER_MULTI_QUEUE_OFFSET}\x01".encode()
-_PAIR_END_BYTES = b"\x02"  # what ends a pair
-_PAIR_END = _PAIR_END_BYTES[0]
 
 
 class QueueCopy(NamedTuple):
@@ -52,50 +51,10 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
     in (none for a ``%RETRY%`` topic, as the broker skips them, or when the two properties do
     not pair up: the broker logs an error and writes no copy). A queue whose name is no safe
     folder name (``..``, a slash) is kept: the writers and ``verify`` name it as they name
-    such a topic of a record's own, and write no unit for it."""
-    return _copies(
-        topic,
-        queue_id,
-        properties.get(INNER_MULTI_DISPATCH),
-        properties.get(INNER_MULTI_QUEUE_OFFSET),
-    )
-
-
-def property_copies(topic: str, queue_id: int, data: bytes) -> list[QueueCopy]:
-    """:func:`queue_copies` of a record whose properties are ``data`` as stored, without
-    decoding all of them: each of the two is found by its name where the name occurs once, at
-    the start of a pair, with an ASCII value (what :func:`decode_properties` would give it
-    then); anything else is decoded in full."""
-    try:
-        queues = _ascii_value(data, DISPATCH_MARK)
-        offsets = _ascii_value(data, COPIES_MARK)
-    except _FullDecode:
-        return queue_copies(topic, queue_id, decode_properties(data))
-    return _copies(topic, queue_id, queues, offsets)
-
-
-class _FullDecode(Exception):
-    """A property that takes decoding all of a record's properties to tell."""
-
-
-def _ascii_value(data: bytes, mark: bytes) -> str | None:
-    """The value of the property named by ``mark`` (its name and 0x01) in stored properties
-    ``data``, None when it has none; :class:`_FullDecode` when it takes a full decode to
-    tell (the name more than once, not at a pair's start, a value that is not ASCII)."""
-    at = data.find(mark)
-    if at < 0:
-        return None
-    if (at and data[at - 1] != _PAIR_END) or data.find(mark, at + 1) >= 0:
-        raise _FullDecode
-    start = at + len(mark)
-    end = data.find(_PAIR_END_BYTES, start)
-    value = data[start:] if end < 0 else data[start:end]
-    if not value.isascii():
-        raise _FullDecode
-    return value.decode("ascii") or None  # an empty value: no such property
-
-
-def _copies(topic: str, queue_id: int, queues: str | None, offsets: str | None) -> list[QueueCopy]:
+    such a topic of a record's own, and write no unit for it. (:func:`rows_copies` reads
+    them from kernel rows.)"""
+    queues = properties.get(INNER_MULTI_DISPATCH)
+    offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
     if not queues or not offsets or topic.startswith(RETRY_PREFIX):
         return []
     names = queues.split(_SPLITTER)
@@ -114,18 +73,17 @@ def _copies(topic: str, queue_id: int, queues: str | None, offsets: str | None) 
     return copies
 
 
-def row_copies(buf: Any, rows: Any, row: int, names: layout.TopicNames) -> list[QueueCopy]:
-    """:func:`queue_copies` of kernel row ``row`` of ``buf`` (none for a record a broker
-    puts in no queue: prepared, rolled back)."""
-    at = row * layout.ROW_WIDTH
-    if rows[at + layout.SYS_FLAG] & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
-        return []
-    properties_at = rows[at + layout.PROPERTIES_AT]
-    properties_end = properties_at + rows[at + layout.PROPERTIES_LENGTH]
-    topic = names.of(buf, rows, row)
-    return property_copies(
-        topic, rows[at + layout.QUEUE_ID], bytes(buf[properties_at:properties_end])
-    )
+def rows_copies(
+    buf: Any, rows: Any, numbers: list[int], names: dict[bytes, str]
+) -> list[list[QueueCopy]]:
+    """:func:`queue_copies` of each of the kernel rows ``numbers`` of ``buf`` (none for a
+    record no queue takes: prepared, rolled back), read from the stored properties by the
+    record kernel (``names``: queue-name bytes to text, kept from call to call)."""
+    if len(names) > _MOST_NAMES:
+        names.clear()  # (memory stays bounded on a store of very many queues)
+    found: list[list[QueueCopy]] = []
+    kernel.row_copies(buf, rows, array("q", numbers), QueueCopy, names, found)
+    return found
 
 
 def may_share_queues(

@@ -34,6 +34,7 @@ from rmqstore.kernel.layout import (
     PROPERTIES_AT,
     PROPERTIES_LENGTH,
     PROPERTY_CRC,
+    QUEUE_ID,
     ROW_WIDTH,
     RUN_WIDTH,
     SCHEDULED_ONLY,
@@ -248,6 +249,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from documents_both(native, rng)
     yield from records_at_both(native, data, base, rng)
     yield from record_items_both(native, data, base, rng)
+    yield from row_copies_both(native, data, base, rng)
 
 
 def records_at_both(
@@ -804,3 +806,127 @@ def record_items_both(
         except ValueError:
             continue
         yield "record_items took more rows than its buffer holds"
+
+
+_COPY_PIECES = (
+    b"INNER_MULTI_DISPATCH\x01", b"INNER_MULTI_QUEUE_OFFSET\x01", b"\x02INNER_MULTI_DISPATCH\x01",
+    b"\x02INNER_MULTI_QUEUE_OFFSET\x01", b"\x01", b"\x02", b"%LMQ%r", b"%LMQ%", b"Q", b",", b"7",
+    b"12", b"0", b"9223372036854775807", b"9223372036854775808", b"99999999999999999999",
+    b"1234567890123456789", b"\xc3\xb6", b"\xff", b"\xe2", b"TAGS\x01x\x02", b"-1", b" ", b"+3",
+)  # fmt: skip
+_COPY_TOPICS = (b"T", b"%RETRY%group", b"%LMQ%own", b"\xff\xfe", b"", b"%RETRY")
+_COPY_NAMES = (
+    b"%LMQ%room-1",
+    b"%LMQ%r\xc3\xb6",
+    b"Plain",
+    b"",
+    b"%LMQ%",
+    b"%LMQ",
+    b"a\xffb",
+    b"..",
+)
+_COPY_OFFSETS = (
+    b"0", b"7", b"123", b"9223372036854775807", b"9223372036854775808", b"9999999999999999999",
+    b"12345678901234567890", b"", b"-1", b"1 ", b"\xd9\xa3",
+)  # fmt: skip
+
+
+def _copy_properties(rng: random.Random) -> bytes:
+    """Random property bytes: pieces at random, or (mostly) the two pairs a broker writes,
+    with as many or other numbers of names and offsets of every kind, pieces between them,
+    a pair repeated, its name inside another pair's value."""
+    if rng.random() < 0.3:
+        return b"".join(rng.choices(_COPY_PIECES, k=rng.randrange(0, 14)))
+    count = rng.randint(1, 4)
+    names = rng.choices(_COPY_NAMES, k=count)
+    offsets = [rng.choice(_COPY_OFFSETS) if rng.random() < 0.2 else b"%d" % rng.randrange(10**6)
+               for _ in range(count + (rng.random() < 0.1) - (rng.random() < 0.1))]  # fmt: skip
+    pairs = [
+        b"INNER_MULTI_DISPATCH\x01" + b",".join(names),
+        b"INNER_MULTI_QUEUE_OFFSET\x01" + b",".join(offsets),
+        b"TAGS\x01t",
+        b"KEYS\x01k",
+    ]
+    rng.shuffle(pairs)
+    if rng.random() < 0.2:
+        pairs.insert(rng.randrange(len(pairs) + 1), rng.choice(_COPY_PIECES))
+    if rng.random() < 0.1:
+        pairs.append(rng.choice(pairs))
+    return b"\x02".join(pairs) + rng.choice((b"\x02", b""))
+
+
+def row_copies_both(
+    native: ModuleType, data: bytes, base: int, rng: random.Random
+) -> Iterator[str]:
+    """How ``row_copies`` (a record's units in further queues) differs between the kernels,
+    and from ``queue_copies`` of the properties decoded (rmqstore.multidispatch, what the
+    reference way of dispatch and verify reads), on the rows a scan of ``data`` gives and on
+    rows made to point at random property bytes (the two names where a pair starts and
+    inside values, separators, offsets of every length and above a long, LMQ and other
+    names, text that is not UTF-8), with every transaction type and %RETRY% topics; and the
+    error (type and message) of a row number outside the rows or a span outside the buffer."""
+    from rmqstore.multidispatch import QueueCopy, queue_copies
+    from rmqstore.properties import decode_properties
+
+    rows, _final = run_scan(reference, data, 0, base, 0, 4096)
+    buf = bytearray(data)
+    made = []
+    for _ in range(rng.randint(1, 12)):
+        topic = rng.choice(_COPY_TOPICS)
+        props = _copy_properties(rng)
+        row = [0] * ROW_WIDTH
+        row[TOPIC_AT], row[TOPIC_LENGTH] = len(buf), len(topic)
+        buf += topic
+        row[PROPERTIES_AT], row[PROPERTIES_LENGTH] = len(buf), len(props)
+        buf += props
+        row[SYS_FLAG] = rng.choice((0, 0x4, 0x8, 0xC, 0x10, 0x38))
+        row[QUEUE_ID] = rng.choice((0, 3, -1, 2**31 - 1))
+        made.append(tuple(row))
+    rows = [*rows, *made]
+    packed = pack_rows(rows)
+    numbers = array("q", rng.sample(range(len(rows)), len(rows)))  # any order
+    expected = []
+    for number in numbers:
+        row = rows[number]
+        topic = bytes(buf[row[TOPIC_AT] : row[TOPIC_AT] + row[TOPIC_LENGTH]]).decode(
+            "utf-8", "replace"
+        )
+        props = bytes(buf[row[PROPERTIES_AT] : row[PROPERTIES_AT] + row[PROPERTIES_LENGTH]])
+        queued = row[SYS_FLAG] & 0xC in (0, 0x8)
+        expected.append(
+            queue_copies(topic, row[QUEUE_ID], decode_properties(props)) if queued else []
+        )
+    outcomes = []
+    for kernel in (reference, native):
+        out: list = []
+        returned = kernel.row_copies(bytes(buf), packed, numbers, QueueCopy, {}, out)
+        outcomes.append((returned, out, {type(unit) for units in out for unit in units}))
+    if outcomes[0] != outcomes[1]:
+        yield "row_copies differs"
+    elif outcomes[0][1] != expected:
+        yield "row_copies differs from queue_copies of the decoded properties"
+    elif outcomes[0][2] - {QueueCopy}:
+        yield "row_copies made copies of another type"
+    # a span moved outside the buffer, a row number outside the rows: the same error
+    broken = [list(row) for row in rows]
+    victim = rng.randrange(len(broken))
+    column = rng.choice((TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT, PROPERTIES_LENGTH))
+    broken[victim][column] = rng.choice((-1, len(buf), len(buf) + 1, 1 << 40, -(1 << 62)))
+    wrong = rng.choice((len(rows), -1, 1 << 40))
+    for number_list, packed_rows in (
+        ([victim], pack_rows([tuple(row) for row in broken])),
+        ([0, wrong], packed),
+    ):
+        errors = []
+        for kernel in (reference, native):
+            try:
+                kernel.row_copies(
+                    bytes(buf), packed_rows, array("q", number_list), QueueCopy, {}, []
+                )
+                errors.append(None)
+            except ValueError as exc:
+                errors.append(str(exc))
+        if errors[0] != errors[1]:
+            yield f"row_copies fails otherwise on a bad row ({errors})"
+        elif number_list == [0, wrong] and errors[0] is None:
+            yield "row_copies took a row number outside the rows"

@@ -81,6 +81,7 @@ result_lines: Callable[..., int] = _refuse if _refusal else _implementation.resu
 message_lines: Callable[..., int] = _refuse if _refusal else _implementation.message_lines
 message_rows: Callable[..., int] = _refuse if _refusal else _implementation.message_rows
 record_items: Callable[..., int] = _refuse if _refusal else _implementation.record_items
+row_copies: Callable[..., int] = _refuse if _refusal else _implementation.row_copies
 
 
 def write_lines(kind: str, buf: Any, rows: Any, count: int, out: bytearray, *modes: Any) -> None:

@@ -2716,3 +2716,105 @@ def record_items(buf, rows, int64_t first, int64_t count, header_type, dict name
             if props_length else b"",
             crc_ok))
     return count - first
+
+
+cdef inline int64_t _piece_end(const uint8_t* data, int64_t position, int64_t end) noexcept nogil:
+    """Where the comma-separated piece starting at ``position`` ends (its comma, or ``end``);
+    the caller checked that ``[position, end)`` lies in the buffer."""
+    cdef const uint8_t* found
+    if position >= end:
+        return end
+    found = <const uint8_t*>memchr(data + position, 44, <size_t>(end - position))
+    return end if found == NULL else found - data
+
+
+def row_copies(buf, rows, numbers, copy_type, dict names, list out):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef const int64_t[::1] number_view = numbers
+    cdef int64_t length = view.shape[0], row_count = row_view.shape[0] // ROW_WIDTH_NATIVE
+    cdef int64_t n, row, at, topic_at, topic_length, props_at, props_length, sys_type
+    cdef int64_t names_at, names_length, offsets_at, offsets_length, names_end, offsets_end
+    cdef int64_t pieces, other_pieces, position, digits, name_end, number_end, queue_id, piece
+    cdef uint64_t value
+    cdef const uint8_t* data = &view[0] if length else NULL
+    cdef bint valid
+    cdef object raw, name, copies
+    new_copy = tuple.__new__
+    for n in range(number_view.shape[0]):
+        row = number_view[n]
+        if not 0 <= row < row_count:
+            raise ValueError(f"row {row} is outside the rows")
+        at = row * ROW_WIDTH_NATIVE
+        topic_at = row_view[at + C_TOPIC_AT]
+        topic_length = row_view[at + C_TOPIC_LENGTH]
+        props_at = row_view[at + C_PROPERTIES_AT]
+        props_length = row_view[at + C_PROPERTIES_LENGTH]
+        if not (_fits(topic_at, topic_length, length) and _fits(props_at, props_length, length)):
+            raise ValueError(f"row {row} points outside the buffer")
+        # (checked above: every read below lies inside the buffer)
+        copies = []
+        out.append(copies)
+        sys_type = row_view[at + C_SYS_FLAG] & 0xC
+        if sys_type == 0x4 or sys_type == 0xC:
+            continue  # PREPARED, ROLLBACK: in no queue
+        if topic_length >= 7 and memcmp(data + topic_at, b"%RETRY%", 7) == 0:
+            continue
+        _find_value(data, props_at, props_length, b"INNER_MULTI_DISPATCH", 20, &names_at,
+                    &names_length)
+        _find_value(data, props_at, props_length, b"INNER_MULTI_QUEUE_OFFSET", 24, &offsets_at,
+                    &offsets_length)
+        if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
+            continue
+        names_end = names_at + names_length
+        offsets_end = offsets_at + offsets_length
+        # as many names as offsets, each offset 1 to 19 ASCII digits: else no copy at all
+        pieces = 1
+        position = names_at
+        while True:
+            position = _piece_end(data, position, names_end)
+            if position == names_end:
+                break
+            pieces += 1
+            position += 1
+        other_pieces = 1
+        digits = 0
+        valid = True
+        for position in range(offsets_at, offsets_end):
+            if data[position] == 44:
+                valid = valid and 0 < digits
+                other_pieces += 1
+                digits = 0
+            elif 48 <= data[position] <= 57:
+                digits += 1
+                valid = valid and digits <= 19
+            else:
+                valid = False
+        valid = valid and 0 < digits
+        if not valid or pieces != other_pieces:
+            continue
+        position = names_at
+        name_end = names_at
+        number_end = offsets_at - 1
+        for piece in range(pieces):
+            name_end = _piece_end(data, position, names_end)
+            value = 0
+            number_end += 1
+            while number_end < offsets_end and data[number_end] != 44:
+                value = value * 10 + (data[number_end] - 48)  # 19 digits fit 64 bits
+                number_end += 1
+            if value <= <uint64_t>0x7FFFFFFFFFFFFFFF:
+                raw = PyBytes_FromStringAndSize(<const char*>(data + position),
+                                                name_end - position) \
+                    if name_end > position else b""
+                name = names.get(raw)
+                if name is None:
+                    name = raw.decode("utf-8", "replace")
+                    names[raw] = name
+                queue_id = 0 if (name_end - position >= 5
+                                 and memcmp(data + position, b"%LMQ%", 5) == 0) \
+                    else row_view[at + C_QUEUE_ID]
+                copies.append(new_copy(copy_type, (name, queue_id, <int64_t>value)))
+            position = name_end + 1
+    return number_view.shape[0]

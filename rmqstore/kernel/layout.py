@@ -396,6 +396,21 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # bytes; ``crc_ok`` None for CRC_UNCHECKED, else whether CRC_STATUS is CRC_GOOD;
 # ``physical_offset`` the row's PHYSICAL_OFFSET. A row whose header, topic or properties lie
 # outside ``buf`` is a ValueError (rows before it are appended). It returns ``count - first``.
+#
+# ``row_copies(buf, rows, numbers, copy_type, names, out)`` appends to the list ``out``, for
+# each row number in ``numbers`` (an ``array('q')``), the list of the row's units in further
+# queues (spec 6.8) as rmqstore.multidispatch.queue_copies gives them from the row's properties
+# decoded: none for a record no queue takes (SYS_FLAG's transaction type PREPARED or ROLLBACK),
+# for a topic starting with ``%RETRY%``, without INNER_MULTI_DISPATCH or
+# INNER_MULTI_QUEUE_OFFSET (the last pair of each with a non-empty name and value, as
+# ``string2messageProperties`` keeps them), when the two do not hold as many comma-separated
+# pieces, or when a piece of the offsets is not 1 to 19 ASCII digits; else a ``copy_type`` (a
+# tuple subclass: rmqstore.multidispatch.QueueCopy) per piece, in order: (the name decoded as
+# UTF-8 with replacement characters, through ``names``, a dict of name bytes to text filled as
+# names are first met; 0 for a name starting with ``%LMQ%``, else the row's QUEUE_ID; the
+# offset), leaving out an offset above 2^63 - 1. A row number outside ``rows``, or a row whose
+# topic or properties lie outside ``buf``, is a ValueError (rows before it are appended). It
+# returns ``len(numbers)``.
 
 
 # -- packing records for append ------------------------------------------------------------

@@ -5,6 +5,7 @@ the path that runs where no compiled kernel was built. Same interface and result
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zlib
 from array import array
@@ -1381,3 +1382,50 @@ def message_rows(
         cells = document_cells(message_document(message, mode), fields)
         out += delimited_row(cells, chr(delimiter)).encode("utf-8")
     return count
+
+
+_OFFSET_PIECE = re.compile(rb"[0-9]{1,19}\Z")
+
+
+def row_copies(buf: Any, rows: Any, numbers: Any, copy_type: Any, names: Any, out: Any) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    length = len(buf)
+    new_copy = tuple.__new__
+    for row in numbers:
+        if not 0 <= row < len(rows) // ROW_WIDTH:
+            raise ValueError(f"row {row} is outside the rows")
+        at = row * ROW_WIDTH
+        topic_at, topic_length = rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]
+        props_at, props_length = rows[at + PROPERTIES_AT], rows[at + PROPERTIES_LENGTH]
+        if not (
+            topic_at >= 0
+            and 0 <= topic_length <= length - topic_at
+            and props_at >= 0
+            and 0 <= props_length <= length - props_at
+        ):
+            raise ValueError(f"row {row} points outside the buffer")
+        copies: list = []
+        out.append(copies)
+        if rows[at + SYS_FLAG] & 0xC in (0x4, 0xC):
+            continue  # PREPARED, ROLLBACK: in no queue
+        if bytes(buf[topic_at : topic_at + topic_length]).startswith(b"%RETRY%"):
+            continue
+        props = bytes(buf[props_at : props_at + props_length])
+        names_at, names_length = _property_value(props, b"INNER_MULTI_DISPATCH")
+        offsets_at, offsets_length = _property_value(props, b"INNER_MULTI_QUEUE_OFFSET")
+        if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
+            continue
+        queue_names = props[names_at : names_at + names_length].split(b",")
+        offsets = props[offsets_at : offsets_at + offsets_length].split(b",")
+        if len(queue_names) != len(offsets) or not all(map(_OFFSET_PIECE.match, offsets)):
+            continue
+        for raw, number in zip(queue_names, offsets, strict=True):
+            value = int(number)
+            if value > 2**63 - 1:
+                continue
+            name = names.get(raw)
+            if name is None:
+                name = names[raw] = raw.decode("utf-8", "replace")
+            queue_id = 0 if raw.startswith(b"%LMQ%") else rows[at + QUEUE_ID]
+            copies.append(new_copy(copy_type, (name, queue_id, value)))
+    return len(numbers)

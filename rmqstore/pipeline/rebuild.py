@@ -38,7 +38,7 @@ from rmqstore.dispatch import (
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
-from rmqstore.multidispatch import QueueCopy, may_share_queues, record_units, row_copies
+from rmqstore.multidispatch import QueueCopy, may_share_queues, record_units, rows_copies
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -139,6 +139,7 @@ class _RangePreparer:
         self.index = bytearray()
         self.prefixes: dict[str, int] = {}
         self.names = layout.TopicNames()
+        self.queue_names: dict[bytes, str] = {}  # further queues' names (rows_copies)
         self.keys = bytearray(layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
         self.run_table = array("q", bytes(8 * layout.RUN_WIDTH * _RUN_CAPACITY))
         self.out = layout.new_dispatch_out(0)
@@ -208,7 +209,8 @@ class _RangePreparer:
         with_copies = [first + n for n, flag in enumerate(flags) if flag == layout.HAS_COPIES]
         if not with_copies:
             return special, {}
-        copies = {row: row_copies(buf, rows, row, self.names) for row in with_copies}
+        found = rows_copies(buf, rows, with_copies, self.queue_names)
+        copies = dict(zip(with_copies, found, strict=True))
         if may_share_queues(buf, rows, first, stop, copies.values()):
             return sorted([*special, *with_copies]), {}
         return special, copies

@@ -27,7 +27,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
 from rmqstore.errors import InputError
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import QueueCopy, row_copies
+from rmqstore.multidispatch import QueueCopy, rows_copies
 from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -167,6 +167,7 @@ class RecordPass:
         self._row_runs = array("q")
         self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
         self._topics = kernel_layout.TopicNames()
+        self._queue_names: dict[bytes, str] = {}  # further queues' names (rows_copies)
 
     def last_data_segment(self) -> Segment | None:
         """The last commit-log file whose first bytes are not zeros."""
@@ -466,22 +467,21 @@ class RecordPass:
     def _copies(self, window: Any, rows: Any, flags: Any, dispatch_out: Any) -> list[RecordCopies]:
         """The further-queue units of the rows flagged HAS_COPIES (queued records only, as a
         broker puts them), with the tagsCode the kernel prepared."""
-        found = []
+        numbers = [number for number, flag in enumerate(flags) if flag]
         width = kernel_layout.DISPATCH_WIDTH
-        for number, flag in enumerate(flags):
-            units = row_copies(window, rows, number, self._topics) if flag else None
-            if units:
-                at = number * ROW_WIDTH
-                found.append(
-                    (
-                        rows[at + _OFFSET_COLUMN],
-                        rows[at + kernel_layout.TOTAL_SIZE],
-                        rows[at + kernel_layout.STORE_TIMESTAMP],
-                        dispatch_out[number * width + kernel_layout.TAGS_CODE],
-                        units,
-                    )
-                )
-        return found
+        return [
+            (
+                rows[number * ROW_WIDTH + _OFFSET_COLUMN],
+                rows[number * ROW_WIDTH + kernel_layout.TOTAL_SIZE],
+                rows[number * ROW_WIDTH + kernel_layout.STORE_TIMESTAMP],
+                dispatch_out[number * width + kernel_layout.TAGS_CODE],
+                units,
+            )
+            for number, units in zip(
+                numbers, rows_copies(window, rows, numbers, self._queue_names), strict=True
+            )
+            if units
+        ]
 
     def _walk_records(self, region: RegionScan, segment: Segment, items: Any) -> bool:
         """Check each record of ``items`` (from ``region``); True when it reached a record
