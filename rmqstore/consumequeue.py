@@ -225,12 +225,22 @@ class ConsumeQueue:
         if not segments:
             return
         first = segments[0]
-        limit = min(self.file_size, self.end - first.start)
-        data = _read(first.path, max(limit, 0))
-        for index, (physical_offset, _size, _tags) in enumerate(UNIT.iter_unpack(data)):
-            if physical_offset >= commitlog_min_offset:
-                self.min_logic_offset = first.start + index * CQ_UNIT_SIZE
-                return
+        limit = max(min(self.file_size, self.end - first.start), 0)
+        # read a chunk at a time: the unit is most often the first (nothing expired), and a
+        # full first file is megabytes (a broker with thousands of queues has thousands)
+        position, chunk = 0, _FIRST_CHUNK
+        while position < limit:
+            wanted = min(chunk, limit - position)
+            data = read_range(first.path, position, wanted)
+            units = memoryview(data)[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
+            for index, (physical_offset, _size, _tags) in enumerate(UNIT.iter_unpack(units)):
+                if physical_offset >= commitlog_min_offset:
+                    self.min_logic_offset = first.start + position + index * CQ_UNIT_SIZE
+                    return
+            if len(data) < wanted:
+                return  # the file is shorter than the queue's end says
+            position += wanted
+            chunk = min(chunk * 4, _LARGEST_CHUNK)
 
     def truncation_at(self, physical_offset: int) -> QueueTruncation | None:
         """``truncateDirtyLogicFiles``: keep exactly the units whose record starts below
@@ -541,12 +551,6 @@ class ConsumeQueue:
     def close(self) -> None:
         self.flush()
         self._release()
-
-
-def _read(path: Path, limit: int) -> bytes:
-    """The first ``limit`` bytes of a queue file at most: a file larger than the configured
-    size (hostile, or another broker's) never costs more memory than one file should."""
-    return read_range(path, 0, limit)
 
 
 # bytes of a queue file read at a time while its valid units are counted (multiples of the

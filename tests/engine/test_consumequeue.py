@@ -194,3 +194,30 @@ def test_a_queue_folder_is_named_by_its_number_as_java_writes_it(
         (tmp_path / "T" / name).mkdir(exist_ok=True)
         expected = sorted({("T", 0), *([] if queue_id is None else [("T", queue_id)])})
         assert sorted(consumequeue.list_queues(tmp_path)) == expected
+
+
+@pytest.mark.parametrize("units", [1, *_BOUNDARIES, *(n + 1 for n in _BOUNDARIES)])
+def test_the_min_offset_is_the_first_unit_still_in_the_log(
+    tmp_path: Path, units: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """correctMinOffset: the first unit of the first file pointing at or past the commit
+    log's min offset, however far into the file (past the chunk boundaries); none found: the
+    queue's start stays. The common case (nothing expired) reads one chunk."""
+    count = _BOUNDARIES[-1] + 10
+    _queue_file(tmp_path, _units(count))
+    read: list[int] = []
+    real_read_range = consumequeue.read_range
+
+    def counting(path: Path, start: int, length: int) -> bytes:
+        data = real_read_range(path, start, length)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(consumequeue, "read_range", counting)
+    for expired, expected in ((0, 0), (units - 1, units - 1), (count + 5, 0)):
+        queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
+        read.clear()
+        queue.correct_min_offset(100 * expired - 50 if expired else 0)  # inside unit expired-1
+        assert queue.min_offset == expected
+        if not expired:
+            assert sum(read) <= _FIRST_CHUNK
