@@ -409,17 +409,18 @@ class QueueChecks:
         :meth:`on_record`."""
         states = self.states
         newest = self.last_queued_time
+        every_topic = self.topics is None and not self.excluded
         for offset, size, stamp, code, units in copies:
+            expected = UNIT.pack(offset, size, code)
             for unit_topic, queue_id, queue_offset in units:
                 key = (unit_topic, queue_id)
                 state = states.get(key)
-                if state is not None and self._checked(unit_topic):
+                if state is not None and (every_topic or self._checked(unit_topic)):
                     position = queue_offset * CQ_UNIT_SIZE
                     if (
                         state.min_offset <= queue_offset < state.max_offset
                         and state.base <= position <= state.limit - CQ_UNIT_SIZE
-                        and UNIT.unpack_from(state.buf, position - state.base)
-                        == (offset, size, code)
+                        and state.buf.startswith(expected, position - state.base)
                     ):
                         state.checked += 1
                         state.matched += 1
