@@ -469,88 +469,117 @@ class _BatchWalk:
     def _put_copies(
         self, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
     ) -> None:
-        """The further-queue units of rows ``[first, stop)``, row by row (each with its
-        record's offset, size and the kernel's tagsCode), as ``_row`` puts them."""
+        """The further-queue units of rows ``[first, stop)`` (each with its record's offset,
+        size and the kernel's tagsCode), gathered per queue into runs of consecutive queue
+        offsets in log order, each put as :meth:`_put_run` puts a run of own units (a queue's
+        units in the order ``_row`` puts them one by one)."""
         topics = self.dispatcher.topics
         width = kernel_layout.DISPATCH_WIDTH
+        runs: dict[tuple[str, int], tuple[int, bytearray]] = {}  # first queue offset, units
+        problems: list[tuple[int, str]] = []
         for row in sorted(number for number in copies if first <= number < stop):
             at = row * ROW_WIDTH
-            offset, size = rows[at + _OFFSET_COLUMN], rows[at + kernel_layout.TOTAL_SIZE]
-            code = self.out[row * width + kernel_layout.TAGS_CODE]
+            unit = UNIT.pack(
+                rows[at + _OFFSET_COLUMN],
+                rows[at + kernel_layout.TOTAL_SIZE],
+                self.out[row * width + kernel_layout.TAGS_CODE],
+            )
             for topic, queue_id, queue_offset in copies[row]:
                 if topics is not None and topic not in topics:
                     continue
-                if (
-                    self._put(topic, queue_id, queue_offset, offset, size, code)
-                    and offset >= self.newest_queued
-                ):
-                    self.last_time = rows[at + kernel_layout.STORE_TIMESTAMP]
+                key = (topic, queue_id)
+                run = runs.get(key)
+                if run is None or run[0] + len(run[1]) // CQ_UNIT_SIZE != queue_offset:
+                    if run is not None:  # not the next offset: the run so far goes in first
+                        self._put_run(rows, topic, queue_id, run[0], run[1], problems)
+                    run = runs[key] = (queue_offset, bytearray())
+                run[1].extend(unit)
+        for (topic, queue_id), (first_offset, units) in runs.items():
+            self._put_run(rows, topic, queue_id, first_offset, units, problems)
+        problems.sort(key=lambda item: item[0])  # in log order, as row by row
+        self.result.problems.extend(text for _, text in problems)
 
     def _put_units(
         self, window: Any, rows: Any, number: int, problems: list[tuple[int, str]]
     ) -> None:
-        """Put one run of units (see :func:`rmqstore.kernel.layout`) into its queue: in one
-        write when it continues the queue, else unit by unit as the broker would."""
+        """Put one run of units (see :func:`rmqstore.kernel.layout`) into its queue."""
         width = kernel_layout.RUN_WIDTH
         run = self.runs[number * width : (number + 1) * width]
-        topic_row = run[kernel_layout.RUN_TOPIC_ROW] * ROW_WIDTH
         topic = self.topics.of(window, rows, run[kernel_layout.RUN_TOPIC_ROW])
-        dispatcher = self.dispatcher
-        if dispatcher.topics is not None and topic not in dispatcher.topics:
+        if self.dispatcher.topics is not None and topic not in self.dispatcher.topics:
             return
-        queue_id = run[kernel_layout.RUN_QUEUE_ID]
-        key = (topic, queue_id)
-        queue = dispatcher.queues.get(key)
-        first_record = rows[topic_row + _OFFSET_COLUMN]
-        if queue is None:
-            texts: list[str] = []
-            queue = dispatcher.new_queue(topic, queue_id, texts)
-            problems.extend((first_record, text) for text in texts)
-            if queue is None:
-                return
-        first_offset = run[kernel_layout.RUN_FIRST_QUEUE_OFFSET]
         count = run[kernel_layout.RUN_UNITS]
         start = run[kernel_layout.RUN_UNITS_FROM] * CQ_UNIT_SIZE
         with memoryview(self.units) as units:
-            data = units[start : start + count * CQ_UNIT_SIZE]
-            written = 0
-            newest = -1
-            last_offset, last_size, _code = UNIT.unpack_from(data, (count - 1) * CQ_UNIT_SIZE)
-            if last_offset + last_size <= queue.max_physical_offset:
-                self.units_skipped += count  # every unit is there: put would skip each
-            elif queue.put_run(first_offset, data, run[kernel_layout.RUN_FIRST_END]):
-                written, newest = count, count - 1
-            else:
-                for number_in_run in range(count):
-                    offset, size, code = UNIT.unpack_from(data, number_in_run * CQ_UNIT_SIZE)
-                    queue_offset = first_offset + number_in_run
-                    outcome = queue.put(queue_offset, offset, size, code)
-                    if outcome is PutOutcome.DUPLICATE:
-                        self.units_skipped += 1
-                        continue
-                    if outcome is PutOutcome.OUT_OF_RANGE:
-                        problems.append(
-                            (offset, out_of_range_problem(offset, queue_offset, topic, queue_id))
-                        )
-                        continue
-                    written += 1
-                    newest = number_in_run
-                    if outcome is PutOutcome.OUT_OF_ORDER:
-                        text = out_of_order_problem(offset, queue_offset, topic, queue_id)
-                        problems.append((offset, text))
-                    rest = data[(number_in_run + 1) * CQ_UNIT_SIZE :]
-                    if rest and queue.put_run(queue_offset + 1, rest, _unit_end(rest)):
-                        written += count - number_in_run - 1
-                        newest = count - 1
-                        break
-            if written:
-                self.units_written += written
-                self.touched.add(key)
-                offset = UNIT.unpack_from(data, newest * CQ_UNIT_SIZE)[0]
-                if offset > self.newest_queued:
-                    self.newest_queued = offset
-                    row = bisect_left(self.batch_offsets, offset)
-                    self.last_time = rows[row * ROW_WIDTH + kernel_layout.STORE_TIMESTAMP]
+            self._put_run(
+                rows,
+                topic,
+                run[kernel_layout.RUN_QUEUE_ID],
+                run[kernel_layout.RUN_FIRST_QUEUE_OFFSET],
+                units[start : start + count * CQ_UNIT_SIZE],
+                problems,
+            )
+
+    def _put_run(
+        self,
+        rows: Any,
+        topic: str,
+        queue_id: int,
+        first_offset: int,
+        data: Any,
+        problems: list[tuple[int, str]],
+    ) -> None:
+        """Put packed units ``data`` (of records among ``rows``) into a queue from queue
+        offset ``first_offset``: in one write when they continue the queue, else unit by
+        unit as the broker would (problems with their record's offset)."""
+        dispatcher = self.dispatcher
+        key = (topic, queue_id)
+        queue = dispatcher.queues.get(key)
+        if queue is None:
+            texts: list[str] = []
+            queue = dispatcher.new_queue(topic, queue_id, texts)
+            problems.extend((UNIT.unpack_from(data, 0)[0], text) for text in texts)
+            if queue is None:
+                return
+        count = len(data) // CQ_UNIT_SIZE
+        written = 0
+        newest = -1
+        last_offset, last_size, _code = UNIT.unpack_from(data, (count - 1) * CQ_UNIT_SIZE)
+        if last_offset + last_size <= queue.max_physical_offset:
+            self.units_skipped += count  # every unit is there: put would skip each
+        elif queue.put_run(first_offset, data, _unit_end(data)):
+            written, newest = count, count - 1
+        else:
+            for number_in_run in range(count):
+                offset, size, code = UNIT.unpack_from(data, number_in_run * CQ_UNIT_SIZE)
+                queue_offset = first_offset + number_in_run
+                outcome = queue.put(queue_offset, offset, size, code)
+                if outcome is PutOutcome.DUPLICATE:
+                    self.units_skipped += 1
+                    continue
+                if outcome is PutOutcome.OUT_OF_RANGE:
+                    problems.append(
+                        (offset, out_of_range_problem(offset, queue_offset, topic, queue_id))
+                    )
+                    continue
+                written += 1
+                newest = number_in_run
+                if outcome is PutOutcome.OUT_OF_ORDER:
+                    text = out_of_order_problem(offset, queue_offset, topic, queue_id)
+                    problems.append((offset, text))
+                rest = data[(number_in_run + 1) * CQ_UNIT_SIZE :]
+                if rest and queue.put_run(queue_offset + 1, rest, _unit_end(rest)):
+                    written += count - number_in_run - 1
+                    newest = count - 1
+                    break
+        if written:
+            self.units_written += written
+            self.touched.add(key)
+            offset = UNIT.unpack_from(data, newest * CQ_UNIT_SIZE)[0]
+            if offset > self.newest_queued:
+                self.newest_queued = offset
+                row = bisect_left(self.batch_offsets, offset)
+                self.last_time = rows[row * ROW_WIDTH + kernel_layout.STORE_TIMESTAMP]
 
     def _row(self, window: Any, rows: Any, row: int) -> bool:
         at = row * ROW_WIDTH
