@@ -86,12 +86,8 @@ def test_a_file_longer_than_the_configured_size_is_read_no_further(tmp_path: Pat
     assert consumequeue._valid_prefix(path, 400 * CQ_UNIT_SIZE)[0] == 400 * CQ_UNIT_SIZE
 
 
-def test_loading_a_queue_reads_its_units_and_a_chunk_not_the_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A broker with thousands of queues has thousands of mostly unwritten 6 MB files:
-    finding each one's end must not read (and copy) all of it."""
-    _queue_file(tmp_path, _units(5))
+def _counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The byte counts of the queue module's file reads from now on (the real reads)."""
     read: list[int] = []
     real_read_range = consumequeue.read_range
 
@@ -101,6 +97,16 @@ def test_loading_a_queue_reads_its_units_and_a_chunk_not_the_file(
         return data
 
     monkeypatch.setattr(consumequeue, "read_range", counting)
+    return read
+
+
+def test_loading_a_queue_reads_its_units_and_a_chunk_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker with thousands of queues has thousands of mostly unwritten 6 MB files:
+    finding each one's end must not read (and copy) all of it."""
+    _queue_file(tmp_path, _units(5))
+    read = _counted_reads(monkeypatch)
     queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
     assert queue.max_offset == 5 and queue.max_physical_offset == 4 * 100 + 100
     assert sum(read) <= _FIRST_CHUNK + CQ_UNIT_SIZE, read
@@ -205,15 +211,7 @@ def test_the_min_offset_is_the_first_unit_still_in_the_log(
     queue's start stays. The common case (nothing expired) reads one chunk."""
     count = _BOUNDARIES[-1] + 10
     _queue_file(tmp_path, _units(count))
-    read: list[int] = []
-    real_read_range = consumequeue.read_range
-
-    def counting(path: Path, start: int, length: int) -> bytes:
-        data = real_read_range(path, start, length)
-        read.append(len(data))
-        return data
-
-    monkeypatch.setattr(consumequeue, "read_range", counting)
+    read = _counted_reads(monkeypatch)
     for expired, expected in ((0, 0), (units - 1, units - 1), (count + 5, 0)):
         queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
         read.clear()
