@@ -226,21 +226,14 @@ class ConsumeQueue:
             return
         first = segments[0]
         limit = max(min(self.file_size, self.end - first.start), 0)
-        # read a chunk at a time: the unit is most often the first (nothing expired), and a
-        # full first file is megabytes (a broker with thousands of queues has thousands)
-        position, chunk = 0, _FIRST_CHUNK
-        while position < limit:
-            wanted = min(chunk, limit - position)
-            data = read_range(first.path, position, wanted)
+        # a chunk at a time: the unit is most often the first (nothing expired), and a full
+        # first file is megabytes (a broker with thousands of queues has thousands)
+        for position, data in _file_chunks(first.path, limit):
             units = memoryview(data)[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
             for index, (physical_offset, _size, _tags) in enumerate(UNIT.iter_unpack(units)):
                 if physical_offset >= commitlog_min_offset:
                     self.min_logic_offset = first.start + position + index * CQ_UNIT_SIZE
                     return
-            if len(data) < wanted:
-                return  # the file is shorter than the queue's end says
-            position += wanted
-            chunk = min(chunk * 4, _LARGEST_CHUNK)
 
     def truncation_at(self, physical_offset: int) -> QueueTruncation | None:
         """``truncateDirtyLogicFiles``: keep exactly the units whose record starts below
@@ -569,20 +562,31 @@ def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, b
     read than its units and one chunk after them."""
     valid = 0
     kept: list[bytes] = []
-    chunk = _FIRST_CHUNK
-    while valid < limit:
-        wanted = min(chunk, limit - valid)
-        data = read_range(path, valid, wanted)
+    for position, data in _file_chunks(path, limit):
         whole = kernel.valid_units(data) * CQ_UNIT_SIZE
-        valid += whole
-        if whole < wanted:  # an invalid unit, or the file's end, within this chunk
+        valid = position + whole
+        if whole < len(data):  # an invalid unit, or a partial one at the file's end
             if keep:
                 kept.append(data[: whole + CQ_UNIT_SIZE])
             break
         if keep:
             kept.append(data)
-        chunk = min(chunk * 4, _LARGEST_CHUNK)
     return valid, b"".join(kept)
+
+
+def _file_chunks(path: Path, limit: int) -> Iterator[tuple[int, bytes]]:
+    """``(position, bytes)`` of the first ``limit`` bytes of a queue file, a chunk at a time
+    from its start (growing from _FIRST_CHUNK to _LARGEST_CHUNK: a caller that stops early
+    reads little of a mostly unwritten file); a chunk shorter than asked is the file's end."""
+    position, chunk = 0, _FIRST_CHUNK
+    while position < limit:
+        wanted = min(chunk, limit - position)
+        data = read_range(path, position, wanted)
+        yield position, data
+        if len(data) < wanted:
+            return
+        position += wanted
+        chunk = min(chunk * 4, _LARGEST_CHUNK)
 
 
 def _leading_valid_units(data: bytes) -> int:
