@@ -28,9 +28,8 @@ from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.multidispatch import (
     QueueCopy,
-    may_share_queues,
     record_units,
-    rows_copies,
+    reference_rows,
 )
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
@@ -390,41 +389,13 @@ class _BatchWalk:
     ) -> tuple[list[int], dict[int, list[QueueCopy]]]:
         """Rows taking the reference way: flagged by the kernel, or at or before where the
         index ends (some of their keys may be there already); and the further-queue units of
-        the kernel-prepared rows with copies (HAS_COPIES), which their bulk puts after its
-        own units. Those rows take the reference way too when a copy could share a queue
-        with a unit of the rows' own (a copy not into an LMQ queue, or a record of an LMQ
-        topic among the rows): a queue's units must go in in log order."""
+        the kernel-prepared rows with copies, which their bulk puts after its own units (see
+        :func:`reference_rows`)."""
         resumed = bisect_right(offsets, self.index_resumes_at, 0, stop - first)
-        special = set(range(first, first + resumed))
-        copies: dict[int, list[QueueCopy]] = {}
         width = kernel_layout.DISPATCH_WIDTH
         flags = self.out[_FLAGS_COLUMN + first * width : stop * width : width]
-        if flags.count(0) != len(flags):
-            with_copies = []
-            for number, flag in enumerate(flags):
-                if flag == _HAS_COPIES and first + number not in special:
-                    with_copies.append(first + number)
-                elif flag:
-                    special.add(first + number)
-            if with_copies:
-                copies = self._copies(window, rows, with_copies, first, stop)
-                if copies is None:
-                    special.update(with_copies)
-                    copies = {}
-        return sorted(special), copies
-
-    def _copies(
-        self, window: Any, rows: Any, numbers: list[int], first: int, stop: int
-    ) -> dict[int, list[QueueCopy]] | None:
-        """The further-queue units of rows ``numbers`` (queued records only, as a broker
-        puts them), or None when one could share a queue with a unit of rows ``[first,
-        stop)``'s own."""
-        found = dict(
-            zip(numbers, rows_copies(window, rows, numbers, self.queue_names), strict=True)
-        )
-        if may_share_queues(window, rows, first, stop, found.values()):
-            return None
-        return found
+        special = set(range(first, first + resumed))
+        return reference_rows(window, rows, flags, first, special, self.queue_names)
 
     def _bulk(
         self, window: Any, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
@@ -671,7 +642,6 @@ _KEY_CAPACITY = 65536  # keys prepared per kernel call (a record has at most 16,
 _RUNS = 256  # runs of units gathered per kernel call
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _FLAGS_COLUMN = kernel_layout.DISPATCH_FLAGS
-_HAS_COPIES = kernel_layout.HAS_COPIES  # and nothing else: the kernel prepared the row
 
 
 def _unit_end(units: Any) -> int:

@@ -101,6 +101,38 @@ def may_share_queues(
     return any(buf[at : at + len(_LMQ_BYTES)] == _LMQ_BYTES for at in own)
 
 
+def reference_rows(
+    buf: Any,
+    rows: Any,
+    flags: Any,
+    first: int,
+    special: set[int],
+    names: dict[bytes, str],
+) -> tuple[list[int], dict[int, list[QueueCopy]]]:
+    """How a dispatch takes kernel rows ``[first, first + len(flags))`` (``flags``: their
+    DISPATCH_FLAGS): the rows going the reference way, in order (``special``, the caller's,
+    and those flagged NEEDS_REFERENCE), and the further-queue units of the other rows flagged
+    HAS_COPIES, which the caller puts after the rows' own units. When a copy could share a
+    queue with one of the rows' own units (:func:`may_share_queues`), those rows go the
+    reference way too: a queue's units must go in in log order."""
+    stop = first + len(flags)
+    if flags.count(0) == len(flags):
+        return sorted(special), {}
+    special = set(special)
+    with_copies = []
+    for number, flag in enumerate(flags, first):
+        if flag == layout.HAS_COPIES and number not in special:
+            with_copies.append(number)
+        elif flag:
+            special.add(number)
+    if not with_copies:
+        return sorted(special), {}
+    copies = dict(zip(with_copies, rows_copies(buf, rows, with_copies, names), strict=True))
+    if may_share_queues(buf, rows, first, stop, copies.values()):
+        return sorted(special.union(with_copies)), {}
+    return sorted(special), copies
+
+
 def record_units(
     topic: str, queue_id: int, queue_offset: int, properties: dict[str, str]
 ) -> list[QueueCopy]:

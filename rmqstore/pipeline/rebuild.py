@@ -38,7 +38,7 @@ from rmqstore.dispatch import (
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
-from rmqstore.multidispatch import QueueCopy, may_share_queues, record_units, rows_copies
+from rmqstore.multidispatch import QueueCopy, record_units, reference_rows
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -180,7 +180,7 @@ class _RangePreparer:
                 layout.DISPATCH_FLAGS + first * layout.DISPATCH_WIDTH : done
                 * layout.DISPATCH_WIDTH : layout.DISPATCH_WIDTH
             ]
-            special, copies = self._special_rows(buf, rows, flags, first, done)
+            special, copies = reference_rows(buf, rows, flags, first, set(), self.queue_names)
             position = first
             for row in [*special, done]:
                 if position < row:
@@ -194,26 +194,6 @@ class _RangePreparer:
                 position = row + 1
             first = done
         return count
-
-    def _special_rows(
-        self, buf: Any, rows: Any, flags: Any, first: int, stop: int
-    ) -> tuple[list[int], dict[int, list[QueueCopy]]]:
-        """Rows ``[first, stop)`` (``flags`` the kernel's) that take the reference way, and
-        the further-queue units of the kernel-prepared rows with copies (HAS_COPIES), which
-        are added after their bulk's own units; those rows take the reference way too when a
-        copy could share a queue with one of the rows' own units (a queue's units must be in
-        log order)."""
-        if flags.count(0) == len(flags):
-            return [], {}
-        special = [first + n for n, flag in enumerate(flags) if flag & layout.NEEDS_REFERENCE]
-        with_copies = [first + n for n, flag in enumerate(flags) if flag == layout.HAS_COPIES]
-        if not with_copies:
-            return special, {}
-        found = rows_copies(buf, rows, with_copies, self.queue_names)
-        copies = dict(zip(with_copies, found, strict=True))
-        if may_share_queues(buf, rows, first, stop, copies.values()):
-            return sorted([*special, *with_copies]), {}
-        return special, copies
 
     def _add_copies(
         self, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
