@@ -4,6 +4,7 @@ matched (orphan units, units past the end of the log, dispatch lag), and the fil
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,7 @@ class QueueChecks:
         self.unsafe_topics: dict[str, list[int]] = {}
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self.resume_without_index = False  # where a dispatch resumes was told without it
+        self._folders: dict[Path, str] = {}  # each queue's folder, as findings name it
         self._known = {key for key in list_queues(store.consumequeue_dir) if self._checked(key[0])}
         self._chunk = chunk_size(len(self._known))
         if structural:
@@ -696,8 +698,11 @@ class QueueChecks:
         is in (named by the file's first byte, as a broker names it) and its place there."""
         position = queue_offset * CQ_UNIT_SIZE
         start = position - position % queue.file_size
+        folder = self._folders.get(queue.directory)
+        if folder is None:  # (once per queue: a damaged queue can have a finding per unit)
+            folder = self._folders[queue.directory] = relative(self.store, queue.directory)
         return {
-            "file": relative(self.store, queue.directory / f"{start:020d}"),
+            "file": os.path.join(folder, f"{start:020d}"),
             "file_position": position - start,
             "topic": queue.topic,
             "queue_id": queue.queue_id,
