@@ -362,6 +362,69 @@ class CommitLog:
         )
 
 
+class RecordHolder(NamedTuple):
+    """Whose record starts at an offset: its topic, queue and queue offset, and its
+    properties (undecoded: most lookups do not need them)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    properties_bytes: bytes
+
+
+_LOOKUP_WINDOW = 1 << 20
+
+
+class RecordLookup:
+    """The records at many offsets of a commit log, mostly ascending (the units of a
+    queue): a window of the log is read once and each record in it taken from there by the
+    record kernel, instead of two reads and a full decode per record. Anything the window
+    does not hold as one whole, valid record goes through :meth:`CommitLog.read`, so the
+    answer (or the error raised) is the one a single read gives."""
+
+    def __init__(self, log: CommitLog, window: int = _LOOKUP_WINDOW) -> None:
+        self.log = log
+        self.window = window
+        self.buf = b""
+        self.start = 0  # the physical offset of the window's first byte
+        self.rows = layout.new_rows(1)
+
+    def holder(self, offset: int) -> RecordHolder:
+        position = offset - self.start
+        buf = self.buf
+        if not 0 <= position <= len(buf) - 8:
+            self._load(offset)
+            buf, position = self.buf, 0
+        total = _SIZE_AND_MAGIC.unpack_from(buf, position)[0] if len(buf) >= 8 else 0
+        if position and position + total > len(buf) and total <= self.window:
+            self._load(offset)  # the record runs past the window: a window from it
+            buf, position = self.buf, 0
+        rows = self.rows
+        if 8 < total <= len(buf) - position:
+            count = kernel.scan(buf, position, position + total, self.start, 0, 0, rows)[0]
+            if count == 1:
+                topic_at = rows[layout.TOPIC_AT]
+                properties_at = rows[layout.PROPERTIES_AT]
+                return RecordHolder(
+                    bytes(buf[topic_at : topic_at + rows[layout.TOPIC_LENGTH]]).decode("utf-8"),
+                    rows[layout.QUEUE_ID],
+                    rows[layout.QUEUE_OFFSET],
+                    bytes(buf[properties_at : properties_at + rows[layout.PROPERTIES_LENGTH]]),
+                )
+        message = self.log.read(offset, body=BodyMode.SKIP)  # raises what is wrong
+        return RecordHolder(
+            message.topic, message.queue_id, message.queue_offset, message.properties_bytes
+        )
+
+    def _load(self, offset: int) -> None:
+        segment = self.log.queue.find(offset)
+        if segment is None:
+            self.buf, self.start = b"", offset
+            return
+        self.buf = self.log.pread(segment, offset - segment.start, self.window)
+        self.start = offset
+
+
 class LogScan:
     """Iterates a commit log from an offset; see :class:`rmqstore.record.RegionScan` for items.
 

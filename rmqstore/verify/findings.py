@@ -231,6 +231,18 @@ class VerifyReport:
                 )
             )
 
+    def keeps(self) -> bool:
+        """Whether :meth:`add` would keep a finding now (not only count it)."""
+        return self.max_findings is None or len(self.findings) < self.max_findings
+
+    def count(self, kind: str, severity: str = ERROR) -> None:
+        """Count a finding :meth:`add` would not keep (the report is full), without
+        building its message."""
+        assert kind in KINDS, kind
+        self.counts[kind] += 1
+        if severity != NOTE:
+            self.problems += 1
+
     def absorb(self, other: VerifyReport) -> None:
         """Add the findings and counts of a report made over another part of the store."""
         room = None if self.max_findings is None else self.max_findings - len(self.findings)

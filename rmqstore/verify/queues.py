@@ -5,10 +5,12 @@ matched (orphan units, units past the end of the log, dispatch lag), and the fil
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rmqstore.commitlog import RecordLookup
 from rmqstore.consumequeue import (
     CQ_UNIT_SIZE,
     LARGEST_QUEUE_OFFSET,
@@ -25,11 +27,10 @@ from rmqstore.errors import NotFoundError, RecordError, RmqStoreError, StoreForm
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.multidispatch import queue_copies, record_units
-from rmqstore.properties import TAGS
+from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
-    BodyMode,
     RecordHeader,
 )
 from rmqstore.segments import is_segment_name
@@ -78,8 +79,24 @@ class _QueueState:
 
 
 # a clean batch taken as a whole: each run's queue, units and newest store time; the
-# further-queue units of its records
-_BatchPlan = tuple[list[tuple[_QueueState, int, int]], list[RecordCopies]]
+# further-queue units of its records; the runs whose stored units differ somewhere (see
+# :class:`_DifferingRun`), compared unit by unit
+_BatchPlan = tuple[list[tuple[_QueueState, int, int]], list[RecordCopies], list["_DifferingRun"]]
+
+
+@dataclass
+class _DifferingRun:
+    """A run of a clean batch whose stored units are there but not all as its records need
+    them: its units (``expected``, as dispatch would write them) beside the stored ones,
+    and the batch's offsets and store times (a matching unit's time is the record's)."""
+
+    state: _QueueState
+    key: tuple[str, int]
+    first: int  # the queue offset of the run's first unit
+    expected: bytes
+    stored: bytes
+    offsets: Any
+    stamps: Any
 
 
 def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:
@@ -324,11 +341,13 @@ class QueueChecks:
     def batch_check(self, batch: RecordBatch) -> _BatchPlan | None:
         """A clean batch's runs of units, each compared with its queue's stored units in one
         comparison; None when a run is not simply there (no such queue, units expired or
-        not dispatched yet, any difference): then record by record. Units in
-        further queues (``batch.copies``) are compared one by one when the plan is applied
-        (the order of the comparisons does not matter: each unit is compared with the unit
-        stored at its own position)."""
+        not dispatched yet): then record by record. A run whose stored units differ is
+        compared unit by unit when the plan is applied (a damaged queue does not send the
+        whole batch, and the other checks, record by record); so are the units in further
+        queues (``batch.copies``). The order of the comparisons does not matter: each unit
+        is compared with the unit stored at its own position."""
         plan = []
+        differing = []
         runs = batch.runs
         width = kernel_layout.RUN_WIDTH
         for number, key in enumerate(batch.run_keys):
@@ -343,21 +362,61 @@ class QueueChecks:
             if first < state.min_offset or first + count > state.max_offset:
                 return None
             start = runs[at + kernel_layout.RUN_UNITS_FROM] * CQ_UNIT_SIZE
-            expected = batch.units[start : start + count * CQ_UNIT_SIZE]
-            if self._stored_units(state, first, count) != expected:
+            expected = bytes(batch.units[start : start + count * CQ_UNIT_SIZE])
+            stored = self._stored_units(state, first, count)
+            if stored is None:
                 return None
+            if stored != expected:
+                differing.append(
+                    _DifferingRun(state, key, first, expected, stored, batch.offsets, batch.stamps)
+                )
+                continue
             plan.append((state, count, batch.stamps[runs[at + kernel_layout.RUN_LAST_ROW]]))
-        return plan, batch.copies
+        return plan, batch.copies, differing
 
     def batch_apply(self, plan: _BatchPlan) -> None:
-        runs, copies = plan
+        runs, copies, differing = plan
         for state, count, newest in runs:
             state.checked += count
             state.matched += count
             if newest > self.last_queued_time:
                 self.last_queued_time = newest
+        for run in differing:
+            self._compare_run(run)
         if copies:
             self._check_copies(copies)
+
+    def _compare_run(self, run: _DifferingRun) -> None:
+        """Compare a differing run's units one by one, as :meth:`_compare_unit` compares a
+        record's: a unit that differs only by a ConsumeQueueExt address for its tagsCode
+        matches; each other is reported (once the report keeps no more findings, only
+        counted: a queue shifted by one unit differs in every unit)."""
+        state, expected, stored = run.state, run.expected, run.stored
+        count = len(expected) // CQ_UNIT_SIZE
+        state.checked += count
+        newest_offset = None
+        report = self.report
+        for number in range(count):
+            at = number * CQ_UNIT_SIZE
+            if stored[at : at + CQ_UNIT_SIZE] == expected[at : at + CQ_UNIT_SIZE]:
+                state.matched += 1
+                newest_offset = number
+                continue
+            want = UNIT.unpack_from(expected, at)
+            unit = UNIT.unpack_from(stored, at)
+            if unit[:2] == want[:2] and is_ext_address(unit[2]):
+                state.matched += 1
+                newest_offset = number
+                continue
+            if not report.keeps():
+                report.count("cq-unit")
+                continue
+            self._report_unit(state, run.key, run.first + number, unit, want)
+        if newest_offset is not None:  # the newest matching unit's record: its store time
+            offset = UNIT.unpack_from(expected, newest_offset * CQ_UNIT_SIZE)[0]
+            stamp = run.stamps[bisect_left(run.offsets, offset)]
+            if stamp > self.last_queued_time:
+                self.last_queued_time = stamp
 
     def _stored_units(self, state: _QueueState, first: int, count: int) -> bytes | None:
         """The stored bytes of units ``[first, first + count)`` (None where a file lacks
@@ -508,18 +567,28 @@ class QueueChecks:
                 and not is_ext_address(unit[2])
             )
         ):
-            expected = (offset, size, expected_tags)
-            self.report.add(
-                "cq-unit",
-                f"unit {queue_offset} of {key[0]}:{key[1]} is (offset, size, tagsCode) = "
-                f"{unit}, but its record at {offset} needs {expected}",
-                **self._unit_place(state.queue, queue_offset),
-                commit_log_offset=offset,
-            )
+            self._report_unit(state, key, queue_offset, unit, (offset, size, expected_tags))
         else:
             state.matched += 1
             if stamp > self.last_queued_time:
                 self.last_queued_time = stamp
+
+    def _report_unit(
+        self,
+        state: _QueueState,
+        key: tuple[str, int],
+        queue_offset: int,
+        unit: tuple[int, int, int] | None,
+        expected: tuple[int, int, int | None],
+    ) -> None:
+        """A unit that is not what its record needs (``expected``: offset, size, tagsCode)."""
+        self.report.add(
+            "cq-unit",
+            f"unit {queue_offset} of {key[0]}:{key[1]} is (offset, size, tagsCode) = "
+            f"{unit}, but its record at {expected[0]} needs {expected}",
+            **self._unit_place(state.queue, queue_offset),
+            commit_log_offset=expected[0],
+        )
 
     def finish(self, log_end: int) -> None:
         resume = self._dispatch_resume() if self._lags() else None
@@ -653,7 +722,8 @@ class QueueChecks:
     def _report_orphans(self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int) -> None:
         """Second look at a queue whose units were not all matched by records: say which
         units point past the log, or at something that is not their record."""
-        log = self.store.commitlog
+        lookup = RecordLookup(self.store.commitlog)
+        report = self.report
         reported_beyond = False
         for unit in queue.units():
             if unit.is_pre_blank:
@@ -670,22 +740,23 @@ class QueueChecks:
                     )
                 continue
             try:
-                message = log.read(unit.physical_offset, body=BodyMode.SKIP)
+                holder = lookup.holder(unit.physical_offset)
             except (RecordError, StoreFormatError, NotFoundError) as exc:
                 reason = f"no record starts there ({exc})"
             else:
-                holder = (message.topic, message.queue_id, message.queue_offset)
-                if holder == (topic, queue_id, unit.queue_offset) or (
-                    topic,
-                    queue_id,
-                    unit.queue_offset,
-                ) in queue_copies(message.topic, message.queue_id, message.properties):
+                place = (topic, queue_id, unit.queue_offset)
+                if holder[:3] == place or place in queue_copies(
+                    holder.topic, holder.queue_id, decode_properties(holder.properties_bytes)
+                ):
                     continue  # its record's, or the record's copy in an LMQ queue
                 reason = (
-                    f"the record there belongs to {holder[0]}:{holder[1]} at queue "
-                    f"offset {holder[2]}"
+                    f"the record there belongs to {holder.topic}:{holder.queue_id} at queue "
+                    f"offset {holder.queue_offset}"
                 )
-            self.report.add(
+            if not report.keeps():
+                report.count("cq-unit-orphan")
+                continue
+            report.add(
                 "cq-unit-orphan",
                 f"unit {unit.queue_offset} of {topic}:{queue_id} points at offset "
                 f"{unit.physical_offset}: {reason}",

@@ -276,3 +276,86 @@ def test_data_extent_leaves_out_pre_allocated_zeros(tmp_path: Path) -> None:
         end = store.log_end().offset
         extent = store.commitlog.data_extent()
         assert end <= extent <= end + 65536 < store.commitlog.file_size
+
+
+def _read_answer(read, offset: int) -> tuple:
+    """What one lookup gives: the holder's fields, or the error's type and text."""
+    from rmqstore.errors import RmqStoreError
+
+    try:
+        found = read(offset)
+    except RmqStoreError as exc:
+        return (type(exc).__name__, str(exc))
+    return (found.topic, found.queue_id, found.queue_offset, found.properties_bytes)
+
+
+@pytest.mark.parametrize(
+    ("name", "copy"),
+    [
+        ("s1_multi", "store"),
+        ("v533_s1_multi", "store"),
+        ("s2_crash", "store_torn_random_garbage"),
+        ("s2_crash", "store_torn_half_record"),
+    ],
+)
+@pytest.mark.parametrize("window", [120, 4096, None])
+def test_record_lookup_answers_as_a_single_read(
+    oracle,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    copy: str,
+    window: int | None,
+) -> None:
+    """RecordLookup (verify's second look at a queue's unmatched units) reads the log a
+    window at a time: at every record, inside records, at file ends, past the log, in a
+    window too small for a record and in a copy with bytes flipped, it answers what
+    CommitLog.read answers, or raises the same error."""
+    import random
+
+    from rmqstore.commitlog import RecordLookup
+
+    found = oracle(name)
+    store_dir = found.copy_to(tmp_path, copy)
+    puts = [put["physicalOffset"] for put in found.manifest["puts"]]
+    rng = random.Random(7)
+    with Store.open_read(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
+        log = store.commitlog
+        read = log.read
+        ends = [segment.start + segment.size for segment in log.segments]
+        extent = ends[-1]
+        offsets = sorted(
+            {*puts, *(p + rng.randrange(1, 100) for p in puts[::7]), *ends, *(e - 8 for e in ends)}
+            | {rng.randrange(0, extent + 1000) for _ in range(300)}
+            | {extent + 5, -3}
+        )
+        for mutated in (False, True):
+            if mutated:  # a copy with bytes flipped at random (headers, lengths, topics)
+                for _ in range(60):
+                    at = rng.choice(puts) + rng.randrange(0, 120)
+                    segment = log.queue.find(at)
+                    if segment is not None:
+                        with open(segment.path, "r+b") as handle:
+                            handle.seek(at - segment.start)
+                            handle.write(bytes([rng.randrange(256)]))
+            lookup = RecordLookup(log) if window is None else RecordLookup(log, window)
+            expected = [
+                _read_answer(lambda at: log.read(at, body=BodyMode.SKIP), at) for at in offsets
+            ]
+            single_reads: list[int] = []
+
+            def counted_read(at: int, reads: list[int] = single_reads, **kw: object) -> object:
+                reads.append(at)
+                return read(at, **kw)
+
+            monkeypatch.setattr(log, "read", counted_read)
+            assert [_read_answer(lookup.holder, at) for at in offsets] == expected
+            monkeypatch.undo()
+            if window is None:  # every whole record is taken from a window, only the rest read
+                assert len(single_reads) == sum(len(answer) == 2 for answer in expected)
+            backwards = RecordLookup(log) if window is None else RecordLookup(log, window)
+            assert [_read_answer(backwards.holder, at) for at in reversed(offsets)] == expected[
+                ::-1
+            ]
+            assert sum(answer[0] == "RecordError" for answer in expected) > 0
+            assert sum(len(answer) == 4 for answer in expected) >= len(puts) // 2
