@@ -13,7 +13,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.errors import StoreFormatError
@@ -50,6 +50,17 @@ def index_geometry_known(store: Store) -> bool:
     return any(
         sources.get(name, "default") != "default" for name in ("index_slots", "index_entries")
     )
+
+
+class _IndexPlan(NamedTuple):
+    """A clean batch taken as a whole: the records whose entries it took up and where the
+    entries go on (None: none left), or the records with keys past the index's end (lag)
+    and the first of them."""
+
+    indexed: int
+    position: EntryPosition | None
+    lag: int = 0
+    first_lag: int | None = None
 
 
 class IndexChecks:
@@ -298,38 +309,46 @@ class IndexChecks:
             for key in ([uniq, *keys] if uniq is not None else keys)
         ]
 
-    def batch_check(self, batch: RecordBatch) -> tuple[int, EntryPosition | None] | None:
+    def batch_check(self, batch: RecordBatch) -> _IndexPlan | None:
         """A clean batch whose records' keys are exactly the next entries of the index, in
-        order, with no other entry pointing at or before its last record: (records indexed,
-        where the entries go on). None otherwise: then record by record."""
+        order, with no other entry pointing at or before its last record, or whose records
+        all lie past the index's end with no entry left (lag, as the records would count it
+        one by one). None otherwise: then record by record."""
         if self.service is None:
-            return (0, None)  # no index: nothing to compare
+            return _IndexPlan(0, None)  # no index: nothing to compare
         if self.topics is not None or not self._started:
             return None
         last_offset = batch.offsets[batch.count - 1]
         key_count = batch.key_count
+        width = kernel_layout.DISPATCH_WIDTH
+        counts = batch.dispatch_out[kernel_layout.KEYS_COUNT : batch.count * width : width]
         if key_count:
             last_key = HASHED_KEY.unpack_from(batch.keys, (key_count - 1) * HASHED_KEY.size)
             if last_key[0] > self.indexed_end:
-                return None  # records past the index's end: lag, counted record by record
+                first_key = HASHED_KEY.unpack_from(batch.keys, 0)
+                if self._pending is None and first_key[0] > self.indexed_end:
+                    return _IndexPlan(0, None, batch.count - counts.count(0), first_key[0])
+                return None  # the index ends inside the batch: record by record
         matched, following = self._match_next_entries(batch.keys, key_count)
         if matched != key_count or (following is not None and following[3] <= last_offset):
             return None
-        width = kernel_layout.DISPATCH_WIDTH
-        counts = batch.dispatch_out[kernel_layout.KEYS_COUNT : batch.count * width : width]
         indexed = batch.count - counts.count(0)
-        return (indexed, (following[4], following[1]) if following is not None else None)
+        return _IndexPlan(indexed, (following[4], following[1]) if following is not None else None)
 
-    def batch_apply(self, plan: tuple[int, EntryPosition | None]) -> None:
-        indexed, position = plan
+    def batch_apply(self, plan: _IndexPlan) -> None:
         if self.service is None:
             return
-        self._indexed_records += indexed
-        if position is None:
+        if plan.lag:
+            self.lag += plan.lag
+            if self.first_lag is None:
+                self.first_lag = plan.first_lag
+            return  # no entry was left to take up
+        self._indexed_records += plan.indexed
+        if plan.position is None:
             self._entries = iter(())
             self._pending = None
         else:
-            self._entries = self._entry_stream(position)
+            self._entries = self._entry_stream(plan.position)
             self._pending = next(self._entries, None)
 
     def _match_next_entries(

@@ -78,12 +78,6 @@ class _QueueState:
         self.max_offset = self.queue.max_offset
 
 
-# a clean batch taken as a whole: each run's queue, units and newest store time; the
-# further-queue units of its records; the runs whose stored units differ somewhere (see
-# :class:`_DifferingRun`), compared unit by unit
-_BatchPlan = tuple[list[tuple[_QueueState, int, int]], list[RecordCopies], list["_DifferingRun"]]
-
-
 @dataclass
 class _DifferingRun:
     """A run of a clean batch whose stored units are there but not all as its records need
@@ -97,6 +91,17 @@ class _DifferingRun:
     stored: bytes
     offsets: Any
     stamps: Any
+
+
+@dataclass
+class _BatchPlan:
+    """A clean batch taken as a whole (see :meth:`QueueChecks.batch_check`)."""
+
+    matched: list[tuple[_QueueState, int, int]]  # queue, units, the newest one's store time
+    differing: list[_DifferingRun]
+    lagging: list[tuple[_QueueState, int, int]]  # queue, units past its end, the first's offset
+    missing: list[tuple[tuple[str, int], int, int]]  # no such queue: units, the first's offset
+    copies: list[RecordCopies]  # the units in further queues of the batch's records
 
 
 def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:
@@ -340,51 +345,76 @@ class QueueChecks:
 
     def batch_check(self, batch: RecordBatch) -> _BatchPlan | None:
         """A clean batch's runs of units, each compared with its queue's stored units in one
-        comparison; None when a run is not simply there (no such queue, units expired or
-        not dispatched yet): then record by record. A run whose stored units differ is
-        compared unit by unit when the plan is applied (a damaged queue does not send the
+        comparison (changing nothing: another check may send the batch record by record);
+        None when a queue file lacks units it should hold. What the records would find one
+        by one is found run by run: units not dispatched yet (past the queue's end) are
+        lag, units of a queue that does not exist are counted for it, expired units (before
+        the queue's start) are not compared, and a run whose stored units differ is compared
+        unit by unit when the plan is applied (a damaged or lagging queue does not send the
         whole batch, and the other checks, record by record); so are the units in further
         queues (``batch.copies``). The order of the comparisons does not matter: each unit
         is compared with the unit stored at its own position."""
-        plan = []
-        differing = []
+        plan = _BatchPlan([], [], [], [], batch.copies)
         runs = batch.runs
         width = kernel_layout.RUN_WIDTH
         for number, key in enumerate(batch.run_keys):
             if not self._checked(key[0]):
                 continue
-            state = self.states.get(key) or self._state(key)  # a range opens it as needed
-            if state is None:
-                return None
             at = number * width
             first = runs[at + kernel_layout.RUN_FIRST_QUEUE_OFFSET]
             count = runs[at + kernel_layout.RUN_UNITS]
-            if first < state.min_offset or first + count > state.max_offset:
-                return None
             start = runs[at + kernel_layout.RUN_UNITS_FROM] * CQ_UNIT_SIZE
-            expected = bytes(batch.units[start : start + count * CQ_UNIT_SIZE])
-            stored = self._stored_units(state, first, count)
+            units = batch.units
+            state = self.states.get(key) or self._state(key)  # a range opens it as needed
+            if state is None:
+                plan.missing.append((key, count, UNIT.unpack_from(units, start)[0]))
+                continue
+            # [low, high): the units the queue holds; before, expired; from high, lag
+            low = min(max(first, state.min_offset), first + count)
+            high = max(min(first + count, state.max_offset), low)
+            if high < first + count:
+                lag_from = start + (high - first) * CQ_UNIT_SIZE
+                plan.lagging.append(
+                    (state, first + count - high, UNIT.unpack_from(units, lag_from)[0])
+                )
+            if low == high:
+                continue
+            begin = start + (low - first) * CQ_UNIT_SIZE
+            expected = bytes(units[begin : begin + (high - low) * CQ_UNIT_SIZE])
+            stored = self._stored_units(state, low, high - low)
             if stored is None:
                 return None
             if stored != expected:
-                differing.append(
-                    _DifferingRun(state, key, first, expected, stored, batch.offsets, batch.stamps)
-                )
+                run = _DifferingRun(state, key, low, expected, stored, batch.offsets, batch.stamps)
+                plan.differing.append(run)
                 continue
-            plan.append((state, count, batch.stamps[runs[at + kernel_layout.RUN_LAST_ROW]]))
-        return plan, batch.copies, differing
+            last = runs[at + kernel_layout.RUN_LAST_ROW]  # the row of the run's last unit
+            if high < first + count:
+                last_offset = UNIT.unpack_from(expected, len(expected) - CQ_UNIT_SIZE)[0]
+                last = bisect_left(batch.offsets, last_offset)
+            plan.matched.append((state, high - low, batch.stamps[last]))
+        return plan
 
     def batch_apply(self, plan: _BatchPlan) -> None:
-        runs, copies, differing = plan
-        for state, count, newest in runs:
+        for state, count, newest in plan.matched:
             state.checked += count
             state.matched += count
             if newest > self.last_queued_time:
                 self.last_queued_time = newest
-        for run in differing:
+        for run in plan.differing:
             self._compare_run(run)
-        if copies:
-            self._check_copies(copies)
+        for state, count, first_offset in plan.lagging:
+            state.lag += count
+            if state.first_lag is None:
+                state.first_lag = first_offset
+        for key, count, first_offset in plan.missing:
+            if is_path_safe(key[0]):
+                self.missing_queues[key] = self.missing_queues.get(key, 0) + count
+                self.missing_first.setdefault(key, first_offset)
+            else:
+                self._unsafe(key[0], count, first_offset)
+        if plan.copies:
+            self._check_copies(plan.copies)
 
     def _compare_run(self, run: _DifferingRun) -> None:
         """Compare a differing run's units one by one, as :meth:`_compare_unit` compares a
