@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from rmqstore.consumequeue import (
     UNIT,
     ConsumeQueue,
     QueueBounds,
+    Unit,
     is_ext_address,
     list_queues,
 )
@@ -50,6 +53,7 @@ _SMALLEST_CHUNK = 4 * 1024 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 _CHUNKS_BUDGET = 64 * 1024 * 1024  # the chunks of all queues together, while it holds
 # how a pre-blank unit starts: physical offset 0, then size PRE_BLANK_SIZE
 _PRE_BLANK_START = UNIT.pack(0, PRE_BLANK_SIZE, 0)[:12]
+_ORPHAN_BLOCK = 4096  # units of a queue given a second look together
 
 
 def chunk_size(queues: int) -> int:
@@ -164,6 +168,8 @@ class QueueChecks:
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self.resume_without_index = False  # where a dispatch resumes was told without it
         self._folders: dict[Path, str] = {}  # each queue's folder, as findings name it
+        self._lookup: RecordLookup | None = None  # records where unmatched units point
+        self._beyond_reported: set[Path] = set()  # queues said to point past the log
         self._known = {key for key in list_queues(store.consumequeue_dir) if self._checked(key[0])}
         self._chunk = chunk_size(len(self._known))
         if structural:
@@ -751,16 +757,42 @@ class QueueChecks:
 
     def _report_orphans(self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int) -> None:
         """Second look at a queue whose units were not all matched by records: say which
-        units point past the log, or at something that is not their record."""
-        lookup = RecordLookup(self.store.commitlog)
+        units point past the log, or at something that is not their record. A block of
+        units at a time: those plainly in place (each a whole record of the unit's size,
+        queue and queue offset, found as ``read --topic`` finds them, by the reader's
+        ``units_in_place``) are passed over; each other is looked up on its own."""
+        from rmqstore.reader import MessageReader
+
+        reader = MessageReader(self.store)
+        for block in _blocks(queue.unit_values(), _ORPHAN_BLOCK):
+            in_place = reader.units_in_place(topic, queue_id, block)
+            self._orphans_of(
+                topic,
+                queue_id,
+                queue,
+                log_end,
+                [
+                    Unit(*values)
+                    for values, plain in zip_longest(block, in_place, fillvalue=False)
+                    if not plain or values[1] + values[2] > log_end
+                ],
+            )
+
+    def _orphans_of(
+        self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int, units: list[Unit]
+    ) -> None:
+        """Report which of ``units`` (of a queue, in order) point past the log (from the
+        first on, once per queue) or at something that is not their record."""
+        lookup = self._lookup
+        if lookup is None:
+            lookup = self._lookup = RecordLookup(self.store.commitlog)
         report = self.report
-        reported_beyond = False
-        for unit in queue.units():
+        for unit in units:
             if unit.is_pre_blank:
                 continue
             if unit.physical_offset + unit.size > log_end:
-                if not reported_beyond:
-                    reported_beyond = True
+                if queue.directory not in self._beyond_reported:
+                    self._beyond_reported.add(queue.directory)
                     self.report.add(
                         "cq-beyond-log",
                         f"units from queue offset {unit.queue_offset} point past the end of "
@@ -809,6 +841,13 @@ class QueueChecks:
             "queue_id": queue.queue_id,
             "queue_offset": queue_offset,
         }
+
+
+def _blocks(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``values`` in lists of ``size`` (the last shorter)."""
+    iterator = iter(values)
+    while block := list(islice(iterator, size)):
+        yield block
 
 
 def _left_behind(first: int, resume: int | None) -> bool:

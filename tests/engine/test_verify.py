@@ -655,3 +655,43 @@ def test_batches_and_records_one_by_one_agree_on_randomly_damaged_queues_and_ind
     assert batched.counts == one_by_one.counts
     assert batched.checked == one_by_one.checked
     assert _findings(batched) == _findings(one_by_one)
+
+
+def test_the_second_look_at_a_queue_passes_over_units_plainly_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue with one unit pointing at another queue's record is given a second look: the
+    units plainly in place are passed over a block at a time, and only the others are
+    looked up one by one (one bad unit made verify re-read every record of its queue)."""
+    from rmqstore.commitlog import RecordLookup
+
+    store_dir = _generated_queues(tmp_path)
+    queues = store_dir / "consumequeue" / "BenchmarkTopic"
+    path = queues / "2" / f"{0:020d}"
+    units = bytearray(path.read_bytes())
+    neighbour = struct.unpack_from(">qiq", (queues / "1" / f"{0:020d}").read_bytes(), 100 * 20)
+    struct.pack_into(">qiq", units, 300 * 20, *neighbour)  # queue 1's record 100
+    path.write_bytes(units)
+    last = queues / "3" / f"{2 * 600 * 20:020d}"
+    with open(last, "r+b") as handle:  # its last unit points past the end of the log
+        handle.seek(299 * 20)
+        handle.write(struct.pack(">qiq", 10**9, 279, 0))
+    looked_up = []
+    holder = RecordLookup.holder
+
+    def counted_holder(self, offset: int):
+        looked_up.append(offset)
+        return holder(self, offset)
+
+    monkeypatch.setattr(RecordLookup, "holder", counted_holder)
+    report = run_default(store_dir)
+    assert looked_up == [neighbour[0]]
+    queue_findings = [f for f in report.findings if f.kind.startswith("cq-")]
+    assert sorted((f.kind, f.topic, f.queue_id, f.queue_offset) for f in queue_findings) == [
+        ("cq-beyond-log", "BenchmarkTopic", 3, 1499),
+        ("cq-unit", "BenchmarkTopic", 2, 300),
+        ("cq-unit", "BenchmarkTopic", 3, 1499),
+        ("cq-unit-orphan", "BenchmarkTopic", 2, 300),
+    ]
+    orphan = next(f for f in report.findings if f.kind == "cq-unit-orphan")
+    assert "belongs to BenchmarkTopic:1 at queue offset 100" in orphan.message
