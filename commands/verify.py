@@ -61,7 +61,10 @@ _HELP = (
     record's keys, index lag. Checkpoint times against the data; 'abort'. Reads only, and
     works on a store a broker holds (with a warning). With --engine spark the commit log is
     checked in ranges on Spark executors, with the same findings (the store must be at the
-    same path on every executor); with --jobs N, in N processes of this machine.
+    same path on every executor); with --jobs N, in N processes of this machine. A damaged
+    or lagging store is checked about as fast as a sound one (the records a batch at a time,
+    their units and index entries run by run); findings past --max-findings are counted,
+    not listed.
 
     Finding kinds: """
     + ", ".join(KINDS)
