@@ -363,13 +363,14 @@ class CommitLog:
 
 
 class RecordHolder(NamedTuple):
-    """Whose record starts at an offset: its topic, queue and queue offset, and its
-    properties (undecoded: most lookups do not need them)."""
+    """Whose record starts at an offset: its topic, queue and queue offset, its properties
+    (undecoded: most lookups do not need them) and its size."""
 
     topic: str
     queue_id: int
     queue_offset: int
     properties_bytes: bytes
+    store_size: int
 
 
 _LOOKUP_WINDOW = 1 << 20
@@ -410,10 +411,15 @@ class RecordLookup:
                     rows[layout.QUEUE_ID],
                     rows[layout.QUEUE_OFFSET],
                     bytes(buf[properties_at : properties_at + rows[layout.PROPERTIES_LENGTH]]),
+                    total,
                 )
         message = self.log.read(offset, body=BodyMode.SKIP)  # raises what is wrong
         return RecordHolder(
-            message.topic, message.queue_id, message.queue_offset, message.properties_bytes
+            message.topic,
+            message.queue_id,
+            message.queue_offset,
+            message.properties_bytes,
+            message.store_size,
         )
 
     def _load(self, offset: int) -> None:

@@ -39,7 +39,6 @@ from rmqstore.record import (
     H_SYS_FLAG,
     H_TOTAL_SIZE,
     MAGIC_V2,
-    BodyMode,
     RegionScan,
     ScanStop,
     find_next_record_in_file,
@@ -49,6 +48,7 @@ from rmqstore.topics import is_path_safe
 from rmqstore.windows import FileWindows
 
 if TYPE_CHECKING:
+    from rmqstore.commitlog import RecordLookup
     from rmqstore.reader import MessageReader
 
 _INDEX_NAME = re.compile(r"[0-9]{17}")
@@ -194,13 +194,14 @@ def consumequeue_items(
         topic, queue_text = path.parent.parent.name, path.parent.name
         queue_id = int(queue_text) if queue_text.isdigit() else None
     with ExitStack() as cleanup:
-        log = reader = None
+        lookup = reader = None
         if check and target.store_root is not None:
+            from rmqstore.commitlog import RecordLookup
             from rmqstore.reader import MessageReader
             from rmqstore.store import Store
 
             store = cleanup.enter_context(Store.open_read(target.store_root, config))
-            log = store.commitlog
+            lookup = RecordLookup(store.commitlog)
             if queue_id is not None and is_path_safe(topic or ""):
                 reader = MessageReader(store)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -235,9 +236,9 @@ def consumequeue_items(
                 }
                 if step < len(in_place) and in_place[step]:
                     item["record"], item["recordNote"] = "ok", None
-                elif log is not None and not item["preBlank"]:
+                elif lookup is not None and not item["preBlank"]:
                     item["record"], item["recordNote"] = _unit_record(
-                        log, offset, unit_size, (topic, queue_id, queue_offset)
+                        lookup, offset, unit_size, (topic, queue_id, queue_offset)
                     )
                 yield item
             position += len(data)
@@ -272,17 +273,22 @@ def _units_in_place(
     return reader.units_in_place(topic, queue_id, values)
 
 
-def _unit_record(log: Any, offset: int, size: int, wanted: tuple) -> tuple[str, str | None]:
-    """Whether the record a unit points at is there and is the unit's."""
+def _unit_record(
+    lookup: RecordLookup, offset: int, size: int, wanted: tuple
+) -> tuple[str, str | None]:
+    """Whether the record a unit points at is there and is the unit's (looked up through a
+    window of the log: a damaged queue can have a quarter of a million such units)."""
     try:
-        message = log.read(offset, body=BodyMode.SKIP)
+        holder = lookup.holder(offset)
     except (RecordError, StoreFormatError, NotFoundError) as exc:
         return "missing", str(exc)
-    holder = (message.topic, message.queue_id, message.queue_offset)
-    if holder != wanted:
-        return "differs", f"the record there is {holder[0]}:{holder[1]} queue offset {holder[2]}"
-    if message.store_size != size:
-        return "differs", f"the record there is {message.store_size} bytes"
+    if holder[:3] != wanted:
+        return "differs", (
+            f"the record there is {holder.topic}:{holder.queue_id} queue offset "
+            f"{holder.queue_offset}"
+        )
+    if holder.store_size != size:
+        return "differs", f"the record there is {holder.store_size} bytes"
     return "ok", None
 
 

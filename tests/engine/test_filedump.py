@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,24 @@ def test_a_unit_pointing_at_an_earlier_record_of_its_queue(tmp_path: Path, monke
     ]
     assert items[5]["record"] == "differs" and "queue offset 0" in items[5]["recordNote"]
     assert {item["record"] for item in items[:5] + items[6:]} == {"ok"}
+
+
+def test_units_pointing_at_the_wrong_size_and_into_a_record(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A unit one byte too long points at its own record, which differs by its size; a unit
+    pointing four bytes into a record finds none there: the same found in place or looked up
+    (through a window of the log, as each unit not plainly in place is)."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    path = _queue_files(store)[0]
+    data = bytearray(path.read_bytes())
+    offset, record_size, code = struct.unpack_from(">qiq", data, 2 * 20)
+    struct.pack_into(">qiq", data, 2 * 20, offset, record_size + 1, code)
+    offset, size, code = struct.unpack_from(">qiq", data, 3 * 20)
+    struct.pack_into(">qiq", data, 3 * 20, offset + 4, size, code)
+    path.write_bytes(data)
+    items = [
+        item for item in _both_ways(path, StoreConfig(), monkeypatch) if item["type"] == "unit"
+    ]
+    assert items[2]["record"] == "differs" and f"is {record_size} bytes" in items[2]["recordNote"]
+    assert items[3]["record"] == "missing" and "MAGICCODE" in items[3]["recordNote"]
+    assert {item["record"] for item in items[:2] + items[4:]} == {"ok"}
