@@ -296,11 +296,12 @@ class ConsumeQueue:
             within = position - segment.start
             length = min(self.file_size - within, (stop - offset) * CQ_UNIT_SIZE)
             data = read_range(segment.path, within, length)
-            for queue_offset, values in enumerate(UNIT.iter_unpack(data), offset):
+            whole = len(data) - len(data) % CQ_UNIT_SIZE
+            for queue_offset, values in enumerate(UNIT.iter_unpack(data[:whole]), offset):
                 yield (queue_offset, *values)
-            offset += len(data) // CQ_UNIT_SIZE
+            offset += whole // CQ_UNIT_SIZE
             if len(data) < length:
-                return  # (read_range raises first; a short read never loops)
+                return  # a file shorter than the units after it say (cut): its whole units
 
     def offset_by_time(self, timestamp: int, store_time: Callable[[int, int], int]) -> int:
         """5.x ``getOffsetInQueueByTime`` (boundary LOWER): the first queue offset whose record

@@ -219,3 +219,29 @@ def test_the_min_offset_is_the_first_unit_still_in_the_log(
         assert queue.min_offset == expected
         if not expired:
             assert sum(read) <= _FIRST_CHUNK
+
+
+def test_units_of_a_queue_with_a_file_cut_short_in_the_middle(tmp_path: Path) -> None:
+    """A queue file before the last one cut to 189 bytes (not a whole number of units), the
+    queue's end still told by its last file: reading its units gives the whole ones of the
+    cut file and stops there (it raised struct.error, and verify's second look at the queue
+    ended in an internal error)."""
+    import os
+
+    from rmqstore.fixtures import FixtureOptions, generate
+    from rmqstore.store import Store
+    from rmqstore.verify import verify_store
+
+    store = tmp_path / "store"
+    generate("lmq", store, FixtureOptions(messages=4000, commitlog_file_size=256 * 1024))
+    folder = store / "consumequeue" / "%LMQ%room-1" / "0"
+    files = sorted(folder.iterdir())
+    cut = files[len(files) // 2]
+    os.truncate(cut, 189)
+    queue = ConsumeQueue(store / "consumequeue", "%LMQ%room-1", 0, 400, strict=False)
+    assert queue.max_offset > int(cut.name) // 20 + 9  # past the cut
+    values = list(queue.unit_values())
+    assert [value[0] for value in values] == list(range(int(cut.name) // 20 + 9))
+    with Store.open_read(store) as opened:
+        report = verify_store(opened)
+    assert report.counts["cq-unit"] > 0 and not report.ok
