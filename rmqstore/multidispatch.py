@@ -86,6 +86,27 @@ def rows_copies(
     return found
 
 
+def copy_run_keys(
+    buf: Any, runs: Any, found: int, names: dict[bytes, str]
+) -> list[tuple[str, int]]:
+    """The queue (name, queue id) of each of the ``found`` runs the kernel's ``copy_runs``
+    gathered from ``buf``, the names decoded as :func:`rows_copies` decodes them (``names``:
+    bytes to text, kept from call to call)."""
+    if len(names) > _MOST_NAMES:
+        names.clear()
+    keys = []
+    width = layout.COPY_RUN_WIDTH
+    for number in range(found):
+        at = number * width
+        name_at = runs[at + layout.COPY_RUN_NAME_AT]
+        raw = bytes(buf[name_at : name_at + runs[at + layout.COPY_RUN_NAME_LENGTH]])
+        name = names.get(raw)
+        if name is None:
+            name = names[raw] = raw.decode("utf-8", "replace")
+        keys.append((name, runs[at + layout.COPY_RUN_QUEUE_ID]))
+    return keys
+
+
 def may_share_queues(
     buf: Any, rows: Any, first: int, stop: int, copies: Iterable[list[QueueCopy]]
 ) -> bool:

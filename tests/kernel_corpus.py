@@ -29,6 +29,7 @@ from rmqstore.kernel.layout import (
     FORCE_PROPERTY_CRC,
     HASHED_KEY_SIZE,
     MESSAGE_ID_MAX,
+    PHYSICAL_OFFSET,
     PICKED_WIDTH,
     POSITION,
     PROPERTIES_AT,
@@ -250,6 +251,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from records_at_both(native, data, base, rng)
     yield from record_items_both(native, data, base, rng)
     yield from row_copies_both(native, data, base, rng)
+    yield from copy_runs_both(native, data, base, rng)
 
 
 def records_at_both(
@@ -855,19 +857,11 @@ def _copy_properties(rng: random.Random) -> bytes:
     return b"\x02".join(pairs) + rng.choice((b"\x02", b""))
 
 
-def row_copies_both(
-    native: ModuleType, data: bytes, base: int, rng: random.Random
-) -> Iterator[str]:
-    """How ``row_copies`` (a record's units in further queues) differs between the kernels,
-    and from ``queue_copies`` of the properties decoded (rmqstore.multidispatch, what the
-    reference way of dispatch and verify reads), on the rows a scan of ``data`` gives and on
-    rows made to point at random property bytes (the two names where a pair starts and
-    inside values, separators, offsets of every length and above a long, LMQ and other
-    names, text that is not UTF-8), with every transaction type and %RETRY% topics; and the
-    error (type and message) of a row number outside the rows or a span outside the buffer."""
-    from rmqstore.multidispatch import QueueCopy, queue_copies
-    from rmqstore.properties import decode_properties
-
+def _rows_with_copies(
+    data: bytes, base: int, rng: random.Random
+) -> tuple[bytearray, list[tuple[int, ...]]]:
+    """The rows a scan of ``data`` gives, and rows made to point at random property bytes
+    appended to it (see :func:`row_copies_both`), each with a physical offset and size."""
     rows, _final = run_scan(reference, data, 0, base, 0, 4096)
     buf = bytearray(data)
     made = []
@@ -881,8 +875,110 @@ def row_copies_both(
         buf += props
         row[SYS_FLAG] = rng.choice((0, 0x4, 0x8, 0xC, 0x10, 0x38))
         row[QUEUE_ID] = rng.choice((0, 3, -1, 2**31 - 1))
+        row[PHYSICAL_OFFSET] = rng.choice((0, 4096, 2**40, 2**63 - 1))
+        row[TOTAL_SIZE] = rng.choice((0, 300, 2**31 - 1))
         made.append(tuple(row))
-    rows = [*rows, *made]
+    return buf, [*rows, *made]
+
+
+def copy_runs_both(native: ModuleType, data: bytes, base: int, rng: random.Random) -> Iterator[str]:
+    """How ``copy_runs`` (the units in further queues of rows, gathered into runs) differs
+    between the kernels, and from the units ``row_copies`` gives for the same rows, on the
+    rows :func:`row_copies_both` makes, in log order, with run and unit tables of every size
+    (full ones stop before a row); and the error of a row outside the rows, the buffer or
+    the dispatch output."""
+    from rmqstore.kernel.layout import (
+        COPY_RUN_FIRST_QUEUE_OFFSET,
+        COPY_RUN_NAME_AT,
+        COPY_RUN_NAME_LENGTH,
+        COPY_RUN_QUEUE_ID,
+        COPY_RUN_UNITS,
+        COPY_RUN_UNITS_FROM,
+        COPY_RUN_WIDTH,
+        DISPATCH_WIDTH,
+    )
+    from rmqstore.multidispatch import QueueCopy
+
+    buf, rows = _rows_with_copies(data, base, rng)
+    packed = pack_rows(rows)
+    numbers = array("q", sorted(rng.sample(range(len(rows)), rng.randint(0, len(rows)))))
+    dispatch_out = array("q", [rng.choice((0, -1, 2**63 - 1, -(2**31))) for _ in rows] * 4)
+    run_room, unit_room = rng.choice(((1, 1), (3, 5), (64, 64), (4096, 4096)))
+    outcomes = []
+    for kernel in (reference, native):
+        units = bytearray(unit_room * UNIT_SIZE)
+        runs = array("q", bytes(8 * COPY_RUN_WIDTH * run_room))
+        scratch = array("q", bytes(8 * 2 * unit_room))
+        done, found, placed = kernel.copy_runs(
+            bytes(buf), packed, numbers, dispatch_out, units, runs, scratch
+        )
+        outcomes.append(
+            (done, found, placed, bytes(units[: placed * UNIT_SIZE]),
+             list(runs[: found * COPY_RUN_WIDTH]), list(scratch[: 2 * placed]))
+        )  # fmt: skip
+    if outcomes[0] != outcomes[1]:
+        yield "copy_runs differs"
+        return
+    done, found, placed, units, runs, _ = outcomes[0]
+    got = []
+    for number in range(found):
+        run = runs[number * COPY_RUN_WIDTH : (number + 1) * COPY_RUN_WIDTH]
+        name_at = run[COPY_RUN_NAME_AT]
+        name = bytes(buf[name_at : name_at + run[COPY_RUN_NAME_LENGTH]]).decode("utf-8", "replace")
+        for index in range(run[COPY_RUN_UNITS]):
+            unit = struct.unpack_from(">qiq", units, (run[COPY_RUN_UNITS_FROM] + index) * UNIT_SIZE)
+            got.append(
+                (name, run[COPY_RUN_QUEUE_ID], run[COPY_RUN_FIRST_QUEUE_OFFSET] + index, *unit)
+            )
+    copies: list = []
+    reference.row_copies(bytes(buf), packed, numbers[:done], QueueCopy, {}, copies)
+    expected = [
+        (*unit, rows[number][PHYSICAL_OFFSET], rows[number][TOTAL_SIZE],
+         dispatch_out[number * DISPATCH_WIDTH])
+        for number, units_of_row in zip(numbers[:done], copies, strict=True)
+        for unit in units_of_row
+    ]  # fmt: skip
+    if sorted(got) != sorted(expected) or placed != len(expected):
+        yield "copy_runs gives other units than row_copies"
+    # a span moved outside the buffer, a row outside the rows or the dispatch output
+    broken = [list(row) for row in rows]
+    victim = rng.randrange(len(broken))
+    column = rng.choice((TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT, PROPERTIES_LENGTH))
+    broken[victim][column] = rng.choice((-1, len(buf), len(buf) + 1, 1 << 40, -(1 << 62)))
+    for number_list, packed_rows, out in (
+        ([victim], pack_rows([tuple(row) for row in broken]), dispatch_out),
+        ([0, rng.choice((len(rows), -1, 1 << 40))], packed, dispatch_out),
+        ([len(rows) - 1], packed, dispatch_out[: (len(rows) - 1) * DISPATCH_WIDTH]),
+    ):
+        errors = []
+        for kernel in (reference, native):
+            try:
+                kernel.copy_runs(
+                    bytes(buf), packed_rows, array("q", number_list), out,
+                    bytearray(UNIT_SIZE * 64), array("q", bytes(8 * COPY_RUN_WIDTH * 64)),
+                    array("q", bytes(8 * 128)),
+                )  # fmt: skip
+                errors.append(None)
+            except ValueError as exc:
+                errors.append(str(exc))
+        if errors[0] != errors[1]:
+            yield f"copy_runs fails otherwise on a bad row ({errors})"
+
+
+def row_copies_both(
+    native: ModuleType, data: bytes, base: int, rng: random.Random
+) -> Iterator[str]:
+    """How ``row_copies`` (a record's units in further queues) differs between the kernels,
+    and from ``queue_copies`` of the properties decoded (rmqstore.multidispatch, what the
+    reference way of dispatch and verify reads), on the rows a scan of ``data`` gives and on
+    rows made to point at random property bytes (the two names where a pair starts and
+    inside values, separators, offsets of every length and above a long, LMQ and other
+    names, text that is not UTF-8), with every transaction type and %RETRY% topics; and the
+    error (type and message) of a row number outside the rows or a span outside the buffer."""
+    from rmqstore.multidispatch import QueueCopy, queue_copies
+    from rmqstore.properties import decode_properties
+
+    buf, rows = _rows_with_copies(data, base, rng)
     packed = pack_rows(rows)
     numbers = array("q", rng.sample(range(len(rows)), len(rows)))  # any order
     expected = []

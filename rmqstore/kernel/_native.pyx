@@ -2728,82 +2728,110 @@ cdef inline int64_t _piece_end(const uint8_t* data, int64_t position, int64_t en
     return end if found == NULL else found - data
 
 
+cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names_at,
+                         int64_t* names_end, int64_t* offsets_at,
+                         int64_t* offsets_end) noexcept nogil:
+    """How many units in further queues ``row`` (its ROW_WIDTH columns) names, its
+    INNER_MULTI_DISPATCH and INNER_MULTI_QUEUE_OFFSET spans set, before offsets above a long
+    are left out: 0 when it has none (see row_copies in layout.py). The caller checked that
+    the row's topic and properties lie in the buffer."""
+    cdef int64_t topic_at = row[C_TOPIC_AT], topic_length = row[C_TOPIC_LENGTH]
+    cdef int64_t props_at = row[C_PROPERTIES_AT], props_length = row[C_PROPERTIES_LENGTH]
+    cdef int64_t sys_type = row[C_SYS_FLAG] & 0xC
+    cdef int64_t names_length, offsets_length, pieces, other_pieces, position, digits
+    cdef bint valid
+    names_at[0] = names_end[0] = offsets_at[0] = offsets_end[0] = 0
+    if sys_type == 0x4 or sys_type == 0xC:
+        return 0  # PREPARED, ROLLBACK: in no queue
+    if topic_length >= 7 and memcmp(data + topic_at, b"%RETRY%", 7) == 0:
+        return 0
+    _find_value(data, props_at, props_length, b"INNER_MULTI_DISPATCH", 20, names_at,
+                &names_length)
+    _find_value(data, props_at, props_length, b"INNER_MULTI_QUEUE_OFFSET", 24, offsets_at,
+                &offsets_length)
+    if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
+        return 0
+    names_end[0] = names_at[0] + names_length
+    offsets_end[0] = offsets_at[0] + offsets_length
+    # as many names as offsets, each offset 1 to 19 ASCII digits: else no copy at all
+    pieces = 1
+    position = names_at[0]
+    while True:
+        position = _piece_end(data, position, names_end[0])
+        if position == names_end[0]:
+            break
+        pieces += 1
+        position += 1
+    other_pieces = 1
+    digits = 0
+    valid = True
+    for position in range(offsets_at[0], offsets_end[0]):
+        if data[position] == 44:
+            valid = valid and 0 < digits
+            other_pieces += 1
+            digits = 0
+        elif 48 <= data[position] <= 57:
+            digits += 1
+            valid = valid and digits <= 19
+        else:
+            valid = False
+    valid = valid and 0 < digits
+    if not valid or pieces != other_pieces:
+        return 0
+    return pieces
+
+
+cdef inline int64_t _next_copy(const uint8_t* data, int64_t* position, int64_t names_end,
+                               int64_t* number_end, int64_t offsets_end,
+                               uint64_t* value) noexcept nogil:
+    """The end of the next name of a row's further queues, from ``position`` (moved past
+    it), and its offset in ``value`` (``number_end`` moved to the offset's comma)."""
+    cdef int64_t name_end = _piece_end(data, position[0], names_end)
+    value[0] = 0
+    number_end[0] += 1
+    while number_end[0] < offsets_end and data[number_end[0]] != 44:
+        value[0] = value[0] * 10 + (data[number_end[0]] - 48)  # 19 digits fit 64 bits
+        number_end[0] += 1
+    return name_end
+
+
+cdef inline int64_t _checked_row(const int64_t[::1] row_view, int64_t row, int64_t row_count,
+                                 int64_t length) except -1:
+    """The first column of row ``row``, once its topic and properties are known to lie in a
+    buffer of ``length`` bytes (a ValueError otherwise, as the reference raises it)."""
+    cdef int64_t at
+    if not 0 <= row < row_count:
+        raise ValueError(f"row {row} is outside the rows")
+    at = row * ROW_WIDTH_NATIVE
+    if not (_fits(row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH], length)
+            and _fits(row_view[at + C_PROPERTIES_AT], row_view[at + C_PROPERTIES_LENGTH], length)):
+        raise ValueError(f"row {row} points outside the buffer")
+    return at
+
+
 def row_copies(buf, rows, numbers, copy_type, dict names, list out):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
     cdef const int64_t[::1] row_view = rows
     cdef const int64_t[::1] number_view = numbers
     cdef int64_t length = view.shape[0], row_count = row_view.shape[0] // ROW_WIDTH_NATIVE
-    cdef int64_t n, row, at, topic_at, topic_length, props_at, props_length, sys_type
-    cdef int64_t names_at, names_length, offsets_at, offsets_length, names_end, offsets_end
-    cdef int64_t pieces, other_pieces, position, digits, name_end, number_end, queue_id, piece
+    cdef int64_t n, at, names_at, names_end, offsets_at, offsets_end, pieces, piece
+    cdef int64_t position, name_end, number_end, queue_id
     cdef uint64_t value
     cdef const uint8_t* data = &view[0] if length else NULL
-    cdef bint valid
     cdef object raw, name, copies
     new_copy = tuple.__new__
     for n in range(number_view.shape[0]):
-        row = number_view[n]
-        if not 0 <= row < row_count:
-            raise ValueError(f"row {row} is outside the rows")
-        at = row * ROW_WIDTH_NATIVE
-        topic_at = row_view[at + C_TOPIC_AT]
-        topic_length = row_view[at + C_TOPIC_LENGTH]
-        props_at = row_view[at + C_PROPERTIES_AT]
-        props_length = row_view[at + C_PROPERTIES_LENGTH]
-        if not (_fits(topic_at, topic_length, length) and _fits(props_at, props_length, length)):
-            raise ValueError(f"row {row} points outside the buffer")
-        # (checked above: every read below lies inside the buffer)
+        at = _checked_row(row_view, number_view[n], row_count, length)
+        # (checked: every read below lies inside the buffer)
         copies = []
         out.append(copies)
-        sys_type = row_view[at + C_SYS_FLAG] & 0xC
-        if sys_type == 0x4 or sys_type == 0xC:
-            continue  # PREPARED, ROLLBACK: in no queue
-        if topic_length >= 7 and memcmp(data + topic_at, b"%RETRY%", 7) == 0:
-            continue
-        _find_value(data, props_at, props_length, b"INNER_MULTI_DISPATCH", 20, &names_at,
-                    &names_length)
-        _find_value(data, props_at, props_length, b"INNER_MULTI_QUEUE_OFFSET", 24, &offsets_at,
-                    &offsets_length)
-        if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
-            continue
-        names_end = names_at + names_length
-        offsets_end = offsets_at + offsets_length
-        # as many names as offsets, each offset 1 to 19 ASCII digits: else no copy at all
-        pieces = 1
+        pieces = _copy_spans(data, &row_view[at], &names_at, &names_end, &offsets_at,
+                             &offsets_end)
         position = names_at
-        while True:
-            position = _piece_end(data, position, names_end)
-            if position == names_end:
-                break
-            pieces += 1
-            position += 1
-        other_pieces = 1
-        digits = 0
-        valid = True
-        for position in range(offsets_at, offsets_end):
-            if data[position] == 44:
-                valid = valid and 0 < digits
-                other_pieces += 1
-                digits = 0
-            elif 48 <= data[position] <= 57:
-                digits += 1
-                valid = valid and digits <= 19
-            else:
-                valid = False
-        valid = valid and 0 < digits
-        if not valid or pieces != other_pieces:
-            continue
-        position = names_at
-        name_end = names_at
         number_end = offsets_at - 1
         for piece in range(pieces):
-            name_end = _piece_end(data, position, names_end)
-            value = 0
-            number_end += 1
-            while number_end < offsets_end and data[number_end] != 44:
-                value = value * 10 + (data[number_end] - 48)  # 19 digits fit 64 bits
-                number_end += 1
+            name_end = _next_copy(data, &position, names_end, &number_end, offsets_end, &value)
             if value <= <uint64_t>0x7FFFFFFFFFFFFFFF:
                 raw = PyBytes_FromStringAndSize(<const char*>(data + position),
                                                 name_end - position) \
@@ -2818,3 +2846,105 @@ def row_copies(buf, rows, numbers, copy_type, dict names, list out):
                 copies.append(new_copy(copy_type, (name, queue_id, <int64_t>value)))
             position = name_end + 1
     return number_view.shape[0]
+
+
+DEF COPY_RUN_WIDTH = 7
+
+cdef enum:  # copy-run columns
+    COPY_RUN_NAME_AT = 0
+    COPY_RUN_NAME_LENGTH = 1
+    COPY_RUN_QUEUE_ID = 2
+    COPY_RUN_FIRST_QUEUE_OFFSET = 3
+    COPY_RUN_UNITS = 4
+    COPY_RUN_UNITS_FROM = 5
+    COPY_RUN_LAST_ROW = 6
+
+
+def copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef const int64_t[::1] number_view = numbers
+    cdef const int64_t[::1] out_view = dispatch_out
+    cdef uint8_t[::1] unit_view = units
+    cdef int64_t[::1] run_view = runs
+    cdef int64_t[::1] scratch_view = scratch
+    cdef int64_t length = view.shape[0], row_count = row_view.shape[0] // ROW_WIDTH_NATIVE
+    cdef int64_t run_capacity = run_view.shape[0] // COPY_RUN_WIDTH
+    cdef int64_t unit_capacity = min(unit_view.shape[0] // 20, scratch_view.shape[0] // 2)
+    cdef int64_t n, row, at, names_at, names_end, offsets_at, offsets_end, pieces, piece
+    cdef int64_t position, name_end, number_end, queue_id, name_length, number, m, run_at
+    cdef int64_t found = 0, placed = 0, done = 0, unit_at, physical, tags
+    cdef uint64_t value
+    cdef const uint8_t* data = &view[0] if length else NULL
+    cdef uint8_t* unit
+    for n in range(number_view.shape[0]):
+        row = number_view[n]
+        at = _checked_row(row_view, row, row_count, length)
+        if not 0 <= row * DISPATCH_WIDTH <= out_view.shape[0] - DISPATCH_WIDTH:
+            raise ValueError(f"row {row} is outside the dispatch output")
+        pieces = _copy_spans(data, &row_view[at], &names_at, &names_end, &offsets_at,
+                             &offsets_end)
+        if found + pieces > run_capacity or placed + pieces > unit_capacity:
+            break
+        position = names_at
+        number_end = offsets_at - 1
+        for piece in range(pieces):
+            name_end = _next_copy(data, &position, names_end, &number_end, offsets_end, &value)
+            if value <= <uint64_t>0x7FFFFFFFFFFFFFFF:
+                name_length = name_end - position
+                queue_id = 0 if (name_length >= 5 and memcmp(data + position, b"%LMQ%", 5) == 0) \
+                    else row_view[at + C_QUEUE_ID]
+                number = -1
+                m = found - 1
+                while m >= 0:  # the queue's latest run
+                    run_at = m * COPY_RUN_WIDTH
+                    if (run_view[run_at + COPY_RUN_QUEUE_ID] == queue_id
+                            and run_view[run_at + COPY_RUN_NAME_LENGTH] == name_length
+                            and (name_length == 0
+                                 or memcmp(data + run_view[run_at + COPY_RUN_NAME_AT],
+                                           data + position, name_length) == 0)):
+                        number = m
+                        break
+                    m -= 1
+                if number >= 0 and (run_view[number * COPY_RUN_WIDTH + COPY_RUN_FIRST_QUEUE_OFFSET]
+                                    + run_view[number * COPY_RUN_WIDTH + COPY_RUN_UNITS]
+                                    != <int64_t>value):
+                    number = -1
+                if number < 0:
+                    number = found
+                    found += 1
+                    run_at = number * COPY_RUN_WIDTH
+                    run_view[run_at + COPY_RUN_NAME_AT] = position
+                    run_view[run_at + COPY_RUN_NAME_LENGTH] = name_length
+                    run_view[run_at + COPY_RUN_QUEUE_ID] = queue_id
+                    run_view[run_at + COPY_RUN_FIRST_QUEUE_OFFSET] = <int64_t>value
+                    run_view[run_at + COPY_RUN_UNITS] = 0
+                    run_view[run_at + COPY_RUN_UNITS_FROM] = 0
+                run_view[number * COPY_RUN_WIDTH + COPY_RUN_UNITS] += 1
+                run_view[number * COPY_RUN_WIDTH + COPY_RUN_LAST_ROW] = row
+                scratch_view[2 * placed] = number
+                scratch_view[2 * placed + 1] = row
+                placed += 1
+            position = name_end + 1
+        done += 1
+    unit_at = 0
+    for m in range(found):
+        run_view[m * COPY_RUN_WIDTH + COPY_RUN_UNITS_FROM] = unit_at
+        unit_at += run_view[m * COPY_RUN_WIDTH + COPY_RUN_UNITS]
+        run_view[m * COPY_RUN_WIDTH + COPY_RUN_UNITS] = 0  # counted again as units are written
+    for m in range(placed):
+        number = scratch_view[2 * m]
+        row = scratch_view[2 * m + 1]
+        run_at = number * COPY_RUN_WIDTH
+        unit = &unit_view[(run_view[run_at + COPY_RUN_UNITS_FROM] + run_view[run_at + COPY_RUN_UNITS]) * 20]
+        at = row * ROW_WIDTH_NATIVE
+        physical = row_view[at + C_PHYSICAL_OFFSET]
+        tags = out_view[row * DISPATCH_WIDTH + TAGS_CODE]
+        _put_be32(unit, <uint32_t>(<uint64_t>physical >> 32))
+        _put_be32(unit + 4, <uint32_t>(<uint64_t>physical & 0xFFFFFFFFU))
+        _put_be32(unit + 8, <uint32_t>row_view[at + C_TOTAL_SIZE])
+        _put_be32(unit + 12, <uint32_t>(<uint64_t>tags >> 32))
+        _put_be32(unit + 16, <uint32_t>(<uint64_t>tags & 0xFFFFFFFFU))
+        run_view[run_at + COPY_RUN_UNITS] += 1
+    return done, found, placed

@@ -412,6 +412,27 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # topic or properties lie outside ``buf``, is a ValueError (rows before it are appended). It
 # returns ``len(numbers)``.
 
+#
+# ``copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch)`` gathers the units in
+# further queues of the rows ``numbers`` (an ``array('q')`` of row numbers in log order), the
+# units ``row_copies`` gives for them, into runs as ``queue_runs`` gathers a row's own unit: units
+# of one queue (the name's bytes and the queue id) with consecutive queue offsets, in log order,
+# a queue's next unit going on only its latest run. Each run's units are packed back to back into
+# ``units`` (20 bytes each, as in a consume-queue file: the row's PHYSICAL_OFFSET, TOTAL_SIZE
+# and the TAGS_CODE of ``dispatch_out``, DISPATCH_WIDTH integers per row of ``rows``) and
+# described by COPY_RUN_WIDTH integers in ``runs``; ``scratch`` is scratch space (two integers per
+# unit). It returns ``(rows_done, run_count, unit_count)``: the rows of ``numbers`` taken, in
+# order, stopping before a row whose pieces (INNER_MULTI_DISPATCH's, each a unit at most) might
+# not fit in the runs, units or scratch left. A row number outside ``rows`` or
+# ``dispatch_out``, or a row whose topic or properties lie outside ``buf``, is a ValueError.
+COPY_RUN_NAME_AT = 0  # the queue's name: a span of ``buf``
+COPY_RUN_NAME_LENGTH = 1
+COPY_RUN_QUEUE_ID = 2  # 0 for a name starting with %LMQ%, else the rows' QUEUE_ID
+COPY_RUN_FIRST_QUEUE_OFFSET = 3
+COPY_RUN_UNITS = 4
+COPY_RUN_UNITS_FROM = 5  # the first unit's index in ``units``
+COPY_RUN_LAST_ROW = 6  # the row of the last unit
+COPY_RUN_WIDTH = 7
 
 # -- packing records for append ------------------------------------------------------------
 #

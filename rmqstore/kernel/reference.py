@@ -21,6 +21,11 @@ from rmqstore.kernel.layout import (
     CHAIN_LAST_OFFSET,
     CHAIN_PREVIOUS_OFFSET,
     CHECK_CRC,
+    COPY_RUN_FIRST_QUEUE_OFFSET,
+    COPY_RUN_LAST_ROW,
+    COPY_RUN_UNITS,
+    COPY_RUN_UNITS_FROM,
+    COPY_RUN_WIDTH,
     CRC_BAD,
     CRC_GOOD,
     CRC_STATUS,
@@ -1387,45 +1392,110 @@ def message_rows(
 _OFFSET_PIECE = re.compile(rb"[0-9]{1,19}\Z")
 
 
+def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, int, int, int]]]:
+    """How many further queues row ``row`` names, and its units in them as ``row_copies``
+    reads them (offsets above a long left out), each as ``(name_at, name_length, queue_id,
+    queue_offset)`` (the name a span of ``buf``)."""
+    length = len(buf)
+    if not 0 <= row < len(rows) // ROW_WIDTH:
+        raise ValueError(f"row {row} is outside the rows")
+    at = row * ROW_WIDTH
+    topic_at, topic_length = rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]
+    props_at, props_length = rows[at + PROPERTIES_AT], rows[at + PROPERTIES_LENGTH]
+    if not (
+        topic_at >= 0
+        and 0 <= topic_length <= length - topic_at
+        and props_at >= 0
+        and 0 <= props_length <= length - props_at
+    ):
+        raise ValueError(f"row {row} points outside the buffer")
+    if rows[at + SYS_FLAG] & 0xC in (0x4, 0xC):
+        return 0, []  # PREPARED, ROLLBACK: in no queue
+    if bytes(buf[topic_at : topic_at + topic_length]).startswith(b"%RETRY%"):
+        return 0, []
+    props = bytes(buf[props_at : props_at + props_length])
+    names_at, names_length = _property_value(props, b"INNER_MULTI_DISPATCH")
+    offsets_at, offsets_length = _property_value(props, b"INNER_MULTI_QUEUE_OFFSET")
+    if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
+        return 0, []
+    queue_names = props[names_at : names_at + names_length].split(b",")
+    offsets = props[offsets_at : offsets_at + offsets_length].split(b",")
+    if len(queue_names) != len(offsets) or not all(map(_OFFSET_PIECE.match, offsets)):
+        return 0, []
+    pieces = []
+    name_at = props_at + names_at
+    for raw, number in zip(queue_names, offsets, strict=True):
+        value = int(number)
+        if value <= 2**63 - 1:
+            queue_id = 0 if raw.startswith(b"%LMQ%") else rows[at + QUEUE_ID]
+            pieces.append((name_at, len(raw), queue_id, value))
+        name_at += len(raw) + 1
+    return len(queue_names), pieces
+
+
 def row_copies(buf: Any, rows: Any, numbers: Any, copy_type: Any, names: Any, out: Any) -> int:
     """See :mod:`rmqstore.kernel.layout`."""
-    length = len(buf)
     new_copy = tuple.__new__
     for row in numbers:
-        if not 0 <= row < len(rows) // ROW_WIDTH:
-            raise ValueError(f"row {row} is outside the rows")
-        at = row * ROW_WIDTH
-        topic_at, topic_length = rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]
-        props_at, props_length = rows[at + PROPERTIES_AT], rows[at + PROPERTIES_LENGTH]
-        if not (
-            topic_at >= 0
-            and 0 <= topic_length <= length - topic_at
-            and props_at >= 0
-            and 0 <= props_length <= length - props_at
-        ):
-            raise ValueError(f"row {row} points outside the buffer")
+        _named, pieces = _copy_pieces(buf, rows, row)
         copies: list = []
         out.append(copies)
-        if rows[at + SYS_FLAG] & 0xC in (0x4, 0xC):
-            continue  # PREPARED, ROLLBACK: in no queue
-        if bytes(buf[topic_at : topic_at + topic_length]).startswith(b"%RETRY%"):
-            continue
-        props = bytes(buf[props_at : props_at + props_length])
-        names_at, names_length = _property_value(props, b"INNER_MULTI_DISPATCH")
-        offsets_at, offsets_length = _property_value(props, b"INNER_MULTI_QUEUE_OFFSET")
-        if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
-            continue
-        queue_names = props[names_at : names_at + names_length].split(b",")
-        offsets = props[offsets_at : offsets_at + offsets_length].split(b",")
-        if len(queue_names) != len(offsets) or not all(map(_OFFSET_PIECE.match, offsets)):
-            continue
-        for raw, number in zip(queue_names, offsets, strict=True):
-            value = int(number)
-            if value > 2**63 - 1:
-                continue
+        for name_at, name_length, queue_id, value in pieces:
+            raw = bytes(buf[name_at : name_at + name_length])
             name = names.get(raw)
             if name is None:
                 name = names[raw] = raw.decode("utf-8", "replace")
-            queue_id = 0 if raw.startswith(b"%LMQ%") else rows[at + QUEUE_ID]
             copies.append(new_copy(copy_type, (name, queue_id, value)))
     return len(numbers)
+
+
+def copy_runs(
+    buf: Any, rows: Any, numbers: Any, dispatch_out: Any, units: Any, runs: Any, scratch: Any
+) -> tuple[int, int, int]:
+    """See :mod:`rmqstore.kernel.layout`."""
+    run_capacity = len(runs) // COPY_RUN_WIDTH
+    unit_capacity = min(len(units) // UNIT_SIZE, len(scratch) // 2)
+    found: list[list[int]] = []  # per run: its COPY_RUN_WIDTH integers
+    latest: dict[tuple[bytes, int], int] = {}  # (name bytes, queue id) -> its latest run
+    placed: list[tuple[int, int]] = []  # per unit: (run, row)
+    done = 0
+    for row in numbers:
+        named, pieces = _copy_pieces(buf, rows, row)
+        if not 0 <= row * DISPATCH_WIDTH <= len(dispatch_out) - DISPATCH_WIDTH:
+            raise ValueError(f"row {row} is outside the dispatch output")
+        if len(found) + named > run_capacity or len(placed) + named > unit_capacity:
+            break
+        for name_at, name_length, queue_id, value in pieces:
+            key = (bytes(buf[name_at : name_at + name_length]), queue_id)
+            number = latest.get(key, -1)
+            if number >= 0 and (
+                found[number][COPY_RUN_FIRST_QUEUE_OFFSET] + found[number][COPY_RUN_UNITS] != value
+            ):
+                number = -1
+            if number < 0:
+                number = latest[key] = len(found)
+                found.append([name_at, name_length, queue_id, value, 0, 0, row])
+            found[number][COPY_RUN_UNITS] += 1
+            found[number][COPY_RUN_LAST_ROW] = row
+            placed.append((number, row))
+        done += 1
+    filled = [0] * len(found)
+    unit_at = 0
+    for run in found:
+        run[COPY_RUN_UNITS_FROM] = unit_at
+        unit_at += run[COPY_RUN_UNITS]
+    for number, row in placed:
+        run = found[number]
+        _UNIT.pack_into(
+            units,
+            (run[COPY_RUN_UNITS_FROM] + filled[number]) * UNIT_SIZE,
+            rows[row * ROW_WIDTH + PHYSICAL_OFFSET],
+            rows[row * ROW_WIDTH + TOTAL_SIZE],
+            dispatch_out[row * DISPATCH_WIDTH + TAGS_CODE],
+        )
+        filled[number] += 1
+    for number, run in enumerate(found):
+        runs[number * COPY_RUN_WIDTH : (number + 1) * COPY_RUN_WIDTH] = type(runs)("q", run)
+    for index, (number, row) in enumerate(placed):
+        scratch[2 * index], scratch[2 * index + 1] = number, row
+    return done, len(found), len(placed)

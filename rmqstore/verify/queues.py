@@ -41,7 +41,7 @@ from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queues_note
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
-from rmqstore.verify.records import RecordBatch, RecordCopies, relative
+from rmqstore.verify.records import RecordBatch, relative
 from rmqstore.windows import read_range
 from rmqstore.wording import counted, quoted
 
@@ -54,6 +54,22 @@ _CHUNKS_BUDGET = 64 * 1024 * 1024  # the chunks of all queues together, while it
 # how a pre-blank unit starts: physical offset 0, then size PRE_BLANK_SIZE
 _PRE_BLANK_START = UNIT.pack(0, PRE_BLANK_SIZE, 0)[:12]
 _ORPHAN_BLOCK = 4096  # units of a queue given a second look together
+# where a run's width, first queue offset, units, first unit and last row are, in the
+# kernel's runs of the records' own units and of their units in further queues
+_RUN_COLUMNS = (
+    kernel_layout.RUN_WIDTH,
+    kernel_layout.RUN_FIRST_QUEUE_OFFSET,
+    kernel_layout.RUN_UNITS,
+    kernel_layout.RUN_UNITS_FROM,
+    kernel_layout.RUN_LAST_ROW,
+)
+_COPY_RUN_COLUMNS = (
+    kernel_layout.COPY_RUN_WIDTH,
+    kernel_layout.COPY_RUN_FIRST_QUEUE_OFFSET,
+    kernel_layout.COPY_RUN_UNITS,
+    kernel_layout.COPY_RUN_UNITS_FROM,
+    kernel_layout.COPY_RUN_LAST_ROW,
+)
 
 
 def chunk_size(queues: int) -> int:
@@ -105,7 +121,6 @@ class _BatchPlan:
     differing: list[_DifferingRun]
     lagging: list[tuple[_QueueState, int, int]]  # queue, units past its end, the first's offset
     missing: list[tuple[tuple[str, int], int, int]]  # no such queue: units, the first's offset
-    copies: list[RecordCopies]  # the units in further queues of the batch's records
 
 
 def readable_checks(store: Store, report: VerifyReport, checks: frozenset[str]) -> frozenset[str]:
@@ -357,20 +372,14 @@ class QueueChecks:
         lag, units of a queue that does not exist are counted for it, expired units (before
         the queue's start) are not compared, and a run whose stored units differ is compared
         unit by unit when the plan is applied (a damaged or lagging queue does not send the
-        whole batch, and the other checks, record by record); so are the units in further
-        queues (``batch.copies``). The order of the comparisons does not matter: each unit
-        is compared with the unit stored at its own position."""
-        plan = _BatchPlan([], [], [], [], batch.copies)
-        runs = batch.runs
-        width = kernel_layout.RUN_WIDTH
-        for number, key in enumerate(batch.run_keys):
+        whole batch, and the other checks, record by record). The runs of the records' units
+        in further queues (``batch.copy_runs``) are taken the same way. The order of the
+        comparisons does not matter: each unit is compared with the unit stored at its own
+        position."""
+        plan = _BatchPlan([], [], [], [])
+        for key, first, count, start, last, units in _batch_runs(batch):
             if not self._checked(key[0]):
                 continue
-            at = number * width
-            first = runs[at + kernel_layout.RUN_FIRST_QUEUE_OFFSET]
-            count = runs[at + kernel_layout.RUN_UNITS]
-            start = runs[at + kernel_layout.RUN_UNITS_FROM] * CQ_UNIT_SIZE
-            units = batch.units
             state = self.states.get(key) or self._state(key)  # a range opens it as needed
             if state is None:
                 plan.missing.append((key, count, UNIT.unpack_from(units, start)[0]))
@@ -394,8 +403,7 @@ class QueueChecks:
                 run = _DifferingRun(state, key, low, expected, stored, batch.offsets, batch.stamps)
                 plan.differing.append(run)
                 continue
-            last = runs[at + kernel_layout.RUN_LAST_ROW]  # the row of the run's last unit
-            if high < first + count:
+            if high < first + count:  # the last unit compared is not the run's last
                 last_offset = UNIT.unpack_from(expected, len(expected) - CQ_UNIT_SIZE)[0]
                 last = bisect_left(batch.offsets, last_offset)
             plan.matched.append((state, high - low, batch.stamps[last]))
@@ -419,8 +427,6 @@ class QueueChecks:
                 self.missing_first.setdefault(key, first_offset)
             else:
                 self._unsafe(key[0], count, first_offset)
-        if plan.copies:
-            self._check_copies(plan.copies)
 
     def _compare_run(self, run: _DifferingRun) -> None:
         """Compare a differing run's units one by one, as :meth:`_compare_unit` compares a
@@ -498,38 +504,6 @@ class QueueChecks:
                 header.store_timestamp,
                 expected_tags,
             )
-
-    def _check_copies(self, copies: list[RecordCopies]) -> None:
-        """The further-queue units of a clean batch's records, as :meth:`on_record` checks
-        each record's (their tagsCode prepared by the kernel). A unit in the chunk its queue
-        read last that is what the record needs is counted here; any other goes the way of
-        :meth:`on_record`."""
-        states = self.states
-        newest = self.last_queued_time
-        every_topic = self.topics is None and not self.excluded
-        for offset, size, stamp, code, units in copies:
-            expected = UNIT.pack(offset, size, code)
-            for unit_topic, queue_id, queue_offset in units:
-                key = (unit_topic, queue_id)
-                state = states.get(key)
-                if state is not None and (every_topic or self._checked(unit_topic)):
-                    position = queue_offset * CQ_UNIT_SIZE
-                    if (
-                        state.min_offset <= queue_offset < state.max_offset
-                        and state.base <= position <= state.limit - CQ_UNIT_SIZE
-                        and state.buf.startswith(expected, position - state.base)
-                    ):
-                        state.checked += 1
-                        state.matched += 1
-                        if stamp > newest:
-                            newest = stamp
-                        continue
-                self.last_queued_time = newest
-                state = self._due(unit_topic, queue_id, queue_offset, offset)
-                if state is not None:
-                    self._compare_unit(state, key, queue_offset, offset, size, stamp, code)
-                newest = self.last_queued_time
-        self.last_queued_time = newest
 
     def _due(
         self, unit_topic: str, queue_id: int, queue_offset: int, offset: int
@@ -841,6 +815,28 @@ class QueueChecks:
             "queue_id": queue.queue_id,
             "queue_offset": queue_offset,
         }
+
+
+def _batch_runs(batch: RecordBatch) -> Iterator[tuple[tuple[str, int], int, int, int, int, Any]]:
+    """Each run of a clean batch, its records' own units first, then their units in further
+    queues: (its queue, first queue offset, units, where its units start in the bytes that
+    hold them, the row of its last unit, those bytes)."""
+    layout = kernel_layout
+    for keys, runs, units, columns in (
+        (batch.run_keys, batch.runs, batch.units, _RUN_COLUMNS),
+        (batch.copy_run_keys, batch.copy_runs, batch.copy_units, _COPY_RUN_COLUMNS),
+    ):
+        width, first_at, count_at, from_at, last_at = columns
+        for number, key in enumerate(keys):
+            at = number * width
+            yield (
+                key,
+                runs[at + first_at],
+                runs[at + count_at],
+                runs[at + from_at] * layout.UNIT_SIZE,
+                runs[at + last_at],
+                units,
+            )
 
 
 def _blocks(values: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -27,7 +27,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
 from rmqstore.errors import InputError
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import QueueCopy, rows_copies
+from rmqstore.multidispatch import copy_run_keys
 from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -50,9 +50,10 @@ _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
 _HAS_COPIES = kernel_layout.HAS_COPIES
 
-# a queued record's units in further queues (INNER_MULTI_DISPATCH): its offset, size, store
-# time and tagsCode, and each (queue, queue id, queue offset)
-RecordCopies = tuple[int, int, int, int, list[QueueCopy]]
+# units in further queues gathered for a batch at first, and at most (a batch past it goes
+# record by record)
+_COPY_UNITS = 4 * 4096
+_MOST_COPY_UNITS = 1 << 20
 
 
 @dataclass
@@ -72,7 +73,11 @@ class RecordBatch:
     runs: Any
     run_keys: list[tuple[str, int]]  # (topic, queue id) of each run
     units: Any
-    copies: list[RecordCopies]  # the rows' units in further queues (spec 6.8), row by row
+    # the rows' units in further queues (spec 6.8), gathered into runs as the kernel's
+    # copy_runs describes them, each run's (queue, queue id), and the units the runs hold
+    copy_runs: Any
+    copy_run_keys: list[tuple[str, int]]
+    copy_units: Any
 
 
 class RecordListener(Protocol):
@@ -167,7 +172,10 @@ class RecordPass:
         self._row_runs = array("q")
         self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
         self._topics = kernel_layout.TopicNames()
-        self._queue_names: dict[bytes, str] = {}  # further queues' names (rows_copies)
+        self._queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
+        self._copy_units = bytearray(kernel_layout.UNIT_SIZE * _COPY_UNITS)
+        self._copy_runs = array("q", bytes(8 * kernel_layout.COPY_RUN_WIDTH * _COPY_UNITS))
+        self._copy_scratch = array("q", bytes(8 * 2 * _COPY_UNITS))
 
     def last_data_segment(self) -> Segment | None:
         """The last commit-log file whose first bytes are not zeros."""
@@ -386,7 +394,7 @@ class RecordPass:
         ):
             return False
         dispatch_out, key_count = self._no_dispatch, 0
-        copies: list[RecordCopies] = []
+        copies: tuple[Any, list[tuple[str, int]]] = (self._copy_runs, [])
         if self.listeners:  # they compare tagsCodes and index keys: prepare them
             dispatch_out = self._dispatch_out
             done, key_count = kernel.prepare_dispatch(
@@ -398,7 +406,10 @@ class RecordPass:
             if done < count or clean + flags.count(_HAS_COPIES) != count:
                 return False
             if clean < count:
-                copies = self._copies(window, rows, flags, dispatch_out)
+                gathered = self._gather_copies(window, rows, flags, dispatch_out)
+                if gathered is None:
+                    return False
+                copies = gathered
         done, found = kernel.queue_runs(
             window, rows, 0, count, dispatch_out, self._units, self._runs, self._row_runs
         )
@@ -435,7 +446,9 @@ class RecordPass:
                 runs,
                 [key for key, *_ in started],
                 self._units,
-                copies,
+                copies[0],
+                copies[1],
+                self._copy_units,
             )
             for listener in self.listeners:
                 check = getattr(listener, "batch_check", None)
@@ -464,24 +477,33 @@ class RecordPass:
             self.progress(offsets[count - 1])
         return True
 
-    def _copies(self, window: Any, rows: Any, flags: Any, dispatch_out: Any) -> list[RecordCopies]:
+    def _gather_copies(
+        self, window: Any, rows: Any, flags: Any, dispatch_out: Any
+    ) -> tuple[Any, list[tuple[str, int]]] | None:
         """The further-queue units of the rows flagged HAS_COPIES (queued records only, as a
-        broker puts them), with the tagsCode the kernel prepared."""
-        numbers = [number for number, flag in enumerate(flags) if flag]
-        width = kernel_layout.DISPATCH_WIDTH
-        return [
-            (
-                rows[number * ROW_WIDTH + _OFFSET_COLUMN],
-                rows[number * ROW_WIDTH + kernel_layout.TOTAL_SIZE],
-                rows[number * ROW_WIDTH + kernel_layout.STORE_TIMESTAMP],
-                dispatch_out[number * width + kernel_layout.TAGS_CODE],
-                units,
+        broker puts them) gathered into runs by the kernel (``copy_runs``, their tagsCode the
+        one it prepared), and each run's queue; None when they do not fit its tables."""
+        numbers = array("q", (number for number, flag in enumerate(flags) if flag))
+        while True:
+            done, found, _placed = kernel.copy_runs(
+                window,
+                rows,
+                numbers,
+                dispatch_out,
+                self._copy_units,
+                self._copy_runs,
+                self._copy_scratch,
             )
-            for number, units in zip(
-                numbers, rows_copies(window, rows, numbers, self._queue_names), strict=True
-            )
-            if units
-        ]
+            if done == len(numbers):
+                return self._copy_runs, copy_run_keys(
+                    window, self._copy_runs, found, self._queue_names
+                )
+            units = 4 * len(self._copy_units) // kernel_layout.UNIT_SIZE
+            if units > _MOST_COPY_UNITS:
+                return None
+            self._copy_units = bytearray(kernel_layout.UNIT_SIZE * units)
+            self._copy_runs = array("q", bytes(8 * kernel_layout.COPY_RUN_WIDTH * units))
+            self._copy_scratch = array("q", bytes(8 * 2 * units))
 
     def _walk_records(self, region: RegionScan, segment: Segment, items: Any) -> bool:
         """Check each record of ``items`` (from ``region``); True when it reached a record

@@ -695,3 +695,60 @@ def test_the_second_look_at_a_queue_passes_over_units_plainly_in_place(
     ]
     orphan = next(f for f in report.findings if f.kind == "cq-unit-orphan")
     assert "belongs to BenchmarkTopic:1 at queue offset 100" in orphan.message
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_units_in_lmq_queues_are_taken_run_by_run_as_record_by_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    """The units a batch's records have in further (LMQ) queues go into runs in the kernel
+    (copy_runs) and are taken run by run, like the records' own: sound, with bits flipped in
+    LMQ units, an LMQ queue cut short, grown or deleted, the report is the one the records
+    one by one give."""
+    import random
+
+    from rmqstore import multidispatch
+    from rmqstore.fixtures import FixtureOptions, generate
+    from rmqstore.verify import records
+
+    rng = random.Random(seed)
+    store_dir = tmp_path / "store"
+    generate("lmq", store_dir, FixtureOptions(messages=4000, commitlog_file_size=256 * 1024))
+    lmq_files = sorted(
+        path
+        for path in (store_dir / "consumequeue").rglob("*")
+        if path.is_file() and "%LMQ%" in str(path)
+    )
+    assert lmq_files
+    for _ in range(seed % 3 + (seed > 0)):
+        path = rng.choice(lmq_files)
+        if not path.exists():
+            continue
+        data = bytearray(path.read_bytes())
+        action = rng.choice(["flip", "cut", "grow", "delete"])
+        if action == "flip" and data:
+            at = rng.randrange(len(data))
+            data[at] ^= 1 << rng.randrange(8)
+        elif action == "cut":
+            del data[rng.randrange(len(data) + 1) :]
+        elif action == "grow":
+            data += struct.pack(">qiq", rng.randrange(10**6), rng.randrange(1000), 0)
+        if action == "delete":
+            path.unlink()
+        else:
+            path.write_bytes(bytes(data))
+    gathered = []
+    keys = multidispatch.copy_run_keys
+
+    def counted_keys(*args: object) -> list:
+        found = keys(*args)  # type: ignore[arg-type]
+        gathered.extend(found)
+        return found
+
+    monkeypatch.setattr(records, "copy_run_keys", counted_keys)
+    batched, plans, one_by_one = _each_way(store_dir, monkeypatch)
+    assert plans and any(name.startswith("%LMQ%") for name, _ in gathered)
+    assert batched.counts == one_by_one.counts
+    assert batched.checked == one_by_one.checked
+    assert _findings(batched) == _findings(one_by_one)
+    assert batched.ok == (seed == 0)
