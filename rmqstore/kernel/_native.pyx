@@ -2907,9 +2907,10 @@ def copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch):
                         number = m
                         break
                     m -= 1
-                if number >= 0 and (run_view[number * COPY_RUN_WIDTH + COPY_RUN_FIRST_QUEUE_OFFSET]
-                                    + run_view[number * COPY_RUN_WIDTH + COPY_RUN_UNITS]
-                                    != <int64_t>value):
+                # (unsigned: the run's first offset may be 2^63 - 1, its next one past a long)
+                if number >= 0 and (
+                        value - <uint64_t>run_view[number * COPY_RUN_WIDTH + COPY_RUN_FIRST_QUEUE_OFFSET]
+                        != <uint64_t>run_view[number * COPY_RUN_WIDTH + COPY_RUN_UNITS]):
                     number = -1
                 if number < 0:
                     number = found
