@@ -805,6 +805,12 @@ def apply_index(buf, int64_t slots, int64_t entries_at, int64_t limit, int64_t r
 DEF RUN_WIDTH = 7
 
 
+cdef inline bint _continues(int64_t first, int64_t units, int64_t queue_offset) noexcept nogil:
+    """Whether ``queue_offset`` is the next of a run of ``units`` from ``first``, without the
+    signed overflow of ``first + units`` (a run may start at queue offset 2^63 - 1)."""
+    return queue_offset > first and <uint64_t>queue_offset - <uint64_t>first == <uint64_t>units
+
+
 def queue_runs(buf, rows, int64_t first, int64_t count, dispatch_out, units, runs, row_runs):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
@@ -853,8 +859,8 @@ def queue_runs(buf, rows, int64_t first, int64_t count, dispatch_out, units, run
                         number = n
                         break
                 n -= 1
-            if number >= 0 and run_view[number * RUN_WIDTH + RUN_FIRST_QUEUE_OFFSET] + run_view[number * RUN_WIDTH + RUN_UNITS] \
-                    != queue_offset:
+            if number >= 0 and not _continues(run_view[number * RUN_WIDTH + RUN_FIRST_QUEUE_OFFSET],
+                                              run_view[number * RUN_WIDTH + RUN_UNITS], queue_offset):
                 number = -1
             if number < 0:
                 if found == capacity:
@@ -2907,10 +2913,9 @@ def copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch):
                         number = m
                         break
                     m -= 1
-                # (unsigned: the run's first offset may be 2^63 - 1, its next one past a long)
-                if number >= 0 and (
-                        value - <uint64_t>run_view[number * COPY_RUN_WIDTH + COPY_RUN_FIRST_QUEUE_OFFSET]
-                        != <uint64_t>run_view[number * COPY_RUN_WIDTH + COPY_RUN_UNITS]):
+                if number >= 0 and not _continues(
+                        run_view[number * COPY_RUN_WIDTH + COPY_RUN_FIRST_QUEUE_OFFSET],
+                        run_view[number * COPY_RUN_WIDTH + COPY_RUN_UNITS], <int64_t>value):
                     number = -1
                 if number < 0:
                     number = found

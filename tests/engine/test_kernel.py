@@ -4,6 +4,7 @@ whole and window by window; and the rules that make a record invalid, one by one
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import struct
@@ -516,3 +517,66 @@ def test_records_at_stops_at_the_first_span_that_is_not_a_record_of_the_queue(
     with pytest.raises(ValueError):
         implementation.records_at(data, array("q", [0, sizes[0]] * 2), 2, 100, 1, b"T",
                                   layout.new_rows(1))  # fmt: skip
+
+
+def _queue_rows(queue_offsets: list[int]) -> array:
+    """Rows of records of queue 0 of topic ``T`` (the first byte of a one-byte buffer)
+    with these queue offsets, 100 bytes each from offset 0."""
+    rows = []
+    for number, queue_offset in enumerate(queue_offsets):
+        row = [0] * layout.ROW_WIDTH
+        row[layout.TOPIC_AT], row[layout.TOPIC_LENGTH] = 0, 1
+        row[layout.QUEUE_OFFSET] = queue_offset
+        row[layout.PHYSICAL_OFFSET], row[layout.TOTAL_SIZE] = 100 * number, 100
+        rows.extend(row)
+    return array("q", rows)
+
+
+@pytest.mark.parametrize(
+    ("queue_offsets", "runs"),
+    [
+        ([2**63 - 2, 2**63 - 1], 1),
+        ([2**63 - 1, -(2**63)], 2),  # first + units would overflow a long: no run goes on
+        ([-(2**63), -(2**63) + 1, 0], 2),
+        ([5, 7, 8], 2),
+    ],
+)
+def test_queue_and_copy_runs_at_the_ends_of_a_long(queue_offsets: list[int], runs: int) -> None:
+    """A run goes on only with the next queue offset, in both kernels, even where ``first +
+    units`` is past a long (the compiled kernel added them as signed integers: undefined in
+    C, found by the fuzz campaign's UBSan)."""
+    rows = _queue_rows(queue_offsets)
+    count = len(queue_offsets)
+    for impl in (native, reference):
+        found = impl.queue_runs(
+            b"T", rows, 0, count, layout.new_dispatch_out(count), bytearray(20 * count),
+            array("q", bytes(8 * layout.RUN_WIDTH * 8)), array("q", bytes(8 * count)),
+        )  # fmt: skip
+        assert found == (count, runs), impl
+    # the same offsets as INNER_MULTI_QUEUE_OFFSET pieces of an LMQ queue (non-negative ones)
+    kept = [offset for offset in queue_offsets if offset >= 0]
+    buf = bytearray(b"T")
+    copy_rows = []
+    for number, offset in enumerate(kept):
+        piece = b"INNER_MULTI_DISPATCH\x01%%LMQ%%q\x02INNER_MULTI_QUEUE_OFFSET\x01%d\x02" % offset
+        row = [0] * layout.ROW_WIDTH
+        row[layout.TOPIC_LENGTH] = 1
+        row[layout.PROPERTIES_AT], row[layout.PROPERTIES_LENGTH] = len(buf), len(piece)
+        row[layout.PHYSICAL_OFFSET], row[layout.TOTAL_SIZE] = 100 * number, 100
+        copy_rows.extend(row)
+        buf += piece
+    tables = len(kept)
+    results = [
+        impl.copy_runs(
+            bytes(buf),
+            array("q", copy_rows),
+            array("q", range(tables)),
+            layout.new_dispatch_out(tables),
+            bytearray(20 * tables),
+            array("q", bytes(8 * layout.COPY_RUN_WIDTH * 8)),
+            array("q", bytes(16 * tables)),
+        )
+        for impl in (native, reference)
+    ]
+    breaks = sum(1 for a, b in itertools.pairwise(kept) if b != a + 1)
+    assert results[0] == results[1] == (tables, (breaks + 1) if kept else 0, tables)
