@@ -380,6 +380,8 @@ class QueueChecks:
         for key, first, count, start, last, units in _batch_runs(batch):
             if not self._checked(key[0]):
                 continue
+            if first + count > LARGEST_QUEUE_OFFSET + 1:
+                return None  # an offset no queue position can hold: reported record by record
             state = self.states.get(key) or self._state(key)  # a range opens it as needed
             if state is None:
                 plan.missing.append((key, count, UNIT.unpack_from(units, start)[0]))

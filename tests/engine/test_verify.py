@@ -752,3 +752,27 @@ def test_units_in_lmq_queues_are_taken_run_by_run_as_record_by_record(
     assert batched.checked == one_by_one.checked
     assert _findings(batched) == _findings(one_by_one)
     assert batched.ok == (seed == 0)
+
+
+def test_an_lmq_offset_no_queue_position_can_hold_is_reported_as_record_by_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record whose INNER_MULTI_QUEUE_OFFSET is past what a consume-queue position can hold
+    (and its neighbours') gets the same report with batches taken whole as record by record:
+    its batch goes record by record, where the offset is named (record-queue-offset)."""
+    from rmqstore.record import Message
+
+    store_dir = _generated_queues(tmp_path)
+    with Store.open_write(store_dir) as store:
+        store.appender().append_many(
+            Message(
+                topic="BenchmarkTopic", body=b"x" * 100, queue_id=number % 4,
+                properties={"INNER_MULTI_DISPATCH": "%LMQ%far",
+                            "INNER_MULTI_QUEUE_OFFSET": str(2**63 - 2 + number)},
+            )
+            for number in range(2)
+        )  # fmt: skip
+    batched, _plans, one_by_one = _each_way(store_dir, monkeypatch)
+    assert batched.counts["record-queue-offset"] == 2
+    assert batched.counts == one_by_one.counts
+    assert _findings(batched) == _findings(one_by_one)
