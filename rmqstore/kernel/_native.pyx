@@ -805,6 +805,16 @@ def apply_index(buf, int64_t slots, int64_t entries_at, int64_t limit, int64_t r
 DEF RUN_WIDTH = 7
 
 
+cdef inline void _put_unit(uint8_t* unit, int64_t physical_offset, int64_t size,
+                           int64_t tags_code) noexcept nogil:
+    """A consume-queue unit (20 bytes, big-endian: offset, size, tagsCode) at ``unit``."""
+    _put_be32(unit, <uint32_t>(<uint64_t>physical_offset >> 32))
+    _put_be32(unit + 4, <uint32_t>(<uint64_t>physical_offset & 0xFFFFFFFFU))
+    _put_be32(unit + 8, <uint32_t>size)
+    _put_be32(unit + 12, <uint32_t>(<uint64_t>tags_code >> 32))
+    _put_be32(unit + 16, <uint32_t>(<uint64_t>tags_code & 0xFFFFFFFFU))
+
+
 cdef inline bint _continues(int64_t first, int64_t units, int64_t queue_offset) noexcept nogil:
     """Whether ``queue_offset`` is the next of a run of ``units`` from ``first``, without the
     signed overflow of ``first + units`` (a run may start at queue offset 2^63 - 1)."""
@@ -891,12 +901,8 @@ def queue_runs(buf, rows, int64_t first, int64_t count, dispatch_out, units, run
                 run_at = number * RUN_WIDTH
                 unit = &unit_view[(run_view[run_at + RUN_UNITS_FROM] + run_view[run_at + RUN_UNITS]) * 20]
                 at = n * ROW_WIDTH_NATIVE
-                _put_be32(unit, <uint32_t>(<uint64_t>row_view[at + C_PHYSICAL_OFFSET] >> 32))
-                _put_be32(unit + 4, <uint32_t>(<uint64_t>row_view[at + C_PHYSICAL_OFFSET] & 0xFFFFFFFFU))
-                _put_be32(unit + 8, <uint32_t>row_view[at + C_TOTAL_SIZE])
-                _put_be32(unit + 12, <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH + TAGS_CODE] >> 32))
-                _put_be32(unit + 16,
-                          <uint32_t>(<uint64_t>out_view[n * DISPATCH_WIDTH + TAGS_CODE] & 0xFFFFFFFFU))
+                _put_unit(unit, row_view[at + C_PHYSICAL_OFFSET], row_view[at + C_TOTAL_SIZE],
+                          out_view[n * DISPATCH_WIDTH + TAGS_CODE])
                 run_view[run_at + RUN_UNITS] += 1
     if bad:
         raise ValueError(f"row {row} points outside the buffer")
@@ -2880,7 +2886,7 @@ def copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch):
     cdef int64_t unit_capacity = min(unit_view.shape[0] // 20, scratch_view.shape[0] // 2)
     cdef int64_t n, row, at, names_at, names_end, offsets_at, offsets_end, pieces, piece
     cdef int64_t position, name_end, number_end, queue_id, name_length, number, m, run_at
-    cdef int64_t found = 0, placed = 0, done = 0, unit_at, physical, tags
+    cdef int64_t found = 0, placed = 0, done = 0, unit_at
     cdef uint64_t value
     cdef const uint8_t* data = &view[0] if length else NULL
     cdef uint8_t* unit
@@ -2945,12 +2951,7 @@ def copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch):
         run_at = number * COPY_RUN_WIDTH
         unit = &unit_view[(run_view[run_at + COPY_RUN_UNITS_FROM] + run_view[run_at + COPY_RUN_UNITS]) * 20]
         at = row * ROW_WIDTH_NATIVE
-        physical = row_view[at + C_PHYSICAL_OFFSET]
-        tags = out_view[row * DISPATCH_WIDTH + TAGS_CODE]
-        _put_be32(unit, <uint32_t>(<uint64_t>physical >> 32))
-        _put_be32(unit + 4, <uint32_t>(<uint64_t>physical & 0xFFFFFFFFU))
-        _put_be32(unit + 8, <uint32_t>row_view[at + C_TOTAL_SIZE])
-        _put_be32(unit + 12, <uint32_t>(<uint64_t>tags >> 32))
-        _put_be32(unit + 16, <uint32_t>(<uint64_t>tags & 0xFFFFFFFFU))
+        _put_unit(unit, row_view[at + C_PHYSICAL_OFFSET], row_view[at + C_TOTAL_SIZE],
+                  out_view[row * DISPATCH_WIDTH + TAGS_CODE])
         run_view[run_at + COPY_RUN_UNITS] += 1
     return done, found, placed
