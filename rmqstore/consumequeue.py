@@ -148,9 +148,11 @@ class ConsumeQueue:
         *,
         strict: bool = True,
         known: QueueBounds | None = None,
+        commitlog_min_offset: int | None = None,
     ) -> None:
         """``known``: the bounds another load of the same, unchanged files found (a parallel
-        verify loads each queue once, not once per range)."""
+        verify loads each queue once, not once per range). ``commitlog_min_offset``: correct
+        the min offset as :meth:`correct_min_offset` does, from the bytes the load read."""
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size
@@ -172,6 +174,13 @@ class ConsumeQueue:
         self._write_limit = -1
         self._reserved = 0  # bytes of the mapped file with blocks reserved
         self._dirty: set[Path] = set()
+        # the first chunk of each file the load's walk read, kept while the load lasts: the
+        # last unit and the first file's units are read from it (a store of thousands of
+        # queues holds thousands of queues of a unit or a few, one chunk each)
+        self._heads: dict[Path, bytes] = {}
+        # the last valid unit as the load found it, not moved by writes (None: no unit past
+        # the first file's start, or bounds ``known``)
+        self.loaded_last_unit: Unit | None = None
         if known is not None:
             self.end, self.min_logic_offset, self.max_physical_offset = known
         else:
@@ -181,6 +190,10 @@ class ConsumeQueue:
             if self.end > self.min_logic_offset:
                 last = self.read_unit((self.end - CQ_UNIT_SIZE) // CQ_UNIT_SIZE)
                 self.max_physical_offset = last.physical_offset + last.size
+                self.loaded_last_unit = last
+        if commitlog_min_offset is not None:
+            self.correct_min_offset(commitlog_min_offset)
+        self._heads.clear()
         # the end as of the last flush(): every write moves the end on, so a flush with the
         # end where it was and no file marked dirty has nothing to make durable
         self._synced_end = self.end
@@ -202,9 +215,9 @@ class ConsumeQueue:
         for segment in segments[max(0, len(segments) - 3) :]:
             if segment.start != end:
                 break  # a gap: the queue ends at the previous file
-            valid, _ = _valid_prefix(segment.path, self.file_size)  # a wrong-size file: no further
+            valid, _, self._heads[segment.path] = _valid_prefix(segment.path, self.file_size)
             end = segment.start + valid
-            if valid < self.file_size:
+            if valid < self.file_size:  # a wrong-size file: no further
                 break
         return end
 
@@ -228,7 +241,7 @@ class ConsumeQueue:
         limit = max(min(self.file_size, self.end - first.start), 0)
         # a chunk at a time: the unit is most often the first (nothing expired), and a full
         # first file is megabytes (a broker with thousands of queues has thousands)
-        for position, data in _file_chunks(first.path, limit):
+        for position, data in _file_chunks(first.path, limit, self._heads.get(first.path)):
             units = memoryview(data)[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
             for index, (physical_offset, _size, _tags) in enumerate(UNIT.iter_unpack(units)):
                 if physical_offset >= commitlog_min_offset:
@@ -243,7 +256,7 @@ class ConsumeQueue:
         dropped: list[Path] = []
         removed = 0
         for segment in reversed(self.queue.segments):
-            _, data = _valid_prefix(segment.path, self.file_size, keep=True)
+            _, data, _ = _valid_prefix(segment.path, self.file_size, keep=True)
             data = data[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
             found = kernel.cut_index(data, physical_offset)
             cut_at = found if found >= 0 else None
@@ -273,7 +286,11 @@ class ConsumeQueue:
         segment = self.queue.find(position)
         if segment is None:
             raise IndexError(f"queue offset {queue_offset} is outside the files")
-        data = read_range(segment.path, position - segment.start, CQ_UNIT_SIZE)
+        within = position - segment.start
+        head = self._heads.get(segment.path, b"")
+        if within + CQ_UNIT_SIZE <= len(head):
+            return Unit(queue_offset, *UNIT.unpack_from(head, within))
+        data = read_range(segment.path, within, CQ_UNIT_SIZE)
         return Unit(queue_offset, *UNIT.unpack(data))
 
     def units(self, start: int | None = None, count: int | None = None) -> Iterator[Unit]:
@@ -555,15 +572,19 @@ _FIRST_CHUNK = (64 * 1024) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 _LARGEST_CHUNK = (4 * 1024 * 1024) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 
 
-def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, bytes]:
+def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, bytes, bytes]:
     """How many bytes of valid units the first ``limit`` bytes of a queue file start with
-    (recovery's walk, unit by unit, to the first unit with ``offset < 0 or size <= 0``), and
-    with ``keep`` those bytes and the first invalid unit (what follows it cannot change a
-    walk that stops there). Read a chunk at a time up to that unit: no more of the file is
-    read than its units and one chunk after them."""
+    (recovery's walk, unit by unit, to the first unit with ``offset < 0 or size <= 0``), with
+    ``keep`` those bytes and the first invalid unit (what follows it cannot change a walk
+    that stops there), and the file's first chunk as read (what :func:`_file_chunks` takes
+    as ``head``). Read a chunk at a time up to that unit: no more of the file is read than
+    its units and one chunk after them."""
     valid = 0
     kept: list[bytes] = []
+    head = b""
     for position, data in _file_chunks(path, limit):
+        if not position:
+            head = data
         whole = kernel.valid_units(data) * CQ_UNIT_SIZE
         valid = position + whole
         if whole < len(data):  # an invalid unit, or a partial one at the file's end
@@ -572,17 +593,18 @@ def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, b
             break
         if keep:
             kept.append(data)
-    return valid, b"".join(kept)
+    return valid, b"".join(kept), head
 
 
-def _file_chunks(path: Path, limit: int) -> Iterator[tuple[int, bytes]]:
+def _file_chunks(path: Path, limit: int, head: bytes | None = None) -> Iterator[tuple[int, bytes]]:
     """``(position, bytes)`` of the first ``limit`` bytes of a queue file, a chunk at a time
     from its start (growing from _FIRST_CHUNK to _LARGEST_CHUNK: a caller that stops early
-    reads little of a mostly unwritten file); a chunk shorter than asked is the file's end."""
+    reads little of a mostly unwritten file); a chunk shorter than asked is the file's end.
+    ``head``: the file's first chunk, read already by a walk with a ``limit`` no smaller."""
     position, chunk = 0, _FIRST_CHUNK
     while position < limit:
         wanted = min(chunk, limit - position)
-        data = read_range(path, position, wanted)
+        data = read_range(path, position, wanted) if head is None or position else head[:wanted]
         yield position, data
         if len(data) < wanted:
             return
@@ -619,31 +641,40 @@ def rocksdb_names(files: set[str]) -> bool:
     return "CURRENT" in files and any(number.isascii() and number.isdigit() for number in numbers)
 
 
-def list_queues(root: Path, linked: list[Path] | None = None) -> list[tuple[str, int]]:
-    """(topic, queue id) of every consume-queue directory under ``root`` (``consumequeue/``).
-    Entries whose queue-id directory name is not an integer are ignored, as by the broker.
-    Topic and queue directories that are symbolic links are left out (rmqstore never follows
-    one there); ``linked`` gets them."""
-    queues = []
+def list_queues(
+    root: Path, linked: list[Path] | None = None, *, topic: str | None = None
+) -> list[tuple[str, int]]:
+    """(topic, queue id) of every consume-queue directory under ``root`` (``consumequeue/``),
+    or of ``topic``'s alone. Entries whose queue-id directory name is not an integer are
+    ignored, as by the broker. Topic and queue directories that are symbolic links are left
+    out (rmqstore never follows one there); ``linked`` gets them."""
+    queues: list[tuple[str, int]] = []
     if not root.is_dir():
         return queues
-    for topic_dir in sorted(root.iterdir()):
-        if topic_dir.is_symlink():
+    # DirEntry kinds come with the listing (no stat per entry): a broker's store has
+    # thousands of queue folders, and every command that looks at the queues lists them
+    topics = sorted(os.scandir(root), key=_entry_name)
+    for topic_entry in topics if topic is None else [t for t in topics if t.name == topic]:
+        if topic_entry.is_symlink():
             if linked is not None:
-                linked.append(topic_dir)
+                linked.append(Path(topic_entry.path))
             continue
-        if not topic_dir.is_dir():
+        if not topic_entry.is_dir():
             continue
-        for queue_dir in sorted(topic_dir.iterdir()):
-            queue_id = queue_id_of(queue_dir.name)
+        for queue_entry in sorted(os.scandir(topic_entry.path), key=_entry_name):
+            queue_id = queue_id_of(queue_entry.name)
             if queue_id is None:
                 continue
-            if queue_dir.is_symlink():
+            if queue_entry.is_symlink():
                 if linked is not None:
-                    linked.append(queue_dir)
-            elif queue_dir.is_dir():
-                queues.append((topic_dir.name, queue_id))
+                    linked.append(Path(queue_entry.path))
+            elif queue_entry.is_dir():
+                queues.append((topic_entry.name, queue_id))
     return queues
+
+
+def _entry_name(entry: os.DirEntry[str]) -> str:
+    return entry.name
 
 
 _JAVA_INT = range(-(2**31), 2**31)

@@ -120,9 +120,12 @@ class Dispatcher:
 
     def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         queue = ConsumeQueue(
-            self.store.consumequeue_dir, topic, queue_id, self.store.consumequeue_file_size
+            self.store.consumequeue_dir,
+            topic,
+            queue_id,
+            self.store.consumequeue_file_size,
+            commitlog_min_offset=self.store.commitlog.min_offset,
         )
-        queue.correct_min_offset(self.store.commitlog.min_offset)
         queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
         return queue
 
@@ -797,8 +800,9 @@ def write_sorted_units(
                 if queue is not None:
                     queue.close()
                 current = (topic, queue_id)
-                queue = ConsumeQueue(root, topic, queue_id, file_size)
-                queue.correct_min_offset(commitlog_min_offset)
+                queue = ConsumeQueue(
+                    root, topic, queue_id, file_size, commitlog_min_offset=commitlog_min_offset
+                )
             assert queue is not None
             put = queue.put(queue_offset, offset, size, code)
             if put is PutOutcome.DUPLICATE:

@@ -12,6 +12,7 @@ own configuration keys, so the file reads like the ``broker.conf`` it stands for
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -93,12 +94,18 @@ def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
     20 for consume queues). The most common one, so a single damaged file cannot skew it."""
     if not directory.is_dir():
         return None
-    frontier = [directory]
+    # directory entries tell their kinds (no stat of each; a store has thousands of queues)
+    frontier = [str(directory)]
     for _ in range(depth):
-        frontier = sorted(p for d in frontier for p in d.iterdir() if p.is_dir())
+        frontier = [
+            entry.path
+            for folder in frontier  # in order, each one's folders by name: sorted as paths
+            for entry in sorted(os.scandir(folder), key=lambda entry: entry.name)
+            if entry.is_dir()
+        ]
     sizes: Counter[int] = Counter()
     for folder in frontier:
-        for entry in sorted(folder.iterdir()):
+        for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
             if is_segment_name(entry.name) and entry.is_file():
                 size = entry.stat().st_size
                 if size and size % unit == 0:

@@ -361,7 +361,7 @@ class MessageReader:
                     return
 
     def _topic_queues(self, topic: str) -> list[int]:
-        queue_ids = sorted(q for t, q in list_queues(self.store.consumequeue_dir) if t == topic)
+        queue_ids = sorted(q for _, q in list_queues(self.store.consumequeue_dir, topic=topic))
         if not queue_ids:
             unread = self.store.queues_unread(topic)
             if unread is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -276,10 +277,33 @@ class Store:
     def inside(self, path: Path) -> bool:
         """Whether ``path`` resolves (symlinks followed) to a place inside the store root:
         writers never follow a link out of the store."""
+        if self._plainly_below_root(path):
+            return True
         try:
             return path.resolve().is_relative_to(self._resolved_root)
         except OSError:
             return False
+
+    def _plainly_below_root(self, path: Path) -> bool:
+        """Whether ``path`` is the root joined with names (no ``..``) of entries that exist
+        and none of which is a symbolic link: then it resolves inside the root, told by a
+        look at each entry below the root (a store of thousands of queues asks for each one,
+        and resolving walks every part of the path from ``/``)."""
+        root, text = str(self.root), str(path)
+        if not text.startswith(root) or text[len(root) : len(root) + 1] != os.sep:
+            return False
+        names = text[len(root) + 1 :].split(os.sep)
+        if ".." in names or "" in names:
+            return False
+        below = root
+        for name in names:
+            below = os.path.join(below, name)
+            try:
+                if stat.S_ISLNK(os.lstat(below).st_mode):
+                    return False
+            except OSError:
+                return False
+        return True
 
     @cached_property
     def _resolved_root(self) -> Path:
@@ -422,9 +446,13 @@ class Store:
             raise NotFoundError(
                 f"no consume queue for topic {quoted(topic)} queue {queue_id}{hint}"
             )
-        queue = ConsumeQueue(self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size)
-        queue.correct_min_offset(self.commitlog.min_offset)
-        return queue
+        return ConsumeQueue(
+            self.consumequeue_dir,
+            topic,
+            queue_id,
+            self.consumequeue_file_size,
+            commitlog_min_offset=self.commitlog.min_offset,
+        )
 
     def topics_with_queues(self) -> list[str]:
         """The topics that have a consume-queue folder, sorted (for hints at a mistyped topic)."""
@@ -627,10 +655,9 @@ class Store:
             )
             tip = QueueTip.of(queue)
             tips[(topic, queue_id)] = tip
-            if tip is not None and queue.max_offset > queue.min_offset:
+            if tip is not None and queue.loaded_last_unit is not None:  # units past its first start
                 cursor = max(cursor, tip.max_physical_offset)
-                last_unit = queue.read_unit(queue.max_offset - 1)
-                last_queued = max(last_queued, last_unit.physical_offset)
+                last_queued = max(last_queued, queue.loaded_last_unit.physical_offset)
         if cursor > end.offset:
             raise UncleanStoreError(
                 f"the consume queues point past the valid end of the commit log ({cursor} > "

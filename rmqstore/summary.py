@@ -57,8 +57,8 @@ def consume_queue_table(store: Store) -> QueueTable:
     last_units: dict[tuple[str, int], tuple[int, int]] = {}
     for topic, queue_id in list_queues(store.consumequeue_dir):
         queue = store.consume_queue(topic, queue_id)
-        if queue.max_offset > queue.min_offset:
-            unit = queue.read_unit(queue.max_offset - 1)
+        unit = queue.loaded_last_unit
+        if unit is not None and queue.max_offset > queue.min_offset:
             last_units[(topic, queue_id)] = (unit.physical_offset, unit.size)
         table.append(
             {
@@ -83,13 +83,11 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
     last records."""
     log = store.commitlog
     queues = []
-    for name, queue_id in list_queues(store.consumequeue_dir):
-        if name != topic:
-            continue
+    for name, queue_id in list_queues(store.consumequeue_dir, topic=topic):
         queue = store.consume_queue(name, queue_id)
         last_updated = 0
-        if queue.max_offset > queue.min_offset:
-            unit = queue.read_unit(queue.max_offset - 1)
+        unit = queue.loaded_last_unit
+        if unit is not None and queue.max_offset > queue.min_offset:
             last_updated = log.unit_store_time(unit.physical_offset, unit.size)
         queues.append(
             {

@@ -198,17 +198,15 @@ class QueueChecks:
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         known = self._bounds.get((topic, queue_id))
-        queue = ConsumeQueue(
+        return ConsumeQueue(
             self.store.consumequeue_dir,
             topic,
             queue_id,
             self.store.consumequeue_file_size,
             strict=False,
             known=known,
+            commitlog_min_offset=self.store.commitlog.min_offset if known is None else None,
         )
-        if known is None:
-            queue.correct_min_offset(self.store.commitlog.min_offset)
-        return queue
 
     def bounds(self) -> dict[tuple[str, int], QueueBounds]:
         """What loading each queue found, for :class:`QueueChecks` of the ranges."""

@@ -48,17 +48,23 @@ SHAPES = sorted(
 @pytest.mark.parametrize("units", SHAPES)
 def test_the_valid_end_is_the_whole_file_walk(tmp_path: Path, units: int) -> None:
     path = _queue_file(tmp_path, _units(units))
-    valid, kept = consumequeue._valid_prefix(path, FILE_SIZE, keep=True)
+    valid, kept, head = consumequeue._valid_prefix(path, FILE_SIZE, keep=True)
     assert valid == _whole_file_count(path, FILE_SIZE) == units * CQ_UNIT_SIZE
     # what is kept: the valid units and the first invalid one (a zero unit here)
     assert kept == path.read_bytes()[: valid + CQ_UNIT_SIZE]
     assert consumequeue._valid_prefix(path, FILE_SIZE)[1] == b""  # nothing kept unasked
+    # and the first chunk as read, which the chunks of a later walk start from
+    assert head == path.read_bytes()[:_FIRST_CHUNK]
+    for limit in (0, CQ_UNIT_SIZE, _FIRST_CHUNK - 1, FILE_SIZE):
+        assert list(consumequeue._file_chunks(path, limit, head)) == list(
+            consumequeue._file_chunks(path, limit)
+        )
 
 
 def test_a_full_file_is_valid_to_its_end(tmp_path: Path) -> None:
     size = (_FIRST_CHUNK + _LARGEST_CHUNK) // CQ_UNIT_SIZE * CQ_UNIT_SIZE + 3 * CQ_UNIT_SIZE
     path = _queue_file(tmp_path, _units(size // CQ_UNIT_SIZE), size=size)
-    valid, kept = consumequeue._valid_prefix(path, size, keep=True)
+    valid, kept, _ = consumequeue._valid_prefix(path, size, keep=True)
     assert valid == size and kept == path.read_bytes()
 
 
@@ -77,7 +83,7 @@ def test_the_walk_stops_where_the_broker_stops(tmp_path: Path, tail: bytes) -> N
         path = _queue_file(tmp_path, _units(count) + tail, size=0)
     else:  # valid-looking units follow the stop: they are not the queue's
         path = _queue_file(tmp_path, _units(count) + tail + _units(10, 10_000))
-    valid, _ = consumequeue._valid_prefix(path, FILE_SIZE)
+    valid = consumequeue._valid_prefix(path, FILE_SIZE)[0]
     assert valid == _whole_file_count(path, FILE_SIZE) == count * CQ_UNIT_SIZE
 
 
@@ -107,9 +113,12 @@ def test_loading_a_queue_reads_its_units_and_a_chunk_not_the_file(
     finding each one's end must not read (and copy) all of it."""
     _queue_file(tmp_path, _units(5))
     read = _counted_reads(monkeypatch)
-    queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
+    queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE, commitlog_min_offset=150)
     assert queue.max_offset == 5 and queue.max_physical_offset == 4 * 100 + 100
-    assert sum(read) <= _FIRST_CHUNK + CQ_UNIT_SIZE, read
+    # one read: the last unit and the min offset's are taken from the chunk the walk read
+    assert len(read) == 1 and read[0] <= _FIRST_CHUNK, read
+    assert queue.min_offset == 2 and queue.loaded_last_unit == queue.read_unit(4)
+    read.clear()
     read.clear()
     truncation = queue.truncation_at(200)  # keep the units of the records below 200
     assert truncation is not None and truncation.units_removed == 3
@@ -200,6 +209,10 @@ def test_a_queue_folder_is_named_by_its_number_as_java_writes_it(
         (tmp_path / "T" / name).mkdir(exist_ok=True)
         expected = sorted({("T", 0), *([] if queue_id is None else [("T", queue_id)])})
         assert sorted(consumequeue.list_queues(tmp_path)) == expected
+        (tmp_path / "U" / "3").mkdir(parents=True, exist_ok=True)
+        assert consumequeue.list_queues(tmp_path, topic="T") == expected
+        assert consumequeue.list_queues(tmp_path, topic="U") == [("U", 3)]
+        assert consumequeue.list_queues(tmp_path, topic="V") == []
 
 
 @pytest.mark.parametrize("units", [1, *_BOUNDARIES, *(n + 1 for n in _BOUNDARIES)])
@@ -215,10 +228,23 @@ def test_the_min_offset_is_the_first_unit_still_in_the_log(
     for expired, expected in ((0, 0), (units - 1, units - 1), (count + 5, 0)):
         queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
         read.clear()
-        queue.correct_min_offset(100 * expired - 50 if expired else 0)  # inside unit expired-1
+        commitlog_min_offset = 100 * expired - 50 if expired else 0  # inside unit expired-1
+        queue.correct_min_offset(commitlog_min_offset)
         assert queue.min_offset == expected
         if not expired:
             assert sum(read) <= _FIRST_CHUNK
+        # corrected by the load, from the chunks it read: the same min offset
+        read.clear()
+        loaded = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
+        load_reads = len(read)
+        read.clear()
+        corrected = ConsumeQueue(
+            tmp_path, "T", 0, FILE_SIZE, commitlog_min_offset=commitlog_min_offset
+        )
+        if not expired:  # nothing read past what the load reads
+            assert len(read) == load_reads
+        assert corrected.min_offset == expected and corrected.bounds[0] == loaded.bounds[0]
+        assert loaded.loaded_last_unit == corrected.loaded_last_unit == loaded.read_unit(count - 1)
 
 
 def test_units_of_a_queue_with_a_file_cut_short_in_the_middle(tmp_path: Path) -> None:

@@ -67,6 +67,47 @@ def test_create_rules(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.parametrize("through_link", [False, True])
+def test_inside_is_where_a_path_resolves(tmp_path: Path, through_link: bool) -> None:
+    """Store.inside answers what resolving the path answers, whether it is told by a look
+    at each entry below the root (plain folders) or by resolving (links, ``..``, missing
+    parts), for a store opened by its path or through a link to it."""
+    real = tmp_path / "store"
+    Store.open_write(real, create=True).close()
+    queues = real / "consumequeue"
+    (queues / "T" / "0").mkdir(parents=True)
+    (queues / "T" / "linked-in").symlink_to(queues / "T" / "0")
+    (tmp_path / "outside" / "0").mkdir(parents=True)
+    (queues / "out").symlink_to(tmp_path / "outside")
+    (queues / "T" / "linked-out").symlink_to(tmp_path / "outside" / "0")
+    (queues / "up").symlink_to("..")  # the store root itself
+    root = real
+    if through_link:
+        root = tmp_path / "link-to-store"
+        root.symlink_to(real)
+    store = Store.open_read(root)
+    resolved_root = root.resolve()
+    cases = {
+        "consumequeue/T/0": True,  # told without resolving
+        "consumequeue/T": True,
+        "consumequeue/T/missing": None,
+        "consumequeue/T/linked-in": None,
+        "consumequeue/T/linked-out": None,
+        "consumequeue/out/0": None,
+        "consumequeue/up/consumequeue": None,
+        "consumequeue/up/../..": None,
+        "consumequeue/../../outside": None,
+        "": None,
+    }
+    for relative, plain in cases.items():
+        path = root / relative if relative else root
+        expected = path.resolve().is_relative_to(resolved_root)
+        assert store.inside(path) == expected, relative
+        assert store._plainly_below_root(path) == bool(plain), relative
+    assert not store.inside(tmp_path / "outside" / "0")
+    assert store.inside(queues / "T" / "linked-in") and not store.inside(queues / "out" / "0")
+
+
 def test_a_running_broker_jvm_keeps_rmqstore_out(tmp_path: Path) -> None:
     Store.open_write(tmp_path / "s", create=True).close()
     lock_file = tmp_path / "s" / "lock"
