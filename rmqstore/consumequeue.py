@@ -149,10 +149,12 @@ class ConsumeQueue:
         strict: bool = True,
         known: QueueBounds | None = None,
         commitlog_min_offset: int | None = None,
+        keep_first_file: bool = False,
     ) -> None:
         """``known``: the bounds another load of the same, unchanged files found (a parallel
         verify loads each queue once, not once per range). ``commitlog_min_offset``: correct
-        the min offset as :meth:`correct_min_offset` does, from the bytes the load read."""
+        the min offset as :meth:`correct_min_offset` does, from the bytes the load read.
+        ``keep_first_file``: keep what :meth:`take_first_file` gives."""
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = file_size
@@ -178,6 +180,7 @@ class ConsumeQueue:
         # last unit and the first file's units are read from it (a store of thousands of
         # queues holds thousands of queues of a unit or a few, one chunk each)
         self._heads: dict[Path, bytes] = {}
+        self._first_file: bytes | None = None
         # the last valid unit as the load found it, not moved by writes (None: no unit past
         # the first file's start, or bounds ``known``)
         self.loaded_last_unit: Unit | None = None
@@ -193,10 +196,29 @@ class ConsumeQueue:
                 self.loaded_last_unit = last
         if commitlog_min_offset is not None:
             self.correct_min_offset(commitlog_min_offset)
+        self._first_file = self._read_first_file() if keep_first_file else None
         self._heads.clear()
         # the end as of the last flush(): every write moves the end on, so a flush with the
         # end where it was and no file marked dirty has nothing to make durable
         self._synced_end = self.end
+
+    def _read_first_file(self) -> bytes | None:
+        """The first file's bytes up to the valid end, when the load's walk read them all
+        as that file's first chunk."""
+        segments = self.queue.segments
+        if not segments:
+            return None
+        head = self._heads.get(segments[0].path)
+        length = self.end - segments[0].start
+        return head[:length] if head is not None and 0 <= length <= len(head) else None
+
+    def take_first_file(self) -> bytes | None:
+        """With ``keep_first_file``: the bytes of the queue's first file from its start up to
+        the queue's valid end, when the load read them all at once (a queue of a few units:
+        a broker's thousands of queues are mostly such), else None; given once (a queue kept
+        open does not keep them)."""
+        first, self._first_file = self._first_file, None
+        return first
 
     @property
     def bounds(self) -> QueueBounds:

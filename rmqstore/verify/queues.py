@@ -206,7 +206,19 @@ class QueueChecks:
             strict=False,
             known=known,
             commitlog_min_offset=self.store.commitlog.min_offset if known is None else None,
+            keep_first_file=True,
         )
+
+    def _new_state(self, queue: ConsumeQueue) -> tuple[_QueueState, bytes | None]:
+        """The state of a queue just opened, holding its units when its load read them all
+        at once and they fit a chunk (a store of thousands of queues of a few units each:
+        no queue file is read again for them), and those bytes of its first file."""
+        state = _QueueState(queue)
+        first_file = queue.take_first_file()
+        if first_file and len(first_file) <= self._chunk:
+            state.buf, state.base = first_file, queue.queue.segments[0].start
+            state.limit = state.base + len(first_file)
+        return state, first_file
 
     def bounds(self) -> dict[tuple[str, int], QueueBounds]:
         """What loading each queue found, for :class:`QueueChecks` of the ranges."""
@@ -215,7 +227,7 @@ class QueueChecks:
     def _state(self, key: tuple[str, int]) -> _QueueState | None:
         state = self.states.get(key)
         if state is None and key in self._known:
-            state = self.states[key] = _QueueState(self._open(*key))
+            state = self.states[key] = self._new_state(self._open(*key))[0]
         return state
 
     def partial(self) -> dict[str, Any]:
@@ -295,11 +307,12 @@ class QueueChecks:
                 topic=topic,
                 queue_id=queue_id,
             )
+        state, first_file = self._new_state(queue)
         if self._defer_scans:
             self._deferred.append((queue, name))
         else:
-            self._check_pre_blank(queue, name)
-        self.states[(topic, queue_id)] = _QueueState(queue)
+            self._check_pre_blank(queue, name, first_file)
+        self.states[(topic, queue_id)] = state
         self.report.checked["consumeQueues"] += 1
 
     def run_deferred(self) -> None:
@@ -308,14 +321,22 @@ class QueueChecks:
             self._check_pre_blank(queue, name)
         self._deferred.clear()
 
-    def _check_pre_blank(self, queue: ConsumeQueue, name: str) -> None:
+    def _check_pre_blank(
+        self, queue: ConsumeQueue, name: str, first_file: bytes | None = None
+    ) -> None:
         """Pre-blank units may only fill the start of a queue's first file. The units
         before the first real one are read one by one; after it, a pre-blank unit (offset
-        0, size PRE_BLANK_SIZE) is searched for in the bytes."""
+        0, size PRE_BLANK_SIZE) is searched for in the bytes. ``first_file``: the first
+        file's bytes up to the queue's end, read already."""
         seen_real = False
-        for segment in queue.queue.segments:
+        for number, segment in enumerate(queue.queue.segments):
             wanted = max(0, min(queue.end - segment.start, queue.file_size))
-            buf = read_range(segment.path, 0, wanted)
+            if not wanted:
+                continue  # none of the queue's units are in it
+            if number == 0 and first_file is not None:
+                buf = first_file
+            else:
+                buf = read_range(segment.path, 0, wanted)
             end = len(buf) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
             position = 0
             while not seen_real and position < end:
@@ -463,9 +484,11 @@ class QueueChecks:
     def _stored_units(self, state: _QueueState, first: int, count: int) -> bytes | None:
         """The stored bytes of units ``[first, first + count)`` (None where a file lacks
         them)."""
-        chunks = []
         position = first * CQ_UNIT_SIZE
         end = (first + count) * CQ_UNIT_SIZE
+        if state.base <= position and end <= state.limit:  # in the chunk of the last unit
+            return bytes(state.buf[position - state.base : end - state.base])
+        chunks = []
         file_size = state.queue.file_size
         while position < end:
             segment = state.queue.queue.find(position)

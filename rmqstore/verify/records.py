@@ -13,6 +13,7 @@ cannot know on its own (the record before it) it leaves in :class:`RangeEdges`.
 
 from __future__ import annotations
 
+import os
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -134,10 +135,14 @@ def log_place(file: str, offset: int) -> dict[str, Any]:
 
 
 def relative(store: Store, path: Any) -> str:
+    """``path`` as findings name it: relative to the store root when it is below it."""
+    root, text = str(store.root), str(path)
+    if text.startswith(root) and text[len(root) : len(root) + 1] == os.sep:
+        return text[len(root) + 1 :]  # (a store of thousands of queues names each one)
     try:
         return str(path.relative_to(store.root))
     except ValueError:
-        return str(path)
+        return text
 
 
 class RecordPass:

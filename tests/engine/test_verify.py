@@ -15,7 +15,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
 from rmqstore.record import header_struct
 from rmqstore.store import Store
-from rmqstore.verify import NOTE, VerifyOptions, verify_store
+from rmqstore.verify import NOTE, VerifyOptions, VerifyReport, verify_store
 
 from support import ORACLE_CONFIG, tree_digest
 
@@ -288,10 +288,18 @@ def test_queue_chunks_hold_no_more_than_the_queue_units(
             queue = store.consume_queue(topic, queue_id)
             for segment in queue.queue.segments:
                 valid_ends[segment.path] = queue.end - segment.start
+        # the units a queue's load read at once are kept as its first chunk: no more either
+        checks = queue_checks.QueueChecks(store, VerifyReport(), None)
+        seeded = [state for state in checks.states.values() if state.buf is not None]
+        checks.close()
     assert "dispatch-hole" in kinds(report)  # records missing from the queue
-    assert reads
     for path, start, length in reads:
         assert start + length <= valid_ends[path], (path, start, length)
+    assert seeded
+    for state in seeded:
+        first = state.queue.queue.segments[0]
+        assert state.base == first.start and len(state.buf) == state.limit - state.base
+        assert len(state.buf) == state.queue.end - first.start <= valid_ends[first.path]
 
 
 def test_a_folder_under_a_commit_log_file_name_is_named_as_such(tmp_path: Path) -> None:
