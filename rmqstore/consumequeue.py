@@ -589,8 +589,9 @@ class ConsumeQueue:
 # bytes of a queue file read at a time while its valid units are counted (multiples of the
 # unit size): the first chunk is small, since a queue's last file is mostly unwritten (a
 # broker with thousands of queues has thousands of them), and the chunks grow up to the last
-# one for a file that is full
-_FIRST_CHUNK = (64 * 1024) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+# one for a file that is full. A page: reading 64 KiB of a sparse file's zeros cost 18 us
+# against 6 us for 4 KiB (4,000 queue files here), and a full file takes two reads more
+_FIRST_CHUNK = 4096 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 _LARGEST_CHUNK = (4 * 1024 * 1024) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 
 
