@@ -27,9 +27,12 @@ from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.multidispatch import (
-    QueueCopy,
+    CopyRunTables,
+    copy_run_keys,
+    may_share_queues,
+    names_decoded_apart,
     record_units,
-    reference_rows,
+    split_rows,
 )
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
@@ -349,7 +352,10 @@ class _BatchWalk:
         # records up to here may be partly indexed already: IndexService.build decides
         self.index_resumes_at = last.header.end_phy_offset if last is not None else -1
         self.topics = kernel_layout.TopicNames()
-        self.queue_names: dict[bytes, str] = {}  # further queues' names (rows_copies)
+        self.queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
+        self.copy_tables = CopyRunTables()
+        # the further-queue runs copy_tables holds: of which rows, how many, their queues
+        self.gathered: tuple[array, int, list[tuple[str, int]]] = (array("q"), 0, [])
 
     def batch(self, window: Any, rows: Any, count: int) -> bool:
         """Dispatch ``count`` rows of ``window``; False once the walk must stop."""
@@ -370,10 +376,10 @@ class _BatchWalk:
             if self.max_records is not None:
                 stop = min(stop, first + self.max_records - self.records)
             position = first
-            special_rows, copies = self._special_rows(window, rows, offsets, first, stop)
+            special_rows, with_copies = self._special_rows(window, rows, offsets, first, stop)
             for special in [*special_rows, stop]:
                 if position < special:
-                    self._bulk(window, rows, position, special, copies)
+                    self._bulk(window, rows, position, special, with_copies)
                 if special == stop:
                     break
                 if not self._row(window, rows, special):
@@ -389,23 +395,46 @@ class _BatchWalk:
 
     def _special_rows(
         self, window: Any, rows: Any, offsets: array, first: int, stop: int
-    ) -> tuple[list[int], dict[int, list[QueueCopy]]]:
+    ) -> tuple[list[int], array]:
         """Rows taking the reference way: flagged by the kernel, or at or before where the
-        index ends (some of their keys may be there already); and the further-queue units of
-        the kernel-prepared rows with copies, which their bulk puts after its own units (see
-        :func:`reference_rows`)."""
+        index ends (some of their keys may be there already); and the kernel-prepared rows
+        with units in further queues, which their bulk puts after its own units (gathered into
+        runs by the kernel). When a further queue could be one of the rows' own
+        (:func:`may_share_queues`), or the runs do not fit the kernel's tables, the rows with
+        further queues go the reference way too: a queue's units must go in in log order."""
         resumed = bisect_right(offsets, self.index_resumes_at, 0, stop - first)
         width = kernel_layout.DISPATCH_WIDTH
         flags = self.out[_FLAGS_COLUMN + first * width : stop * width : width]
-        special = set(range(first, first + resumed))
-        return reference_rows(window, rows, flags, first, special, self.queue_names)
+        special, with_copies = split_rows(flags, first, set(range(first, first + resumed)))
+        numbers = array("q", with_copies)
+        if numbers:
+            gathered = self._gather(window, rows, numbers)
+            if gathered is None or may_share_queues(
+                window, rows, first, stop, (name for name, _ in gathered[2])
+            ):
+                special.update(numbers)
+                numbers = array("q")
+        return sorted(special), numbers
 
-    def _bulk(
-        self, window: Any, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
-    ) -> None:
+    def _gather(
+        self, window: Any, rows: Any, numbers: array
+    ) -> tuple[array, int, list[tuple[str, int]]] | None:
+        """The further-queue units of kernel rows ``numbers`` gathered into runs by the kernel
+        (kept as ``gathered``); None when they do not fit its tables, or when two names that
+        are not UTF-8 name one queue (gathered apart, their units would not go in in order)."""
+        found = self.copy_tables.gather(window, rows, numbers, self.out)
+        if found is None:
+            return None
+        keys = copy_run_keys(window, self.copy_tables.runs, found, self.queue_names)
+        if not names_decoded_apart(window, self.copy_tables.runs, keys):
+            return None
+        self.gathered = (numbers, found, keys)
+        return self.gathered
+
+    def _bulk(self, window: Any, rows: Any, first: int, stop: int, with_copies: array) -> None:
         """Rows ``[first, stop)`` the kernel prepared, as a whole: their units go into the
-        consume queues run by run, then their units in further queues (``copies``) in log
-        order, their keys into the index in one call."""
+        consume queues run by run, then their units in further queues (of the rows among
+        ``with_copies``) run by run, their keys into the index in one call."""
         out = self.out
         width = kernel_layout.DISPATCH_WIDTH
         if self.dispatcher.build_queues:
@@ -420,8 +449,9 @@ class _BatchWalk:
                 # in log order, as one record after the other would have reported them
                 problems.sort(key=lambda item: item[0])
                 self.result.problems.extend(text for _, text in problems)
-            if copies:
-                self._put_copies(rows, first, stop, copies)
+            numbers = with_copies[bisect_left(with_copies, first) : bisect_left(with_copies, stop)]
+            if numbers:
+                self._put_copy_runs(window, rows, numbers)
         if self.index is not None:
             keys_from = out[(first) * width + kernel_layout.KEYS_FROM]
             last = (stop - 1) * width
@@ -440,36 +470,30 @@ class _BatchWalk:
         if self.progress is not None:
             self.progress(rows[last_row + _OFFSET_COLUMN])
 
-    def _put_copies(
-        self, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
-    ) -> None:
-        """The further-queue units of rows ``[first, stop)`` (each with its record's offset,
-        size and the kernel's tagsCode), gathered per queue into runs of consecutive queue
-        offsets in log order, each put as :meth:`_put_run` puts a run of own units (a queue's
-        units in the order ``_row`` puts them one by one)."""
+    def _put_copy_runs(self, window: Any, rows: Any, numbers: array) -> None:
+        """The further-queue units of kernel rows ``numbers`` (each its record's offset, size
+        and the kernel's tagsCode), gathered per queue into runs of consecutive queue offsets
+        in log order, each put as :meth:`_put_run` puts a run of own units (a queue's units in
+        the order ``_row`` puts them one by one)."""
+        gathered = self.gathered
+        if gathered[0] != numbers:  # a part of the rows gathered (a reference row between)
+            gathered = self._gather(window, rows, numbers)
+            assert gathered is not None, "a part of rows that fit the tables fits them"
+        _, found, keys = gathered
         topics = self.dispatcher.topics
-        width = kernel_layout.DISPATCH_WIDTH
-        runs: dict[tuple[str, int], tuple[int, bytearray]] = {}  # first queue offset, units
+        runs = self.copy_tables.runs
+        width = kernel_layout.COPY_RUN_WIDTH
         problems: list[tuple[int, str]] = []
-        for row in sorted(number for number in copies if first <= number < stop):
-            at = row * ROW_WIDTH
-            unit = UNIT.pack(
-                rows[at + _OFFSET_COLUMN],
-                rows[at + kernel_layout.TOTAL_SIZE],
-                self.out[row * width + kernel_layout.TAGS_CODE],
-            )
-            for topic, queue_id, queue_offset in copies[row]:
+        with memoryview(self.copy_tables.units) as units:
+            for number in range(found):
+                topic, queue_id = keys[number]
                 if topics is not None and topic not in topics:
                     continue
-                key = (topic, queue_id)
-                run = runs.get(key)
-                if run is None or run[0] + len(run[1]) // CQ_UNIT_SIZE != queue_offset:
-                    if run is not None:  # not the next offset: the run so far goes in first
-                        self._put_run(rows, topic, queue_id, run[0], run[1], problems)
-                    run = runs[key] = (queue_offset, bytearray())
-                run[1].extend(unit)
-        for (topic, queue_id), (first_offset, units) in runs.items():
-            self._put_run(rows, topic, queue_id, first_offset, units, problems)
+                at = number * width
+                start = runs[at + kernel_layout.COPY_RUN_UNITS_FROM] * CQ_UNIT_SIZE
+                end = start + runs[at + kernel_layout.COPY_RUN_UNITS] * CQ_UNIT_SIZE
+                first_offset = runs[at + kernel_layout.COPY_RUN_FIRST_QUEUE_OFFSET]
+                self._put_run(rows, topic, queue_id, first_offset, units[start:end], problems)
         problems.sort(key=lambda item: item[0])  # in log order, as row by row
         self.result.problems.extend(text for _, text in problems)
 

@@ -107,14 +107,62 @@ def copy_run_keys(
     return keys
 
 
-def may_share_queues(
-    buf: Any, rows: Any, first: int, stop: int, copies: Iterable[list[QueueCopy]]
-) -> bool:
-    """Whether a unit of ``copies`` could go into the queue of a unit of kernel rows
-    ``[first, stop)``'s own: a copy not into an LMQ queue, or a record of an LMQ topic among
-    the rows (a broker never writes one). A caller putting the rows' own units first and
-    their copies after keeps each queue's units in log order only when not."""
-    if any(not unit.topic.startswith(LMQ_PREFIX) for units in copies for unit in units):
+# units in further queues gathered for a batch at first, and at most (a caller takes a batch
+# past it another way)
+_COPY_UNITS = 4 * 4096
+_MOST_COPY_UNITS = 1 << 20
+
+
+class CopyRunTables:
+    """The tables of the kernel's ``copy_runs``, kept from batch to batch and grown (four
+    times, up to a bound) until a batch's units fit."""
+
+    def __init__(self) -> None:
+        self._size(_COPY_UNITS)
+
+    def _size(self, units: int) -> None:
+        self.units = bytearray(layout.UNIT_SIZE * units)
+        self.runs = array("q", bytes(8 * layout.COPY_RUN_WIDTH * units))
+        self.scratch = array("q", bytes(8 * 2 * units))
+
+    def gather(self, buf: Any, rows: Any, numbers: array, dispatch_out: Any) -> int | None:
+        """Gather the further-queue units of kernel rows ``numbers`` (in log order) into runs
+        (``runs``, their units in ``units``); how many runs, None when they would not fit the
+        largest tables."""
+        while True:
+            done, found, _placed = kernel.copy_runs(
+                buf, rows, numbers, dispatch_out, self.units, self.runs, self.scratch
+            )
+            if done == len(numbers):
+                return found
+            units = 4 * len(self.units) // layout.UNIT_SIZE
+            if units > _MOST_COPY_UNITS:
+                return None
+            self._size(units)
+
+
+def names_decoded_apart(buf: Any, runs: Any, keys: list[tuple[str, int]]) -> bool:
+    """Whether runs the kernel's ``copy_runs`` gathered into one queue (their ``keys``,
+    :func:`copy_run_keys`') had the same name bytes: names not UTF-8 that decode alike were
+    gathered apart, and their units would not go into the one queue in log order."""
+    width = layout.COPY_RUN_WIDTH
+    seen: dict[tuple[str, int], bytes] = {}
+    for number, key in enumerate(keys):
+        at = number * width
+        name_at = runs[at + layout.COPY_RUN_NAME_AT]
+        raw = bytes(buf[name_at : name_at + runs[at + layout.COPY_RUN_NAME_LENGTH]])
+        if seen.setdefault(key, raw) != raw:
+            return False
+    return True
+
+
+def may_share_queues(buf: Any, rows: Any, first: int, stop: int, names: Iterable[str]) -> bool:
+    """Whether a unit in a further queue of one of ``names`` could go into the queue of a unit
+    of kernel rows ``[first, stop)``'s own: a further queue that is not an LMQ queue, or a
+    record of an LMQ topic among the rows (a broker never writes one). A caller putting the
+    rows' own units first and their copies after keeps each queue's units in log order only
+    when not."""
+    if any(not name.startswith(LMQ_PREFIX) for name in names):
         return True
     topic_at = layout.TOPIC_AT
     width = layout.ROW_WIDTH
@@ -136,22 +184,30 @@ def reference_rows(
     HAS_COPIES, which the caller puts after the rows' own units. When a copy could share a
     queue with one of the rows' own units (:func:`may_share_queues`), those rows go the
     reference way too: a queue's units must go in in log order."""
-    stop = first + len(flags)
-    if flags.count(0) == len(flags):
+    special, with_copies = split_rows(flags, first, special)
+    if not with_copies:
         return sorted(special), {}
+    copies = dict(zip(with_copies, rows_copies(buf, rows, with_copies, names), strict=True))
+    copy_names = (unit.topic for units in copies.values() for unit in units)
+    if may_share_queues(buf, rows, first, first + len(flags), copy_names):
+        return sorted(special.union(with_copies)), {}
+    return sorted(special), copies
+
+
+def split_rows(flags: Any, first: int, special: set[int]) -> tuple[set[int], list[int]]:
+    """Kernel rows ``[first, first + len(flags))`` (``flags``: their DISPATCH_FLAGS) parted:
+    those going the reference way (``special``, the caller's, and those flagged
+    NEEDS_REFERENCE), and the others flagged HAS_COPIES, in order."""
     special = set(special)
-    with_copies = []
+    with_copies: list[int] = []
+    if flags.count(0) == len(flags):
+        return special, with_copies
     for number, flag in enumerate(flags, first):
         if flag == layout.HAS_COPIES and number not in special:
             with_copies.append(number)
         elif flag:
             special.add(number)
-    if not with_copies:
-        return sorted(special), {}
-    copies = dict(zip(with_copies, rows_copies(buf, rows, with_copies, names), strict=True))
-    if may_share_queues(buf, rows, first, stop, copies.values()):
-        return sorted(special.union(with_copies)), {}
-    return sorted(special), copies
+    return special, with_copies
 
 
 def record_units(

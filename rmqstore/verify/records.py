@@ -28,7 +28,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
 from rmqstore.errors import InputError
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import copy_run_keys
+from rmqstore.multidispatch import CopyRunTables, copy_run_keys
 from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -50,11 +50,6 @@ _CRC_NAME = b"__CRC32#"
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
 _HAS_COPIES = kernel_layout.HAS_COPIES
-
-# units in further queues gathered for a batch at first, and at most (a batch past it goes
-# record by record)
-_COPY_UNITS = 4 * 4096
-_MOST_COPY_UNITS = 1 << 20
 
 
 @dataclass
@@ -178,9 +173,7 @@ class RecordPass:
         self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
         self._topics = kernel_layout.TopicNames()
         self._queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
-        self._copy_units = bytearray(kernel_layout.UNIT_SIZE * _COPY_UNITS)
-        self._copy_runs = array("q", bytes(8 * kernel_layout.COPY_RUN_WIDTH * _COPY_UNITS))
-        self._copy_scratch = array("q", bytes(8 * 2 * _COPY_UNITS))
+        self._copies = CopyRunTables()  # (a batch whose units do not fit goes record by record)
 
     def last_data_segment(self) -> Segment | None:
         """The last commit-log file whose first bytes are not zeros."""
@@ -399,7 +392,7 @@ class RecordPass:
         ):
             return False
         dispatch_out, key_count = self._no_dispatch, 0
-        copies: tuple[Any, list[tuple[str, int]]] = (self._copy_runs, [])
+        copies: tuple[Any, list[tuple[str, int]]] = (self._copies.runs, [])
         if self.listeners:  # they compare tagsCodes and index keys: prepare them
             dispatch_out = self._dispatch_out
             done, key_count = kernel.prepare_dispatch(
@@ -453,7 +446,7 @@ class RecordPass:
                 self._units,
                 copies[0],
                 copies[1],
-                self._copy_units,
+                self._copies.units,
             )
             for listener in self.listeners:
                 check = getattr(listener, "batch_check", None)
@@ -489,26 +482,11 @@ class RecordPass:
         broker puts them) gathered into runs by the kernel (``copy_runs``, their tagsCode the
         one it prepared), and each run's queue; None when they do not fit its tables."""
         numbers = array("q", (number for number, flag in enumerate(flags) if flag))
-        while True:
-            done, found, _placed = kernel.copy_runs(
-                window,
-                rows,
-                numbers,
-                dispatch_out,
-                self._copy_units,
-                self._copy_runs,
-                self._copy_scratch,
-            )
-            if done == len(numbers):
-                return self._copy_runs, copy_run_keys(
-                    window, self._copy_runs, found, self._queue_names
-                )
-            units = 4 * len(self._copy_units) // kernel_layout.UNIT_SIZE
-            if units > _MOST_COPY_UNITS:
-                return None
-            self._copy_units = bytearray(kernel_layout.UNIT_SIZE * units)
-            self._copy_runs = array("q", bytes(8 * kernel_layout.COPY_RUN_WIDTH * units))
-            self._copy_scratch = array("q", bytes(8 * 2 * units))
+        found = self._copies.gather(window, rows, numbers, dispatch_out)
+        if found is None:
+            return None
+        runs = self._copies.runs
+        return runs, copy_run_keys(window, runs, found, self._queue_names)
 
     def _walk_records(self, region: RegionScan, segment: Segment, items: Any) -> bool:
         """Check each record of ``items`` (from ``region``); True when it reached a record

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqstore.consumequeue import UNIT
 from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import InputError
 from rmqstore.fixtures import FixtureOptions, generate
@@ -453,3 +454,36 @@ def test_verify_compares_each_lmq_unit_of_clean_batches(tmp_path: Path) -> None:
         findings = json.loads(result.stdout)["findings"]
         named = sorted((f["kind"], f.get("queueOffset")) for f in findings)
         assert named == [("cq-unit", 5000), ("cq-unit", 7000), ("cq-unit-orphan", 7000)], findings
+
+
+def test_queue_names_not_utf8_that_decode_alike_go_in_in_log_order(tmp_path: Path) -> None:
+    """Two further-queue names that are not UTF-8 but decode to the same text name one queue
+    (as rmqstore names it): the kernel gathers their units into runs apart, so the walk puts
+    such rows the reference way, unit after unit in log order, as a rebuild in worker
+    processes does (the runs put one after the other gave a queue offset the later record)."""
+    store = tmp_path / "walk"
+    named = (("A", 0), ("B", 1), ("A", 1), ("B", 2), ("A", 2))
+    messages = [
+        Message(topic="Chat", body=b"x", properties={INNER_MULTI_DISPATCH: f"%LMQ%{name}"})
+        for name, _ in named
+    ]
+    for message, (_, offset) in zip(messages, named, strict=True):
+        message.properties[INNER_MULTI_QUEUE_OFFSET] = str(offset)
+    with Store.open_write(store, create=True) as opened:
+        opened.appender().append_many(messages)
+    log = store / "commitlog" / "00000000000000000000"
+    data = bytearray(log.read_bytes()[:4096])  # the names' bytes made not UTF-8, same lengths
+    data = data.replace(b"%LMQ%A", b"%LMQ%\xff").replace(b"%LMQ%B", b"%LMQ%\xfe")
+    with log.open("r+b") as file:
+        file.write(data)
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(store, rebuilt)
+    assert run_cli("dispatch", store).exit_code == 0  # the walk
+    result = run_cli("dispatch", rebuilt, "--rebuild", "--yes", "--jobs", "2")
+    assert result.exit_code == 0, result.stderr
+    queue = store / "consumequeue" / "%LMQ%\ufffd" / "0" / "00000000000000000000"
+    units = [UNIT.unpack_from(queue.read_bytes(), n * 20) for n in range(3)]
+    record_size = units[1][0]
+    # the first record at 0, the second (the \xfe name's offset 1) at 1, the fourth at 2
+    assert [unit[0] for unit in units] == [0, record_size, 3 * record_size]
+    assert tree_digest(store / "consumequeue") == tree_digest(rebuilt / "consumequeue")
