@@ -285,10 +285,12 @@ class Store:
             return False
 
     def _plainly_below_root(self, path: Path) -> bool:
-        """Whether ``path`` is the root joined with names (no ``..``) of entries that exist
-        and none of which is a symbolic link: then it resolves inside the root, told by a
-        look at each entry below the root (a store of thousands of queues asks for each one,
-        and resolving walks every part of the path from ``/``)."""
+        """Whether ``path`` is the root joined with names (no ``..``) none of which is a
+        symbolic link: then it resolves inside the root, told by a look at each entry below
+        the root (a store of thousands of queues asks for each one, and resolving walks every
+        part of the path from ``/``). An entry that cannot be looked at (not there yet, as a
+        queue folder a dispatch is about to make) ends the look: resolving takes it and the
+        names after it as they are."""
         root, text = str(self.root), str(path)
         if not text.startswith(root) or text[len(root) : len(root) + 1] != os.sep:
             return False
@@ -302,7 +304,7 @@ class Store:
                 if stat.S_ISLNK(os.lstat(below).st_mode):
                     return False
             except OSError:
-                return False
+                return True
         return True
 
     @cached_property

@@ -76,6 +76,7 @@ def test_inside_is_where_a_path_resolves(tmp_path: Path, through_link: bool) -> 
     Store.open_write(real, create=True).close()
     queues = real / "consumequeue"
     (queues / "T" / "0").mkdir(parents=True)
+    (queues / "T" / "0" / "file").write_bytes(b"")
     (queues / "T" / "linked-in").symlink_to(queues / "T" / "0")
     (tmp_path / "outside" / "0").mkdir(parents=True)
     (queues / "out").symlink_to(tmp_path / "outside")
@@ -90,10 +91,13 @@ def test_inside_is_where_a_path_resolves(tmp_path: Path, through_link: bool) -> 
     cases = {
         "consumequeue/T/0": True,  # told without resolving
         "consumequeue/T": True,
-        "consumequeue/T/missing": None,
+        "consumequeue/T/missing": True,  # not made yet: taken as it is
+        "consumequeue/missing/0": True,
+        "consumequeue/T/0/file/under-a-file": True,
         "consumequeue/T/linked-in": None,
         "consumequeue/T/linked-out": None,
         "consumequeue/out/0": None,
+        "consumequeue/out/missing": None,
         "consumequeue/up/consumequeue": None,
         "consumequeue/up/../..": None,
         "consumequeue/../../outside": None,
