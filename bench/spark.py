@@ -27,6 +27,7 @@ from rmqstore.pipeline.local import PipelineOptions
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions
 store, out, master, split = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+queues_store = sys.argv[5] if len(sys.argv) > 5 else None
 spark = spark_session(master)
 figures = {"session": time.perf_counter() - started}
 # the first job starts the Python workers (and their imports): part of start-up, once per
@@ -67,6 +68,18 @@ for key, schema in (("count", None), ("count_one", "commitLogOffset BIGINT")):
         wall = time.perf_counter() - begin
         times.append((wall, None if cpu is None else (busy() - cpu) / wall))
     figures[key], figures[key + "_cores"] = min(times)
+# the consume-queue source: the store's units, and a store of thousands of small queues
+for key, path in (("cq", store), ("cq_queues", queues_store)):
+    if path is None:
+        continue
+    times = []
+    for _ in range(3):
+        begin = time.perf_counter()
+        frame = spark.read.format("rocketmq-consumequeue").load(path)
+        figures[key + "_units"] = frame.count()
+        times.append(time.perf_counter() - begin)
+    figures[key] = min(times)
+    figures[key + "_partitions"] = frame.rdd.getNumPartitions()
 with Store.open_read(store) as opened:
     begin = time.perf_counter()
     report = pipeline.verify(opened, VerifyOptions())
@@ -116,10 +129,11 @@ def local_engine(path, out, split: int) -> dict:
     return figures
 
 
-def on_spark(path, out, master: str, split: int) -> dict:
+def on_spark(path, out, master: str, split: int, queues=None) -> dict:
     started = time.perf_counter()
+    extra = [] if queues is None else [str(queues)]
     output = subprocess.run(
-        [sys.executable, "-c", SPARK_RUN, str(path), str(out), master, str(split)],
+        [sys.executable, "-c", SPARK_RUN, str(path), str(out), master, str(split), *extra],
         check=True,
         cwd=REPO,
         capture_output=True,
@@ -145,8 +159,12 @@ def main() -> None:
         "(count(): the data source's default, 128 MiB)"
     )
     here = local_engine(path, out, options.split)
+    # a store of many small queues, when bench/queues.py made one
+    queues = options.workdir / f"queues-{max(1, count // 1000)}"
+    queues = queues if queues.is_dir() else None
     spark = {
-        master: on_spark(path, out, master, options.split) for master in ("local[1]", "local[2]")
+        master: on_spark(path, out, master, options.split, queues)
+        for master in ("local[1]", "local[2]")
     }
     for name, figures in [("local engine", here), *(("spark " + m, f) for m, f in spark.items())]:
         assert figures["exported"] == count and figures["verified"] == count, figures
@@ -178,6 +196,19 @@ def main() -> None:
             f"stats; one-column schema {figures['count_one']:.2f} s = "
             f"{figures['count_one'] / here['stats']:.1f}x stats (target <= 3x)",
         )
+    for master, figures in spark.items():
+        row(
+            f"consume-queue source count(), spark {master}",
+            f"{figures['cq']:6.2f} s",
+            f"{figures['cq_units']:,} units, {figures['cq_partitions']} partitions",
+        )
+        if "cq_queues" in figures:
+            row(
+                f"  the same, {queues.name} (many small queues)",
+                f"{figures['cq_queues']:6.2f} s",
+                f"{figures['cq_queues_units']:,} units, {figures['cq_queues_partitions']} "
+                "partitions",
+            )
     row(
         "scaling local[1] -> local[2], count()",
         f"{one['count'] / two['count']:6.2f}x",

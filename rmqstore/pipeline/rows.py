@@ -536,27 +536,59 @@ def queue_units(
 ) -> Iterator[tuple]:
     """Rows (:data:`CONSUMEQUEUE_COLUMNS`) of one consume queue: units up to the first invalid
     one (``offset < 0 or size <= 0``, or a gap between files), leaving out pre-blank units and
-    units of records in deleted commit-log files, as a broker's load does."""
+    units of records in deleted commit-log files, as a broker's load does. A file is read a
+    chunk at a time up to its first invalid unit (a queue's last file is mostly unwritten)."""
     relative = f"consumequeue/{topic}/{queue_id}"
     expected = None
     for name, size in location.segments(relative):
         if expected is not None and int(name) != expected:
             return
-        with location.open_range(f"{relative}/{name}", 0, size) as (buf, _):
-            data = bytes(buf[: size - size % UNIT.size])
-        for index, (offset, unit_size, code) in enumerate(UNIT.iter_unpack(data)):
-            if offset < 0 or unit_size <= 0:
-                return
-            if unit_size == PRE_BLANK_SIZE and offset == 0:
-                continue
-            if offset >= commitlog_min_offset:
-                yield (
-                    topic,
-                    queue_id,
-                    (int(name) // UNIT.size) + index,
-                    offset,
-                    unit_size,
-                    code,
-                    f"{relative}/{name}",
-                )
+        file = f"{relative}/{name}"
+        first = int(name) // UNIT.size
+        for position, data in _queue_chunks(location, file, size):
+            numbered = enumerate(UNIT.iter_unpack(data), first + position // UNIT.size)
+            for queue_offset, (offset, unit_size, code) in numbered:
+                if offset < 0 or unit_size <= 0:
+                    return
+                if unit_size == PRE_BLANK_SIZE and offset == 0:
+                    continue
+                if offset >= commitlog_min_offset:
+                    yield (topic, queue_id, queue_offset, offset, unit_size, code, file)
         expected = int(name) + size
+
+
+def queue_unit_bytes(location: StoreLocation, topic: str, queue_id: int) -> int:
+    """About how many bytes of units a consume queue holds, for planning: its files but the
+    last whole, and the last one's up to its first invalid unit (read a chunk at a time)."""
+    relative = f"consumequeue/{topic}/{queue_id}"
+    files = location.segments(relative)
+    if not files:
+        return 0
+    name, size = files[-1]
+    total = sum(whole for _, whole in files[:-1])
+    for position, data in _queue_chunks(location, f"{relative}/{name}", size):
+        valid = kernel.valid_units(data) * UNIT.size
+        if valid < len(data):
+            return total + position + valid
+    return total + size - size % UNIT.size
+
+
+# a queue file's first chunk (a page of units), growing four times a chunk up to the last
+_FIRST_QUEUE_CHUNK = 4096 // UNIT.size * UNIT.size
+_LARGEST_QUEUE_CHUNK = (4 << 20) // UNIT.size * UNIT.size
+
+
+def _queue_chunks(location: StoreLocation, file: str, size: int) -> Iterator[tuple[int, bytes]]:
+    """``(position, bytes)`` of the whole units of a queue file of ``size`` bytes, a chunk at
+    a time from its start (a caller stopping early reads little of a mostly unwritten file)."""
+    end = size - size % UNIT.size
+    position, chunk = 0, _FIRST_QUEUE_CHUNK
+    while position < end:
+        wanted = min(chunk, end - position)
+        with location.open_range(file, position, wanted) as (buf, _):
+            data = bytes(buf[: len(buf) - len(buf) % UNIT.size])
+        yield position, data
+        if len(data) < wanted:
+            return  # the file ended early (shortened while it was read)
+        position += wanted
+        chunk = min(chunk * 4, _LARGEST_QUEUE_CHUNK)

@@ -88,6 +88,7 @@ from rmqstore.pipeline.rows import (
     ddl,
     message_batches,
     present_columns,
+    queue_unit_bytes,
     queue_units,
 )
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
@@ -101,6 +102,12 @@ from rmqstore.wording import quoted
 # Python data source costs PySpark about 65 ms on this 2-core machine even when it reads
 # nothing (the rmqstore jobs pass --split-size, 32 MiB by default)
 SOURCE_SPLIT = 128 * 1024 * 1024
+# bytes of consume-queue units per partition of rocketmq-consumequeue (option splitSize; 0: a
+# partition per queue): about as many rows as the commit-log source's partition, and a store
+# of thousands of small queues is a few tasks, not one per queue
+QUEUE_SOURCE_SPLIT = 16 * 1024 * 1024
+# the least units a partition gets while queues are shared among the cores
+_SMALLEST_QUEUE_SHARE = 1024 * 1024
 
 
 def _option(options: dict[str, str], name: str, default: str | None = None) -> str | None:
@@ -453,16 +460,21 @@ def _bytes_layout(kind: Any) -> Any:
 def coalesce(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
     """Consecutive ranges grouped into partitions of at most ``split`` bytes (a range larger
     than that alone), so a log of many small files is not a task per file."""
-    groups: list[list[FileRange]] = []
-    size = 0
-    for part in ranges:
-        length = part.stop - part.start
-        if groups and split > 0 and size + length <= split:
-            groups[-1].append(part)
-            size += length
+    return grouped(ranges, [part.stop - part.start for part in ranges], split)
+
+
+def grouped(items: list[Any], sizes: list[int], limit: int) -> list[list[Any]]:
+    """Consecutive ``items`` grouped while their ``sizes`` add up to at most ``limit`` (an
+    item larger than that alone; ``limit`` 0: each alone)."""
+    groups: list[list[Any]] = []
+    held = 0
+    for item, size in zip(items, sizes, strict=True):
+        if groups and limit > 0 and held + size <= limit:
+            groups[-1].append(item)
+            held += size
         else:
-            groups.append([part])
-            size = length
+            groups.append([item])
+            held = size
     return groups
 
 
@@ -690,6 +702,7 @@ class ConsumeQueueReader(DataSourceReader):
         )
         order = [name for name, _, _ in CONSUMEQUEUE_COLUMNS]
         self.picked = None if names is None else [order.index(name) for name in names]
+        self.split = _int_option(options, "splitSize", QUEUE_SOURCE_SPLIT, minimum=0)
 
     def partitions(self) -> list[InputPartition]:
         self.location.check_store()
@@ -707,15 +720,25 @@ class ConsumeQueueReader(DataSourceReader):
             )
         segments = self.location.segments("commitlog")
         minimum = int(segments[0][0]) if segments else 0
-        parts = []
+        queues = []
         for topic in self.location.directories("consumequeue"):
             if self.topics is not None and topic not in self.topics:
                 continue
             for queue in self.location.directories(f"consumequeue/{topic}"):
                 queue_id = queue_id_of(queue)
                 if queue_id is not None and self._wanted(topic, queue_id):
-                    parts.append(InputPartition((topic, queue_id, minimum)))
-        return parts
+                    queues.append((topic, queue_id))
+        return [InputPartition((group, minimum)) for group in self._groups(queues)]
+
+    def _groups(self, queues: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+        """Consecutive queues sharing partitions of about ``splitSize`` bytes of units, and
+        the cores while there are fewer (a queue larger than that alone; ``splitSize`` 0: a
+        partition per queue). A task costs PySpark about 50 ms however little it reads."""
+        if self.split <= 0:
+            return [[queue] for queue in queues]
+        sizes = [queue_unit_bytes(self.location, *queue) for queue in queues]
+        share = max(-(-sum(sizes) // (os.cpu_count() or 1)), _SMALLEST_QUEUE_SHARE)
+        return grouped(queues, sizes, min(self.split, share))
 
     def _wanted(self, topic: str, queue_id: int) -> bool:
         values = {"topic": topic, "queueId": queue_id}
@@ -724,13 +747,14 @@ class ConsumeQueueReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         if partition.value is None:
             return
-        topic, queue_id, minimum = partition.value
-        units = queue_units(self.location, topic, queue_id, minimum)
-        if self.picked is None:
-            yield from units
-            return
-        for unit in units:
-            yield tuple(unit[index] for index in self.picked)
+        queues, minimum = partition.value
+        for topic, queue_id in queues:
+            units = queue_units(self.location, topic, queue_id, minimum)
+            if self.picked is None:
+                yield from units
+                continue
+            for unit in units:
+                yield tuple(unit[index] for index in self.picked)
 
 
 class PushdownConsumeQueueReader(ConsumeQueueReader):
@@ -746,7 +770,9 @@ class PushdownConsumeQueueReader(ConsumeQueueReader):
 class ConsumeQueueDataSource(DataSource):
     """``spark.read.format("rocketmq-consumequeue").load(STORE)``: one row per unit.
 
-    Options: topics (comma-separated)."""
+    Options: topics (comma-separated), splitSize (bytes of units a partition holds,
+    16777216; queues share partitions, a larger queue is one alone; 0: a partition per
+    queue)."""
 
     @classmethod
     def name(cls) -> str:

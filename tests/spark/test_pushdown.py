@@ -120,7 +120,8 @@ def test_columns_no_row_leaves_null_are_declared_not_null(spark: Any, oracle) ->
 def test_consume_queue_conditions_leave_queues_out(pushdown: Any, oracle) -> None:
     spark = pushdown
     store = str(oracle("s1_multi").store)
-    reader = spark.read.format("rocketmq-consumequeue")
+    # a partition per queue (splitSize 0), so the queues left out show in the partitions
+    reader = spark.read.format("rocketmq-consumequeue").option("splitSize", "0")
     everything = reader.load(store).localCheckpoint()
     queues = reader.load(store).rdd.getNumPartitions()
     topic = everything.first().topic

@@ -128,3 +128,96 @@ def test_the_consume_queue_source_names_batchcq_topics_asked_for(tmp_path: Path)
     assert len(ConsumeQueueReader({"path": str(store)}).partitions()) == 1
     with pytest.raises(InputError, match="topic Batched keeps its queues in batchconsumequeue/"):
         ConsumeQueueReader({"path": str(store), "topics": "BasicTopic,Batched"}).partitions()
+
+
+def _queue_rows(reader: Any) -> list[tuple]:
+    """Every row the consume-queue ``reader`` gives, partition by partition, as Spark's tasks
+    would read them."""
+    return [row for partition in reader.partitions() for row in reader.read(partition)]
+
+
+def test_the_consume_queue_source_shares_partitions_among_small_queues(tmp_path: Path) -> None:
+    """A store of many small queues is a few partitions of about splitSize bytes of units
+    (one per core while there is little), not a task per queue: every queue once, in order,
+    the same rows as a partition per queue (splitSize 0) and as the engine reads them; a queue
+    larger than splitSize is a partition alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from rmqstore.consumequeue import list_queues
+    from rmqstore.pipeline.location import StoreLocation
+    from rmqstore.pipeline.rows import queue_unit_bytes
+    from rmqstore.spark.sources import ConsumeQueueReader
+    from rmqstore.store import Store
+
+    store = tmp_path / "store"
+    lines = [
+        {"topic": f"T{number % 300}", "queueId": number // 300 % 2, "body": "x"}
+        for number in range(900)
+    ]
+    lines += [{"topic": "Big", "queueId": 0, "body": "y"} for _ in range(3000)]  # 60,000 bytes
+    subprocess.run(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--create", "--dispatch",
+         "--input", "-"],
+        input="".join(json.dumps(line) + "\n" for line in lines).encode(),
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    with Store.open_read(store) as opened:
+        queues = list_queues(opened.consumequeue_dir)
+        expected = [
+            (topic, queue_id, unit.queue_offset, unit.physical_offset, unit.size, unit.tags_code)
+            for topic, queue_id in queues
+            for unit in opened.consume_queue(topic, queue_id).units()
+        ]
+    assert len(queues) == 601
+    one_each = ConsumeQueueReader({"path": str(store), "splitSize": "0"})
+    assert len(one_each.partitions()) == 601
+    shared = ConsumeQueueReader({"path": str(store)})
+    partitions = shared.partitions()
+    assert len(partitions) <= (os.cpu_count() or 1)  # 63,900 bytes of units: one per core
+    assert [queue for part in partitions for queue in part.value[0]] == queues
+    for reader in (one_each, shared):
+        rows = _queue_rows(reader)
+        assert [row[:6] for row in rows] == expected
+    small = ConsumeQueueReader({"path": str(store), "splitSize": "2000"})
+    groups = [part.value[0] for part in small.partitions()]
+    assert [("Big", 0)] in groups  # 60,000 bytes: alone
+    location = StoreLocation(str(store))
+    for group in groups:
+        held = sum(queue_unit_bytes(location, *queue) for queue in group)
+        assert held <= 2000 or group == [("Big", 0)], group
+    assert len(groups) >= 10  # 900 units of small queues, 18,000 bytes
+    assert [row[:6] for row in _queue_rows(small)] == expected
+
+
+def test_the_consume_queue_source_reads_a_queue_file_to_its_first_invalid_unit(
+    tmp_path: Path,
+) -> None:
+    """A queue file is read a chunk at a time (a page, then four times more each time) up to
+    its first invalid unit, wherever it falls; the planner's size of a queue is its units'."""
+    import struct
+
+    from rmqstore.pipeline.location import StoreLocation
+    from rmqstore.pipeline.rows import _FIRST_QUEUE_CHUNK, queue_unit_bytes
+    from rmqstore.spark.sources import ConsumeQueueReader
+
+    store = tmp_path / "store"
+    generate("basic", store)
+    folder = store / "consumequeue" / "Many" / "0"
+    folder.mkdir(parents=True)
+    unit = struct.Struct(">qiq")
+    boundary = _FIRST_QUEUE_CHUNK // 20
+    for stop in (0, 1, boundary - 1, boundary, boundary + 1, 5 * boundary + 3, 30_000):
+        units = b"".join(unit.pack(100 * n, 100, n) for n in range(30_000))
+        body = bytearray(units + bytes(600_000 - len(units)))
+        if stop < 30_000:
+            struct.pack_into(">qiq", body, stop * 20, -1, 100, 0)  # an invalid unit
+        (folder / "00000000000000000000").write_bytes(body)
+        location = StoreLocation(str(store))
+        assert queue_unit_bytes(location, "Many", 0) == stop * 20
+        reader = ConsumeQueueReader({"path": str(store), "topics": "Many"})
+        rows = _queue_rows(reader)
+        assert [row[2:6] for row in rows] == [(n, 100 * n, 100, n) for n in range(stop)]
