@@ -6,8 +6,9 @@ imported when batches are built, pyspark never.
 
 from __future__ import annotations
 
+import sys
 from array import array
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -531,13 +532,55 @@ def _tags_codes(pa: Any, buf: Any, rows: Any, count: int, levels: DelayLevels) -
     return pa.array(found, type=pa.int64())
 
 
-def queue_units(
-    location: StoreLocation, topic: str, queue_id: int, commitlog_min_offset: int
-) -> Iterator[tuple]:
-    """Rows (:data:`CONSUMEQUEUE_COLUMNS`) of one consume queue: units up to the first invalid
-    one (``offset < 0 or size <= 0``, or a gap between files), leaving out pre-blank units and
-    units of records in deleted commit-log files, as a broker's load does. A file is read a
-    chunk at a time up to its first invalid unit (a queue's last file is mostly unwritten)."""
+def queue_unit_batches(
+    location: StoreLocation,
+    queues: Sequence[tuple[str, int]],
+    commitlog_min_offset: int,
+    names: Sequence[str],
+    not_null: Collection[str],
+) -> Iterator[Any]:
+    """Arrow batches of the columns ``names`` (of :data:`CONSUMEQUEUE_COLUMNS`, those in
+    ``not_null`` declared not null; none holds a null) of the rows of consume ``queues``
+    (topic, queue id), in order: each queue's units up to the first invalid one (``offset <
+    0 or size <= 0``, or a gap between files), leaving out pre-blank units and units of
+    records in deleted commit-log files, as a broker's load does. Each file is read a chunk
+    at a time up to its first invalid unit (a queue's last file is mostly unwritten), and
+    the units of small queues share batches."""
+    import pyarrow as pa
+
+    kinds = {name: arrow for name, _, arrow in CONSUMEQUEUE_COLUMNS}
+    schema = pa.schema(
+        [pa.field(name, pa.type_for_alias(kinds[name]), name not in not_null) for name in names]
+    )
+    pending = _PendingUnits()
+    for topic, queue_id in queues:
+        for piece in _queue_pieces(location, topic, queue_id):
+            pending.add(piece)
+            if pending.count >= _UNITS_PER_BATCH:
+                yield from pending.batches(commitlog_min_offset, schema)
+    yield from pending.batches(commitlog_min_offset, schema)
+
+
+# units gathered before a batch is made of them (a chunk of a file is up to 209,715)
+_UNITS_PER_BATCH = 65536
+
+
+@dataclass
+class _UnitPiece:
+    """Valid units of one queue file, read at once: ``data`` holds ``count`` of them, the
+    first at ``first_queue_offset``."""
+
+    topic: str
+    queue_id: int
+    file: str
+    first_queue_offset: int
+    data: bytes
+    count: int
+
+
+def _queue_pieces(location: StoreLocation, topic: str, queue_id: int) -> Iterator[_UnitPiece]:
+    """A queue's valid units, a chunk of a file at a time, up to its first invalid unit or a
+    gap between its files."""
     relative = f"consumequeue/{topic}/{queue_id}"
     expected = None
     for name, size in location.segments(relative):
@@ -546,15 +589,82 @@ def queue_units(
         file = f"{relative}/{name}"
         first = int(name) // UNIT.size
         for position, data in _queue_chunks(location, file, size):
-            numbered = enumerate(UNIT.iter_unpack(data), first + position // UNIT.size)
-            for queue_offset, (offset, unit_size, code) in numbered:
-                if offset < 0 or unit_size <= 0:
-                    return
-                if unit_size == PRE_BLANK_SIZE and offset == 0:
-                    continue
-                if offset >= commitlog_min_offset:
-                    yield (topic, queue_id, queue_offset, offset, unit_size, code, file)
+            valid = kernel.valid_units(data)
+            if valid:
+                offset = first + position // UNIT.size
+                yield _UnitPiece(topic, queue_id, file, offset, data, valid)
+            if valid < len(data) // UNIT.size:
+                return
         expected = int(name) + size
+
+
+class _PendingUnits:
+    """Pieces of units waiting to be made one batch."""
+
+    def __init__(self) -> None:
+        self.pieces: list[_UnitPiece] = []
+        self.count = 0
+
+    def add(self, piece: _UnitPiece) -> None:
+        self.pieces.append(piece)
+        self.count += piece.count
+
+    def batches(self, commitlog_min_offset: int, schema: Any) -> Iterator[Any]:
+        """The pieces as one batch of ``schema``'s columns, pre-blank units and those below
+        ``commitlog_min_offset`` left out (none when that leaves no row); then none pending."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        pieces, count = self.pieces, self.count
+        self.pieces, self.count = [], 0
+        if not pieces:
+            return
+        data = b"".join(piece.data[: piece.count * UNIT.size] for piece in pieces)
+        units = pa.Array.from_buffers(pa.binary(UNIT.size), count, [None, pa.py_buffer(data)])
+        offsets = _big_endian_field(units, 0, "q", pa.int64())
+        sizes = _big_endian_field(units, 8, "i", pa.int32())
+        queue_offsets = array("q")
+        for piece in pieces:
+            first = piece.first_queue_offset
+            queue_offsets.extend(range(first, first + piece.count))
+        built = {
+            "commitLogOffset": offsets,
+            "storeSize": sizes,
+            "tagsCode": _big_endian_field(units, 12, "q", pa.int64()),
+            "queueOffset": pa.Array.from_buffers(
+                pa.int64(), count, [None, pa.py_buffer(queue_offsets)]
+            ),
+        }
+        for field in schema:
+            if field.name not in built:  # topic, queueId, file: a value per piece
+                attribute = {"topic": "topic", "queueId": "queue_id", "file": "file"}[field.name]
+                built[field.name] = pa.concat_arrays(
+                    [
+                        pa.repeat(pa.scalar(getattr(piece, attribute), field.type), piece.count)
+                        for piece in pieces
+                    ]
+                )
+        batch = pa.RecordBatch.from_arrays([built[field.name] for field in schema], schema=schema)
+        pre_blank = pc.and_(pc.equal(offsets, 0), pc.equal(sizes, PRE_BLANK_SIZE))
+        keep = pc.and_(pc.greater_equal(offsets, commitlog_min_offset), pc.invert(pre_blank))
+        if not pc.all(keep).as_py():
+            batch = batch.filter(keep)
+        if batch.num_rows:
+            yield batch
+
+
+def _big_endian_field(units: Any, at: int, code: str, kind: Any) -> Any:
+    """The big-endian integer field at byte ``at`` of each unit of ``units`` (fixed-size
+    binary), of array code ``code``, as an Arrow array of ``kind``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = array(code)
+    field = pc.binary_slice(units, at, at + values.itemsize)  # its bytes, unit after unit
+    values.frombytes(memoryview(field.buffers()[1])[: len(units) * values.itemsize])
+    if sys.byteorder == "little":
+        values.byteswap()
+    return pa.Array.from_buffers(kind, len(units), [None, pa.py_buffer(values)])
 
 
 def queue_unit_bytes(location: StoreLocation, topic: str, queue_id: int) -> int:

@@ -88,8 +88,8 @@ from rmqstore.pipeline.rows import (
     ddl,
     message_batches,
     present_columns,
+    queue_unit_batches,
     queue_unit_bytes,
-    queue_units,
 )
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
@@ -700,8 +700,15 @@ class ConsumeQueueReader(DataSourceReader):
             if schema is None
             else requested_columns(schema, CONSUMEQUEUE_COLUMNS, "rocketmq-consumequeue")
         )
-        order = [name for name, _, _ in CONSUMEQUEUE_COLUMNS]
-        self.picked = None if names is None else [order.index(name) for name in names]
+        everything = [name for name, _, _ in CONSUMEQUEUE_COLUMNS]
+        self.names = names or everything
+        # the columns the batches declare not null: as the schema Spark was given says (every
+        # one for the source's own: each unit has a value in each)
+        self.not_null = (
+            frozenset(everything)
+            if schema is None
+            else declared_not_null(schema, frozenset(everything), "rocketmq-consumequeue")
+        )
         self.split = _int_option(options, "splitSize", QUEUE_SOURCE_SPLIT, minimum=0)
 
     def partitions(self) -> list[InputPartition]:
@@ -744,17 +751,12 @@ class ConsumeQueueReader(DataSourceReader):
         values = {"topic": topic, "queueId": queue_id}
         return all(holds_for(found, values[found.column]) for found in self.filters)
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         if partition.value is None:
             return
         queues, minimum = partition.value
-        for topic, queue_id in queues:
-            units = queue_units(self.location, topic, queue_id, minimum)
-            if self.picked is None:
-                yield from units
-                continue
-            for unit in units:
-                yield tuple(unit[index] for index in self.picked)
+        batches = queue_unit_batches(self.location, queues, minimum, self.names, self.not_null)
+        yield from checked(batches)
 
 
 class PushdownConsumeQueueReader(ConsumeQueueReader):

@@ -132,8 +132,13 @@ def test_the_consume_queue_source_names_batchcq_topics_asked_for(tmp_path: Path)
 
 def _queue_rows(reader: Any) -> list[tuple]:
     """Every row the consume-queue ``reader`` gives, partition by partition, as Spark's tasks
-    would read them."""
-    return [row for partition in reader.partitions() for row in reader.read(partition)]
+    would read them (its Arrow batches, row by row)."""
+    return [
+        tuple(row.values())
+        for partition in reader.partitions()
+        for batch in reader.read(partition)
+        for row in batch.to_pylist()
+    ]
 
 
 def test_the_consume_queue_source_shares_partitions_among_small_queues(tmp_path: Path) -> None:
@@ -221,3 +226,39 @@ def test_the_consume_queue_source_reads_a_queue_file_to_its_first_invalid_unit(
         reader = ConsumeQueueReader({"path": str(store), "topics": "Many"})
         rows = _queue_rows(reader)
         assert [row[2:6] for row in rows] == [(n, 100 * n, 100, n) for n in range(stop)]
+
+
+def test_the_consume_queue_source_leaves_out_pre_blank_and_expired_units(tmp_path: Path) -> None:
+    """A queue whose records' first commit-log files were deleted, dispatched again: its
+    first units are pre-blank, and others point below the log's first offset, in its first
+    file and the next (a broker's min offset looks at the first file only, so the engine's
+    units start at 0 here); the source leaves both kinds out, over every file of the queue."""
+    from rmqstore.consumequeue import PRE_BLANK_UNIT, list_queues
+    from rmqstore.dispatch import Dispatcher
+    from rmqstore.spark.sources import ConsumeQueueReader
+    from rmqstore.store import Store
+
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    store = tmp_path / "store"
+    with Store.open_write(store, config, create=True) as opened:
+        opened.appender().append_many([Message(topic="T", body=b"x" * 700) for _ in range(40)])
+    (store / "commitlog" / "00000000000000000000").unlink()  # expired
+    with Store.open_write(store, config) as opened:
+        dispatcher = Dispatcher(opened)
+        dispatcher.run()
+        dispatcher.close()
+    first = store / "consumequeue" / "T" / "0" / "00000000000000000000"
+    assert first.read_bytes().startswith(PRE_BLANK_UNIT)
+    (store / "commitlog" / "00000000000000004096").unlink()  # expired after the dispatch
+    with Store.open_read(store, config) as opened:
+        minimum = opened.commitlog.min_offset
+        expected = [
+            (topic, queue_id, unit.queue_offset, unit.physical_offset, unit.size, unit.tags_code)
+            for topic, queue_id in list_queues(opened.consumequeue_dir)
+            for unit in opened.consume_queue(topic, queue_id).units()
+            if unit.physical_offset >= minimum and not unit.is_pre_blank
+        ]
+    assert minimum == 8192 and [row[2] for row in expected] == list(range(10, 40))
+    for split in ("0", "4096"):
+        reader = ConsumeQueueReader({"path": str(store), "splitSize": split})
+        assert [row[:6] for row in _queue_rows(reader)] == expected
