@@ -657,7 +657,8 @@ class Store:
             )
             tip = QueueTip.of(queue)
             tips[(topic, queue_id)] = tip
-            if tip is not None and queue.loaded_last_unit is not None:  # units past its first start
+            # a queue with a unit past its first file's start: the load read its last unit
+            if tip is not None and queue.loaded_last_unit is not None:
                 cursor = max(cursor, tip.max_physical_offset)
                 last_queued = max(last_queued, queue.loaded_last_unit.physical_offset)
         if cursor > end.offset:
