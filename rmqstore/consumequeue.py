@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
+from operator import attrgetter
 from pathlib import Path
 
 from rmqstore import kernel
@@ -664,6 +665,9 @@ def rocksdb_names(files: set[str]) -> bool:
     return "CURRENT" in files and any(number.isascii() and number.isdigit() for number in numbers)
 
 
+_BY_NAME = attrgetter("name")  # directory entries, sorted by name
+
+
 def list_queues(
     root: Path, linked: list[Path] | None = None, *, topic: str | None = None
 ) -> list[tuple[str, int]]:
@@ -676,7 +680,7 @@ def list_queues(
         return queues
     # DirEntry kinds come with the listing (no stat per entry): a broker's store has
     # thousands of queue folders, and every command that looks at the queues lists them
-    topics = sorted(os.scandir(root), key=_entry_name)
+    topics = sorted(os.scandir(root), key=_BY_NAME)
     for topic_entry in topics if topic is None else [t for t in topics if t.name == topic]:
         if topic_entry.is_symlink():
             if linked is not None:
@@ -684,7 +688,7 @@ def list_queues(
             continue
         if not topic_entry.is_dir():
             continue
-        for queue_entry in sorted(os.scandir(topic_entry.path), key=_entry_name):
+        for queue_entry in sorted(os.scandir(topic_entry.path), key=_BY_NAME):
             queue_id = queue_id_of(queue_entry.name)
             if queue_id is None:
                 continue
@@ -694,10 +698,6 @@ def list_queues(
             elif queue_entry.is_dir():
                 queues.append((topic_entry.name, queue_id))
     return queues
-
-
-def _entry_name(entry: os.DirEntry[str]) -> str:
-    return entry.name
 
 
 _JAVA_INT = range(-(2**31), 2**31)

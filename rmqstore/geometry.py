@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 
 from rmqstore.config import (
@@ -91,28 +93,47 @@ def write_geometry(root: Path, values: dict[str, int]) -> None:
 def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
     """The most common size of the segment files ``depth`` levels below ``directory`` (the
     first file of each queue), among sizes a broker can configure (a multiple of ``unit``:
-    20 for consume queues). The most common one, so a single damaged file cannot skew it."""
+    20 for consume queues). The most common one, so a single damaged file cannot skew it;
+    the folders are taken in order until one size leads every other by _CLEAR_LEAD files (a
+    store of thousands of queues, all of one size, is not listed whole at every start)."""
     if not directory.is_dir():
         return None
-    # directory entries tell their kinds (no stat of each; a store has thousands of queues)
-    frontier = [str(directory)]
-    for _ in range(depth):
-        frontier = [
-            entry.path
-            for folder in frontier  # in order, each one's folders by name: sorted as paths
-            for entry in sorted(os.scandir(folder), key=lambda entry: entry.name)
-            if entry.is_dir()
-        ]
     sizes: Counter[int] = Counter()
-    for folder in frontier:
-        for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
+    for folder in _folders(str(directory), depth):
+        for entry in sorted(os.scandir(folder), key=_BY_NAME):
             if is_segment_name(entry.name) and entry.is_file():
                 size = entry.stat().st_size
                 if size and size % unit == 0:
                     sizes[size] += 1
                 if depth:
                     break  # one file per queue is enough
+        if depth and _clear_lead(sizes):
+            break
     return sizes.most_common(1)[0][0] if sizes else None
+
+
+# how many files more than any other size the most common one needs for the count to stop
+_CLEAR_LEAD = 32
+_BY_NAME = attrgetter("name")  # directory entries, sorted by name
+
+
+def _clear_lead(sizes: Counter[int]) -> bool:
+    ranked = sizes.most_common(2)
+    if not ranked:
+        return False
+    runner_up = ranked[1][1] if len(ranked) > 1 else 0
+    return ranked[0][1] - runner_up >= _CLEAR_LEAD
+
+
+def _folders(directory: str, depth: int) -> Iterator[str]:
+    """The folders ``depth`` levels below ``directory``, sorted as paths, listed as they are
+    reached (directory entries tell their kinds: no stat of each)."""
+    if not depth:
+        yield directory
+        return
+    for entry in sorted(os.scandir(directory), key=_BY_NAME):
+        if entry.is_dir():
+            yield from _folders(entry.path, depth - 1)
 
 
 _REMEMBERED = f"the store's {CONFIG_DIR}/{GEOMETRY_FILE}"

@@ -136,6 +136,49 @@ def test_geometry_comes_from_options_then_files_then_defaults(oracle, tmp_path: 
     }
 
 
+def test_a_queue_file_size_is_the_most_common_one_counted_until_it_clearly_leads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consume-queue file size a store's files tell: the most common size of the queues'
+    first files, so a few damaged files cannot skew it (queues first in order too); the
+    folders are listed until one size leads every other by 32, not all of them."""
+    import os
+
+    from rmqstore import geometry
+
+    root = tmp_path / "consumequeue"
+
+    def queue(topic: str, size: int) -> None:
+        folder = root / topic / "0"
+        folder.mkdir(parents=True)
+        with (folder / "00000000000000000000").open("wb") as file:
+            file.truncate(size)
+
+    for number in range(20):  # damaged ones first: the first folders in order
+        queue(f"A{number:03d}", 2000 + 20 * (number % 2))
+    for number in range(300):
+        queue(f"B{number:03d}", 6_000_000)
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(path: str):  # the listings made, for real
+        listed.append(str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(geometry.os, "scandir", scandir)
+    assert geometry._infer_file_size(root, 2, 20) == 6_000_000
+    queues_listed = [path for path in listed if path.endswith(os.sep + "0")]
+    # 10 + 10 of the damaged sizes, then 42 of the common one: a lead of 32
+    assert len(queues_listed) == 20 + 42
+    listed.clear()
+    for number in range(5):
+        queue(f"C{number:03d}", 4000)  # after the others: counted only if the count goes on
+    assert geometry._infer_file_size(root, 2, 20) == 6_000_000
+    assert len([path for path in listed if path.endswith(os.sep + "0")]) == 62
+    # a store of one queue, and of queues too few to lead by 32: all counted
+    assert geometry._infer_file_size(tmp_path / "consumequeue" / "C000", 1, 20) == 4000
+
+
 @pytest.mark.parametrize("value", [0, 4095, 2**31, True, "4096"])
 def test_a_remembered_size_no_broker_takes_is_a_format_error(tmp_path: Path, value) -> None:
     import json
