@@ -8,6 +8,7 @@ skips), and the two time lookups (4.x and 5.x rules).
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -594,19 +595,25 @@ class ConsumeQueue:
 # against 6 us for 4 KiB (4,000 queue files here), and a full file takes two reads more
 _FIRST_CHUNK = 4096 // CQ_UNIT_SIZE * CQ_UNIT_SIZE
 _LARGEST_CHUNK = (4 * 1024 * 1024) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
+ChunkReader = Callable[[int, int], bytes]  # (position, length) -> a queue file's bytes
 
 
 def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, bytes, bytes]:
+    """:func:`valid_prefix` of a local queue file."""
+    return valid_prefix(functools.partial(read_range, path), limit, keep=keep)
+
+
+def valid_prefix(read: ChunkReader, limit: int, *, keep: bool = False) -> tuple[int, bytes, bytes]:
     """How many bytes of valid units the first ``limit`` bytes of a queue file start with
     (recovery's walk, unit by unit, to the first unit with ``offset < 0 or size <= 0``), with
     ``keep`` those bytes and the first invalid unit (what follows it cannot change a walk
-    that stops there), and the file's first chunk as read (what :func:`_file_chunks` takes
-    as ``head``). Read a chunk at a time up to that unit: no more of the file is read than
-    its units and one chunk after them."""
+    that stops there), and the file's first chunk as read (what :func:`file_chunks` takes
+    as ``head``). Read (``read(position, length)``) a chunk at a time up to that unit: no
+    more of the file is read than its units and one chunk after them."""
     valid = 0
     kept: list[bytes] = []
     head = b""
-    for position, data in _file_chunks(path, limit):
+    for position, data in file_chunks(read, limit):
         if not position:
             head = data
         whole = kernel.valid_units(data) * CQ_UNIT_SIZE
@@ -621,14 +628,22 @@ def _valid_prefix(path: Path, limit: int, *, keep: bool = False) -> tuple[int, b
 
 
 def _file_chunks(path: Path, limit: int, head: bytes | None = None) -> Iterator[tuple[int, bytes]]:
-    """``(position, bytes)`` of the first ``limit`` bytes of a queue file, a chunk at a time
-    from its start (growing from _FIRST_CHUNK to _LARGEST_CHUNK: a caller that stops early
-    reads little of a mostly unwritten file); a chunk shorter than asked is the file's end.
-    ``head``: the file's first chunk, read already by a walk with a ``limit`` no smaller."""
+    """:func:`file_chunks` of a local queue file."""
+    return file_chunks(functools.partial(read_range, path), limit, head)
+
+
+def file_chunks(
+    read: ChunkReader, limit: int, head: bytes | None = None
+) -> Iterator[tuple[int, bytes]]:
+    """``(position, bytes)`` of the first ``limit`` bytes of a queue file (``read(position,
+    length)`` gives its bytes, fewer at its end), a chunk at a time from its start (growing
+    from _FIRST_CHUNK to _LARGEST_CHUNK: a caller that stops early reads little of a mostly
+    unwritten file); a chunk shorter than asked is the file's end. ``head``: the file's
+    first chunk, read already by a walk with a ``limit`` no smaller."""
     position, chunk = 0, _FIRST_CHUNK
     while position < limit:
         wanted = min(chunk, limit - position)
-        data = read_range(path, position, wanted) if head is None or position else head[:wanted]
+        data = read(position, wanted) if head is None or position else head[:wanted]
         yield position, data
         if len(data) < wanted:
             return

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqstore import kernel
-from rmqstore.consumequeue import PRE_BLANK_SIZE, UNIT
+from rmqstore.consumequeue import PRE_BLANK_SIZE, UNIT, ChunkReader, file_chunks, valid_prefix
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
@@ -689,29 +689,22 @@ def queue_unit_bytes(location: StoreLocation, topic: str, queue_id: int) -> int:
         return 0
     name, size = files[-1]
     total = sum(whole for _, whole in files[:-1])
-    for position, data in _queue_chunks(location, f"{relative}/{name}", size):
-        valid = kernel.valid_units(data) * UNIT.size
-        if valid < len(data):
-            return total + position + valid
-    return total + size - size % UNIT.size
-
-
-# a queue file's first chunk (a page of units), growing four times a chunk up to the last
-_FIRST_QUEUE_CHUNK = 4096 // UNIT.size * UNIT.size
-_LARGEST_QUEUE_CHUNK = (4 << 20) // UNIT.size * UNIT.size
+    last = _reader(location, f"{relative}/{name}")
+    return total + valid_prefix(last, size - size % UNIT.size)[0]
 
 
 def _queue_chunks(location: StoreLocation, file: str, size: int) -> Iterator[tuple[int, bytes]]:
     """``(position, bytes)`` of the whole units of a queue file of ``size`` bytes, a chunk at
-    a time from its start (a caller stopping early reads little of a mostly unwritten file)."""
-    end = size - size % UNIT.size
-    position, chunk = 0, _FIRST_QUEUE_CHUNK
-    while position < end:
-        wanted = min(chunk, end - position)
-        with location.open_range(file, position, wanted) as (buf, _):
-            data = bytes(buf[: len(buf) - len(buf) % UNIT.size])
-        yield position, data
-        if len(data) < wanted:
-            return  # the file ended early (shortened while it was read)
-        position += wanted
-        chunk = min(chunk * 4, _LARGEST_QUEUE_CHUNK)
+    a time from its start (:func:`rmqstore.consumequeue.file_chunks`: a caller stopping early
+    reads little of a mostly unwritten file)."""
+    return file_chunks(_reader(location, file), size - size % UNIT.size)
+
+
+def _reader(location: StoreLocation, file: str) -> ChunkReader:
+    """``read(position, length)``: the bytes of ``file`` (store-relative) there."""
+
+    def read(position: int, length: int) -> bytes:
+        with location.open_range(file, position, length) as (buf, _):
+            return bytes(buf)
+
+    return read

@@ -205,8 +205,9 @@ def test_the_consume_queue_source_reads_a_queue_file_to_its_first_invalid_unit(
     its first invalid unit, wherever it falls; the planner's size of a queue is its units'."""
     import struct
 
+    from rmqstore.consumequeue import _FIRST_CHUNK
     from rmqstore.pipeline.location import StoreLocation
-    from rmqstore.pipeline.rows import _FIRST_QUEUE_CHUNK, queue_unit_bytes
+    from rmqstore.pipeline.rows import queue_unit_bytes
     from rmqstore.spark.sources import ConsumeQueueReader
 
     store = tmp_path / "store"
@@ -214,7 +215,7 @@ def test_the_consume_queue_source_reads_a_queue_file_to_its_first_invalid_unit(
     folder = store / "consumequeue" / "Many" / "0"
     folder.mkdir(parents=True)
     unit = struct.Struct(">qiq")
-    boundary = _FIRST_QUEUE_CHUNK // 20
+    boundary = _FIRST_CHUNK // 20
     for stop in (0, 1, boundary - 1, boundary, boundary + 1, 5 * boundary + 3, 30_000):
         units = b"".join(unit.pack(100 * n, 100, n) for n in range(30_000))
         body = bytearray(units + bytes(600_000 - len(units)))
