@@ -563,6 +563,8 @@ def queue_unit_batches(
 
 # units gathered before a batch is made of them (a chunk of a file is up to 209,715)
 _UNITS_PER_BATCH = 65536
+# the columns a piece of units holds one value in: the piece's attribute holding it
+_PIECE_VALUES = {"topic": "topic", "queueId": "queue_id", "file": "file"}
 
 
 @dataclass
@@ -637,7 +639,7 @@ class _PendingUnits:
         }
         for field in schema:
             if field.name not in built:  # topic, queueId, file: a value per piece
-                attribute = {"topic": "topic", "queueId": "queue_id", "file": "file"}[field.name]
+                attribute = _PIECE_VALUES[field.name]
                 built[field.name] = pa.concat_arrays(
                     [
                         pa.repeat(pa.scalar(getattr(piece, attribute), field.type), piece.count)
