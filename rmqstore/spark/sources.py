@@ -701,7 +701,7 @@ class ConsumeQueueReader(DataSourceReader):
             else requested_columns(schema, CONSUMEQUEUE_COLUMNS, "rocketmq-consumequeue")
         )
         everything = [name for name, _, _ in CONSUMEQUEUE_COLUMNS]
-        self.names = names or everything
+        self.names = everything if names is None else list(names)
         # the columns the batches declare not null: as the schema Spark was given says (every
         # one for the source's own: each unit has a value in each)
         self.not_null = (
