@@ -569,7 +569,8 @@ _PIECE_VALUES = {"topic": "topic", "queueId": "queue_id", "file": "file"}
 
 @dataclass
 class _UnitPiece:
-    """Valid units of one queue file, read at once: ``data`` holds ``count`` of them, the
+    """Valid units of one queue file, read at once: ``data``, ``count`` of them (and no more
+    bytes: a piece waiting for its batch keeps nothing of its chunk's unwritten rest), the
     first at ``first_queue_offset``."""
 
     topic: str
@@ -594,7 +595,8 @@ def _queue_pieces(location: StoreLocation, topic: str, queue_id: int) -> Iterato
             valid = kernel.valid_units(data)
             if valid:
                 offset = first + position // UNIT.size
-                yield _UnitPiece(topic, queue_id, file, offset, data, valid)
+                units = data if valid * UNIT.size == len(data) else data[: valid * UNIT.size]
+                yield _UnitPiece(topic, queue_id, file, offset, units, valid)
             if valid < len(data) // UNIT.size:
                 return
         expected = int(name) + size
@@ -621,7 +623,7 @@ class _PendingUnits:
         self.pieces, self.count = [], 0
         if not pieces:
             return
-        data = b"".join(piece.data[: piece.count * UNIT.size] for piece in pieces)
+        data = b"".join(piece.data for piece in pieces)
         offset_words, size_words, code_words = _unit_fields(data, count)
         offsets = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(offset_words)])
         sizes = pa.Array.from_buffers(pa.int32(), count, [None, pa.py_buffer(size_words)])
