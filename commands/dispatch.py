@@ -32,9 +32,9 @@ from rmqstore.dispatch import (
     Dispatcher,
     DispatchResult,
     RebuildPlan,
-    apply_rebuild,
     plan_dispatch,
     plan_rebuild,
+    rebuilding,
 )
 from rmqstore.errors import ExitCode
 from rmqstore.geometry import INDEX_GEOMETRY, QUEUE_GEOMETRY
@@ -115,7 +115,10 @@ def command(
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a
     rebuild, a consumer group's offset (config/consumerOffset.json) past the end of a
-    rebuilt queue is named in a warning.
+    rebuilt queue is named in a warning. A rebuild an error stops once the old files began
+    to move (a full disk: exit 4) leaves 'abort' in place, as a crash would, so a broker
+    starting on the store runs its crash recovery; the one-line error says so and names the
+    quarantine folder: run it again once the cause is mended.
 
     JSON: fromOffset, toOffset, logEnd, records, unitsWritten, unitsSkipped,
     indexedRecords, indexEntries, queuesTouched, stoppedBy, problems (and plan, quarantine
@@ -141,7 +144,6 @@ def command(
         return _dry_run(
             store, config, rebuild, topics, build_index, from_offset, max_records, as_json
         )
-    result: DispatchResult | None = None
     replacing = frozenset()
     if rebuild:  # the rebuilt files may take sizes other than the ones they replace
         replacing = (INDEX_GEOMETRY if build_index else frozenset()) | (
@@ -149,7 +151,6 @@ def command(
         )
     with Store.open_write(store, config, replacing=replacing) as opened:
         document: dict = {}
-        plan = None
         if rebuild:
             plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
             document["plan"] = plan.to_dict()
@@ -160,29 +161,22 @@ def command(
                     f"move {counted(plan.files, 'file')} ({moves}) to quarantine and rebuild",
                 )
             session = engine.session() if engine.spark else None  # before anything moves
-            quarantine = apply_rebuild(opened, plan)
-            document["quarantine"] = str(quarantine)
-            from_offset = plan.from_offset
-            if session is not None:
-                result = _rebuild_on_spark(session, opened, engine, topics, build_index, plan)
-            elif jobs > 1:
-                result = _rebuild_in_workers(
-                    opened, engine, jobs, topics, build_index, plan, not no_progress
-                )
-        if result is None:
-            dispatcher = Dispatcher(opened, topics=topics or None, build_index=build_index)
-            try:
-                base = dispatcher.cursor() if from_offset is None else from_offset
-                total = max(1, opened.log_end().offset - base)
-                with progress_bar("dispatching", total, not no_progress) as update:
-                    result = dispatcher.run(
-                        from_offset,
-                        check_start=from_offset is not None and not rebuild,
-                        max_records=max_records,
-                        progress=lambda offset: update(offset - base),
+            with rebuilding(opened, plan) as quarantine:
+                document["quarantine"] = str(quarantine)
+                if session is not None:
+                    result = _rebuild_on_spark(session, opened, engine, topics, build_index, plan)
+                elif jobs > 1:
+                    result = _rebuild_in_workers(
+                        opened, engine, jobs, topics, build_index, plan, not no_progress
                     )
-            finally:
-                dispatcher.close()
+                else:
+                    result = _dispatch_here(
+                        opened, topics, build_index, plan.from_offset, max_records, no_progress
+                    )
+        else:
+            result = _dispatch_here(
+                opened, topics, build_index, from_offset, max_records, no_progress, check=True
+            )
     if rebuild:  # rebuilt queues may end before where consumers stood
         with Store.open_read(store, config) as rebuilt:
             for offset in offsets_past_end(rebuilt):
@@ -217,6 +211,31 @@ def _dry_run(
             "maxRecords": max_records,
         }
         return _show_plan(document, as_json, work=end > start)
+
+
+def _dispatch_here(
+    store: Store,
+    topics: tuple[str, ...],
+    build_index: bool,
+    from_offset: int | None,
+    max_records: int | None,
+    no_progress: bool,
+    check: bool = False,
+) -> DispatchResult:
+    """Dispatch in this process (``check``: a --from-offset must be a record's start)."""
+    dispatcher = Dispatcher(store, topics=topics or None, build_index=build_index)
+    try:
+        base = dispatcher.cursor() if from_offset is None else from_offset
+        total = max(1, store.log_end().offset - base)
+        with progress_bar("dispatching", total, not no_progress) as update:
+            return dispatcher.run(
+                from_offset,
+                check_start=check and from_offset is not None,
+                max_records=max_records,
+                progress=lambda offset: update(offset - base),
+            )
+    finally:
+        dispatcher.close()
 
 
 def _rebuild_on_spark(

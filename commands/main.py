@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from rmqstore import __version__, kernel
-from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError
+from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError, context_of
 
 # the click context's ``obj`` when rmqstore's console script started the process (main()):
 # nothing but the command lives in it then, and a command may set the process up for its own
@@ -71,7 +71,7 @@ class RmqStoreGroup(click.Group):
         except RmqStoreError as exc:
             if isinstance(exc, OutputClosedError):
                 _silence_stdout()
-            _error(str(exc))
+            _error(str(exc) + context_of(exc))
             ctx.exit(exc.exit_code)
         except BrokenPipeError:
             _silence_stdout()
@@ -85,13 +85,13 @@ class RmqStoreGroup(click.Group):
                 "(pip install 'rmqstore[spark]')"
             )
             ctx.exit(ExitCode.USAGE)
-        except KeyboardInterrupt:
-            _error("interrupted")
+        except KeyboardInterrupt as exc:
+            _error("interrupted" + context_of(exc))
             ctx.exit(130)
         except OSError as exc:
             detail = exc.strerror or str(exc)
             where = f" ({exc.filename})" if exc.filename else ""
-            _error(f"I/O failure: {detail}{where}")
+            _error(f"I/O failure: {detail}{where}{context_of(exc)}")
             ctx.exit(ExitCode.IO if exc.errno != errno.ENOENT else ExitCode.USAGE)
         except Exception as exc:
             _internal_error(ctx, exc)

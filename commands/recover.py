@@ -71,6 +71,11 @@ def command(
     its last units while others kept theirs gets them back), flushes, writes the checkpoint
     and removes 'abort'. Takes the store's lock; asks on a terminal before cutting.
 
+    An error that stops it (a full disk: exit 4) is one line that says how far it got:
+    "stopped before it changed the store", or "stopped part way", in which case 'abort' stays
+    (a broker starting on the store runs its crash recovery, as after a crash) and the line
+    names the quarantine folder; run recover again once the cause is mended.
+
     Afterwards the store is verified (unless --no-check): exit 0 when verify calls it sound;
     1 when damage remains that recovery does not mend (it is named, with the next step, such
     as a consume queue or index corrupted before the recovery point, a bad body CRC in a file

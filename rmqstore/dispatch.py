@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
 from rmqstore.delay import DelayLevels, unit_tags_code
-from rmqstore.errors import InputError, NotFoundError, RecordError
+from rmqstore.errors import InputError, NotFoundError, RecordError, on_failure
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
@@ -920,9 +921,34 @@ def _walk(path: Path) -> Iterable[Path]:
     return path.rglob("*")
 
 
-def apply_rebuild(store: Store, plan: RebuildPlan) -> Path:
+@contextmanager
+def rebuilding(store: Store, plan: RebuildPlan) -> Iterator[Path]:
+    """:func:`apply_rebuild`, then the block replays the log (as the engine the user chose
+    does it), given the quarantine folder. Stopped by an error once the old files began to
+    move, the rebuild leaves ``abort`` in place (a broker starting on the store runs its
+    crash recovery, which dispatches the log again), and what it raises says so."""
+    store.abort_until_done = True
+    folder: list[Path] = []
+    with on_failure(lambda: _where_rebuild_stopped(store, folder)):
+        yield apply_rebuild(store, plan, folder)
+    store.abort_until_done = False  # done: the close settles 'abort' as usual
+
+
+def _where_rebuild_stopped(store: Store, folder: list[Path]) -> str:
+    if not store.writing:
+        return "dispatch --rebuild stopped before it changed the store"
+    where = f"; the files it replaces are kept in {folder[0]}" if folder else ""
+    return (
+        "dispatch --rebuild stopped part way and left 'abort' in place (a broker starting on "
+        "the store runs its crash recovery); run rmqstore dispatch --rebuild again once the "
+        f"cause is mended{where}"
+    )
+
+
+def apply_rebuild(store: Store, plan: RebuildPlan, made: list[Path] | None = None) -> Path:
     """Quarantine the old files (and a copy of the checkpoint and abort) and reset the
-    checkpoint times, before a Dispatcher replays the log. Returns the quarantine folder."""
+    checkpoint times, before a Dispatcher replays the log. Returns the quarantine folder
+    (also added to ``made`` as soon as it exists)."""
     if store.consumequeue_dir not in plan.makes or (
         store.config.message_index_enable and not plan.reset_index
     ):
@@ -931,6 +957,8 @@ def apply_rebuild(store: Store, plan: RebuildPlan) -> Path:
     # (with the checkpoint and abort as they were) before 'abort' is: a kill between the two
     # left an 'abort' no restore removed
     quarantine = Quarantine.create(store.root, "dispatch-rebuild")
+    if made is not None:
+        made.append(quarantine.directory)
     store.keep_state(quarantine)
     store.begin_write()
     for path in plan.moves:

@@ -6,6 +6,8 @@ never prints and never exits.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import IntEnum
 
 
@@ -86,3 +88,27 @@ class StoreIOError(RmqStoreError):
 class OutputClosedError(StoreIOError):
     """Standard output was closed while a writer was reporting what it stored (its reader,
     such as ``head``, exited): the writer stops, keeping everything durable."""
+
+
+def add_context(exc: BaseException, text: str) -> None:
+    """Add ``text`` to what the CLI says of ``exc`` after its own message: where the work
+    stopped and how to go on. Kept in the exception's notes (PEP 678's ``__notes__``, what
+    ``add_note`` of Python 3.11 appends to), so a traceback shows it too."""
+    exc.__notes__ = [*getattr(exc, "__notes__", ()), text]  # type: ignore[attr-defined]
+
+
+def context_of(exc: BaseException) -> str:
+    """The texts :func:`add_context` added to ``exc``, each after "; " ("" when none)."""
+    notes = getattr(exc, "__notes__", None)
+    return "".join(f"; {note}" for note in notes) if isinstance(notes, list) else ""
+
+
+@contextmanager
+def on_failure(context: Callable[[], str]) -> Iterator[None]:
+    """Whatever the block raises carries ``context()`` (:func:`add_context`), asked for
+    when it fails, so it can say how far the work got."""
+    try:
+        yield
+    except BaseException as exc:
+        add_context(exc, context())
+        raise

@@ -31,7 +31,7 @@ from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.consumerprogress import OffsetPastEnd, offsets_past_end
 from rmqstore.dispatch import Dispatcher, DispatchResult
-from rmqstore.errors import RmqStoreError
+from rmqstore.errors import RmqStoreError, on_failure
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
@@ -267,12 +267,39 @@ def _cut(store: Store, plan: RecoveryPlan, path: Path, start: int, end: int, rea
 def apply_recovery(
     store: Store, plan: RecoveryPlan, progress: Callable[[int], None] | None = None
 ) -> RecoveryResult:
-    """Carry out ``plan`` on ``store`` (opened for writing, the plan just made from it)."""
+    """Carry out ``plan`` on ``store`` (opened for writing, the plan just made from it).
+    Stopped by an error once it has begun changing the store, it leaves ``abort`` in place
+    (a broker starting on the store runs its crash recovery), and what it raises says so."""
+    kept: list[Quarantine] = []
+    store.abort_until_done = True
+    with on_failure(lambda: _where_recovery_stopped(store, kept)):
+        result = _recover(store, plan, kept, progress)
+    store.abort_until_done = False  # done: the close settles 'abort' as usual
+    return result
+
+
+def _where_recovery_stopped(store: Store, kept: list[Quarantine]) -> str:
+    if not store.writing:
+        return "recover stopped before it changed the store"
+    where = f"; what it cut or moved so far is kept in {kept[0].directory}" if kept else ""
+    return (
+        "recover stopped part way and left 'abort' in place (a broker starting on the store "
+        f"runs its crash recovery); run rmqstore recover again once the cause is mended{where}"
+    )
+
+
+def _recover(
+    store: Store,
+    plan: RecoveryPlan,
+    kept: list[Quarantine],
+    progress: Callable[[int], None] | None,
+) -> RecoveryResult:
     quarantine = None
     if plan.cuts or plan.moves:
         # made (with the checkpoint and abort as they were) before 'abort' is: a kill between
         # the two left an 'abort' no restore removed
         quarantine = Quarantine.create(store.root, "recover")
+        kept.append(quarantine)
         store.keep_state(quarantine)
     store.begin_write()
     if quarantine is not None:
@@ -293,8 +320,8 @@ def apply_recovery(
             # each index file listed as made (and the temporary name it is made under)
             # before it is made, so a restore of a recovery stopped at any point (a kill
             # too) sets aside the ones it made
-            kept = quarantine
-            dispatcher.index.on_create = lambda path: kept.note_made(
+            listing = quarantine
+            dispatcher.index.on_create = lambda path: listing.note_made(
                 [path.with_name(creating_name(path.name)), path], "index file rebuilt by recover"
             )
             last = dispatcher.index.last

@@ -150,6 +150,10 @@ class Store:
         self.queue_reach_before: int | None = None
         self.partial_dispatch_reaches_further: bool | None = None
         self.tail_verified = False  # nothing but zeros follows the valid end of the log
+        # set by work that leaves the store inconsistent until it is done (recover, dispatch
+        # --rebuild): stopped by an error, it keeps 'abort', as a broker's crash does, so a
+        # broker starting on the store runs its crash recovery (see close)
+        self.abort_until_done = False
         self._writing = False
         self._log_end: LogEnd | None = None
         self._creation: _Creation | None = None  # set when this open made the store
@@ -581,8 +585,14 @@ class Store:
             return
         if not self.aborted:
             os.close(open_for_writing(self.abort_path, os.O_CREAT | os.O_EXCL))
+            self._writing = True  # 'abort' is there: the close settles it, even if this fails
             sync_directory(self.root)
         self._writing = True
+
+    @property
+    def writing(self) -> bool:
+        """Whether :meth:`begin_write` has marked the store as being written."""
+        return self._writing
 
     def keep_state(self, quarantine: Quarantine) -> None:
         """Keep the checkpoint and ``abort`` as they were when this store was opened in
@@ -719,7 +729,8 @@ class Store:
         written is in the consume queues. A pre-existing ``abort`` goes only when dispatch
         reached the end of the log and nothing follows it (the store is consistent again).
         ``failed``: the work ended with an error; a store this open created is then removed
-        again unless it holds a message."""
+        again unless it holds a message, and ``abort`` stays if the work was marked
+        :attr:`abort_until_done`."""
         try:
             appended, end_offset = 0, None
             if self._appender is not None:
@@ -742,7 +753,7 @@ class Store:
                                 create=self._creation is not None,
                             )
                         )
-            if self._writing:
+            if self._writing and not (failed and self.abort_until_done):
                 self._settle_abort(appended, end_offset)
             if not failed and (self._writing or self._creation is not None):
                 remember_geometry(

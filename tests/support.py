@@ -333,6 +333,22 @@ def small_filesystem(tmp_path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
 
 
+@contextmanager
+def disk_left_with(disk: Path, room: int) -> Iterator[None]:
+    """All of ``disk``'s free space but ``room`` bytes taken by a file, removed after."""
+    stat = os.statvfs(disk)
+    taken = stat.f_bavail * stat.f_frsize - room
+    filler = disk / f"filler-{uuid.uuid4().hex[:8]}"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        if taken > 0:
+            os.posix_fallocate(fd, 0, taken)
+        yield
+    finally:
+        os.close(fd)
+        filler.unlink()
+
+
 def mutate_units(store_dir: Path, rng: random.Random, changes: int) -> None:
     """Rewrite ``changes`` random units of the consume queues: offsets moved a little or
     anywhere, sizes off by a little, zero, negative or huge, pre-blank units, zeros."""

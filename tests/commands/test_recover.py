@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.lockfile import StoreLock
 
-from support import run_cli, tree_digest
+from support import disk_left_with, run_cli, small_filesystem, tree_digest
 
 
 def fixture(tmp_path: Path, name: str) -> Path:
@@ -171,3 +172,49 @@ def test_a_crash_recovery_gives_back_units_a_queue_lost_while_others_kept_theirs
     assert result.exit_code == 0, result.stderr
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
     assert not (store / "abort").exists()
+
+
+def test_a_recover_a_full_disk_stops_says_how_far_it_got_and_keeps_abort(tmp_path: Path) -> None:
+    """A full disk stopping a recover (a normal one: 'abort' is its own) at each point in
+    turn: one line that says whether it changed the store. Before it did, the store is as
+    it was; after, 'abort' stays (a broker starting on the store runs its crash recovery,
+    as after a crash) and the line names the quarantine folder. Run again with room, the
+    recover finishes: the records the fixture promises, every one in its queue."""
+    with small_filesystem(tmp_path, "4m") as disk:
+        base = disk / "base"
+        generate("garbage-after-end", base, FixtureOptions())
+        (base / "abort").unlink()
+        kept = json.loads((base / "fixture.json").read_text())["expect"]["recovery"]
+        outcomes = set()
+        for room in range(0, 48 << 10, 4 << 10):
+            store = disk / "store"
+            shutil.rmtree(store, ignore_errors=True)
+            shutil.copytree(base, store)
+            before = tree_digest(store)
+            with disk_left_with(disk, room):
+                result = run_cli("recover", store, "--yes")
+            if result.exit_code == 0:
+                outcomes.add("done")
+                continue
+            assert result.exit_code == 4, result.stderr
+            line = result.stderr.strip()
+            assert "\n" not in line and "No space left on device" in line
+            if line.endswith("; recover stopped before it changed the store"):
+                outcomes.add("before")
+                after = tree_digest(store)
+                assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+            else:
+                outcomes.add("part way")
+                assert (
+                    "; recover stopped part way and left 'abort' in place (a broker starting on "
+                    "the store runs its crash recovery); run rmqstore recover again once the "
+                    "cause is mended; what it cut or moved so far is kept in " in line
+                ), line
+                assert (store / "abort").exists()
+            again = run_cli("recover", store, "--yes")
+            assert again.exit_code == 0, again.stderr
+            checked = json.loads(run_cli("verify", store, "--json").stdout)
+            assert checked["ok"], checked["findings"]
+            assert checked["checked"]["records"] == kept["recordsKept"]
+            assert checked["checked"]["units"] == kept["recordsKept"]
+        assert outcomes == {"before", "part way", "done"}
