@@ -935,14 +935,8 @@ def rebuilding(store: Store, plan: RebuildPlan) -> Iterator[Path]:
 
 
 def _where_rebuild_stopped(store: Store, folder: list[Path]) -> str:
-    if not store.writing:
-        return "dispatch --rebuild stopped before it changed the store"
     where = f"; the files it replaces are kept in {folder[0]}" if folder else ""
-    return (
-        "dispatch --rebuild stopped part way and left 'abort' in place (a broker starting on "
-        "the store runs its crash recovery); run rmqstore dispatch --rebuild again once the "
-        f"cause is mended{where}"
-    )
+    return store.how_far("dispatch --rebuild", where)
 
 
 def apply_rebuild(store: Store, plan: RebuildPlan, made: list[Path] | None = None) -> Path:

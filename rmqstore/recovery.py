@@ -279,13 +279,8 @@ def apply_recovery(
 
 
 def _where_recovery_stopped(store: Store, kept: list[Quarantine]) -> str:
-    if not store.writing:
-        return "recover stopped before it changed the store"
     where = f"; what it cut or moved so far is kept in {kept[0].directory}" if kept else ""
-    return (
-        "recover stopped part way and left 'abort' in place (a broker starting on the store "
-        f"runs its crash recovery); run rmqstore recover again once the cause is mended{where}"
-    )
+    return store.how_far("recover", where)
 
 
 def _recover(

@@ -594,6 +594,19 @@ class Store:
         """Whether :meth:`begin_write` has marked the store as being written."""
         return self._writing
 
+    def how_far(self, operation: str, kept: str) -> str:
+        """What the error that stopped ``operation`` (``recover``, ``dispatch --rebuild``:
+        work marked :attr:`abort_until_done`) adds about the store: unchanged, or changed
+        and left under 'abort' for the operation to be run again; ``kept`` says where what
+        it cut or moved is kept ("" when nowhere yet)."""
+        if not self._writing:
+            return f"{operation} stopped before it changed the store"
+        return (
+            f"{operation} stopped part way and left 'abort' in place (a broker starting on the "
+            f"store runs its crash recovery); run rmqstore {operation} again once the cause is "
+            f"mended{kept}"
+        )
+
     def keep_state(self, quarantine: Quarantine) -> None:
         """Keep the checkpoint and ``abort`` as they were when this store was opened in
         ``quarantine``, so that its restore gives them back along with its pieces (a

@@ -349,6 +349,45 @@ def disk_left_with(disk: Path, room: int) -> Iterator[None]:
         filler.unlink()
 
 
+def stops_on_a_full_disk(
+    disk: Path, base: Path, operation: str, options: tuple[str, ...], rooms: range, kept_in: str
+) -> Iterator[Path]:
+    """``rmqstore OPERATION STORE OPTIONS`` (``recover``, ``dispatch --rebuild``) on a fresh
+    copy of ``base`` with ``room`` bytes free on ``disk``, for each of ``rooms``. A stop
+    must be exit 4 and one line (a full disk) that ends "... stopped before it changed the
+    store", the store then as it was, or says it "stopped part way" and left 'abort', to be
+    run again, and where what it moved is kept (``kept_in``), with 'abort' there. Yields each
+    store it stopped on, for the caller to finish; each of the three outcomes must occur."""
+    outcomes = set()
+    for room in rooms:
+        store = disk / "store"
+        shutil.rmtree(store, ignore_errors=True)
+        shutil.copytree(base, store)
+        before = tree_digest(store)
+        with disk_left_with(disk, room):
+            result = run_cli(*operation.split(), store, *options)
+        if result.exit_code == 0:
+            outcomes.add("done")
+            continue
+        assert result.exit_code == 4, result.stderr
+        line = result.stderr.strip()
+        assert "\n" not in line and "No space left on device" in line
+        if line.endswith(f"; {operation} stopped before it changed the store"):
+            outcomes.add("before")
+            after = tree_digest(store)
+            assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+        else:
+            outcomes.add("part way")
+            assert (
+                f"; {operation} stopped part way and left 'abort' in place (a broker starting "
+                f"on the store runs its crash recovery); run rmqstore {operation} again once "
+                f"the cause is mended; {kept_in} {store / 'quarantine'}/" in line
+            ), line
+            assert (store / "abort").exists()
+        yield store
+    assert outcomes == {"before", "part way", "done"}
+
+
 def mutate_units(store_dir: Path, rng: random.Random, changes: int) -> None:
     """Rewrite ``changes`` random units of the consume queues: offsets moved a little or
     anywhere, sizes off by a little, zero, negative or huge, pre-blank units, zeros."""
