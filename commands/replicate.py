@@ -72,7 +72,10 @@ def command(
     second run copies only what is new, from DEST's end. DEST must be a prefix of SOURCE
     (its last 64 MiB and any bytes after its end equal to SOURCE's), else nothing changes
     and the command exits 2.
-    The writer's lock of DEST is taken (exit 3 when held). Consumer offsets and other
+    The writer's lock of DEST is taken (exit 3 when held), and 'abort' is written before a
+    byte is copied, as a slave broker has it; a run stopped (killed, or a full disk: exit 4)
+    before what it copied is dispatched keeps it, so a broker starting on DEST dispatches
+    those records in its crash recovery: run replicate again. Consumer offsets and other
     config/*.json files are not part of the commit log and are not copied. A directory SOURCE
     whose broker keeps its consume queues in a RocksDB database or in batchconsumequeue/
     (BatchCQ topics), or with no commit-log folder, is refused (exit 2) before DEST is made:

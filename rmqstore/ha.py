@@ -341,6 +341,10 @@ def replicate_from_master(
     :data:`SETTLE` seconds (a Java master may send a heartbeat just before its data). DEST's
     bytes after its last whole record are zeroed again when the session ends with an error."""
     dest.reload_files()  # a session after another: what the last one left is read again
+    # 'abort' before a frame is written, as a slave broker has it while it runs: a kill
+    # before the reput dispatched the frame's records leaves them to a broker's crash
+    # recovery (a 5.x broker's normal start would not dispatch them)
+    dest.begin_write()
     log = dest.commitlog
     file_size = dest.commitlog_file_size
     mine = confirmed_end(dest) if log.segments else 0

@@ -60,7 +60,7 @@ from rmqstore.kernel.layout import (
     TOTAL_SIZE,
     TopicNames,
 )
-from rmqstore.lockfile import LockState, StoreLock, probe_lock
+from rmqstore.lockfile import LOCK_FILE_CONTENT, LockState, StoreLock, probe_lock
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.multidispatch import copies_marked, queue_copies
 from rmqstore.quarantine import QUARANTINE_DIR, Quarantine
@@ -234,7 +234,13 @@ class Store:
         lock = StoreLock(path / LOCK_FILE)
         try:
             lock.acquire()
-        except BaseException:
+        except BaseException as exc:
+            if creation is not None and not lock_existed and not isinstance(exc, StoreBusyError):
+                # the lock file this open made (a full disk refused its bytes): gone again,
+                # so a failed creation leaves the directory as it was
+                with contextlib.suppress(OSError):
+                    if (path / LOCK_FILE).stat().st_size <= len(LOCK_FILE_CONTENT):
+                        (path / LOCK_FILE).unlink()
             if creation is _Creation.MADE_ROOT:
                 _remove_empty_directory(path)
             raise

@@ -379,6 +379,36 @@ def test_a_record_cut_by_a_frame_is_kept_and_dispatched_once_whole(
     assert done["recordsDispatched"] == len(whole) - 1  # the first was there before
 
 
+def test_a_slave_has_abort_before_it_writes_a_frame(pair) -> None:  # type: ignore[no-untyped-def]
+    """A slave writes 'abort' before the first bytes a master sends, as a slave broker has
+    it while it runs: killed before its reput dispatched them, the records it wrote are left
+    to a broker's crash recovery (a 5.x broker's normal start would not dispatch them). Here
+    the first frame holds part of a record, which no reput dispatches; once the session
+    ends with the record whole and dispatched, 'abort' goes."""
+    source, dest, end = pair
+    body = _source_bytes(source, end, 2000)
+    (second_size,) = struct.unpack_from(">i", body)
+    log_file = dest / "commitlog" / f"{0:020d}"
+    seen: list[bool] = []
+
+    def script(connection: socket.socket, reported: int) -> None:
+        connection.sendall(HEADER.pack(end, 100) + body[:100])
+        deadline = time.monotonic() + 10
+        while log_file.read_bytes()[end : end + 100] != body[:100]:
+            assert time.monotonic() < deadline, "the slave did not write the frame"
+            time.sleep(0.01)
+        seen.append((dest / "abort").exists())
+        connection.sendall(HEADER.pack(end + 100, second_size - 100) + body[100:second_size])
+        connection.sendall(HEADER.pack(end + second_size, 0))
+
+    assert not (dest / "abort").exists()
+    with scripted_master(script) as address:
+        done = _slave(dest, address)
+    assert seen == [True]
+    assert done["toOffset"] == end + second_size and done["recordsDispatched"] == 1
+    assert not (dest / "abort").exists()
+
+
 @pytest.mark.parametrize(
     "frames, message",
     [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,10 +19,12 @@ from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 
 from support import (
     ORACLE_OPTIONS,
+    disk_left_with,
     log_bytes,
     queue_files,
     replicate,
     run_cli,
+    small_filesystem,
     torn_replica,
     tree_digest,
 )
@@ -236,3 +239,44 @@ def test_follow_copies_a_store_while_it_is_written(tmp_path: Path) -> None:
     assert set(acknowledged) <= held
     assert log_bytes(dest) == log_bytes(source)
     assert run_cli("verify", dest).exit_code == 0
+
+
+def test_a_replica_a_full_disk_stops_keeps_abort_and_a_second_run_finishes(
+    tmp_path: Path,
+) -> None:
+    """A full disk stopping a replicate at each point in turn: exit 4 and one line. A new
+    DEST it could not even lock is left out entirely; one it began copying into keeps
+    'abort' (records copied but not dispatched go to a broker's crash recovery: a 5.x
+    broker's normal start would not dispatch them) and the line says to run it again, which
+    with room gives the byte-identical replica, sound and without 'abort'."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    with small_filesystem(tmp_path, "4m") as disk:
+        dest = disk / "dest"
+        outcomes = set()
+        for room in range(0, 780 << 10, 60 << 10):
+            shutil.rmtree(dest, ignore_errors=True)
+            with disk_left_with(disk, room):
+                result = run_cli("replicate", source, dest)
+            if result.exit_code == 0:
+                outcomes.add("done")
+                continue
+            assert result.exit_code == 4, result.stderr
+            line = result.stderr.strip()
+            assert "\n" not in line and "No space left on device" in line
+            if not dest.exists():
+                outcomes.add("not made")
+            else:
+                outcomes.add("part way")
+                assert line.endswith(
+                    "; replicate stopped part way and left 'abort' in place (a broker starting "
+                    "on the store runs its crash recovery); run rmqstore replicate again once "
+                    "the cause is mended"
+                ), line
+                assert (dest / "abort").exists()
+            replicate(source, dest)
+            assert log_bytes(dest) == log_bytes(source)
+            assert queue_files(dest) == queue_files(source)
+            assert not (dest / "abort").exists()
+            assert run_cli("verify", dest).exit_code == 0
+        assert outcomes == {"not made", "part way", "done"}
