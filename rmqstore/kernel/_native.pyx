@@ -581,15 +581,35 @@ cdef inline int64_t _pair_end(const uint8_t* data, int64_t position, int64_t end
     return pair_end
 
 
+cdef struct TextSpans:
+    int64_t topic_at
+    int64_t topic_length
+    int64_t props_at
+    int64_t props_length
+
+
+cdef inline bint _text_spans(const int64_t[::1] row_view, int64_t at, int64_t length,
+                             TextSpans* spans) noexcept nogil:
+    """Where the topic and properties of the row at ``at`` lie; False when either is outside
+    a buffer of ``length`` bytes (a row the scan did not make)."""
+    spans.topic_at = row_view[at + C_TOPIC_AT]
+    spans.topic_length = row_view[at + C_TOPIC_LENGTH]
+    spans.props_at = row_view[at + C_PROPERTIES_AT]
+    spans.props_length = row_view[at + C_PROPERTIES_LENGTH]
+    return (_fits(spans.topic_at, spans.topic_length, length)
+            and _fits(spans.props_at, spans.props_length, length))
+
+
 def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, keys):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
-    cdef int64_t[::1] row_view = rows
+    cdef const int64_t[::1] row_view = rows
     cdef int64_t[::1] out_view = out
     cdef uint8_t[::1] key_view = keys
     cdef int64_t capacity = key_view.shape[0] // KEY_SIZE
     cdef int64_t length = view.shape[0]
-    cdef int64_t row, at, topic_at, topic_length, props_at, props_length, entries = 0
+    cdef int64_t row, at, topic_at, topic_length, entries = 0
+    cdef TextSpans text
     cdef int64_t position, end, separator, pair_end, name_length, value_at, value_length
     cdef int64_t tags_at = -1, tags_length = 0, keys_at = -1, keys_length = 0
     cdef int64_t uniq_at = -1, uniq_length = 0, pieces, piece_start, k, out_at, number
@@ -605,19 +625,15 @@ def prepare_dispatch(buf, rows, int64_t first, int64_t count, int options, out, 
     with nogil:
         while row < count:
             at = row * ROW_WIDTH_NATIVE
-            topic_at = row_view[at + C_TOPIC_AT]
-            topic_length = row_view[at + C_TOPIC_LENGTH]
-            props_at = row_view[at + C_PROPERTIES_AT]
-            props_length = row_view[at + C_PROPERTIES_LENGTH]
-            if not (_fits(topic_at, topic_length, length)
-                    and _fits(props_at, props_length, length)):
+            if not _text_spans(row_view, at, length, &text):
                 bad = True
                 break
+            topic_at, topic_length = text.topic_at, text.topic_length
             tags_at = keys_at = uniq_at = -1
             tags_length = keys_length = uniq_length = 0
             multi_dispatch = False
-            position = props_at
-            end = props_at + props_length
+            position = text.props_at
+            end = text.props_at + text.props_length
             while position <= end:
                 pair_end = _pair_end(data, position, end, &separator)
                 name_length = separator - position
@@ -964,10 +980,11 @@ def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_tim
                    found):
     """See ``rmqstore/kernel/layout.py``."""
     cdef const uint8_t[::1] view = buf
-    cdef int64_t[::1] row_view = rows
+    cdef const int64_t[::1] row_view = rows
     cdef int64_t[::1] found_view = found
     cdef int64_t length = view.shape[0], number = 0, row, at, stamp, topic_at, topic_length
     cdef int64_t props_at, props_length
+    cdef TextSpans text
     cdef const uint8_t* data
     cdef bint look, force = options & 1, schedule_only = options & 2, bad = False
     if not (0 <= first <= count <= row_view.shape[0] // ROW_WIDTH_NATIVE) \
@@ -979,14 +996,11 @@ def attention_rows(buf, rows, int64_t first, int64_t count, int64_t previous_tim
         while row < count:
             at = row * ROW_WIDTH_NATIVE
             stamp = row_view[at + C_STORE_TIMESTAMP]
-            topic_at = row_view[at + C_TOPIC_AT]
-            topic_length = row_view[at + C_TOPIC_LENGTH]
-            props_at = row_view[at + C_PROPERTIES_AT]
-            props_length = row_view[at + C_PROPERTIES_LENGTH]
-            if not (_fits(topic_at, topic_length, length)
-                    and _fits(props_at, props_length, length)):
+            if not _text_spans(row_view, at, length, &text):
                 bad = True
                 break
+            topic_at, topic_length = text.topic_at, text.topic_length
+            props_at, props_length = text.props_at, text.props_length
             look = (topic_length == 19 and memcmp(data + topic_at, SCHEDULE_TOPIC, 19) == 0) \
                 if schedule_only else (
                 row_view[at + C_CRC_STATUS] == 0
@@ -1998,10 +2012,7 @@ cdef struct RecordSpans:
     int64_t born_at
     int64_t store_at
     int64_t store_length
-    int64_t topic_at
-    int64_t topic_length
-    int64_t props_at
-    int64_t props_length
+    TextSpans text
 
 
 cdef inline bint _record_spans(const int64_t[::1] row_view, int64_t at, int64_t length,
@@ -2013,14 +2024,9 @@ cdef inline bint _record_spans(const int64_t[::1] row_view, int64_t at, int64_t 
     spans.born_at = spans.start + BORN_HOST_AT
     spans.store_at = _host_field(spans.start, spans.sys_flag, FIELD_STORE_HOST,
                                  &spans.store_length)
-    spans.topic_at = row_view[at + C_TOPIC_AT]
-    spans.topic_length = row_view[at + C_TOPIC_LENGTH]
-    spans.props_at = row_view[at + C_PROPERTIES_AT]
-    spans.props_length = row_view[at + C_PROPERTIES_LENGTH]
-    return (_fits(spans.start, row_view[at + C_TOTAL_SIZE], length)
-            and _fits(spans.store_at, spans.store_length, length)
-            and _fits(spans.topic_at, spans.topic_length, length)
-            and _fits(spans.props_at, spans.props_length, length))
+    return (_text_spans(row_view, at, length, &spans.text)
+            and _fits(spans.start, row_view[at + C_TOTAL_SIZE], length)
+            and _fits(spans.store_at, spans.store_length, length))
 
 
 cdef int _start_line(bytearray out, Writer* writer, int64_t need) except -1:
@@ -2077,8 +2083,8 @@ def result_lines(buf, rows, int64_t first, int64_t count, int style, bytearray o
             bad = True
             break
         store_at, store_length = spans.store_at, spans.store_length
-        topic_at, topic_length = spans.topic_at, spans.topic_length
-        _find_value(data, spans.props_at, spans.props_length, b"UNIQ_KEY", 8, &key_at,
+        topic_at, topic_length = spans.text.topic_at, spans.text.topic_length
+        _find_value(data, spans.text.props_at, spans.text.props_length, b"UNIQ_KEY", 8, &key_at,
                     &key_length)
         if not _printable(data + topic_at, topic_length, json) or (
                 key_length != SPAN_ABSENT and not _printable(data + key_at, key_length, json)):
@@ -2278,8 +2284,8 @@ def message_lines(buf, rows, int64_t first, int64_t count, int body_mode,
             bad = True
             break
         sys_flag, born_at, store_at = spans.sys_flag, spans.born_at, spans.store_at
-        topic_at, topic_length = spans.topic_at, spans.topic_length
-        props_at, props_length = spans.props_at, spans.props_length
+        topic_at, topic_length = spans.text.topic_at, spans.text.topic_length
+        props_at, props_length = spans.text.props_at, spans.text.props_length
         if sys_flag & 0x30:  # an IPv6 host: the reference writes its text
             break
         if not _utf8_valid(data + props_at, props_length):
@@ -2432,10 +2438,10 @@ cdef inline int _message_parts(const int64_t[::1] row_view, int64_t at, const ui
         return PARTS_OUTSIDE
     if parts.spans.sys_flag & 0x30:  # an IPv6 host: the reference writes its text
         return PARTS_REFERENCE
-    if not _utf8_valid(data + parts.spans.props_at, parts.spans.props_length):
+    if not _utf8_valid(data + parts.spans.text.props_at, parts.spans.text.props_length):
         return PARTS_REFERENCE
-    position = parts.spans.props_at
-    end = position + parts.spans.props_length
+    position = parts.spans.text.props_at
+    end = position + parts.spans.text.props_length
     while position <= end:
         pair_end = _pair_end(data, position, end, &separator)
         if separator < pair_end and separator > position and pair_end - separator - 1 > 0:
@@ -2601,11 +2607,11 @@ def message_rows(buf, rows, int64_t first, int64_t count, int body_mode,
         for k in range(column_count):
             code = codes[k]
             if code == COL_TOPIC:
-                need += 2 * parts.spans.topic_length + 3
+                need += 2 * parts.spans.text.topic_length + 3
             elif code == COL_PROPERTIES:
-                need += 12 * parts.spans.props_length + 8
+                need += 12 * parts.spans.text.props_length + 8
             elif code == COL_TAGS or code == COL_KEYS or code == COL_UNIQ_KEY:
-                need += 2 * parts.spans.props_length + 3
+                need += 2 * parts.spans.text.props_length + 3
             elif code == COL_BODY:
                 need += 2 * parts.body_length + 8
             else:
@@ -2646,7 +2652,7 @@ def message_rows(buf, rows, int64_t first, int64_t count, int body_mode,
             else:  # a text cell, or nothing (a body not shown, a property the record lacks)
                 cell_at, cell_length = 0, 0
                 if code == COL_TOPIC:
-                    cell_at, cell_length = parts.spans.topic_at, parts.spans.topic_length
+                    cell_at, cell_length = parts.spans.text.topic_at, parts.spans.text.topic_length
                 elif code == COL_TAGS and parts.tags_length != SPAN_ABSENT:
                     cell_at, cell_length = parts.tags_at, parts.tags_length
                 elif code == COL_KEYS and parts.keys_length != SPAN_ABSENT:
@@ -2681,6 +2687,7 @@ def record_items(buf, rows, int64_t first, int64_t count, header_type, dict name
     cdef int64_t length = view.shape[0], row, at, start, sys_flag, born, store
     cdef int64_t topic_at, topic_length, props_at, props_length, status
     cdef int64_t last_at = -1, last_length = -1
+    cdef TextSpans text
     cdef const uint8_t* data
     cdef const uint8_t* p
     cdef object topic = None, raw, header, crc_ok
@@ -2694,13 +2701,11 @@ def record_items(buf, rows, int64_t first, int64_t count, header_type, dict name
         sys_flag = row_view[at + C_SYS_FLAG]
         born = 20 if sys_flag & 0x10 else 8
         store = 20 if sys_flag & 0x20 else 8
-        topic_at = row_view[at + C_TOPIC_AT]
-        topic_length = row_view[at + C_TOPIC_LENGTH]
-        props_at = row_view[at + C_PROPERTIES_AT]
-        props_length = row_view[at + C_PROPERTIES_LENGTH]
-        if not (_fits(start, 72 + born + store, length) and _fits(topic_at, topic_length, length)
-                and _fits(props_at, props_length, length)):
+        if not (_fits(start, 72 + born + store, length)
+                and _text_spans(row_view, at, length, &text)):
             raise ValueError(f"row {row} points outside the buffer")
+        topic_at, topic_length = text.topic_at, text.topic_length
+        props_at, props_length = text.props_at, text.props_length
         # (checked above: every read below lies inside the buffer)
         if topic_length != last_length or (
                 topic_length and memcmp(data + topic_at, data + last_at, <size_t>topic_length)):
@@ -2814,9 +2819,9 @@ cdef inline int64_t _checked_row(const int64_t[::1] row_view, int64_t row, int64
     cdef int64_t at
     if not 0 <= row < row_count:
         raise ValueError(f"row {row} is outside the rows")
+    cdef TextSpans text
     at = row * ROW_WIDTH_NATIVE
-    if not (_fits(row_view[at + C_TOPIC_AT], row_view[at + C_TOPIC_LENGTH], length)
-            and _fits(row_view[at + C_PROPERTIES_AT], row_view[at + C_PROPERTIES_LENGTH], length)):
+    if not _text_spans(row_view, at, length, &text):
         raise ValueError(f"row {row} points outside the buffer")
     return at
 
