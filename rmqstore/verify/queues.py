@@ -645,8 +645,7 @@ class QueueChecks:
                     "dispatch-lag",
                     f"{counted(state.lag, 'record')} of {topic}:{queue_id} from offset "
                     f"{state.first_lag} {'is' if state.lag == 1 else 'are'} not in the "
-                    "consume queue (rmqstore dispatch, or a broker's restart, "
-                    "adds them)",
+                    f"consume queue ({self._who_adds(state.lag)})",
                     WARNING,
                     file=name,
                     commit_log_offset=state.first_lag,
@@ -696,7 +695,7 @@ class QueueChecks:
                 continue
             self.report.add(
                 "dispatch-lag",
-                text,
+                f"{text} ({self._who_adds(count)})",
                 WARNING,
                 file=f"consumequeue/{topic}/{queue_id}",
                 commit_log_offset=first,
@@ -704,6 +703,20 @@ class QueueChecks:
                 queue_id=queue_id,
             )
         self.close()
+
+    def _who_adds(self, records: int) -> str:
+        """Who puts ``records`` after where a dispatch resumes into their queue (spec 10.3,
+        10.4): rmqstore dispatch; after a crash ('abort' present) a broker's recovery at its
+        start; after a clean stop a 4.x broker's start, not a 5.x broker's, whose dispatch
+        starts at the log's end unless recheckReputOffsetFromCq is set."""
+        them = "it" if records == 1 else "them"
+        if self.store.aborted:
+            return f"rmqstore dispatch adds {them}, and so does a broker's crash recovery at start"
+        return (
+            f"rmqstore dispatch adds {them}, and so does a 4.x broker's start; no 'abort', so a "
+            "5.x broker's start does not: it dispatches from the end of the log unless "
+            "recheckReputOffsetFromCq=true"
+        )
 
     def _lags(self) -> bool:
         return bool(self.missing_queues) or any(state.lag for state in self.states.values())

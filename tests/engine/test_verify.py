@@ -223,6 +223,26 @@ def test_torn_copies_are_reported_at_the_last_valid_end(oracle, copy: str) -> No
     assert {"abort-present", "dispatch-lag", "index-lag"} <= kinds(report)
 
 
+def test_dispatch_lag_says_which_broker_start_would_dispatch_the_records(
+    oracle, tmp_path: Path
+) -> None:
+    """The real broker's crashed store, 300 records never dispatched: under 'abort' a
+    broker's crash recovery at its start dispatches them; without it, a 4.x broker's start
+    does and a 5.x broker's does not (it dispatches from the end of the log, spec 10.4)."""
+    store_dir = oracle("s2_crash").copy_to(tmp_path)
+    lagging = [f.message for f in run(store_dir).findings if f.kind == "dispatch-lag"]
+    assert lagging and all(
+        text.endswith("and so does a broker's crash recovery at start)") for text in lagging
+    ), lagging
+    (store_dir / "abort").unlink()
+    lagging = [f.message for f in run(store_dir).findings if f.kind == "dispatch-lag"]
+    assert lagging and all(
+        "and so does a 4.x broker's start; no 'abort', so a 5.x broker's start does not: it "
+        "dispatches from the end of the log unless recheckReputOffsetFromCq=true)" in text
+        for text in lagging
+    ), lagging
+
+
 def test_verify_never_writes(oracle, tmp_path: Path) -> None:
     store_dir = oracle("s2_crash").copy_to(tmp_path, "store_torn_random_garbage")
     before = tree_digest(store_dir)
