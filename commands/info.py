@@ -65,7 +65,9 @@ def command(
 
     Commit-log files and offset range, topics and queues with their offsets, consume queues
     with the broker's min/max offsets, index, dispatch lag (records in the commit log not yet
-    in consume queues), checkpoint values, abort and lock state. Reads only; works on a store
+    in consume queues; without 'abort' it adds that a 5.x broker's start would not dispatch
+    them, since it starts at the log's end), checkpoint values, abort and lock state. Reads
+    only; works on a store
     a broker holds (with a warning). Without --deep the log is read from where the consume
     queues end (and its last files, for the valid end as a broker's recovery finds it), so a
     store of any size answers at once; a queue's messages are then its consume queue's units
@@ -228,6 +230,12 @@ def _render(summary: dict[str, Any]) -> None:
             + (
                 " (BatchCQ topics' records among them)"
                 if summary["batchQueueTopics"] and dispatch["behindRecords"]
+                else ""
+            )
+            + (
+                "; no 'abort', so a 5.x broker's start would not dispatch them (it starts at "
+                "the log's end): rmqstore dispatch does"
+                if dispatch["behindRecords"] and not summary["abort"]
                 else ""
             ),
         )

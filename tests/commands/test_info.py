@@ -62,6 +62,20 @@ def test_info_names_commit_log_files_missing_between_others(oracle, tmp_path) ->
     assert json.loads(run_cli("info", whole, "--json").stdout)["commitLog"]["missingFiles"] == []
 
 
+def test_info_says_a_5x_broker_would_not_dispatch_a_lag_without_abort(oracle, tmp_path) -> None:
+    """The real broker's crashed store (300 records never dispatched): under its 'abort' a
+    broker's crash recovery dispatches them; without it a 5.x broker's start does not."""
+    store = oracle("s2_crash").copy_to(tmp_path)
+    hint = "no 'abort', so a 5.x broker's start would not dispatch them"
+    shown = run_cli("info", store, *ORACLE_OPTIONS)
+    assert "dispatch lag" in shown.stdout and hint not in shown.stdout
+    (store / "abort").unlink()
+    shown = run_cli("info", store, *ORACLE_OPTIONS)
+    assert "records, " in shown.stdout and hint in " ".join(shown.stdout.split())
+    caught_up = run_cli("info", oracle("s1_multi").store)
+    assert "dispatch lag        0 records" in caught_up.stdout and hint not in caught_up.stdout
+
+
 def test_info_human_output(oracle) -> None:
     result = run_cli("info", oracle("s1_multi").store)
     assert result.exit_code == 0
