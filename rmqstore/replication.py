@@ -145,14 +145,13 @@ def replicate_round(
             position = segment.start + end if not complete else segment.start + log.file_size
             if not complete:
                 break
+        # 'abort' before a byte is copied, as a slave broker has it while it runs, and kept
+        # if the round stops before its records are dispatched: a broker starting on DEST
+        # then dispatches them in its crash recovery (a 5.x broker's normal start would not)
+        dest.abort_until_done = True
         if pieces:
             time.sleep(WRITE_SETTLE)
-            # 'abort' before a byte is copied, as a slave broker has it while it runs, and
-            # kept if the round stops before its records are dispatched: a broker starting
-            # on DEST then dispatches them in its crash recovery (a 5.x broker's normal start
-            # would not)
             dest.begin_write()
-            dest.abort_until_done = True
         with on_failure(lambda: dest.how_far("replicate", "")):
             for segment, begin, end in pieces:
                 _copy(segment, begin, end, dest, outcome)

@@ -151,8 +151,8 @@ class Store:
         self.partial_dispatch_reaches_further: bool | None = None
         self.tail_verified = False  # nothing but zeros follows the valid end of the log
         # set by work that leaves the store inconsistent until it is done (recover, dispatch
-        # --rebuild): stopped by an error, it keeps 'abort', as a broker's crash does, so a
-        # broker starting on the store runs its crash recovery (see close)
+        # --rebuild, a replicate round): stopped by an error, it keeps 'abort', as a broker's
+        # crash does, so a broker starting on the store runs its crash recovery (see close)
         self.abort_until_done = False
         self._writing = False
         self._log_end: LogEnd | None = None
@@ -601,10 +601,10 @@ class Store:
         return self._writing
 
     def how_far(self, operation: str, kept: str) -> str:
-        """What the error that stopped ``operation`` (``recover``, ``dispatch --rebuild``:
-        work marked :attr:`abort_until_done`) adds about the store: unchanged, or changed
-        and left under 'abort' for the operation to be run again; ``kept`` says where what
-        it cut or moved is kept ("" when nowhere yet)."""
+        """What the error that stopped ``operation`` (``recover``, ``dispatch --rebuild``,
+        ``replicate``: work marked :attr:`abort_until_done`) adds about the store: unchanged,
+        or changed and left under 'abort' for the operation to be run again; ``kept`` says
+        where what it cut or moved is kept ("" when nowhere, or not known yet)."""
         if not self._writing:
             return f"{operation} stopped before it changed the store"
         return (
