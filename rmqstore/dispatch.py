@@ -27,14 +27,7 @@ from rmqstore.errors import InputError, NotFoundError, RecordError, on_failure
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import (
-    CopyRunTables,
-    copy_run_keys,
-    may_share_queues,
-    names_decoded_apart,
-    record_units,
-    split_rows,
-)
+from rmqstore.multidispatch import CopyRunTables, kernel_copy_rows, record_units
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import (
@@ -355,8 +348,6 @@ class _BatchWalk:
         self.topics = kernel_layout.TopicNames()
         self.queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
         self.copy_tables = CopyRunTables()
-        # the further-queue runs copy_tables holds: of which rows, how many, their queues
-        self.gathered: tuple[array, int, list[tuple[str, int]]] = (array("q"), 0, [])
 
     def batch(self, window: Any, rows: Any, count: int) -> bool:
         """Dispatch ``count`` rows of ``window``; False once the walk must stop."""
@@ -399,38 +390,19 @@ class _BatchWalk:
     ) -> tuple[list[int], array]:
         """Rows taking the reference way: flagged by the kernel, or at or before where the
         index ends (some of their keys may be there already); and the kernel-prepared rows
-        with units in further queues, which their bulk puts after its own units (gathered into
-        runs by the kernel). When a further queue could be one of the rows' own
-        (:func:`may_share_queues`), or the runs do not fit the kernel's tables, the rows with
-        further queues go the reference way too: a queue's units must go in in log order."""
+        with units in further queues, which their bulk puts after its own units, gathered into
+        runs by the kernel (:func:`kernel_copy_rows`)."""
         resumed = bisect_right(offsets, self.index_resumes_at, 0, stop - first)
-        width = kernel_layout.DISPATCH_WIDTH
-        flags = self.out[_FLAGS_COLUMN + first * width : stop * width : width]
-        special, with_copies = split_rows(flags, first, set(range(first, first + resumed)))
-        numbers = array("q", with_copies)
-        if numbers:
-            gathered = self._gather(window, rows, numbers)
-            if gathered is None or may_share_queues(
-                window, rows, first, stop, (name for name, _ in gathered[2])
-            ):
-                special.update(numbers)
-                numbers = array("q")
-        return sorted(special), numbers
-
-    def _gather(
-        self, window: Any, rows: Any, numbers: array
-    ) -> tuple[array, int, list[tuple[str, int]]] | None:
-        """The further-queue units of kernel rows ``numbers`` gathered into runs by the kernel
-        (kept as ``gathered``); None when they do not fit its tables, or when two names that
-        are not UTF-8 name one queue (gathered apart, their units would not go in in order)."""
-        found = self.copy_tables.gather(window, rows, numbers, self.out)
-        if found is None:
-            return None
-        keys = copy_run_keys(window, self.copy_tables.runs, found, self.queue_names)
-        if not names_decoded_apart(window, self.copy_tables.runs, keys):
-            return None
-        self.gathered = (numbers, found, keys)
-        return self.gathered
+        return kernel_copy_rows(
+            self.copy_tables,
+            window,
+            rows,
+            self.out,
+            first,
+            stop,
+            set(range(first, first + resumed)),
+            self.queue_names,
+        )
 
     def _bulk(self, window: Any, rows: Any, first: int, stop: int, with_copies: array) -> None:
         """Rows ``[first, stop)`` the kernel prepared, as a whole: their units go into the
@@ -476,11 +448,9 @@ class _BatchWalk:
         and the kernel's tagsCode), gathered per queue into runs of consecutive queue offsets
         in log order, each put as :meth:`_put_run` puts a run of own units (a queue's units in
         the order ``_row`` puts them one by one)."""
-        gathered = self.gathered
-        if gathered[0] != numbers:  # a part of the rows gathered (a reference row between)
-            gathered = self._gather(window, rows, numbers)
-            assert gathered is not None, "a part of rows that fit the tables fits them"
-        _, found, keys = gathered
+        _, found, keys = self.copy_tables.gathered_for(
+            window, rows, numbers, self.out, self.queue_names
+        )
         topics = self.dispatcher.topics
         runs = self.copy_tables.runs
         width = kernel_layout.COPY_RUN_WIDTH
@@ -669,7 +639,6 @@ _BATCH_ROWS = 4096
 _KEY_CAPACITY = 65536  # keys prepared per kernel call (a record has at most 16,384)
 _RUNS = 256  # runs of units gathered per kernel call
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
-_FLAGS_COLUMN = kernel_layout.DISPATCH_FLAGS
 
 
 def _unit_end(units: Any) -> int:

@@ -113,12 +113,23 @@ _COPY_UNITS = 4 * 4096
 _MOST_COPY_UNITS = 1 << 20
 
 
+class GatheredCopies(NamedTuple):
+    """The further-queue units of kernel rows ``numbers`` as the kernel's ``copy_runs``
+    gathered them: ``found`` runs (in :class:`CopyRunTables`' ``runs`` and ``units``), the
+    queue (name, queue id) of each in ``keys``."""
+
+    numbers: array
+    found: int
+    keys: list[tuple[str, int]]
+
+
 class CopyRunTables:
     """The tables of the kernel's ``copy_runs``, kept from batch to batch and grown (four
-    times, up to a bound) until a batch's units fit."""
+    times, up to a bound) until a batch's units fit; the rows' copies last gathered."""
 
     def __init__(self) -> None:
         self._size(_COPY_UNITS)
+        self.gathered = GatheredCopies(array("q"), 0, [])
 
     def _size(self, units: int) -> None:
         self.units = bytearray(layout.UNIT_SIZE * units)
@@ -139,6 +150,64 @@ class CopyRunTables:
             if units > _MOST_COPY_UNITS:
                 return None
             self._size(units)
+
+    def gather_named(
+        self, buf: Any, rows: Any, numbers: array, dispatch_out: Any, names: dict[bytes, str]
+    ) -> GatheredCopies | None:
+        """:meth:`gather`, with each run's queue named (:func:`copy_run_keys`; ``names``:
+        bytes to text, kept from call to call), kept as :attr:`gathered`; None when the runs
+        do not fit the tables, or when two names that are not UTF-8 name one queue (gathered
+        apart, their units would not go in in log order)."""
+        found = self.gather(buf, rows, numbers, dispatch_out)
+        if found is None:
+            return None
+        keys = copy_run_keys(buf, self.runs, found, names)
+        if not names_decoded_apart(buf, self.runs, keys):
+            return None
+        self.gathered = GatheredCopies(numbers, found, keys)
+        return self.gathered
+
+    def gathered_for(
+        self, buf: Any, rows: Any, numbers: array, dispatch_out: Any, names: dict[bytes, str]
+    ) -> GatheredCopies:
+        """The copies of ``numbers``: those last gathered, or gathered again for a part of
+        them (a row taking the reference way between), which fits when the whole did."""
+        if self.gathered.numbers == numbers:
+            return self.gathered
+        gathered = self.gather_named(buf, rows, numbers, dispatch_out, names)
+        assert gathered is not None, "a part of rows that fit the tables fits them"
+        return gathered
+
+
+def kernel_copy_rows(
+    tables: CopyRunTables,
+    buf: Any,
+    rows: Any,
+    dispatch_out: Any,
+    first: int,
+    stop: int,
+    special: set[int],
+    names: dict[bytes, str],
+) -> tuple[list[int], array]:
+    """How a dispatch takes the kernel-prepared rows ``[first, stop)``: the rows going the
+    reference way, in order (``special``, the caller's, and those flagged NEEDS_REFERENCE),
+    and the rows flagged HAS_COPIES whose further-queue units the kernel gathered into runs
+    (``tables.gathered``), which the caller puts after the rows' own units. When a further
+    queue could be one of the rows' own (:func:`may_share_queues`), or the runs do not fit
+    the tables, the rows with further queues go the reference way too: a queue's units must
+    go in in log order."""
+    width = layout.DISPATCH_WIDTH
+    flags = dispatch_out[layout.DISPATCH_FLAGS + first * width : stop * width : width]
+    special, with_copies = split_rows(flags, first, special)
+    numbers = array("q", with_copies)
+    if numbers:
+        gathered = tables.gather_named(buf, rows, numbers, dispatch_out, names)
+        if gathered is None or may_share_queues(
+            buf, rows, first, stop, (name for name, _ in gathered.keys)
+        ):
+            special.update(numbers)
+            numbers = array("q")
+    return sorted(special), numbers
 
 
 def names_decoded_apart(buf: Any, runs: Any, keys: list[tuple[str, int]]) -> bool:
@@ -168,30 +237,6 @@ def may_share_queues(buf: Any, rows: Any, first: int, stop: int, names: Iterable
     width = layout.ROW_WIDTH
     own = rows[topic_at + first * width : topic_at + stop * width : width]
     return any(buf[at : at + len(_LMQ_BYTES)] == _LMQ_BYTES for at in own)
-
-
-def reference_rows(
-    buf: Any,
-    rows: Any,
-    flags: Any,
-    first: int,
-    special: set[int],
-    names: dict[bytes, str],
-) -> tuple[list[int], dict[int, list[QueueCopy]]]:
-    """How a dispatch takes kernel rows ``[first, first + len(flags))`` (``flags``: their
-    DISPATCH_FLAGS): the rows going the reference way, in order (``special``, the caller's,
-    and those flagged NEEDS_REFERENCE), and the further-queue units of the other rows flagged
-    HAS_COPIES, which the caller puts after the rows' own units. When a copy could share a
-    queue with one of the rows' own units (:func:`may_share_queues`), those rows go the
-    reference way too: a queue's units must go in in log order."""
-    special, with_copies = split_rows(flags, first, special)
-    if not with_copies:
-        return sorted(special), {}
-    copies = dict(zip(with_copies, rows_copies(buf, rows, with_copies, names), strict=True))
-    copy_names = (unit.topic for units in copies.values() for unit in units)
-    if may_share_queues(buf, rows, first, first + len(flags), copy_names):
-        return sorted(special.union(with_copies)), {}
-    return sorted(special), copies
 
 
 def split_rows(flags: Any, first: int, special: set[int]) -> tuple[set[int], list[int]]:

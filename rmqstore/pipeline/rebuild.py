@@ -20,9 +20,11 @@ grow with the store.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from rmqstore import kernel
@@ -38,7 +40,7 @@ from rmqstore.dispatch import (
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
-from rmqstore.multidispatch import QueueCopy, record_units, reference_rows
+from rmqstore.multidispatch import CopyRunTables, kernel_copy_rows, record_units
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -139,7 +141,8 @@ class _RangePreparer:
         self.index = bytearray()
         self.prefixes: dict[str, int] = {}
         self.names = layout.TopicNames()
-        self.queue_names: dict[bytes, str] = {}  # further queues' names (rows_copies)
+        self.queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
+        self.copy_tables = CopyRunTables()
         self.keys = bytearray(layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
         self.run_table = array("q", bytes(8 * layout.RUN_WIDTH * _RUN_CAPACITY))
         self.out = layout.new_dispatch_out(0)
@@ -176,17 +179,18 @@ class _RangePreparer:
             done, _entries = kernel.prepare_dispatch(
                 buf, rows, first, count, self.options, self.out, self.keys
             )
-            flags = self.out[
-                layout.DISPATCH_FLAGS + first * layout.DISPATCH_WIDTH : done
-                * layout.DISPATCH_WIDTH : layout.DISPATCH_WIDTH
-            ]
-            special, copies = reference_rows(buf, rows, flags, first, set(), self.queue_names)
+            special, with_copies = kernel_copy_rows(
+                self.copy_tables, buf, rows, self.out, first, done, set(), self.queue_names
+            )
             position = first
             for row in [*special, done]:
                 if position < row:
                     self._bulk(buf, rows, position, row)
+                    copies = with_copies[
+                        bisect_left(with_copies, position) : bisect_left(with_copies, row)
+                    ]
                     if copies:
-                        self._add_copies(rows, position, row, copies)
+                        self._add_copy_runs(buf, rows, copies)
                 if row == done:
                     break
                 if not self._row(buf, rows, row):
@@ -195,25 +199,44 @@ class _RangePreparer:
             first = done
         return count
 
-    def _add_copies(
-        self, rows: Any, first: int, stop: int, copies: dict[int, list[QueueCopy]]
-    ) -> None:
-        """The further-queue units of rows ``[first, stop)``, row by row, as :meth:`_row`
-        adds them (each with its record's offset, size, store time and the kernel's
-        tagsCode)."""
-        width = layout.DISPATCH_WIDTH
-        for row in range(first, stop):
-            units = copies.get(row)
-            if not units:
-                continue
-            at = row * _WIDTH
-            offset = rows[at + layout.PHYSICAL_OFFSET]
-            unit = UNIT.pack(
-                offset, rows[at + layout.TOTAL_SIZE], self.out[row * width + layout.TAGS_CODE]
+    def _add_copy_runs(self, buf: Any, rows: Any, numbers: array) -> None:
+        """The further-queue units of kernel rows ``numbers``, gathered per queue into runs by
+        the kernel (:func:`kernel_copy_rows`), each added as :meth:`_add_unit` adds them one by
+        one, with each unit's store time (its record's, found by its physical offset)."""
+        _, found, keys = self.copy_tables.gathered_for(
+            buf, rows, numbers, self.out, self.queue_names
+        )
+        at_offset = layout.PHYSICAL_OFFSET
+        at_stamp = layout.STORE_TIMESTAMP
+        record_offsets = rows[at_offset : len(rows) : _WIDTH]
+        record_stamps = rows[at_stamp : len(rows) : _WIDTH]
+        stamp_of = dict(
+            zip(
+                map(record_offsets.__getitem__, numbers),
+                map(record_stamps.__getitem__, numbers),
+                strict=True,
             )
-            stamp = rows[at + layout.STORE_TIMESTAMP]
-            for unit_topic, queue_id, queue_offset in units:
-                self._add_unit(unit_topic, queue_id, queue_offset, offset, unit, stamp)
+        )
+        runs = self.copy_tables.runs
+        width = layout.COPY_RUN_WIDTH
+        size = layout.UNIT_SIZE
+        units = self.copy_tables.units
+        for number in range(found):
+            topic, queue_id = keys[number]
+            if self.topics is not None and topic not in self.topics:
+                continue
+            at = number * width
+            start = runs[at + layout.COPY_RUN_UNITS_FROM] * size
+            chunk = units[start : start + runs[at + layout.COPY_RUN_UNITS] * size]
+            offsets = list(map(_FIRST_FIELD, UNIT.iter_unpack(chunk)))
+            key = (topic, queue_id)
+            queue_offset = runs[at + layout.COPY_RUN_FIRST_QUEUE_OFFSET]
+            current = self.open_runs.get(key)
+            if current is None or current.next_offset != queue_offset:
+                current = self.open_runs[key] = UnitRun(topic, queue_id, queue_offset, offsets[0])
+                self.runs.append(current)
+            current.units += chunk
+            current.stamps.extend(array("q", map(stamp_of.__getitem__, offsets)))
 
     def _add_unit(
         self, topic: str, queue_id: int, queue_offset: int, offset: int, unit: bytes, stamp: int
@@ -331,6 +354,7 @@ class _RangePreparer:
 
 
 _WIDTH = layout.ROW_WIDTH
+_FIRST_FIELD = itemgetter(0)  # a unit's commit-log offset, of UNIT.iter_unpack's tuples
 
 
 class _Applier:

@@ -460,11 +460,12 @@ def test_queue_names_not_utf8_that_decode_alike_go_in_in_log_order(tmp_path: Pat
     """Two further-queue names that are not UTF-8 but decode to the same text name one queue
     (as rmqstore names it): the kernel gathers their units into runs apart, so the walk puts
     such rows the reference way, unit after unit in log order, as a rebuild in worker
-    processes does (the runs put one after the other gave a queue offset the later record)."""
+    processes does (the runs put one after the other gave a queue offset the later record);
+    the records are long enough for the rebuild's 4 KiB ranges to go to the workers."""
     store = tmp_path / "walk"
     named = (("A", 0), ("B", 1), ("A", 1), ("B", 2), ("A", 2))
     messages = [
-        Message(topic="Chat", body=b"x", properties={INNER_MULTI_DISPATCH: f"%LMQ%{name}"})
+        Message(topic="Chat", body=b"x" * 1500, properties={INNER_MULTI_DISPATCH: f"%LMQ%{name}"})
         for name, _ in named
     ]
     for message, (_, offset) in zip(messages, named, strict=True):
@@ -472,14 +473,16 @@ def test_queue_names_not_utf8_that_decode_alike_go_in_in_log_order(tmp_path: Pat
     with Store.open_write(store, create=True) as opened:
         opened.appender().append_many(messages)
     log = store / "commitlog" / "00000000000000000000"
-    data = bytearray(log.read_bytes()[:4096])  # the names' bytes made not UTF-8, same lengths
+    data = bytearray(log.read_bytes()[:16384])  # the names' bytes made not UTF-8, same lengths
     data = data.replace(b"%LMQ%A", b"%LMQ%\xff").replace(b"%LMQ%B", b"%LMQ%\xfe")
     with log.open("r+b") as file:
         file.write(data)
     rebuilt = tmp_path / "rebuilt"
     shutil.copytree(store, rebuilt)
     assert run_cli("dispatch", store).exit_code == 0  # the walk
-    result = run_cli("dispatch", rebuilt, "--rebuild", "--yes", "--jobs", "2")
+    result = run_cli(
+        "dispatch", rebuilt, "--rebuild", "--yes", "--jobs", "2", "--split-size", "4096"
+    )
     assert result.exit_code == 0, result.stderr
     queue = store / "consumequeue" / "%LMQ%\ufffd" / "0" / "00000000000000000000"
     units = [UNIT.unpack_from(queue.read_bytes(), n * 20) for n in range(3)]
