@@ -65,17 +65,17 @@ def command(
 
     Commit-log files and offset range, topics and queues with their offsets, consume queues
     with the broker's min/max offsets, index, dispatch lag (records in the commit log not
-    yet in consume queues; without 'abort' it adds that a 5.x broker's start would not
-    dispatch them, since it starts at the log's end), checkpoint values, abort and lock
-    state. Reads only; works on a store a broker holds (with a warning). Without --deep the
-    log is read from where the consume queues end (and its last files, for the valid end as
-    a broker's recovery finds it), so a store of any size answers at once; a queue's
-    messages are then its consume queue's units plus the records after them. --deep reads
-    every record: the log's message count and each queue's records no consume queue holds
-    (notQueued), null without it. A 5.x store whose consume queues are a RocksDB database
-    (storeType=defaultRocksDB) is read from its commit log alone, every record (its queues
-    are not read: no dispatch lag); so is one with BatchCQ topics (their queues in
-    batchconsumequeue/ are not read).
+    yet in consume queues; without 'abort' it adds that a 5.x broker's start may leave them
+    out: 5.3.0 and 5.3.1 all, 5.3.2 and later those up to the furthest queue's end),
+    checkpoint values, abort and lock state. Reads only; works on a store a broker holds
+    (with a warning). Without --deep the log is read from where the consume queues end (and
+    its last files, for the valid end as a broker's recovery finds it), so a store of any
+    size answers at once; a queue's messages are then its consume queue's units plus the
+    records after them. --deep reads every record: the log's message count and each queue's
+    records no consume queue holds (notQueued), null without it. A 5.x store whose consume
+    queues are a RocksDB database (storeType=defaultRocksDB) is read from its commit log
+    alone, every record (its queues are not read: no dispatch lag); so is one with BatchCQ
+    topics (their queues in batchconsumequeue/ are not read).
 
     JSON fields: store, kernel (native or python: which record kernel ran), deep, locked (a
     boolean), lockHolder (null, "another process" or "this process"), abort,
@@ -233,8 +233,9 @@ def _render(summary: dict[str, Any]) -> None:
                 else ""
             )
             + (
-                "; no 'abort', so a 5.x broker's start would not dispatch them (it starts at "
-                "the log's end): rmqstore dispatch does"
+                "; no 'abort', so a 5.x broker's start may leave them out (5.3.0 and 5.3.1 "
+                "all, 5.3.2 and later those up to the furthest queue's end): rmqstore dispatch "
+                "adds them"
                 if dispatch["behindRecords"] and not summary["abort"]
                 else ""
             ),

@@ -343,7 +343,7 @@ def replicate_from_master(
     dest.reload_files()  # a session after another: what the last one left is read again
     # 'abort' before a frame is written, as a slave broker has it while it runs: a kill
     # before the reput dispatched the frame's records leaves them to a broker's crash
-    # recovery (a 5.x broker's normal start would not dispatch them)
+    # recovery (a 5.x broker's normal start may not dispatch them: spec 10.2, 10.4)
     dest.begin_write()
     log = dest.commitlog
     file_size = dest.commitlog_file_size

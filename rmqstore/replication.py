@@ -147,7 +147,7 @@ def replicate_round(
                 break
         # 'abort' before a byte is copied, as a slave broker has it while it runs, and kept
         # if the round stops before its records are dispatched: a broker starting on DEST
-        # then dispatches them in its crash recovery (a 5.x broker's normal start would not)
+        # then dispatches them in its crash recovery (a 5.x broker's normal start may not)
         dest.abort_until_done = True
         if pieces:
             time.sleep(WRITE_SETTLE)

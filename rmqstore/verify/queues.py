@@ -705,17 +705,19 @@ class QueueChecks:
         self.close()
 
     def _who_adds(self, records: int) -> str:
-        """Who puts ``records`` after where a dispatch resumes into their queue (spec 10.3,
+        """Who puts ``records`` after where a dispatch resumes into their queue (spec 10.2 to
         10.4): rmqstore dispatch; after a crash ('abort' present) a broker's recovery at its
-        start; after a clean stop a 4.x broker's start, not a 5.x broker's, whose dispatch
-        starts at the log's end unless recheckReputOffsetFromCq is set."""
+        start; after a clean stop a 4.x broker's start, and a 5.x broker's only in part: its
+        reput starts at the log's end (unless recheckReputOffsetFromCq is set), and its
+        normal recovery dispatches nothing (5.3.0, 5.3.1) or only the records past the one at
+        the furthest queue's end (5.3.2 and later)."""
         them = "it" if records == 1 else "them"
         if self.store.aborted:
             return f"rmqstore dispatch adds {them}, and so does a broker's crash recovery at start"
         return (
             f"rmqstore dispatch adds {them}, and so does a 4.x broker's start; no 'abort', so a "
-            "5.x broker's start does not: it dispatches from the end of the log unless "
-            "recheckReputOffsetFromCq=true"
+            "5.x broker's start may not: 5.3.0 and 5.3.1 dispatch none, 5.3.2 and later only "
+            "records past the one at the furthest queue's end"
         )
 
     def _lags(self) -> bool:

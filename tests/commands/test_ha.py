@@ -382,7 +382,7 @@ def test_a_record_cut_by_a_frame_is_kept_and_dispatched_once_whole(
 def test_a_slave_has_abort_before_it_writes_a_frame(pair) -> None:  # type: ignore[no-untyped-def]
     """A slave writes 'abort' before the first bytes a master sends, as a slave broker has
     it while it runs: killed before its reput dispatched them, the records it wrote are left
-    to a broker's crash recovery (a 5.x broker's normal start would not dispatch them). Here
+    to a broker's crash recovery (a 5.x broker's normal start may not dispatch them). Here
     the first frame holds part of a record, which no reput dispatches; once the session
     ends with the record whole and dispatched, 'abort' goes."""
     source, dest, end = pair

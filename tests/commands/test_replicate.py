@@ -247,7 +247,7 @@ def test_a_replica_a_full_disk_stops_keeps_abort_and_a_second_run_finishes(
     """A full disk stopping a replicate at each point in turn: exit 4 and one line. A new
     DEST it could not even lock is left out entirely; one it began copying into keeps
     'abort' (records copied but not dispatched go to a broker's crash recovery: a 5.x
-    broker's normal start would not dispatch them) and the line says to run it again, which
+    broker's normal start may not dispatch them) and the line says to run it again, which
     with room gives the byte-identical replica, sound and without 'abort'."""
     source = tmp_path / "source"
     generate("multi", source, FixtureOptions())
