@@ -349,6 +349,19 @@ def disk_left_with(disk: Path, room: int) -> Iterator[None]:
         filler.unlink()
 
 
+def full_disk_stop(disk: Path, room: int, *args: str | Path) -> str | None:
+    """``rmqstore ARGS`` with ``room`` bytes free on ``disk``: None when it succeeds, else
+    its error, which must be exit 4 and one line naming the full disk."""
+    with disk_left_with(disk, room):
+        result = run_cli(*args)
+    if result.exit_code == 0:
+        return None
+    assert result.exit_code == 4, result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and "No space left on device" in line
+    return line
+
+
 def stops_on_a_full_disk(
     disk: Path, base: Path, operation: str, options: tuple[str, ...], rooms: range, kept_in: str
 ) -> Iterator[Path]:
@@ -364,14 +377,10 @@ def stops_on_a_full_disk(
         shutil.rmtree(store, ignore_errors=True)
         shutil.copytree(base, store)
         before = tree_digest(store)
-        with disk_left_with(disk, room):
-            result = run_cli(*operation.split(), store, *options)
-        if result.exit_code == 0:
+        line = full_disk_stop(disk, room, *operation.split(), store, *options)
+        if line is None:
             outcomes.add("done")
             continue
-        assert result.exit_code == 4, result.stderr
-        line = result.stderr.strip()
-        assert "\n" not in line and "No space left on device" in line
         if line.endswith(f"; {operation} stopped before it changed the store"):
             outcomes.add("before")
             after = tree_digest(store)
