@@ -219,8 +219,10 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
             data = path.read_bytes()
             body_length = int.from_bytes(data[position + 84 : position + 88], "big")
             at = position + 88 + body_length
-            length = data[at]
-            if length >= 3:
+            # (an earlier mutation may have made the body length point past the file: then
+            # another mutation is chosen)
+            length = data[at] if at < len(data) else 0
+            if length >= 3 and at + 1 + length <= len(data):
                 _write_at(path, at + 1, b"../" + b"x" * (length - 3))
                 return f"topic-traversal {path.name}@{position}"
     if kind == "fifo":  # a FIFO no one writes to: opening it to read would wait for ever
