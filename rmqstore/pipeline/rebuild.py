@@ -143,6 +143,7 @@ class _RangePreparer:
         self.names = layout.TopicNames()
         self.queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
         self.copy_tables = CopyRunTables()
+        self.record_offsets = self.record_stamps = array("q")  # the batch's (see _collect)
         self.keys = bytearray(layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
         self.run_table = array("q", bytes(8 * layout.RUN_WIDTH * _RUN_CAPACITY))
         self.out = layout.new_dispatch_out(0)
@@ -174,6 +175,9 @@ class _RangePreparer:
             self.out = layout.new_dispatch_out(count)
             self.units = bytearray(layout.UNIT_SIZE * count)
             self.row_runs = array("q", bytes(8 * count))
+        # the batch's records' offsets and store times, by row (for their further-queue units)
+        self.record_offsets = rows[layout.PHYSICAL_OFFSET : count * _WIDTH : _WIDTH]
+        self.record_stamps = rows[layout.STORE_TIMESTAMP : count * _WIDTH : _WIDTH]
         first = 0
         while first < count:
             done, _entries = kernel.prepare_dispatch(
@@ -206,14 +210,10 @@ class _RangePreparer:
         _, found, keys = self.copy_tables.gathered_for(
             buf, rows, numbers, self.out, self.queue_names
         )
-        at_offset = layout.PHYSICAL_OFFSET
-        at_stamp = layout.STORE_TIMESTAMP
-        record_offsets = rows[at_offset : len(rows) : _WIDTH]
-        record_stamps = rows[at_stamp : len(rows) : _WIDTH]
         stamp_of = dict(
             zip(
-                map(record_offsets.__getitem__, numbers),
-                map(record_stamps.__getitem__, numbers),
+                map(self.record_offsets.__getitem__, numbers),
+                map(self.record_stamps.__getitem__, numbers),
                 strict=True,
             )
         )
