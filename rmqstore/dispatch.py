@@ -23,7 +23,7 @@ from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
 from rmqstore.delay import DelayLevels, unit_tags_code
-from rmqstore.errors import InputError, NotFoundError, RecordError, on_failure
+from rmqstore.errors import InputError, NotFoundError, RecordError
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
@@ -896,16 +896,13 @@ def rebuilding(store: Store, plan: RebuildPlan) -> Iterator[Path]:
     does it), given the quarantine folder. Stopped by an error once the old files began to
     move, the rebuild leaves ``abort`` in place (a broker starting on the store runs its
     crash recovery, which dispatches the log again), and what it raises says so."""
-    store.abort_until_done = True
     folder: list[Path] = []
-    with on_failure(lambda: _where_rebuild_stopped(store, folder)):
+    with store.until_done("dispatch --rebuild", lambda: _where_old_files_are(folder)):
         yield apply_rebuild(store, plan, folder)
-    store.abort_until_done = False  # done: the close settles 'abort' as usual
 
 
-def _where_rebuild_stopped(store: Store, folder: list[Path]) -> str:
-    where = f"; the files it replaces are kept in {folder[0]}" if folder else ""
-    return store.how_far("dispatch --rebuild", where)
+def _where_old_files_are(folder: list[Path]) -> str:
+    return f"; the files it replaces are kept in {folder[0]}" if folder else ""
 
 
 def apply_rebuild(store: Store, plan: RebuildPlan, made: list[Path] | None = None) -> Path:

@@ -28,7 +28,7 @@ INNER_MULTI_QUEUE_OFFSET = "INNER_MULTI_QUEUE_OFFSET"
 LMQ_PREFIX = "%LMQ%"
 _LMQ_BYTES = LMQ_PREFIX.encode()
 _SPLITTER = ","
-_MOST_NAMES = 65536  # queue names kept decoded between calls of rows_copies
+_MOST_NAMES = 65536  # queue names kept decoded between calls (rows_copies, copy_run_keys)
 _JAVA_LONG_MAX = 2**63 - 1
 # how a record's properties hold each of them (name, then the name/value separator)
 DISPATCH_MARK = f"{INNER_MULTI_DISPATCH}\x01".encode()

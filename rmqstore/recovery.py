@@ -31,7 +31,7 @@ from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.consumerprogress import OffsetPastEnd, offsets_past_end
 from rmqstore.dispatch import Dispatcher, DispatchResult
-from rmqstore.errors import RmqStoreError, on_failure
+from rmqstore.errors import RmqStoreError
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
@@ -271,16 +271,12 @@ def apply_recovery(
     Stopped by an error once it has begun changing the store, it leaves ``abort`` in place
     (a broker starting on the store runs its crash recovery), and what it raises says so."""
     kept: list[Quarantine] = []
-    store.abort_until_done = True
-    with on_failure(lambda: _where_recovery_stopped(store, kept)):
-        result = _recover(store, plan, kept, progress)
-    store.abort_until_done = False  # done: the close settles 'abort' as usual
-    return result
+    with store.until_done("recover", lambda: _where_cuts_are(kept)):
+        return _recover(store, plan, kept, progress)
 
 
-def _where_recovery_stopped(store: Store, kept: list[Quarantine]) -> str:
-    where = f"; what it cut or moved so far is kept in {kept[0].directory}" if kept else ""
-    return store.how_far("recover", where)
+def _where_cuts_are(kept: list[Quarantine]) -> str:
+    return f"; what it cut or moved so far is kept in {kept[0].directory}" if kept else ""
 
 
 def _recover(

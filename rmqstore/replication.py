@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import InputError, StoreFormatError, StoreIOError, on_failure
+from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, TOTAL_SIZE
 from rmqstore.record import BLANK_MIN_LENGTH, RegionScan, ScanStop
 from rmqstore.segments import Segment, fsync_directory, nonzero_extent, open_for_writing
@@ -145,26 +145,23 @@ def replicate_round(
             position = segment.start + end if not complete else segment.start + log.file_size
             if not complete:
                 break
-        # 'abort' before a byte is copied, as a slave broker has it while it runs, and kept
-        # if the round stops before its records are dispatched: a broker starting on DEST
-        # then dispatches them in its crash recovery (a 5.x broker's normal start may not)
-        dest.abort_until_done = True
+    # 'abort' before a byte is copied, as a slave broker has it while it runs, and kept if
+    # the round stops before its records are dispatched: a broker starting on DEST then
+    # dispatches them in its crash recovery (a 5.x broker's normal start may not)
+    with dest.until_done("replicate"):
         if pieces:
             time.sleep(WRITE_SETTLE)
             dest.begin_write()
-        with on_failure(lambda: dest.how_far("replicate", "")):
-            for segment, begin, end in pieces:
-                _copy(segment, begin, end, dest, outcome)
-                if progress is not None:
-                    progress(segment.start + end - start)
-    outcome.source_end = position
-    outcome.to_offset = position
-    if until is not None and position >= until:
-        outcome.until_reached = True
-    with on_failure(lambda: dest.how_far("replicate", "")):
+        for segment, begin, end in pieces:
+            _copy(segment, begin, end, dest, outcome)
+            if progress is not None:
+                progress(segment.start + end - start)
+        outcome.source_end = position
+        outcome.to_offset = position
+        if until is not None and position >= until:
+            outcome.until_reached = True
         _make_durable(dest, outcome)
         outcome.records_dispatched = dispatch_copied(dest, position)
-    dest.abort_until_done = False  # dispatched: the close settles 'abort' as usual
     return outcome
 
 

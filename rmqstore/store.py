@@ -12,7 +12,7 @@ import contextlib
 import os
 import stat
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -40,6 +40,7 @@ from rmqstore.errors import (
     StoreFormatError,
     StoreIOError,
     UncleanStoreError,
+    on_failure,
 )
 from rmqstore.geometry import (
     CONFIG_DIR,
@@ -600,11 +601,22 @@ class Store:
         """Whether :meth:`begin_write` has marked the store as being written."""
         return self._writing
 
+    @contextlib.contextmanager
+    def until_done(self, operation: str, kept: Callable[[], str] = lambda: "") -> Iterator[None]:
+        """The block's work leaves the store inconsistent until it is done (``recover``,
+        ``dispatch --rebuild``, a ``replicate`` round): stopped by an error, it keeps 'abort'
+        (:attr:`abort_until_done`) and what it raises says how far it got (:meth:`how_far`,
+        ``kept()`` saying where what it moved is kept)."""
+        self.abort_until_done = True
+        with on_failure(lambda: self.how_far(operation, kept())):
+            yield
+        self.abort_until_done = False  # done: the close settles 'abort' as usual
+
     def how_far(self, operation: str, kept: str) -> str:
-        """What the error that stopped ``operation`` (``recover``, ``dispatch --rebuild``,
-        ``replicate``: work marked :attr:`abort_until_done`) adds about the store: unchanged,
-        or changed and left under 'abort' for the operation to be run again; ``kept`` says
-        where what it cut or moved is kept ("" when nowhere, or not known yet)."""
+        """What the error that stopped ``operation`` (work run :meth:`until_done`) adds
+        about the store: unchanged, or changed and left under 'abort' for the operation to be
+        run again; ``kept`` says where what it cut or moved is kept ("" when nowhere, or not
+        known yet)."""
         if not self._writing:
             return f"{operation} stopped before it changed the store"
         return (
