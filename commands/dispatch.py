@@ -110,7 +110,10 @@ def command(
     too), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK records, and updates the
     checkpoint. Running it twice changes nothing; an invalid record (a torn tail) ends it.
     Bytes after a queue's valid end (junk, a torn unit) go to quarantine/<time>-dispatch
-    before units are written over them. Takes the store's lock.
+    before units are written over them. Takes the store's lock. An error that stops it once
+    it began (a full disk: exit 4) leaves 'abort' in place, as a crash would (some queues may
+    reach further than others or the index): the one-line error says so; run it again once
+    the cause is mended.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a

@@ -20,7 +20,7 @@ from typing import Any
 
 from rmqstore import kernel
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
-from rmqstore.commitlog import LogEnd
+from rmqstore.commitlog import LogEnd, LogScan
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
 from rmqstore.delay import DelayLevels, unit_tags_code
 from rmqstore.errors import InputError, NotFoundError, RecordError
@@ -139,6 +139,11 @@ class Dispatcher:
             f"{self._residue_quarantine.directory} before writing there"
         )
 
+    def _where_residue_is(self) -> str:
+        if self._residue_quarantine is None:
+            return ""
+        return f"; the bytes it wrote over are kept in {self._residue_quarantine.directory}"
+
     def cursor(self) -> int:
         """Where dispatch resumes (see :func:`resume_offset`)."""
         return resume_offset(self.store, self.queues.values(), self.index)
@@ -163,7 +168,6 @@ class Dispatcher:
         a user's, refused (InputError) where no record starts before the log's valid end."""
         store = self.store
         log = store.commitlog
-        store.begin_write()
         cursor = self.cursor()
         start = cursor if from_offset is None else from_offset
         if no_later_than is not None:
@@ -181,8 +185,55 @@ class Dispatcher:
             if end.offset > start:
                 raise InputError(f"offset {start} is outside the commit-log files")
             result.log_end = end.offset
-            self._finish(result, last_time=queued_time)
+            with store.until_done("dispatch", self._where_residue_is):
+                store.begin_write()
+                self._finish(result, last_time=queued_time)
             return result
+        # stopped by an error once it began (a full disk), it keeps 'abort': some queues may
+        # then reach further than others or the index, and a broker starting without it
+        # would leave out what lies behind (spec 10.4)
+        with store.until_done("dispatch", self._where_residue_is):
+            store.begin_write()
+            walk, scan = self._walk(start, until, max_records, progress, queued_time, result)
+        if until is not None:
+            result.log_end = until
+        elif check_start and not walk.records and scan.end_offset == start:
+            # the scan ended where --from-offset put it: at the log's valid end, past it, or
+            # where no record starts (zeros inside a record read as the end of the data):
+            # the end is the one a broker's recovery finds, not where this scan stopped
+            result.log_end = store.log_end().offset
+            if start < result.log_end:
+                raise _no_record_at(start, result.log_end)
+        elif walk.complete and result.stopped_by is None:
+            end = LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
+            store.remember_log_end(end)
+            store.check_tail(end)
+            result.log_end = end.offset
+            # the walk reached the valid end: past a BLANK into an empty next file included
+            result.to_offset = max(result.to_offset, end.offset)
+            if end.error is not None:
+                result.stopped_by = str(end.error)
+        else:
+            result.log_end = store.log_end().offset
+        self._check_ahead(ahead, result.log_end)
+        result.queues_touched = len(walk.touched)
+        with store.until_done("dispatch", self._where_residue_is):
+            self._finish(result, walk.last_time)
+        return result
+
+    def _walk(
+        self,
+        start: int,
+        until: int | None,
+        max_records: int | None,
+        progress: Callable[[int], None] | None,
+        queued_time: int | None,
+        result: DispatchResult,
+    ) -> tuple[_BatchWalk, LogScan]:
+        """Dispatch the records from ``start`` in batches, as far as ``until``, the log's
+        valid end or ``max_records``; ``result`` takes the counts."""
+        store = self.store
+        log = store.commitlog
         # one pass: the scan itself finds the end as recovery does (CRC checked in the
         # files recovery walks), so the log is not read twice
         check_crc = store.config.check_crc_on_recover and until is None
@@ -202,41 +253,13 @@ class Dispatcher:
                     break
         finally:
             batches.close()  # type: ignore[attr-defined]  # the reader stops before files change
-        records, to_offset, last_time = walk.records, walk.to_offset, walk.last_time
-        complete, touched = walk.complete, walk.touched
-        units_written, units_skipped = walk.units_written, walk.units_skipped
-        index_records, index_entries = walk.index_records, walk.index_entries
-        to_offset = start if not records else to_offset
-        result.records = records
-        result.to_offset = to_offset
-        result.units_written = units_written
-        result.units_skipped = units_skipped
-        result.index_records = index_records
-        result.index_entries = index_entries
-        if until is not None:
-            result.log_end = until
-        elif check_start and not records and scan.end_offset == start:
-            # the scan ended where --from-offset put it: at the log's valid end, past it, or
-            # where no record starts (zeros inside a record read as the end of the data):
-            # the end is the one a broker's recovery finds, not where this scan stopped
-            result.log_end = store.log_end().offset
-            if start < result.log_end:
-                raise _no_record_at(start, result.log_end)
-        elif complete and result.stopped_by is None:
-            end = LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
-            store.remember_log_end(end)
-            store.check_tail(end)
-            result.log_end = end.offset
-            # the walk reached the valid end: past a BLANK into an empty next file included
-            result.to_offset = max(result.to_offset, end.offset)
-            if end.error is not None:
-                result.stopped_by = str(end.error)
-        else:
-            result.log_end = store.log_end().offset
-        self._check_ahead(ahead, result.log_end)
-        result.queues_touched = len(touched)
-        self._finish(result, last_time)
-        return result
+        result.records = walk.records
+        result.to_offset = start if not walk.records else walk.to_offset
+        result.units_written = walk.units_written
+        result.units_skipped = walk.units_skipped
+        result.index_records = walk.index_records
+        result.index_entries = walk.index_entries
+        return walk, scan
 
     @staticmethod
     def _check_ahead(ahead: int, log_end: int) -> None:

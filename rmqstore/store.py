@@ -606,7 +606,11 @@ class Store:
         """The block's work leaves the store inconsistent until it is done (``recover``,
         ``dispatch --rebuild``, a ``replicate`` round): stopped by an error, it keeps 'abort'
         (:attr:`abort_until_done`) and what it raises says how far it got (:meth:`how_far`,
-        ``kept()`` saying where what it moved is kept)."""
+        ``kept()`` saying where what it moved is kept). Inside another operation's block (the
+        dispatch a ``recover`` replays) it adds nothing: the outer one says how far."""
+        if self.abort_until_done:
+            yield
+            return
         self.abort_until_done = True
         with on_failure(lambda: self.how_far(operation, kept())):
             yield

@@ -14,6 +14,7 @@ from rmqstore.properties import split_keys
 
 from support import (
     ORACLE_OPTIONS,
+    full_disk_stop,
     lock_held_elsewhere,
     manifest_dump,
     run_cli,
@@ -249,6 +250,58 @@ def test_a_rebuild_a_full_disk_stops_says_how_far_it_got_and_keeps_abort(
             assert checked["ok"], checked["findings"]
             assert checked["checked"]["records"] == checked["checked"]["units"] == messages
             assert checked["checked"]["indexedRecords"] == messages
+
+
+def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
+    """A store a broker stopped cleanly with its index gone and junk after one queue's valid
+    end: a full disk stops dispatch at each point in turn. Each stop leaves 'abort' (some
+    queues or the index may now reach further than others, and a 4.9 broker starting
+    without it dispatches only what follows the furthest queue: spec 10.4) and says so in
+    one line, naming the folder that keeps the junk once it was moved. Run again with room,
+    dispatch finishes: every record in its queue and the index, no 'abort'."""
+    with small_filesystem(tmp_path, "6m") as disk:
+        base = disk / "base"
+        generate("multi", base, FixtureOptions())
+        messages = json.loads((base / "fixture.json").read_text())["messageCount"]
+        queue = base / "consumequeue" / "TopicTest" / "0" / ("0" * 20)
+        units = bytearray(queue.read_bytes())
+        units[39 * 20 : 49 * 20] = b"\xff" * 200  # the last ten units, junk
+        queue.write_bytes(units)
+        shutil.rmtree(base / "index")
+        said = (
+            "; dispatch stopped part way and left 'abort' in place (a broker starting on the "
+            "store runs its crash recovery); run rmqstore dispatch again once the cause is mended"
+        )
+        outcomes = set()
+        for room in range(0, 64 << 10, 4 << 10):
+            store = disk / "store"
+            shutil.rmtree(store, ignore_errors=True)
+            shutil.copytree(base, store)
+            line = full_disk_stop(disk, room, "dispatch", store)
+            if line is None:
+                outcomes.add("done")
+                continue
+            assert said in line and (store / "abort").exists(), line
+            if line.endswith(said):
+                outcomes.add("part way")
+            else:
+                assert line.endswith(
+                    f"{said}; the bytes it wrote over are kept in "
+                    f"{store / 'quarantine'}/" + line.rsplit("/", 1)[1]
+                ), line
+                outcomes.add("part way, junk kept")
+            again = run_cli("dispatch", store)
+            assert again.exit_code == 0, again.stderr
+            assert not (store / "abort").exists()
+            checked = json.loads(run_cli("verify", store, "--json").stdout)
+            assert checked["ok"], checked["findings"]
+            assert checked["checked"]["records"] == checked["checked"]["units"] == messages
+            assert checked["checked"]["indexedRecords"] == messages
+            kept = [
+                path.read_bytes() for path in (store / "quarantine").rglob("*") if path.is_file()
+            ]
+            assert any(b"\xff" * 200 in data for data in kept)
+        assert outcomes == {"part way", "part way, junk kept", "done"}
 
 
 def test_topic_only_rebuild_leaves_the_index(oracle, tmp_path: Path) -> None:

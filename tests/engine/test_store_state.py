@@ -12,7 +12,7 @@ import pytest
 import rmqstore.lockfile as lockfile_module
 import rmqstore.segments as segments_module
 from rmqstore.config import StoreConfig
-from rmqstore.errors import InputError, StoreFormatError, StoreIOError
+from rmqstore.errors import InputError, StoreFormatError, StoreIOError, context_of
 from rmqstore.geometry import geometry_path, read_geometry
 from rmqstore.indexfile import IndexFile, IndexService, index_file_size
 from rmqstore.lockfile import LockState, StoreLock, probe_lock
@@ -242,3 +242,28 @@ def test_a_rollback_that_removes_files_makes_their_removal_durable(
     assert [p.name for p in (root / "commitlog").iterdir()] == ["00000000000000000000"]
     assert root / "commitlog" in synced
     assert not (root / "abort").exists()  # nothing appended: abort goes as it came
+
+
+def test_work_inside_other_work_leaves_saying_how_far_to_the_outer_one(tmp_path: Path) -> None:
+    """The dispatch a recover replays runs inside the recover's until_done: done, it does
+    not end the recover's (a later error still keeps 'abort'); stopped, the error says how
+    far the recover got, once."""
+    root = tmp_path / "s"
+    new_store(root)
+    (root / "abort").unlink()
+    with (
+        pytest.raises(StoreIOError) as raised,
+        Store.open_write(root, CONFIG) as store,
+        store.until_done("recover"),
+    ):
+        store.begin_write()
+        with store.until_done("dispatch"):
+            pass
+        assert store.abort_until_done
+        with store.until_done("dispatch"):
+            raise StoreIOError("cannot write: No space left on device")
+    assert context_of(raised.value) == (
+        "; recover stopped part way and left 'abort' in place (a broker starting on the store "
+        "runs its crash recovery); run rmqstore recover again once the cause is mended"
+    )
+    assert (root / "abort").exists()
