@@ -144,6 +144,15 @@ class Dispatcher:
             return ""
         return f"; the bytes it wrote over are kept in {self._residue_quarantine.directory}"
 
+    def index_reaches(self, offset: int) -> bool:
+        """Whether the index holds every record before ``offset`` (or is not built): a
+        dispatch to there adds nothing to it."""
+        if self.index is None:
+            return True
+        return (
+            _index_resume_offset(self.store, self.index, self.store.commitlog.min_offset) >= offset
+        )
+
     def cursor(self) -> int:
         """Where dispatch resumes (see :func:`resume_offset`)."""
         return resume_offset(self.store, self.queues.values(), self.index)

@@ -320,8 +320,9 @@ def _recover(
                 last is not None
                 and not last.is_full
                 and all(c.path != last.path for c in plan.cuts)
+                and not dispatcher.index_reaches(plan.log_end)
             ):
-                # the dispatch may add entries to it in place (an index behind the log of a
+                # the dispatch adds entries to it in place (an index behind the log of a
                 # store without 'abort'): kept as it is, for a restore to give back
                 quarantine.keep_copy(last.path, True, "the last index file")
         dispatched = dispatcher.run(progress=progress, no_later_than=_replay_from(store))

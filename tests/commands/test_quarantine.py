@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.fixtures import generate
+from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.quarantine import Quarantine, plan_restore
 
 from support import lock_held_elsewhere, run_cli, tree_digest
@@ -384,3 +384,31 @@ def test_the_restore_of_a_recovery_gives_back_the_index_file_its_dispatch_added_
     for key, digest in before.items():
         if not key.startswith("consumequeue/"):  # (units dispatched after a queue's end stay)
             assert after.get(key) == digest, key
+
+
+def test_a_recovery_keeps_no_copy_of_an_index_file_it_does_not_add_to(tmp_path: Path) -> None:
+    """Junk after the valid end of a store whose index holds every record: recover cuts the
+    junk and adds nothing to the index, so its folder keeps the junk and the checkpoint but
+    no copy of the last index file (with the default geometry one of 420 MB, copied for
+    nothing); the restore still gives back every byte."""
+    store = tmp_path / "store"
+    generate("basic", store, FixtureOptions())
+    end = json.loads((store / "fixture.json").read_text())["commitLog"]["maxOffset"]
+    with (store / "commitlog" / ("0" * 20)).open("r+b") as log:
+        log.seek(end + 50)
+        log.write(b"\x07" * 64)
+    before = tree_digest(store)
+    result = run_cli("recover", store, "--yes", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["dispatch"]["indexEntries"] == 0
+    (folder,) = (store / "quarantine").iterdir()
+    kept = sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+    assert kept == [
+        "checkpoint",
+        f"commitlog/{'0' * 20}.{end}-{end + 114}.bin",
+        "manifest.json",
+    ]
+    result = run_cli("quarantine", "restore", store, folder.name, "--yes")
+    assert result.exit_code == 0, result.stderr
+    after = tree_digest(store)  # (the restore keeps the recovered checkpoint in a folder)
+    assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
