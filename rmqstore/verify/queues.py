@@ -78,6 +78,9 @@ def chunk_size(queues: int) -> int:
     return max(_SMALLEST_CHUNK, min(_CHUNK, share))
 
 
+_UNREAD = -3  # QueueChecks._reach not read yet
+
+
 @dataclass
 class _QueueState:
     queue: ConsumeQueue
@@ -182,6 +185,7 @@ class QueueChecks:
         self.unsafe_topics: dict[str, list[int]] = {}
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self.resume_without_index = False  # where a dispatch resumes was told without it
+        self._reach: int | None = _UNREAD  # where the consume queues reach (_who_adds)
         self._folders: dict[Path, str] = {}  # each queue's folder, as findings name it
         self._lookup: RecordLookup | None = None  # records where unmatched units point
         self._beyond_reported: set[Path] = set()  # queues said to point past the log
@@ -645,7 +649,7 @@ class QueueChecks:
                     "dispatch-lag",
                     f"{counted(state.lag, 'record')} of {topic}:{queue_id} from offset "
                     f"{state.first_lag} {'is' if state.lag == 1 else 'are'} not in the "
-                    f"consume queue ({self._who_adds(state.lag)})",
+                    f"consume queue ({self._who_adds(state.lag, state.first_lag)})",
                     WARNING,
                     file=name,
                     commit_log_offset=state.first_lag,
@@ -695,7 +699,7 @@ class QueueChecks:
                 continue
             self.report.add(
                 "dispatch-lag",
-                f"{text} ({self._who_adds(count)})",
+                f"{text} ({self._who_adds(count, first)})",
                 WARNING,
                 file=f"consumequeue/{topic}/{queue_id}",
                 commit_log_offset=first,
@@ -704,21 +708,39 @@ class QueueChecks:
             )
         self.close()
 
-    def _who_adds(self, records: int) -> str:
-        """Who puts ``records`` after where a dispatch resumes into their queue (spec 10.2 to
-        10.4): rmqstore dispatch; after a crash ('abort' present) a broker's recovery at its
-        start; after a clean stop a 4.x broker's start, and a 5.x broker's only in part: its
-        reput starts at the log's end (unless recheckReputOffsetFromCq is set), and its
-        normal recovery dispatches nothing (5.3.0, 5.3.1) or only the records past the one at
-        the furthest queue's end (5.3.2 and later)."""
+    def _who_adds(self, records: int, first: int | None) -> str:
+        """Who puts ``records`` (from offset ``first``) after where a dispatch resumes into
+        their queue (spec 10.2 to 10.4): rmqstore dispatch; after a crash ('abort' present) a
+        broker's recovery at its start. After a clean stop a broker's start leaves out those
+        before where the furthest consume queue ends (4.9 starts its reput there, 5.3.2 and
+        later dispatch past it in their normal recovery, 4.3.1, 5.3.0 and 5.3.1 dispatch
+        nothing); those past it a 4.9 broker's start dispatches, and a 5.x broker's only in
+        part (its reput starts at the log's end unless recheckReputOffsetFromCq is set)."""
         them = "it" if records == 1 else "them"
         if self.store.aborted:
             return f"rmqstore dispatch adds {them}, and so does a broker's crash recovery at start"
+        reach = self._queue_reach()
+        if first is not None and reach is not None and first < reach:
+            return (
+                f"rmqstore dispatch adds {them}; no 'abort', so a broker's start leaves out "
+                f"{'it' if records == 1 else 'those'} before offset {reach:,}, where the "
+                "furthest consume queue ends (4.9 dispatches only what follows it, 5.3.2 and "
+                "later only what follows the record there, 4.3.1, 5.3.0 and 5.3.1 none)"
+            )
         return (
-            f"rmqstore dispatch adds {them}, and so does a 4.x broker's start; no 'abort', so a "
-            "5.x broker's start may not: 5.3.0 and 5.3.1 dispatch none, 5.3.2 and later only "
+            f"rmqstore dispatch adds {them}, and so does a 4.9 broker's start; no 'abort', so "
+            "a 5.x broker's start may not: 5.3.0 and 5.3.1 dispatch none, 5.3.2 and later only "
             "records past the one at the furthest queue's end"
         )
+
+    def _queue_reach(self) -> int | None:
+        """Where the consume queues reach (:func:`rmqstore.dispatch.queue_reach`), read once;
+        None when a queue cannot be read."""
+        if self._reach == _UNREAD:
+            from rmqstore.dispatch import queue_reach
+
+            self._reach = queue_reach(self.store)
+        return self._reach
 
     def _lags(self) -> bool:
         return bool(self.missing_queues) or any(state.lag for state in self.states.values())

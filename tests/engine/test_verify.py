@@ -227,7 +227,7 @@ def test_dispatch_lag_says_which_broker_start_would_dispatch_the_records(
     oracle, tmp_path: Path
 ) -> None:
     """The real broker's crashed store, 300 records never dispatched: under 'abort' a
-    broker's crash recovery at its start dispatches them; without it, a 4.x broker's start
+    broker's crash recovery at its start dispatches them; without it, a 4.9 broker's start
     does and a 5.x broker's may not (its reput starts at the log's end, and its normal
     recovery dispatches none of them or only those past the furthest queue's end)."""
     store_dir = oracle("s2_crash").copy_to(tmp_path)
@@ -238,11 +238,39 @@ def test_dispatch_lag_says_which_broker_start_would_dispatch_the_records(
     (store_dir / "abort").unlink()
     lagging = [f.message for f in run(store_dir).findings if f.kind == "dispatch-lag"]
     assert lagging and all(
-        "and so does a 4.x broker's start; no 'abort', so a 5.x broker's start may not: 5.3.0 "
+        "and so does a 4.9 broker's start; no 'abort', so a 5.x broker's start may not: 5.3.0 "
         "and 5.3.1 dispatch none, 5.3.2 and later only records past the one at the furthest "
         "queue's end)" in text
         for text in lagging
     ), lagging
+
+
+def test_dispatch_lag_before_the_furthest_queue_end_is_no_broker_start_s(
+    oracle, tmp_path: Path
+) -> None:
+    """The real 4.9.8 store stopped cleanly, without its index and one queue's files:
+    rmqstore dispatch resumes at the log's start (the index's), so the queue's records are
+    dispatch-lag, not holes; but a broker's start resumes where the furthest queue ends (4.9)
+    or dispatches past it (5.3.2 and later), and leaves out every one of them before it. The
+    finding used to say a 4.x broker's start dispatched them."""
+    manifest = oracle("s1_multi").manifest
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    (store_dir / "abort").unlink(missing_ok=True)
+    shutil.rmtree(store_dir / "index")
+    shutil.rmtree(store_dir / "consumequeue" / "TopicTest" / "1")
+    reach = max(
+        put["physicalOffset"] + put["size"]
+        for put in manifest["puts"]
+        if (put["topic"], put["queueId"]) != ("TopicTest", 1)
+    )
+    lagging = [f for f in run(store_dir).findings if f.kind == "dispatch-lag"]
+    assert [(f.topic, f.queue_id) for f in lagging] == [("TopicTest", 1)], lagging
+    assert lagging[0].message.endswith(
+        "have no consume queue at all (rmqstore dispatch adds them; no 'abort', so a broker's "
+        f"start leaves out those before offset {reach:,}, where the furthest consume queue "
+        "ends (4.9 dispatches only what follows it, 5.3.2 and later only what follows the "
+        "record there, 4.3.1, 5.3.0 and 5.3.1 none))"
+    ), lagging[0].message
 
 
 def test_verify_never_writes(oracle, tmp_path: Path) -> None:
