@@ -721,11 +721,12 @@ class QueueChecks:
             return f"rmqstore dispatch adds {them}, and so does a broker's crash recovery at start"
         reach = self._queue_reach()
         if first is not None and reach is not None and first < reach:
+            left_out = "it out, as it lies" if records == 1 else "out those"
             return (
-                f"rmqstore dispatch adds {them}; no 'abort', so a broker's start leaves out "
-                f"{'it' if records == 1 else 'those'} before offset {reach:,}, where the "
-                "furthest consume queue ends (4.9 dispatches only what follows it, 5.3.2 and "
-                "later only what follows the record there, 4.3.1, 5.3.0 and 5.3.1 none)"
+                f"rmqstore dispatch adds {them}; no 'abort', so a broker's start leaves "
+                f"{left_out} before offset {reach:,}, where the furthest consume queue ends "
+                "(4.9 dispatches only what follows it, 5.3.2 and later only what follows the "
+                "record there, 4.3.1, 5.3.0 and 5.3.1 none)"
             )
         return (
             f"rmqstore dispatch adds {them}, and so does a 4.9 broker's start; no 'abort', so "
