@@ -243,13 +243,19 @@ def test_a_rebuild_a_full_disk_stops_says_how_far_it_got_and_keeps_abort(
         rooms = range(0, 132 << 10, 12 << 10)
         said = "the files it replaces are kept in"
         for store in stops_on_a_full_disk(disk, base, "dispatch --rebuild", options, rooms, said):
-            again = run_cli("dispatch", store, "--rebuild", *options)
-            assert again.exit_code == 0, again.stderr
-            assert not (store / "abort").exists()
-            checked = json.loads(run_cli("verify", store, "--json").stdout)
-            assert checked["ok"], checked["findings"]
-            assert checked["checked"]["records"] == checked["checked"]["units"] == messages
-            assert checked["checked"]["indexedRecords"] == messages
+            _finishes_with_every_record(store, messages, "--rebuild", *options)
+
+
+def _finishes_with_every_record(store: Path, messages: int, *options: str) -> None:
+    """``rmqstore dispatch STORE OPTIONS`` run again after a stop: it finishes, 'abort' goes,
+    and every one of ``messages`` is in its consume queue and the index."""
+    again = run_cli("dispatch", store, *options)
+    assert again.exit_code == 0, again.stderr
+    assert not (store / "abort").exists()
+    checked = json.loads(run_cli("verify", store, "--json").stdout)
+    assert checked["ok"], checked["findings"]
+    assert checked["checked"]["records"] == checked["checked"]["units"] == messages
+    assert checked["checked"]["indexedRecords"] == messages
 
 
 def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
@@ -290,13 +296,7 @@ def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
                     f"{store / 'quarantine'}/" + line.rsplit("/", 1)[1]
                 ), line
                 outcomes.add("part way, junk kept")
-            again = run_cli("dispatch", store)
-            assert again.exit_code == 0, again.stderr
-            assert not (store / "abort").exists()
-            checked = json.loads(run_cli("verify", store, "--json").stdout)
-            assert checked["ok"], checked["findings"]
-            assert checked["checked"]["records"] == checked["checked"]["units"] == messages
-            assert checked["checked"]["indexedRecords"] == messages
+            _finishes_with_every_record(store, messages)
             kept = [
                 path.read_bytes() for path in (store / "quarantine").rglob("*") if path.is_file()
             ]
