@@ -22,9 +22,10 @@ from rmqstore.store import Store
 
 @click.group("quarantine")
 def command() -> None:
-    """The bytes rmqstore cut out of a store (recover, dispatch --rebuild, append over stale
-    bytes), kept in STORE/quarantine/<time>-<operation>/ with a manifest.json naming where each
-    piece came from: list them, restore one, purge them."""
+    """The bytes rmqstore cut out of a store (recover, dispatch --rebuild, a dispatch or append
+    writing over stale bytes, fixtures generate --force over an old store, a restore setting aside
+    what it replaces), kept in STORE/quarantine/<time>-<operation>/ with a manifest.json naming
+    where each piece came from: list them, restore one, purge them."""
 
 
 @command.command("list")
