@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -834,3 +835,19 @@ def test_an_lmq_offset_no_queue_position_can_hold_is_reported_as_record_by_recor
     assert batched.counts["record-queue-offset"] == 2
     assert batched.counts == one_by_one.counts
     assert _findings(batched) == _findings(one_by_one)
+
+
+def test_a_store_whose_broker_indexes_nothing_has_no_index_lag(oracle, tmp_path: Path) -> None:
+    """A broker with messageIndexEnable=false writes no index: verify told so finds no
+    index-lag (it used to report every record as not indexed yet, and recover's check then
+    sent the operator to a dispatch that indexes nothing either). With the index on, the
+    same store lags by every record."""
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    shutil.rmtree(store_dir / "index")
+    checkpoint = read_checkpoint(store_dir / "checkpoint")  # (such a broker leaves it 0)
+    write_checkpoint(store_dir / "checkpoint", replace(checkpoint, index_msg_timestamp=0))
+    without_index = StoreConfig(**{**ORACLE_CONFIG, "message_index_enable": False})
+    with Store.open_read(store_dir, without_index) as store:
+        report = verify_store(store, VerifyOptions())
+    assert report.findings == [], report.findings
+    assert at(run(store_dir), "index-lag") == [0]
