@@ -74,17 +74,24 @@ def append_until_killed(
         except (BrokenPipeError, ValueError, OSError):
             pass
 
+    first_acknowledged = threading.Event()
+
     def read() -> None:
         for count, line in enumerate(child.stdout):
             if not line.endswith(b"\n"):  # killed while writing it: not an acknowledgement
                 break
             acknowledged[json.loads(line)["msgId"]] = bodies[count]
+            first_acknowledged.set()
 
     feeder = threading.Thread(target=feed)
     reader = threading.Thread(target=read)
     feeder.start()
     reader.start()
-    time.sleep(rng.uniform(0.2, 1.5))
+    if rng.random() < 0.7:  # a kill after the first acknowledgement, however slow the start
+        first_acknowledged.wait(timeout=60)
+        time.sleep(rng.uniform(0, 1.0))
+    else:  # any moment, at start-up too
+        time.sleep(rng.uniform(0.2, 1.5))
     child.kill()
     child.wait()
     feeder.join()
