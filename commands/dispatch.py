@@ -110,10 +110,12 @@ def command(
     too), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK records, and updates the
     checkpoint. Running it twice changes nothing; an invalid record (a torn tail) ends it.
     Bytes after a queue's valid end (junk, a torn unit) go to quarantine/<time>-dispatch
-    before units are written over them. Takes the store's lock. An error that stops it once
-    it began (a full disk: exit 4) leaves 'abort' in place, as a crash would (some queues may
-    reach further than others or the index): the one-line error says so; run it again once
-    the cause is mended.
+    before units are written over them. Takes the store's lock. On a store with 'abort' (a
+    crash) it starts where a broker's crash recovery does, at the file the checkpoint picks,
+    so units a queue lost while others kept theirs come back before 'abort' goes. An error
+    that stops it once it put a unit or an index entry (a full disk: exit 4) leaves 'abort'
+    in place, as a crash would (some queues may reach further than others or the index):
+    the one-line error says so; run it again once the cause is mended.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a
@@ -228,7 +230,7 @@ def _dispatch_here(
     """Dispatch in this process (``check``: a --from-offset must be a record's start)."""
     dispatcher = Dispatcher(store, topics=topics or None, build_index=build_index)
     try:
-        base = dispatcher.cursor() if from_offset is None else from_offset
+        base = dispatcher.start_offset(from_offset)
         total = max(1, store.log_end().offset - base)
         with progress_bar("dispatching", total, not no_progress) as update:
             return dispatcher.run(

@@ -33,14 +33,21 @@ def command(store: Path, config: StoreConfig, as_json: bool) -> int:
     indexMsgTimestamp = end time of the last full index file. A checkpoint a crash cut short
     is read as a broker reads it (the bytes it holds, then zeros) and written whole; one
     longer than 4096 bytes is refused (exit 2). 'abort' is left as it is (run rmqstore
-    recover for a crashed store). Takes the store's lock.
+    recover for a crashed store), and while it is there the three times do not move forward
+    (they are lowered only where the files hold less): a broker's crash recovery replays the
+    commit log from the file they pick, giving back consume-queue units and index entries
+    the crash lost, and times moved up to what the queues hold would skip that. Takes the
+    store's lock.
 
     JSON: files, bytes, logEnd, checkpointBefore, checkpoint, abortPresent.
     """
     with Store.open_write(store, config) as opened:
         result = flush_store(opened)
     if result.abort_present:
-        note("'abort' is present: the store was not closed cleanly; run rmqstore recover")
+        note(
+            "'abort' is present: the store was not closed cleanly, so the checkpoint's times "
+            "were kept where its crash recovery replays from; run rmqstore recover"
+        )
     if as_json:
         emit_json(result.to_dict())
     else:

@@ -98,6 +98,7 @@ class Dispatcher:
         self.skips_records = False  # set by run: it starts past where queues and index end
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._ends_at_open: dict[tuple[str, int], int] = {}  # each queue's end (changed())
         for topic, queue_id in list_queues(store.consumequeue_dir) if build_queues else []:
             if self.topics is None or topic in self.topics:
                 self.queues[(topic, queue_id)] = self._open_queue(topic, queue_id)
@@ -114,6 +115,7 @@ class Dispatcher:
             else None
         )
         self._unsafe_topics: set[str] = set()
+        self._index_at_open = self._index_mark()
 
     def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         queue = ConsumeQueue(
@@ -124,7 +126,23 @@ class Dispatcher:
             commitlog_min_offset=self.store.commitlog.min_offset,
         )
         queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
+        self._ends_at_open[(topic, queue_id)] = queue.end
         return queue
+
+    def _index_mark(self) -> int:
+        """How many entries the index files hold."""
+        return sum(f.header.index_count for f in self.index.files) if self.index else 0
+
+    def changed(self) -> bool:
+        """Whether this dispatch has changed the store's queues or index: a unit or entry
+        put (the files are written through maps, what is put is there at the close), or junk
+        after a queue's end moved to quarantine and zeroed. An empty queue or index file it
+        made does not count (a broker takes it for one with nothing in it yet)."""
+        return (
+            self._residue_quarantine is not None
+            or any(queue.end != self._ends_at_open[key] for key, queue in self.queues.items())
+            or self._index_mark() != self._index_at_open
+        )
 
     def _quarantine_residue(self, queue: str, path: Path, start: int, end: int) -> None:
         """Non-zero bytes after a queue's valid end, about to be overwritten by its next
@@ -157,6 +175,16 @@ class Dispatcher:
         """Where dispatch resumes (see :func:`resume_offset`)."""
         return resume_offset(self.store, self.queues.values(), self.index)
 
+    def start_offset(self, from_offset: int | None = None) -> int:
+        """Where :meth:`run` starts: ``from_offset``, else the cursor, or the start of a
+        crash's replay (:func:`crash_replay_start`) when that is earlier and no run of this
+        open has replayed it yet."""
+        if from_offset is not None:
+            return from_offset
+        cursor = self.cursor()
+        replay = None if self.store.crash_replayed else crash_replay_start(self.store)
+        return cursor if replay is None else min(cursor, replay)
+
     def run(
         self,
         from_offset: int | None = None,
@@ -168,17 +196,18 @@ class Dispatcher:
         no_later_than: int | None = None,
         check_start: bool = False,
     ) -> DispatchResult:
-        """Dispatch from ``from_offset`` (default: :meth:`cursor`) to the log's valid end, or
-        to ``until`` when the caller knows it (an appender that just wrote up to there, or a
-        parallel rebuild that found the end). ``queued_time``: the store time of the newest
-        record put into a consume queue elsewhere (for the checkpoint). ``no_later_than``:
-        start there when the cursor is later (a crash recovery replaying from its start
-        file; what the queues and index hold is skipped). ``check_start``: ``from_offset`` is
-        a user's, refused (InputError) where no record starts before the log's valid end."""
+        """Dispatch from ``from_offset`` (default: :meth:`start_offset`: the cursor, or after
+        a crash where its replay starts) to the log's valid end, or to ``until`` when the
+        caller knows it (an appender that just wrote up to there, or a parallel rebuild that
+        found the end). ``queued_time``: the store time of the newest record put into a
+        consume queue elsewhere (for the checkpoint). ``no_later_than``: start there when the
+        cursor is later (what the queues and index hold is skipped). ``check_start``:
+        ``from_offset`` is a user's, refused (InputError) where no record starts before the
+        log's valid end."""
         store = self.store
         log = store.commitlog
         cursor = self.cursor()
-        start = cursor if from_offset is None else from_offset
+        start = self.start_offset(from_offset)
         if no_later_than is not None:
             start = min(start, no_later_than)
         if start > cursor:  # --from-offset past where the queues and index end
@@ -194,14 +223,14 @@ class Dispatcher:
             if end.offset > start:
                 raise InputError(f"offset {start} is outside the commit-log files")
             result.log_end = end.offset
-            with store.until_done("dispatch", self._where_residue_is):
+            with store.until_done("dispatch", self._where_residue_is, self.changed):
                 store.begin_write()
                 self._finish(result, last_time=queued_time)
             return result
         # stopped by an error once it began (a full disk), it keeps 'abort': some queues may
         # then reach further than others or the index, and a broker starting without it
         # would leave out what lies behind (spec 10.4)
-        with store.until_done("dispatch", self._where_residue_is):
+        with store.until_done("dispatch", self._where_residue_is, self.changed):
             store.begin_write()
             walk, scan = self._walk(start, until, max_records, progress, queued_time, result)
         if until is not None:
@@ -226,7 +255,7 @@ class Dispatcher:
             result.log_end = store.log_end().offset
         self._check_ahead(ahead, result.log_end)
         result.queues_touched = len(walk.touched)
-        with store.until_done("dispatch", self._where_residue_is):
+        with store.until_done("dispatch", self._where_residue_is, self.changed):
             self._finish(result, walk.last_time)
         return result
 
@@ -330,6 +359,8 @@ class Dispatcher:
             )
         elif result.to_offset >= result.log_end:
             self.store.dispatched_through = result.to_offset
+        if result.to_offset >= result.log_end:
+            self.store.crash_replayed = True  # later runs of this open resume at the cursor
 
     def close(self) -> None:
         for queue in self.queues.values():
@@ -679,6 +710,19 @@ def _unit_end(units: Any) -> int:
     return offset + size
 
 
+def crash_replay_start(store: Store) -> int | None:
+    """Where a broker's crash recovery dispatches from when ``store`` had 'abort' (spec
+    10.3): the start of the file the checkpoint picks, every valid record from there put
+    again (what the queues and index hold is skipped). That gives back units a queue lost
+    while other queues kept theirs (a power loss with some of a queue's pages not on disk),
+    which a dispatch from where the queues end would leave out. None for a store closed
+    cleanly."""
+    if not store.abort_existed:
+        return None
+    segment = store.commitlog.recovery_start(store.checkpoint(), True)
+    return None if segment is None else segment.start
+
+
 def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:
     """Where dispatch resumes: the earlier of where the consume queues end (the broker's
     ``max over queues of maxPhysicOffset``) and where the index ends: after the record its
@@ -777,7 +821,9 @@ def plan_dispatch(
     ]
     index = store.index_service() if build_index and store.config.message_index_enable else None
     try:
-        return resume_offset(store, queues, index), store.log_end().offset
+        start = resume_offset(store, queues, index)
+        replay = crash_replay_start(store)  # after a crash, from where its replay starts
+        return start if replay is None else min(start, replay), store.log_end().offset
     finally:
         if index is not None:
             index.close()

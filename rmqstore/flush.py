@@ -5,7 +5,8 @@ The checkpoint is written only after the files it describes are durable, so it i
 of the data: ``physicMsgTimestamp`` is the store time of the last valid record of the commit log,
 ``logicsMsgTimestamp`` that of the newest record the consume queues hold, and
 ``indexMsgTimestamp`` the end time of the last full index file (as a broker sets them after a
-thorough flush). Fields 24 and 32 (5.x master flushed and confirm offsets) are kept.
+thorough flush). Fields 24 and 32 (5.x master flushed and confirm offsets) are kept. With
+'abort' present the three times do not move forward (see :func:`flush_store`).
 """
 
 from __future__ import annotations
@@ -47,19 +48,34 @@ class FlushResult:
         }
 
 
-def flush_store(store: Store) -> FlushResult:
-    """Force the store's files to disk and write its checkpoint (the caller holds the lock)."""
+def flush_store(store: Store, *, replayed: bool = False) -> FlushResult:
+    """Force the store's files to disk and write its checkpoint (the caller holds the lock).
+
+    On a store that had 'abort' (a crash, or records not dispatched yet), the times are kept
+    where they were, lowered only where the files now hold less: a broker's crash recovery
+    (and rmqstore's) replays from the file they pick, which gives back consume-queue units
+    and index entries a crash lost, so moving them forward to what the queues hold would
+    vouch for units that may be missing. ``replayed``: that replay has been done (recover),
+    so the times may move forward."""
     if not store.writable:
         raise RuntimeError("flush needs a store opened for writing")
     files, size = _sync_tree(store)
     end = store.log_end().offset
     before = store.checkpoint()
     last_units = _last_units(store, end)  # each queue read once, for both times
+    physic = last_record_timestamp(store, end, last_units)
+    logics = _newest_queued_timestamp(store, end, last_units)
+    index = _full_index_end_timestamp(store)
+    if store.abort_existed and not replayed:
+        kept = before or Checkpoint()
+        physic = min(physic, kept.physic_msg_timestamp)
+        logics = min(logics, kept.logics_msg_timestamp)
+        index = min(index, kept.index_msg_timestamp)
     after = replace(
         before or Checkpoint(),
-        physic_msg_timestamp=last_record_timestamp(store, end, last_units),
-        logics_msg_timestamp=_newest_queued_timestamp(store, end, last_units),
-        index_msg_timestamp=_full_index_end_timestamp(store),
+        physic_msg_timestamp=physic,
+        logics_msg_timestamp=logics,
+        index_msg_timestamp=index,
     )
     write_checkpoint(store.checkpoint_path, after)
     return FlushResult(files, size, end, before, after, store.aborted)

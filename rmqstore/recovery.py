@@ -325,21 +325,9 @@ def _recover(
                 # the dispatch adds entries to it in place (an index behind the log of a
                 # store without 'abort'): kept as it is, for a restore to give back
                 quarantine.keep_copy(last.path, True, "the last index file")
-        dispatched = dispatcher.run(progress=progress, no_later_than=_replay_from(store))
+        dispatched = dispatcher.run(progress=progress)  # after a crash: from its replay start
     finally:
         dispatcher.close()
     store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
-    flushed = flush_store(store)
+    flushed = flush_store(store, replayed=True)  # the crash's replay was just dispatched
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)
-
-
-def _replay_from(store: Store) -> int | None:
-    """Where recovery's dispatch starts at the latest: after a crash, the file the checkpoint
-    picks, as a broker's crash recovery dispatches every valid record from there (spec
-    10.3). That gives back units a queue lost while other queues kept theirs (a power loss
-    with some of a queue's pages not on disk). None for a store closed cleanly: from where
-    the consume queues and index end."""
-    if not store.abort_existed:
-        return None
-    segment = store.commitlog.recovery_start(store.checkpoint(), True)
-    return None if segment is None else segment.start

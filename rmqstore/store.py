@@ -155,6 +155,8 @@ class Store:
         # --rebuild, a replicate round): stopped by an error, it keeps 'abort', as a broker's
         # crash does, so a broker starting on the store runs its crash recovery (see close)
         self.abort_until_done = False
+        # a dispatch of this open has replayed what a crash's recovery replays (dispatch.py)
+        self.crash_replayed = False
         self._writing = False
         self._log_end: LogEnd | None = None
         self._creation: _Creation | None = None  # set when this open made the store
@@ -602,26 +604,37 @@ class Store:
         return self._writing
 
     @contextlib.contextmanager
-    def until_done(self, operation: str, kept: Callable[[], str] = lambda: "") -> Iterator[None]:
+    def until_done(
+        self,
+        operation: str,
+        kept: Callable[[], str] = lambda: "",
+        changed: Callable[[], bool] = lambda: True,
+    ) -> Iterator[None]:
         """The block's work leaves the store inconsistent until it is done (``recover``,
-        ``dispatch --rebuild``, a ``replicate`` round): stopped by an error, it keeps 'abort'
-        (:attr:`abort_until_done`) and what it raises says how far it got (:meth:`how_far`,
+        ``dispatch``, a ``replicate`` round): stopped by an error once ``changed()`` (it
+        changed the store: by default as soon as it began), it keeps 'abort'
+        (:attr:`abort_until_done`), and what it raises says how far it got (:meth:`how_far`,
         ``kept()`` saying where what it moved is kept). Inside another operation's block (the
         dispatch a ``recover`` replays) it adds nothing: the outer one says how far."""
         if self.abort_until_done:
             yield
             return
         self.abort_until_done = True
-        with on_failure(lambda: self.how_far(operation, kept())):
-            yield
+        try:
+            with on_failure(lambda: self.how_far(operation, kept(), changed())):
+                yield
+        except BaseException:
+            if not changed():  # the close settles 'abort' as if the work had not begun
+                self.abort_until_done = False
+            raise
         self.abort_until_done = False  # done: the close settles 'abort' as usual
 
-    def how_far(self, operation: str, kept: str) -> str:
+    def how_far(self, operation: str, kept: str, changed: bool = True) -> str:
         """What the error that stopped ``operation`` (work run :meth:`until_done`) adds
         about the store: unchanged, or changed and left under 'abort' for the operation to be
         run again; ``kept`` says where what it cut or moved is kept ("" when nowhere, or not
         known yet)."""
-        if not self._writing:
+        if not self._writing or not changed:
             return f"{operation} stopped before it changed the store"
         return (
             f"{operation} stopped part way and left 'abort' in place (a broker starting on the "

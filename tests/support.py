@@ -435,3 +435,53 @@ def mutate_units(store_dir: Path, rng: random.Random, changes: int) -> None:
         size = (size + (1 << 31)) % (1 << 32) - (1 << 31)  # a 32-bit field: it wraps
         data[at + 8 : at + 12] = size.to_bytes(4, "big", signed=True)
         path.write_bytes(data)
+
+
+@dataclass(frozen=True)
+class QueueBehind:
+    """A store after a power loss (:func:`crashed_with_a_queue_behind`)."""
+
+    messages: int
+    first_lost: int  # the commit-log offset of the first record whose unit was lost
+    options: tuple[str, ...]  # the store's settings, for the commands run on it
+
+
+def crashed_with_a_queue_behind(root: Path, *, index: bool = True) -> QueueBehind:
+    """60 messages a second apart in queues T:0 and T:1 (commit-log files of 4096 bytes),
+    dispatched; then as a power loss leaves a store: 'abort', the checkpoint of the last
+    thorough flush, 50 seconds back, and the units T:1 had from 20 seconds on lost (zeros:
+    a low-traffic queue's pages are flushed less often), while T:0 kept all of its own.
+    A broker's crash recovery replays from the file the checkpoint picks and gives them
+    back; a dispatch from where the queues end would not. ``index``: messageIndexEnable."""
+    import itertools
+
+    from rmqstore.checkpoint import Checkpoint, write_checkpoint
+    from rmqstore.config import StoreConfig
+    from rmqstore.dispatch import Dispatcher
+    from rmqstore.msgid import UniqKeyGenerator
+    from rmqstore.record import Message
+
+    config = StoreConfig(
+        commitlog_file_size=4096, index_slots=64, index_entries=256, message_index_enable=index
+    )
+    clock = itertools.count(1_700_000_000_000, 1000).__next__
+    with Store.open_write(root, config, create=True) as store:
+        appended = store.appender(clock=clock, uniq_keys=UniqKeyGenerator()).append_many(
+            [Message(topic="T", body=b"x" * 300, queue_id=n % 2) for n in range(60)]
+        )
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    flushed_at = appended[10].store_timestamp
+    write_checkpoint(
+        root / "checkpoint",
+        Checkpoint(physic_msg_timestamp=flushed_at, logics_msg_timestamp=flushed_at),
+    )
+    lost = [result for result in appended[20:] if result.queue_id == 1]
+    queue = root / "consumequeue" / "T" / "1" / ("0" * 20)
+    units = bytearray(queue.read_bytes())
+    units[lost[0].queue_offset * 20 :] = bytes(len(units) - lost[0].queue_offset * 20)
+    queue.write_bytes(units)
+    (root / "abort").touch()
+    options = ("--commitlog-file-size", "4096", "--index-slots", "64", "--index-entries", "256")
+    return QueueBehind(len(appended), lost[0].physical_offset, options)

@@ -14,6 +14,7 @@ from rmqstore.properties import split_keys
 
 from support import (
     ORACLE_OPTIONS,
+    crashed_with_a_queue_behind,
     full_disk_stop,
     lock_held_elsewhere,
     manifest_dump,
@@ -260,11 +261,12 @@ def _finishes_with_every_record(store: Path, messages: int, *options: str) -> No
 
 def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
     """A store a broker stopped cleanly with its index gone and junk after one queue's valid
-    end: a full disk stops dispatch at each point in turn. Each stop leaves 'abort' (some
-    queues or the index may now reach further than others, and a 4.9 broker starting
-    without it dispatches only what follows the furthest queue: spec 10.4) and says so in
-    one line, naming the folder that keeps the junk once it was moved. Run again with room,
-    dispatch finishes: every record in its queue and the index, no 'abort'."""
+    end: a full disk stops dispatch at each point in turn. A stop before it put a unit or an
+    entry leaves the store as it was and says so; any later stop leaves 'abort' (some queues
+    or the index may now reach further than others, and a 4.9 broker starting without it
+    dispatches only what follows the furthest queue: spec 10.4) and says so in one line,
+    naming the folder that keeps the junk once it was moved. Run again with room, dispatch
+    finishes: every record in its queue and the index, no 'abort'."""
     with small_filesystem(tmp_path, "6m") as disk:
         base = disk / "base"
         generate("multi", base, FixtureOptions())
@@ -283,9 +285,15 @@ def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
             store = disk / "store"
             shutil.rmtree(store, ignore_errors=True)
             shutil.copytree(base, store)
+            before = tree_digest(store)
             line = full_disk_stop(disk, room, "dispatch", store)
             if line is None:
                 outcomes.add("done")
+                continue
+            if line.endswith("; dispatch stopped before it changed the store"):
+                outcomes.add("before")  # (an index file it could not make)
+                after = tree_digest(store)
+                assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
                 continue
             assert said in line and (store / "abort").exists(), line
             if line.endswith(said):
@@ -301,7 +309,27 @@ def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
                 path.read_bytes() for path in (store / "quarantine").rglob("*") if path.is_file()
             ]
             assert any(b"\xff" * 200 in data for data in kept)
-        assert outcomes == {"part way", "part way, junk kept", "done"}
+        assert outcomes == {"before", "part way", "part way, junk kept", "done"}
+
+
+def test_a_dispatch_after_a_crash_replays_what_its_recovery_would(tmp_path: Path) -> None:
+    """A power loss took T:1's last units while T:0 kept its own: dispatch on the store
+    (with 'abort') starts where a broker's crash recovery does, at the file the checkpoint
+    picks, and gives them back before it removes 'abort'. It used to resume where the
+    queues end, past them, and remove 'abort' all the same: no broker would then put
+    them back (a 4.9 broker's clean start resumes where the furthest queue ends)."""
+    store = tmp_path / "store"
+    crashed = crashed_with_a_queue_behind(store)
+    planned = run_cli("dispatch", store, "--dry-run", "--json", *crashed.options)
+    assert planned.exit_code == 1 and json.loads(planned.stdout)["fromOffset"] == 0
+    result = run_cli("dispatch", store, "--json", *crashed.options)
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["fromOffset"] == 0 and document["unitsWritten"] == 20
+    assert not (store / "abort").exists()
+    checked = json.loads(run_cli("verify", store, "--json", *crashed.options).stdout)
+    assert checked["ok"], checked["findings"]
+    assert checked["checked"]["units"] == crashed.messages
 
 
 def test_topic_only_rebuild_leaves_the_index(oracle, tmp_path: Path) -> None:

@@ -93,12 +93,17 @@ def test_flush_writes_the_checkpoint_and_leaves_abort(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["checkpointBefore"] is None and document["abortPresent"] is True
-    last = json.loads((store / "fixture.json").read_text())["messages"][-1]
-    assert document["checkpoint"]["physicMsgTimestamp"] == last["storeTimestamp"]
+    # 'abort' there: the times stay where a crash recovery replays from (none: the start)
+    assert document["checkpoint"]["physicMsgTimestamp"] == 0
+    assert document["checkpoint"]["logicsMsgTimestamp"] == 0
     assert "run rmqstore recover" in result.stderr
     assert (store / "abort").exists() and (store / "checkpoint").stat().st_size == 4096
     human = run_cli("flush", store)
     assert human.exit_code == 0 and "physicMsgTimestamp" in human.stdout
+    assert run_cli("recover", store, "--yes").exit_code == 0
+    recovered = json.loads(run_cli("flush", store, "--json").stdout)
+    last = json.loads((store / "fixture.json").read_text())["messages"][-1]
+    assert recovered["checkpoint"]["physicMsgTimestamp"] == last["storeTimestamp"]
 
 
 def test_damage_recovery_does_not_mend_is_named_and_exits_1(tmp_path: Path) -> None:
@@ -160,13 +165,21 @@ def test_a_crash_recovery_gives_back_units_a_queue_lost_while_others_kept_theirs
     them ('abort' present: the broker was running). A broker's crash recovery dispatches
     every valid record from the file its checkpoint picks, so the units come back; recover
     dispatched only from where the queues end, past them, and put the queue's next record at
-    the wrong queue offset (verify then found dispatch-hole and cq-unit-orphan)."""
+    the wrong queue offset (verify then found dispatch-hole and cq-unit-orphan). verify
+    calls the missing units a hole without 'abort' (no start of a broker adds them) and lag
+    with it (its crash recovery does, and so does rmqstore dispatch)."""
     store = tmp_path / "store"
     generate("cq-truncated", store)
-    (store / "abort").touch()
     assert (
         "dispatch-hole" in json.loads(run_cli("verify", store, "--json").stdout)["findingsByKind"]
     )
+    (store / "abort").touch()
+    lagging = [
+        finding["message"]
+        for finding in json.loads(run_cli("verify", store, "--json").stdout)["findings"]
+        if finding["kind"] == "dispatch-lag"
+    ]
+    assert lagging and all("so does a broker's crash recovery at start" in m for m in lagging)
     result = run_cli("recover", store, "--yes", "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -13,6 +14,8 @@ from rmqstore.indexfile import read_index_headers
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import Message
 from rmqstore.store import Store
+
+from support import crashed_with_a_queue_behind, run_cli
 
 CONFIG = StoreConfig(commitlog_file_size=4096, index_slots=4, index_entries=10)
 
@@ -80,3 +83,39 @@ def test_last_record_timestamp_is_the_store_time_before_the_end(tmp_path: Path) 
             end = offset + header[0]
             assert last_record_timestamp(store, end) == stamp
             assert last_record_timestamp(store, offset + 1) == stamp
+
+
+def test_a_flush_after_a_crash_keeps_the_times_its_recovery_replays_from(tmp_path: Path) -> None:
+    """A power loss took T:1's last units: the checkpoint's times pick the file a broker's
+    crash recovery replays from, which gives them back. flush keeps them where they were
+    (it used to move them up to the newest record T:0 holds, so the recovery started at
+    the last file and left T:1's units out for good); recover then gives every unit back."""
+    root = tmp_path / "s"
+    crashed = crashed_with_a_queue_behind(root, index=False)
+    options = (*crashed.options, "--broker-config", _no_index(tmp_path))
+    before = read_checkpoint(root / "checkpoint")
+    result = run_cli("flush", root, "--json", *options)
+    assert result.exit_code == 0, result.stderr
+    assert "the checkpoint's times were kept" in result.stderr
+    after = read_checkpoint(root / "checkpoint")
+    assert after == before
+    with Store.open_read(root) as store:  # the geometry it remembers
+        assert store.commitlog.recovery_start(after, True).start <= crashed.first_lost
+    recovered = run_cli("recover", root, "--yes", *options)
+    assert recovered.exit_code == 0, recovered.stderr
+    checked = run_cli("verify", root, "--json", *options)
+    document = json.loads(checked.stdout)
+    assert document["ok"], document["findings"]
+    assert document["checked"]["units"] == crashed.messages
+    # once recovered (no 'abort'), a flush moves the times up to what the files hold
+    again = run_cli("flush", root, *options)
+    assert again.exit_code == 0 and not again.stderr, again.stderr
+    assert read_checkpoint(root / "checkpoint").logics_msg_timestamp > before.logics_msg_timestamp
+
+
+def _no_index(directory: Path) -> Path:
+    """A broker.conf without the index (messageIndexEnable=false): a recovery rebuilding
+    index files would replay from where they end, earlier than the checkpoint says."""
+    conf = directory / "broker.conf"
+    conf.write_text("messageIndexEnable=false\n")
+    return conf
