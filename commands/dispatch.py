@@ -72,7 +72,8 @@ from rmqstore.store import Store
     "--max-records",
     type=click.IntRange(min=1),
     metavar="N",
-    help="Stop after N records (resume later by running dispatch again).",
+    help="Stop after N records (resume later by running dispatch again); after a crash, "
+    "the records it puts again before where the queues end do not count.",
 )
 @click.option(
     "--dry-run",

@@ -232,7 +232,15 @@ class Dispatcher:
         # would leave out what lies behind (spec 10.4)
         with store.until_done("dispatch", self._where_residue_is, self.changed):
             store.begin_write()
-            walk, scan = self._walk(start, until, max_records, progress, queued_time, result)
+            walk, scan = self._walk(
+                start,
+                until,
+                max_records,
+                progress,
+                queued_time,
+                result,
+                counted_from=cursor if from_offset is None else -1,
+            )
         if until is not None:
             result.log_end = until
         elif check_start and not walk.records and scan.end_offset == start:
@@ -267,9 +275,12 @@ class Dispatcher:
         progress: Callable[[int], None] | None,
         queued_time: int | None,
         result: DispatchResult,
+        *,
+        counted_from: int,
     ) -> tuple[_BatchWalk, LogScan]:
         """Dispatch the records from ``start`` in batches, as far as ``until``, the log's
-        valid end or ``max_records``; ``result`` takes the counts."""
+        valid end or ``max_records`` (records before ``counted_from``, a crash's replay up to
+        where the queues end, not counted); ``result`` takes the counts."""
         store = self.store
         log = store.commitlog
         # one pass: the scan itself finds the end as recovery does (CRC checked in the
@@ -284,6 +295,7 @@ class Dispatcher:
             property_crc=store.config.force_verify_prop_crc,
         )
         walk = _BatchWalk(self, result, queued_time, until, max_records, progress)
+        walk.counted_from = counted_from
         batches = scan.batches(ahead=True)
         try:
             for window, _window_start, rows, count in batches:
@@ -390,6 +402,7 @@ class _BatchWalk:
         self.index = dispatcher.index
         self.until = until
         self.max_records = max_records
+        self.counted_from = -1  # records before this offset do not count for max_records
         self.progress = progress
         self.last_time = queued_time
         self.records = self.units_written = self.units_skipped = 0
@@ -429,6 +442,8 @@ class _BatchWalk:
             if self.until is not None:
                 stop = first + bisect_left(offsets, self.until)
             if self.max_records is not None:
+                # the rows of a crash's replay before where the queues ended are free
+                self.max_records += bisect_left(offsets, self.counted_from)
                 stop = min(stop, first + self.max_records - self.records)
             position = first
             special_rows, with_copies = self._special_rows(window, rows, offsets, first, stop)

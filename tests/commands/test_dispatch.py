@@ -332,6 +332,20 @@ def test_a_dispatch_after_a_crash_replays_what_its_recovery_would(tmp_path: Path
     assert checked["checked"]["units"] == crashed.messages
 
 
+def test_max_records_after_a_crash_counts_from_where_the_queues_end(tmp_path: Path) -> None:
+    """--max-records on a store with 'abort': the records of the crash's replay before
+    where the queues end do not count, so each run gets on (counted from the replay start,
+    every run would take the same five records already there, and none got further)."""
+    store = tmp_path / "store"
+    crashed = crashed_with_a_queue_behind(store)
+    result = run_cli("dispatch", store, "--max-records", "5", "--json", *crashed.options)
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["unitsWritten"] == 20  # T:1's lost units, the last past where the queues end
+    assert not (store / "abort").exists()
+    checked = json.loads(run_cli("verify", store, "--json", *crashed.options).stdout)
+    assert checked["ok"], checked["findings"]
+
+
 def test_topic_only_rebuild_leaves_the_index(oracle, tmp_path: Path) -> None:
     store = oracle("s1_multi").copy_to(tmp_path)
     index_before = {k: v for k, v in tree_digest(store).items() if k.startswith("index/")}
