@@ -340,7 +340,8 @@ def test_max_records_after_a_crash_counts_from_where_the_queues_end(tmp_path: Pa
     crashed = crashed_with_a_queue_behind(store)
     result = run_cli("dispatch", store, "--max-records", "5", "--json", *crashed.options)
     assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["unitsWritten"] == 20  # T:1's lost units, the last past where the queues end
+    # T:1's lost units, the last of them past where the queues end
+    assert json.loads(result.stdout)["unitsWritten"] == 20
     assert not (store / "abort").exists()
     checked = json.loads(run_cli("verify", store, "--json", *crashed.options).stdout)
     assert checked["ok"], checked["findings"]
