@@ -181,9 +181,9 @@ class Dispatcher:
         open has replayed it yet."""
         if from_offset is not None:
             return from_offset
-        cursor = self.cursor()
-        replay = None if self.store.crash_replayed else crash_replay_start(self.store)
-        return cursor if replay is None else min(cursor, replay)
+        if self.store.crash_replayed:
+            return self.cursor()
+        return no_later_than_replay(self.store, self.cursor())
 
     def run(
         self,
@@ -294,8 +294,7 @@ class Dispatcher:
             crc_from=recovery_start.start if recovery_start else 0,
             property_crc=store.config.force_verify_prop_crc,
         )
-        walk = _BatchWalk(self, result, queued_time, until, max_records, progress)
-        walk.counted_from = counted_from
+        walk = _BatchWalk(self, result, queued_time, until, max_records, counted_from, progress)
         batches = scan.batches(ahead=True)
         try:
             for window, _window_start, rows, count in batches:
@@ -395,6 +394,7 @@ class _BatchWalk:
         queued_time: int | None,
         until: int | None,
         max_records: int | None,
+        counted_from: int,
         progress: Callable[[int], None] | None,
     ) -> None:
         self.dispatcher = dispatcher
@@ -402,7 +402,7 @@ class _BatchWalk:
         self.index = dispatcher.index
         self.until = until
         self.max_records = max_records
-        self.counted_from = -1  # records before this offset do not count for max_records
+        self.counted_from = counted_from  # records before it do not count for max_records
         self.progress = progress
         self.last_time = queued_time
         self.records = self.units_written = self.units_skipped = 0
@@ -738,6 +738,13 @@ def crash_replay_start(store: Store) -> int | None:
     return None if segment is None else segment.start
 
 
+def no_later_than_replay(store: Store, start: int) -> int:
+    """``start``, or where a crash's replay starts (:func:`crash_replay_start`) when that is
+    earlier: where a dispatch of ``store`` begins, and what its dry run shows."""
+    replay = crash_replay_start(store)
+    return start if replay is None else min(start, replay)
+
+
 def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:
     """Where dispatch resumes: the earlier of where the consume queues end (the broker's
     ``max over queues of maxPhysicOffset``) and where the index ends: after the record its
@@ -836,9 +843,8 @@ def plan_dispatch(
     ]
     index = store.index_service() if build_index and store.config.message_index_enable else None
     try:
-        start = resume_offset(store, queues, index)
-        replay = crash_replay_start(store)  # after a crash, from where its replay starts
-        return start if replay is None else min(start, replay), store.log_end().offset
+        start = no_later_than_replay(store, resume_offset(store, queues, index))
+        return start, store.log_end().offset
     finally:
         if index is not None:
             index.close()
