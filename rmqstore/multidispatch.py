@@ -125,10 +125,14 @@ class GatheredCopies(NamedTuple):
 
 class CopyRunTables:
     """The tables of the kernel's ``copy_runs``, kept from batch to batch and grown (four
-    times, up to a bound) until a batch's units fit; the rows' copies last gathered."""
+    times, up to a bound) until a batch's units fit; the rows' copies last gathered. Empty
+    until the first gather: most logs have no record with further queues, and a verify
+    range or a dispatch that meets none pays nothing for them."""
 
     def __init__(self) -> None:
-        self._size(_COPY_UNITS)
+        self.units = bytearray()
+        self.runs = array("q")
+        self.scratch = array("q")
         self.gathered = GatheredCopies(array("q"), 0, [])
 
     def _size(self, units: int) -> None:
@@ -140,6 +144,8 @@ class CopyRunTables:
         """Gather the further-queue units of kernel rows ``numbers`` (in log order) into runs
         (``runs``, their units in ``units``); how many runs, None when they would not fit the
         largest tables."""
+        if not self.units:
+            self._size(_COPY_UNITS)
         while True:
             done, found, _placed = kernel.copy_runs(
                 buf, rows, numbers, dispatch_out, self.units, self.runs, self.scratch

@@ -167,7 +167,7 @@ class RecordPass:
         self._attention = array("q")
         self._no_dispatch = array("q")  # nothing flagged: every row is a queue candidate
         self._dispatch_out = array("q")
-        self._keys = bytearray(kernel_layout.HASHED_KEY_SIZE * 65536)
+        self._keys = bytearray()  # sized at the first batch the listeners check
         self._units = bytearray()
         self._row_runs = array("q")
         self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
@@ -395,6 +395,8 @@ class RecordPass:
         copies: tuple[Any, list[tuple[str, int]]] = (self._copies.runs, [])
         if self.listeners:  # they compare tagsCodes and index keys: prepare them
             dispatch_out = self._dispatch_out
+            if not self._keys:
+                self._keys = bytearray(kernel_layout.HASHED_KEY_SIZE * 65536)
             done, key_count = kernel.prepare_dispatch(
                 window, rows, 0, count, kernel_layout.INDEX_KEYS, dispatch_out, self._keys
             )
