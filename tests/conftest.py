@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from kernel_corpus import scenario_workdir, seed_files
 from support import ORACLE_STORES, Oracle, extract_oracle
 
 
@@ -23,3 +24,11 @@ def oracle(oracle_dir: Path) -> Callable[[str], Oracle]:
         return extract_oracle(name, oracle_dir)
 
     return load
+
+
+@pytest.fixture(scope="session")
+def seeds() -> list[tuple[str, bytes, int]]:
+    """The kernel corpus's seed files (every real-broker and fixture commit-log file), built
+    once per session for the differential tests of the kernel and the pipeline's columns."""
+    with scenario_workdir() as workdir:
+        return seed_files(Path(workdir))

@@ -31,8 +31,6 @@ from kernel_corpus import (
     mutate,
     pack_rows,
     run_scan,
-    scenario_workdir,
-    seed_files,
 )
 
 
@@ -45,12 +43,6 @@ def load_native() -> ModuleType:
 
 
 native = load_native()
-
-
-@pytest.fixture(scope="module")
-def seeds() -> list[tuple[str, bytes, int]]:
-    with scenario_workdir() as workdir:
-        return seed_files(Path(workdir))
 
 
 def test_make_test_runs_the_kernel_it_asks_for() -> None:
