@@ -4,6 +4,8 @@ from typing import Any
 
 import pytest
 
+from support import TEST_JVM_OPTIONS
+
 
 @pytest.fixture(scope="session")
 def spark() -> Any:
@@ -11,7 +13,7 @@ def spark() -> Any:
     from rmqstore.spark import SparkUnavailable, spark_session
 
     try:
-        session = spark_session("local[2]")
+        session = spark_session("local[2]", {"spark.driver.extraJavaOptions": TEST_JVM_OPTIONS})
     except SparkUnavailable as exc:  # make test checks Java first; this is a real failure
         pytest.fail(str(exc))
     yield session

@@ -18,12 +18,16 @@ import pytest
 
 from rmqstore.store import Store
 
+from support import TEST_JVM_OPTIONS
+
 pytestmark = pytest.mark.spark
 
 JOB = """
 import json, sys
 from rmqstore.spark import package_archive, spark_session
-spark = spark_session("local[1]", conf={"spark.submit.pyFiles": str(package_archive())})
+conf = {"spark.submit.pyFiles": str(package_archive())}
+conf["spark.driver.extraJavaOptions"] = sys.argv[2]
+spark = spark_session("local[1]", conf=conf)
 workers = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable)
 frame = spark.read.format("rocketmq-commitlog").load(sys.argv[1])
 counts = sorted(map(list, frame.groupBy("topic").count().collect()))
@@ -57,7 +61,7 @@ def test_workers_without_rmqstore_read_with_the_package_shipped(oracle, tmp_path
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     done = subprocess.run(
-        [sys.executable, "-c", JOB, str(store)],
+        [sys.executable, "-c", JOB, str(store), TEST_JVM_OPTIONS],
         env={  # the workers' kernel is the zip's reference, whatever this pass requires
             **{key: value for key, value in os.environ.items() if key != "RMQSTORE_KERNEL"},
             "PYSPARK_PYTHON": str(python),

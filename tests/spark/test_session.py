@@ -16,6 +16,8 @@ from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.spark import ARROW_JAVA_OPTIONS, _installed_pyspark_archive, worker_python
 from rmqstore.spark.sources import checked
 
+from support import TEST_JVM_OPTIONS
+
 # as the run started (modules are collected before any session starts)
 PRESET = os.environ.get("PYSPARK_PYTHON")
 PROBE = "import os, sys, pyspark; print(pyspark.__file__); print(os.environ.get('PYTHONPATH'))"
@@ -133,11 +135,11 @@ def test_a_class_archive_is_written_once_then_mapped(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr, done.stderr[-3000:]
         return done
 
-    job()
+    job(TEST_JVM_OPTIONS)
     assert archive.is_file() and archive.stat().st_size > 0
     assert [path.name for path in archive.parent.iterdir()] == ["spark.jsa"]  # no partial left
     loaded = tmp_path / "classes.log"
-    job(f"-Xlog:class+load=info:file={loaded}")
+    job(f"{TEST_JVM_OPTIONS} -Xlog:class+load=info:file={loaded}")
     spark_lines = [line for line in loaded.read_text().splitlines() if "org.apache.spark." in line]
     shared = [line for line in spark_lines if "shared objects file (top)" in line]
     assert spark_lines and len(shared) > len(spark_lines) // 2, spark_lines[:5]
