@@ -174,11 +174,12 @@ def assert_read_matches_scan_record(document: dict[str, Any], record: dict[str, 
 _DIGEST_BLOCK = 1 << 16
 
 
-def file_digest(path: Path) -> str:
+def file_digest(path: Path, ignored: int = 0) -> str:
     """A digest of a file's contents: sha256 of its size and of each 64 KiB block that is
     not all zeros, with the block's offset. Equal contents give equal digests however
     sparse the files are; only the blocks holding data are read (a 420 MB index file a
-    broker's defaults make holds a few pages), not the whole file into memory."""
+    broker's defaults make holds a few pages), not the whole file into memory. The first
+    ``ignored`` bytes (at most a block) count as zeros."""
     import errno
     import hashlib
 
@@ -200,6 +201,8 @@ def file_digest(path: Path) -> str:
             block = max(block, data // _DIGEST_BLOCK)
             while block * _DIGEST_BLOCK < hole:
                 chunk = os.pread(fd, _DIGEST_BLOCK, block * _DIGEST_BLOCK)
+                if block == 0 and ignored:
+                    chunk = bytes(min(ignored, len(chunk))) + chunk[ignored:]
                 if chunk != zeros[: len(chunk)]:
                     digest.update((block * _DIGEST_BLOCK).to_bytes(8, "big"))
                     digest.update(chunk)
