@@ -15,6 +15,7 @@ from rmqstore.properties import split_keys
 from support import (
     ORACLE_OPTIONS,
     crashed_with_a_queue_behind,
+    file_digest,
     full_disk_stop,
     lock_held_elsewhere,
     manifest_dump,
@@ -541,12 +542,10 @@ def test_bad_reads(oracle, args: list[str], needle: str) -> None:
 
 def tree_state(root: Path) -> dict[str, tuple[int, str]]:
     """Every path under ``root`` with its mtime and contents' digest."""
-    import hashlib
-
     return {
         str(path.relative_to(root)): (
             path.stat().st_mtime_ns,
-            hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir",
+            file_digest(path) if path.is_file() else "dir",
         )
         for path in sorted(root.rglob("*"))
     }
