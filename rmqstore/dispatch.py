@@ -411,7 +411,7 @@ class _BatchWalk:
         self.complete = True
         self.touched: set[tuple[str, int]] = set()
         self.out = kernel_layout.new_dispatch_out(_BATCH_ROWS)
-        self.keys = bytearray(kernel_layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
+        self.keys = bytearray(kernel_layout.KEY_BUFFER_SIZE)
         self.units = bytearray(kernel_layout.UNIT_SIZE * _BATCH_ROWS)
         self.row_runs = array("q", bytes(8 * _BATCH_ROWS))
         self.runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * _RUNS))
@@ -714,7 +714,6 @@ class _BatchWalk:
 
 
 _BATCH_ROWS = 4096
-_KEY_CAPACITY = 65536  # keys prepared per kernel call (a record has at most 16,384)
 _RUNS = 256  # runs of units gathered per kernel call
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 

@@ -179,6 +179,10 @@ INDEX_KEYS = 1  # option: compute index keys (ROLLBACK records get none)
 # a key to index: physical offset, store time, key hash, 1 for a record's first key
 HASHED_KEY_FORMAT = "<qqiB"
 HASHED_KEY_SIZE = 21
+# the keys a key buffer holds (prepare_dispatch stops at a record whose keys do not fit; a
+# record has at most 16,384), and that buffer's size
+KEY_CAPACITY = 65536
+KEY_BUFFER_SIZE = HASHED_KEY_SIZE * KEY_CAPACITY
 
 
 def new_dispatch_out(capacity: int) -> array:

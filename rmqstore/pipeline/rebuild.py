@@ -116,7 +116,6 @@ def prepare_range(job: DispatchJob) -> PreparedRange:
     return PreparedRange(tally.summary(scan), preparer.records, preparer.runs, preparer.index)
 
 
-_KEY_CAPACITY = 65536  # index keys prepared per kernel call
 _RUN_CAPACITY = 1024  # runs gathered per kernel call
 
 
@@ -144,7 +143,7 @@ class _RangePreparer:
         self.queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
         self.copy_tables = CopyRunTables()
         self.record_offsets = self.record_stamps = array("q")  # the batch's (see _collect)
-        self.keys = bytearray(layout.HASHED_KEY_SIZE * _KEY_CAPACITY)
+        self.keys = bytearray(layout.KEY_BUFFER_SIZE)
         self.run_table = array("q", bytes(8 * layout.RUN_WIDTH * _RUN_CAPACITY))
         self.out = layout.new_dispatch_out(0)
         self.units = bytearray()

@@ -396,7 +396,7 @@ class RecordPass:
         if self.listeners:  # they compare tagsCodes and index keys: prepare them
             dispatch_out = self._dispatch_out
             if not self._keys:
-                self._keys = bytearray(kernel_layout.HASHED_KEY_SIZE * 65536)
+                self._keys = bytearray(kernel_layout.KEY_BUFFER_SIZE)
             done, key_count = kernel.prepare_dispatch(
                 window, rows, 0, count, kernel_layout.INDEX_KEYS, dispatch_out, self._keys
             )
