@@ -214,6 +214,9 @@ def engine_options(default: str) -> Callable[[F], F]:
         if default == "auto"
         else "Run here in this process (local) or as a Spark job (spark: needs pyspark and "
         "Java 17+)."
+    ) + (
+        " A Spark session that does not start is exit 2, naming the reason its JVM gave "
+        "and the JVM's log, which the failed run keeps."
     )
 
     def decorate(func: F) -> F:

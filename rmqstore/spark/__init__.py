@@ -17,6 +17,7 @@ import atexit
 import contextlib
 import functools
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -110,6 +111,7 @@ def spark_session(
     }
     log_path = spark_log_path()
     _leave(log_path)
+    logged_before = log_path.stat().st_size if log_path.is_file() else 0
     try:
         if launching:
             spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
@@ -121,6 +123,7 @@ def spark_session(
         spark = SparkSession.builder.getOrCreate()
     except Exception as exc:  # the JVM failed to start: one sentence, no stack trace
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = launch_failure(log_path, logged_before) or first
         raise SparkUnavailable(
             f"Spark did not start ({master}): {first} (JVM log: {log_path}); or run without "
             "Spark: --engine local"
@@ -128,6 +131,35 @@ def spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+_MAIN_THREAD_DIED = re.compile(
+    r'Exception in thread "[^"]*" (?P<kind>[\w.$]+)(?::\s*(?P<message>.*))?$'
+)
+_FAILURE_READ = 1 << 16  # bytes of the log read for the reason
+
+
+def launch_failure(log_path: Path, since: int) -> str | None:
+    """Why a session's JVM stopped before PySpark could talk to it, as its log says after
+    byte ``since`` (PySpark itself only says that the gateway exited): the message of the
+    exception that ended its main thread (a master URL Spark does not know, a class it
+    cannot find), else the first line the JVM wrote that is not a warning (a JVM refusing
+    one of its options names it there); None when the log holds neither."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(since)
+            text = log.read(_FAILURE_READ).decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in text.splitlines()]
+    for line in lines:
+        died = _MAIN_THREAD_DIED.match(line)
+        if died is not None:
+            return (died.group("message") or died.group("kind")).strip()[:300]
+    for line in lines:
+        if line and not line.startswith(("WARNING", "at ", "Picked up ")):
+            return line[:300]
+    return None
 
 
 WORKER_POOL_CONF = "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rmqstore.fixtures import generate
+from rmqstore.spark import launch_failure
 
 
 def run_without_java(tmp_path: Path, java: str | None, *args: str) -> subprocess.CompletedProcess:
@@ -86,3 +87,29 @@ def test_a_failed_spark_run_keeps_its_log(tmp_path: Path) -> None:
     assert failed.returncode == 2, failed.stderr
     kept = list(temporary.glob("rmqstore-spark-*.log"))
     assert len(kept) == 1 and str(kept[0]) in failed.stderr
+    # the reason is the JVM's own, read from that log, not PySpark's "the gateway exited"
+    said = failed.stderr.split("Spark did not start (nonsense://nowhere): ", 1)[1]
+    reason = said.split(" (JVM log: ", 1)[0]
+    assert "GATEWAY" not in reason and "Master" in reason and reason in kept[0].read_text()
+
+
+def test_the_reason_a_jvm_did_not_start_is_read_from_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "spark.log"
+    earlier = 'Exception in thread "main" java.lang.IllegalStateException: an earlier run\n'
+    log.write_text(earlier)
+    since = log.stat().st_size
+    with log.open("a") as out:  # what a JVM whose main thread died writes
+        out.write(
+            "WARNING: Using incubator modules: jdk.incubator.vector\n"
+            'Exception in thread "main" org.apache.spark.SparkException: Master must be local\n'
+            "\tat org.apache.spark.deploy.SparkSubmit.error(SparkSubmit.scala:1068)\n"
+        )
+    assert launch_failure(log, since) == "Master must be local"
+    assert launch_failure(log, 0) == "an earlier run"  # only what follows `since` counts
+    log.write_text('WARNING: x\nException in thread "main" java.lang.NoClassDefFoundError\n')
+    assert launch_failure(log, 0) == "java.lang.NoClassDefFoundError"  # no message: its kind
+    log.write_text("Picked up JAVA_TOOL_OPTIONS: -Xss1m\nInvalid maximum heap size: -Xmxabc\n")
+    assert launch_failure(log, 0) == "Invalid maximum heap size: -Xmxabc"  # JVM refused it
+    log.write_text("WARNING: only warnings\n\n")
+    assert launch_failure(log, 0) is None
+    assert launch_failure(tmp_path / "missing.log", 0) is None
