@@ -162,6 +162,33 @@ def launch_failure(log_path: Path, since: int) -> str | None:
     return None
 
 
+# the line a Python traceback ends with: the exception's type (dotted) and its message
+_PYTHON_ERROR = re.compile(r"^(?P<kind>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): ")
+_WORKER_READ = 1 << 18  # bytes of the log's end read for a worker's last error
+
+
+def worker_failure(log_path: Path) -> str | None:
+    """The last error a Python process of a session wrote to its JVM's log (``kind:
+    message`` ending a traceback): Spark reports a worker that died before it could send
+    its error back (an import that failed) as having "crashed", and the reason is only in
+    the log. None when the log holds no traceback."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - _WORKER_READ))
+            text = log.read(_WORKER_READ).decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    found = None
+    for number, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            for ending in lines[number + 1 :]:
+                if _PYTHON_ERROR.match(ending):
+                    found = ending.strip()[:300]
+                    break
+    return found
+
+
 WORKER_POOL_CONF = "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL"
 
 

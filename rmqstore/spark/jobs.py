@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from rmqstore.pipeline.ranges import (
 )
 from rmqstore.pipeline.rebuild import crc_checked_from, settle_walk_end, walk_end
 from rmqstore.segments import fsync_directory
-from rmqstore.spark import SparkUnavailable
+from rmqstore.spark import SparkUnavailable, spark_log_path, worker_failure
 from rmqstore.spark.sources import SOURCE_SPLIT
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, VerifyReport
@@ -77,7 +78,7 @@ def spark_errors(function: Any) -> Any:
             raise
         except Exception as exc:
             if type(exc).__module__.startswith(("pyspark", "py4j")):
-                raise SparkUnavailable(f"the Spark job failed: {_first_line(exc)}") from None
+                raise SparkUnavailable(f"the Spark job failed: {_reason(exc)}") from None
             raise
 
     wrapper.__name__ = function.__name__
@@ -85,13 +86,36 @@ def spark_errors(function: Any) -> Any:
     return wrapper
 
 
+def _reason(exc: BaseException) -> str:
+    """What a failed job's error says, in a line; for a Python worker Spark calls crashed,
+    the error the worker wrote to the JVM's log, and which Python workers run."""
+    said = _first_line(exc)
+    if "worker exited unexpectedly" not in said:
+        return said
+    log_path = spark_log_path()
+    ended = worker_failure(log_path)
+    if ended is None:
+        return said
+    python = os.environ.get("PYSPARK_PYTHON") or "python3"
+    hint = (
+        f"; the workers run {python} (PYSPARK_PYTHON): it needs rmqstore and pyarrow"
+        if ended.startswith(("ModuleNotFoundError", "ImportError"))
+        else ""
+    )
+    return f"a Python worker ended with {ended} (JVM log: {log_path}){hint}"
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     for line in text.splitlines():
         line = line.strip()
         if "Error:" in line or "Exception:" in line:
-            return line[:300]
+            return _JAVA_EXCEPTION.sub("", line.lstrip(": "))[:300]
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+# the Java exception's class that py4j puts before its message (": org.apache...Exception: ")
+_JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+[A-Z]\w*(?:Exception|Error): ")
 
 
 class SparkPipeline(Pipeline):

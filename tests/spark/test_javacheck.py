@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rmqstore.fixtures import generate
-from rmqstore.spark import launch_failure
+from rmqstore.spark import launch_failure, worker_failure
 
 
 def run_without_java(tmp_path: Path, java: str | None, *args: str) -> subprocess.CompletedProcess:
@@ -91,6 +91,57 @@ def test_a_failed_spark_run_keeps_its_log(tmp_path: Path) -> None:
     said = failed.stderr.split("Spark did not start (nonsense://nowhere): ", 1)[1]
     reason = said.split(" (JVM log: ", 1)[0]
     assert "GATEWAY" not in reason and "Master" in reason and reason in kept[0].read_text()
+
+
+@pytest.mark.spark
+def test_a_worker_python_without_pyarrow_is_named_with_the_error_it_ended_with(
+    tmp_path: Path,
+) -> None:
+    """Spark only says such a worker "crashed"; what it wrote before dying is in the log."""
+    generate("basic", tmp_path / "store")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    bare = tmp_path / "bare-python"  # this Python without its site-packages: no pyarrow
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    env = {**os.environ, "TMPDIR": str(temporary), "PYSPARK_PYTHON": str(bare)}
+    failed = subprocess.run(
+        [
+            sys.executable, "-m", "rmqstore", "stats", str(tmp_path / "store"),
+            "--engine", "spark", "--master", "local[1]",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )  # fmt: skip
+    assert failed.returncode == 2, failed.stderr
+    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
+    assert "a Python worker ended with ModuleNotFoundError: No module named 'pyarrow'" in (
+        failed.stderr
+    )
+    assert f"the workers run {bare} (PYSPARK_PYTHON)" in failed.stderr
+    kept = list(temporary.glob("rmqstore-spark-*.log"))
+    assert len(kept) == 1 and str(kept[0]) in failed.stderr
+
+
+def test_a_workers_last_error_is_read_from_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "spark.log"
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "ValueError: an earlier one\n"
+        "WARNING: something else\n"
+        "Traceback (most recent call last):\n"
+        '  File "daemon.py", line 84, in worker\n'
+        "    import pyarrow as pa\n"
+        "ModuleNotFoundError: No module named 'pyarrow'\n"
+        "25/11/28 ERROR Executor: Exception in task 0.0\n"
+    )
+    assert worker_failure(log) == "ModuleNotFoundError: No module named 'pyarrow'"
+    log.write_text("Traceback (most recent call last):\n  File ...\n")  # cut short
+    assert worker_failure(log) is None
+    assert worker_failure(tmp_path / "missing.log") is None
 
 
 def test_the_reason_a_jvm_did_not_start_is_read_from_its_log(tmp_path: Path) -> None:

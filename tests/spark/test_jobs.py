@@ -18,6 +18,7 @@ from rmqstore.consumequeue import list_queues
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
+from rmqstore.spark import SparkUnavailable
 from rmqstore.spark.jobs import SparkPipeline
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, verify_store
@@ -334,3 +335,21 @@ def test_consecutive_ranges_share_a_task_up_to_the_sources_split() -> None:
     assert task_count(10_000, 32 * mib, 100) == 10_000 * 32 * mib // SOURCE_SPLIT
     assert task_count(5, 0, 2) == 5  # whole files: a task each
     assert task_count(1, 4096, 2) == 1
+
+
+def test_a_failed_jobs_error_is_one_line_without_javas_class_names() -> None:
+    from rmqstore.spark.jobs import spark_errors
+
+    class Py4JJavaError(Exception):  # as py4j words a Java exception (its module is py4j's)
+        __module__ = "py4j.protocol"
+
+    def fails() -> None:
+        raise Py4JJavaError(
+            "An error occurred while calling o45.collect.\n"
+            ": org.apache.spark.SparkException: Job aborted due to stage failure: lost\n"
+            "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages\n"
+        )
+
+    with pytest.raises(SparkUnavailable) as raised:
+        spark_errors(fails)()
+    assert str(raised.value) == "the Spark job failed: Job aborted due to stage failure: lost"
