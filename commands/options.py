@@ -22,6 +22,8 @@ from rmqstore.config import (
     load_broker_config,
     round_consumequeue_size,
 )
+from rmqstore.errors import TopicError
+from rmqstore.topics import check_topic_path_safe
 
 F = Callable[..., Any]
 
@@ -59,14 +61,27 @@ def refuse_empty_text(what: str) -> Callable[[click.Context, click.Parameter, An
     return callback
 
 
+def _topic_names(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """``--topic`` values: none empty, and each one a name a topic can have in a store (its
+    consume queues' folder name: no path separator, not ``.`` or ``..``)."""
+    value = refuse_empty_text("a topic name")(ctx, param, value)
+    for topic in value:
+        try:
+            check_topic_path_safe(topic)
+        except TopicError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
+    return value
+
+
 def topics_option(help: str) -> Callable[[F], F]:
-    """``--topic T`` (repeatable) into ``topics``: an empty one is refused."""
+    """``--topic T`` (repeatable) into ``topics``: an empty one, or one no topic of a store
+    can be named (a path), is refused."""
     return click.option(
         "--topic",
         "topics",
         multiple=True,
         metavar="T",
-        callback=refuse_empty_text("a topic name"),
+        callback=_topic_names,
         help=help,
     )
 

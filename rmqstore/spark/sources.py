@@ -69,7 +69,7 @@ except ImportError:  # Spark 4.1: every micro-batch reads all that is there
 from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
 from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE, queue_id_of
 from rmqstore.delay import DelayLevels
-from rmqstore.errors import InputError, StoreIOError
+from rmqstore.errors import InputError, StoreIOError, TopicError
 from rmqstore.jsontext import parse_json
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
 from rmqstore.pipeline.location import StoreLocation
@@ -93,6 +93,7 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
+from rmqstore.topics import check_topic_path_safe
 from rmqstore.topicsconfig import batch_queues_note
 from rmqstore.windows import read_range
 from rmqstore.wording import quoted
@@ -117,9 +118,20 @@ def _option(options: dict[str, str], name: str, default: str | None = None) -> s
     return default
 
 
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
+
+
 def _flag(options: dict[str, str], name: str, default: bool) -> bool:
+    """A boolean option: true/false (or 1/0, yes/no, any case); another value is an error
+    rather than false, so a typo does not quietly read without what it asked for."""
     value = _option(options, name)
-    return default if value is None else value.strip().lower() in ("1", "true", "yes")
+    if value is None:
+        return default
+    word = value.strip().lower()
+    if word not in _TRUE + _FALSE:
+        raise InputError(f"option {name}={quoted(value)} is not true or false")
+    return word in _TRUE
 
 
 def _int_option(
@@ -181,8 +193,36 @@ def _file_bounds(options: dict[str, str]) -> dict[str, int] | None:
 
 
 def _topics(options: dict[str, str]) -> frozenset[str] | None:
-    topics = _option(options, "topics") or _option(options, "topic") or ""
-    return frozenset(t for t in topics.split(",") if t) or None
+    """Option topics (or topic): comma-separated names, spaces around each dropped; a name
+    no topic of a store can have (a path: its consume queues' folder is named after it) is
+    an error rather than a read that quietly finds nothing."""
+    text = _option(options, "topics") or _option(options, "topic") or ""
+    topics = frozenset(item.strip() for item in text.split(",") if item.strip())
+    for topic in sorted(topics):
+        try:
+            check_topic_path_safe(topic)
+        except TopicError as exc:
+            raise InputError(f"option topics: {exc}") from None
+    return topics or None
+
+
+def _summary_option(options: dict[str, str]) -> bool:
+    """Option summary: ``files`` (a row per range), or not given."""
+    value = _option(options, "summary")
+    if value is None or not value.strip():
+        return False
+    if value.strip().lower() != "files":
+        raise InputError(f"option summary={quoted(value)} is not files (a row per range)")
+    return True
+
+
+def _delay_levels_option(options: dict[str, str]) -> str | None:
+    """Option messageDelayLevel, checked here (when the read is planned) rather than in
+    each task."""
+    levels = _option(options, "messageDelayLevel")
+    if levels:
+        DelayLevels(levels)
+    return levels
 
 
 def _option_filters(options: dict[str, str]) -> tuple[RowFilter, ...]:
@@ -190,9 +230,16 @@ def _option_filters(options: dict[str, str]) -> tuple[RowFilter, ...]:
     ``startingOffset``/``endingOffset`` (a commit-log offset window, the end excluded: the
     ranges outside it are not read) and ``queueIds`` (comma-separated)."""
     found = []
+    window = {}
     for name, operator in (("startingOffset", "ge"), ("endingOffset", "lt")):
         if _option(options, name) is not None:
-            found.append(RowFilter("commitLogOffset", operator, _int_option(options, name, 0)))
+            window[name] = _int_option(options, name, 0, minimum=0)
+            found.append(RowFilter("commitLogOffset", operator, window[name]))
+    if window.get("endingOffset", 1 << 63) < window.get("startingOffset", 0):
+        raise InputError(
+            f"option endingOffset={window['endingOffset']} is before startingOffset="
+            f"{window['startingOffset']}"
+        )
     queues = _option(options, "queueIds")
     if queues is not None:
         try:
@@ -339,15 +386,15 @@ class CommitLogReader(DataSourceReader):
         self.location = StoreLocation(str(_option(options, "path", "")))
         self.split = _split_option(options)
         self.margin = _margin_option(options)
-        self.summary = (_option(options, "summary") or "") == "files"
-        self.crc_from = _int_option(options, "crcFrom", 0)
+        self.summary = _summary_option(options)
+        self.crc_from = _int_option(options, "crcFrom", 0, minimum=0)
         self.bounds = _file_bounds(options)
         columns, not_null = _columns_read(None if self.summary else schema, options)
         self.rows = MessageRowOptions(
             include_body=_flag(options, "includeBody", True),
             check_crc=_flag(options, "verifyCrc", False),
             topics=_topics(options),
-            delay_levels=_option(options, "messageDelayLevel"),
+            delay_levels=_delay_levels_option(options),
             resync_last=self.bounds is not None,
             decompress=_flag(options, "decompress", False),
             filters=_option_filters(options),
@@ -564,7 +611,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             include_body=_flag(options, "includeBody", True),
             check_crc=_flag(options, "verifyCrc", False),
             topics=_topics(options),
-            delay_levels=_option(options, "messageDelayLevel"),
+            delay_levels=_delay_levels_option(options),
             resync_last=True,
             decompress=_flag(options, "decompress", False),
             columns=columns,

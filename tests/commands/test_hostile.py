@@ -550,6 +550,27 @@ def test_an_empty_topic_or_key_is_refused_not_matched_against_nothing(tmp_path: 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_topic_no_store_can_hold_is_refused_not_matched_against_nothing(
+    tmp_path: Path,
+) -> None:
+    """A topic's consume queues are a folder named after it, so a --topic holding a path
+    separator (or being . or ..) names no topic of any store: exit 2 naming it."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    before = tree_digest(store)
+    for command in (
+        ["stats", store, "--topic", "../../etc"],
+        ["export", store, "--to", tmp_path / "out", "--topic", "TopicTest", "--topic", "a/b"],
+        ["verify", store, "--topic", ".."],
+        ["dispatch", store, "--topic", "x\\y"],
+    ):
+        result = run_cli(*command)
+        assert result.exit_code == 2, (command, result.stdout, result.stderr)
+        assert "Invalid value for '--topic'" in result.stderr, result.stderr
+    assert tree_digest(store) == before
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_new_store_is_not_made_inside_another(tmp_path: Path) -> None:
     """A store made in a folder of another (fixtures generate, append --create, replicate's
     DEST) would leave a folder a broker of the outer store lists: a 4.x broker refuses to

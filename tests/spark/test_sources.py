@@ -27,6 +27,21 @@ from rmqstore.spark.sources import CommitLogReader
         ({"fileBounds": '{"00000000000000000000": "x"}'}, "not a JSON object of offsets"),
         ({"fileBounds": '{"../../etc/passwd": 5}'}, "'../../etc/passwd' is not a commit-log file"),
         ({"fileBounds": '{"00000000000000000000": -7}'}, "ends at -7, before its start"),
+        # a typo is not quietly false, a window that holds nothing is not an empty read
+        ({"includeBody": "ture"}, "includeBody='ture' is not true or false"),
+        ({"verifyCrc": "on"}, "verifyCrc='on' is not true or false"),
+        ({"summary": "file"}, "summary='file' is not files (a row per range)"),
+        ({"startingOffset": "-1"}, "startingOffset='-1' is less than 0"),
+        (
+            {"startingOffset": "10", "endingOffset": "5"},
+            "endingOffset=5 is before startingOffset=10",
+        ),
+        ({"topics": "Orders,../../etc"}, "topics: topic '../../etc' contains a path separator"),
+        (
+            {"messageDelayLevel": "1s 5x"},
+            "messageDelayLevel item '5x' is not a number plus s/m/h/d",
+        ),
+        ({"crcFrom": "-1"}, "crcFrom='-1' is less than 0"),
     ],
 )
 def test_options_that_cannot_mean_anything_are_refused(
@@ -263,3 +278,12 @@ def test_the_consume_queue_source_leaves_out_pre_blank_and_expired_units(tmp_pat
     for split in ("0", "4096"):
         reader = ConsumeQueueReader({"path": str(store), "splitSize": split})
         assert [row[:6] for row in _queue_rows(reader)] == expected
+
+
+def test_boolean_options_take_the_usual_words_and_topics_their_spaces(tmp_path: Path) -> None:
+    generate("multi", tmp_path / "store")
+    store = str(tmp_path / "store")
+    for word, value in (("TRUE", True), ("1", True), ("yes", True), ("False", False), ("0", False)):
+        assert CommitLogReader({"path": store, "includeBody": word}).rows.include_body is value
+    spaced = CommitLogReader({"path": store, "topics": " TopicTest , Other,"})
+    assert spaced.rows.topics == frozenset({"TopicTest", "Other"})
