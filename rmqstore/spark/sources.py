@@ -587,7 +587,9 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.split = _split_option(options)
         self.margin = _margin_option(options)
         self.starting = (_option(options, "startingOffsets") or "earliest").strip().lower()
-        if self.starting not in ("earliest", "latest") and not self.starting.isdigit():
+        if self.starting not in ("earliest", "latest") and not (
+            self.starting.isascii() and self.starting.isdigit()
+        ):
             raise InputError(
                 f"option startingOffsets={quoted(self.starting)}: earliest, latest or an offset"
             )
@@ -623,7 +625,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self.starting == "latest":  # from the last file a record begins: no full walk
             last = self._last_written_file()
             return {"offset": 0 if last is None else self._end(last)}
-        if self.starting.isdigit():
+        if self.starting.isascii() and self.starting.isdigit():
             return {"offset": int(self.starting)}
         segments = self.location.segments("commitlog")
         return {"offset": int(segments[0][0]) if segments else 0}

@@ -115,6 +115,8 @@ def test_starting_offsets_and_a_bad_option(spark: Any, tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="startingOffsets"):
         CommitLogStreamReader({"path": str(store), "startingOffsets": "tomorrow"})
+    with pytest.raises(InputError, match="startingOffsets"):  # a digit, but not 0-9
+        CommitLogStreamReader({"path": str(store), "startingOffsets": "\u00b2"})
 
 
 def test_files_a_broker_deleted_are_skipped(tmp_path: Path) -> None:
