@@ -192,7 +192,7 @@ def consumequeue_items(
     topic = queue_id = None
     if target.store_root is not None:
         topic, queue_text = path.parent.parent.name, path.parent.name
-        queue_id = int(queue_text) if queue_text.isdigit() else None
+        queue_id = int(queue_text) if queue_text.isascii() and queue_text.isdigit() else None
     with ExitStack() as cleanup:
         lookup = reader = None
         if check and target.store_root is not None:

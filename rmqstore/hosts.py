@@ -75,6 +75,6 @@ def split_host_port(text: str) -> tuple[str, int]:
         host, _, port = raw[1:].partition("]:")
     else:
         host, _, port = raw.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise InputError(f"bad address {quoted(text)}: expected HOST:PORT")
     return host, int(port)

@@ -21,7 +21,7 @@ def parse_store_time(text: str) -> int:
     with ``Z`` or ``+08:00``; without a zone, local time) or mqadmin's
     ``2024-03-01#12:00:00:000`` (local time, as mqadmin reads it)."""
     value = text.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         if int(value) > _LONG_MAX:
             raise InputError(f"{quoted(text)} is beyond the epoch milliseconds a broker can store")
         return int(value)

@@ -826,3 +826,24 @@ def test_a_store_whose_commit_log_is_elsewhere_or_dledger_is_never_written(
     writers_refuse(store, "T", "dledger-n0 holds a DLedger commit log")
     report = json.loads(run_cli("verify", store, "--json").stdout)
     assert report["findingsByKind"]["store-layout"] == 1 and report["nextStep"] is None
+
+
+def test_digits_of_other_kinds_are_not_numbers(tmp_path: Path) -> None:
+    """``str.isdigit()`` is true for '²' and other digits ``int()`` refuses: a time, a port
+    or a queue folder's name made of them was an internal error (exit 70)."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    for command in (
+        ["read", store, "--time", "\u00b2"],
+        ["serve-ha", store, "--listen", "127.0.0.1:\u00b2"],
+        ["replicate", "ha://127.0.0.1:\u00b2", tmp_path / "copy"],
+    ):
+        result = run_cli(*command)
+        assert result.exit_code == 2, (command, result.stdout, result.stderr)
+        assert "internal error" not in result.stderr
+    folder = store / "consumequeue" / "TopicTest" / "\u00b2"  # names no queue (a broker's view)
+    shutil.copytree(store / "consumequeue" / "TopicTest" / "0", folder)
+    dumped = run_cli("dump", next(folder.iterdir()))
+    assert dumped.exit_code in (0, 1), dumped.stderr
+    assert "internal error" not in dumped.stderr
+    assert not (tmp_path / "copy").exists()
