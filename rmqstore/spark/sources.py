@@ -69,7 +69,7 @@ except ImportError:  # Spark 4.1: every micro-batch reads all that is there
 from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLEST_SPLIT_SIZE
 from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE, queue_id_of
 from rmqstore.delay import DelayLevels
-from rmqstore.errors import InputError, StoreIOError, TopicError
+from rmqstore.errors import InputError, RmqStoreError, StoreIOError, TopicError
 from rmqstore.jsontext import parse_json
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
 from rmqstore.pipeline.location import StoreLocation
@@ -120,6 +120,29 @@ def _option(options: dict[str, str], name: str, default: str | None = None) -> s
 
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
+
+
+def _store_path(options: dict[str, str], source: str) -> str:
+    """The store a read is of: ``load(STORE)``'s path. ``load([A, B])`` reaches the source as
+    a JSON list of paths (``paths``): one is that store, more is an error saying how to read
+    several stores."""
+    path = _option(options, "path")
+    if path:
+        return path
+    listed = _option(options, "paths")
+    if listed:
+        try:
+            paths = parse_json(listed)
+        except ValueError:
+            paths = None
+        if isinstance(paths, list) and len(paths) == 1 and isinstance(paths[0], str):
+            return paths[0]
+        if isinstance(paths, list) and len(paths) > 1:
+            raise InputError(
+                f"{source} reads one store a load(), not {len(paths)}: load each store and "
+                "union the DataFrames (DataFrame.unionByName)"
+            )
+    return ""
 
 
 def _flag(options: dict[str, str], name: str, default: bool) -> bool:
@@ -383,7 +406,7 @@ _QUEUE_KINDS = {"topic": "string", "queueId": "int32"}
 
 class CommitLogReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: Any = None) -> None:
-        self.location = StoreLocation(str(_option(options, "path", "")))
+        self.location = StoreLocation(_store_path(options, "rocketmq-commitlog"))
         self.split = _split_option(options)
         self.margin = _margin_option(options)
         self.summary = _summary_option(options)
@@ -543,7 +566,7 @@ class CommitLogDataSource(DataSource):
         return "rocketmq-commitlog"
 
     def schema(self) -> str:
-        if (_option(self.options, "summary") or "") == "files":
+        if _summary_option(self.options):
             return ddl(SUMMARY_FIELDS)
         return ddl(COMMITLOG_COLUMNS, _present(self.options))
 
@@ -551,7 +574,29 @@ class CommitLogDataSource(DataSource):
         return CommitLogReader(dict(self.options), schema)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
-        return CommitLogStreamReader(dict(self.options), schema)
+        try:
+            return CommitLogStreamReader(dict(self.options), schema)
+        except RmqStoreError as exc:
+            return RefusedStreamReader(exc)
+
+
+class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The stream reader of a query whose options or store were refused: it raises that
+    error from the first call Spark makes. PySpark 4.1-4.3 loses an error raised while the
+    reader is made (its runner then stops a reader it never got, and the query fails with
+    "UnboundLocalError: cannot access local variable 'reader'")."""
+
+    def __init__(self, error: RmqStoreError) -> None:
+        self.error = error
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise self.error
+
+    initialOffset = latestOffset = partitions = read = commit = _refuse  # type: ignore[assignment]
+    getDefaultReadLimit = reportLatestOffset = prepareForTriggerAvailableNow = _refuse  # type: ignore[assignment]
+
+    def stop(self) -> None:
+        pass
 
 
 class PushdownCommitLogDataSource(CommitLogDataSource):
@@ -579,7 +624,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     store holds when the query starts, in such batches, then stops."""
 
     def __init__(self, options: dict[str, str], schema: Any = None) -> None:
-        path = str(_option(options, "path", ""))
+        path = _store_path(options, "rocketmq-commitlog")
         self.location = StoreLocation(path)
         if self.location.remote:
             raise InputError("the streaming source reads a store directory on this machine")
@@ -741,7 +786,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
 class ConsumeQueueReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: Any = None) -> None:
-        self.location = StoreLocation(str(_option(options, "path", "")))
+        self.location = StoreLocation(_store_path(options, "rocketmq-consumequeue"))
         self.topics = _topics(options)
         self.filters: tuple[RowFilter, ...] = ()
         names = (

@@ -287,3 +287,18 @@ def test_boolean_options_take_the_usual_words_and_topics_their_spaces(tmp_path: 
         assert CommitLogReader({"path": store, "includeBody": word}).rows.include_body is value
     spaced = CommitLogReader({"path": store, "topics": " TopicTest , Other,"})
     assert spaced.rows.topics == frozenset({"TopicTest", "Other"})
+
+
+def test_a_load_of_several_stores_says_to_union_them(tmp_path: Path) -> None:
+    """``load([A, B])`` reaches a source as a JSON list (option paths): it used to read as
+    no store given."""
+    import json
+
+    from rmqstore.spark.sources import ConsumeQueueReader
+
+    generate("multi", tmp_path / "store")
+    store = str(tmp_path / "store")
+    for reader in (CommitLogReader, ConsumeQueueReader):
+        with pytest.raises(InputError, match=r"reads one store a load\(\), not 2: .*unionByName"):
+            reader({"paths": json.dumps([store, store])})
+        assert reader({"paths": json.dumps([store])}).partitions()  # one is that store

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -117,6 +118,23 @@ def test_starting_offsets_and_a_bad_option(spark: Any, tmp_path: Path) -> None:
         CommitLogStreamReader({"path": str(store), "startingOffsets": "tomorrow"})
     with pytest.raises(InputError, match="startingOffsets"):  # a digit, but not 0-9
         CommitLogStreamReader({"path": str(store), "startingOffsets": "\u00b2"})
+    # a query given a bad option fails with that option's error: PySpark loses an error the
+    # source raises while its reader is made ("UnboundLocalError: ... 'reader'")
+    for options, said in (
+        ({"splitSize": "-5"}, "option splitSize='-5' is less than 0"),
+        ({"startingOffsets": "tomorrow"}, "option startingOffsets='tomorrow'"),
+    ):
+        refused = (
+            spark.readStream.format("rocketmq-commitlog")
+            .options(**options)
+            .load(str(store))
+            .writeStream.format("noop")
+            .trigger(availableNow=True)
+            .start()
+        )
+        with pytest.raises(Exception, match=re.escape(said)) as raised:
+            refused.awaitTermination(120)
+        assert "UnboundLocalError" not in str(raised.value)
 
 
 def test_files_a_broker_deleted_are_skipped(tmp_path: Path) -> None:
