@@ -89,7 +89,8 @@ def command(
     consume queue), consumeQueues[{topic,
     queueId, minOffset, maxOffset, maxPhysicalOffset}] (from consume-queue files),
     consumeQueueStore ("files", or "rocksdb": not read), batchQueueTopics (topics whose
-    queues are in batchconsumequeue/, not read), index{files,
+    queues are in batchconsumequeue/, not read), linkedQueueFolders[{folder, target}]
+    (consumequeue/ folders that are symbolic links, not read), index{files,
     entries, endOffset, endTimestamp}, consumerOffsets{file, groups, lag, pastEnd} (from
     config/consumerOffset.json, as rmqstore offsets reads it; null without one),
     dispatch{cursor, behindBytes, behindRecords} (null for "rocksdb"). With
@@ -246,6 +247,13 @@ def _render(summary: dict[str, Any]) -> None:
         overview.add_row(
             "batch queues",
             f"{named}{more}: queue.type BatchCQ, queues in batchconsumequeue/, not read",
+        )
+    if linked := summary["linkedQueueFolders"]:
+        overview.add_row(
+            "linked queues",
+            ", ".join(f"{link['folder']} -> {link['target']}" for link in linked)
+            + ": symbolic links, not read (a broker reads and writes through them, "
+            "rmqstore does not; dispatch --rebuild --yes moves them to quarantine)",
         )
     index = summary["index"]
     overview.add_row(

@@ -178,7 +178,11 @@ def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> list[Path
     """Plan each queue's truncation (and the move of an empty last file); returns the queue
     folders inside the store."""
     folders = []
-    for topic, queue_id in list_queues(store.consumequeue_dir):
+    linked: list[Path] = []
+    queues = list_queues(store.consumequeue_dir, linked)
+    for link in linked:  # a broker would recover through it; rmqstore follows no link
+        plan.skipped.append(f"{link}: a symbolic link to queue files (not followed: not recovered)")
+    for topic, queue_id in queues:
         directory = store.consumequeue_dir / topic / str(queue_id)
         if not store.inside(directory):
             plan.skipped.append(f"{directory}: leads out of the store")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from rmqstore import kernel
@@ -74,6 +76,22 @@ def consume_queue_table(store: Store) -> QueueTable:
             tips[(topic, queue_id)] = tip
         cursor = max(cursor, queue.max_physical_offset)
     return QueueTable(table, cursor, tips, last_units)
+
+
+def linked_queue_folders(store: Store) -> list[dict[str, str]]:
+    """The topic and queue folders of ``consumequeue/`` that are symbolic links, each with
+    where it leads: a broker reads and writes those queues through them; rmqstore follows
+    no link there, so their queues are not read."""
+    linked: list[Path] = []
+    list_queues(store.consumequeue_dir, linked)
+    folders = []
+    for link in linked:
+        try:
+            target = os.readlink(link)
+        except OSError:
+            target = "?"
+        folders.append({"folder": link.relative_to(store.root).as_posix(), "target": target})
+    return folders
 
 
 def topic_status(store: Store, topic: str) -> dict[str, Any]:
@@ -336,6 +354,8 @@ def summarize(
         "consumeQueueStore": "rocksdb" if rocksdb else "files",
         # topics whose queues are in batchconsumequeue/ (queue.type BatchCQ), not read
         "batchQueueTopics": sorted(store.batch_queue_topics),
+        # topic or queue folders of consumequeue/ that are symbolic links, not read
+        "linkedQueueFolders": [] if rocksdb else linked_queue_folders(store),
         "index": index,
         "consumerOffsets": consumer_summary(
             store, {key: (lowest, units[key] + lowest) for key, lowest in queue_minima.items()}

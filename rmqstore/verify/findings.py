@@ -57,6 +57,8 @@ KINDS = {
     "config-unreadable": "config/consumerOffset.json or delayOffset.json does not load (nor .bak)",
     "queues-rocksdb": "consumequeue/ holds a RocksDB database: consume queues not checked",
     "queues-batchcq": "BatchCQ topics keep their queues in batchconsumequeue/: not checked",
+    "queue-link": "a topic's or queue's folder in consumequeue/ that is a symbolic link: a "
+    "broker reads and writes through it, rmqstore does not (not checked, nor written)",
     "queue-type": "a topic's queue folders where its queue type (BatchCQ or not) does not keep "
     "them: a 5.x broker does not start",
 }
@@ -114,6 +116,7 @@ FIXES = {
     "queues-rocksdb": REPORT_ONLY,
     "queues-batchcq": REPORT_ONLY,
     "queue-type": REPORT_ONLY,
+    "queue-link": _REBUILD,
 }
 assert set(FIXES) == set(KINDS)
 

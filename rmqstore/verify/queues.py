@@ -189,16 +189,52 @@ class QueueChecks:
         self._folders: dict[Path, str] = {}  # each queue's folder, as findings name it
         self._lookup: RecordLookup | None = None  # records where unmatched units point
         self._beyond_reported: set[Path] = set()  # queues said to point past the log
-        self._known = {key for key in list_queues(store.consumequeue_dir) if self._checked(key[0])}
+        linked: list[Path] = []
+        queues = list_queues(store.consumequeue_dir, linked)
+        # queue folders (or a topic's) that are symbolic links: not followed, so their
+        # records are not counted as missing from a queue either
+        self.linked_topics = frozenset(
+            link.name for link in linked if link.parent == store.consumequeue_dir
+        )
+        self.linked_queues = frozenset(
+            (link.parent.name, int(link.name))
+            for link in linked
+            if link.parent != store.consumequeue_dir
+        )
+        self._known = {key for key in queues if self._checked(key[0])}
         self._chunk = chunk_size(len(self._known))
         if structural:
-            for topic, queue_id in list_queues(store.consumequeue_dir):
+            for link in linked:
+                self._report_link(link)
+            for topic, queue_id in queues:
                 if (topic, queue_id) in self._known:
                     self._load(topic, queue_id)
 
+    def _report_link(self, link: Path) -> None:
+        topic = link.name if link.parent == self.store.consumequeue_dir else link.parent.name
+        if self.topics is not None and topic not in self.topics:
+            return
+        try:
+            target = os.readlink(link)
+        except OSError:
+            target = "?"
+        named = relative(self.store, link)
+        self.report.add(
+            "queue-link",
+            f"{named} is a symbolic link (to {target}): a broker reads and writes those "
+            "queue files through it; rmqstore does not follow it, so its units are not "
+            "checked (nor written: append refuses the store, dispatch leaves them out)",
+            WARNING,
+            file=named,
+        )
+
     def _checked(self, topic: str) -> bool:
         """Whether the units of ``topic``'s queues are checked."""
-        return (self.topics is None or topic in self.topics) and topic not in self.excluded
+        return (
+            (self.topics is None or topic in self.topics)
+            and topic not in self.excluded
+            and topic not in self.linked_topics
+        )
 
     def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
         known = self._bounds.get((topic, queue_id))
@@ -401,7 +437,7 @@ class QueueChecks:
         position."""
         plan = _BatchPlan([], [], [], [])
         for key, first, count, start, last, units in _batch_runs(batch):
-            if not self._checked(key[0]):
+            if not self._checked(key[0]) or key in self.linked_queues:
                 continue
             if first + count > LARGEST_QUEUE_OFFSET + 1:
                 return None  # an offset no queue position can hold: reported record by record
@@ -553,6 +589,8 @@ class QueueChecks:
             )
             return None
         key = (unit_topic, queue_id)
+        if key in self.linked_queues:
+            return None
         state = self.states.get(key) or self._state(key)
         if state is None:
             if is_path_safe(unit_topic):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -60,6 +61,25 @@ def test_info_names_commit_log_files_missing_between_others(oracle, tmp_path) ->
     assert f"commit-log files missing: {files[3].name} .. {files[4].name} (2 files" in shown.stdout
     whole = oracle("s1_multi").store
     assert json.loads(run_cli("info", whole, "--json").stdout)["commitLog"]["missingFiles"] == []
+
+
+def test_info_names_queue_folders_that_are_links(oracle, tmp_path) -> None:
+    """A queue folder that is a symbolic link is not read (rmqstore follows no link there):
+    info used to show the store without it and without a word."""
+    store = oracle("s1_multi").copy_to(tmp_path / "copy")
+    topic = next(path for path in sorted((store / "consumequeue").iterdir()) if path.is_dir())
+    moved = tmp_path / "elsewhere"
+    shutil.move(topic, moved)
+    topic.symlink_to(moved)
+    info = json.loads(run_cli("info", store, "--json").stdout)
+    assert info["linkedQueueFolders"] == [
+        {"folder": f"consumequeue/{topic.name}", "target": str(moved)}
+    ]
+    assert all(row["topic"] != topic.name for row in info["consumeQueues"])
+    shown = run_cli("info", store).stdout
+    assert f"consumequeue/{topic.name} -> {moved}: symbolic links, not read" in shown
+    whole = oracle("s1_multi").store
+    assert json.loads(run_cli("info", whole, "--json").stdout)["linkedQueueFolders"] == []
 
 
 def test_info_says_a_5x_broker_would_not_dispatch_a_lag_without_abort(oracle, tmp_path) -> None:

@@ -851,3 +851,53 @@ def test_a_store_whose_broker_indexes_nothing_has_no_index_lag(oracle, tmp_path:
         report = verify_store(store, VerifyOptions())
     assert report.findings == [], report.findings
     assert at(run(store_dir), "index-lag") == [0]
+
+
+def test_queue_folders_that_are_links_are_named_not_followed(tmp_path: Path) -> None:
+    """A topic's (or a queue's) folder in consumequeue/ that is a symbolic link: a broker
+    reads and writes through it; rmqstore follows no link there. verify names each one (a
+    warning, mended by dispatch --rebuild) and does not call its topic's records missing
+    from their queues, in one process and in ranges; recover's plan says it leaves them
+    alone, and neither touches the files they lead to."""
+    from rmqstore.fixtures import generate
+    from rmqstore.recovery import apply_recovery, plan_recovery
+    from rmqstore.verify.ranges import RangedVerify
+
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    queues = store_dir / "consumequeue"
+    shutil.move(queues / "TopicTest", outside / "TopicTest")
+    (queues / "TopicTest").symlink_to(outside / "TopicTest")
+    shutil.move(queues / "Orders-EU_west" / "1", outside / "orders-1")
+    (queues / "Orders-EU_west" / "1").symlink_to(outside / "orders-1")
+    before = tree_digest(outside)
+
+    reports = []
+    with Store.open_read(store_dir) as store:
+        reports.append(verify_store(store))
+    with Store.open_read(store_dir) as store:
+        settings = dict(check_crc=True, commitlog_only=False, topics=None, from_offset=None)
+        reports.append(RangedVerify(store, range_size=70_000, max_findings=None, **settings).run())
+    for report in reports:
+        assert kinds(report) == {"queue-link"}, [f.to_dict() for f in report.findings]
+        linked = sorted(f.file for f in report.findings if f.kind == "queue-link")
+        assert linked == ["consumequeue/Orders-EU_west/1", "consumequeue/TopicTest"]
+        assert all(f.severity == "warning" for f in report.findings if f.kind == "queue-link")
+    with Store.open_read(store_dir) as store:  # only the topics asked for
+        report = verify_store(store, VerifyOptions(topics=("TopicTest",)))
+        assert [f.file for f in report.findings if f.kind == "queue-link"] == [
+            "consumequeue/TopicTest"
+        ]
+
+    (store_dir / "abort").touch()  # a crashed store: recovery looks at every queue
+    with Store.open_write(store_dir) as store:
+        plan = plan_recovery(store)
+        assert [s for s in plan.skipped if "symbolic link to queue files" in s] == [
+            f"{queues / 'Orders-EU_west' / '1'}: a symbolic link to queue files (not followed: "
+            "not recovered)",
+            f"{queues / 'TopicTest'}: a symbolic link to queue files (not followed: not recovered)",
+        ]
+        apply_recovery(store, plan)
+    assert tree_digest(outside) == before
