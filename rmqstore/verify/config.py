@@ -10,10 +10,15 @@ from rmqstore.consumequeue import list_queues
 from rmqstore.consumerprogress import past_end
 from rmqstore.geometry import CONFIG_DIR
 from rmqstore.multidispatch import LMQ_PREFIX
-from rmqstore.offsetsconfig import read_consumer_offsets, read_delay_offsets
+from rmqstore.offsetsconfig import load_config, read_consumer_offsets, read_delay_offsets
 from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import SCHEDULE_TOPIC
-from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, listed_queue_counts
+from rmqstore.topicsconfig import (
+    BATCH_CONSUMEQUEUE_DIR,
+    TOPICS_FILE,
+    batch_queue_topics,
+    listed_queue_counts,
+)
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.queues import QueueChecks
 from rmqstore.wording import counted
@@ -100,6 +105,16 @@ def check_topics_config(store: Store, report: VerifyReport, queues: QueueChecks 
     store has no such file, or when the queues were not checked."""
     if queues is None:
         return
+    loaded = load_config(store.root / CONFIG_DIR, TOPICS_FILE)
+    if loaded.unreadable:
+        name = loaded.path.relative_to(store.root).as_posix()
+        report.add(
+            "config-unreadable",
+            f"{name} does not load ({'; '.join(loaded.failures)}): a broker loads no topic "
+            "table from it (its topics' queue counts, permissions and 5.x queue types)",
+            WARNING,
+            file=name,
+        )
     found = listed_queue_counts(store.topic_table)
     if found is None:
         return

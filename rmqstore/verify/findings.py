@@ -54,7 +54,8 @@ KINDS = {
     "abort-present": "the store was not closed cleanly (a broker was running or crashed)",
     "topic-unlisted": "a topic (or queue) with units that config/topics.json leaves out",
     "offset-past-end": "a consumer group's or the delay scheduler's offset past its queue's end",
-    "config-unreadable": "config/consumerOffset.json or delayOffset.json does not load (nor .bak)",
+    "config-unreadable": "config/topics.json, consumerOffset.json or delayOffset.json does not "
+    "load (nor its .bak)",
     "queues-rocksdb": "consumequeue/ holds a RocksDB database: consume queues not checked",
     "queues-batchcq": "BatchCQ topics keep their queues in batchconsumequeue/: not checked",
     "queue-link": "a topic's or queue's folder in consumequeue/ that is a symbolic link: a "

@@ -418,10 +418,19 @@ def test_topics_json_that_leaves_out_a_topic_or_queue_is_noted(tmp_path: Path) -
     with Store.open_read(store_dir) as store:
         again = [f for f in verify_store(store).findings if f.kind == "topic-unlisted"]
     assert [f.message.replace(".bak", "") for f in again] == [f.message for f in noted]
-    topics.unlink()
-    (store_dir / "config" / "topics.json.bak").unlink()
+    with Store.open_read(store_dir) as store:  # the .bak loaded: nothing is unreadable
+        assert verify_store(store).counts["config-unreadable"] == 0
+    (store_dir / "config" / "topics.json.bak").unlink()  # no table at all: a warning
     with Store.open_read(store_dir) as store:
-        assert verify_store(store).counts["topic-unlisted"] == 0
+        report = verify_store(store)
+    (unreadable,) = [f for f in report.findings if f.kind == "config-unreadable"]
+    assert unreadable.severity == "warning" and unreadable.file == "config/topics.json"
+    assert unreadable.message.startswith("config/topics.json does not load (topics.json: not JSON")
+    assert "a broker loads no topic table from it" in unreadable.message
+    topics.unlink()
+    with Store.open_read(store_dir) as store:
+        report = verify_store(store)
+        assert report.counts["topic-unlisted"] == report.counts["config-unreadable"] == 0
 
 
 def test_a_consume_queue_ext_address_stands_for_the_tags_code(tmp_path: Path) -> None:
