@@ -67,30 +67,36 @@ def test_the_local_engine_needs_no_java(tmp_path: Path) -> None:
     assert (out / "part-00000.parquet").is_file()
 
 
-@pytest.mark.spark
-def test_a_failed_spark_run_keeps_its_log(tmp_path: Path) -> None:
-    """(A run that succeeds leaves nothing behind: tests/spark/test_cluster.py.)"""
+def failed_spark_stats(tmp_path: Path, master: str, **env: str) -> tuple[str, Path]:
+    """``rmqstore stats --engine spark`` of a small store, expected to fail (exit 2): its
+    stderr, and the JVM log it kept (in a TMPDIR of its own)."""
     generate("basic", tmp_path / "store")
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    env = {**os.environ, "TMPDIR": str(temporary)}
     failed = subprocess.run(
         [
             sys.executable, "-m", "rmqstore", "stats", str(tmp_path / "store"),
-            "--engine", "spark", "--master", "nonsense://nowhere",
+            "--engine", "spark", "--master", master,
         ],
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "TMPDIR": str(temporary), **env},
         timeout=300,
     )  # fmt: skip
     assert failed.returncode == 2, failed.stderr
     kept = list(temporary.glob("rmqstore-spark-*.log"))
     assert len(kept) == 1 and str(kept[0]) in failed.stderr
+    return failed.stderr, kept[0]
+
+
+@pytest.mark.spark
+def test_a_failed_spark_run_keeps_its_log(tmp_path: Path) -> None:
+    """(A run that succeeds leaves nothing behind: tests/spark/test_cluster.py.)"""
+    stderr, kept = failed_spark_stats(tmp_path, "nonsense://nowhere")
     # the reason is the JVM's own, read from that log, not PySpark's "the gateway exited"
-    said = failed.stderr.split("Spark did not start (nonsense://nowhere): ", 1)[1]
+    said = stderr.split("Spark did not start (nonsense://nowhere): ", 1)[1]
     reason = said.split(" (JVM log: ", 1)[0]
-    assert "GATEWAY" not in reason and "Master" in reason and reason in kept[0].read_text()
+    assert "GATEWAY" not in reason and "Master" in reason and reason in kept.read_text()
 
 
 @pytest.mark.spark
@@ -98,31 +104,13 @@ def test_a_worker_python_without_pyarrow_is_named_with_the_error_it_ended_with(
     tmp_path: Path,
 ) -> None:
     """Spark only says such a worker "crashed"; what it wrote before dying is in the log."""
-    generate("basic", tmp_path / "store")
-    temporary = tmp_path / "tmp"
-    temporary.mkdir()
     bare = tmp_path / "bare-python"  # this Python without its site-packages: no pyarrow
     bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     bare.chmod(0o755)
-    env = {**os.environ, "TMPDIR": str(temporary), "PYSPARK_PYTHON": str(bare)}
-    failed = subprocess.run(
-        [
-            sys.executable, "-m", "rmqstore", "stats", str(tmp_path / "store"),
-            "--engine", "spark", "--master", "local[1]",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )  # fmt: skip
-    assert failed.returncode == 2, failed.stderr
-    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
-    assert "a Python worker ended with ModuleNotFoundError: No module named 'pyarrow'" in (
-        failed.stderr
-    )
-    assert f"the workers run {bare} (PYSPARK_PYTHON)" in failed.stderr
-    kept = list(temporary.glob("rmqstore-spark-*.log"))
-    assert len(kept) == 1 and str(kept[0]) in failed.stderr
+    stderr, _ = failed_spark_stats(tmp_path, "local[1]", PYSPARK_PYTHON=str(bare))
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert "a Python worker ended with ModuleNotFoundError: No module named 'pyarrow'" in stderr
+    assert f"the workers run {bare} (PYSPARK_PYTHON)" in stderr
 
 
 def test_a_workers_last_error_is_read_from_the_log(tmp_path: Path) -> None:
