@@ -207,9 +207,14 @@ def _render(result: RecoveryResult, abort_removed: bool) -> None:
     table.add_row("index", f"{counted(result.dispatch.index_entries, 'entry', 'entries')} added")
     if result.quarantine:
         table.add_row("quarantine", str(result.quarantine))
+    if plan.skipped:
+        table.add_row("left alone", "; ".join(plan.skipped))
     table.add_row(
         "abort",
-        "removed: the store is consistent"
+        (
+            "removed: the store is consistent"
+            + (", but for what was left alone" if plan.skipped else "")
+        )
         if abort_removed
         else "left in place: dispatch did not reach the valid end",
     )

@@ -206,3 +206,24 @@ def test_a_recover_a_full_disk_stops_says_how_far_it_got_and_keeps_abort(tmp_pat
             assert checked["ok"], checked["findings"]
             assert checked["checked"]["records"] == kept["recordsKept"]
             assert checked["checked"]["units"] == kept["recordsKept"]
+
+
+def test_a_queue_folder_that_is_a_link_is_left_alone_and_said_so(tmp_path: Path) -> None:
+    """recover follows no link out of the store: a topic's queue folder that is one is left
+    as it is, and both the plan and the result say so (the result called the store
+    consistent without a word of it); the verify after it names the link (exit 1)."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    (store / "abort").touch()
+    elsewhere = tmp_path / "elsewhere"
+    (store / "consumequeue" / "TopicTest").rename(elsewhere)
+    (store / "consumequeue" / "TopicTest").symlink_to(elsewhere)
+    before = tree_digest(elsewhere)
+    planned = run_cli("recover", store, "--dry-run")
+    said = f"left alone: {store / 'consumequeue' / 'TopicTest'}: a symbolic link to queue files"
+    assert said in planned.stdout, planned.stdout
+    done = run_cli("recover", store, "--yes")
+    assert done.exit_code == 1, done.stderr  # completed; verify still finds the link
+    assert "left alone" in done.stdout and "consistent, but for what was left alone" in done.stdout
+    assert "verify still finds queue-link: 1; next step: rmqstore dispatch" in done.stderr
+    assert tree_digest(elsewhere) == before
