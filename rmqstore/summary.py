@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -192,16 +193,14 @@ class _SummaryWalk:
                 first = self.runs[at + kernel_layout.RUN_FIRST_QUEUE_OFFSET]
                 if stats.min_offset is None or first < stats.min_offset:
                     stats.min_offset = first
-        flags = rows[kernel_layout.SYS_FLAG : end : ROW_WIDTH]
-        for row, flag in enumerate(flags):
-            if flag & TRANSACTION_MASK in _NOT_QUEUED:
-                stats = self._stats(window, rows, row)
-                stats.messages += 1
-                stats.not_queued += 1
+        for row in _not_queued_rows(rows, count):
+            stats = self._stats(window, rows, row)
+            stats.messages += 1
+            stats.not_queued += 1
         for row in range(behind_from, count):  # where the broker's dispatch would put them
-            if flags[row] & TRANSACTION_MASK in _NOT_QUEUED:
-                continue
             at = row * ROW_WIDTH
+            if rows[at + kernel_layout.SYS_FLAG] & TRANSACTION_MASK in _NOT_QUEUED:
+                continue
             key = self._key(window, rows, row)
             self.tips[key] = QueueTip.after_put(
                 self.tips.get(key),
@@ -222,6 +221,25 @@ class _SummaryWalk:
 
 
 _NOT_QUEUED = (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK)
+# a row's sysFlag, an int64 of the rows buffer: where its low byte (the transaction bits'
+# byte) lies among the int64's bytes, and each low byte mapped to 1 for a record no queue
+# holds (PREPARED, ROLLBACK), else 0
+_LOW_BYTE = 0 if sys.byteorder == "little" else 7
+_NOT_QUEUED_MARKS = bytes(int(value & TRANSACTION_MASK in _NOT_QUEUED) for value in range(256))
+
+
+def _not_queued_rows(rows: Any, count: int) -> Iterator[int]:
+    """The rows among the first ``count`` whose record no consume queue holds (PREPARED and
+    ROLLBACK), found by byte operations rather than a Python test per row (most logs have
+    none: a summary of 4M records spent a third of its time testing each row's flag)."""
+    width = ROW_WIDTH * 8
+    view = memoryview(rows).cast("B")
+    low_bytes = view[kernel_layout.SYS_FLAG * 8 + _LOW_BYTE : count * width : width]
+    marks = low_bytes.tobytes().translate(_NOT_QUEUED_MARKS)
+    row = marks.find(1)
+    while row >= 0:
+        yield row
+        row = marks.find(1, row + 1)
 
 
 def summarize(
