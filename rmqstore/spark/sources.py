@@ -582,7 +582,7 @@ class CommitLogDataSource(DataSource):
 
 class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream reader of a query whose options or store were refused: it raises that
-    error from the first call Spark makes. PySpark 4.1-4.3 loses an error raised while the
+    error from the first call Spark makes. PySpark 4.3 loses an error raised while the
     reader is made (its runner then stops a reader it never got, and the query fails with
     "UnboundLocalError: cannot access local variable 'reader'")."""
 
