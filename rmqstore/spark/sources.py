@@ -204,14 +204,20 @@ def _file_bounds(options: dict[str, str]) -> dict[str, int] | None:
         return None
     try:
         found = parse_json(text)
-        bounds = {str(name): int(end) for name, end in found.items()}
-    except (ValueError, AttributeError, TypeError):
-        raise InputError("option fileBounds is not a JSON object of offsets") from None
+    except ValueError:
+        found = None
+    if not isinstance(found, dict) or not all(
+        isinstance(end, int) and not isinstance(end, bool) for end in found.values()
+    ):  # whole numbers only: not 5.7, "5", true or Infinity
+        raise InputError("option fileBounds is not a JSON object of offsets")
+    bounds: dict[str, int] = found
     for name, end in bounds.items():
         if not (len(name) == 20 and name.isascii() and name.isdigit()):
             raise InputError(f"option fileBounds: {quoted(name)} is not a commit-log file name")
         if end < 0:
             raise InputError(f"option fileBounds: {name} ends at {end}, before its start")
+        if end >= 1 << 63:
+            raise InputError(f"option fileBounds: {name} ends at {end}, past any commit-log offset")
     return bounds
 
 

@@ -27,6 +27,11 @@ from rmqstore.spark.sources import CommitLogReader
         ({"fileBounds": '{"00000000000000000000": "x"}'}, "not a JSON object of offsets"),
         ({"fileBounds": '{"../../etc/passwd": 5}'}, "'../../etc/passwd' is not a commit-log file"),
         ({"fileBounds": '{"00000000000000000000": -7}'}, "ends at -7, before its start"),
+        ({"fileBounds": '{"00000000000000000000": Infinity}'}, "not a JSON object of offsets"),
+        ({"fileBounds": '{"00000000000000000000": 5.7}'}, "not a JSON object of offsets"),
+        ({"fileBounds": '{"00000000000000000000": true}'}, "not a JSON object of offsets"),
+        ({"fileBounds": '{"00000000000000000000": 1e30}'}, "not a JSON object of offsets"),
+        ({"fileBounds": '{"00000000000000000000": 9223372036854775808}'}, "past any commit-log"),
         # a typo is not quietly false, a window that holds nothing is not an empty read
         ({"includeBody": "ture"}, "includeBody='ture' is not true or false"),
         ({"verifyCrc": "on"}, "verifyCrc='on' is not true or false"),
