@@ -118,10 +118,6 @@ def _option(options: dict[str, str], name: str, default: str | None = None) -> s
     return default
 
 
-_TRUE = ("true", "1", "yes")
-_FALSE = ("false", "0", "no")
-
-
 def _store_path(options: dict[str, str], source: str) -> str:
     """The store a read is of: ``load(STORE)``'s path. ``load([A, B])`` reaches the source as
     a JSON list of paths (``paths``): one is that store, more is an error saying how to read
@@ -143,6 +139,10 @@ def _store_path(options: dict[str, str], source: str) -> str:
                 "union the DataFrames (DataFrame.unionByName)"
             )
     return ""
+
+
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
 
 
 def _flag(options: dict[str, str], name: str, default: bool) -> bool:
