@@ -715,6 +715,15 @@ def list_queues(
     return queues
 
 
+def link_target(link: Path) -> str:
+    """Where a symbolic link ``list_queues`` left out leads, as the link says it ("?" when
+    it cannot be read)."""
+    try:
+        return os.readlink(link)
+    except OSError:
+        return "?"
+
+
 _JAVA_INT = range(-(2**31), 2**31)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from array import array
 from bisect import bisect_left
@@ -12,7 +11,7 @@ from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.checkpoint import read_checkpoint_file
-from rmqstore.consumequeue import QueueTip, list_queues
+from rmqstore.consumequeue import QueueTip, link_target, list_queues
 from rmqstore.consumerprogress import past_end, queue_lag
 from rmqstore.errors import NotFoundError, RmqStoreError
 from rmqstore.geometry import CONFIG_DIR
@@ -49,6 +48,9 @@ class QueueTable(NamedTuple):
     cursor: int  # the end of the last record in any consume queue (-1 when there are none)
     tips: dict[tuple[str, int], QueueTip]
     last_units: dict[tuple[str, int], tuple[int, int]]  # (offset, size) of a queue's last unit
+    # the topic and queue folders that are symbolic links (not read), and where each leads:
+    # a broker reads and writes those queues through them
+    links: list[dict[str, str]]
 
 
 def consume_queue_table(store: Store) -> QueueTable:
@@ -58,7 +60,8 @@ def consume_queue_table(store: Store) -> QueueTable:
     cursor = -1
     tips: dict[tuple[str, int], QueueTip] = {}
     last_units: dict[tuple[str, int], tuple[int, int]] = {}
-    for topic, queue_id in list_queues(store.consumequeue_dir):
+    linked: list[Path] = []
+    for topic, queue_id in list_queues(store.consumequeue_dir, linked):
         queue = store.consume_queue(topic, queue_id)
         unit = queue.loaded_last_unit
         if unit is not None and queue.max_offset > queue.min_offset:
@@ -76,23 +79,11 @@ def consume_queue_table(store: Store) -> QueueTable:
         if tip is not None:
             tips[(topic, queue_id)] = tip
         cursor = max(cursor, queue.max_physical_offset)
-    return QueueTable(table, cursor, tips, last_units)
-
-
-def linked_queue_folders(store: Store) -> list[dict[str, str]]:
-    """The topic and queue folders of ``consumequeue/`` that are symbolic links, each with
-    where it leads: a broker reads and writes those queues through them; rmqstore follows
-    no link there, so their queues are not read."""
-    linked: list[Path] = []
-    list_queues(store.consumequeue_dir, linked)
-    folders = []
-    for link in linked:
-        try:
-            target = os.readlink(link)
-        except OSError:
-            target = "?"
-        folders.append({"folder": link.relative_to(store.root).as_posix(), "target": target})
-    return folders
+    links = [
+        {"folder": link.relative_to(store.root).as_posix(), "target": link_target(link)}
+        for link in linked
+    ]
+    return QueueTable(table, cursor, tips, last_units, links)
 
 
 def topic_status(store: Store, topic: str) -> dict[str, Any]:
@@ -255,7 +246,7 @@ def summarize(
     log = store.commitlog
     checkpoint_file = read_checkpoint_file(store.checkpoint_path)
     checkpoint = checkpoint_file.checkpoint if checkpoint_file else None
-    consume_queues, cursor, tips, last_units = consume_queue_table(store)
+    consume_queues, cursor, tips, last_units, links = consume_queue_table(store)
     queue_minima = {(q["topic"], q["queueId"]): q["minOffset"] for q in consume_queues}
     units = {(q["topic"], q["queueId"]): q["maxOffset"] - q["minOffset"] for q in consume_queues}
     index = index_summary(store)
@@ -373,7 +364,7 @@ def summarize(
         # topics whose queues are in batchconsumequeue/ (queue.type BatchCQ), not read
         "batchQueueTopics": sorted(store.batch_queue_topics),
         # topic or queue folders of consumequeue/ that are symbolic links, not read
-        "linkedQueueFolders": [] if rocksdb else linked_queue_folders(store),
+        "linkedQueueFolders": [] if rocksdb else links,
         "index": index,
         "consumerOffsets": consumer_summary(
             store, {key: (lowest, units[key] + lowest) for key, lowest in queue_minima.items()}

@@ -23,6 +23,7 @@ from rmqstore.consumequeue import (
     QueueBounds,
     Unit,
     is_ext_address,
+    link_target,
     list_queues,
 )
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
@@ -214,14 +215,10 @@ class QueueChecks:
         topic = link.name if link.parent == self.store.consumequeue_dir else link.parent.name
         if self.topics is not None and topic not in self.topics:
             return
-        try:
-            target = os.readlink(link)
-        except OSError:
-            target = "?"
         named = relative(self.store, link)
         self.report.add(
             "queue-link",
-            f"{named} is a symbolic link (to {target}): a broker reads and writes those "
+            f"{named} is a symbolic link (to {link_target(link)}): a broker reads and writes those "
             "queue files through it; rmqstore does not follow it, so its units are not "
             "checked (nor written: append refuses the store, dispatch leaves them out)",
             WARNING,
