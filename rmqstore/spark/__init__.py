@@ -133,6 +133,17 @@ def spark_session(
     return spark
 
 
+def _log_text(log_path: Path, start: int | None, size: int) -> str | None:
+    """At most ``size`` bytes of a JVM log from byte ``start`` (None: its last ``size``
+    bytes), as text; None when the log cannot be read."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - size) if start is None else start)
+            return log.read(size).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 _MAIN_THREAD_DIED = re.compile(
     r'Exception in thread "[^"]*" (?P<kind>[\w.$]+)(?::\s*(?P<message>.*))?$'
 )
@@ -145,11 +156,8 @@ def launch_failure(log_path: Path, since: int) -> str | None:
     exception that ended its main thread (a master URL Spark does not know, a class it
     cannot find), else the first line the JVM wrote that is not a warning (a JVM refusing
     one of its options names it there); None when the log holds neither."""
-    try:
-        with open(log_path, "rb") as log:
-            log.seek(since)
-            text = log.read(_FAILURE_READ).decode("utf-8", "replace")
-    except OSError:
+    text = _log_text(log_path, since, _FAILURE_READ)
+    if text is None:
         return None
     lines = [line.strip() for line in text.splitlines()]
     for line in lines:
@@ -172,11 +180,8 @@ def worker_failure(log_path: Path) -> str | None:
     message`` ending a traceback): Spark reports a worker that died before it could send
     its error back (an import that failed) as having "crashed", and the reason is only in
     the log. None when the log holds no traceback."""
-    try:
-        with open(log_path, "rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - _WORKER_READ))
-            text = log.read(_WORKER_READ).decode("utf-8", "replace")
-    except OSError:
+    text = _log_text(log_path, None, _WORKER_READ)
+    if text is None:
         return None
     lines = text.splitlines()
     found = None
