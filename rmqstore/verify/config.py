@@ -105,16 +105,18 @@ def check_topics_config(store: Store, report: VerifyReport, queues: QueueChecks 
     store has no such file, or when the queues were not checked."""
     if queues is None:
         return
-    loaded = load_config(store.root / CONFIG_DIR, TOPICS_FILE)
-    if loaded.unreadable:
-        name = loaded.path.relative_to(store.root).as_posix()
-        report.add(
-            "config-unreadable",
-            f"{name} does not load ({'; '.join(loaded.failures)}): a broker loads no topic "
-            "table from it (its topics' queue counts, permissions and 5.x queue types)",
-            WARNING,
-            file=name,
-        )
+    if store.topic_table is None:  # no file, or none that loads: which, and why
+        loaded = load_config(store.root / CONFIG_DIR, TOPICS_FILE)
+        if loaded.unreadable:
+            name = loaded.path.relative_to(store.root).as_posix()
+            report.add(
+                "config-unreadable",
+                f"{name} does not load ({'; '.join(loaded.failures)}): a broker loads no "
+                "topic table from it (its topics' queue counts, permissions and 5.x queue "
+                "types)",
+                WARNING,
+                file=name,
+            )
     found = listed_queue_counts(store.topic_table)
     if found is None:
         return
