@@ -93,7 +93,8 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
     last records."""
     log = store.commitlog
     queues = []
-    for name, queue_id in list_queues(store.consumequeue_dir, topic=topic):
+    linked: list[Path] = []
+    for name, queue_id in list_queues(store.consumequeue_dir, linked, topic=topic):
         queue = store.consume_queue(name, queue_id)
         last_updated = 0
         unit = queue.loaded_last_unit
@@ -111,6 +112,13 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
         unread = store.queues_unread(topic)
         if unread is not None:
             raise NotFoundError(f"topic {quoted(topic)} has no consume-queue files: {unread}")
+        if linked:  # its folder (or each queue's) is a link, which rmqstore does not follow
+            link = linked[0]
+            raise NotFoundError(
+                f"topic {quoted(topic)} has no consume queues rmqstore reads: "
+                f"{link.relative_to(store.root).as_posix()} is a symbolic link (to "
+                f"{link_target(link)}), which it does not follow"
+            )
         raise NotFoundError(f"topic {quoted(topic)} has no consume queues")
     return {"topic": topic, "queues": queues}
 

@@ -78,6 +78,9 @@ def test_info_names_queue_folders_that_are_links(oracle, tmp_path) -> None:
     assert all(row["topic"] != topic.name for row in info["consumeQueues"])
     shown = run_cli("info", store).stdout
     assert f"consumequeue/{topic.name} -> {moved}: symbolic links, not read" in shown
+    asked = run_cli("info", store, "--topic", topic.name)  # it said "has no consume queues"
+    assert asked.exit_code == 2
+    assert f"consumequeue/{topic.name} is a symbolic link (to {moved})" in asked.stderr
     whole = oracle("s1_multi").store
     assert json.loads(run_cli("info", whole, "--json").stdout)["linkedQueueFolders"] == []
 
