@@ -31,7 +31,13 @@ from rmqstore.consumequeue import CQ_UNIT_SIZE
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import infer_geometry, read_index_headers
 from rmqstore.jsontext import parse_json
-from rmqstore.segments import is_segment_name, make_directories, read_small_file, write_whole_file
+from rmqstore.segments import (
+    is_segment_name,
+    make_directories,
+    read_small_file,
+    usual_size,
+    write_whole_file,
+)
 from rmqstore.wording import quoted
 
 CONFIG_DIR = "config"
@@ -93,7 +99,8 @@ def write_geometry(root: Path, values: dict[str, int]) -> None:
 def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
     """The most common size of the segment files ``depth`` levels below ``directory`` (the
     first file of each queue), among sizes a broker can configure (a multiple of ``unit``:
-    20 for consume queues). The most common one, so a single damaged file cannot skew it;
+    20 for consume queues). The most common one (:func:`usual_size`: of two files, a
+    truncated one and a whole one, the whole one's), so a single damaged file cannot skew it;
     the folders are taken in order until one size leads every other by _CLEAR_LEAD files (a
     store of thousands of queues, all of one size, is not listed whole at every start)."""
     if not directory.is_dir():
@@ -109,7 +116,7 @@ def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
                     break  # one file per queue is enough
         if depth and _clear_lead(sizes):
             break
-    return sizes.most_common(1)[0][0] if sizes else None
+    return usual_size(sizes) if sizes else None
 
 
 # how many files more than any other size the most common one needs for the count to stop

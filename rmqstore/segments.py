@@ -13,7 +13,7 @@ import mmap
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -27,6 +27,13 @@ _SEGMENT_NAME = re.compile(r"[0-9]{20}")  # ASCII digits: a regex's \d takes any
 def is_segment_name(name: str) -> bool:
     """Whether ``name`` is a segment file's name: its start offset in 20 digits."""
     return _SEGMENT_NAME.fullmatch(name) is not None
+
+
+def usual_size(sizes: Mapping[int, int]) -> int:
+    """The file size most files have (``sizes``: size to count, not empty); of sizes as
+    common as each other, the largest: a file cut short (a torn copy, a full disk) is
+    smaller than its neighbours, never larger."""
+    return max(sizes, key=lambda size: (sizes[size], size))
 
 
 def segment_name(start_offset: int) -> str:
@@ -95,6 +102,8 @@ class SegmentQueue:
                 f"{kind} file {segment.path} is {segment.size} bytes; "
                 f"the configured size is {file_size}"
             )
+            if kind == "commit-log":
+                message += " (a broker does not load the store with it)"
             if strict:
                 raise StoreFormatError(message)
             queue.problems.append(message)

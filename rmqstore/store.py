@@ -141,6 +141,9 @@ class Store:
         self.notes: list[str] = []  # things the user should hear about (stderr warnings)
         self._lock: StoreLock | None = None
         self._commitlog: CommitLog | None = None
+        # a commit-log file of another size than the configured one is an error (a broker
+        # does not load the store); verify opens with it False, to report it and go on
+        self.strict_file_sizes = True
         self._appender: CommitLogAppender | None = None
         self.abort_existed = self.aborted
         self.dispatched_through: int | None = None  # set by dispatch: consume queues' end
@@ -194,11 +197,16 @@ class Store:
     # -- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open_read(cls, root: Path | str, config: StoreConfig | None = None) -> Store:
-        """Open an existing store without changing anything. A lock held by a broker is noted."""
+    def open_read(
+        cls, root: Path | str, config: StoreConfig | None = None, *, strict_file_sizes: bool = True
+    ) -> Store:
+        """Open an existing store without changing anything. A lock held by a broker is noted.
+        Without ``strict_file_sizes`` a commit-log file of another size than the configured
+        one is read as it is and recorded in the log's ``queue.problems`` (for verify)."""
         path = Path(root)
         _check_store_root(path, create=False, config=config)
         store = cls(path, resolve_geometry(path, config or StoreConfig()), writable=False)
+        store.strict_file_sizes = strict_file_sizes
         state = probe_lock(store.lock_path)
         if state is LockState.HELD:
             store.notes.append(
@@ -274,7 +282,9 @@ class Store:
     @property
     def commitlog(self) -> CommitLog:
         if self._commitlog is None:
-            self._commitlog = CommitLog(self.commitlog_dir, self.commitlog_file_size)
+            self._commitlog = CommitLog(
+                self.commitlog_dir, self.commitlog_file_size, strict=self.strict_file_sizes
+            )
         return self._commitlog
 
     @property

@@ -5,6 +5,7 @@ themselves from the location and names a partition carries."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.consumequeue import holds_rocksdb, rocksdb_names
-from rmqstore.errors import InputError, NotAStoreError
-from rmqstore.segments import data_end_estimate, is_segment_name
+from rmqstore.errors import InputError, NotAStoreError, StoreFormatError
+from rmqstore.segments import data_end_estimate, is_segment_name, usual_size
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, read_topic_table
 from rmqstore.windows import FileWindows, ReadWindows, read_range
 
@@ -62,6 +63,25 @@ class StoreLocation:
             for info in infos
             if info.type == fs.FileType.File and is_segment_name(info.base_name)
         )
+
+    def commitlog_segments(self) -> list[tuple[str, int]]:
+        """(name, size) of the commit-log files, by name, as a broker loads them: a
+        zero-length last file (a 5.x broker deletes it at start-up; a running one has just
+        made it) left out, and a file of another size than the rest refused (a broker does
+        not load the store; rmqstore's commands say the same, and verify reports it)."""
+        segments = self.segments("commitlog")
+        if segments and segments[-1][1] == 0:
+            segments.pop()
+        sizes = Counter(size for _, size in segments)
+        if len(sizes) > 1:
+            usual = usual_size(sizes)
+            name, size = next((name, size) for name, size in segments if size != usual)
+            raise StoreFormatError(
+                f"commit-log file {self.uri.rstrip('/')}/commitlog/{name} is {size} bytes; the "
+                f"other commit-log files are {usual}: a broker does not load the store "
+                "(rmqstore verify reports what else it finds)"
+            )
+        return segments
 
     def directories(self, relative: str) -> list[str]:
         """Names of the sub-directories of ``relative`` (empty when it does not exist)."""

@@ -85,7 +85,7 @@ def plan_ranges(
     """Ranges of ``split`` bytes (0: whole files) over the files up to the last one holding
     data. The last one is split only with ``split_last``; ``bounds`` (file name to the end
     of its records) clips the ranges, and a file not in it is left out."""
-    segments = location.segments("commitlog")
+    segments = location.commitlog_segments()
     last = last_data_file(location, segments)
     if last is None:
         return []

@@ -734,7 +734,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """Where the whole, CRC-valid records end, looked for from ``known`` on; with
         ``until``, the last that ends by it, or the first after ``known`` when none does."""
         position = known
-        for name, size in self.location.segments("commitlog"):
+        for name, size in self.location.commitlog_segments():
             start = int(name)
             if start + size <= position:
                 continue
@@ -754,7 +754,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return []
         names: dict[int, str] = {}
         files: list[tuple[int, int]] = []  # the files holding part of [begin, stop)
-        for name, size in self.location.segments("commitlog"):
+        for name, size in self.location.commitlog_segments():
             if int(name) < stop and begin < int(name) + size:
                 names[int(name)] = name
                 files.append((int(name), size))

@@ -166,6 +166,39 @@ def test_damage_is_reported_through_the_cli(oracle, tmp_path: Path) -> None:
     assert run_cli("verify", store, "--no-crc", *ORACLE_OPTIONS).exit_code == 0
 
 
+def test_a_commit_log_file_cut_short_is_a_finding_not_an_error(oracle, tmp_path: Path) -> None:
+    """A copy of a real broker's store whose middle commit-log file was cut short (a copy
+    that stopped, a full disk): verify reports it (file-size, an error a broker does not
+    start with) and what follows from it, on every engine; it used to stop with exit 2
+    before checking anything. Commands that read or write the store refuse it, naming the
+    file."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    files = sorted((store / "commitlog").iterdir())
+    os.truncate(files[10], 30000)
+    reports = [
+        run_cli("verify", store, "--json", *ORACLE_OPTIONS, *more)
+        for more in ((), ("--jobs", "2", "--split-size", "65536"))
+    ]
+    for report in reports:
+        assert report.exit_code == 1, report.stderr
+        document = json.loads(report.stdout)
+        sizes = [f for f in document["findings"] if f["kind"] == "file-size"]
+        assert len(sizes) == 1 and sizes[0]["severity"] == "error"
+        assert (
+            f"{files[10].name} is 30000 bytes; the configured size is 65536"
+            in (sizes[0]["message"])
+        )
+        assert "record-invalid" in document["findingsByKind"]  # the record the cut tore
+    one, two = (json.loads(report.stdout)["findings"] for report in reports)
+    assert sorted(map(str, one)) == sorted(map(str, two))
+    human = run_cli("verify", store, *ORACLE_OPTIONS)
+    assert human.exit_code == 1 and "file-size" in human.stdout
+    for command in (("info",), ("read", "--from-offset", "0"), ("recover", "--dry-run")):
+        refused = run_cli(*command[:1], store, *command[1:], *ORACLE_OPTIONS)
+        assert refused.exit_code == 2
+        assert f"{files[10].name} is 30000 bytes" in refused.stderr
+
+
 def test_bad_input(tmp_path: Path, oracle) -> None:
     assert run_cli("verify", tmp_path / "missing").exit_code == 2
     result = run_cli("verify", oracle("s1_multi").store, "--from-offset", "7", *ORACLE_OPTIONS)

@@ -179,6 +179,20 @@ def test_a_queue_file_size_is_the_most_common_one_counted_until_it_clearly_leads
     assert geometry._infer_file_size(tmp_path / "consumequeue" / "C000", 1, 20) == 4000
 
 
+def test_of_two_commit_log_files_the_whole_one_tells_the_size(tmp_path: Path) -> None:
+    """A store of two files, the first cut short: its size is the other file's, so the
+    short one is the one called wrong (it was the first's: the whole file was called the
+    wrong size)."""
+    from rmqstore import geometry
+
+    root = tmp_path / "commitlog"
+    root.mkdir()
+    for name, size in ((0, 4023), (65536, 65536)):
+        with (root / f"{name:020d}").open("wb") as file:
+            file.truncate(size)
+    assert geometry._infer_file_size(root, 0) == 65536
+
+
 @pytest.mark.parametrize("value", [0, 4095, 2**31, True, "4096"])
 def test_a_remembered_size_no_broker_takes_is_a_format_error(tmp_path: Path, value) -> None:
     import json

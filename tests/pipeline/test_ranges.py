@@ -5,6 +5,8 @@ dispatcher's."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from rmqstore.config import StoreConfig
 from rmqstore.delay import DelayLevels
 from rmqstore.dispatch import Dispatcher
+from rmqstore.errors import StoreFormatError
 from rmqstore.fixtures import generate
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
@@ -116,6 +119,33 @@ def test_damage_in_a_completed_file_is_skipped(stores: Path, tmp_path: Path) -> 
     os.close(fd)
     for split in SPLITS:
         assert ranged_records(store_dir, split) == [o for o in offsets if o != damaged]
+
+
+def test_a_file_cut_short_is_refused_and_an_empty_last_one_left_out(
+    stores: Path, tmp_path: Path
+) -> None:
+    """The ranges are planned over the files as a broker loads them: an empty file after the
+    last (a running broker has just made it; a 5.x one deletes it at start-up) is left out,
+    and a file of another size than the others (a copy cut short) is refused: the ranges
+    would read it as a file that ends early and go on past what it lost."""
+    store_dir = tmp_path / "store"
+    shutil.copytree(stores / "multi", store_dir)
+    files = sorted((store_dir / "commitlog").iterdir())
+    size = files[0].stat().st_size
+    with Store.open_read(store_dir) as store:
+        offsets = [offset for offset, *_ in store.commitlog.scan()]
+    (store_dir / "commitlog" / f"{int(files[-1].name) + size:020d}").touch()
+    location = StoreLocation(str(store_dir))
+    assert location.commitlog_segments() == [(path.name, size) for path in files]
+    assert ranged_records(store_dir, 1500) == offsets
+    os.truncate(files[2], 1000)
+    message = (
+        f"commit-log file {store_dir}/commitlog/{files[2].name} is 1000 bytes; the other "
+        f"commit-log files are {size}: a broker does not load the store"
+    )
+    for split in SPLITS:
+        with pytest.raises(StoreFormatError, match=re.escape(message)):
+            plan_ranges(location, split, split_last=True)
 
 
 def test_a_torn_real_broker_store_ends_at_the_last_valid_end(oracle) -> None:

@@ -3,6 +3,7 @@ naming the option when they cannot mean anything, and never a reason to leave re
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,20 @@ def test_a_read_of_what_is_not_a_store_says_what_it_is(
     for reader in (CommitLogReader, ConsumeQueueReader):
         with pytest.raises(NotAStoreError, match=re.escape(message)):
             reader({"path": where}).partitions()
+
+
+def test_a_store_with_a_commit_log_file_cut_short_is_refused(tmp_path: Path) -> None:
+    """A broker does not load such a store, and every rmqstore command refuses it: the source
+    did read it, as a file that ends early, losing the records past its end in silence."""
+    from rmqstore.errors import StoreFormatError
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    files = sorted((store / "commitlog").iterdir())
+    os.truncate(files[1], 5000)
+    for options in ({}, {"splitSize": "4096"}):
+        with pytest.raises(StoreFormatError, match=f"{files[1].name} is 5000 bytes"):
+            CommitLogReader({"path": str(store), **options}).partitions()
 
 
 def test_the_consume_queue_source_refuses_queues_kept_in_rocksdb(tmp_path: Path) -> None:

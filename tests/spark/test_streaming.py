@@ -176,6 +176,37 @@ def test_files_a_broker_deleted_are_skipped(tmp_path: Path) -> None:
     assert end["offset"] > int(names[-1])
 
 
+def test_a_new_empty_file_is_read_past_and_a_file_cut_short_stops_the_query(
+    tmp_path: Path,
+) -> None:
+    """A broker makes its next commit-log file empty and then sets its size: the query reads
+    on. A file of another size than the others (cut short under the broker) is an error
+    naming it, not a query that stops advancing at the cut without a word."""
+    from rmqstore.errors import StoreFormatError
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    store = tmp_path / "store"
+    created = run_cli("append", store, "--create", "--topic", "T", "--body", "first",
+                      "--commitlog-file-size", "4096")  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    append(store, 1, 120)
+    names = sorted(path.name for path in (store / "commitlog").iterdir())
+    (store / "commitlog" / f"{int(names[-1]) + 4096:020d}").touch()
+    reader = CommitLogStreamReader({"path": str(store)})
+    start = reader.initialOffset()
+    end = reader.latestOffset(start)
+    bodies = [
+        body
+        for partition in reader.partitions(start, end)
+        for batch in reader.read(partition)
+        for body in batch.column("body").to_pylist()
+    ]
+    assert len(bodies) == 121
+    os.truncate(store / "commitlog" / names[1], 100)
+    with pytest.raises(StoreFormatError, match=f"{names[1]} is 100 bytes"):
+        reader.latestOffset(start)
+
+
 @pytest.mark.parametrize("split", [0, 97, 5000])
 def test_a_batch_reads_each_message_once_whatever_the_split(tmp_path: Path, split: int) -> None:
     """Micro-batches between offsets inside files, over file rolls: every message once, in
