@@ -26,6 +26,7 @@ from rmqstore.config import (
     DEFAULT_INDEX_ENTRIES,
     DEFAULT_INDEX_SLOTS,
     StoreConfig,
+    load_broker_config,
 )
 from rmqstore.consumequeue import CQ_UNIT_SIZE
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
@@ -94,6 +95,18 @@ def write_geometry(root: Path, values: dict[str, int]) -> None:
         write_whole_file(path, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def stated_commitlog_file_size(root: Path) -> int | None:
+    """The commit-log file size the store itself states: its remembered geometry (rmqstore
+    writes it), else the ``broker.properties`` a broker left in its ``config/`` (as the
+    commands take it); None when neither names one."""
+    size = read_geometry(root).get("commitlog_file_size")
+    if size is None:
+        left = root / CONFIG_DIR / "broker.properties"
+        if left.is_file():
+            size = load_broker_config(left, root).commitlog_file_size
+    return size
 
 
 def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:

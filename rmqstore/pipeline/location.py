@@ -14,6 +14,7 @@ from typing import Any
 
 from rmqstore.consumequeue import holds_rocksdb, rocksdb_names
 from rmqstore.errors import InputError, NotAStoreError, StoreFormatError
+from rmqstore.geometry import stated_commitlog_file_size
 from rmqstore.segments import data_end_estimate, is_segment_name, usual_size
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, read_topic_table
 from rmqstore.windows import FileWindows, ReadWindows, read_range
@@ -65,23 +66,36 @@ class StoreLocation:
         )
 
     def commitlog_segments(self) -> list[tuple[str, int]]:
-        """(name, size) of the commit-log files, by name, as a broker loads them: a
-        zero-length last file (a 5.x broker deletes it at start-up; a running one has just
-        made it) left out, and a file of another size than the rest refused (a broker does
-        not load the store; rmqstore's commands say the same, and verify reports it)."""
-        segments = self.segments("commitlog")
+        """(name, size) of the commit-log files, by name, as a broker loads them (see
+        :meth:`checked_segments`): of the size the store states it has (a local store's
+        remembered geometry or ``config/broker.properties``), else all of one size."""
+        stated = None if self.remote else stated_commitlog_file_size(Path(self.uri))
+        return self.checked_segments("commitlog", "commit-log", "the commit log", stated)
+
+    def checked_segments(
+        self, relative: str, kind: str, whole: str, size: int | None = None
+    ) -> list[tuple[str, int]]:
+        """(name, size) of the segment files of ``relative`` (``kind`` files, together
+        ``whole``), by name, as a broker loads them: a zero-length last file (a 5.x broker
+        deletes it at start-up; a running one has just made it) left out, and a file of
+        another ``size`` (by default, than the others) refused: a broker does not load the
+        store, rmqstore's commands refuse it, and verify reports it."""
+        segments = self.segments(relative)
         if segments and segments[-1][1] == 0:
             segments.pop()
-        sizes = Counter(size for _, size in segments)
-        if len(sizes) > 1:
+        sizes = Counter(found for _, found in segments)
+        if size is None and len(sizes) > 1:
             usual = usual_size(sizes)
-            name, size = next((name, size) for name, size in segments if size != usual)
-            raise StoreFormatError(
-                f"commit-log file {self.uri.rstrip('/')}/commitlog/{name} is {size} bytes; the "
-                f"other commit-log files are {usual}: a broker does not load the store "
-                "(rmqstore verify reports what else it finds)"
-            )
-        return segments
+            said = f"the other files of {whole} are {usual}"
+        elif size is not None and set(sizes) - {size}:
+            usual, said = size, f"the configured size is {size}"
+        else:
+            return segments
+        name, found = next((name, found) for name, found in segments if found != usual)
+        raise StoreFormatError(
+            f"{kind} file {self.uri.rstrip('/')}/{relative}/{name} is {found} bytes; {said}: "
+            "a broker does not load the store (rmqstore verify reports what else it finds)"
+        )
 
     def directories(self, relative: str) -> list[str]:
         """Names of the sub-directories of ``relative`` (empty when it does not exist)."""

@@ -583,10 +583,11 @@ class _UnitPiece:
 
 def _queue_pieces(location: StoreLocation, topic: str, queue_id: int) -> Iterator[_UnitPiece]:
     """A queue's valid units, a chunk of a file at a time, up to its first invalid unit or a
-    gap between its files."""
+    gap between its files. A file of another size than the queue's others is refused (a
+    broker does not load it; the rest of the queue was left out in silence)."""
     relative = f"consumequeue/{topic}/{queue_id}"
     expected = None
-    for name, size in location.segments(relative):
+    for name, size in location.checked_segments(relative, "consume-queue", "its queue"):
         if expected is not None and int(name) != expected:
             return
         file = f"{relative}/{name}"

@@ -16,6 +16,7 @@ from rmqstore.delay import DelayLevels
 from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import StoreFormatError
 from rmqstore.fixtures import generate
+from rmqstore.geometry import geometry_path
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     RangeScan,
@@ -139,13 +140,17 @@ def test_a_file_cut_short_is_refused_and_an_empty_last_one_left_out(
     assert location.commitlog_segments() == [(path.name, size) for path in files]
     assert ranged_records(store_dir, 1500) == offsets
     os.truncate(files[2], 1000)
-    message = (
-        f"commit-log file {store_dir}/commitlog/{files[2].name} is 1000 bytes; the other "
-        f"commit-log files are {size}: a broker does not load the store"
-    )
-    for split in SPLITS:
-        with pytest.raises(StoreFormatError, match=re.escape(message)):
+    cut = f"commit-log file {store_dir}/commitlog/{files[2].name} is 1000 bytes; "
+    for split in SPLITS:  # the size the store's remembered geometry says
+        with pytest.raises(
+            StoreFormatError, match=re.escape(f"{cut}the configured size is {size}")
+        ):
             plan_ranges(location, split, split_last=True)
+    geometry_path(store_dir).unlink()  # a broker's store: the others' size
+    with pytest.raises(
+        StoreFormatError, match=re.escape(f"{cut}the other files of the commit log")
+    ):
+        plan_ranges(location, 0, split_last=True)
 
 
 def test_a_torn_real_broker_store_ends_at_the_last_valid_end(oracle) -> None:

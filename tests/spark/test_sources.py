@@ -136,6 +136,30 @@ def test_a_store_with_a_commit_log_file_cut_short_is_refused(tmp_path: Path) -> 
             CommitLogReader({"path": str(store), **options}).partitions()
 
 
+def test_a_queue_with_a_file_cut_short_is_refused(tmp_path: Path) -> None:
+    """The consume-queue source read such a queue up to the cut and left out the rest of it
+    (its next file does not follow on) without a word."""
+    from rmqstore.dispatch import Dispatcher
+    from rmqstore.errors import StoreFormatError
+    from rmqstore.spark.sources import ConsumeQueueReader
+    from rmqstore.store import Store
+
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    store = tmp_path / "store"
+    with Store.open_write(store, config, create=True) as opened:
+        opened.appender().append_many([Message(topic="T", body=b"x" * 100) for _ in range(35)])
+        Dispatcher(opened).run()
+    folder = store / "consumequeue" / "T" / "0"
+    files = sorted(folder.iterdir())
+    assert len(files) == 4
+    (folder / f"{int(files[-1].name) + 200:020d}").touch()  # as a broker makes its next file
+    reader = ConsumeQueueReader({"path": str(store)})
+    assert [row[2] for row in _queue_rows(reader)] == list(range(35))
+    os.truncate(files[1], 100)
+    with pytest.raises(StoreFormatError, match=f"{files[1].name} is 100 bytes; the other files of"):
+        _queue_rows(reader)
+
+
 def test_the_consume_queue_source_refuses_queues_kept_in_rocksdb(tmp_path: Path) -> None:
     """A 5.x store with storeType=defaultRocksDB: its consume queues are a RocksDB database,
     not folders, so the source read no queue and gave an empty table without a word."""
