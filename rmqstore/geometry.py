@@ -97,16 +97,26 @@ def write_geometry(root: Path, values: dict[str, int]) -> None:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def stated_commitlog_file_size(root: Path) -> int | None:
-    """The commit-log file size the store itself states: its remembered geometry (rmqstore
+def stated_file_size(root: Path, name: str) -> int | None:
+    """The size of the files of kind ``name`` (``commitlog_file_size`` or
+    ``consumequeue_file_size``) the store itself states: its remembered geometry (rmqstore
     writes it), else the ``broker.properties`` a broker left in its ``config/`` (as the
     commands take it); None when neither names one."""
-    size = read_geometry(root).get("commitlog_file_size")
+    size = read_geometry(root).get(name)
     if size is None:
         left = root / CONFIG_DIR / "broker.properties"
         if left.is_file():
-            size = load_broker_config(left, root).commitlog_file_size
+            size = getattr(load_broker_config(left, root), name)
     return size
+
+
+def store_queue_file_size(root: Path) -> int | None:
+    """The consume-queue file size of a store as the commands take it without options: the
+    one it states, else the most common one of its queues' files (None: no queue files)."""
+    stated = stated_file_size(root, "consumequeue_file_size")
+    return (
+        stated if stated is not None else _infer_file_size(root / "consumequeue", 2, CQ_UNIT_SIZE)
+    )
 
 
 def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:

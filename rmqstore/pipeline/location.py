@@ -14,7 +14,7 @@ from typing import Any
 
 from rmqstore.consumequeue import holds_rocksdb, rocksdb_names
 from rmqstore.errors import InputError, NotAStoreError, StoreFormatError
-from rmqstore.geometry import stated_commitlog_file_size
+from rmqstore.geometry import stated_file_size
 from rmqstore.segments import data_end_estimate, is_segment_name, usual_size
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, read_topic_table
 from rmqstore.windows import FileWindows, ReadWindows, read_range
@@ -69,7 +69,7 @@ class StoreLocation:
         """(name, size) of the commit-log files, by name, as a broker loads them (see
         :meth:`checked_segments`): of the size the store states it has (a local store's
         remembered geometry or ``config/broker.properties``), else all of one size."""
-        stated = None if self.remote else stated_commitlog_file_size(Path(self.uri))
+        stated = None if self.remote else stated_file_size(Path(self.uri), "commitlog_file_size")
         return self.checked_segments("commitlog", "commit-log", "the commit log", stated)
 
     def checked_segments(

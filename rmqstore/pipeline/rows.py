@@ -538,14 +538,17 @@ def queue_unit_batches(
     commitlog_min_offset: int,
     names: Sequence[str],
     not_null: Collection[str],
+    file_size: int | None = None,
 ) -> Iterator[Any]:
     """Arrow batches of the columns ``names`` (of :data:`CONSUMEQUEUE_COLUMNS`, those in
     ``not_null`` declared not null; none holds a null) of the rows of consume ``queues``
-    (topic, queue id), in order: each queue's units up to the first invalid one (``offset <
-    0 or size <= 0``, or a gap between files), leaving out pre-blank units and units of
-    records in deleted commit-log files, as a broker's load does. Each file is read a chunk
-    at a time up to its first invalid unit (a queue's last file is mostly unwritten), and
-    the units of small queues share batches."""
+    (topic, queue id), in order: each queue's units up to where a broker's recovery ends it
+    (the first invalid unit, ``offset < 0 or size <= 0``, of its last three files, or a gap
+    between files), leaving out pre-blank units, units of records in deleted commit-log
+    files and invalid units before that end, as a broker's load does. A queue file of
+    another size than ``file_size`` (None: than the queue's other files) is an error. Each
+    file is read a chunk at a time (the last ones up to their first invalid unit: a queue's
+    last file is mostly unwritten), and the units of small queues share batches."""
     import pyarrow as pa
 
     kinds = {name: arrow for name, _, arrow in CONSUMEQUEUE_COLUMNS}
@@ -554,7 +557,7 @@ def queue_unit_batches(
     )
     pending = _PendingUnits()
     for topic, queue_id in queues:
-        for piece in _queue_pieces(location, topic, queue_id):
+        for piece in _queue_pieces(location, topic, queue_id, file_size):
             pending.add(piece)
             if pending.count >= _UNITS_PER_BATCH:
                 yield from pending.batches(commitlog_min_offset, schema)
@@ -581,24 +584,31 @@ class _UnitPiece:
     count: int
 
 
-def _queue_pieces(location: StoreLocation, topic: str, queue_id: int) -> Iterator[_UnitPiece]:
-    """A queue's valid units, a chunk of a file at a time, up to its first invalid unit or a
-    gap between its files. A file of another size than the queue's others is refused (a
-    broker does not load it; the rest of the queue was left out in silence)."""
+def _queue_pieces(
+    location: StoreLocation, topic: str, queue_id: int, file_size: int | None = None
+) -> Iterator[_UnitPiece]:
+    """A queue's units, a chunk of a file at a time: every unit of the files before its
+    last three, then (a broker's recovery walks only those) up to the first invalid unit;
+    a gap between its files ends it too. A file of another size than ``file_size`` (None:
+    than the queue's others) is refused, as a broker does not load it (the rest of the
+    queue was left out in silence)."""
     relative = f"consumequeue/{topic}/{queue_id}"
+    files = location.checked_segments(relative, "consume-queue", "its queue", file_size)
+    walked = max(0, len(files) - 3)  # the first of the files recovery walks
     expected = None
-    for name, size in location.checked_segments(relative, "consume-queue", "its queue"):
+    for number, (name, size) in enumerate(files):
         if expected is not None and int(name) != expected:
             return
         file = f"{relative}/{name}"
         first = int(name) // UNIT.size
         for position, data in _queue_chunks(location, file, size):
-            valid = kernel.valid_units(data)
+            units = len(data) // UNIT.size
+            valid = units if number < walked else kernel.valid_units(data)
             if valid:
                 offset = first + position // UNIT.size
-                units = data if valid * UNIT.size == len(data) else data[: valid * UNIT.size]
-                yield _UnitPiece(topic, queue_id, file, offset, units, valid)
-            if valid < len(data) // UNIT.size:
+                kept = data if valid * UNIT.size == len(data) else data[: valid * UNIT.size]
+                yield _UnitPiece(topic, queue_id, file, offset, kept, valid)
+            if valid < units:
                 return
         expected = int(name) + size
 
@@ -615,8 +625,9 @@ class _PendingUnits:
         self.count += piece.count
 
     def batches(self, commitlog_min_offset: int, schema: Any) -> Iterator[Any]:
-        """The pieces as one batch of ``schema``'s columns, pre-blank units and those below
-        ``commitlog_min_offset`` left out (none when that leaves no row); then none pending."""
+        """The pieces as one batch of ``schema``'s columns, pre-blank units, invalid ones and
+        those below ``commitlog_min_offset`` left out (none when that leaves no row); then
+        none pending."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -652,6 +663,7 @@ class _PendingUnits:
         batch = pa.RecordBatch.from_arrays([built[field.name] for field in schema], schema=schema)
         pre_blank = pc.and_(pc.equal(offsets, 0), pc.equal(sizes, PRE_BLANK_SIZE))
         keep = pc.and_(pc.greater_equal(offsets, commitlog_min_offset), pc.invert(pre_blank))
+        keep = pc.and_(keep, pc.greater(sizes, 0))  # invalid units before the walked files
         if not pc.all(keep).as_py():
             batch = batch.filter(keep)
         if batch.num_rows:

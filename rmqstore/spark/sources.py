@@ -70,6 +70,7 @@ from rmqstore.config import BROKER_INT_BOUNDS, DEFAULT_MAX_MESSAGE_SIZE, SMALLES
 from rmqstore.consumequeue import ROCKSDB_QUEUES_NOTE, queue_id_of
 from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError, RmqStoreError, StoreIOError, TopicError
+from rmqstore.geometry import store_queue_file_size
 from rmqstore.jsontext import parse_json
 from rmqstore.pipeline.filters import COMPARISONS, RowFilter, holds_for, offset_window
 from rmqstore.pipeline.location import StoreLocation
@@ -835,7 +836,10 @@ class ConsumeQueueReader(DataSourceReader):
                 queue_id = queue_id_of(queue)
                 if queue_id is not None and self._wanted(topic, queue_id):
                     queues.append((topic, queue_id))
-        return [InputPartition((group, minimum)) for group in self._groups(queues)]
+        # the queue-file size the commands take (None for a store by URI: each queue's files
+        # are held to their own size)
+        size = None if self.location.remote else store_queue_file_size(Path(self.location.uri))
+        return [InputPartition((group, minimum, size)) for group in self._groups(queues)]
 
     def _groups(self, queues: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
         """Consecutive queues sharing partitions of about ``splitSize`` bytes of units, and
@@ -854,8 +858,10 @@ class ConsumeQueueReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if partition.value is None:
             return
-        queues, minimum = partition.value
-        batches = queue_unit_batches(self.location, queues, minimum, self.names, self.not_null)
+        queues, minimum, size = partition.value
+        batches = queue_unit_batches(
+            self.location, queues, minimum, self.names, self.not_null, size
+        )
         yield from checked(batches)
 
 

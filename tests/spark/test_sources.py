@@ -136,12 +136,9 @@ def test_a_store_with_a_commit_log_file_cut_short_is_refused(tmp_path: Path) -> 
             CommitLogReader({"path": str(store), **options}).partitions()
 
 
-def test_a_queue_with_a_file_cut_short_is_refused(tmp_path: Path) -> None:
-    """The consume-queue source read such a queue up to the cut and left out the rest of it
-    (its next file does not follow on) without a word."""
+def _queue_of_four_files(tmp_path: Path) -> Path:
+    """A store whose queue T/0 is four files of 10, 10, 10 and 5 units."""
     from rmqstore.dispatch import Dispatcher
-    from rmqstore.errors import StoreFormatError
-    from rmqstore.spark.sources import ConsumeQueueReader
     from rmqstore.store import Store
 
     config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
@@ -149,15 +146,75 @@ def test_a_queue_with_a_file_cut_short_is_refused(tmp_path: Path) -> None:
     with Store.open_write(store, config, create=True) as opened:
         opened.appender().append_many([Message(topic="T", body=b"x" * 100) for _ in range(35)])
         Dispatcher(opened).run()
+    assert len(list((store / "consumequeue" / "T" / "0").iterdir())) == 4
+    return store
+
+
+def test_a_queue_with_a_file_cut_short_is_refused(tmp_path: Path) -> None:
+    """The consume-queue source read such a queue up to the cut and left out the rest of it
+    (its next file does not follow on) without a word; a queue of one file cut short was
+    read as one that ends there, where every command refuses the store."""
+    from rmqstore.errors import StoreFormatError
+    from rmqstore.geometry import geometry_path
+    from rmqstore.spark.sources import ConsumeQueueReader
+
+    store = _queue_of_four_files(tmp_path)
     folder = store / "consumequeue" / "T" / "0"
     files = sorted(folder.iterdir())
-    assert len(files) == 4
     (folder / f"{int(files[-1].name) + 200:020d}").touch()  # as a broker makes its next file
     reader = ConsumeQueueReader({"path": str(store)})
     assert [row[2] for row in _queue_rows(reader)] == list(range(35))
     os.truncate(files[1], 100)
-    with pytest.raises(StoreFormatError, match=f"{files[1].name} is 100 bytes; the other files of"):
+    refused = f"{files[1].name} is 100 bytes; the configured size is 200: a broker does not"
+    with pytest.raises(StoreFormatError, match=refused):
         _queue_rows(reader)
+    for name in files[2:]:
+        (folder / name).unlink()
+    with pytest.raises(StoreFormatError, match=refused):  # the last file of the queue
+        _queue_rows(ConsumeQueueReader({"path": str(store)}))
+    geometry_path(store).unlink()  # a broker's store: its queues' usual size
+    with pytest.raises(StoreFormatError, match=refused):
+        _queue_rows(ConsumeQueueReader({"path": str(store)}))
+    (folder / "00000000000000000000").unlink()  # no other queue: the queue's own files
+    assert [row[2] for row in _queue_rows(ConsumeQueueReader({"path": str(store)}))] == list(
+        range(10, 15)
+    )
+
+
+def test_a_queue_goes_on_past_an_invalid_unit_before_its_last_three_files(tmp_path: Path):
+    """A broker's recovery looks for a queue's end in its last three files only: a unit that
+    points nowhere before them is a hole its consumers skip, and the units after it are the
+    queue's. The source ended the queue there, leaving out every later unit; it now leaves
+    out only that unit, as the engine's read of the queue does. In the last three files an
+    invalid unit still ends the queue."""
+    import struct
+
+    from rmqstore.spark.sources import ConsumeQueueReader
+    from rmqstore.store import Store
+
+    store = _queue_of_four_files(tmp_path)
+    folder = store / "consumequeue" / "T" / "0"
+    files = sorted(folder.iterdir())
+    for file, unit, value in (
+        (files[0], 3, bytes(20)),
+        (files[0], 7, struct.pack(">qiq", -1, 9, 0)),
+    ):
+        with open(file, "r+b") as handle:
+            handle.seek(unit * 20)
+            handle.write(value)
+    rows = _queue_rows(ConsumeQueueReader({"path": str(store)}))
+    assert [row[2] for row in rows] == [n for n in range(35) if n not in (3, 7)]
+    with Store.open_read(store) as opened:
+        queue = opened.consume_queue("T", 0)
+        engine = [unit for unit in queue.units() if unit.size > 0 and unit.physical_offset >= 0]
+    assert [row[2:6] for row in rows] == [
+        (unit.queue_offset, unit.physical_offset, unit.size, unit.tags_code) for unit in engine
+    ]
+    with open(files[2], "r+b") as handle:
+        handle.seek(4 * 20)  # unit 24, in the last three files
+        handle.write(bytes(20))
+    rows = _queue_rows(ConsumeQueueReader({"path": str(store)}))
+    assert [row[2] for row in rows] == [n for n in range(24) if n not in (3, 7)]
 
 
 def test_the_consume_queue_source_refuses_queues_kept_in_rocksdb(tmp_path: Path) -> None:
@@ -265,12 +322,15 @@ def test_the_consume_queue_source_reads_a_queue_file_to_its_first_invalid_unit(
     import struct
 
     from rmqstore.consumequeue import _FIRST_CHUNK
+    from rmqstore.geometry import read_geometry, write_geometry
     from rmqstore.pipeline.location import StoreLocation
     from rmqstore.pipeline.rows import queue_unit_bytes
     from rmqstore.spark.sources import ConsumeQueueReader
 
     store = tmp_path / "store"
     generate("basic", store)
+    # a store of 600,000-byte queue files (the broker's default size)
+    write_geometry(store, {**read_geometry(store), "consumequeue_file_size": 600_000})
     folder = store / "consumequeue" / "Many" / "0"
     folder.mkdir(parents=True)
     unit = struct.Struct(">qiq")
