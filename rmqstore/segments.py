@@ -103,7 +103,10 @@ class SegmentQueue:
                 f"the configured size is {file_size}"
             )
             if kind == "commit-log":
-                message += " (a broker does not load the store with it)"
+                message += (
+                    " (a broker does not load the store with it; rmqstore verify reports "
+                    "what else it finds)"
+                )
             if strict:
                 raise StoreFormatError(message)
             queue.problems.append(message)
