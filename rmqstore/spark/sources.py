@@ -92,11 +92,12 @@ from rmqstore.pipeline.rows import (
     queue_unit_batches,
     queue_unit_bytes,
 )
+from rmqstore.record import find_next_record_in_file
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
 from rmqstore.topics import check_topic_path_safe
 from rmqstore.topicsconfig import batch_queues_note
-from rmqstore.windows import read_range
+from rmqstore.windows import FileWindows, read_range
 from rmqstore.wording import quoted
 
 # bytes of commit log per partition of a load() that does not say (option splitSize): what
@@ -733,20 +734,36 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _end(self, known: int, until: int | None = None) -> int:
         """Where the whole, CRC-valid records end, looked for from ``known`` on; with
-        ``until``, the last that ends by it, or the first after ``known`` when none does."""
+        ``until``, the last that ends by it, or the first after ``known`` when none does.
+        Damage in a file before the last one a record begins (the broker has moved on from
+        it) does not end them: they go on from the next record after it, and the batch's
+        ranges skip the damage, as the batch source does (the query stopped there for
+        good, without a word)."""
         position = known
+        last = self._last_written_file()
         for name, size in self.location.commitlog_segments():
             start = int(name)
             if start + size <= position:
                 continue
-            position = max(position, start)  # files before it were deleted
+            position = max(position, start)
             segment = Segment(start, self.root / "commitlog" / name, size)
-            end, complete, _ = whole_records_end(
-                segment, position - start, until=until, at_least_one=position == known
-            )
-            position = start + (size if complete else end)
-            if not complete:
-                break
+            while True:
+                end, complete, past_until = whole_records_end(
+                    segment, position - start, until=until, at_least_one=position == known
+                )
+                if complete:
+                    position = start + size
+                    break
+                position = start + end
+                if past_until or last is None or start >= last:
+                    return position  # the batch's bound, or where the log ends now
+                resumed = _record_after(segment, end + 1)
+                if resumed is None:  # no record after the damage: the file's next one
+                    position = start + size
+                    break
+                position = start + resumed
+                if until is not None and position >= until:
+                    return position
         return position
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
@@ -789,6 +806,13 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def commit(self, end: dict) -> None:
         pass  # the store is only read: nothing to release
+
+
+def _record_after(segment: Segment, position: int) -> int | None:
+    """The file position of the first record at or after ``position`` of ``segment`` (None:
+    none before its end)."""
+    with FileWindows(segment.path, segment.size) as windows:
+        return find_next_record_in_file(windows, position, segment.start)
 
 
 class ConsumeQueueReader(DataSourceReader):

@@ -207,6 +207,59 @@ def test_a_new_empty_file_is_read_past_and_a_file_cut_short_stops_the_query(
         reader.latestOffset(start)
 
 
+def _stream_offsets(store: Path) -> tuple[list[int], int]:
+    """The commit-log offsets a Trigger.AvailableNow query reads, batch after batch, as Spark
+    calls the reader, and where its last batch ended."""
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    reader = CommitLogStreamReader({"path": str(store), "splitSize": "16384"})
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    offsets: list[int] = []
+    while (end := reader.latestOffset(start)) != start:
+        for partition in reader.partitions(start, end):
+            for batch in reader.read(partition):
+                offsets.extend(batch.column("commitLogOffset").to_pylist())
+        start = end
+    return offsets, start["offset"]
+
+
+def test_damage_in_a_file_the_broker_moved_on_from_is_skipped(oracle, tmp_path: Path) -> None:
+    """A record whose magic code is gone, in an early file of a real broker's store: the
+    query read up to it and then stopped for good, without a word (an AvailableNow export
+    ended there). The records after it are read, as the batch source reads them. In the last
+    file a record begins, damage is where the log ends now, as before."""
+    from rmqstore.spark.sources import CommitLogReader
+
+    source = oracle("s1_multi")
+    store = source.copy_to(tmp_path)
+    puts = source.manifest["puts"]
+
+    def damage(put: dict) -> None:
+        position = put["physicalOffset"]
+        with open(store / "commitlog" / f"{position - position % 65536:020d}", "r+b") as file:
+            file.seek(position % 65536 + 4)
+            file.write(bytes(4))  # MAGICCODE
+
+    def batch_offsets() -> list[int]:
+        reader = CommitLogReader({"path": str(store)})
+        return [
+            offset
+            for partition in reader.partitions()
+            for batch in reader.read(partition)
+            for offset in batch.column("commitLogOffset").to_pylist()
+        ]
+
+    damage(puts[100])
+    offsets, end = _stream_offsets(store)
+    assert offsets == batch_offsets() and len(offsets) == len(puts) - 1
+    assert puts[101]["physicalOffset"] in offsets
+    damage(puts[-3])  # in the last file
+    offsets, end = _stream_offsets(store)
+    assert end == puts[-3]["physicalOffset"]
+    assert offsets == [offset for offset in batch_offsets() if offset < end]
+
+
 @pytest.mark.parametrize("split", [0, 97, 5000])
 def test_a_batch_reads_each_message_once_whatever_the_split(tmp_path: Path, split: int) -> None:
     """Micro-batches between offsets inside files, over file rolls: every message once, in
