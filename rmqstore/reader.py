@@ -38,12 +38,11 @@ from rmqstore.record import (
     Message,
     ScanStop,
     data_ends_at,
-    find_next_record_in_file,
     message_from_row,
+    next_record_in_segment,
 )
 from rmqstore.segments import Segment
 from rmqstore.store import Store
-from rmqstore.windows import FileWindows
 from rmqstore.wording import clipped, counted, missing_files, quoted
 
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
@@ -790,11 +789,9 @@ class MessageReader:
         segment = log.queue.find(offset)
         if segment is None:
             raise NotFoundError(f"offset {offset} is outside the commit-log files")
-        windows = FileWindows(segment.path, segment.size)
-        try:
-            found = find_next_record_in_file(windows, offset - segment.start, segment.start)
-        finally:
-            windows.close()
+        found = next_record_in_segment(
+            segment.path, segment.size, segment.start, offset - segment.start
+        )
         if found is not None:
             return segment.start + found
         if self._data_ends_before(offset):

@@ -29,7 +29,7 @@ from rmqstore.hosts import DEFAULT_BORN_HOST, DEFAULT_STORE_HOST, HostAddress
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.msgid import offset_msg_id
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
-from rmqstore.windows import BufferWindows
+from rmqstore.windows import BufferWindows, FileWindows
 
 MAGIC_V1 = -626843481  # 0xDAA320A7 read as a Java int
 MAGIC_V2 = -626843477  # 0xDAA320AB
@@ -734,3 +734,11 @@ def find_next_record_in_file(
             return found if found < end else None
         chunk_start = chunk_end
     return None
+
+
+def next_record_in_segment(path: Any, size: int, start: int, position: int) -> int | None:
+    """The file position of the first valid record at or after ``position`` of the
+    commit-log file at ``path`` (``size`` bytes, its first byte at physical offset
+    ``start``), read through windows; None when none follows in the file."""
+    with FileWindows(path, size) as windows:
+        return find_next_record_in_file(windows, position, start)

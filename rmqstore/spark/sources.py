@@ -92,12 +92,12 @@ from rmqstore.pipeline.rows import (
     queue_unit_batches,
     queue_unit_bytes,
 )
-from rmqstore.record import find_next_record_in_file
+from rmqstore.record import next_record_in_segment
 from rmqstore.replication import WRITE_SETTLE, whole_records_end
 from rmqstore.segments import Segment
 from rmqstore.topics import check_topic_path_safe
 from rmqstore.topicsconfig import batch_queues_note
-from rmqstore.windows import FileWindows, read_range
+from rmqstore.windows import read_range
 from rmqstore.wording import quoted
 
 # bytes of commit log per partition of a load() that does not say (option splitSize): what
@@ -757,7 +757,7 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 position = start + end
                 if past_until or last is None or start >= last:
                     return position  # the batch's bound, or where the log ends now
-                resumed = _record_after(segment, end + 1)
+                resumed = next_record_in_segment(segment.path, size, start, end + 1)
                 if resumed is None:  # no record after the damage: the file's next one
                     position = start + size
                     break
@@ -806,13 +806,6 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def commit(self, end: dict) -> None:
         pass  # the store is only read: nothing to release
-
-
-def _record_after(segment: Segment, position: int) -> int | None:
-    """The file position of the first record at or after ``position`` of ``segment`` (None:
-    none before its end)."""
-    with FileWindows(segment.path, segment.size) as windows:
-        return find_next_record_in_file(windows, position, segment.start)
 
 
 class ConsumeQueueReader(DataSourceReader):
