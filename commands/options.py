@@ -19,6 +19,7 @@ from rmqstore.config import (
     SMALLEST_SPLIT_SIZE,
     StoreConfig,
     check_index_geometry,
+    left_broker_config,
     load_broker_config,
     round_consumequeue_size,
 )
@@ -138,8 +139,7 @@ def store_config_options(func: F) -> F:
         store = kwargs.get("store")
         local_root = Path(store) if store is not None and "://" not in str(store) else None
         if broker_config is None and local_root is not None:
-            left = local_root / "config" / "broker.properties"  # where a broker left one
-            broker_config = left if left.is_file() else None
+            broker_config = left_broker_config(local_root)
         config = load_broker_config(broker_config, local_root) if broker_config else StoreConfig()
         cq_size = kwargs.pop("consumequeue_file_size")
         config = config.with_overrides(

@@ -196,6 +196,13 @@ def _unescape(text: str) -> str:
     return "".join(out)
 
 
+def left_broker_config(store_root: Path) -> Path | None:
+    """The ``config/broker.properties`` a broker left in its store, when there is one: the
+    store's settings when no ``--broker-config`` names others."""
+    left = store_root / "config" / "broker.properties"
+    return left if left.is_file() else None
+
+
 def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfig:
     """Read the store-related keys of a broker's ``broker.conf``.
 

@@ -26,6 +26,7 @@ from rmqstore.config import (
     DEFAULT_INDEX_ENTRIES,
     DEFAULT_INDEX_SLOTS,
     StoreConfig,
+    left_broker_config,
     load_broker_config,
 )
 from rmqstore.consumequeue import CQ_UNIT_SIZE
@@ -103,10 +104,8 @@ def stated_file_size(root: Path, name: str) -> int | None:
     writes it), else the ``broker.properties`` a broker left in its ``config/`` (as the
     commands take it); None when neither names one."""
     size = read_geometry(root).get(name)
-    if size is None:
-        left = root / CONFIG_DIR / "broker.properties"
-        if left.is_file():
-            size = getattr(load_broker_config(left, root), name)
+    if size is None and (left := left_broker_config(root)) is not None:
+        size = getattr(load_broker_config(left, root), name)
     return size
 
 
