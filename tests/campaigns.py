@@ -244,3 +244,52 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
         _write_at(target, position, bytes(min(size - position, rng.randrange(1, 4096))))
         return f"zero-run {name}@{position}"
     return mutate(store, outside, rng)
+
+
+def damage_segment(store: Path, folder: str, rng: random.Random) -> str:
+    """Damage one segment file below ``folder`` of ``store`` (``commitlog`` or
+    ``consumequeue``) one way a disk or a cut copy does: a flipped bit, a run of zeros, an
+    int field overwritten, the file cut short, a file in the middle deleted, bytes of
+    another file copied over. Returns what was done ("" when nothing was)."""
+    files = sorted(
+        path
+        for path in (store / folder).rglob("*")
+        if path.is_file() and len(path.name) == 20 and path.stat().st_size
+    )
+    if not files:
+        return ""
+    target = rng.choice(files)
+    name, size = str(target.relative_to(store)), target.stat().st_size
+    kind = rng.choice(["bit-flip", "bit-flip", "zero-run", "int", "cut", "delete", "copy"])
+    position = rng.randrange(min(size, 200_000))  # where the records or units are
+    if kind == "cut":
+        length = rng.randrange(size)
+        os.truncate(target, length)
+        return f"cut {name} to {length}"
+    if kind == "delete" and len(files) > 2 and target not in (files[0], files[-1]):
+        target.unlink()
+        return f"delete {name}"
+    if kind == "copy" and len(files) > 1:
+        source = rng.choice([path for path in files if path != target])
+        length = rng.randrange(1, min(4096, source.stat().st_size) + 1)
+        start = rng.randrange(source.stat().st_size - length + 1)
+        with open(source, "rb") as handle:
+            handle.seek(start)
+            data = handle.read(length)
+        at = rng.randrange(max(1, size - length))
+        _write_at(target, at, data)
+        return f"copy {source.relative_to(store)}@{start}+{length} over {name}@{at}"
+    if kind == "zero-run":
+        length = rng.randrange(1, 64)
+        _write_at(target, position, bytes(length))
+        return f"zero-run {name}@{position}+{length}"
+    if kind == "int":
+        value = rng.choice([0, -1, (1 << 31) - 1, 1 << 20, rng.randrange(1, 400)])
+        _write_at(target, position, value.to_bytes(4, "big", signed=True))
+        return f"int {value} {name}@{position}"
+    with open(target, "r+b") as handle:
+        handle.seek(position)
+        byte = handle.read(1)[0]
+        handle.seek(position)
+        handle.write(bytes([byte ^ (1 << rng.randrange(8))]))
+    return f"bit-flip {name}@{position}"

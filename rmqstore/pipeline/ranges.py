@@ -166,8 +166,10 @@ class RangeScan:
     Afterwards: ``outcome`` (``reached``: the next range's records follow; ``covered``: no
     record starts in the range; ``blank``, ``end``, ``invalid``: the file's records end
     here, at ``end``), ``blank_length``, ``invalid_regions``, ``first_invalid``, ``error``
-    (the first invalid record's reason), ``crc_failures`` and ``first_crc_failure`` (the
-    physical offset of the first record whose CRC check failed)."""
+    (the first invalid record's reason), ``first_zeros`` (the first run of zeros skipped:
+    records follow it, in a file before the last), ``crc_failures`` and
+    ``first_crc_failure`` (the physical offset of the first record whose CRC check
+    failed)."""
 
     def __init__(
         self,
@@ -188,6 +190,7 @@ class RangeScan:
         self.blank_length = 0
         self.invalid_regions = 0
         self.first_invalid: int | None = None
+        self.first_zeros: int | None = None  # zeros with records after them (not the end)
         self.error: str | None = None
         self.crc_failures = 0
         self.first_crc_failure: int | None = None
@@ -236,17 +239,27 @@ class RangeScan:
                 if region.stop is ScanStop.BLANK:
                     self.outcome, self.blank_length = "blank", region.blank_length
                     return
-                if region.stop is ScanStop.END:
-                    self.outcome = "end"
+                if region.stop is ScanStop.END and (part.last_file or not self.resync):
+                    self.outcome = "end"  # nothing more was written
                     return
-                self.invalid_regions += 1
-                if self.first_invalid is None:
-                    self.first_invalid = end
-                    self.error = str(region.error)
                 # (to the file's end, as a walk of the whole file does: a damaged region is
                 # searched past once, by the range where it begins; the ranges inside it only
                 # search their own bytes)
                 resumed = find_next_record_in_file(windows, end, base) if self.resync else None
+                self.invalid_regions += 1
+                if region.stop is ScanStop.END:
+                    if resumed is None:
+                        self.invalid_regions -= 1
+                        self.outcome = "end"  # zeros to the file's end
+                        return
+                    # zeros in a file the log has gone on from, with records after them: a
+                    # run of zeros written over records, skipped as other damage is (where
+                    # a dispatch still stops, as at zeros: first_zeros)
+                    if self.first_zeros is None:
+                        self.first_zeros = end
+                elif self.first_invalid is None:
+                    self.first_invalid = end
+                    self.error = str(region.error)
                 if resumed is None:
                     self.outcome = "invalid"
                     return
@@ -308,6 +321,9 @@ class RangeSummary:
     # records that may have units in further (LMQ) queues: the times INNER_MULTI_QUEUE_OFFSET
     # is found among the range's records (a body may hold it too: an upper bound)
     queue_copies: int = 0
+    # the file position of the first run of zeros skipped (records follow it in a file the
+    # log has gone on from): a dispatch stops there, as at the end of what was written
+    first_zeros: int | None = None
 
 
 SUMMARY_FIELDS = [
@@ -328,6 +344,7 @@ SUMMARY_FIELDS = [
     ("error", "STRING", "string"),
     ("delayError", "STRING", "string"),
     ("queueCopies", "BIGINT", "int64"),
+    ("firstZeros", "BIGINT", "int64"),
 ]
 
 
@@ -416,6 +433,7 @@ class RangeTally:
             error=scan.error,
             delay_error=self.delay_error,
             queue_copies=self.queue_copies,
+            first_zeros=scan.first_zeros,
         )
 
 
@@ -551,6 +569,8 @@ def _stops(summary: RangeSummary, crc_from: int | None) -> Iterator[tuple[int, s
         yield start + summary.first_invalid, summary.error, "invalid"
     if summary.outcome == "end" and summary.end is not None:
         yield start + summary.end, None, "end"
+    if summary.first_zeros is not None:
+        yield start + summary.first_zeros, None, "end"
     if summary.first_crc_failure is not None and crc_from is not None and start >= crc_from:
         reason = f"record at offset {summary.first_crc_failure}: BODYCRC does not match the body"
         yield summary.first_crc_failure, reason, "crc"

@@ -780,10 +780,13 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return []
         first = max(begin, files[0][0]) - files[0][0]  # where the last batch ended: a record
         ends = {start: min(stop, start + size) - start for start, size in files}
+        # zeros in a file before the last one a record begins are damage the ranges skip,
+        # as _end found; in that last one they are where the log ends now
+        last = self._last_written_file()
         ranges = [  # a range that begins a file's part of the batch begins at a record
             FileRange(
-                names[start], start, lower, upper, size, True, self.margin,
-                record_start=lower == (first if start == files[0][0] else 0),
+                names[start], start, lower, upper, size, last is None or start >= last,
+                self.margin, record_start=lower == (first if start == files[0][0] else 0),
             )
             for start, size, lower, upper, _ in plan_spans(
                 files, self.split, begin=first, ends=ends

@@ -122,6 +122,36 @@ def test_damage_in_a_completed_file_is_skipped(stores: Path, tmp_path: Path) -> 
         assert ranged_records(store_dir, split) == [o for o in offsets if o != damaged]
 
 
+def test_zeros_over_records_in_a_completed_file_are_skipped(tmp_path: Path) -> None:
+    """A run of zeros written over records in a file the log has gone on from: damage, the
+    records after it read on whatever the split, as other damage is. They ended the file (as
+    zeros do in the last file), so a read in whole files left out the records after them and
+    a read in smaller ranges did not; dispatch still stops there, as the dispatcher does."""
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    with Store.open_read(store_dir) as store:
+        offsets = [offset for offset, *_ in store.commitlog.scan()]
+    first, second = offsets[10], offsets[11]
+    fd = os.open(store_dir / "commitlog" / f"{0:020d}", os.O_RDWR)
+    os.pwrite(fd, bytes(second - first), first)
+    os.close(fd)
+    for split in SPLITS:
+        assert ranged_records(store_dir, split) == [o for o in offsets if o != first], split
+    location = StoreLocation(str(store_dir))
+    summaries = [
+        summarize_range(location, part, check_crc=False, delay_levels=DelayLevels())
+        for part in plan_ranges(location, 0, split_last=True)
+    ]
+    end = dispatch_end(walk_summaries(summaries), next_file_start=None, crc_from=None)
+    os.rename(store_dir / "consumequeue", tmp_path / "queues")  # dispatched again below
+    with Store.open_write(store_dir) as store:
+        dispatcher = Dispatcher(store, build_index=False)
+        result = dispatcher.run(store.commitlog.min_offset)
+        dispatcher.close()
+    assert end.cut == result.log_end == first
+    assert end.reason == result.stopped_by
+
+
 def test_a_file_cut_short_is_refused_and_an_empty_last_one_left_out(
     stores: Path, tmp_path: Path
 ) -> None:
