@@ -246,10 +246,8 @@ class RangeScan:
                 # searched past once, by the range where it begins; the ranges inside it only
                 # search their own bytes)
                 resumed = find_next_record_in_file(windows, end, base) if self.resync else None
-                self.invalid_regions += 1
                 if region.stop is ScanStop.END:
                     if resumed is None:
-                        self.invalid_regions -= 1
                         self.outcome = "end"  # zeros to the file's end
                         return
                     # zeros in a file the log has gone on from, with records after them: a
@@ -260,6 +258,7 @@ class RangeScan:
                 elif self.first_invalid is None:
                     self.first_invalid = end
                     self.error = str(region.error)
+                self.invalid_regions += 1
                 if resumed is None:
                     self.outcome = "invalid"
                     return
