@@ -149,6 +149,15 @@ def _write_at(path: Path, position: int, data: bytes) -> None:
         handle.write(data)
 
 
+def _flip_bit(path: Path, position: int, rng: random.Random) -> None:
+    """Flip one bit, chosen by ``rng``, of the byte at ``position`` of ``path``."""
+    with open(path, "r+b") as handle:
+        handle.seek(position)
+        byte = handle.read(1)[0]
+        handle.seek(position)
+        handle.write(bytes([byte ^ (1 << rng.randrange(8))]))
+
+
 def _real_folders(paths: list[Path]) -> list[Path]:
     """The folders among ``paths`` that are not links."""
     return [path for path in paths if path.is_dir() and not path.is_symlink()]
@@ -168,11 +177,7 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     size = target.stat().st_size
     if kind == "bit-flip" and size:
         position = rng.randrange(size)
-        with open(target, "r+b") as handle:
-            handle.seek(position)
-            byte = handle.read(1)[0]
-            handle.seek(position)
-            handle.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        _flip_bit(target, position, rng)
         return f"bit-flip {name}@{position}"
     if kind == "truncate":
         length = rng.randrange(size + 1)
@@ -287,9 +292,5 @@ def damage_segment(store: Path, folder: str, rng: random.Random) -> str:
         value = rng.choice([0, -1, (1 << 31) - 1, 1 << 20, rng.randrange(1, 400)])
         _write_at(target, position, value.to_bytes(4, "big", signed=True))
         return f"int {value} {name}@{position}"
-    with open(target, "r+b") as handle:
-        handle.seek(position)
-        byte = handle.read(1)[0]
-        handle.seek(position)
-        handle.write(bytes([byte ^ (1 << rng.randrange(8))]))
+    _flip_bit(target, position, rng)
     return f"bit-flip {name}@{position}"

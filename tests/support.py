@@ -527,3 +527,21 @@ def crashed_with_a_queue_behind(root: Path, *, index: bool = True) -> QueueBehin
     (root / "abort").touch()
     options = ("--commitlog-file-size", "4096", "--index-slots", "64", "--index-entries", "256")
     return QueueBehind(len(appended), lost[0].physical_offset, options)
+
+
+def streamed_offsets(store: Path, **options: str) -> tuple[list[int], int]:
+    """The commit-log offsets a Trigger.AvailableNow query of the streaming source reads,
+    batch after batch, as Spark calls its reader (no session), and where its last batch
+    ended."""
+    from rmqstore.spark.sources import CommitLogStreamReader
+
+    reader = CommitLogStreamReader({"path": str(store), **options})
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    offsets: list[int] = []
+    while (end := reader.latestOffset(start)) != start:
+        for partition in reader.partitions(start, end):
+            for batch in reader.read(partition):
+                offsets.extend(batch.column("commitLogOffset").to_pylist())
+        start = end
+    return offsets, start["offset"]

@@ -33,7 +33,7 @@ from rmqstore.record import Message
 from rmqstore.store import Store
 
 from campaigns import campaign_random, damage_segment, rounds, seed_note
-from support import mutate_units
+from support import mutate_units, streamed_offsets
 
 MUTANTS = rounds(short=4, long=150)  # per comparison
 BROKER_STORES = ("s1_multi", "s2_crash", "v533_s1_multi", "s3_txn_delay")
@@ -194,22 +194,6 @@ def test_the_consume_queue_source_reads_what_the_engine_reads(stores, tmp_path: 
     for store, done in mutants(stores, tmp_path, "source-queues", queue_damage):
         expected = outcome(lambda: engine_units(store))  # noqa: B023
         assert outcome(lambda: source_units(store)) == expected, done  # noqa: B023
-
-
-def streamed_offsets(store: Path, **options: str) -> tuple[list[int], int]:
-    """What a Trigger.AvailableNow query reads, batch after batch, and where it stops."""
-    from rmqstore.spark.sources import CommitLogStreamReader
-
-    reader = CommitLogStreamReader({"path": str(store), **options})
-    start = reader.initialOffset()
-    reader.prepareForTriggerAvailableNow()
-    offsets: list[int] = []
-    while (end := reader.latestOffset(start)) != start:
-        for partition in reader.partitions(start, end):
-            for batch in reader.read(partition):
-                offsets.extend(batch.column("commitLogOffset").to_pylist())
-        start = end
-    return offsets, start["offset"]
 
 
 @pytest.mark.campaign

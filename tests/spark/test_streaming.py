@@ -18,7 +18,7 @@ import pytest
 
 from rmqstore.errors import InputError
 
-from support import run_cli
+from support import run_cli, streamed_offsets
 
 pytestmark = pytest.mark.spark
 
@@ -207,23 +207,6 @@ def test_a_new_empty_file_is_read_past_and_a_file_cut_short_stops_the_query(
         reader.latestOffset(start)
 
 
-def _stream_offsets(store: Path) -> tuple[list[int], int]:
-    """The commit-log offsets a Trigger.AvailableNow query reads, batch after batch, as Spark
-    calls the reader, and where its last batch ended."""
-    from rmqstore.spark.sources import CommitLogStreamReader
-
-    reader = CommitLogStreamReader({"path": str(store), "splitSize": "16384"})
-    start = reader.initialOffset()
-    reader.prepareForTriggerAvailableNow()
-    offsets: list[int] = []
-    while (end := reader.latestOffset(start)) != start:
-        for partition in reader.partitions(start, end):
-            for batch in reader.read(partition):
-                offsets.extend(batch.column("commitLogOffset").to_pylist())
-        start = end
-    return offsets, start["offset"]
-
-
 def test_damage_in_a_file_the_broker_moved_on_from_is_skipped(oracle, tmp_path: Path) -> None:
     """A record whose magic code is gone, in an early file of a real broker's store: the
     query read up to it and then stopped for good, without a word (an AvailableNow export
@@ -251,11 +234,11 @@ def test_damage_in_a_file_the_broker_moved_on_from_is_skipped(oracle, tmp_path: 
         ]
 
     damage(puts[100])
-    offsets, end = _stream_offsets(store)
+    offsets, end = streamed_offsets(store, splitSize="16384")
     assert offsets == batch_offsets() and len(offsets) == len(puts) - 1
     assert puts[101]["physicalOffset"] in offsets
     damage(puts[-3])  # in the last file
-    offsets, end = _stream_offsets(store)
+    offsets, end = streamed_offsets(store, splitSize="16384")
     assert end == puts[-3]["physicalOffset"]
     assert offsets == [offset for offset in batch_offsets() if offset < end]
 
