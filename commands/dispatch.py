@@ -105,7 +105,8 @@ def command(
     """Build consume queues and index from the commit log.
 
     An idempotent replay, like a broker's dispatcher: it resumes where the consume queues and
-    the index end, puts NOT_TYPE/COMMIT records into consume queues (SCHEDULE_TOPIC_XXXX
+    the index end (past records that give them nothing: without UNIQ_KEY or KEYS, PREPARED,
+    ROLLBACK), puts NOT_TYPE/COMMIT records into consume queues (SCHEDULE_TOPIC_XXXX
     units carry the deliver time; a record naming LMQ queues in INNER_MULTI_DISPATCH, with
     the offsets its broker gave it in INNER_MULTI_QUEUE_OFFSET, gets a unit in each of them
     too), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK records, and updates the

@@ -65,8 +65,10 @@ def command(
 
     Commit-log files and offset range, topics and queues with their offsets, consume queues
     with the broker's min/max offsets, index, dispatch lag (records in the commit log not
-    yet in consume queues; without 'abort' it adds that a 5.x broker's start may leave them
-    out: 5.3.0 and 5.3.1 all, 5.3.2 and later those up to the furthest queue's end),
+    yet in consume queues, from the first one a queue takes after where they end: PREPARED
+    and ROLLBACK records alone are no lag; without 'abort' it adds that a 5.x broker's
+    start may leave them out: 5.3.0 and 5.3.1 all, 5.3.2 and later those up to the
+    furthest queue's end),
     checkpoint values, abort and lock state. Reads only; works on a store a broker holds
     (with a warning). Without --deep the log is read from where the consume queues end (and
     its last files, for the valid end as a broker's recovery finds it), so a store of any

@@ -167,9 +167,9 @@ class Dispatcher:
         dispatch to there adds nothing to it."""
         if self.index is None:
             return True
-        return (
-            _index_resume_offset(self.store, self.index, self.store.commitlog.min_offset) >= offset
-        )
+        store = self.store
+        index_from = _index_resume_offset(store, self.index, store.commitlog.min_offset)
+        return _past_records_giving_nothing(store, index_from, offset, index_from, offset) >= offset
 
     def cursor(self) -> int:
         """Where dispatch resumes (see :func:`resume_offset`)."""
@@ -746,18 +746,21 @@ def no_later_than_replay(store: Store, start: int) -> int:
 
 def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:
     """Where dispatch resumes: the earlier of where the consume queues end (the broker's
-    ``max over queues of maxPhysicOffset``) and where the index ends: after the record its
-    last file ends with, or at that record when a kill kept some of its keys out of the
-    index (:meth:`IndexService.build` then adds only those)."""
+    ``max over queues of maxPhysicOffset``) and where the index ends (see
+    :func:`_index_resume_offset`), then past the records that give neither anything (see
+    :func:`_past_records_giving_nothing`)."""
     start = store.commitlog.min_offset
     cq_end = max((queue.max_physical_offset for queue in queues), default=-1)
-    positions = [cq_end if cq_end >= 0 else start]
-    if index is not None:
-        positions.append(_index_resume_offset(store, index, start))
-    return max(start, min(positions))
+    queues_from = max(start, cq_end)
+    index_from = None if index is None else _index_resume_offset(store, index, start)
+    cursor = queues_from if index_from is None else max(start, min(queues_from, index_from))
+    return _past_records_giving_nothing(store, cursor, queues_from, index_from)
 
 
 def _index_resume_offset(store: Store, index: IndexService, start: int) -> int:
+    """Where the index ends: after the record its last file ends with, or at that record
+    when a kill kept some of its keys out of the index (:meth:`IndexService.build` then
+    adds only those); ``start`` when it holds nothing."""
     last = index.last
     if last is None or (last.header.index_count <= 1 and last.header.end_phy_offset <= 0):
         return start
@@ -771,6 +774,39 @@ def _index_resume_offset(store: Store, index: IndexService, start: int) -> int:
     if index.entries_of(offset) < wanted:
         return offset
     return offset + record.store_size
+
+
+def _past_records_giving_nothing(
+    store: Store, offset: int, queues_from: int, index_from: int | None, until: int | None = None
+) -> int:
+    """``offset`` (a record's start or the log's end), moved past each record a dispatch
+    would write nothing for, to the first that gives the consume queues a unit (one at or
+    after ``queues_from``, not PREPARED nor ROLLBACK) or the index keys (one at or after
+    ``index_from``, with UNIQ_KEY or KEYS, not ROLLBACK), or ``until``, or where the log's
+    records end. A broker's index ends at the last record with keys and its queues at the
+    last record they take, so records after those that have none are not behind: without
+    this walk, a store ending with such records would be behind after every dispatch. The
+    walk stops at a record whose CRC fails, as recovery may end the log there; one that
+    reaches the log's end goes past a BLANK to the start of a last file with no record."""
+    if until is not None and offset >= until:
+        return offset
+    scan = store.commitlog.scan(offset, check_crc=True)
+    for physical_offset, header, _, properties, crc_ok in scan:
+        if (until is not None and physical_offset >= until) or crc_ok is False:
+            return offset
+        transaction = header.sys_flag & TRANSACTION_MASK
+        if physical_offset >= queues_from and transaction in QUEUED_TRANSACTIONS:
+            return physical_offset
+        if (
+            index_from is not None
+            and physical_offset >= index_from
+            and transaction != TRANSACTION_ROLLBACK
+        ):
+            found = decode_properties(properties)
+            if UNIQ_KEY in found or split_keys(found.get(KEYS)):
+                return physical_offset
+        offset = physical_offset + header.total_size
+    return max(offset, scan.end_offset)
 
 
 def queue_reach(store: Store) -> int | None:

@@ -149,6 +149,9 @@ class _SummaryWalk:
         self.tips = tips
         self.dispatch_from = dispatch_from
         self.records = self.behind_records = 0
+        # the first record at or after dispatch_from that a queue takes: where the lag
+        # starts (records no queue takes, PREPARED and ROLLBACK, are not behind before it)
+        self.lag_from: int | None = None
         self.first_time = self.last_time = 0
         self.last_offset = 0
         self.topics = kernel_layout.TopicNames()
@@ -171,7 +174,16 @@ class _SummaryWalk:
         self.last_time = stamps[-1]
         self.last_offset = offsets[-1]
         behind_from = bisect_left(offsets, self.dispatch_from)
-        self.behind_records += count - behind_from
+        if self.lag_from is None and behind_from < count:
+            not_queued = set(_not_queued_rows(rows, count))
+            lag_row = behind_from
+            while lag_row in not_queued:
+                lag_row += 1
+            if lag_row < count:
+                self.lag_from = offsets[lag_row]
+                self.behind_records += count - lag_row
+        elif self.lag_from is not None:
+            self.behind_records += count - behind_from
         position = 0
         while position < count:  # queued rows, run by run
             position, found = kernel.queue_runs(
@@ -275,6 +287,9 @@ def summarize(
             progress(walk.last_offset - walk_from)
     stopped = scan
     end_offset = scan.end_offset
+    # where a dispatch would add something to a queue: past records no queue takes, and
+    # past a BLANK to the start of a last file with no record
+    lag_from = walk.lag_from if walk.lag_from is not None else max(dispatch_from, end_offset)
     last_time = (
         walk.last_time if walk.records else _newest_queued_time(store, end_offset, last_units)
     )
@@ -380,8 +395,8 @@ def summarize(
         "dispatch": None
         if rocksdb
         else {
-            "cursor": dispatch_from,
-            "behindBytes": max(0, end_offset - dispatch_from) if segments else 0,
+            "cursor": lag_from,
+            "behindBytes": max(0, end_offset - lag_from) if segments else 0,
             "behindRecords": walk.behind_records,
         },
     }

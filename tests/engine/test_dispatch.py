@@ -13,11 +13,12 @@ import pytest
 
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import PRE_BLANK_UNIT, ConsumeQueue
-from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
+from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_dispatch, plan_rebuild
 from rmqstore.errors import InputError, NotFoundError, StoreFormatError
 from rmqstore.indexfile import IndexService
+from rmqstore.properties import KEYS, UNIQ_KEY
 from rmqstore.reader import MessageReader
-from rmqstore.record import Message
+from rmqstore.record import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, Message
 from rmqstore.store import Store
 
 from support import ORACLE_CONFIG, manifest_dump, tree_digest
@@ -44,7 +45,6 @@ def dispatched_copy(oracle, name: str, tmp_path: Path, which: str = "store") -> 
     """A copy of an oracle store whose consume queues and index were deleted, then rebuilt
     by rmqstore dispatch."""
     store_dir = oracle(name).copy_to(tmp_path, which)
-    shutil.rmtree(store_dir / "consumequeue")
     shutil.rmtree(store_dir / "index", ignore_errors=True)
     with Store.open_write(store_dir, StoreConfig(**ORACLE_CONFIG)) as store:
         dispatcher = Dispatcher(store, clock=fixed_clock())
@@ -370,3 +370,97 @@ def test_a_damaged_queue_offset_starts_no_queue_file_a_broker_cannot_name(
     with Store.open_read(store_dir, config) as store:
         report = verify_store(store)
     assert report.counts["record-queue-offset"] == 1 and not report.ok
+
+
+def _dispatched(store_dir: Path, config: StoreConfig) -> tuple[int, int, int]:
+    """(records walked, where a dispatch would start next, the log's valid end)."""
+    with Store.open_write(store_dir, config) as store:
+        dispatcher = Dispatcher(store)
+        try:
+            walked = dispatcher.run().records
+            return walked, dispatcher.cursor(), store.log_end().offset
+        finally:
+            dispatcher.close()
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        [],  # no record with a key at all: the index has no file
+        [Message(topic="T", body=b"no key")],
+        [
+            Message(
+                topic="T",
+                body=b"prepared",
+                sys_flag=TRANSACTION_PREPARED,
+                properties={UNIQ_KEY: "AB01"},
+            )
+        ],
+        [
+            Message(
+                topic="T",
+                body=b"rolled back",
+                sys_flag=TRANSACTION_ROLLBACK,
+                properties={KEYS: "k9"},
+            )
+        ],
+    ],
+)
+def test_records_a_dispatch_writes_nothing_for_are_not_left_behind(
+    tmp_path: Path, last: list[Message]
+) -> None:
+    """A broker's index ends at the last record with keys and its queues at the last record
+    they take: records after those that give them nothing (no UNIQ_KEY nor KEYS; PREPARED;
+    ROLLBACK) are dispatched all the same. A dispatch used to start before them every time
+    (before every keyless record of the log when none had keys), and its dry run called the
+    store behind after each dispatch."""
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    store_dir = tmp_path / "s"
+    keyed = [] if not last else [Message(topic="T", body=b"k", properties={KEYS: "k1"})]
+    with Store.open_write(store_dir, config, create=True) as store:
+        store.appender().append_many(
+            [*keyed, *(Message(topic="T", body=b"x" * 100) for _ in range(4)), *last]
+        )
+    walked, cursor, end = _dispatched(store_dir, config)
+    assert walked == len(keyed) + 4 + len(last) and cursor == end
+    assert _dispatched(store_dir, config) == (0, end, end)
+    with Store.open_read(store_dir, config) as store:
+        assert plan_dispatch(store) == (end, end)
+
+
+def test_records_with_keys_after_keyless_ones_are_still_indexed(tmp_path: Path) -> None:
+    """The walk past records that give the index nothing stops at the first that gives it
+    keys: an index deleted under full queues is built again from there."""
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    store_dir = tmp_path / "s"
+    with Store.open_write(store_dir, config, create=True) as store:
+        results = store.appender().append_many(
+            [
+                *(Message(topic="T", body=b"x") for _ in range(3)),
+                Message(topic="T", body=b"k", properties={KEYS: "wanted"}),
+                Message(topic="T", body=b"y"),
+            ]
+        )
+    _dispatched(store_dir, config)
+    shutil.rmtree(store_dir / "index")
+    with Store.open_read(store_dir, config) as store:
+        assert plan_dispatch(store)[0] == results[3].physical_offset
+    walked, _, _ = _dispatched(store_dir, config)
+    assert walked == 2
+    index = IndexService(store_dir / "index", config.index_slots, config.index_entries)
+    assert index.query("T", "wanted") == [results[3].physical_offset]
+
+
+def test_a_last_file_with_no_record_after_a_blank_is_not_behind(tmp_path: Path) -> None:
+    """A commit log whose last file holds no record (a recovery cut its only records) ends
+    at that file's start: the BLANK before it is not left for the next dispatch."""
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    store_dir = tmp_path / "s"
+    with Store.open_write(store_dir, config, create=True) as store:
+        store.appender().append_many([Message(topic="T", body=b"x" * 700) for _ in range(7)])
+    last = store_dir / "commitlog" / "00000000000000004096"
+    last.write_bytes(bytes(4096))  # its records gone, as a recovery's cut leaves it
+    walked, cursor, end = _dispatched(store_dir, config)
+    assert (walked, cursor, end) == (5, 4096, 4096)
+    with Store.open_read(store_dir, config) as store:
+        assert plan_dispatch(store) == (4096, 4096)

@@ -107,3 +107,53 @@ def test_each_consume_queue_is_loaded_once(
     with Store.open_read(store_dir) as store:
         summary = summarize(store)
     assert loads and len(loads) == len(set(loads)) == len(summary["consumeQueues"])
+
+
+def test_records_no_queue_takes_are_not_a_dispatch_lag(tmp_path: Path) -> None:
+    """PREPARED and ROLLBACK records after the furthest queue's last record, or a last
+    commit-log file holding no record after a BLANK, are no lag: a dispatch adds nothing
+    for them (info called them records and bytes behind, whatever dispatch did). A record
+    a queue takes after them is behind, and so is what follows it."""
+    from rmqstore.dispatch import Dispatcher
+    from rmqstore.record import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, Message
+
+    config = StoreConfig(commitlog_file_size=4096, consumequeue_file_size=200)
+    store_dir = tmp_path / "s"
+    with Store.open_write(store_dir, config, create=True) as store:
+        store.appender().append_many([Message(topic="T", body=b"x" * 700) for _ in range(5)])
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+        queued_end = store.log_end().offset
+        appender = store.appender()
+        for sys_flag in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
+            appender.append(Message(topic="T", body=b"y", sys_flag=sys_flag))
+    for deep in (False, True):
+        with Store.open_read(store_dir, config) as store:
+            lag = summarize(store, deep=deep)["dispatch"]
+            end = store.log_end().offset
+        assert end > queued_end and lag == {"cursor": end, "behindBytes": 0, "behindRecords": 0}
+
+    with Store.open_write(store_dir, config) as store:
+        appended = store.appender().append(Message(topic="T", body=b"z"))
+        store.appender().append(Message(topic="T", body=b"y", sys_flag=TRANSACTION_ROLLBACK))
+        end = store.log_end().offset
+    with Store.open_read(store_dir, config) as store:
+        lag = summarize(store)["dispatch"]
+    assert lag == {
+        "cursor": appended.physical_offset,
+        "behindBytes": end - appended.physical_offset,
+        "behindRecords": 2,
+    }
+
+    blank_dir = tmp_path / "blank"
+    with Store.open_write(blank_dir, config, create=True) as store:
+        store.appender().append_many([Message(topic="T", body=b"x" * 700) for _ in range(7)])
+    (blank_dir / "commitlog" / "00000000000000004096").write_bytes(bytes(4096))
+    with Store.open_write(blank_dir, config) as store:
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    with Store.open_read(blank_dir, config) as store:
+        lag = summarize(store)["dispatch"]
+    assert lag == {"cursor": 4096, "behindBytes": 0, "behindRecords": 0}
