@@ -81,6 +81,13 @@ from rmqstore.store import Store
     help="Only show what would be done; exit 1 when there is work to do. Opens the store "
     "read-only: no lock taken, nothing written.",
 )
+@click.option(
+    "--up-to-damage",
+    is_flag=True,
+    help="With --rebuild: rebuild even when the commit log is damaged before its valid end "
+    "(in a file a broker's recovery does not walk), the queues and index then ending at the "
+    "damage; without it such a rebuild is refused, exit 2, nothing changed.",
+)
 @click.option("--yes", is_flag=True, help="Do not ask before --rebuild (for scripts).")
 @engine_options(default="local")
 @jobs_option()
@@ -95,6 +102,7 @@ def command(
     no_index: bool,
     max_records: int | None,
     dry_run: bool,
+    up_to_damage: bool,
     yes: bool,
     engine: EngineChoice,
     jobs: int,
@@ -111,6 +119,9 @@ def command(
     the offsets its broker gave it in INNER_MULTI_QUEUE_OFFSET, gets a unit in each of them
     too), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK records, and updates the
     checkpoint. Running it twice changes nothing; an invalid record (a torn tail) ends it.
+    One in a file a broker's recovery does not walk, before the log's valid end, ends it
+    too (a broker's dispatcher on a slave stops there; a master's skips the rest of the
+    file): damage{offset, reason, logEnd} names it, with a warning and exit 1.
     Bytes after a queue's valid end (junk, a torn unit) go to quarantine/<time>-dispatch
     before units are written over them. Takes the store's lock. On a store with 'abort' (a
     crash) it starts where a broker's crash recovery does, at the file the checkpoint picks,
@@ -122,15 +133,20 @@ def command(
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a
     rebuild, a consumer group's offset (config/consumerOffset.json) past the end of a
-    rebuilt queue is named in a warning. A rebuild an error stops once the old files began
+    rebuilt queue is named in a warning. A commit log damaged before its valid end (in a
+    file a broker's recovery does not walk, and a broker serves the records after it) would
+    end the replay at the damage, the rebuilt queues and index leaving out the records
+    after it: such a rebuild is refused (exit 2, nothing changed) unless --up-to-damage;
+    the dry run's plan shows the damage. A rebuild an error stops once the old files began
     to move (a full disk: exit 4) leaves 'abort' in place, as a crash would, so a broker
     starting on the store runs its crash recovery; the one-line error says so and names the
     quarantine folder: run it again once the cause is mended.
 
     JSON: fromOffset, toOffset, logEnd, records, unitsWritten, unitsSkipped,
-    indexedRecords, indexEntries, queuesTouched, stoppedBy, problems (and plan, quarantine
-    with --rebuild). With --dry-run: fromOffset, logEnd, behindBytes, maxRecords (or plan and
-    maxRecords with --rebuild).
+    indexedRecords, indexEntries, queuesTouched, stoppedBy, problems, damage (and plan,
+    quarantine with --rebuild). With --dry-run: fromOffset, logEnd, behindBytes, maxRecords
+    (or plan and maxRecords with --rebuild; plan.damage{offset, reason, logEnd}, null for a
+    sound log).
     """
     build_index = not no_index and not topics
     if engine.spark and not rebuild:
@@ -145,6 +161,8 @@ def command(
     engine.check_jobs(jobs)
     if jobs > 1 and (not rebuild or max_records is not None):
         raise click.UsageError("--jobs works with --rebuild (and without --max-records)")
+    if up_to_damage and not rebuild:
+        raise click.UsageError("--up-to-damage works with --rebuild")
     if topics and not no_index:
         note("--topic: only those consume queues are built; the index is left alone")
     if dry_run:
@@ -159,13 +177,19 @@ def command(
     with Store.open_write(store, config, replacing=replacing) as opened:
         document: dict = {}
         if rebuild:
-            plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
+            plan = plan_rebuild(
+                opened,
+                topics=topics or None,
+                rebuild_index=build_index,
+                up_to_damage=up_to_damage,
+            )
             document["plan"] = plan.to_dict()
             if not yes:
                 moves = ", ".join(str(path) for path in plan.moves) or "nothing"
+                upto = "" if plan.damage is None else f" up to offset {plan.damage.offset:,}"
                 confirm_or_refuse(
                     "--rebuild",
-                    f"move {counted(plan.files, 'file')} ({moves}) to quarantine and rebuild",
+                    f"move {counted(plan.files, 'file')} ({moves}) to quarantine and rebuild{upto}",
                 )
             session = engine.session() if engine.spark else None  # before anything moves
             with rebuilding(opened, plan) as quarantine:
@@ -206,7 +230,9 @@ def _dry_run(
         opened.refuse_if_locked()
         opened.refuse_foreign_parts()
         if rebuild:
-            plan = plan_rebuild(opened, topics=topics or None, rebuild_index=build_index)
+            plan = plan_rebuild(
+                opened, topics=topics or None, rebuild_index=build_index, up_to_damage=True
+            )
             return _show_plan({"plan": plan.to_dict(), "maxRecords": max_records}, as_json)
         start, end = plan_dispatch(
             opened, topics=topics or None, build_index=build_index, from_offset=from_offset
@@ -302,7 +328,7 @@ def _report(store: Store, result: DispatchResult, document: dict, as_json: bool)
         emit_json(document)
     else:
         _render(result, document.get("quarantine"))
-    return 0
+    return ExitCode.FINDINGS if result.damage is not None else ExitCode.OK
 
 
 def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
@@ -320,6 +346,13 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
                 f"  files: {plan['files']}; reset checkpoint: {', '.join(plan['resetCheckpoint'])}"
             )
             console.print(f"  then dispatch from offset {plan['dispatchFrom']}{limit}")
+            damage = plan["damage"]
+            if damage is not None:
+                console.print(
+                    f"  [yellow]the commit log is damaged at offset {damage['offset']:,} "
+                    f"({damage['reason']}), before its valid end at {damage['logEnd']:,}: "
+                    "the replay would stop there; refused unless --up-to-damage[/yellow]"
+                )
         else:
             console.print(
                 f"would dispatch {document['behindBytes']:,} bytes of the commit log "

@@ -23,7 +23,7 @@ from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd, LogScan
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
 from rmqstore.delay import DelayLevels, unit_tags_code
-from rmqstore.errors import InputError, NotFoundError, RecordError
+from rmqstore.errors import InputError, NotFoundError, RecordError, StoreFormatError
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
@@ -56,6 +56,9 @@ class DispatchResult:
     queues_touched: int = 0
     stopped_by: str | None = None  # the invalid record that ends the log, if any
     problems: list[str] = field(default_factory=list)
+    # where the replay stopped before the log's valid end (damage in a file a broker's
+    # recovery does not walk): the records after it are in no queue nor the index
+    damage: LogDamage | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -64,7 +67,15 @@ class DispatchResult:
             "unitsSkipped": self.units_skipped, "indexedRecords": self.index_records,
             "indexEntries": self.index_entries, "queuesTouched": self.queues_touched,
             "stoppedBy": self.stopped_by, "problems": list(self.problems),
+            "damage": None if self.damage is None else self.damage.to_dict(),
         }  # fmt: skip
+
+    def stopped_at_damage(self, damage: LogDamage) -> None:
+        """The replay stopped at ``damage``, before the log's valid end."""
+        self.damage = damage
+        self.log_end = damage.log_end
+        self.stopped_by = f"damage at offset {damage.offset}: {damage.reason}"
+        self.problems.append(damage.describe(rebuilt=False))
 
 
 class Dispatcher:
@@ -250,6 +261,8 @@ class Dispatcher:
             result.log_end = store.log_end().offset
             if start < result.log_end:
                 raise _no_record_at(start, result.log_end)
+        elif walk.complete and result.stopped_by is None and (damage := self._damage_where(scan)):
+            result.stopped_at_damage(damage)
         elif walk.complete and result.stopped_by is None:
             end = LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
             store.remember_log_end(end)
@@ -309,6 +322,17 @@ class Dispatcher:
         result.index_records = walk.index_records
         result.index_entries = walk.index_entries
         return walk, scan
+
+    def _damage_where(self, scan: LogScan) -> LogDamage | None:
+        """Where ``scan`` stopped, when that is in a file before those a broker's recovery
+        walks and before the valid end recovery finds: the scan's end is then not the
+        log's."""
+        store = self.store  # the files a broker's recovery walks, as the store was opened
+        recovery = store.commitlog.recovery_start(store.checkpoint(), store.abort_existed)
+        if scan.segment is None or recovery is None or scan.segment.start >= recovery.start:
+            return None
+        error = None if scan.error is None else str(scan.error)
+        return damage_before_end(store, scan.end_offset, error)
 
     @staticmethod
     def _check_ahead(ahead: int, log_end: int) -> None:
@@ -991,6 +1015,9 @@ class RebuildPlan:
     # what the rebuild makes (the folders it moves, and those it makes where there were none),
     # for a restore of its quarantine folder to set aside
     makes: list[Path] = field(default_factory=list)
+    # where the replay stops before the log's valid end (damage in a file the log has gone
+    # on from): the rebuilt queues and index would end there
+    damage: LogDamage | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -999,13 +1026,90 @@ class RebuildPlan:
             "resetCheckpoint": ["logicsMsgTimestamp"]
             + (["indexMsgTimestamp"] if self.reset_index else []),
             "dispatchFrom": self.from_offset,
+            "damage": None if self.damage is None else self.damage.to_dict(),
         }
 
 
+@dataclass(frozen=True, slots=True)
+class LogDamage:
+    """Where a replay of the whole commit log stops before the log's valid end: damage in a
+    file before those a broker's recovery walks (which ignores it)."""
+
+    offset: int
+    reason: str
+    log_end: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"offset": self.offset, "reason": self.reason, "logEnd": self.log_end}
+
+    def describe(self, *, rebuilt: bool = True) -> str:
+        left_out = (
+            "so the rebuilt consume queues and index would leave out"
+            if rebuilt
+            else "and the consume queues and index leave out"
+        )
+        return (
+            f"the commit log is damaged at offset {self.offset:,} ({self.reason}), before its "
+            f"valid end at {self.log_end:,} (a broker's recovery does not walk that file): a "
+            f"replay stops there, {left_out} the {self.log_end - self.offset:,} bytes of "
+            "records after it"
+        )
+
+
+_ZEROS_WHERE_RECORDS_GO_ON = "zeros where records go on: the file has no BLANK at its end"
+
+
+def damage_before_end(store: Store, stopped_at: int, error: str | None) -> LogDamage | None:
+    """The damage a replay of the log stopped at (``stopped_at``: the invalid record
+    ``error`` says what is wrong with, or zeros), when that is before the valid end a
+    broker's recovery finds."""
+    end = store.valid_end_as_opened()
+    if stopped_at >= end:
+        return None
+    if error is None:
+        return LogDamage(stopped_at, _ZEROS_WHERE_RECORDS_GO_ON, end)
+    return LogDamage(stopped_at, error.removeprefix(f"record at offset {stopped_at}: "), end)
+
+
+def log_damage_before_end(store: Store) -> LogDamage | None:
+    """Where a replay of the log from its first record (what a rebuild dispatches) stops
+    before the valid end a broker's recovery finds, or None. Only the files before those
+    recovery walks are scanned (CRCs not checked there, as the replay does not): in the
+    files recovery walks, the replay ends where recovery ends the log."""
+    log = store.commitlog
+    if not log.segments:
+        return None
+    recovery = log.recovery_start(store.checkpoint(), store.abort_existed)
+    walked_from = recovery.start if recovery is not None else log.segments[-1].start
+    scan = log.scan(log.min_offset, property_crc=store.config.force_verify_prop_crc)
+    batches = scan.batches()
+    try:
+        for _ in batches:
+            if scan.segment is not None and scan.segment.start >= walked_from:
+                return None
+    finally:
+        batches.close()  # type: ignore[attr-defined]
+    return damage_before_end(
+        store, scan.end_offset, None if scan.error is None else str(scan.error)
+    )
+
+
 def plan_rebuild(
-    store: Store, *, topics: Iterable[str] | None = None, rebuild_index: bool = True
+    store: Store,
+    *,
+    topics: Iterable[str] | None = None,
+    rebuild_index: bool = True,
+    up_to_damage: bool = False,
 ) -> RebuildPlan:
-    """Plan a rebuild of the consume queues (of ``topics``, or all) and of the index."""
+    """Plan a rebuild of the consume queues (of ``topics``, or all) and of the index. A log
+    damaged before its valid end is refused (StoreFormatError), unless ``up_to_damage``:
+    the plan then says where the rebuild will end."""
+    damage = log_damage_before_end(store)
+    if damage is not None and not up_to_damage:
+        raise StoreFormatError(
+            f"{damage.describe()}; nothing was changed (rmqstore verify names the damage; "
+            "--up-to-damage rebuilds up to it all the same)"
+        )
     selected = set(topics) if topics else None
     if selected is None:
         makes = [store.consumequeue_dir]
@@ -1015,7 +1119,7 @@ def plan_rebuild(
         makes.append(store.index_dir)
     moves = [path for path in makes if path.exists()]
     files = sum(1 for path in moves for item in _walk(path) if item.is_file())
-    return RebuildPlan(moves, files, rebuild_index, store.commitlog.min_offset, makes)
+    return RebuildPlan(moves, files, rebuild_index, store.commitlog.min_offset, makes, damage)
 
 
 def _walk(path: Path) -> Iterable[Path]:

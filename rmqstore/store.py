@@ -515,6 +515,18 @@ class Store:
         )
         return self._log_end
 
+    def valid_end_as_opened(self) -> int:
+        """The valid end a broker's recovery finds for the store as it was opened: with the
+        rules of a crash only when ``abort`` was there then (a writer makes one as it
+        begins; :meth:`log_end` computed after that takes the rules of a crash). Computed
+        each time: only a replay stopped early asks for it."""
+        return self.commitlog.valid_end(
+            check_crc=self.config.check_crc_on_recover,
+            abnormal=self.abort_existed,
+            checkpoint=self.checkpoint(),
+            property_crc=self.config.force_verify_prop_crc,
+        ).offset
+
     def reload_files(self) -> None:
         """Forget the loaded commit-log files and valid end (after recovery cut or moved
         files); the next use loads them again."""

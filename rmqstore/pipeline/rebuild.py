@@ -34,6 +34,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels
 from rmqstore.dispatch import (
     Dispatcher,
     DispatchResult,
+    damage_before_end,
     out_of_order_problem,
     out_of_range_problem,
 )
@@ -522,6 +523,15 @@ def settle_walk_end(
     if end.kind == "delay":
         result.log_end = store.log_end().offset
         result.stopped_by = end.reason
+        return
+    recovery = store.commitlog.recovery_start(store.checkpoint(), store.abort_existed)
+    if (
+        end.kind in ("invalid", "end")
+        and recovery is not None
+        and end.cut < recovery.start
+        and (damage := damage_before_end(store, end.cut, end.reason))
+    ):
+        result.stopped_at_damage(damage)  # the log goes on: its end is not the walk's
         return
     result.log_end = end.cut
     stop = ScanStop.END if end.kind == "end" else ScanStop.INVALID

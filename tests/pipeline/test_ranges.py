@@ -126,7 +126,8 @@ def test_zeros_over_records_in_a_completed_file_are_skipped(tmp_path: Path) -> N
     """A run of zeros written over records in a file the log has gone on from: damage, the
     records after it read on whatever the split, as other damage is. They ended the file (as
     zeros do in the last file), so a read in whole files left out the records after them and
-    a read in smaller ranges did not; dispatch still stops there, as the dispatcher does."""
+    a read in smaller ranges did not; dispatch still stops there, as the dispatcher does, and
+    names the damage."""
     store_dir = tmp_path / "store"
     generate("multi", store_dir)
     with Store.open_read(store_dir) as store:
@@ -148,8 +149,11 @@ def test_zeros_over_records_in_a_completed_file_are_skipped(tmp_path: Path) -> N
         dispatcher = Dispatcher(store, build_index=False)
         result = dispatcher.run(store.commitlog.min_offset)
         dispatcher.close()
-    assert end.cut == result.log_end == first
-    assert end.reason == result.stopped_by
+    assert end.cut == result.to_offset == first and end.reason is None
+    # the log goes on past the zeros: the dispatch names them, the log's end the valid one
+    assert result.damage is not None and result.damage.offset == first
+    assert result.log_end == result.damage.log_end > first
+    assert result.stopped_by == f"damage at offset {first}: {result.damage.reason}"
 
 
 def test_a_file_cut_short_is_refused_and_an_empty_last_one_left_out(
