@@ -68,8 +68,10 @@ _HELP = (
 
     Finding kinds: """
     + ", ".join(KINDS)
-    + """. Each finding names its fix (the command that mends it, or "none: report only"), and
-    the report ends with the next step to take. Positions mean one thing each: file (the
+    + """. Each finding names its fix (the command that mends it, or "none: report only": so
+    is damage in a commit-log file before those a broker's recovery walks, which no recovery
+    cuts, with what points at it and the lags after it no dispatch reaches), and the report
+    ends with the next step to take. Positions mean one thing each: file (the
     store-relative file or directory) and filePosition (a byte in that file), commitLogOffset
     (a commit-log physical offset), topic/queueId/queueOffset (a consume-queue unit or
     queue); a field that does not apply is null. JSON: {ok, nextStep, findings[{kind,

@@ -1071,17 +1071,22 @@ def damage_before_end(store: Store, stopped_at: int, error: str | None) -> LogDa
     return LogDamage(stopped_at, error.removeprefix(f"record at offset {stopped_at}: "), end)
 
 
-def log_damage_before_end(store: Store) -> LogDamage | None:
-    """Where a replay of the log from its first record (what a rebuild dispatches) stops
-    before the valid end a broker's recovery finds, or None. Only the files before those
-    recovery walks are scanned (CRCs not checked there, as the replay does not): in the
-    files recovery walks, the replay ends where recovery ends the log."""
+def log_damage_before_end(store: Store, start: int | None = None) -> LogDamage | None:
+    """Where a replay of the log from ``start`` (default: its first record, what a rebuild
+    dispatches) stops before the valid end a broker's recovery finds, or None. Only the
+    files before those recovery walks are scanned (CRCs not checked there, as the replay
+    does not): in the files recovery walks, the replay ends where recovery ends the log."""
     log = store.commitlog
-    if not log.segments:
+    if not log.segments or log.queue.find(log.min_offset if start is None else start) is None:
         return None
     recovery = log.recovery_start(store.checkpoint(), store.abort_existed)
     walked_from = recovery.start if recovery is not None else log.segments[-1].start
-    scan = log.scan(log.min_offset, property_crc=store.config.force_verify_prop_crc)
+    if start is not None and start >= walked_from:
+        return None
+    scan = log.scan(
+        log.min_offset if start is None else start,
+        property_crc=store.config.force_verify_prop_crc,
+    )
     batches = scan.batches()
     try:
         for _ in batches:

@@ -154,6 +154,9 @@ class Finding:
     topic: str | None = None
     queue_id: int | None = None
     queue_offset: int | None = None
+    # no command mends this one, whatever mends its kind elsewhere (damage in a commit-log
+    # file a broker's recovery, and so rmqstore recover, does not walk)
+    report_only: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -214,6 +217,7 @@ class VerifyReport:
         topic: str | None = None,
         queue_id: int | None = None,
         queue_offset: int | None = None,
+        report_only: bool = False,
     ) -> None:
         """Count a finding and keep it (up to ``max_findings``); see :class:`Finding`."""
         assert kind in KINDS, kind
@@ -232,6 +236,7 @@ class VerifyReport:
                     topic,
                     queue_id,
                     queue_offset,
+                    report_only,
                 )
             )
 
@@ -270,6 +275,7 @@ class VerifyReport:
         found = {f.kind for f in self.findings if f.severity != NOTE}
         if found & _BLOCKING or self.writers_refused:
             return None  # a missing or foreign file: no command makes the rest whole
+        found = {f.kind for f in self.findings if f.severity != NOTE and not f.report_only}
         for kind, template in FIXES.items():
             if kind in found and template != REPORT_ONLY:
                 return fix_for(kind, store)
@@ -284,8 +290,10 @@ class VerifyReport:
         findings = [finding.to_dict() for finding in self.findings]
         if store is not None:
             refused = self.writers_refused  # no command of rmqstore mends anything then
-            for document in findings:
-                document["fix"] = REPORT_ONLY if refused else fix_for(document["kind"], store)
+            for finding, document in zip(self.findings, findings, strict=True):
+                document["fix"] = (
+                    REPORT_ONLY if refused or finding.report_only else fix_for(finding.kind, store)
+                )
         return {
             "ok": self.ok,
             **({"nextStep": self.next_step(store)} if store is not None else {}),

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from rmqstore import kernel
-from rmqstore.errors import StoreFormatError
+from rmqstore.errors import RmqStoreError, StoreFormatError
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash
 from rmqstore.indexfile import (
     ENTRY_SIZE,
@@ -32,7 +32,13 @@ from rmqstore.properties import KEYS, UNIQ_KEY, split_keys
 from rmqstore.record import TRANSACTION_MASK, TRANSACTION_ROLLBACK, RecordHeader
 from rmqstore.store import Store
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
-from rmqstore.verify.records import RecordBatch, relative
+from rmqstore.verify.queues import behind_damage, replay_damage
+from rmqstore.verify.records import (
+    UNWALKED_DAMAGE,
+    RecordBatch,
+    UnwalkedDamage,
+    relative,
+)
 from rmqstore.wording import counted
 
 _CHAIN_FINDINGS_PER_FILE = 5
@@ -50,6 +56,9 @@ def index_geometry_known(store: Store) -> bool:
     return any(
         sources.get(name, "default") != "default" for name in ("index_slots", "index_entries")
     )
+
+
+_BETWEEN_RECORDS = "points between records"
 
 
 class _IndexPlan(NamedTuple):
@@ -83,6 +92,7 @@ class IndexChecks:
         defer_scans: bool = False,
     ) -> None:
         self.store = store
+        self._unwalked_damage = UnwalkedDamage(store)  # what no command mends
         self.report = report
         self.topics = topics
         self.service: IndexService | None = None
@@ -264,7 +274,7 @@ class IndexChecks:
             if log_end is not None and pending[3] >= log_end:
                 self._orphan(pending, f"points past the end of the commit log ({log_end})")
             elif self._started:
-                self._orphan(pending, "points between records")
+                self._orphan(pending, _BETWEEN_RECORDS)
             # else: before the first record checked (a walk from past it found none)
             pending = next(self._entries, None)
         self._pending = pending
@@ -292,6 +302,7 @@ class IndexChecks:
 
     def close(self) -> None:
         self._count_checked()
+        self._unwalked_damage.close()
         if self.service is not None:
             self.service.close()
 
@@ -397,7 +408,7 @@ class IndexChecks:
         entries = self._entries
         while pending is not None and pending[3] < offset:
             if self._started:
-                self._orphan(pending, "points between records")
+                self._orphan(pending, _BETWEEN_RECORDS)
             pending = next(entries, None)
         self._started = True
         got = []
@@ -445,13 +456,25 @@ class IndexChecks:
         )
 
     def _orphan(self, entry: tuple[str, int, int, int, int], reason: str) -> None:
+        unmendable = reason == _BETWEEN_RECORDS and self._unwalked_damage(entry[3])
         self.report.add(
             "index-entry",
-            f"entry {entry[1]} (offset {entry[3]}) {reason}",
+            f"entry {entry[1]} (offset {entry[3]}) "
+            + (f"points at a damaged record: {UNWALKED_DAMAGE}" if unmendable else reason),
             file=entry[0],
             file_position=self._entry_position(entry[1]),
             commit_log_offset=entry[3],
+            report_only=unmendable,
         )
+
+    def _dispatch_start(self) -> int | None:
+        """Where ``rmqstore dispatch`` would start (None: not known)."""
+        from rmqstore.dispatch import plan_dispatch
+
+        try:
+            return plan_dispatch(self.store)[0]
+        except (RmqStoreError, OSError):
+            return None
 
     def _entry_position(self, number: int) -> int:
         """The byte position of entry ``number`` in an index file of this store's geometry."""
@@ -466,14 +489,18 @@ class IndexChecks:
         # a broker with messageIndexEnable=false indexes nothing: records after where the
         # index ends (if it has files from before) are no lag
         if self.lag and self.store.config.message_index_enable:
+            unreached = behind_damage(
+                replay_damage(self.store, self._dispatch_start()), self.lag, self.first_lag
+            )
             self.report.add(
                 "index-lag",
                 f"{counted(self.lag, 'record')} from offset {self.first_lag} "
                 f"{'is' if self.lag == 1 else 'are'} not indexed yet "
-                "(rmqstore dispatch adds them)",
+                f"({unreached or 'rmqstore dispatch adds them'})",
                 WARNING,
                 file=index_dir,
                 commit_log_offset=self.first_lag,
+                report_only=unreached is not None,
             )
         if self.missing:
             self.report.add(
@@ -485,6 +512,7 @@ class IndexChecks:
                 WARNING,
                 file=index_dir,
             )
+        self._unwalked_damage.close()
         self.service.close()
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice, zip_longest
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rmqstore.commitlog import RecordLookup
 from rmqstore.consumequeue import (
@@ -42,9 +42,17 @@ from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queues_note
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
-from rmqstore.verify.records import RecordBatch, relative
+from rmqstore.verify.records import (
+    UNWALKED_DAMAGE,
+    RecordBatch,
+    UnwalkedDamage,
+    relative,
+)
 from rmqstore.windows import read_range
 from rmqstore.wording import counted, quoted
+
+if TYPE_CHECKING:
+    from rmqstore.dispatch import LogDamage
 
 # bytes of a consume-queue file read at a time, kept until the queue's next unit lies past
 # them: 3,276 units, fewer when many queues share the budget (a broker may have tens of
@@ -171,6 +179,7 @@ class QueueChecks:
         excluded: frozenset[str] | None = None,
     ) -> None:
         self.store = store
+        self._unwalked_damage = UnwalkedDamage(store)  # what no command mends
         self._bounds = bounds or {}
         self._defer_scans = defer_scans
         self._deferred: list[tuple[ConsumeQueue, str]] = []
@@ -311,6 +320,7 @@ class QueueChecks:
             self.report.checked["units"] += units
         for state in self.states.values():
             state.queue.close()
+        self._unwalked_damage.close()
 
     def _load(self, topic: str, queue_id: int) -> None:
         queue = self._open(topic, queue_id)
@@ -664,6 +674,7 @@ class QueueChecks:
 
     def finish(self, log_end: int) -> None:
         resume = self._dispatch_resume() if self._lags() else None
+        blocked = replay_damage(self.store, resume)
         for (topic, queue_id), state in self.states.items():
             queue = state.queue
             name = relative(self.store, queue.directory)
@@ -680,17 +691,19 @@ class QueueChecks:
                     queue_offset=queue.max_offset,
                 )
             elif state.lag:
+                unreached = behind_damage(blocked, state.lag, state.first_lag)
                 self.report.add(
                     "dispatch-lag",
                     f"{counted(state.lag, 'record')} of {topic}:{queue_id} from offset "
                     f"{state.first_lag} {'is' if state.lag == 1 else 'are'} not in the "
-                    f"consume queue ({self._who_adds(state.lag, state.first_lag)})",
+                    f"consume queue ({unreached or self._who_adds(state.lag, state.first_lag)})",
                     WARNING,
                     file=name,
                     commit_log_offset=state.first_lag,
                     topic=topic,
                     queue_id=queue_id,
                     queue_offset=queue.max_offset,
+                    report_only=unreached is not None,
                 )
             if state.matched < queue.max_offset - queue.min_offset:
                 self._report_orphans(topic, queue_id, queue, log_end)
@@ -732,14 +745,16 @@ class QueueChecks:
                     queue_id=queue_id,
                 )
                 continue
+            unreached = behind_damage(blocked, count, first)
             self.report.add(
                 "dispatch-lag",
-                f"{text} ({self._who_adds(count, first)})",
+                f"{text} ({unreached or self._who_adds(count, first)})",
                 WARNING,
                 file=f"consumequeue/{topic}/{queue_id}",
                 commit_log_offset=first,
                 topic=topic,
                 queue_id=queue_id,
+                report_only=unreached is not None,
             )
         self.close()
 
@@ -871,10 +886,12 @@ class QueueChecks:
                         commit_log_offset=unit.physical_offset,
                     )
                 continue
+            damaged = False
             try:
                 holder = lookup.holder(unit.physical_offset)
             except (RecordError, StoreFormatError, NotFoundError) as exc:
                 reason = f"no record starts there ({exc})"
+                damaged = isinstance(exc, RecordError)
             else:
                 place = (topic, queue_id, unit.queue_offset)
                 if holder[:3] == place or place in queue_copies(
@@ -888,12 +905,15 @@ class QueueChecks:
             if not report.keeps():
                 report.count("cq-unit-orphan")
                 continue
+            unmendable = damaged and self._unwalked_damage(unit.physical_offset)
             report.add(
                 "cq-unit-orphan",
                 f"unit {unit.queue_offset} of {topic}:{queue_id} points at offset "
-                f"{unit.physical_offset}: {reason}",
+                f"{unit.physical_offset}: {reason}"
+                + (f": {UNWALKED_DAMAGE}" if unmendable else ""),
                 **self._unit_place(queue, unit.queue_offset),
                 commit_log_offset=unit.physical_offset,
+                report_only=unmendable,
             )
 
     def _unit_place(self, queue: ConsumeQueue, queue_offset: int) -> dict[str, Any]:
@@ -940,6 +960,32 @@ def _blocks(values: Iterable[Any], size: int) -> Iterator[list[Any]]:
     iterator = iter(values)
     while block := list(islice(iterator, size)):
         yield block
+
+
+def replay_damage(store: Store, resume: int | None) -> LogDamage | None:
+    """The damage a replay of the log from ``resume`` (where a dispatch starts) stops at
+    before the log's valid end (None: none, or ``resume`` not known)."""
+    if resume is None:
+        return None
+    from rmqstore.dispatch import log_damage_before_end
+
+    try:
+        return log_damage_before_end(store, resume)
+    except (RmqStoreError, OSError):
+        return None
+
+
+def behind_damage(damage: LogDamage | None, records: int, first: int | None) -> str | None:
+    """Why ``records`` from offset ``first``, lagging behind where a dispatch starts, are
+    reached by no dispatch (they lie after ``damage``), or None."""
+    if damage is None or first is None or first <= damage.offset:
+        return None
+    them = "it" if records == 1 else "them"
+    return (
+        f"after the damage at offset {damage.offset:,}, where a replay of the log stops "
+        f"before its valid end: neither rmqstore dispatch nor a slave broker's reaches {them}, "
+        "and a master broker's skips the rest of that file"
+    )
 
 
 def _left_behind(first: int, resume: int | None) -> bool:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from rmqstore import kernel
 from rmqstore.commitlog import CommitLog
 from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
-from rmqstore.errors import InputError
+from rmqstore.errors import InputError, RecordError, RmqStoreError
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.multidispatch import CopyRunTables, copy_run_keys
@@ -33,6 +33,7 @@ from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
+    BodyMode,
     RecordHeader,
     RegionScan,
     ScanStop,
@@ -49,6 +50,52 @@ from rmqstore.wording import quoted
 _CRC_NAME = b"__CRC32#"
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
+_UNWALKED = "in a file a broker's recovery does not walk"
+UNWALKED_DAMAGE = (
+    "the record there is damaged, in a file a broker's recovery does not walk: no command "
+    "mends it (dispatch --rebuild refuses the log), and the broker serves what is there"
+)
+
+
+class UnwalkedDamage:
+    """Whether the record at an offset is damaged (it does not decode), in a commit-log file
+    before those a broker's recovery walks: a unit or index entry pointing at it is left so
+    by every command. The files as verify reads them (of any size), listed once."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._log: CommitLog | None = None
+        self._walked_from = 0
+
+    def __call__(self, offset: int) -> bool:
+        try:
+            if self._log is None:
+                store = self.store
+                self._log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
+                start = self._log.recovery_start(store.checkpoint(), store.aborted)
+                self._walked_from = start.start if start is not None else 0
+            if offset >= self._walked_from:
+                return False
+            self._log.read(offset, body=BodyMode.SKIP)
+        except RecordError:
+            return True
+        except (RmqStoreError, OSError):
+            return False
+        return False
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"store": self.store, "_log": None, "_walked_from": 0}  # no open files
+
+
+_REPLAY_STOPS = (
+    "a replay of the log stops here: dispatch does not reach the records after it, nor a "
+    "slave broker's, and dispatch --rebuild refuses"
+)
 _HAS_COPIES = kernel_layout.HAS_COPIES
 
 
@@ -161,6 +208,7 @@ class RecordPass:
         self.facts = LogFacts(min_offset=self.log.min_offset)
         self.edges = RangeEdges()
         self.end_segment: Segment | None = None  # the file the log ends in
+        self._walked_from: int | None = None  # where a broker's recovery walks from
         self._previous_time: int | None = None
         self._range_stop = 0  # physical offset: records starting here belong to the next range
         # buffers of the kernel calls that check whole batches
@@ -331,22 +379,36 @@ class RecordPass:
                     self.facts.end_offset = end
                     return FileScan.LOG_ENDED
                 if region.stop is ScanStop.END:
+                    unwalked = self._unwalked(segment)
                     self.report.add(
                         "file-incomplete",
                         "the file ends here without a BLANK record although later files hold "
-                        "data: a broker's recovery would cut the log at this offset",
+                        + (
+                            f"data ({_UNWALKED}: it keeps the later files, as rmqstore recover "
+                            f"does; {_REPLAY_STOPS})"
+                            if unwalked
+                            else "data: a broker's recovery would cut the log at this offset"
+                        ),
                         **log_place(name, end),
+                        report_only=unwalked,
                     )
                     self.facts.end_offset = end
                     return FileScan.FILE_DONE
                 resumed = find_next_record_in_file(windows, region.end_position, segment.start)
                 skipped = (resumed if resumed is not None else file_size) - region.end_position
                 assert region.error is not None
+                unwalked = self._unwalked(segment)
                 self.report.add(
                     _ERROR_KINDS.get(region.error.field, "record-invalid"),
-                    f"{region.error.field} {region.error.reason}; {skipped} bytes skipped (a "
-                    "broker's recovery would cut the log here and drop every later file)",
+                    f"{region.error.field} {region.error.reason}; {skipped} bytes skipped ("
+                    + (
+                        f"{_UNWALKED}: it keeps the log past here, as rmqstore recover does; "
+                        f"{_REPLAY_STOPS})"
+                        if unwalked
+                        else "a broker's recovery would cut the log here and drop every later file)"
+                    ),
                     **log_place(name, end),
+                    report_only=unwalked,
                 )
                 if resumed is None:
                     self.facts.end_offset = end
@@ -511,12 +573,19 @@ class RecordPass:
                 reached_stop = True
                 break
             if crc_ok is False:
+                unwalked = self._unwalked(segment)
                 self._found(
                     segment,
                     "record-body-crc",
                     offset,
-                    f"BODYCRC {header[2]} does not match the body; recovery with "
-                    "checkCRCOnRecover cuts the log here",
+                    f"BODYCRC {header[2]} does not match the body; "
+                    + (
+                        f"{_UNWALKED}: it keeps the record whatever checkCRCOnRecover says, "
+                        "as rmqstore recover does"
+                        if unwalked
+                        else "recovery with checkCRCOnRecover cuts the log here"
+                    ),
+                    report_only=unwalked,
                 )
             if force_property_crc or (props[-20:-12] == _CRC_NAME and props[-1:] == b"\x02"):
                 self._check_property_crc(region, segment, offset, header.total_size)
@@ -594,6 +663,8 @@ class RecordPass:
         offset: int,
         message: str,
         severity: str = ERROR,
+        *,
+        report_only: bool = False,
         **queue: Any,
     ) -> None:
         """Report a finding about the record at ``offset`` of ``segment`` (``queue``: its
@@ -604,7 +675,18 @@ class RecordPass:
             severity,
             **log_place(relative(self.store, segment.path), offset),
             **queue,
+            report_only=report_only,
         )
+
+    def _unwalked(self, segment: Segment) -> bool:
+        """Whether ``segment`` lies before the files a broker's recovery walks (from the
+        third-last, or after a crash from the one the checkpoint picks): damage there is
+        neither cut by recovery (nor rmqstore recover) nor ends the log."""
+        if self._walked_from is None:
+            store = self.store
+            start = self.log.recovery_start(store.checkpoint(), store.aborted)
+            self._walked_from = start.start if start is not None else 0
+        return segment.start < self._walked_from
 
     def _check_property_crc(
         self, region: RegionScan, segment: Segment, offset: int, size: int

@@ -166,6 +166,50 @@ def test_damage_is_reported_through_the_cli(oracle, tmp_path: Path) -> None:
     assert run_cli("verify", store, "--no-crc", *ORACLE_OPTIONS).exit_code == 0
 
 
+def test_damage_where_recovery_does_not_walk_sends_to_no_command(oracle, tmp_path: Path) -> None:
+    """Damage in a commit-log file before those a broker's recovery walks (the first of 52)
+    is cut by no recovery, rmqstore's included, and a replay of the log stops at it. verify
+    named `recover` as the fix, and after it `recover` again, and so on; the records after
+    it that no dispatch reaches were lags `dispatch` was said to add. They are named for
+    what they are, with no command to run."""
+    import shutil
+
+    store = oracle("s1_multi").copy_to(tmp_path)
+    with open(store / "commitlog" / "00000000000000000000", "r+b") as log_file:
+        log_file.seek(31261)  # a record's TOTALSIZE
+        log_file.write(struct.pack(">i", -(2**31)))
+    result = run_cli("verify", store, "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    (damage,) = [f for f in report["findings"] if f["kind"] == "record-invalid"]
+    assert damage["commitLogOffset"] == 31261 and damage["fix"] == "none: report only"
+    assert "a broker's recovery does not walk" in damage["message"]
+    assert report["nextStep"] is None  # the broker's queues hold the records after it
+
+    shutil.rmtree(store / "consumequeue")
+    shutil.rmtree(store / "index")
+    recovered = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
+    assert recovered.exit_code == 1 and "damaged at offset 31,261" in recovered.stderr
+    report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    lags = [f for f in report["findings"] if f["kind"] in ("dispatch-lag", "index-lag")]
+    assert lags and all(f["fix"] == "none: report only" for f in lags)
+    assert all("after the damage at offset 31,261" in f["message"] for f in lags)
+    assert report["nextStep"] is None
+    human = run_cli("verify", store, *ORACLE_OPTIONS)
+    assert "none of these is mended by a command" in human.stdout
+
+    # a body CRC that fails where recovery does not walk: the broker keeps the record
+    flipped = oracle("s1_multi").copy_to(tmp_path / "crc")
+    put = oracle("s1_multi").manifest["puts"][3]
+    with open(flipped / "commitlog" / "00000000000000000000", "r+b") as log_file:
+        log_file.seek(put["physicalOffset"] + 8)
+        log_file.write(struct.pack(">i", put["bodyCRC"] ^ 7))
+    report = json.loads(run_cli("verify", flipped, "--json", *ORACLE_OPTIONS).stdout)
+    (crc,) = report["findings"]
+    assert crc["kind"] == "record-body-crc" and crc["fix"] == "none: report only"
+    assert report["nextStep"] is None
+
+
 def test_a_commit_log_file_cut_short_is_a_finding_not_an_error(oracle, tmp_path: Path) -> None:
     """A copy of a real broker's store whose middle commit-log file was cut short (a copy
     that stopped, a full disk): verify reports it (file-size, an error a broker does not
