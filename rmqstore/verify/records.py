@@ -51,6 +51,10 @@ _CRC_NAME = b"__CRC32#"
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
 _UNWALKED = "in a file a broker's recovery does not walk"
+_REPLAY_STOPS = (
+    "a replay of the log stops here: dispatch does not reach the records after it, nor a "
+    "slave broker's, and dispatch --rebuild refuses"
+)
 UNWALKED_DAMAGE = (
     "the record there is damaged, in a file a broker's recovery does not walk: no command "
     "mends it (dispatch --rebuild refuses the log), and the broker serves what is there"
@@ -92,10 +96,6 @@ class UnwalkedDamage:
         return {"store": self.store, "_log": None, "_walked_from": 0}  # no open files
 
 
-_REPLAY_STOPS = (
-    "a replay of the log stops here: dispatch does not reach the records after it, nor a "
-    "slave broker's, and dispatch --rebuild refuses"
-)
 _HAS_COPIES = kernel_layout.HAS_COPIES
 
 
