@@ -279,12 +279,15 @@ class CommitLog:
         checkpoint: Checkpoint | None = None,
         progress: Callable[[int], None] | None = None,
         property_crc: bool = False,
+        start: Segment | None = None,
     ) -> LogEnd:
         """The end of the last valid record as a broker's recovery computes it: walk from the
-        recovery start file, follow BLANKs, stop at the first invalid record (a bad body CRC
-        counts when ``check_crc``, as with ``checkCRCOnRecover``; with ``property_crc`` as
-        well, 5.x ``forceVerifyPropCRC``, a missing or wrong ``__CRC32#`` counts instead)."""
-        start = self.recovery_start(checkpoint, abnormal)
+        recovery start file (``start``, else the one ``abnormal`` and ``checkpoint`` pick),
+        follow BLANKs, stop at the first invalid record (a bad body CRC counts when
+        ``check_crc``, as with ``checkCRCOnRecover``; with ``property_crc`` as well, 5.x
+        ``forceVerifyPropCRC``, a missing or wrong ``__CRC32#`` counts instead)."""
+        if start is None:
+            start = self.recovery_start(checkpoint, abnormal)
         if start is None:
             return LogEnd(0, None, None, None)
         scan = self.scan(

@@ -299,12 +299,12 @@ class Dispatcher:
         # one pass: the scan itself finds the end as recovery does (CRC checked in the
         # files recovery walks), so the log is not read twice
         check_crc = store.config.check_crc_on_recover and until is None
-        recovery_start = log.recovery_start(store.checkpoint(), store.aborted)
+        crc_from = store.recovery_start_offset()  # as opened: before this 'abort' was made
         scan = log.scan(
             start,
             check_crc=check_crc,
             stop_on_crc_error=True,
-            crc_from=recovery_start.start if recovery_start else 0,
+            crc_from=crc_from or 0,
             property_crc=store.config.force_verify_prop_crc,
         )
         walk = _BatchWalk(self, result, queued_time, until, max_records, counted_from, progress)
@@ -327,9 +327,9 @@ class Dispatcher:
         """Where ``scan`` stopped, when that is in a file before those a broker's recovery
         walks and before the valid end recovery finds: the scan's end is then not the
         log's."""
-        store = self.store  # the files a broker's recovery walks, as the store was opened
-        recovery = store.commitlog.recovery_start(store.checkpoint(), store.abort_existed)
-        if scan.segment is None or recovery is None or scan.segment.start >= recovery.start:
+        store = self.store
+        walked_from = store.recovery_start_offset()
+        if scan.segment is None or walked_from is None or scan.segment.start >= walked_from:
             return None
         error = None if scan.error is None else str(scan.error)
         return damage_before_end(store, scan.end_offset, error)
@@ -1079,8 +1079,8 @@ def log_damage_before_end(store: Store, start: int | None = None) -> LogDamage |
     log = store.commitlog
     if not log.segments or log.queue.find(log.min_offset if start is None else start) is None:
         return None
-    recovery = log.recovery_start(store.checkpoint(), store.abort_existed)
-    walked_from = recovery.start if recovery is not None else log.segments[-1].start
+    recovery = store.recovery_start_offset()
+    walked_from = recovery if recovery is not None else log.segments[-1].start
     if start is not None and start >= walked_from:
         return None
     scan = log.scan(

@@ -36,6 +36,7 @@ from rmqstore.errors import (
     InputError,
     NotAStoreError,
     NotFoundError,
+    RmqStoreError,
     StoreBusyError,
     StoreFormatError,
     StoreIOError,
@@ -146,6 +147,9 @@ class Store:
         self.strict_file_sizes = True
         self._appender: CommitLogAppender | None = None
         self.abort_existed = self.aborted
+        # where a broker's recovery walks the log from, for the store as opened (see
+        # recovery_start_offset): -1 none, None not asked yet
+        self._recovery_from: int | None = None
         self.dispatched_through: int | None = None  # set by dispatch: consume queues' end
         # set by a dispatch that left records out (some topics' queues, no index, a start
         # past where queues end): where the queues reached before it changed anything
@@ -515,16 +519,29 @@ class Store:
         )
         return self._log_end
 
+    def recovery_start_offset(self) -> int | None:
+        """Where a broker's recovery walks the commit log from (the start of a file; None
+        without files), for the store as it was opened: its ``abort`` and checkpoint then.
+        A writer makes ``abort`` as it begins, and a rebuild then resets the checkpoint's
+        times, either of which would move it; so it is taken when writing begins, if not
+        asked before. Where a replay of the log checks CRCs from, and where damage stops
+        being what no recovery cuts."""
+        if self._recovery_from is None:
+            start = self.commitlog.recovery_start(self.checkpoint(), self.abort_existed)
+            self._recovery_from = -1 if start is None else start.start
+        return None if self._recovery_from < 0 else self._recovery_from
+
     def valid_end_as_opened(self) -> int:
-        """The valid end a broker's recovery finds for the store as it was opened: with the
-        rules of a crash only when ``abort`` was there then (a writer makes one as it
-        begins; :meth:`log_end` computed after that takes the rules of a crash). Computed
-        each time: only a replay stopped early asks for it."""
+        """The valid end a broker's recovery finds for the store as it was opened (see
+        :meth:`recovery_start_offset`; :meth:`log_end` computed once writing began takes
+        the rules of a crash). Computed each time: only a replay stopped early asks."""
+        start = self.recovery_start_offset()
         return self.commitlog.valid_end(
             check_crc=self.config.check_crc_on_recover,
             abnormal=self.abort_existed,
             checkpoint=self.checkpoint(),
             property_crc=self.config.force_verify_prop_crc,
+            start=None if start is None else self.commitlog.queue.find(start),
         ).offset
 
     def reload_files(self) -> None:
@@ -614,6 +631,8 @@ class Store:
         self._require_writable()
         if self._writing:
             return
+        with contextlib.suppress(RmqStoreError, OSError):  # a log that does not load: later
+            self.recovery_start_offset()  # before 'abort' and a rebuild's checkpoint move it
         if not self.aborted:
             os.close(open_for_writing(self.abort_path, os.O_CREAT | os.O_EXCL))
             self._writing = True  # 'abort' is there: the close settles it, even if this fails

@@ -503,8 +503,8 @@ def rebuild_in_workers(
 
 def crc_checked_from(store: Store) -> int | None:
     """Where a rebuild checks body CRCs from, as recovery would (None: nowhere)."""
-    recovery = store.commitlog.recovery_start(store.checkpoint(), store.aborted)
-    return recovery.start if recovery is not None and store.config.check_crc_on_recover else None
+    recovery = store.recovery_start_offset()  # as opened: before the rebuild reset it
+    return recovery if recovery is not None and store.config.check_crc_on_recover else None
 
 
 def walk_end(store: Store, walked: list[RangeSummary], crc_from: int | None) -> WalkEnd:
@@ -524,11 +524,11 @@ def settle_walk_end(
         result.log_end = store.log_end().offset
         result.stopped_by = end.reason
         return
-    recovery = store.commitlog.recovery_start(store.checkpoint(), store.abort_existed)
+    recovery = store.recovery_start_offset()
     if (
         end.kind in ("invalid", "end")
         and recovery is not None
-        and end.cut < recovery.start
+        and end.cut < recovery
         and (damage := damage_before_end(store, end.cut, end.reason))
     ):
         result.stopped_at_damage(damage)  # the log goes on: its end is not the walk's
