@@ -693,19 +693,32 @@ class RecordPass:
     ) -> None:
         position = offset - segment.start - region.window_start
         status = property_crc_status(region.window, position, size)
+        forced = self.store.config.force_verify_prop_crc
+        unwalked = self._unwalked(segment)
+        # recovery cuts the log at it only with forceVerifyPropCRC, in the files it walks
+        kept = (
+            f"; {_UNWALKED}: it keeps the record, as rmqstore recover does"
+            if unwalked
+            else "; recovery with forceVerifyPropCRC cuts the log here"
+            if forced
+            else "; a broker keeps the record (its recovery checks the property only with "
+            "forceVerifyPropCRC=true), as rmqstore recover does"
+        )
         if status is False:
             self._found(
                 segment,
                 "record-property-crc",
                 offset,
-                "the __CRC32# property does not match the record",
+                f"the __CRC32# property does not match the record{kept}",
+                report_only=unwalked or not forced,
             )
-        elif status is None and self.store.config.force_verify_prop_crc:
+        elif status is None and forced:
             self._found(
                 segment,
                 "record-property-crc",
                 offset,
-                "the __CRC32# property is missing (forceVerifyPropCRC)",
+                f"the __CRC32# property is missing (forceVerifyPropCRC){kept}",
+                report_only=unwalked,
             )
 
     def _check_delay(self, segment: Segment, offset: int, level: str) -> None:

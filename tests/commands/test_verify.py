@@ -210,6 +210,32 @@ def test_damage_where_recovery_does_not_walk_sends_to_no_command(oracle, tmp_pat
     assert report["nextStep"] is None
 
 
+def test_a_property_crc_recovery_does_not_check_sends_to_no_command(tmp_path: Path) -> None:
+    """A 5.x record whose __CRC32# property does not match it, in a file recovery walks: a
+    broker's recovery cuts the log there only with forceVerifyPropCRC=true. verify named
+    `recover` for it whatever the setting, and after it `recover` again (found by a fuzzer
+    that follows verify's next step on mutated stores)."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("v2", store)
+    last = sorted((store / "commitlog").iterdir())[-1]
+    data = last.read_bytes()
+    at = data.index(b"__CRC32#\x01") + 9
+    with open(last, "r+b") as log_file:
+        log_file.seek(at)
+        log_file.write(b"9" if data[at : at + 1] != b"9" else b"8")
+    report = json.loads(run_cli("verify", store, "--json").stdout)
+    (finding,) = report["findings"]
+    assert finding["kind"] == "record-property-crc" and finding["fix"] == "none: report only"
+    assert "forceVerifyPropCRC=true" in finding["message"] and report["nextStep"] is None
+    config = tmp_path / "broker.conf"
+    config.write_text("forceVerifyPropCRC=true\n")
+    forced = json.loads(run_cli("verify", store, "--json", "--broker-config", config).stdout)
+    assert [f["kind"] for f in forced["findings"]] == ["record-property-crc"]
+    assert forced["nextStep"] == f"rmqstore recover {store} --yes"
+
+
 def test_a_commit_log_file_cut_short_is_a_finding_not_an_error(oracle, tmp_path: Path) -> None:
     """A copy of a real broker's store whose middle commit-log file was cut short (a copy
     that stopped, a full disk): verify reports it (file-size, an error a broker does not
