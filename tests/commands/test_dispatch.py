@@ -35,6 +35,18 @@ def rebuilt(oracle, name: str, tmp_path: Path) -> Path:
     return store
 
 
+def queue_digests(store: Path) -> dict[str, str]:
+    return {k: v for k, v in tree_digest(store).items() if k.startswith("consumequeue/")}
+
+
+def rebuild_in_ranges(store: Path, jobs: str, *options: str):  # type: ignore[no-untyped-def]
+    """``dispatch --rebuild --yes --json`` with ``jobs`` worker processes, 20 KB ranges."""
+    return run_cli(
+        "dispatch", store, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "20000",
+        *options, "--json", *ORACLE_OPTIONS,
+    )  # fmt: skip
+
+
 def test_dispatch_json_and_idempotence(oracle, tmp_path: Path) -> None:
     store = oracle("s1_multi").copy_to(tmp_path)
     shutil.rmtree(store / "consumequeue")
@@ -199,16 +211,13 @@ def test_rebuild_in_worker_processes(oracle, tmp_path: Path) -> None:
     documents, digests = [], []
     for jobs in ("1", "2"):
         store = oracle("s1_multi").copy_to(tmp_path / jobs)
-        broker_queues = {k: v for k, v in tree_digest(store).items() if k.startswith("consume")}
-        done = run_cli(
-            "dispatch", store, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "20000",
-            "--json", *ORACLE_OPTIONS,
-        )  # fmt: skip
+        broker_queues = queue_digests(store)
+        done = rebuild_in_ranges(store, jobs)
         assert done.exit_code == 0, done.stderr
         document = json.loads(done.stdout)
         documents.append({k: v for k, v in document.items() if k not in ("quarantine", "plan")})
         after = tree_digest(store)
-        assert {k: v for k, v in after.items() if k.startswith("consume")} == broker_queues
+        assert queue_digests(store) == broker_queues
         # index files are named by the time they are made: compare what they hold
         digests.append(sorted(v for k, v in after.items() if k.startswith("index/")))
         verified = run_cli("verify", store, "--json", *ORACLE_OPTIONS)
@@ -251,8 +260,8 @@ def test_a_rebuild_of_a_log_damaged_before_its_end_is_refused(oracle, tmp_path: 
     }
     shown = run_cli("dispatch", store, "--rebuild", "--dry-run", *ORACLE_OPTIONS)
     assert "damaged at offset 31,261" in shown.stdout and "--up-to-damage" in shown.stdout
-    for engine in (["--jobs", "1"], ["--jobs", "2", "--split-size", "20000"]):
-        refused = run_cli("dispatch", store, "--rebuild", "--yes", *engine, *ORACLE_OPTIONS)
+    for jobs in ("1", "2"):
+        refused = rebuild_in_ranges(store, jobs)
         assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.stderr
         assert "damaged at offset 31,261" in refused.stderr
         assert "nothing was changed" in refused.stderr
@@ -260,13 +269,10 @@ def test_a_rebuild_of_a_log_damaged_before_its_end_is_refused(oracle, tmp_path: 
     wrong = run_cli("dispatch", store, "--up-to-damage", *ORACLE_OPTIONS)
     assert wrong.exit_code == 2 and "works with --rebuild" in wrong.stderr
     documents = []
-    for engine in (["--jobs", "1"], ["--jobs", "2", "--split-size", "20000"]):
-        copy = tmp_path / engine[1] / "store"
+    for jobs in ("1", "2"):
+        copy = tmp_path / jobs / "store"
         shutil.copytree(store, copy)
-        done = run_cli(
-            "dispatch", copy, "--rebuild", "--yes", "--up-to-damage", *engine, "--json",
-            *ORACLE_OPTIONS,
-        )  # fmt: skip
+        done = rebuild_in_ranges(copy, jobs, "--up-to-damage")
         assert done.exit_code == 1, done.stderr  # completed, and says what it left out
         assert done.stderr.count("damaged at offset 31,261") == 1
         document = json.loads(done.stdout)
@@ -302,15 +308,12 @@ def test_a_body_crc_where_recovery_does_not_walk_stops_no_replay(
     with open(store / "commitlog" / f"{offset - offset % 65536:020d}", "r+b") as log_file:
         log_file.seek(offset % 65536 + 8)
         log_file.write((put["bodyCRC"] ^ 7).to_bytes(4, "big", signed=True))
-    broker = {k: v for k, v in tree_digest(store).items() if k.startswith("consumequeue/")}
-    done = run_cli(
-        "dispatch", store, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "20000",
-        "--json", *ORACLE_OPTIONS,
-    )  # fmt: skip
+    broker = queue_digests(store)
+    done = rebuild_in_ranges(store, jobs)
     assert done.exit_code == 0, done.stderr
     document = json.loads(done.stdout)
     assert document["unitsWritten"] == 3002 and document["damage"] is None
-    assert {k: v for k, v in tree_digest(store).items() if k.startswith("consumequeue/")} == broker
+    assert queue_digests(store) == broker
     shutil.rmtree(store / "consumequeue")
     again = run_cli("dispatch", store, "--no-index", "--json", *ORACLE_OPTIONS)
     assert again.exit_code == 0 and json.loads(again.stdout)["unitsWritten"] == 3002
