@@ -70,7 +70,8 @@ _HELP = (
     + ", ".join(KINDS)
     + """. Each finding names its fix (the command that mends it, or "none: report only": so
     is damage in a commit-log file before those a broker's recovery walks, which no recovery
-    cuts, with what points at it and the lags after it no dispatch reaches), and the report
+    cuts, with what points at it and the lags after it no dispatch reaches, and a queue's
+    consume-queue findings after a gap in its records' queue offsets), and the report
     ends with the next step to take. Positions mean one thing each: file (the
     store-relative file or directory) and filePosition (a byte in that file), commitLogOffset
     (a commit-log physical offset), topic/queueId/queueOffset (a consume-queue unit or

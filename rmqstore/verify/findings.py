@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,8 @@ assert set(FIXES) == set(KINDS)
 # found, these leave nothing a command can mend (the log has a hole, files of another store,
 # or a file where a folder should be)
 _BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
+# consume-queue findings that follow from a gap in a queue's offsets in the log itself
+_GAP_FOLLOWERS = frozenset({"cq-unit", "cq-unit-orphan", "dispatch-hole"})
 # noted, these leave nothing for rmqstore to mend: its writers refuse a store whose consume
 # queues are a RocksDB database, or with BatchCQ topics (its broker recovers it at start-up)
 _WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq")
@@ -260,6 +263,24 @@ class VerifyReport:
         self.problems += other.problems
         self.checked.update(other.checked)
 
+    def _mendable(self) -> Callable[[Finding], bool]:
+        """Whether a command mends a finding: not one found so (damage no recovery cuts),
+        nor a consume-queue finding of a queue whose records' queue offsets have a gap in
+        the log itself (a record lost its QUEUEOFFSET, or its topic, to damage): a rebuild
+        appends the units after the gap at the end of the queue, as a broker does, so no
+        rebuild makes that queue's units match their records (it would shift the units a
+        broker wrote in place)."""
+        gapped = {(f.topic, f.queue_id) for f in self.findings if f.kind == "queue-offset-gap"}
+
+        def mendable(finding: Finding) -> bool:
+            if finding.report_only:
+                return False
+            return finding.kind not in _GAP_FOLLOWERS or (
+                (finding.topic, finding.queue_id) not in gapped
+            )
+
+        return mendable
+
     @property
     def writers_refused(self) -> bool:
         """Whether rmqstore's writers refuse the store (no command of it mends anything)."""
@@ -275,7 +296,8 @@ class VerifyReport:
         found = {f.kind for f in self.findings if f.severity != NOTE}
         if found & _BLOCKING or self.writers_refused:
             return None  # a missing or foreign file: no command makes the rest whole
-        found = {f.kind for f in self.findings if f.severity != NOTE and not f.report_only}
+        mendable = self._mendable()
+        found = {f.kind for f in self.findings if f.severity != NOTE and mendable(f)}
         for kind, template in FIXES.items():
             if kind in found and template != REPORT_ONLY:
                 return fix_for(kind, store)
@@ -290,9 +312,12 @@ class VerifyReport:
         findings = [finding.to_dict() for finding in self.findings]
         if store is not None:
             refused = self.writers_refused  # no command of rmqstore mends anything then
+            mendable = self._mendable()
             for finding, document in zip(self.findings, findings, strict=True):
                 document["fix"] = (
-                    REPORT_ONLY if refused or finding.report_only else fix_for(finding.kind, store)
+                    fix_for(finding.kind, store)
+                    if not refused and mendable(finding)
+                    else REPORT_ONLY
                 )
         return {
             "ok": self.ok,

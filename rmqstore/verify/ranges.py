@@ -31,6 +31,7 @@ from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
 from rmqstore.verify.queues import QueueChecks, readable_checks
 from rmqstore.verify.records import (
+    GAP_CONSEQUENCE,
     FileScan,
     LogFacts,
     RangeEdges,
@@ -340,7 +341,8 @@ class RangedVerify:
                 if expected is not None and queue_offset != expected:
                     report.add(
                         "queue-offset-gap",
-                        f"queue offset {queue_offset} of {key[0]}:{key[1]} follows {expected - 1}",
+                        f"queue offset {queue_offset} of {key[0]}:{key[1]} follows {expected - 1}"
+                        + GAP_CONSEQUENCE,
                         WARNING,
                         **log_place(file, offset),
                         topic=key[0],

@@ -51,6 +51,11 @@ _CRC_NAME = b"__CRC32#"
 _OFFSET_COLUMN = kernel_layout.PHYSICAL_OFFSET
 _ERROR_KINDS = {"PHYSICALOFFSET": "record-physical-offset", "BODYCRC": "record-body-crc"}
 _UNWALKED = "in a file a broker's recovery does not walk"
+GAP_CONSEQUENCE = (
+    ": the queue's units from there on cannot all match their records' queue offsets (a "
+    "broker, and a rebuild, append each unit at the end of the queue), so its consume-queue "
+    "findings are report only"
+)
 _REPLAY_STOPS = (
     "a replay of the log stops here: dispatch does not reach the records after it, nor a "
     "slave broker's, and dispatch --rebuild refuses"
@@ -636,7 +641,8 @@ class RecordPass:
                         segment,
                         "queue-offset-gap",
                         offset,
-                        f"queue offset {queue_offset} of {topic}:{key[1]} follows {expected - 1}",
+                        f"queue offset {queue_offset} of {topic}:{key[1]} follows {expected - 1}"
+                        + GAP_CONSEQUENCE,
                         WARNING,
                         topic=topic,
                         queue_id=key[1],

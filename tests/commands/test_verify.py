@@ -236,6 +236,36 @@ def test_a_property_crc_recovery_does_not_check_sends_to_no_command(tmp_path: Pa
     assert forced["nextStep"] == f"rmqstore recover {store} --yes"
 
 
+def test_queue_findings_after_a_gap_in_the_logs_queue_offsets_send_to_no_command(
+    oracle, tmp_path: Path
+) -> None:
+    """A record whose QUEUEOFFSET was damaged (no CRC covers it): its queue's offsets in the
+    log have a gap, and the unit the broker wrote for it no longer matches it. verify named
+    `dispatch --rebuild`, which writes the same unit there (a broker, and a rebuild, append
+    each unit at the end of its queue), and then named it again (found by a fuzzer that
+    follows verify's next step on mutated stores). The queue's findings are report only."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    put = oracle("s1_multi").manifest["puts"][2990]
+    offset = put["physicalOffset"]
+    with open(store / "commitlog" / f"{offset - offset % 65536:020d}", "r+b") as log_file:
+        log_file.seek(offset % 65536 + 20)  # QUEUEOFFSET
+        log_file.write(struct.pack(">q", put["queueOffset"] + 1000))
+    report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    assert report["findingsByKind"] == {
+        "cq-unit-orphan": 1,
+        "dispatch-hole": 1,
+        "queue-offset-gap": 1,
+    }
+    assert all(f["fix"] == "none: report only" for f in report["findings"])
+    assert report["nextStep"] is None
+    (gap,) = [f for f in report["findings"] if f["kind"] == "queue-offset-gap"]
+    assert "append each unit at the end of the queue" in gap["message"]
+    ranged = run_cli("verify", store, "--json", "--jobs", "2", "--split-size", "20000",
+                     *ORACLE_OPTIONS)  # fmt: skip
+    findings = json.loads(ranged.stdout)["findings"]
+    assert sorted(map(str, findings)) == sorted(map(str, report["findings"]))
+
+
 def test_a_commit_log_file_cut_short_is_a_finding_not_an_error(oracle, tmp_path: Path) -> None:
     """A copy of a real broker's store whose middle commit-log file was cut short (a copy
     that stopped, a full disk): verify reports it (file-size, an error a broker does not
