@@ -324,15 +324,10 @@ class Dispatcher:
         return walk, scan
 
     def _damage_where(self, scan: LogScan) -> LogDamage | None:
-        """Where ``scan`` stopped, when that is in a file before those a broker's recovery
-        walks and before the valid end recovery finds: the scan's end is then not the
-        log's."""
-        store = self.store
-        walked_from = store.recovery_start_offset()
-        if scan.segment is None or walked_from is None or scan.segment.start >= walked_from:
-            return None
+        """Where ``scan`` stopped, when that is damage before the log's valid end (see
+        :func:`damage_before_end`): the scan's end is then not the log's."""
         error = None if scan.error is None else str(scan.error)
-        return damage_before_end(store, scan.end_offset, error)
+        return damage_before_end(self.store, scan.end_offset, error)
 
     @staticmethod
     def _check_ahead(ahead: int, log_end: int) -> None:
@@ -1061,8 +1056,12 @@ _ZEROS_WHERE_RECORDS_GO_ON = "zeros where records go on: the file has no BLANK a
 
 def damage_before_end(store: Store, stopped_at: int, error: str | None) -> LogDamage | None:
     """The damage a replay of the log stopped at (``stopped_at``: the invalid record
-    ``error`` says what is wrong with, or zeros), when that is before the valid end a
-    broker's recovery finds."""
+    ``error`` says what is wrong with, or zeros), when that is in a file before those a
+    broker's recovery walks and before the valid end it finds (a stop in the files it walks
+    is where it ends the log)."""
+    walked_from = store.recovery_start_offset()
+    if walked_from is None or stopped_at >= walked_from:
+        return None
     end = store.valid_end_as_opened()
     if stopped_at >= end:
         return None

@@ -524,13 +524,7 @@ def settle_walk_end(
         result.log_end = store.log_end().offset
         result.stopped_by = end.reason
         return
-    recovery = store.recovery_start_offset()
-    if (
-        end.kind in ("invalid", "end")
-        and recovery is not None
-        and end.cut < recovery
-        and (damage := damage_before_end(store, end.cut, end.reason))
-    ):
+    if end.kind in ("invalid", "end") and (damage := damage_before_end(store, end.cut, end.reason)):
         result.stopped_at_damage(damage)  # the log goes on: its end is not the walk's
         return
     result.log_end = end.cut

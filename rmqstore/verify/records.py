@@ -66,6 +66,13 @@ UNWALKED_DAMAGE = (
 )
 
 
+def recovery_walks_from(log: CommitLog, store: Store) -> int:
+    """Where a broker's recovery walks ``log`` (the files of ``store`` as verify reads them)
+    from: the third-last file, or after a crash the one the checkpoint picks."""
+    start = log.recovery_start(store.checkpoint(), store.aborted)
+    return start.start if start is not None else 0
+
+
 class UnwalkedDamage:
     """Whether the record at an offset is damaged (it does not decode), in a commit-log file
     before those a broker's recovery walks: a unit or index entry pointing at it is left so
@@ -81,8 +88,7 @@ class UnwalkedDamage:
             if self._log is None:
                 store = self.store
                 self._log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
-                start = self._log.recovery_start(store.checkpoint(), store.aborted)
-                self._walked_from = start.start if start is not None else 0
+                self._walked_from = recovery_walks_from(self._log, store)
             if offset >= self._walked_from:
                 return False
             self._log.read(offset, body=BodyMode.SKIP)
@@ -689,9 +695,7 @@ class RecordPass:
         third-last, or after a crash from the one the checkpoint picks): damage there is
         neither cut by recovery (nor rmqstore recover) nor ends the log."""
         if self._walked_from is None:
-            store = self.store
-            start = self.log.recovery_start(store.checkpoint(), store.aborted)
-            self._walked_from = start.start if start is not None else 0
+            self._walked_from = recovery_walks_from(self.log, self.store)
         return segment.start < self._walked_from
 
     def _check_property_crc(
