@@ -1076,16 +1076,11 @@ def log_damage_before_end(store: Store, start: int | None = None) -> LogDamage |
     files before those recovery walks are scanned (CRCs not checked there, as the replay
     does not): in the files recovery walks, the replay ends where recovery ends the log."""
     log = store.commitlog
-    if not log.segments or log.queue.find(log.min_offset if start is None else start) is None:
-        return None
-    recovery = store.recovery_start_offset()
-    walked_from = recovery if recovery is not None else log.segments[-1].start
-    if start is not None and start >= walked_from:
-        return None
-    scan = log.scan(
-        log.min_offset if start is None else start,
-        property_crc=store.config.force_verify_prop_crc,
-    )
+    first = log.min_offset if start is None else start
+    walked_from = store.recovery_start_offset()
+    if walked_from is None or first >= walked_from or log.queue.find(first) is None:
+        return None  # the replay starts in the files recovery walks: it ends where recovery does
+    scan = log.scan(first, property_crc=store.config.force_verify_prop_crc)
     batches = scan.batches()
     try:
         for _ in batches:
