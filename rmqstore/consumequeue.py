@@ -317,6 +317,14 @@ class ConsumeQueue:
         data = read_range(segment.path, within, CQ_UNIT_SIZE)
         return Unit(queue_offset, *UNIT.unpack(data))
 
+    def last_unit_in_log(self, log_end: int) -> Unit | None:
+        """The queue's last unit when it points at bytes inside the log (which ends at
+        ``log_end``) and is not a pre-blank placeholder: the newest record the queue holds."""
+        if not 0 <= self.max_physical_offset <= log_end or self.max_offset <= self.min_offset:
+            return None
+        unit = self.read_unit(self.max_offset - 1)
+        return None if unit.is_pre_blank else unit
+
     def units(self, start: int | None = None, count: int | None = None) -> Iterator[Unit]:
         """Units from queue offset ``start`` (default: min offset) to the valid end."""
         for values in self.unit_values(start, count):

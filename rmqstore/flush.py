@@ -125,10 +125,9 @@ def _last_units(store: Store, end: int) -> list[tuple[int, int]]:
     """(physical offset, size) of each queue's last unit that lies inside the log."""
     units = []
     for queue in _queues(store):
-        if 0 <= queue.max_physical_offset <= end and queue.max_offset > queue.min_offset:
-            unit = queue.read_unit(queue.max_offset - 1)
-            if not unit.is_pre_blank:
-                units.append((unit.physical_offset, unit.size))
+        unit = queue.last_unit_in_log(end)
+        if unit is not None:
+            units.append((unit.physical_offset, unit.size))
     return units
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint_file
-from rmqstore.errors import StoreFormatError
+from rmqstore.consumequeue import ConsumeQueue
+from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.store import Store
+from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import WARNING, VerifyReport
 from rmqstore.verify.index import IndexChecks
 from rmqstore.verify.queues import QueueChecks
@@ -89,7 +91,7 @@ def _check_checkpoint(
                 "logicsMsgTimestamp",
                 8,
                 checkpoint.logics_msg_timestamp,
-                queues.last_queued_time,
+                max(queues.last_queued_time, _gapped_queues_newest(store, report, facts)),
                 "the newest record in a consume queue",
             ),
         ]
@@ -113,3 +115,34 @@ def _check_checkpoint(
                 file="checkpoint",
                 file_position=position,
             )
+
+
+def _gapped_queues_newest(store: Store, report: VerifyReport, facts: LogFacts) -> int:
+    """The store time of the newest record that the last unit of a queue with a
+    queue-offset gap points at. Such a queue's units after the gap sit where a broker appended
+    them, not at their records' queue offsets, so the queue checks match none of them; the
+    queue holds those records all the same, and flush vouches for them."""
+    newest = 0
+    gapped = {
+        (finding.topic, finding.queue_id)
+        for finding in report.findings
+        if finding.kind == "queue-offset-gap"
+    }
+    for topic, queue_id in sorted(gapped, key=str):
+        if topic is None or queue_id is None or not is_path_safe(topic):
+            continue
+        if not store.inside(store.consumequeue_dir / topic / str(queue_id)):
+            continue
+        try:
+            queue = ConsumeQueue(
+                store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size
+            )
+            unit = queue.last_unit_in_log(facts.end_offset)
+        except (StoreFormatError, StoreIOError, OSError, IndexError):
+            continue  # the queue checks report what is wrong with its files
+        if unit is not None:
+            stamp = store.commitlog.store_timestamp_at(
+                unit.physical_offset, unit.size, facts.end_offset
+            )
+            newest = max(newest, stamp)
+    return newest

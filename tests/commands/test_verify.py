@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -264,6 +265,54 @@ def test_queue_findings_after_a_gap_in_the_logs_queue_offsets_send_to_no_command
                      *ORACLE_OPTIONS)  # fmt: skip
     findings = json.loads(ranged.stdout)["findings"]
     assert sorted(map(str, findings)) == sorted(map(str, report["findings"]))
+
+
+def test_a_flushed_checkpoint_vouches_for_the_units_after_a_queue_offset_gap(
+    tmp_path: Path,
+) -> None:
+    """A record of the newest record's queue whose topic was damaged (no CRC covers it)
+    leaves a gap in that queue's offsets: a rebuild appends the units after it at the end of
+    the queue, so none of them matches its record's queue offset. flush sets
+    logicsMsgTimestamp to the newest record the queues hold, which is in that queue; verify
+    counted only matching units, reported the checkpoint ahead of the queues and named
+    `flush`, then again (found by a fuzzer that follows verify's next step). A checkpoint
+    that is truly ahead is still reported."""
+    from rmqstore.checkpoint import read_checkpoint, write_checkpoint
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    listing = run_cli("read", store, "--from-offset", "0", "--jsonl").stdout
+    records = [json.loads(line) for line in listing.splitlines()]
+    newest = records[-1]
+    queue = [
+        r for r in records if (r["topic"], r["queueId"]) == (newest["topic"], newest["queueId"])
+    ]
+    damaged = queue[-3]
+    files = sorted((store / "commitlog").iterdir())
+    file_size = files[0].stat().st_size
+    log_file = files[damaged["commitLogOffset"] // file_size]
+    data = bytearray(log_file.read_bytes())
+    topic = damaged["topic"].encode()
+    at = data.index(topic, damaged["commitLogOffset"] % file_size + 60) + len(topic) - 1
+    data[at] ^= 1
+    log_file.write_bytes(bytes(data))
+    for command in (("dispatch", "--rebuild", "--yes"), ("flush",)):
+        assert run_cli(command[0], store, *command[1:]).exit_code == 0
+    assert read_checkpoint(store / "checkpoint").logics_msg_timestamp == newest["storeTimestamp"]
+    for options in ((), ("--jobs", "2", "--split-size", "20000")):
+        report = json.loads(run_cli("verify", store, "--json", *options).stdout)
+        assert "queue-offset-gap" in report["findingsByKind"], options
+        assert "checkpoint-future" not in report["findingsByKind"], options
+        assert report["nextStep"] is None, options
+    ahead = read_checkpoint(store / "checkpoint")
+    write_checkpoint(
+        store / "checkpoint",
+        replace(ahead, logics_msg_timestamp=newest["storeTimestamp"] + 1),
+    )
+    report = json.loads(run_cli("verify", store, "--json").stdout)
+    assert report["findingsByKind"]["checkpoint-future"] == 1
+    assert report["nextStep"] == f"rmqstore flush {store}"
 
 
 def test_a_commit_log_file_cut_short_is_a_finding_not_an_error(oracle, tmp_path: Path) -> None:
