@@ -125,7 +125,11 @@ def command(
     Bytes after a queue's valid end (junk, a torn unit) go to quarantine/<time>-dispatch
     before units are written over them. Takes the store's lock. On a store with 'abort' (a
     crash) it starts where a broker's crash recovery does, at the file the checkpoint picks,
-    so units a queue lost while others kept theirs come back before 'abort' goes. An error
+    so units a queue lost while others kept theirs come back before 'abort' goes; damage in
+    a file that recovery does not walk, met while catching up before that file, is passed as
+    the broker's crash recovery passes it: the dispatch goes on from that file, and
+    damageSkipped{offset, reason, logEnd, resumedAt} names it, with a warning and exit 1
+    (the records in between that the queues and index did not hold stay out). An error
     that stops it once it put a unit or an index entry (a full disk: exit 4) leaves 'abort'
     in place, as a crash would (some queues may reach further than others or the index):
     the one-line error says so; run it again once the cause is mended.
@@ -143,10 +147,10 @@ def command(
     quarantine folder: run it again once the cause is mended.
 
     JSON: fromOffset, toOffset, logEnd, records, unitsWritten, unitsSkipped,
-    indexedRecords, indexEntries, queuesTouched, stoppedBy, problems, damage (and plan,
-    quarantine with --rebuild). With --dry-run: fromOffset, logEnd, behindBytes, maxRecords
-    (or plan and maxRecords with --rebuild; plan.damage{offset, reason, logEnd}, null for a
-    sound log).
+    indexedRecords, indexEntries, queuesTouched, stoppedBy, problems, damage, damageSkipped
+    (and plan, quarantine with --rebuild). With --dry-run: fromOffset, logEnd, behindBytes,
+    maxRecords (or plan and maxRecords with --rebuild; plan.damage{offset, reason, logEnd},
+    null for a sound log).
     """
     build_index = not no_index and not topics
     if engine.spark and not rebuild:
@@ -328,7 +332,8 @@ def _report(store: Store, result: DispatchResult, document: dict, as_json: bool)
         emit_json(document)
     else:
         _render(result, document.get("quarantine"))
-    return ExitCode.FINDINGS if result.damage is not None else ExitCode.OK
+    damaged = result.damage is not None or result.damage_skipped is not None
+    return ExitCode.FINDINGS if damaged else ExitCode.OK
 
 
 def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:

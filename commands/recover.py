@@ -68,8 +68,10 @@ def command(
     quarantine/ first and every file is moved there, never deleted. Then it dispatches the
     log into the consume queues and index from where they end (after a crash from the file
     the recovery started from, as a broker does, skipping what they hold: a queue that lost
-    its last units while others kept theirs gets them back), flushes, writes the checkpoint
-    and removes 'abort'. Takes the store's lock; asks on a terminal before cutting.
+    its last units while others kept theirs gets them back; damage in a file that recovery
+    does not walk, met while catching the index up before that file, is passed as a broker's
+    crash recovery passes it, with a warning: see rmqstore dispatch), flushes, writes the
+    checkpoint and removes 'abort'. Takes the store's lock; asks on a terminal before cutting.
 
     An error that stops it (a full disk: exit 4) is one line that says how far it got:
     "stopped before it changed the store", or "stopped part way", in which case 'abort' stays

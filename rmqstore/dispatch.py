@@ -59,8 +59,14 @@ class DispatchResult:
     # where the replay stopped before the log's valid end (damage in a file a broker's
     # recovery does not walk): the records after it are in no queue nor the index
     damage: LogDamage | None = None
+    # damage a crash's replay went past: the catch-up before it stopped there, and the
+    # replay went on from where a broker's crash recovery starts (the second item)
+    damage_skipped: tuple[LogDamage, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        skipped = None
+        if self.damage_skipped is not None:
+            skipped = {**self.damage_skipped[0].to_dict(), "resumedAt": self.damage_skipped[1]}
         return {
             "fromOffset": self.from_offset, "toOffset": self.to_offset, "logEnd": self.log_end,
             "records": self.records, "unitsWritten": self.units_written,
@@ -68,7 +74,20 @@ class DispatchResult:
             "indexEntries": self.index_entries, "queuesTouched": self.queues_touched,
             "stoppedBy": self.stopped_by, "problems": list(self.problems),
             "damage": None if self.damage is None else self.damage.to_dict(),
+            "damageSkipped": skipped,
         }  # fmt: skip
+
+    def went_past_damage(self, damage: LogDamage, resumed_at: int) -> None:
+        """The catch-up before a crash's replay stopped at ``damage``; the replay went on
+        from ``resumed_at``, where a broker's crash recovery starts."""
+        self.damage_skipped = (damage, resumed_at)
+        self.problems.append(
+            f"the commit log is damaged at offset {damage.offset:,} ({damage.reason}), in a "
+            "file a broker's crash recovery does not walk: the replay went on from "
+            f"{resumed_at:,}, where that recovery starts (a broker's dispatches every record "
+            "from there), and the records in between that the consume queues and index did "
+            f"not hold yet are left out ({resumed_at - damage.offset:,} bytes)"
+        )
 
     def stopped_at_damage(self, damage: LogDamage) -> None:
         """The replay stopped at ``damage``, before the log's valid end."""
@@ -219,6 +238,10 @@ class Dispatcher:
         log = store.commitlog
         cursor = self.cursor()
         start = self.start_offset(from_offset)
+        # where this run replays a crash from (a broker's crash recovery), if it does
+        crash_replay = None
+        if from_offset is None and until is None and not store.crash_replayed:
+            crash_replay = crash_replay_start(store)
         if no_later_than is not None:
             start = min(start, no_later_than)
         if start > cursor:  # --from-offset past where the queues and index end
@@ -252,6 +275,19 @@ class Dispatcher:
                 result,
                 counted_from=cursor if from_offset is None else -1,
             )
+        if (
+            crash_replay is not None
+            and start < crash_replay
+            and walk.complete
+            and result.stopped_by is None
+            and (damage := self._damage_where(scan)) is not None
+            and damage.offset < crash_replay
+        ):
+            # the catch-up before the crash's replay met damage in a file a broker's crash
+            # recovery does not walk: the replay goes on where that recovery starts, as a
+            # broker's dispatches every record from there whatever lies before
+            walk, scan = self._replay_past(walk, result, crash_replay, progress, cursor)
+            result.went_past_damage(damage, crash_replay)
         if until is not None:
             result.log_end = until
         elif check_start and not walk.records and scan.end_offset == start:
@@ -322,6 +358,41 @@ class Dispatcher:
         result.index_records = walk.index_records
         result.index_entries = walk.index_entries
         return walk, scan
+
+    def _replay_past(
+        self,
+        walk: _BatchWalk,
+        result: DispatchResult,
+        replay_start: int,
+        progress: Callable[[int], None] | None,
+        cursor: int,
+    ) -> tuple[_BatchWalk, LogScan]:
+        """Walk again from ``replay_start`` after ``walk`` stopped at damage before it;
+        ``result`` then counts both walks."""
+        before = (
+            result.records,
+            result.units_written,
+            result.units_skipped,
+            result.index_records,
+            result.index_entries,
+        )
+        with self.store.until_done("dispatch", self._where_residue_is, self.changed):
+            replay, scan = self._walk(
+                replay_start,
+                None,
+                None,
+                progress,
+                walk.last_time,
+                result,
+                counted_from=cursor,
+            )
+        result.records += before[0]
+        result.units_written += before[1]
+        result.units_skipped += before[2]
+        result.index_records += before[3]
+        result.index_entries += before[4]
+        replay.touched |= walk.touched
+        return replay, scan
 
     def _damage_where(self, scan: LogScan) -> LogDamage | None:
         """Where ``scan`` stopped, when that is damage before the log's valid end (see

@@ -49,6 +49,8 @@ KINDS = {
     "index-chain": "an index hash chain that leaves the file or does not terminate",
     "index-entry": "an index entry that does not match the keys of its record",
     "index-lag": "records whose keys are missing from the index",
+    "index-hole": "records inside the indexed range whose keys have no entries (before where "
+    "a dispatch resumes)",
     "checkpoint-future": "a checkpoint time ahead of the data it vouches for",
     "checkpoint-short": "the checkpoint file is shorter than 4096 bytes (a crash cut it short)",
     "checkpoint-size": "the checkpoint is longer than 4096 bytes, or not a regular file",
@@ -98,6 +100,7 @@ FIXES = {
     "dispatch-hole": _REBUILD,
     "dispatch-lag": _DISPATCH,
     "index-lag": _DISPATCH,
+    "index-hole": _REBUILD,
     "checkpoint-future": _FLUSH,
     "checkpoint-short": _FLUSH,
     "file-size": REPORT_ONLY,

@@ -13,7 +13,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.errors import RmqStoreError, StoreFormatError
@@ -40,6 +40,9 @@ from rmqstore.verify.records import (
     relative,
 )
 from rmqstore.wording import counted
+
+if TYPE_CHECKING:
+    from rmqstore.dispatch import LogDamage
 
 _CHAIN_FINDINGS_PER_FILE = 5
 _ENTRY_CHUNK = 65536  # index entries read at a time
@@ -98,7 +101,10 @@ class IndexChecks:
         self.service: IndexService | None = None
         self.lag = 0
         self.first_lag: int | None = None
-        self.missing = 0
+        self.missing = 0  # records inside the indexed range without entries
+        self.missing_after_damage = 0  # of those, after damage a replay stops at
+        self._replay_damage: LogDamage | None = None
+        self._replay_damage_looked_for = False
         self._prefixes: dict[str, int] = {}
         # entries before the first record checked are older than the pass (expired, or before
         # --from-offset) unless records came before (an earlier range)
@@ -287,11 +293,17 @@ class IndexChecks:
         self._pending = next(self._entries, None)
 
     def partial(self) -> dict[str, int | None]:
-        return {"lag": self.lag, "firstLag": self.first_lag, "missing": self.missing}
+        return {
+            "lag": self.lag,
+            "firstLag": self.first_lag,
+            "missing": self.missing,
+            "missingAfterDamage": self.missing_after_damage,
+        }
 
     def absorb(self, partial: dict[str, int | None]) -> None:
         self.lag += partial["lag"] or 0
         self.missing += partial["missing"] or 0
+        self.missing_after_damage += partial["missingAfterDamage"] or 0
         if self.first_lag is None:
             self.first_lag = partial["firstLag"]
 
@@ -433,7 +445,10 @@ class IndexChecks:
         if hashes == expected:
             return
         if not hashes:
-            self.missing += 1
+            if self._after_replay_damage(offset):
+                self.missing_after_damage += 1
+            else:
+                self.missing += 1
             return
         if _indexed_again(hashes, expected):
             self.report.add(
@@ -466,6 +481,15 @@ class IndexChecks:
             commit_log_offset=entry[3],
             report_only=unmendable,
         )
+
+    def _after_replay_damage(self, offset: int) -> bool:
+        """Whether the record at ``offset`` lies after the damage a replay of the whole log
+        (a rebuild) stops at before the log's valid end: no rebuild indexes it."""
+        if not self._replay_damage_looked_for:
+            self._replay_damage = replay_damage(self.store, self.store.commitlog.min_offset)
+            self._replay_damage_looked_for = True
+        damage = self._replay_damage
+        return damage is not None and offset > damage.offset
 
     def _dispatch_start(self) -> int | None:
         """Where ``rmqstore dispatch`` would start (None: not known)."""
@@ -504,13 +528,27 @@ class IndexChecks:
             )
         if self.missing:
             self.report.add(
-                "index-lag",
+                "index-hole",
                 f"{counted(self.missing, 'record')} inside the indexed range "
-                f"{'has' if self.missing == 1 else 'have'} no entries "
-                "(a broker's crash recovery loses such entries when "
-                "messageIndexSafe=false)",
+                f"{'has' if self.missing == 1 else 'have'} no entries (a broker's crash "
+                "recovery loses such entries when messageIndexSafe=false): a dispatch resumes "
+                "where the index ends, a rebuild of the index adds them",
                 WARNING,
                 file=index_dir,
+            )
+        if self.missing_after_damage:
+            damage = self._replay_damage
+            assert damage is not None
+            self.report.add(
+                "index-hole",
+                f"{counted(self.missing_after_damage, 'record')} inside the indexed range "
+                f"{'has' if self.missing_after_damage == 1 else 'have'} no entries, after the "
+                f"damage at offset {damage.offset:,} where a replay of the log stops before "
+                "its valid end: no rebuild reaches them (a broker's crash recovery replays "
+                "only the files it walks)",
+                WARNING,
+                file=index_dir,
+                report_only=True,
             )
         self._unwalked_damage.close()
         self.service.close()

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import struct
+from dataclasses import replace
 from pathlib import Path
 
+from rmqstore.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.lockfile import StoreLock
 
-from support import run_cli, small_filesystem, stops_on_a_full_disk, tree_digest
+from support import ORACLE_OPTIONS, run_cli, small_filesystem, stops_on_a_full_disk, tree_digest
 
 
 def fixture(tmp_path: Path, name: str) -> Path:
@@ -227,3 +231,54 @@ def test_a_queue_folder_that_is_a_link_is_left_alone_and_said_so(tmp_path: Path)
     assert "left alone" in done.stdout and "consistent, but for what was left alone" in done.stdout
     assert "verify still finds queue-link: 1; next step: rmqstore dispatch" in done.stderr
     assert tree_digest(elsewhere) == before
+
+
+def test_a_crash_replay_goes_on_past_damage_in_a_file_crash_recovery_does_not_walk(
+    oracle, tmp_path: Path
+) -> None:
+    """A real broker's crashed store (abort) whose index is gone and whose first file (of
+    52) holds a damaged record; the checkpoint makes a broker's crash recovery walk only the
+    last file. recover's replay catches the index up from the log's start and stopped at the
+    damage: 'abort' stayed, the records a broker's crash recovery dispatches were left out of
+    the index, verify named recover again, and each recover did the same (found by a fuzzer
+    that runs recover twice on mutated stores). Now the replay goes on from where the crash
+    recovery starts, as a broker's does, says so, and the store is settled."""
+    source = oracle("s1_multi")
+    store = source.copy_to(tmp_path)
+    puts = source.manifest["puts"]
+    damaged = puts[20]["physicalOffset"]
+    with open(store / "commitlog" / f"{damaged - damaged % 65536:020d}", "r+b") as log_file:
+        log_file.seek(damaged % 65536)
+        log_file.write(struct.pack(">i", 1 << 30))  # TOTALSIZE out of bounds
+    shutil.rmtree(store / "index")
+    (store / "abort").write_bytes(b"")
+    last_file = puts[-1]["physicalOffset"] // 65536 * 65536
+    first_there = min(p["storeTimestamp"] for p in puts if p["physicalOffset"] >= last_file)
+    checkpoint = read_checkpoint(store / "checkpoint")
+    recovery_time = first_there + 3000  # a crash recovery starts 3 s before the checkpoint
+    write_checkpoint(
+        store / "checkpoint",
+        replace(
+            checkpoint,
+            physic_msg_timestamp=recovery_time,
+            logics_msg_timestamp=recovery_time,
+            index_msg_timestamp=0,
+        ),
+    )
+    result = run_cli("recover", store, "--yes", "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 1, result.stderr
+    document = json.loads(result.stdout)
+    skipped = document["dispatch"]["damageSkipped"]
+    assert (skipped["offset"], skipped["resumedAt"]) == (damaged, last_file)
+    assert f"the replay went on from {last_file:,}, where that recovery starts" in result.stderr
+    assert document["abortRemoved"] and not (store / "abort").exists()
+    assert document["remaining"]["nextStep"] is None
+    assert document["remaining"]["findingsByKind"]["index-hole"] == 1
+    newest = puts[-1]
+    found = run_cli("read", store, "--topic", newest["topic"], "--key",
+                    newest["keys"].split()[0], "--json", *ORACLE_OPTIONS)  # fmt: skip
+    assert newest["physicalOffset"] in [m["commitLogOffset"] for m in json.loads(found.stdout)]
+    again = json.loads(run_cli("recover", store, "--dry-run", "--json", *ORACLE_OPTIONS).stdout)
+    assert not again["plan"]["cuts"] and not again["plan"]["moves"]
+    planned = run_cli("dispatch", store, "--dry-run", "--json", *ORACLE_OPTIONS)
+    assert json.loads(planned.stdout)["behindBytes"] == 0

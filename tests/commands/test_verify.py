@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -313,6 +314,29 @@ def test_a_flushed_checkpoint_vouches_for_the_units_after_a_queue_offset_gap(
     report = json.loads(run_cli("verify", store, "--json").stdout)
     assert report["findingsByKind"]["checkpoint-future"] == 1
     assert report["nextStep"] == f"rmqstore flush {store}"
+
+
+def test_records_the_index_skipped_inside_its_range_send_to_a_rebuild(tmp_path: Path) -> None:
+    """An index that holds the records from some offset on but not those before it (a
+    broker's crash recovery with messageIndexSafe=false loses entries so; here a dispatch
+    --from-offset into an empty index). verify reported them as index-lag with `dispatch`
+    as the next step, which resumes where the index ends and adds nothing, then named it
+    again. They are index-hole now, mended by a rebuild, on every engine."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    shutil.rmtree(store / "index")
+    listing = run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()
+    middle = json.loads(listing[len(listing) // 2])["commitLogOffset"]
+    assert run_cli("dispatch", store, "--from-offset", middle).exit_code == 0
+    for options in ((), ("--jobs", "2", "--split-size", "65536")):
+        report = json.loads(run_cli("verify", store, "--json", *options).stdout)
+        assert report["findingsByKind"] == {"index-hole": 1}, options
+        assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
+    assert run_cli("dispatch", store, "--dry-run", "--json").exit_code == 0  # nothing to do
+    assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
 
 
 def test_a_commit_log_file_cut_short_is_a_finding_not_an_error(oracle, tmp_path: Path) -> None:
