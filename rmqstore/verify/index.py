@@ -485,11 +485,16 @@ class IndexChecks:
     def _after_replay_damage(self, offset: int) -> bool:
         """Whether the record at ``offset`` lies after the damage a replay of the whole log
         (a rebuild) stops at before the log's valid end: no rebuild indexes it."""
+        damage = self._damage_a_rebuild_stops_at()
+        return damage is not None and offset > damage.offset
+
+    def _damage_a_rebuild_stops_at(self) -> LogDamage | None:
+        """The damage a replay of the whole log stops at before its valid end (looked for
+        once, when a record first asks)."""
         if not self._replay_damage_looked_for:
             self._replay_damage = replay_damage(self.store, self.store.commitlog.min_offset)
             self._replay_damage_looked_for = True
-        damage = self._replay_damage
-        return damage is not None and offset > damage.offset
+        return self._replay_damage
 
     def _dispatch_start(self) -> int | None:
         """Where ``rmqstore dispatch`` would start (None: not known)."""
@@ -536,16 +541,16 @@ class IndexChecks:
                 WARNING,
                 file=index_dir,
             )
-        if self.missing_after_damage:
-            damage = self._replay_damage
-            assert damage is not None
+        if self.missing_after_damage:  # (counted here, or by the ranges' checks)
+            damage = self._damage_a_rebuild_stops_at()
+            at = f" at offset {damage.offset:,}" if damage is not None else ""
             self.report.add(
                 "index-hole",
                 f"{counted(self.missing_after_damage, 'record')} inside the indexed range "
                 f"{'has' if self.missing_after_damage == 1 else 'have'} no entries, after the "
-                f"damage at offset {damage.offset:,} where a replay of the log stops before "
-                "its valid end: no rebuild reaches them (a broker's crash recovery replays "
-                "only the files it walks)",
+                f"damage{at} where a replay of the log stops before its valid end: no "
+                "rebuild reaches them (a broker's crash recovery replays only the files it "
+                "walks)",
                 WARNING,
                 file=index_dir,
                 report_only=True,

@@ -282,3 +282,13 @@ def test_a_crash_replay_goes_on_past_damage_in_a_file_crash_recovery_does_not_wa
     assert not again["plan"]["cuts"] and not again["plan"]["moves"]
     planned = run_cli("dispatch", store, "--dry-run", "--json", *ORACLE_OPTIONS)
     assert json.loads(planned.stdout)["behindBytes"] == 0
+    reports = [
+        json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS, *more).stdout)
+        for more in ((), ("--jobs", "2", "--split-size", "200000"))
+    ]
+    for report in reports:  # the records between the damage and that file: no rebuild adds them
+        (hole,) = [f for f in report["findings"] if f["kind"] == "index-hole"]
+        assert hole["fix"] == "none: report only" and f"{damaged:,}" in hole["message"]
+        assert report["nextStep"] is None
+    one, two = (sorted(map(str, report["findings"])) for report in reports)
+    assert one == two
