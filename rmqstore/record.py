@@ -503,6 +503,9 @@ class RegionScan:
         position = self.start
         need = 0
         self.end_position = position
+        if position > windows.limit:  # past the region's bytes (a file cut short): no record
+            self.stop = ScanStop.END
+            return
         while True:
             window, window_start, available, room = windows.window(position, need)
             count, stop, end, value, failures, problem = scan(

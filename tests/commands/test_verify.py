@@ -339,6 +339,29 @@ def test_records_the_index_skipped_inside_its_range_send_to_a_rebuild(tmp_path: 
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
 
 
+def test_queues_that_end_past_a_file_cut_short_are_findings_not_an_internal_error(
+    oracle, tmp_path: Path
+) -> None:
+    """A crashed real broker's store with a middle commit-log file deleted and a later one
+    cut short, so the consume queues end past that file's bytes: verify's look for where a
+    dispatch resumes scanned from there and stopped with an internal error (found by the
+    mutant campaign, seed 20261226). Now a scan from past a file's bytes finds no record,
+    and verify reports the store on every engine."""
+    store = oracle("s2_crash").copy_to(tmp_path)
+    (store / "commitlog" / f"{1179648:020d}").unlink()
+    os.truncate(store / "commitlog" / f"{1572864:020d}", 31330)
+    reports = [
+        run_cli("verify", store, "--json", *ORACLE_OPTIONS, *more)
+        for more in ((), ("--jobs", "2", "--split-size", "65536"))
+    ]
+    for report in reports:
+        assert report.exit_code == 1, report.stderr
+        kinds = json.loads(report.stdout)["findingsByKind"]
+        assert {"file-gap", "file-size"} <= set(kinds)
+    one, two = (sorted(map(str, json.loads(r.stdout)["findings"])) for r in reports)
+    assert one == two
+
+
 def test_a_commit_log_file_cut_short_is_a_finding_not_an_error(oracle, tmp_path: Path) -> None:
     """A copy of a real broker's store whose middle commit-log file was cut short (a copy
     that stopped, a full disk): verify reports it (file-size, an error a broker does not

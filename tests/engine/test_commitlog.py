@@ -365,3 +365,26 @@ def test_record_lookup_answers_as_a_single_read(
             ]
             assert sum(answer[0] == "RecordError" for answer in expected) > 0
             assert sum(len(answer) == 5 for answer in expected) >= len(puts) // 2
+
+
+def test_a_scan_from_past_the_bytes_of_a_file_cut_short_finds_no_record(
+    oracle, tmp_path: Path
+) -> None:
+    """A scan that starts past the bytes a commit-log file cut short holds (where the
+    consume queues still end) finds no record and ends where it started; it stopped with a
+    ValueError from the record kernel (found by the mutant campaign)."""
+    import os
+
+    from rmqstore.commitlog import CommitLog
+    from rmqstore.record import ScanStop
+
+    store = oracle("s1_multi").copy_to(tmp_path)
+    os.truncate(store / "commitlog" / f"{65536:020d}", 1000)
+    log = CommitLog(store / "commitlog", 65536, strict=False)
+    try:
+        for start in (65536 + 1001, 65536 + 30000):
+            scan = log.scan(start, check_crc=True)
+            assert list(scan) == [] and list(log.scan(start).batches()) == []
+            assert (scan.end_offset, scan.stop) == (start, ScanStop.END)
+    finally:
+        log.close()
