@@ -71,7 +71,10 @@ def command(
     its last units while others kept theirs gets them back; damage in a file that recovery
     does not walk, met while catching the index up before that file, is passed as a broker's
     crash recovery passes it, with a warning: see rmqstore dispatch), flushes, writes the
-    checkpoint and removes 'abort'. Takes the store's lock; asks on a terminal before cutting.
+    checkpoint and removes 'abort' (it keeps 'abort', and says why, where a broker started
+    without it would run its normal recovery over the last three files and cut the log at
+    damage its crash recovery does not walk, deleting the records after it). Takes the
+    store's lock; asks on a terminal before cutting.
 
     An error that stops it (a full disk: exit 4) is one line that says how far it got:
     "stopped before it changed the store", or "stopped part way", in which case 'abort' stays

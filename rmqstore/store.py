@@ -690,6 +690,41 @@ class Store:
         quarantine.keep_copy(self.checkpoint_path, True, "the checkpoint")
         quarantine.keep_copy(self.abort_path, self.abort_existed, "abort")
 
+    def normal_recovery_cut(self) -> tuple[int, str] | None:
+        """Where a broker's normal recovery (no 'abort': it walks the last three files)
+        would end the log before the file its crash recovery starts at, as the checkpoint
+        now picks it, and why (damage in a file only the normal recovery walks): started
+        without 'abort', a broker cuts the log there and deletes the files after it, records
+        its crash recovery keeps. None when it would not."""
+        log = self.commitlog
+        checkpoint = self.checkpoint()
+        normal = log.recovery_start(checkpoint, False)
+        crash = log.recovery_start(checkpoint, True)
+        if normal is None or crash is None or normal.start >= crash.start:
+            return None
+        check_crc = self.config.check_crc_on_recover
+        scan = log.scan(
+            normal.start,
+            check_crc=check_crc,
+            stop_on_crc_error=check_crc,
+            first_segment=normal,
+            property_crc=self.config.force_verify_prop_crc,
+        )
+        batches = scan.batches()
+        try:
+            for _ in batches:
+                if scan.segment is not None and scan.segment.start >= crash.start:
+                    return None
+        finally:
+            batches.close()  # type: ignore[attr-defined]
+        if scan.end_offset >= crash.start:
+            return None
+        if scan.error is None:
+            return scan.end_offset, "zeros where records go on: the file has no BLANK at its end"
+        return scan.end_offset, str(scan.error).removeprefix(
+            f"record at offset {scan.end_offset}: "
+        )
+
     def residue_after(self, end: LogEnd) -> Residue:
         """Non-zero bytes after the valid end of the log: in its last file, and in later files
         (which a broker's recovery deletes)."""
@@ -916,6 +951,13 @@ class Store:
         if not self.abort_existed and (appended == 0 or caught_up):
             self._remove_abort()
         elif self.abort_existed and caught_up and self.tail_verified:
+            cut = self.normal_recovery_cut()
+            if cut is not None:
+                self.notes.append(
+                    f"'abort' is kept: {normal_recovery_cut_text(*cut)}; with 'abort' a "
+                    "broker's crash recovery starts after the damage and keeps them"
+                )
+                return
             self._remove_abort()
             self.notes.append(
                 "the consume queues and index now cover the whole commit log and nothing "
@@ -940,6 +982,16 @@ class Store:
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
         self.close(failed=exc_type is not None)
+
+
+def normal_recovery_cut_text(offset: int, reason: str) -> str:
+    """What a broker started without 'abort' does to a log :meth:`Store.normal_recovery_cut`
+    found cut at ``offset``."""
+    return (
+        "without it a broker's next start runs its normal recovery, which walks the last "
+        f"three commit-log files, ends the log at offset {offset:,} ({reason}) and deletes "
+        "the records after it"
+    )
 
 
 def _put_copies(

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint_file
 from rmqstore.consumequeue import ConsumeQueue
-from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.store import Store
+from rmqstore.errors import RmqStoreError, StoreFormatError, StoreIOError
+from rmqstore.store import Store, normal_recovery_cut_text
 from rmqstore.topics import is_path_safe
 from rmqstore.verify.findings import WARNING, VerifyReport
 from rmqstore.verify.index import IndexChecks
@@ -26,13 +26,28 @@ def check_checkpoint_and_abort(
 ) -> None:
     _check_checkpoint(store, report, facts, queues, index, from_offset)
     if store.aborted:
+        cut = _normal_recovery_cut(store)
+        kept = (
+            ""
+            if cut is None
+            else f"; recover and dispatch keep it: {normal_recovery_cut_text(*cut)}, which "
+            "its crash recovery keeps"
+        )
         report.add(
             "abort-present",
             "the store was not closed cleanly (a broker is running, crashed, or "
-            "consume queues were left behind): a broker runs crash recovery at start",
+            "consume queues were left behind): a broker runs crash recovery at start" + kept,
             WARNING,
             file="abort",
+            report_only=cut is not None,
         )
+
+
+def _normal_recovery_cut(store: Store) -> tuple[int, str] | None:
+    try:
+        return store.normal_recovery_cut()
+    except (RmqStoreError, OSError):
+        return None  # the record checks report what stops the walk
 
 
 def _check_checkpoint(

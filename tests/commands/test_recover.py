@@ -292,3 +292,39 @@ def test_a_crash_replay_goes_on_past_damage_in_a_file_crash_recovery_does_not_wa
         assert report["nextStep"] is None
     one, two = (sorted(map(str, report["findings"])) for report in reports)
     assert one == two
+
+
+def test_abort_stays_where_a_normal_recovery_would_cut_what_the_crash_recovery_keeps(
+    oracle, tmp_path: Path
+) -> None:
+    """A real broker's crashed store of two commit-log files whose first file holds a
+    damaged record: its crash recovery starts at the second file and keeps every record, but
+    without 'abort' a broker runs its normal recovery over the last three files, ends the
+    log at the damage and deletes the second file. recover removed 'abort' (then verify
+    named recover, which cut there). Now 'abort' stays, says why, and verify reports it
+    with no next step."""
+    source = oracle("s3_txn_delay")
+    store = source.copy_to(tmp_path)
+    puts = [p for p in source.manifest["puts"] if "physicalOffset" in p]
+    damaged = max(p["physicalOffset"] for p in puts if p["physicalOffset"] < 65536)
+    with open(store / "commitlog" / f"{0:020d}", "r+b") as log_file:
+        log_file.seek(damaged)
+        log_file.write(struct.pack(">i", 1 << 30))  # TOTALSIZE out of bounds
+    (store / "abort").write_bytes(b"")
+    result = run_cli("recover", store, "--yes", "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 1, result.stderr
+    document = json.loads(result.stdout)
+    assert not document["plan"]["cuts"] and not document["plan"]["moves"][1:]  # the index tail
+    assert not document["abortRemoved"] and (store / "abort").exists()
+    assert (
+        f"'abort' is kept: without it a broker's next start runs its normal recovery, which "
+        f"walks the last three commit-log files, ends the log at offset {damaged:,}"
+    ) in result.stderr
+    assert document["remaining"]["nextStep"] is None
+    report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    (abort,) = [f for f in report["findings"] if f["kind"] == "abort-present"]
+    assert (
+        abort["fix"] == "none: report only" and "recover and dispatch keep it" in abort["message"]
+    )
+    assert report["nextStep"] is None
+    assert len(list((store / "commitlog").iterdir())) == 2
