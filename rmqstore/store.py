@@ -702,6 +702,11 @@ class Store:
         crash = log.recovery_start(checkpoint, True)
         if normal is None or crash is None or normal.start >= crash.start:
             return None
+        opened_from = self.recovery_start_offset() if self.abort_existed else None
+        if opened_from is not None and opened_from <= normal.start:
+            # the crash recovery of the store as opened walked those files by the same rules:
+            # damage there ends (or ended) its log too, so a normal recovery cuts nothing more
+            return None
         check_crc = self.config.check_crc_on_recover
         scan = log.scan(
             normal.start,
