@@ -36,7 +36,7 @@ from rmqstore.record import (
     TRANSACTION_ROLLBACK,
     BodyMode,
 )
-from rmqstore.store import Store
+from rmqstore.store import ZEROS_WHERE_RECORDS_GO_ON, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.wording import quoted
 
@@ -1122,9 +1122,6 @@ class LogDamage:
         )
 
 
-_ZEROS_WHERE_RECORDS_GO_ON = "zeros where records go on: the file has no BLANK at its end"
-
-
 def damage_before_end(store: Store, stopped_at: int, error: str | None) -> LogDamage | None:
     """The damage a replay of the log stopped at (``stopped_at``: the invalid record
     ``error`` says what is wrong with, or zeros), when that is in a file before those a
@@ -1137,7 +1134,7 @@ def damage_before_end(store: Store, stopped_at: int, error: str | None) -> LogDa
     if stopped_at >= end:
         return None
     if error is None:
-        return LogDamage(stopped_at, _ZEROS_WHERE_RECORDS_GO_ON, end)
+        return LogDamage(stopped_at, ZEROS_WHERE_RECORDS_GO_ON, end)
     return LogDamage(stopped_at, error.removeprefix(f"record at offset {stopped_at}: "), end)
 
 

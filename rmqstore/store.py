@@ -725,7 +725,7 @@ class Store:
         if scan.end_offset >= crash.start:
             return None
         if scan.error is None:
-            return scan.end_offset, "zeros where records go on: the file has no BLANK at its end"
+            return scan.end_offset, ZEROS_WHERE_RECORDS_GO_ON
         return scan.end_offset, str(scan.error).removeprefix(
             f"record at offset {scan.end_offset}: "
         )
@@ -987,6 +987,10 @@ class Store:
 
     def __exit__(self, exc_type: object, *exc_info: object) -> None:
         self.close(failed=exc_type is not None)
+
+
+# why a replay or a recovery stops at zeros before records that go on in later files
+ZEROS_WHERE_RECORDS_GO_ON = "zeros where records go on: the file has no BLANK at its end"
 
 
 def normal_recovery_cut_text(offset: int, reason: str) -> str:
