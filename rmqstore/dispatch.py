@@ -351,12 +351,12 @@ class Dispatcher:
                     break
         finally:
             batches.close()  # type: ignore[attr-defined]  # the reader stops before files change
-        result.records = walk.records
+        result.records += walk.records  # (a crash's replay past damage walks twice)
         result.to_offset = start if not walk.records else walk.to_offset
-        result.units_written = walk.units_written
-        result.units_skipped = walk.units_skipped
-        result.index_records = walk.index_records
-        result.index_entries = walk.index_entries
+        result.units_written += walk.units_written
+        result.units_skipped += walk.units_skipped
+        result.index_records += walk.index_records
+        result.index_entries += walk.index_entries
         return walk, scan
 
     def _replay_past(
@@ -368,29 +368,11 @@ class Dispatcher:
         cursor: int,
     ) -> tuple[_BatchWalk, LogScan]:
         """Walk again from ``replay_start`` after ``walk`` stopped at damage before it;
-        ``result`` then counts both walks."""
-        before = (
-            result.records,
-            result.units_written,
-            result.units_skipped,
-            result.index_records,
-            result.index_entries,
-        )
+        ``result`` counts both walks."""
         with self.store.until_done("dispatch", self._where_residue_is, self.changed):
             replay, scan = self._walk(
-                replay_start,
-                None,
-                None,
-                progress,
-                walk.last_time,
-                result,
-                counted_from=cursor,
+                replay_start, None, None, progress, walk.last_time, result, counted_from=cursor
             )
-        result.records += before[0]
-        result.units_written += before[1]
-        result.units_skipped += before[2]
-        result.index_records += before[3]
-        result.index_entries += before[4]
         replay.touched |= walk.touched
         return replay, scan
 
