@@ -129,7 +129,9 @@ def command(
     a file that recovery does not walk, met while catching up before that file, is passed as
     the broker's crash recovery passes it: the dispatch goes on from that file, and
     damageSkipped{offset, reason, logEnd, resumedAt} names it, with a warning and exit 1
-    (the records in between that the queues and index did not hold stay out). An error
+    (the records in between that the queues and index did not hold stay out); 'abort' stays
+    where a broker started without it would cut the log at such damage (see rmqstore
+    recover). An error
     that stops it once it put a unit or an index entry (a full disk: exit 4) leaves 'abort'
     in place, as a crash would (some queues may reach further than others or the index):
     the one-line error says so; run it again once the cause is mended.
