@@ -176,6 +176,25 @@ class CommitLog:
 
     close = forget_maps
 
+    def scan_short_of(
+        self, start: int, boundary: int, *, check_crc: bool = False, property_crc: bool = False
+    ) -> LogScan | None:
+        """Walk from ``start`` as a recovery walks (a failed CRC stops it when ``check_crc``)
+        until it reaches the file starting at ``boundary`` or stops: None when it reached that
+        file, else the finished scan (its ``end_offset`` and ``error`` say where and why it
+        stopped; only the files before ``boundary`` are read)."""
+        scan = self.scan(
+            start, check_crc=check_crc, stop_on_crc_error=check_crc, property_crc=property_crc
+        )
+        batches = scan.batches()
+        try:
+            for _ in batches:
+                if scan.segment is not None and scan.segment.start >= boundary:
+                    return None
+        finally:
+            batches.close()  # type: ignore[attr-defined]
+        return scan
+
     def scan(
         self,
         start_offset: int | None = None,

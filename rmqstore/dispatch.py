@@ -1130,14 +1130,9 @@ def log_damage_before_end(store: Store, start: int | None = None) -> LogDamage |
     walked_from = store.recovery_start_offset()
     if walked_from is None or first >= walked_from or log.queue.find(first) is None:
         return None  # the replay starts in the files recovery walks: it ends where recovery does
-    scan = log.scan(first, property_crc=store.config.force_verify_prop_crc)
-    batches = scan.batches()
-    try:
-        for _ in batches:
-            if scan.segment is not None and scan.segment.start >= walked_from:
-                return None
-    finally:
-        batches.close()  # type: ignore[attr-defined]
+    scan = log.scan_short_of(first, walked_from, property_crc=store.config.force_verify_prop_crc)
+    if scan is None:
+        return None
     return damage_before_end(
         store, scan.end_offset, None if scan.error is None else str(scan.error)
     )

@@ -707,22 +707,13 @@ class Store:
             # the crash recovery of the store as opened walked those files by the same rules:
             # damage there ends (or ended) its log too, so a normal recovery cuts nothing more
             return None
-        check_crc = self.config.check_crc_on_recover
-        scan = log.scan(
+        scan = log.scan_short_of(
             normal.start,
-            check_crc=check_crc,
-            stop_on_crc_error=check_crc,
-            first_segment=normal,
+            crash.start,
+            check_crc=self.config.check_crc_on_recover,
             property_crc=self.config.force_verify_prop_crc,
         )
-        batches = scan.batches()
-        try:
-            for _ in batches:
-                if scan.segment is not None and scan.segment.start >= crash.start:
-                    return None
-        finally:
-            batches.close()  # type: ignore[attr-defined]
-        if scan.end_offset >= crash.start:
+        if scan is None or scan.end_offset >= crash.start:
             return None
         if scan.error is None:
             return scan.end_offset, ZEROS_WHERE_RECORDS_GO_ON
