@@ -6,6 +6,7 @@ exactly where it would bite a mapped reader."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,16 +22,22 @@ from rmqstore.verify.records import RecordPass
 FILE_SIZE = 32 * 1024 * 1024  # more than the 8 MiB read window
 
 
-@pytest.fixture
-def store_path(tmp_path: Path) -> Path:
-    """The benchmark shape, small: 100,000 messages in 32 MiB commit-log files."""
-    out = tmp_path / "store"
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The benchmark shape, small: 100,000 messages in 32 MiB commit-log files (made once:
+    each test cuts a copy)."""
+    out = tmp_path_factory.mktemp("shrinking") / "store"
     generate(
         "large",
         out,
         FixtureOptions(messages=100_000, commitlog_file_size=FILE_SIZE),
     )
     return out
+
+
+@pytest.fixture
+def store_path(generated: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(generated, tmp_path / "store"))
 
 
 def _first_log_file(root: Path) -> Path:
