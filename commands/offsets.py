@@ -72,7 +72,9 @@ def command(
     of the last message consumed, and the state: ok; past-end (the offset is beyond the
     queue's end: what a recovery that cut the queue leaves; a broker answers the group as
     out of range, and messages stored again below the offset may never reach it: reset the
-    group's offset, mqadmin resetOffsetByTime, before producers write); before-start (the
+    group's offset, mqadmin resetOffsetByTime, before producers write; a delay level's
+    offset a 4.9.8 or 5.x broker sets back to the end as it loads delayOffset.json, where
+    4.9.0 and older deliver nothing delayed there again below it); before-start (the
     queue's first messages were removed, expired, before the group consumed them); no-queue
     (the store has no consume queue for it); unreadable (its consume queue does not load, a
     file of the wrong size: a warning says why). Reads only; the commit log is read only for
@@ -134,7 +136,8 @@ def _warn_past_end(report: OffsetsReport, scheduler: bool) -> None:
         warn(
             f"the delay scheduler's offset of {counted(levels, 'level')} is past the end of "
             f"{'its' if levels == 1 else 'their'} {SCHEDULE_TOPIC} queue (state past-end): "
-            "messages delayed there again below the offset may never be delivered"
+            "a 4.9.8 or 5.x broker sets it back to the end as it loads the file; an older one "
+            "delivers nothing delayed there again below the offset"
         )
 
 

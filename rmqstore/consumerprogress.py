@@ -262,15 +262,21 @@ class OffsetPastEnd:
 
     def describe(self, when: str = "") -> str:
         """What it is and what to do, in one sentence (``when``: " once recovered", say)."""
-        owner = (
-            f"group {self.group}'s offset"
-            if self.group is not None
-            else f"the delay scheduler's offset for level {self.queue_id + 1}"
-        )
+        if self.group is None:
+            # ScheduleMessageService.correctDelayOffset, in later 4.9 releases (4.9.8 has it,
+            # 4.9.0 does not) and in 5.x, sets such an offset to the queue's max at load
+            return (
+                f"the delay scheduler's offset for level {self.queue_id + 1} is "
+                f"{self.offset}, past the end {self.queue_end} of its queue "
+                f"{self.topic}:{self.queue_id}{when}: a 4.9.8 or 5.x broker sets it back to "
+                "the end as it loads config/delayOffset.json; an older one delivers nothing "
+                "delayed there again below it until the file is set right with the broker "
+                "stopped"
+            )
         return (
-            f"{owner} {self.offset} in {self.topic}:{self.queue_id} is past the queue's end "
-            f"{self.queue_end}{when}: messages stored there again below it may never be "
-            "consumed; reset it (mqadmin resetOffsetByTime) before producers write"
+            f"group {self.group}'s offset {self.offset} in {self.topic}:{self.queue_id} is past "
+            f"the queue's end {self.queue_end}{when}: messages stored there again below it may "
+            "never be consumed; reset it (mqadmin resetOffsetByTime) before producers write"
         )
 
 

@@ -77,6 +77,26 @@ def test_the_delay_scheduler_of_a_real_store(oracle) -> None:
     assert len(json.loads(shown.stdout)["delayOffsets"]["levels"]) == 4
 
 
+def test_a_delay_offset_past_its_queues_end_says_what_brokers_do_with_it(
+    oracle, tmp_path: Path
+) -> None:
+    store = oracle("s3_txn_delay").copy_to(tmp_path)
+    (store / "config" / "delayOffset.json").write_text('{"offsetTable":{"1":3,"2":5,"3":2}}')
+    result = run_cli("verify", store, "--json", *ORACLE_OPTIONS)
+    assert result.exit_code == 1
+    (past,) = json.loads(result.stdout)["findings"]
+    assert (past["kind"], past["file"]) == ("offset-past-end", "config/delayOffset.json")
+    assert (past["topic"], past["queueId"], past["queueOffset"]) == ("SCHEDULE_TOPIC_XXXX", 1, 5)
+    assert past["message"].startswith(
+        "the delay scheduler's offset for level 2 is 5, past the end 2 of its queue "
+        "SCHEDULE_TOPIC_XXXX:1: a 4.9.8 or 5.x broker sets it back to the end"
+    )
+    assert "mqadmin" not in past["message"]  # resetting offsets by time is for groups
+    shown = run_cli("offsets", store, *ORACLE_OPTIONS)
+    assert shown.exit_code == 0
+    assert "a 4.9.8 or 5.x broker sets it back to the end as it loads the file" in shown.stderr
+
+
 def test_files_that_do_not_load_are_warned_of_and_bad_input_is_one_line(tmp_path: Path) -> None:
     store = consumed_store(tmp_path, '{\n\t"offsetTable":{"BasicTopic@g1":{0:')
     result = run_cli("offsets", store)
