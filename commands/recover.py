@@ -132,7 +132,7 @@ def command(
             step = remaining.next_step(str(store))
             warn(
                 f"after recovery, verify still finds {kinds}; next step: "
-                + (step or "none of these is mended by a command (rmqstore verify says more)")
+                + (step or f"{remaining.no_step_reason()} (rmqstore verify says more)")
             )
     if as_json:
         after = None

@@ -75,10 +75,12 @@ _HELP = (
     ends with the next step to take. Positions mean one thing each: file (the
     store-relative file or directory) and filePosition (a byte in that file), commitLogOffset
     (a commit-log physical offset), topic/queueId/queueOffset (a consume-queue unit or
-    queue); a field that does not apply is null. JSON: {ok, nextStep, findings[{kind,
-    severity, file, filePosition, commitLogOffset, topic, queueId, queueOffset, message,
-    fix}], findingsByKind, truncated, checked}. Exit 0 when sound (notes allowed), 1 when there
-    are errors or warnings.
+    queue); a field that does not apply is null. A finding only a rebuild mends is report
+    only too when the rebuild refuses the log (a replay of it stops at damage before its
+    valid end: rebuildRefusedAt is that damage's offset, else null). JSON: {ok, nextStep,
+    rebuildRefusedAt, findings[{kind, severity, file, filePosition, commitLogOffset, topic,
+    queueId, queueOffset, message, fix}], findingsByKind, truncated, checked}. Exit 0 when
+    sound (notes allowed), 1 when there are errors or warnings.
     """
 )
 
@@ -224,7 +226,7 @@ def _next_step(report: VerifyReport, store: str) -> str:
             "start its broker, which recovers and dispatches the store (rmqstore's writers "
             "refuse a store with queues it does not keep)"
         )
-    return "none of these is mended by a command; see the messages"
+    return f"{report.no_step_reason()}; see the messages"
 
 
 def _render(report: VerifyReport, topics: tuple[str, ...] = ()) -> None:

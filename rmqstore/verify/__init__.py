@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rmqstore.errors import RmqStoreError
 from rmqstore.store import COMMITLOG_DIR, Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
-from rmqstore.verify.queues import QueueChecks, readable_checks
+from rmqstore.verify.queues import QueueChecks, readable_checks, replay_damage
 from rmqstore.verify.records import RecordListener, RecordPass
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "VerifyOptions",
     "VerifyReport",
     "verify_store",
+    "weigh_rebuild",
 ]
 
 
@@ -59,6 +61,23 @@ def check_layout(store: Store, report: VerifyReport) -> None:
         report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
 
 
+def weigh_rebuild(store: Store, report: VerifyReport) -> None:
+    """When something only ``dispatch --rebuild`` mends was found, look for damage a
+    replay of the whole log stops at before its valid end (in a file a broker's recovery
+    does not walk): the rebuild refuses such a log, so those findings are left to the
+    operator (the damage's own finding says why) instead of naming a rebuild as the next
+    step."""
+    if not report.needs_rebuild():
+        return
+    try:
+        first = store.commitlog.min_offset
+    except (RmqStoreError, OSError):
+        return  # a log that does not open: its own findings say so
+    damage = replay_damage(store, first)
+    if damage is not None:
+        report.rebuild_refused_at = damage.offset
+
+
 def verify_store(
     store: Store,
     options: VerifyOptions = VerifyOptions(),
@@ -80,4 +99,5 @@ def verify_store(
     ).run(options.from_offset)
     check_checkpoint_and_abort(store, report, facts, queues, index, options.from_offset)
     check_config_files(store, report, queues)
+    weigh_rebuild(store, report)
     return report

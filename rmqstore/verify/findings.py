@@ -210,6 +210,10 @@ class VerifyReport:
     counts: Counter = field(default_factory=Counter)  # by kind, all severities
     problems: int = 0  # errors and warnings, counted beyond max_findings too
     checked: Counter = field(default_factory=Counter)
+    # where the damage is that makes dispatch --rebuild refuse the log (a replay of it stops
+    # there before its valid end), when there are findings only a rebuild mends: then no
+    # command mends them (see :func:`rmqstore.verify.weigh_rebuild`)
+    rebuild_refused_at: int | None = None
 
     def add(
         self,
@@ -266,17 +270,27 @@ class VerifyReport:
         self.problems += other.problems
         self.checked.update(other.checked)
 
+    def needs_rebuild(self) -> bool:
+        """Whether a finding that only ``dispatch --rebuild`` mends is here, and mendable
+        otherwise."""
+        mendable = self._mendable()
+        return any(
+            f.severity != NOTE and FIXES[f.kind] == _REBUILD and mendable(f) for f in self.findings
+        )
+
     def _mendable(self) -> Callable[[Finding], bool]:
         """Whether a command mends a finding: not one found so (damage no recovery cuts),
-        nor a consume-queue finding of a queue whose records' queue offsets have a gap in
+        nor one only a rebuild mends when the rebuild refuses the log, nor a consume-queue
+        finding of a queue whose records' queue offsets have a gap in
         the log itself (a record lost its QUEUEOFFSET, or its topic, to damage): a rebuild
         appends the units after the gap at the end of the queue, as a broker does, so no
         rebuild makes that queue's units match their records (it would shift the units a
         broker wrote in place)."""
         gapped = {(f.topic, f.queue_id) for f in self.findings if f.kind == "queue-offset-gap"}
+        refused = self.rebuild_refused_at is not None
 
         def mendable(finding: Finding) -> bool:
-            if finding.report_only:
+            if finding.report_only or (refused and FIXES[finding.kind] == _REBUILD):
                 return False
             return finding.kind not in _GAP_FOLLOWERS or (
                 (finding.topic, finding.queue_id) not in gapped
@@ -306,6 +320,16 @@ class VerifyReport:
                 return fix_for(kind, store)
         return None
 
+    def no_step_reason(self) -> str:
+        """Why no command mends what was found (when :meth:`next_step` is None), in words."""
+        if self.rebuild_refused_at is None:
+            return "none of these is mended by a command"
+        return (
+            "none of these is mended by a command: those a rebuild would mend are left, as "
+            "dispatch --rebuild refuses the log (a replay of it stops at the damage at offset "
+            f"{self.rebuild_refused_at:,}, before its valid end)"
+        )
+
     @property
     def truncated(self) -> bool:
         return sum(self.counts.values()) > len(self.findings)
@@ -325,6 +349,7 @@ class VerifyReport:
         return {
             "ok": self.ok,
             **({"nextStep": self.next_step(store)} if store is not None else {}),
+            "rebuildRefusedAt": self.rebuild_refused_at,
             "findings": findings,
             "findingsByKind": dict(sorted(self.counts.items())),
             "truncated": self.truncated,

@@ -24,7 +24,7 @@ from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatE
 from rmqstore.pipeline.ranges import plan_spans
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
-from rmqstore.verify import CROSS_CHECKS, VerifyOptions, check_layout
+from rmqstore.verify import CROSS_CHECKS, VerifyOptions, check_layout, weigh_rebuild
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
@@ -381,6 +381,7 @@ class RangedVerify:
             self.store, self.report, facts, self.queues, self.index, self.from_offset
         )
         check_config_files(self.store, self.report, self.queues)
+        weigh_rebuild(self.store, self.report)
         return self.report
 
 

@@ -21,8 +21,10 @@ def test_sound_store_exits_0_with_the_documented_json(oracle) -> None:
     assert report["ok"] is True and report["findings"] == []
     assert report["checked"]["records"] == 3002 and report["checked"]["units"] == 3002
     assert report["checked"]["indexedRecords"] == 3002
-    assert set(report) == {"ok", "nextStep", "findings", "findingsByKind", "truncated", "checked"}
-    assert report["nextStep"] is None
+    assert set(report) == {
+        "ok", "nextStep", "rebuildRefusedAt", "findings", "findingsByKind", "truncated", "checked"
+    }  # fmt: skip
+    assert report["nextStep"] is None and report["rebuildRefusedAt"] is None
 
 
 def test_findings_exit_1_and_name_kind_and_position(oracle) -> None:
@@ -210,6 +212,49 @@ def test_damage_where_recovery_does_not_walk_sends_to_no_command(oracle, tmp_pat
     (crc,) = report["findings"]
     assert crc["kind"] == "record-body-crc" and crc["fix"] == "none: report only"
     assert report["nextStep"] is None
+
+
+def _spoil_the_last_units_tags_code(store: Path) -> int:
+    """Change the tagsCode of the last unit of TopicTest:0; returns its queue offset."""
+    newest = max((store / "consumequeue" / "TopicTest" / "0").iterdir())
+    data = newest.read_bytes()
+    units = len(data.rstrip(b"\0")) // 20 + (len(data.rstrip(b"\0")) % 20 > 0)
+    with open(newest, "r+b") as queue_file:
+        queue_file.seek((units - 1) * 20 + 12)
+        queue_file.write(struct.pack(">q", 12345))
+    return int(newest.name) // 20 + units - 1
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_what_only_a_rebuild_mends_sends_to_no_command_when_the_rebuild_refuses(
+    oracle, tmp_path: Path, jobs: str
+) -> None:
+    """A consume-queue unit only a rebuild mends, in a log whose replay stops at damage in
+    a file a broker's recovery does not walk: the rebuild refuses that log, so verify named
+    a command that only failed (recover, then dispatch --rebuild, then an error)."""
+    spoilt = oracle("s1_multi").copy_to(tmp_path / "queue")
+    unit = _spoil_the_last_units_tags_code(spoilt)
+    report = json.loads(run_cli("verify", spoilt, "--json", *ORACLE_OPTIONS).stdout)
+    assert report["nextStep"].endswith("--rebuild --yes") and report["rebuildRefusedAt"] is None
+
+    store = oracle("s1_multi").copy_to(tmp_path / "both")
+    assert _spoil_the_last_units_tags_code(store) == unit
+    with open(store / "commitlog" / "00000000000000000000", "r+b") as log_file:
+        log_file.seek(31261)  # a record's TOTALSIZE
+        log_file.write(struct.pack(">i", -(2**31)))
+    result = run_cli("verify", store, "--json", "--jobs", jobs, *ORACLE_OPTIONS)
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["nextStep"] is None and report["rebuildRefusedAt"] == 31261
+    (spoilt_unit,) = [f for f in report["findings"] if f["kind"] == "cq-unit"]
+    assert (spoilt_unit["topic"], spoilt_unit["queueOffset"]) == ("TopicTest", unit)
+    assert spoilt_unit["fix"] == "none: report only"
+    human = run_cli("verify", store, "--jobs", jobs, *ORACLE_OPTIONS)
+    assert "dispatch --rebuild refuses the log (a replay of it stops at the damage at " in (
+        human.stdout
+    )
+    refused = run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS)
+    assert refused.exit_code == 2 and "damaged at offset 31,261" in refused.stderr
 
 
 def test_a_property_crc_recovery_does_not_check_sends_to_no_command(tmp_path: Path) -> None:
