@@ -77,7 +77,11 @@ _HELP = (
     (a commit-log physical offset), topic/queueId/queueOffset (a consume-queue unit or
     queue); a field that does not apply is null. A finding only a rebuild mends is report
     only too when the rebuild refuses the log (a replay of it stops at damage before its
-    valid end: rebuildRefusedAt is that damage's offset, else null). JSON: {ok, nextStep,
+    valid end: rebuildRefusedAt is that damage's offset, else null). A consume-queue or
+    index file of the wrong size puts the rebuild first (recover refuses the store until it
+    is replaced), unless every consume queue has one or the index files are all one wrong
+    size: then the sizes given are more likely not the broker's, and those findings are
+    report only. JSON: {ok, nextStep,
     rebuildRefusedAt, findings[{kind, severity, file, filePosition, commitLogOffset, topic,
     queueId, queueOffset, message, fix}], findingsByKind, truncated, checked}. Exit 0 when
     sound (notes allowed), 1 when there are errors or warnings.

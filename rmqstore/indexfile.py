@@ -132,7 +132,8 @@ class IndexFile:
             raise StoreFormatError(
                 f"index file {path} is {size} bytes, but {slots} hash slots and {entries} "
                 f"entries make {expected}; pass the broker's maxHashSlotNum/maxIndexNum "
-                "(--broker-config or --index-slots/--index-entries)"
+                "(--broker-config or --index-slots/--index-entries), or, where the file is "
+                "damaged, rmqstore dispatch --rebuild --yes builds the index again"
             )
         if writable:
             index = cls(path, slots, entries, map_writable(path), IndexHeader(), True)

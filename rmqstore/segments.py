@@ -107,6 +107,13 @@ class SegmentQueue:
                     " (a broker does not load the store with it; rmqstore verify reports "
                     "what else it finds)"
                 )
+            elif kind == "consume-queue":
+                message += (
+                    " (a broker does not load the store with it: where the file is damaged, "
+                    "rmqstore dispatch --rebuild --yes builds the consume queues again; where "
+                    "the size is the broker's, pass its mappedFileSizeConsumeQueue with "
+                    "--broker-config or --consumequeue-file-size)"
+                )
             if strict:
                 raise StoreFormatError(message)
             queue.problems.append(message)

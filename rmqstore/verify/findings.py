@@ -129,6 +129,9 @@ assert set(FIXES) == set(KINDS)
 # found, these leave nothing a command can mend (the log has a hole, files of another store,
 # or a file where a folder should be)
 _BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
+# files of the wrong size, which make recover (and dispatch) refuse the store and which a
+# rebuild replaces: a rebuild comes first then
+_REBUILD_FIRST = frozenset({"cq-file-size", "index-file-size"})
 # consume-queue findings that follow from a gap in a queue's offsets in the log itself
 _GAP_FOLLOWERS = frozenset({"cq-unit", "cq-unit-orphan", "dispatch-hole"})
 # noted, these leave nothing for rmqstore to mend: its writers refuse a store whose consume
@@ -270,6 +273,13 @@ class VerifyReport:
         self.problems += other.problems
         self.checked.update(other.checked)
 
+    def _sizes_disagree(self) -> bool:
+        """Whether every consume queue checked has a file of the wrong size (more than one
+        queue): more likely the sizes given are not the broker's than all those files
+        damaged, and a rebuild would write every queue again in the sizes given."""
+        queues = {(f.topic, f.queue_id) for f in self.findings if f.kind == "cq-file-size"}
+        return len(queues) > 1 and len(queues) >= self.checked["consumeQueues"]
+
     def needs_rebuild(self) -> bool:
         """Whether a finding that only ``dispatch --rebuild`` mends is here, and mendable
         otherwise."""
@@ -288,9 +298,12 @@ class VerifyReport:
         broker wrote in place)."""
         gapped = {(f.topic, f.queue_id) for f in self.findings if f.kind == "queue-offset-gap"}
         refused = self.rebuild_refused_at is not None
+        sizes_disagree = self._sizes_disagree()
 
         def mendable(finding: Finding) -> bool:
             if finding.report_only or (refused and FIXES[finding.kind] == _REBUILD):
+                return False
+            if sizes_disagree and finding.kind == "cq-file-size":
                 return False
             return finding.kind not in _GAP_FOLLOWERS or (
                 (finding.topic, finding.queue_id) not in gapped
@@ -314,7 +327,11 @@ class VerifyReport:
         if found & _BLOCKING or self.writers_refused:
             return None  # a missing or foreign file: no command makes the rest whole
         mendable = self._mendable()
+        wrong_sizes = {f.kind for f in self.findings if f.severity != NOTE} & _REBUILD_FIRST
         found = {f.kind for f in self.findings if f.severity != NOTE and mendable(f)}
+        if wrong_sizes:  # recover refuses the store until a rebuild replaces those files
+            rebuild = wrong_sizes & found
+            return fix_for(min(rebuild), store) if rebuild else None
         for kind, template in FIXES.items():
             if kind in found and template != REPORT_ONLY:
                 return fix_for(kind, store)

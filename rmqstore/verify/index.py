@@ -8,11 +8,13 @@ log: the entries of a record must be the hashes of its ``topic#UNIQ_KEY`` and ``
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rmqstore import kernel
@@ -59,6 +61,19 @@ def index_geometry_known(store: Store) -> bool:
     return any(
         sources.get(name, "default") != "default" for name in ("index_slots", "index_entries")
     )
+
+
+def _one_size_for_all(index_dir: Path) -> bool:
+    """Whether ``index_dir`` holds more than one index file, all of one size."""
+    try:
+        sizes = [
+            entry.stat().st_size
+            for entry in os.scandir(index_dir)
+            if is_index_name(entry.name) and entry.is_file(follow_symlinks=False)
+        ]
+    except OSError:
+        return False
+    return len(sizes) > 1 and len(set(sizes)) == 1
 
 
 _BETWEEN_RECORDS = "points between records"
@@ -137,6 +152,10 @@ class IndexChecks:
                     "index-file-size" if wrong_size else "index-header",
                     str(exc),
                     file=relative(store, store.index_dir),
+                    # every file one size the geometry given does not make: more likely the
+                    # counts given are not the broker's than every file damaged, and a
+                    # rebuild would write the index again in the counts given
+                    report_only=wrong_size and _one_size_for_all(store.index_dir),
                 )
             return
         if structural:

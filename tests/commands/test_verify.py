@@ -257,6 +257,41 @@ def test_what_only_a_rebuild_mends_sends_to_no_command_when_the_rebuild_refuses(
     assert refused.exit_code == 2 and "damaged at offset 31,261" in refused.stderr
 
 
+@pytest.mark.parametrize("damaged", ["consumequeue/TopicTest/0/00000000000000000000", "index"])
+def test_a_file_of_the_wrong_size_sends_to_a_rebuild_before_recover(
+    oracle, tmp_path: Path, damaged: str
+) -> None:
+    """A crashed store (torn tail, 'abort') with a consume-queue or index file cut short:
+    recover refuses such a store, and verify named recover; the rebuild comes first now,
+    recover's refusal names it, and following the next steps ends with a sound store."""
+    store = oracle("s2_crash").copy_to(tmp_path, "store_torn_half_record")
+    target = min((store / damaged).iterdir()) if damaged == "index" else store / damaged
+    os.truncate(target, 345)
+    refused = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
+    assert refused.exit_code == 2 and "dispatch --rebuild --yes builds the" in refused.stderr
+    steps = []
+    for _ in range(4):
+        report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+        if report["nextStep"] is None:
+            break
+        steps.append(report["nextStep"].split()[1])
+        done = run_cli(*report["nextStep"].split()[1:], *ORACLE_OPTIONS)
+        assert done.exit_code in (0, 1), done.stderr
+    assert steps == ["dispatch", "recover"] and report["ok"], report["findingsByKind"]
+
+
+def test_every_queue_or_index_file_one_wrong_size_sends_to_no_rebuild(oracle) -> None:
+    """Sizes given that are not the broker's make every file the wrong size: a rebuild
+    would write every queue, or the index, again in those sizes."""
+    store = oracle("s1_multi").store
+    for wrong in (["--consumequeue-file-size", "4000"], ["--index-slots", "100"]):
+        options = [*ORACLE_OPTIONS, *wrong]  # the later option counts
+        report = json.loads(run_cli("verify", store, "--json", *options).stdout)
+        sized = [f for f in report["findings"] if f["kind"].endswith("file-size")]
+        assert sized and all(f["fix"] == "none: report only" for f in sized)
+        assert report["nextStep"] is None
+
+
 def test_a_property_crc_recovery_does_not_check_sends_to_no_command(tmp_path: Path) -> None:
     """A 5.x record whose __CRC32# property does not match it, in a file recovery walks: a
     broker's recovery cuts the log there only with forceVerifyPropCRC=true. verify named
