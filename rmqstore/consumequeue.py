@@ -272,14 +272,28 @@ class ConsumeQueue:
                     self.min_logic_offset = first.start + position + index * CQ_UNIT_SIZE
                     return
 
+    def files_after_end(self) -> list[Path]:
+        """The files a broker's load deletes (``truncateDirtyFiles`` of the queue's valid
+        end): those after the file where an invalid unit ends the queue. (After a missing
+        file none: the walk here ends there, a broker's goes on.)"""
+        segments = self.queue.segments
+        holder = next((s for s in segments if s.start <= self.end < s.start + self.file_size), None)
+        if holder is None:
+            return []
+        return [segment.path for segment in segments if segment.start > holder.start]
+
     def truncation_at(self, physical_offset: int) -> QueueTruncation | None:
         """``truncateDirtyLogicFiles``: keep exactly the units whose record starts below
-        ``physical_offset``. From the last file back: a file whose first unit is at or past
-        it goes whole; otherwise the file ends before the first such unit. An empty unit ends
-        the queue, and nothing after it is touched. None when nothing is removed."""
+        ``physical_offset``. From the last file back (of those the load keeps, see
+        :meth:`files_after_end`): a file whose first unit is at or past it goes whole;
+        otherwise the file ends before the first such unit. An empty unit ends the queue, and
+        nothing after it is touched. None when nothing is removed."""
         dropped: list[Path] = []
         removed = 0
+        after_end = set(self.files_after_end())  # gone at load: a broker truncates the rest
         for segment in reversed(self.queue.segments):
+            if segment.path in after_end:
+                continue
             _, data, _ = _valid_prefix(segment.path, self.file_size, keep=True)
             data = data[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE]
             found = kernel.cut_index(data, physical_offset)

@@ -125,6 +125,10 @@ class RecoveryResult:
         }
 
 
+_AFTER_INVALID_UNIT = (
+    "consume-queue file after an invalid unit that ends its queue: a broker deletes it as it "
+    "loads the queue"
+)
 _EMPTY_LAST = "an empty file at the end of the queue of files (a kill between create and size)"
 
 
@@ -192,6 +196,8 @@ def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> list[Path
         queue = ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
         if queue.queue.empty_last is not None:
             _move(store, plan, queue.queue.empty_last, _EMPTY_LAST)
+        for path in queue.files_after_end():
+            _move(store, plan, path, _AFTER_INVALID_UNIT)
         truncation = queue.truncation_at(end_offset)
         if truncation is None:
             continue
