@@ -249,11 +249,12 @@ class Dispatcher:
             if not self.partial:
                 self.partial = True
                 remember_queue_reach(store)
-        ahead = max((q.max_physical_offset for q in self.queues.values()), default=-1)
+        furthest = max(self.queues.values(), key=lambda q: q.max_physical_offset, default=None)
+        ahead = -1 if furthest is None else furthest.max_physical_offset  # as opened
         result = DispatchResult(from_offset=start, to_offset=start)
         if (until is not None and start >= until) or log.queue.find(start) is None:
             end = LogEnd(until, None, None, None) if until is not None else store.log_end()
-            self._check_ahead(ahead, end.offset)
+            self._check_ahead(ahead, furthest, end.offset)
             if end.offset > start:
                 raise InputError(f"offset {start} is outside the commit-log files")
             result.log_end = end.offset
@@ -310,7 +311,7 @@ class Dispatcher:
                 result.stopped_by = str(end.error)
         else:
             result.log_end = store.log_end().offset
-        self._check_ahead(ahead, result.log_end)
+        self._check_ahead(ahead, furthest, result.log_end)
         result.queues_touched = len(walk.touched)
         with store.until_done("dispatch", self._where_residue_is, self.changed):
             self._finish(result, walk.last_time)
@@ -383,13 +384,26 @@ class Dispatcher:
         return damage_before_end(self.store, scan.end_offset, error)
 
     @staticmethod
-    def _check_ahead(ahead: int, log_end: int) -> None:
-        if ahead > log_end:
+    def _check_ahead(ahead: int, furthest: ConsumeQueue | None, log_end: int) -> None:
+        """Refuse queues that reached past the log's end when opened (``ahead``, by queue
+        ``furthest``), naming that queue, and a link among its files, which no rmqstore
+        writer (recover's truncation included) writes through."""
+        if furthest is None or ahead <= log_end:
+            return
+        name = f"{furthest.topic}:{furthest.queue_id}"
+        links = [s.path for s in furthest.queue.segments if s.path.is_symlink()]
+        if links:
             raise InputError(
-                f"consume queues point past the end of the commit log ({ahead} > {log_end}): "
-                "they were written by a broker that crashed or the log was cut; rebuild them "
+                f"consume queue {name} points past the end of the commit log ({ahead} > "
+                f"{log_end}) and its file {links[0]} is a symbolic link, which rmqstore does "
+                "not write through (nor cut): put the real file there, or rebuild the queues "
                 "with 'rmqstore dispatch --rebuild'"
             )
+        raise InputError(
+            f"consume queues point past the end of the commit log ({ahead} > {log_end}, "
+            f"queue {name}): they were written by a broker that crashed or the log was cut; "
+            "rebuild them with 'rmqstore dispatch --rebuild'"
+        )
 
     def new_queue(self, topic: str, queue_id: int, problems: list[str]) -> ConsumeQueue | None:
         """Open (creating it on the first put) a queue not seen yet; None, and a problem the

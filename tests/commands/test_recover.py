@@ -362,3 +362,30 @@ def test_queue_files_after_an_invalid_unit_go_as_a_brokers_load_deletes_them(
         steps.append(report["nextStep"])
         assert run_cli(*report["nextStep"].split()[1:], *ORACLE_OPTIONS).exit_code in (0, 1)
     assert report["ok"], (steps, report["findingsByKind"])
+
+
+def test_a_queue_file_that_is_a_link_and_reaches_past_the_cut_is_named(
+    oracle, tmp_path: Path
+) -> None:
+    """A real broker's store whose log recover cuts short (a body CRC fails in its first
+    file), with the queue file of SCHEDULE_TOPIC_XXXX:17 a link out of the store: recover
+    does not cut through the link, and its refusal names that queue and the link (it said
+    only that the consume queues point past the log); what is outside is left alone."""
+    store = oracle("s3_txn_delay").copy_to(tmp_path)
+    queue_file = store / "consumequeue" / "SCHEDULE_TOPIC_XXXX" / "17" / "00000000000000000000"
+    outside = tmp_path / "outside-unit-file"
+    queue_file.rename(outside)
+    queue_file.symlink_to(outside)
+    before = outside.read_bytes()
+    with open(store / "commitlog" / "00000000000000000000", "r+b") as log_file:
+        log_file.seek(47625)
+        byte = log_file.read(1)[0]
+        log_file.seek(47625)
+        log_file.write(bytes([byte ^ 4]))
+    refused = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
+    assert "consume queue SCHEDULE_TOPIC_XXXX:17 points past the end of the commit log" in (
+        refused.stderr
+    )
+    assert f"its file {queue_file} is a symbolic link" in refused.stderr
+    assert outside.read_bytes() == before
