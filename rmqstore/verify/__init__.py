@@ -61,19 +61,22 @@ def check_layout(store: Store, report: VerifyReport) -> None:
         report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
 
 
-def weigh_rebuild(store: Store, report: VerifyReport) -> None:
+def weigh_rebuild(store: Store, report: VerifyReport, index: IndexChecks | None) -> None:
     """When something only ``dispatch --rebuild`` mends was found, look for damage a
     replay of the whole log stops at before its valid end (in a file a broker's recovery
-    does not walk): the rebuild refuses such a log, so those findings are left to the
-    operator (the damage's own finding says why) instead of naming a rebuild as the next
-    step."""
+    does not walk; the index checks may have looked for it already): the rebuild refuses
+    such a log, so those findings are left to the operator (the damage's own finding says
+    why) instead of naming a rebuild as the next step."""
     if not report.needs_rebuild():
         return
     try:
-        first = store.commitlog.min_offset
+        damage = (
+            index.damage_a_rebuild_stops_at()
+            if index is not None
+            else replay_damage(store, store.commitlog.min_offset)
+        )
     except (RmqStoreError, OSError):
         return  # a log that does not open: its own findings say so
-    damage = replay_damage(store, first)
     if damage is not None:
         report.rebuild_refused_at = damage.offset
 
@@ -99,5 +102,5 @@ def verify_store(
     ).run(options.from_offset)
     check_checkpoint_and_abort(store, report, facts, queues, index, options.from_offset)
     check_config_files(store, report, queues)
-    weigh_rebuild(store, report)
+    weigh_rebuild(store, report, index)
     return report

@@ -504,12 +504,12 @@ class IndexChecks:
     def _after_replay_damage(self, offset: int) -> bool:
         """Whether the record at ``offset`` lies after the damage a replay of the whole log
         (a rebuild) stops at before the log's valid end: no rebuild indexes it."""
-        damage = self._damage_a_rebuild_stops_at()
+        damage = self.damage_a_rebuild_stops_at()
         return damage is not None and offset > damage.offset
 
-    def _damage_a_rebuild_stops_at(self) -> LogDamage | None:
+    def damage_a_rebuild_stops_at(self) -> LogDamage | None:
         """The damage a replay of the whole log stops at before its valid end (looked for
-        once, when a record first asks)."""
+        once, when a record or the report first asks)."""
         if not self._replay_damage_looked_for:
             self._replay_damage = replay_damage(self.store, self.store.commitlog.min_offset)
             self._replay_damage_looked_for = True
@@ -561,7 +561,7 @@ class IndexChecks:
                 file=index_dir,
             )
         if self.missing_after_damage:  # (counted here, or by the ranges' checks)
-            damage = self._damage_a_rebuild_stops_at()
+            damage = self.damage_a_rebuild_stops_at()
             at = f" at offset {damage.offset:,}" if damage is not None else ""
             self.report.add(
                 "index-hole",

@@ -381,7 +381,7 @@ class RangedVerify:
             self.store, self.report, facts, self.queues, self.index, self.from_offset
         )
         check_config_files(self.store, self.report, self.queues)
-        weigh_rebuild(self.store, self.report)
+        weigh_rebuild(self.store, self.report, self.index)
         return self.report
 
 
