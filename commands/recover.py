@@ -61,12 +61,14 @@ def command(
 
     Finds the valid end of the commit log with the broker's rules (abnormal recovery when
     'abort' is present: from the file the checkpoint names, CRCs checked when
-    checkCRCOnRecover), then cuts what the broker cuts: the bytes after the last valid record
-    (a torn write), commit-log files that start after it, each consume queue's units for
-    records at or after it, and, as a broker's load of a queue does, the queue's files after
-    an invalid unit that ends it in an earlier file. Index files newer than the checkpoint's
-    indexMsgTimestamp after a crash, or holding entries for cut records, are rebuilt. Every
-    cut byte is copied to
+    checkCRCOnRecover; without 'abort' from the third-last file, and where the broker's next
+    start would end it: once the files after the end go, that start walks the last three
+    files left, earlier ones, and ends the log at damage there). Then it cuts what the
+    broker cuts: the bytes after the last valid record (a torn write), commit-log files that
+    start after it, each consume queue's units for records at or after it, and, as a
+    broker's load of a queue does, the queue's files after an invalid unit that ends it in
+    an earlier file. Index files newer than the checkpoint's indexMsgTimestamp after a
+    crash, or holding entries for cut records, are rebuilt. Every cut byte is copied to
     quarantine/ first and every file is moved there, never deleted. Then it dispatches the
     log into the consume queues and index from where they end (after a crash from the file
     the recovery started from, as a broker does, skipping what they hold: a queue that lost

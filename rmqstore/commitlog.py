@@ -304,7 +304,13 @@ class CommitLog:
         recovery start file (``start``, else the one ``abnormal`` and ``checkpoint`` pick),
         follow BLANKs, stop at the first invalid record (a bad body CRC counts when
         ``check_crc``, as with ``checkCRCOnRecover``; with ``property_crc`` as well, 5.x
-        ``forceVerifyPropCRC``, a missing or wrong ``__CRC32#`` counts instead)."""
+        ``forceVerifyPropCRC``, a missing or wrong ``__CRC32#`` counts instead).
+
+        Without ``start`` or ``abnormal``, the end once a broker's later normal starts cut
+        no more: a normal recovery deletes the files after the end it finds, so the next
+        one walks the last three files left, earlier ones, and ends the log at the first
+        invalid record there; and so on (:meth:`normal_walk_start`)."""
+        settle = start is None and not abnormal
         if start is None:
             start = self.recovery_start(checkpoint, abnormal)
         if start is None:
@@ -319,7 +325,29 @@ class CommitLog:
         for _window, _window_start, rows, count in scan.batches(ahead=True):
             if progress is not None:
                 progress(rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET])
-        return LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
+        end = LogEnd(scan.end_offset, scan.stop, scan.error, scan.segment)
+        walked_from = start.start
+        while settle:
+            earlier = self.normal_walk_start(end.offset, walked_from)
+            if earlier == walked_from:
+                break
+            short = self.scan_short_of(
+                earlier, walked_from, check_crc=check_crc, property_crc=property_crc
+            )
+            walked_from = earlier
+            if short is not None:
+                end = LogEnd(short.end_offset, short.stop, short.error, short.segment)
+        return end
+
+    def normal_walk_start(self, end_offset: int, walked_from: int) -> int:
+        """Where the walks of a broker's normal recoveries start, the first having started
+        at ``walked_from`` and ended the log at ``end_offset``: the third-last of the files
+        a recovery ending there keeps (those starting at or before it), when that is an
+        earlier file than ``walked_from``."""
+        kept = [segment for segment in self.segments if segment.start <= end_offset]
+        if not kept:
+            return walked_from
+        return min(walked_from, kept[max(0, len(kept) - 3)].start)
 
     def unit_store_time(self, offset: int, size: int) -> int:
         """The store time of the record a consume-queue unit (``offset``, ``size``) points

@@ -68,9 +68,19 @@ UNWALKED_DAMAGE = (
 
 def recovery_walks_from(log: CommitLog, store: Store) -> int:
     """Where a broker's recovery walks ``log`` (the files of ``store`` as verify reads them)
-    from: the third-last file, or after a crash the one the checkpoint picks."""
+    from: the third-last file, or after a crash the one the checkpoint picks. Without
+    'abort', an earlier file when the files after the log's end go: the next normal start
+    walks the last three left (see :meth:`CommitLog.valid_end`)."""
     start = log.recovery_start(store.checkpoint(), store.aborted)
-    return start.start if start is not None else 0
+    if start is None:
+        return 0
+    if store.aborted:
+        return start.start
+    try:
+        end = store.log_end().offset
+    except RmqStoreError:  # files a broker does not load (of a wrong size): no recovery runs
+        return start.start
+    return log.normal_walk_start(end, start.start)
 
 
 class UnwalkedDamage:

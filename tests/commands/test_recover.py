@@ -389,3 +389,45 @@ def test_a_queue_file_that_is_a_link_and_reaches_past_the_cut_is_named(
     )
     assert f"its file {queue_file} is a symbolic link" in refused.stderr
     assert outside.read_bytes() == before
+
+
+def test_a_recovery_that_deletes_files_cuts_where_the_next_start_would_cut(
+    oracle, tmp_path: Path
+) -> None:
+    """A real broker's store, no 'abort', with a damaged record in the third-last commit-log
+    file (where a normal recovery starts walking) and one in the file before it. A broker's
+    start ends the log at the first and deletes the last two files; its next start walks the
+    last three files left, meets the second, ends the log there and deletes the files after
+    it (with whatever was appended between the two starts). recover cut at the first only: a
+    second recover cut again, and verify named recover again. Now the first recover cuts at
+    the earlier damage, into quarantine, and leaves a store no broker start cuts."""
+    source = oracle("s1_multi")
+    store = source.copy_to(tmp_path)
+    size = 65536
+    starts = sorted(int(path.name) for path in (store / "commitlog").iterdir())
+    puts = [put["physicalOffset"] for put in source.manifest["puts"] if "physicalOffset" in put]
+    later = max(offset for offset in puts if starts[-3] <= offset < starts[-3] + size)
+    earlier = max(offset for offset in puts if starts[-4] <= offset < starts[-4] + size)
+    for offset, start in ((later, starts[-3]), (earlier, starts[-4])):
+        with open(store / "commitlog" / f"{start:020d}", "r+b") as log_file:
+            log_file.seek(offset - start)
+            log_file.write(struct.pack(">i", 1 << 30))  # TOTALSIZE out of bounds
+    report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    assert report["nextStep"] == f"rmqstore recover {store} --yes"
+    planned = run_cli("recover", store, "--dry-run", "--json", *ORACLE_OPTIONS)
+    plan = json.loads(planned.stdout)["plan"]
+    assert plan["logEnd"] == earlier
+    moved = sorted(Path(move["file"]).name for move in plan["moves"] if "commitlog" in move["file"])
+    assert moved == [f"{start:020d}" for start in starts[-3:]]
+    gone = {start: (store / "commitlog" / f"{start:020d}").read_bytes() for start in starts[-3:]}
+    result = run_cli("recover", store, "--yes", "--json", *ORACLE_OPTIONS)
+    assert result.exit_code in (0, 1), result.stderr
+    assert json.loads(result.stdout)["abortRemoved"] and not (store / "abort").exists()
+    for start, data in gone.items():  # whole, in quarantine
+        (kept,) = (store / "quarantine").glob(f"*/commitlog/{start:020d}")
+        assert kept.read_bytes() == data
+    again = json.loads(run_cli("recover", store, "--dry-run", "--json", *ORACLE_OPTIONS).stdout)
+    assert not again["plan"]["cuts"] and not again["plan"]["moves"]
+    for more in ((), ("--jobs", "2", "--split-size", "200000")):
+        report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS, *more).stdout)
+        assert report["ok"], report["findings"]
