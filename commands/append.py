@@ -299,8 +299,11 @@ def command(
     learnt without following it (dispatch --rebuild --yes moves it to quarantine), and so is a
     store whose next record to dispatch carries a later queue offset than its queue's next one
     (records missing from the queue: the next message would take a stored one's queue
-    offset; dispatch --rebuild --yes mends it). Takes the store's lock; refuses a store a
-    broker holds.
+    offset; dispatch --rebuild --yes mends it). Without --dispatch, a store without 'abort'
+    is refused, unchanged, when the crash recovery the 'abort' left makes a broker run would
+    end its log early: it walks from the file the checkpoint picks, which may be earlier than
+    the last three a normal recovery walks, and damage there would cut the log (append with
+    --dispatch). Takes the store's lock; refuses a store a broker holds.
     """
     sources = [
         name
@@ -346,6 +349,7 @@ def command(
             allow_v2=record_version == "auto",
             store_host=parse_host(store_host) if store_host else None,
             list_topics=True,
+            undispatched=not dispatch_after,
             multi_dispatch=config.enable_multi_dispatch
             if multi_dispatch is None
             else multi_dispatch,

@@ -569,10 +569,14 @@ class Store:
         trailing_separator: bool = True,
         list_topics: bool = False,
         multi_dispatch: bool = False,
+        undispatched: bool = False,
     ) -> CommitLogAppender:
         """Prepare to append: find the valid end, deal with bytes after it, learn the queue
         offsets, then create ``abort``. Refuses a crashed store whose tail is not clean, and
         one with a consume-queue folder that is a link (its queues' offsets are unknown).
+        ``undispatched``: the messages are left for a broker's start to dispatch, so the
+        'abort' made stays; a store opened without one is refused when a broker's crash
+        recovery would then end its log early (:meth:`crash_recovery_cut`).
         With ``list_topics``, closing the store adds the topics and queues appended to that
         ``config/topics.json`` lacks (written anew for a store this open created).
         ``multi_dispatch``: messages naming further queues get offsets in them, as with the
@@ -591,6 +595,16 @@ class Store:
             )
         end = self.log_end()
         state = self.log_state(end, queues)  # (refuses a dispatch hole before anything moves)
+        if undispatched and not self.aborted:
+            cut = self.crash_recovery_cut()
+            if cut is not None:
+                offset, reason = cut
+                raise UncleanStoreError(
+                    "appended messages left undispatched leave 'abort', and a broker's crash "
+                    f"recovery would then end the log at offset {offset:,} ({reason}), in a "
+                    "file its normal recovery does not walk, and delete the records after "
+                    "it: append with --dispatch (the store is unchanged)"
+                )
         self._clear_residue(end)
         host = (
             store_host or _config_host(self.config) or state.last_store_host or DEFAULT_STORE_HOST
@@ -707,13 +721,32 @@ class Store:
             # the crash recovery of the store as opened walked those files by the same rules:
             # damage there ends (or ended) its log too, so a normal recovery cuts nothing more
             return None
-        scan = log.scan_short_of(
-            normal.start,
-            crash.start,
+        return self._walk_cut(normal.start, crash.start)
+
+    def crash_recovery_cut(self) -> tuple[int, str] | None:
+        """Where a broker's crash recovery (with 'abort': it walks from the file the
+        checkpoint picks, CRCs checked when checkCRCOnRecover) would end the log before the
+        third-last file, where its normal recovery starts, and why (damage in a file only
+        the crash recovery walks): a store left with an 'abort' it did not have loses the
+        records after it at a broker's next start. None when it would not."""
+        log = self.commitlog
+        checkpoint = self.checkpoint()
+        normal = log.recovery_start(checkpoint, False)
+        crash = log.recovery_start(checkpoint, True)
+        if normal is None or crash is None or crash.start >= normal.start:
+            return None
+        return self._walk_cut(crash.start, normal.start)
+
+    def _walk_cut(self, start: int, boundary: int) -> tuple[int, str] | None:
+        """Where a recovery's walk from ``start`` ends the log before the file starting at
+        ``boundary``, and why; None when it reaches that file."""
+        scan = self.commitlog.scan_short_of(
+            start,
+            boundary,
             check_crc=self.config.check_crc_on_recover,
             property_crc=self.config.force_verify_prop_crc,
         )
-        if scan is None or scan.end_offset >= crash.start:
+        if scan is None or scan.end_offset >= boundary:
             return None
         if scan.error is None:
             return scan.end_offset, ZEROS_WHERE_RECORDS_GO_ON

@@ -15,7 +15,7 @@ import pytest
 
 from rmqstore.lockfile import StoreLock
 
-from support import run_cli, tree_digest
+from support import ORACLE_OPTIONS, run_cli, tree_digest
 
 
 def new_store(tmp_path: Path) -> Path:
@@ -435,7 +435,9 @@ def test_queue_offsets_come_from_the_consume_queues_not_a_scan_that_stops(
     tmp_path: Path,
 ) -> None:
     """One corrupt record in the first file: the next message still gets the queue offset
-    after the 200 already queued (the broker's recoverTopicQueueTable), not 2."""
+    after the 200 already queued (the broker's recoverTopicQueueTable), not 2. (Without
+    --dispatch the append is refused: the 'abort' it left would make a broker's crash
+    recovery walk the first file and cut the log at the corrupt record.)"""
     store = tmp_path / "store"
     lines = tmp_path / "in.jsonl"
     lines.write_text((json.dumps({"topic": "Q", "body": "x" * 100}) + "\n") * 200)
@@ -450,7 +452,9 @@ def test_queue_offsets_come_from_the_consume_queues_not_a_scan_that_stops(
     with open(segment, "r+b") as handle:  # break the magic code of the third record
         handle.seek(third["commitLogOffset"] + 4)
         handle.write(b"\x00\x00\x00\x01")
-    result = run_cli("append", store, "--topic", "Q", "--body", "next", "--jsonl")
+    refused = run_cli("append", store, "--topic", "Q", "--body", "next", "--jsonl")
+    assert refused.exit_code == 2 and "at offset 514 (MAGICCODE" in refused.stderr
+    result = run_cli("append", store, "--topic", "Q", "--body", "next", "--jsonl", "--dispatch")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["queueOffset"] == 200
 
@@ -749,3 +753,37 @@ def test_multi_dispatch_gives_lmq_offsets_to_every_message_of_an_input(tmp_path:
     table = json.loads((store / "config" / "topics.json").read_text())["topicConfigTable"]
     assert "Chat" in table and not any(name.startswith("%LMQ%") for name in table)
     assert run_cli("verify", store).exit_code == 0
+
+
+def test_an_append_left_undispatched_is_refused_where_a_crash_recovery_would_cut_the_log(
+    oracle, tmp_path: Path
+) -> None:
+    """A real broker's store, closed cleanly, with a record damaged in an early commit-log
+    file: a broker's normal recovery walks the last three files and keeps every record. An
+    append without --dispatch leaves 'abort', and the crash recovery a broker then runs
+    walks from the file the checkpoint picks (the first: its records were stored within
+    seconds), ends the log at the damage and deletes the 2.5 MB after it, the appended
+    message with them (recover put them in quarantine; found by a fuzzer that appends to
+    mutated real stores). Now that append is refused, changing nothing; with --dispatch the
+    store is left without 'abort' and nothing is cut."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    damaged = 851968
+    with open(store / "commitlog" / f"{damaged:020d}", "r+b") as log_file:
+        log_file.write((1 << 30).to_bytes(4, "big"))  # TOTALSIZE out of bounds
+    before = tree_digest(store)
+    append = ["append", store, "--topic", "TopicTest", "--body", "after", *ORACLE_OPTIONS]
+    refused = run_cli(*append)
+    assert refused.exit_code == 2
+    assert (
+        f"a broker's crash recovery would then end the log at offset {damaged:,} "
+        "(TOTALSIZE 1073741824 is out of bounds)"
+    ) in refused.stderr
+    assert "append with --dispatch (the store is unchanged)" in refused.stderr
+    assert tree_digest(store) == before
+    appended = run_cli(*append, "--dispatch", "--json")
+    assert appended.exit_code == 0, appended.stderr
+    assert not (store / "abort").exists()
+    plan = json.loads(run_cli("recover", store, "--dry-run", "--json", *ORACLE_OPTIONS).stdout)
+    assert plan["plan"]["mode"] == "normal" and not plan["plan"]["cuts"]
+    (message,) = json.loads(appended.stdout)["messages"]
+    assert plan["plan"]["logEnd"] == message["commitLogOffset"] + message["storeSize"]
