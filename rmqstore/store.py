@@ -710,18 +710,15 @@ class Store:
         now picks it, and why (damage in a file only the normal recovery walks): started
         without 'abort', a broker cuts the log there and deletes the files after it, records
         its crash recovery keeps. None when it would not."""
-        log = self.commitlog
-        checkpoint = self.checkpoint()
-        normal = log.recovery_start(checkpoint, False)
-        crash = log.recovery_start(checkpoint, True)
-        if normal is None or crash is None or normal.start >= crash.start:
+        normal, crash = self._recovery_starts()
+        if normal is None or crash is None or normal >= crash:
             return None
         opened_from = self.recovery_start_offset() if self.abort_existed else None
-        if opened_from is not None and opened_from <= normal.start:
+        if opened_from is not None and opened_from <= normal:
             # the crash recovery of the store as opened walked those files by the same rules:
             # damage there ends (or ended) its log too, so a normal recovery cuts nothing more
             return None
-        return self._walk_cut(normal.start, crash.start)
+        return self._walk_cut(normal, crash)
 
     def crash_recovery_cut(self) -> tuple[int, str] | None:
         """Where a broker's crash recovery (with 'abort': it walks from the file the
@@ -729,13 +726,18 @@ class Store:
         third-last file, where its normal recovery starts, and why (damage in a file only
         the crash recovery walks): a store left with an 'abort' it did not have loses the
         records after it at a broker's next start. None when it would not."""
-        log = self.commitlog
-        checkpoint = self.checkpoint()
-        normal = log.recovery_start(checkpoint, False)
-        crash = log.recovery_start(checkpoint, True)
-        if normal is None or crash is None or crash.start >= normal.start:
+        normal, crash = self._recovery_starts()
+        if normal is None or crash is None or crash >= normal:
             return None
-        return self._walk_cut(crash.start, normal.start)
+        return self._walk_cut(crash, normal)
+
+    def _recovery_starts(self) -> tuple[int | None, int | None]:
+        """Where a broker's normal and crash recoveries would start walking the log as its
+        files and checkpoint are now (None: no files)."""
+        checkpoint = self.checkpoint()
+        starts = (self.commitlog.recovery_start(checkpoint, abnormal) for abnormal in (False, True))
+        normal, crash = (None if start is None else start.start for start in starts)
+        return normal, crash
 
     def _walk_cut(self, start: int, boundary: int) -> tuple[int, str] | None:
         """Where a recovery's walk from ``start`` ends the log before the file starting at
