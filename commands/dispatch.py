@@ -131,10 +131,14 @@ def command(
     damageSkipped{offset, reason, logEnd, resumedAt} names it, with a warning and exit 1
     (the records in between that the queues and index did not hold stay out); 'abort' stays
     where a broker started without it would cut the log at such damage (see rmqstore
-    recover). An error
-    that stops it once it put a unit or an index entry (a full disk: exit 4) leaves 'abort'
-    in place, as a crash would (some queues may reach further than others or the index):
-    the one-line error says so; run it again once the cause is mended.
+    recover). On a store without 'abort', --topic, --no-index and --from-offset past where
+    the queues end are refused, nothing changed (exit 2), when there is something to
+    dispatch and the 'abort' they keep would make a broker's crash recovery (from the file
+    the checkpoint picks) cut the log at damage in a file before the last three; a whole
+    dispatch leaves no 'abort'. An error that stops it once it put a unit or an index entry
+    (a full disk: exit 4) leaves 'abort' in place, as a crash would (some queues may reach
+    further than others or the index): the one-line error says so; run it again once the
+    cause is mended.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a

@@ -23,7 +23,13 @@ from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd, LogScan
 from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
 from rmqstore.delay import DelayLevels, unit_tags_code
-from rmqstore.errors import InputError, NotFoundError, RecordError, StoreFormatError
+from rmqstore.errors import (
+    InputError,
+    NotFoundError,
+    RecordError,
+    StoreFormatError,
+    UncleanStoreError,
+)
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
@@ -262,6 +268,8 @@ class Dispatcher:
                 store.begin_write()
                 self._finish(result, last_time=queued_time)
             return result
+        if self.partial and not store.aborted:
+            refuse_a_cutting_abort(store)
         # stopped by an error once it began (a full disk), it keeps 'abort': some queues may
         # then reach further than others or the index, and a broker starting without it
         # would leave out what lies behind (spec 10.4)
@@ -937,6 +945,22 @@ def _no_record_at(offset: int, log_end: int) -> InputError:
     )
 
 
+def refuse_a_cutting_abort(store: Store) -> None:
+    """A dispatch that leaves records out keeps 'abort' when its queues then reach past
+    them, so that a broker's crash recovery dispatches them: refused before it begins when
+    that recovery would end the log early (:meth:`Store.crash_recovery_cut`)."""
+    cut = store.crash_recovery_cut()
+    if cut is not None:
+        raise UncleanStoreError(
+            "a dispatch that leaves records out (--topic, --no-index, --from-offset past "
+            "where the queues end) leaves 'abort' for a broker's start to dispatch them, "
+            f"and a broker's crash recovery would then end the log at offset {cut[0]:,} "
+            f"({cut[1]}), in a file its normal recovery does not walk, and delete the "
+            "records after it: run rmqstore dispatch without those options (the store is "
+            "unchanged)"
+        )
+
+
 def plan_dispatch(
     store: Store,
     *,
@@ -965,7 +989,11 @@ def plan_dispatch(
     index = store.index_service() if build_index and store.config.message_index_enable else None
     try:
         start = no_later_than_replay(store, resume_offset(store, queues, index))
-        return start, store.log_end().offset
+        end = store.log_end().offset
+        partial = selected is not None or (index is None and store.config.message_index_enable)
+        if partial and start < end and not store.aborted:
+            refuse_a_cutting_abort(store)  # as the dispatch itself refuses it
+        return start, end
     finally:
         if index is not None:
             index.close()

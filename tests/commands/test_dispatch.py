@@ -301,7 +301,10 @@ def test_a_body_crc_where_recovery_does_not_walk_stops_no_replay(
     walks. A rebuild checked them from the first file (the abort it makes and the
     checkpoint times it resets took it for a crash's recovery from the start) and stopped
     there: half the records were left out of the queues, exit 0. It now dispatches every
-    record, the queues byte-identical to the broker's, as does a plain dispatch."""
+    record, the queues byte-identical to the broker's, as does a plain dispatch. A dispatch
+    of the queues only (--no-index) is refused: the 'abort' it kept (its queues reach past
+    the index) made a broker's crash recovery walk from the first file, check the CRC and
+    delete the half of the log after it."""
     store = oracle("s1_multi").copy_to(tmp_path)
     put = oracle("s1_multi").manifest["puts"][1500]
     offset = put["physicalOffset"]
@@ -315,8 +318,14 @@ def test_a_body_crc_where_recovery_does_not_walk_stops_no_replay(
     assert document["unitsWritten"] == 3002 and document["damage"] is None
     assert queue_digests(store) == broker
     shutil.rmtree(store / "consumequeue")
-    again = run_cli("dispatch", store, "--no-index", "--json", *ORACLE_OPTIONS)
+    before = tree_digest(store)
+    for more in (("--no-index",), ("--no-index", "--dry-run"), ("--topic", "TopicTest")):
+        refused = run_cli("dispatch", store, *more, "--json", *ORACLE_OPTIONS)
+        assert refused.exit_code == 2 and tree_digest(store) == before
+        assert f"would then end the log at offset {offset:,} (BODYCRC" in refused.stderr
+    again = run_cli("dispatch", store, "--json", *ORACLE_OPTIONS)
     assert again.exit_code == 0 and json.loads(again.stdout)["unitsWritten"] == 3002
+    assert queue_digests(store) == broker and not (store / "abort").exists()
 
 
 def test_a_rebuild_of_a_sound_log_names_no_damage(oracle, tmp_path: Path) -> None:
