@@ -14,7 +14,7 @@ import pytest
 from rmqstore.config import StoreConfig
 from rmqstore.delay import DelayLevels
 from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import StoreFormatError
+from rmqstore.errors import StoreFormatError, UncleanStoreError
 from rmqstore.fixtures import generate
 from rmqstore.geometry import geometry_path
 from rmqstore.pipeline.location import StoreLocation
@@ -146,7 +146,13 @@ def test_zeros_over_records_in_a_completed_file_are_skipped(tmp_path: Path) -> N
     end = dispatch_end(walk_summaries(summaries), next_file_start=None, crc_from=None)
     os.rename(store_dir / "consumequeue", tmp_path / "queues")  # dispatched again below
     with Store.open_write(store_dir) as store:
-        dispatcher = Dispatcher(store, build_index=False)
+        # the queues only: the 'abort' kept would make a broker's crash recovery (from the
+        # first file) cut the log at the zeros, so it is refused before it begins
+        queues_only = Dispatcher(store, build_index=False)
+        with pytest.raises(UncleanStoreError, match=f"end the log at offset {first:,} "):
+            queues_only.run(store.commitlog.min_offset)
+        queues_only.close()
+        dispatcher = Dispatcher(store)
         result = dispatcher.run(store.commitlog.min_offset)
         dispatcher.close()
     assert end.cut == result.to_offset == first and end.reason is None
