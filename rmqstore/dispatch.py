@@ -970,16 +970,15 @@ def plan_dispatch(
 ) -> tuple[int, int]:
     """(where a dispatch would start, where the log's valid end is), reading only: a dry run
     opens nothing for writing. A ``from_offset`` before the end where no record starts is
-    refused, as the dispatch itself refuses it."""
-    if from_offset is not None:
-        end = store.log_end().offset
-        if from_offset < end:
-            if store.commitlog.queue.find(from_offset) is None:
-                raise InputError(f"offset {from_offset} is outside the commit-log files")
-            first = next(iter(store.commitlog.scan(from_offset)), None)
-            if first is None or first[0] != from_offset:
-                raise _no_record_at(from_offset, end)
-        return from_offset, end
+    refused, as the dispatch itself refuses it, and so is a dispatch that leaves records out
+    where the 'abort' it keeps would get the log cut (:func:`refuse_a_cutting_abort`)."""
+    end = store.log_end().offset
+    if from_offset is not None and from_offset < end:
+        if store.commitlog.queue.find(from_offset) is None:
+            raise InputError(f"offset {from_offset} is outside the commit-log files")
+        first = next(iter(store.commitlog.scan(from_offset)), None)
+        if first is None or first[0] != from_offset:
+            raise _no_record_at(from_offset, end)
     selected = set(topics) if topics else None
     queues = [
         ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
@@ -988,9 +987,13 @@ def plan_dispatch(
     ]
     index = store.index_service() if build_index and store.config.message_index_enable else None
     try:
-        start = no_later_than_replay(store, resume_offset(store, queues, index))
-        end = store.log_end().offset
-        partial = selected is not None or (index is None and store.config.message_index_enable)
+        cursor = resume_offset(store, queues, index)
+        start = no_later_than_replay(store, cursor) if from_offset is None else from_offset
+        partial = (
+            selected is not None
+            or (index is None and store.config.message_index_enable)
+            or start > cursor  # --from-offset past where the queues and index end
+        )
         if partial and start < end and not store.aborted:
             refuse_a_cutting_abort(store)  # as the dispatch itself refuses it
         return start, end

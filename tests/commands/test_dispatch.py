@@ -319,7 +319,8 @@ def test_a_body_crc_where_recovery_does_not_walk_stops_no_replay(
     assert queue_digests(store) == broker
     shutil.rmtree(store / "consumequeue")
     before = tree_digest(store)
-    for more in (("--no-index",), ("--no-index", "--dry-run"), ("--topic", "TopicTest")):
+    partial = [["--no-index"], ["--topic", "TopicTest"], ["--from-offset", str(offset)]]
+    for more in [*partial, *([*options, "--dry-run"] for options in partial)]:
         refused = run_cli("dispatch", store, *more, "--json", *ORACLE_OPTIONS)
         assert refused.exit_code == 2 and tree_digest(store) == before
         assert f"would then end the log at offset {offset:,} (BODYCRC" in refused.stderr
