@@ -126,9 +126,7 @@ class Dispatcher:
         # some topics' queues, or not the index: what is left out is not caught up by this
         # dispatch, and a broker starting without 'abort' would never dispatch what lies
         # before where the queues now reach (see queue_reach)
-        self.partial = self.topics is not None or (
-            store.config.message_index_enable and not self.build_index
-        )
+        self.partial = leaves_records_out(store, self.topics, build_index)
         if self.partial:
             remember_queue_reach(store)
         self.skips_records = False  # set by run: it starts past where queues and index end
@@ -268,7 +266,7 @@ class Dispatcher:
                 store.begin_write()
                 self._finish(result, last_time=queued_time)
             return result
-        if self.partial and not store.aborted:
+        if self.partial:
             refuse_a_cutting_abort(store)
         # stopped by an error once it began (a full disk), it keeps 'abort': some queues may
         # then reach further than others or the index, and a broker starting without it
@@ -945,10 +943,20 @@ def _no_record_at(offset: int, log_end: int) -> InputError:
     )
 
 
+def leaves_records_out(store: Store, topics: set[str] | None, build_index: bool) -> bool:
+    """Whether a dispatch of only ``topics``' queues, or without the index, leaves records
+    out of what it catches up (a ``--from-offset`` past where the queues and index end
+    does too, found as it starts)."""
+    return topics is not None or (store.config.message_index_enable and not build_index)
+
+
 def refuse_a_cutting_abort(store: Store) -> None:
     """A dispatch that leaves records out keeps 'abort' when its queues then reach past
-    them, so that a broker's crash recovery dispatches them: refused before it begins when
-    that recovery would end the log early (:meth:`Store.crash_recovery_cut`)."""
+    them, so that a broker's crash recovery dispatches them: refused before it begins, on a
+    store without 'abort', when that recovery would end the log early
+    (:meth:`Store.crash_recovery_cut`)."""
+    if store.aborted:
+        return  # its start is a crash recovery whatever the dispatch leaves
     cut = store.crash_recovery_cut()
     if cut is not None:
         raise UncleanStoreError(
@@ -989,12 +997,8 @@ def plan_dispatch(
     try:
         cursor = resume_offset(store, queues, index)
         start = no_later_than_replay(store, cursor) if from_offset is None else from_offset
-        partial = (
-            selected is not None
-            or (index is None and store.config.message_index_enable)
-            or start > cursor  # --from-offset past where the queues and index end
-        )
-        if partial and start < end and not store.aborted:
+        partial = leaves_records_out(store, selected, build_index) or start > cursor
+        if partial and start < end:
             refuse_a_cutting_abort(store)  # as the dispatch itself refuses it
         return start, end
     finally:
