@@ -134,8 +134,10 @@ def command(
     recover). On a store without 'abort', --topic, --no-index and --from-offset past where
     the queues end are refused, nothing changed (exit 2), when there is something to
     dispatch and the 'abort' they keep would make a broker's crash recovery (from the file
-    the checkpoint picks) cut the log at damage in a file before the last three; a whole
-    dispatch leaves no 'abort'. An error that stops it once it put a unit or an index entry
+    the checkpoint picks) cut the log at damage in a file before the last three; so are
+    --rebuild --topic and --rebuild --no-index (dry run too, every engine) when the queues
+    end before the log does (the rebuild resets the checkpoint's consume-queue time). A
+    whole dispatch leaves no 'abort'. An error that stops it once it put a unit or an index entry
     (a full disk: exit 4) leaves 'abort' in place, as a crash would (some queues may reach
     further than others or the index): the one-line error says so; run it again once the
     cause is mended.

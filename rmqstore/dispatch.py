@@ -957,15 +957,49 @@ def refuse_a_cutting_abort(store: Store) -> None:
     (:meth:`Store.crash_recovery_cut`)."""
     if store.aborted:
         return  # its start is a crash recovery whatever the dispatch leaves
-    cut = store.crash_recovery_cut()
+    _refuse_a_cut(
+        store.crash_recovery_cut(),
+        "a dispatch that leaves records out (--topic, --no-index, --from-offset past where "
+        "the queues end)",
+        "run rmqstore dispatch without those options",
+    )
+
+
+def refuse_a_cutting_rebuild(store: Store, topics: set[str] | None, rebuild_index: bool) -> None:
+    """A rebuild of some topics' queues (``topics``), or of the queues without the index,
+    leaves records out as a partial dispatch does: it keeps 'abort' when the queues it
+    builds reach past where the queues reached, and it resets the checkpoint's time for the
+    queues (left at 0 by ``--topic``; ``--no-index`` sets it to the log's newest record's),
+    which picks the file a broker's crash recovery walks from. Refused before it begins,
+    on a store without 'abort' whose queues end before the log does, when that recovery
+    would end the log early."""
+    if store.aborted or not leaves_records_out(store, topics, rebuild_index):
+        return
+    end = store.log_end()
+    reach = queue_reach(store)
+    if reach is not None and reach >= end.offset:
+        return  # the queues built cannot reach past where they reached: 'abort' goes
+    checkpoint = store.checkpoint() or Checkpoint()
+    if topics is None:  # no earlier than the first record of the file the log ends in
+        last = end.segment or (store.commitlog.segments or [None])[-1]
+        newest = 0 if last is None else store.commitlog.first_record_store_timestamp(last) or 0
+        after = replace(checkpoint, logics_msg_timestamp=newest)
+    else:
+        after = replace(checkpoint, logics_msg_timestamp=0)
+    _refuse_a_cut(
+        store.crash_recovery_cut(after),
+        "a rebuild of some topics' queues (--topic) or without the index (--no-index)",
+        "run rmqstore dispatch --rebuild without those options",
+    )
+
+
+def _refuse_a_cut(cut: tuple[int, str] | None, work: str, remedy: str) -> None:
     if cut is not None:
         raise UncleanStoreError(
-            "a dispatch that leaves records out (--topic, --no-index, --from-offset past "
-            "where the queues end) leaves 'abort' for a broker's start to dispatch them, "
-            f"and a broker's crash recovery would then end the log at offset {cut[0]:,} "
+            f"{work} leaves 'abort' for a broker's start to dispatch what it leaves out, and "
+            f"a broker's crash recovery would then end the log at offset {cut[0]:,} "
             f"({cut[1]}), in a file its normal recovery does not walk, and delete the "
-            "records after it: run rmqstore dispatch without those options (the store is "
-            "unchanged)"
+            f"records after it: {remedy} (the store is unchanged)"
         )
 
 
@@ -1204,6 +1238,7 @@ def plan_rebuild(
             "--up-to-damage rebuilds up to it all the same)"
         )
     selected = set(topics) if topics else None
+    refuse_a_cutting_rebuild(store, selected, rebuild_index)
     if selected is None:
         makes = [store.consumequeue_dir]
     else:

@@ -720,21 +720,26 @@ class Store:
             return None
         return self._walk_cut(normal, crash)
 
-    def crash_recovery_cut(self) -> tuple[int, str] | None:
+    def crash_recovery_cut(self, checkpoint: Checkpoint | None = None) -> tuple[int, str] | None:
         """Where a broker's crash recovery (with 'abort': it walks from the file the
         checkpoint picks, CRCs checked when checkCRCOnRecover) would end the log before the
         third-last file, where its normal recovery starts, and why (damage in a file only
         the crash recovery walks): a store left with an 'abort' it did not have loses the
-        records after it at a broker's next start. None when it would not."""
-        normal, crash = self._recovery_starts()
+        records after it at a broker's next start. None when it would not. ``checkpoint``:
+        the one the work about to be done leaves (a rebuild resets its times), else the
+        store's as it is now."""
+        normal, crash = self._recovery_starts(checkpoint)
         if normal is None or crash is None or crash >= normal:
             return None
         return self._walk_cut(crash, normal)
 
-    def _recovery_starts(self) -> tuple[int | None, int | None]:
+    def _recovery_starts(
+        self, checkpoint: Checkpoint | None = None
+    ) -> tuple[int | None, int | None]:
         """Where a broker's normal and crash recoveries would start walking the log as its
-        files and checkpoint are now (None: no files)."""
-        checkpoint = self.checkpoint()
+        files are now, with ``checkpoint`` (else the store's as it is now; None: no files)."""
+        if checkpoint is None:
+            checkpoint = self.checkpoint()
         starts = (self.commitlog.recovery_start(checkpoint, abnormal) for abnormal in (False, True))
         normal, crash = (None if start is None else start.start for start in starts)
         return normal, crash

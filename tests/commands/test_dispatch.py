@@ -304,7 +304,9 @@ def test_a_body_crc_where_recovery_does_not_walk_stops_no_replay(
     record, the queues byte-identical to the broker's, as does a plain dispatch. A dispatch
     of the queues only (--no-index) is refused: the 'abort' it kept (its queues reach past
     the index) made a broker's crash recovery walk from the first file, check the CRC and
-    delete the half of the log after it."""
+    delete the half of the log after it, and so is a rebuild of the queues only
+    (--rebuild --no-index, --rebuild --topic), with worker processes too: its 'abort' and
+    the checkpoint time it resets did the same."""
     store = oracle("s1_multi").copy_to(tmp_path)
     put = oracle("s1_multi").manifest["puts"][1500]
     offset = put["physicalOffset"]
@@ -317,13 +319,19 @@ def test_a_body_crc_where_recovery_does_not_walk_stops_no_replay(
     document = json.loads(done.stdout)
     assert document["unitsWritten"] == 3002 and document["damage"] is None
     assert queue_digests(store) == broker
+    # queues that reach the log's end: a rebuild of one topic's cannot take them further
+    one = rebuild_in_ranges(store, jobs, "--topic", "TopicTest")
+    assert one.exit_code == 0, one.stderr
+    assert queue_digests(store) == broker and not (store / "abort").exists()
     shutil.rmtree(store / "consumequeue")
     before = tree_digest(store)
     partial = [["--no-index"], ["--topic", "TopicTest"], ["--from-offset", str(offset)]]
-    for more in [*partial, *([*options, "--dry-run"] for options in partial)]:
-        refused = run_cli("dispatch", store, *more, "--json", *ORACLE_OPTIONS)
-        assert refused.exit_code == 2 and tree_digest(store) == before
-        assert f"would then end the log at offset {offset:,} (BODYCRC" in refused.stderr
+    rebuilds = [["--rebuild", "--jobs", jobs, "--split-size", "20000", *o] for o in partial[:2]]
+    for more in [*partial, *rebuilds]:
+        for dry in ["--dry-run"], ["--yes"]:
+            refused = run_cli("dispatch", store, *more, *dry, "--json", *ORACLE_OPTIONS)
+            assert refused.exit_code == 2 and tree_digest(store) == before
+            assert f"would then end the log at offset {offset:,} (BODYCRC" in refused.stderr
     again = run_cli("dispatch", store, "--json", *ORACLE_OPTIONS)
     assert again.exit_code == 0 and json.loads(again.stdout)["unitsWritten"] == 3002
     assert queue_digests(store) == broker and not (store / "abort").exists()
