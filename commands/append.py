@@ -299,7 +299,9 @@ def command(
     learnt without following it (dispatch --rebuild --yes moves it to quarantine), and so is a
     store whose next record to dispatch carries a later queue offset than its queue's next one
     (records missing from the queue: the next message would take a stored one's queue
-    offset; dispatch --rebuild --yes mends it). Without --dispatch, a store without 'abort'
+    offset; dispatch --rebuild --yes mends it), and so is a store with a consume queue
+    missing a file among its last three (a broker's load walks on past the gap: its next
+    queue offset is not where the queue ends here). Without --dispatch, a store without 'abort'
     is refused, unchanged, when the crash recovery the 'abort' left makes a broker run would
     end its log early: it walks from the file the checkpoint picks, which may be earlier than
     the last three a normal recovery walks, and damage there would cut the log (append with

@@ -137,7 +137,10 @@ def command(
     the checkpoint picks) cut the log at damage in a file before the last three; so are
     --rebuild --topic and --rebuild --no-index (dry run too, every engine) when the queues
     end before the log does (the rebuild resets the checkpoint's consume-queue time). A
-    whole dispatch leaves no 'abort'. An error that stops it once it put a unit or an index entry
+    whole dispatch leaves no 'abort'. A consume queue missing a file among its last three,
+    with files after it, is refused (dry run too, exit 2, nothing changed): a broker's load
+    walks on past the gap and puts units after the last file's; --rebuild mends it. An
+    error that stops it once it put a unit or an index entry
     (a full disk: exit 4) leaves 'abort' in place, as a crash would (some queues may reach
     further than others or the index): the one-line error says so; run it again once the
     cause is mended.

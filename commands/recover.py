@@ -77,8 +77,11 @@ def command(
     crash recovery passes it, with a warning: see rmqstore dispatch), flushes, writes the
     checkpoint and removes 'abort' (it keeps 'abort', and says why, where a broker started
     without it would run its normal recovery over the last three files and cut the log at
-    damage its crash recovery does not walk, deleting the records after it). Takes the
-    store's lock; asks on a terminal before cutting.
+    damage its crash recovery does not walk, deleting the records after it). A consume queue
+    missing a file among its last three, with files after it, is refused (dry run too, exit
+    2, nothing changed): a broker's load walks on past the gap, so its replay puts units
+    elsewhere; run rmqstore dispatch --rebuild --yes first. Takes the store's lock; asks on a
+    terminal before cutting.
 
     An error that stops it (a full disk: exit 4) is one line that says how far it got:
     "stopped before it changed the store", or "stopped part way", in which case 'abort' stays

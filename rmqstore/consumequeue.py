@@ -186,6 +186,10 @@ class ConsumeQueue:
         # the last valid unit as the load found it, not moved by writes (None: no unit past
         # the first file's start, or bounds ``known``)
         self.loaded_last_unit: Unit | None = None
+        # where the file the load's walk found missing would start, files following it (a
+        # broker's walk goes on to them: its next queue offset is past the last one's units);
+        # None when the walk met no such gap, or bounds ``known``
+        self.gap_at: int | None = None
         if known is not None:
             self.end, self.min_logic_offset, self.max_physical_offset = known
         else:
@@ -238,12 +242,28 @@ class ConsumeQueue:
         end = segments[max(0, len(segments) - 3)].start
         for segment in segments[max(0, len(segments) - 3) :]:
             if segment.start != end:
+                self.gap_at = end
                 break  # a gap: the queue ends at the previous file
             valid, _, self._heads[segment.path] = _valid_prefix(segment.path, self.file_size)
             end = segment.start + valid
             if valid < self.file_size:  # a wrong-size file: no further
                 break
         return end
+
+    def refuse_a_gap(self, consequence: str, then: str = "") -> None:
+        """StoreFormatError when the load's walk met a missing file among the last three with
+        files after it (:attr:`gap_at`): a broker's walk goes on past it, so its queue ends
+        (and takes its next unit and next queue offset) after the last file's units, not
+        where this one ends. ``consequence`` says what writing would do; ``then`` what to run
+        after the rebuild."""
+        if self.gap_at is not None:
+            raise StoreFormatError(
+                f"the consume queue of {self.topic}:{self.queue_id} is missing its file "
+                f"{self.gap_at:020d}, with files after it: a broker's load walks on past the "
+                f"gap and ends the queue after the last file's units, not where it ends here, "
+                f"so {consequence}; run rmqstore dispatch --rebuild --yes first{then} "
+                "(rmqstore verify shows the gap)"
+            )
 
     @property
     def max_offset(self) -> int:

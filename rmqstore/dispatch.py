@@ -103,6 +103,9 @@ class DispatchResult:
         self.problems.append(damage.describe(rebuilt=False))
 
 
+_PUTS_ELSEWHERE = "a dispatch would put units where a broker puts none"
+
+
 class Dispatcher:
     """Builds consume queues and the index of an opened, writable store."""
 
@@ -159,6 +162,7 @@ class Dispatcher:
             self.store.consumequeue_file_size,
             commitlog_min_offset=self.store.commitlog.min_offset,
         )
+        queue.refuse_a_gap(_PUTS_ELSEWHERE)
         queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
         self._ends_at_open[(topic, queue_id)] = queue.end
         return queue
@@ -1027,6 +1031,8 @@ def plan_dispatch(
         for topic, queue_id in list_queues(store.consumequeue_dir)
         if selected is None or topic in selected
     ]
+    for queue in queues:
+        queue.refuse_a_gap(_PUTS_ELSEWHERE)  # as the dispatch itself refuses it
     index = store.index_service() if build_index and store.config.message_index_enable else None
     try:
         cursor = resume_offset(store, queues, index)

@@ -825,6 +825,7 @@ class Store:
             queue = ConsumeQueue(
                 self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size
             )
+            queue.refuse_a_gap("an appended message could take a queue offset a stored one has")
             tip = QueueTip.of(queue)
             tips[(topic, queue_id)] = tip
             # a queue with a unit past its first file's start: the load read its last unit

@@ -787,3 +787,41 @@ def test_an_append_left_undispatched_is_refused_where_a_crash_recovery_would_cut
     assert plan["plan"]["mode"] == "normal" and not plan["plan"]["cuts"]
     (message,) = json.loads(appended.stdout)["messages"]
     assert plan["plan"]["logEnd"] == message["commitLogOffset"] + message["storeSize"]
+
+
+def test_a_queue_missing_a_file_among_its_last_three_is_refused_until_rebuilt(
+    oracle, tmp_path: Path
+) -> None:
+    """A 5.3.3 broker's store whose TopicTest:0 queue lost its middle file (units 100-199):
+    a broker's load walks on past the gap, so its next queue offset for TopicTest:0 is 251,
+    after the last file's units. The queue read here ends at the gap: an appended message
+    took queue offset 100, which a stored message has, and its unit went into a new file in
+    the gap, where a broker's next load then ended the queue and deleted the file after it.
+    Every writer now refuses such a store before it changes anything, dry runs too, and
+    names the rebuild; after it, an append takes queue offset 251 and verify finds the store
+    sound."""
+    store = oracle("v533_s1_multi").copy_to(tmp_path)
+    (store / "consumequeue" / "TopicTest" / "0" / f"{2000:020d}").unlink()
+    before = tree_digest(store)
+    for command in (
+        ["append", "--topic", "TopicTest", "--queue", "0", "--body", "x", "--dispatch"],
+        ["append", "--topic", "TopicTest", "--queue", "1", "--body", "x"],
+        ["dispatch"],
+        ["dispatch", "--dry-run"],
+        ["recover"],
+        ["recover", "--dry-run"],
+    ):
+        refused = run_cli(command[0], store, *command[1:], *ORACLE_OPTIONS)
+        assert refused.exit_code == 2, (command, refused.stderr)
+        assert "TopicTest:0 is missing its file 00000000000000002000" in refused.stderr
+        assert "run rmqstore dispatch --rebuild --yes first" in refused.stderr
+        assert tree_digest(store) == before, command
+    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
+    done = run_cli(
+        "append", store, "--topic", "TopicTest", "--queue", "0", "--body", "x", "--dispatch",
+        "--json", *ORACLE_OPTIONS,
+    )  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["messages"][0]["queueOffset"] == 251
+    checked = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    assert checked["ok"], checked["findings"]
