@@ -1,12 +1,34 @@
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import rmqstore.fixtures
+
 from kernel_corpus import scenario_workdir, seed_files
-from support import ORACLE_STORES, Oracle, extract_oracle
+from support import ORACLE_STORES, GeneratedStores, Oracle, extract_oracle
+
+_GENERATE = rmqstore.fixtures.generate
+_MADE = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests that import ``generate`` from rmqstore.fixtures get it through a session cache
+    of made stores (see support.GeneratedStores; the commands keep their own reference)."""
+    directory = Path(tempfile.mkdtemp(prefix="rmqstore-made-stores-"))
+    config.stash[_MADE] = directory
+    rmqstore.fixtures.generate = GeneratedStores(_GENERATE, directory)  # type: ignore[assignment]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    rmqstore.fixtures.generate = _GENERATE  # type: ignore[assignment]
+    directory = config.stash.get(_MADE, None)
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+import rmqstore.fixtures
 from rmqstore.commands.main import cli
 from rmqstore.store import Store
 
@@ -545,3 +546,94 @@ def streamed_offsets(store: Path, **options: str) -> tuple[list[int], int]:
                 offsets.extend(batch.column("commitLogOffset").to_pylist())
         start = end
     return offsets, start["offset"]
+
+
+# the engine's own fixture maker, bound before conftest.py wraps it in GeneratedStores: the
+# tests of the maker itself make every store (two calls must each make the same bytes)
+generate_each_time = rmqstore.fixtures.generate
+
+
+class GeneratedStores:
+    """Fixture scenarios made once per test session and copied into each test that asks for
+    the same one again (``rmqstore.fixtures.generate`` is wrapped by conftest.py): a
+    scenario costs a tenth to a third of a second to make, and the suite asks for the same
+    few hundreds of times. Only a plain call is served from the cache (a new output folder,
+    no ``force``, ``workers`` or ``progress``), and only on the same filesystem as the cache,
+    so that a test's small filesystem still gets a store made in it. The copy keeps files
+    sparse where the made store's are, and the manifest is returned as a new object."""
+
+    LARGEST = 32 << 20  # stores of more bytes than this are made each time
+
+    def __init__(self, generate: Any, directory: Path) -> None:
+        self._generate = generate
+        self._directory = directory
+        self._made: dict[tuple[str, Any], tuple[Path, str] | None] = {}
+
+    def __call__(self, name: str, out: Path, options: Any = None, **more: Any) -> Any:
+        out = Path(out)
+        if more or out.exists() or not self._same_filesystem(out.parent):
+            return self._generate(name, out, options, **more)
+        key = (name, options)
+        try:
+            made = self._made.get(key, False)
+        except TypeError:  # options that cannot be a key: made each time
+            return self._generate(name, out, options)
+        if made is False:
+            made = self._make(name, options)
+            self._made[key] = made
+        if made is None:
+            return self._generate(name, out, options)
+        source, manifest = made
+        _copy_sparse_tree(source, out)
+        return json.loads(manifest)
+
+    def _make(self, name: str, options: Any) -> tuple[Path, str] | None:
+        source = self._directory / uuid.uuid4().hex
+        manifest = self._generate(name, source, options)
+        size = sum(path.stat().st_size for path in source.rglob("*") if path.is_file())
+        if size > self.LARGEST:
+            shutil.rmtree(source)
+            return None
+        return source, json.dumps(manifest)
+
+    def _same_filesystem(self, folder: Path) -> bool:
+        try:
+            return folder.stat().st_dev == self._directory.stat().st_dev
+        except OSError:
+            return False
+
+
+def _copy_sparse_tree(source: Path, target: Path) -> None:
+    """``source`` copied to ``target``: folders, links as links, files with their holes."""
+    target.mkdir(parents=True)
+    for entry in sorted(source.iterdir()):
+        destination = target / entry.name
+        if entry.is_symlink():
+            destination.symlink_to(os.readlink(entry))
+        elif entry.is_dir():
+            _copy_sparse_tree(entry, destination)
+        else:
+            _copy_sparse_file(entry, destination)
+
+
+def _copy_sparse_file(source: Path, target: Path) -> None:
+    size = source.stat().st_size
+    reader = os.open(source, os.O_RDONLY)
+    writer = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.ftruncate(writer, size)
+        position = 0
+        while position < size:
+            try:
+                data_at = os.lseek(reader, position, os.SEEK_DATA)
+            except OSError:  # no data after position: the rest is a hole
+                break
+            hole_at = os.lseek(reader, data_at, os.SEEK_HOLE)
+            while data_at < hole_at:
+                chunk = os.pread(reader, min(1 << 20, hole_at - data_at), data_at)
+                os.pwrite(writer, chunk, data_at)
+                data_at += len(chunk)
+            position = hole_at
+    finally:
+        os.close(reader)
+        os.close(writer)

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from rmqstore.errors import InputError, NotAStoreError
-from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
+from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe
 from rmqstore.fixtures.plans import random_bytes
 from rmqstore.reader import MessageReader
 from rmqstore.store import Store
 from rmqstore.verify import NOTE, verify_store
 
+from support import generate_each_time as generate  # what is tested here: never a copy
 from support import tree_digest
 
 SMALL = sorted(name for name in SCENARIOS if name != "large")
