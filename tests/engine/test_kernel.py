@@ -32,6 +32,7 @@ from kernel_corpus import (
     pack_rows,
     run_scan,
 )
+from support import compiled_pass_only
 
 
 def load_native() -> ModuleType:
@@ -44,11 +45,7 @@ def load_native() -> ModuleType:
 
 native = load_native()
 # a test that runs both kernels itself is the same test in make test's reference pass
-# (RMQSTORE_KERNEL=python), which therefore leaves it to the compiled pass
-both_ways = pytest.mark.skipif(
-    os.environ.get("RMQSTORE_KERNEL") == "python",
-    reason="runs both kernels itself: the compiled pass runs it",
-)
+both_ways = compiled_pass_only
 
 
 def test_make_test_runs_the_kernel_it_asks_for() -> None:

@@ -47,6 +47,7 @@ from rmqstore.record import (
 )
 
 from kernel_corpus import mutate
+from support import compiled_pass_only
 
 pytest.importorskip("pyarrow")
 
@@ -168,6 +169,7 @@ def assert_same_rows(location: StoreLocation, part: FileRange, label: str) -> in
     return len(plain)
 
 
+@compiled_pass_only
 def test_every_seed_exports_as_decoded_record_by_record(seeds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     exported = 0
     for number, (name, data, base) in enumerate(seeds):
@@ -176,6 +178,7 @@ def test_every_seed_exports_as_decoded_record_by_record(seeds, tmp_path: Path) -
     assert exported > 5000
 
 
+@compiled_pass_only
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
 @given(st.data())
