@@ -984,7 +984,10 @@ def refuse_a_cutting_rebuild(store: Store, topics: set[str] | None, rebuild_inde
     if reach is not None and reach >= end.offset:
         return  # the queues built cannot reach past where they reached: 'abort' goes
     checkpoint = store.checkpoint() or Checkpoint()
-    if topics is None:  # no earlier than the first record of the file the log ends in
+    if topics is None:
+        # the newest record's store time, at least that of the first record of the file the
+        # log ends in, taken here: an earlier time only moves the start earlier, so the check
+        # errs towards refusing
         last = end.segment or (store.commitlog.segments or [None])[-1]
         newest = 0 if last is None else store.commitlog.first_record_store_timestamp(last) or 0
         after = replace(checkpoint, logics_msg_timestamp=newest)
