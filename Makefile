@@ -41,10 +41,9 @@ format: venv
 # four streams at once, which end close together: the compiled pass but for the Spark
 # tests, the campaigns, the install tests and the slow ones; the Spark tests (one session);
 # the campaigns, the install tests and the slow ones (the sanitizer build, Spark sessions
-# in their own processes); the reference pass. On a day this two-core machine ran slow the
-# tests took 8.9 minutes (11.0 before the sanitizer build went to -O0 and the reference
-# pass stopped running the tests that compare both kernels themselves; 8.6 before those
-# changes on its usual days). The other streams' output follows the first's.
+# in their own processes); the reference pass. On this two-core machine the suite takes
+# 9 to 12.5 minutes from a fresh checkout, moving with the machine's load (it is bound by
+# CPU: about 1,200 CPU-seconds in all). The other streams' output follows the first's.
 SIDE_LOG := $(VENV)/side-stream.log
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log
