@@ -320,13 +320,13 @@ def _durable_copy(source: Path, target: Path) -> None:
     zeros a broker never wrote)."""
     if source.is_symlink() or not source.is_dir():
         if source.is_file() and not source.is_symlink():
-            _sparse_copy(source, target)
+            sparse_copy(source, target)
         else:
             shutil.copy2(source, target, follow_symlinks=False)
         if not target.is_symlink():
             _fsync_file(target)
         return
-    shutil.copytree(source, target, symlinks=True, copy_function=_sparse_copy)
+    shutil.copytree(source, target, symlinks=True, copy_function=sparse_copy)
     for directory, _subdirectories, names in os.walk(target):
         for name in names:
             path = Path(directory) / name
@@ -335,7 +335,7 @@ def _durable_copy(source: Path, target: Path) -> None:
         fsync_directory(Path(directory))
 
 
-def _sparse_copy(source: str | Path, target: str | Path) -> None:
+def sparse_copy(source: str | Path, target: str | Path) -> None:
     """``shutil.copy2`` of a regular file that copies only its data (SEEK_DATA/SEEK_HOLE)
     and leaves its holes as holes; where the filesystem cannot say, every byte. (A tree's
     links are copied as links by ``copytree`` itself.)"""

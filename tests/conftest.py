@@ -10,9 +10,8 @@ import pytest
 import rmqstore.fixtures
 
 from kernel_corpus import scenario_workdir, seed_files
-from support import ORACLE_STORES, GeneratedStores, Oracle, extract_oracle
+from support import ORACLE_STORES, GeneratedStores, Oracle, extract_oracle, generate_each_time
 
-_GENERATE = rmqstore.fixtures.generate
 _MADE = pytest.StashKey[Path]()
 
 
@@ -21,11 +20,11 @@ def pytest_configure(config: pytest.Config) -> None:
     of made stores (see support.GeneratedStores; the commands keep their own reference)."""
     directory = Path(tempfile.mkdtemp(prefix="rmqstore-made-stores-"))
     config.stash[_MADE] = directory
-    rmqstore.fixtures.generate = GeneratedStores(_GENERATE, directory)  # type: ignore[assignment]
+    rmqstore.fixtures.generate = GeneratedStores(generate_each_time, directory)  # type: ignore[assignment]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    rmqstore.fixtures.generate = _GENERATE  # type: ignore[assignment]
+    rmqstore.fixtures.generate = generate_each_time  # type: ignore[assignment]
     directory = config.stash.get(_MADE, None)
     if directory is not None:
         shutil.rmtree(directory, ignore_errors=True)

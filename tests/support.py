@@ -22,6 +22,7 @@ from click.testing import CliRunner
 
 import rmqstore.fixtures
 from rmqstore.commands.main import cli
+from rmqstore.quarantine import sparse_copy
 from rmqstore.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -595,7 +596,7 @@ class GeneratedStores:
         if made is None:
             return self._generate(name, out, options)
         source, manifest = made
-        _copy_sparse_tree(source, out)
+        shutil.copytree(source, out, symlinks=True, copy_function=sparse_copy)
         return json.loads(manifest)
 
     def _make(self, name: str, options: Any) -> tuple[Path, str] | None:
@@ -612,39 +613,3 @@ class GeneratedStores:
             return folder.stat().st_dev == self._directory.stat().st_dev
         except OSError:
             return False
-
-
-def _copy_sparse_tree(source: Path, target: Path) -> None:
-    """``source`` copied to ``target``: folders, links as links, files with their holes."""
-    target.mkdir(parents=True)
-    for entry in sorted(source.iterdir()):
-        destination = target / entry.name
-        if entry.is_symlink():
-            destination.symlink_to(os.readlink(entry))
-        elif entry.is_dir():
-            _copy_sparse_tree(entry, destination)
-        else:
-            _copy_sparse_file(entry, destination)
-
-
-def _copy_sparse_file(source: Path, target: Path) -> None:
-    size = source.stat().st_size
-    reader = os.open(source, os.O_RDONLY)
-    writer = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.ftruncate(writer, size)
-        position = 0
-        while position < size:
-            try:
-                data_at = os.lseek(reader, position, os.SEEK_DATA)
-            except OSError:  # no data after position: the rest is a hole
-                break
-            hole_at = os.lseek(reader, data_at, os.SEEK_HOLE)
-            while data_at < hole_at:
-                chunk = os.pread(reader, min(1 << 20, hole_at - data_at), data_at)
-                os.pwrite(writer, chunk, data_at)
-                data_at += len(chunk)
-            position = hole_at
-    finally:
-        os.close(reader)
-        os.close(writer)
