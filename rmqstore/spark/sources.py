@@ -623,7 +623,8 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     whole, CRC-valid records end (a completed file to its end), found the way ``serve-ha
     --follow`` finds it, and its bytes are read at least 50 ms later, when a record a broker
     was writing is complete. Files a broker deleted are skipped (their messages are gone); a
-    file rolled to is read from its start.
+    file rolled to is read from its start. A batch with nothing to read runs one task that
+    reads nothing, which starts the executors' Python workers while the store is idle.
 
     Spark 4.2+: ``maxBytesPerTrigger`` bounds a micro-batch to the whole records within that
     many commit-log bytes of its start (one record at least, so the query always moves on:
@@ -769,7 +770,11 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin, stop = int(start["offset"]), int(end["offset"])
         if begin >= stop:
-            return []
+            # an empty batch (a query's first, on a store nothing is appended to) still gets
+            # one task reading nothing: it starts an executor's Python worker and warms the
+            # sink's write path, so the first messages appended after it do not wait for that
+            # (about a second, measured in bench/streaming.py)
+            return [InputPartition(None)]
         names: dict[int, str] = {}
         files: list[tuple[int, int]] = []  # the files holding part of [begin, stop)
         for name, size in self.location.commitlog_segments():
