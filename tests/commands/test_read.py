@@ -16,6 +16,7 @@ from rmqstore.fixtures import generate
 from support import (
     ORACLE_OPTIONS,
     assert_read_matches_scan_record,
+    compiled_pass_only,
     java_host,
     manifest_dump,
     run_cli,
@@ -155,6 +156,7 @@ def test_topic_and_queue_jsonl_lines_are_the_json_documents(tmp_path: Path) -> N
         assert lines.stderr == array.stderr and "points at offset" in lines.stderr
 
 
+@compiled_pass_only  # these scenarios' files are kernel_corpus seeds
 @pytest.mark.parametrize("scenario", ["multi", "torn-tail", "missing-file", "cq-truncated"])
 def test_json_jsonl_and_csv_from_kernel_lines_are_what_message_by_message_gives(
     tmp_path: Path, scenario: str
@@ -684,6 +686,7 @@ def test_time_reads_follow_the_rule_of_the_broker_that_wrote_the_store(
         assert document["queueOffset"] == probe["offsetInQueueByTime"], probe
 
 
+@compiled_pass_only  # every real-broker commit-log file is a kernel_corpus seed
 @pytest.mark.parametrize("name", ["s1_multi", "s2_crash", "v533_s1_multi", "s3_txn_delay"])
 def test_jsonl_written_by_the_kernel_is_the_documents_text(oracle, name: str) -> None:
     """``read --from-offset N --jsonl`` is written by the record kernel; a time bound (which

@@ -24,7 +24,7 @@ from rmqstore.reader import MessageReader, MessageSelection, TextBlock, selected
 from rmqstore.record import BodyMode, Message
 from rmqstore.store import Store
 
-from support import ORACLE_CONFIG, ORACLE_STORES, mutate_units, run_cli
+from support import ORACLE_CONFIG, ORACLE_STORES, compiled_pass_only, mutate_units, run_cli
 
 SMALL_SCENARIOS = sorted(name for name in SCENARIOS if name != "large")
 
@@ -230,6 +230,7 @@ def _check_sequential(store_dir: Path, config: StoreConfig, seed: int) -> None:
         assert _outcome(store_dir, config, picked) == slow, (store_dir, chosen, count, body)
 
 
+@compiled_pass_only  # every scenario's files are kernel_corpus seeds
 @pytest.mark.parametrize("scenario", SMALL_SCENARIOS)
 def test_lines_of_every_fixture_are_the_messages_read_one_by_one(
     tmp_path: Path, scenario: str
@@ -239,6 +240,7 @@ def test_lines_of_every_fixture_are_the_messages_read_one_by_one(
     _check_sequential(tmp_path / "store", StoreConfig(), 1)
 
 
+@compiled_pass_only  # every real-broker commit-log file is a kernel_corpus seed
 @pytest.mark.parametrize("name", sorted(ORACLE_STORES))
 def test_lines_of_every_real_broker_store_are_the_messages_read_one_by_one(
     oracle, name: str

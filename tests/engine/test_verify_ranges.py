@@ -18,7 +18,7 @@ from rmqstore.verify import VerifyOptions, verify_store
 from rmqstore.verify.ranges import RangedVerify
 from rmqstore.workers import process_runner
 
-from support import ORACLE_CONFIG
+from support import ORACLE_CONFIG, compiled_pass_only
 
 RANGE_SIZES = [97, 1500, 1 << 30]
 SMALL_SCENARIOS = sorted(name for name in SCENARIOS if name != "large")
@@ -51,6 +51,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@compiled_pass_only  # every scenario's files are kernel_corpus seeds
 @pytest.mark.parametrize("name", SMALL_SCENARIOS)
 @pytest.mark.parametrize("range_size", RANGE_SIZES)
 def test_generated_scenarios(scenarios: Path, name: str, range_size: int) -> None:

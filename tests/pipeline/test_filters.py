@@ -15,6 +15,8 @@ from pipeline.test_columns import one_file_store, rows_by_columns
 from rmqstore.pipeline.filters import RowFilter, holds_for, offset_window
 from rmqstore.pipeline.rows import MessageRowOptions
 
+from support import compiled_pass_only
+
 pytest.importorskip("pyarrow")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -83,6 +85,7 @@ def conditions(rows: list[dict[str, Any]], rng: random.Random) -> list[tuple[Row
     return found
 
 
+@compiled_pass_only  # the kernel_corpus seeds; filters are evaluated on the columns in Python
 def test_filtered_rows_are_the_rows_the_condition_picks(seeds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(16)
     checked = 0
