@@ -550,10 +550,10 @@ def streamed_offsets(store: Path, **options: str) -> tuple[list[int], int]:
 
 
 # make test's reference pass (RMQSTORE_KERNEL=python) leaves to the compiled pass the tests
-# that run both kernels themselves, and those that put the kernel's output for every seed
-# through the engine and compare it with a record-by-record decode: tests/kernel_corpus.py
-# compares both kernels on those seeds (and mutations of them), so the reference's output
-# is the compiled kernel's there
+# that run both kernels themselves, and those whose every input is a tests/kernel_corpus.py
+# seed (every real-broker commit-log file and fixture scenario): the corpus compares both
+# kernels on those seeds (and mutations of them), so the reference's output is the
+# compiled kernel's there and what such a test checks of it carries over
 compiled_pass_only = pytest.mark.skipif(
     os.environ.get("RMQSTORE_KERNEL") == "python",
     reason="both kernels compared on its inputs: the compiled pass runs it",
