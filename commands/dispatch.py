@@ -274,7 +274,8 @@ def _dispatch_here(
     dispatcher = Dispatcher(store, topics=topics or None, build_index=build_index)
     try:
         base = dispatcher.start_offset(from_offset)
-        total = max(1, store.log_end().offset - base)
+        # the bar's length: where the data ends roughly (the walk finds the valid end itself)
+        total = max(1, store.commitlog.data_extent() - base)
         with progress_bar("dispatching", total, not no_progress) as update:
             return dispatcher.run(
                 from_offset,
@@ -320,7 +321,7 @@ def _rebuild_in_workers(
     from rmqstore.pipeline.rebuild import rebuild_in_workers  # worker processes: only here
 
     base = plan.from_offset
-    total = max(1, store.log_end().offset - base)
+    total = max(1, store.commitlog.data_extent() - base)  # the workers find the valid end
     with progress_bar("dispatching", total, show_progress) as update:
         return rebuild_in_workers(
             store,

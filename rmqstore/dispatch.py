@@ -244,6 +244,10 @@ class Dispatcher:
         log's valid end."""
         store = self.store
         log = store.commitlog
+        # the rules the log's end is found by, as they are before this run begins writing
+        # (it makes 'abort'): a walk that reaches the end finds it itself, so the end is
+        # computed (a second read of the log) only when a branch below needs it
+        rules = store.end_rules()
         cursor = self.cursor()
         start = self.start_offset(from_offset)
         # where this run replays a crash from (a broker's crash recovery), if it does
@@ -261,7 +265,9 @@ class Dispatcher:
         ahead = -1 if furthest is None else furthest.max_physical_offset  # as opened
         result = DispatchResult(from_offset=start, to_offset=start)
         if (until is not None and start >= until) or log.queue.find(start) is None:
-            end = LogEnd(until, None, None, None) if until is not None else store.log_end()
+            end = (
+                LogEnd(until, None, None, None) if until is not None else store.log_end(rules=rules)
+            )
             self._check_ahead(ahead, furthest, end.offset)
             if end.offset > start:
                 raise InputError(f"offset {start} is outside the commit-log files")
@@ -305,7 +311,7 @@ class Dispatcher:
             # the scan ended where --from-offset put it: at the log's valid end, past it, or
             # where no record starts (zeros inside a record read as the end of the data):
             # the end is the one a broker's recovery finds, not where this scan stopped
-            result.log_end = store.log_end().offset
+            result.log_end = store.log_end(rules=rules).offset
             if start < result.log_end:
                 raise _no_record_at(start, result.log_end)
         elif walk.complete and result.stopped_by is None and (damage := self._damage_where(scan)):
@@ -320,7 +326,7 @@ class Dispatcher:
             if end.error is not None:
                 result.stopped_by = str(end.error)
         else:
-            result.log_end = store.log_end().offset
+            result.log_end = store.log_end(rules=rules).offset
         self._check_ahead(ahead, furthest, result.log_end)
         result.queues_touched = len(walk.touched)
         with store.until_done("dispatch", self._where_residue_is, self.changed):

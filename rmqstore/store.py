@@ -111,6 +111,15 @@ class LogState:
     records: int = 0
 
 
+@dataclass(frozen=True)
+class EndRules:
+    """What a recovery walk finds the log's end by: a crash's rules (``abort`` there) or a
+    normal shutdown's, and the checkpoint (it picks where a crash's walk starts)."""
+
+    abnormal: bool
+    checkpoint: Checkpoint | None
+
+
 @dataclass
 class Residue:
     """Non-zero bytes after the valid end of the commit log."""
@@ -505,15 +514,26 @@ class Store:
                 "broker or another rmqstore); stop it first"
             )
 
-    def log_end(self, progress: Callable[[int], None] | None = None) -> LogEnd:
+    def end_rules(self) -> EndRules:
+        """What :meth:`log_end` would find the end by if asked now: whether ``abort`` is
+        there (the rules of a crash) and the checkpoint."""
+        return EndRules(self.aborted, self.checkpoint())
+
+    def log_end(
+        self, progress: Callable[[int], None] | None = None, *, rules: EndRules | None = None
+    ) -> LogEnd:
         """The valid end of the commit log as the broker's recovery would find it (computed
-        once; not cached while appending, which moves it)."""
+        once; not cached while appending, which moves it). ``rules``: those of an earlier
+        :meth:`end_rules`, for the end as it would have been found then (the log unchanged
+        since), when it is asked only later."""
         if self._log_end is not None and self._appender is None:
             return self._log_end
+        if rules is None:
+            rules = self.end_rules()
         self._log_end = self.commitlog.valid_end(
             check_crc=self.config.check_crc_on_recover,
-            abnormal=self.aborted,
-            checkpoint=self.checkpoint(),
+            abnormal=rules.abnormal,
+            checkpoint=rules.checkpoint,
             progress=progress,
             property_crc=self.config.force_verify_prop_crc,
         )

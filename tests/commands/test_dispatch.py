@@ -237,6 +237,41 @@ def test_rebuild_in_worker_processes(oracle, tmp_path: Path) -> None:
         assert refused.exit_code == 2 and needle in refused.stderr, args
 
 
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--rebuild", "--yes"], ["--rebuild", "--yes", "--jobs", "2", "--split-size", "20000"]],
+    ids=["dispatch", "rebuild", "rebuild-jobs-2"],
+)
+def test_a_dispatch_reads_the_log_once(
+    oracle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """The walk that dispatches the log (or the workers' walks) finds its valid end: no
+    walk of this process reads the log for the end as well. One did, to size the progress
+    bar (drawn only on a terminal), a second reading of the whole log (a quarter of a
+    rebuild's time)."""
+    from rmqstore.commitlog import CommitLog
+
+    store = oracle("s1_multi").copy_to(tmp_path)
+    shutil.rmtree(store / "consumequeue")
+    shutil.rmtree(store / "index")
+    walks: list[int | None] = []
+    valid_end = CommitLog.valid_end
+
+    def counted(self: CommitLog, *positional: object, **named: object):  # type: ignore[no-untyped-def]
+        end = valid_end(self, *positional, **named)  # type: ignore[arg-type]
+        walks.append(end.offset)
+        return end
+
+    monkeypatch.setattr(CommitLog, "valid_end", counted)
+    done = run_cli("dispatch", store, *args, "--json", *ORACLE_OPTIONS)
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["unitsWritten"] == 3002
+    assert walks == []
+    monkeypatch.undo()
+    verified = run_cli("verify", store, "--json", *ORACLE_OPTIONS)
+    assert verified.exit_code == 0, verified.stdout
+
+
 def test_a_rebuild_of_a_log_damaged_before_its_end_is_refused(oracle, tmp_path: Path) -> None:
     """A record damaged in a commit-log file a broker's recovery does not walk (the first of
     52): a broker serves the records after it, but a replay of the log stops there. The
