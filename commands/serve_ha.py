@@ -49,7 +49,9 @@ def command(store: Path, listen: str, keep_following: bool, batch: int, config: 
     slave that reports offset 0 gets STORE's last file on, one that reports its max offset
     gets what follows it. Frames carry at most --batch bytes of whole CRC-valid records (and the
     BLANKs that close files), never across a file end; a heartbeat goes out when a slave has
-    everything and every 5 s after. STORE is only read. Runs until SIGINT or SIGTERM.
+    everything and every 5 s after; one whose offset is in no file of STORE (its old files
+    deleted) gets only heartbeats there, as from a broker. STORE is only read. Runs until
+    SIGINT or SIGTERM.
     """
     host, port = split_host_port(listen)
     Store.open_read(store, config).close()  # not a store: said before a port is taken

@@ -160,6 +160,9 @@ def serve(
             daemon=True,
         )
         worker.start()
+        # slaves that reconnect (a 4.9 slave ahead of the master does every few seconds)
+        # leave ended threads behind: not kept, however long the master serves
+        threads = [thread for thread in threads if thread.is_alive()]
         threads.append(worker)
     for worker in threads:
         worker.join(timeout=2)
@@ -184,11 +187,16 @@ def _serve_connection(
     last_report = last_write = time.monotonic()
     position = 0
     told_caught_up = False
+    # the position is in no file of the store (below its first, the master's old files
+    # deleted, or in a missing one): as a broker does, only heartbeats go out there, and the
+    # files are looked at again after a wait as for new data, not in a busy loop
+    nowhere = False
+    looked_again = 0.0
     store = Store.open_read(store_root, config)
     reading: _OpenFile | None = None
     try:
         while not should_stop():
-            sending = start is not None and position < current_end()
+            sending = start is not None and position < current_end() and not nowhere
             readable, _, _ = select.select([connection], [], [], 0 if sending else _IDLE_WAIT)
             now = time.monotonic()
             if readable:
@@ -212,10 +220,13 @@ def _serve_connection(
                 continue
             end = current_end()
             segment = store.commitlog.queue.find(position) if position < end else None
-            if position < end and segment is None:  # a file created since: look again
+            if position < end and segment is None and now - looked_again >= _IDLE_WAIT:
+                # a file created since? looked for once a wait, however often the slave writes
+                looked_again = now
                 store.close()
                 store = Store.open_read(store_root, config)
                 segment = store.commitlog.queue.find(position)
+            nowhere = position < end and segment is None
             if segment is not None:
                 stop = min(end, segment.start + file_size, position + options.batch)
                 if reading is None or reading.path != segment.path:

@@ -447,3 +447,54 @@ def test_a_master_that_stalls_is_given_up(pair) -> None:  # type: ignore[no-unty
 
     with scripted_master(script) as address, pytest.raises(HAError, match="sent nothing"):
         _slave(dest, address, silence=0.5)
+
+
+@pytest.mark.timers
+@pytest.mark.parametrize("reported", [100, -5], ids=["deleted-file", "negative"])
+def test_a_slave_in_no_file_of_the_master_gets_heartbeats_from_an_idle_master(
+    oracle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reported: int
+) -> None:  # type: ignore[no-untyped-def]
+    """A slave whose offset is in no file of the master (the master's old files deleted, a
+    known operational problem, apache/rocketmq issue 3388; or an offset below 0) gets
+    heartbeats at that offset, as from a broker, and the master looks for such a file again
+    once a wait, as it waits for new data. It looked again in a busy loop, opening the
+    store each time: a core kept busy for as long as the slave stayed connected."""
+    from rmqstore.ha import ServeOptions, serve
+
+    store = oracle("s1_multi").copy_to(tmp_path)
+    (store / "commitlog" / f"{0:020d}").unlink()  # offsets 0 .. 65,535 are in no file
+    config = StoreConfig(commitlog_file_size=FILE, consumequeue_file_size=2000)
+    opens: list[Path] = []
+    open_read = Store.open_read
+
+    def counted(cls: type[Store], root: Path, *args: object, **kwargs: object) -> Store:
+        opens.append(root)
+        return open_read(root, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Store, "open_read", classmethod(counted))
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    server = threading.Thread(
+        target=serve, args=(store, listener, config, ServeOptions(), stop.is_set), daemon=True
+    )
+    server.start()
+    try:
+        with socket.create_connection(listener.getsockname()[:2], timeout=5) as slave:
+            slave.sendall(REPORT.pack(reported))
+            slave.settimeout(0.1)
+            received = b""
+            opened_before = len(opens)
+            waited_until = time.monotonic() + 1.0
+            while time.monotonic() < waited_until:
+                try:
+                    received += slave.recv(65536)
+                except TimeoutError:
+                    continue
+            looks = len(opens) - opened_before
+    finally:
+        stop.set()
+        server.join(timeout=10)
+        listener.close()
+    assert received == HEADER.pack(reported, 0)  # a heartbeat at its offset, no data
+    # about ten waits of 0.1 s in that second (a busy loop opened it thousands of times)
+    assert 1 <= looks <= 20, looks
