@@ -17,6 +17,7 @@ from rmqstore.config import (
     SMALLEST_INDEX_SLOTS,
 )
 from rmqstore.fixtures import SCENARIOS, FixtureOptions, describe, generate
+from rmqstore.fixtures.plans import MAX_SEED
 from rmqstore.verify.findings import where_text
 
 
@@ -72,10 +73,10 @@ def list_command(as_json: bool) -> int:
 @click.argument("out", type=GivenPath(path_type=Path), metavar="OUT")
 @click.option(
     "--seed",
-    type=int,
+    type=click.IntRange(min=0, max=MAX_SEED),
     default=1,
     show_default=True,
-    help="Seed for everything random: bodies, keys, hosts, times, damage.",
+    help="Seed for everything random: bodies, keys, hosts, times (a day later per seed), damage.",
 )
 @click.option(
     "--messages",

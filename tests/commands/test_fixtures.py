@@ -76,6 +76,29 @@ def test_bad_input(tmp_path: Path) -> None:
     assert made.exit_code == 0, made.stderr
 
 
+def test_seeds_are_those_whose_store_times_stay_before_the_year_10000(tmp_path: Path) -> None:
+    """A seed moves the store's times a day later each: seed 2**63 stopped with an internal
+    error (a time no clock can show), and 2**32 made a store whose index file was named by a
+    21-digit time, which verify itself does not take for an index file. The seeds refused
+    make nothing; the largest taken makes a sound store."""
+    from rmqstore.errors import InputError
+    from rmqstore.fixtures import FixtureOptions, generate
+    from rmqstore.fixtures.plans import MAX_SEED
+
+    for seed in (-1, MAX_SEED + 1, 2**32, 2**63):
+        refused = run_cli("fixtures", "generate", "basic", tmp_path / "x", f"--seed={seed}")
+        assert refused.exit_code == 2 and "--seed" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr and not (tmp_path / "x").exists()
+        with pytest.raises(InputError, match="--seed must be 0 to"):
+            generate("basic", tmp_path / "x", FixtureOptions(seed=seed))
+        assert not (tmp_path / "x").exists()
+    made = run_cli("fixtures", "generate", "delay", tmp_path / "last", f"--seed={MAX_SEED}")
+    assert made.exit_code == 0, made.stderr
+    (index_file,) = (tmp_path / "last" / "index").iterdir()
+    assert len(index_file.name) == 17 and index_file.name.startswith("9999")
+    assert run_cli("verify", tmp_path / "last").exit_code == 0
+
+
 def test_a_forced_generation_is_undone_by_its_restore(tmp_path: Path) -> None:
     """``--force`` moves the earlier store into quarantine (the lock stays: it is held) and
     lists what the new fixture makes: restoring the folder sets the new fixture aside and
