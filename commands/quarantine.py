@@ -13,6 +13,7 @@ from rmqstore.quarantine import (
     QuarantineFolder,
     RestoreStep,
     list_quarantine,
+    plan_purge,
     plan_restore,
     purge_quarantine,
     restore_quarantine,
@@ -68,9 +69,7 @@ def purge_command(
     if bool(names) == everything:
         raise click.UsageError("give the folder NAMEs to purge, or --all")
     with Store.open_read(store):  # refuses what is not a store
-        folders = list_quarantine(store)
-    chosen = [f.name for f in folders] if everything else list(names)
-    size = sum(f.bytes for f in folders if f.name in chosen)
+        chosen, size = plan_purge(store, None if everything else list(names))
     if dry_run:
         if as_json:
             emit_json({"purged": [], "wouldPurge": chosen, "bytes": size})

@@ -461,11 +461,25 @@ def _read_manifest(folder: Path) -> dict:
     return manifest
 
 
+def plan_purge(store_root: Path, names: list[str] | None) -> tuple[list[str], int]:
+    """The quarantine folders a purge of ``names`` (None: every folder) deletes, each once,
+    and the bytes they hold. Refuses (StoreFormatError) a name that is not a folder directly
+    under ``<store>/quarantine``, as the purge itself does, so a dry run says what it would."""
+    known = {folder.name: folder for folder in list_quarantine(store_root)}
+    chosen = list(known) if names is None else list(dict.fromkeys(names))
+    missing = [name for name in chosen if name not in known]
+    if missing:
+        raise StoreFormatError(f"no quarantine folder {', '.join(missing)} in {store_root}")
+    return chosen, sum(known[name].bytes for name in chosen)
+
+
 def purge_quarantine(store_root: Path, names: list[str]) -> int:
-    """Delete quarantine folders ``names`` (their bytes are gone for good); the bytes freed.
-    Only names of folders directly under ``<store>/quarantine`` are taken."""
+    """Delete quarantine folders ``names`` (their bytes are gone for good; a name given
+    twice is deleted once); the bytes freed. Only names of folders directly under
+    ``<store>/quarantine`` are taken."""
     base = quarantine_base(store_root)
     known = {folder.name: folder for folder in list_quarantine(store_root)}
+    names = list(dict.fromkeys(names))
     missing = [name for name in names if name not in known]
     if base is None or missing:
         raise StoreFormatError(

@@ -95,15 +95,18 @@ print(json.dumps(outcomes))
 """
 
 
-def run_commands(commands: list[list[str]], timeout: float = 120) -> list[Outcome]:
+def run_commands(
+    commands: list[list[str]], timeout: float = 120, cwd: Path | None = None
+) -> list[Outcome]:
     """Run rmqstore command lines one after the other in one child process (memory capped at
-    4 GiB); a hang is an outcome with no exit code."""
+    4 GiB; in folder ``cwd`` when given); a hang is an outcome with no exit code."""
     try:
         result = subprocess.run(
             [sys.executable, "-c", _DRIVER, json.dumps(commands)],
             capture_output=True,
             text=True,
             timeout=timeout,
+            cwd=cwd,
         )
     except subprocess.TimeoutExpired:
         return [Outcome(commands[0], None, "did not end in time")]

@@ -44,6 +44,21 @@ def test_list_and_purge(tmp_path: Path) -> None:
     assert json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"] == []
 
 
+def test_a_name_given_twice_is_purged_once(tmp_path: Path) -> None:
+    """It was deleted, then the second delete failed: exit 4, "cannot delete", with the
+    work done."""
+    store = recovered(tmp_path)
+    (folder,) = json.loads(run_cli("quarantine", "list", store, "--json").stdout)["folders"]
+    name = folder["name"]
+    dry = run_cli("quarantine", "purge", store, name, name, "--dry-run", "--json")
+    assert dry.exit_code == 1 and json.loads(dry.stdout)["wouldPurge"] == [name]
+    assert json.loads(dry.stdout)["bytes"] == folder["bytes"]
+    done = run_cli("quarantine", "purge", store, name, name, "--yes", "--json")
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout) == {"purged": [name], "bytes": folder["bytes"]}
+    assert not (store / "quarantine" / name).exists()
+
+
 def test_names_outside_the_quarantine_and_links_are_refused(tmp_path: Path) -> None:
     store = recovered(tmp_path)
     outside = tmp_path / "precious"
@@ -52,6 +67,9 @@ def test_names_outside_the_quarantine_and_links_are_refused(tmp_path: Path) -> N
     for name in ("../precious", "..", "commitlog", "nope"):
         result = run_cli("quarantine", "purge", store, name, "--yes")
         assert result.exit_code == 2, (name, result.stderr)
+        # the dry run says so too (it said "would delete 1 folder", exit 1)
+        dry = run_cli("quarantine", "purge", store, name, "--dry-run")
+        assert dry.exit_code == 2 and f"no quarantine folder {name} in" in dry.stderr
     assert (outside / "keep").exists() and (store / "commitlog").is_dir()
     other = tmp_path / "other"
     generate("basic", other)
