@@ -1,10 +1,12 @@
 """Random option combinations: every command (but ``serve-ha``, which serves until stopped)
 with options drawn at random, given values a careless or hostile hand gives (0, -1, 2**63,
 10**30, empty text, ``..``, a path through a file, text where a number goes, a choice no
-command offers), on copies of a real broker store. Each run ends in a documented exit code
-and, on an error, a one-line message, never an internal error; nothing is written outside
-the folder the test gives it. It found ``fixtures generate --seed 9223372036854775808``
-ending in an internal error (a store time past what a clock shows)."""
+command offers), on copies of real broker stores. Each run ends in a documented exit code
+and, on an error, a one-line message, never an internal error. The paths given lie in the
+test's folder, and the runs start in a scratch folder of it (where a relative path lands).
+It found ``fixtures generate --seed 9223372036854775808`` ending in an internal error (a
+store time past what a clock shows), and ``quarantine purge`` of a name that is no folder
+refused by the purge but taken by its dry run."""
 
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ NUMBERS = [*PLAUSIBLE, "-1", "2147483648", "9223372036854775808", "-922337203685
 TEXTS = ["", "..", "../up", "a/b", "TopicTest", "TopicTest:0", "%RETRY%group_a", "x" * 300,
          "*", "1,2", "TagA||TagB", "k1 k2", "{}", "[1]", "2026-11-29T10:00:00", "\t",
          "é", "local[2]"]  # fmt: skip
-# options that start Spark, follow a store until stopped, or name the worker processes: each
-# has its own tests; here they would only spend minutes
+# options that start Spark (so does --engine spark, never drawn) or follow a store until
+# stopped: each has its own tests; here they would only spend minutes
 LEFT_OUT = {"follow", "keep_following", "master", "spark_conf", "help"}
 
 
