@@ -82,7 +82,9 @@ def list_command(as_json: bool) -> int:
     "--messages",
     type=click.IntRange(min=1),
     metavar="N",
-    help="How many messages (default: the scenario's own count).",
+    help="How many messages (default: the scenario's own count); refused when their records "
+    "alone would not fit in OUT's free space. A generation stopped part-way (a full disk, "
+    "Ctrl-C) removes what it made.",
 )
 @click.option(
     "--broker-version",

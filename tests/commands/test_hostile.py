@@ -271,6 +271,29 @@ def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:
         assert {ack["msgId"] for ack in acknowledged} <= stored  # no acknowledged loss
 
 
+def test_a_fixture_that_fills_the_disk_is_exit_4_and_leaves_nothing(tmp_path: Path) -> None:
+    """A generation stopped by a full disk took OUT to the last byte and left it there (a
+    half-made store, no manifest); it is removed, the folders made for OUT with it, and an
+    empty OUT is empty again. A count whose records alone cannot fit is refused before
+    anything is made (--messages 9223372036854775808 wrote on until the disk was full)."""
+    with small_filesystem(tmp_path, "8m") as disk:
+        for out in (disk / "made" / "store", disk / "empty"):
+            if out.name == "empty":
+                out.mkdir()
+            result = run_cli("fixtures", "generate", "multi", out, "--messages", "70000")
+            one_line_error(result, 4)
+            assert "No space left" in result.stderr
+            assert sorted(p.name for p in disk.iterdir()) == (
+                ["empty"] if out.name == "empty" else []
+            )
+            assert not out.exists() or not any(out.iterdir())
+        huge = run_cli("fixtures", "generate", "multi", disk / "huge", "--messages", str(2**63))
+        one_line_error(huge, 2)
+        assert "needs at least" in huge.stderr and not (disk / "huge").exists()
+        made = run_cli("fixtures", "generate", "multi", disk / "fits", "--messages", "100")
+        assert made.exit_code == 0, made.stderr
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_an_export_to_a_full_disk_is_exit_4_and_leaves_nothing(tmp_path: Path, fmt: str) -> None:
     """Part files that do not fit: one line naming the destination and the full disk, exit
