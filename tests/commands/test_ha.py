@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import select
 import signal
 import socket
 import struct
@@ -43,6 +44,28 @@ CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is N
 def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
     """``rmqstore serve-ha STORE`` on loopback (a free port unless given): yields
     ``ha://127.0.0.1:PORT``."""
+    with serving_process(store, *options, port=port) as (address, _server):
+        yield address
+
+
+def wait_for_a_slave(server: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the master says a slave connected (its stderr), however slowly the slave's
+    process starts on a busy machine."""
+    assert server.stderr is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([server.stderr], [], [], 0.2)[0]:
+            line = server.stderr.readline()
+            if "connected" in line:
+                return
+    raise AssertionError("no slave connected to the master")
+
+
+@contextmanager
+def serving_process(
+    store: Path, *options: str, port: int = 0
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`serving`, yielding the server's process too (its stderr says what happens)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen", f"127.0.0.1:{port}",
          *options],
@@ -55,7 +78,7 @@ def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
     bound = re.search(r"on 127\.0\.0\.1:(\d+)", line)
     assert bound, line
     try:
-        yield f"ha://127.0.0.1:{bound.group(1)}"
+        yield f"ha://127.0.0.1:{bound.group(1)}", server
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -254,7 +277,7 @@ def test_a_following_slave_connects_again_when_the_master_restarts(tmp_path: Pat
             "--commitlog-file-size", str(FILE))  # fmt: skip
     dest = tmp_path / "dest"
     replicate(source, dest)
-    with serving(source) as address:
+    with serving_process(source) as (address, server):
         port = int(address.rsplit(":", 1)[1])
         slave = subprocess.Popen(
             [sys.executable, "-m", "rmqstore", "replicate", address, str(dest), "--follow"],
@@ -262,7 +285,10 @@ def test_a_following_slave_connects_again_when_the_master_restarts(tmp_path: Pat
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(1)
+        # the master stops once the slave is connected (it slept 1 s: on a busy machine the
+        # slave's process started later, found no master, and ended with exit 4)
+        wait_for_a_slave(server)
+        time.sleep(0.5)
     lines = "".join(json.dumps({"topic": "T", "body": f"{n}-"}) + "\n" for n in range(300))
     written = run_cli("append", source, "--input", "-", "--jsonl", input=lines)  # master is down
     assert written.exit_code == 0, written.stderr
