@@ -60,9 +60,10 @@ def command(
     master then sends its last file on), each frame's offset is checked against DEST's end and
     its bytes written there, and the records that are whole are dispatched (a record cut by a
     frame waits for its rest); without --follow it ends once DEST has all the master has.
-    With --follow a connection that fails (the master restarts, falls silent for 20 s) is
-    made again every 5 s, as a slave broker does; a master that breaks the protocol ends
-    the command (exit 4), DEST left at its last whole record.
+    With --follow a connection that fails once the first one was made (the master restarts,
+    falls silent for 20 s) is made again every 5 s, as a slave broker does; a first
+    connection refused, or a master that breaks the protocol, ends the command (exit 4),
+    DEST left at its last whole record.
 
     A directory SOURCE is read only, even while a broker writes it: only whole, CRC-valid
     records up to its valid end are copied. DEST is created when missing or empty (a DEST
