@@ -60,10 +60,12 @@ def command(
     master then sends its last file on), each frame's offset is checked against DEST's end and
     its bytes written there, and the records that are whole are dispatched (a record cut by a
     frame waits for its rest); without --follow it ends once DEST has all the master has.
-    With --follow a connection that fails once the first one was made (the master restarts,
-    falls silent for 20 s) is made again every 5 s, as a slave broker does; a first
-    connection refused, or a master that breaks the protocol, ends the command (exit 4),
-    DEST left at its last whole record.
+    With --follow DEST is made and its lock taken first, then a connection that cannot be
+    made (no master there yet, a wrong address: one line on stderr each time) or that fails
+    (the master restarts, falls silent for 20 s) is made again every 5 s, as a slave broker
+    does from its start; without --follow a connection that cannot be made ends the command
+    (exit 4) before DEST is made. A master that breaks the protocol ends it (exit 4), DEST
+    left at its last whole record.
 
     A directory SOURCE is read only, even while a broker writes it: only whole, CRC-valid
     records up to its valid end are copied. DEST is created when missing or empty (a DEST
@@ -127,9 +129,7 @@ def _from_master(
 
     address = split_host_port(source[len(HA_SCHEME) :])
 
-    def said(progress: SlaveProgress) -> None:
-        if not keep_following:
-            return
+    def said(progress: SlaveProgress) -> None:  # a dispatch while following
         if as_json:
             click.echo(json_text({"source": source, "dest": str(dest), **progress.to_dict()}))
         else:
@@ -139,24 +139,21 @@ def _from_master(
                 f"{counted(progress.bytes_received, 'byte')} received"
             )
 
-    connection = connect(address)  # a master that is not there: nothing is made
-    try:
-        with Store.open_write(dest, config, create=True) as opened, StopSignal() as stop:
-            if keep_following:
-                progress = follow_master(
-                    address,
-                    connection,
-                    opened,
-                    should_stop=stop.requested,
-                    on_progress=said,
-                    on_event=note,
-                )
-            else:
+    stop = StopSignal()
+    if keep_following:  # DEST is taken first and the master awaited, as a slave broker does
+        with Store.open_write(dest, config, create=True) as opened, stop:
+            progress = follow_master(
+                address, opened, should_stop=stop.requested, on_progress=said, on_event=note
+            )
+    else:
+        connection = connect(address)  # a master that is not there: nothing is made
+        try:
+            with Store.open_write(dest, config, create=True) as opened, stop:
                 progress = replicate_from_master(
                     connection, opened, follow=False, should_stop=stop.requested
                 )
-    finally:
-        connection.close()
+        finally:
+            connection.close()
     document = {"source": source, "dest": str(dest), **progress.to_dict()}
     if as_json and not keep_following:
         emit_json(document)

@@ -445,7 +445,6 @@ def replicate_from_master(
 
 def follow_master(
     address: tuple[str, int],
-    connection: socket.socket,
     dest: Store,
     *,
     should_stop: Callable[[], bool],
@@ -453,14 +452,18 @@ def follow_master(
     on_event: Callable[[str], None] = lambda text: None,
     retry: float = RECONNECT,
 ) -> SlaveProgress:
-    """Follow a master until ``should_stop``, over ``connection`` first: when the link fails
-    (the master restarts, the network drops, it falls silent) DEST is left at its last whole
-    record and the slave connects again after ``retry`` seconds, as a 5.x slave does. A
-    master that breaks the protocol ends it (:class:`HAError`)."""
+    """Follow the master at ``address`` until ``should_stop``, as a slave broker does from
+    its start: a connection that cannot be made (no master there yet) or that fails (the
+    master restarts, the network drops, it falls silent) is made again after ``retry``
+    seconds, DEST left at its last whole record. A master that breaks the protocol ends it
+    (:class:`HAError`)."""
     total: SlaveProgress | None = None
-    current: socket.socket | None = connection
     while True:
-        if current is not None:
+        try:
+            current = connect(address)
+        except HALinkError as exc:
+            failed = exc
+        else:
             try:
                 session = replicate_from_master(
                     current,
@@ -478,12 +481,15 @@ def follow_master(
         deadline = time.monotonic() + retry
         while time.monotonic() < deadline:
             if should_stop():
-                return total if total is not None else SlaveProgress(0)
+                return total if total is not None else _no_session(dest)
             time.sleep(0.05)
-        try:
-            current = connect(address)
-        except HALinkError as exc:
-            failed, current = exc, None
+
+
+def _no_session(dest: Store) -> SlaveProgress:
+    """The progress of a slave stopped before a master answered: DEST as it was."""
+    dest.reload_files()
+    mine = confirmed_end(dest) if dest.commitlog.segments else 0
+    return SlaveProgress(mine, mine, mine)
 
 
 def _combined(before: SlaveProgress | None, session: SlaveProgress) -> SlaveProgress:

@@ -48,17 +48,33 @@ def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
         yield address
 
 
-def wait_for_a_slave(server: subprocess.Popen, timeout: float = 60) -> None:
-    """Until the master says a slave connected (its stderr), however slowly the slave's
-    process starts on a busy machine."""
-    assert server.stderr is not None
+def wait_for_a_line(process: subprocess.Popen, text: str, timeout: float = 60) -> str:
+    """Until ``process`` says ``text`` on stderr (however slowly a process starts on a busy
+    machine): that line."""
+    assert process.stderr is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if select.select([server.stderr], [], [], 0.2)[0]:
-            line = server.stderr.readline()
-            if "connected" in line:
-                return
-    raise AssertionError("no slave connected to the master")
+        if select.select([process.stderr], [], [], 0.2)[0]:
+            line = process.stderr.readline()
+            if text in line:
+                return line
+    raise AssertionError(f"{text!r} never said")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def following_slave(address: str, dest: Path, *options: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "replicate", address, str(dest), "--follow",
+         *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
 
 
 @contextmanager
@@ -228,11 +244,7 @@ def test_follow_over_ha_while_the_master_store_is_written(tmp_path: Path) -> Non
     dest = tmp_path / "dest"
     replicate(source, dest)
     with serving(source, "--follow") as address:
-        slave = subprocess.Popen(
-            [sys.executable, "-m", "rmqstore", "replicate", address, str(dest), "--follow"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        slave = following_slave(address, dest)
         lines = "".join(
             json.dumps({"topic": "T", "body": f"{n}-" + "y" * (n % 900)}) + "\n" for n in range(600)
         )
@@ -252,9 +264,7 @@ def test_follow_over_ha_while_the_master_store_is_written(tmp_path: Path) -> Non
 def test_bad_addresses_and_stores_are_one_line_errors(tmp_path: Path) -> None:
     source = tmp_path / "source"
     generate("multi", source, FixtureOptions())
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        closed = probe.getsockname()[1]
+    closed = free_port()  # a port nobody listens on
     refused = run_cli("replicate", f"ha://127.0.0.1:{closed}", tmp_path / "dest")
     assert refused.exit_code == 4 and "cannot connect to 127.0.0.1" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
@@ -279,15 +289,8 @@ def test_a_following_slave_connects_again_when_the_master_restarts(tmp_path: Pat
     replicate(source, dest)
     with serving_process(source) as (address, server):
         port = int(address.rsplit(":", 1)[1])
-        slave = subprocess.Popen(
-            [sys.executable, "-m", "rmqstore", "replicate", address, str(dest), "--follow"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        # the master stops once the slave is connected (it slept 1 s: on a busy machine the
-        # slave's process started later, found no master, and ended with exit 4)
-        wait_for_a_slave(server)
+        slave = following_slave(address, dest)
+        wait_for_a_line(server, "connected")  # the master stops once the slave is connected
         time.sleep(0.5)
     lines = "".join(json.dumps({"topic": "T", "body": f"{n}-"}) + "\n" for n in range(300))
     written = run_cli("append", source, "--input", "-", "--jsonl", input=lines)  # master is down
@@ -301,6 +304,55 @@ def test_a_following_slave_connects_again_when_the_master_restarts(tmp_path: Pat
     assert slave.returncode == 0, err
     assert "connecting again in 5 s" in err
     assert log_bytes(dest) == log_bytes(source)
+    assert run_cli("verify", dest).exit_code == 0
+
+
+@pytest.mark.timers
+def test_a_following_slave_waits_for_a_master_that_is_not_up_yet(tmp_path: Path) -> None:
+    """As a slave broker from its start: DEST is taken (its lock held), each refused
+    connection is one line, and the slave catches up once the master listens."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    port = free_port()
+    slave = following_slave(f"ha://127.0.0.1:{port}", dest, "--commitlog-file-size", str(FILE),
+                            "--consumequeue-file-size", "2000")  # fmt: skip
+    try:
+        line = wait_for_a_line(slave, "connecting again in 5 s")
+        assert f"cannot connect to 127.0.0.1:{port}" in line
+        assert run_cli("dispatch", dest).exit_code == 3  # DEST's lock is the slave's
+        with serving(source, port=port):
+            last = sorted((source / "commitlog").iterdir())[-1].name
+            deadline = time.monotonic() + 30
+            while log_bytes(dest).get(last) != log_bytes(source)[last]:
+                assert time.monotonic() < deadline, "the slave did not catch up"
+                time.sleep(0.2)
+            slave.send_signal(signal.SIGINT)
+            _, err = slave.communicate(timeout=30)
+    finally:
+        slave.kill()
+    assert slave.returncode == 0, err
+    assert run_cli("verify", dest).exit_code == 0
+
+
+def test_a_following_slave_stopped_before_any_master_answered_leaves_dest_as_it_was(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    half = replicate(source, dest, "--until", "300000")
+    before = log_bytes(dest)
+    slave = following_slave(f"ha://127.0.0.1:{free_port()}", dest)
+    try:
+        wait_for_a_line(slave, "connecting again in 5 s")
+        slave.send_signal(signal.SIGTERM)
+        _, err = slave.communicate(timeout=30)
+    finally:
+        slave.kill()
+    assert slave.returncode == 0, err
+    assert f"stopped by SIGTERM; DEST ends at {half['toOffset']} and is sound" in err
+    assert log_bytes(dest) == before
     assert run_cli("verify", dest).exit_code == 0
 
 
