@@ -19,19 +19,26 @@ from rmqstore.store import Store
 from rmqstore.verify.findings import VerifyReport
 from rmqstore.verify.records import RecordPass
 
-FILE_SIZE = 32 * 1024 * 1024  # more than the 8 MiB read window
+FILE_SIZE = 32 * 1024 * 1024
+CONFIG = StoreConfig(index_slots=1000, index_entries=20_000)  # index files of 404 KB
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The benchmark shape, small: 100,000 messages in 32 MiB commit-log files (made once:
-    each test cuts a copy)."""
+    """The benchmark shape, small: 50,000 messages (13 MB of records, more than the 8 MiB
+    read window) in a 32 MiB commit-log file (made once: each test cuts a copy)."""
     out = tmp_path_factory.mktemp("shrinking") / "store"
     generate(
         "large",
         out,
-        FixtureOptions(messages=100_000, commitlog_file_size=FILE_SIZE),
+        FixtureOptions(
+            messages=50_000,
+            commitlog_file_size=FILE_SIZE,
+            index_slots=CONFIG.index_slots,
+            index_entries=CONFIG.index_entries,
+        ),
     )
+    assert _first_log_file(out).stat().st_size == FILE_SIZE
     return out
 
 
@@ -45,7 +52,7 @@ def _first_log_file(root: Path) -> Path:
 
 
 def test_a_scan_names_the_file_cut_under_it(store_path: Path) -> None:
-    with Store.open_read(store_path, StoreConfig()) as store:
+    with Store.open_read(store_path, CONFIG) as store:
         scan = iter(store.commitlog.scan())
         next(scan)
         path = _first_log_file(store_path)
@@ -58,7 +65,7 @@ def test_a_scan_names_the_file_cut_under_it(store_path: Path) -> None:
 
 
 def test_a_read_by_offset_names_the_file_cut_under_it(store_path: Path) -> None:
-    with Store.open_read(store_path, StoreConfig()) as store:
+    with Store.open_read(store_path, CONFIG) as store:
         last = None
         for offset, *_ in store.commitlog.scan():
             last = offset
@@ -87,7 +94,7 @@ class _Truncator:
 
 def test_verify_names_the_file_cut_under_it(store_path: Path) -> None:
     path = _first_log_file(store_path)
-    with Store.open_read(store_path, StoreConfig()) as store:
+    with Store.open_read(store_path, CONFIG) as store:
         records = RecordPass(store, VerifyReport(), check_crc=True, listeners=[_Truncator(path)])
         with pytest.raises(StoreIOError) as caught:
             records.run()
@@ -96,8 +103,7 @@ def test_verify_names_the_file_cut_under_it(store_path: Path) -> None:
 
 def test_an_index_file_cut_under_a_query(store_path: Path) -> None:
     index_path = sorted((store_path / "index").iterdir())[0]
-    config = StoreConfig()
-    index = IndexFile.open(index_path, config.index_slots, config.index_entries)
+    index = IndexFile.open(index_path, CONFIG.index_slots, CONFIG.index_entries)
     try:
         os.truncate(index_path, 4096)
         with pytest.raises(StoreIOError) as caught:
