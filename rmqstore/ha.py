@@ -477,12 +477,15 @@ def follow_master(
                 failed = exc
                 if exc.progress is not None:
                     total = _combined(total, exc.progress)
+        if should_stop():  # asked for during the attempt: nothing more to say
+            break
         on_event(f"{failed}; connecting again in {retry:.0f} s")
         deadline = time.monotonic() + retry
-        while time.monotonic() < deadline:
-            if should_stop():
-                return total if total is not None else _no_session(dest)
+        while time.monotonic() < deadline and not should_stop():
             time.sleep(0.05)
+        if should_stop():
+            break
+    return total if total is not None else _no_session(dest)
 
 
 def _no_session(dest: Store) -> SlaveProgress:
