@@ -8,7 +8,7 @@ import os
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice, zip_longest
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -845,23 +845,24 @@ class QueueChecks:
         units point past the log, or at something that is not their record. A block of
         units at a time: those plainly in place (each a whole record of the unit's size,
         queue and queue offset, found as ``read --topic`` finds them, by the reader's
-        ``units_in_place``) are passed over; each other is looked up on its own."""
+        ``units_in_place``) are passed over; each other is looked up on its own. Units past
+        the log's end are not read: the first is reported (once per queue), and the others
+        add nothing to that."""
         from rmqstore.reader import MessageReader
 
         reader = MessageReader(self.store)
         for block in _blocks(queue.unit_values(), _ORPHAN_BLOCK):
-            in_place = reader.units_in_place(topic, queue_id, block)
-            self._orphans_of(
-                topic,
-                queue_id,
-                queue,
-                log_end,
-                [
-                    Unit(*values)
-                    for values, plain in zip_longest(block, in_place, fillvalue=False)
-                    if not plain or values[1] + values[2] > log_end
-                ],
-            )
+            within = [values for values in block if values[1] + values[2] <= log_end]
+            in_place = iter(reader.units_in_place(topic, queue_id, within) if within else ())
+            beyond_said = queue.directory in self._beyond_reported
+            units = []
+            for values in block:
+                if values[1] + values[2] > log_end:
+                    if not beyond_said:
+                        units.append(Unit(*values))
+                elif not next(in_place, False):
+                    units.append(Unit(*values))
+            self._orphans_of(topic, queue_id, queue, log_end, units)
 
     def _orphans_of(
         self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int, units: list[Unit]
