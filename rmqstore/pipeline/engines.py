@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from rmqstore.pipeline.location import StoreLocation
 
 AUTO_SPARK_BYTES = 16 * 1024**3  # commit-log bytes from which auto picks Spark
+# a commit-log file counts for at most the largest mappedFileSizeCommitLog (a Java int): a
+# bigger one (a sparse file grown by mistake or damage) is refused by either engine, and
+# should not start Spark first
+LARGEST_FILE_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,9 @@ def choose_engine(store: str, *, spark_asked: bool, jobs: int) -> EngineDecision
     processes asked for."""
     if jobs > 1:
         return EngineDecision("local", f"--jobs {jobs} asks for local worker processes")
-    size = sum(size for _, size in StoreLocation(store).segments("commitlog"))
+    size = sum(
+        min(size, LARGEST_FILE_BYTES) for _, size in StoreLocation(store).segments("commitlog")
+    )
     if size < AUTO_SPARK_BYTES and not spark_asked:
         return EngineDecision(
             "local",

@@ -4,6 +4,7 @@ and why."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from rmqstore.fixtures import generate
 from rmqstore.pipeline import engines
 from rmqstore.spark import javacheck
+
+from support import run_cli
 
 
 @pytest.fixture
@@ -56,3 +59,19 @@ def test_without_java_auto_stays_here(store: str, monkeypatch) -> None:  # type:
     monkeypatch.setattr(javacheck, "require_java", missing)
     decision = engines.choose_engine(store, spark_asked=True, jobs=1)
     assert decision == engines.EngineDecision("local", "Spark cannot start: no java here")
+
+
+def test_a_commit_log_file_grown_past_any_brokers_size_does_not_start_spark(
+    store: str, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A file of 20 GiB (sparse: grown by mistake or damage) counts as the largest file a
+    broker writes, 2 GiB: auto stays here, and the command's one-line error about the file
+    comes at once (it came after Spark's start-up, 13.6 s, as `stats` picked Spark for a
+    20 GiB commit log)."""
+    last = sorted((Path(store) / "commitlog").iterdir())[-1]
+    os.truncate(last, 20 * 1024**3)
+    decision = engines.choose_engine(store, spark_asked=False, jobs=1)
+    assert decision.name == "local" and "a commit log of 2 GiB" in decision.reason
+    done = run_cli("stats", store)
+    assert done.exit_code == 2, done.stderr
+    assert "engine: local" in done.stderr and "is 21474836480 bytes" in done.stderr
