@@ -25,7 +25,7 @@ CONFIG = StoreConfig(index_slots=1000, index_entries=20_000)  # index files of 4
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The benchmark shape, small: 50,000 messages (13 MB of records, more than the 8 MiB
+    """The benchmark shape, small: 50,000 messages (14 MB of records, more than the 8 MiB
     read window) in a 32 MiB commit-log file (made once: each test cuts a copy)."""
     out = tmp_path_factory.mktemp("shrinking") / "store"
     generate(

@@ -61,9 +61,7 @@ def test_without_java_auto_stays_here(store: str, monkeypatch) -> None:  # type:
     assert decision == engines.EngineDecision("local", "Spark cannot start: no java here")
 
 
-def test_a_commit_log_file_grown_past_any_brokers_size_does_not_start_spark(
-    store: str, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_commit_log_file_grown_past_any_brokers_size_does_not_start_spark(store: str) -> None:
     """A file of 20 GiB (sparse: grown by mistake or damage) counts as the largest file a
     broker writes, 2 GiB: auto stays here, and the command's one-line error about the file
     comes at once (it came after Spark's start-up, 13.6 s, as `stats` picked Spark for a
