@@ -5,10 +5,11 @@ matched (orphan units, units past the end of the log, dispatch lag), and the fil
 from __future__ import annotations
 
 import os
+from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,12 +89,18 @@ def chunk_size(queues: int) -> int:
 
 
 _UNREAD = -3  # QueueChecks._reach not read yet
+# the runs of matched queue offsets a queue keeps (16 bytes each): past this many, the
+# second look at the queue reads every unit, as it did before the runs were kept
+MATCHED_RUNS_KEPT = 4096
 
 
 @dataclass
 class _QueueState:
     queue: ConsumeQueue
     matched: int = 0
+    # the queue offsets matched, as [start, end) pairs in one flat array (None: more runs
+    # than MATCHED_RUNS_KEPT): the second look at a queue reads only the units between them
+    matched_runs: array | None = field(default_factory=lambda: array("q"))
     lag: int = 0
     first_lag: int | None = None
     checked: int = 0  # units compared with their record
@@ -108,6 +115,35 @@ class _QueueState:
     def __post_init__(self) -> None:
         self.min_offset = self.queue.min_offset
         self.max_offset = self.queue.max_offset
+
+    def note_matched(self, first: int, count: int) -> None:
+        """``count`` units from queue offset ``first`` on matched their records."""
+        self.matched += count
+        runs = self.matched_runs
+        if runs is None:
+            return
+        if runs and runs[-1] == first:
+            runs[-1] = first + count
+        elif len(runs) < 2 * MATCHED_RUNS_KEPT:
+            runs.extend((first, first + count))
+        else:
+            self.matched_runs = None
+
+    def unmatched_spans(self) -> list[tuple[int, int]] | None:
+        """The [start, end) queue offsets of the queue's units no record matched, in order
+        (None: not known, every unit may be one)."""
+        runs = self.matched_runs
+        if runs is None:
+            return None
+        spans = []
+        at = self.min_offset
+        for start, end in sorted(zip(runs[::2], runs[1::2], strict=True)):
+            if start > at:
+                spans.append((at, min(start, self.max_offset)))
+            at = max(at, end)
+        if at < self.max_offset:
+            spans.append((at, self.max_offset))
+        return [(start, end) for start, end in spans if start < end]
 
 
 @dataclass
@@ -129,7 +165,8 @@ class _DifferingRun:
 class _BatchPlan:
     """A clean batch taken as a whole (see :meth:`QueueChecks.batch_check`)."""
 
-    matched: list[tuple[_QueueState, int, int]]  # queue, units, the newest one's store time
+    # queue, the first unit's queue offset, units, the newest one's store time
+    matched: list[tuple[_QueueState, int, int, int]]
     differing: list[_DifferingRun]
     lagging: list[tuple[_QueueState, int, int]]  # queue, units past its end, the first's offset
     missing: list[tuple[tuple[str, int], int, int]]  # no such queue: units, the first's offset
@@ -280,7 +317,7 @@ class QueueChecks:
         """The counts a range found, for :meth:`absorb` on the full checks."""
         return {
             "queues": {
-                key: (state.matched, state.lag, state.first_lag)
+                key: (state.matched, state.lag, state.first_lag, state.matched_runs)
                 for key, state in self.states.items()
                 if state.matched or state.lag
             },
@@ -296,11 +333,15 @@ class QueueChecks:
         seen[1] = min(seen[1], first)
 
     def absorb(self, partial: dict[str, Any]) -> None:
-        for key, (matched, lag, first_lag) in partial["queues"].items():
+        for key, (matched, lag, first_lag, runs) in partial["queues"].items():
             state = self._state(key)
             if state is None:
                 continue
             state.matched += matched
+            if state.matched_runs is not None and runs is not None:
+                state.matched_runs.extend(runs)
+            if runs is None or len(state.matched_runs or ()) > 2 * MATCHED_RUNS_KEPT:
+                state.matched_runs = None
             state.lag += lag
             if state.first_lag is None or (first_lag is not None and first_lag < state.first_lag):
                 state.first_lag = first_lag
@@ -474,13 +515,13 @@ class QueueChecks:
             if high < first + count:  # the last unit compared is not the run's last
                 last_offset = UNIT.unpack_from(expected, len(expected) - CQ_UNIT_SIZE)[0]
                 last = bisect_left(batch.offsets, last_offset)
-            plan.matched.append((state, high - low, batch.stamps[last]))
+            plan.matched.append((state, low, high - low, batch.stamps[last]))
         return plan
 
     def batch_apply(self, plan: _BatchPlan) -> None:
-        for state, count, newest in plan.matched:
+        for state, first, count, newest in plan.matched:
             state.checked += count
-            state.matched += count
+            state.note_matched(first, count)
             if newest > self.last_queued_time:
                 self.last_queued_time = newest
         for run in plan.differing:
@@ -509,13 +550,13 @@ class QueueChecks:
         for number in range(count):
             at = number * CQ_UNIT_SIZE
             if stored[at : at + CQ_UNIT_SIZE] == expected[at : at + CQ_UNIT_SIZE]:
-                state.matched += 1
+                state.note_matched(run.first + number, 1)
                 newest_offset = number
                 continue
             want = UNIT.unpack_from(expected, at)
             unit = UNIT.unpack_from(stored, at)
             if unit[:2] == want[:2] and is_ext_address(unit[2]):
-                state.matched += 1
+                state.note_matched(run.first + number, 1)
                 newest_offset = number
                 continue
             if not report.keeps():
@@ -651,7 +692,7 @@ class QueueChecks:
         ):
             self._report_unit(state, key, queue_offset, unit, (offset, size, expected_tags))
         else:
-            state.matched += 1
+            state.note_matched(queue_offset, 1)
             if stamp > self.last_queued_time:
                 self.last_queued_time = stamp
 
@@ -706,7 +747,7 @@ class QueueChecks:
                     report_only=unreached is not None,
                 )
             if state.matched < queue.max_offset - queue.min_offset:
-                self._report_orphans(topic, queue_id, queue, log_end)
+                self._report_orphans(topic, queue_id, queue, log_end, state.unmatched_spans())
         for topic, (count, first) in sorted(self.unsafe_topics.items()):
             self.report.add(
                 "queue-name-unsafe",
@@ -840,18 +881,31 @@ class QueueChecks:
                 return path
         return None
 
-    def _report_orphans(self, topic: str, queue_id: int, queue: ConsumeQueue, log_end: int) -> None:
+    def _report_orphans(
+        self,
+        topic: str,
+        queue_id: int,
+        queue: ConsumeQueue,
+        log_end: int,
+        spans: list[tuple[int, int]] | None,
+    ) -> None:
         """Second look at a queue whose units were not all matched by records: say which
         units point past the log, or at something that is not their record. A block of
         units at a time: those plainly in place (each a whole record of the unit's size,
         queue and queue offset, found as ``read --topic`` finds them, by the reader's
         ``units_in_place``) are passed over; each other is looked up on its own. Units past
         the log's end are not read: the first is reported (once per queue), and the others
-        add nothing to that."""
+        add nothing to that. Only the units in ``spans`` (those no record matched, when
+        known) are looked at: a matched unit is plainly in place."""
         from rmqstore.reader import MessageReader
 
         reader = MessageReader(self.store)
-        for block in _blocks(queue.unit_values(), _ORPHAN_BLOCK):
+        values = (
+            queue.unit_values()
+            if spans is None
+            else chain.from_iterable(queue.unit_values(start, end - start) for start, end in spans)
+        )
+        for block in _blocks(values, _ORPHAN_BLOCK):
             within = [values for values in block if values[1] + values[2] <= log_end]
             in_place = iter(reader.units_in_place(topic, queue_id, within) if within else ())
             beyond_said = queue.directory in self._beyond_reported
