@@ -132,18 +132,29 @@ class _QueueState:
     def unmatched_spans(self) -> list[tuple[int, int]] | None:
         """The [start, end) queue offsets of the queue's units no record matched, in order
         (None: not known, every unit may be one)."""
-        runs = self.matched_runs
-        if runs is None:
+        if self.matched_runs is None:
             return None
+        runs = _coalesced(self.matched_runs)
         spans = []
         at = self.min_offset
-        for start, end in sorted(zip(runs[::2], runs[1::2], strict=True)):
+        for start, end in zip(runs[::2], runs[1::2], strict=True):
             if start > at:
                 spans.append((at, min(start, self.max_offset)))
             at = max(at, end)
         if at < self.max_offset:
             spans.append((at, self.max_offset))
         return [(start, end) for start, end in spans if start < end]
+
+
+def _coalesced(runs: array) -> array:
+    """Flat [start, end) runs sorted, those that touch or overlap made one."""
+    merged = array("q")
+    for start, end in sorted(zip(runs[::2], runs[1::2], strict=True)):
+        if merged and start <= merged[-1]:
+            merged[-1] = max(merged[-1], end)
+        else:
+            merged.extend((start, end))
+    return merged
 
 
 @dataclass
@@ -339,7 +350,9 @@ class QueueChecks:
                 continue
             state.matched += matched
             if state.matched_runs is not None and runs is not None:
-                state.matched_runs.extend(runs)
+                # one run per range of a sound queue: put together as they come, so the
+                # runs stay as few as the queue's unmatched stretches, not the ranges
+                state.matched_runs = _coalesced(state.matched_runs + runs)
             if runs is None or len(state.matched_runs or ()) > 2 * MATCHED_RUNS_KEPT:
                 state.matched_runs = None
             state.lag += lag

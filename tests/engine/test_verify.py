@@ -986,3 +986,22 @@ def test_the_second_look_at_a_queue_reads_only_the_units_no_record_matched(
     assert len(looked_at) > 500  # the damaged queue, 751 units
     assert every_unit.findings == spans_kept.findings
     assert every_unit.counts == spans_kept.counts
+
+
+def test_the_matched_runs_of_a_queue_checked_in_many_ranges_are_put_together(oracle) -> None:
+    """Each range of a sound store matches a run of each queue's units: the checks that
+    take the ranges in keep one run per queue, not one per range (a store of many ranges
+    and queues would otherwise hold a run for each pair)."""
+    from rmqstore.verify.ranges import RangedVerify
+
+    with Store.open_read(oracle("s1_multi").store, StoreConfig(**ORACLE_CONFIG)) as store:
+        settings = dict(check_crc=True, commitlog_only=False, topics=None, from_offset=None)
+        ranged = RangedVerify(store, range_size=70_000, max_findings=None, **settings)
+        report = ranged.run()
+        assert kinds(report) == set()
+        assert ranged.queues is not None
+        states = list(ranged.queues.states.values())
+        assert len(states) > 10
+        for state in states:
+            assert list(state.matched_runs) == [state.min_offset, state.max_offset]
+            assert state.unmatched_spans() == []
