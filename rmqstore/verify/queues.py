@@ -913,12 +913,12 @@ class QueueChecks:
         from rmqstore.reader import MessageReader
 
         reader = MessageReader(self.store)
-        values = (
+        looked_at = (
             queue.unit_values()
             if spans is None
             else chain.from_iterable(queue.unit_values(start, end - start) for start, end in spans)
         )
-        for block in _blocks(values, _ORPHAN_BLOCK):
+        for block in _blocks(looked_at, _ORPHAN_BLOCK):
             within = [values for values in block if values[1] + values[2] <= log_end]
             in_place = iter(reader.units_in_place(topic, queue_id, within) if within else ())
             beyond_said = queue.directory in self._beyond_reported
