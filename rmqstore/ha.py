@@ -356,10 +356,9 @@ def replicate_from_master(
     # before the reput dispatched the frame's records leaves them to a broker's crash
     # recovery (a 5.x broker's normal start may not dispatch them: spec 10.2, 10.4)
     dest.begin_write()
-    log = dest.commitlog
     file_size = dest.commitlog_file_size
-    mine = confirmed_end(dest) if log.segments else 0
-    progress = SlaveProgress(mine, mine, mine)
+    progress = _at_dests_end(dest)
+    mine = progress.from_offset
     frames = FrameReader()
     files = threading.Lock()  # DEST's list of commit-log files: the writer adds to it
     writer = _LogWriter(dest, files)
@@ -485,12 +484,15 @@ def follow_master(
             time.sleep(0.05)
         if should_stop():
             break
-    return total if total is not None else _no_session(dest)
+    if total is not None:
+        return total
+    dest.reload_files()  # stopped before a master answered: DEST as it was
+    return _at_dests_end(dest)
 
 
-def _no_session(dest: Store) -> SlaveProgress:
-    """The progress of a slave stopped before a master answered: DEST as it was."""
-    dest.reload_files()
+def _at_dests_end(dest: Store) -> SlaveProgress:
+    """A slave's progress before a session: at the end of DEST's confirmed records (0 while
+    DEST has no commit-log file)."""
     mine = confirmed_end(dest) if dest.commitlog.segments else 0
     return SlaveProgress(mine, mine, mine)
 
