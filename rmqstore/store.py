@@ -1191,6 +1191,15 @@ def _refuse_misplaced_files(root: Path) -> None:
         raise NotAStoreError(found[0][1])
 
 
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and the folders above it that are not there, innermost first (``path`` is
+    taken as missing)."""
+    missing = [path]
+    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    return missing
+
+
 def _make_new_root(root: Path) -> None:
     """Make the missing folder ``root`` and the missing folders above it; when that fails, the
     folders made on the way are removed again, so a refused path leaves nothing behind."""
@@ -1200,9 +1209,7 @@ def _make_new_root(root: Path) -> None:
             f"{root}: no such directory, and a new store's path cannot pass through '..'; "
             "name the folder to create without '..'"
         )
-    missing = [root]
-    while not missing[-1].parent.exists() and missing[-1].parent != missing[-1]:
-        missing.append(missing[-1].parent)
+    missing = missing_folders(root)
     made: list[Path] = []
     try:
         for folder in reversed(missing):
