@@ -58,8 +58,20 @@ _HELP = (
     when 'abort' is present, a note when not). Files: names, sizes, gaps. Consume queues: each
     unit against its record (offset, size, tagsCode), orphan units, units past the log,
     pre-blank placement, dispatch lag. Index: header, slots and chains, each entry against its
-    record's keys, index lag. Checkpoint times against the data; 'abort'. Reads only, and
-    works on a store a broker holds (with a warning). With --engine spark the commit log is
+    record's keys, index lag. Checkpoint times against the data; 'abort'. Reads only.
+
+    A store whose lock another process holds (a running broker writing it) is checked as it
+    stood when verify began, with a warning: the checkpoint and 'abort' are read first, then
+    the consume queues and index, then where the log's data ends (its last non-zero byte,
+    the bytes before it read 50 ms later, when a record being written is whole); records
+    written after are not checked. What a running broker has by design is a note, not a
+    problem: 'abort', records not in their queues or index yet (one note for all queues),
+    index slots and header counts its newest entries changed; a note store-live says where
+    the check ended. Damage before that end is reported as ever (a record that is not whole
+    there is damage, not a record being written), and the next step says to stop the
+    process holding the lock first.
+
+    With --engine spark the commit log is
     checked in ranges on Spark executors, with the same findings (the store must be at the
     same path on every executor); with --jobs N, in N processes of this machine. A damaged
     or lagging store is checked about as fast as a sound one (the records a batch at a time,
@@ -223,6 +235,8 @@ def _finish(
 def _next_step(report: VerifyReport, store: str) -> str:
     """What to do about what was found, in words."""
     step = report.next_step(store)
+    if step and report.counts["store-live"]:  # the writers refuse a store whose lock is held
+        return f"stop the process that holds the store's lock, then {step} (and verify again)"
     if step:
         return f"{step} (then verify again)"
     if report.writers_refused and not report.counts["queue-type"]:  # the broker would start

@@ -27,13 +27,12 @@ from pathlib import Path
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode, RmqStoreError, StoreIOError
 from rmqstore.replication import (
-    WRITE_SETTLE,
     confirmed_end,
     dispatch_copied,
     readable_end,
     whole_records_end,
 )
-from rmqstore.segments import open_for_writing, pwrite_fully, sync_file_data
+from rmqstore.segments import WRITE_SETTLE, open_for_writing, pwrite_fully, sync_file_data
 from rmqstore.store import Store
 
 REPORT = struct.Struct(">q")
@@ -126,7 +125,7 @@ def serve(
 
     def current_end() -> int:
         """Following a store being written, an end is served once it was found
-        WRITE_SETTLE seconds ago (see :data:`rmqstore.replication.WRITE_SETTLE`)."""
+        WRITE_SETTLE seconds ago (see :data:`rmqstore.segments.WRITE_SETTLE`)."""
         if options.follow:
             with lock:
                 now = time.monotonic()

@@ -29,16 +29,18 @@ from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, TOTAL_SIZE
 from rmqstore.record import BLANK_MIN_LENGTH, RegionScan, ScanStop
-from rmqstore.segments import Segment, fsync_directory, nonzero_extent, open_for_writing
+from rmqstore.segments import (
+    WRITE_SETTLE,
+    Segment,
+    fsync_directory,
+    nonzero_extent,
+    open_for_writing,
+)
 from rmqstore.store import Store
 from rmqstore.windows import FileWindows
 
 _COMPARED = 64 * 1024 * 1024  # how much of DEST before its end is compared with SOURCE
 _CHUNK = 8 * 1024 * 1024  # bytes read and written at a time
-# A record a writer is copying in can already pass the checks with its tail still zeros (its
-# properties are outside the body CRC); bytes are read this long after the scan that found
-# them whole, by when a writer that had begun them has finished.
-WRITE_SETTLE = 0.05
 
 
 class NotAPrefixError(InputError):

@@ -21,6 +21,10 @@ from pathlib import Path
 from rmqstore.errors import StoreFormatError, StoreIOError
 
 SEGMENT_NAME_DIGITS = 20
+# A record a writer is copying in can already pass the checks with its tail still zeros (its
+# properties are outside the body CRC): a reader of a store being written reads the bytes it
+# found this long after it found them, by when a writer that had begun them has finished.
+WRITE_SETTLE = 0.05
 _SEGMENT_NAME = re.compile(r"[0-9]{20}")  # ASCII digits: a regex's \d takes any script's
 
 
@@ -456,6 +460,51 @@ def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:
     finally:
         os.close(fd)
     return None if first is None else (first, last_end)
+
+
+def last_nonzero_end(path: Path, size: int) -> int:
+    """Where the non-zero bytes of the first ``size`` bytes of ``path`` end (0: all zeros),
+    read backwards from the end in chunks, the holes of a sparse file skipped: a file a
+    writer fills from its start costs a read of its zero tail, not of its data."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        for start, end in reversed(_data_regions(fd, size)):
+            high = end
+            while high > start:
+                low = max(start, high - len(_ZERO_CHUNK))
+                chunk = os.pread(fd, high - low, low)
+                stripped = len(chunk.rstrip(b"\0"))
+                if stripped:
+                    return low + stripped
+                high = low
+        return 0
+    except OSError as exc:
+        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _data_regions(fd: int, size: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` regions of the first ``size`` bytes of ``fd`` that are not holes
+    (the whole file when the file system cannot tell)."""
+    regions: list[tuple[int, int]] = []
+    position = 0
+    while position < size:
+        try:
+            start = os.lseek(fd, position, os.SEEK_DATA)
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # only a hole remains
+            return [(0, size)]  # no sparse-file support: every byte may be data
+        if start >= size:
+            break
+        regions.append((start, end))
+        position = end
+    return regions
 
 
 def data_end_estimate(read: Callable[[int, int], bytes], size: int, block: int = 65536) -> int:

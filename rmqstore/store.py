@@ -154,6 +154,11 @@ class Store:
         # a commit-log file of another size than the configured one is an error (a broker
         # does not load the store); verify opens with it False, to report it and go on
         self.strict_file_sizes = True
+        # open_read found the lock held by another process (a broker writing the store)
+        self.held_elsewhere = False
+        # set by a reader of a store held elsewhere (verify): where the log's data ended when
+        # the reader began; what starts past it was written since and is not looked at
+        self.live_end: int | None = None
         self._appender: CommitLogAppender | None = None
         self.abort_existed = self.aborted
         # where a broker's recovery walks the log from, for the store as opened (see
@@ -192,6 +197,12 @@ class Store:
         return os.path.lexists(self.abort_path)
 
     @property
+    def written_elsewhere(self) -> bool:
+        """Whether another process (a broker) holds the store's lock and may be writing it,
+        as found when it was opened, or as a reader of it was told (``live_end``)."""
+        return self.held_elsewhere or self.live_end is not None
+
+    @property
     def lock_path(self) -> Path:
         return self.root / LOCK_FILE
 
@@ -222,6 +233,7 @@ class Store:
         store.strict_file_sizes = strict_file_sizes
         state = probe_lock(store.lock_path)
         if state is LockState.HELD:
+            store.held_elsewhere = True
             store.notes.append(
                 "the store is locked by a running process (a broker?); what is "
                 "read may change underneath"

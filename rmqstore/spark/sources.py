@@ -93,8 +93,8 @@ from rmqstore.pipeline.rows import (
     queue_unit_bytes,
 )
 from rmqstore.record import next_record_in_segment
-from rmqstore.replication import WRITE_SETTLE, whole_records_end
-from rmqstore.segments import Segment
+from rmqstore.replication import whole_records_end
+from rmqstore.segments import WRITE_SETTLE, Segment
 from rmqstore.topics import check_topic_path_safe
 from rmqstore.topicsconfig import batch_queues_note
 from rmqstore.windows import read_range

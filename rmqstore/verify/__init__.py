@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from rmqstore.errors import RmqStoreError
 from rmqstore.store import COMMITLOG_DIR, Store, misplaced_files
-from rmqstore.verify.checkpoint import check_checkpoint_and_abort
+from rmqstore.verify.checkpoint import check_checkpoint_and_abort, read_store_state
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
 from rmqstore.verify.queues import QueueChecks, readable_checks, replay_damage
-from rmqstore.verify.records import RecordListener, RecordPass
+from rmqstore.verify.records import LogFacts, RecordListener, RecordPass, take_live_end
 
 __all__ = [
     "CROSS_CHECKS",
@@ -61,6 +61,29 @@ def check_layout(store: Store, report: VerifyReport) -> None:
         report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
 
 
+def settle_live_end(store: Store) -> None:
+    """Of a store another process holds (a broker writing it), once its queues and index
+    are loaded: where its log's data ends now (:func:`take_live_end`), which the checks
+    stop at; what a running broker writes after is not looked at."""
+    if store.held_elsewhere and store.live_end is None:
+        store.live_end = take_live_end(store)
+
+
+def note_live(store: Store, report: VerifyReport, facts: LogFacts) -> None:
+    """Say, for a store being written, how far it was checked."""
+    if store.live_end is None:
+        return
+    report.add(
+        "store-live",
+        "the store's lock is held by a running process (a broker?): it was checked as it "
+        f"stood when verify began, up to offset {facts.end_offset:,}; what was written after "
+        "is not checked, and what a running broker has by design ('abort', records not "
+        "dispatched or indexed yet) is a note, not a problem",
+        NOTE,
+        commit_log_offset=facts.end_offset,
+    )
+
+
 def weigh_rebuild(store: Store, report: VerifyReport, index: IndexChecks | None) -> None:
     """When something only ``dispatch --rebuild`` mends was found, look for damage a
     replay of the whole log stops at before its valid end (in a file a broker's recovery
@@ -89,6 +112,7 @@ def verify_store(
     """Check ``store`` (opened read-only) and return the report."""
     report = VerifyReport(max_findings=options.max_findings)
     check_layout(store, report)
+    state = read_store_state(store)  # before the data it vouches for
     queues = index = None
     topics = set(options.topics) if options.topics else None
     checks = readable_checks(store, report, options.cross_checks)
@@ -97,10 +121,12 @@ def verify_store(
     if "index" in checks:
         index = IndexChecks(store, report, topics)
     listeners: list[RecordListener] = [c for c in (queues, index) if c is not None]
+    settle_live_end(store)
     facts = RecordPass(
         store, report, check_crc=options.check_crc, listeners=listeners, progress=progress
     ).run(options.from_offset)
-    check_checkpoint_and_abort(store, report, facts, queues, index, options.from_offset)
+    note_live(store, report, facts)
+    check_checkpoint_and_abort(store, report, facts, queues, index, state, options.from_offset)
     check_config_files(store, report, queues)
     weigh_rebuild(store, report, index)
     return report

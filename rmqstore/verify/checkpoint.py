@@ -4,16 +4,37 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint_file
+from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE, CheckpointFile, read_checkpoint_file
 from rmqstore.consumequeue import ConsumeQueue
 from rmqstore.errors import RmqStoreError, StoreFormatError, StoreIOError
 from rmqstore.store import Store, normal_recovery_cut_text
 from rmqstore.topics import is_path_safe
-from rmqstore.verify.findings import WARNING, VerifyReport
+from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import IndexChecks
 from rmqstore.verify.queues import QueueChecks
 from rmqstore.verify.records import LogFacts
+
+
+@dataclass(frozen=True)
+class StoreState:
+    """The checkpoint and ``abort`` as verify found them before reading the data: a broker
+    writing the store updates the checkpoint after the data it vouches for, so read first
+    it vouches only for data read after it."""
+
+    checkpoint: CheckpointFile | None  # None: no checkpoint file
+    checkpoint_error: str | None  # not a checkpoint a broker leaves (checkpoint-size)
+    aborted: bool
+
+
+def read_store_state(store: Store) -> StoreState:
+    """Read the checkpoint and look for ``abort`` (before the queues, index and log)."""
+    try:
+        found = read_checkpoint_file(store.checkpoint_path)
+    except StoreFormatError as exc:
+        return StoreState(None, str(exc), store.aborted)
+    return StoreState(found, None, store.aborted)
 
 
 def check_checkpoint_and_abort(
@@ -22,10 +43,19 @@ def check_checkpoint_and_abort(
     facts: LogFacts,
     queues: QueueChecks | None,
     index: IndexChecks | None,
+    state: StoreState,
     from_offset: int | None = None,
 ) -> None:
-    _check_checkpoint(store, report, facts, queues, index, from_offset)
-    if store.aborted:
+    _check_checkpoint(store, report, facts, queues, index, state, from_offset)
+    if state.aborted and store.written_elsewhere:
+        report.add(
+            "abort-present",
+            "the store's lock is held by a running process (a broker?), which keeps 'abort' "
+            "while it runs",
+            NOTE,
+            file="abort",
+        )
+    elif state.aborted:
         cut = _normal_recovery_cut(store)
         kept = (
             ""
@@ -56,17 +86,17 @@ def _check_checkpoint(
     facts: LogFacts,
     queues: QueueChecks | None,
     index: IndexChecks | None,
+    state: StoreState,
     from_offset: int | None = None,
 ) -> None:
     """Checkpoint times may not be ahead of the data they vouch for (spec §8.1, §13). A walk
     from ``from_offset`` saw the log's newest records (the rest are older) only if it saw
     records, and the newest queued one only if it saw one queued: else there is nothing to
     compare a time with."""
-    try:
-        found = read_checkpoint_file(store.checkpoint_path)
-    except StoreFormatError as exc:
-        report.add("checkpoint-size", str(exc), file="checkpoint")
+    if state.checkpoint_error is not None:
+        report.add("checkpoint-size", state.checkpoint_error, file="checkpoint")
         return
+    found = state.checkpoint
     if found is None:
         return
     if found.short:

@@ -42,7 +42,7 @@ from rmqstore.segments import is_segment_name
 from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queues_note
-from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
+from rmqstore.verify.findings import LIVE_DISPATCH, NOTE, WARNING, VerifyReport
 from rmqstore.verify.records import (
     UNWALKED_DAMAGE,
     RecordBatch,
@@ -727,12 +727,18 @@ class QueueChecks:
         )
 
     def finish(self, log_end: int) -> None:
-        resume = self._dispatch_resume() if self._lags() else None
+        live = self.store.written_elsewhere  # a broker dispatches as it writes
+        not_yet = _NotDispatchedYet()  # of a store being written, all its queues' lag
+        resume = self._dispatch_resume() if self._lags() and not live else None
         blocked = replay_damage(self.store, resume)
         for (topic, queue_id), state in self.states.items():
             queue = state.queue
             name = relative(self.store, queue.directory)
-            if state.lag and state.first_lag is not None and _left_behind(state.first_lag, resume):
+            if state.lag and live:
+                not_yet.add(state.lag, state.first_lag)
+            elif (
+                state.lag and state.first_lag is not None and _left_behind(state.first_lag, resume)
+            ):
                 self._report_hole(
                     f"{counted(state.lag, 'record')} of {topic}:{queue_id} from offset "
                     f"{state.first_lag} {'is' if state.lag == 1 else 'are'} not in the "
@@ -789,6 +795,9 @@ class QueueChecks:
                 f"{'has' if count == 1 else 'have'} no consume queue at all"
             )
             first = self.missing_first.get((topic, queue_id))
+            if live:
+                not_yet.add(count, first)
+                continue
             if first is not None and _left_behind(first, resume):
                 self._report_hole(
                     text,
@@ -809,6 +818,17 @@ class QueueChecks:
                 topic=topic,
                 queue_id=queue_id,
                 report_only=unreached is not None,
+            )
+        if not_yet.records:
+            self.report.add(
+                "dispatch-lag",
+                f"{counted(not_yet.records, 'record')} of {counted(not_yet.queues, 'queue')} "
+                f"from offset {not_yet.first} {'was' if not_yet.records == 1 else 'were'} not "
+                f"in {'its consume queue' if not_yet.queues == 1 else 'their consume queues'} "
+                f"yet ({LIVE_DISPATCH})",
+                NOTE,
+                file=relative(self.store, self.store.consumequeue_dir),
+                commit_log_offset=not_yet.first,
             )
         self.close()
 
@@ -1021,6 +1041,21 @@ def _batch_runs(batch: RecordBatch) -> Iterator[tuple[tuple[str, int], int, int,
                 runs[at + last_at],
                 units,
             )
+
+
+@dataclass
+class _NotDispatchedYet:
+    """The records a broker writing the store had not put in their queues yet."""
+
+    records: int = 0
+    queues: int = 0
+    first: int | None = None  # the first one's offset
+
+    def add(self, records: int, first: int | None) -> None:
+        self.records += records
+        self.queues += 1
+        if first is not None and (self.first is None or first < self.first):
+            self.first = first
 
 
 def _blocks(values: Iterable[Any], size: int) -> Iterator[list[Any]]:

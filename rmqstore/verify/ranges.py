@@ -24,8 +24,15 @@ from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatE
 from rmqstore.pipeline.ranges import plan_spans
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
-from rmqstore.verify import CROSS_CHECKS, VerifyOptions, check_layout, weigh_rebuild
-from rmqstore.verify.checkpoint import check_checkpoint_and_abort
+from rmqstore.verify import (
+    CROSS_CHECKS,
+    VerifyOptions,
+    check_layout,
+    note_live,
+    settle_live_end,
+    weigh_rebuild,
+)
+from rmqstore.verify.checkpoint import check_checkpoint_and_abort, read_store_state
 from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import NOTE, WARNING, VerifyReport
 from rmqstore.verify.index import EntryPosition, IndexChecks
@@ -74,6 +81,7 @@ class RangeJob:
     queue_bounds: dict[tuple[str, int], tuple[int, int, int]] | None = None
     # the BatchCQ topics, found once (not from config/topics.json again for every range)
     batch_topics: frozenset[str] = frozenset()
+    live_end: int | None = None  # of a store being written: see Store.live_end
 
 
 @dataclass
@@ -96,6 +104,7 @@ def check_range(job: RangeJob) -> RangeOutcome:
     store: Store | None = None
     try:
         store = Store.open_read(job.root, job.config)
+        store.live_end = job.live_end
         queues = index = None
         topics = set(job.topics) if job.topics else None
         if "queues" in job.checks:
@@ -190,6 +199,7 @@ class RangedVerify:
         self.range_size = range_size
         self.report = VerifyReport(max_findings=max_findings)
         check_layout(store, self.report)
+        self.state = read_store_state(store)  # before the data it vouches for
         self.checks = readable_checks(store, self.report, frozenset() if commitlog_only else checks)
         self.queues: QueueChecks | None = None
         self.index: IndexChecks | None = None
@@ -198,6 +208,7 @@ class RangedVerify:
             self.queues = QueueChecks(store, self.report, selected, defer_scans=True)
         if "index" in self.checks:
             self.index = IndexChecks(store, self.report, selected, defer_scans=True)
+        settle_live_end(store)
         self.record_pass = RecordPass(store, self.report, check_crc=check_crc)
 
     @classmethod
@@ -233,7 +244,11 @@ class RangedVerify:
                 [(segment.start, segment.size) for segment in walked],
                 self.range_size,
                 begin=start - first.start,
-                data_end=lambda _, size: data_end_estimate(file_reader(last_data.path), size),
+                data_end=lambda _, size: (
+                    data_end_estimate(file_reader(last_data.path), size)
+                    if self.store.live_end is None
+                    else min(size, self.store.live_end - last_data.start)
+                ),
             )
         ]
         next_file: dict[int, int] = {}
@@ -288,6 +303,7 @@ class RangedVerify:
                 part,
                 bounds,
                 self.store.batch_queue_topics,
+                self.store.live_end,
             )
             for part in ranges
         ]
@@ -377,8 +393,9 @@ class RangedVerify:
         finished = [c for c in (self.queues, self.index) if c is not None]
         self.record_pass.listeners = []
         self.record_pass.finish_log(finished)
+        note_live(self.store, self.report, facts)
         check_checkpoint_and_abort(
-            self.store, self.report, facts, self.queues, self.index, self.from_offset
+            self.store, self.report, facts, self.queues, self.index, self.state, self.from_offset
         )
         check_config_files(self.store, self.report, self.queues)
         weigh_rebuild(self.store, self.report, self.index)

@@ -14,6 +14,7 @@ cannot know on its own (the record before it) it leaves in :class:`RangeEdges`.
 from __future__ import annotations
 
 import os
+import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -41,7 +42,13 @@ from rmqstore.record import (
     find_next_record_in_file,
     property_crc_status,
 )
-from rmqstore.segments import Segment, is_segment_name, nonzero_extent
+from rmqstore.segments import (
+    WRITE_SETTLE,
+    Segment,
+    is_segment_name,
+    last_nonzero_end,
+    nonzero_extent,
+)
 from rmqstore.store import Store
 from rmqstore.verify.findings import ERROR, NOTE, WARNING, VerifyReport
 from rmqstore.windows import FileWindows
@@ -64,6 +71,33 @@ UNWALKED_DAMAGE = (
     "the record there is damaged, in a file a broker's recovery does not walk: no command "
     "mends it (dispatch --rebuild refuses the log), and the broker serves what is there"
 )
+
+
+def last_data_segment(log: CommitLog) -> Segment | None:
+    """The last file of ``log`` whose first bytes are not zeros."""
+    for segment in reversed(log.segments):
+        if nonzero_extent(segment.path, 0, min(8, segment.size)) is not None:
+            return segment
+    return None
+
+
+def take_live_end(store: Store) -> int:
+    """For a verify of a store another process holds (a broker writing it): where the log's
+    data ends now, in its last file holding data. It returns :data:`WRITE_SETTLE` after
+    finding it, when a record a writer had begun is whole: the records starting before it
+    are checked, those after were written since and are not."""
+    log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
+    try:
+        segment = last_data_segment(log)
+        end = (
+            log.min_offset
+            if segment is None
+            else segment.start + last_nonzero_end(segment.path, segment.size)
+        )
+    finally:
+        log.close()
+    time.sleep(WRITE_SETTLE)
+    return end
 
 
 def recovery_walks_from(log: CommitLog, store: Store) -> int:
@@ -232,6 +266,7 @@ class RecordPass:
         self._walked_from: int | None = None  # where a broker's recovery walks from
         self._previous_time: int | None = None
         self._range_stop = 0  # physical offset: records starting here belong to the next range
+        self._stopped_at = 0  # physical offset: the first record of the next range met
         # buffers of the kernel calls that check whole batches
         self._attention = array("q")
         self._no_dispatch = array("q")  # nothing flagged: every row is a queue candidate
@@ -245,11 +280,13 @@ class RecordPass:
         self._copies = CopyRunTables()  # (a batch whose units do not fit goes record by record)
 
     def last_data_segment(self) -> Segment | None:
-        """The last commit-log file whose first bytes are not zeros."""
-        for segment in reversed(self.log.segments):
-            if nonzero_extent(segment.path, 0, min(8, segment.size)) is not None:
-                return segment
-        return None
+        """The last commit-log file whose first bytes are not zeros; of a store being
+        written (``store.live_end``), the one its data ended in when verify began."""
+        live_end = self.store.live_end
+        if live_end is None:
+            return last_data_segment(self.log)
+        before = [segment for segment in self.log.segments if segment.start < live_end]
+        return before[-1] if before else None
 
     def run(self, from_offset: int | None = None) -> LogFacts:
         """Check the files, walk the log, then what follows its end; finish the listeners."""
@@ -271,6 +308,8 @@ class RecordPass:
         last_data = self.last_data_segment()
         position = start - first.start
         for segment in segments[segments.index(first) :]:
+            if self._written_since(segment):
+                break
             self.end_segment = segment
             is_last = last_data is None or segment.start >= last_data.start
             ended = self._scan_file(segment, position, is_last, from_offset)
@@ -285,9 +324,25 @@ class RecordPass:
         data) until the log ends, as :meth:`run` would."""
         segments = self.log.segments
         for following in segments[segments.index(segment) + 1 :]:
+            if self._written_since(following):
+                return
             self.end_segment = following
             if self._scan_file(following, 0, True, None) is FileScan.LOG_ENDED:
                 return
+
+    def _written_since(self, segment: Segment) -> bool:
+        """Whether ``segment`` was made after verify began on a store being written."""
+        live_end = self.store.live_end
+        return live_end is not None and segment.start >= live_end
+
+    def _damage_before_live_end(self, segment: Segment, position: int) -> bool:
+        """Whether the log of a store being written, found to end at ``position`` of its
+        last file, has data after it that was there when verify began: what stops the walk
+        is then damage inside what the writer had written, not the end."""
+        live_end = self.store.live_end
+        if live_end is None or segment.start + position >= live_end:
+            return False
+        return nonzero_extent(segment.path, position, live_end - segment.start) is not None
 
     def finish_log(self, finished: Sequence[RecordListener]) -> None:
         """After the last record: what follows the end, then the listeners' own checks."""
@@ -358,6 +413,10 @@ class RecordPass:
         windows = FileWindows(segment.path, segment.size)
         file_size = windows.limit
         self._range_stop = segment.start + (file_size if stop is None else stop)
+        live_end = self.store.live_end
+        at_live_end = live_end is not None and live_end <= self._range_stop
+        if at_live_end:  # records starting past where the data ended were written since
+            self._range_stop = live_end
         name = relative(self.store, segment.path)
         try:
             while True:
@@ -365,6 +424,9 @@ class RecordPass:
                     None, position, file_size, segment.start, self.check_crc, windows=windows
                 )
                 if self._walk(region, segment):
+                    if at_live_end:
+                        self.facts.end_offset = self._stopped_at
+                        return FileScan.LOG_ENDED
                     return FileScan.RANGE_DONE
                 if (
                     from_offset is not None
@@ -396,10 +458,13 @@ class RecordPass:
                         )
                     self.facts.end_offset = end
                     return FileScan.FILE_DONE
-                if is_last:
+                damage_before_live_end = is_last and self._damage_before_live_end(
+                    segment, region.end_position
+                )
+                if is_last and not damage_before_live_end:
                     self.facts.end_offset = end
                     return FileScan.LOG_ENDED
-                if region.stop is ScanStop.END:
+                if region.stop is ScanStop.END and not damage_before_live_end:
                     unwalked = self._unwalked(segment)
                     self.report.add(
                         "file-incomplete",
@@ -417,15 +482,25 @@ class RecordPass:
                     return FileScan.FILE_DONE
                 resumed = find_next_record_in_file(windows, region.end_position, segment.start)
                 skipped = (resumed if resumed is not None else file_size) - region.end_position
-                assert region.error is not None
                 unwalked = self._unwalked(segment)
+                error = region.error
                 self.report.add(
-                    _ERROR_KINDS.get(region.error.field, "record-invalid"),
-                    f"{region.error.field} {region.error.reason}; {skipped} bytes skipped ("
+                    "record-invalid"
+                    if error is None
+                    else _ERROR_KINDS.get(error.field, "record-invalid"),
+                    (
+                        "zeros where a record should begin"
+                        if error is None
+                        else f"{error.field} {error.reason}"
+                    )
+                    + f"; {skipped} bytes skipped ("
                     + (
                         f"{_UNWALKED}: it keeps the log past here, as rmqstore recover does; "
                         f"{_REPLAY_STOPS})"
                         if unwalked
+                        else "a broker's recovery would cut the log here and drop what the "
+                        "broker has written after it)"
+                        if damage_before_live_end
                         else "a broker's recovery would cut the log here and drop every later file)"
                     ),
                     **log_place(name, end),
@@ -433,8 +508,11 @@ class RecordPass:
                 )
                 if resumed is None:
                     self.facts.end_offset = end
-                    return FileScan.FILE_DONE
+                    return FileScan.LOG_ENDED if is_last else FileScan.FILE_DONE
                 if segment.start + resumed >= self._range_stop:
+                    if at_live_end:
+                        self.facts.end_offset = segment.start + resumed
+                        return FileScan.LOG_ENDED
                     return FileScan.RANGE_DONE
                 position = resumed
         finally:
@@ -454,6 +532,7 @@ class RecordPass:
                     region, segment, region.items(window, window_start, rows, wanted)
                 )
             if wanted < count:
+                self._stopped_at = offsets[wanted]
                 return True  # reached a record of the next range
         return False
 
@@ -755,8 +834,8 @@ class RecordPass:
     def _check_after_end(self, end_segment: Segment | None, end: int) -> None:
         """What follows the valid end: a torn tail after a crash (abort present), stale bytes
         a broker's recovery left (no abort), or whole files of data a broker would delete."""
-        if end_segment is None:
-            return
+        if end_segment is None or self.store.live_end is not None:
+            return  # (a store being written: what follows is what its writer adds)
         aborted = self.store.aborted
         for segment in self.log.segments:
             if segment.start < end_segment.start:

@@ -6,6 +6,10 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -108,6 +112,99 @@ def test_a_store_held_by_a_broker_is_verified_with_a_warning(oracle, tmp_path: P
         result = run_cli("verify", store, *ORACLE_OPTIONS)
     assert result.exit_code == 0
     assert "locked" in result.stderr
+
+
+def _verify_json(store: Path, *options: str) -> tuple[int, dict]:
+    result = run_cli("verify", store, "--json", *options)
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_a_store_a_writer_appends_to_is_checked_as_it_stood_and_sound(tmp_path: Path) -> None:
+    """A real writer (append, with its dispatch) holds the lock and writes while verify
+    runs again and again, whole and in ranges: what a running broker has by design is a
+    note, never a problem, and each run checks more records."""
+    store = tmp_path / "store"
+    created = run_cli("append", store, "--create", "--dispatch", "--topic", "T0",
+                      "--body", "first", "--commitlog-file-size", str(4 << 20))  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--input", "-", "--dispatch",
+         "--flush", "async", "--flush-interval", "20"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert writer.stdin is not None
+    stop = threading.Event()
+
+    def feed() -> None:
+        number = 0
+        while not stop.is_set():
+            for _ in range(50):
+                line = {"topic": f"T{number % 3}", "queueId": number % 4, "keys": f"k{number}",
+                        "tags": "a", "body": "x" * (40 + number % 700)}  # fmt: skip
+                writer.stdin.write((json.dumps(line) + "\n").encode())
+                number += 1
+            writer.stdin.flush()
+            time.sleep(0.005)
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    checked = []
+    try:
+        time.sleep(1.0)  # the writer is up and rolling files
+        for options in [(), ("--jobs", "2", "--split-size", str(1 << 20))] * 3:
+            exit_code, report = _verify_json(store, *options)
+            problems = [f for f in report["findings"] if f["severity"] != "note"]
+            assert exit_code == 0 and report["ok"] and not problems, problems
+            assert report["findingsByKind"]["store-live"] == 1
+            assert report["findingsByKind"]["abort-present"] == 1
+            checked.append(report["checked"]["records"])
+    finally:
+        stop.set()
+        feeder.join()
+        writer.stdin.close()
+        assert writer.wait(timeout=120) == 0
+    assert checked == sorted(checked) and checked[-1] > checked[0]
+    exit_code, report = _verify_json(store)  # the writer has stopped: checked whole
+    assert exit_code == 0 and report["findings"] == []
+    assert report["checked"]["records"] > checked[-1]
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_damage_in_a_store_a_broker_holds_is_found_and_the_next_step_waits_for_it(
+    oracle, tmp_path: Path, jobs: str
+) -> None:
+    """With the lock held, the log's data ends where its last non-zero byte was when verify
+    began: a record damaged before that (here a body byte of the last file's first record)
+    is damage, not the end of what a broker wrote, and the records after it are checked."""
+    store = oracle("s1_multi").copy_to(tmp_path)
+    last_file = sorted((store / "commitlog").iterdir())[-1]
+    with open(last_file, "r+b") as handle:  # its first record's body is 2,818 bytes
+        byte = os.pread(handle.fileno(), 1, 1000)
+        os.pwrite(handle.fileno(), bytes([byte[0] ^ 0xFF]), 1000)
+    split = ("--split-size", "65536") if jobs == "2" else ()
+    with lock_held_elsewhere(store / "lock"):
+        result = run_cli("verify", store, *ORACLE_OPTIONS, "--jobs", jobs, *split)
+        exit_code, report = _verify_json(store, *ORACLE_OPTIONS, "--jobs", jobs, *split)
+    assert result.exit_code == exit_code == 1
+    kinds = report["findingsByKind"]
+    assert kinds.get("record-body-crc", 0) + kinds.get("record-invalid", 0) >= 1, kinds
+    assert kinds["store-live"] == 1
+    assert "stop the process that holds the store's lock, then rmqstore" in result.stdout
+
+
+def test_a_torn_tail_under_a_held_lock_is_damage_not_a_record_being_written(
+    tmp_path: Path,
+) -> None:
+    generated = run_cli("fixtures", "generate", "torn-tail", tmp_path / "torn")
+    assert generated.exit_code == 0, generated.stderr
+    store = tmp_path / "torn"
+    with lock_held_elsewhere(store / "lock"):
+        exit_code, report = _verify_json(store)
+    assert exit_code == 1
+    invalid = [f for f in report["findings"] if f["kind"] == "record-invalid"]
+    assert invalid and "drop what the broker has written after it" in invalid[0]["message"]
 
 
 def test_stores_written_by_append_dispatch_pass_the_broker_checks(tmp_path: Path) -> None:

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from rmqstore.errors import StoreFormatError
-from rmqstore.segments import SegmentQueue, nonzero_extent, pwrite_fully, segment_name
+from rmqstore.segments import (
+    SegmentQueue,
+    last_nonzero_end,
+    nonzero_extent,
+    pwrite_fully,
+    segment_name,
+)
 
 from support import small_filesystem, vectors
 
@@ -73,6 +79,26 @@ def test_nonzero_extent(tmp_path: Path) -> None:
     assert nonzero_extent(path, 0, 10 << 20) == ((5 << 20) + 7, (5 << 20) + 10)
     assert nonzero_extent(path, (5 << 20) + 9, 10 << 20) == ((5 << 20) + 9, (5 << 20) + 10)
     assert nonzero_extent(path, (5 << 20) + 10, 10 << 20) is None
+
+
+def test_last_nonzero_end(tmp_path: Path) -> None:
+    """Found from the end backwards, across holes and chunk edges, within the size given."""
+    path = tmp_path / "f"
+    with open(path, "wb") as handle:
+        handle.truncate(10 << 20)
+    assert last_nonzero_end(path, 10 << 20) == 0
+    fd = os.open(path, os.O_RDWR)
+    os.pwrite(fd, b"\x01\x00\x02", (5 << 20) + 7)  # a hole after it, and zeros before
+    assert last_nonzero_end(path, 10 << 20) == (5 << 20) + 10
+    assert last_nonzero_end(path, (5 << 20) + 9) == (5 << 20) + 8  # only what lies before
+    os.pwrite(fd, b"\x03", (1 << 20) - 1)  # the last byte of a chunk
+    assert last_nonzero_end(path, 5 << 20) == 1 << 20
+    os.pwrite(fd, b"\x04", (10 << 20) - 1)  # the very end
+    os.close(fd)
+    assert last_nonzero_end(path, 10 << 20) == 10 << 20
+    dense = tmp_path / "dense"  # no holes: the zero tail is read
+    dense.write_bytes(b"\x05" * 100 + bytes(3 << 20))
+    assert last_nonzero_end(dense, dense.stat().st_size) == 100
 
 
 def test_a_write_the_disk_cuts_short_is_continued_until_it_fails(tmp_path: Path) -> None:
