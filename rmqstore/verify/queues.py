@@ -47,6 +47,7 @@ from rmqstore.verify.records import (
     UNWALKED_DAMAGE,
     RecordBatch,
     UnwalkedDamage,
+    being_made,
     relative,
 )
 from rmqstore.windows import read_range
@@ -382,6 +383,8 @@ class QueueChecks:
         for problem in queue.queue.problems:
             self.report.add("cq-file-size", problem, file=name, topic=topic, queue_id=queue_id)
         for path in queue.queue.unexpected:
+            if being_made(self.store, path):
+                continue
             if is_segment_name(path.name):  # a folder (or the like) under a file's name
                 self.report.add(
                     "cq-layout",

@@ -21,6 +21,7 @@ from typing import Any
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreFormatError
+from rmqstore.indexfile import IndexHeader
 from rmqstore.pipeline.ranges import plan_spans
 from rmqstore.segments import data_end_estimate, file_reader
 from rmqstore.store import Store
@@ -82,6 +83,8 @@ class RangeJob:
     # the BatchCQ topics, found once (not from config/topics.json again for every range)
     batch_topics: frozenset[str] = frozenset()
     live_end: int | None = None  # of a store being written: see Store.live_end
+    # of a store being written, the index files' headers as the driver read them
+    index_view: dict[str, IndexHeader] | None = None
 
 
 @dataclass
@@ -124,6 +127,7 @@ def check_range(job: RangeJob) -> RangeOutcome:
                 structural=False,
                 entries_from=part.entries_from,
                 after_records=part.number > 0,
+                view=job.index_view,
             )
         listeners: list[RecordListener] = [c for c in (queues, index) if c is not None]
         record_pass = RecordPass(store, report, check_crc=job.check_crc, listeners=listeners)
@@ -292,6 +296,8 @@ class RangedVerify:
 
     def jobs(self, ranges: list[VerifyRange]) -> list[RangeJob]:
         bounds = self.queues.bounds() if self.queues is not None else None
+        being_written = self.store.live_end is not None and self.index is not None
+        index_view = self.index.view() if being_written and self.index is not None else None
         return [
             RangeJob(
                 str(Path(self.store.root).resolve()),
@@ -304,6 +310,7 @@ class RangedVerify:
                 bounds,
                 self.store.batch_queue_topics,
                 self.store.live_end,
+                index_view,
             )
             for part in ranges
         ]

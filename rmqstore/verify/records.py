@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 from rmqstore import kernel
@@ -45,6 +45,7 @@ from rmqstore.record import (
 from rmqstore.segments import (
     WRITE_SETTLE,
     Segment,
+    is_creating_name,
     is_segment_name,
     last_nonzero_end,
     nonzero_extent,
@@ -98,6 +99,12 @@ def take_live_end(store: Store) -> int:
         log.close()
     time.sleep(WRITE_SETTLE)
     return end
+
+
+def being_made(store: Store, path: Path) -> bool:
+    """Whether ``path`` is a file another process writing the store is making under a
+    temporary name (rmqstore's writers make files so, then rename them): no finding."""
+    return store.written_elsewhere and is_creating_name(path.name)
 
 
 def recovery_walks_from(log: CommitLog, store: Store) -> int:
@@ -381,6 +388,8 @@ class RecordPass:
         for problem in self.log.queue.problems:
             report.add("file-size", problem, file=relative(self.store, self.store.commitlog_dir))
         for path in self.log.queue.unexpected:
+            if being_made(self.store, path):
+                continue
             if is_segment_name(path.name):
                 said = (
                     "not a regular file, under a commit-log file's name (a broker cannot load it)"
