@@ -93,8 +93,9 @@ def command(
     part-NNNNN.parquet or .jsonl; both engines write the same files. STORE and DIR may be local
     paths or pyarrow URIs (s3://, hdfs://, gs://). A local DIR is written under a temporary
     name and renamed at the end, so a failed export leaves nothing behind; a DIR inside the
-    store is refused (exit 2: a broker lists the store's folders). Reads only; works on a
-    store a broker holds.
+    store is refused (exit 2: a broker lists the store's folders). Reads only; a local store
+    whose lock a broker holds is exported as it stood when the export began: up to where
+    its last file's data ended then, read 50 ms later, when a record being written is whole.
 
     A --topic that matches no message gets a warning on stderr naming the topics that have
     consume queues (a typo, most often); the exit code stays 0.

@@ -67,7 +67,9 @@ def command(
     commit-log file: records, bytes, BLANK bytes, CRC failures (body CRCs are checked),
     damaged regions skipped, and where and why its records end (a file after the last one
     holding data, such as a broker's pre-allocated next file, ends at 0). STORE may be a
-    local path or a pyarrow URI (s3://, hdfs://, gs://). Reads only.
+    local path or a pyarrow URI (s3://, hdfs://, gs://). Reads only; a local store whose
+    lock a broker holds is counted as it stood when the command began (up to where its last
+    file's data ended then, read 50 ms later, when a record being written is whole).
 
     A --topic that matches no message gets a warning on stderr naming the topics that have
     consume queues (a typo, most often); the exit code stays 0.

@@ -5,6 +5,7 @@ themselves from the location and names a partition carries."""
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,9 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.consumequeue import holds_rocksdb, rocksdb_names
-from rmqstore.errors import InputError, NotAStoreError, StoreFormatError
+from rmqstore.errors import InputError, NotAStoreError, StoreFormatError, StoreIOError
 from rmqstore.geometry import stated_file_size
-from rmqstore.segments import data_end_estimate, is_segment_name, usual_size
+from rmqstore.lockfile import LockState, probe_lock
+from rmqstore.segments import (
+    WRITE_SETTLE,
+    data_end_estimate,
+    is_segment_name,
+    last_nonzero_end,
+    usual_size,
+)
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, read_topic_table
 from rmqstore.windows import FileWindows, ReadWindows, read_range
 
@@ -160,6 +168,24 @@ class StoreLocation:
                 return bytes(buf[position - at : position - at + length])
 
         return data_end_estimate(read, size)
+
+    def live_end(self, name: str, size: int) -> int | None:
+        """Of a local store whose lock another process holds (a broker writing it): where
+        the data of its last commit-log file ``name`` ends now (a file position), returned
+        :data:`WRITE_SETTLE` later, when a record being written then is whole; the records
+        starting before it are the store as it stood. None for a store nobody else holds
+        (or one by URI: its lock cannot be asked)."""
+        if self.remote:
+            return None
+        root = Path(self.uri)
+        try:
+            if probe_lock(root / "lock") is not LockState.HELD:
+                return None
+        except StoreIOError:
+            return None  # a lock that cannot be asked: read the store as it is
+        end = last_nonzero_end(root / "commitlog" / name, size)
+        time.sleep(WRITE_SETTLE)
+        return end
 
     @contextmanager
     def windows(self, relative: str, limit: int, *, read_ahead: int | None = None) -> Iterator[Any]:

@@ -84,11 +84,19 @@ def plan_ranges(
 ) -> list[FileRange]:
     """Ranges of ``split`` bytes (0: whole files) over the files up to the last one holding
     data. The last one is split only with ``split_last``; ``bounds`` (file name to the end
-    of its records) clips the ranges, and a file not in it is left out."""
+    of its records) clips the ranges, and a file not in it is left out. Without ``bounds``,
+    a store another process is writing is read as it stood: up to where the last file's data
+    ended (:meth:`StoreLocation.live_end`); the records a broker writes after are left out,
+    and a record it was writing is read whole."""
     segments = location.commitlog_segments()
     last = last_data_file(location, segments)
     if last is None:
         return []
+    if bounds is None:
+        live_end = location.live_end(last, dict(segments)[last])
+        if live_end is not None:
+            bounds = {name: size for name, size in segments if name <= last}
+            bounds[last] = live_end
     names = {int(name): name for name, _ in segments if name <= last}
     spans = plan_spans(
         [(int(name), size) for name, size in segments if name <= last],
