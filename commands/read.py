@@ -225,7 +225,8 @@ def command(
     stops, with a warning, at units pointing past the log's valid end (a torn tail). An option
     the lookup would not use is an error, not ignored (--offset is a commit-log offset; a
     queue offset is --from). A long --jsonl or --csv read shows progress on a terminal. Reads
-    only.
+    only; a sequential read of a store whose lock a broker holds stops where the log's data
+    ended when it began, its records read 50 ms later, when one being written is whole.
 
     Fields use RocketMQ's names: msgId, topic, queueId, queueOffset, commitLogOffset,
     storeSize, bodyCRC, flag, sysFlag, bornTimestamp, bornHost, storeTimestamp, storeHost,

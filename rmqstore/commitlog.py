@@ -80,11 +80,14 @@ from rmqstore.record import (
     host_flags,
 )
 from rmqstore.segments import (
+    WRITE_SETTLE,
     Segment,
     SegmentQueue,
     data_end_estimate,
     file_reader,
+    last_nonzero_end,
     map_writable,
+    nonzero_extent,
     open_for_writing,
     release_range,
     sync_directory,
@@ -139,6 +142,28 @@ class CommitLog:
     @property
     def min_offset(self) -> int:
         return self.queue.min_offset or 0
+
+    def last_data_segment(self) -> Segment | None:
+        """The last file whose first bytes are not zeros (later ones are pre-allocated)."""
+        for segment in reversed(self.segments):
+            if nonzero_extent(segment.path, 0, min(8, segment.size)) is not None:
+                return segment
+        return None
+
+    def live_end(self) -> int:
+        """For a reader of a store another process holds (a broker writing it): where the
+        log's data ends now (a physical offset), in its last file holding data, returned
+        :data:`WRITE_SETTLE` after it was found, when a record a writer had begun is whole.
+        The records starting before it are the log as it stood; those after were written
+        since."""
+        segment = self.last_data_segment()
+        end = (
+            self.min_offset
+            if segment is None
+            else segment.start + last_nonzero_end(segment.path, segment.size)
+        )
+        time.sleep(WRITE_SETTLE)
+        return end
 
     def pread(self, segment: Segment, position: int, length: int) -> bytes:
         """``length`` bytes of ``segment`` from ``position`` (fewer at the end of the file). A

@@ -29,6 +29,7 @@ from rmqstore.kernel.layout import (
     TOTAL_SIZE,
     VERSION,
     new_rows,
+    rows_before,
 )
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.multidispatch import queue_copies
@@ -837,10 +838,12 @@ class MessageReader:
         starts at ``start_offset``, start at the next one that does (with a note)."""
         start_offset = self._sequential_start(start_offset, seek)
         verify = body is BodyMode.VERIFY
+        live_end = self._live_end()
         scan = self.store.commitlog.scan(start_offset, check_crc=verify)
         produced = records = 0
-        for window, _window_start, rows, batch in scan.batches():
+        for window, _window_start, rows, scanned in scan.batches():
             self._note_gaps(scan)
+            batch = scanned if live_end is None else rows_before(rows, scanned, live_end)
             kept = None if selection is None else set(selection.kept_rows(window, rows, batch))
             for row in range(batch):
                 if verify and rows[row * ROW_WIDTH + CRC_STATUS] == CRC_BAD:
@@ -853,6 +856,8 @@ class MessageReader:
                 if count is not None and produced >= count:
                     return
             records += batch
+            if batch < scanned:
+                return  # the records after were written since the read began
         self._sequential_end(scan, records, start_offset)
 
     def sequential_lines(
@@ -873,11 +878,15 @@ class MessageReader:
         start, end, notes and errors as :meth:`sequential`."""
         kind, modes = _text_writer(body_mode, layout)
         start_offset = self._sequential_start(start_offset, seek)
+        live_end = self._live_end()
         scan = self.store.commitlog.scan(start_offset)
         produced = records = 0
-        for window, _window_start, rows, batch in scan.batches():
+        for window, _window_start, rows, scanned in scan.batches():
             self._note_gaps(scan)
+            batch = scanned if live_end is None else rows_before(rows, scanned, live_end)
             if not batch:
+                if scanned:
+                    return  # the records from here on were written since the read began
                 continue
             left = None if count is None else count - produced
             kept_rows, kept = _rows_taken(selection, window, rows, batch, left)
@@ -887,9 +896,16 @@ class MessageReader:
             yield bytes(out), kept, rows[last + PHYSICAL_OFFSET] + rows[last + TOTAL_SIZE]
             produced += kept
             records += batch
-            if count is not None and produced >= count:
+            if (count is not None and produced >= count) or batch < scanned:
                 return
         self._sequential_end(scan, records, start_offset)
+
+    def _live_end(self) -> int | None:
+        """Of a store another process holds (a broker writing it): where its log's data
+        ended when a sequential read began (:meth:`CommitLog.live_end`); the read stops at
+        the first record starting past it, so a record being written is read whole or not
+        at all. None for a store nobody else holds."""
+        return self.store.commitlog.live_end() if self.store.held_elsewhere else None
 
     def _sequential_start(self, start_offset: int, seek: bool) -> int:
         """Where a sequential read starts (``seek``: the next record start, with a note)."""

@@ -476,9 +476,9 @@ def last_nonzero_end(path: Path, size: int) -> int:
             while high > start:
                 low = max(start, high - len(_ZERO_CHUNK))
                 chunk = os.pread(fd, high - low, low)
-                stripped = len(chunk.rstrip(b"\0"))
-                if stripped:
-                    return low + stripped
+                zeros = _ZERO_CHUNK if len(chunk) == len(_ZERO_CHUNK) else bytes(len(chunk))
+                if chunk != zeros:  # (memcmp first: a zero tail is most of what is read)
+                    return low + len(chunk.rstrip(b"\0"))
                 high = low
         return 0
     except OSError as exc:

@@ -613,3 +613,62 @@ class GeneratedStores:
             return folder.stat().st_dev == self._directory.stat().st_dev
         except OSError:
             return False
+
+
+class WriterFinishing:
+    """A ``time.sleep`` for the reader that waits for a store being written to settle: while
+    it waits, the writer finishes the record it was writing and writes one more (the bytes
+    given). ``waited``: the waits asked for."""
+
+    def __init__(self, log: Path, data: bytes, position: int) -> None:
+        self.log, self.data, self.position = log, data, position
+        self.waited: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        import time
+
+        self.waited.append(seconds)
+        fd = os.open(self.log, os.O_WRONLY)
+        try:
+            os.pwrite(fd, self.data, self.position)
+        finally:
+            os.close(fd)
+        time.sleep(seconds)
+
+    def patch_into(self, monkeypatch: Any, module: Any) -> None:
+        """Make ``module``'s ``time.sleep`` this (its other ``time`` calls, and every other
+        module's, stay as they are)."""
+        import time
+
+        finishing = self
+
+        class TimeThatFinishesWrites:
+            sleep = staticmethod(finishing)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(time, name)
+
+        monkeypatch.setattr(module, "time", TimeThatFinishesWrites())
+
+
+def store_being_written(tmp_path: Path) -> tuple[Path, dict, WriterFinishing]:
+    """A store of 12 messages (keys ``key-0``...) whose last record but one is being written
+    (its last 16 bytes, and the whole last record, still zeros): the store, that record as
+    ``read --jsonl`` gives it whole, and the sleep that finishes the writes (patch it in)."""
+    import json
+
+    store = tmp_path / "store"
+    lines = "".join(
+        json.dumps({"topic": "T", "keys": f"key-{n}", "body": f"message {n}"}) + "\n"
+        for n in range(12)
+    )
+    assert run_cli("append", store, "--create", "--input", "-", input=lines).exit_code == 0
+    read = run_cli("read", store, "--from-offset", "0", "--jsonl").stdout
+    being_written = [json.loads(line) for line in read.splitlines()][-2]
+    log = next((store / "commitlog").iterdir())
+    whole = log.read_bytes()
+    torn_from = being_written["commitLogOffset"] + being_written["storeSize"] - 16
+    with open(log, "r+b") as handle:  # as a writer copying the record in leaves it
+        handle.seek(torn_from)
+        handle.write(bytes(len(whole) - torn_from))
+    return store, being_written, WriterFinishing(log, whole[torn_from:], torn_from)

@@ -20,6 +20,7 @@ the differential tests hold them to it.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from enum import IntEnum
 from typing import Any
 
@@ -183,6 +184,13 @@ HASHED_KEY_SIZE = 21
 # record has at most 16,384), and that buffer's size
 KEY_CAPACITY = 65536
 KEY_BUFFER_SIZE = HASHED_KEY_SIZE * KEY_CAPACITY
+
+
+def rows_before(rows: Any, count: int, physical_offset: int) -> int:
+    """How many of the first ``count`` rows (in log order) start before ``physical_offset``."""
+    if not count or rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET] < physical_offset:
+        return count
+    return bisect_left(rows[PHYSICAL_OFFSET : count * ROW_WIDTH : ROW_WIDTH], physical_offset)
 
 
 def new_dispatch_out(capacity: int) -> array:

@@ -14,7 +14,6 @@ pass then respects.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -236,7 +235,7 @@ class RangeScan:
                     batch_rows=self.batch_rows,
                 )
                 for window, window_start, rows, count in region.batches():
-                    kept = _rows_before(rows, count, base + stop)
+                    kept = layout.rows_before(rows, count, base + stop)
                     if kept:
                         self._count_failures(rows, kept)
                         yield window, window_start, rows, kept
@@ -294,15 +293,6 @@ class RangeScan:
         for buf, at, rows, count in self.batches():
             for row in range(count):
                 yield (buf, at, *record_item(buf, rows, row, topics))
-
-
-def _rows_before(rows: Any, count: int, physical_offset: int) -> int:
-    """How many of the ``count`` rows (in log order) start before ``physical_offset``."""
-    width = layout.ROW_WIDTH
-    column = layout.PHYSICAL_OFFSET
-    if not count or rows[(count - 1) * width + column] < physical_offset:
-        return count
-    return bisect_left(rows[column : count * width : width], physical_offset)
 
 
 @dataclass

@@ -14,7 +14,6 @@ cannot know on its own (the record before it) it leaves in :class:`RangeEdges`.
 from __future__ import annotations
 
 import os
-import time
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
@@ -43,11 +42,9 @@ from rmqstore.record import (
     property_crc_status,
 )
 from rmqstore.segments import (
-    WRITE_SETTLE,
     Segment,
     is_creating_name,
     is_segment_name,
-    last_nonzero_end,
     nonzero_extent,
 )
 from rmqstore.store import Store
@@ -74,31 +71,15 @@ UNWALKED_DAMAGE = (
 )
 
 
-def last_data_segment(log: CommitLog) -> Segment | None:
-    """The last file of ``log`` whose first bytes are not zeros."""
-    for segment in reversed(log.segments):
-        if nonzero_extent(segment.path, 0, min(8, segment.size)) is not None:
-            return segment
-    return None
-
-
 def take_live_end(store: Store) -> int:
     """For a verify of a store another process holds (a broker writing it): where the log's
-    data ends now, in its last file holding data. It returns :data:`WRITE_SETTLE` after
-    finding it, when a record a writer had begun is whole: the records starting before it
+    data ended when it began (:meth:`CommitLog.live_end`): the records starting before it
     are checked, those after were written since and are not."""
     log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
     try:
-        segment = last_data_segment(log)
-        end = (
-            log.min_offset
-            if segment is None
-            else segment.start + last_nonzero_end(segment.path, segment.size)
-        )
+        return log.live_end()
     finally:
         log.close()
-    time.sleep(WRITE_SETTLE)
-    return end
 
 
 def being_made(store: Store, path: Path) -> bool:
@@ -291,7 +272,7 @@ class RecordPass:
         written (``store.live_end``), the one its data ended in when verify began."""
         live_end = self.store.live_end
         if live_end is None:
-            return last_data_segment(self.log)
+            return self.log.last_data_segment()
         before = [segment for segment in self.log.segments if segment.start < live_end]
         return before[-1] if before else None
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rmqstore.fixtures import generate
 
-from support import fresh_python, parquet_rows, run_cli, tree_digest
+from support import fresh_python, parquet_rows, run_cli, store_being_written, tree_digest
 
 
 def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> None:
@@ -110,49 +110,21 @@ def test_export_and_stats_of_a_log_with_missing_files_say_so(tmp_path: Path) -> 
 def test_a_store_being_written_is_exported_as_it_stood_with_each_record_whole(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Another process holds the lock and is writing the last record (its tail still zeros,
-    which the checks let through: the properties are outside the body CRC). The export
-    reads what was there when it began, 50 ms later: that record whole, with its keys, and
-    not the one written after it."""
-    import os
-
+    """Another process holds the lock and is writing the last record but one (its tail
+    still zeros, which the checks let through: the properties are outside the body CRC),
+    and then the last. The export reads what was there when it began, 50 ms later: that
+    record whole, with its keys, and not the one written after it."""
     import rmqstore.pipeline.location as location
 
     from support import lock_held_elsewhere
 
-    store = tmp_path / "store"
-    lines = "".join(
-        json.dumps({"topic": "T", "keys": f"key-{n}", "body": f"message {n}"}) + "\n"
-        for n in range(12)
-    )
-    assert run_cli("append", store, "--create", "--input", "-", input=lines).exit_code == 0
-    records = [
-        json.loads(line)
-        for line in run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()
-    ]
-    being_written = records[-2]  # the last one is written after the export began
-    log = next((store / "commitlog").iterdir())
-    whole = log.read_bytes()
-    torn_from = being_written["commitLogOffset"] + being_written["storeSize"] - 16
-    with open(log, "r+b") as handle:  # as a writer copying the record in leaves it
-        handle.seek(torn_from)
-        handle.write(bytes(len(whole) - torn_from))
-    settled = []
-    real_sleep = location.time.sleep
-
-    def writer_finishes(seconds: float) -> None:  # the writer, while the reader waits
-        settled.append(seconds)
-        fd = os.open(log, os.O_WRONLY)
-        os.pwrite(fd, whole[torn_from:], torn_from)
-        os.close(fd)
-        real_sleep(seconds)
-
-    monkeypatch.setattr(location.time, "sleep", writer_finishes)
+    store, being_written, finishing = store_being_written(tmp_path)
+    finishing.patch_into(monkeypatch, location)
     out = tmp_path / "out"
     with lock_held_elsewhere(store / "lock"):
         result = run_cli("export", store, "--engine", "local", "--to", out, "--format", "jsonl")
     assert result.exit_code == 0, result.stderr
-    assert settled == [0.05]
+    assert finishing.waited == [0.05]
     exported = [json.loads(line) for part in sorted(out.glob("*.jsonl")) for line in part.open()]
     assert [row["keys"] for row in exported] == [f"key-{n}" for n in range(11)]
     assert exported[-1]["properties"] == being_written["properties"]

@@ -18,8 +18,10 @@ from support import (
     assert_read_matches_scan_record,
     compiled_pass_only,
     java_host,
+    lock_held_elsewhere,
     manifest_dump,
     run_cli,
+    store_being_written,
 )
 
 DUMPED = [
@@ -760,3 +762,29 @@ def test_more_fields_than_the_kernel_takes_are_written_message_by_message(tmp_pa
         fast, slow = run_cli(*command), run_cli(*command, "--begin", "1")
         assert fast.exit_code == 0 and fast.stdout == slow.stdout
         assert [len(line.split(",")) for line in fast.stdout.splitlines()] == [MOST_COLUMNS + 2] * 6
+
+
+@pytest.mark.parametrize("output", ["--jsonl", "--json"])
+def test_a_sequential_read_of_a_store_being_written_reads_each_record_whole(
+    tmp_path: Path, monkeypatch, output: str
+) -> None:
+    """The lock held by a writer that is copying in the last record but one: a read to the
+    end of the log reads what was there when it began, 50 ms later (that record whole), and
+    stops before the record written after (JSON lines come from the record kernel's lines,
+    JSON from messages: two readers)."""
+    import rmqstore.commitlog as commitlog
+
+    store, being_written, finishing = store_being_written(tmp_path)
+    finishing.patch_into(monkeypatch, commitlog)
+    with lock_held_elsewhere(store / "lock"):
+        result = run_cli("read", store, "--from-offset", "0", output)
+    assert result.exit_code == 0, result.stderr
+    assert finishing.waited == [0.05]
+    read = (
+        [json.loads(line) for line in result.stdout.splitlines()]
+        if output == "--jsonl"
+        else json.loads(result.stdout)
+    )
+    assert [row["keys"] for row in read] == [f"key-{n}" for n in range(11)]
+    assert read[-1]["properties"] == being_written["properties"]
+    assert read[-1]["uniqKey"] == being_written["uniqKey"]
