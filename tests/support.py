@@ -662,7 +662,9 @@ def store_being_written(tmp_path: Path) -> tuple[Path, dict, WriterFinishing]:
         json.dumps({"topic": "T", "keys": f"key-{n}", "body": f"message {n}"}) + "\n"
         for n in range(12)
     )
-    assert run_cli("append", store, "--create", "--input", "-", input=lines).exit_code == 0
+    created = run_cli("append", store, "--create", "--commitlog-file-size", "65536",
+                      "--input", "-", input=lines)  # fmt: skip
+    assert created.exit_code == 0, created.stderr
     read = run_cli("read", store, "--from-offset", "0", "--jsonl").stdout
     being_written = [json.loads(line) for line in read.splitlines()][-2]
     log = next((store / "commitlog").iterdir())
