@@ -13,7 +13,7 @@ import mmap
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -434,17 +434,7 @@ def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:
     except OSError as exc:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        position = start
-        while position < end:
-            try:
-                position = os.lseek(fd, position, os.SEEK_DATA)
-                hole = min(os.lseek(fd, position, os.SEEK_HOLE), end)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:
-                    break  # only a hole remains
-                hole = end  # no sparse-file support: read everything
-            if position >= end:
-                break
+        for position, hole in _data_regions(fd, start, end):
             while position < hole:
                 chunk = os.pread(fd, min(chunk_size, hole - position), position)
                 if not chunk:
@@ -456,7 +446,6 @@ def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:
                         first = position + len(chunk) - len(stripped)
                     last_end = position + len(chunk.rstrip(b"\0"))
                 position += len(chunk)
-            position = max(position, hole)
     finally:
         os.close(fd)
     return None if first is None else (first, last_end)
@@ -471,7 +460,7 @@ def last_nonzero_end(path: Path, size: int) -> int:
     except OSError as exc:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
     try:
-        for start, end in reversed(_data_regions(fd, size)):
+        for start, end in reversed(list(_data_regions(fd, 0, size))):
             high = end
             while high > start:
                 low = max(start, high - len(_ZERO_CHUNK))
@@ -487,24 +476,22 @@ def last_nonzero_end(path: Path, size: int) -> int:
         os.close(fd)
 
 
-def _data_regions(fd: int, size: int) -> list[tuple[int, int]]:
-    """The ``[start, end)`` regions of the first ``size`` bytes of ``fd`` that are not holes
-    (the whole file when the file system cannot tell)."""
-    regions: list[tuple[int, int]] = []
-    position = 0
-    while position < size:
+def _data_regions(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The ``[first, last)`` regions of ``[start, end)`` of ``fd`` that are not holes of a
+    sparse file, in order (where the file system cannot tell, the rest of the range)."""
+    position = start
+    while position < end:
         try:
-            start = os.lseek(fd, position, os.SEEK_DATA)
-            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            position = os.lseek(fd, position, os.SEEK_DATA)
+            hole = min(os.lseek(fd, position, os.SEEK_HOLE), end)
         except OSError as exc:
             if exc.errno == errno.ENXIO:
-                break  # only a hole remains
-            return [(0, size)]  # no sparse-file support: every byte may be data
-        if start >= size:
-            break
-        regions.append((start, end))
-        position = end
-    return regions
+                return  # only a hole remains
+            hole = end  # no sparse-file support: every byte may be data
+        if position >= end:
+            return
+        yield position, hole
+        position = hole
 
 
 def data_end_estimate(read: Callable[[int, int], bytes], size: int, block: int = 65536) -> int:
