@@ -296,7 +296,7 @@ class RangedVerify:
 
     def jobs(self, ranges: list[VerifyRange]) -> list[RangeJob]:
         bounds = self.queues.bounds() if self.queues is not None else None
-        being_written = self.store.live_end is not None and self.index is not None
+        being_written = self.store.live_end is not None
         index_view = self.index.view() if being_written and self.index is not None else None
         return [
             RangeJob(
