@@ -181,8 +181,8 @@ class StoreLocation:
         try:
             if probe_lock(root / "lock") is not LockState.HELD:
                 return None
-        except StoreIOError:
-            return None  # a lock that cannot be asked: read the store as it is
+        except (StoreIOError, StoreFormatError):
+            return None  # a lock that cannot be asked (or no file): read the store as it is
         end = last_nonzero_end(root / "commitlog" / name, size)
         time.sleep(WRITE_SETTLE)
         return end

@@ -438,3 +438,26 @@ def test_export_and_stats_do_without_pyarrow_compute(tmp_path: Path) -> None:
     loaded = fresh_python(code, store_dir, tmp_path / "out")
     assert "pyarrow.parquet" in loaded  # it did export
     assert "pyarrow.compute" not in loaded and "pandas" not in loaded, loaded
+
+
+@pytest.mark.parametrize("lock", ["directory", "held"])
+def test_the_lock_is_asked_only_to_read_a_store_being_written_as_it_stood(
+    tmp_path: Path, lock: str
+) -> None:
+    """The pipelines ask a local store's lock whether another process writes the store (it
+    is then read up to where its data ended when the read began): one held reads every
+    record of a store at rest the same, and a lock that is no file, which cannot be asked,
+    leaves the store read as it is."""
+    from support import lock_held_elsewhere
+
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    at_rest = LocalPipeline(str(store_dir), PipelineOptions(split=20000)).stats()
+    if lock == "directory":
+        (store_dir / "lock").unlink()
+        (store_dir / "lock").mkdir()
+        read = LocalPipeline(str(store_dir), PipelineOptions(split=20000)).stats()
+    else:
+        with lock_held_elsewhere(store_dir / "lock"):
+            read = LocalPipeline(str(store_dir), PipelineOptions(split=20000)).stats()
+    assert read.to_dict() == at_rest.to_dict() and at_rest.to_dict()["messages"] > 0
