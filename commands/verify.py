@@ -69,7 +69,8 @@ _HELP = (
     index slots and header counts its newest entries changed; a note store-live says where
     the check ended. Damage before that end is reported as ever (a record that is not whole
     there is damage, not a record being written), and the next step says to stop the
-    process holding the lock first.
+    process holding the lock first. A commit-log file the broker deletes while verify reads
+    it ends the run (exit 4) with a line saying so.
 
     With --engine spark the commit log is
     checked in ranges on Spark executors, with the same findings (the store must be at the

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from rmqstore import kernel
 from rmqstore.commitlog import CommitLog
 from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
-from rmqstore.errors import InputError, RecordError, RmqStoreError
+from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreIOError
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.multidispatch import CopyRunTables, copy_run_keys
@@ -400,7 +400,16 @@ class RecordPass:
         stop: int | None = None,
     ) -> FileScan:
         """Walk one file from ``position``, up to the records starting at ``stop``."""
-        windows = FileWindows(segment.path, segment.size)
+        try:
+            windows = FileWindows(segment.path, segment.size)
+        except StoreIOError:
+            if self.store.written_elsewhere and not os.path.lexists(segment.path):
+                raise StoreIOError(
+                    f"{relative(self.store, segment.path)} was deleted while verify read the "
+                    "store (a broker deletes its oldest commit-log files as they expire): run "
+                    "verify again"
+                ) from None
+            raise
         file_size = windows.limit
         self._range_stop = segment.start + (file_size if stop is None else stop)
         live_end = self.store.live_end

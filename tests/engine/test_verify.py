@@ -1074,3 +1074,26 @@ def test_a_store_written_while_verify_runs_is_checked_as_it_stood(
     with Store.open_read(store_dir, config) as store:  # at rest: all of it, sound
         report = verify_store(store, VerifyOptions(max_findings=None))
     assert report.findings == [] and report.checked["records"] == 800
+
+
+def test_a_log_file_a_broker_deletes_while_verify_reads_its_store_is_said_so(
+    tmp_path: Path,
+) -> None:
+    """A broker's retention deletes the oldest commit-log files while it runs: a verify of
+    its store that reaches one after it was deleted says so, and to run verify again."""
+    from rmqstore.errors import StoreIOError
+
+    store_dir = tmp_path / "store"
+    _append_with_keys(store_dir, 0, 600, "--create", "--commitlog-file-size", "65536")
+    files = sorted((store_dir / "commitlog").iterdir())
+    assert len(files) >= 4
+    later = files[2]
+
+    def broker_deletes(_: int) -> None:
+        if later.exists():
+            later.unlink()
+
+    with Store.open_read(store_dir) as store:
+        store.held_elsewhere = True  # as open_read finds it when a broker holds the lock
+        with pytest.raises(StoreIOError, match="was deleted while verify read the store"):
+            verify_store(store, VerifyOptions(), progress=broker_deletes)
