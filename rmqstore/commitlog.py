@@ -80,16 +80,15 @@ from rmqstore.record import (
     host_flags,
 )
 from rmqstore.segments import (
-    WRITE_SETTLE,
     Segment,
     SegmentQueue,
     data_end_estimate,
     file_reader,
-    last_nonzero_end,
     map_writable,
     nonzero_extent,
     open_for_writing,
     release_range,
+    settled_data_end,
     sync_directory,
     sync_file_data,
 )
@@ -157,13 +156,9 @@ class CommitLog:
         The records starting before it are the log as it stood; those after were written
         since."""
         segment = self.last_data_segment()
-        end = (
-            self.min_offset
-            if segment is None
-            else segment.start + last_nonzero_end(segment.path, segment.size)
-        )
-        time.sleep(WRITE_SETTLE)
-        return end
+        if segment is None:
+            return self.min_offset
+        return segment.start + settled_data_end(segment.path, segment.size)
 
     def pread(self, segment: Segment, position: int, length: int) -> bytes:
         """``length`` bytes of ``segment`` from ``position`` (fewer at the end of the file). A

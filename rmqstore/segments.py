@@ -13,6 +13,7 @@ import mmap
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -474,6 +475,15 @@ def last_nonzero_end(path: Path, size: int) -> int:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
     finally:
         os.close(fd)
+
+
+def settled_data_end(path: Path, size: int) -> int:
+    """Where the data of a file another process is writing ends now
+    (:func:`last_nonzero_end`), returned :data:`WRITE_SETTLE` later, when a record a writer
+    had begun before it is whole: the records starting before it can be read."""
+    end = last_nonzero_end(path, size)
+    time.sleep(WRITE_SETTLE)
+    return end
 
 
 def _data_regions(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:

@@ -5,7 +5,6 @@ themselves from the location and names a partition carries."""
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,10 +17,9 @@ from rmqstore.errors import InputError, NotAStoreError, StoreFormatError, StoreI
 from rmqstore.geometry import stated_file_size
 from rmqstore.lockfile import LockState, probe_lock
 from rmqstore.segments import (
-    WRITE_SETTLE,
     data_end_estimate,
     is_segment_name,
-    last_nonzero_end,
+    settled_data_end,
     usual_size,
 )
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queue_topics, read_topic_table
@@ -183,9 +181,7 @@ class StoreLocation:
                 return None
         except (StoreIOError, StoreFormatError):
             return None  # a lock that cannot be asked (or no file): read the store as it is
-        end = last_nonzero_end(root / "commitlog" / name, size)
-        time.sleep(WRITE_SETTLE)
-        return end
+        return settled_data_end(root / "commitlog" / name, size)
 
     @contextmanager
     def windows(self, relative: str, limit: int, *, read_ahead: int | None = None) -> Iterator[Any]:

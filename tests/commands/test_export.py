@@ -114,12 +114,12 @@ def test_a_store_being_written_is_exported_as_it_stood_with_each_record_whole(
     still zeros, which the checks let through: the properties are outside the body CRC),
     and then the last. The export reads what was there when it began, 50 ms later: that
     record whole, with its keys, and not the one written after it."""
-    import rmqstore.pipeline.location as location
+    import rmqstore.segments as segments
 
     from support import lock_held_elsewhere
 
     store, being_written, finishing = store_being_written(tmp_path)
-    finishing.patch_into(monkeypatch, location)
+    finishing.patch_into(monkeypatch, segments)
     out = tmp_path / "out"
     with lock_held_elsewhere(store / "lock"):
         result = run_cli("export", store, "--engine", "local", "--to", out, "--format", "jsonl")

@@ -772,10 +772,10 @@ def test_a_sequential_read_of_a_store_being_written_reads_each_record_whole(
     end of the log reads what was there when it began, 50 ms later (that record whole), and
     stops before the record written after (JSON lines come from the record kernel's lines,
     JSON from messages: two readers)."""
-    import rmqstore.commitlog as commitlog
+    import rmqstore.segments as segments
 
     store, being_written, finishing = store_being_written(tmp_path)
-    finishing.patch_into(monkeypatch, commitlog)
+    finishing.patch_into(monkeypatch, segments)
     with lock_held_elsewhere(store / "lock"):
         result = run_cli("read", store, "--from-offset", "0", output)
     assert result.exit_code == 0, result.stderr
