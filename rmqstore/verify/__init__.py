@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rmqstore.commitlog import CommitLog
 from rmqstore.errors import RmqStoreError
 from rmqstore.store import COMMITLOG_DIR, Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort, read_store_state
@@ -17,7 +18,7 @@ from rmqstore.verify.config import check_config_files
 from rmqstore.verify.findings import ERROR, KINDS, NOTE, WARNING, Finding, VerifyReport
 from rmqstore.verify.index import IndexChecks
 from rmqstore.verify.queues import QueueChecks, readable_checks, replay_damage
-from rmqstore.verify.records import LogFacts, RecordListener, RecordPass, take_live_end
+from rmqstore.verify.records import LogFacts, RecordListener, RecordPass
 
 __all__ = [
     "CROSS_CHECKS",
@@ -63,10 +64,15 @@ def check_layout(store: Store, report: VerifyReport) -> None:
 
 def settle_live_end(store: Store) -> None:
     """Of a store another process holds (a broker writing it), once its queues and index
-    are loaded: where its log's data ends now (:func:`take_live_end`), which the checks
-    stop at; what a running broker writes after is not looked at."""
+    are loaded: where its log's data ends now (:meth:`CommitLog.live_end`, of the files
+    there now), which the checks stop at; what a running broker writes after is not looked
+    at."""
     if store.held_elsewhere and store.live_end is None:
-        store.live_end = take_live_end(store)
+        log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
+        try:
+            store.live_end = log.live_end()
+        finally:
+            log.close()
 
 
 def note_live(store: Store, report: VerifyReport, facts: LogFacts) -> None:

@@ -71,17 +71,6 @@ UNWALKED_DAMAGE = (
 )
 
 
-def take_live_end(store: Store) -> int:
-    """For a verify of a store another process holds (a broker writing it): where the log's
-    data ended when it began (:meth:`CommitLog.live_end`): the records starting before it
-    are checked, those after were written since and are not."""
-    log = CommitLog(store.commitlog_dir, store.commitlog_file_size, strict=False)
-    try:
-        return log.live_end()
-    finally:
-        log.close()
-
-
 def being_made(store: Store, path: Path) -> bool:
     """Whether ``path`` is a file another process writing the store is making under a
     temporary name (rmqstore's writers make files so, then rename them): no finding."""
