@@ -472,25 +472,28 @@ class RecordPass:
                 skipped = (resumed if resumed is not None else file_size) - region.end_position
                 unwalked = self._unwalked(segment)
                 error = region.error
-                self.report.add(
-                    "record-invalid"
-                    if error is None
-                    else _ERROR_KINDS.get(error.field, "record-invalid"),
-                    (
-                        "zeros where a record should begin"
-                        if error is None
-                        else f"{error.field} {error.reason}"
-                    )
-                    + f"; {skipped} bytes skipped ("
-                    + (
+                if error is None:  # zeros, with data the writer had written after them
+                    kind, what = "record-invalid", "zeros where a record should begin"
+                else:
+                    kind = _ERROR_KINDS.get(error.field, "record-invalid")
+                    what = f"{error.field} {error.reason}"
+                if unwalked:
+                    consequence = (
                         f"{_UNWALKED}: it keeps the log past here, as rmqstore recover does; "
-                        f"{_REPLAY_STOPS})"
-                        if unwalked
-                        else "a broker's recovery would cut the log here and drop what the "
-                        "broker has written after it)"
-                        if damage_before_live_end
-                        else "a broker's recovery would cut the log here and drop every later file)"
-                    ),
+                        f"{_REPLAY_STOPS}"
+                    )
+                elif damage_before_live_end:
+                    consequence = (
+                        "a broker's recovery would cut the log here and drop what the broker "
+                        "has written after it"
+                    )
+                else:
+                    consequence = (
+                        "a broker's recovery would cut the log here and drop every later file"
+                    )
+                self.report.add(
+                    kind,
+                    f"{what}; {skipped} bytes skipped ({consequence})",
                     **log_place(name, end),
                     report_only=unwalked,
                 )
