@@ -107,7 +107,9 @@ def command(
     or versions). Columns every message has a value in are REQUIRED (not null); body, crcOk,
     tags, keys, uniqKey, tagsCode, bornTime and storeTime may be null.
 
-    JSON: destination, format, messages, files, commitLogFiles.
+    JSON: destination, format, messages, files, commitLogFiles, liveEnd (of a store whose
+    lock another process held, the commit-log offset it was exported up to, with a warning on
+    stderr; else null).
     """
     engine.resolve(store, jobs)
     options = PipelineOptions.for_config(store_settings(store, config), engine.split, jobs)
@@ -127,6 +129,7 @@ def command(
         destination, fmt, topics=selected, include_body=not no_body, decompress=decompress
     )
     warn_missing_files(store, config, "export")
+    warn_live_end(result.live_end, "export")
     if selected and not result.messages:
         warn_topics_without_messages(store, config, sorted(selected))
     if as_json:
@@ -172,6 +175,17 @@ def warn_missing_files(store: str, config: StoreConfig, what: str) -> None:
                 f"{missing_files(start, following.start, log.file_size)}: their messages are "
                 f"not in the {what} (run rmqstore verify)"
             )
+
+
+def warn_live_end(live_end: int | None, what: str) -> None:
+    """Of a store whose lock another process held: where its log was read up to, and that
+    ``what`` does not hold the messages written after."""
+    if live_end is not None:
+        warn(
+            "the store's lock is held by a running process (a broker?): it was read as it "
+            f"stood when the command began, up to commit-log offset {live_end:,}; the "
+            f"messages written after are not in the {what}"
+        )
 
 
 def _render(result: ExportResult) -> None:

@@ -8,6 +8,7 @@ import click
 
 from rmqstore.commands.export import (
     store_settings,
+    warn_live_end,
     warn_missing_files,
     warn_topics_without_messages,
 )
@@ -66,7 +67,8 @@ def command(
     min/max queue offset, first/last store time, distinct tags and the most common ones. Per
     commit-log file: records, bytes, BLANK bytes, CRC failures (body CRCs are checked),
     damaged regions skipped, and where and why its records end (a file after the last one
-    holding data, such as a broker's pre-allocated next file, ends at 0). STORE may be a
+    holding data, such as a broker's pre-allocated next file, ends at 0; of a store a broker
+    is writing, the files after where it was counted up to are not listed). STORE may be a
     local path or a pyarrow URI (s3://, hdfs://, gs://). Reads only; a local store whose
     lock a broker holds is counted as it stood when the command began (up to where its last
     file's data ended then, read 50 ms later, when a record being written is whole).
@@ -78,7 +80,8 @@ def command(
     (RocketMQ's meaning, as in info: the first queue offset and the one after the last),
     firstStoreTimestamp, lastStoreTimestamp, distinctTags, topTags[{tag,
     messages}]}], files[{file, records, bytes, blankBytes, crcFailures, invalidRegions, end,
-    endedBy}].
+    endedBy}], liveEnd (of a store whose lock another process held, the commit-log offset it
+    was counted up to, with a warning on stderr; else null).
     """
     engine.resolve(store, jobs)
     options = PipelineOptions.for_config(store_settings(store, config), engine.split, jobs)
@@ -95,6 +98,7 @@ def command(
     if as_json and delimited:
         raise click.UsageError("--json and --csv/--tsv exclude each other")
     warn_missing_files(store, config, "counts")
+    warn_live_end(stats.live_end, "counts")
     if selected:
         found = {queue["topic"] for queue in stats.to_dict()["queues"]}
         warn_topics_without_messages(store, config, sorted(selected - found))

@@ -35,10 +35,12 @@ from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     DEFAULT_SPLIT,
     FileRange,
+    LogPlan,
     RangeScan,
     RangeSummary,
     SummaryJob,
     file_bounds,
+    plan_log,
     plan_ranges,
     record_margin,
     summarize_job,
@@ -112,9 +114,11 @@ class FileStats:
         }
 
 
-def file_stats(walked: list[RangeSummary], location: StoreLocation) -> list[FileStats]:
-    """Per commit-log file: the sums over the ranges one walk visits; a file after the last
-    one holding data (a broker's pre-allocated next file) as one whose data ends at 0."""
+def file_stats(walked: list[RangeSummary], plan: LogPlan) -> list[FileStats]:
+    """Per commit-log file: the sums over the ranges one walk of ``plan`` visits; a file
+    after the last one holding data (a broker's pre-allocated next file) as one whose data
+    ends at 0. Of a store whose lock another process held, the files after where it was read
+    up to are not listed: the writer may have filled them since."""
     stats: dict[str, FileStats] = {}
     last = walked[-1].file if walked else ""
     for summary in walked:
@@ -126,9 +130,10 @@ def file_stats(walked: list[RangeSummary], location: StoreLocation) -> list[File
         entry.invalid_regions += summary.invalid_regions
         if summary.outcome in ("blank", "end", "invalid"):
             entry.end, entry.ended_by = summary.end, summary.outcome
-    for name, _ in location.segments("commitlog"):
-        if name > last:
-            stats[name] = FileStats(f"commitlog/{name}", end=0, ended_by="end")
+    if plan.live_end is None:
+        for name, _ in plan.segments:
+            if name > last:
+                stats[name] = FileStats(f"commitlog/{name}", end=0, ended_by="end")
     return list(stats.values())
 
 
@@ -171,6 +176,7 @@ class QueueStats:
 class StoreStats:
     queues: list[QueueStats]
     files: list[FileStats]
+    live_end: int | None = None  # the log was read up to here: another process held the lock
 
     def to_dict(self) -> dict[str, Any]:
         queues = sorted(self.queues, key=lambda q: (q.topic, q.queue_id))
@@ -179,6 +185,7 @@ class StoreStats:
             "bytes": sum(q.bytes for q in queues),
             "queues": [q.to_dict() for q in queues],
             "files": [f.to_dict() for f in self.files],
+            "liveEnd": self.live_end,
         }
 
 
@@ -189,6 +196,7 @@ class ExportResult:
     messages: int
     files: list[str]
     commitlog_files: list[FileStats]
+    live_end: int | None = None  # the log was read up to here: another process held the lock
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -197,6 +205,7 @@ class ExportResult:
             "messages": self.messages,
             "files": self.files,
             "commitLogFiles": [f.to_dict() for f in self.commitlog_files],
+            "liveEnd": self.live_end,
         }
 
 
@@ -290,6 +299,7 @@ def export_parts(
     destination: str,
     fmt: str,
     walked: list[RangeSummary],
+    plan: LogPlan,
     runner: Runner,
 ) -> ExportResult:
     """Write ``part-NNNNN`` files, one per range that has messages, with ``runner`` (here or
@@ -315,7 +325,7 @@ def export_parts(
         raise StoreIOError(f"cannot write {destination}: {exc.strerror or exc}") from None
     files = [target.rsplit("/", 1)[-1] for target, count in written if count]
     messages = sum(count for _, count in written)
-    return ExportResult(destination, fmt, messages, files, file_stats(walked, StoreLocation(store)))
+    return ExportResult(destination, fmt, messages, files, file_stats(walked, plan), plan.live_end)
 
 
 class Pipeline:
@@ -341,11 +351,21 @@ class Pipeline:
                 update(done)
                 yield result
 
+    def plan(self) -> LogPlan:
+        """The ranges of the whole log (of a store another process is writing, as it
+        stands now)."""
+        return plan_log(self.location, self.options.split, split_last=True, margin=self.margin)
+
     def walk(
-        self, *, check_crc: bool, crc_from: int = 0, count_copies: bool = False
+        self,
+        *,
+        check_crc: bool,
+        crc_from: int = 0,
+        count_copies: bool = False,
+        plan: LogPlan | None = None,
     ) -> list[RangeSummary]:
-        """The summaries of the ranges one walk of the log visits (``count_copies``: with the
-        records that have units in LMQ queues counted)."""
+        """The summaries of the ranges one walk of the log (or of ``plan``) visits
+        (``count_copies``: with the records that have units in LMQ queues counted)."""
         jobs = summary_jobs(
             self.location,
             self.options.split,
@@ -354,6 +374,7 @@ class Pipeline:
             delay_levels=self.options.delay_levels,
             margin=self.margin,
             count_copies=count_copies,
+            plan=plan,
         )
         return walk_summaries(self.run(summarize_job, jobs))
 
@@ -393,8 +414,9 @@ class Pipeline:
                 "the export destination",
             )
         rows = self.export_rows(topics, include_body, decompress)
+        plan = self.plan()
         if _remote(destination):
-            walked = self.walk(check_crc=False)
+            walked = self.walk(check_crc=False, plan=plan)
             return export_parts(
                 self.location.uri,
                 self.bounded_ranges(walked),
@@ -402,9 +424,10 @@ class Pipeline:
                 destination,
                 fmt,
                 walked,
+                plan,
                 self.run,
             )
-        ranges = plan_ranges(self.location, self.options.split, split_last=True, margin=self.margin)
+        ranges = plan.ranges
         extension = "parquet" if fmt == "parquet" else "jsonl"
         try:
             with staged_directory(destination) as staging:
@@ -432,7 +455,8 @@ class Pipeline:
             fmt,
             messages,
             files,
-            file_stats([item[0] for item in walked], self.location),
+            file_stats([item[0] for item in walked], plan),
+            plan.live_end,
         )
 
     def _exported(self, jobs: list[PartJob]) -> Iterator[tuple[RangeSummary, str, int]]:
@@ -487,6 +511,7 @@ class LocalPipeline(Pipeline):
             import pyarrow  # noqa: F401
         except ImportError:
             return self._stats_by_record(topics)
+        plan = self.plan()
         jobs = [
             StatsJob(summary, topics)
             for summary in summary_jobs(
@@ -495,6 +520,7 @@ class LocalPipeline(Pipeline):
                 check_crc=True,
                 delay_levels=self.options.delay_levels,
                 margin=self.margin,
+                plan=plan,
             )
         ]
         queues: dict[tuple[str, int], QueueStats] = {}
@@ -505,14 +531,15 @@ class LocalPipeline(Pipeline):
         ):
             walked.append(summary)
             _fold(queues, counted)
-        return _store_stats(queues, walked, self.location)
+        return _store_stats(queues, walked, plan)
 
     def _stats_by_record(self, topics: frozenset[str] | None) -> StoreStats:
-        walked = self.walk(check_crc=True)
+        plan = self.plan()
+        walked = self.walk(check_crc=True, plan=plan)
         queues: dict[tuple[str, int], QueueStats] = {}
         for part in self.bounded_ranges(walked):
             _fold(queues, count_range_by_record(self.location.uri, part, topics))
-        return _store_stats(queues, walked, self.location)
+        return _store_stats(queues, walked, plan)
 
 
 def export_range(
@@ -588,11 +615,11 @@ def _fold(queues: dict[tuple[str, int], QueueStats], counted: dict) -> None:
 
 
 def _store_stats(
-    queues: dict[tuple[str, int], QueueStats], walked: list, location: StoreLocation
+    queues: dict[tuple[str, int], QueueStats], walked: list, plan: LogPlan
 ) -> StoreStats:
     for entry in queues.values():
         entry.distinct_tags = len(entry.tags)
-    return StoreStats(list(queues.values()), file_stats(walked, location))
+    return StoreStats(list(queues.values()), file_stats(walked, plan), plan.live_end)
 
 
 @dataclass(frozen=True)

@@ -71,22 +71,31 @@ class StoreLocation:
             if info.type == fs.FileType.File and is_segment_name(info.base_name)
         )
 
-    def commitlog_segments(self) -> list[tuple[str, int]]:
+    def commitlog_segments(
+        self, listed: list[tuple[str, int]] | None = None
+    ) -> list[tuple[str, int]]:
         """(name, size) of the commit-log files, by name, as a broker loads them (see
         :meth:`checked_segments`): of the size the store states it has (a local store's
-        remembered geometry or ``config/broker.properties``), else all of one size."""
+        remembered geometry or ``config/broker.properties``), else all of one size.
+        ``listed``: the folder's :meth:`segments`, when the caller has listed it."""
         stated = None if self.remote else stated_file_size(Path(self.uri), "commitlog_file_size")
-        return self.checked_segments("commitlog", "commit-log", "the commit log", stated)
+        return self.checked_segments("commitlog", "commit-log", "the commit log", stated, listed)
 
     def checked_segments(
-        self, relative: str, kind: str, whole: str, size: int | None = None
+        self,
+        relative: str,
+        kind: str,
+        whole: str,
+        size: int | None = None,
+        listed: list[tuple[str, int]] | None = None,
     ) -> list[tuple[str, int]]:
         """(name, size) of the segment files of ``relative`` (``kind`` files, together
         ``whole``), by name, as a broker loads them: a zero-length last file (a 5.x broker
         deletes it at start-up; a running one has just made it) left out, and a file of
         another ``size`` (by default, than the others) refused: a broker does not load the
-        store, rmqstore's commands refuse it, and verify reports it."""
-        segments = self.segments(relative)
+        store, rmqstore's commands refuse it, and verify reports it. ``listed``: the folder's
+        :meth:`segments`, when the caller has listed it."""
+        segments = list(self.segments(relative) if listed is None else listed)
         if segments and segments[-1][1] == 0:
             segments.pop()
         sizes = Counter(found for _, found in segments)

@@ -73,6 +73,17 @@ def last_data_file(location: StoreLocation, segments: list[tuple[str, int]]) -> 
     return None
 
 
+@dataclass(frozen=True)
+class LogPlan:
+    """Ranges planned over a commit log, with what the planning saw: ``segments``, the
+    commit-log files then (name, size), and ``live_end``, the physical offset up to which a
+    store whose lock another process held is read (None when nobody held it)."""
+
+    ranges: list[FileRange]
+    segments: list[tuple[str, int]]
+    live_end: int | None = None
+
+
 def plan_ranges(
     location: StoreLocation,
     split: int,
@@ -81,21 +92,36 @@ def plan_ranges(
     bounds: dict[str, int] | None = None,
     margin: int = record_margin(),
 ) -> list[FileRange]:
+    """The ranges of :func:`plan_log`."""
+    return plan_log(location, split, split_last=split_last, bounds=bounds, margin=margin).ranges
+
+
+def plan_log(
+    location: StoreLocation,
+    split: int,
+    *,
+    split_last: bool,
+    bounds: dict[str, int] | None = None,
+    margin: int = record_margin(),
+) -> LogPlan:
     """Ranges of ``split`` bytes (0: whole files) over the files up to the last one holding
     data. The last one is split only with ``split_last``; ``bounds`` (file name to the end
     of its records) clips the ranges, and a file not in it is left out. Without ``bounds``,
     a store another process is writing is read as it stood: up to where the last file's data
     ended (:meth:`StoreLocation.live_end`); the records a broker writes after are left out,
     and a record it was writing is read whole."""
-    segments = location.commitlog_segments()
+    listed = location.segments("commitlog")
+    segments = location.commitlog_segments(listed)
     last = last_data_file(location, segments)
     if last is None:
-        return []
+        return LogPlan([], listed)
+    live_from = None
     if bounds is None:
         live_end = location.live_end(last, dict(segments)[last])
         if live_end is not None:
             bounds = {name: size for name, size in segments if name <= last}
             bounds[last] = live_end
+            live_from = int(last) + live_end
     names = {int(name): name for name, _ in segments if name <= last}
     spans = plan_spans(
         [(int(name), size) for name, size in segments if name <= last],
@@ -104,10 +130,11 @@ def plan_ranges(
         ends=None if bounds is None else {int(name): end for name, end in bounds.items()},
         data_end=lambda start, size: location.data_end(names[start], size),
     )
-    return [
+    ranges = [
         FileRange(names[file_start], file_start, start, stop, size, last_file, margin)
         for file_start, size, start, stop, last_file in spans
     ]
+    return LogPlan(ranges, listed, live_from)
 
 
 def plan_spans(
@@ -468,8 +495,12 @@ def summary_jobs(
     delay_levels: str | None = None,
     margin: int = record_margin(),
     count_copies: bool = False,
+    plan: LogPlan | None = None,
 ) -> list[SummaryJob]:
-    """A summary job per range of the whole log (CRCs checked in files from ``crc_from``)."""
+    """A summary job per range of the whole log, or of ``plan`` (CRCs checked in files from
+    ``crc_from``)."""
+    if plan is None:
+        plan = plan_log(location, split, split_last=True, margin=margin)
     return [
         SummaryJob(
             location.uri,
@@ -478,7 +509,7 @@ def summary_jobs(
             delay_levels,
             count_copies,
         )
-        for part in plan_ranges(location, split, split_last=True, margin=margin)
+        for part in plan.ranges
     ]
 
 

@@ -177,7 +177,8 @@ class SparkPipeline(Pipeline):
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        walked = self.walk(check_crc=True)
+        plan = self.plan()
+        walked = self.walk(check_crc=True, plan=plan)
         frame = self.messages(walked, include_body=False, topics=topics)
         grouped = frame.groupBy("topic", "queueId").agg(
             F.count(F.lit(1)).alias("messages"),
@@ -215,7 +216,7 @@ class SparkPipeline(Pipeline):
             )
         for row in tag_counts.collect():
             queues[(row.topic, row.queueId)].tags[row.tags] = row["count"]
-        return StoreStats(list(queues.values()), file_stats(walked, self.location))
+        return StoreStats(list(queues.values()), file_stats(walked, plan), plan.live_end)
 
     def verify(self, store: Store, options: VerifyOptions) -> VerifyReport:
         """The same findings as the local engine, the record ranges checked on executors."""

@@ -129,3 +129,55 @@ def test_a_store_being_written_is_exported_as_it_stood_with_each_record_whole(
     assert [row["keys"] for row in exported] == [f"key-{n}" for n in range(11)]
     assert exported[-1]["properties"] == being_written["properties"]
     assert exported[-1]["uniqKey"] == being_written["uniqKey"]
+
+
+def test_export_and_stats_of_a_store_being_written_say_where_they_read_it_up_to(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Read as it stood, a store another process writes is counted and exported up to where
+    its data ended when the command began: the JSON gives that offset as liveEnd, and stderr
+    warns that what was written after is not in the output. The commit-log file the writer
+    starts meanwhile (a broker's next file) is not listed as one whose data ends at 0: it
+    was not read."""
+    import rmqstore.segments as segments
+
+    from support import lock_held_elsewhere
+
+    store, being_written, finishing = store_being_written(tmp_path)
+    next_file = store / "commitlog" / f"{65536:020d}"
+
+    def finish_and_roll(seconds: float) -> None:
+        finishing(seconds)  # the record being written, and the next one, written whole
+        if not next_file.exists():
+            next_file.write_bytes(bytes(65536))
+
+    monkeypatch.setattr(
+        segments, "time", type("Time", (), {"sleep": staticmethod(finish_and_roll)})
+    )
+    with lock_held_elsewhere(store / "lock"):
+        counted = run_cli("stats", store, "--engine", "local", "--json")
+        exported = run_cli("export", store, "--engine", "local", "--to", tmp_path / "out",
+                           "--json")  # fmt: skip
+    log_end = (store / "commitlog" / f"{0:020d}").read_bytes().rstrip(b"\0")
+    start = being_written["commitLogOffset"]
+    for result, what, messages in ((counted, "counts", 11), (exported, "export", 12)):
+        assert result.exit_code == 0, result.stderr
+        document = json.loads(result.stdout)
+        live_end = document["liveEnd"]
+        if what == "counts":  # where the record being written had its tail still zeros
+            assert start < live_end <= start + being_written["storeSize"] - 16
+        else:  # the writes were finished by then
+            assert live_end == len(log_end)
+        assert (
+            f"as it stood when the command began, up to commit-log offset {live_end:,}; the "
+            f"messages written after are not in the {what}"
+        ) in " ".join(result.stderr.split())
+        files = document["files" if what == "counts" else "commitLogFiles"]
+        assert [entry["file"] for entry in files] == [f"commitlog/{0:020d}"]
+        assert document["messages"] == messages
+    at_rest = json.loads(run_cli("stats", store, "--engine", "local", "--json").stdout)
+    assert at_rest["liveEnd"] is None and at_rest["messages"] == 12
+    assert at_rest["files"][-1] == {
+        "file": f"commitlog/{65536:020d}", "records": 0, "bytes": 0, "blankBytes": 0,
+        "crcFailures": 0, "invalidRegions": 0, "end": 0, "endedBy": "end",
+    }  # fmt: skip

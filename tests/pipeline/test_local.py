@@ -21,7 +21,7 @@ from rmqstore.pipeline.local import (
     PipelineOptions,
     _Background,
 )
-from rmqstore.pipeline.ranges import FileRange
+from rmqstore.pipeline.ranges import LogPlan
 from rmqstore.record import COMPRESSED_FLAG
 from rmqstore.store import Store
 
@@ -249,15 +249,16 @@ def test_a_failed_worker_process_leaves_nothing_behind(
     generate("multi", store_dir)
     import rmqstore.pipeline.local as pipeline_module
 
-    planned = pipeline_module.plan_ranges
+    planned = pipeline_module.plan_log
 
-    def with_a_missing_file(*args: object, **kwargs: object) -> list[FileRange]:
-        ranges = planned(*args, **kwargs)
+    def with_a_missing_file(*args: object, **kwargs: object) -> LogPlan:
+        plan = planned(*args, **kwargs)
+        ranges = plan.ranges
         middle = len(ranges) // 2
         gone = replace(ranges[middle], name=f"{ranges[middle].file_start + 1:020d}")
-        return [*ranges[:middle], gone, *ranges[middle:]]
+        return replace(plan, ranges=[*ranges[:middle], gone, *ranges[middle:]])
 
-    monkeypatch.setattr(pipeline_module, "plan_ranges", with_a_missing_file)
+    monkeypatch.setattr(pipeline_module, "plan_log", with_a_missing_file)
     pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=9000, workers=2))
     with pytest.raises(StoreIOError, match="No such file"):
         pipeline.export(str(tmp_path / "out"), "parquet")
@@ -445,9 +446,9 @@ def test_the_lock_is_asked_only_to_read_a_store_being_written_as_it_stood(
     tmp_path: Path, lock: str
 ) -> None:
     """The pipelines ask a local store's lock whether another process writes the store (it
-    is then read up to where its data ended when the read began): one held reads every
-    record of a store at rest the same, and a lock that is no file, which cannot be asked,
-    leaves the store read as it is."""
+    is then read up to where its data ended when the read began, which the result says): one
+    held reads every record of a store at rest the same, and a lock that is no file, which
+    cannot be asked, leaves the store read as it is."""
     from support import lock_held_elsewhere
 
     store_dir = tmp_path / "store"
@@ -460,4 +461,9 @@ def test_the_lock_is_asked_only_to_read_a_store_being_written_as_it_stood(
     else:
         with lock_held_elsewhere(store_dir / "lock"):
             read = LocalPipeline(str(store_dir), PipelineOptions(split=20000)).stats()
-    assert read.to_dict() == at_rest.to_dict() and at_rest.to_dict()["messages"] > 0
+    last = at_rest.files[-1]
+    log_end = int(last.file.removeprefix("commitlog/")) + (last.end or 0)
+    assert at_rest.live_end is None and log_end > 0
+    assert read.live_end == (log_end if lock == "held" else None)
+    assert replace(read, live_end=None).to_dict() == at_rest.to_dict()
+    assert at_rest.to_dict()["messages"] > 0
