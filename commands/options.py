@@ -202,15 +202,30 @@ STORE_TIME = StoreTime()
 
 
 def jobs_option(help_text: str = RANGE_JOBS_HELP) -> Callable[[F], F]:
-    """``--jobs N`` (at least 1, default 1) with the command's own help text."""
+    """``--jobs N`` (at least 1, default 1) with the command's own help text; more than the
+    CPUs this process may use is lowered to them, with a note."""
     return click.option(
         "--jobs",
         type=click.IntRange(min=1),
         default=1,
         show_default=True,
         metavar="N",
-        help=help_text,
+        callback=_usable_jobs,
+        help=help_text + " At most the CPUs this process may use: a larger N is lowered to "
+        "them (the work is CPU-bound, and each worker holds its own memory).",
     )
+
+
+def _usable_jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    from rmqstore.workers import usable_cpus
+
+    cpus = usable_cpus()
+    if value > cpus:
+        cpus_text = "1 CPU" if cpus == 1 else f"{cpus} CPUs"
+        workers = "in this process alone" if cpus == 1 else f"{cpus} worker processes"
+        note(f"--jobs {value}: this process may use {cpus_text}; running {workers}")
+        return cpus
+    return value
 
 
 ENGINES = ("local", "spark")

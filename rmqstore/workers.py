@@ -32,6 +32,15 @@ Runner = Callable[[Callable[[Any], Any], list], list]
 Progress = Callable[[str, int], AbstractContextManager[Callable[[int], None]]]
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the system tells it, as in a
+    container given fewer CPUs than the machine has)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def run_here(function: Callable[[Any], Any], jobs: list) -> list:
     """One job after the other in this process."""
     return [function(job) for job in jobs]

@@ -38,3 +38,30 @@ def test_entry_point_keeps_openblas_to_one_thread_unless_told(
     ).stdout.splitlines()
     assert shown[0].startswith("rmqstore")
     assert shown[-1] == expected
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_more_jobs_than_the_cpus_the_process_may_use_are_lowered_to_them(tmp_path) -> None:
+    """--jobs 64 in a process allowed one CPU runs the work here, with a note, instead of 64
+    worker processes each holding its own memory (on a broker's host, memory the broker
+    needs); the counts are those of one process."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    one_cpu = min(os.sched_getaffinity(0))
+
+    def stats(*options: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "rmqstore", "stats", str(store), "--json", *options],
+            capture_output=True,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, {one_cpu}),
+        )
+
+    lowered, alone = stats("--jobs", "64", "--split-size", "9000"), stats()
+    assert lowered.returncode == 0, lowered.stderr
+    assert "rmqstore: --jobs 64: this process may use 1 CPU; running in this process alone" in (
+        lowered.stderr.splitlines()
+    )
+    assert lowered.stdout == alone.stdout
