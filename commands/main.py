@@ -91,8 +91,11 @@ class RmqStoreGroup(click.Group):
         except OSError as exc:
             detail = exc.strerror or str(exc)
             where = f" ({exc.filename})" if exc.filename else ""
+            if exc.errno in _PATH_ERRORS:  # the path given does not lead to a file
+                _error(f"{detail}{where}{context_of(exc)}")
+                ctx.exit(ExitCode.USAGE)
             _error(f"I/O failure: {detail}{where}{context_of(exc)}")
-            ctx.exit(ExitCode.IO if exc.errno != errno.ENOENT else ExitCode.USAGE)
+            ctx.exit(ExitCode.IO)
         except Exception as exc:
             _internal_error(ctx, exc)
 
@@ -103,6 +106,10 @@ def _keep_spark_log() -> None:
     if spark is not None:
         spark.keep_log()
 
+
+# a path that leads nowhere (missing, through a file, too long, a loop of links): the input
+# given is wrong, not the machine failing
+_PATH_ERRORS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP})
 
 _OPTIONAL_MODULES = frozenset({"pyarrow", "pyspark", "pandas", "numpy"})
 

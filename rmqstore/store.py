@@ -9,6 +9,7 @@ when the consume queues have caught up (as a broker's shutdown does).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from bisect import bisect_left
@@ -1223,15 +1224,22 @@ def _make_new_root(root: Path) -> None:
         )
     missing = missing_folders(root)
     made: list[Path] = []
+    folder = root
     try:
         for folder in reversed(missing):
             folder.mkdir()
             made.append(folder)
             fsync_directory(folder.parent)
     except OSError as exc:
-        for folder in reversed(made):
+        for made_folder in reversed(made):
             with contextlib.suppress(OSError):
-                folder.rmdir()
+                made_folder.rmdir()
+        if exc.errno == errno.EEXIST:  # not there to exists(), yet there: a link to nowhere
+            raise NotAStoreError(
+                f"cannot create {root}: {folder} is in the way (a link that leads nowhere?)"
+            ) from None
+        if exc.errno in (errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP):
+            raise NotAStoreError(f"cannot create {root}: {exc.strerror}") from None
         raise StoreIOError(f"cannot create {root}: {exc.strerror}") from None
 
 

@@ -228,7 +228,8 @@ def check_export(destination: str, fmt: str) -> None:
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise InputError(f"{path} exists and is not an empty directory; choose a new one")
     if not path.parent.is_dir():
-        raise InputError(f"{path.parent}: no such directory")
+        what = "is not a directory" if path.parent.exists() else "no such directory"
+        raise InputError(f"{path.parent}: {what}")
 
 
 def _remote(destination: str) -> bool:

@@ -543,6 +543,35 @@ def test_an_empty_path_is_refused_not_taken_for_the_current_directory(
     assert not (tmp_path / "out").exists() and not (tmp_path / "copy").exists()
 
 
+def test_a_path_that_leads_nowhere_is_an_input_error_naming_it(tmp_path: Path) -> None:
+    """A path too long for the file system, through a file, or through a loop of links is
+    the input given being wrong (exit 2, one line naming the path), as a missing one is, not
+    an I/O failure of the machine (exit 4); nothing is made or changed."""
+    store = tmp_path / "store"
+    generate("torn-tail", store)
+    before = tree_digest(store)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    too_long = str(tmp_path / ("x" * 300))
+    through_a_file = str(store / "checkpoint" / "store")
+    looping = str(tmp_path / "loop" / "store")
+    for path in (too_long, through_a_file, looping):
+        for command in (
+            ["info", path],
+            ["verify", path],
+            ["append", path, "--create", "--topic", "T", "--body", "b"],
+            ["export", str(store), "--to", path, "--engine", "local"],
+            ["fixtures", "generate", "basic", path],
+            ["replicate", str(store), path],
+        ):
+            result = run_cli(*command)
+            assert result.exit_code == 2, (command, result.stderr)
+            assert result.stderr.splitlines()[-1].startswith("rmqstore: error: "), command
+            named = path[-20:] in result.stderr or str(Path(path).parent) in result.stderr
+            assert "I/O failure" not in result.stderr and named, command
+    assert tree_digest(store) == before
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["loop", "store"]
+
+
 def test_an_empty_topic_or_key_is_refused_not_matched_against_nothing(tmp_path: Path) -> None:
     """``--topic "$TOPIC"`` with TOPIC unset used to count, export, check or build nothing
     and exit 0 (``append`` said no topic was given, ``read --key`` found no message): an
@@ -623,7 +652,7 @@ def test_a_new_store_path_through_dotdot_or_failing_part_way_leaves_nothing(
     """``new/..`` names the folder above ``new``, which exists only once ``new`` is made: the
     writers made ``new``, then failed with "File exists" (exit 4), leaving it behind. Such a
     path is refused (exit 2) before anything is made; and a path whose folders are made part
-    way before one cannot be (its name too long) has those folders removed again."""
+    way before one cannot be (its name too long: exit 2) has those folders removed again."""
     source = small_store(tmp_path)
     for command in (
         ["fixtures", "generate", "basic", tmp_path / "new1" / ".."],
@@ -635,7 +664,7 @@ def test_a_new_store_path_through_dotdot_or_failing_part_way_leaves_nothing(
         assert "cannot pass through '..'" in result.stderr, command
     too_long = tmp_path / "new4" / "deeper" / ("x" * 300)
     result = run_cli("fixtures", "generate", "basic", too_long)
-    one_line_error(result, 4)
+    one_line_error(result, 2)  # the path given is wrong: an input error
     assert not any(entry.name.startswith("new") for entry in tmp_path.iterdir())
 
 
