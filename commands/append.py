@@ -268,8 +268,9 @@ def command(
     The broker's rules apply: the roll rule with BLANK records, dense queue offsets continuing
     the store's, non-decreasing store times, a generated UNIQ_KEY and the CLUSTER property,
     DELAY messages moved to SCHEDULE_TOPIC_XXXX. With --dispatch the messages also go into
-    consume queues and the index; without it 'abort' is left so a broker re-dispatches them at
-    start. A topic appended to that config/topics.json does not list (or a queue id past its
+    consume queues and the index, and each flush moves the checkpoint's times to what it made
+    durable; without it 'abort' is left so a broker re-dispatches them at start. A topic
+    appended to that config/topics.json does not list (or a queue id past its
     readQueueNums/writeQueueNums) is added to it, with default options, as mqadmin updateTopic
     would, since a broker serves only the topics listed there (a DELAY message's own topic,
     where it is delivered later, not SCHEDULE_TOPIC_XXXX, which a broker makes itself with a
@@ -362,7 +363,11 @@ def command(
                 appender,
                 policy=policy,
                 **report,  # type: ignore[arg-type]
-                on_commit=(lambda: dispatcher.run(until=appender.end_offset))
+                on_commit=(
+                    lambda: dispatcher.run(
+                        until=appender.end_offset, flushed_time=appender.last_store_timestamp
+                    )
+                )
                 if dispatcher
                 else None,
                 on_reported=_guard_output(_flush_stdout),

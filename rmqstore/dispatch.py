@@ -233,6 +233,7 @@ class Dispatcher:
         queued_time: int | None = None,
         no_later_than: int | None = None,
         check_start: bool = False,
+        flushed_time: int | None = None,
     ) -> DispatchResult:
         """Dispatch from ``from_offset`` (default: :meth:`start_offset`: the cursor, or after
         a crash where its replay starts) to the log's valid end, or to ``until`` when the
@@ -241,7 +242,9 @@ class Dispatcher:
         consume queue elsewhere (for the checkpoint). ``no_later_than``: start there when the
         cursor is later (what the queues and index hold is skipped). ``check_start``:
         ``from_offset`` is a user's, refused (InputError) where no record starts before the
-        log's valid end."""
+        log's valid end. ``flushed_time``: the caller (an appender) has just forced the log
+        to disk up to ``until``, its last record stored at this time: the checkpoint's
+        physicMsgTimestamp moves to it, as a broker's flush service moves it."""
         store = self.store
         log = store.commitlog
         # the rules the log's end is found by, as they are before this run begins writing
@@ -274,7 +277,7 @@ class Dispatcher:
             result.log_end = end.offset
             with store.until_done("dispatch", self._where_residue_is, self.changed):
                 store.begin_write()
-                self._finish(result, last_time=queued_time)
+                self._finish(result, last_time=queued_time, flushed_time=flushed_time)
             return result
         if self.partial:
             refuse_a_cutting_abort(store)
@@ -330,7 +333,7 @@ class Dispatcher:
         self._check_ahead(ahead, furthest, result.log_end)
         result.queues_touched = len(walk.touched)
         with store.until_done("dispatch", self._where_residue_is, self.changed):
-            self._finish(result, walk.last_time)
+            self._finish(result, walk.last_time, flushed_time=flushed_time)
         return result
 
     def _walk(
@@ -438,9 +441,12 @@ class Dispatcher:
         """Flush and record progress for work done elsewhere (a parallel rebuild)."""
         self._finish(result, last_time)
 
-    def _finish(self, result: DispatchResult, last_time: int | None) -> None:
+    def _finish(
+        self, result: DispatchResult, last_time: int | None, *, flushed_time: int | None = None
+    ) -> None:
         """Make the written files durable, then record progress in the checkpoint (never ahead
-        of what is on disk), and tell the store how far the consume queues reach."""
+        of what is on disk: ``flushed_time``, the store time of the last record the caller
+        forced to disk in the log), and tell the store how far the consume queues reach."""
         for queue in self.queues.values():
             queue.flush()
         full_index_end = 0
@@ -462,6 +468,8 @@ class Dispatcher:
             updated = replace(updated, logics_msg_timestamp=last_time)
         if full_index_end > checkpoint.index_msg_timestamp:
             updated = replace(updated, index_msg_timestamp=full_index_end)
+        if flushed_time is not None and flushed_time > checkpoint.physic_msg_timestamp:
+            updated = replace(updated, physic_msg_timestamp=flushed_time)
         if updated != checkpoint or (self.store.checkpoint() is None and last_time is not None):
             write_checkpoint(self.store.checkpoint_path, updated)
         if self.partial:  # does it leave records out before where the queues now reach?

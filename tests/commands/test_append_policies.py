@@ -41,13 +41,16 @@ def _lines(count: int, size: int = 600) -> bytes:
     )
 
 
-def _reported_within(child: subprocess.Popen, seconds: float) -> list[dict]:
-    """The acknowledgements the child prints within ``seconds`` (its input left open)."""
+def _reported_within(
+    child: subprocess.Popen, seconds: float, expected: int | None = None
+) -> list[dict]:
+    """The acknowledgements the child prints within ``seconds`` (its input left open), or
+    until ``expected`` of them have come."""
     assert child.stdout is not None
     reported: list[dict] = []
     deadline = time.monotonic() + seconds
     pending = b""
-    while (left := deadline - time.monotonic()) > 0:
+    while (left := deadline - time.monotonic()) > 0 and len(reported) != expected:
         if not select.select([child.stdout], [], [], left)[0]:
             break
         chunk = os.read(child.stdout.fileno(), 65536)
@@ -221,3 +224,34 @@ def test_new_files_are_sparse_unless_preallocated(tmp_path: Path) -> None:
         (commitlog,) = (store / "commitlog").iterdir()
         sizes[name] = os.stat(commitlog).st_blocks * 512
     assert sizes["sparse"] <= 64 * 1024 * 1024 < sizes["warm"]  # of a 1 GiB file
+
+
+@pytest.mark.parametrize(
+    "flush", [["--flush", "sync"], ["--flush", "async", "--flush-interval", "50"]]
+)
+def test_a_running_append_dispatch_moves_the_checkpoint_with_its_flushes(
+    store: Path, flush: list[str]
+) -> None:
+    """While ``append --dispatch`` runs, the checkpoint says what its flushes made durable,
+    as a broker's does: physicMsgTimestamp, the store time of the last record flushed (it
+    moved only when the command ended, so a writer killed after hours of appending left a
+    checkpoint whose recovery walks the log from its first file), and logicsMsgTimestamp,
+    the last one in the consume queues; neither ahead of what was reported durable."""
+    from rmqstore.checkpoint import read_checkpoint
+
+    child = _writer(store, "--dispatch", *flush)
+    assert child.stdin is not None
+    try:
+        for burst in range(2):
+            child.stdin.write(_lines(50))  # over the 4 least pages
+            child.stdin.flush()
+            reported = _reported_within(child, 5, expected=50)  # the input is still open
+            assert len(reported) == 50, burst
+            checkpoint = read_checkpoint(store / "checkpoint")
+            assert checkpoint is not None
+            last = reported[-1]["storeTimestamp"]
+            assert checkpoint.physic_msg_timestamp == last, burst
+            assert checkpoint.logics_msg_timestamp == last, burst
+    finally:
+        child.stdin.close()
+        assert child.wait(timeout=30) == 0
