@@ -302,7 +302,11 @@ def command(
     (records missing from the queue: the next message would take a stored one's queue
     offset; dispatch --rebuild --yes mends it), and so is a store with a consume queue
     missing a file among its last three (a broker's load walks on past the gap: its next
-    queue offset is not where the queue ends here). Without --dispatch, a store without 'abort'
+    queue offset is not where the queue ends here), and so is a store with a queue folder
+    that holds no unit while the commit log holds that queue's records before where the
+    queues end (its files were lost: the next message would take queue offset 0, which a
+    stored one has; dispatch --rebuild --yes mends it; only then is the log read up to
+    there). Without --dispatch, a store without 'abort'
     is refused, unchanged, when the crash recovery the 'abort' left makes a broker run would
     end its log early: it walks from the file the checkpoint picks, which may be earlier than
     the last three a normal recovery walks, and damage there would cut the log (append with

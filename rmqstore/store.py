@@ -842,6 +842,33 @@ class Store:
         self.notes.append(f"moved {where} to {quarantine.directory} before appending")
         self.commitlog.forget_maps()
 
+    def _refuse_lost_queue_files(self, unitless: set[tuple[str, int]], cursor: int) -> None:
+        """StoreFormatError when the commit log holds, before ``cursor`` (where the consume
+        queues end), a record of one of the ``unitless`` queues: folders that hold no unit. A
+        broker makes a queue's folder with its first unit's file, and its recovery deletes
+        the files whose units all point past the log's valid end, so a queue without units
+        whose records the log holds lost its files: appending would give the next message a
+        queue offset a stored one has. Read only in that case, the log up to ``cursor``
+        (the records after it are counted as appending learns the offsets)."""
+        log = self.commitlog
+        queue_ids = {queue_id for _, queue_id in unitless}
+        topics = TopicNames()
+        for window, _window_start, rows, count in log.scan(log.min_offset).batches():
+            for row in range(count):
+                at = row * ROW_WIDTH
+                offset = rows[at + PHYSICAL_OFFSET]
+                if offset >= cursor:
+                    return
+                if rows[at + QUEUE_ID] not in queue_ids:
+                    continue
+                if rows[at + SYS_FLAG] & TRANSACTION_MASK in _UNQUEUED:
+                    continue
+                key = (topics.of(window, rows, row), rows[at + QUEUE_ID])
+                if key in unitless:
+                    raise StoreFormatError(
+                        _lost_files_refusal(key, offset, rows[at + QUEUE_OFFSET])
+                    )
+
     def log_state(self, end: LogEnd, queues: list[tuple[str, int]]) -> LogState:
         """What appending continues from, learnt as a broker's start-up learns it
         (``recoverTopicQueueTable`` once the dispatcher has caught up): each queue's next
@@ -872,6 +899,9 @@ class Store:
             )
         start = last_queued if 0 <= last_queued < end.offset else log.min_offset
         cursor = max(cursor, log.min_offset)
+        unitless = {key for key, tip in tips.items() if tip is None or tip.max_offset == 0}
+        if unitless:
+            self._refuse_lost_queue_files(unitless, min(cursor, end.offset))
         state = LogState()
         last = None
         scan = log.scan(start)
@@ -1130,6 +1160,19 @@ def refuse_output_inside(store_root: Path, output: Path, what: str) -> None:
             "broker lists the store's folders, and a 4.x broker refuses to start with a "
             "folder in its commit-log directory)"
         )
+
+
+def _lost_files_refusal(key: tuple[str, int], offset: int, queue_offset: int) -> str:
+    """Why appending is refused when a queue's folder holds no unit but the commit log, before
+    where the consume queues end, holds records of that queue: its files were lost."""
+    topic, queue_id = key
+    return (
+        f"the consume queue of {topic}:{queue_id} holds no unit, but the commit log holds its "
+        f"records (one at offset {offset}, queue offset {queue_offset}): its files were lost, "
+        "so an appended message would take a queue offset a stored message already has (as a "
+        "broker would give it 0); run rmqstore dispatch --rebuild --yes first (rmqstore "
+        "verify shows the records missing from the queue)"
+    )
 
 
 def _hole_refusal(key: tuple[str, int], queue_offset: int, tip: QueueTip) -> str:

@@ -488,6 +488,64 @@ def test_a_store_with_a_dispatch_hole_is_refused_until_rebuilt(tmp_path: Path) -
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
 
 
+@pytest.mark.parametrize("loss", ["deleted", "emptied"])
+def test_a_queue_whose_files_were_lost_is_refused_until_rebuilt(tmp_path: Path, loss: str) -> None:
+    """A queue's only consume-queue file deleted, or emptied (a 5.x broker deletes an empty
+    last file as it loads), while the commit log holds the queue's 44 records, all before
+    where the other queues end: the queue looked new, and the message appended to it took
+    queue offset 0, which a stored message has, so verify then found nothing a command could
+    mend (before, dispatch --rebuild mended it). Refused, the store unchanged, whichever
+    queue is appended to; after dispatch --rebuild the message takes 44."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    only_file = store / "consumequeue" / "TopicTest" / "1" / f"{0:020d}"
+    if loss == "deleted":
+        only_file.unlink()
+    else:
+        only_file.write_bytes(b"")
+    before = tree_digest(store)
+    for queue in ("1", "2"):
+        refused = run_cli("append", store, "--topic", "TopicTest", "--queue", queue, "--body", "x",
+                          "--dispatch")  # fmt: skip
+        assert refused.exit_code == 2, refused.stderr
+        assert (
+            "the consume queue of TopicTest:1 holds no unit, but the commit log holds its "
+            "records (one at offset 7047, queue offset 0)" in " ".join(refused.stderr.split())
+        )
+    assert tree_digest(store) == before
+    rebuilt = run_cli("dispatch", store, "--rebuild", "--yes")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    result = run_cli("append", store, "--topic", "TopicTest", "--queue", "1", "--body", "x",
+                     "--dispatch", "--jsonl")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == 44
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
+def test_a_queue_a_recovery_emptied_takes_messages_from_queue_offset_0(tmp_path: Path) -> None:
+    """A recovery deletes the consume-queue files whose units all point past the log's valid
+    end, as a broker's does: a new queue whose only record was the torn one is left a folder
+    without files, and the log holds none of its records. Appending to it is no loss of
+    files: the message takes queue offset 0, and the store is sound."""
+    store = new_store(tmp_path)
+    torn = run_cli("append", store, "--topic", "New", "--body", "b" * 64, "--dispatch", "--jsonl")
+    assert torn.exit_code == 0, torn.stderr
+    record = json.loads(torn.stdout)
+    with open(store / "commitlog" / f"{0:020d}", "r+b") as log:  # its body and after: zeros
+        log.seek(record["commitLogOffset"] + 20)
+        log.write(bytes(record["storeSize"] - 20))
+    (store / "abort").touch()
+    recovered = run_cli("recover", store, "--yes")
+    assert recovered.exit_code == 0, recovered.stderr
+    assert list((store / "consumequeue" / "New" / "0").iterdir()) == []
+    result = run_cli("append", store, "--topic", "New", "--body", "again", "--dispatch", "--jsonl")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == 0
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
 def test_a_log_that_cannot_be_read_to_its_end_is_refused(tmp_path: Path) -> None:
     """Without consume queues the offsets come from the whole log; a corrupt record before
     the valid end makes them unknowable, and the append is refused with nothing changed."""
