@@ -87,7 +87,7 @@ FIXES = {
     "record-physical-offset": _RECOVER,
     "record-body-crc": _RECOVER,
     "record-property-crc": _RECOVER,
-    "blank-size": _RECOVER,
+    "blank-size": REPORT_ONLY,  # a broker's walk goes on to the next file whatever it says
     "file-incomplete": _RECOVER,
     "data-after-end": _RECOVER,
     "cq-file-size": _REBUILD,

@@ -441,7 +441,10 @@ class RecordPass:
                         self.report.add(
                             "blank-size",
                             f"BLANK declares {region.blank_length} bytes but "
-                            f"{file_size - region.end_position} remain",
+                            f"{file_size - region.end_position} remain (damage: a broker "
+                            "writes a BLANK over the rest of its file; its walk, and rmqstore's "
+                            "readers, go on to the next file whatever it declares, and no "
+                            "command rewrites it)",
                             **log_place(name, end),
                         )
                     self.facts.end_offset = end

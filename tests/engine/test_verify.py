@@ -110,6 +110,23 @@ def test_record_cut_in_half_in_an_older_file(oracle, tmp_path: Path) -> None:
     assert report.checked["records"] == 3001
 
 
+def test_a_blank_of_the_wrong_size_is_reported_not_sent_to_recover(oracle, tmp_path: Path) -> None:
+    """A BLANK closing the first file whose size field says 0 (a broker writes the rest of
+    the file there): a broker's walk, and rmqstore's readers, go on to the next file whatever
+    it declares, and no command rewrites it. verify named recover, which left it, and then
+    recover again; it is report only, and every record is still checked."""
+    store_dir = oracle("s1_multi").copy_to(tmp_path)
+    first = (store_dir / "commitlog" / f"{0:020d}").read_bytes()
+    blank = first.rindex(struct.pack(">i", -875286124))  # BLANK_MAGIC_CODE, 0xcbd43194
+    patch(store_dir, blank - 4, struct.pack(">i", 0))  # its TOTALSIZE
+    report = run(store_dir)
+    (finding,) = [f for f in report.findings if f.kind == "blank-size"]
+    assert finding.commit_log_offset == blank - 4
+    assert kinds(report) == {"blank-size"} and report.checked["records"] == 3002
+    assert report.next_step(str(store_dir)) is None
+    assert report.to_dict(str(store_dir))["findings"][0]["fix"] == "none: report only"
+
+
 @pytest.mark.parametrize("aborted", [True, False])
 def test_garbage_after_the_last_record(oracle, tmp_path: Path, aborted: bool) -> None:
     store_dir = oracle("s1_multi").copy_to(tmp_path)
