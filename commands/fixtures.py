@@ -83,8 +83,8 @@ def list_command(as_json: bool) -> int:
     type=click.IntRange(min=1),
     metavar="N",
     help="How many messages (default: the scenario's own count); refused when their records "
-    "alone would not fit in OUT's free space. A generation stopped part-way (a full disk, "
-    "Ctrl-C) removes what it made.",
+    "alone would not fit in OUT's free space, and above 100,000 for a damaged scenario. A "
+    "generation stopped part-way (a full disk, Ctrl-C) removes what it made.",
 )
 @click.option(
     "--broker-version",

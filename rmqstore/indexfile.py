@@ -41,6 +41,10 @@ _INT = struct.Struct(">i")
 _NAME = re.compile(r"[0-9]{17}")
 _RESERVE_ENTRIES = 65536  # entries whose blocks are allocated at a time (1.25 MiB)
 _ENTRY_CHUNK = 65536  # entries read at a time (1.25 MiB)
+# index files an IndexService keeps open (descriptors, or the map of the one written): the
+# others are opened again when read. A store of small index files has thousands, and each
+# held open ran a dispatch or recovery out of descriptors (EMFILE) under a ulimit of 1024
+OPEN_FILES_KEPT = 64
 # a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key
 HASHED_KEY = struct.Struct(kernel_layout.HASHED_KEY_FORMAT)
 
@@ -120,6 +124,10 @@ class IndexFile:
         self.writable = writable
         self._entries_at = HEADER_SIZE + slots * SLOT_SIZE
         self.reserved_entries = 0  # entries below this number have their disk blocks
+        # released (:meth:`release`): the file is opened again, read-only, when next read;
+        # ``on_reopen`` is told (the service keeping few open)
+        self.released = False
+        self.on_reopen: Callable[[IndexFile], None] | None = None
 
     @classmethod
     def open(cls, path: Path, slots: int, entries: int, *, writable: bool = False) -> IndexFile:
@@ -326,6 +334,8 @@ class IndexFile:
         """``length`` bytes of the file from ``position`` (which the file must hold)."""
         if self.buf is not None:
             return bytes(self.buf[position : position + length])
+        if self.released:
+            self._reopen()
         try:
             data = os.pread(self.fd, length, position)
         except OSError as exc:
@@ -384,9 +394,29 @@ class IndexFile:
             except OSError as exc:
                 raise StoreIOError(f"cannot flush {self.path}: {exc.strerror}") from None
 
+    def release(self) -> None:
+        """Flush a writable file and let its map or descriptor go, keeping the header: the
+        file is opened again, read-only, when next read (a full file is never written
+        again)."""
+        if self.released or (self.buf is None and self.fd < 0):
+            return  # released, or closed
+        self.close()
+        self.writable = False
+        self.released = True
+
+    def _reopen(self) -> None:
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StoreIOError(f"cannot read {self.path}: {exc.strerror}") from None
+        self.released = False
+        if self.on_reopen is not None:
+            self.on_reopen(self)
+
     def close(self, *, flush: bool = True) -> None:
         """Flush (a writable file, unless ``flush`` is False: a failed open or creation) and
         release the map or descriptor."""
+        self.released = False
         if self.buf is not None:
             if flush:
                 self.flush()
@@ -421,16 +451,42 @@ class IndexService:
         # told each new file's path before the file is made (a quarantine lists it as made)
         self.on_create: Callable[[Path], None] | None = None
         self._topic_prefixes: dict[str, int] = {}  # Java hash of "topic#"
+        self._open: dict[IndexFile, None] = {}  # the files held open, oldest first
         if directory.is_dir():
             try:
                 for path in sorted(directory.iterdir()):
                     if is_index_name(path.name) and path.is_file():
-                        self.files.append(IndexFile.open(path, slots, entries, writable=writable))
+                        if writable and self.files:
+                            self.files[-1].release()  # never written again: not the last
+                        self._held(IndexFile.open(path, slots, entries, writable=writable))
                     else:
                         self.unexpected.append(path)
             except BaseException:
                 self.close()  # the maps of the files opened before the one that failed
                 raise
+
+    def _held(self, index: IndexFile) -> IndexFile:
+        """Add a file just opened (the last of :attr:`files`)."""
+        self.files.append(index)
+        index.on_reopen = self._reopened
+        self._reopened(index)
+        return index
+
+    def _reopened(self, index: IndexFile) -> None:
+        """Count ``index`` as held open, and release the ones held longest beyond
+        :data:`OPEN_FILES_KEPT` (never the one written, nor ``index``)."""
+        held = self._open
+        held.pop(index, None)
+        held[index] = None
+        if len(held) <= OPEN_FILES_KEPT:
+            return
+        for oldest in list(held):
+            if len(held) <= OPEN_FILES_KEPT:
+                break
+            if oldest is index or oldest.writable:
+                continue
+            del held[oldest]
+            oldest.release()  # a no-op for one released or closed since
 
     @property
     def last(self) -> IndexFile | None:
@@ -459,8 +515,9 @@ class IndexService:
             self.entries,
             last.header if last else None,
         )
-        self.files.append(created)
-        return created
+        if last is not None:
+            last.release()  # full: never written again
+        return self._held(created)
 
     def build(
         self,
@@ -597,3 +654,4 @@ class IndexService:
         for index in self.files:
             index.close()
         self.files = []
+        self._open.clear()

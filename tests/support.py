@@ -8,6 +8,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tarfile
 import uuid
 from collections.abc import Iterator
@@ -123,6 +124,20 @@ def fresh_python(code: str, *args: str | Path) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def peak_rss_mib(command: list[str]) -> tuple[int, int]:
+    """Exit code and peak resident memory (MiB) of ``rmqstore COMMAND`` in a child."""
+    code = (  # VmHWM: this process's own peak (ru_maxrss would count the parent's at fork)
+        "import re,sys; from rmqstore.commands.main import run; rc = run(sys.argv[1:]); "
+        "status = open('/proc/self/status').read(); "
+        "print(int(re.search(r'VmHWM:\\s+(\\d+)', status).group(1)) // 1024, file=sys.stderr); "
+        "sys.exit(rc)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=120
+    )
+    return result.returncode, int(result.stderr.strip().splitlines()[-1])
 
 
 def run_cli(*args: str | Path, input: str | bytes | None = None, env: dict[str, str] | None = None):

@@ -9,7 +9,7 @@ import pytest
 
 from rmqstore.fixtures import SCENARIOS
 
-from support import run_cli, tree_digest
+from support import peak_rss_mib, run_cli, tree_digest
 
 
 def test_list() -> None:
@@ -117,3 +117,19 @@ def test_a_forced_generation_is_undone_by_its_restore(tmp_path: Path) -> None:
     assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
     aside = Path(json.loads(restored.stdout)["setAsideIn"])
     assert json.loads((aside / "fixture.json").read_text())["scenario"] == "multi"
+
+
+def test_a_large_clean_fixture_is_generated_in_flat_memory(tmp_path: Path) -> None:
+    """Every message put was kept for the manifest's list (left out above 100,000) and the
+    damage: `multi --messages 120000` peaked at 183 MiB, 400,000 at 620 MiB, and 3,346,148
+    ran out of a 4 GiB address space. A clean scenario keeps them only when they are listed;
+    a damaged one, which needs them, is refused above the list's limit."""
+    out = tmp_path / "store"
+    code, peak = peak_rss_mib(["fixtures", "generate", "multi", str(out), "--messages", "120000"])
+    assert code == 0 and peak < 100
+    manifest = json.loads((out / "fixture.json").read_text())
+    assert manifest["messageCount"] == 120_002 and manifest["messages"] is None
+    assert run_cli("verify", out).exit_code == 0
+    refused = run_cli("fixtures", "generate", "torn-tail", tmp_path / "t", "--messages", "100001")
+    assert refused.exit_code == 2 and "at most 100,000 messages" in refused.stderr
+    assert not (tmp_path / "t").exists()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rmqstore.fixtures import generate
+from rmqstore.fixtures import FixtureOptions, generate
 
-from support import lock_held_elsewhere, run_cli, small_filesystem, tree_digest
+from support import lock_held_elsewhere, peak_rss_mib, run_cli, small_filesystem, tree_digest
 
 
 def small_store(tmp_path: Path, count: int = 20, *, dispatch: bool = True) -> Path:
@@ -145,20 +145,6 @@ def test_a_fifo_checkpoint_does_not_hang_any_command(tmp_path: Path) -> None:
         )
         assert result.returncode in (1, 2), result.stderr
         assert "not a regular file" in result.stderr or result.returncode == 1
-
-
-def peak_rss_mib(command: list[str]) -> tuple[int, int]:
-    """Exit code and peak resident memory (MiB) of ``rmqstore COMMAND`` in a child."""
-    code = (  # VmHWM: this process's own peak (ru_maxrss would count the parent's at fork)
-        "import re,sys; from rmqstore.commands.main import run; rc = run(sys.argv[1:]); "
-        "status = open('/proc/self/status').read(); "
-        "print(int(re.search(r'VmHWM:\\s+(\\d+)', status).group(1)) // 1024, file=sys.stderr); "
-        "sys.exit(rc)"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=120
-    )
-    return result.returncode, int(result.stderr.strip().splitlines()[-1])
 
 
 def test_huge_sparse_files_are_not_read_whole(tmp_path: Path) -> None:
@@ -899,3 +885,50 @@ def test_digits_of_other_kinds_are_not_numbers(tmp_path: Path) -> None:
     assert dumped.exit_code in (0, 1), dumped.stderr
     assert "internal error" not in dumped.stderr
     assert not (tmp_path / "copy").exists()
+
+
+def test_a_store_of_more_index_files_than_descriptors_allowed_is_dispatched_and_read(
+    tmp_path: Path,
+) -> None:
+    """Index files of a small geometry run to thousands in a large store; each was held open,
+    so under a ulimit of 1024 (here 100, over 187 files) `dispatch --rebuild` and `recover`
+    stopped with "Too many open files" (exit 4, 'abort' left) and verify and key look-ups
+    could not open them. Now a few are held and the others opened again when read."""
+    import resource
+
+    store = tmp_path / "store"
+    manifest = generate(
+        "multi",
+        store,
+        FixtureOptions(messages=600, index_slots=4, index_entries=8),
+    )
+    assert len(list((store / "index").iterdir())) > 100
+    geometry = ["--index-slots", "4", "--index-entries", "8"]
+    oldest = manifest["messages"][0]
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "rmqstore", *args, *geometry],
+            capture_output=True,
+            text=True,
+            preexec_fn=few_descriptors,
+            timeout=300,
+        )
+
+    for command in (
+        ["dispatch", str(store), "--rebuild", "--yes"],
+        ["dispatch", str(store), "--rebuild", "--yes", "--jobs", "2"],
+        ["verify", str(store)],
+        ["read", str(store), "--topic", oldest["topic"], "--uniq-key", oldest["uniqKey"], "--json"],
+        ["recover", str(store), "--yes"],
+        ["verify", str(store), "--jobs", "2"],
+    ):
+        done = run(*command)
+        assert done.returncode == 0, (command, done.stderr)
+        if command[0] == "read":
+            (found,) = json.loads(done.stdout)
+            assert found["commitLogOffset"] == oldest["commitLogOffset"]
+    assert not (store / "abort").exists()
