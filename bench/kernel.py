@@ -173,6 +173,11 @@ def main() -> None:
             ["export", str(path), "--engine", "local", "--to", str(exported)],
             lambda: shutil.rmtree(exported, ignore_errors=True),
         ),
+        (
+            "export --engine local --format jsonl (bodies in base64)",
+            ["export", str(path), "--engine", "local", "--to", str(exported), "--format", "jsonl"],
+            lambda: shutil.rmtree(exported, ignore_errors=True),
+        ),
     ):
         seconds = best_of([str(RMQSTORE), *arguments_], env("native"), prepare=prepare)
         row(

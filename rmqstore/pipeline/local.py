@@ -11,7 +11,6 @@ same pass as their own work, dropping what the walk does not visit; the Spark en
 from __future__ import annotations
 
 import base64
-import json
 import os
 import queue
 import shutil
@@ -20,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import partial
 from itertools import chain
 from pathlib import Path
@@ -1056,26 +1054,16 @@ _DONE = object()
 
 
 def _write_jsonl(stream: Any, batches: Iterator[Any]) -> int:
-    """One JSON object per message: every column, a null written as null (as ``read
-    --jsonl`` writes them), the body in base64, properties as an object."""
+    """One JSON object per message (see :mod:`rmqstore.pipeline.jsonlines`)."""
+    import pyarrow as pa
+
+    from rmqstore.pipeline.jsonlines import jsonl_text
+
     count = 0
     for batch in batches:
-        lines = []
-        for row in batch.to_pylist():
-            document = {}
-            for name, value in row.items():
-                if value is None:
-                    pass
-                elif name == "body":
-                    value = base64.b64encode(value).decode("ascii")
-                elif name == "properties":
-                    value = dict(value)
-                elif isinstance(value, datetime):  # bornTime, storeTime: ISO-8601, UTC
-                    value = value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-                document[name] = value
-            lines.append(json.dumps(document, ensure_ascii=False, separators=(",", ":")))
-        stream.write(("\n".join(lines) + "\n").encode("utf-8"))
-        count += len(lines)
+        if batch.num_rows:
+            stream.write(jsonl_text(pa, batch))
+            count += batch.num_rows
     return count
 
 
