@@ -306,7 +306,10 @@ def command(
     that holds no unit while the commit log holds that queue's records before where the
     queues end (its files were lost: the next message would take queue offset 0, which a
     stored one has; dispatch --rebuild --yes mends it; only then is the log read up to
-    there). Without --dispatch, a store without 'abort'
+    there), and so is a store with a queue that ends at a unit overwritten in its middle
+    while the units after it point at its own records (its walk ends there, as a broker's
+    does: the next message would take a stored one's queue offset; dispatch --rebuild
+    --yes mends it). Without --dispatch, a store without 'abort'
     is refused, unchanged, when the crash recovery the 'abort' left makes a broker run would
     end its log early: it walks from the file the checkpoint picks, which may be earlier than
     the last three a normal recovery walks, and damage there would cut the log (append with

@@ -29,6 +29,7 @@ from rmqstore.consumequeue import (
     ROCKSDB_QUEUES_NOTE,
     ConsumeQueue,
     QueueTip,
+    Unit,
     holds_rocksdb,
     list_queues,
 )
@@ -71,6 +72,7 @@ from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
+    BodyMode,
     decode_properties,
     record_item,
 )
@@ -869,6 +871,35 @@ class Store:
                         _lost_files_refusal(key, offset, rows[at + QUEUE_OFFSET])
                     )
 
+    def _refuse_lost_units(
+        self, key: tuple[str, int], unit: Unit, ends_at: int, cursor: int
+    ) -> None:
+        """StoreFormatError when ``unit``, found after the valid end of queue ``key`` (at
+        queue offset ``ends_at``), is the queue's own: it points, before ``cursor`` (where
+        the consume queues end, where a dispatch resumes), at a record of that queue with
+        the unit's queue offset. The queue lost the units from its end up to it (a unit in
+        the middle overwritten: a broker's walk ends the queue there too), and their records,
+        behind where a dispatch resumes, never come back by one: appending would give the
+        next message a queue offset a stored one has. A stale unit a broker's recovery left
+        after the end points at the log's end or past it, or at another record."""
+        if not 0 <= unit.physical_offset < cursor:
+            return
+        try:
+            held = self.commitlog.read(unit.physical_offset, body=BodyMode.SKIP)
+        except (RmqStoreError, OSError):
+            return  # not a record there: no evidence
+        topic, queue_id = key
+        if (held.topic, held.queue_id, held.queue_offset) != (topic, queue_id, unit.queue_offset):
+            return
+        raise StoreFormatError(
+            f"the consume queue of {topic}:{queue_id} ends at queue offset {ends_at} (the unit "
+            f"there is not valid), but holds units past it: unit {unit.queue_offset} points at "
+            f"the record at offset {unit.physical_offset}, which has that queue offset; an "
+            "appended message would take a queue offset a stored message has, and a dispatch "
+            "never adds the records between; run rmqstore dispatch --rebuild --yes first "
+            "(rmqstore verify shows the damage)"
+        )
+
     def log_state(self, end: LogEnd, queues: list[tuple[str, int]]) -> LogState:
         """What appending continues from, learnt as a broker's start-up learns it
         (``recoverTopicQueueTable`` once the dispatcher has caught up): each queue's next
@@ -881,6 +912,7 @@ class Store:
         tips: dict[tuple[str, int], QueueTip | None] = {}
         cursor = -1  # where the consume queues end
         last_queued = -1  # start of the newest record a consume queue points to
+        past_ends: dict[tuple[str, int], Unit] = {}  # units found after a queue's end
         for topic, queue_id in queues:
             queue = ConsumeQueue(
                 self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size
@@ -888,6 +920,9 @@ class Store:
             queue.refuse_a_gap("an appended message could take a queue offset a stored one has")
             tip = QueueTip.of(queue)
             tips[(topic, queue_id)] = tip
+            past_end = queue.first_unit_after_end()
+            if past_end is not None:
+                past_ends[(topic, queue_id)] = past_end
             # a queue with a unit past its first file's start: the load read its last unit
             if tip is not None and queue.loaded_last_unit is not None:
                 cursor = max(cursor, tip.max_physical_offset)
@@ -902,6 +937,10 @@ class Store:
         unitless = {key for key, tip in tips.items() if tip is None or tip.max_offset == 0}
         if unitless:
             self._refuse_lost_queue_files(unitless, min(cursor, end.offset))
+        for key, unit in past_ends.items():
+            tip = tips[key]
+            ends_at = tip.max_offset if tip is not None else 0
+            self._refuse_lost_units(key, unit, ends_at, min(cursor, end.offset))
         state = LogState()
         last = None
         scan = log.scan(start)

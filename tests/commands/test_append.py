@@ -524,6 +524,68 @@ def test_a_queue_whose_files_were_lost_is_refused_until_rebuilt(tmp_path: Path, 
     assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
 
 
+def test_a_queue_with_a_unit_overwritten_in_its_middle_is_refused_until_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """A unit in the middle of TopicTest:1 (20 of its 44) with its size overwritten by 0: a
+    broker's walk, and rmqstore's, ends the queue there, so the message appended took queue
+    offset 20, which a stored message has, and verify then found damage no command mends
+    (found by the append fuzzer on a 4.9.8 store, seed 33). The units after it point at the
+    queue's own records: refused, the store unchanged, whichever queue is appended to; after
+    dispatch --rebuild the message takes 44."""
+    from rmqstore.fixtures import generate
+
+    store = tmp_path / "store"
+    generate("multi", store)
+    queue_file = store / "consumequeue" / "TopicTest" / "1" / f"{0:020d}"
+    with open(queue_file, "r+b") as units:
+        units.seek(20 * 20 + 8)
+        units.write(bytes(4))
+    before = tree_digest(store)
+    for queue in ("1", "2"):
+        refused = run_cli("append", store, "--topic", "TopicTest", "--queue", queue, "--body", "x",
+                          "--dispatch")  # fmt: skip
+        assert refused.exit_code == 2, refused.stderr
+        said = " ".join(refused.stderr.split())
+        assert "the consume queue of TopicTest:1 ends at queue offset 20" in said
+        assert "unit 21 points at the record at offset" in said
+        assert "run rmqstore dispatch --rebuild --yes first" in said
+    assert tree_digest(store) == before
+    rebuilt = run_cli("dispatch", store, "--rebuild", "--yes")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    result = run_cli("append", store, "--topic", "TopicTest", "--queue", "1", "--body", "x",
+                     "--dispatch", "--jsonl")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == 44
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
+@pytest.mark.parametrize("points_at", ["past the log", "another queue's record"])
+def test_stale_units_after_a_queues_end_do_not_stop_an_append(
+    tmp_path: Path, points_at: str
+) -> None:
+    """A broker's recovery leaves units after a queue's new end (pointing at where the log
+    then ended, or past it; records written since may lie there): they are not the queue's
+    own records, so appending goes on and the message takes the queue's next offset."""
+    store = new_store(tmp_path)
+    for topic in ("A", "B"):
+        made = run_cli("append", store, "--topic", topic, "--body", "b", "--dispatch")
+        assert made.exit_code == 0, made.stderr
+    other = json.loads(run_cli("read", store, "--topic", "B", "--json").stdout)[0]
+    offset, size = (
+        (1 << 30, 200)
+        if points_at == "past the log"
+        else (other["commitLogOffset"], other["storeSize"])
+    )
+    (queue_file,) = (store / "consumequeue" / "A" / "0").iterdir()
+    with open(queue_file, "r+b") as units:
+        units.seek(2 * 20)  # one zero unit after the end, then the stale one
+        units.write(offset.to_bytes(8, "big") + size.to_bytes(4, "big") + bytes(8))
+    result = run_cli("append", store, "--topic", "A", "--body", "next", "--dispatch", "--jsonl")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == 1
+
+
 def test_a_queue_a_recovery_emptied_takes_messages_from_queue_offset_0(tmp_path: Path) -> None:
     """A recovery deletes the consume-queue files whose units all point past the log's valid
     end, as a broker's does: a new queue whose only record was the torn one is left a folder
