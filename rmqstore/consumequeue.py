@@ -12,6 +12,8 @@ import functools
 import mmap
 import os
 import struct
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -609,6 +611,7 @@ class ConsumeQueue:
             self._write_map = map_writable(segment.path)
             if _MADV_RANDOM is not None:
                 self._write_map.madvise(_MADV_RANDOM)
+            WRITE_MAPS.mapped(self)
             self._write_segment = segment
             self._write_base = segment.start
             self._reserved = 0
@@ -629,7 +632,10 @@ class ConsumeQueue:
         self._write_limit = segment.start + target
 
     def _release(self) -> None:
+        """Let the mapped file go (what was written stays in the page cache: :meth:`flush`
+        syncs the files written by name)."""
         if self._write_map is not None:
+            WRITE_MAPS.released(self)
             self._write_map.close()
             self._write_map = None
             self._write_segment = None
@@ -654,6 +660,61 @@ class ConsumeQueue:
     def close(self) -> None:
         self.flush()
         self._release()
+
+
+class WriteMaps:
+    """The consume queues of this process holding a file mapped for writing, oldest first,
+    kept to a number the process's open-file limit allows: Python's mmap keeps a duplicate
+    of the file's descriptor, so a dispatch into thousands of queues held one per queue, and
+    a store of 1,000 topics of 4 queues stopped with "Too many open files" under the usual
+    ``ulimit -n`` of 1024. Past the number, the queue mapped longest ago lets its map go (it
+    maps its file again at its next unit)."""
+
+    def __init__(self) -> None:
+        # weakly: a queue dropped without its close lets its map go with it
+        self._held: weakref.WeakKeyDictionary[ConsumeQueue, None] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self.limit = 0  # learnt at the first map
+
+    def mapped(self, queue: ConsumeQueue) -> None:
+        with self._lock:
+            if not self.limit:
+                self.limit = write_maps_allowed()
+            held = self._held
+            held.pop(queue, None)
+            held[queue] = None
+            evicted = []
+            while len(held) > self.limit:
+                oldest = next(iter(held))
+                del held[oldest]
+                evicted.append(oldest)
+        for oldest in evicted:
+            oldest._release()
+
+    def released(self, queue: ConsumeQueue) -> None:
+        with self._lock:
+            self._held.pop(queue, None)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+def write_maps_allowed() -> int:
+    """How many queue files may be mapped for writing at once: half the open-file limit
+    (the other half for the commit log, the index, the interpreter and workers' pipes), at
+    most 16,384 (a process may hold 65,530 maps in all, by Linux's default)."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 512
+    if soft == resource.RLIM_INFINITY:
+        return 16_384
+    return max(8, min(soft // 2, 16_384))
+
+
+WRITE_MAPS = WriteMaps()
 
 
 # bytes of a queue file read at a time while its valid units are counted (multiples of the

@@ -932,3 +932,64 @@ def test_a_store_of_more_index_files_than_descriptors_allowed_is_dispatched_and_
             (found,) = json.loads(done.stdout)
             assert found["commitLogOffset"] == oldest["commitLogOffset"]
     assert not (store / "abort").exists()
+
+
+def test_a_store_of_more_queues_than_descriptors_allowed_is_written_and_rebuilt(
+    tmp_path: Path,
+) -> None:
+    """Each consume queue written held a descriptor (Python's map of its file keeps one), so
+    `dispatch --rebuild` of a store of 1,000 topics of 4 queues stopped with "Too many open
+    files" (exit 4) under the usual ulimit -n of 1024. Here 300 queues under a hard limit of
+    100: `append --dispatch`, `dispatch --rebuild`, `recover` and `verify` finish, the queues
+    the bytes a run without the limit writes. A soft limit under the hard one is raised to it."""
+    import resource
+
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(
+        "".join(
+            json.dumps({"topic": f"Q{number % 150}", "queueId": number // 150 % 2, "body": "x"})
+            + "\n"
+            for number in range(600)
+        )
+    )
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    def run(*args: str | Path, limited: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "rmqstore", *map(str, args)],
+            capture_output=True,
+            text=True,
+            preexec_fn=few_descriptors if limited else None,
+            timeout=300,
+        )
+
+    stores = {}
+    for limited in (True, False):
+        store = tmp_path / f"store-{limited}"
+        made = run("append", store, "--create", "--input", lines, "--dispatch", limited=limited)
+        assert made.returncode == 0, made.stderr
+        assert len(list((store / "consumequeue").glob("*/*"))) == 300
+        rebuilt = run("dispatch", store, "--rebuild", "--yes", limited=limited)
+        assert rebuilt.returncode == 0, rebuilt.stderr
+        (store / "abort").touch()
+        recovered = run("recover", store, "--yes", limited=limited)
+        assert recovered.returncode == 0, recovered.stderr
+        stores[limited] = {
+            name: digest
+            for name, digest in tree_digest(store).items()
+            if name.startswith("consumequeue/")  # (the log's store times differ)
+        }
+        verified = run("verify", store, limited=limited)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert len(stores[True]) == 300 and stores[True] == stores[False]
+
+    raised = subprocess.run(
+        [sys.executable, "-c",
+         "import resource; from rmqstore.commands.main import _raise_open_file_limit; "
+         "_raise_open_file_limit(); print(*resource.getrlimit(resource.RLIMIT_NOFILE))"],
+        capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 4096)),
+    )  # fmt: skip
+    assert raised.stdout.split() == ["4096", "4096"], raised.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import shutil
 from pathlib import Path
 
@@ -464,3 +465,49 @@ def test_a_last_file_with_no_record_after_a_blank_is_not_behind(tmp_path: Path) 
     assert (walked, cursor, end) == (5, 4096, 4096)
     with Store.open_read(store_dir, config) as store:
         assert plan_dispatch(store) == (4096, 4096)
+
+
+def _queue_files_held(directory: Path) -> int:
+    """Files under ``directory`` this process holds by a descriptor or a map."""
+    held = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = Path(os.readlink(fd))
+        except OSError:
+            continue
+        if directory in target.parents:
+            held.add(target)
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        target = Path(line.split(maxsplit=5)[-1])
+        if directory in target.parents:
+            held.add(target)
+    return len(held)
+
+
+def test_a_dispatch_into_many_queues_holds_few_maps_and_writes_the_same_bytes(
+    oracle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each queue written kept its file mapped (and Python's map keeps a descriptor): a
+    rebuild of a store of 1,000 topics of 4 queues stopped with "Too many open files" under a
+    ulimit -n of 1024. Past WRITE_MAPS.limit the queue mapped longest ago lets its map go;
+    the bytes are those of a dispatch holding every map (the real stores' 12 to 20 queues,
+    here with room for 3)."""
+    from rmqstore.consumequeue import WRITE_MAPS
+
+    whole = dispatched_copy(oracle, "s1_multi", tmp_path / "whole")
+    queues = whole / "consumequeue"
+    assert len(list(queues.glob("*/*"))) > 10
+    monkeypatch.setattr(WRITE_MAPS, "limit", 3)
+    few = oracle("s1_multi").copy_to(tmp_path / "few")
+    shutil.rmtree(few / "consumequeue")
+    shutil.rmtree(few / "index")
+    most = 0
+    with Store.open_write(few, StoreConfig(**ORACLE_CONFIG)) as store:
+        dispatcher = Dispatcher(store, clock=fixed_clock())
+        while dispatcher.run(max_records=25).records:  # the files looked at in between
+            most = max(most, _queue_files_held(few / "consumequeue"))
+            assert len(WRITE_MAPS) <= 3
+        dispatcher.close()
+    assert 0 < most <= 3
+    assert _queue_files_held(few / "consumequeue") == 0
+    assert tree_digest(few) == tree_digest(whole)
