@@ -459,6 +459,31 @@ def test_queue_offsets_come_from_the_consume_queues_not_a_scan_that_stops(
     assert json.loads(result.stdout)["queueOffset"] == 200
 
 
+def refused_until_rebuilt(
+    store: Path, topic: str, said: list[str], then_offset: int, queues: tuple[str, ...]
+) -> None:
+    """Appending to each of ``queues`` of ``topic`` (the first the damaged one, with
+    --dispatch; the others without) is refused saying each of ``said``, the store unchanged;
+    after dispatch --rebuild a message to the first takes queue offset ``then_offset`` and
+    verify finds the store sound."""
+    before = tree_digest(store)
+    for queue in queues:
+        dispatch = ["--dispatch"] if queue == queues[0] else []
+        refused = run_cli("append", store, "--topic", topic, "--queue", queue, "--body", "x",
+                          *dispatch)  # fmt: skip
+        assert refused.exit_code == 2, refused.stderr
+        told = " ".join(refused.stderr.split())
+        assert all(phrase in told for phrase in said), refused.stderr
+    assert tree_digest(store) == before
+    rebuilt = run_cli("dispatch", store, "--rebuild", "--yes")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    result = run_cli("append", store, "--topic", topic, "--queue", queues[0], "--body", "x",
+                     "--dispatch", "--jsonl")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["queueOffset"] == then_offset
+    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+
+
 def test_a_store_with_a_dispatch_hole_is_refused_until_rebuilt(tmp_path: Path) -> None:
     """A consume queue that lost its last units while another queue reaches past them: the
     queue's next record to dispatch carries queue offset 12 while the queue ends at 10. The
@@ -469,23 +494,11 @@ def test_a_store_with_a_dispatch_hole_is_refused_until_rebuilt(tmp_path: Path) -
 
     store = tmp_path / "store"
     generate("cq-truncated", store)
-    before = tree_digest(store)
-    for queue in ("2", "0"):  # the queue with the hole, and another of the same store
-        refused = run_cli("append", store, "--topic", "Orders-EU_west", "--queue", queue,
-                          "--body", "x")  # fmt: skip
-        assert refused.exit_code == 2, refused.stderr
-        assert (
-            "records of Orders-EU_west:2 are missing from its consume queue: the next "
-            "one to dispatch has queue offset 12, but the queue ends at 10" in refused.stderr
-        )
-    assert tree_digest(store) == before
-    rebuilt = run_cli("dispatch", store, "--rebuild", "--yes")
-    assert rebuilt.exit_code == 0, rebuilt.stderr
-    result = run_cli("append", store, "--topic", "Orders-EU_west", "--queue", "2", "--body", "x",
-                     "--dispatch", "--jsonl")  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["queueOffset"] == 13
-    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+    said = [
+        "records of Orders-EU_west:2 are missing from its consume queue: the next one to "
+        "dispatch has queue offset 12, but the queue ends at 10"
+    ]
+    refused_until_rebuilt(store, "Orders-EU_west", said, 13, queues=("2", "0"))
 
 
 @pytest.mark.parametrize("loss", ["deleted", "emptied"])
@@ -505,23 +518,11 @@ def test_a_queue_whose_files_were_lost_is_refused_until_rebuilt(tmp_path: Path, 
         only_file.unlink()
     else:
         only_file.write_bytes(b"")
-    before = tree_digest(store)
-    for queue in ("1", "2"):
-        refused = run_cli("append", store, "--topic", "TopicTest", "--queue", queue, "--body", "x",
-                          "--dispatch")  # fmt: skip
-        assert refused.exit_code == 2, refused.stderr
-        assert (
-            "the consume queue of TopicTest:1 holds no unit, but the commit log holds its "
-            "records (one at offset 7047, queue offset 0)" in " ".join(refused.stderr.split())
-        )
-    assert tree_digest(store) == before
-    rebuilt = run_cli("dispatch", store, "--rebuild", "--yes")
-    assert rebuilt.exit_code == 0, rebuilt.stderr
-    result = run_cli("append", store, "--topic", "TopicTest", "--queue", "1", "--body", "x",
-                     "--dispatch", "--jsonl")  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["queueOffset"] == 44
-    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+    said = [
+        "the consume queue of TopicTest:1 holds no unit, but the commit log holds its "
+        "records (one at offset 7047, queue offset 0)"
+    ]
+    refused_until_rebuilt(store, "TopicTest", said, 44, queues=("1", "2"))
 
 
 def test_a_queue_with_a_unit_overwritten_in_its_middle_is_refused_until_rebuilt(
@@ -541,23 +542,12 @@ def test_a_queue_with_a_unit_overwritten_in_its_middle_is_refused_until_rebuilt(
     with open(queue_file, "r+b") as units:
         units.seek(20 * 20 + 8)
         units.write(bytes(4))
-    before = tree_digest(store)
-    for queue in ("1", "2"):
-        refused = run_cli("append", store, "--topic", "TopicTest", "--queue", queue, "--body", "x",
-                          "--dispatch")  # fmt: skip
-        assert refused.exit_code == 2, refused.stderr
-        said = " ".join(refused.stderr.split())
-        assert "the consume queue of TopicTest:1 ends at queue offset 20" in said
-        assert "unit 21 points at the record at offset" in said
-        assert "run rmqstore dispatch --rebuild --yes first" in said
-    assert tree_digest(store) == before
-    rebuilt = run_cli("dispatch", store, "--rebuild", "--yes")
-    assert rebuilt.exit_code == 0, rebuilt.stderr
-    result = run_cli("append", store, "--topic", "TopicTest", "--queue", "1", "--body", "x",
-                     "--dispatch", "--jsonl")  # fmt: skip
-    assert result.exit_code == 0, result.stderr
-    assert json.loads(result.stdout)["queueOffset"] == 44
-    assert json.loads(run_cli("verify", store, "--json").stdout)["ok"]
+    said = [
+        "the consume queue of TopicTest:1 ends at queue offset 20",
+        "unit 21 points at the record at offset",
+        "run rmqstore dispatch --rebuild --yes first",
+    ]
+    refused_until_rebuilt(store, "TopicTest", said, 44, queues=("1", "2"))
 
 
 @pytest.mark.parametrize("points_at", ["past the log", "another queue's record"])
