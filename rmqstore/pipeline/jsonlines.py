@@ -22,7 +22,7 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # the bytes of UTF-8 text json.dumps writes as they are with ensure_ascii=False: all but the
 # quote, the backslash and the controls below 0x20 (not even U+2028 is escaped)
 _WRITTEN_AS_IS = bytes(byte for byte in range(256) if byte >= 0x20 and byte not in b'"\\')
-# ISO-8601 by Arrow's strftime for years 1000-9999 (four digits, as datetime.isoformat's)
+# times Arrow writes for years 1000-9999 (four digits, as datetime.isoformat writes them)
 _FOUR_DIGIT_YEARS_MS = (-30_610_224_000_000, 253_402_300_799_999)
 
 
