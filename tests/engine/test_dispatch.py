@@ -22,7 +22,7 @@ from rmqstore.reader import MessageReader
 from rmqstore.record import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, Message
 from rmqstore.store import Store
 
-from support import ORACLE_CONFIG, manifest_dump, tree_digest
+from support import ORACLE_CONFIG, compiled_pass_only, manifest_dump, tree_digest
 
 FULLY_DISPATCHED = [
     "s1_multi",
@@ -484,6 +484,7 @@ def _queue_files_held(directory: Path) -> int:
     return len(held)
 
 
+@compiled_pass_only  # a real-broker store: a kernel corpus seed
 def test_a_dispatch_into_many_queues_holds_few_maps_and_writes_the_same_bytes(
     oracle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

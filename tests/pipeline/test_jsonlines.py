@@ -18,7 +18,7 @@ import rmqstore.pipeline.local as local  # noqa: E402
 from rmqstore.fixtures import generate  # noqa: E402
 from rmqstore.pipeline.jsonlines import jsonl_text  # noqa: E402
 
-from support import ORACLE_STORES, run_cli  # noqa: E402
+from support import ORACLE_STORES, compiled_pass_only, run_cli  # noqa: E402
 
 
 def reference_lines(batch: Any) -> bytes:
@@ -139,6 +139,7 @@ def _export(store: Path, out: Path, *options: str) -> list[tuple[str, bytes]]:
     return [(path.name, path.read_bytes()) for path in sorted(out.iterdir())]
 
 
+@compiled_pass_only  # real-broker stores and fixture scenarios: kernel corpus seeds
 @pytest.mark.parametrize(
     "name", [*ORACLE_STORES, "multi", "txn", "delay", "lmq", "v2", "torn-tail", "garbage-after-end"]
 )
