@@ -879,9 +879,10 @@ class Store:
         the consume queues end, where a dispatch resumes), at a record of that queue with
         the unit's queue offset. The queue lost the units from its end up to it (a unit in
         the middle overwritten: a broker's walk ends the queue there too), and their records,
-        behind where a dispatch resumes, never come back by one: appending would give the
-        next message a queue offset a stored one has. A stale unit a broker's recovery left
-        after the end points at the log's end or past it, or at another record."""
+        behind where a dispatch resumes, come back only by a rebuild (or the crash recovery
+        an ``abort`` asks for): appending would give the next message a queue offset a stored
+        one has. A stale unit a broker's recovery left after the end points at the log's end
+        or past it, or at another record."""
         if not 0 <= unit.physical_offset < cursor:
             return
         try:
@@ -894,10 +895,10 @@ class Store:
         raise StoreFormatError(
             f"the consume queue of {topic}:{queue_id} ends at queue offset {ends_at} (the unit "
             f"there is not valid), but holds units past it: unit {unit.queue_offset} points at "
-            f"the record at offset {unit.physical_offset}, which has that queue offset; an "
-            "appended message would take a queue offset a stored message has, and a dispatch "
-            "never adds the records between; run rmqstore dispatch --rebuild --yes first "
-            "(rmqstore verify shows the damage)"
+            f"the record at offset {unit.physical_offset}, which has that queue offset: the "
+            "queue lost the units between, and an appended message would take a queue offset "
+            "a stored message has; run rmqstore dispatch --rebuild --yes first (rmqstore "
+            "verify shows the damage)"
         )
 
     def log_state(self, end: LogEnd, queues: list[tuple[str, int]]) -> LogState:
