@@ -407,6 +407,11 @@ class IndexFile:
     def _reopen(self) -> None:
         try:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise StoreIOError(
+                f"{self.path} was deleted while it was read (a broker deletes index files as "
+                "the commit-log files they index expire): run the command again"
+            ) from None
         except OSError as exc:
             raise StoreIOError(f"cannot read {self.path}: {exc.strerror}") from None
         self.released = False

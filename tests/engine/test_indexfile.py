@@ -173,3 +173,25 @@ def test_a_service_over_many_files_keeps_few_open_and_writes_the_same_bytes(
         assert _files_held(whole) <= OPEN_FILES_KEPT
         service.close()
         assert _files_held(whole) == 0
+
+
+def test_an_index_file_deleted_while_let_go_is_named_when_read_again(tmp_path: Path) -> None:
+    """Past OPEN_FILES_KEPT a file is opened again when read: one a broker deleted meanwhile
+    (its retention deletes index files with the commit-log files they index) is an error
+    naming it and saying to run again, not a bare "No such file"."""
+    from rmqstore.errors import StoreIOError
+    from rmqstore.indexfile import OPEN_FILES_KEPT
+
+    directory = tmp_path / "index"
+    _build_many_files(
+        directory, range(3 * (OPEN_FILES_KEPT + 5)), itertools.count(1_700_000_000_000, 1000)
+    )
+    service = IndexService(directory, 2, 4)
+    oldest = service.files[0]
+    assert oldest.released  # let go as the newer ones were opened
+    oldest.path.unlink()
+    with pytest.raises(
+        StoreIOError, match=r"was deleted while it was read .* run the command again"
+    ):
+        service.query("T", "k0")
+    service.close()
