@@ -354,30 +354,33 @@ class ConsumeQueue:
         data = read_range(segment.path, within, CQ_UNIT_SIZE)
         return Unit(queue_offset, *UNIT.unpack(data))
 
-    def first_unit_after_end(self) -> Unit | None:
-        """The first unit after the queue's valid end, in the file where the load's walk
-        ended, that looks valid (``offset >= 0 and size > 0``): a unit the queue held past
-        the one that ends it (a unit overwritten in the middle of the queue), or a stale one
-        a broker's recovery left. Only the first few units after the first non-zero byte
-        are looked at (a sparse file's holes are skipped), so a store of thousands of
-        queues pays a page or so for each."""
+    def units_after_end(self, most: int = 8) -> list[Unit]:
+        """Up to ``most`` units after the queue's valid end, in the file where the load's
+        walk ended, that look valid (``offset >= 0 and size > 0``): units the queue held past
+        the one that ends it (a unit overwritten in the middle of the queue), stale ones a
+        broker's recovery left, or junk. Only the units within the first 64 after the first
+        non-zero byte are looked at (a sparse file's holes are skipped), so a store of
+        thousands of queues pays a page or so for each."""
         segments = self.queue.segments
         holder = next((s for s in segments if s.start <= self.end < s.start + self.file_size), None)
         if holder is None:
-            return None
+            return []
         within = self.end - holder.start
         extent = nonzero_extent(holder.path, within, min(holder.size, self.file_size))
         if extent is None:
-            return None
+            return []
         first = within + (extent[0] - within) // CQ_UNIT_SIZE * CQ_UNIT_SIZE
         data = read_range(holder.path, first, _UNITS_LOOKED_AT * CQ_UNIT_SIZE)
+        found = []
         for index, (physical_offset, size, tags_code) in enumerate(
             UNIT.iter_unpack(data[: len(data) // CQ_UNIT_SIZE * CQ_UNIT_SIZE])
         ):
             if is_valid_unit(physical_offset, size):
                 queue_offset = (holder.start + first) // CQ_UNIT_SIZE + index
-                return Unit(queue_offset, physical_offset, size, tags_code)
-        return None
+                found.append(Unit(queue_offset, physical_offset, size, tags_code))
+                if len(found) == most:
+                    break
+        return found
 
     def last_unit_in_log(self, log_end: int) -> Unit | None:
         """The queue's last unit when it points at bytes inside the log (which ends at

@@ -913,7 +913,7 @@ class Store:
         tips: dict[tuple[str, int], QueueTip | None] = {}
         cursor = -1  # where the consume queues end
         last_queued = -1  # start of the newest record a consume queue points to
-        past_ends: dict[tuple[str, int], Unit] = {}  # units found after a queue's end
+        past_ends: dict[tuple[str, int], list[Unit]] = {}  # units found after a queue's end
         for topic, queue_id in queues:
             queue = ConsumeQueue(
                 self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size
@@ -921,8 +921,8 @@ class Store:
             queue.refuse_a_gap("an appended message could take a queue offset a stored one has")
             tip = QueueTip.of(queue)
             tips[(topic, queue_id)] = tip
-            past_end = queue.first_unit_after_end()
-            if past_end is not None:
+            past_end = queue.units_after_end()
+            if past_end:
                 past_ends[(topic, queue_id)] = past_end
             # a queue with a unit past its first file's start: the load read its last unit
             if tip is not None and queue.loaded_last_unit is not None:
@@ -938,10 +938,11 @@ class Store:
         unitless = {key for key, tip in tips.items() if tip is None or tip.max_offset == 0}
         if unitless:
             self._refuse_lost_queue_files(unitless, min(cursor, end.offset))
-        for key, unit in past_ends.items():
+        for key, units in past_ends.items():
             tip = tips[key]
             ends_at = tip.max_offset if tip is not None else 0
-            self._refuse_lost_units(key, unit, ends_at, min(cursor, end.offset))
+            for unit in units:  # (junk first, then the queue's own, after a unit overwritten)
+                self._refuse_lost_units(key, unit, ends_at, min(cursor, end.offset))
         state = LogState()
         last = None
         scan = log.scan(start)

@@ -525,14 +525,16 @@ def test_a_queue_whose_files_were_lost_is_refused_until_rebuilt(tmp_path: Path, 
     refused_until_rebuilt(store, "TopicTest", said, 44, queues=("1", "2"))
 
 
+@pytest.mark.parametrize("then", ["its own units", "junk, then its own units"])
 def test_a_queue_with_a_unit_overwritten_in_its_middle_is_refused_until_rebuilt(
-    tmp_path: Path,
+    tmp_path: Path, then: str
 ) -> None:
     """A unit in the middle of TopicTest:1 (20 of its 44) with its size overwritten by 0: a
     broker's walk, and rmqstore's, ends the queue there, so the message appended took queue
     offset 20, which a stored message has, and verify then found damage no command mends
     (found by the append fuzzer on a 4.9.8 store, seed 33). The units after it point at the
-    queue's own records: refused, the store unchanged, whichever queue is appended to; after
+    queue's own records (after one of junk, pointing at another queue's record, in the
+    second case): refused, the store unchanged, whichever queue is appended to; after
     dispatch --rebuild the message takes 44."""
     from rmqstore.fixtures import generate
 
@@ -542,9 +544,13 @@ def test_a_queue_with_a_unit_overwritten_in_its_middle_is_refused_until_rebuilt(
     with open(queue_file, "r+b") as units:
         units.seek(20 * 20 + 8)
         units.write(bytes(4))
+        if then != "its own units":
+            units.seek(21 * 20)
+            units.write((0).to_bytes(8, "big") + (223).to_bytes(4, "big") + bytes(8))
+    own = 21 if then == "its own units" else 22
     said = [
         "the consume queue of TopicTest:1 ends at queue offset 20",
-        "unit 21 points at the record at offset",
+        f"unit {own} points at the record at offset",
         "run rmqstore dispatch --rebuild --yes first",
     ]
     refused_until_rebuilt(store, "TopicTest", said, 44, queues=("1", "2"))
