@@ -122,7 +122,7 @@ def test_a_forced_generation_is_undone_by_its_restore(tmp_path: Path) -> None:
 @pytest.mark.slow  # 120,000 messages generated in a process of its own
 def test_a_large_clean_fixture_is_generated_in_flat_memory(tmp_path: Path) -> None:
     """Every message put was kept for the manifest's list (left out above 100,000) and the
-    damage: `multi --messages 120000` peaked at 183 MiB, 400,000 at 620 MiB, and 3,346,148
+    damage: `multi --messages 120000` peaked at 179 MiB, 400,000 at 558 MiB, and 3,346,148
     ran out of a 4 GiB address space. A clean scenario keeps them only when they are listed;
     a damaged one, which needs them, is refused above the list's limit."""
     out = tmp_path / "store"
