@@ -635,9 +635,14 @@ class ConsumeQueue:
         self._write_limit = segment.start + target
 
     def _release(self) -> None:
-        """Let the mapped file go (what was written stays in the page cache: :meth:`flush`
-        syncs the files written by name)."""
+        """Let the mapped file go. What was written through the map stays in the page cache
+        until :meth:`flush` syncs the file by name: the file is marked for it (units the
+        fast path of :meth:`put` wrote since the last flush mark nothing), else a queue that
+        rolled to its next file, or let its map go for another queue's, left the units the
+        file took since the last flush out of the next one."""
         if self._write_map is not None:
+            if self._write_segment is not None and self.end != self._synced_end:
+                self._dirty.add(self._write_segment.path)
             WRITE_MAPS.released(self)
             self._write_map.close()
             self._write_map = None

@@ -271,3 +271,50 @@ def test_units_of_a_queue_with_a_file_cut_short_in_the_middle(tmp_path: Path) ->
     with Store.open_read(store) as opened:
         report = verify_store(opened)
     assert report.counts["cq-unit"] > 0 and not report.ok
+
+
+def _syncing_spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The files ``sync_file_data`` makes durable (for real), in order, by name."""
+    synced: list[str] = []
+    real = consumequeue.sync_file_data
+
+    def sync_file_data(path: Path) -> None:
+        synced.append(path.name)
+        real(path)
+
+    monkeypatch.setattr(consumequeue, "sync_file_data", sync_file_data)
+    return synced
+
+
+def test_a_flush_syncs_a_file_the_queue_moved_on_from_or_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Units written through a file's map after the last flush are durable only once that
+    file is synced: a queue that rolled to its next file, or let its map go (past
+    WRITE_MAPS.limit, another queue mapped meanwhile), still syncs it at its next flush. It
+    synced only the file mapped at the flush, so the units the previous file took since the
+    last flush were not made durable by it."""
+    synced = _syncing_spy(monkeypatch)
+    queue = ConsumeQueue(tmp_path, "T", 0, 4 * CQ_UNIT_SIZE)  # 4 units a file
+    queue.put(0, 0, 100, 7)
+    queue.flush()
+    assert synced == [f"{0:020d}"]
+    for number in range(1, 6):  # 3 more in the first file, 2 in the second
+        queue.put(number, number * 100, 100, 7)
+    synced.clear()
+    queue.flush()
+    assert synced == [f"{0:020d}", f"{4 * CQ_UNIT_SIZE:020d}"]
+    queue.close()
+
+    monkeypatch.setattr(consumequeue.WRITE_MAPS, "limit", 1)
+    first, second = (ConsumeQueue(tmp_path, topic, 0, 400) for topic in ("A", "B"))
+    first.put(0, 0, 100, 7)
+    first.flush()
+    first.put(1, 100, 100, 7)  # through the map, marking nothing
+    second.put(0, 200, 100, 7)  # maps its own file: the first lets its map go
+    synced.clear()
+    first.flush()
+    assert synced == [f"{0:020d}"]
+    second.close()
+    first.close()
+    assert ConsumeQueue(tmp_path, "A", 0, 400).max_offset == 2
