@@ -140,6 +140,24 @@ def peak_rss_mib(command: list[str]) -> tuple[int, int]:
     return result.returncode, int(result.stderr.strip().splitlines()[-1])
 
 
+def files_held(directory: Path) -> int:
+    """How many files under ``directory`` this process holds open, by a descriptor or a map
+    (Python's map of a file holds a descriptor of its own)."""
+    held = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = Path(os.readlink(fd))
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        if directory in target.parents:
+            held.add(target)
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        target = Path(line.split(maxsplit=5)[-1])
+        if directory in target.parents:
+            held.add(target)
+    return len(held)
+
+
 def run_cli(*args: str | Path, input: str | bytes | None = None, env: dict[str, str] | None = None):
     """Run ``rmqstore ARGS`` in-process; returns click's Result (exit_code, stdout, stderr)."""
     runner = CliRunner()

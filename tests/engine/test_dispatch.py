@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 import shutil
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from rmqstore.reader import MessageReader
 from rmqstore.record import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, Message
 from rmqstore.store import Store
 
-from support import ORACLE_CONFIG, compiled_pass_only, manifest_dump, tree_digest
+from support import ORACLE_CONFIG, compiled_pass_only, files_held, manifest_dump, tree_digest
 
 FULLY_DISPATCHED = [
     "s1_multi",
@@ -467,23 +466,6 @@ def test_a_last_file_with_no_record_after_a_blank_is_not_behind(tmp_path: Path) 
         assert plan_dispatch(store) == (4096, 4096)
 
 
-def _queue_files_held(directory: Path) -> int:
-    """Files under ``directory`` this process holds by a descriptor or a map."""
-    held = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = Path(os.readlink(fd))
-        except OSError:
-            continue
-        if directory in target.parents:
-            held.add(target)
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        target = Path(line.split(maxsplit=5)[-1])
-        if directory in target.parents:
-            held.add(target)
-    return len(held)
-
-
 @compiled_pass_only  # a real-broker store: a kernel corpus seed
 def test_a_dispatch_into_many_queues_holds_few_maps_and_writes_the_same_bytes(
     oracle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -506,9 +488,9 @@ def test_a_dispatch_into_many_queues_holds_few_maps_and_writes_the_same_bytes(
     with Store.open_write(few, StoreConfig(**ORACLE_CONFIG)) as store:
         dispatcher = Dispatcher(store, clock=fixed_clock())
         while dispatcher.run(max_records=25).records:  # the files looked at in between
-            most = max(most, _queue_files_held(few / "consumequeue"))
+            most = max(most, files_held(few / "consumequeue"))
             assert len(WRITE_MAPS) <= 3
         dispatcher.close()
     assert 0 < most <= 3
-    assert _queue_files_held(few / "consumequeue") == 0
+    assert files_held(few / "consumequeue") == 0
     assert tree_digest(few) == tree_digest(whole)

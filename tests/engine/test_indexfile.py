@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from rmqstore.indexfile import (
     read_index_headers,
 )
 
-from support import vectors
+from support import files_held, vectors
 
 
 @pytest.mark.parametrize("name", ["miniIndexFile", "miniIndexFileSecond"])
@@ -108,34 +107,16 @@ def test_file_names_and_sizes() -> None:
     assert infer_geometry(44040) is None  # 1000 slots, 2000 entries: needs the config
 
 
-def _files_held(directory: Path) -> int:
-    """How many files of ``directory`` this process holds, by a descriptor or a map (a
-    map holds a descriptor of its own)."""
-    held = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            target = Path(os.readlink(fd))
-        except OSError:
-            continue  # closed meanwhile (the listing's own descriptor)
-        if target.parent == directory:
-            held.add(target.name)
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        target = Path(line.split(maxsplit=5)[-1])
-        if target.parent == directory:
-            held.add(target.name)
-    return len(held)
-
-
 def _build_many_files(directory: Path, records: range, clock: Iterator[int]) -> tuple[int, int]:
     """A writable service putting one-key ``records``, 3 to a file, the files named by
     ``clock``; returns the most descriptors and maps it held on the way and the files there
     are."""
     service = IndexService(directory, 2, 4, writable=True, clock=lambda: next(clock))
-    most = _files_held(directory)
+    most = files_held(directory)
     for number in records:
         offset, stored = 1000 + number * 100, 1_700_000_000_000 + number
         assert service.build(offset, stored, "T", None, [f"k{number}"])
-        most = max(most, _files_held(directory))
+        most = max(most, files_held(directory))
     made = len(service.files)
     service.close()
     return most, made
@@ -165,14 +146,14 @@ def test_a_service_over_many_files_keeps_few_open_and_writes_the_same_bytes(
 
     for writable in (False, True):  # read again, and opened to write on
         service = IndexService(whole, 2, 4, writable=writable)
-        assert _files_held(whole) <= OPEN_FILES_KEPT
+        assert files_held(whole) <= OPEN_FILES_KEPT
         for number in (0, 1, 150, 298, 299, 0):  # the oldest file again after the newest
             assert service.query("T", f"k{number}") == [1000 + number * 100]
-            assert _files_held(whole) <= OPEN_FILES_KEPT
+            assert files_held(whole) <= OPEN_FILES_KEPT
         assert sum(1 for _ in service.all_entries()) == 300
-        assert _files_held(whole) <= OPEN_FILES_KEPT
+        assert files_held(whole) <= OPEN_FILES_KEPT
         service.close()
-        assert _files_held(whole) == 0
+        assert files_held(whole) == 0
 
 
 def test_an_index_file_deleted_while_let_go_is_named_when_read_again(tmp_path: Path) -> None:
