@@ -299,11 +299,17 @@ class ConsumeQueue:
         """The files a broker's load deletes (``truncateDirtyFiles`` of the queue's valid
         end): those after the file where an invalid unit ends the queue. (After a missing
         file none: the walk here ends there, a broker's goes on.)"""
-        segments = self.queue.segments
-        holder = next((s for s in segments if s.start <= self.end < s.start + self.file_size), None)
+        holder = self._end_file()
         if holder is None:
             return []
-        return [segment.path for segment in segments if segment.start > holder.start]
+        return [segment.path for segment in self.queue.segments if segment.start > holder.start]
+
+    def _end_file(self) -> Segment | None:
+        """The file where the queue's valid end lies (the load's walk ended there)."""
+        return next(
+            (s for s in self.queue.segments if s.start <= self.end < s.start + self.file_size),
+            None,
+        )
 
     def truncation_at(self, physical_offset: int) -> QueueTruncation | None:
         """``truncateDirtyLogicFiles``: keep exactly the units whose record starts below
@@ -361,8 +367,7 @@ class ConsumeQueue:
         broker's recovery left, or junk. Only the units within the first 64 after the first
         non-zero byte are looked at (a sparse file's holes are skipped), so a store of
         thousands of queues pays a page or so for each."""
-        segments = self.queue.segments
-        holder = next((s for s in segments if s.start <= self.end < s.start + self.file_size), None)
+        holder = self._end_file()
         if holder is None:
             return []
         within = self.end - holder.start
