@@ -152,7 +152,12 @@ def test_a_store_a_writer_appends_to_is_checked_as_it_stood_and_sound(tmp_path: 
     feeder.start()
     checked = []
     try:
-        time.sleep(1.0)  # the writer is up and rolling files
+        # the writer is up (it makes 'abort' as it starts writing, once it has learnt the
+        # queue offsets: a second or more on a loaded machine) and rolling files
+        deadline = time.monotonic() + 60
+        while not (store / "abort").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
         for options in [(), ("--jobs", "2", "--split-size", str(1 << 20))] * 3:
             exit_code, report = _verify_json(store, *options)
             problems = [f for f in report["findings"] if f["severity"] != "note"]
