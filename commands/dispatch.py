@@ -122,6 +122,8 @@ def command(
     One in a file a broker's recovery does not walk, before the log's valid end, ends it
     too (a broker's dispatcher on a slave stops there; a master's skips the rest of the
     file): damage{offset, reason, logEnd} names it, with a warning and exit 1.
+    A topic's or queue's folder in consumequeue/ that is a symbolic link is not written
+    through (a warning names it at each run; --rebuild moves it to quarantine).
     Bytes after a queue's valid end (junk, a torn unit) go to quarantine/<time>-dispatch
     before units are written over them. Takes the store's lock. On a store with 'abort' (a
     crash) it starts where a broker's crash recovery does, at the file the checkpoint picks,

@@ -21,7 +21,14 @@ from typing import Any
 from rmqstore import kernel
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.commitlog import LogEnd, LogScan
-from rmqstore.consumequeue import CQ_UNIT_SIZE, UNIT, ConsumeQueue, PutOutcome, list_queues
+from rmqstore.consumequeue import (
+    CQ_UNIT_SIZE,
+    UNIT,
+    ConsumeQueue,
+    PutOutcome,
+    link_target,
+    list_queues,
+)
 from rmqstore.delay import DelayLevels, unit_tags_code
 from rmqstore.errors import (
     InputError,
@@ -136,9 +143,19 @@ class Dispatcher:
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._ends_at_open: dict[tuple[str, int], int] = {}  # each queue's end (changed())
-        for topic, queue_id in list_queues(store.consumequeue_dir) if build_queues else []:
+        linked: list[Path] = []
+        for topic, queue_id in list_queues(store.consumequeue_dir, linked) if build_queues else []:
             if self.topics is None or topic in self.topics:
                 self.queues[(topic, queue_id)] = self._open_queue(topic, queue_id)
+        # folders a broker writes through and rmqstore does not: said at every run, as the
+        # walk does not reach their records when they end the log (see queue_written)
+        linked = [
+            link
+            for link in linked
+            if self.topics is None or _linked_topic(store, link) in self.topics
+        ]
+        self._linked_topics = {_linked_topic(store, link) for link in linked}
+        self._link_problems = [linked_queue_problem(link) for link in linked]
         self.index = (
             IndexService(
                 store.index_dir,
@@ -267,6 +284,7 @@ class Dispatcher:
         furthest = max(self.queues.values(), key=lambda q: q.max_physical_offset, default=None)
         ahead = -1 if furthest is None else furthest.max_physical_offset  # as opened
         result = DispatchResult(from_offset=start, to_offset=start)
+        result.problems.extend(self._link_problems)
         if (until is not None and start >= until) or log.queue.find(start) is None:
             end = (
                 LogEnd(until, None, None, None) if until is not None else store.log_end(rules=rules)
@@ -427,9 +445,8 @@ class Dispatcher:
     def new_queue(self, topic: str, queue_id: int, problems: list[str]) -> ConsumeQueue | None:
         """Open (creating it on the first put) a queue not seen yet; None, and a problem the
         first time, for a topic that cannot name a directory inside the store."""
-        directory = self.store.consumequeue_dir / topic / str(queue_id)
-        if not is_path_safe(topic) or not self.store.inside(directory):
-            if topic not in self._unsafe_topics:
+        if not queue_written(self.store, topic, queue_id):
+            if topic not in self._unsafe_topics and topic not in self._linked_topics:
                 self._unsafe_topics.add(topic)
                 problems.append(unsafe_topic_problem(topic))
             return None
@@ -900,13 +917,18 @@ def _past_records_giving_nothing(
     reaches the log's end goes past a BLANK to the start of a last file with no record."""
     if until is not None and offset >= until:
         return offset
+    written: dict[tuple[str, int], bool] = {}  # queue: whether a dispatch writes it
     scan = store.commitlog.scan(offset, check_crc=True)
-    for physical_offset, header, _, properties, crc_ok in scan:
+    for physical_offset, header, topic, properties, crc_ok in scan:
         if (until is not None and physical_offset >= until) or crc_ok is False:
             return offset
         transaction = header.sys_flag & TRANSACTION_MASK
         if physical_offset >= queues_from and transaction in QUEUED_TRANSACTIONS:
-            return physical_offset
+            queue = (topic, header.queue_id)
+            if queue not in written:
+                written[queue] = queue_written(store, *queue)
+            if written[queue]:
+                return physical_offset
         if (
             index_from is not None
             and physical_offset >= index_from
@@ -927,8 +949,7 @@ def queue_reach(store: Store) -> int | None:
     end, spec 10.2 and 10.4)."""
     reach = -1
     for topic, queue_id in list_queues(store.consumequeue_dir):
-        directory = store.consumequeue_dir / topic / str(queue_id)
-        if not is_path_safe(topic) or not store.inside(directory):
+        if not queue_written(store, topic, queue_id):
             continue  # no dispatch writes there, nor does a broker read it
         try:
             queue = ConsumeQueue(
@@ -1154,6 +1175,32 @@ def unsafe_topic_problem(topic: str) -> str:
         f"topic {quoted(topic)} cannot name a consume-queue directory inside the store "
         "(unsafe name, or a symbolic link leading out); no unit was written in its queues"
     )
+
+
+def linked_queue_problem(link: Path) -> str:
+    return (
+        f"{link} is a symbolic link (to {link_target(link)}), which rmqstore does not write "
+        "through: the units of its queues are left out (a broker writes them there); "
+        "rmqstore dispatch --rebuild --yes moves it to quarantine and rebuilds those queues "
+        "in the store"
+    )
+
+
+def queue_written(store: Store, topic: str, queue_id: int) -> bool:
+    """Whether a dispatch writes the consume queue of ``topic``:``queue_id``: not for a
+    topic that cannot name a folder (:func:`is_path_safe`), nor through a topic or queue
+    folder that is a symbolic link (``list_queues`` leaves those out, so the units there are
+    neither known nor checked), nor where the folder resolves outside the store."""
+    if not is_path_safe(topic):
+        return False
+    topic_folder = store.consumequeue_dir / topic
+    folder = topic_folder / str(queue_id)
+    return not topic_folder.is_symlink() and not folder.is_symlink() and store.inside(folder)
+
+
+def _linked_topic(store: Store, link: Path) -> str:
+    """The topic a link ``list_queues`` found is (a topic folder) or is in (a queue folder)."""
+    return link.name if link.parent == store.consumequeue_dir else link.parent.name
 
 
 @dataclass

@@ -122,12 +122,15 @@ def _check_checkpoint(
             )
         ]
     # logicsMsgTimestamp vouches for every consume queue: checked against the newest record
-    # of all of them, so not when --topic (or BatchCQ topics) left queues out (the newest of
-    # those checked is older, and a sound store would be reported as ahead)
+    # of all of them, so not when --topic (or BatchCQ topics, or queue folders that are
+    # links, which are not read) left queues out (the newest of those checked is older, and
+    # a sound store would be reported as ahead)
     if (
         queues is not None
         and queues.topics is None
         and not queues.excluded
+        and not queues.linked_topics
+        and not queues.linked_queues
         and (queues.last_queued_time or not part_walked)
     ):
         limits = [

@@ -264,6 +264,36 @@ def test_a_symlink_out_of_the_store_is_not_followed(tmp_path: Path) -> None:
     assert any("symbolic link" in problem for problem in result.problems)
 
 
+def test_a_linked_queue_folder_is_not_written_and_leaves_no_work_behind(tmp_path: Path) -> None:
+    """A topic folder that is a symbolic link, out of the store or into it, is not written
+    through (list_queues leaves it out, so its units would be neither known nor checked);
+    each dispatch names it, and when its records end the log a dispatch is not left with
+    work it never does (the dry run said there was, at every run)."""
+    store_dir = tmp_path / "s"
+    with Store.open_write(store_dir, StoreConfig(commitlog_file_size=4096), create=True) as store:
+        for topic in ("Plain", "Out", "In"):
+            store.appender().append(Message(topic=topic, body=b"x"))
+    outside, parked = tmp_path / "outside", store_dir / "parked"
+    outside.mkdir()
+    parked.mkdir()
+    (store_dir / "consumequeue").mkdir()
+    (store_dir / "consumequeue" / "Out").symlink_to(outside)
+    (store_dir / "consumequeue" / "In").symlink_to(parked)
+    for run in range(2):
+        with Store.open_write(store_dir) as store:
+            dispatcher = Dispatcher(store)
+            result = dispatcher.run()
+            dispatcher.close()
+        assert result.records == (3 if run == 0 else 0)
+        assert result.units_written == (1 if run == 0 else 0)
+        linked = sorted(p.split(" is a symbolic link")[0] for p in result.problems)
+        assert linked == [str(store_dir / "consumequeue" / name) for name in ("In", "Out")]
+        with Store.open_read(store_dir) as store:
+            start, end = plan_dispatch(store)
+        assert start == end == result.log_end
+    assert list(outside.iterdir()) == list(parked.iterdir()) == []
+
+
 def test_bad_files(oracle, tmp_path: Path) -> None:
     store_dir = oracle("s1_multi").copy_to(tmp_path)
     queue_file = store_dir / "consumequeue" / "TopicTest" / "0" / "00000000000000000000"
