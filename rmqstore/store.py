@@ -368,6 +368,15 @@ class Store:
         """Writers never follow a link out of the store: a store path a writer may write
         through (its folders, checkpoint, abort, commit-log files) that is a symbolic link
         leading outside the store is refused before anything is written."""
+        for path in self.links_out()[:1]:
+            raise StoreFormatError(
+                f"{path} is a symbolic link leading out of the store; writers never "
+                "follow one (put the real file or folder there instead)"
+            )
+
+    def links_out(self) -> list[Path]:
+        """The store paths a writer may write through (its folders, checkpoint, abort,
+        commit-log files) that are symbolic links leading outside the store."""
         paths = [
             self.consumequeue_dir,
             self.index_dir,
@@ -380,12 +389,7 @@ class Store:
             paths.append(self.commitlog_dir)
         if self.commitlog_dir.is_dir():
             paths.extend(Path(entry.path) for entry in os.scandir(self.commitlog_dir))
-        for path in paths:
-            if path.is_symlink() and not self.inside(path):
-                raise StoreFormatError(
-                    f"{path} is a symbolic link leading out of the store; writers never "
-                    "follow one (put the real file or folder there instead)"
-                )
+        return [path for path in paths if path.is_symlink() and not self.inside(path)]
 
     @cached_property
     def queues_in_rocksdb(self) -> bool:

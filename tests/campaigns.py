@@ -254,6 +254,34 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     return mutate(store, outside, rng)
 
 
+def mutated_copy(oracle, name: str, root: Path, rng: random.Random) -> tuple[Path, Path, str]:
+    """A copy of real store ``name`` under ``root``, mutated one to three times, beside a
+    folder ``outside`` it may be linked to: (store, outside, what was done, for messages)."""
+    root.mkdir()
+    outside = root / "outside"
+    outside.mkdir()
+    store = oracle(name).copy_to(root)
+    # a consumer group at the end of every queue, as a broker's fastjson writes it: the
+    # mutations may hit this file too, and recover may leave the group past a queue's end
+    (store / "config").mkdir(exist_ok=True)
+    (store / "config" / "consumerOffset.json").write_text(_consumer_offsets(store))
+    done = [mutate(store, outside, rng) for _ in range(rng.randint(1, 3))]
+    number = root.name.removeprefix("m")
+    return store, outside, f"{name} mutant {number} ({'; '.join(done)})"
+
+
+def _consumer_offsets(store: Path) -> str:
+    """``consumerOffset.json`` with group g1 at the end of each queue of the store."""
+    entries = []
+    for topic in sorted((store / "consumequeue").iterdir()):
+        ends = []
+        for queue in sorted(topic.iterdir(), key=lambda path: int(path.name)):
+            units = sum(-(-len(f.read_bytes().rstrip(b"\0")) // 20) for f in queue.iterdir())
+            ends.append(f"{queue.name}:{units}")
+        entries.append(f'\t\t"{topic.name}@g1":{{{",".join(ends)}\n\t\t}}')
+    return '{\n\t"offsetTable":{\n' + ",\n".join(entries) + "\n\t}\n}"
+
+
 def damage_segment(store: Path, folder: str, rng: random.Random) -> str:
     """Damage one segment file below ``folder`` of ``store`` (``commitlog`` or
     ``consumequeue``) one way a disk or a cut copy does: a flipped bit, a run of zeros, an

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rmqstore.commitlog import CommitLog
+from rmqstore.consumequeue import link_target
 from rmqstore.errors import RmqStoreError
 from rmqstore.store import COMMITLOG_DIR, Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort, read_store_state
@@ -60,6 +61,18 @@ def check_layout(store: Store, report: VerifyReport) -> None:
         report.add("store-layout", message, file=name)
     if store.foreign_log is not None:
         report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
+    for link in store.links_out():
+        report.add(
+            "store-link",
+            f"{link} is a symbolic link leading out of the store (to {link_target(link)}): a "
+            "broker reads and writes through it, and rmqstore reads through it, but its "
+            "writers (recover, dispatch, flush, append) refuse the store: put the real file "
+            "or folder there",
+            WARNING,
+            file=str(link.relative_to(store.root))
+            if link.is_relative_to(store.root)
+            else str(link),
+        )
 
 
 def settle_live_end(store: Store) -> None:

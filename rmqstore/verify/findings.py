@@ -18,6 +18,9 @@ KINDS = {
     "file-name": "a file whose name a broker cannot parse, or an unexpected file",
     "store-layout": "a file where a store folder should be, an abort that is not a file, or "
     "a commit log not where rmqstore reads it (no commitlog/ folder, a DLedger log)",
+    "store-link": "a store file or folder a writer writes through (a commit-log file, a store "
+    "folder, checkpoint, abort) that is a symbolic link leading out of the store: a broker "
+    "writes through it, rmqstore's writers refuse the store",
     "file-gap": "commit-log files are not contiguous",
     "file-incomplete": "a commit-log file ends without a BLANK record but later files hold data",
     "data-after-end": "a commit-log file after the end of the log holds data",
@@ -110,6 +113,7 @@ FIXES = {
     "file-size": REPORT_ONLY,
     "file-name": REPORT_ONLY,
     "store-layout": REPORT_ONLY,
+    "store-link": REPORT_ONLY,
     "file-gap": REPORT_ONLY,
     "record-properties": REPORT_ONLY,
     "store-time-order": REPORT_ONLY,
@@ -140,8 +144,9 @@ _REBUILD_FIRST = frozenset({"cq-file-size", "index-file-size"})
 # consume-queue findings that follow from a gap in a queue's offsets in the log itself
 _GAP_FOLLOWERS = frozenset({"cq-unit", "cq-unit-orphan", "dispatch-hole"})
 # noted, these leave nothing for rmqstore to mend: its writers refuse a store whose consume
-# queues are a RocksDB database, or with BatchCQ topics (its broker recovers it at start-up)
-_WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq")
+# queues are a RocksDB database, or with BatchCQ topics (its broker recovers it at start-up),
+# or with a path they would write through that leads out of the store
+_WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq", "store-link")
 
 
 def fix_for(kind: str, store: str) -> str:

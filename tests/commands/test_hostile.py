@@ -81,6 +81,14 @@ def test_writers_refuse_links_leading_out_of_the_store(tmp_path: Path, what: str
         result = run_cli(*command)
         one_line_error(result, 2)
         assert "symbolic link" in result.stderr
+    # verify names the link and gives no command as the next step (it named recover or
+    # dispatch, which refuse the store: a script following it ran them for ever)
+    report = json.loads(run_cli("verify", store, "--json").stdout)
+    links = [f for f in report["findings"] if f["kind"] == "store-link"]
+    assert [(f["severity"], f["fix"]) for f in links] == [("warning", "none: report only")]
+    assert report["nextStep"] is None
+    plain = run_cli("verify", store)
+    assert "next step: put the real file or folder where each store-link finding" in plain.stdout
     assert tree_digest(outside) == before
     assert not (outside / "abort").exists()
 
