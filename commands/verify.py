@@ -240,11 +240,8 @@ def _next_step(report: VerifyReport, store: str) -> str:
         return f"stop the process that holds the store's lock, then {step} (and verify again)"
     if step:
         return f"{step} (then verify again)"
-    if report.counts["store-link"]:
-        return (
-            "put the real file or folder where each store-link finding names a link (rmqstore's "
-            "writers refuse the store while one leads out of it), then verify again"
-        )
+    if report.by_hand is not None:
+        return f"{report.by_hand} (rmqstore's writers refuse the store until then); verify again"
     if report.writers_refused and not report.counts["queue-type"]:  # the broker would start
         return (
             "start its broker, which recovers and dispatches the store (rmqstore's writers "

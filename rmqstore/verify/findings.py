@@ -143,10 +143,16 @@ _BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
 _REBUILD_FIRST = frozenset({"cq-file-size", "index-file-size"})
 # consume-queue findings that follow from a gap in a queue's offsets in the log itself
 _GAP_FOLLOWERS = frozenset({"cq-unit", "cq-unit-orphan", "dispatch-hole"})
+# found, rmqstore's writers refuse the store until the operator puts these right by hand:
+# what to do, in words (the findings' messages say it of each)
+_MENDED_BY_HAND = {
+    "store-link": "put the real file or folder where each store-link finding names a link",
+    "checkpoint-size": "move the checkpoint aside (rmqstore flush then writes a new one)",
+}
 # noted, these leave nothing for rmqstore to mend: its writers refuse a store whose consume
 # queues are a RocksDB database, or with BatchCQ topics (its broker recovers it at start-up),
-# or with a path they would write through that leads out of the store
-_WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq", "store-link")
+# and one with what must be mended by hand first
+_WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq", *_MENDED_BY_HAND)
 
 
 def fix_for(kind: str, store: str) -> str:
@@ -325,6 +331,13 @@ class VerifyReport:
     def writers_refused(self) -> bool:
         """Whether rmqstore's writers refuse the store (no command of it mends anything)."""
         return any(self.counts[kind] for kind in _WRITERS_REFUSED)
+
+    @property
+    def by_hand(self) -> str | None:
+        """What the operator must put right by hand before rmqstore's writers take the store
+        (None when nothing), in words."""
+        steps = [step for kind, step in _MENDED_BY_HAND.items() if self.counts[kind]]
+        return "; ".join(steps) or None
 
     @property
     def ok(self) -> bool:

@@ -153,6 +153,9 @@ def test_a_longer_checkpoint_is_reported_and_no_writer_touches_the_store(tmp_pat
     verified = json.loads(run_cli("verify", store, "--json").stdout)
     (finding,) = [f for f in verified["findings"] if f["kind"] == "checkpoint-size"]
     assert finding["fix"] == "none: report only" and "4196 bytes" in finding["message"]
+    # and no command is the next step (it named recover, which refuses the store)
+    assert verified["nextStep"] is None
+    assert "next step: move the checkpoint aside" in run_cli("verify", store).stdout
     before = tree_digest(store)
     for command in (["flush"], ["recover", "--yes"], ["dispatch"]):
         result = run_cli(*command, store)
