@@ -1,13 +1,15 @@
-"""Following verify's next step on hostile stores: real broker stores mutated, then, as an
-operator scripts it, ``verify --json``, run its ``nextStep``, verify again. The steps end
-(a step is never given twice for the same findings; after a few the store is sound or
-verify names no command), every command ends with a documented exit code and a one-line
-error, nothing is written outside the store, and no record is lost: each CRC-valid record
-the commit-log files held before is still at its offset, or its bytes are in quarantine."""
+"""Following verify's next step on damaged stores: real broker stores mutated (by hostile
+hands, or by a disk's damage to commit-log and consume-queue files), then, as an operator
+scripts it, ``verify --json``, run its ``nextStep``, verify again. The steps end (a step is
+never given twice for the same findings; after a few the store is sound or verify names no
+command), every command ends with a documented exit code and a one-line error, nothing is
+written outside the store, and no record is lost: each CRC-valid record the commit-log files
+held before is still at its offset, or its bytes are in quarantine."""
 
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from campaigns import (
     DOCUMENTED_EXIT_CODES,
     campaign_random,
     child_env,
+    damage_segment,
     mutated_copy,
     rounds,
     seed_note,
@@ -122,13 +125,30 @@ def follow_next_steps(store: Path) -> tuple[list[str], list[str]]:
     return steps, [f"still a next step after {MOST_STEPS}: {steps}"]
 
 
+def disk_damaged_copy(oracle, name: str, root: Path, rng: random.Random) -> tuple[Path, Path, str]:
+    """A copy of real store ``name`` whose commit-log or consume-queue files a disk or a cut
+    copy damaged one to three times (see :func:`damage_segment`)."""
+    root.mkdir()
+    outside = root / "outside"
+    outside.mkdir()
+    store = oracle(name).copy_to(root)
+    done = [
+        damage_segment(store, rng.choice(["commitlog", "commitlog", "consumequeue"]), rng)
+        for _ in range(rng.randint(1, 3))
+    ]
+    number = root.name.removeprefix("m")
+    return store, outside, f"{name} damaged copy {number} ({'; '.join(filter(None, done))})"
+
+
 @pytest.mark.campaign
+@pytest.mark.parametrize("damage", ["hostile", "disk"])
 @pytest.mark.parametrize("name", ["s1_multi", "s2_crash", "v533_s3_txn"])
-def test_next_steps_end_and_lose_no_record(oracle, tmp_path: Path, name: str) -> None:
-    rng = campaign_random(f"next-steps-{name}")
+def test_next_steps_end_and_lose_no_record(oracle, tmp_path: Path, name: str, damage: str) -> None:
+    rng = campaign_random(f"next-steps-{name}" + ("" if damage == "hostile" else f"-{damage}"))
+    copy = mutated_copy if damage == "hostile" else disk_damaged_copy
     failures = []
     for number in range(MUTANTS):
-        store, outside, where = mutated_copy(oracle, name, tmp_path / f"m{number}", rng)
+        store, outside, where = copy(oracle, name, tmp_path / f"m{number}", rng)
         before = records_by_file(store)
         outside_before = tree_state(outside)
         steps, found = follow_next_steps(store)
