@@ -25,6 +25,7 @@ from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
+    is_segment_name,
     map_writable,
     nonzero_extent,
     reserve_range,
@@ -253,12 +254,33 @@ class ConsumeQueue:
                 break
         return end
 
-    def refuse_a_gap(self, consequence: str, then: str = "") -> None:
-        """StoreFormatError when the load's walk met a missing file among the last three with
-        files after it (:attr:`gap_at`): a broker's walk goes on past it, so its queue ends
-        (and takes its next unit and next queue offset) after the last file's units, not
-        where this one ends. ``consequence`` says what writing would do; ``then`` what to run
-        after the rebuild."""
+    def refuse_until_rebuilt(
+        self, consequence: str, then: str = "", *, writes: bool = True
+    ) -> None:
+        """StoreFormatError when something under a queue file's name is not a regular file
+        (a folder, a FIFO: the units there are unknown, and no unit can be written there), or
+        when the load's walk met a missing file among the last three with files after it
+        (:attr:`gap_at`): a broker's walk goes on past it, so its queue ends (and takes its
+        next unit and next queue offset) after the last file's units, not where this one
+        ends. ``writes``: the caller writes the queue (puts units, cuts it), so a queue file
+        that is a symbolic link is refused too (no writer writes through one). ``consequence``
+        says what writing would do; ``then`` what to run after the rebuild."""
+        for path in self.queue.links[:1] if writes else []:
+            raise StoreFormatError(
+                f"{path} is a symbolic link (to {link_target(path)}), which rmqstore's writers "
+                f"do not write through, so the consume queue of {self.topic}:{self.queue_id} "
+                f"is not written; run rmqstore dispatch --rebuild --yes first{then} (it moves "
+                "the queue's files, the link among them, to quarantine and builds the queue in "
+                "the store; rmqstore verify shows it: cq-file-link)"
+            )
+        for path in self.queue.unexpected:
+            if is_segment_name(path.name):
+                raise StoreFormatError(
+                    f"{path} is not a regular file, under a consume-queue file's name: the "
+                    f"units of {self.topic}:{self.queue_id} there are unknown and none can be "
+                    f"written there, so {consequence}; run rmqstore dispatch --rebuild --yes "
+                    f"first{then} (rmqstore verify shows it: cq-layout)"
+                )
         if self.gap_at is not None:
             raise StoreFormatError(
                 f"the consume queue of {self.topic}:{self.queue_id} is missing its file "

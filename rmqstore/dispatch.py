@@ -179,7 +179,7 @@ class Dispatcher:
             self.store.consumequeue_file_size,
             commitlog_min_offset=self.store.commitlog.min_offset,
         )
-        queue.refuse_a_gap(_PUTS_ELSEWHERE)
+        queue.refuse_until_rebuilt(_PUTS_ELSEWHERE)
         queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
         self._ends_at_open[(topic, queue_id)] = queue.end
         return queue
@@ -423,19 +423,11 @@ class Dispatcher:
     @staticmethod
     def _check_ahead(ahead: int, furthest: ConsumeQueue | None, log_end: int) -> None:
         """Refuse queues that reached past the log's end when opened (``ahead``, by queue
-        ``furthest``), naming that queue, and a link among its files, which no rmqstore
-        writer (recover's truncation included) writes through."""
+        ``furthest``), naming that queue (one with a file that is a link was refused when
+        opened: see :meth:`ConsumeQueue.refuse_until_rebuilt`)."""
         if furthest is None or ahead <= log_end:
             return
         name = f"{furthest.topic}:{furthest.queue_id}"
-        links = [s.path for s in furthest.queue.segments if s.path.is_symlink()]
-        if links:
-            raise InputError(
-                f"consume queue {name} points past the end of the commit log ({ahead} > "
-                f"{log_end}) and its file {links[0]} is a symbolic link, which rmqstore does "
-                "not write through (nor cut): put the real file there, or rebuild the queues "
-                "with 'rmqstore dispatch --rebuild'"
-            )
         raise InputError(
             f"consume queues point past the end of the commit log ({ahead} > {log_end}, "
             f"queue {name}): they were written by a broker that crashed or the log was cut; "
@@ -1070,7 +1062,7 @@ def plan_dispatch(
         if selected is None or topic in selected
     ]
     for queue in queues:
-        queue.refuse_a_gap(_PUTS_ELSEWHERE)  # as the dispatch itself refuses it
+        queue.refuse_until_rebuilt(_PUTS_ELSEWHERE)  # as the dispatch itself refuses it
     index = store.index_service() if build_index and store.config.message_index_enable else None
     try:
         cursor = resume_offset(store, queues, index)

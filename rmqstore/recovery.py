@@ -194,7 +194,9 @@ def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> list[Path
         folders.append(directory)
         # strict: a file of the wrong size stops recovery here, before anything changed
         queue = ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
-        queue.refuse_a_gap("its replay would put units where a broker puts none", ", then recover")
+        queue.refuse_until_rebuilt(
+            "its replay would put units where a broker puts none", ", then recover"
+        )
         if queue.queue.empty_last is not None:
             _move(store, plan, queue.queue.empty_last, _EMPTY_LAST)
         for path in queue.files_after_end():

@@ -66,6 +66,7 @@ class SegmentQueue:
     segments: list[Segment] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # found with strict=False
     unexpected: list[Path] = field(default_factory=list)  # entries that are not segments
+    links: list[Path] = field(default_factory=list)  # segments that are symbolic links
     empty_last: Path | None = None  # a zero-length last file, skipped (a 5.x broker deletes it)
 
     @classmethod
@@ -89,6 +90,8 @@ class SegmentQueue:
             if not entry.is_file():
                 queue.unexpected.append(Path(entry.path))
                 continue
+            if entry.is_symlink():
+                queue.links.append(Path(entry.path))
             size = entry.stat().st_size
             queue.segments.append(Segment(int(entry.name), Path(entry.path), size))
         for index, segment in enumerate(queue.segments):

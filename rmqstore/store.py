@@ -922,7 +922,9 @@ class Store:
             queue = ConsumeQueue(
                 self.consumequeue_dir, topic, queue_id, self.consumequeue_file_size
             )
-            queue.refuse_a_gap("an appended message could take a queue offset a stored one has")
+            queue.refuse_until_rebuilt(  # (the appender reads its queues: a link is read)
+                "an appended message could take a queue offset a stored one has", writes=False
+            )
             tip = QueueTip.of(queue)
             tips[(topic, queue_id)] = tip
             past_end = queue.units_after_end()

@@ -382,6 +382,18 @@ class QueueChecks:
         name = relative(self.store, queue.directory)
         for problem in queue.queue.problems:
             self.report.add("cq-file-size", problem, file=name, topic=topic, queue_id=queue_id)
+        for path in queue.queue.links:
+            self.report.add(
+                "cq-file-link",
+                f"a symbolic link (to {link_target(path)}): a broker reads and writes the "
+                "queue's units through it, and rmqstore reads them, but its writers refuse the "
+                "queue (rmqstore dispatch --rebuild --yes moves its files, the link among them, "
+                "to quarantine and builds the queue in the store)",
+                WARNING,
+                file=relative(self.store, path),
+                topic=topic,
+                queue_id=queue_id,
+            )
         for path in queue.queue.unexpected:
             if being_made(self.store, path):
                 continue

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from rmqstore.checkpoint import read_checkpoint, write_checkpoint
 from rmqstore.fixtures import FixtureOptions, generate
@@ -372,8 +375,10 @@ def test_a_queue_file_that_is_a_link_and_reaches_past_the_cut_is_named(
 ) -> None:
     """A real broker's store whose log recover cuts short (a body CRC fails in its first
     file), with the queue file of SCHEDULE_TOPIC_XXXX:17 a link out of the store: recover
-    does not cut through the link, and its refusal names that queue and the link (it said
-    only that the consume queues point past the log); what is outside is left alone."""
+    does not cut through the link, and refuses before it changes anything, naming that
+    queue and the link (it said only that the consume queues point past the log; later it
+    refused part way, with some cut already); what is outside is left alone. verify names
+    the link (cq-file-link) and the rebuild as the next step, after which recover cuts."""
     store = oracle("s3_txn_delay").copy_to(tmp_path)
     queue_file = store / "consumequeue" / "SCHEDULE_TOPIC_XXXX" / "17" / "00000000000000000000"
     outside = tmp_path / "outside-unit-file"
@@ -385,13 +390,52 @@ def test_a_queue_file_that_is_a_link_and_reaches_past_the_cut_is_named(
         byte = log_file.read(1)[0]
         log_file.seek(47625)
         log_file.write(bytes([byte ^ 4]))
+    unchanged = tree_digest(store)
     refused = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
     assert refused.exit_code == 2 and refused.stderr.count("\n") == 1
-    assert "consume queue SCHEDULE_TOPIC_XXXX:17 points past the end of the commit log" in (
-        refused.stderr
-    )
-    assert f"its file {queue_file} is a symbolic link" in refused.stderr
+    assert f"{queue_file} is a symbolic link (to {outside})" in refused.stderr
+    assert "consume queue of SCHEDULE_TOPIC_XXXX:17 is not written" in refused.stderr
+    assert "run rmqstore dispatch --rebuild --yes first, then recover" in refused.stderr
+    assert tree_digest(store) == unchanged and outside.read_bytes() == before
+    report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    links = [f["file"] for f in report["findings"] if f["kind"] == "cq-file-link"]
+    assert links == ["consumequeue/SCHEDULE_TOPIC_XXXX/17/00000000000000000000"]
+    assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
+    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code in (0, 1)
     assert outside.read_bytes() == before
+
+
+@pytest.mark.parametrize("what", ["fifo", "folder"])
+def test_what_is_not_a_file_under_a_queue_files_name_stops_recover_before_it_changes_anything(
+    oracle, tmp_path: Path, what: str
+) -> None:
+    """A crashed real broker's store ('abort') with a FIFO or a folder under the name of a
+    queue's second file: recover stopped part way (what it cut already in quarantine) when
+    its replay came to make that file, and verify named recover again and again. Now
+    recover refuses before it changes anything, and verify names the rebuild first; after
+    it, recover and verify end sound."""
+    store = oracle("s2_crash").copy_to(tmp_path)
+    second = store / "consumequeue" / "TopicTest" / "1" / "00000000000000002000"
+    second.unlink()
+    if what == "fifo":
+        os.mkfifo(second)
+    else:
+        second.mkdir()
+    before = tree_digest(store)
+    refused = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert f"{second} is not a regular file" in refused.stderr
+    assert "run rmqstore dispatch --rebuild --yes first, then recover" in refused.stderr
+    assert tree_digest(store) == before
+    report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    assert (
+        report["findingsByKind"]["cq-layout"] == 1 and "abort-present" in report["findingsByKind"]
+    )
+    assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
+    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
 
 
 def test_a_recovery_that_deletes_files_cuts_where_the_next_start_would_cut(
