@@ -271,7 +271,7 @@ class ConsumeQueue:
                 f"do not write through, so the consume queue of {self.topic}:{self.queue_id} "
                 f"is not written; run rmqstore dispatch --rebuild --yes first{then} (it moves "
                 "the queue's files, the link among them, to quarantine and builds the queue in "
-                "the store; rmqstore verify shows it: cq-file-link)"
+                "the store; rmqstore verify shows it: file-link)"
             )
         for path in self.queue.unexpected:
             if is_segment_name(path.name):

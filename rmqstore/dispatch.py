@@ -1065,6 +1065,8 @@ def plan_dispatch(
         queue.refuse_until_rebuilt(_PUTS_ELSEWHERE)  # as the dispatch itself refuses it
     index = store.index_service() if build_index and store.config.message_index_enable else None
     try:
+        if index is not None:
+            index.refuse_links()  # as the dispatch itself refuses them
         cursor = resume_offset(store, queues, index)
         start = no_later_than_replay(store, cursor) if from_offset is None else from_offset
         partial = leaves_records_out(store, selected, build_index) or start > cursor

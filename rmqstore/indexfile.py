@@ -452,6 +452,7 @@ class IndexService:
         self.writable = writable
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.unexpected: list[Path] = []
+        self.links: list[Path] = []  # index files that are symbolic links (read through)
         self.files: list[IndexFile] = []
         # told each new file's path before the file is made (a quarantine lists it as made)
         self.on_create: Callable[[Path], None] | None = None
@@ -461,6 +462,10 @@ class IndexService:
             try:
                 for path in sorted(directory.iterdir()):
                     if is_index_name(path.name) and path.is_file():
+                        if path.is_symlink():
+                            self.links.append(path)
+                            if writable:
+                                self.refuse_links()
                         if writable and self.files:
                             self.files[-1].release()  # never written again: not the last
                         self._held(IndexFile.open(path, slots, entries, writable=writable))
@@ -469,6 +474,18 @@ class IndexService:
             except BaseException:
                 self.close()  # the maps of the files opened before the one that failed
                 raise
+
+    def refuse_links(self, then: str = "") -> None:
+        """StoreFormatError when an index file is a symbolic link: rmqstore's writers write
+        no file through one, so a writer that may write the index (or move its files) is
+        refused before it changes anything; ``then``: what to run after the rebuild."""
+        for path in self.links[:1]:
+            raise StoreFormatError(
+                f"{path} is a symbolic link (to {os.readlink(path)}), which rmqstore's writers "
+                f"do not write through; run rmqstore dispatch --rebuild --yes first{then} (it "
+                "moves the index files, the link among them, to quarantine and builds the "
+                "index in the store; rmqstore verify shows it: file-link)"
+            )
 
     def _held(self, index: IndexFile) -> IndexFile:
         """Add a file just opened (the last of :attr:`files`)."""

@@ -143,7 +143,11 @@ def plan_recovery(store: Store, progress: Callable[[int], None] | None = None) -
     _plan_commitlog(store, end, plan)
     queue_folders = _plan_queues(store, end.offset, plan)
     if store.config.message_index_enable:
-        store.index_service().close()  # index files of another geometry stop recovery here
+        index = store.index_service()  # index files of another geometry stop recovery here
+        try:
+            index.refuse_links(", then recover")  # and so do links among them
+        finally:
+            index.close()
         _plan_index(store, plan)
     _plan_leftovers(store, plan, queue_folders)
     _note_missing_files(store, plan)

@@ -66,8 +66,8 @@ KINDS = {
     "queues-batchcq": "BatchCQ topics keep their queues in batchconsumequeue/: not checked",
     "queue-link": "a topic's or queue's folder in consumequeue/ that is a symbolic link: a "
     "broker reads and writes through it, rmqstore does not (not checked, nor written)",
-    "cq-file-link": "a consume-queue file that is a symbolic link: a broker reads and writes "
-    "through it; rmqstore reads through it, its writers refuse the queue until a rebuild",
+    "file-link": "a consume-queue or index file that is a symbolic link: a broker reads and "
+    "writes through it; rmqstore reads through it, its writers refuse the store until a rebuild",
     "queue-type": "a topic's queue folders where its queue type (BatchCQ or not) does not keep "
     "them: a 5.x broker does not start",
     "store-live": "the store's lock is held (a broker writing it): checked as it stood when "
@@ -132,7 +132,7 @@ FIXES = {
     "queues-batchcq": REPORT_ONLY,
     "queue-type": REPORT_ONLY,
     "queue-link": _REBUILD,
-    "cq-file-link": _REBUILD,
+    "file-link": _REBUILD,
     "store-live": REPORT_ONLY,
 }
 assert set(FIXES) == set(KINDS)
@@ -144,7 +144,7 @@ _BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
 # files of the wrong size, what is not a file where a queue file or folder must be, and queue
 # files that are links, which make recover (and dispatch) refuse the store and which a
 # rebuild replaces: a rebuild comes first then
-_REBUILD_FIRST = frozenset({"cq-file-size", "index-file-size", "cq-layout", "cq-file-link"})
+_REBUILD_FIRST = frozenset({"cq-file-size", "index-file-size", "cq-layout", "file-link"})
 # consume-queue findings that follow from a gap in a queue's offsets in the log itself
 _GAP_FOLLOWERS = frozenset({"cq-unit", "cq-unit-orphan", "dispatch-hole"})
 # found, rmqstore's writers refuse the store until the operator puts these right by hand:

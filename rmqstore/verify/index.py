@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rmqstore import kernel
+from rmqstore.consumequeue import link_target
 from rmqstore.errors import RmqStoreError, StoreFormatError
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash
 from rmqstore.indexfile import (
@@ -171,6 +172,16 @@ class IndexChecks:
                     file.close(flush=False)  # made after that reader looked
             self.service.files = kept
         if structural:
+            for path in self.service.links:
+                report.add(
+                    "file-link",
+                    f"a symbolic link (to {link_target(path)}): a broker reads and writes the "
+                    "index through it, and rmqstore reads it, but its writers refuse the store "
+                    "(rmqstore dispatch --rebuild --yes moves the index files, the link among "
+                    "them, to quarantine and builds the index in the store)",
+                    WARNING,
+                    file=relative(store, path),
+                )
             for path in self.service.unexpected:
                 if being_made(store, path):
                     continue

@@ -384,7 +384,7 @@ class QueueChecks:
             self.report.add("cq-file-size", problem, file=name, topic=topic, queue_id=queue_id)
         for path in queue.queue.links:
             self.report.add(
-                "cq-file-link",
+                "file-link",
                 f"a symbolic link (to {link_target(path)}): a broker reads and writes the "
                 "queue's units through it, and rmqstore reads them, but its writers refuse the "
                 "queue (rmqstore dispatch --rebuild --yes moves its files, the link among them, "

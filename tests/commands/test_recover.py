@@ -378,7 +378,7 @@ def test_a_queue_file_that_is_a_link_and_reaches_past_the_cut_is_named(
     does not cut through the link, and refuses before it changes anything, naming that
     queue and the link (it said only that the consume queues point past the log; later it
     refused part way, with some cut already); what is outside is left alone. verify names
-    the link (cq-file-link) and the rebuild as the next step, after which recover cuts."""
+    the link (file-link) and the rebuild as the next step, after which recover cuts."""
     store = oracle("s3_txn_delay").copy_to(tmp_path)
     queue_file = store / "consumequeue" / "SCHEDULE_TOPIC_XXXX" / "17" / "00000000000000000000"
     outside = tmp_path / "outside-unit-file"
@@ -398,7 +398,7 @@ def test_a_queue_file_that_is_a_link_and_reaches_past_the_cut_is_named(
     assert "run rmqstore dispatch --rebuild --yes first, then recover" in refused.stderr
     assert tree_digest(store) == unchanged and outside.read_bytes() == before
     report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
-    links = [f["file"] for f in report["findings"] if f["kind"] == "cq-file-link"]
+    links = [f["file"] for f in report["findings"] if f["kind"] == "file-link"]
     assert links == ["consumequeue/SCHEDULE_TOPIC_XXXX/17/00000000000000000000"]
     assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
     assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
@@ -436,6 +436,36 @@ def test_what_is_not_a_file_under_a_queue_files_name_stops_recover_before_it_cha
     assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
     assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
     assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
+
+
+def test_an_index_file_that_is_a_link_stops_recover_before_it_changes_anything(
+    oracle, tmp_path: Path
+) -> None:
+    """A crashed real broker's store ('abort') whose last index file is a link out of the
+    store: recover stopped part way when its dispatch came to write the index (some already
+    cut to quarantine), and verify named recover again. Now every writer refuses before it
+    changes anything, verify reports file-link and names the rebuild first, and after it
+    recover and verify end sound; the file outside is never written."""
+    store = oracle("s2_crash").copy_to(tmp_path)
+    last = sorted((store / "index").iterdir())[-1]
+    outside = tmp_path / "outside-index-file"
+    last.rename(outside)
+    last.symlink_to(outside)
+    before, kept = tree_digest(store), outside.read_bytes()
+    for command in (["recover", "--yes"], ["dispatch"], ["recover", "--dry-run"]):
+        refused = run_cli(*command, store, *ORACLE_OPTIONS)
+        assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert f"{last} is a symbolic link (to {outside})" in refused.stderr
+    assert tree_digest(store) == before
+    report = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
+    assert [f["file"] for f in report["findings"] if f["kind"] == "file-link"] == [
+        f"index/{last.name}"
+    ]
+    assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
+    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
+    assert outside.read_bytes() == kept
 
 
 def test_a_recovery_that_deletes_files_cuts_where_the_next_start_would_cut(
