@@ -26,6 +26,7 @@ from rmqstore.segments import (
     Segment,
     SegmentQueue,
     is_segment_name,
+    link_target,
     map_writable,
     nonzero_extent,
     reserve_range,
@@ -877,15 +878,6 @@ def list_queues(
             elif queue_entry.is_dir():
                 queues.append((topic_entry.name, queue_id))
     return queues
-
-
-def link_target(link: Path) -> str:
-    """Where a symbolic link ``list_queues`` left out leads, as the link says it ("?" when
-    it cannot be read)."""
-    try:
-        return os.readlink(link)
-    except OSError:
-        return "?"
 
 
 _JAVA_INT = range(-(2**31), 2**31)

@@ -436,7 +436,8 @@ class Dispatcher:
 
     def new_queue(self, topic: str, queue_id: int, problems: list[str]) -> ConsumeQueue | None:
         """Open (creating it on the first put) a queue not seen yet; None, and a problem the
-        first time, for a topic that cannot name a directory inside the store."""
+        first time, for a queue no dispatch writes (see :func:`queue_written`; a linked
+        folder was named when the dispatcher opened)."""
         if not queue_written(self.store, topic, queue_id):
             if topic not in self._unsafe_topics and topic not in self._linked_topics:
                 self._unsafe_topics.add(topic)

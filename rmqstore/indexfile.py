@@ -23,6 +23,7 @@ from rmqstore.kernel import layout as kernel_layout
 from rmqstore.segments import (
     creating_name,
     fsync_directory,
+    link_target,
     make_directories,
     map_writable,
     reserve_blocks,
@@ -481,7 +482,7 @@ class IndexService:
         refused before it changes anything; ``then``: what to run after the rebuild."""
         for path in self.links[:1]:
             raise StoreFormatError(
-                f"{path} is a symbolic link (to {os.readlink(path)}), which rmqstore's writers "
+                f"{path} is a symbolic link (to {link_target(path)}), which rmqstore's writers "
                 f"do not write through; run rmqstore dispatch --rebuild --yes first{then} (it "
                 "moves the index files, the link among them, to quarantine and builds the "
                 "index in the store; rmqstore verify shows it: file-link)"

@@ -29,6 +29,14 @@ WRITE_SETTLE = 0.05
 _SEGMENT_NAME = re.compile(r"[0-9]{20}")  # ASCII digits: a regex's \d takes any script's
 
 
+def link_target(link: Path) -> str:
+    """Where a symbolic link leads, as the link says it ("?" when it cannot be read)."""
+    try:
+        return os.readlink(link)
+    except OSError:
+        return "?"
+
+
 def is_segment_name(name: str) -> bool:
     """Whether ``name`` is a segment file's name: its start offset in 20 digits."""
     return _SEGMENT_NAME.fullmatch(name) is not None
