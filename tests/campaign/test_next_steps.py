@@ -31,9 +31,10 @@ from campaigns import (
     seed_note,
     tree_state,
 )
-from support import ORACLE_CONFIG, ORACLE_OPTIONS
+from support import ORACLE_CONFIG, ORACLE_OPTIONS, ORACLE_STORES
 
 MUTANTS = rounds(short=3, long=60)  # per real store
+DISK_COPIES = rounds(short=6, long=180)
 MOST_STEPS = 5
 
 
@@ -125,42 +126,64 @@ def follow_next_steps(store: Path) -> tuple[list[str], list[str]]:
     return steps, [f"still a next step after {MOST_STEPS}: {steps}"]
 
 
-def disk_damaged_copy(oracle, name: str, root: Path, rng: random.Random) -> tuple[Path, Path, str]:
-    """A copy of real store ``name`` whose commit-log or consume-queue files a disk or a cut
-    copy damaged one to three times (see :func:`damage_segment`)."""
+# the stores a disk may damage: every real-broker store, and the crashed one's torn copies
+DISK_BASES = [(name, "store") for name in ORACLE_STORES] + [
+    ("s2_crash", "store_torn_half_record"),
+    ("s2_crash", "store_torn_random_garbage"),
+]
+
+
+def disk_damaged_copy(oracle, root: Path, rng: random.Random) -> tuple[Path, Path, str]:
+    """A copy of a real store (one of :data:`DISK_BASES`) whose commit-log or consume-queue
+    files a disk or a cut copy damaged one to three times (see :func:`damage_segment`)."""
+    name, which = rng.choice(DISK_BASES)
     root.mkdir()
     outside = root / "outside"
     outside.mkdir()
-    store = oracle(name).copy_to(root)
+    store = oracle(name).copy_to(root, which)
     done = [
         damage_segment(store, rng.choice(["commitlog", "commitlog", "consumequeue"]), rng)
         for _ in range(rng.randint(1, 3))
     ]
     number = root.name.removeprefix("m")
-    return store, outside, f"{name} damaged copy {number} ({'; '.join(filter(None, done))})"
+    return store, outside, f"{name}/{which} damaged copy {number} ({'; '.join(filter(None, done))})"
+
+
+def followed(store: Path, outside: Path, where: str) -> list[str]:
+    """Follow verify's next steps on ``store``: the failures, each prefixed by ``where``."""
+    before = records_by_file(store)
+    outside_before = tree_state(outside)
+    steps, found = follow_next_steps(store)
+    failures = [f"{where}: {failure}" for failure in found]
+    kept = quarantined(store)
+    file_size = ORACLE_CONFIG["commitlog_file_size"]
+    for offset, data in before.items():
+        if commitlog_bytes_at(store, offset, len(data), file_size) == data:
+            continue
+        if not any(data in blob for blob in kept):
+            failures.append(f"{where}: after {steps}, the record at {offset} is lost")
+            break
+    if tree_state(outside) != outside_before:
+        failures.append(f"{where}: something was written outside the store")
+    return failures
 
 
 @pytest.mark.campaign
-@pytest.mark.parametrize("damage", ["hostile", "disk"])
 @pytest.mark.parametrize("name", ["s1_multi", "s2_crash", "v533_s3_txn"])
-def test_next_steps_end_and_lose_no_record(oracle, tmp_path: Path, name: str, damage: str) -> None:
-    rng = campaign_random(f"next-steps-{name}" + ("" if damage == "hostile" else f"-{damage}"))
-    copy = mutated_copy if damage == "hostile" else disk_damaged_copy
+def test_next_steps_on_mutated_stores_end_and_lose_no_record(
+    oracle, tmp_path: Path, name: str
+) -> None:
+    rng = campaign_random(f"next-steps-{name}")
     failures = []
     for number in range(MUTANTS):
-        store, outside, where = copy(oracle, name, tmp_path / f"m{number}", rng)
-        before = records_by_file(store)
-        outside_before = tree_state(outside)
-        steps, found = follow_next_steps(store)
-        failures += [f"{where}: {failure}" for failure in found]
-        kept = quarantined(store)
-        file_size = ORACLE_CONFIG["commitlog_file_size"]
-        for offset, data in before.items():
-            if commitlog_bytes_at(store, offset, len(data), file_size) == data:
-                continue
-            if not any(data in blob for blob in kept):
-                failures.append(f"{where}: after {steps}, the record at {offset} is lost")
-                break
-        if tree_state(outside) != outside_before:
-            failures.append(f"{where}: something was written outside the store")
+        failures += followed(*mutated_copy(oracle, name, tmp_path / f"m{number}", rng))
+    assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
+
+
+@pytest.mark.campaign
+def test_next_steps_on_disk_damaged_stores_end_and_lose_no_record(oracle, tmp_path: Path) -> None:
+    rng = campaign_random("next-steps-disk")
+    failures = []
+    for number in range(DISK_COPIES):
+        failures += followed(*disk_damaged_copy(oracle, tmp_path / f"m{number}", rng))
     assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
