@@ -94,9 +94,11 @@ _HELP = (
     index file of the wrong size puts the rebuild first (recover refuses the store until it
     is replaced), unless every consume queue has one or the index files are all one wrong
     size: then the sizes given are more likely not the broker's, and those findings are
-    report only. JSON: {ok, nextStep,
-    rebuildRefusedAt, findings[{kind, severity, file, filePosition, commitLogOffset, topic,
-    queueId, queueOffset, message, fix}], findingsByKind, truncated, checked}. Exit 0 when
+    report only. Recover is not named when its plan refuses the store (recoverRefused says
+    why): the rebuild it asks for first is, or no command. JSON: {ok, nextStep,
+    rebuildRefusedAt, recoverRefused, findings[{kind, severity, file, filePosition,
+    commitLogOffset, topic, queueId, queueOffset, message, fix}], findingsByKind, truncated,
+    checked}. Exit 0 when
     sound (notes allowed), 1 when there are errors or warnings.
     """
 )

@@ -369,6 +369,21 @@ class ConsumeQueue:
             return None
         return QueueTruncation(tuple(dropped), None, 0, 0, removed)
 
+    def reach_after(self, truncation: QueueTruncation | None) -> int:
+        """Where the queue's last unit ends (``max_physical_offset``, as a load finds it)
+        once ``truncation`` is carried out; -1 when no unit is left."""
+        if truncation is None:
+            return self.max_physical_offset
+        if truncation.cut_file is not None:
+            kept = int(truncation.cut_file.name) + truncation.cut_position
+        else:
+            kept = min(int(path.name) for path in truncation.dropped_files)
+        try:
+            unit = self.read_unit(kept // CQ_UNIT_SIZE - 1)
+        except (IndexError, OSError, StoreIOError):
+            return -1  # no unit before the cut (or its file is not there)
+        return unit.physical_offset + unit.size if unit.size > 0 else -1
+
     # -- reading -----------------------------------------------------------------------------
 
     def read_unit(self, queue_offset: int) -> Unit:

@@ -32,6 +32,7 @@ __all__ = [
     "VerifyReport",
     "verify_store",
     "weigh_rebuild",
+    "weigh_recover",
 ]
 
 
@@ -123,6 +124,23 @@ def weigh_rebuild(store: Store, report: VerifyReport, index: IndexChecks | None)
         report.rebuild_refused_at = damage.offset
 
 
+def weigh_recover(store: Store, report: VerifyReport) -> None:
+    """When recover would be the next step, ask its plan (it reads only) whether it takes
+    the store: a plan that refuses it (a queue file a rebuild must replace first, say) would
+    make recover the next step again and again, so its refusal is kept
+    (``recover_refused``) and the rebuild it asks for, or no command, is named instead."""
+    if store.held_elsewhere or not report.recover_is_next():
+        return
+    from rmqstore.recovery import plan_recovery  # (recover's planning: only when asked)
+
+    try:
+        plan_recovery(store)
+    except RmqStoreError as refusal:
+        report.recover_refused = str(refusal)
+    except OSError:
+        return  # a file that does not read: its own findings say so
+
+
 def verify_store(
     store: Store,
     options: VerifyOptions = VerifyOptions(),
@@ -148,4 +166,5 @@ def verify_store(
     check_checkpoint_and_abort(store, report, facts, queues, index, state, options.from_offset)
     check_config_files(store, report, queues)
     weigh_rebuild(store, report, index)
+    weigh_recover(store, report)
     return report

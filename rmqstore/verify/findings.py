@@ -237,6 +237,9 @@ class VerifyReport:
     # there before its valid end), when there are findings only a rebuild mends: then no
     # command mends them (see :func:`rmqstore.verify.weigh_rebuild`)
     rebuild_refused_at: int | None = None
+    # why recover's plan refuses the store, when recover would be the next step (see
+    # :func:`rmqstore.verify.weigh_recover`): then it is not named
+    recover_refused: str | None = None
 
     def add(
         self,
@@ -349,7 +352,20 @@ class VerifyReport:
 
     def next_step(self, store: str) -> str | None:
         """The first command to run to mend what was found (errors and warnings), in the
-        order of :data:`FIXES`; None when nothing found can be mended by a command."""
+        order of :data:`FIXES`; None when nothing found can be mended by a command. Not
+        recover when its plan refuses the store (:attr:`recover_refused`): then the rebuild
+        the refusal asks for first, or none."""
+        template = self._next_template()
+        if template == _RECOVER and self.recover_refused is not None:
+            asks = "dispatch --rebuild --yes first" in self.recover_refused
+            template = _REBUILD if asks and self.rebuild_refused_at is None else None
+        return None if template is None else template.format(store=shlex.quote(store))
+
+    def recover_is_next(self) -> bool:
+        """Whether the findings make recover the next step (before its plan is asked)."""
+        return self._next_template() == _RECOVER
+
+    def _next_template(self) -> str | None:
         found = {f.kind for f in self.findings if f.severity != NOTE}
         if found & _BLOCKING or self.writers_refused:
             return None  # a missing or foreign file: no command makes the rest whole
@@ -358,14 +374,19 @@ class VerifyReport:
         found = {f.kind for f in self.findings if f.severity != NOTE and mendable(f)}
         if wrong_sizes:  # recover refuses the store until a rebuild replaces those files
             rebuild = wrong_sizes & found
-            return fix_for(min(rebuild), store) if rebuild else None
+            return FIXES[min(rebuild)] if rebuild else None
         for kind, template in FIXES.items():
             if kind in found and template != REPORT_ONLY:
-                return fix_for(kind, store)
+                return template
         return None
 
     def no_step_reason(self) -> str:
         """Why no command mends what was found (when :meth:`next_step` is None), in words."""
+        if self.recover_refused is not None and self.recover_is_next():
+            return (
+                "none of these is mended by a command now: recover refuses the store "
+                f"({self.recover_refused})"
+            )
         if self.rebuild_refused_at is None:
             return "none of these is mended by a command"
         return (
@@ -394,6 +415,7 @@ class VerifyReport:
             "ok": self.ok,
             **({"nextStep": self.next_step(store)} if store is not None else {}),
             "rebuildRefusedAt": self.rebuild_refused_at,
+            "recoverRefused": self.recover_refused,
             "findings": findings,
             "findingsByKind": dict(sorted(self.counts.items())),
             "truncated": self.truncated,

@@ -32,6 +32,7 @@ from rmqstore.verify import (
     note_live,
     settle_live_end,
     weigh_rebuild,
+    weigh_recover,
 )
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort, read_store_state
 from rmqstore.verify.config import check_config_files
@@ -406,6 +407,7 @@ class RangedVerify:
         )
         check_config_files(self.store, self.report, self.queues)
         weigh_rebuild(self.store, self.report, self.index)
+        weigh_recover(self.store, self.report)
         return self.report
 
 

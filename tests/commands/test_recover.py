@@ -468,6 +468,42 @@ def test_an_index_file_that_is_a_link_stops_recover_before_it_changes_anything(
     assert outside.read_bytes() == kept
 
 
+def test_a_kept_unit_longer_than_the_log_stops_recover_before_it_changes_anything(
+    oracle, tmp_path: Path
+) -> None:
+    """A crashed real broker's store whose recovery cuts the log at a damaged record, and a
+    consume-queue unit before the cut whose size a disk damaged (2^30): the truncation keeps
+    it (its record starts before the cut), and the re-dispatch after the cuts refused the
+    queue for reaching past the log, so recover stopped part way, and verify named recover
+    again and again (the next-steps campaign, seed 7). Now recover's plan refuses it before
+    anything changes, verify names the rebuild (recoverRefused says why), and after it
+    recover and verify end sound."""
+    store = oracle("s2_crash").copy_to(tmp_path)
+    with open(store / "commitlog" / "00000000000001245184", "r+b") as log_file:
+        log_file.seek(7890)
+        log_file.write(bytes(59))  # in the body of the record at 1,252,900
+    queue_file = store / "consumequeue" / "TopicTest" / "0" / "00000000000000000000"
+    data = bytearray(queue_file.read_bytes())
+    units = [struct.unpack_from(">qiq", data, at) for at in range(0, len(data), 20)]
+    last = max(n for n, (offset, size, _) in enumerate(units) if size > 0 and offset < 1252900)
+    struct.pack_into(">i", data, last * 20 + 8, 1 << 30)
+    queue_file.write_bytes(bytes(data))
+    before = tree_digest(store)
+    refused = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
+    assert refused.exit_code == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "the consume queue of TopicTest:0 would still reach past the log's valid end" in (
+        refused.stderr
+    )
+    assert tree_digest(store) == before
+    for jobs in ([], ["--jobs", "2", "--split-size", "300000"]):
+        report = json.loads(run_cli("verify", store, "--json", *jobs, *ORACLE_OPTIONS).stdout)
+        assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
+        assert "TopicTest:0 would still reach past" in report["recoverRefused"]
+    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
+
+
 def test_a_recovery_that_deletes_files_cuts_where_the_next_start_would_cut(
     oracle, tmp_path: Path
 ) -> None:

@@ -26,7 +26,8 @@ def test_sound_store_exits_0_with_the_documented_json(oracle) -> None:
     assert report["checked"]["records"] == 3002 and report["checked"]["units"] == 3002
     assert report["checked"]["indexedRecords"] == 3002
     assert set(report) == {
-        "ok", "nextStep", "rebuildRefusedAt", "findings", "findingsByKind", "truncated", "checked"
+        "ok", "nextStep", "rebuildRefusedAt", "recoverRefused", "findings", "findingsByKind",
+        "truncated", "checked"
     }  # fmt: skip
     assert report["nextStep"] is None and report["rebuildRefusedAt"] is None
 
