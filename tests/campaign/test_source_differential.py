@@ -31,6 +31,7 @@ from rmqstore.fixtures import generate
 from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
 from rmqstore.record import Message
 from rmqstore.store import Store
+from rmqstore.topics import is_path_safe
 
 from campaigns import campaign_random, damage_segment, rounds, seed_note
 from support import mutate_units, streamed_offsets
@@ -146,13 +147,17 @@ def test_the_source_options_read_what_a_full_read_holds(stores, tmp_path: Path) 
         queue = rng.choice(sorted({row[3] for row in every}))
         low, high = sorted(rng.choice(every)[0] for _ in range(2))
         cases = [
-            ({"topics": topics[0]}, lambda row: row[2] in topics),  # noqa: B023
             ({"queueIds": str(queue)}, lambda row: row[3] == queue),  # noqa: B023
             (
                 {"startingOffset": str(low), "endingOffset": str(high)},
                 lambda row: low <= row[0] < high,  # noqa: B023
             ),
         ]
+        if is_path_safe(topics[0]):
+            cases.append(({"topics": topics[0]}, lambda row: row[2] in topics))  # noqa: B023
+        else:  # a damaged record's topic with a control character: no name a user can give
+            read = outcome(lambda: commitlog_rows(store, topics=topics[0]))  # noqa: B023
+            assert read[0] == "refused", f"{done}, topics={topics[0]!r}"
         for options, kept in cases:
             read = outcome(lambda: commitlog_rows(store, splitSize="4096", **options))  # noqa: B023
             assert read == [row for row in every if kept(row)], f"{done}, {options}"
