@@ -43,7 +43,8 @@ format: venv
 # the campaigns, the install tests and the slow ones (the sanitizer build, Spark sessions
 # in their own processes); the reference pass. On this two-core machine the suite takes
 # 9 to 14 minutes from a fresh checkout, moving with the machine's load (it is bound by
-# CPU: about 1,100 CPU-seconds in all). The other streams' output follows the first's.
+# CPU: about 1,100 CPU-seconds in all; 15 minutes on a slow stretch, when zlib.crc32 ran at
+# half its usual speed). The other streams' output follows the first's.
 SIDE_LOG := $(VENV)/side-stream.log
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log

@@ -33,8 +33,8 @@ from campaigns import (
 )
 from support import ORACLE_CONFIG, ORACLE_OPTIONS, ORACLE_STORES
 
-MUTANTS = rounds(short=3, long=60)  # per real store
-DISK_COPIES = rounds(short=6, long=180)
+MUTANTS = rounds(short=2, long=60)  # per real store
+DISK_COPIES = rounds(short=4, long=180)
 MOST_STEPS = 5
 
 
@@ -100,7 +100,6 @@ def unclean(result: subprocess.CompletedProcess[str]) -> bool:
 def follow_next_steps(store: Path) -> tuple[list[str], list[str]]:
     """Verify, then its next step, until none: (the steps run, the failures)."""
     steps: list[str] = []
-    failures: list[str] = []
     seen: set[tuple[str, str]] = set()
     for _ in range(MOST_STEPS + 1):
         verify = rmqstore(["verify", str(store), "--json", *ORACLE_OPTIONS])
@@ -109,10 +108,10 @@ def follow_next_steps(store: Path) -> tuple[list[str], list[str]]:
         try:
             report = json.loads(verify.stdout)
         except json.JSONDecodeError:
-            return steps, failures  # refused in one line (not a store any more): nothing to follow
+            return steps, []  # refused in one line (not a store any more): nothing to follow
         step = report.get("nextStep")
         if not step:
-            return steps, failures
+            return steps, []
         findings = json.dumps(sorted(json.dumps(f, sort_keys=True) for f in report["findings"]))
         if (step, findings) in seen:
             return steps, [f"{step} again for the same findings: it mends nothing"]
