@@ -406,6 +406,14 @@ def test_a_queue_file_that_is_a_link_and_reaches_past_the_cut_is_named(
     assert outside.read_bytes() == before
 
 
+def rebuild_then_recover_ends_sound(store: Path) -> None:
+    """The steps verify names for a store recover refused until a rebuild: the rebuild,
+    then recover; verify finds it sound after them."""
+    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
+    assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
+
+
 @pytest.mark.parametrize("what", ["fifo", "folder"])
 def test_what_is_not_a_file_under_a_queue_files_name_stops_recover_before_it_changes_anything(
     oracle, tmp_path: Path, what: str
@@ -433,9 +441,7 @@ def test_what_is_not_a_file_under_a_queue_files_name_stops_recover_before_it_cha
         report["findingsByKind"]["cq-layout"] == 1 and "abort-present" in report["findingsByKind"]
     )
     assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
-    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
-    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
-    assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
+    rebuild_then_recover_ends_sound(store)
 
 
 def test_an_index_file_that_is_a_link_stops_recover_before_it_changes_anything(
@@ -462,9 +468,7 @@ def test_an_index_file_that_is_a_link_stops_recover_before_it_changes_anything(
         f"index/{last.name}"
     ]
     assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
-    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
-    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
-    assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
+    rebuild_then_recover_ends_sound(store)
     assert outside.read_bytes() == kept
 
 
@@ -499,9 +503,7 @@ def test_a_kept_unit_longer_than_the_log_stops_recover_before_it_changes_anythin
         report = json.loads(run_cli("verify", store, "--json", *jobs, *ORACLE_OPTIONS).stdout)
         assert report["nextStep"] == f"rmqstore dispatch {store} --rebuild --yes"
         assert "TopicTest:0 would still reach past" in report["recoverRefused"]
-    assert run_cli("dispatch", store, "--rebuild", "--yes", *ORACLE_OPTIONS).exit_code == 0
-    assert run_cli("recover", store, "--yes", *ORACLE_OPTIONS).exit_code == 0
-    assert json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)["ok"]
+    rebuild_then_recover_ends_sound(store)
 
 
 def test_a_recovery_that_deletes_files_cuts_where_the_next_start_would_cut(
