@@ -21,7 +21,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from rmqstore import kernel
-from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.errors import RebuildFirstError, StoreFormatError, StoreIOError
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
@@ -258,7 +258,7 @@ class ConsumeQueue:
     def refuse_until_rebuilt(
         self, consequence: str, then: str = "", *, writes: bool = True
     ) -> None:
-        """StoreFormatError when something under a queue file's name is not a regular file
+        """RebuildFirstError when something under a queue file's name is not a regular file
         (a folder, a FIFO: the units there are unknown, and no unit can be written there), or
         when the load's walk met a missing file among the last three with files after it
         (:attr:`gap_at`): a broker's walk goes on past it, so its queue ends (and takes its
@@ -267,7 +267,7 @@ class ConsumeQueue:
         that is a symbolic link is refused too (no writer writes through one). ``consequence``
         says what writing would do; ``then`` what to run after the rebuild."""
         for path in self.queue.links[:1] if writes else []:
-            raise StoreFormatError(
+            raise RebuildFirstError(
                 f"{path} is a symbolic link (to {link_target(path)}), which rmqstore's writers "
                 f"do not write through, so the consume queue of {self.topic}:{self.queue_id} "
                 f"is not written; run rmqstore dispatch --rebuild --yes first{then} (it moves "
@@ -276,14 +276,14 @@ class ConsumeQueue:
             )
         for path in self.queue.unexpected:
             if is_segment_name(path.name):
-                raise StoreFormatError(
+                raise RebuildFirstError(
                     f"{path} is not a regular file, under a consume-queue file's name: the "
                     f"units of {self.topic}:{self.queue_id} there are unknown and none can be "
                     f"written there, so {consequence}; run rmqstore dispatch --rebuild --yes "
                     f"first{then} (rmqstore verify shows it: cq-layout)"
                 )
         if self.gap_at is not None:
-            raise StoreFormatError(
+            raise RebuildFirstError(
                 f"the consume queue of {self.topic}:{self.queue_id} is missing its file "
                 f"{self.gap_at:020d}, with files after it: a broker's load walks on past the "
                 f"gap and ends the queue after the last file's units, not where it ends here, "

@@ -47,6 +47,12 @@ class StoreFormatError(InputError):
     """A store file is malformed: wrong size, bad name, a record that does not decode."""
 
 
+class RebuildFirstError(StoreFormatError):
+    """A writer refuses the store until ``dispatch --rebuild`` writes its consume queues or
+    index anew (a damaged or linked queue or index file, a gap in a queue): the message says
+    what and why, and what to run after the rebuild."""
+
+
 class RecordError(StoreFormatError):
     """A commit-log record failed to decode; names the failing field and the record offset."""
 

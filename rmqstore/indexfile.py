@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore import kernel
-from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.errors import RebuildFirstError, StoreFormatError, StoreIOError
 from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_string_hash
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.segments import (
@@ -477,11 +477,11 @@ class IndexService:
                 raise
 
     def refuse_links(self, then: str = "") -> None:
-        """StoreFormatError when an index file is a symbolic link: rmqstore's writers write
+        """RebuildFirstError when an index file is a symbolic link: rmqstore's writers write
         no file through one, so a writer that may write the index (or move its files) is
         refused before it changes anything; ``then``: what to run after the rebuild."""
         for path in self.links[:1]:
-            raise StoreFormatError(
+            raise RebuildFirstError(
                 f"{path} is a symbolic link (to {link_target(path)}), which rmqstore's writers "
                 f"do not write through; run rmqstore dispatch --rebuild --yes first{then} (it "
                 "moves the index files, the link among them, to quarantine and builds the "

@@ -31,7 +31,7 @@ from rmqstore.commitlog import LogEnd
 from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.consumerprogress import OffsetPastEnd, offsets_past_end
 from rmqstore.dispatch import Dispatcher, DispatchResult
-from rmqstore.errors import RmqStoreError, StoreFormatError
+from rmqstore.errors import RebuildFirstError, RmqStoreError
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
@@ -208,7 +208,7 @@ def _plan_queues(store: Store, end_offset: int, plan: RecoveryPlan) -> list[Path
         truncation = queue.truncation_at(end_offset)
         reach = queue.reach_after(truncation)
         if reach > end_offset:  # the re-dispatch would refuse it, after the cuts
-            raise StoreFormatError(
+            raise RebuildFirstError(
                 f"the consume queue of {topic}:{queue_id} would still reach past the log's "
                 f"valid end after recovery ({reach:,} > {end_offset:,}): its last unit kept "
                 "points at a record before the end but is longer than the log (no unit a "

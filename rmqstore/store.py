@@ -38,6 +38,7 @@ from rmqstore.errors import (
     InputError,
     NotAStoreError,
     NotFoundError,
+    RebuildFirstError,
     RmqStoreError,
     StoreBusyError,
     StoreFormatError,
@@ -871,7 +872,7 @@ class Store:
                     continue
                 key = (topics.of(window, rows, row), rows[at + QUEUE_ID])
                 if key in unitless:
-                    raise StoreFormatError(
+                    raise RebuildFirstError(
                         _lost_files_refusal(key, offset, rows[at + QUEUE_OFFSET])
                     )
 
@@ -896,7 +897,7 @@ class Store:
         topic, queue_id = key
         if (held.topic, held.queue_id, held.queue_offset) != (topic, queue_id, unit.queue_offset):
             return
-        raise StoreFormatError(
+        raise RebuildFirstError(
             f"the consume queue of {topic}:{queue_id} ends at queue offset {ends_at} (the unit "
             f"there is not valid), but holds units past it: unit {unit.queue_offset} points at "
             f"the record at offset {unit.physical_offset}, which has that queue offset: the "
@@ -973,7 +974,7 @@ class Store:
                     and rows[at + QUEUE_OFFSET] > tip.max_offset
                     and offsets[row] + rows[at + TOTAL_SIZE] > tip.max_physical_offset
                 ):
-                    raise StoreFormatError(_hole_refusal(key, rows[at + QUEUE_OFFSET], tip))
+                    raise RebuildFirstError(_hole_refusal(key, rows[at + QUEUE_OFFSET], tip))
                 tips[key] = QueueTip.after_put(
                     tip, rows[at + QUEUE_OFFSET], offsets[row], rows[at + TOTAL_SIZE]
                 )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from rmqstore.commitlog import CommitLog
 from rmqstore.consumequeue import link_target
-from rmqstore.errors import RmqStoreError
+from rmqstore.errors import RebuildFirstError, RmqStoreError
 from rmqstore.store import COMMITLOG_DIR, Store, misplaced_files
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort, read_store_state
 from rmqstore.verify.config import check_config_files
@@ -137,6 +137,7 @@ def weigh_recover(store: Store, report: VerifyReport) -> None:
         plan_recovery(store)
     except RmqStoreError as refusal:
         report.recover_refused = str(refusal)
+        report.rebuild_before_recover = isinstance(refusal, RebuildFirstError)
     except OSError:
         return  # a file that does not read: its own findings say so
 

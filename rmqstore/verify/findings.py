@@ -238,8 +238,10 @@ class VerifyReport:
     # command mends them (see :func:`rmqstore.verify.weigh_rebuild`)
     rebuild_refused_at: int | None = None
     # why recover's plan refuses the store, when recover would be the next step (see
-    # :func:`rmqstore.verify.weigh_recover`): then it is not named
+    # :func:`rmqstore.verify.weigh_recover`): then it is not named, but the rebuild is when
+    # the refusal asks for it first (``rebuild_before_recover``)
     recover_refused: str | None = None
+    rebuild_before_recover: bool = False
 
     def add(
         self,
@@ -357,8 +359,8 @@ class VerifyReport:
         the refusal asks for first, or none."""
         template = self._next_template()
         if template == _RECOVER and self.recover_refused is not None:
-            asks = "dispatch --rebuild --yes first" in self.recover_refused
-            template = _REBUILD if asks and self.rebuild_refused_at is None else None
+            rebuild = self.rebuild_before_recover and self.rebuild_refused_at is None
+            template = _REBUILD if rebuild else None
         return None if template is None else template.format(store=shlex.quote(store))
 
     def recover_is_next(self) -> bool:
