@@ -169,6 +169,7 @@ class Dispatcher:
             else None
         )
         self._unsafe_topics: set[str] = set()
+        self._unwritten: set[tuple[str, int]] = set()  # queues new_queue found unwritten
         self._index_at_open = self._index_mark()
 
     def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -437,8 +438,12 @@ class Dispatcher:
     def new_queue(self, topic: str, queue_id: int, problems: list[str]) -> ConsumeQueue | None:
         """Open (creating it on the first put) a queue not seen yet; None, and a problem the
         first time, for a queue no dispatch writes (see :func:`queue_written`; a linked
-        folder was named when the dispatcher opened)."""
+        folder was named when the dispatcher opened). A queue found unwritten is told again
+        from a set: its folder is not looked at (resolved) for each of its records."""
+        if (topic, queue_id) in self._unwritten:
+            return None
         if not queue_written(self.store, topic, queue_id):
+            self._unwritten.add((topic, queue_id))
             if topic not in self._unsafe_topics and topic not in self._linked_topics:
                 self._unsafe_topics.add(topic)
                 problems.append(unsafe_topic_problem(topic))
