@@ -32,8 +32,10 @@ from rmqstore.dispatch import (
     Dispatcher,
     DispatchResult,
     RebuildPlan,
+    linked_queue_problem,
     plan_dispatch,
     plan_rebuild,
+    queue_links,
     rebuilding,
 )
 from rmqstore.errors import ExitCode
@@ -114,16 +116,17 @@ def command(
 
     An idempotent replay, like a broker's dispatcher: it resumes where the consume queues and
     the index end (past records that give them nothing: without UNIQ_KEY or KEYS, PREPARED,
-    ROLLBACK), puts NOT_TYPE/COMMIT records into consume queues (SCHEDULE_TOPIC_XXXX
-    units carry the deliver time; a record naming LMQ queues in INNER_MULTI_DISPATCH, with
-    the offsets its broker gave it in INNER_MULTI_QUEUE_OFFSET, gets a unit in each of them
-    too), indexes UNIQ_KEY and each KEYS piece of all but ROLLBACK records, and updates the
-    checkpoint. Running it twice changes nothing; an invalid record (a torn tail) ends it.
-    One in a file a broker's recovery does not walk, before the log's valid end, ends it
-    too (a broker's dispatcher on a slave stops there; a master's skips the rest of the
-    file): damage{offset, reason, logEnd} names it, with a warning and exit 1.
+    ROLLBACK; with --topic, other topics' records), puts NOT_TYPE/COMMIT records into
+    consume queues (SCHEDULE_TOPIC_XXXX units carry the deliver time; a record naming LMQ
+    queues in INNER_MULTI_DISPATCH, with the offsets its broker gave it in
+    INNER_MULTI_QUEUE_OFFSET, gets a unit in each of them too), indexes UNIQ_KEY and each
+    KEYS piece of all but ROLLBACK records, and updates the checkpoint. Running it twice
+    changes nothing; an invalid record (a torn tail) ends it. One in a file a broker's
+    recovery does not walk, before the log's valid end, ends it too (a broker's dispatcher
+    on a slave stops there; a master's skips the rest of the file): damage{offset, reason,
+    logEnd} names it, with a warning and exit 1.
     A topic's or queue's folder in consumequeue/ that is a symbolic link is not written
-    through (a warning names it at each run; --rebuild moves it to quarantine).
+    through (a warning names it at each run and dry run; --rebuild moves it to quarantine).
     Bytes after a queue's valid end (junk, a torn unit) go to quarantine/<time>-dispatch
     before units are written over them. Takes the store's lock. On a store with 'abort' (a
     crash) it starts where a broker's crash recovery does, at the file the checkpoint picks,
@@ -254,6 +257,8 @@ def _dry_run(
         start, end = plan_dispatch(
             opened, topics=topics or None, build_index=build_index, from_offset=from_offset
         )
+        for link in queue_links(opened, topics or None):  # as the dispatch names them
+            warn(linked_queue_problem(link))
         document = {
             "fromOffset": start,
             "logEnd": end,

@@ -895,6 +895,14 @@ def list_queues(
     return queues
 
 
+def linked_queue(root: Path, link: Path) -> tuple[str, int | None]:
+    """What a link ``list_queues`` found under ``root`` stands for: (topic, None) for a
+    topic folder that is a link, (topic, queue id) for a queue folder that is one."""
+    if link.parent == root:
+        return link.name, None
+    return link.parent.name, queue_id_of(link.name)
+
+
 _JAVA_INT = range(-(2**31), 2**31)
 
 

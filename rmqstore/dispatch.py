@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +27,7 @@ from rmqstore.consumequeue import (
     ConsumeQueue,
     PutOutcome,
     link_target,
+    linked_queue,
     list_queues,
 )
 from rmqstore.delay import DelayLevels, unit_tags_code
@@ -149,12 +150,8 @@ class Dispatcher:
                 self.queues[(topic, queue_id)] = self._open_queue(topic, queue_id)
         # folders a broker writes through and rmqstore does not: said at every run, as the
         # walk does not reach their records when they end the log (see queue_written)
-        linked = [
-            link
-            for link in linked
-            if self.topics is None or _linked_topic(store, link) in self.topics
-        ]
-        self._linked_topics = {_linked_topic(store, link) for link in linked}
+        linked = _of_topics(store, linked, self.topics)
+        self._linked_topics = {linked_queue(store.consumequeue_dir, link)[0] for link in linked}
         self._link_problems = [linked_queue_problem(link) for link in linked]
         self.index = (
             IndexService(
@@ -229,7 +226,7 @@ class Dispatcher:
 
     def cursor(self) -> int:
         """Where dispatch resumes (see :func:`resume_offset`)."""
-        return resume_offset(self.store, self.queues.values(), self.index)
+        return resume_offset(self.store, self.queues.values(), self.index, self.topics)
 
     def start_offset(self, from_offset: int | None = None) -> int:
         """Where :meth:`run` starts: ``from_offset``, else the cursor, or the start of a
@@ -869,17 +866,23 @@ def no_later_than_replay(store: Store, start: int) -> int:
     return start if replay is None else min(start, replay)
 
 
-def resume_offset(store: Store, queues: Iterable[ConsumeQueue], index: IndexService | None) -> int:
+def resume_offset(
+    store: Store,
+    queues: Iterable[ConsumeQueue],
+    index: IndexService | None,
+    topics: Collection[str] | None = None,
+) -> int:
     """Where dispatch resumes: the earlier of where the consume queues end (the broker's
     ``max over queues of maxPhysicOffset``) and where the index ends (see
     :func:`_index_resume_offset`), then past the records that give neither anything (see
-    :func:`_past_records_giving_nothing`)."""
+    :func:`_past_records_giving_nothing`; with ``topics``, a dispatch of those topics'
+    queues only, another topic's record gives the queues nothing)."""
     start = store.commitlog.min_offset
     cq_end = max((queue.max_physical_offset for queue in queues), default=-1)
     queues_from = max(start, cq_end)
     index_from = None if index is None else _index_resume_offset(store, index, start)
     cursor = queues_from if index_from is None else max(start, min(queues_from, index_from))
-    return _past_records_giving_nothing(store, cursor, queues_from, index_from)
+    return _past_records_giving_nothing(store, cursor, queues_from, index_from, topics=topics)
 
 
 def _index_resume_offset(store: Store, index: IndexService, start: int) -> int:
@@ -902,11 +905,18 @@ def _index_resume_offset(store: Store, index: IndexService, start: int) -> int:
 
 
 def _past_records_giving_nothing(
-    store: Store, offset: int, queues_from: int, index_from: int | None, until: int | None = None
+    store: Store,
+    offset: int,
+    queues_from: int,
+    index_from: int | None,
+    until: int | None = None,
+    *,
+    topics: Collection[str] | None = None,
 ) -> int:
     """``offset`` (a record's start or the log's end), moved past each record a dispatch
     would write nothing for, to the first that gives the consume queues a unit (one at or
-    after ``queues_from``, not PREPARED nor ROLLBACK) or the index keys (one at or after
+    after ``queues_from``, not PREPARED nor ROLLBACK, and of ``topics`` when they are
+    given) or the index keys (one at or after
     ``index_from``, with UNIQ_KEY or KEYS, not ROLLBACK), or ``until``, or where the log's
     records end. A broker's index ends at the last record with keys and its queues at the
     last record they take, so records after those that have none are not behind: without
@@ -924,7 +934,9 @@ def _past_records_giving_nothing(
         if physical_offset >= queues_from and transaction in QUEUED_TRANSACTIONS:
             queue = (topic, header.queue_id)
             if queue not in written:
-                written[queue] = queue_written(store, *queue)
+                written[queue] = (topics is None or topic in topics) and queue_written(
+                    store, *queue
+                )
             if written[queue]:
                 return physical_offset
         if (
@@ -1073,7 +1085,7 @@ def plan_dispatch(
     try:
         if index is not None:
             index.refuse_links()  # as the dispatch itself refuses them
-        cursor = resume_offset(store, queues, index)
+        cursor = resume_offset(store, queues, index, selected)
         start = no_later_than_replay(store, cursor) if from_offset is None else from_offset
         partial = leaves_records_out(store, selected, build_index) or start > cursor
         if partial and start < end:
@@ -1186,6 +1198,22 @@ def linked_queue_problem(link: Path) -> str:
     )
 
 
+def queue_links(store: Store, topics: Iterable[str] | None = None) -> list[Path]:
+    """The consume-queue folders (a topic's or a queue's) of ``topics`` (all when None) that
+    are symbolic links: a dispatch writes nothing through them and names each
+    (:func:`linked_queue_problem`); a rebuild moves them to quarantine."""
+    linked: list[Path] = []
+    list_queues(store.consumequeue_dir, linked)
+    return _of_topics(store, linked, topics)
+
+
+def _of_topics(store: Store, links: list[Path], topics: Iterable[str] | None) -> list[Path]:
+    if topics is None:
+        return links
+    selected = set(topics)
+    return [link for link in links if linked_queue(store.consumequeue_dir, link)[0] in selected]
+
+
 def queue_written(store: Store, topic: str, queue_id: int) -> bool:
     """Whether a dispatch writes the consume queue of ``topic``:``queue_id``: not for a
     topic that cannot name a folder (:func:`is_path_safe`), nor through a topic or queue
@@ -1196,11 +1224,6 @@ def queue_written(store: Store, topic: str, queue_id: int) -> bool:
     topic_folder = store.consumequeue_dir / topic
     folder = topic_folder / str(queue_id)
     return not topic_folder.is_symlink() and not folder.is_symlink() and store.inside(folder)
-
-
-def _linked_topic(store: Store, link: Path) -> str:
-    """The topic a link ``list_queues`` found is (a topic folder) or is in (a queue folder)."""
-    return link.name if link.parent == store.consumequeue_dir else link.parent.name
 
 
 @dataclass

@@ -25,6 +25,7 @@ from rmqstore.consumequeue import (
     Unit,
     is_ext_address,
     link_target,
+    linked_queue,
     list_queues,
 )
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
@@ -252,13 +253,10 @@ class QueueChecks:
         queues = list_queues(store.consumequeue_dir, linked)
         # queue folders (or a topic's) that are symbolic links: not followed, so their
         # records are not counted as missing from a queue either
-        self.linked_topics = frozenset(
-            link.name for link in linked if link.parent == store.consumequeue_dir
-        )
+        links = [linked_queue(store.consumequeue_dir, link) for link in linked]
+        self.linked_topics = frozenset(topic for topic, queue_id in links if queue_id is None)
         self.linked_queues = frozenset(
-            (link.parent.name, int(link.name))
-            for link in linked
-            if link.parent != store.consumequeue_dir
+            (topic, queue_id) for topic, queue_id in links if queue_id is not None
         )
         self._known = {key for key in queues if self._checked(key[0])}
         self._chunk = chunk_size(len(self._known))

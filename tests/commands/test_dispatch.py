@@ -764,3 +764,42 @@ def test_a_dry_run_says_where_max_records_stops_it(oracle, tmp_path: Path) -> No
     for extra, expected in (([], None), (["--max-records", "7"], 7)):
         result = run_cli("dispatch", store, "--dry-run", "--json", *extra, *ORACLE_OPTIONS)
         assert json.loads(result.stdout)["maxRecords"] == expected
+
+
+def test_a_dry_run_names_the_linked_queue_folders_the_dispatch_names(
+    oracle, tmp_path: Path
+) -> None:
+    """A consume-queue folder that is a symbolic link is named by each dispatch (it writes
+    nothing through it); its dry run said nothing of it, so a script reading the plan did not
+    learn why those queues stay behind. ``--topic`` names the selected topics' links only."""
+    store = oracle("s1_multi").copy_to(tmp_path / "s")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    linked = store / "consumequeue" / "TopicTest"
+    shutil.move(linked, outside / "TopicTest")
+    linked.symlink_to(outside / "TopicTest")
+    named = f"warning: {linked} is a symbolic link (to {outside / 'TopicTest'})"
+    for options in ([], ["--dry-run", "--json"], ["--dry-run", "--topic", "TopicTest"]):
+        result = run_cli("dispatch", store, *options, *ORACLE_OPTIONS)
+        assert result.exit_code == 0 and named in result.stderr, (options, result.stderr)
+    other = run_cli("dispatch", store, "--dry-run", "--topic", "orders.eu-west_1", *ORACLE_OPTIONS)
+    assert other.exit_code == 0 and "symbolic link" not in other.stderr
+
+
+def test_a_dispatch_of_one_topic_leaves_no_work_behind(oracle, tmp_path: Path) -> None:
+    """``dispatch --topic T``, on a log whose last records are other topics': its dry run
+    reported those records as work after every dispatch (exit 1 for ever: a script waiting
+    for "nothing to do" waited for ever), though they give T's queues nothing."""
+    store = oracle("s1_multi").copy_to(tmp_path / "s")
+    shutil.rmtree(store / "consumequeue" / "orders.eu-west_1")
+    topic = ["--topic", "orders.eu-west_1"]
+    before = run_cli("dispatch", store, "--dry-run", "--json", *topic, *ORACLE_OPTIONS)
+    assert before.exit_code == 1, before.stderr
+    plan = json.loads(before.stdout)
+    first = json.loads(run_cli("dispatch", store, "--json", *topic, *ORACLE_OPTIONS).stdout)
+    assert first["fromOffset"] == plan["fromOffset"] and first["unitsWritten"] > 0
+    assert first["toOffset"] == first["logEnd"] == plan["logEnd"]
+    after = run_cli("dispatch", store, "--dry-run", "--json", *topic, *ORACLE_OPTIONS)
+    assert after.exit_code == 0 and json.loads(after.stdout)["behindBytes"] == 0
+    again = json.loads(run_cli("dispatch", store, "--json", *topic, *ORACLE_OPTIONS).stdout)
+    assert again["records"] == again["unitsWritten"] == 0
