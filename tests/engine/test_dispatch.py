@@ -517,7 +517,7 @@ def test_a_dispatch_into_many_queues_holds_few_maps_and_writes_the_same_bytes(
     most = 0
     with Store.open_write(few, StoreConfig(**ORACLE_CONFIG)) as store:
         dispatcher = Dispatcher(store, clock=fixed_clock())
-        while dispatcher.run(max_records=25).records:  # the files looked at in between
+        while dispatcher.run(max_records=100).records:  # the files looked at in between
             most = max(most, files_held(few / "consumequeue"))
             assert len(WRITE_MAPS) <= 3
         dispatcher.close()
