@@ -1378,8 +1378,7 @@ def apply_rebuild(store: Store, plan: RebuildPlan, made: list[Path] | None = Non
     quarantine = Quarantine.create(store.root, "dispatch-rebuild")
     if made is not None:
         made.append(quarantine.directory)
-    store.keep_state(quarantine)
-    store.begin_write()
+    store.begin_write_keeping_state(quarantine)
     for path in plan.moves:
         quarantine.move_path(path, "replaced by dispatch --rebuild")
     quarantine.note_made(plan.makes, "rebuilt by dispatch --rebuild")

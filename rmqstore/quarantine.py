@@ -268,6 +268,14 @@ class Quarantine:
         except OSError as exc:
             raise StoreIOError(f"cannot quarantine {source}: {exc.strerror}") from None
 
+    def discard(self) -> None:
+        """Remove this folder, made by an operation that stopped before it changed the store
+        (a full disk while it kept the checkpoint): it holds copies of files the store still
+        holds as they were, never bytes cut out of it. As the removal of a restored folder:
+        what a failure leaves goes with the next folder made."""
+        with contextlib.suppress(StoreIOError):
+            _remove_restored(self.directory.parent, self.directory.name)
+
     def note_made(self, paths: list[Path], description: str) -> None:
         """List ``paths``, which the operation makes (or is about to make) in the store, in
         place of what it moved here or beside it: ``quarantine restore`` sets them aside into a
@@ -748,7 +756,8 @@ def restore_quarantine(store_root: Path, name: str) -> RestoreOutcome:
 
 
 def _remove_restored(base: Path, name: str) -> None:
-    """Remove a folder whose pieces are all back: renamed out of the list first, so that a
+    """Remove a folder whose pieces are all back (or that holds copies of what the store
+    still holds: :meth:`Quarantine.discard`): renamed out of the list first, so that a
     kill while its files are deleted leaves no folder that looks restorable without its
     manifest (what is left under the hidden name goes with the next restore or purge)."""
     finished = base / f".{name}{_RESTORED_SUFFIX}"

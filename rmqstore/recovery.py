@@ -317,8 +317,9 @@ def _recover(
         # the two left an 'abort' no restore removed
         quarantine = Quarantine.create(store.root, "recover")
         kept.append(quarantine)
-        store.keep_state(quarantine)
-    store.begin_write()
+        store.begin_write_keeping_state(quarantine)
+    else:
+        store.begin_write()
     if quarantine is not None:
         for cut in plan.cuts:
             quarantine.cut_region(cut.path, cut.start, cut.end, cut.reason)

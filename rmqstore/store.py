@@ -737,6 +737,19 @@ class Store:
             f"mended{kept}"
         )
 
+    def begin_write_keeping_state(self, quarantine: Quarantine) -> None:
+        """:meth:`keep_state` in ``quarantine`` (a folder just made), then
+        :meth:`begin_write`. Stopped before 'abort' is made (a full disk while copying the
+        checkpoint), the store is unchanged and the folder, holding copies only, is removed:
+        no empty folder is left for ``quarantine list`` to show and a restore to undo."""
+        try:
+            self.keep_state(quarantine)
+            self.begin_write()
+        except BaseException:
+            if not self._writing:
+                quarantine.discard()
+            raise
+
     def keep_state(self, quarantine: Quarantine) -> None:
         """Keep the checkpoint and ``abort`` as they were when this store was opened in
         ``quarantine``, so that its restore gives them back along with its pieces (a

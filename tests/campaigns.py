@@ -9,10 +9,17 @@ import hashlib
 import json
 import os
 import random
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from rmqstore.config import StoreConfig
+from rmqstore.errors import RmqStoreError
+from rmqstore.store import Store
+
+from support import ORACLE_CONFIG, ORACLE_OPTIONS, ORACLE_STORES
 
 LONG = os.environ.get("RMQSTORE_CAMPAIGN") == "long"
 # another seed gives other kills and mutations than every run's own (make campaigns SEED=N)
@@ -113,6 +120,105 @@ def run_commands(
     if result.returncode != 0:
         return [Outcome(commands[0], None, result.stderr[-2000:])]
     return [Outcome(*row) for row in json.loads(result.stdout)]
+
+
+# -- following verify's next steps ------------------------------------------------------------
+
+MOST_STEPS = 5  # verify's next steps a store may take before it is sound or names no command
+
+
+def records_by_file(store: Path) -> dict[int, bytes]:
+    """Each CRC-valid record of the commit log, by offset: every file walked from its start
+    until a record fails (so records after damage in an earlier file count too); {} when
+    the store cannot be opened."""
+    found: dict[int, bytes] = {}
+    try:
+        with Store.open_read(store, StoreConfig(**ORACLE_CONFIG)) as opened:
+            log = opened.commitlog
+            for segment in list(log.queue.segments):
+                end = segment.start + log.queue.file_size
+                scan = log.scan(segment.start, check_crc=True, stop_on_crc_error=True)
+                for offset, header, _, _, crc_ok in scan:
+                    if offset >= end or crc_ok is False:
+                        break
+                    found[offset] = commitlog_bytes_at(
+                        store, offset, header.total_size, log.queue.file_size
+                    )
+    except (RmqStoreError, OSError):
+        return {}
+    return found
+
+
+def commitlog_bytes_at(store: Path, offset: int, length: int, file_size: int) -> bytes:
+    """``length`` bytes at commit-log ``offset``, read from the file itself (b"" if absent)."""
+    start = offset - offset % file_size
+    path = store / "commitlog" / f"{start:020d}"
+    if path.is_symlink() or not path.is_file():
+        return b""
+    with open(path, "rb") as handle:
+        handle.seek(offset - start)
+        return handle.read(length)
+
+
+def quarantined(store: Path) -> list[bytes]:
+    folder = store / "quarantine"
+    if not folder.is_dir():
+        return []
+    return [p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink()]
+
+
+def rmqstore(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rmqstore", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(),
+    )
+
+
+def unclean(result: subprocess.CompletedProcess[str]) -> bool:
+    errors = [line for line in result.stderr.splitlines() if line.startswith("rmqstore: error")]
+    return (
+        result.returncode not in DOCUMENTED_EXIT_CODES
+        or "Traceback" in result.stderr
+        or len(errors) > 1
+    )
+
+
+def follow_next_steps(store: Path) -> tuple[list[str], list[str]]:
+    """Verify, then its next step, until none: (the steps run, the failures)."""
+    steps: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for _ in range(MOST_STEPS + 1):
+        verify = rmqstore(["verify", str(store), "--json", *ORACLE_OPTIONS])
+        if unclean(verify):
+            return steps, [f"verify: {verify.returncode} {verify.stderr[-500:]}"]
+        try:
+            report = json.loads(verify.stdout)
+        except json.JSONDecodeError:
+            return steps, []  # refused in one line (not a store any more): nothing to follow
+        step = report.get("nextStep")
+        if not step:
+            return steps, []
+        findings = json.dumps(sorted(json.dumps(f, sort_keys=True) for f in report["findings"]))
+        if (step, findings) in seen:
+            return steps, [f"{step} again for the same findings: it mends nothing"]
+        seen.add((step, findings))
+        steps.append(step)
+        command = shlex.split(step)
+        assert command[0] == "rmqstore", step
+        result = rmqstore([*command[1:], *ORACLE_OPTIONS])
+        if unclean(result):
+            return steps, [f"{step}: {result.returncode} {result.stderr[-500:]}"]
+    return steps, [f"still a next step after {MOST_STEPS}: {steps}"]
+
+
+# the stores a disk may damage: every real-broker store, and the crashed one's torn copies
+DISK_BASES = [(name, "store") for name in ORACLE_STORES] + [
+    ("s2_crash", "store_torn_half_record"),
+    ("s2_crash", "store_torn_random_garbage"),
+]
 
 
 # -- mutations ---------------------------------------------------------------------------------

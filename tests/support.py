@@ -466,6 +466,11 @@ def stops_on_a_full_disk(
             outcomes.add("before")
             after = tree_digest(store)
             assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+            # nor a quarantine folder (one made, then a stop while it kept the checkpoint)
+            quarantine = store / "quarantine"
+            assert not quarantine.exists() or all(
+                path.name.startswith(".") for path in quarantine.iterdir()
+            ), line
         else:
             outcomes.add("part way")
             assert (

@@ -1,0 +1,190 @@
+"""A full disk stopping rmqstore's writers at random points: ``recover``, ``dispatch`` (and
+``--rebuild``, here or in worker processes), ``append --dispatch`` and ``quarantine
+restore``, on copies of every real-broker store (torn ones too, some also damaged as a disk
+damages files) on a small filesystem left with a random few kilobytes free. Each command
+ends with a documented exit code; a stop is exit 4 in one line naming the full disk, and one
+that says it stopped "before it changed the store" left the store as it was. Then, with room
+again, verify's next steps are followed as a recovery script follows them: they end, no
+record is lost (each CRC-valid record is still at its offset, or its bytes are in
+quarantine), and every message ``append`` acknowledged is in the log with its body."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from campaigns import (
+    DISK_BASES,
+    LONG,
+    campaign_random,
+    commitlog_bytes_at,
+    damage_segment,
+    follow_next_steps,
+    quarantined,
+    records_by_file,
+    rmqstore,
+    rounds,
+    seed_note,
+    tree_state,
+    unclean,
+)
+from support import ORACLE_CONFIG, ORACLE_OPTIONS, disk_left_with, small_filesystem
+
+ROUNDS = rounds(short=3, long=150)
+OPERATIONS = ["recover", "dispatch", "rebuild", "rebuild-jobs", "append", "restore"]
+FULL = "No space left on device"
+BEFORE = "stopped before it changed the store"
+
+
+def _prepared(oracle, disk: Path, rng: random.Random) -> tuple[Path, str]:
+    """A copy, on ``disk``, of a real store (one of :data:`DISK_BASES`), sometimes damaged
+    as a disk damages files; and what it is."""
+    name, which = rng.choice(DISK_BASES)
+    shutil.rmtree(disk / which, ignore_errors=True)
+    store = oracle(name).copy_to(disk, which)
+    damage = ""
+    if rng.random() < 0.3:
+        damage = damage_segment(store, rng.choice(["commitlog", "consumequeue"]), rng)
+    return store, f"{name}/{which}" + (f" ({damage})" if damage else "")
+
+
+def _messages(path: Path, rng: random.Random, label: str) -> list[str]:
+    """An ``append --input`` file of JSON lines (to a few topics, the real stores' own
+    among them); returns the bodies in order."""
+    bodies = []
+    with open(path, "w") as lines:
+        for number in range(rng.randint(1, 400)):
+            body = f"{label}-{number}-" + "y" * rng.randint(0, 2000)
+            bodies.append(body)
+            topic = rng.choice(["TopicTest", "FullDiskA", "FullDiskB"])
+            line = {"topic": topic, "queueId": rng.randint(0, 3), "keys": f"fd{number}"}
+            lines.write(json.dumps({**line, "body": body}) + "\n")
+    return bodies
+
+
+def _command(operation: str, store: Path, work: Path, rng: random.Random, label: str):  # type: ignore[no-untyped-def]
+    """The command line the full disk stops, after what it needs is set up (with room):
+    queues and index to dispatch again, a crash to recover, a recovery to restore."""
+    options = ORACLE_OPTIONS
+    if operation == "recover":
+        (store / "abort").touch()
+        return ["recover", str(store), "--yes", *options], None
+    if operation == "dispatch":
+        shutil.rmtree(store / "index", ignore_errors=True)
+        topics = sorted(p for p in (store / "consumequeue").glob("*") if p.is_dir())
+        for topic in rng.sample(topics, rng.randint(0, len(topics))):
+            shutil.rmtree(topic)
+        return ["dispatch", str(store), *options], None
+    if operation in ("rebuild", "rebuild-jobs"):
+        jobs = ["--jobs", "2", "--split-size", "65536"] if operation == "rebuild-jobs" else []
+        return ["dispatch", str(store), "--rebuild", "--yes", *jobs, *options], None
+    if operation == "append":
+        bodies = _messages(work / "input.jsonl", rng, label)
+        command = ["append", str(store), "--dispatch", "--input", str(work / "input.jsonl")]
+        return [*command, "--jsonl", *options], bodies
+    assert operation == "restore"
+    (store / "abort").touch()
+    recovered = rmqstore(["recover", str(store), "--yes", "--json", *options])
+    if recovered.returncode not in (0, 1):
+        return None, None  # a recovery refused: nothing to restore
+    folders = sorted((store / "quarantine").glob("*-recover"))
+    if not folders:
+        return None, None
+    return ["quarantine", "restore", str(store), folders[-1].name, "--yes"], None
+
+
+def _acknowledged(stdout: str, bodies: list[str]) -> dict[int, str]:
+    """commitLogOffset -> body of each message ``append --jsonl`` reported stored (a line
+    each, in input order, once it is durable)."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    return {json.loads(line)["commitLogOffset"]: bodies[n] for n, line in enumerate(lines)}
+
+
+def _outside_quarantine(store: Path) -> dict[str, str]:
+    """What the store holds outside quarantine, but for empty folders (a stopped dispatch
+    may have made ``index/`` or a queue's folder, as a broker makes them)."""
+    state = {k: v for k, v in tree_state(store).items() if k.split("/")[0] != "quarantine"}
+    parents = {str(Path(k).parent) for k in state}
+    return {k: v for k, v in state.items() if v != "dir" or k in parents}
+
+
+def _folders(store: Path) -> list[str]:
+    """The quarantine folders ``quarantine list`` shows."""
+    base = store / "quarantine"
+    return (
+        sorted(p.name for p in base.iterdir() if not p.name.startswith("."))
+        if base.is_dir()
+        else []
+    )
+
+
+def _one_round(  # type: ignore[no-untyped-def]
+    oracle, disk: Path, work: Path, rng: random.Random, number: int, outcomes: Counter[str]
+) -> list[str]:
+    """One command stopped (or not) by the full disk, then verify's steps with room again:
+    the failures found; ``outcomes`` counts how the command ended."""
+    store, what = _prepared(oracle, disk, rng)
+    operation = rng.choice(OPERATIONS)
+    before = records_by_file(store)
+    command, bodies = _command(operation, store, work, rng, f"r{number}")
+    if command is None:
+        return []
+    room = rng.choice([rng.randrange(0, 64 << 10, 4 << 10), rng.randrange(0, 1 << 20, 4 << 10)])
+    where = f"round {number}: {operation} of {what} with {room:,} bytes free"
+    state, folders = _outside_quarantine(store), _folders(store)
+    with disk_left_with(disk, room):
+        result = rmqstore(command)
+    failures = []
+    if unclean(result):
+        return [f"{where}: {result.returncode} {result.stderr[-600:]}"]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("rmqstore: error")]
+    if result.returncode != 4:
+        outcomes["done" if result.returncode in (0, 1) else "refused"] += 1
+    else:
+        outcomes["before" if errors and errors[0].endswith(BEFORE) else "part way"] += 1
+    if result.returncode == 4:
+        if not errors or FULL not in errors[0]:
+            failures.append(f"{where}: exit 4 without a full disk named: {result.stderr[-600:]}")
+        elif errors[0].endswith(BEFORE) and _outside_quarantine(store) != state:
+            failures.append(f"{where}: said {BEFORE!r}, but it changed the store")
+        elif errors[0].endswith(BEFORE) and _folders(store) != folders:
+            failures.append(f"{where}: said {BEFORE!r}, but left a quarantine folder")
+    acknowledged = _acknowledged(result.stdout, bodies) if bodies else {}
+    steps, found = follow_next_steps(store)
+    failures += [f"{where}: {failure}" for failure in found]
+    kept = quarantined(store)
+    file_size = ORACLE_CONFIG["commitlog_file_size"]
+    for offset, data in before.items():
+        if commitlog_bytes_at(store, offset, len(data), file_size) == data:
+            continue
+        if not any(data in blob for blob in kept):
+            failures.append(f"{where}: after {steps}, the record at {offset} is lost")
+            break
+    if acknowledged:
+        now = records_by_file(store)
+        for offset, body in acknowledged.items():
+            if body.encode() not in now.get(offset, b""):
+                failures.append(f"{where}: after {steps}, acknowledged message at {offset} lost")
+                break
+    return failures
+
+
+@pytest.mark.campaign
+def test_a_full_disk_stops_each_writer_cleanly_and_loses_nothing(oracle, tmp_path: Path) -> None:
+    rng = campaign_random("full-disk")
+    work = tmp_path / "work"
+    work.mkdir()
+    failures: list[str] = []
+    outcomes: Counter[str] = Counter()
+    with small_filesystem(tmp_path, "24m") as disk:
+        for number in range(ROUNDS):
+            failures += _one_round(oracle, disk, work, rng, number, outcomes)
+    print(f"full-disk outcomes: {dict(outcomes)}")
+    assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
+    if LONG:  # the disk stopped commands before they changed the store, and part way
+        assert outcomes["before"] and outcomes["part way"] and outcomes["done"], outcomes
