@@ -916,13 +916,13 @@ def _past_records_giving_nothing(
     """``offset`` (a record's start or the log's end), moved past each record a dispatch
     would write nothing for, to the first that gives the consume queues a unit (one at or
     after ``queues_from``, not PREPARED nor ROLLBACK, and of ``topics`` when they are
-    given) or the index keys (one at or after
-    ``index_from``, with UNIQ_KEY or KEYS, not ROLLBACK), or ``until``, or where the log's
-    records end. A broker's index ends at the last record with keys and its queues at the
-    last record they take, so records after those that have none are not behind: without
-    this walk, a store ending with such records would be behind after every dispatch. The
-    walk stops at a record whose CRC fails, as recovery may end the log there; one that
-    reaches the log's end goes past a BLANK to the start of a last file with no record."""
+    given) or the index keys (one at or after ``index_from``, with UNIQ_KEY or KEYS, not
+    ROLLBACK), or ``until``, or where the log's records end. A broker's index ends at the
+    last record with keys and its queues at the last record they take, so records after
+    those that have none are not behind: without this walk, a store ending with such
+    records would be behind after every dispatch. The walk stops at a record whose CRC
+    fails, as recovery may end the log there; one that reaches the log's end goes past a
+    BLANK to the start of a last file with no record."""
     if until is not None and offset >= until:
         return offset
     written: dict[tuple[str, int], bool] = {}  # queue: whether a dispatch writes it

@@ -430,6 +430,19 @@ def disk_left_with(disk: Path, room: int) -> Iterator[None]:
         filler.unlink()
 
 
+@contextmanager
+def inodes_left_with(disk: Path, left: int) -> Iterator[None]:
+    """``disk`` (a tmpfs of :func:`small_filesystem`) able to hold only ``left`` more files
+    and folders (remounted with that many inodes), as before after."""
+    stat = os.statvfs(disk)
+    used = stat.f_files - stat.f_ffree
+    subprocess.run(["mount", "-o", f"remount,nr_inodes={used + left}", str(disk)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["mount", "-o", f"remount,nr_inodes={stat.f_files}", str(disk)], check=True)
+
+
 def full_disk_stop(disk: Path, room: int, *args: str | Path) -> str | None:
     """``rmqstore ARGS`` with ``room`` bytes free on ``disk``: None when it succeeds, else
     its error, which must be exit 4 and one line naming the full disk."""

@@ -1,12 +1,13 @@
 """A full disk stopping rmqstore's writers at random points: ``recover``, ``dispatch`` (and
-``--rebuild``, here or in worker processes), ``append --dispatch`` and ``quarantine
-restore``, on copies of every real-broker store (torn ones too, some also damaged as a disk
-damages files) on a small filesystem left with a random few kilobytes free. Each command
-ends with a documented exit code; a stop is exit 4 in one line naming the full disk, and one
-that says it stopped "before it changed the store" left the store as it was. Then, with room
-again, verify's next steps are followed as a recovery script follows them: they end, no
-record is lost (each CRC-valid record is still at its offset, or its bytes are in
-quarantine), and every message ``append`` acknowledged is in the log with its body."""
+``--rebuild``, here or in worker processes), ``append`` (with ``--dispatch`` or not),
+``flush`` and ``quarantine restore``, on copies of every real-broker store (torn ones too,
+some also damaged as a disk damages files) on a small filesystem left with a random few
+kilobytes free, or room for a few more files. Each command ends with a documented exit
+code; a stop is exit 4 in one line naming the full disk, and one that says it stopped
+"before it changed the store" left the store as it was. Then, with room again, verify's
+next steps are followed as a recovery script follows them: they end, no record is lost
+(each CRC-valid record is still at its offset, or its bytes are in quarantine), and every
+message ``append`` acknowledged is in the log with its body."""
 
 from __future__ import annotations
 
@@ -33,10 +34,16 @@ from campaigns import (
     tree_state,
     unclean,
 )
-from support import ORACLE_CONFIG, ORACLE_OPTIONS, disk_left_with, small_filesystem
+from support import (
+    ORACLE_CONFIG,
+    ORACLE_OPTIONS,
+    disk_left_with,
+    inodes_left_with,
+    small_filesystem,
+)
 
 ROUNDS = rounds(short=3, long=150)
-OPERATIONS = ["recover", "dispatch", "rebuild", "rebuild-jobs", "append", "restore"]
+OPERATIONS = ["recover", "dispatch", "rebuild", "rebuild-jobs", "append", "restore", "flush"]
 FULL = "No space left on device"
 BEFORE = "stopped before it changed the store"
 
@@ -85,8 +92,11 @@ def _command(operation: str, store: Path, work: Path, rng: random.Random, label:
         return ["dispatch", str(store), "--rebuild", "--yes", *jobs, *options], None
     if operation == "append":
         bodies = _messages(work / "input.jsonl", rng, label)
-        command = ["append", str(store), "--dispatch", "--input", str(work / "input.jsonl")]
+        dispatch = ["--dispatch"] if rng.random() < 0.7 else []
+        command = ["append", str(store), *dispatch, "--input", str(work / "input.jsonl")]
         return [*command, "--jsonl", *options], bodies
+    if operation == "flush":
+        return ["flush", str(store), *options], None
     assert operation == "restore"
     (store / "abort").touch()
     recovered = rmqstore(["recover", str(store), "--yes", "--json", *options])
@@ -106,11 +116,12 @@ def _acknowledged(stdout: str, bodies: list[str]) -> dict[int, str]:
 
 
 def _outside_quarantine(store: Path) -> dict[str, str]:
-    """What the store holds outside quarantine, but for empty folders (a stopped dispatch
-    may have made ``index/`` or a queue's folder, as a broker makes them)."""
+    """What the store holds outside quarantine, but for folders with no file under them (a
+    stopped dispatch may have made ``index/`` or a queue's folders, as a broker makes
+    them)."""
     state = {k: v for k, v in tree_state(store).items() if k.split("/")[0] != "quarantine"}
-    parents = {str(Path(k).parent) for k in state}
-    return {k: v for k, v in state.items() if v != "dir" or k in parents}
+    holding = {str(parent) for k, v in state.items() if v != "dir" for parent in Path(k).parents}
+    return {k: v for k, v in state.items() if v != "dir" or k in holding}
 
 
 def _folders(store: Path) -> list[str]:
@@ -134,14 +145,23 @@ def _one_round(  # type: ignore[no-untyped-def]
     command, bodies = _command(operation, store, work, rng, f"r{number}")
     if command is None:
         return []
-    room = rng.choice([rng.randrange(0, 64 << 10, 4 << 10), rng.randrange(0, 1 << 20, 4 << 10)])
-    where = f"round {number}: {operation} of {what} with {room:,} bytes free"
+    if rng.random() < 0.25:  # room for a few more files and folders, not bytes
+        room = rng.randrange(0, 12)
+        full, left = inodes_left_with(disk, room), f"room for {room} more files"
+    else:
+        room = rng.choice([rng.randrange(0, 64 << 10, 4 << 10), rng.randrange(0, 1 << 20, 4 << 10)])
+        full, left = disk_left_with(disk, room), f"{room:,} bytes free"
+    where = f"round {number}: {operation} of {what} with {left}"
     state, folders = _outside_quarantine(store), _folders(store)
-    with disk_left_with(disk, room):
+    kept_before = work / "before"  # the store as the command found it, kept on a failure
+    shutil.rmtree(kept_before, ignore_errors=True)
+    shutil.copytree(store, kept_before, symlinks=True)
+    with full:
         result = rmqstore(command)
-    failures = []
     if unclean(result):
-        return [f"{where}: {result.returncode} {result.stderr[-600:]}"]
+        failure = f"{where}: {result.returncode} {result.stderr[-600:]}"
+        return _store_kept([failure], kept_before, number)
+    failures = []
     errors = [line for line in result.stderr.splitlines() if line.startswith("rmqstore: error")]
     if result.returncode != 4:
         outcomes["done" if result.returncode in (0, 1) else "refused"] += 1
@@ -150,8 +170,8 @@ def _one_round(  # type: ignore[no-untyped-def]
     if result.returncode == 4:
         if not errors or FULL not in errors[0]:
             failures.append(f"{where}: exit 4 without a full disk named: {result.stderr[-600:]}")
-        elif errors[0].endswith(BEFORE) and _outside_quarantine(store) != state:
-            failures.append(f"{where}: said {BEFORE!r}, but it changed the store")
+        elif errors[0].endswith(BEFORE) and (changed := _changes(state, store)):
+            failures.append(f"{where}: said {BEFORE!r}, but it changed {changed}")
         elif errors[0].endswith(BEFORE) and _folders(store) != folders:
             failures.append(f"{where}: said {BEFORE!r}, but left a quarantine folder")
     acknowledged = _acknowledged(result.stdout, bodies) if bodies else {}
@@ -171,7 +191,41 @@ def _one_round(  # type: ignore[no-untyped-def]
             if body.encode() not in now.get(offset, b""):
                 failures.append(f"{where}: after {steps}, acknowledged message at {offset} lost")
                 break
+    return _store_kept(failures, kept_before, number)
+
+
+def _store_kept(failures: list[str], kept_before: Path, number: int) -> list[str]:
+    """``failures``, the first naming where the store the failed command found is kept."""
+    if failures:
+        kept = kept_before.rename(kept_before.with_name(f"failed-{number}"))
+        failures[0] += f" (the store it found: {kept})"
     return failures
+
+
+def _changes(state: dict[str, str], store: Path) -> list[str]:
+    """The paths outside quarantine whose state differs from ``state`` (a few), but for a
+    file made holding only zeros (a consume-queue or index file made before the disk
+    filled: a broker takes it for one with nothing in it yet) and its folders."""
+    now = _outside_quarantine(store)
+    made_empty = [k for k in now.keys() - state.keys() if _only_zeros(store / k)]
+    for key in made_empty:
+        del now[key]
+    now = {k: v for k, v in now.items() if v != "dir" or _holds_other_files(k, now)}
+    return sorted(k for k in state.keys() | now.keys() if state.get(k) != now.get(k))[:3]
+
+
+def _holds_other_files(folder: str, state: dict[str, str]) -> bool:
+    return any(v != "dir" and k.startswith(f"{folder}/") for k, v in state.items())
+
+
+def _only_zeros(path: Path) -> bool:
+    if path.is_symlink() or not path.is_file():
+        return False
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            if chunk.count(0) != len(chunk):
+                return False
+    return True
 
 
 @pytest.mark.campaign
