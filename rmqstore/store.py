@@ -715,8 +715,9 @@ class Store:
             yield
             return
         self.abort_until_done = True
+        written_before = self._writing  # by this open, before the block (append --dispatch)
         try:
-            with on_failure(lambda: self.how_far(operation, kept(), changed())):
+            with on_failure(lambda: self.how_far(operation, kept(), changed(), written_before)):
                 yield
         except BaseException:
             if not changed():  # the close settles 'abort' as if the work had not begun
@@ -724,11 +725,17 @@ class Store:
             raise
         self.abort_until_done = False  # done: the close settles 'abort' as usual
 
-    def how_far(self, operation: str, kept: str, changed: bool = True) -> str:
+    def how_far(
+        self, operation: str, kept: str, changed: bool = True, written_before: bool = False
+    ) -> str:
         """What the error that stopped ``operation`` (work run :meth:`until_done`) adds
         about the store: unchanged, or changed and left under 'abort' for the operation to be
         run again; ``kept`` says where what it cut or moved is kept ("" when nowhere, or not
-        known yet)."""
+        known yet). ``written_before``: this open wrote the store before the operation began
+        (the records of an ``append --dispatch``), so an operation that changed nothing did
+        not leave the store as it found it at the open."""
+        if written_before and not changed:
+            return f"{operation} stopped before it changed anything more"
         if not self._writing or not changed:
             return f"{operation} stopped before it changed the store"
         return (

@@ -1,13 +1,14 @@
 """A full disk stopping rmqstore's writers at random points: ``recover``, ``dispatch`` (and
 ``--rebuild``, here or in worker processes), ``append`` (with ``--dispatch`` or not),
-``flush`` and ``quarantine restore``, on copies of every real-broker store (torn ones too,
-some also damaged as a disk damages files) on a small filesystem left with a random few
-kilobytes free, or room for a few more files. Each command ends with a documented exit
-code; a stop is exit 4 in one line naming the full disk, and one that says it stopped
-"before it changed the store" left the store as it was. Then, with room again, verify's
-next steps are followed as a recovery script follows them: they end, no record is lost
-(each CRC-valid record is still at its offset, or its bytes are in quarantine), and every
-message ``append`` acknowledged is in the log with its body."""
+``flush``, ``quarantine restore`` and ``fixtures generate --force`` over the store, on
+copies of every real-broker store (torn ones too, some also damaged as a disk damages
+files) on a small filesystem left with a random few kilobytes free, or room for a few more
+files. Each command ends with a documented exit code; a stop is exit 4 in one line naming
+the full disk, and one that says it stopped "before it changed the store" left the store as
+it was. Then, with room again, verify's next steps are followed as a recovery script
+follows them (but after a fixture, which has a geometry of its own): they end, no record is
+lost (each CRC-valid record is still at its offset, or its bytes are in quarantine), and
+every message ``append`` acknowledged is in the log with its body."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ from support import (
 )
 
 ROUNDS = rounds(short=3, long=150)
-OPERATIONS = ["recover", "dispatch", "rebuild", "rebuild-jobs", "append", "restore", "flush"]
+OPERATIONS = [
+    "recover", "dispatch", "rebuild", "rebuild-jobs", "append", "restore", "flush", "generate"
+]  # fmt: skip
 FULL = "No space left on device"
 BEFORE = "stopped before it changed the store"
 
@@ -97,6 +100,9 @@ def _command(operation: str, store: Path, work: Path, rng: random.Random, label:
         return [*command, "--jsonl", *options], bodies
     if operation == "flush":
         return ["flush", str(store), *options], None
+    if operation == "generate":  # over the store: it goes to quarantine first
+        scenario = rng.choice(["multi", "v2", "torn-tail", "lmq"])
+        return ["fixtures", "generate", scenario, str(store), "--force"], None
     assert operation == "restore"
     (store / "abort").touch()
     recovered = rmqstore(["recover", str(store), "--yes", "--json", *options])
@@ -175,8 +181,10 @@ def _one_round(  # type: ignore[no-untyped-def]
         elif errors[0].endswith(BEFORE) and _folders(store) != folders:
             failures.append(f"{where}: said {BEFORE!r}, but left a quarantine folder")
     acknowledged = _acknowledged(result.stdout, bodies) if bodies else {}
-    steps, found = follow_next_steps(store)
-    failures += [f"{where}: {failure}" for failure in found]
+    steps: list[str] = []
+    if operation != "generate":  # a fixture has a geometry of its own
+        steps, found = follow_next_steps(store)
+        failures += [f"{where}: {failure}" for failure in found]
     kept = quarantined(store)
     file_size = ORACLE_CONFIG["commitlog_file_size"]
     for offset, data in before.items():

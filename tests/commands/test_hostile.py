@@ -15,7 +15,14 @@ import pytest
 
 from rmqstore.fixtures import FixtureOptions, generate
 
-from support import lock_held_elsewhere, peak_rss_mib, run_cli, small_filesystem, tree_digest
+from support import (
+    inodes_left_with,
+    lock_held_elsewhere,
+    peak_rss_mib,
+    run_cli,
+    small_filesystem,
+    tree_digest,
+)
 
 
 def small_store(tmp_path: Path, count: int = 20, *, dispatch: bool = True) -> Path:
@@ -267,6 +274,38 @@ def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:
         )  # fmt: skip
         stored = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
         assert {ack["msgId"] for ack in acknowledged} <= stored  # no acknowledged loss
+
+
+def test_append_dispatch_stopped_after_the_records_does_not_call_the_store_unchanged(
+    tmp_path: Path,
+) -> None:
+    """``append --dispatch`` whose records are durable but whose dispatch cannot make a queue
+    file (no file left to make on the disk): the error ended "dispatch stopped before it
+    changed the store", though the append had (found by the full-disk campaign, seed 8). It
+    now says the dispatch changed nothing more; the records are there, under 'abort' for a
+    broker's start (or rmqstore dispatch) to put into the queues."""
+    with small_filesystem(tmp_path, "8m") as disk:
+        store = disk / "store"
+        created = run_cli(
+            "append", store, "--create", "--commitlog-file-size", "65536", "--topic", "Old",
+            "--body", "x",
+        )  # fmt: skip
+        assert created.exit_code == 0, created.stderr
+        lines = tmp_path / "in.jsonl"
+        lines.write_text((json.dumps({"topic": "New", "body": "y" * 100}) + "\n") * 10)
+        with inodes_left_with(disk, 0):
+            result = run_cli("append", store, "--dispatch", "--input", lines, "--jsonl")
+        one_line_error(result, 4)
+        assert "No space left" in result.stderr and "/consumequeue/" in result.stderr
+        assert result.stderr.strip().endswith(
+            "(10 more were stored durably but not reported (find them with rmqstore read)); "
+            "dispatch stopped before it changed anything more"
+        ), result.stderr
+        assert (store / "abort").exists()
+        read = run_cli("read", store, "--from-offset", "0", "--jsonl")
+        assert [json.loads(line)["topic"] for line in read.stdout.splitlines()] == [
+            "Old", *["New"] * 10
+        ]  # fmt: skip
 
 
 def test_a_fixture_that_fills_the_disk_is_exit_4_and_leaves_nothing(tmp_path: Path) -> None:
