@@ -43,7 +43,7 @@ from support import (
     small_filesystem,
 )
 
-ROUNDS = rounds(short=3, long=150)
+ROUNDS = rounds(short=6, long=150)
 OPERATIONS = [
     "recover", "dispatch", "rebuild", "rebuild-jobs", "append", "restore", "flush", "generate"
 ]  # fmt: skip
