@@ -1,7 +1,8 @@
 """Helpers of the adversarial campaigns (tests/campaign/): how many rounds, a store mutated the
-ways damaged disks and hostile hands mutate one, and rmqstore commands run in a child process
-with their outcome. ``make test`` runs the short form; ``make campaigns`` the long one
-(``RMQSTORE_CAMPAIGN=long``)."""
+ways damaged disks and hostile hands mutate one, rmqstore commands run in a child process
+with their outcome, and verify's next steps followed as a script follows them (with the
+records a store held, to tell whether one was lost). ``make test`` runs the short form;
+``make campaigns`` the long one (``RMQSTORE_CAMPAIGN=long``)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,20 @@ def commitlog_bytes_at(store: Path, offset: int, length: int, file_size: int) ->
     with open(path, "rb") as handle:
         handle.seek(offset - start)
         return handle.read(length)
+
+
+def first_lost_record(store: Path, before: dict[int, bytes]) -> int | None:
+    """The offset of the first of the records ``before`` (:func:`records_by_file` of the
+    store earlier) that is neither at its offset any more nor among the bytes in quarantine;
+    None when none is lost."""
+    kept = quarantined(store)
+    file_size = ORACLE_CONFIG["commitlog_file_size"]
+    for offset, data in before.items():
+        if commitlog_bytes_at(store, offset, len(data), file_size) == data:
+            continue
+        if not any(data in blob for blob in kept):
+            return offset
+    return None
 
 
 def quarantined(store: Path) -> list[bytes]:

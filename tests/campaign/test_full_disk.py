@@ -24,10 +24,9 @@ from campaigns import (
     DISK_BASES,
     LONG,
     campaign_random,
-    commitlog_bytes_at,
     damage_segment,
+    first_lost_record,
     follow_next_steps,
-    quarantined,
     records_by_file,
     rmqstore,
     rounds,
@@ -36,7 +35,6 @@ from campaigns import (
     unclean,
 )
 from support import (
-    ORACLE_CONFIG,
     ORACLE_OPTIONS,
     disk_left_with,
     inodes_left_with,
@@ -77,9 +75,12 @@ def _messages(path: Path, rng: random.Random, label: str) -> list[str]:
     return bodies
 
 
-def _command(operation: str, store: Path, work: Path, rng: random.Random, label: str):  # type: ignore[no-untyped-def]
+def _command(
+    operation: str, store: Path, work: Path, rng: random.Random, label: str
+) -> tuple[list[str] | None, list[str] | None]:
     """The command line the full disk stops, after what it needs is set up (with room):
-    queues and index to dispatch again, a crash to recover, a recovery to restore."""
+    queues and index to dispatch again, a crash to recover, a recovery to restore; and the
+    bodies of the messages an append is given. No command when there is nothing to restore."""
     options = ORACLE_OPTIONS
     if operation == "recover":
         (store / "abort").touch()
@@ -122,12 +123,8 @@ def _acknowledged(stdout: str, bodies: list[str]) -> dict[int, str]:
 
 
 def _outside_quarantine(store: Path) -> dict[str, str]:
-    """What the store holds outside quarantine, but for folders with no file under them (a
-    stopped dispatch may have made ``index/`` or a queue's folders, as a broker makes
-    them)."""
-    state = {k: v for k, v in tree_state(store).items() if k.split("/")[0] != "quarantine"}
-    holding = {str(parent) for k, v in state.items() if v != "dir" for parent in Path(k).parents}
-    return {k: v for k, v in state.items() if v != "dir" or k in holding}
+    """What the store holds outside quarantine (see :func:`_changes`)."""
+    return {k: v for k, v in tree_state(store).items() if k.split("/")[0] != "quarantine"}
 
 
 def _folders(store: Path) -> list[str]:
@@ -185,14 +182,8 @@ def _one_round(  # type: ignore[no-untyped-def]
     if operation != "generate":  # a fixture has a geometry of its own
         steps, found = follow_next_steps(store)
         failures += [f"{where}: {failure}" for failure in found]
-    kept = quarantined(store)
-    file_size = ORACLE_CONFIG["commitlog_file_size"]
-    for offset, data in before.items():
-        if commitlog_bytes_at(store, offset, len(data), file_size) == data:
-            continue
-        if not any(data in blob for blob in kept):
-            failures.append(f"{where}: after {steps}, the record at {offset} is lost")
-            break
+    if (lost := first_lost_record(store, before)) is not None:
+        failures.append(f"{where}: after {steps}, the record at {lost} is lost")
     if acknowledged:
         now = records_by_file(store)
         for offset, body in acknowledged.items():
@@ -211,19 +202,20 @@ def _store_kept(failures: list[str], kept_before: Path, number: int) -> list[str
 
 
 def _changes(state: dict[str, str], store: Path) -> list[str]:
-    """The paths outside quarantine whose state differs from ``state`` (a few), but for a
-    file made holding only zeros (a consume-queue or index file made before the disk
-    filled: a broker takes it for one with nothing in it yet) and its folders."""
+    """The paths outside quarantine whose state differs from ``state`` (a few), but for
+    folders with no file under them and files made holding only zeros: a stopped dispatch
+    may have made ``index/``, queue folders, a consume-queue or index file with nothing in
+    it yet, as a broker makes them."""
     now = _outside_quarantine(store)
-    made_empty = [k for k in now.keys() - state.keys() if _only_zeros(store / k)]
-    for key in made_empty:
+    for key in [k for k in now.keys() - state.keys() if _only_zeros(store / k)]:
         del now[key]
-    now = {k: v for k, v in now.items() if v != "dir" or _holds_other_files(k, now)}
+    state, now = _files_and_their_folders(state), _files_and_their_folders(now)
     return sorted(k for k in state.keys() | now.keys() if state.get(k) != now.get(k))[:3]
 
 
-def _holds_other_files(folder: str, state: dict[str, str]) -> bool:
-    return any(v != "dir" and k.startswith(f"{folder}/") for k, v in state.items())
+def _files_and_their_folders(state: dict[str, str]) -> dict[str, str]:
+    holding = {str(parent) for k, v in state.items() if v != "dir" for parent in Path(k).parents}
+    return {k: v for k, v in state.items() if v != "dir" or k in holding}
 
 
 def _only_zeros(path: Path) -> bool:

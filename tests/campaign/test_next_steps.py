@@ -16,17 +16,15 @@ import pytest
 from campaigns import (
     DISK_BASES,
     campaign_random,
-    commitlog_bytes_at,
     damage_segment,
+    first_lost_record,
     follow_next_steps,
     mutated_copy,
-    quarantined,
     records_by_file,
     rounds,
     seed_note,
     tree_state,
 )
-from support import ORACLE_CONFIG
 
 MUTANTS = rounds(short=2, long=60)  # per real store
 DISK_COPIES = rounds(short=4, long=180)
@@ -54,14 +52,8 @@ def followed(store: Path, outside: Path, where: str) -> list[str]:
     outside_before = tree_state(outside)
     steps, found = follow_next_steps(store)
     failures = [f"{where}: {failure}" for failure in found]
-    kept = quarantined(store)
-    file_size = ORACLE_CONFIG["commitlog_file_size"]
-    for offset, data in before.items():
-        if commitlog_bytes_at(store, offset, len(data), file_size) == data:
-            continue
-        if not any(data in blob for blob in kept):
-            failures.append(f"{where}: after {steps}, the record at {offset} is lost")
-            break
+    if (lost := first_lost_record(store, before)) is not None:
+        failures.append(f"{where}: after {steps}, the record at {lost} is lost")
     if tree_state(outside) != outside_before:
         failures.append(f"{where}: something was written outside the store")
     return failures
