@@ -2,17 +2,20 @@
 ``--rebuild``, here or in worker processes), ``append`` (with ``--dispatch`` or not),
 ``flush``, ``quarantine restore`` and ``fixtures generate --force`` over the store, on
 copies of every real-broker store (torn ones too, some also damaged as a disk damages
-files) on a small filesystem left with a random few kilobytes free, or room for a few more
-files. Each command ends with a documented exit code; a stop is exit 4 in one line naming
-the full disk, and one that says it stopped "before it changed the store" left the store as
-it was. Then, with room again, verify's next steps are followed as a recovery script
-follows them (but after a fixture, which has a geometry of its own): they end, no record is
-lost (each CRC-valid record is still at its offset, or its bytes are in quarantine), and
-every message ``append`` acknowledged is in the log with its body."""
+files, or mutated by hostile hands as the mutants campaign mutates them) on a small
+filesystem left with a random few kilobytes free, or room for a few more files. Each
+command ends with a documented exit code; a stop is exit 4 in one line naming the full
+disk, and one that says it stopped "before it changed the store" left the store as it was.
+Then, with room again, verify's next steps are followed as a recovery script follows them
+(but after a fixture, which has a geometry of its own): they end, nothing is written
+outside the store, no record is lost (each CRC-valid record is still at its offset, or its
+bytes are in quarantine), and every message ``append`` acknowledged is in the log with its
+body."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from collections import Counter
@@ -27,6 +30,7 @@ from campaigns import (
     damage_segment,
     first_lost_record,
     follow_next_steps,
+    mutated_copy,
     records_by_file,
     rmqstore,
     rounds,
@@ -49,16 +53,21 @@ FULL = "No space left on device"
 BEFORE = "stopped before it changed the store"
 
 
-def _prepared(oracle, disk: Path, rng: random.Random) -> tuple[Path, str]:
+def _prepared(oracle, disk: Path, rng: random.Random) -> tuple[Path, Path | None, str]:
     """A copy, on ``disk``, of a real store (one of :data:`DISK_BASES`), sometimes damaged
-    as a disk damages files; and what it is."""
+    as a disk damages files, or a mutant of one (with the folder beside it that its links
+    may lead to); and what it is."""
+    for old in ("store", "store_torn_half_record", "store_torn_random_garbage", "mutant"):
+        shutil.rmtree(disk / old, ignore_errors=True)
+    if rng.random() < 0.3:
+        name = rng.choice(["s1_multi", "s2_crash", "v533_s3_txn"])
+        return mutated_copy(oracle, name, disk / "mutant", rng)
     name, which = rng.choice(DISK_BASES)
-    shutil.rmtree(disk / which, ignore_errors=True)
     store = oracle(name).copy_to(disk, which)
     damage = ""
     if rng.random() < 0.3:
         damage = damage_segment(store, rng.choice(["commitlog", "consumequeue"]), rng)
-    return store, f"{name}/{which}" + (f" ({damage})" if damage else "")
+    return store, None, f"{name}/{which}" + (f" ({damage})" if damage else "")
 
 
 def _messages(path: Path, rng: random.Random, label: str) -> list[str]:
@@ -142,7 +151,8 @@ def _one_round(  # type: ignore[no-untyped-def]
 ) -> list[str]:
     """One command stopped (or not) by the full disk, then verify's steps with room again:
     the failures found; ``outcomes`` counts how the command ended."""
-    store, what = _prepared(oracle, disk, rng)
+    store, outside, what = _prepared(oracle, disk, rng)
+    outside_before = None if outside is None else tree_state(outside)
     operation = rng.choice(OPERATIONS)
     before = records_by_file(store)
     command, bodies = _command(operation, store, work, rng, f"r{number}")
@@ -158,7 +168,7 @@ def _one_round(  # type: ignore[no-untyped-def]
     state, folders = _outside_quarantine(store), _folders(store)
     kept_before = work / "before"  # the store as the command found it, kept on a failure
     shutil.rmtree(kept_before, ignore_errors=True)
-    shutil.copytree(store, kept_before, symlinks=True)
+    shutil.copytree(store, kept_before, symlinks=True, copy_function=_copy_regular)
     with full:
         result = rmqstore(command)
     if unclean(result):
@@ -190,7 +200,15 @@ def _one_round(  # type: ignore[no-untyped-def]
             if body.encode() not in now.get(offset, b""):
                 failures.append(f"{where}: after {steps}, acknowledged message at {offset} lost")
                 break
+    if outside is not None and tree_state(outside) != outside_before:
+        failures.append(f"{where}: after {steps}, something was written outside the store")
     return _store_kept(failures, kept_before, number)
+
+
+def _copy_regular(source: str, target: str) -> None:
+    """Copy a regular file (a mutant's FIFO is left out: opening it would wait for ever)."""
+    if os.path.isfile(source):
+        shutil.copy2(source, target)
 
 
 def _store_kept(failures: list[str], kept_before: Path, number: int) -> list[str]:
