@@ -180,7 +180,6 @@ def _one_round(  # type: ignore[no-untyped-def]
         outcomes["done" if result.returncode in (0, 1) else "refused"] += 1
     else:
         outcomes["before" if errors and errors[0].endswith(BEFORE) else "part way"] += 1
-    if result.returncode == 4:
         if not errors or FULL not in errors[0]:
             failures.append(f"{where}: exit 4 without a full disk named: {result.stderr[-600:]}")
         elif errors[0].endswith(BEFORE) and (changed := _changes(state, store)):
