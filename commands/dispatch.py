@@ -35,7 +35,6 @@ from rmqstore.dispatch import (
     linked_queue_problem,
     plan_dispatch,
     plan_rebuild,
-    queue_links,
     rebuilding,
 )
 from rmqstore.errors import ExitCode
@@ -254,10 +253,15 @@ def _dry_run(
                 opened, topics=topics or None, rebuild_index=build_index, up_to_damage=True
             )
             return _show_plan({"plan": plan.to_dict(), "maxRecords": max_records}, as_json)
+        linked: list[Path] = []
         start, end = plan_dispatch(
-            opened, topics=topics or None, build_index=build_index, from_offset=from_offset
+            opened,
+            topics=topics or None,
+            build_index=build_index,
+            from_offset=from_offset,
+            linked=linked,
         )
-        for link in queue_links(opened, topics or None):  # as the dispatch names them
+        for link in linked:  # as the dispatch names them
             warn(linked_queue_problem(link))
         document = {
             "fromOffset": start,

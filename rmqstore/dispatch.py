@@ -1061,11 +1061,14 @@ def plan_dispatch(
     topics: Iterable[str] | None = None,
     build_index: bool = True,
     from_offset: int | None = None,
+    linked: list[Path] | None = None,
 ) -> tuple[int, int]:
     """(where a dispatch would start, where the log's valid end is), reading only: a dry run
     opens nothing for writing. A ``from_offset`` before the end where no record starts is
     refused, as the dispatch itself refuses it, and so is a dispatch that leaves records out
-    where the 'abort' it keeps would get the log cut (:func:`refuse_a_cutting_abort`)."""
+    where the 'abort' it keeps would get the log cut (:func:`refuse_a_cutting_abort`).
+    ``linked`` gets the selected topics' queue folders that are symbolic links, which the
+    dispatch names and writes nothing through."""
     end = store.log_end().offset
     if from_offset is not None and from_offset < end:
         if store.commitlog.queue.find(from_offset) is None:
@@ -1074,11 +1077,14 @@ def plan_dispatch(
         if first is None or first[0] != from_offset:
             raise _no_record_at(from_offset, end)
     selected = set(topics) if topics else None
+    links: list[Path] = []
     queues = [
         ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
-        for topic, queue_id in list_queues(store.consumequeue_dir)
+        for topic, queue_id in list_queues(store.consumequeue_dir, links)
         if selected is None or topic in selected
     ]
+    if linked is not None:
+        linked.extend(_of_topics(store, links, selected))
     for queue in queues:
         queue.refuse_until_rebuilt(_PUTS_ELSEWHERE)  # as the dispatch itself refuses it
     index = store.index_service() if build_index and store.config.message_index_enable else None
@@ -1198,16 +1204,8 @@ def linked_queue_problem(link: Path) -> str:
     )
 
 
-def queue_links(store: Store, topics: Iterable[str] | None = None) -> list[Path]:
-    """The consume-queue folders (a topic's or a queue's) of ``topics`` (all when None) that
-    are symbolic links: a dispatch writes nothing through them and names each
-    (:func:`linked_queue_problem`); a rebuild moves them to quarantine."""
-    linked: list[Path] = []
-    list_queues(store.consumequeue_dir, linked)
-    return _of_topics(store, linked, topics)
-
-
 def _of_topics(store: Store, links: list[Path], topics: Iterable[str] | None) -> list[Path]:
+    """The ``links`` (found by ``list_queues``) that belong to ``topics`` (all when None)."""
     if topics is None:
         return links
     selected = set(topics)
