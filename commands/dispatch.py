@@ -147,7 +147,8 @@ def command(
     error that stops it once it put a unit or an index entry
     (a full disk: exit 4) leaves 'abort' in place, as a crash would (some queues may reach
     further than others or the index): the one-line error says so; run it again once the
-    cause is mended.
+    cause is mended. Stopped before that, it says it "stopped before it changed the store"
+    and takes away the empty queue and index files and the folders it made.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a

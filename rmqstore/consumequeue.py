@@ -25,6 +25,7 @@ from rmqstore.errors import RebuildFirstError, StoreFormatError, StoreIOError
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
+    fsync_directory,
     is_segment_name,
     link_target,
     map_writable,
@@ -711,6 +712,21 @@ class ConsumeQueue:
     def close(self) -> None:
         self.flush()
         self._release()
+
+    def remove_files_after(self, count: int) -> bool:
+        """Remove the queue's files after its first ``count`` (made by a dispatch that
+        stopped before it put a unit there), closing the queue first; False, and nothing
+        removed, when one of them holds a non-zero byte."""
+        made = self.queue.segments[count:]
+        self.close()
+        if any(nonzero_extent(segment.path, 0, segment.size) for segment in made):
+            return False
+        for segment in made:
+            segment.path.unlink(missing_ok=True)
+        self.queue.forget_after(count)
+        if made:
+            fsync_directory(self.directory)
+        return True
 
 
 class WriteMaps:

@@ -9,6 +9,7 @@ tail) ends it without moving the cursor past it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from array import array
 from bisect import bisect_left, bisect_right
@@ -35,6 +36,7 @@ from rmqstore.errors import (
     InputError,
     NotFoundError,
     RecordError,
+    RmqStoreError,
     StoreFormatError,
     UncleanStoreError,
 )
@@ -50,6 +52,7 @@ from rmqstore.record import (
     TRANSACTION_ROLLBACK,
     BodyMode,
 )
+from rmqstore.segments import remove_empty_directory
 from rmqstore.store import ZEROS_WHERE_RECORDS_GO_ON, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.wording import quoted
@@ -144,6 +147,10 @@ class Dispatcher:
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._ends_at_open: dict[tuple[str, int], int] = {}  # each queue's end (changed())
+        # what the store held at the open, so that a dispatch stopped before it changed
+        # anything takes away the empty files and folders it made (_remove_made)
+        self._files_at_open: dict[tuple[str, int], int] = {}  # each queue's file count
+        self._folders_at_open = _folders_in(store)
         linked: list[Path] = []
         for topic, queue_id in list_queues(store.consumequeue_dir, linked) if build_queues else []:
             if self.topics is None or topic in self.topics:
@@ -168,6 +175,8 @@ class Dispatcher:
         self._unsafe_topics: set[str] = set()
         self._unwritten: set[tuple[str, int]] = set()  # queues new_queue found unwritten
         self._index_at_open = self._index_mark()
+        self._queues_at_open = set(self.queues)
+        self._index_files_at_open = len(self.index.files) if self.index else 0
 
     def _open_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         queue = ConsumeQueue(
@@ -180,6 +189,7 @@ class Dispatcher:
         queue.refuse_until_rebuilt(_PUTS_ELSEWHERE)
         queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
         self._ends_at_open[(topic, queue_id)] = queue.end
+        self._files_at_open[(topic, queue_id)] = len(queue.queue.segments)
         return queue
 
     def _index_mark(self) -> int:
@@ -196,6 +206,37 @@ class Dispatcher:
             or any(queue.end != self._ends_at_open[key] for key, queue in self.queues.items())
             or self._index_mark() != self._index_at_open
         )
+
+    def _until_done(self) -> contextlib.AbstractContextManager[None]:
+        """The store's :meth:`~Store.until_done` for this dispatch's work."""
+        return self.store.until_done(
+            "dispatch", self._where_residue_is, self.changed, self._remove_made
+        )
+
+    def _remove_made(self) -> None:
+        """After a stop before this dispatch changed anything (see :meth:`changed`): remove
+        the queue and index files it made, which hold nothing yet, and the folders it made
+        for them, so that the store is left as it was found (a broker would take them for
+        empty ones, but verify and an operator's listing would show them). What cannot be
+        removed is left as it is."""
+        store = self.store
+        try:
+            for key, queue in list(self.queues.items()):
+                if not queue.remove_files_after(self._files_at_open[key]):
+                    continue
+                if key in self._queues_at_open:
+                    continue
+                del self.queues[key], self._ends_at_open[key], self._files_at_open[key]
+                remove_empty_directory(queue.directory)
+                if queue.directory.parent not in self._folders_at_open:
+                    remove_empty_directory(queue.directory.parent)
+            if self.index is not None:
+                self.index.remove_files_after(self._index_files_at_open)
+            for folder in (store.consumequeue_dir, store.index_dir):
+                if folder not in self._folders_at_open:
+                    remove_empty_directory(folder)
+        except (OSError, RmqStoreError):
+            pass  # left as a broker makes them: empty
 
     def _quarantine_residue(self, queue: str, path: Path, start: int, end: int) -> None:
         """Non-zero bytes after a queue's valid end, about to be overwritten by its next
@@ -291,7 +332,7 @@ class Dispatcher:
             if end.offset > start:
                 raise InputError(f"offset {start} is outside the commit-log files")
             result.log_end = end.offset
-            with store.until_done("dispatch", self._where_residue_is, self.changed):
+            with self._until_done():
                 store.begin_write()
                 self._finish(result, last_time=queued_time, flushed_time=flushed_time)
             return result
@@ -300,7 +341,7 @@ class Dispatcher:
         # stopped by an error once it began (a full disk), it keeps 'abort': some queues may
         # then reach further than others or the index, and a broker starting without it
         # would leave out what lies behind (spec 10.4)
-        with store.until_done("dispatch", self._where_residue_is, self.changed):
+        with self._until_done():
             store.begin_write()
             walk, scan = self._walk(
                 start,
@@ -348,7 +389,7 @@ class Dispatcher:
             result.log_end = store.log_end(rules=rules).offset
         self._check_ahead(ahead, furthest, result.log_end)
         result.queues_touched = len(walk.touched)
-        with store.until_done("dispatch", self._where_residue_is, self.changed):
+        with self._until_done():
             self._finish(result, walk.last_time, flushed_time=flushed_time)
         return result
 
@@ -405,7 +446,7 @@ class Dispatcher:
     ) -> tuple[_BatchWalk, LogScan]:
         """Walk again from ``replay_start`` after ``walk`` stopped at damage before it;
         ``result`` counts both walks."""
-        with self.store.until_done("dispatch", self._where_residue_is, self.changed):
+        with self._until_done():
             replay, scan = self._walk(
                 replay_start, None, None, progress, walk.last_time, result, counted_from=cursor
             )
@@ -500,6 +541,16 @@ class Dispatcher:
             queue.close()
         if self.index is not None:
             self.index.close()
+
+
+def _folders_in(store: Store) -> set[Path]:
+    """The store's ``consumequeue/`` and ``index/`` folders and the topic folders under
+    ``consumequeue/``, as far as they are there."""
+    folders = {folder for folder in (store.consumequeue_dir, store.index_dir) if folder.is_dir()}
+    if store.consumequeue_dir in folders:
+        with contextlib.suppress(OSError):  # (the listing of the queues names it)
+            folders.update(store.consumequeue_dir.iterdir())
+    return folders
 
 
 class _BatchWalk:

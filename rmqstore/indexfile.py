@@ -678,3 +678,18 @@ class IndexService:
             index.close()
         self.files = []
         self._open.clear()
+
+    def remove_files_after(self, count: int) -> bool:
+        """Remove the files after the first ``count`` (made by a dispatch that stopped
+        before it put an entry there); False, and nothing removed, when one holds an entry."""
+        made = self.files[count:]
+        if any(index.header.index_count > 1 for index in made):
+            return False
+        for index in made:
+            index.close(flush=False)
+            self._open.pop(index, None)
+            index.path.unlink(missing_ok=True)
+        del self.files[count:]
+        if made:
+            fsync_directory(self.directory)
+        return True

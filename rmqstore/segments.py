@@ -330,6 +330,16 @@ def make_directories(path: Path) -> None:
         fsync_directory(directory.parent)
 
 
+def remove_empty_directory(path: Path) -> bool:
+    """Remove ``path`` when it is a folder with nothing in it (not a link), the removal
+    made durable; False, and nothing done, otherwise."""
+    if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
+        return False
+    path.rmdir()
+    fsync_directory(path.parent)
+    return True
+
+
 def fsync_directory(directory: Path) -> None:
     """Make created/renamed/removed directory entries durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)

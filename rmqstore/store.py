@@ -704,13 +704,17 @@ class Store:
         operation: str,
         kept: Callable[[], str] = lambda: "",
         changed: Callable[[], bool] = lambda: True,
+        tidy: Callable[[], None] = lambda: None,
     ) -> Iterator[None]:
         """The block's work leaves the store inconsistent until it is done (``recover``,
         ``dispatch``, a ``replicate`` round): stopped by an error once ``changed()`` (it
         changed the store: by default as soon as it began), it keeps 'abort'
         (:attr:`abort_until_done`), and what it raises says how far it got (:meth:`how_far`,
-        ``kept()`` saying where what it moved is kept). Inside another operation's block (the
-        dispatch a ``recover`` replays) it adds nothing: the outer one says how far."""
+        ``kept()`` saying where what it moved is kept). Stopped before it changed the store,
+        ``tidy()`` takes away what the work made that holds nothing yet (the empty files and
+        folders a dispatch makes), so the store is left as it was found. Inside another
+        operation's block (the dispatch a ``recover`` replays) it adds nothing: the outer one
+        says how far."""
         if self.abort_until_done:
             yield
             return
@@ -722,6 +726,7 @@ class Store:
         except BaseException:
             if not changed():  # the close settles 'abort' as if the work had not begun
                 self.abort_until_done = False
+                tidy()
             raise
         self.abort_until_done = False  # done: the close settles 'abort' as usual
 

@@ -259,6 +259,21 @@ def tree_digest(root: Path) -> dict[str, str]:
     }
 
 
+def tree_and_folders(root: Path) -> dict[str, str]:
+    """:func:`tree_digest` with every folder under ``root`` too ("folder"): 'the store is
+    unchanged', no empty folder made either."""
+    folders = {
+        str(path.relative_to(root)): "folder"
+        for path in root.rglob("*")
+        if path.is_dir() and not path.is_symlink()
+    }
+    return {**tree_digest(root), **folders}
+
+
+def _outside_quarantine(state: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in state.items() if k != "quarantine" and not k.startswith("quarantine/")}
+
+
 def parquet_rows(directory: Path) -> list[dict]:
     """The rows of the Parquet part files of an export, by commit-log offset."""
     import pyarrow.parquet as pq
@@ -470,15 +485,14 @@ def stops_on_a_full_disk(
         store = disk / "store"
         shutil.rmtree(store, ignore_errors=True)
         shutil.copytree(base, store)
-        before = tree_digest(store)
+        before = tree_and_folders(store)
         line = full_disk_stop(disk, room, *operation.split(), store, *options)
         if line is None:
             outcomes.add("done")
             continue
         if line.endswith(f"; {operation} stopped before it changed the store"):
             outcomes.add("before")
-            after = tree_digest(store)
-            assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+            assert _outside_quarantine(tree_and_folders(store)) == before, line
             # nor a quarantine folder (one made, then a stop while it kept the checkpoint)
             quarantine = store / "quarantine"
             assert not quarantine.exists() or all(

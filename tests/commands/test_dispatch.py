@@ -17,11 +17,13 @@ from support import (
     crashed_with_a_queue_behind,
     file_digest,
     full_disk_stop,
+    inodes_left_with,
     lock_held_elsewhere,
     manifest_dump,
     run_cli,
     small_filesystem,
     stops_on_a_full_disk,
+    tree_and_folders,
     tree_digest,
 )
 
@@ -403,6 +405,45 @@ def test_a_rebuild_a_full_disk_stops_says_how_far_it_got_and_keeps_abort(
             _finishes_with_every_record(store, messages, "--rebuild", *options)
 
 
+def test_a_dispatch_stopped_before_it_put_anything_leaves_no_empty_file_or_folder(
+    tmp_path: Path,
+) -> None:
+    """A store whose consume queues and index are gone, dispatched on a disk with room for
+    no more than 0 to 9 more files and folders: a stop before it put a unit or an entry says
+    it "stopped before it changed the store", and the store is as it was: the folders it
+    made (consumequeue/, a topic's, a queue's) and the files it made for its queues and
+    index, holding nothing, are gone again (they were left, for verify and a listing to
+    show). A later stop leaves 'abort'; run again with room, dispatch finishes."""
+    with small_filesystem(tmp_path, "6m") as disk:
+        base = disk / "base"
+        generate("multi", base, FixtureOptions())
+        messages = json.loads((base / "fixture.json").read_text())["messageCount"]
+        shutil.rmtree(base / "consumequeue")
+        shutil.rmtree(base / "index")
+        outcomes: list[str] = []
+        for left in range(10):
+            store = disk / "store"
+            shutil.rmtree(store, ignore_errors=True)
+            shutil.copytree(base, store)
+            before = tree_and_folders(store)
+            with inodes_left_with(disk, left):
+                result = run_cli("dispatch", store)
+            if result.exit_code == 0:
+                outcomes.append("done")
+                continue
+            line = result.stderr.strip()
+            assert result.exit_code == 4 and "\n" not in line, result.stderr
+            assert "No space left on device" in line, line
+            if line.endswith("; dispatch stopped before it changed the store"):
+                outcomes.append("before")
+                assert tree_and_folders(store) == before, (left, line)
+                continue
+            outcomes.append("part way")
+            assert (store / "abort").exists(), line
+            _finishes_with_every_record(store, messages)
+        assert outcomes[:5] == ["before"] * 5 and "part way" in outcomes, outcomes
+
+
 def _finishes_with_every_record(store: Path, messages: int, *options: str) -> None:
     """``rmqstore dispatch STORE OPTIONS`` run again after a stop: it finishes, 'abort' goes,
     and every one of ``messages`` is in its consume queue and the index."""
@@ -441,15 +482,14 @@ def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
             store = disk / "store"
             shutil.rmtree(store, ignore_errors=True)
             shutil.copytree(base, store)
-            before = tree_digest(store)
+            before = tree_and_folders(store)
             line = full_disk_stop(disk, room, "dispatch", store)
             if line is None:
                 outcomes.add("done")
                 continue
             if line.endswith("; dispatch stopped before it changed the store"):
-                outcomes.add("before")  # (an index file it could not make)
-                after = tree_digest(store)
-                assert {k: v for k, v in after.items() if not k.startswith("quarantine/")} == before
+                outcomes.add("before")  # (an index file it could not make: nor its folder)
+                assert tree_and_folders(store) == before, line
                 continue
             assert said in line and (store / "abort").exists(), line
             if line.endswith(said):
