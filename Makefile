@@ -85,7 +85,8 @@ demo: venv java-check
 
 # The adversarial campaigns in their long form (200 kills during appends, 60 during recover
 # and rebuild, 300 mutated real stores x every command, 180 whose verify next steps are
-# followed to the end, 150 writers stopped by a full disk); make test runs a short form of each.
+# followed to the end, 150 writers and 60 replicate runs stopped by a full disk); make test
+# runs a short form of each.
 # SEED=N kills and mutates elsewhere than the fixed default (a failure names its seed).
 campaigns: venv
 	RMQSTORE_CAMPAIGN=long RMQSTORE_CAMPAIGN_SEED=$(SEED) $(BIN)/python -m pytest -q -p no:cacheprovider -m campaign

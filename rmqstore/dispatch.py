@@ -51,6 +51,7 @@ from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_ROLLBACK,
     BodyMode,
+    ScanStop,
 )
 from rmqstore.segments import remove_empty_directory
 from rmqstore.store import ZEROS_WHERE_RECORDS_GO_ON, Store
@@ -367,6 +368,17 @@ class Dispatcher:
             result.went_past_damage(damage, crash_replay)
         if until is not None:
             result.log_end = until
+            if (
+                walk.complete
+                and result.stopped_by is None
+                and scan.stop is ScanStop.BLANK
+                and start <= scan.end_offset <= until
+            ):
+                # the last file ends with its BLANK, no file after it (a replica of a log
+                # the broker was rolling, or whose next file is damaged): the records end at
+                # the BLANK, as a broker's recovery finds the log's end
+                result.log_end = scan.end_offset
+                result.to_offset = max(result.to_offset, scan.end_offset)
         elif check_start and not walk.records and scan.end_offset == start:
             # the scan ended where --from-offset put it: at the log's valid end, past it, or
             # where no record starts (zeros inside a record read as the end of the data):

@@ -245,6 +245,33 @@ def test_follow_copies_a_store_while_it_is_written(tmp_path: Path) -> None:
     assert run_cli("verify", dest).exit_code == 0
 
 
+def test_a_rerun_ending_where_a_file_ends_settles_the_abort_a_stopped_run_left(
+    tmp_path: Path,
+) -> None:
+    """SOURCE's records end where a file ends (its BLANK, then a file whose first record a
+    broker is still writing: zeros in its length field), and DEST is a replica an earlier
+    run left with 'abort' (killed, or stopped by a full disk part way). Run again, replicate
+    copies up to that file's end and removes 'abort', as an uninterrupted run does: verify
+    finds the replica sound. It kept 'abort' (its dispatch, told to go as far as the file's
+    end, stopped at the BLANK and did not count itself caught up), and verify then took the
+    BLANK for a torn tail (an error, with recover as the next step)."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    rolled = source / "commitlog" / f"{4 * 65536:020d}"
+    with open(rolled, "r+b") as handle:
+        handle.write(bytes(4))
+    dest = tmp_path / "dest"
+    first = run_cli("replicate", source, dest, "--until", "100000")
+    assert first.exit_code == 0, first.stderr
+    (dest / "abort").touch()  # as the run stopped part way leaves it
+    done = replicate(source, dest)
+    assert done["toOffset"] == done["sourceEnd"] == 4 * 65536
+    assert not (dest / "abort").exists()
+    assert log_bytes(dest) == log_bytes(source, 4 * 65536)
+    checked = run_cli("verify", dest, "--json")
+    assert checked.exit_code == 0, checked.stdout
+
+
 def test_a_replica_a_full_disk_stops_keeps_abort_and_a_second_run_finishes(
     tmp_path: Path,
 ) -> None:
