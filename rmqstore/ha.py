@@ -24,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rmqstore.commitlog import LogEnd
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode, RmqStoreError, StoreIOError
+from rmqstore.record import ScanStop
 from rmqstore.replication import (
     confirmed_end,
     dispatch_copied,
@@ -649,6 +651,15 @@ def _settle(dest: Store, progress: SlaveProgress) -> None:
     end = dest.log_end()
     if end.offset == progress.whole_end:
         dest.check_tail(end)
+    elif (
+        end.stop is ScanStop.BLANK
+        and end.segment is not None
+        and end.segment.start + dest.commitlog_file_size == progress.whole_end
+    ):
+        # the last file ends with the BLANK the master sent, and no file follows it yet (the
+        # master's next file not begun, or damaged at its start): the BLANK and the bytes
+        # after it are the master's; only what lies past that file's end is residue
+        dest.check_tail(LogEnd(progress.whole_end, end.stop, end.error, end.segment))
 
 
 def _mismatch(offset: int, mine: int) -> HAError:

@@ -121,6 +121,30 @@ def test_a_half_copied_replica_catches_up_over_ha(tmp_path: Path, name: str) -> 
     assert again["bytesReceived"] == 0 and again["toOffset"] == done["toOffset"]
 
 
+def test_a_session_ending_where_a_file_ends_settles_the_abort_a_stopped_one_left(
+    tmp_path: Path,
+) -> None:
+    """The master's records end where a file ends (its BLANK, then a file whose first record
+    is not written yet: zeros in its length field), and DEST is a replica an earlier session
+    left with 'abort' (killed, a full disk). The session that brings DEST to the file's end
+    removes 'abort', and verify finds the replica sound; it kept 'abort' (the end a broker's
+    recovery finds is at the BLANK, not where the master's records end), and verify then
+    took the BLANK for a torn tail, with recover as the next step."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    with open(source / "commitlog" / f"{4 * 65536:020d}", "r+b") as rolled:
+        rolled.write(bytes(4))
+    dest = tmp_path / "dest"
+    replicate(source, dest, "--until", "100000")
+    (dest / "abort").touch()
+    with serving(source) as address:
+        done = replicate(address, dest)
+    assert done["toOffset"] == 4 * 65536 and not (dest / "abort").exists()
+    assert log_bytes(dest) == log_bytes(source, 4 * 65536)
+    checked = run_cli("verify", dest, "--json")
+    assert checked.exit_code == 0, checked.stdout
+
+
 def test_an_empty_replica_starts_at_the_masters_last_file(tmp_path: Path) -> None:
     """As with a Java master, a slave reporting 0 gets the master's last file on."""
     source = tmp_path / "source"
