@@ -8,6 +8,7 @@ belongs to the module of that file kind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -330,14 +331,12 @@ def make_directories(path: Path) -> None:
         fsync_directory(directory.parent)
 
 
-def remove_empty_directory(path: Path) -> bool:
-    """Remove ``path`` when it is a folder with nothing in it (not a link), the removal
-    made durable; False, and nothing done, otherwise."""
-    if path.is_symlink() or not path.is_dir() or any(path.iterdir()):
-        return False
-    path.rmdir()
-    fsync_directory(path.parent)
-    return True
+def remove_empty_directory(directory: Path) -> None:
+    """Remove ``directory`` when it is a folder with nothing in it, the removal made
+    durable; anything else (a folder not empty, nothing there, a link) is left as it is."""
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+        fsync_directory(directory.parent)
 
 
 def fsync_directory(directory: Path) -> None:

@@ -82,6 +82,7 @@ from rmqstore.segments import (
     make_directories,
     nonzero_extent,
     open_for_writing,
+    remove_empty_directory,
     sync_directory,
 )
 from rmqstore.topics import check_topic_path_safe
@@ -282,7 +283,7 @@ class Store:
                     if (path / LOCK_FILE).stat().st_size <= len(LOCK_FILE_CONTENT):
                         (path / LOCK_FILE).unlink()
             if creation is _Creation.MADE_ROOT:
-                _remove_empty_directory(path)
+                remove_empty_directory(path)
             raise
         store: Store | None = None
         try:
@@ -304,7 +305,7 @@ class Store:
             else:
                 lock.release()
                 if creation is _Creation.MADE_ROOT:
-                    _remove_empty_directory(path)
+                    remove_empty_directory(path)
             raise
         return store
 
@@ -1095,10 +1096,10 @@ class Store:
             self.consumequeue_dir,
             self.index_dir,
         ):
-            _remove_empty_directory(directory)
+            remove_empty_directory(directory)
         fsync_directory(self.root)
         if self._creation is _Creation.MADE_ROOT:
-            _remove_empty_directory(self.root)
+            remove_empty_directory(self.root)
 
     def _settle_abort(self, appended: int, end_offset: int | None) -> None:
         # records a dispatch left out, before where the queues now reach, a broker starting
@@ -1199,14 +1200,6 @@ def _config_host(config: StoreConfig) -> HostAddress | None:
 class _Creation(Enum):
     MADE_ROOT = "made the store directory"
     IN_EMPTY_ROOT = "used an empty directory"
-
-
-def _remove_empty_directory(directory: Path) -> None:
-    try:
-        directory.rmdir()
-        fsync_directory(directory.parent)
-    except OSError:
-        pass  # not empty, or gone: nothing of ours to remove
 
 
 # the folders a writer may write into, and what to tell of a file in the place of each
