@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rmqstore.fixtures import generate
 
-from support import fresh_python, parquet_rows, run_cli, store_being_written, tree_digest
+from support import (
+    fresh_python,
+    full_disk_stop,
+    parquet_rows,
+    run_cli,
+    small_filesystem,
+    store_being_written,
+    tree_digest,
+)
 
 
 def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> None:
@@ -181,3 +192,33 @@ def test_export_and_stats_of_a_store_being_written_say_where_they_read_it_up_to(
         "file": f"commitlog/{65536:020d}", "records": 0, "bytes": 0, "blankBytes": 0,
         "crcFailures": 0, "invalidRegions": 0, "end": 0, "endedBy": "end",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("form", "jobs", "most"), [("parquet", "2", 384 << 10), ("jsonl", "1", 1 << 20)]
+)
+def test_an_export_a_full_disk_stops_leaves_nothing_behind(
+    tmp_path: Path, form: str, jobs: str, most: int
+) -> None:
+    """An export onto a disk that fills up part way (a small file system left with 0 up to
+    the room the export takes, in steps), here or in worker processes: exit 4 in one line naming the
+    full disk, and nothing of it on the disk, no part file and no folder under a temporary
+    name. With room enough, the same export writes every message."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    with small_filesystem(tmp_path, "4m") as disk:
+        outcomes = set()
+        for room in range(0, most + 1, most // 6):
+            out = disk / "out"
+            export = ["export", store, "--engine", "local", "--to", out, "--format", form]
+            line = full_disk_stop(disk, room, *export, "--split-size", "65536", "--jobs", jobs)
+            left = sorted(path.name for path in disk.iterdir())
+            if line is None:
+                outcomes.add("done")
+                assert left == ["out"]
+                assert sum(1 for _ in out.glob(f"part-*.{form}")) == 9
+                shutil.rmtree(out)
+                continue
+            outcomes.add("stopped")
+            assert left == [], line
+        assert outcomes == {"stopped", "done"}
