@@ -72,11 +72,18 @@ def die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="rmqstore-parent-watch", daemon=True).start()
 
 
-def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Iterator[Any]:
+def process_map(
+    workers: int,
+    function: Callable[[Any], Any],
+    jobs: list,
+    *,
+    prepare: Callable[[], object] | None = None,
+) -> Iterator[Any]:
     """``function`` over ``jobs`` in ``workers`` processes, yielding results in job order as
     they can be consumed; 1 worker (or a single job) runs here. At most two jobs per worker
     are handed out ahead of the caller, so results a slow caller has not taken yet do not pile
-    up: memory stays flat however many jobs there are."""
+    up: memory stays flat however many jobs there are. ``prepare`` (a module-level function)
+    runs first in each worker process, never here."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     if workers == 1 or len(jobs) <= 1:
@@ -93,7 +100,7 @@ def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Ite
     pending: deque[Future] = deque()
     try:
         with ProcessPoolExecutor(
-            processes, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)
+            processes, mp_context=context, initializer=_start, initargs=(os.getpid(), prepare)
         ) as pool:
             try:
                 while waiting and len(pending) < 2 * processes:
@@ -111,6 +118,13 @@ def process_map(workers: int, function: Callable[[Any], Any], jobs: list) -> Ite
             "a worker process ended abruptly (out of memory, or killed); "
             "run again with fewer --jobs"
         ) from None
+
+
+def _start(parent: int, prepare: Callable[[], object] | None) -> None:
+    """A worker process's start: :func:`die_with_parent`, then ``prepare``."""
+    die_with_parent(parent)
+    if prepare is not None:
+        prepare()
 
 
 def process_runner(workers: int) -> Runner:

@@ -495,7 +495,12 @@ class LocalPipeline(Pipeline):
                 encode = stack.enter_context(_Background(_run))
                 results = (export_range(job, encode) for job in jobs)
             else:
-                results = process_map(self.options.workers, export_range, jobs)
+                # a worker is rmqstore's own process: its pyarrow, as the command's, needs
+                # no numpy (nor pandas, which pyarrow loads for scalars when numpy is there)
+                without_numpy = arrowcalls.import_pyarrow_without_numpy
+                results = process_map(
+                    self.options.workers, export_range, jobs, prepare=without_numpy
+                )
             for done, result in enumerate(results, 1):
                 update(done)
                 yield result

@@ -38,6 +38,18 @@ def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> Non
     imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
     assert "pyarrow.parquet" in imported
     assert not [name for name in imported if name.split(".")[0] == "numpy"]
+    # nor its worker processes (-X importtime goes on to them), whose JSON lines encoder
+    # made pyarrow load pandas too: 0.5 s more for each worker to start
+    workers = [*export[:-1], str(tmp_path / "jsonl"), "--format", "jsonl", "--jobs", "2"]
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rmqstore", *workers, "--split-size", "9000"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+    assert imported.count("rmqstore.pipeline.jsonlines") >= 2  # the workers' imports are here
+    assert not [name for name in imported if name.split(".")[0] in ("numpy", "pandas")]
     from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
 
     # what an export in this process writes (pyarrow with numpy here)
