@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from rmqstore import __version__, kernel
+from rmqstore.commands.signals import Terminated, interrupt_on_sigterm
 from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError, context_of
 
 # the click context's ``obj`` when rmqstore's console script started the process (main()):
@@ -85,6 +86,9 @@ class RmqStoreGroup(click.Group):
                 "(pip install 'rmqstore[spark]')"
             )
             ctx.exit(ExitCode.USAGE)
+        except Terminated as exc:
+            _error("terminated (SIGTERM)" + context_of(exc))
+            ctx.exit(143)
         except KeyboardInterrupt as exc:
             _error("interrupted" + context_of(exc))
             ctx.exit(130)
@@ -230,6 +234,7 @@ def main() -> None:
     # inherit it.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _raise_open_file_limit()
+    interrupt_on_sigterm()
     cli.main(prog_name="rmqstore", obj=OWN_PROCESS)
 
 

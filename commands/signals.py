@@ -1,4 +1,5 @@
-"""SIGINT and SIGTERM as a request to stop at the next safe point (``--follow`` loops)."""
+"""SIGINT and SIGTERM: as a request to stop at the next safe point (``--follow`` loops), and
+SIGTERM as an interruption like Ctrl-C everywhere else."""
 
 from __future__ import annotations
 
@@ -28,3 +29,22 @@ class StopSignal:
     def __exit__(self, *exc: object) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``, a service manager or container stopping the command, a
+    ``timeout``): raised where the command is, as SIGINT raises KeyboardInterrupt, so that
+    the command stops the way Ctrl-C stops it (an export's unfinished folder removed, a
+    writer's unflushed group rolled back) instead of vanishing mid-way."""
+
+
+def _terminate(_number: int, _frame: Any) -> None:
+    raise Terminated
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`Terminated` in this process, unless its handler is not
+    the default one (the process was started with it ignored, or something set its own).
+    Only for the console script's own process (not a program calling rmqstore)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)

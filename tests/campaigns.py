@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -41,6 +42,13 @@ def campaign_random(label: str) -> random.Random:
 def seed_note() -> str:
     """How to run a failed campaign again."""
     return f" (RMQSTORE_CAMPAIGN_SEED={SEED})" if SEED else ""
+
+
+def stop_signal(rng: random.Random) -> signal.Signals:
+    """How a campaign stops a child rmqstore: mostly SIGKILL (as a crash or a power cut
+    leaves it), sometimes SIGTERM or SIGINT (kill PID, a service manager, Ctrl-C), which the
+    command turns into an orderly stop wherever it is."""
+    return rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 
 
 def child_env() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""SIGKILL during ``append``, at random points, with each flush policy: after every kill
+"""SIGKILL (or SIGTERM, SIGINT) during ``append``, at random points, with each flush policy:
+after every kill
 ``recover --yes`` mends the store, every acknowledged message is there with its body, no torn
 record is visible and verify finds the store sound."""
 
@@ -19,7 +20,7 @@ from rmqstore.record import BodyMode
 from rmqstore.store import Store
 from rmqstore.verify import NOTE, verify_store
 
-from campaigns import campaign_random, child_env, rounds, seed_note
+from campaigns import campaign_random, child_env, rounds, seed_note, stop_signal
 from support import run_cli
 
 KILLS = rounds(short=3, long=50)  # per flush policy and dispatch setting: 6 x 50 = 300 long
@@ -41,7 +42,8 @@ CONFIG = StoreConfig(
 def append_until_killed(
     store: Path, rng: random.Random, label: str, flush: str, dispatch: bool
 ) -> dict[str, str]:
-    """Feed messages to a child ``append --input -`` and SIGKILL it at a random moment;
+    """Feed messages to a child ``append --input -`` and stop it at a random moment (see
+    :func:`stop_signal`);
     returns msgId -> body of every message it acknowledged."""
     command = [sys.executable, "-m", "rmqstore", "append", str(store), "--input", "-",
                *POLICIES[flush], "--jsonl", *(["--dispatch"] if dispatch else [])]  # fmt: skip
@@ -92,8 +94,8 @@ def append_until_killed(
         time.sleep(rng.uniform(0, 1.0))
     else:  # any moment, at start-up too
         time.sleep(rng.uniform(0.2, 1.5))
-    child.kill()
-    child.wait()
+    child.send_signal(stop_signal(rng))
+    child.wait(timeout=300)
     feeder.join()
     reader.join()
     return acknowledged

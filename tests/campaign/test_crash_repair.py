@@ -1,9 +1,11 @@
-"""SIGKILL during ``recover``, ``dispatch --rebuild`` and ``quarantine restore``: running the
-command again reaches the same files, byte for byte, as a run that was never interrupted."""
+"""SIGKILL (or SIGTERM, SIGINT) during ``recover``, ``dispatch --rebuild`` and ``quarantine
+restore``: running the command again reaches the same files, byte for byte, as a run that was
+never interrupted."""
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -15,7 +17,7 @@ import pytest
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.store import Store
 
-from campaigns import campaign_random, child_env, rounds, seed_note, tree_state
+from campaigns import campaign_random, child_env, rounds, seed_note, stop_signal, tree_state
 from support import run_cli
 
 KILLS = rounds(short=2, long=30)
@@ -36,7 +38,8 @@ def outcome(store: Path) -> dict[str, str]:
     return kept
 
 
-def run_and_kill(command: list[str], after: float) -> None:
+def run_and_kill(command: list[str], after: float, rng: random.Random) -> None:
+    """``rmqstore COMMAND``, stopped after ``after`` seconds (see :func:`stop_signal`)."""
     child = subprocess.Popen(
         [sys.executable, "-m", "rmqstore", *command],
         stdout=subprocess.DEVNULL,
@@ -44,8 +47,8 @@ def run_and_kill(command: list[str], after: float) -> None:
         env=child_env(),
     )
     time.sleep(after)
-    child.kill()
-    child.wait()
+    child.send_signal(stop_signal(rng))
+    child.wait(timeout=300)
 
 
 @pytest.mark.campaign
@@ -69,7 +72,7 @@ def test_a_killed_repair_run_again_gives_the_same_files(
     for kill in range(KILLS):
         store = tmp_path / f"killed-{kill}"
         shutil.copytree(source, store)
-        run_and_kill([command[0], str(store), *command[1:]], rng.uniform(0.3, 0.3 + duration))
+        run_and_kill([command[0], str(store), *command[1:]], rng.uniform(0.3, 0.3 + duration), rng)
         again = run_cli(command[0], store, *command[1:])
         assert again.exit_code == 0, f"kill {kill}{seed_note()}: {again.stderr}"
         got = outcome(store)
@@ -141,7 +144,9 @@ def test_a_killed_restore_run_again_gives_the_store_before_the_recovery(tmp_path
     for kill in range(KILLS):
         store = tmp_path / f"killed-{kill}"
         shutil.copytree(source, store)
-        run_and_kill([*restore[:2], str(store), *restore[3:]], rng.uniform(0.3, 0.3 + duration))
+        run_and_kill(
+            [*restore[:2], str(store), *restore[3:]], rng.uniform(0.3, 0.3 + duration), rng
+        )
         if (store / "quarantine" / folder["name"]).exists():  # else the kill came after it
             again = run_cli(*restore[:2], store, *restore[3:])
             assert again.exit_code == 0, f"kill {kill}{seed_note()}: {again.stderr}"
@@ -196,7 +201,7 @@ def test_a_killed_repair_is_undone_by_its_restore(
     for kill in range(KILLS):
         store = tmp_path / f"killed-{kill}"
         shutil.copytree(source, store)
-        run_and_kill([command[0], str(store), *command[1:]], rng.uniform(0.25, 0.3 + duration))
+        run_and_kill([command[0], str(store), *command[1:]], rng.uniform(0.25, 0.3 + duration), rng)
         # as an operator finds them: a folder the kill caught being made (no manifest in it
         # yet, under a hidden temporary name) is none, and nothing had moved
         listed = run_cli("quarantine", "list", store, "--json")

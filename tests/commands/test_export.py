@@ -234,3 +234,37 @@ def test_an_export_a_full_disk_stops_leaves_nothing_behind(
             outcomes.add("stopped")
             assert left == [], line
         assert outcomes == {"stopped", "done"}
+
+
+TERMINATED_EXPORT = """
+import os, signal, sys
+import rmqstore.pipeline.local as local
+from rmqstore.commands.main import main
+exported = local.export_range
+def export_range(*args, **kwargs):  # SIGTERM once the first part file is written
+    result = exported(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return result
+local.export_range = export_range
+sys.argv = ["rmqstore", "export", *sys.argv[1:]]
+main()
+"""
+
+
+def test_sigterm_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM (kill PID, a service manager, timeout) once the export has written a part
+    file: exit 143 and one line, and nothing of the export left (the process used to die on
+    the spot, leaving its folder under a temporary name, part files and all)."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    out = tmp_path / "exports" / "out"
+    out.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", TERMINATED_EXPORT, str(store), "--engine", "local", "--to",
+         str(out), "--split-size", "65536"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert done.returncode == 143, done.stderr
+    assert done.stderr.strip() == "rmqstore: error: terminated (SIGTERM)"
+    assert list(out.parent.iterdir()) == []
