@@ -171,7 +171,8 @@ def cli(utc: bool, progress: bool) -> None:
     Java 17+ and pyspark, or a missing optional module); 3 store busy (its lock is held, e.g.
     by a running broker); 4 I/O failure (disk full, permission, a writer's stdout closed
     while it reported what it stored, or an HA peer that broke the protocol or went away);
-    70 internal error.
+    70 internal error; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: stopped where it
+    was, as on an error.
     """
     from rmqstore.commands import output
 
