@@ -51,6 +51,14 @@ def stop_signal(rng: random.Random) -> signal.Signals:
     return rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 
 
+def sigint_delivered() -> None:
+    """``preexec_fn`` of a child that :func:`stop_signal` may stop with SIGINT: a test run in
+    the background of a shell without job control (``make test``'s other streams) starts
+    its children with SIGINT ignored, as a shell does for background jobs, and such a child
+    would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def child_env() -> dict[str, str]:
     """The environment for a child rmqstore: stdout block-buffered as in a user's shell."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}

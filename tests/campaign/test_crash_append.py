@@ -20,7 +20,7 @@ from rmqstore.record import BodyMode
 from rmqstore.store import Store
 from rmqstore.verify import NOTE, verify_store
 
-from campaigns import campaign_random, child_env, rounds, seed_note, stop_signal
+from campaigns import campaign_random, child_env, rounds, seed_note, sigint_delivered, stop_signal
 from support import run_cli
 
 KILLS = rounds(short=3, long=50)  # per flush policy and dispatch setting: 6 x 50 = 300 long
@@ -53,6 +53,7 @@ def append_until_killed(
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=child_env(),
+        preexec_fn=sigint_delivered,
     )
     assert child.stdin is not None and child.stdout is not None
     bodies: list[str] = []

@@ -17,7 +17,15 @@ import pytest
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.store import Store
 
-from campaigns import campaign_random, child_env, rounds, seed_note, stop_signal, tree_state
+from campaigns import (
+    campaign_random,
+    child_env,
+    rounds,
+    seed_note,
+    sigint_delivered,
+    stop_signal,
+    tree_state,
+)
 from support import run_cli
 
 KILLS = rounds(short=2, long=30)
@@ -45,6 +53,7 @@ def run_and_kill(command: list[str], after: float, rng: random.Random) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=child_env(),
+        preexec_fn=sigint_delivered,
     )
     time.sleep(after)
     child.send_signal(stop_signal(rng))
