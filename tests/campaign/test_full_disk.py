@@ -226,18 +226,27 @@ def _changes(state: dict[str, str], store: Path) -> list[str]:
     return sorted(k for k in state.keys() | now.keys() if state.get(k) != now.get(k))[:3]
 
 
-@pytest.mark.campaign
-def test_a_full_disk_stops_each_writer_cleanly_and_loses_nothing(oracle, tmp_path: Path) -> None:
-    rng = campaign_random("full-disk")
+def _campaign(  # type: ignore[no-untyped-def]
+    label: str, size: str, count: int, one_round, oracle, tmp_path: Path
+) -> Counter[str]:
+    """``count`` rounds of ``one_round`` on a small file system of ``size``: how they ended
+    (printed); any failure fails the test, naming the seed."""
+    rng = campaign_random(label)
     work = tmp_path / "work"
     work.mkdir()
     failures: list[str] = []
     outcomes: Counter[str] = Counter()
-    with small_filesystem(tmp_path, "24m") as disk:
-        for number in range(ROUNDS):
-            failures += _one_round(oracle, disk, work, rng, number, outcomes)
-    print(f"full-disk outcomes: {dict(outcomes)}")
+    with small_filesystem(tmp_path, size) as disk:
+        for number in range(count):
+            failures += one_round(oracle, disk, work, rng, number, outcomes)
+    print(f"{label} outcomes: {dict(outcomes)}")
     assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
+    return outcomes
+
+
+@pytest.mark.campaign
+def test_a_full_disk_stops_each_writer_cleanly_and_loses_nothing(oracle, tmp_path: Path) -> None:
+    outcomes = _campaign("full-disk", "24m", ROUNDS, _one_round, oracle, tmp_path)
     if LONG:  # the disk stopped commands before they changed the store, and part way
         assert outcomes["before"] and outcomes["part way"] and outcomes["done"], outcomes
 
@@ -343,15 +352,8 @@ def _replica_round(  # type: ignore[no-untyped-def]
 def test_a_full_disk_stops_replicate_cleanly_and_a_rerun_makes_the_replica(
     oracle, tmp_path: Path
 ) -> None:
-    rng = campaign_random("full-disk-replica")
-    work = tmp_path / "work"
-    work.mkdir()
-    failures: list[str] = []
-    outcomes: Counter[str] = Counter()
-    with small_filesystem(tmp_path, "64m") as disk:
-        for number in range(REPLICA_ROUNDS):
-            failures += _replica_round(oracle, disk, work, rng, number, outcomes)
-    print(f"full-disk replicate outcomes: {dict(outcomes)}")
-    assert not failures, seed_note() + "\n" + "\n".join(failures[:20])
+    outcomes = _campaign(
+        "full-disk-replica", "64m", REPLICA_ROUNDS, _replica_round, oracle, tmp_path
+    )
     if LONG:
         assert outcomes["stopped"] and outcomes["done"], outcomes

@@ -29,25 +29,13 @@ def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> Non
     store_dir = tmp_path / "store"
     generate("multi", store_dir)
     export = ["export", str(store_dir), "--engine", "local", "--to", str(tmp_path / "out")]
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "rmqstore", *export, "--split-size", "9000"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+    imported = _imported_by(*export, "--split-size", "9000")
     assert "pyarrow.parquet" in imported
     assert not [name for name in imported if name.split(".")[0] == "numpy"]
     # nor its worker processes (-X importtime goes on to them), whose JSON lines encoder
     # made pyarrow load pandas too: 0.5 s more for each worker to start
     workers = [*export[:-1], str(tmp_path / "jsonl"), "--format", "jsonl", "--jobs", "2"]
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "rmqstore", *workers, "--split-size", "9000"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+    imported = _imported_by(*workers, "--split-size", "9000")
     assert imported.count("rmqstore.pipeline.jsonlines") >= 2  # the workers' imports are here
     assert not [name for name in imported if name.split(".")[0] in ("numpy", "pandas")]
     from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
@@ -57,6 +45,17 @@ def test_the_command_line_exports_without_importing_numpy(tmp_path: Path) -> Non
         str(tmp_path / "here"), "parquet"
     )
     assert parquet_rows(tmp_path / "out") == parquet_rows(tmp_path / "here") != []
+
+
+def _imported_by(*args: str) -> list[str]:
+    """The modules ``rmqstore ARGS`` imports, in its own process and any it starts."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "rmqstore", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
 
 
 def test_run_from_python_the_export_leaves_pyarrow_as_it_loads(tmp_path: Path) -> None:
