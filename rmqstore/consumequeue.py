@@ -718,14 +718,15 @@ class ConsumeQueue:
         stopped before it put a unit there), closing the queue first; False, and nothing
         removed, when one of them holds a non-zero byte."""
         made = self.queue.segments[count:]
+        if not made:
+            return True
         self.close()
         if any(nonzero_extent(segment.path, 0, segment.size) for segment in made):
             return False
         for segment in made:
             segment.path.unlink(missing_ok=True)
         self.queue.forget_after(count)
-        if made:
-            fsync_directory(self.directory)
+        fsync_directory(self.directory)
         return True
 
 

@@ -683,6 +683,8 @@ class IndexService:
         """Remove the files after the first ``count`` (made by a dispatch that stopped
         before it put an entry there); False, and nothing removed, when one holds an entry."""
         made = self.files[count:]
+        if not made:
+            return True
         if any(index.header.index_count > 1 for index in made):
             return False
         for index in made:
@@ -690,6 +692,5 @@ class IndexService:
             self._open.pop(index, None)
             index.path.unlink(missing_ok=True)
         del self.files[count:]
-        if made:
-            fsync_directory(self.directory)
+        fsync_directory(self.directory)
         return True
