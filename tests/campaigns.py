@@ -6,7 +6,6 @@ records a store held, to tell whether one was lost). ``make test`` runs the shor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -62,29 +61,6 @@ def sigint_delivered() -> None:
 def child_env() -> dict[str, str]:
     """The environment for a child rmqstore: stdout block-buffered as in a user's shell."""
     return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-
-
-def tree_state(root: Path) -> dict[str, str]:
-    """Every path under ``root`` (links not followed) with what it is: file digest, link
-    target, or directory."""
-    state = {}
-    for directory, subdirectories, names in os.walk(root):
-        for name in [*subdirectories, *names]:
-            path = Path(directory) / name
-            key = str(path.relative_to(root))
-            if path.is_symlink():
-                state[key] = f"link:{os.readlink(path)}"
-            elif path.is_dir():
-                state[key] = "dir"
-            elif path.is_file():
-                digest = hashlib.sha256()
-                with open(path, "rb") as handle:
-                    while chunk := handle.read(1 << 20):
-                        digest.update(chunk)
-                state[key] = digest.hexdigest()
-            else:
-                state[key] = "special"
-    return state
 
 
 @dataclass

@@ -259,18 +259,27 @@ def tree_digest(root: Path) -> dict[str, str]:
     }
 
 
-def tree_and_folders(root: Path) -> dict[str, str]:
-    """:func:`tree_digest` with every folder under ``root`` too ("folder"): 'the store is
-    unchanged', no empty folder made either."""
-    folders = {
-        str(path.relative_to(root)): "folder"
-        for path in root.rglob("*")
-        if path.is_dir() and not path.is_symlink()
-    }
-    return {**tree_digest(root), **folders}
+def tree_state(root: Path) -> dict[str, str]:
+    """Every path under ``root`` (links not followed) with what it is: :func:`file_digest`,
+    link target, or directory: "the store is unchanged", no empty folder made either."""
+    state = {}
+    for directory, subdirectories, names in os.walk(root):
+        for name in [*subdirectories, *names]:
+            path = Path(directory) / name
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                state[key] = f"link:{os.readlink(path)}"
+            elif path.is_dir():
+                state[key] = "dir"
+            elif path.is_file():
+                state[key] = file_digest(path)
+            else:
+                state[key] = "special"
+    return state
 
 
-def _outside_quarantine(state: dict[str, str]) -> dict[str, str]:
+def outside_quarantine(state: dict[str, str]) -> dict[str, str]:
+    """``state`` (:func:`tree_state`) without the store's quarantine folder."""
     return {k: v for k, v in state.items() if k != "quarantine" and not k.startswith("quarantine/")}
 
 
@@ -485,14 +494,14 @@ def stops_on_a_full_disk(
         store = disk / "store"
         shutil.rmtree(store, ignore_errors=True)
         shutil.copytree(base, store)
-        before = tree_and_folders(store)
+        before = tree_state(store)
         line = full_disk_stop(disk, room, *operation.split(), store, *options)
         if line is None:
             outcomes.add("done")
             continue
         if line.endswith(f"; {operation} stopped before it changed the store"):
             outcomes.add("before")
-            assert _outside_quarantine(tree_and_folders(store)) == before, line
+            assert outside_quarantine(tree_state(store)) == before, line
             # nor a quarantine folder (one made, then a stop while it kept the checkpoint)
             quarantine = store / "quarantine"
             assert not quarantine.exists() or all(

@@ -24,9 +24,8 @@ from campaigns import (
     seed_note,
     sigint_delivered,
     stop_signal,
-    tree_state,
 )
-from support import run_cli
+from support import run_cli, tree_state
 
 KILLS = rounds(short=2, long=30)
 MESSAGES = 20_000

@@ -35,14 +35,15 @@ from campaigns import (
     rmqstore,
     rounds,
     seed_note,
-    tree_state,
     unclean,
 )
 from support import (
     ORACLE_OPTIONS,
     disk_left_with,
     inodes_left_with,
+    outside_quarantine,
     small_filesystem,
+    tree_state,
 )
 
 ROUNDS = rounds(short=6, long=150)
@@ -131,11 +132,6 @@ def _acknowledged(stdout: str, bodies: list[str]) -> dict[int, str]:
     return {json.loads(line)["commitLogOffset"]: bodies[n] for n, line in enumerate(lines)}
 
 
-def _outside_quarantine(store: Path) -> dict[str, str]:
-    """What the store holds outside quarantine (see :func:`_changes`)."""
-    return {k: v for k, v in tree_state(store).items() if k.split("/")[0] != "quarantine"}
-
-
 def _folders(store: Path) -> list[str]:
     """The quarantine folders ``quarantine list`` shows."""
     base = store / "quarantine"
@@ -165,7 +161,7 @@ def _one_round(  # type: ignore[no-untyped-def]
         room = rng.choice([rng.randrange(0, 64 << 10, 4 << 10), rng.randrange(0, 1 << 20, 4 << 10)])
         full, left = disk_left_with(disk, room), f"{room:,} bytes free"
     where = f"round {number}: {operation} of {what} with {left}"
-    state, folders = _outside_quarantine(store), _folders(store)
+    state, folders = outside_quarantine(tree_state(store)), _folders(store)
     kept_before = work / "before"  # the store as the command found it, kept on a failure
     shutil.rmtree(kept_before, ignore_errors=True)
     shutil.copytree(store, kept_before, symlinks=True, copy_function=_copy_regular)
@@ -222,7 +218,7 @@ def _changes(state: dict[str, str], store: Path) -> list[str]:
     """The paths outside quarantine whose state differs from ``state`` (a few), folders
     included: a dispatch stopped before it put anything takes away the empty files and
     folders it made."""
-    now = _outside_quarantine(store)
+    now = outside_quarantine(tree_state(store))
     return sorted(k for k in state.keys() | now.keys() if state.get(k) != now.get(k))[:3]
 
 

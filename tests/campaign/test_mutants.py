@@ -27,9 +27,8 @@ from campaigns import (
     rounds,
     run_commands,
     seed_note,
-    tree_state,
 )
-from support import ORACLE_OPTIONS
+from support import ORACLE_OPTIONS, tree_state
 
 MUTANTS = rounds(short=4, long=100)  # per real store; 3 stores
 READ_ONLY = [

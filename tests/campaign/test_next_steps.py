@@ -23,8 +23,8 @@ from campaigns import (
     records_by_file,
     rounds,
     seed_note,
-    tree_state,
 )
+from support import tree_state
 
 MUTANTS = rounds(short=2, long=60)  # per real store
 DISK_COPIES = rounds(short=4, long=180)

@@ -23,8 +23,8 @@ from support import (
     run_cli,
     small_filesystem,
     stops_on_a_full_disk,
-    tree_and_folders,
     tree_digest,
+    tree_state,
 )
 
 
@@ -425,7 +425,7 @@ def test_a_dispatch_stopped_before_it_put_anything_leaves_no_empty_file_or_folde
             store = disk / "store"
             shutil.rmtree(store, ignore_errors=True)
             shutil.copytree(base, store)
-            before = tree_and_folders(store)
+            before = tree_state(store)
             with inodes_left_with(disk, left):
                 result = run_cli("dispatch", store)
             if result.exit_code == 0:
@@ -436,7 +436,7 @@ def test_a_dispatch_stopped_before_it_put_anything_leaves_no_empty_file_or_folde
             assert "No space left on device" in line, line
             if line.endswith("; dispatch stopped before it changed the store"):
                 outcomes.append("before")
-                assert tree_and_folders(store) == before, (left, line)
+                assert tree_state(store) == before, (left, line)
                 continue
             outcomes.append("part way")
             assert (store / "abort").exists(), line
@@ -482,14 +482,14 @@ def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
             store = disk / "store"
             shutil.rmtree(store, ignore_errors=True)
             shutil.copytree(base, store)
-            before = tree_and_folders(store)
+            before = tree_state(store)
             line = full_disk_stop(disk, room, "dispatch", store)
             if line is None:
                 outcomes.add("done")
                 continue
             if line.endswith("; dispatch stopped before it changed the store"):
                 outcomes.add("before")  # (an index file it could not make: nor its folder)
-                assert tree_and_folders(store) == before, line
+                assert tree_state(store) == before, line
                 continue
             assert said in line and (store / "abort").exists(), line
             if line.endswith(said):
@@ -734,7 +734,7 @@ def test_bad_reads(oracle, args: list[str], needle: str) -> None:
     assert needle in result.stderr
 
 
-def tree_state(root: Path) -> dict[str, tuple[int, str]]:
+def tree_with_mtimes(root: Path) -> dict[str, tuple[int, str]]:
     """Every path under ``root`` with its mtime and contents' digest."""
     return {
         str(path.relative_to(root)): (
@@ -758,11 +758,11 @@ def test_a_dry_run_opens_nothing_for_writing(oracle, tmp_path: Path, command: li
     (store / "abort").touch()
     import time
 
-    before = tree_state(store)
+    before = tree_with_mtimes(store)
     time.sleep(0.02)
     result = run_cli(command[0], store, *command[1:], *ORACLE_OPTIONS)
     assert result.exit_code in (0, 1), result.stderr
-    assert tree_state(store) == before
+    assert tree_with_mtimes(store) == before
     assert not (store / "lock").exists()
 
 
