@@ -434,6 +434,43 @@ def test_permission_denied_is_exit_4_for_writers_and_nothing_for_readers(tmp_pat
             path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+def test_a_store_on_a_read_only_mount_is_read_in_full_and_written_by_nothing(
+    tmp_path: Path,
+) -> None:
+    """A disk image mounted read-only to look into an incident: every reader and dry run
+    works as on a writable disk (none opens ``lock`` or anything else for writing; a
+    replica or an export is made elsewhere); every writer exits 4 in one line naming the
+    read-only file system."""
+    with small_filesystem(tmp_path, "16m") as disk:
+        store, lines = disk / "store", tmp_path / "in.jsonl"
+        lines.write_text((json.dumps({"topic": "T", "keys": "k", "body": "x" * 200}) + "\n") * 20)
+        made = run_cli("append", store, "--create", "--commitlog-file-size", "4096",
+                       "--index-slots", "1000", "--index-entries", "2000", "--input", lines,
+                       "--dispatch")  # fmt: skip
+        assert made.exit_code == 0, made.stderr
+        assert subprocess.run(["mount", "-o", "remount,ro", str(disk)]).returncode == 0
+        for command in (["info", store, "--json"], ["verify", store],
+                        ["read", store, "--from-offset", "0", "--jsonl"],
+                        ["read", store, "--topic", "T", "--key", "k"],
+                        ["stats", store, "--engine", "local"],
+                        ["export", store, "--engine", "local", "--to", tmp_path / "out"],
+                        ["recover", store, "--dry-run"], ["dispatch", store, "--dry-run"],
+                        ["dispatch", store, "--rebuild", "--dry-run"],
+                        ["replicate", store, tmp_path / "replica"]):  # fmt: skip
+            result = run_cli(*command)
+            wanted = {0, 1} if "--rebuild" in command else {0}  # a rebuild's plan: exit 1
+            assert result.exit_code in wanted, (command, result.stderr)
+        assert run_cli("quarantine", "list", store).exit_code == 0
+        assert (tmp_path / "out").is_dir()
+        assert run_cli("verify", tmp_path / "replica").exit_code == 0
+        for command in (["append", store, "--topic", "T", "--body", "y"], ["dispatch", store],
+                        ["dispatch", store, "--rebuild", "--yes"], ["recover", store, "--yes"],
+                        ["flush", store], ["quarantine", "restore", store, "any"]):  # fmt: skip
+            result = run_cli(*command)
+            one_line_error(result, 4)
+            assert "Read-only file system" in result.stderr, (command, result.stderr)
+
+
 @pytest.mark.parametrize("what", ["consumequeue", "index", "config", "abort", "lock"])
 def test_a_file_where_a_folder_should_be_is_refused_before_anything_changes(
     tmp_path: Path, what: str
