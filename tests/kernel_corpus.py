@@ -41,6 +41,9 @@ from rmqstore.kernel.layout import (
     SCHEDULED_ONLY,
     STOP_ON_CRC_ERROR,
     SYS_FLAG,
+    TEXT_AS_IS,
+    TEXT_BASE64,
+    TEXT_DECIMAL,
     TOPIC_AT,
     TOPIC_LENGTH,
     TOTAL_SIZE,
@@ -252,6 +255,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from record_items_both(native, data, base, rng)
     yield from row_copies_both(native, data, base, rng)
     yield from copy_runs_both(native, data, base, rng)
+    yield from text_rows_both(native, data, rng)
 
 
 def records_at_both(
@@ -1026,3 +1030,51 @@ def row_copies_both(
             yield f"row_copies fails otherwise on a bad row ({errors})"
         elif number_list == [0, wrong] and errors[0] is None:
             yield "row_copies took a row number outside the rows"
+
+
+def text_rows_both(native: ModuleType, data: bytes, rng: random.Random) -> Iterator[str]:
+    """How ``text_rows`` differs: rows joined from literals and columns cut from ``data`` (its
+    values), their offsets mostly valid, sometimes decreasing, past the data, too few, of a
+    width or encoding there is not, or a part of another shape."""
+    count = rng.choice((0, 1, 2, 7, 40))
+    parts: list[object] = []
+    for _ in range(rng.randrange(6)):
+        if rng.random() < 0.3:
+            at = rng.randrange(len(data) + 1)
+            parts.append(bytes(data[at : at + rng.randrange(12)]))
+            continue
+        encoding = rng.choice((TEXT_AS_IS, TEXT_BASE64, TEXT_DECIMAL))
+        width = rng.choice((4, 8))
+        first = rng.choice((0, 0, 1, 3))
+        numbers = first + count + (0 if encoding == TEXT_DECIMAL else 1)
+        if encoding == TEXT_DECIMAL:
+            raw = bytes(rng.getrandbits(8) for _ in range(numbers * width))
+            if rng.random() < 0.5:  # the input's bytes as numbers
+                raw = (data + bytes(numbers * width))[: numbers * width]
+            offsets = array("i" if width == 4 else "q", raw)
+        else:
+            cuts = sorted(rng.randrange(len(data) + 1) for _ in range(numbers))
+            offsets = array("i" if width == 4 else "q", cuts)
+            if offsets and rng.random() < 0.1:  # hostile: past the data, or decreasing
+                offsets[rng.randrange(len(offsets))] = rng.choice((-1, len(data) + 1, 0))
+        if rng.random() < 0.05:
+            offsets = offsets[: max(0, len(offsets) - 1)]  # one too few
+        if rng.random() < 0.03:
+            encoding = rng.choice((3, -1))
+        if rng.random() < 0.03:
+            width = rng.choice((2, 16))
+        part: object = (encoding, width, offsets, data, first)
+        if rng.random() < 0.02:
+            part = rng.choice(((encoding, width, offsets, data), bytearray(b"x"), None))
+        parts.append(part)
+    outcomes = []
+    for kernel in (reference, native):
+        out = bytearray(b"kept")
+        try:
+            written = kernel.text_rows(parts, count, out)
+        except ValueError:
+            outcomes.append(("ValueError", bytes(out)))
+        else:
+            outcomes.append((written, bytes(out)))
+    if outcomes[0] != outcomes[1]:
+        yield f"text_rows differs ({count} rows, {len(parts)} parts)"

@@ -78,6 +78,7 @@ document_rows: Callable[..., tuple[int, int, Any]] = (
     _refuse if _refusal else _implementation.document_rows
 )
 result_lines: Callable[..., int] = _refuse if _refusal else _implementation.result_lines
+text_rows: Callable[..., int] = _refuse if _refusal else _implementation.text_rows
 message_lines: Callable[..., int] = _refuse if _refusal else _implementation.message_lines
 message_rows: Callable[..., int] = _refuse if _refusal else _implementation.message_rows
 record_items: Callable[..., int] = _refuse if _refusal else _implementation.record_items

@@ -602,3 +602,21 @@ MESSAGE_COLUMNS = (
     "bodyLength", "version", "body", "bodyEncoding",
 )  # fmt: skip
 MOST_COLUMNS = 64  # columns longer than this are refused (ValueError)
+
+
+# -- rows of text joined from columns (an export's JSON lines) ----------------------------------
+#
+# ``text_rows(parts, count, out)`` appends to the bytearray ``out`` ``count`` rows, each the
+# concatenation of ``parts`` in order, and returns how many bytes it appended. A part is
+# ``bytes`` (the same text in every row) or a column ``(encoding, width, offsets, data, first)``:
+# Arrow's layout of a string or binary array, ``offsets`` holding ``width`` (4 or 8) byte
+# native-endian offsets into ``data``, row ``i``'s value at offsets ``first + i`` and
+# ``first + i + 1``; TEXT_AS_IS writes the value's bytes, TEXT_BASE64 their standard base64
+# (with padding). TEXT_DECIMAL takes an integer column instead: ``offsets`` holds its values
+# (``width``-byte native-endian signed integers, row ``i``'s at index ``first + i``; ``data``
+# is not read), each written in decimal as ``str`` writes it. A part of another shape, an
+# offset outside ``data`` or decreasing, or offsets (values) fewer than ``first + count + 1``
+# (``first + count``) is a ValueError, raised before ``out`` changes.
+TEXT_AS_IS = 0
+TEXT_BASE64 = 1
+TEXT_DECIMAL = 2

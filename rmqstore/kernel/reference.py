@@ -9,6 +9,8 @@ import re
 import struct
 import zlib
 from array import array
+from base64 import b64encode
+from itertools import pairwise
 from typing import Any
 
 from rmqstore.kernel.layout import (
@@ -130,6 +132,9 @@ from rmqstore.kernel.layout import (
     STORE_TIMESTAMP,
     SYS_FLAG,
     TAGS_CODE,
+    TEXT_AS_IS,
+    TEXT_BASE64,
+    TEXT_DECIMAL,
     TOPIC_AT,
     TOPIC_LENGTH,
     TOPIC_ROW_AT,
@@ -1499,3 +1504,49 @@ def copy_runs(
     for index, (number, row) in enumerate(placed):
         scratch[2 * index], scratch[2 * index + 1] = number, row
     return done, len(found), len(placed)
+
+
+def text_rows(parts: list[Any], count: int, out: bytearray) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if count < 0:
+        raise ValueError("a negative row count")
+    prepared: list[Any] = []
+    for part in parts:
+        if type(part) is bytes:
+            prepared.append(part)
+            continue
+        if type(part) is not tuple or len(part) != 5:
+            raise ValueError("a part is bytes or (encoding, width, offsets, data, first)")
+        encoding, width, offsets, data, first = part
+        if type(encoding) is not int or type(width) is not int or type(first) is not int:
+            raise ValueError("a column's encoding, offset width and first row are ints")
+        if encoding not in (TEXT_AS_IS, TEXT_BASE64, TEXT_DECIMAL) or width not in (4, 8):
+            raise ValueError("a column's encoding or offset width is not one there is")
+        offset_bytes = memoryview(offsets).cast("B")
+        values = memoryview(data).cast("B")
+        numbers = count if encoding == TEXT_DECIMAL else count + 1
+        if first < 0 or (first + numbers) * width > len(offset_bytes):
+            raise ValueError("a column's offsets are fewer than its rows")
+        window = offset_bytes[first * width : (first + numbers) * width]
+        bounds = window.cast("i" if width == 4 else "q").tolist()
+        if encoding == TEXT_DECIMAL:
+            prepared.append([str(number).encode() for number in bounds])
+            continue
+        for start, end in pairwise(bounds):
+            if not 0 <= start <= end <= len(values):
+                raise ValueError("a column's offset is outside its data or decreasing")
+        prepared.append((encoding == TEXT_BASE64, bounds, values))
+    pieces: list[bytes] = []
+    for row in range(count):
+        for part in prepared:
+            if type(part) is bytes:
+                pieces.append(part)
+            elif type(part) is list:
+                pieces.append(part[row])
+            else:
+                encoded, bounds, values = part
+                value = bytes(values[bounds[row] : bounds[row + 1]])
+                pieces.append(b64encode(value) if encoded else value)
+    text = b"".join(pieces)
+    out += text
+    return len(text)

@@ -3,9 +3,13 @@
 base64, properties as an object, ``bornTime``/``storeTime`` as ISO-8601 UTC with
 milliseconds), the bytes ``json.dumps(row, ensure_ascii=False, separators=(",", ":"))`` gives
 for each row. Each column's values are made JSON text by Arrow's compute functions and the
-rows joined element-wise, so no Python object is made per value but for the body's base64 and
-the few strings that need escaping: a row at a time cost 25-40 microseconds per message, 30
-to 40 times a Parquet export.
+rows joined element-wise, so no Python object is made per value but for the few strings that
+need escaping: a row at a time cost 25-40 microseconds per message, 30 to 40 times a Parquet
+export. With the compiled kernel the rows are joined, the body written in base64 and the
+32- and 64-bit integers in decimal by ``kernel.text_rows`` (Arrow's join of some fifty parts
+a row, a base64 made per body in Python and Arrow's casts of the integers took half the
+export); the pure-Python kernel leaves them to Arrow and ``base64``, which give the same
+bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
+from rmqstore import kernel
+from rmqstore.kernel.layout import TEXT_AS_IS, TEXT_BASE64, TEXT_DECIMAL
 from rmqstore.pipeline import arrowcalls
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -37,25 +43,71 @@ def _between_date_and_time() -> Any:
 
 
 def jsonl_text(pa: Any, batch: Any) -> Any:
-    """The JSON lines of ``batch``'s rows (each ending in a newline), as an Arrow buffer."""
+    """The JSON lines of ``batch``'s rows (each ending in a newline), as an Arrow buffer or a
+    bytearray."""
     if not batch.num_rows:
         return b""
-    parts: list[Any] = []
+    joined_here = kernel.NAME == "native"
+    parts: list[Any] = []  # texts (the same in every row) and columns of JSON text
     literal = ""  # between two columns' values: the key, and the quotes of either
     for number, (field, column) in enumerate(zip(batch.schema, batch.columns, strict=True)):
-        values, before, after = _values(pa, field.type, column)
+        written_here = joined_here and not column.null_count and _written_here(pa, field.type)
+        if written_here:  # the body in base64, or a 32- or 64-bit integer
+            values = _Written(column)
+            before = after = '"' if _is_binary(pa, field.type) else ""
+        else:
+            values, before, after = _values(pa, field.type, column)
         if values.null_count:  # each value wrapped here, and a null written as null
             if before or after:
                 values = _joined(pa, before, values, after)
             values = arrowcalls.call("coalesce", values, _text(pa, "null"))
             before = after = ""
         literal += ("{" if number == 0 else ",") + json.dumps(field.name) + ":" + before
-        parts += [_text(pa, literal), values]
+        parts += [literal, values]
         literal = after
-    parts.append(_text(pa, literal + "}\n"))
-    rows = arrowcalls.call("binary_join_element_wise", *parts, _text(pa, ""))
+    parts.append(literal + "}\n")
+    if joined_here:
+        out = bytearray()
+        kernel.text_rows([_kernel_part(part) for part in parts], batch.num_rows, out)
+        return out
+    texts = [_text(pa, part) if isinstance(part, str) else part for part in parts]
+    rows = arrowcalls.call("binary_join_element_wise", *texts, _text(pa, ""))
     offsets = memoryview(rows.buffers()[1]).cast("q")
     return rows.buffers()[2][offsets[rows.offset] : offsets[rows.offset + len(rows)]]
+
+
+class _Written:
+    """A column (no nulls) the kernel writes: a binary one in base64, an integer in decimal."""
+
+    null_count = 0
+
+    def __init__(self, column: Any) -> None:
+        self.column = column
+
+
+def _is_binary(pa: Any, kind: Any) -> bool:
+    return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
+
+
+def _written_here(pa: Any, kind: Any) -> bool:
+    """Whether ``kernel.text_rows`` writes a column of ``kind`` itself."""
+    return _is_binary(pa, kind) or pa.types.is_int32(kind) or pa.types.is_int64(kind)
+
+
+def _kernel_part(part: Any) -> Any:
+    """A part of :func:`jsonl_text`'s rows as ``kernel.text_rows`` takes it."""
+    if isinstance(part, str):
+        return part.encode()
+    column, encoding = part, TEXT_AS_IS
+    if isinstance(part, _Written):
+        column = part.column
+        if not str(column.type).endswith("binary"):  # int32 or int64: its values
+            width = 4 if str(column.type) == "int32" else 8
+            return (TEXT_DECIMAL, width, column.buffers()[1], b"", column.offset)
+        encoding = TEXT_BASE64
+    _, offsets, data = column.buffers()
+    width = 8 if str(column.type).startswith("large_") else 4  # 64- or 32-bit offsets
+    return (encoding, width, offsets, b"" if data is None else data, column.offset)
 
 
 def _text(pa: Any, value: str) -> Any:
@@ -145,17 +197,20 @@ def _json_strings(pa: Any, column: Any) -> Any:
 
 
 def _keys_repeat(pa: Any, offsets: Any, keys: Any) -> bool:
-    """Whether a key comes twice in one map (``offsets`` into ``keys``, from 0)."""
+    """Whether a key comes twice in one map (``offsets`` into ``keys``, from 0): each pair
+    numbered by its map and its key's number among the distinct keys, in integers (hashing
+    the key texts joined to their map's number took twice as long)."""
     if len(keys) < 2:
         return False
     rows = pa.ListArray.from_arrays(offsets, keys)
-    keyed = arrowcalls.call(
-        "binary_join_element_wise",
-        arrowcalls.cast(arrowcalls.call("list_parent_indices", rows), pa.large_string()),
-        arrowcalls.cast(keys, pa.large_string()),
-        _text(pa, "\x00"),
-    )
-    return arrowcalls.call("count_distinct", keyed).as_py() != len(keyed)
+    encoded = arrowcalls.dictionary_encode(keys)  # a map's keys are never null
+    maps = arrowcalls.cast(arrowcalls.call("list_parent_indices", rows), pa.int64())
+    numbered = arrowcalls.call(
+        "add",
+        arrowcalls.call("multiply", maps, pa.scalar(len(encoded.dictionary), pa.int64())),
+        arrowcalls.cast(encoded.indices, pa.int64()),
+    )  # below 2**62: fewer than 2**31 maps and keys
+    return arrowcalls.call("count_distinct", numbered).as_py() != len(keys)
 
 
 def _times(pa: Any, column: Any) -> tuple[Any, str, str]:

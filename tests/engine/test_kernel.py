@@ -442,6 +442,40 @@ def test_row_columns_are_copied_out_as_arrow_integers() -> None:
                 impl.row_columns(*call)
 
 
+def test_text_rows_join_literals_and_columns_and_refuse_what_lies_outside() -> None:
+    data = b"abcdef\x00\xff"
+    narrow, wide = array("i", [0, 2, 2, 8]), array("q", [1, 3, 6, 8])
+    numbers = array("q", [0, -1, 2**63 - 1, -(2**63)])
+    parts = [b"<", (layout.TEXT_AS_IS, 4, narrow, data, 0), b"|",
+             (layout.TEXT_BASE64, 8, wide, data, 0), b"|",
+             (layout.TEXT_DECIMAL, 8, numbers, b"", 1), b">\n"]  # fmt: skip
+    expected = (
+        b"<ab|YmM=|-1>\n<|ZGVm|9223372036854775807>\n<cdef\x00\xff|AP8=|-9223372036854775808>\n"
+    )
+    for impl in (native, reference):
+        out = bytearray(b"kept:")
+        assert impl.text_rows(parts, 3, out) == len(expected)
+        assert out == b"kept:" + expected
+        for bad in (
+            [(layout.TEXT_AS_IS, 4, narrow, data, 1)],  # offsets fewer than the rows
+            [(layout.TEXT_AS_IS, 4, array("i", [0, 9, 9, 9]), data, 0)],  # past the data
+            [(layout.TEXT_AS_IS, 4, array("i", [2, 1, 3, 4]), data, 0)],  # decreasing
+            [(layout.TEXT_AS_IS, 4, array("i", [-1, 1, 3, 4]), data, 0)],
+            [(layout.TEXT_DECIMAL, 8, numbers, b"", 2)],  # values fewer than the rows
+            [(3, 4, narrow, data, 0)],  # no such encoding
+            [(layout.TEXT_AS_IS, 2, narrow, data, 0)],  # no such width
+            [(layout.TEXT_AS_IS, 4, narrow, data, -1)],
+            [(layout.TEXT_AS_IS, 4, narrow, data)],  # not a part
+            [bytearray(b"x")],
+        ):
+            out = bytearray(b"kept")
+            with pytest.raises(ValueError):
+                impl.text_rows([b"x", *bad], 3, out)
+            assert out == b"kept"  # nothing written before the error
+        with pytest.raises(ValueError):
+            impl.text_rows([b"x"], -1, bytearray())
+
+
 @pytest.mark.parametrize("where", [0, 7, 8, 15, 16, 20])
 def test_ascii_only_finds_a_high_byte_anywhere(where: int) -> None:
     for impl in (native, reference):
