@@ -3,13 +3,13 @@
 base64, properties as an object, ``bornTime``/``storeTime`` as ISO-8601 UTC with
 milliseconds), the bytes ``json.dumps(row, ensure_ascii=False, separators=(",", ":"))`` gives
 for each row. Each column's values are made JSON text by Arrow's compute functions and the
-rows joined element-wise, so no Python object is made per value but for the few strings that
-need escaping: a row at a time cost 25-40 microseconds per message, 30 to 40 times a Parquet
-export. With the compiled kernel the rows are joined, the body written in base64 and the
-32- and 64-bit integers in decimal by ``kernel.text_rows`` (Arrow's join of some fifty parts
-a row, a base64 made per body in Python and Arrow's casts of the integers took half the
-export); the pure-Python kernel leaves them to Arrow and ``base64``, which give the same
-bytes.
+rows joined element-wise, so no Python object is made per value but for the bodies' base64
+and the few strings that need escaping: a row at a time cost 25-40 microseconds per message,
+30 to 40 times a Parquet export. With the compiled kernel the rows are joined, the body
+written in base64 and the 32- and 64-bit integers in decimal by ``kernel.text_rows``
+(Arrow's join of some fifty parts a row, a base64 made per body in Python and Arrow's casts of
+the integers took half the export); the pure-Python kernel leaves them to Arrow and
+``base64``, which give the same bytes.
 """
 
 from __future__ import annotations
@@ -51,24 +51,24 @@ def jsonl_text(pa: Any, batch: Any) -> Any:
     parts: list[Any] = []  # texts (the same in every row) and columns of JSON text
     literal = ""  # between two columns' values: the key, and the quotes of either
     for number, (field, column) in enumerate(zip(batch.schema, batch.columns, strict=True)):
-        written_here = joined_here and not column.null_count and _written_here(pa, field.type)
-        if written_here:  # the body in base64, or a 32- or 64-bit integer
-            values = _Written(column)
-            before = after = '"' if _is_binary(pa, field.type) else ""
-        else:
-            values, before, after = _values(pa, field.type, column)
+        literal += ("{" if number == 0 else ",") + json.dumps(field.name) + ":"
+        if joined_here and not column.null_count and _kernel_writes(pa, field.type):
+            quote = '"' if _is_binary(pa, field.type) else ""  # the body, in base64
+            parts += [literal + quote, _kernel_column(pa, column)]
+            literal = quote
+            continue
+        values, before, after = _values(pa, field.type, column)
         if values.null_count:  # each value wrapped here, and a null written as null
             if before or after:
                 values = _joined(pa, before, values, after)
             values = arrowcalls.call("coalesce", values, _text(pa, "null"))
             before = after = ""
-        literal += ("{" if number == 0 else ",") + json.dumps(field.name) + ":" + before
-        parts += [literal, values]
+        parts += [literal + before, values]
         literal = after
     parts.append(literal + "}\n")
     if joined_here:
         out = bytearray()
-        kernel.text_rows([_kernel_part(part) for part in parts], batch.num_rows, out)
+        kernel.text_rows([_kernel_part(pa, part) for part in parts], batch.num_rows, out)
         return out
     texts = [_text(pa, part) if isinstance(part, str) else part for part in parts]
     rows = arrowcalls.call("binary_join_element_wise", *texts, _text(pa, ""))
@@ -76,38 +76,39 @@ def jsonl_text(pa: Any, batch: Any) -> Any:
     return rows.buffers()[2][offsets[rows.offset] : offsets[rows.offset + len(rows)]]
 
 
-class _Written:
-    """A column (no nulls) the kernel writes: a binary one in base64, an integer in decimal."""
-
-    null_count = 0
-
-    def __init__(self, column: Any) -> None:
-        self.column = column
-
-
 def _is_binary(pa: Any, kind: Any) -> bool:
     return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind))
 
 
-def _written_here(pa: Any, kind: Any) -> bool:
-    """Whether ``kernel.text_rows`` writes a column of ``kind`` itself."""
+def _kernel_writes(pa: Any, kind: Any) -> bool:
+    """Whether ``kernel.text_rows`` writes a column of ``kind`` (with no null) itself: a
+    binary one in base64, a 32- or 64-bit integer in decimal."""
     return _is_binary(pa, kind) or pa.types.is_int32(kind) or pa.types.is_int64(kind)
 
 
-def _kernel_part(part: Any) -> Any:
-    """A part of :func:`jsonl_text`'s rows as ``kernel.text_rows`` takes it."""
+def _kernel_column(pa: Any, column: Any) -> tuple[int, int, Any, Any, int]:
+    """A column :func:`_kernel_writes` as ``kernel.text_rows`` takes it."""
+    if pa.types.is_int32(column.type) or pa.types.is_int64(column.type):
+        width = 4 if pa.types.is_int32(column.type) else 8
+        return (TEXT_DECIMAL, width, column.buffers()[1], b"", column.offset)
+    return _offsets_and_data(pa, TEXT_BASE64, column)
+
+
+def _offsets_and_data(pa: Any, encoding: int, column: Any) -> tuple[int, int, Any, Any, int]:
+    """A string or binary column as a ``kernel.text_rows`` column part."""
+    _, offsets, data = column.buffers()
+    wide = pa.types.is_large_string(column.type) or pa.types.is_large_binary(column.type)
+    return (encoding, 8 if wide else 4, offsets, b"" if data is None else data, column.offset)
+
+
+def _kernel_part(pa: Any, part: Any) -> Any:
+    """A part of :func:`jsonl_text`'s rows as ``kernel.text_rows`` takes it: a text as its
+    UTF-8 bytes, a column of JSON text as it is."""
     if isinstance(part, str):
         return part.encode()
-    column, encoding = part, TEXT_AS_IS
-    if isinstance(part, _Written):
-        column = part.column
-        if not str(column.type).endswith("binary"):  # int32 or int64: its values
-            width = 4 if str(column.type) == "int32" else 8
-            return (TEXT_DECIMAL, width, column.buffers()[1], b"", column.offset)
-        encoding = TEXT_BASE64
-    _, offsets, data = column.buffers()
-    width = 8 if str(column.type).startswith("large_") else 4  # 64- or 32-bit offsets
-    return (encoding, width, offsets, b"" if data is None else data, column.offset)
+    if isinstance(part, tuple):
+        return part
+    return _offsets_and_data(pa, TEXT_AS_IS, part)
 
 
 def _text(pa: Any, value: str) -> Any:
