@@ -87,9 +87,11 @@ demo: venv java-check
 # and rebuild, 300 mutated real stores x every command, 180 whose verify next steps are
 # followed to the end, 150 writers and 60 replicate runs stopped by a full disk); make test
 # runs a short form of each.
-# SEED=N kills and mutates elsewhere than the fixed default (a failure names its seed).
+# SEED=N kills and mutates elsewhere than the fixed default (a failure names its seed);
+# FS=ext4 puts the full-disk campaign on ext4 (a loop device) instead of a tmpfs.
 campaigns: venv
-	RMQSTORE_CAMPAIGN=long RMQSTORE_CAMPAIGN_SEED=$(SEED) $(BIN)/python -m pytest -q -p no:cacheprovider -m campaign
+	RMQSTORE_CAMPAIGN=long RMQSTORE_CAMPAIGN_SEED=$(SEED) RMQSTORE_CAMPAIGN_FS=$(FS) \
+	    $(BIN)/python -m pytest -q -p no:cacheprovider -m campaign
 
 bench: venv java-check
 	$(BIN)/python bench/run_all.py

@@ -25,6 +25,8 @@ from support import ORACLE_CONFIG, ORACLE_OPTIONS, ORACLE_STORES
 LONG = os.environ.get("RMQSTORE_CAMPAIGN") == "long"
 # another seed gives other kills and mutations than every run's own (make campaigns SEED=N)
 SEED = os.environ.get("RMQSTORE_CAMPAIGN_SEED", "")
+# the full-disk campaign's file system: a tmpfs, or ext4 on a loop device (FS=ext4)
+FILESYSTEM = os.environ.get("RMQSTORE_CAMPAIGN_FS", "") or "tmpfs"
 DOCUMENTED_EXIT_CODES = {0, 1, 2, 3, 4}
 
 
@@ -40,7 +42,10 @@ def campaign_random(label: str) -> random.Random:
 
 def seed_note() -> str:
     """How to run a failed campaign again."""
-    return f" (RMQSTORE_CAMPAIGN_SEED={SEED})" if SEED else ""
+    settings = [f"RMQSTORE_CAMPAIGN_SEED={SEED}"] if SEED else []
+    if FILESYSTEM != "tmpfs":
+        settings.append(f"RMQSTORE_CAMPAIGN_FS={FILESYSTEM}")
+    return f" ({' '.join(settings)})" if settings else ""
 
 
 def stop_signal(rng: random.Random) -> signal.Signals:

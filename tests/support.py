@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
@@ -422,32 +423,72 @@ def replicate(source: str | Path, dest: Path, *options: object) -> dict:
 
 
 @contextmanager
-def small_filesystem(tmp_path: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted for the test (root only; skipped elsewhere)."""
+def small_filesystem(tmp_path: Path, size: str, kind: str = "tmpfs") -> Iterator[Path]:
+    """A file system of ``size`` (``24m``) mounted for the test (root only; skipped
+    elsewhere): a tmpfs, or ``kind`` ``ext4`` on a loop device (block allocation, a journal
+    and directory blocks as a disk's file system has them; its ``lost+found`` removed, so
+    it holds nothing either)."""
     mount_point = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
     mount_point.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-        capture_output=True,
-    )
+    image = tmp_path / f"{mount_point.name}.img"
+    if kind == "ext4":
+        with open(image, "wb") as handle:
+            handle.truncate(int(size.rstrip("m")) << 20)
+        made = subprocess.run(  # no blocks kept for root: the tests run as root
+            ["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], capture_output=True
+        )
+        if made.returncode != 0:
+            pytest.skip(f"cannot make an ext4 file system here: {made.stderr!r}")
+        command = ["mount", "-o", "loop", str(image), str(mount_point)]
+    else:
+        command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)]
+    mounted = subprocess.run(command, capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip("cannot mount a small filesystem here (needs root)")
+        pytest.skip(f"cannot mount a small {kind} here (needs root)")
     try:
+        if kind == "ext4":
+            (mount_point / "lost+found").rmdir()
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+        image.unlink(missing_ok=True)
+
+
+def _filesystem_kind(mount_point: Path) -> str:
+    """The type of the file system mounted at ``mount_point`` (from /proc/self/mounts)."""
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if fields[1] == str(mount_point):
+                return fields[2]
+    raise AssertionError(f"nothing is mounted at {mount_point}")
 
 
 @contextmanager
 def disk_left_with(disk: Path, room: int) -> Iterator[None]:
-    """All of ``disk``'s free space but ``room`` bytes taken by a file, removed after."""
-    stat = os.statvfs(disk)
-    taken = stat.f_bavail * stat.f_frsize - room
+    """All of ``disk``'s free space but ``room`` bytes taken by a file, removed after. On
+    ext4 reserving all of it at once can fail (the file's extent blocks need room too):
+    then a little less is taken, and the rest in steps, to within a block or so of ``room``."""
     filler = disk / f"filler-{uuid.uuid4().hex[:8]}"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        if taken > 0:
-            os.posix_fallocate(fd, 0, taken)
+        taken, halved = 0, False
+        while True:
+            stat = os.statvfs(disk)
+            wanted = stat.f_bavail * stat.f_frsize - room
+            if halved:  # the last try did not fit: half as much
+                wanted = wanted // 2 // stat.f_frsize * stat.f_frsize
+            if wanted < stat.f_frsize:
+                break
+            try:
+                os.posix_fallocate(fd, taken, wanted)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                os.ftruncate(fd, taken)  # what the failed call reserved, given back
+                halved = True
+            else:
+                taken, halved = taken + wanted, False
         yield
     finally:
         os.close(fd)
@@ -456,9 +497,20 @@ def disk_left_with(disk: Path, room: int) -> Iterator[None]:
 
 @contextmanager
 def inodes_left_with(disk: Path, left: int) -> Iterator[None]:
-    """``disk`` (a tmpfs of :func:`small_filesystem`) able to hold only ``left`` more files
-    and folders (remounted with that many inodes), as before after."""
+    """``disk`` (of :func:`small_filesystem`) able to hold only ``left`` more files and
+    folders, as before after: a tmpfs remounted with that many inodes, an ext4 (whose count
+    is fixed) with the others taken by empty files."""
     stat = os.statvfs(disk)
+    if _filesystem_kind(disk) == "ext4":
+        fillers = disk / f"inodes-{uuid.uuid4().hex[:8]}"
+        fillers.mkdir()
+        for number in range(os.statvfs(disk).f_ffree - left):
+            (fillers / str(number)).touch()
+        try:
+            yield
+        finally:
+            shutil.rmtree(fillers)
+        return
     used = stat.f_files - stat.f_ffree
     subprocess.run(["mount", "-o", f"remount,nr_inodes={used + left}", str(disk)], check=True)
     try:

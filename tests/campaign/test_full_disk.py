@@ -2,15 +2,15 @@
 ``--rebuild``, here or in worker processes), ``append`` (with ``--dispatch`` or not),
 ``flush``, ``quarantine restore`` and ``fixtures generate --force`` over the store, on
 copies of every real-broker store (torn ones too, some also damaged as a disk damages
-files, or mutated by hostile hands as the mutants campaign mutates them) on a small
-filesystem left with a random few kilobytes free, or room for a few more files. Each
-command ends with a documented exit code; a stop is exit 4 in one line naming the full
-disk, and one that says it stopped "before it changed the store" left the store as it was.
-Then, with room again, verify's next steps are followed as a recovery script follows them
-(but after a fixture, which has a geometry of its own): they end, nothing is written
-outside the store, no record is lost (each CRC-valid record is still at its offset, or its
-bytes are in quarantine), and every message ``append`` acknowledged is in the log with its
-body."""
+files, or mutated by hostile hands as the mutants campaign mutates them) on a small file
+system (a tmpfs, or ext4 with ``RMQSTORE_CAMPAIGN_FS=ext4``) left with a random few
+kilobytes free, or room for a few more files. Each command ends with a documented exit
+code; a stop is exit 4 in one line naming the full disk, and one that says it stopped
+"before it changed the store" left the store as it was. Then, with room again, verify's
+next steps are followed as a recovery script follows them (but after a fixture, which has a
+geometry of its own): they end, nothing is written outside the store, no record is lost
+(each CRC-valid record is still at its offset, or its bytes are in quarantine), and every
+message ``append`` acknowledged is in the log with its body."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import pytest
 
 from campaigns import (
     DISK_BASES,
+    FILESYSTEM,
     LONG,
     campaign_random,
     damage_segment,
@@ -232,7 +233,7 @@ def _campaign(  # type: ignore[no-untyped-def]
     work.mkdir()
     failures: list[str] = []
     outcomes: Counter[str] = Counter()
-    with small_filesystem(tmp_path, size) as disk:
+    with small_filesystem(tmp_path, size, FILESYSTEM) as disk:
         for number in range(count):
             failures += one_round(oracle, disk, work, rng, number, outcomes)
     print(f"{label} outcomes: {dict(outcomes)}")
