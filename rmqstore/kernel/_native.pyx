@@ -3103,22 +3103,27 @@ def text_rows(list parts not None, int64_t count, bytearray out not None):
             raise ValueError("the rows are longer than one call may write")
         old_size = PyByteArray_GET_SIZE(out)
         _start_line(out, &writer, total)
-        # with the GIL held: no other thread can resize ``out`` under the writer
-        for row in range(count):
-            for k in range(part_count):
-                part = &table[k]
-                if part.literal:
-                    _put_bytes(&writer, part.data, part.data_length)
-                    continue
-                if part.encoding == TEXT_DECIMAL_C:
-                    _put_decimal(&writer, _text_offset(part, part.first + row))
-                    continue
-                start = _text_offset(part, part.first + row)
-                end = _text_offset(part, part.first + row + 1)
-                if part.encoding == TEXT_BASE64_C:
-                    _put_base64(&writer, part.data + start, end - start)
-                else:
-                    _put_bytes(&writer, part.data + start, end - start)
+        # ``out`` exported while the GIL is free: no other thread can resize it meanwhile
+        pinned = memoryview(out)
+        try:
+            with nogil:
+                for row in range(count):
+                    for k in range(part_count):
+                        part = &table[k]
+                        if part.literal:
+                            _put_bytes(&writer, part.data, part.data_length)
+                            continue
+                        if part.encoding == TEXT_DECIMAL_C:
+                            _put_decimal(&writer, _text_offset(part, part.first + row))
+                            continue
+                        start = _text_offset(part, part.first + row)
+                        end = _text_offset(part, part.first + row + 1)
+                        if part.encoding == TEXT_BASE64_C:
+                            _put_base64(&writer, part.data + start, end - start)
+                        else:
+                            _put_bytes(&writer, part.data + start, end - start)
+        finally:
+            pinned.release()
         if writer.cursor != old_size + total:
             writer.breached = True
         _end_line(out, &writer, old_size)
