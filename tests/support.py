@@ -428,6 +428,8 @@ def small_filesystem(tmp_path: Path, size: str, kind: str = "tmpfs") -> Iterator
     elsewhere): a tmpfs, or ``kind`` ``ext4`` on a loop device (block allocation, a journal
     and directory blocks as a disk's file system has them; its ``lost+found`` removed, so
     it holds nothing either)."""
+    if kind not in ("tmpfs", "ext4"):
+        raise ValueError(f"no small file system of kind {kind!r} (tmpfs or ext4)")
     mount_point = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
     mount_point.mkdir()
     image = tmp_path / f"{mount_point.name}.img"
