@@ -7,7 +7,6 @@ import errno
 import importlib
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -124,6 +123,8 @@ def _internal_error(ctx: click.Context, exc: BaseException) -> NoReturn:
         "set RMQSTORE_DEBUG=1 for a traceback)"
     )
     if os.environ.get("RMQSTORE_DEBUG"):
+        import traceback  # only here: every command's start-up would pay for it
+
         traceback.print_exception(exc)
     ctx.exit(ExitCode.INTERNAL)
 

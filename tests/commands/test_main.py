@@ -65,3 +65,31 @@ def test_more_jobs_than_the_cpus_the_process_may_use_are_lowered_to_them(tmp_pat
         lowered.stderr.splitlines()
     )
     assert lowered.stdout == alone.stdout
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_bug_is_exit_70_in_one_line_and_a_traceback_only_when_asked(
+    tmp_path, monkeypatch, debug: bool
+) -> None:
+    """An exception no part of rmqstore expects (a bug): one line naming it and exit 70;
+    with RMQSTORE_DEBUG=1 the traceback follows it."""
+    from rmqstore.fixtures import FixtureOptions, generate
+
+    from support import run_cli
+
+    store = tmp_path / "store"
+    generate("basic", store, FixtureOptions())
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("a slip in the summary")
+
+    monkeypatch.setattr("rmqstore.commands.info.summarize", broken)
+    result = run_cli("info", store, env={"RMQSTORE_DEBUG": "1" if debug else ""})
+    assert result.exit_code == 70
+    first, *rest = result.stderr.strip().splitlines()
+    assert first.startswith("rmqstore: error: internal error: RuntimeError: a slip in the summary")
+    assert "RMQSTORE_DEBUG=1" in first
+    if debug:
+        assert rest and rest[0].startswith("Traceback") and "a slip in the summary" in rest[-1]
+    else:
+        assert rest == []
