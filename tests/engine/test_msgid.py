@@ -71,3 +71,23 @@ def test_generator_is_deterministic_and_counts() -> None:
         decode_uniq_key(second).millis_since_month_start
         == decode_uniq_key(first).millis_since_month_start + 1
     )
+
+
+def test_a_month_ends_where_the_next_one_starts_december_too() -> None:
+    """The window UNIQ_KEY counts milliseconds in: the local month, its end the next month's
+    start (January of the next year after December, the 29th of February in a leap year)."""
+    import calendar
+    import time
+
+    from rmqstore.msgid import _start_of_month_millis
+
+    for year in (2023, 2024):
+        for month in range(1, 13):
+            middle = time.mktime((year, month, 15, 12, 0, 0, 0, 0, -1))
+            start, following = _start_of_month_millis(int(middle * 1000))
+            days = calendar.monthrange(year, month)[1]
+            assert start == int(time.mktime((year, month, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+            assert abs(following - start - days * 86_400_000) <= 3_600_000  # an hour of DST
+            assert time.localtime(following / 1000)[:3] == (
+                (year + 1, 1, 1) if month == 12 else (year, month + 1, 1)
+            )
