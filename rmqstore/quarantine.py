@@ -26,6 +26,7 @@ from pathlib import Path
 from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.jsontext import parse_json
 from rmqstore.segments import (
+    all_zeros,
     creating_name,
     fsync_directory,
     make_directories,
@@ -688,7 +689,7 @@ def _already_back(step: RestoreStep) -> bool:
         while position < step.end and (zeros or same):
             length = min(_COPY_CHUNK, step.end - position)
             held = handle.read(length)
-            zeros = zeros and not any(held)
+            zeros = zeros and all_zeros(held)
             same = same and held == piece.read(length)
             position += length
     if same:
