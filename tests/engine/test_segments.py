@@ -11,6 +11,8 @@ import pytest
 from rmqstore.errors import StoreFormatError
 from rmqstore.segments import (
     SegmentQueue,
+    all_zeros,
+    data_end_estimate,
     last_nonzero_end,
     nonzero_extent,
     pwrite_fully,
@@ -116,3 +118,19 @@ def test_a_write_the_disk_cuts_short_is_continued_until_it_fails(tmp_path: Path)
         finally:
             os.close(fd)
         assert (disk / "f").read_bytes()[:4097] == b"y" * 4096 + b"x"
+
+
+@pytest.mark.parametrize("data_end", [0, 1, 4095, 4096, 4097, 40_000, 65_536])
+def test_the_data_end_estimate_finds_the_block_after_the_data(data_end: int) -> None:
+    """A file whose data fills it from its start to ``data_end``: the estimate is the end of
+    the 4 KiB block the data ends in (the first block is taken to hold data)."""
+    size = 65_536
+    content = bytes(range(1, 256)) * (size // 255 + 1)
+    content = content[:data_end] + bytes(size - data_end)
+
+    def read(position: int, length: int) -> bytes:
+        return content[position : position + length]
+
+    blocks = max(1, -(-data_end // 4096))  # the blocks holding data, rounded up
+    assert data_end_estimate(read, size, block=4096) == blocks * 4096
+    assert all_zeros(bytes(10)) and all_zeros(b"") and not all_zeros(bytes(9) + b"\x01")
