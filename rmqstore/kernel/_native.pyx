@@ -3041,8 +3041,8 @@ def text_rows(list parts not None, int64_t count, bytearray out not None):
     cdef int64_t offsets_length, numbers, row, start, end, size, total = 0, old_size
     cdef int failure = 0
     cdef Writer writer
-    if count < 0:
-        raise ValueError("a negative row count")
+    if not 0 <= count <= MOST_TEXT_BYTES:
+        raise ValueError("a row count below 0 or past what one call may write")
     table = <TextPart*>PyMem_Malloc((part_count if part_count else 1) * sizeof(TextPart))
     if table == NULL:
         raise MemoryError()

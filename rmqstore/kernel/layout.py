@@ -616,7 +616,8 @@ MOST_COLUMNS = 64  # columns longer than this are refused (ValueError)
 # (``width``-byte native-endian signed integers, row ``i``'s at index ``first + i``; ``data``
 # is not read), each written in decimal as ``str`` writes it. A part of another shape, an
 # offset outside ``data`` or decreasing, or offsets (values) fewer than ``first + count + 1``
-# (``first + count``) is a ValueError, raised before ``out`` changes.
+# (``first + count``), or a ``count`` below 0 or above 2**60, is a ValueError, raised before
+# ``out`` changes.
 TEXT_AS_IS = 0
 TEXT_BASE64 = 1
 TEXT_DECIMAL = 2

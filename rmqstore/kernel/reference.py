@@ -1508,8 +1508,8 @@ def copy_runs(
 
 def text_rows(parts: list[Any], count: int, out: bytearray) -> int:
     """See :mod:`rmqstore.kernel.layout`."""
-    if count < 0:
-        raise ValueError("a negative row count")
+    if not 0 <= count <= 1 << 60:
+        raise ValueError("a row count below 0 or past what one call may write")
     prepared: list[Any] = []
     for part in parts:
         if type(part) is bytes:

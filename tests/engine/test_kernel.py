@@ -472,8 +472,9 @@ def test_text_rows_join_literals_and_columns_and_refuse_what_lies_outside() -> N
             with pytest.raises(ValueError):
                 impl.text_rows([b"x", *bad], 3, out)
             assert out == b"kept"  # nothing written before the error
-        with pytest.raises(ValueError):
-            impl.text_rows([b"x"], -1, bytearray())
+        for count in (-1, (1 << 60) + 1, 1 << 63):
+            with pytest.raises((ValueError, OverflowError)):
+                impl.text_rows([b"x"], count, bytearray())
 
 
 @pytest.mark.parametrize("where", [0, 7, 8, 15, 16, 20])
