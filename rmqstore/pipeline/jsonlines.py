@@ -88,10 +88,10 @@ def _kernel_writes(pa: Any, kind: Any) -> bool:
 
 def _kernel_column(pa: Any, column: Any) -> tuple[int, int, Any, Any, int]:
     """A column :func:`_kernel_writes` as ``kernel.text_rows`` takes it."""
-    if pa.types.is_int32(column.type) or pa.types.is_int64(column.type):
-        width = 4 if pa.types.is_int32(column.type) else 8
-        return (TEXT_DECIMAL, width, column.buffers()[1], b"", column.offset)
-    return _offsets_and_data(pa, TEXT_BASE64, column)
+    if _is_binary(pa, column.type):
+        return _offsets_and_data(pa, TEXT_BASE64, column)
+    width = 4 if pa.types.is_int32(column.type) else 8
+    return (TEXT_DECIMAL, width, column.buffers()[1], b"", column.offset)
 
 
 def _offsets_and_data(pa: Any, encoding: int, column: Any) -> tuple[int, int, Any, Any, int]:
@@ -127,7 +127,7 @@ def _values(pa: Any, kind: Any, column: Any) -> tuple[Any, str, str]:
     types = pa.types
     if types.is_string(kind) or types.is_large_string(kind):
         return _strings(pa, column)
-    if types.is_binary(kind) or types.is_large_binary(kind):  # the body, in base64
+    if _is_binary(pa, kind):  # the body, in base64
         encoded = pa.array(
             [None if value is None else b64encode(value) for value in column.to_pylist()],
             pa.large_binary(),
