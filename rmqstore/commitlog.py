@@ -251,7 +251,7 @@ class CommitLog:
                 continue
             buf = self.pread(segment, low - segment.start, high - low)
             for window, _, rows, batch in RegionScan(buf, 0, len(buf), low).batches():
-                spans = array("q", bytes(16 * batch))
+                spans = layout.zeroed(2 * batch)
                 kernel.field_spans(window, rows, 0, batch, layout.FIELD_UNIQ_KEY, spans)
                 for row in range(batch):
                     at, size = spans[2 * row], spans[2 * row + 1]
@@ -1137,7 +1137,7 @@ class CommitLogAppender:
             field = host.to_field()
             host_rows.extend((len(host_fields), len(field)))
             host_fields += field
-        slots = array("q", bytes(8 * span * len(batch.topics)))
+        slots = layout.zeroed(span * len(batch.topics))
         for number, topic in enumerate(batch.topics):
             for queue_id in range(span):
                 slots[number * span + queue_id] = self.queue_offsets.get((topic, queue_id), 0)
@@ -1145,8 +1145,8 @@ class CommitLogAppender:
         rows = batch.rows
         rows[layout.PACK_NOW :: layout.PACK_WIDTH] = self._clock_readings(count)
         if self.uniq_keys is None:
-            rows[layout.PACK_UNIQ_KEY :: layout.PACK_WIDTH] = array("q", bytes(8 * count))
-        state = array("q", bytes(8 * layout.KEY_STATE_WIDTH))
+            rows[layout.PACK_UNIQ_KEY :: layout.PACK_WIDTH] = layout.zeroed(count)
+        state = layout.zeroed(layout.KEY_STATE_WIDTH)
         prefix = b""
         if self.uniq_keys is not None and count:
             prefix, counter, month, following = self.uniq_keys.batch_state(rows[layout.PACK_NOW])
@@ -1155,7 +1155,7 @@ class CommitLogAppender:
         state[layout.KEY_LAST_STAMP] = self.last_store_timestamp
         state[layout.KEY_TRAILING_SEPARATOR] = 1 if self.trailing_separator else 0
         state[layout.KEY_QUEUE_SPAN] = span
-        out = array("q", bytes(8 * layout.RESULT_WIDTH * count))
+        out = layout.zeroed(layout.RESULT_WIDTH * count)
         first = 0
         try:
             while first < count:

@@ -598,8 +598,8 @@ class _BatchWalk:
         self.out = kernel_layout.new_dispatch_out(_BATCH_ROWS)
         self.keys = bytearray(kernel_layout.KEY_BUFFER_SIZE)
         self.units = bytearray(kernel_layout.UNIT_SIZE * _BATCH_ROWS)
-        self.row_runs = array("q", bytes(8 * _BATCH_ROWS))
-        self.runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * _RUNS))
+        self.row_runs = kernel_layout.zeroed(_BATCH_ROWS)
+        self.runs = kernel_layout.zeroed(kernel_layout.RUN_WIDTH * _RUNS)
         self.batch_offsets = array("q")
         self.newest_queued = -1  # the commit-log offset of the newest unit written
         self.options = kernel_layout.INDEX_KEYS if self.index is not None else 0
@@ -615,7 +615,7 @@ class _BatchWalk:
         if len(self.out) < count * kernel_layout.DISPATCH_WIDTH:
             self.out = kernel_layout.new_dispatch_out(count)
             self.units = bytearray(kernel_layout.UNIT_SIZE * count)
-            self.row_runs = array("q", bytes(8 * count))
+            self.row_runs = kernel_layout.zeroed(count)
         self.batch_offsets = rows[_OFFSET_COLUMN : count * ROW_WIDTH : ROW_WIDTH]
         first = 0
         while first < count:

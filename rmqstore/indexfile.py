@@ -599,7 +599,7 @@ class IndexService:
         flagged. The record kernel writes them into the files. Returns (records indexed,
         entries written)."""
         total = len(entries) // HASHED_KEY.size
-        state = array("q", bytes(8 * kernel_layout.STATE_WIDTH))
+        state = kernel_layout.zeroed(kernel_layout.STATE_WIDTH)
         index: IndexFile | None = None
         number = 0
         while number < total:

@@ -137,8 +137,8 @@ class CopyRunTables:
 
     def _size(self, units: int) -> None:
         self.units = bytearray(layout.UNIT_SIZE * units)
-        self.runs = array("q", bytes(8 * layout.COPY_RUN_WIDTH * units))
-        self.scratch = array("q", bytes(8 * 2 * units))
+        self.runs = layout.zeroed(layout.COPY_RUN_WIDTH * units)
+        self.scratch = layout.zeroed(2 * units)
 
     def gather(self, buf: Any, rows: Any, numbers: array, dispatch_out: Any) -> int | None:
         """Gather the further-queue units of kernel rows ``numbers`` (in log order) into runs

@@ -30,6 +30,7 @@ from rmqstore.kernel.layout import (
     VERSION,
     new_rows,
     rows_before,
+    zeroed,
 )
 from rmqstore.msgid import decode_offset_msg_id
 from rmqstore.multidispatch import queue_copies
@@ -115,7 +116,7 @@ class MessageSelection:
         assert self.tags is not None
         tags = self.tags
         ascii_tags = {tag.encode("ascii") for tag in tags if tag.isascii()}
-        spans = array("q", bytes(16 * count))
+        spans = zeroed(2 * count)
         kernel.field_spans(buf, rows, 0, count, FIELD_TAGS, spans)
         kept = []
         for row in candidates:

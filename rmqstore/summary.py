@@ -158,13 +158,13 @@ class _SummaryWalk:
         self.no_dispatch = kernel_layout.new_dispatch_out(0)
         self.units = bytearray()
         self.row_runs = array("q")
-        self.runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
+        self.runs = kernel_layout.zeroed(kernel_layout.RUN_WIDTH * 256)
 
     def batch(self, window: Any, rows: Any, count: int) -> None:
         if len(self.row_runs) < count:
             self.no_dispatch = kernel_layout.new_dispatch_out(count)
             self.units = bytearray(kernel_layout.UNIT_SIZE * count)
-            self.row_runs = array("q", bytes(8 * count))
+            self.row_runs = kernel_layout.zeroed(count)
         end = count * ROW_WIDTH
         offsets = rows[kernel_layout.PHYSICAL_OFFSET : end : ROW_WIDTH]
         stamps = rows[kernel_layout.STORE_TIMESTAMP : end : ROW_WIDTH]

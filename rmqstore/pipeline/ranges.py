@@ -402,7 +402,7 @@ def summarize_range(
         if tally.first_bad_delay is not None:
             continue
         if len(found) < count:
-            found = array("q", bytes(8 * count))
+            found = layout.zeroed(count)
         # the SCHEDULE_TOPIC_XXXX rows
         looked = kernel.attention_rows(buf, rows, 0, count, -1, layout.SCHEDULED_ONLY, found)
         for row in found[:looked]:

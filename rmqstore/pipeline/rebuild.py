@@ -145,7 +145,7 @@ class _RangePreparer:
         self.copy_tables = CopyRunTables()
         self.record_offsets = self.record_stamps = array("q")  # the batch's (see _collect)
         self.keys = bytearray(layout.KEY_BUFFER_SIZE)
-        self.run_table = array("q", bytes(8 * layout.RUN_WIDTH * _RUN_CAPACITY))
+        self.run_table = layout.zeroed(layout.RUN_WIDTH * _RUN_CAPACITY)
         self.out = layout.new_dispatch_out(0)
         self.units = bytearray()
         self.row_runs = array("q")
@@ -174,7 +174,7 @@ class _RangePreparer:
         if len(self.out) < count * layout.DISPATCH_WIDTH:
             self.out = layout.new_dispatch_out(count)
             self.units = bytearray(layout.UNIT_SIZE * count)
-            self.row_runs = array("q", bytes(8 * count))
+            self.row_runs = layout.zeroed(count)
         # the batch's records' offsets and store times, by row (for their further-queue units)
         self.record_offsets = rows[layout.PHYSICAL_OFFSET : count * _WIDTH : _WIDTH]
         self.record_stamps = rows[layout.STORE_TIMESTAMP : count * _WIDTH : _WIDTH]
@@ -341,7 +341,7 @@ class _RangePreparer:
         """Note the first SCHEDULE_TOPIC_XXXX record of rows ``[first, count)`` whose DELAY
         is not a number (the summary says dispatch stops there)."""
         if len(self.found) < count:
-            self.found = array("q", bytes(8 * count))
+            self.found = layout.zeroed(count)
         looked = kernel.attention_rows(buf, rows, first, count, -1, 0, self.found)
         for row in self.found[:looked]:
             if self.names.of(buf, rows, row) != SCHEDULE_TOPIC:

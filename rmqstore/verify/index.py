@@ -219,9 +219,9 @@ class IndexChecks:
         count = header.index_count
         slots = index.slots
         entries_at = HEADER_SIZE + slots * SLOT_SIZE
-        newest = array("i", bytes(SLOT_SIZE * slots))  # the slot table the entries imply
+        newest = array("i", (0,)) * slots  # the slot table the entries imply
         chain = array("q", [-1, 0, -1, 0, 0])
-        bad = array("q", bytes(8 * kernel_layout.BAD_WIDTH * _CHAIN_FINDINGS_PER_FILE))
+        bad = kernel_layout.zeroed(kernel_layout.BAD_WIDTH * _CHAIN_FINDINGS_PER_FILE)
         reported = 0
         for number, data in index.entry_chunks():
             found = kernel.index_chain(

@@ -251,7 +251,7 @@ class RecordPass:
         self._keys = bytearray()  # sized at the first batch the listeners check
         self._units = bytearray()
         self._row_runs = array("q")
-        self._runs = array("q", bytes(8 * kernel_layout.RUN_WIDTH * 256))
+        self._runs = kernel_layout.zeroed(kernel_layout.RUN_WIDTH * 256)
         self._topics = kernel_layout.TopicNames()
         self._queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
         self._copies = CopyRunTables()  # (a batch whose units do not fit goes record by record)
@@ -536,11 +536,11 @@ class RecordPass:
         """Take rows ``[0, count)`` as a whole when none needs a look of its own; False (and
         nothing changed) otherwise."""
         if len(self._attention) < count:
-            self._attention = array("q", bytes(8 * count))
+            self._attention = kernel_layout.zeroed(count)
             self._no_dispatch = kernel_layout.new_dispatch_out(count)
             self._dispatch_out = kernel_layout.new_dispatch_out(count)
             self._units = bytearray(kernel_layout.UNIT_SIZE * count)
-            self._row_runs = array("q", bytes(8 * count))
+            self._row_runs = kernel_layout.zeroed(count)
         previous = self._previous_time
         options = kernel_layout.FORCE_PROPERTY_CRC if self.store.config.force_verify_prop_crc else 0
         if kernel.attention_rows(
