@@ -288,7 +288,10 @@ def command(
     everything every --flush-thorough-interval, so a crash loses at most about one interval),
     and the rest after the final flush. stdout is flushed after each group. An error keeps
     what was flushed and printed and rolls back the rest (an input that fails before the first
-    flush leaves the store unchanged; a failed --create leaves no store). With
+    flush leaves the store unchanged; a failed --create leaves no store). A failed flush (a
+    disk going bad) is not tried again, since a second fsync succeeds over pages the first
+    lost: 'abort' stays and the checkpoint is not moved, so a broker's start checks the log's
+    tail. With
     --transient-store-pool records are staged in memory and written to the file every
     --commit-interval; a flush writes what is staged first. Settings come from the options,
     else the broker config (flushDiskType, flushIntervalCommitLog, flushCommitLogLeastPages,

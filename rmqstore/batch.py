@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from rmqstore import kernel
 from rmqstore.commitlog import AppendResult, CommitLogAppender
-from rmqstore.errors import InputError, RmqStoreError, StoreFormatError
+from rmqstore.errors import InputError, RmqStoreError, StoreFormatError, failure_text
 from rmqstore.hosts import DEFAULT_BORN_HOST, HostAddress, parse_host
 from rmqstore.jsontext import parse_json
 from rmqstore.kernel import layout
@@ -843,8 +843,12 @@ class AppendJob:
     def _undo(self, exc: BaseException) -> None:
         self._chunk.clear()
         undone = self.appender.appended - self._savepoint.appended
+        rollback_failure = None
         if undone:
-            self.appender.rollback(self._savepoint)
+            try:
+                self.appender.rollback(self._savepoint)
+            except (RmqStoreError, OSError) as exc_rolling_back:  # the first error is the one
+                rollback_failure = exc_rolling_back
         unreported = self.committed - self.reported
         self._unreported.clear()
         parts = []
@@ -855,9 +859,20 @@ class AppendJob:
                 f"{unreported} more were stored durably but not reported (find them with "
                 "rmqstore read)"
             )
-        if undone:
+        if undone and rollback_failure is None:
             parts.append(f"the {undone} unreported messages appended before it were rolled back")
-        if not self.committed:
+        elif undone:
+            parts.append(
+                f"rolling back the {undone} unreported messages appended before it failed too "
+                f"({failure_text(rollback_failure)}): the log may keep some of them"
+                + (" after the reported ones" if self.reported else "")
+            )
+        if not self.committed and rollback_failure is None:
             parts.append("the store is unchanged")
+        if self.appender.flush_failure is not None:
+            parts.append(
+                "'abort' stays and the checkpoint is not moved, so a broker's start checks the "
+                "log's tail (crash recovery; or run rmqstore recover once the disk is mended)"
+            )
         if isinstance(exc, RmqStoreError):
             exc.message = f"{exc.message} ({'; '.join(parts)})"

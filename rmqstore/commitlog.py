@@ -742,6 +742,8 @@ class CommitLogAppender:
         self.preallocate = preallocate
         self._committed = 0  # transient: the staged bytes below this are in the file
         self._flushed_offset = end_offset  # the physical offset up to which all is flushed
+        # why a flush failed (fdatasync or msync): set, no later flush is trusted (see flush)
+        self.flush_failure: str | None = None
         self.file_size = log.file_size
         self.queue_offsets = queue_offsets
         self._queue_offsets_at_start = dict(queue_offsets)
@@ -1284,7 +1286,14 @@ class CommitLogAppender:
     def flush(self) -> None:
         """Force everything appended so far to disk (fdatasync of rolled files, msync of the
         current file's dirty range; transient: commit, then fdatasync), like a broker flush
-        with leastPages 0."""
+        with leastPages 0. Once one has failed every later one fails too: Linux reports a
+        failed write-back once, marks the pages it could not write clean, and a second
+        fdatasync or msync then succeeds whether or not they reached the disk."""
+        if self.flush_failure is not None:
+            raise StoreIOError(
+                f"an earlier flush failed ({self.flush_failure}); flushing again would not "
+                "tell whether its pages reached the disk"
+            )
         try:
             if self.transient and self._dirty_from >= 0 and self._segment is not None:
                 self.commit()
@@ -1298,7 +1307,8 @@ class CommitLogAppender:
                 self._map.flush(start, self._position - start)
                 self._dirty_from = -1
         except OSError as exc:
-            raise StoreIOError(f"flush failed: {exc.strerror}") from None
+            self.flush_failure = exc.strerror or str(exc)
+            raise StoreIOError(f"flush failed: {self.flush_failure}") from None
         self._flushed_offset = self.end_offset
 
     def savepoint(self) -> Savepoint:
@@ -1373,7 +1383,9 @@ class CommitLogAppender:
         return queues
 
     def close(self) -> None:
-        self.flush()
+        """Flush (unless a flush failed: see :meth:`flush`) and let the current file go."""
+        if self.flush_failure is None:
+            self.flush()
         self._release_map()
         segment = self._segment
         if segment is not None and segment in self._created and not self.preallocate:

@@ -103,6 +103,14 @@ def add_context(exc: BaseException, text: str) -> None:
     exc.__notes__ = [*getattr(exc, "__notes__", ()), text]  # type: ignore[attr-defined]
 
 
+def failure_text(exc: BaseException) -> str:
+    """What went wrong in ``exc``, for a message that reports another error first: an
+    OSError as its description and file (``Read-only file system (/store/checkpoint)``)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    return str(exc)
+
+
 def context_of(exc: BaseException) -> str:
     """The texts :func:`add_context` added to ``exc``, each after "; " ("" when none)."""
     notes = getattr(exc, "__notes__", None)

@@ -44,6 +44,8 @@ from rmqstore.errors import (
     StoreFormatError,
     StoreIOError,
     UncleanStoreError,
+    add_context,
+    failure_text,
     on_failure,
 )
 from rmqstore.geometry import (
@@ -1030,13 +1032,14 @@ class Store:
         again unless it holds a message, and ``abort`` stays if the work was marked
         :attr:`abort_until_done`."""
         try:
-            appended, end_offset = 0, None
+            appended, end_offset, flush_failed = 0, None, False
             if self._appender is not None:
                 appender = self._appender
                 self._appender = None
                 appender.close()
                 appended, end_offset = appender.appended, appender.end_offset
-                if appended:
+                flush_failed = appender.flush_failure is not None
+                if appended and not flush_failed:
                     previous = self.checkpoint() or Checkpoint()
                     write_checkpoint(
                         self.checkpoint_path,
@@ -1051,7 +1054,9 @@ class Store:
                                 create=self._creation is not None,
                             )
                         )
-            if self._writing and not (failed and self.abort_until_done):
+            # after a failed flush neither the checkpoint nor a removed 'abort' may say the
+            # log is whole: a broker's start then checks its tail (crash recovery)
+            if self._writing and not (failed and self.abort_until_done) and not flush_failed:
                 self._settle_abort(appended, end_offset)
             if not failed and (self._writing or self._creation is not None):
                 remember_geometry(
@@ -1154,8 +1159,16 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, exc_type: object, *exc_info: object) -> None:
-        self.close(failed=exc_type is not None)
+    def __exit__(self, exc_type: object, exc: BaseException | None, *_: object) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close(failed=True)
+        except (RmqStoreError, OSError) as closing:  # (the lock is released all the same)
+            # the error that stopped the work is the one to report, not one it led to (a
+            # disk gone read-only after a failed write-back refuses the checkpoint too)
+            add_context(exc, f"closing the store failed too: {failure_text(closing)}")
 
 
 # why a replay or a recovery stops at zeros before records that go on in later files

@@ -456,6 +456,50 @@ def small_filesystem(tmp_path: Path, size: str, kind: str = "tmpfs") -> Iterator
         image.unlink(missing_ok=True)
 
 
+@contextmanager
+def failing_disk(
+    tmp_path: Path, holds: str = "8m", size: str = "64m"
+) -> Iterator[tuple[Path, Path]]:
+    """An ext4 file system of ``size`` on a device that takes only ``holds`` of writes (root
+    only; skipped elsewhere): its loop device's image is a sparse file on a tmpfs of
+    ``holds``, so once that is full each write the device is given fails, as on a disk
+    going bad: fsync and msync fail (EIO, ENOSPC), the journal aborts and the file system
+    goes read-only. Yields the mount point and the image; a copy of the image is the disk
+    as a crash at that moment would leave it (see :func:`mounted_copy`)."""
+    with small_filesystem(tmp_path, holds) as device:
+        image = device / "disk.img"
+        with open(image, "wb") as handle:
+            handle.truncate(int(size.rstrip("m")) << 20)
+        made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], capture_output=True)
+        if made.returncode != 0:
+            pytest.skip(f"cannot make an ext4 file system here: {made.stderr!r}")
+        mount_point = tmp_path / f"failing-{uuid.uuid4().hex[:8]}"
+        mount_point.mkdir()
+        mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)])
+        if mounted.returncode != 0:
+            pytest.skip("cannot mount a loop device here (needs root)")
+        try:
+            yield mount_point, image
+        finally:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+@contextmanager
+def mounted_copy(image: Path, tmp_path: Path) -> Iterator[Path]:
+    """A copy of the ext4 ``image`` mounted (its journal replayed, as at a start after a
+    crash), unmounted after."""
+    copy = tmp_path / f"copy-{uuid.uuid4().hex[:8]}.img"
+    subprocess.run(["cp", "--sparse=always", str(image), str(copy)], check=True)
+    mount_point = tmp_path / copy.stem
+    mount_point.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(copy), str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+        copy.unlink(missing_ok=True)
+
+
 def _filesystem_kind(mount_point: Path) -> str:
     """The type of the file system mounted at ``mount_point`` (from /proc/self/mounts)."""
     with open("/proc/self/mounts", encoding="utf-8") as mounts:

@@ -16,8 +16,10 @@ import pytest
 from rmqstore.fixtures import FixtureOptions, generate
 
 from support import (
+    failing_disk,
     inodes_left_with,
     lock_held_elsewhere,
+    mounted_copy,
     peak_rss_mib,
     run_cli,
     small_filesystem,
@@ -469,6 +471,47 @@ def test_a_store_on_a_read_only_mount_is_read_in_full_and_written_by_nothing(
             result = run_cli(*command)
             one_line_error(result, 4)
             assert "Read-only file system" in result.stderr, (command, result.stderr)
+
+
+def test_a_disk_going_bad_under_append_loses_no_reported_message(tmp_path: Path) -> None:
+    """The disk fails under a sync append (its device takes no more writes: msync and
+    fsync fail, then the file system goes read-only): exit 4 in one line that names the
+    failed flush, not what failed after it (the rollback, the checkpoint), and says how far
+    the append got; no message reported that was not flushed; 'abort' kept and no
+    checkpoint written, where a flush again would have 'succeeded' over lost pages. The
+    disk as a crash then leaves it holds every reported message, and recover makes it
+    sound without losing one."""
+    lines = tmp_path / "in.jsonl"
+    with open(lines, "w", encoding="utf-8") as out:
+        for number in range(12_000):
+            out.write(json.dumps({"topic": "T", "body": f"{number:06d}" + "x" * 1000}) + "\n")
+    with failing_disk(tmp_path) as (disk, image):
+        store = disk / "store"
+        result = run_cli("append", store, "--create", "--commitlog-file-size", str(1 << 20),
+                         "--flush", "sync", "--input", lines, "--jsonl")  # fmt: skip
+        one_line_error(result, 4)
+        reported = [json.loads(line) for line in result.stdout.splitlines()]
+        assert 1_000 < len(reported) < 12_000, result.stderr
+        assert "flush failed" in result.stderr, result.stderr
+        assert f"{len(reported)} messages were stored and reported" in result.stderr
+        assert "'abort' stays and the checkpoint is not moved" in result.stderr
+        assert (store / "abort").exists() and not (store / "checkpoint").exists()
+        with mounted_copy(image, tmp_path) as crashed:
+            kept = crashed / "store"
+            for step in (None, ["recover", kept, "--yes"]):
+                if step is not None:
+                    recovered = run_cli(*step)
+                    assert recovered.exit_code == 0, recovered.stderr
+                    assert run_cli("verify", kept).exit_code == 0
+                read = run_cli("read", kept, "--from-offset", "0", "--jsonl", "--body", "text")
+                stored = {
+                    message["commitLogOffset"]: message
+                    for message in map(json.loads, read.stdout.splitlines())
+                }
+                for message in reported:
+                    found = stored[message["commitLogOffset"]]
+                    assert found["msgId"] == message["msgId"]
+                    assert found["body"].startswith(f"{message['queueOffset']:06d}x")
 
 
 @pytest.mark.parametrize("what", ["consumequeue", "index", "config", "abort", "lock"])
