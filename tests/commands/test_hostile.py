@@ -16,6 +16,7 @@ import pytest
 from rmqstore.fixtures import FixtureOptions, generate
 
 from support import (
+    disk_left_with,
     failing_disk,
     inodes_left_with,
     lock_held_elsewhere,
@@ -512,6 +513,46 @@ def test_a_disk_going_bad_under_append_loses_no_reported_message(tmp_path: Path)
                     found = stored[message["commitLogOffset"]]
                     assert found["msgId"] == message["msgId"]
                     assert found["body"].startswith(f"{message['queueOffset']:06d}x")
+
+
+@pytest.mark.parametrize("room", [300_000, 1_200_000])  # in the cut's copy; in the index
+def test_a_disk_going_bad_under_recover_loses_nothing(tmp_path: Path, room: int) -> None:
+    """The disk fails under ``recover --yes`` of a crashed store with 600 KB of junk after
+    its last record (its device takes ``room`` more bytes): exit 4 in one line.
+    The disk as a crash then leaves it keeps every message and the junk (in the log or in
+    quarantine, whole), and recover run again there makes it sound with both kept."""
+    lines = tmp_path / "in.jsonl"
+    with open(lines, "w", encoding="utf-8") as out:
+        for number in range(3_000):
+            message = {"topic": f"T{number % 3}", "keys": f"k{number}", "body": "x" * 1000}
+            out.write(json.dumps(message) + "\n")
+    junk = bytes(range(1, 256)) * 2_400  # 612,000 bytes, none of them zero
+    with failing_disk(tmp_path, holds="64m", size="128m") as (disk, image):
+        store = disk / "store"
+        made = run_cli("append", store, "--create", "--commitlog-file-size", str(1 << 20),
+                       "--input", lines, "--dispatch")  # fmt: skip
+        assert made.exit_code == 0, made.stderr
+        read = run_cli("read", store, "--from-offset", "0", "--jsonl", "--body", "none")
+        messages = [json.loads(line) for line in read.stdout.splitlines()]
+        end = messages[-1]["commitLogOffset"] + messages[-1]["storeSize"]
+        last = max((store / "commitlog").iterdir())
+        with open(last, "r+b") as handle:
+            handle.seek(end - int(last.name))
+            handle.write(junk)
+        (store / "abort").touch()
+        os.sync()
+        with disk_left_with(image.parent, room):
+            result = run_cli("recover", store, "--yes")
+        one_line_error(result, 4)
+        with mounted_copy(image, tmp_path) as crashed:
+            kept = crashed / "store"
+            again = run_cli("recover", kept, "--yes")
+            assert again.exit_code == 0, again.stderr
+            assert run_cli("verify", kept).exit_code == 0
+            read = run_cli("read", kept, "--from-offset", "0", "--jsonl", "--body", "none")
+            assert [json.loads(line) for line in read.stdout.splitlines()] == messages
+            pieces = (kept / "quarantine").glob("*/commitlog/*.bin")
+            assert any(piece.read_bytes() == junk for piece in pieces)
 
 
 @pytest.mark.parametrize("what", ["consumequeue", "index", "config", "abort", "lock"])
