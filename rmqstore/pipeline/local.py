@@ -58,6 +58,7 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import RecordHeader
+from rmqstore.segments import fsync_directory
 from rmqstore.wording import quoted
 from rmqstore.workers import Progress, Runner, process_map, process_runner
 
@@ -230,6 +231,19 @@ def check_export(destination: str, fmt: str) -> None:
         raise InputError(f"{path.parent}: {what}")
 
 
+def sync_tree(directory: Path) -> None:
+    """fsync each file under ``directory``, then each folder, deepest first (links are
+    not followed)."""
+    for folder, _folders, names in os.walk(directory, topdown=False):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(Path(folder))
+
+
 def _remote(destination: str) -> bool:
     return "://" in destination and not destination.startswith("file://")
 
@@ -248,16 +262,22 @@ def _filesystem(uri: str) -> tuple[Any, str]:
 @contextmanager
 def staged_directory(destination: str) -> Iterator[Path]:
     """A sibling directory to write into, renamed to ``destination`` when the block
-    completes and removed when it fails, so no half-written export is left behind."""
+    completes and removed when it fails, so no half-written export is left behind. What it
+    holds reaches the disk before the rename, and the rename before the block returns: a
+    crash after the export says it is done leaves all of it, one before leaves none of it
+    under ``destination`` (renamed unsynced, its files could be there empty or short), and a
+    disk that cannot take it fails the export instead of its files going after it ends."""
     final = Path(destination.removeprefix("file://"))
     staging = final.with_name(f".{final.name}.rmqstore-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
         yield staging
+        sync_tree(staging)
         if final.exists():
             final.rmdir()  # empty, as checked
         os.replace(staging, final)
+        fsync_directory(final.parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

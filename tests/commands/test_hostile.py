@@ -555,6 +555,37 @@ def test_a_disk_going_bad_under_recover_loses_nothing(tmp_path: Path, room: int)
             assert any(piece.read_bytes() == junk for piece in pieces)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_an_export_is_on_the_disk_when_it_says_it_is_done(tmp_path: Path, fmt: str) -> None:
+    """``export --engine local`` onto a disk going bad (its device takes no more writes):
+    exit 4 in one line and no export, even after a crash; onto one that takes it, exit 0
+    and a crash right after leaves the whole export, byte for byte (it used to say it was
+    done with its files still in memory only: a crash lost the export, or left it short)."""
+    pytest.importorskip("pyarrow")
+    store = small_store(tmp_path, count=1_000, dispatch=False)
+    expected = tmp_path / "expected"
+    done = run_cli("export", store, "--engine", "local", "--format", fmt, "--to", expected)
+    assert done.exit_code == 0, done.stderr
+    for room, code in ((0, 4), (40 << 20, 0)):
+        with failing_disk(tmp_path, holds="64m", size="128m") as (disk, image):
+            with disk_left_with(image.parent, room):
+                result = run_cli("export", store, "--engine", "local", "--format", fmt,
+                                 "--to", disk / "out")  # fmt: skip
+            if code:
+                one_line_error(result, code)
+            else:
+                assert result.exit_code == 0, result.stderr
+            with mounted_copy(image, tmp_path) as crashed:
+                if code:
+                    assert not (crashed / "out").exists()
+                    continue
+                assert sorted(path.name for path in (crashed / "out").iterdir()) == sorted(
+                    path.name for path in expected.iterdir()
+                )
+                for path in expected.iterdir():
+                    assert (crashed / "out" / path.name).read_bytes() == path.read_bytes()
+
+
 @pytest.mark.parametrize("what", ["consumequeue", "index", "config", "abort", "lock"])
 def test_a_file_where_a_folder_should_be_is_refused_before_anything_changes(
     tmp_path: Path, what: str
