@@ -766,6 +766,7 @@ def _remove_restored(base: Path, name: str) -> None:
         os.rename(base / name, finished)
         fsync_directory(base)
         shutil.rmtree(finished)
+        fsync_directory(base)  # gone for good: a power cut leaves no leftover to remove
     except OSError as exc:
         raise StoreIOError(f"cannot remove {base / name}: {exc.strerror}") from None
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from rmqstore.errors import StoreFormatError, StoreIOError
 from rmqstore.jsontext import parse_json
-from rmqstore.segments import read_small_file, write_whole_file
+from rmqstore.segments import fsync_directory, read_small_file, write_whole_file
 from rmqstore.topics import SCHEDULE_TOPIC
 
 DEFAULT_PERM = 6  # READ | WRITE
@@ -56,8 +56,11 @@ def _text(document: dict) -> str:
 def write_topics_json(config_dir: Path, queues: dict[str, int], timestamp: int) -> Path:
     path = config_dir / TOPICS_FILE
     try:
+        made = not config_dir.is_dir()
         config_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(_text(topics_document(queues, timestamp)), encoding="utf-8")
+        write_whole_file(path, _text(topics_document(queues, timestamp)).encode())
+        if made:  # the folder's own entry, as the file's is
+            fsync_directory(config_dir.parent)
     except OSError as exc:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
     return path
