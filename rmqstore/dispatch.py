@@ -603,7 +603,7 @@ class _BatchWalk:
         self.batch_offsets = array("q")
         self.newest_queued = -1  # the commit-log offset of the newest unit written
         self.options = kernel_layout.INDEX_KEYS if self.index is not None else 0
-        last = self.index.last if self.index is not None else None
+        last = self.index.last_written if self.index is not None else None
         # records up to here may be partly indexed already: IndexService.build decides
         self.index_resumes_at = last.header.end_phy_offset if last is not None else -1
         self.topics = kernel_layout.TopicNames()
@@ -952,7 +952,7 @@ def _index_resume_offset(store: Store, index: IndexService, start: int) -> int:
     """Where the index ends: after the record its last file ends with, or at that record
     when a kill kept some of its keys out of the index (:meth:`IndexService.build` then
     adds only those); ``start`` when it holds nothing."""
-    last = index.last
+    last = index.last_written
     if last is None or (last.header.index_count <= 1 and last.header.end_phy_offset <= 0):
         return start
     offset = last.header.end_phy_offset

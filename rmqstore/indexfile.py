@@ -75,6 +75,19 @@ class IndexHeader:
     hash_slot_count: int = 0
     index_count: int = 1  # entry 0 is never used
 
+    @property
+    def never_written(self) -> bool:
+        """All zero (``index_count`` read as 1): a file made, then a crash before its first
+        header write reached the disk."""
+        return self == IndexHeader()
+
+    def carry_end_of(self, previous: IndexHeader) -> None:
+        """Begin and end where ``previous`` ends, as a file made after it starts."""
+        if previous.end_phy_offset > 0:
+            self.begin_phy_offset = self.end_phy_offset = previous.end_phy_offset
+        if previous.end_timestamp > 0:
+            self.begin_timestamp = self.end_timestamp = previous.end_timestamp
+
 
 def read_index_headers(directory: Path) -> list[tuple[Path, IndexHeader]]:
     """The header of every index file, in name order. Headers do not depend on the slot and
@@ -228,10 +241,7 @@ class IndexFile:
             raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
         header = IndexHeader()
         if previous is not None:
-            if previous.end_phy_offset > 0:
-                header.begin_phy_offset = header.end_phy_offset = previous.end_phy_offset
-            if previous.end_timestamp > 0:
-                header.begin_timestamp = header.end_timestamp = previous.end_timestamp
+            header.carry_end_of(previous)
         index = cls(path, slots, entries, map_writable(path), header, True)
         try:
             index.reserve_entries(1)
@@ -475,6 +485,12 @@ class IndexService:
             except BaseException:
                 self.close()  # the maps of the files opened before the one that failed
                 raise
+        if writable and len(self.files) > 1 and self.files[-1].header.never_written:
+            # a power cut after the file was made, before its header reached the disk: it
+            # starts where the one before ends, as made (with an end offset of 0 every
+            # record would be indexed again, and its first entry timed from 0); written
+            # with its first entry, so a file nothing is added to stays as it was found
+            self.files[-1].header.carry_end_of(self.files[-2].header)
 
     def refuse_links(self, then: str = "") -> None:
         """RebuildFirstError when an index file is a symbolic link: rmqstore's writers write
@@ -514,6 +530,15 @@ class IndexService:
     @property
     def last(self) -> IndexFile | None:
         return self.files[-1] if self.files else None
+
+    @property
+    def last_written(self) -> IndexFile | None:
+        """The last file a header was written to (a writer carries the end of the one
+        before into a never-written last file: see ``__init__``)."""
+        for index in reversed(self.files):
+            if not index.header.never_written:
+                return index
+        return None
 
     def writable_file(self) -> IndexFile:
         """The last file, or a new one when there is none or it is full (``retryGetAndCreate``)."""

@@ -20,7 +20,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.errors import RmqStoreError
 from rmqstore.store import Store
 
-from support import ORACLE_CONFIG, ORACLE_OPTIONS, ORACLE_STORES
+from support import ORACLE_CONFIG, ORACLE_OPTIONS, ORACLE_STORES, tree_state
 
 LONG = os.environ.get("RMQSTORE_CAMPAIGN") == "long"
 # another seed gives other kills and mutations than every run's own (make campaigns SEED=N)
@@ -61,6 +61,21 @@ def sigint_delivered() -> None:
     its children with SIGINT ignored, as a shell does for background jobs, and such a child
     would never see it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def repair_outcome(store: Path) -> dict[str, str]:
+    """What a repair (``recover``, ``dispatch --rebuild``) is meant to produce: the commit
+    log, consume queues and checkpoint by path, and the index files' contents in name order
+    (their names come from the clock)."""
+    state = tree_state(store)
+    kept = {
+        path: digest
+        for path, digest in state.items()
+        if path.split("/")[0] in ("commitlog", "consumequeue", "checkpoint")
+    }
+    index = [digest for path, digest in sorted(state.items()) if path.startswith("index/")]
+    kept["index files, in order"] = ",".join(index)
+    return kept
 
 
 def child_env() -> dict[str, str]:

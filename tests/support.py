@@ -458,14 +458,16 @@ def small_filesystem(tmp_path: Path, size: str, kind: str = "tmpfs") -> Iterator
 
 @contextmanager
 def failing_disk(
-    tmp_path: Path, holds: str = "8m", size: str = "64m"
+    tmp_path: Path, holds: str = "8m", size: str = "64m", options: str = ""
 ) -> Iterator[tuple[Path, Path]]:
     """An ext4 file system of ``size`` on a device that takes only ``holds`` of writes (root
     only; skipped elsewhere): its loop device's image is a sparse file on a tmpfs of
     ``holds``, so once that is full each write the device is given fails, as on a disk
     going bad: fsync and msync fail (EIO, ENOSPC), the journal aborts and the file system
-    goes read-only. Yields the mount point and the image; a copy of the image is the disk
-    as a crash at that moment would leave it (see :func:`mounted_copy`)."""
+    goes read-only. ``holds`` at least ``size``: a disk that does not fail. ``options``:
+    more mount options (``commit=300``: no journal commit but those a sync asks for). Yields
+    the mount point and the image; a copy of the image is the disk as a crash at that
+    moment would leave it (see :func:`mounted_copy`)."""
     with small_filesystem(tmp_path, holds) as device:
         image = device / "disk.img"
         with open(image, "wb") as handle:
@@ -475,7 +477,8 @@ def failing_disk(
             pytest.skip(f"cannot make an ext4 file system here: {made.stderr!r}")
         mount_point = tmp_path / f"failing-{uuid.uuid4().hex[:8]}"
         mount_point.mkdir()
-        mounted = subprocess.run(["mount", "-o", "loop", str(image), str(mount_point)])
+        mount_options = ",".join(["loop", *([options] if options else [])])
+        mounted = subprocess.run(["mount", "-o", mount_options, str(image), str(mount_point)])
         if mounted.returncode != 0:
             pytest.skip("cannot mount a loop device here (needs root)")
         try:

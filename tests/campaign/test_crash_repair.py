@@ -20,6 +20,7 @@ from rmqstore.store import Store
 from campaigns import (
     campaign_random,
     child_env,
+    repair_outcome,
     rounds,
     seed_note,
     sigint_delivered,
@@ -29,20 +30,6 @@ from support import run_cli, tree_state
 
 KILLS = rounds(short=2, long=30)
 MESSAGES = 20_000
-
-
-def outcome(store: Path) -> dict[str, str]:
-    """What the command is meant to produce: the commit log, consume queues and checkpoint by
-    path, and the index files' contents in name order (their names come from the clock)."""
-    state = tree_state(store)
-    kept = {
-        path: digest
-        for path, digest in state.items()
-        if path.split("/")[0] in ("commitlog", "consumequeue", "checkpoint")
-    }
-    index = [digest for path, digest in sorted(state.items()) if path.startswith("index/")]
-    kept["index files, in order"] = ",".join(index)
-    return kept
 
 
 def run_and_kill(command: list[str], after: float, rng: random.Random) -> None:
@@ -75,7 +62,7 @@ def test_a_killed_repair_run_again_gives_the_same_files(
     done = run_cli(command[0], reference, *command[1:])
     duration = time.monotonic() - started
     assert done.exit_code == 0, done.stderr
-    expected = outcome(reference)
+    expected = repair_outcome(reference)
     rng = campaign_random(f"crash-repair-{scenario}")
     for kill in range(KILLS):
         store = tmp_path / f"killed-{kill}"
@@ -83,7 +70,7 @@ def test_a_killed_repair_run_again_gives_the_same_files(
         run_and_kill([command[0], str(store), *command[1:]], rng.uniform(0.3, 0.3 + duration), rng)
         again = run_cli(command[0], store, *command[1:])
         assert again.exit_code == 0, f"kill {kill}{seed_note()}: {again.stderr}"
-        got = outcome(store)
+        got = repair_outcome(store)
         assert got == expected, (
             f"kill {kill}{seed_note()}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
         )
@@ -131,7 +118,7 @@ def test_a_killed_restore_run_again_gives_the_store_before_the_recovery(tmp_path
     byte, and 'abort' there again."""
 
     def undone(store: Path) -> dict[str, str]:
-        return {**outcome(store), "abort": str((store / "abort").exists())}
+        return {**repair_outcome(store), "abort": str((store / "abort").exists())}
 
     source = tmp_path / "source"
     torn_store_of_many_queues(source, tmp_path / "messages.jsonl")
