@@ -137,3 +137,48 @@ def test_no_reported_message_is_lost_to_a_power_cut_during_append(tmp_path: Path
                     assert found["msgId"] == message["msgId"], where
                     assert re.match(f"{message['queueOffset']:06d}x", found["body"]), where
             shutil.rmtree(store, ignore_errors=True)
+
+
+@pytest.mark.campaign
+def test_a_restore_cut_by_a_power_cut_run_again_gives_the_store_before_the_recovery(
+    tmp_path: Path,
+) -> None:
+    """``quarantine restore`` of a recovery that cut a torn tail, cut at one of its syncs:
+    on the copy, the restore run again (unless the cut came after it) leaves the commit log,
+    consume queues, index and checkpoint as before the recovery, and 'abort' there again."""
+
+    def undone(store: Path) -> dict[str, str]:
+        return {**repair_outcome(store), "abort": str((store / "abort").exists())}
+
+    source = tmp_path / "source"
+    generate("torn-tail", source, FixtureOptions(seed=3, messages=5_000))
+    expected = undone(source)
+    assert run_cli("recover", source, "--yes").exit_code == 0
+    (folder,) = json.loads(run_cli("quarantine", "list", source, "--json").stdout)["folders"]
+
+    def restore(store: Path) -> list[str]:
+        return ["quarantine", "restore", str(store), folder["name"], "--yes"]
+
+    rng = campaign_random("power-cut-restore")
+    with failing_disk(tmp_path, **DISK) as (disk, image):
+        reference = disk / "reference"
+        shutil.copytree(source, reference)
+        counts = sync_counts(restore(reference), tmp_path)
+        assert undone(reference) == expected
+        for cut in range(CUTS):
+            store = disk / f"cut-{cut}"
+            shutil.copytree(source, store)
+            subprocess.run(["sync"], check=True)
+            sync, number = choose_cut(counts, rng)
+            cut_at(restore(store), sync, number)
+            where = f"cut {cut} at {sync} {number}{seed_note()}"
+            with mounted_copy(image, tmp_path) as after:
+                kept = after / store.name
+                if (kept / "quarantine" / folder["name"]).exists():
+                    again = run_cli(*restore(kept))
+                    assert again.exit_code == 0, f"{where}: {again.stderr}"
+                got = undone(kept)
+                assert got == expected, (
+                    f"{where}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
+                )
+            shutil.rmtree(store)
