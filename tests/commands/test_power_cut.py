@@ -64,7 +64,13 @@ CASES: dict[str, Callable[[Path, Path], list]] = {
     "append --dispatch": lambda tmp, disk: [
         "append", _store(tmp, disk, dispatch=True), "--dispatch", "--input", _lines(tmp)
     ],
+    "append --flush async": lambda tmp, disk: [
+        "append", _store(tmp, disk, dispatch=False), "--flush", "async", "--input", _lines(tmp)
+    ],
     "dispatch": lambda tmp, disk: ["dispatch", _store(tmp, disk, dispatch=False)],
+    "dispatch --rebuild --jobs 2": lambda tmp, disk: [
+        "dispatch", _store(tmp, disk, dispatch=False), "--rebuild", "--yes", "--jobs", "2"
+    ],
     "dispatch --rebuild": lambda tmp, disk: [
         "dispatch", _store(tmp, disk, dispatch=False), "--rebuild", "--yes"
     ],
