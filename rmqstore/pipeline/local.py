@@ -58,7 +58,7 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import RecordHeader
-from rmqstore.segments import fsync_directory
+from rmqstore.segments import fsync_directory, sync_file_data
 from rmqstore.wording import quoted
 from rmqstore.workers import Progress, Runner, process_map, process_runner
 
@@ -232,15 +232,11 @@ def check_export(destination: str, fmt: str) -> None:
 
 
 def sync_tree(directory: Path) -> None:
-    """fsync each file under ``directory``, then each folder, deepest first (links are
-    not followed)."""
+    """Sync each file under ``directory`` (never through a link), then each folder,
+    deepest first."""
     for folder, _folders, names in os.walk(directory, topdown=False):
         for name in names:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            sync_file_data(Path(folder, name))
         fsync_directory(Path(folder))
 
 
