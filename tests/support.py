@@ -423,16 +423,24 @@ def replicate(source: str | Path, dest: Path, *options: object) -> dict:
 
 
 @contextmanager
-def small_filesystem(tmp_path: Path, size: str, kind: str = "tmpfs") -> Iterator[Path]:
+def small_filesystem(
+    tmp_path: Path,
+    size: str,
+    kind: str = "tmpfs",
+    *,
+    image_dir: Path | None = None,
+    options: str = "",
+) -> Iterator[Path]:
     """A file system of ``size`` (``24m``) mounted for the test (root only; skipped
     elsewhere): a tmpfs, or ``kind`` ``ext4`` on a loop device (block allocation, a journal
     and directory blocks as a disk's file system has them; its ``lost+found`` removed, so
-    it holds nothing either)."""
+    it holds nothing either), its image in ``image_dir`` (else ``tmp_path``), mounted with
+    ``options`` besides."""
     if kind not in ("tmpfs", "ext4"):
         raise ValueError(f"no small file system of kind {kind!r} (tmpfs or ext4)")
     mount_point = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
     mount_point.mkdir()
-    image = tmp_path / f"{mount_point.name}.img"
+    image = (image_dir or tmp_path) / f"{mount_point.name}.img"
     if kind == "ext4":
         with open(image, "wb") as handle:
             handle.truncate(int(size.rstrip("m")) << 20)
@@ -441,7 +449,8 @@ def small_filesystem(tmp_path: Path, size: str, kind: str = "tmpfs") -> Iterator
         )
         if made.returncode != 0:
             pytest.skip(f"cannot make an ext4 file system here: {made.stderr!r}")
-        command = ["mount", "-o", "loop", str(image), str(mount_point)]
+        mount_options = ",".join(["loop", *([options] if options else [])])
+        command = ["mount", "-o", mount_options, str(image), str(mount_point)]
     else:
         command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)]
     mounted = subprocess.run(command, capture_output=True)
@@ -468,23 +477,12 @@ def failing_disk(
     more mount options (``commit=300``: no journal commit but those a sync asks for). Yields
     the mount point and the image; a copy of the image is the disk as a crash at that
     moment would leave it (see :func:`mounted_copy`)."""
-    with small_filesystem(tmp_path, holds) as device:
-        image = device / "disk.img"
-        with open(image, "wb") as handle:
-            handle.truncate(int(size.rstrip("m")) << 20)
-        made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], capture_output=True)
-        if made.returncode != 0:
-            pytest.skip(f"cannot make an ext4 file system here: {made.stderr!r}")
-        mount_point = tmp_path / f"failing-{uuid.uuid4().hex[:8]}"
-        mount_point.mkdir()
-        mount_options = ",".join(["loop", *([options] if options else [])])
-        mounted = subprocess.run(["mount", "-o", mount_options, str(image), str(mount_point)])
-        if mounted.returncode != 0:
-            pytest.skip("cannot mount a loop device here (needs root)")
-        try:
-            yield mount_point, image
-        finally:
-            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+    with (
+        small_filesystem(tmp_path, holds) as device,
+        small_filesystem(tmp_path, size, "ext4", image_dir=device, options=options) as disk,
+    ):
+        (image,) = device.glob("*.img")
+        yield disk, image
 
 
 @contextmanager

@@ -488,7 +488,9 @@ def test_a_disk_going_bad_under_append_loses_no_reported_message(tmp_path: Path)
             out.write(json.dumps({"topic": "T", "body": f"{number:06d}" + "x" * 1000}) + "\n")
     with failing_disk(tmp_path) as (disk, image):
         store = disk / "store"
-        result = run_cli("append", store, "--create", "--commitlog-file-size", str(1 << 20),
+        # one commit-log file larger than the device takes: the disk fails at a flush, not
+        # at the creation of a file (which a roll would make)
+        result = run_cli("append", store, "--create", "--commitlog-file-size", str(32 << 20),
                          "--flush", "sync", "--input", lines, "--jsonl")  # fmt: skip
         one_line_error(result, 4)
         reported = [json.loads(line) for line in result.stdout.splitlines()]
