@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,43 @@ def choose_cut(counts: dict[str, int], rng) -> tuple[str, int]:
     return sync, rng.randint(1, counts[sync])
 
 
+def cuts_run_again_give_the_uncut_outcome(
+    tmp_path: Path,
+    source: Path,
+    command: Callable[[Path], list[str]],
+    outcome: Callable[[Path], dict[str, str]],
+    label: str,
+    finished: Callable[[Path], bool] = lambda _store: False,
+) -> dict[str, str]:
+    """``command`` on copies of ``source``, each cut at one of its syncs; on the disk each
+    cut leaves, the command run again (unless ``finished`` says the cut came after it)
+    gives the ``outcome`` of a run never cut, which is returned."""
+    rng = campaign_random(label)
+    with failing_disk(tmp_path, **DISK) as (disk, image):
+        reference = disk / "reference"
+        shutil.copytree(source, reference)
+        counts = sync_counts(command(reference), tmp_path)
+        expected = outcome(reference)
+        for cut in range(CUTS):
+            store = disk / f"cut-{cut}"
+            shutil.copytree(source, store)
+            subprocess.run(["sync"], check=True)  # the store before the command: not in question
+            sync, number = choose_cut(counts, rng)
+            cut_at(command(store), sync, number)
+            where = f"cut {cut} at {sync} {number}{seed_note()}"
+            with mounted_copy(image, tmp_path) as after:
+                kept = after / store.name
+                if not finished(kept):
+                    again = run_cli(*command(kept))
+                    assert again.exit_code == 0, f"{where}: {again.stderr}"
+                got = outcome(kept)
+                assert got == expected, (
+                    f"{where}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
+                )
+            shutil.rmtree(store)
+    return expected
+
+
 @pytest.mark.campaign
 @pytest.mark.parametrize(
     ("scenario", "command"),
@@ -74,28 +112,13 @@ def test_a_repair_cut_by_a_power_cut_run_again_gives_the_same_files(
 ) -> None:
     source = tmp_path / "source"
     generate(scenario, source, FixtureOptions(seed=3, messages=5_000))
-    rng = campaign_random(f"power-cut-{scenario}")
-    with failing_disk(tmp_path, **DISK) as (disk, image):
-        reference = disk / "reference"
-        shutil.copytree(source, reference)
-        counts = sync_counts([command[0], str(reference), *command[1:]], tmp_path)
-        expected = repair_outcome(reference)
-        for cut in range(CUTS):
-            store = disk / f"cut-{cut}"
-            shutil.copytree(source, store)
-            subprocess.run(["sync"], check=True)  # the store before the command: not in question
-            sync, number = choose_cut(counts, rng)
-            cut_at([command[0], str(store), *command[1:]], sync, number)
-            where = f"cut {cut} at {sync} {number}{seed_note()}"
-            with mounted_copy(image, tmp_path) as after:
-                kept = after / store.name
-                again = run_cli(command[0], kept, *command[1:])
-                assert again.exit_code == 0, f"{where}: {again.stderr}"
-                got = repair_outcome(kept)
-                assert got == expected, (
-                    f"{where}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
-                )
-            shutil.rmtree(store)
+    cuts_run_again_give_the_uncut_outcome(
+        tmp_path,
+        source,
+        lambda store: [command[0], str(store), *command[1:]],
+        repair_outcome,
+        f"power-cut-{scenario}",
+    )
 
 
 @pytest.mark.campaign
@@ -159,26 +182,12 @@ def test_a_restore_cut_by_a_power_cut_run_again_gives_the_store_before_the_recov
     def restore(store: Path) -> list[str]:
         return ["quarantine", "restore", str(store), folder["name"], "--yes"]
 
-    rng = campaign_random("power-cut-restore")
-    with failing_disk(tmp_path, **DISK) as (disk, image):
-        reference = disk / "reference"
-        shutil.copytree(source, reference)
-        counts = sync_counts(restore(reference), tmp_path)
-        assert undone(reference) == expected
-        for cut in range(CUTS):
-            store = disk / f"cut-{cut}"
-            shutil.copytree(source, store)
-            subprocess.run(["sync"], check=True)
-            sync, number = choose_cut(counts, rng)
-            cut_at(restore(store), sync, number)
-            where = f"cut {cut} at {sync} {number}{seed_note()}"
-            with mounted_copy(image, tmp_path) as after:
-                kept = after / store.name
-                if (kept / "quarantine" / folder["name"]).exists():
-                    again = run_cli(*restore(kept))
-                    assert again.exit_code == 0, f"{where}: {again.stderr}"
-                got = undone(kept)
-                assert got == expected, (
-                    f"{where}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
-                )
-            shutil.rmtree(store)
+    uncut = cuts_run_again_give_the_uncut_outcome(
+        tmp_path,
+        source,
+        restore,
+        undone,
+        "power-cut-restore",
+        finished=lambda store: not (store / "quarantine" / folder["name"]).exists(),
+    )
+    assert uncut == expected
