@@ -501,6 +501,20 @@ def mounted_copy(image: Path, tmp_path: Path) -> Iterator[Path]:
         copy.unlink(missing_ok=True)
 
 
+def assert_reported_are_stored(store: Path, reported: list[dict], where: str = "") -> None:
+    """Every message ``append --jsonl`` reported (``reported``, its lines) is in ``store``
+    with its id and its body, which begins with its queue offset in six digits."""
+    read = run_cli("read", store, "--from-offset", "0", "--jsonl", "--body", "text")
+    stored = {
+        message["commitLogOffset"]: message for message in map(json.loads, read.stdout.splitlines())
+    }
+    for message in reported:
+        found = stored.get(message["commitLogOffset"])
+        assert found is not None, f"{where}: {message['msgId']} lost"
+        assert found["msgId"] == message["msgId"], where
+        assert found["body"].startswith(f"{message['queueOffset']:06d}x"), where
+
+
 def _filesystem_kind(mount_point: Path) -> str:
     """The type of the file system mounted at ``mount_point`` (from /proc/self/mounts)."""
     with open("/proc/self/mounts", encoding="utf-8") as mounts:

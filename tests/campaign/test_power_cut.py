@@ -11,7 +11,6 @@ so a write made durable in the wrong order passes every kill campaign and is los
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 from rmqstore.fixtures import FixtureOptions, generate
 
 from campaigns import campaign_random, child_env, repair_outcome, rounds, seed_note
-from support import failing_disk, mounted_copy, run_cli
+from support import assert_reported_are_stored, failing_disk, mounted_copy, run_cli
 
 CUTS = rounds(short=2, long=40)
 SYNCS = ("fsync", "fdatasync", "msync")
@@ -149,16 +148,7 @@ def test_no_reported_message_is_lost_to_a_power_cut_during_append(tmp_path: Path
                     continue  # cut before the store was made
                 recovered = run_cli("recover", kept, "--yes")
                 assert recovered.exit_code == 0, f"{where}: {recovered.stderr}"
-                read = run_cli("read", kept, "--from-offset", "0", "--jsonl", "--body", "text")
-                stored = {
-                    message["commitLogOffset"]: message
-                    for message in map(json.loads, read.stdout.splitlines())
-                }
-                for message in reported:
-                    found = stored.get(message["commitLogOffset"])
-                    assert found is not None, f"{where}: {message['msgId']} lost"
-                    assert found["msgId"] == message["msgId"], where
-                    assert re.match(f"{message['queueOffset']:06d}x", found["body"]), where
+                assert_reported_are_stored(kept, reported, where)
             shutil.rmtree(store, ignore_errors=True)
 
 

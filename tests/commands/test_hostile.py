@@ -16,6 +16,7 @@ import pytest
 from rmqstore.fixtures import FixtureOptions, generate
 
 from support import (
+    assert_reported_are_stored,
     disk_left_with,
     failing_disk,
     inodes_left_with,
@@ -506,15 +507,7 @@ def test_a_disk_going_bad_under_append_loses_no_reported_message(tmp_path: Path)
                     recovered = run_cli(*step)
                     assert recovered.exit_code == 0, recovered.stderr
                     assert run_cli("verify", kept).exit_code == 0
-                read = run_cli("read", kept, "--from-offset", "0", "--jsonl", "--body", "text")
-                stored = {
-                    message["commitLogOffset"]: message
-                    for message in map(json.loads, read.stdout.splitlines())
-                }
-                for message in reported:
-                    found = stored[message["commitLogOffset"]]
-                    assert found["msgId"] == message["msgId"]
-                    assert found["body"].startswith(f"{message['queueOffset']:06d}x")
+                assert_reported_are_stored(kept, reported)
 
 
 @pytest.mark.parametrize("room", [300_000, 1_200_000])  # in the cut's copy; in the index
