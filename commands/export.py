@@ -92,11 +92,13 @@ def command(
     record of its last file. One part file per range of the commit log (--split-size),
     part-NNNNN.parquet or .jsonl; both engines write the same files. STORE and DIR may be local
     paths or pyarrow URIs (s3://, hdfs://, gs://). A local DIR is written under a temporary
-    name, synced to disk and renamed at the end, so a failed export leaves nothing behind and
-    one that said it was done outlives a crash just after; a DIR inside the
-    store is refused (exit 2: a broker lists the store's folders). Reads only; a local store
-    whose lock a broker holds is exported as it stood when the export began: up to where
-    its last file's data ended then, read 50 ms later, when a record being written is whole.
+    name (.DIR.rmqstore-PID), synced to disk and renamed at the end, so a failed export
+    leaves nothing behind and one that said it was done outlives a crash just after; such a
+    folder a killed export (or a power cut) left is removed by the next export to DIR. A DIR
+    inside the store is refused (exit 2: a broker lists the store's folders). Reads only; a
+    local store whose lock a broker holds is exported as it stood when the export began: up
+    to where its last file's data ended then, read 50 ms later, when a record being written
+    is whole.
 
     A --topic that matches no message gets a warning on stderr naming the topics that have
     consume queues (a typo, most often); the exit code stays 0.

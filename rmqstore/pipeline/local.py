@@ -11,6 +11,7 @@ same pass as their own work, dropping what the walk does not visit; the Spark en
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import queue
 import shutil
@@ -264,10 +265,16 @@ def staged_directory(destination: str) -> Iterator[Path]:
     under ``destination`` (renamed unsynced, its files could be there empty or short), and a
     disk that cannot take it fails the export instead of its files going after it ends."""
     final = Path(destination.removeprefix("file://"))
-    staging = final.with_name(f".{final.name}.rmqstore-{os.getpid()}")
+    prefix = f".{final.name}{_STAGING_INFIX}"
+    remove_abandoned_stagings(final.parent, prefix)
+    staging = final.with_name(f"{prefix}{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    held = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
+        # held while the export writes: one nobody holds was left by an export killed or
+        # cut off by a power cut (see remove_abandoned_stagings)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield staging
         sync_tree(staging)
         if final.exists():
@@ -277,6 +284,60 @@ def staged_directory(destination: str) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        os.close(held)
+
+
+_STAGING_INFIX = ".rmqstore-"
+
+
+def remove_abandoned_stagings(parent: Path, prefix: str) -> list[str]:
+    """Remove the staging folders (``prefix`` + a process id) an earlier export to the same
+    destination left when it was killed or the power went: ones no running export holds
+    (its lock) whose process is gone. They hold only part files of an export that never
+    finished. Returns the names removed."""
+    try:
+        entries = [
+            entry
+            for entry in os.scandir(parent)
+            if entry.name.startswith(prefix)
+            and entry.name[len(prefix) :].isdigit()
+            and entry.is_dir(follow_symlinks=False)
+        ]
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        pid = int(entry.name[len(prefix) :])
+        if pid == os.getpid() or _process_running(pid):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # an export running now (on another machine sharing the folder)
+        try:
+            shutil.rmtree(entry.path)
+            removed.append(entry.name)
+        except OSError:
+            pass  # left for the next export, as before
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _process_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # there, another user's
+    return True
 
 
 @dataclass(frozen=True)

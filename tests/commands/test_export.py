@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rmqstore.fixtures import generate
+from rmqstore.pipeline.local import remove_abandoned_stagings
 
 from support import (
     fresh_python,
@@ -267,3 +270,57 @@ def test_sigterm_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
     assert done.returncode == 143, done.stderr
     assert done.stderr.strip() == "rmqstore: error: terminated (SIGTERM)"
     assert list(out.parent.iterdir()) == []
+
+
+KILLED_EXPORT = TERMINATED_EXPORT.replace("signal.SIGTERM", "signal.SIGKILL")
+
+
+def test_a_killed_exports_staging_folder_goes_with_the_next_export(tmp_path: Path) -> None:
+    """An export killed (or cut off by a power cut) leaves its folder under a temporary
+    name; the next export to the same destination removes it, and exports whole."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    out = tmp_path / "exports" / "out"
+    out.parent.mkdir()
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_EXPORT, str(store), "--engine", "local", "--to",
+         str(out), "--split-size", "65536"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    left = [path.name for path in out.parent.iterdir()]
+    assert left == [f".out.rmqstore-{killed_pid(left[0])}"], left
+    again = run_cli("export", store, "--engine", "local", "--to", out, "--json")
+    assert again.exit_code == 0, again.stderr
+    assert [path.name for path in out.parent.iterdir()] == ["out"]
+    fresh = run_cli("export", store, "--engine", "local", "--to", tmp_path / "fresh", "--json")
+    assert json.loads(again.stdout)["messages"] == json.loads(fresh.stdout)["messages"] > 0
+
+
+def killed_pid(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+def test_a_staging_folder_an_export_still_holds_is_left(tmp_path: Path) -> None:
+    """Only folders left behind go: not one whose process runs (this test's own), nor one
+    whose lock is held (an export on another machine sharing the folder), nor anything
+    else beside the destination."""
+    running = tmp_path / f".out.rmqstore-{os.getpid()}"
+    held = tmp_path / ".out.rmqstore-999999999"
+    gone = tmp_path / ".out.rmqstore-999999998"
+    others = [tmp_path / ".out.rmqstore-x", tmp_path / ".other.rmqstore-999999997"]
+    for folder in [running, held, gone, *others]:
+        folder.mkdir()
+        (folder / "part-00000.parquet").write_bytes(b"x")
+    (tmp_path / ".out.rmqstore-999999996").symlink_to(gone)
+    fd = os.open(held, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        removed = remove_abandoned_stagings(tmp_path, ".out.rmqstore-")
+    finally:
+        os.close(fd)
+    assert removed == [gone.name]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [running.name, held.name, *(path.name for path in others), ".out.rmqstore-999999996"]
+    )
