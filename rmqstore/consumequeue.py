@@ -585,8 +585,10 @@ class ConsumeQueue:
         if not self.queue.segments:
             if not 0 <= queue_offset <= LARGEST_QUEUE_OFFSET:
                 return PutOutcome.OUT_OF_RANGE
-            self._start_at(expected)
-        elif queue_offset != 0 and expected < self.end:
+            self._start_with(expected, UNIT.pack(physical_offset, size, tags_code))
+            self.max_physical_offset = physical_offset + size
+            return PutOutcome.WRITTEN
+        if queue_offset != 0 and expected < self.end:
             return PutOutcome.DUPLICATE  # "built repeatedly"
         outcome = PutOutcome.WRITTEN
         if queue_offset != 0 and expected > self.end:
@@ -613,16 +615,25 @@ class ConsumeQueue:
         self.max_physical_offset = physical_offset + size
         return True
 
-    def _start_at(self, expected: int) -> None:
-        """The first file of a queue: created at the file holding ``expected`` and, when the
-        queue does not start at 0, filled with pre-blank units up to it."""
+    def _start_with(self, expected: int, unit: bytes) -> None:
+        """The first file of a queue, holding ``unit`` at ``expected``: created at the file
+        holding it and, when the queue does not start at the file's start, made with
+        pre-blank units up to it and the unit after them, on the disk when the file appears
+        under its name. A power cut that left such a file all zero would end the queue at
+        the file's start, where the next put (a broker's too) would append its unit, at the
+        wrong queue offset, with no fill before it; one that left only the fill would end
+        the queue at a pre-blank unit, which a broker's load takes for a record ending at
+        2 GiB (every later unit a duplicate)."""
         start = expected - expected % self.file_size
-        self._create(start)
-        self.end = start
-        self.min_logic_offset = expected
         filler = (expected - start) // CQ_UNIT_SIZE
+        self.min_logic_offset = expected
         if filler:
-            self._append(PRE_BLANK_UNIT * filler)
+            self._create(start, head=PRE_BLANK_UNIT * filler + unit)
+            self.end = expected + CQ_UNIT_SIZE
+        else:  # an all-zero file ends the queue at its start, where the unit goes again
+            self._create(start)
+            self.end = start
+            self._append(unit)
 
     def _append(self, units: bytes) -> None:
         position = 0
@@ -638,9 +649,10 @@ class ConsumeQueue:
             position += length
             self.end += length
 
-    def _create(self, start: int) -> Segment:
+    def _create(self, start: int, head: bytes = b"") -> Segment:
         try:
-            return self.queue.create(start)  # sparse: blocks are reserved as units are written
+            # sparse: blocks are reserved as units are written
+            return self.queue.create(start, head=head)
         except StoreFormatError as exc:  # something stands where the queue's file must go
             raise StoreFormatError(
                 f"{exc}; rmqstore dispatch --rebuild --yes moves the consume queues to "
@@ -650,6 +662,7 @@ class ConsumeQueue:
     def _writable(self, segment: Segment) -> mmap.mmap:
         if self._write_segment is not segment:
             self._release()
+            self._sync_files_before(segment)
             if self.on_residue is not None:
                 start = max(0, self.end - segment.start)
                 extent = nonzero_extent(segment.path, start, self.file_size)
@@ -678,6 +691,19 @@ class ConsumeQueue:
         self._reserved = target
         self._write_limit = segment.start + target
 
+    def _sync_files_before(self, segment: Segment) -> None:
+        """Make the queue's files before ``segment`` durable before a unit is written there,
+        as a broker's flush goes from file to file: the disk never holds a later file's units
+        over an earlier file's lost ones (a power cut while the queue rolls), a hole a
+        broker's recovery, walking the last three files, would not see, nor a replay fill."""
+        earlier = sorted(path for path in self._dirty if path.name < segment.path.name)
+        try:
+            for path in earlier:
+                sync_file_data(path)
+                self._dirty.discard(path)
+        except OSError as exc:
+            raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
+
     def _release(self) -> None:
         """Let the mapped file go. What was written through the map stays in the page cache
         until :meth:`flush` syncs the file by name: the file is marked for it (units the
@@ -694,14 +720,18 @@ class ConsumeQueue:
             self._write_limit = -1
 
     def flush(self) -> None:
-        """Make the units written since the last flush durable (msync, fdatasync)."""
+        """Make the units written since the last flush durable, file by file from the
+        queue's first (fdatasync, which writes back what went through the map too): a power
+        cut part way then leaves the queue's units on the disk up to some point, as a
+        broker's recovery reads them (its walk ends the queue at the first unit that is not
+        there, and the replay puts the rest again). The mapped file, the queue's last, used
+        to be synced first (msync), which could leave it on the disk over an earlier file
+        never written: a hole before the queue's end, which no replay fills."""
         if self.end == self._synced_end and not self._dirty:
             return
+        if self._write_segment is not None:  # the fast path of put() does not mark it
+            self._dirty.add(self._write_segment.path)
         try:
-            if self._write_map is not None:
-                self._write_map.flush()
-            if self._write_segment is not None:  # the fast path of put() does not mark it
-                self._dirty.add(self._write_segment.path)
             for path in sorted(self._dirty):
                 sync_file_data(path)
         except OSError as exc:

@@ -601,7 +601,9 @@ class _BatchWalk:
         self.row_runs = kernel_layout.zeroed(_BATCH_ROWS)
         self.runs = kernel_layout.zeroed(kernel_layout.RUN_WIDTH * _RUNS)
         self.batch_offsets = array("q")
-        self.newest_queued = -1  # the commit-log offset of the newest unit written
+        # the commit-log offset of the newest unit put (written, or there already: a broker's
+        # put returns true for a duplicate, and logicsMsgTimestamp takes its record's time)
+        self.newest_queued = -1
         self.options = kernel_layout.INDEX_KEYS if self.index is not None else 0
         last = self.index.last_written if self.index is not None else None
         # records up to here may be partly indexed already: IndexService.build decides
@@ -779,6 +781,7 @@ class _BatchWalk:
         last_offset, last_size, _code = UNIT.unpack_from(data, (count - 1) * CQ_UNIT_SIZE)
         if last_offset + last_size <= queue.max_physical_offset:
             self.units_skipped += count  # every unit is there: put would skip each
+            newest = count - 1
         elif queue.put_run(first_offset, data, _unit_end(data)):
             written, newest = count, count - 1
         else:
@@ -788,6 +791,7 @@ class _BatchWalk:
                 outcome = queue.put(queue_offset, offset, size, code)
                 if outcome is PutOutcome.DUPLICATE:
                     self.units_skipped += 1
+                    newest = number_in_run
                     continue
                 if outcome is PutOutcome.OUT_OF_RANGE:
                     problems.append(
@@ -807,6 +811,7 @@ class _BatchWalk:
         if written:
             self.units_written += written
             self.touched.add(key)
+        if newest >= 0:  # the queue holds it now, written or there already
             offset = UNIT.unpack_from(data, newest * CQ_UNIT_SIZE)[0]
             if offset > self.newest_queued:
                 self.newest_queued = offset
@@ -870,8 +875,9 @@ class _BatchWalk:
         size: int,
         code: int,
     ) -> bool:
-        """One unit into its queue, as ``putMessagePositionInfo`` puts it; whether it was
-        written (not already there)."""
+        """One unit into its queue, as ``putMessagePositionInfo`` puts it; whether the queue
+        holds it now (written, or there already: the broker's put returns true for both, and
+        logicsMsgTimestamp takes the record's time)."""
         dispatcher = self.dispatcher
         key = (topic, queue_id)
         queue = dispatcher.queues.get(key)
@@ -882,7 +888,8 @@ class _BatchWalk:
         outcome = queue.put(queue_offset, physical_offset, size, code)
         if outcome is PutOutcome.DUPLICATE:
             self.units_skipped += 1
-            return False
+            self.newest_queued = max(self.newest_queued, physical_offset)
+            return True
         if outcome is PutOutcome.OUT_OF_RANGE:
             self.result.problems.append(
                 out_of_range_problem(physical_offset, queue_offset, topic, queue_id)

@@ -167,12 +167,14 @@ class SegmentQueue:
         """Drop segments beyond the first ``count`` from the list (the files stay)."""
         del self.segments[count:]
 
-    def create(self, start_offset: int, *, reserve: bool = False) -> Segment:
+    def create(self, start_offset: int, *, reserve: bool = False, head: bytes = b"") -> Segment:
         """Create the segment starting at ``start_offset`` at its full size, as the broker's
         allocator does: sparse, or with every block allocated when ``reserve`` (so writes
         through a map can never meet a full disk). The file is made under a temporary name and
         renamed into place at full size, so a kill never leaves a short segment; an empty file
-        left at the name by an older writer's kill is replaced (it holds nothing)."""
+        left at the name by an older writer's kill is replaced (it holds nothing). ``head``,
+        bytes the file begins with (a consume queue's pre-blank units), is written and synced
+        before the rename: the file is never on the disk without them."""
         if start_offset % self.file_size:
             raise StoreFormatError(
                 f"segment offset {start_offset} is not a multiple of the file size {self.file_size}"
@@ -187,6 +189,9 @@ class SegmentQueue:
                 os.ftruncate(fd, self.file_size)
                 if reserve:
                     os.posix_fallocate(fd, 0, self.file_size)
+                if head:
+                    pwrite_fully(fd, head, 0)
+                    os.fdatasync(fd)
             except OSError:
                 os.close(fd)
                 os.unlink(temporary)

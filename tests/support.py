@@ -7,6 +7,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -865,3 +866,34 @@ def store_being_written(tmp_path: Path) -> tuple[Path, dict, WriterFinishing]:
         handle.seek(torn_from)
         handle.write(bytes(len(whole) - torn_from))
     return store, being_written, WriterFinishing(log, whole[torn_from:], torn_from)
+
+
+@contextmanager
+def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
+    """``rmqstore serve-ha STORE`` on loopback (a free port unless given): yields
+    ``ha://127.0.0.1:PORT``."""
+    with serving_process(store, *options, port=port) as (address, _server):
+        yield address
+
+
+@contextmanager
+def serving_process(
+    store: Path, *options: str, port: int = 0
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """:func:`serving`, yielding the server's process too (its stderr says what happens)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen", f"127.0.0.1:{port}",
+         *options],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert server.stderr is not None
+    line = server.stderr.readline()
+    bound = re.search(r"on 127\.0\.0\.1:(\d+)", line)
+    assert bound, line
+    try:
+        yield f"ha://127.0.0.1:{bound.group(1)}", server
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,6 +1,7 @@
-"""A power cut in the middle of ``recover``, ``dispatch --rebuild`` and ``append --flush sync
---dispatch``: the command is killed as it enters its n-th fsync, fdatasync or msync (strace's
-syscall injection) and the disk image copied at once. The file system is mounted with
+"""A power cut in the middle of ``recover``, ``dispatch --rebuild``, ``quarantine restore``,
+``replicate`` (from a directory and over HA) and ``append --flush sync --dispatch``: the
+command is killed as it enters its n-th fsync, fdatasync or msync (strace's syscall
+injection) and the disk image copied at once. The file system is mounted with
 ``commit=300`` and a run lasts less than the 30 s after which Linux writes dirty pages back
 on its own, so nothing the command did not sync reached the image: the copy is what a power
 cut at that sync leaves. On the copy (its journal replayed, as at the next start) the
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ import pytest
 from rmqstore.fixtures import FixtureOptions, generate
 
 from campaigns import campaign_random, child_env, repair_outcome, rounds, seed_note
-from support import assert_reported_are_stored, failing_disk, mounted_copy, run_cli
+from support import assert_reported_are_stored, failing_disk, mounted_copy, run_cli, serving
 
 CUTS = rounds(short=2, long=40)
 SYNCS = ("fsync", "fdatasync", "msync")
@@ -72,18 +74,21 @@ def cuts_run_again_give_the_uncut_outcome(
     label: str,
     finished: Callable[[Path], bool] = lambda _store: False,
 ) -> dict[str, str]:
-    """``command`` on copies of ``source``, each cut at one of its syncs; on the disk each
-    cut leaves, the command run again (unless ``finished`` says the cut came after it)
-    gives the ``outcome`` of a run never cut, which is returned."""
+    """``command`` on copies of ``source`` (none when it does not exist: the command makes
+    the store), each cut at one of its syncs; on the disk each cut leaves, the command run
+    again (unless ``finished`` says the cut came after it) gives the ``outcome`` of a run
+    never cut, which is returned."""
     rng = campaign_random(label)
     with failing_disk(tmp_path, **DISK) as (disk, image):
         reference = disk / "reference"
-        shutil.copytree(source, reference)
+        if source.exists():
+            shutil.copytree(source, reference)
         counts = sync_counts(command(reference), tmp_path)
         expected = outcome(reference)
         for cut in range(CUTS):
             store = disk / f"cut-{cut}"
-            shutil.copytree(source, store)
+            if source.exists():
+                shutil.copytree(source, store)
             subprocess.run(["sync"], check=True)  # the store before the command: not in question
             sync, number = choose_cut(counts, rng)
             cut_at(command(store), sync, number)
@@ -97,7 +102,7 @@ def cuts_run_again_give_the_uncut_outcome(
                 assert got == expected, (
                     f"{where}: {sorted(set(got.items()) ^ set(expected.items()))[:4]}"
                 )
-            shutil.rmtree(store)
+            shutil.rmtree(store, ignore_errors=True)
     return expected
 
 
@@ -181,3 +186,27 @@ def test_a_restore_cut_by_a_power_cut_run_again_gives_the_store_before_the_recov
         finished=lambda store: not (store / "quarantine" / folder["name"]).exists(),
     )
     assert uncut == expected
+
+
+@pytest.mark.campaign
+@pytest.mark.parametrize("over", ["directory", "ha"])
+def test_a_replicate_cut_by_a_power_cut_run_again_gives_the_same_replica(
+    tmp_path: Path, over: str
+) -> None:
+    """``replicate`` into a new replica, from a store directory or over HA from ``serve-ha``,
+    cut at one of its syncs: on the copy, replicate run again gives the replica a run never
+    cut gives (commit log, consume queues, index, checkpoint), and no 'abort' left."""
+    master = tmp_path / "master"
+    generate("multi", master, FixtureOptions(seed=3, messages=5_000))
+
+    def replica(store: Path) -> dict[str, str]:
+        return {**repair_outcome(store), "abort": str((store / "abort").exists())}
+
+    with serving(master) if over == "ha" else nullcontext(str(master)) as source:
+        cuts_run_again_give_the_uncut_outcome(
+            tmp_path,
+            tmp_path / "no such store",
+            lambda dest: ["replicate", source, str(dest), "--commitlog-file-size", "65536"],
+            replica,
+            f"power-cut-replicate-{over}",
+        )

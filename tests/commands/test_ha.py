@@ -34,18 +34,19 @@ from rmqstore.ha import (
 )
 from rmqstore.store import Store
 
-from support import ORACLE_OPTIONS, log_bytes, queue_files, replicate, run_cli, torn_replica
+from support import (
+    ORACLE_OPTIONS,
+    log_bytes,
+    queue_files,
+    replicate,
+    run_cli,
+    serving,
+    serving_process,
+    torn_replica,
+)
 
 FILE = 65536
 CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
-
-
-@contextmanager
-def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
-    """``rmqstore serve-ha STORE`` on loopback (a free port unless given): yields
-    ``ha://127.0.0.1:PORT``."""
-    with serving_process(store, *options, port=port) as (address, _server):
-        yield address
 
 
 def wait_for_a_line(process: subprocess.Popen, text: str, timeout: float = 60) -> str:
@@ -75,29 +76,6 @@ def following_slave(address: str, dest: Path, *options: str) -> subprocess.Popen
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
-
-
-@contextmanager
-def serving_process(
-    store: Path, *options: str, port: int = 0
-) -> Iterator[tuple[str, subprocess.Popen]]:
-    """:func:`serving`, yielding the server's process too (its stderr says what happens)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen", f"127.0.0.1:{port}",
-         *options],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    assert server.stderr is not None
-    line = server.stderr.readline()
-    bound = re.search(r"on 127\.0\.0\.1:(\d+)", line)
-    assert bound, line
-    try:
-        yield f"ha://127.0.0.1:{bound.group(1)}", server
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 @pytest.mark.parametrize("name", CLEAN)

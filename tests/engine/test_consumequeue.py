@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from rmqstore import consumequeue, kernel
-from rmqstore.consumequeue import _FIRST_CHUNK, _LARGEST_CHUNK, CQ_UNIT_SIZE, ConsumeQueue
+from rmqstore.consumequeue import (
+    _FIRST_CHUNK,
+    _LARGEST_CHUNK,
+    CQ_UNIT_SIZE,
+    PRE_BLANK_UNIT,
+    ConsumeQueue,
+    PutOutcome,
+)
 
 FILE_SIZE = 300_000 * CQ_UNIT_SIZE  # a broker's default consume-queue file (6,000,000 bytes)
 UNIT = struct.Struct(">qiq")
@@ -299,9 +306,13 @@ def test_a_flush_syncs_a_file_the_queue_moved_on_from_or_let_go(
     queue.put(0, 0, 100, 7)
     queue.flush()
     assert synced == [f"{0:020d}"]
-    for number in range(1, 6):  # 3 more in the first file, 2 in the second
-        queue.put(number, number * 100, 100, 7)
     synced.clear()
+    for number in range(1, 4):  # 3 more in the first file
+        queue.put(number, number * 100, 100, 7)
+    assert synced == []
+    for number in range(4, 6):  # 2 in the second: the first is synced before its first unit
+        queue.put(number, number * 100, 100, 7)
+        assert synced == [f"{0:020d}"]
     queue.flush()
     assert synced == [f"{0:020d}", f"{4 * CQ_UNIT_SIZE:020d}"]
     queue.close()
@@ -318,3 +329,42 @@ def test_a_flush_syncs_a_file_the_queue_moved_on_from_or_let_go(
     second.close()
     first.close()
     assert ConsumeQueue(tmp_path, "A", 0, 400).max_offset == 2
+
+
+def test_a_queue_starting_past_its_files_start_appears_with_its_fill_and_first_unit_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue's first file, made for a unit at queue offset 7 (an HA replica's queues, a
+    queue whose old files expired): the pre-blank units and the unit are synced before the
+    file appears under its name. A power cut used to be able to leave it all zero (the next
+    put then appends at offset 0, at the wrong queue offset) or holding only the fill (a
+    broker's load takes a pre-blank unit for a record ending at 2 GiB). A queue starting at
+    its file's start is made sparse, with no sync (an all-zero file ends it where its unit
+    goes again)."""
+    import os
+
+    happened: list[tuple[str, bytes]] = []
+    real_rename, real_fdatasync = os.rename, os.fdatasync
+
+    def rename(source: str | Path, target: str | Path) -> None:
+        happened.append(("rename", Path(source).read_bytes()[: 9 * CQ_UNIT_SIZE]))
+        real_rename(source, target)
+
+    def fdatasync(fd: int) -> None:
+        happened.append(("fdatasync", b""))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    queue = ConsumeQueue(tmp_path / "late", "T", 0, 20 * CQ_UNIT_SIZE)
+    assert queue.put(7, 1000, 100, 5) is PutOutcome.WRITTEN
+    head = PRE_BLANK_UNIT * 7 + UNIT.pack(1000, 100, 5) + bytes(CQ_UNIT_SIZE)
+    assert happened == [("fdatasync", b""), ("rename", head)]
+    assert (queue.min_offset, queue.max_offset, queue.max_physical_offset) == (7, 8, 1100)
+    queue.close()
+
+    happened.clear()
+    queue = ConsumeQueue(tmp_path / "early", "T", 0, 20 * CQ_UNIT_SIZE)
+    assert queue.put(20, 1000, 100, 5) is PutOutcome.WRITTEN  # the start of its second file
+    assert happened == [("rename", bytes(9 * CQ_UNIT_SIZE))]
+    queue.close()

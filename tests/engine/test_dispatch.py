@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from rmqstore.checkpoint import write_checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import PRE_BLANK_UNIT, ConsumeQueue
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_dispatch, plan_rebuild
@@ -524,3 +526,25 @@ def test_a_dispatch_into_many_queues_holds_few_maps_and_writes_the_same_bytes(
     assert 0 < most <= 3
     assert files_held(few / "consumequeue") == 0
     assert tree_digest(few) == tree_digest(whole)
+
+
+def test_a_replay_over_units_already_there_moves_the_logics_time_as_a_broker_does(
+    oracle, tmp_path: Path
+) -> None:
+    """A crash's replay puts every record again; a broker's put returns true for a unit
+    the queue holds already and takes its record's time as logicsMsgTimestamp. A replay
+    whose last units were all there (a power cut after the queues, before the checkpoint)
+    used to leave the time where it was, short of what a run never cut writes."""
+    built = dispatched_copy(oracle, "s1_multi", tmp_path / "built")
+    with Store.open_read(built, StoreConfig(**ORACLE_CONFIG)) as store:
+        uncut = store.checkpoint()
+    assert uncut is not None and uncut.logics_msg_timestamp > 0
+    write_checkpoint(built / "checkpoint", replace(uncut, logics_msg_timestamp=0))
+    (built / "abort").write_bytes(b"")
+    with Store.open_write(built, StoreConfig(**ORACLE_CONFIG)) as store:
+        dispatcher = Dispatcher(store, clock=fixed_clock())
+        result = dispatcher.run()
+        dispatcher.close()
+        assert result.units_written == 0 and result.units_skipped > 0
+        after = store.checkpoint()
+    assert after is not None and after.logics_msg_timestamp == uncut.logics_msg_timestamp
