@@ -35,8 +35,10 @@ format: venv
 	$(BIN)/ruff check --fix .
 
 # The whole suite on the compiled kernel (required) and everything but Spark, the campaigns,
-# the install tests (which build their own environments, the same either way) and the
-# real-time waits again on the pure-Python reference kernel: both paths stay green. The
+# the install tests (which build their own environments, the same either way), the
+# real-time waits and the plumbing (a command's dealings with full and failing disks,
+# descriptors, permissions, HA sockets, the terminal: no record kernel decides those) again
+# on the pure-Python reference kernel: both paths stay green. The
 # suite keeps both cores busy (its CPU time is about twice its wall time), so it runs as
 # four streams at once, which end close together: the compiled pass but for the Spark
 # tests, the campaigns, the install tests and the slow ones; the Spark tests (one session);
@@ -51,7 +53,7 @@ REFERENCE_LOG := $(VENV)/reference-pass.log
 SIDE_MARKS := campaign or install or slow
 test: venv java-check lint
 	@RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "not spark and not campaign and not install and not timers" \
+	    -m "not spark and not campaign and not install and not timers and not plumbing" \
 	    >$(REFERENCE_LOG) 2>&1 & reference=$$!; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider -m "$(SIDE_MARKS)" \
 	    >$(SIDE_LOG) 2>&1 & side=$$!; \

@@ -384,6 +384,7 @@ def test_a_rebuild_of_a_sound_log_names_no_damage(oracle, tmp_path: Path) -> Non
     assert done.exit_code == 0, done.stderr
 
 
+@pytest.mark.plumbing
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_rebuild_a_full_disk_stops_says_how_far_it_got_and_keeps_abort(
     tmp_path: Path, jobs: str
@@ -456,6 +457,7 @@ def _finishes_with_every_record(store: Path, messages: int, *options: str) -> No
     assert checked["checked"]["indexedRecords"] == messages
 
 
+@pytest.mark.plumbing
 def test_a_dispatch_a_full_disk_stops_keeps_abort(tmp_path: Path) -> None:
     """A store a broker stopped cleanly with its index gone and junk after one queue's valid
     end: a full disk stops dispatch at each point in turn. A stop before it put a unit or an

@@ -119,6 +119,7 @@ def test_a_forced_generation_is_undone_by_its_restore(tmp_path: Path) -> None:
     assert json.loads((aside / "fixture.json").read_text())["scenario"] == "multi"
 
 
+@pytest.mark.plumbing
 @pytest.mark.slow  # 120,000 messages generated in a process of its own
 def test_a_large_clean_fixture_is_generated_in_flat_memory(tmp_path: Path) -> None:
     """Every message put was kept for the manifest's list (left out above 100,000) and the

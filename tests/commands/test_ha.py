@@ -45,6 +45,8 @@ from support import (
     torn_replica,
 )
 
+pytestmark = pytest.mark.plumbing
+
 FILE = 65536
 CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
 

@@ -154,6 +154,7 @@ def test_fixtures_force_refuses_a_held_store_and_quarantines_what_it_replaces(
         assert name == "lock" or kept[name] == digest
 
 
+@pytest.mark.plumbing
 def test_a_fifo_checkpoint_does_not_hang_any_command(tmp_path: Path) -> None:
     store = small_store(tmp_path)
     (store / "checkpoint").unlink()
@@ -218,6 +219,7 @@ def test_inputs_that_never_end_are_read_no_further_than_a_message_takes(
     assert tree_digest(store) == before
 
 
+@pytest.mark.plumbing
 def test_store_manifests_that_are_fifos_or_not_objects_are_refused(tmp_path: Path) -> None:
     store = small_store(tmp_path)
     folder = store / "quarantine" / "20240101T000000-recover"
@@ -247,6 +249,7 @@ def test_store_manifests_that_are_fifos_or_not_objects_are_refused(tmp_path: Pat
     one_line_error(run_cli("fixtures", "describe", "basic", fixture), 2)
 
 
+@pytest.mark.plumbing
 def test_a_full_disk_is_exit_4_not_a_bus_error(tmp_path: Path) -> None:
     """Groups of 1024 messages are fsynced, dispatched and acknowledged until the 4 MiB disk
     is full: the command ends with exit 4, and recovery keeps every acknowledged message."""
@@ -312,6 +315,7 @@ def test_append_dispatch_stopped_after_the_records_does_not_call_the_store_uncha
         ]  # fmt: skip
 
 
+@pytest.mark.plumbing
 def test_a_fixture_that_fills_the_disk_is_exit_4_and_leaves_nothing(tmp_path: Path) -> None:
     """A generation stopped by a full disk took OUT to the last byte and left it there (a
     half-made store, no manifest); it is removed, the folders made for OUT with it, and an
@@ -335,6 +339,7 @@ def test_a_fixture_that_fills_the_disk_is_exit_4_and_leaves_nothing(tmp_path: Pa
         assert made.exit_code == 0, made.stderr
 
 
+@pytest.mark.plumbing
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_an_export_to_a_full_disk_is_exit_4_and_leaves_nothing(tmp_path: Path, fmt: str) -> None:
     """Part files that do not fit: one line naming the destination and the full disk, exit
@@ -378,6 +383,7 @@ def test_every_writer_refuses_a_held_store_and_changes_nothing(tmp_path: Path) -
     assert tree_digest(store) == before
 
 
+@pytest.mark.plumbing
 @pytest.mark.parametrize("command", [["dispatch", "--rebuild", "--yes"], ["recover", "--yes"]])
 def test_a_full_disk_during_dispatch_and_recover_is_exit_4(
     tmp_path: Path, command: list[str]
@@ -406,6 +412,7 @@ def test_a_full_disk_during_dispatch_and_recover_is_exit_4(
         assert run_cli("verify", store).exit_code == 0
 
 
+@pytest.mark.plumbing
 def test_permission_denied_is_exit_4_for_writers_and_nothing_for_readers(tmp_path: Path) -> None:
     """Read-only store files, and a child without root's power to ignore permissions
     (setpriv drops CAP_DAC_OVERRIDE): a writer exits 4 with one line and changes nothing;
@@ -438,6 +445,7 @@ def test_permission_denied_is_exit_4_for_writers_and_nothing_for_readers(tmp_pat
             path.chmod(0o755 if path.is_dir() else 0o644)
 
 
+@pytest.mark.plumbing
 def test_a_store_on_a_read_only_mount_is_read_in_full_and_written_by_nothing(
     tmp_path: Path,
 ) -> None:
@@ -475,6 +483,7 @@ def test_a_store_on_a_read_only_mount_is_read_in_full_and_written_by_nothing(
             assert "Read-only file system" in result.stderr, (command, result.stderr)
 
 
+@pytest.mark.plumbing
 def test_a_disk_going_bad_under_append_loses_no_reported_message(tmp_path: Path) -> None:
     """The disk fails under a sync append (its device takes no more writes: msync and
     fsync fail, then the file system goes read-only): exit 4 in one line that names the
@@ -510,6 +519,7 @@ def test_a_disk_going_bad_under_append_loses_no_reported_message(tmp_path: Path)
                 assert_reported_are_stored(kept, reported)
 
 
+@pytest.mark.plumbing
 @pytest.mark.parametrize("room", [300_000, 1_200_000])  # in the cut's copy; in the index
 def test_a_disk_going_bad_under_recover_loses_nothing(tmp_path: Path, room: int) -> None:
     """The disk fails under ``recover --yes`` of a crashed store with 600 KB of junk after
@@ -550,6 +560,7 @@ def test_a_disk_going_bad_under_recover_loses_nothing(tmp_path: Path, room: int)
             assert any(piece.read_bytes() == junk for piece in pieces)
 
 
+@pytest.mark.plumbing
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_an_export_is_on_the_disk_when_it_says_it_is_done(tmp_path: Path, fmt: str) -> None:
     """``export --engine local`` onto a disk going bad (its device takes no more writes):
@@ -1085,6 +1096,7 @@ def test_digits_of_other_kinds_are_not_numbers(tmp_path: Path) -> None:
     assert not (tmp_path / "copy").exists()
 
 
+@pytest.mark.plumbing
 def test_a_store_of_more_index_files_than_descriptors_allowed_is_dispatched_and_read(
     tmp_path: Path,
 ) -> None:
@@ -1132,6 +1144,7 @@ def test_a_store_of_more_index_files_than_descriptors_allowed_is_dispatched_and_
     assert not (store / "abort").exists()
 
 
+@pytest.mark.plumbing
 def test_a_store_of_more_queues_than_descriptors_allowed_is_written_and_rebuilt(
     tmp_path: Path,
 ) -> None:

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.plumbing
+
 # runs the entry point as the console script does, then says what the environment held
 _ENTRY = """
 import os, sys

@@ -4,11 +4,14 @@ stale."""
 from __future__ import annotations
 
 import click
+import pytest
 
 from rmqstore.commands.main import cli
 from rmqstore.commands.manpages import generated_pages
 
 from support import REPO
+
+pytestmark = pytest.mark.plumbing
 
 
 def walk(command: click.Command, path: str):

@@ -19,6 +19,8 @@ from rmqstore.fixtures import FixtureOptions, generate
 
 from support import run_cli
 
+pytestmark = pytest.mark.plumbing
+
 BOX_DRAWING = set("│┃─━┏┓┗┛┡┩╇┼╋└┘┌┐")
 
 

@@ -15,6 +15,8 @@ import pytest
 
 from support import failing_disk, mounted_copy, run_cli, tree_state
 
+pytestmark = pytest.mark.plumbing
+
 # a disk that does not fail: its device holds more than the file system's size
 HEALTHY = {"holds": "160m", "size": "128m"}
 

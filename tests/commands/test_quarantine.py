@@ -14,6 +14,8 @@ from rmqstore.quarantine import Quarantine, plan_restore
 
 from support import lock_held_elsewhere, run_cli, tree_digest
 
+pytestmark = pytest.mark.plumbing
+
 
 def recovered(tmp_path: Path) -> Path:
     store = tmp_path / "store"

@@ -29,6 +29,8 @@ from support import (
     tree_digest,
 )
 
+pytestmark = pytest.mark.plumbing
+
 CLEAN = sorted(n for n in SCENARIOS if n != "large" and SCENARIOS[n].damage is None)
 
 

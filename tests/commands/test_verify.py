@@ -120,6 +120,7 @@ def _verify_json(store: Path, *options: str) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.stdout)
 
 
+@pytest.mark.plumbing
 def test_a_store_a_writer_appends_to_is_checked_as_it_stood_and_sound(tmp_path: Path) -> None:
     """A real writer (append, with its dispatch) holds the lock and writes while verify
     runs again and again, whole and in ranges: what a running broker has by design is a
