@@ -23,7 +23,7 @@ from rmqstore.verify import NOTE, verify_store
 from campaigns import campaign_random, child_env, rounds, seed_note, sigint_delivered, stop_signal
 from support import run_cli
 
-KILLS = rounds(short=3, long=50)  # per flush policy and dispatch setting: 6 x 50 = 300 long
+KILLS = rounds(short=2, long=50)  # per flush policy and dispatch setting: 6 x 50 = 300 long
 # each policy as append's options: group commit; ASYNC_FLUSH's interval flushes (short, so
 # kills land between them); the transient store pool, committing between flushes
 POLICIES = {

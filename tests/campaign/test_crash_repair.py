@@ -28,7 +28,7 @@ from campaigns import (
 )
 from support import run_cli, tree_state
 
-KILLS = rounds(short=2, long=30)
+KILLS = rounds(short=1, long=30)
 MESSAGES = 20_000
 
 

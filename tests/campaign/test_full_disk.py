@@ -47,7 +47,7 @@ from support import (
     tree_state,
 )
 
-ROUNDS = rounds(short=6, long=150)
+ROUNDS = rounds(short=4, long=150)
 OPERATIONS = [
     "recover", "dispatch", "rebuild", "rebuild-jobs", "append", "restore", "flush", "generate"
 ]  # fmt: skip

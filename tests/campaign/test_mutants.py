@@ -30,7 +30,7 @@ from campaigns import (
 )
 from support import ORACLE_OPTIONS, tree_state
 
-MUTANTS = rounds(short=4, long=100)  # per real store; 3 stores
+MUTANTS = rounds(short=2, long=100)  # per real store; 3 stores
 READ_ONLY = [
     ["info", "{store}", "--json"],
     ["verify", "{store}", "--json"],

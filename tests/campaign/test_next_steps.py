@@ -27,7 +27,7 @@ from campaigns import (
 from support import tree_state
 
 MUTANTS = rounds(short=2, long=60)  # per real store
-DISK_COPIES = rounds(short=4, long=180)
+DISK_COPIES = rounds(short=2, long=180)
 
 
 def disk_damaged_copy(oracle, root: Path, rng: random.Random) -> tuple[Path, Path, str]:

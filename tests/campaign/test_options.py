@@ -21,7 +21,7 @@ from rmqstore.commands.main import cli
 from campaigns import Outcome, campaign_random, rounds, run_commands, seed_note
 from support import ORACLE_OPTIONS
 
-COMMAND_LINES = rounds(short=24, long=400)
+COMMAND_LINES = rounds(short=12, long=400)
 PLAUSIBLE = ["0", "1", "2", "5", "100", "266", "2000", "65536", "3346148"]
 NUMBERS = [*PLAUSIBLE, "-1", "2147483648", "9223372036854775808", "-9223372036854775809",
            "1" + "0" * 30, "1e3", "0x10", "nan", "", " 7"]  # fmt: skip

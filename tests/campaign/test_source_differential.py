@@ -36,7 +36,7 @@ from rmqstore.topics import is_path_safe
 from campaigns import campaign_random, damage_segment, rounds, seed_note
 from support import mutate_units, streamed_offsets
 
-MUTANTS = rounds(short=4, long=150)  # per comparison
+MUTANTS = rounds(short=2, long=150)  # per comparison
 BROKER_STORES = ("s1_multi", "s2_crash", "v533_s1_multi", "s3_txn_delay")
 
 
