@@ -1,7 +1,7 @@
 """A power cut in the middle of ``recover``, ``dispatch --rebuild``, ``quarantine restore``,
-``replicate`` (from a directory and over HA) and ``append --flush sync --dispatch``: the
-command is killed as it enters its n-th fsync, fdatasync or msync (strace's syscall
-injection) and the disk image copied at once. The file system is mounted with
+``replicate`` (from a directory and over HA), ``dispatch`` and ``append --flush sync
+--dispatch``: the command is killed as it enters its n-th fsync, fdatasync or msync
+(strace's syscall injection) and the disk image copied at once. The file system is mounted with
 ``commit=300`` and a run lasts less than the 30 s after which Linux writes dirty pages back
 on its own, so nothing the command did not sync reached the image: the copy is what a power
 cut at that sync leaves. On the copy (its journal replayed, as at the next start) the
@@ -122,6 +122,31 @@ def test_a_repair_cut_by_a_power_cut_run_again_gives_the_same_files(
         lambda store: [command[0], str(store), *command[1:]],
         repair_outcome,
         f"power-cut-{scenario}",
+    )
+
+
+@pytest.mark.campaign
+def test_a_dispatch_cut_by_a_power_cut_run_again_gives_the_same_files(tmp_path: Path) -> None:
+    """``dispatch`` of a store appended to without ``--dispatch`` (12 queues of small files,
+    so they roll, and small index files), cut at one of its syncs: on the copy, dispatch run
+    again gives the consume queues, index and checkpoint a run never cut gives."""
+    lines = tmp_path / "in.jsonl"
+    with open(lines, "w", encoding="utf-8") as out:
+        for number in range(4_000):
+            message = {"topic": f"T{number % 3}", "queueId": number % 4, "keys": f"k{number}",
+                       "body": f"{number:06d}" + "y" * 200}  # fmt: skip
+            out.write(json.dumps(message) + "\n")
+    source = tmp_path / "source"
+    made = run_cli("append", source, "--create", "--commitlog-file-size", str(1 << 20),
+                   "--consumequeue-file-size", "2000", "--index-slots", "100",
+                   "--index-entries", "400", "--input", lines)  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    cuts_run_again_give_the_uncut_outcome(
+        tmp_path,
+        source,
+        lambda store: ["dispatch", str(store), "--index-slots", "100", "--index-entries", "400"],
+        repair_outcome,
+        "power-cut-dispatch",
     )
 
 
