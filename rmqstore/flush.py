@@ -83,13 +83,17 @@ def flush_store(store: Store, *, replayed: bool = False) -> FlushResult:
 
 def _sync_tree(store: Store) -> tuple[int, int]:
     """fsync every regular file under commitlog/, consumequeue/ and index/ and their
-    directories (links are not followed: what they point at is not the store's)."""
+    directories (links are not followed: what they point at is not the store's). Each
+    folder's files go in name order, which is offset (or time) order: a power cut part way
+    leaves the earlier files of a log or queue on the disk before the later ones, never a
+    later file's data over an earlier one's hole (the order a folder lists its files in,
+    which it used to follow, is the file system's own)."""
     files = size = 0
     for top in (store.commitlog_dir, store.consumequeue_dir, store.index_dir):
         if not top.is_dir() or top.is_symlink():
             continue
         for directory, subdirectories, names in os.walk(top):
-            for name in names:
+            for name in sorted(names):
                 path = Path(directory) / name
                 if path.is_symlink() or not path.is_file():
                     continue

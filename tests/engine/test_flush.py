@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -119,3 +120,48 @@ def _no_index(directory: Path) -> Path:
     conf = directory / "broker.conf"
     conf.write_text("messageIndexEnable=false\n")
     return conf
+
+
+def test_each_folders_files_are_synced_in_name_order(tmp_path: Path, monkeypatch) -> None:
+    """Name order is offset order (time order for index files): a power cut part way through
+    a flush leaves a log's or a queue's earlier files on the disk before its later ones,
+    whatever order a folder lists them in (the file system's own: here the reverse)."""
+    import os
+
+    import rmqstore.flush as flush_module
+
+    real_walk = os.walk
+
+    def walk_listing_in_reverse(top: Path):
+        for directory, subdirectories, names in real_walk(top):
+            yield directory, subdirectories, sorted(names, reverse=True)
+
+    monkeypatch.setattr(flush_module.os, "walk", walk_listing_in_reverse)
+
+    root = tmp_path / "s"
+    config = replace(CONFIG, consumequeue_file_size=200)  # 10 units a file
+    clock = itertools.count(1_700_000_000_000, 1000).__next__
+    with Store.open_write(root, config, create=True) as store:  # several files of each kind
+        appender = store.appender(clock=clock, uniq_keys=UniqKeyGenerator())
+        appender.append_many(
+            [Message(topic="T", body=b"x" * 300, queue_id=n % 2) for n in range(60)]
+        )
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    synced: list[Path] = []
+    real = flush_module._fsync
+
+    def fsync(path: Path) -> int:
+        synced.append(path)
+        return real(path)
+
+    monkeypatch.setattr(flush_module, "_fsync", fsync)
+    with Store.open_write(root, config) as store:
+        flush_store(store)
+    by_folder: dict[Path, list[str]] = {}
+    for path in synced:
+        by_folder.setdefault(path.parent, []).append(path.name)
+    several = {folder: names for folder, names in by_folder.items() if len(names) > 2}
+    assert {folder.name for folder in several} >= {"commitlog", "0", "1", "index"}
+    assert all(names == sorted(names) for names in several.values()), several
