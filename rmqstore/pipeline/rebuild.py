@@ -364,7 +364,9 @@ class _Applier:
         self.dispatcher = dispatcher
         self.result = result
         self.touched: set[tuple[str, int]] = set()
-        self.newest: tuple[int, int] | None = None  # (physical offset, store time) written
+        # (physical offset, store time) of the newest unit put, written or there already (a
+        # broker's put takes the time of a duplicate's record too, see Dispatcher)
+        self.newest: tuple[int, int] | None = None
 
     def apply(self, prepared: PreparedRange) -> None:
         result = self.result
@@ -396,8 +398,9 @@ class _Applier:
         for number in range(count):  # as a walk puts them: duplicates skipped, gaps told
             offset, size, code = UNIT.unpack_from(units, number * CQ_UNIT_SIZE)
             outcome = queue.put(run.queue_offset + number, offset, size, code)
-            if outcome is PutOutcome.DUPLICATE:
+            if outcome is PutOutcome.DUPLICATE:  # there already: its time counts as put
                 self.result.units_skipped += 1
+                self._wrote(offset, run.stamps[number])
                 continue
             if outcome is PutOutcome.OUT_OF_RANGE:
                 text = out_of_range_problem(
