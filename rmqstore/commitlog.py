@@ -359,6 +359,44 @@ class CommitLog:
                 end = LogEnd(short.end_offset, short.stop, short.error, short.segment)
         return end
 
+    def ends_after(
+        self,
+        offset: int,
+        *,
+        check_crc: bool = True,
+        abnormal: bool = False,
+        checkpoint: Checkpoint | None = None,
+        property_crc: bool = False,
+    ) -> bool:
+        """Whether :meth:`valid_end` (same rules) ends after ``offset``, found by walking only
+        up to it, when that settles it: True once the walk has gone past ``offset`` (a valid
+        record starts at or after it) in the last file, or anywhere under a crash's rules
+        (no later walk moves the end back); False when the walk stops first, or when the
+        offset is in an earlier file of a normal walk (the end could still be settled earlier:
+        ask :meth:`valid_end`). A read of one record near a large last file's start then
+        reads the file up to that record, not to its end."""
+        segments = self.segments
+        start = self.recovery_start(checkpoint, abnormal)
+        if start is None or start.start > offset:
+            return False
+        if not abnormal and segments[-1].start > offset:
+            return False
+        scan = self.scan(
+            start.start,
+            check_crc=check_crc,
+            stop_on_crc_error=check_crc,
+            first_segment=start,
+            property_crc=property_crc,
+        )
+        batches = scan.batches()
+        try:
+            for _window, _window_start, rows, count in batches:
+                if count and rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET] >= offset:
+                    return True
+        finally:
+            batches.close()  # type: ignore[attr-defined]
+        return False
+
     def normal_walk_start(self, end_offset: int, walked_from: int) -> int:
         """Where the walks of a broker's normal recoveries start, the first having started
         at ``walked_from`` and ended the log at ``end_offset``: the third-last of the files

@@ -180,7 +180,11 @@ class MessageReader:
         if segment is None:
             raise NotFoundError(f"offset {offset} is beyond the commit-log files")
         recovery_start = log.recovery_start(None, abnormal=False)
-        if recovery_start is not None and segment.start >= recovery_start.start:
+        if (
+            recovery_start is not None
+            and segment.start >= recovery_start.start
+            and not self._valid_end_after(offset)
+        ):
             end = self.log_end().offset
             if offset >= end:
                 raise NotFoundError(f"offset {offset} is at or after the end of the log ({end})")
@@ -194,6 +198,21 @@ class MessageReader:
             raise NotFoundError(
                 f"no message starts at offset {offset}: {exc.field} {exc.reason}"
             ) from None
+
+    def _valid_end_after(self, offset: int) -> bool:
+        """Whether the log's valid end is known to lie after ``offset`` without finding it
+        (see :meth:`CommitLog.ends_after`): the end, once found, is kept for later reads."""
+        if self._end is not None:
+            return self._end.offset > offset
+        store = self.store
+        rules = store.end_rules()
+        return store.commitlog.ends_after(
+            offset,
+            check_crc=store.config.check_crc_on_recover,
+            abnormal=rules.abnormal,
+            checkpoint=rules.checkpoint,
+            property_crc=store.config.force_verify_prop_crc,
+        )
 
     def by_msg_id(self, msg_id: str, *, body: BodyMode = BodyMode.READ) -> Message:
         """The message an id names: an offset message id (store host and commit-log offset,

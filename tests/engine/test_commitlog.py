@@ -11,6 +11,7 @@ import pytest
 
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, MessageTooLargeError, TopicError
+from rmqstore.fixtures import SCENARIOS, FixtureOptions, generate
 from rmqstore.hosts import HostAddress, parse_host
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import (
@@ -388,3 +389,64 @@ def test_a_scan_from_past_the_bytes_of_a_file_cut_short_finds_no_record(
             assert (scan.end_offset, scan.stop) == (start, ScanStop.END)
     finally:
         log.close()
+
+
+def _ends_after_agrees(store_dir: Path, config: StoreConfig, rng) -> int:
+    """For offsets at and inside every record (after the end too), at file ends and at
+    random, under a normal's and a crash's rules: ``ends_after`` is never True where the
+    valid end is not after the offset. Returns how many times it was True."""
+    settled = 0
+    with Store.open_read(store_dir, config) as store:
+        log = store.commitlog
+        if not log.segments:
+            return 0
+        starts = [item[0] for item in log.scan(check_crc=False)]
+        ends = [segment.start + segment.size for segment in log.segments]
+        tail = [s for s in starts if s >= log.segments[max(0, len(log.segments) - 3)].start]
+        offsets = sorted(
+            {*rng.sample(tail, min(len(tail), 25)), *starts[-3:], *ends[-3:], ends[-1] - 1}
+            | {s + rng.randrange(1, 60) for s in rng.sample(starts, min(len(starts), 10))}
+            | {rng.randrange(0, ends[-1] + 100) for _ in range(10)}
+        )
+        checkpoint = store.checkpoint()
+        for abnormal in (False, True):
+            for check_crc in (True, False):
+                end = log.valid_end(check_crc=check_crc, abnormal=abnormal, checkpoint=checkpoint)
+                for offset in offsets:
+                    if log.ends_after(
+                        offset, check_crc=check_crc, abnormal=abnormal, checkpoint=checkpoint
+                    ):
+                        assert end.offset > offset, (store_dir.name, abnormal, offset, end)
+                        settled += 1
+    return settled
+
+
+@pytest.mark.parametrize("scenario", sorted(name for name in SCENARIOS if name != "large"))
+def test_ends_after_never_says_more_than_the_valid_end(tmp_path: Path, scenario: str) -> None:
+    """``read --offset`` walks the log only up to the offset when that settles whether the
+    offset is before the valid end (see CommitLog.ends_after): on every fixture scenario,
+    clean and damaged, and on copies with bytes flipped, it never lets through an offset
+    the valid end leaves out, and it settles offsets in the last file."""
+    import random
+
+    rng = random.Random(scenario)
+    store_dir = tmp_path / "store"
+    generate(scenario, store_dir, FixtureOptions(seed=5))
+    config = StoreConfig()  # the geometry the fixture remembers
+    assert _ends_after_agrees(store_dir, config, rng) > 0
+    segments = sorted((store_dir / "commitlog").iterdir())
+    for _ in range(40):  # flipped bytes, zeros, in the last files
+        path = rng.choice(segments[-3:])
+        length = rng.choice([1, 1, 8, 200])
+        with open(path, "r+b") as handle:
+            handle.seek(rng.randrange(0, path.stat().st_size - length))
+            handle.write(bytes([rng.randrange(256)]) * length)
+    _ends_after_agrees(store_dir, config, rng)
+
+
+@pytest.mark.parametrize("copy", ["store", "store_torn_random_garbage", "store_torn_half_record"])
+def test_ends_after_on_real_broker_stores(oracle, tmp_path: Path, copy: str) -> None:
+    import random
+
+    store_dir = oracle("s2_crash").copy_to(tmp_path, copy)
+    assert _ends_after_agrees(store_dir, StoreConfig(**ORACLE_CONFIG), random.Random(copy)) > 0
