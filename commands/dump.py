@@ -1,4 +1,5 @@
-"""``rmqstore dump FILE``: one commit-log, consume-queue or index file on its own."""
+"""``rmqstore dump FILE``: one commit-log, consume-queue, index or checkpoint file on its
+own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.filedump import (
     FileKind,
+    checkpoint_items,
     commitlog_items,
     consumequeue_items,
     identify,
@@ -25,6 +27,7 @@ _A_FILE_OF = {
     FileKind.COMMITLOG: "a commit-log file",
     FileKind.CONSUMEQUEUE: "a consume-queue file",
     FileKind.INDEX: "an index file",
+    FileKind.CHECKPOINT: "a checkpoint",
 }
 
 
@@ -79,12 +82,16 @@ def command(
     slots with --slots, and each entry (key hash, its slot, commit-log offset, timeDiff, the
     entry it links to). The index geometry comes from --index-slots/--index-entries (or
     --broker-config) or, without them, RocketMQ's default ratio of four entries per slot.
+    The checkpoint (STORE/checkpoint): physicMsgTimestamp, logicsMsgTimestamp,
+    indexMsgTimestamp, the 5.x masterFlushedOffset and confirmPhyOffset, and the times a
+    crash's recovery picks its first file by (minTimestamp, minTimestampIndex); a file
+    shorter than 4096 bytes is read as a broker maps it, zero-filled, and is not sound.
 
     The kind is taken from where FILE sits in a store; --kind names it for a file elsewhere.
-    JSON items have a type (record, blank, invalid, end, unit, header, slot, entry, note) and
-    camelCase fields. Reads only. Exit 0 when every item is sound, 1 when one is not (an
-    invalid record, a bad CRC, non-zero bytes after the end, a unit whose record is missing
-    or differs).
+    JSON items have a type (record, blank, invalid, end, unit, header, slot, entry,
+    checkpoint, note) and camelCase fields. Reads only. Exit 0 when every item is sound, 1
+    when one is not (an invalid record, a bad CRC, non-zero bytes after the end, a unit
+    whose record is missing or differs, a checkpoint cut short).
     """
     if as_json and as_jsonl:
         raise click.UsageError("--json and --jsonl exclude each other")
@@ -100,6 +107,8 @@ def command(
             )
     if target.kind is FileKind.COMMITLOG:
         items = commitlog_items(target.path, check_crc=not no_crc)
+    elif target.kind is FileKind.CHECKPOINT:
+        items = checkpoint_items(target.path)
     elif target.kind is FileKind.CONSUMEQUEUE:
         items = consumequeue_items(target, config, check=not no_check)
     else:
@@ -154,6 +163,7 @@ def _is_problem(item: dict[str, Any]) -> bool:
         or (kind == "blank" and not item["fillsFile"])
         or (kind == "end" and item["nonZeroBytesAfter"] > 0)
         or (kind == "unit" and item["record"] in ("missing", "differs"))
+        or (kind == "checkpoint" and item["shortBy"] > 0)
     )
 
 
@@ -219,8 +229,28 @@ def _index_line(item: dict[str, Any]) -> str:
     return f"note: {item['message']}"
 
 
+def _checkpoint_line(item: dict[str, Any]) -> str:
+    if item["type"] != "checkpoint":
+        return f"note: {item['message']}"
+    lines = [
+        f"{name:<20}{item[name]:>14}  {format_millis(item[name])}"
+        for name in ("physicMsgTimestamp", "logicsMsgTimestamp", "indexMsgTimestamp")
+    ]
+    lines += [f"{name:<20}{item[name]:>14}" for name in ("masterFlushedOffset", "confirmPhyOffset")]
+    where = (
+        "  (a crash's recovery starts at the last commit-log file stored no later)",
+        "  (the same, with messageIndexSafe)",
+    )
+    lines += [
+        f"{name:<20}{item[name]:>14}  {format_millis(item[name])}{said}"
+        for name, said in zip(("minTimestamp", "minTimestampIndex"), where, strict=True)
+    ]
+    return "\n".join(lines)
+
+
 _RENDER: dict[FileKind, Callable[[dict[str, Any]], str]] = {
     FileKind.COMMITLOG: _commitlog_line,
     FileKind.CONSUMEQUEUE: _unit_line,
     FileKind.INDEX: _index_line,
+    FileKind.CHECKPOINT: _checkpoint_line,
 }

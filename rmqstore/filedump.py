@@ -8,6 +8,8 @@ Kafka's ``DumpLogSegments --files``).
   store, each unit's record is looked up and said to match, to be missing or to differ.
 - An index file: the header, the non-empty hash slots (optional), and each entry with the
   entry it links to (the slot's chain).
+- The checkpoint: its fields (the 5.x ones too) and the times a crash's recovery derives
+  from them, read as a broker maps the file (a short one zero-filled, and said to be short).
 
 Every item is a dict with a ``type`` and camelCase fields (the JSON of ``dump --jsonl``).
 Reads only, with ``pread`` (a file shrinking meanwhile is an error, never a crash); memory
@@ -26,6 +28,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rmqstore.checkpoint import CHECKPOINT_FILE_SIZE, read_checkpoint_file
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError, NotFoundError, RecordError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexFile, infer_geometry
@@ -60,6 +63,7 @@ class FileKind(str, Enum):
     COMMITLOG = "commitlog"
     CONSUMEQUEUE = "consumequeue"
     INDEX = "index"
+    CHECKPOINT = "checkpoint"
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,8 @@ def identify(path: Path, kind: FileKind | None = None) -> DumpTarget:
         raise InputError(f"{path} does not exist" if not path.exists() else f"{path} is a symlink")
     if not path.is_file():
         raise InputError(
-            f"{path} is not a file: dump takes one commit-log, consume-queue or index file"
+            f"{path} is not a file: dump takes one commit-log, consume-queue, index or "
+            "checkpoint file"
         )
     parents = path.resolve().parents
     found: FileKind | None = None
@@ -90,14 +95,34 @@ def identify(path: Path, kind: FileKind | None = None) -> DumpTarget:
         found, root = FileKind.CONSUMEQUEUE, parents[3]
     elif parents[0].name == "index":
         found, root = FileKind.INDEX, parents[1]
+    elif path.name == "checkpoint":
+        found, root = FileKind.CHECKPOINT, parents[0]
     if kind is None and found is None:
         raise InputError(
             f"cannot tell what {path} is from where it sits; give --kind commitlog, "
-            "consumequeue or index"
+            "consumequeue, index or checkpoint"
         )
     chosen = kind or found
     assert chosen is not None
     return DumpTarget(path, chosen, root if chosen is found else None)
+
+
+def checkpoint_items(path: Path) -> Iterator[dict[str, Any]]:
+    """The checkpoint's fields and derived times, as one ``checkpoint`` item; a note (and a
+    ``shortBy`` count) when the file is shorter than a broker makes it."""
+    found = read_checkpoint_file(path)
+    if found is None:  # gone since identify() saw it
+        raise NotFoundError(f"{path} does not exist")
+    short_by = CHECKPOINT_FILE_SIZE - found.size
+    yield {"type": "checkpoint", "fileSize": found.size, "shortBy": short_by,
+           **found.checkpoint.to_dict()}  # fmt: skip
+    if short_by:
+        yield {
+            "type": "note",
+            "message": f"the file is {found.size} bytes, {short_by} short of "
+            f"{CHECKPOINT_FILE_SIZE} (a crash as it was made): read as a broker maps it, "
+            "the missing bytes as zeros",
+        }
 
 
 def _base_offset(path: Path, file_size: int) -> tuple[int, str | None]:

@@ -49,6 +49,7 @@ READ_ONLY = [
     ["dump", "{store}/commitlog/00000000000000000000", "--json"],
     ["dump", "{index_file}", "--json"],
     ["dump", "{queue_file}", "--json"],
+    ["dump", "{store}/checkpoint", "--json"],
     ["quarantine", "list", "{store}", "--json"],
     ["offsets", "{store}", "--json"],
     # a read of the store, whatever it writes to the replica beside it

@@ -165,14 +165,14 @@ def test_a_file_outside_a_store_needs_its_kind(oracle, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "target, message",
-    [("missing", "does not exist"), ("dir", "is not a file"), ("checkpoint", "--kind")],
+    [("missing", "does not exist"), ("dir", "is not a file"), ("lock", "--kind")],
 )
 def test_bad_input_is_one_line_and_exit_2(oracle, target: str, message: str) -> None:
     store = oracle("s1_multi").store
     path = {
         "missing": store / "nope",
         "dir": store / "commitlog",
-        "checkpoint": store / "checkpoint",
+        "lock": store / "lock",
     }
     result = run_cli("dump", path[target])
     assert result.exit_code == 2
@@ -193,3 +193,33 @@ def test_an_option_for_another_kind_of_file_is_refused(
 ) -> None:
     result = run_cli("dump", oracle("s1_multi").store / file, flag)
     assert result.exit_code == 2 and needle in result.stderr and result.stdout == ""
+
+
+@pytest.mark.parametrize("name", ["s1_multi", "v533_s1_multi"])
+def test_the_checkpoint_is_what_the_broker_wrote(oracle, tmp_path: Path, name: str) -> None:
+    """A real broker's checkpoint, in its store and copied out of it (--kind checkpoint): the
+    fields its manifest says are on the disk and the times a crash's recovery derives from
+    them; a copy a crash cut short is read zero-filled, as a broker maps it, and not sound."""
+    found = oracle(name)
+    on_disk = found.manifest["checkpointFileOnDisk"]
+    code, listed = items(found.store / "checkpoint")
+    assert code == 0 and [item["type"] for item in listed] == ["checkpoint"]
+    (checkpoint,) = listed
+    assert {key: checkpoint[key] for key in on_disk} == on_disk
+    assert checkpoint["shortBy"] == 0
+    assert (
+        checkpoint["minTimestamp"]
+        == min(on_disk["physicMsgTimestamp"], on_disk["logicsMsgTimestamp"]) - 3000
+    )
+    table = run_cli("dump", found.store / "checkpoint")
+    assert table.exit_code == 0 and f"physicMsgTimestamp   {on_disk['physicMsgTimestamp']}" in (
+        table.stdout
+    )
+    short = tmp_path / "checkpoint.copy"
+    short.write_bytes((found.store / "checkpoint").read_bytes()[:12])
+    assert run_cli("dump", short).exit_code == 2  # where it sits says nothing
+    code, listed = items(short, "--kind", "checkpoint")
+    assert code == 1 and [item["type"] for item in listed] == ["checkpoint", "note"]
+    assert listed[0]["physicMsgTimestamp"] == on_disk["physicMsgTimestamp"]
+    assert listed[0]["logicsMsgTimestamp"] < on_disk["logicsMsgTimestamp"]  # half its bytes
+    assert listed[0]["indexMsgTimestamp"] == 0 and listed[0]["shortBy"] == 4096 - 12
