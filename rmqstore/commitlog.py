@@ -335,13 +335,7 @@ class CommitLog:
             start = self.recovery_start(checkpoint, abnormal)
         if start is None:
             return LogEnd(0, None, None, None)
-        scan = self.scan(
-            start.start,
-            check_crc=check_crc,
-            stop_on_crc_error=check_crc,
-            first_segment=start,
-            property_crc=property_crc,
-        )
+        scan = self._recovery_walk(start, check_crc, property_crc)
         for _window, _window_start, rows, count in scan.batches(ahead=True):
             if progress is not None:
                 progress(rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET])
@@ -381,14 +375,7 @@ class CommitLog:
             return False
         if not abnormal and segments[-1].start > offset:
             return False
-        scan = self.scan(
-            start.start,
-            check_crc=check_crc,
-            stop_on_crc_error=check_crc,
-            first_segment=start,
-            property_crc=property_crc,
-        )
-        batches = scan.batches()
+        batches = self._recovery_walk(start, check_crc, property_crc).batches()
         try:
             for _window, _window_start, rows, count in batches:
                 if count and rows[(count - 1) * ROW_WIDTH + PHYSICAL_OFFSET] >= offset:
@@ -396,6 +383,16 @@ class CommitLog:
         finally:
             batches.close()  # type: ignore[attr-defined]
         return False
+
+    def _recovery_walk(self, start: Segment, check_crc: bool, property_crc: bool) -> LogScan:
+        """A scan from ``start`` as a recovery walks: a failed CRC stops it when checked."""
+        return self.scan(
+            start.start,
+            check_crc=check_crc,
+            stop_on_crc_error=check_crc,
+            first_segment=start,
+            property_crc=property_crc,
+        )
 
     def normal_walk_start(self, end_offset: int, walked_from: int) -> int:
         """Where the walks of a broker's normal recoveries start, the first having started

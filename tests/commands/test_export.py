@@ -253,20 +253,29 @@ main()
 """
 
 
-def test_sigterm_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
-    """SIGTERM (kill PID, a service manager, timeout) once the export has written a part
-    file: exit 143 and one line, and nothing of the export left (the process used to die on
-    the spot, leaving its folder under a temporary name, part files and all)."""
+def _export_stopped_by(
+    script: str, tmp_path: Path
+) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """``script`` (an export that signals itself once a part file is written) exporting a
+    fixture store to ``exports/out``: the store, the destination and how it ended."""
     store = tmp_path / "store"
     generate("multi", store)
     out = tmp_path / "exports" / "out"
     out.parent.mkdir()
     done = subprocess.run(
-        [sys.executable, "-c", TERMINATED_EXPORT, str(store), "--engine", "local", "--to",
-         str(out), "--split-size", "65536"],
+        [sys.executable, "-c", script, str(store), "--engine", "local", "--to", str(out),
+         "--split-size", "65536"],
         capture_output=True,
         text=True,
     )  # fmt: skip
+    return store, out, done
+
+
+def test_sigterm_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGTERM (kill PID, a service manager, timeout) once the export has written a part
+    file: exit 143 and one line, and nothing of the export left (the process used to die on
+    the spot, leaving its folder under a temporary name, part files and all)."""
+    _store, out, done = _export_stopped_by(TERMINATED_EXPORT, tmp_path)
     assert done.returncode == 143, done.stderr
     assert done.stderr.strip() == "rmqstore: error: terminated (SIGTERM)"
     assert list(out.parent.iterdir()) == []
@@ -278,16 +287,7 @@ KILLED_EXPORT = TERMINATED_EXPORT.replace("signal.SIGTERM", "signal.SIGKILL")
 def test_a_killed_exports_staging_folder_goes_with_the_next_export(tmp_path: Path) -> None:
     """An export killed (or cut off by a power cut) leaves its folder under a temporary
     name; the next export to the same destination removes it, and exports whole."""
-    store = tmp_path / "store"
-    generate("multi", store)
-    out = tmp_path / "exports" / "out"
-    out.parent.mkdir()
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED_EXPORT, str(store), "--engine", "local", "--to",
-         str(out), "--split-size", "65536"],
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
+    store, out, killed = _export_stopped_by(KILLED_EXPORT, tmp_path)
     assert killed.returncode == -9, killed.stderr
     left = [path.name for path in out.parent.iterdir()]
     assert left == [f".out.rmqstore-{killed_pid(left[0])}"], left
