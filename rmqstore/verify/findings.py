@@ -51,6 +51,9 @@ KINDS = {
     "index-header": "an index file's header disagrees with its entries",
     "index-chain": "an index hash chain that leaves the file or does not terminate",
     "index-entry": "an index entry that does not match the keys of its record",
+    "index-again": "an index file whose entries begin before the files before it end: records "
+    "indexed again, as a broker's crash recovery does when a power cut left its last index "
+    "file's header unwritten (a note)",
     "index-lag": "records whose keys are missing from the index",
     "index-hole": "records inside the indexed range whose keys have no entries (before where "
     "a dispatch resumes)",
@@ -106,6 +109,7 @@ FIXES = {
     "index-header": _REBUILD,
     "index-chain": _REBUILD,
     "index-entry": _REBUILD,
+    "index-again": REPORT_ONLY,
     "dispatch-hole": _REBUILD,
     "dispatch-lag": _DISPATCH,
     "index-lag": _DISPATCH,

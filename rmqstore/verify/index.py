@@ -82,6 +82,25 @@ def _one_size_for_all(index_dir: Path) -> bool:
 _BETWEEN_RECORDS = "points between records"
 
 
+def _indexed_again_below(files: list[IndexFile]) -> dict[int, int]:
+    """The files (by ordinal) whose entries begin before the files before them end, each
+    with that end (the offset of the last record they index). A broker's crash recovery
+    makes such a file: a power cut left its last index file's header unwritten (all zero: a
+    broker flushes an index file only once it is full), so the file ends at offset 0 and the
+    replay indexes into it every record from where it starts, some of which the files
+    before index already."""
+    again: dict[int, int] = {}
+    reached = -1
+    for ordinal, index in enumerate(files):
+        header = index.header
+        if header.index_count <= 1:
+            continue
+        if 0 <= header.begin_phy_offset < reached:
+            again[ordinal] = reached
+        reached = max(reached, header.end_phy_offset)
+    return again
+
+
 class _IndexPlan(NamedTuple):
     """A clean batch taken as a whole: the records whose entries it took up and where the
     entries go on (None: none left), or the records with keys past the index's end (lag)
@@ -171,7 +190,11 @@ class IndexChecks:
                 else:
                     file.close(flush=False)  # made after that reader looked
             self.service.files = kept
+        # files whose entries begin before the previous files' end, and that end: their
+        # entries up to it index records again (see _indexed_again_below)
+        self._again_below = _indexed_again_below(self.service.files)
         if structural:
+            self._report_indexed_again()
             for path in self.service.links:
                 report.add(
                     "file-link",
@@ -204,6 +227,32 @@ class IndexChecks:
         )
         self._entries = self._entry_stream(entries_from or (0, 1))
         self._pending = next(self._entries, None)
+
+    def _report_indexed_again(self) -> None:
+        assert self.service is not None
+        files = self.service.files
+        for ordinal, below in self._again_below.items():
+            header = files[ordinal].header
+            self.report.add(
+                "index-again",
+                f"its entries begin at offset {header.begin_phy_offset}, before the index files "
+                f"before it end ({below}): the records between are indexed again, as a "
+                "broker's crash recovery does into a last index file a power cut left with its "
+                "header unwritten (it indexes again from where its replay starts); a query by "
+                "key can find such a message twice, and rmqstore dispatch --rebuild --yes "
+                "writes the index anew",
+                NOTE,
+                file=relative(self.store, files[ordinal].path),
+                file_position=0,
+                commit_log_offset=header.begin_phy_offset,
+            )
+
+    def _again(self, entry: tuple[str, int, int, int, int]) -> bool:
+        """Whether ``entry`` indexes again a record an earlier file indexes, up to the last
+        record they index (its offset is their end): it is not checked against the records,
+        which were met before it in the stream."""
+        reached = self._again_below.get(entry[4])
+        return reached is not None and entry[3] <= reached
 
     def run_deferred(self) -> None:
         """The per-file checks put off with ``defer_scans`` (run while ranges are checked)."""
@@ -354,7 +403,7 @@ class IndexChecks:
                     self._orphan(pending, f"points past the end of the commit log ({log_end})")
                 else:  # counted only: no message is built for a full report
                     report.count("index-entry")
-            elif self._started:
+            elif self._started and not self._again(pending):
                 self._orphan(pending, _BETWEEN_RECORDS)
             # else: before the first record checked (a walk from past it found none)
             pending = next(self._entries, None)
@@ -494,7 +543,7 @@ class IndexChecks:
         pending = self._pending
         entries = self._entries
         while pending is not None and pending[3] < offset:
-            if self._started:
+            if self._started and not self._again(pending):
                 self._orphan(pending, _BETWEEN_RECORDS)
             pending = next(entries, None)
         self._started = True

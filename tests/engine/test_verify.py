@@ -3,6 +3,7 @@ the right kind and offset (one test per scenario)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
@@ -18,7 +19,7 @@ from rmqstore.record import header_struct
 from rmqstore.store import Store
 from rmqstore.verify import NOTE, VerifyOptions, VerifyReport, verify_store
 
-from support import ORACLE_CONFIG, tree_digest
+from support import ORACLE_CONFIG, run_cli, tree_digest
 
 FILE = 65536
 CLEAN = [
@@ -1124,3 +1125,60 @@ def test_a_log_file_a_broker_deletes_while_verify_reads_its_store_is_said_so(
         store.held_elsewhere = True  # as open_read finds it when a broker holds the lock
         with pytest.raises(StoreIOError, match="was deleted while verify read the store"):
             verify_store(store, VerifyOptions(), progress=broker_deletes)
+
+
+def test_records_a_brokers_crash_recovery_indexes_again_are_a_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut left the last index file all zero (a broker flushes an index file only
+    once it is full); the broker's crash recovery takes its end offset of 0 and indexes into
+    it every record from where its replay starts, some of which the files before index
+    already. verify said each such entry "points between records" (errors, exit 1); it is a
+    note on the file now, and the entries after the files before it end are checked as ever."""
+    from rmqstore.indexfile import IndexHeader
+    from rmqstore.msgid import UniqKeyGenerator
+    from rmqstore.record import Message
+
+    config = StoreConfig(commitlog_file_size=FILE, index_slots=50, index_entries=300)
+    root = tmp_path / "store"
+    with Store.open_write(root, config, create=True) as store:
+        appender = store.appender(uniq_keys=UniqKeyGenerator())
+        appender.append_many(
+            [
+                Message(topic="T", body=b"x" * 300, queue_id=n % 2, properties={"KEYS": f"k{n}"})
+                for n in range(400)
+            ]
+        )
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    last = sorted((root / "index").iterdir())[-1]
+    last.write_bytes(bytes(last.stat().st_size))  # the power cut
+    (root / "abort").write_bytes(b"")
+    monkeypatch.setattr(IndexHeader, "carry_end_of", lambda _header, _previous: None)  # a broker
+    with Store.open_write(root, config) as store:
+        dispatcher = Dispatcher(store)
+        dispatcher.run()
+        dispatcher.close()
+    monkeypatch.undo()
+    with Store.open_read(root, config) as store:
+        report = verify_store(store, VerifyOptions())
+    again = [f for f in report.findings if f.kind == "index-again"]
+    assert again and all(f.severity == NOTE for f in again)
+    assert report.ok, [(f.kind, f.message) for f in report.findings][:3]
+    assert report.counts["index-entry"] == 0
+    for jobs in ("1", "2"):  # and in ranges of worker processes
+        done = run_cli("verify", root, "--jobs", jobs, "--split-size", "65536", "--json")
+        assert done.exit_code == 0, done.stdout[-2000:]
+        assert json.loads(done.stdout)["findingsByKind"].get("index-again", 0) == len(again)
+
+    # the newest entry, past where any file before it ends, is still checked
+    newest = sorted((root / "index").iterdir())[-1]
+    data = bytearray(newest.read_bytes())
+    count = struct.unpack_from(">i", data, 36)[0]  # indexCount
+    at = 40 + 50 * 4 + (count - 1) * 20 + 4  # its physical offset
+    struct.pack_into(">q", data, at, struct.unpack_from(">q", data, at)[0] + 1)
+    newest.write_bytes(bytes(data))
+    with Store.open_read(root, config) as store:
+        report = verify_store(store, VerifyOptions())
+    assert report.counts["index-entry"] >= 1 and not report.ok
