@@ -62,7 +62,10 @@ def purge_command(
     store: Path, names: tuple[str, ...], everything: bool, dry_run: bool, yes: bool, as_json: bool
 ) -> int:
     """Delete quarantine folders NAME... (or --all) for good: the only rmqstore command that
-    deletes bytes. Takes the store's lock (refuses a store a broker holds).
+    deletes bytes. Takes the store's lock (refuses a store a broker holds). Each folder is
+    renamed out of the list before its files are deleted: a purge killed part way leaves
+    no folder that looks restorable with pieces missing (the next operation that makes,
+    restores or purges a folder removes what it left).
 
     JSON: purged[names], bytes.
     """

@@ -275,7 +275,7 @@ class Quarantine:
         holds as they were, never bytes cut out of it. As the removal of a restored folder:
         what a failure leaves goes with the next folder made."""
         with contextlib.suppress(StoreIOError):
-            _remove_restored(self.directory.parent, self.directory.name)
+            _remove_folder(self.directory.parent, self.directory.name)
 
     def note_made(self, paths: list[Path], description: str) -> None:
         """List ``paths``, which the operation makes (or is about to make) in the store, in
@@ -496,13 +496,9 @@ def purge_quarantine(store_root: Path, names: list[str]) -> int:
         )
     _remove_leftovers(base)
     freed = 0
-    for name in names:
-        try:
-            shutil.rmtree(base / name)  # links inside are removed, never followed
-        except OSError as exc:
-            raise StoreIOError(f"cannot delete {base / name}: {exc.strerror}") from None
+    for name in names:  # links inside are removed, never followed
+        _remove_folder(base, name, _PURGED_SUFFIX)
         freed += known[name].bytes
-    fsync_directory(base)
     return freed
 
 
@@ -526,6 +522,7 @@ class RestoreStep:
 
 
 _RESTORED_SUFFIX = ".restored"  # a folder put back in full, being deleted
+_PURGED_SUFFIX = ".purged"  # a folder quarantine purge is deleting
 _CREATING_SUFFIX = ".creating"  # a folder being made, until its first manifest is in it
 # the writers' lock (held while the restore runs) and the quarantine itself
 _NEVER_SET_ASIDE = frozenset({"lock", QUARANTINE_DIR, "."})
@@ -752,16 +749,18 @@ def restore_quarantine(store_root: Path, name: str) -> RestoreOutcome:
         raise StoreFormatError(
             f"{base / name} still holds {left[0]} after the restore; the folder was left in place"
         )
-    _remove_restored(base, name)
+    _remove_folder(base, name)
     return RestoreOutcome(steps, kept.directory if kept is not None else None)
 
 
-def _remove_restored(base: Path, name: str) -> None:
+def _remove_folder(base: Path, name: str, suffix: str = _RESTORED_SUFFIX) -> None:
     """Remove a folder whose pieces are all back (or that holds copies of what the store
-    still holds: :meth:`Quarantine.discard`): renamed out of the list first, so that a
-    kill while its files are deleted leaves no folder that looks restorable without its
-    manifest (what is left under the hidden name goes with the next restore or purge)."""
-    finished = base / f".{name}{_RESTORED_SUFFIX}"
+    still holds: :meth:`Quarantine.discard`; or that quarantine purge deletes): renamed out
+    of the list first, so that a kill or a power cut while its files are deleted leaves no
+    folder that looks restorable without its manifest or some of its pieces (what is left
+    under the hidden name goes with the next operation that makes, restores or purges a
+    quarantine folder)."""
+    finished = base / f".{name}{suffix}"
     try:
         os.rename(base / name, finished)
         fsync_directory(base)
@@ -772,12 +771,13 @@ def _remove_restored(base: Path, name: str) -> None:
 
 
 def _remove_leftovers(base: Path) -> None:
-    """Finish removing the folders a restore had put back fully but was stopped deleting, and
-    those a kill left being made (holding no more than their first, empty manifest)."""
+    """Finish removing the folders a restore had put back fully, or a purge was deleting,
+    when they were stopped, and those a kill left being made (holding no more than their
+    first, empty manifest)."""
     for entry in os.scandir(base):
         if not entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
-        if entry.name.endswith(_RESTORED_SUFFIX):
+        if entry.name.endswith((_RESTORED_SUFFIX, _PURGED_SUFFIX)):
             shutil.rmtree(entry.path, ignore_errors=True)
         elif entry.name.endswith(_CREATING_SUFFIX):
             with contextlib.suppress(OSError):
