@@ -85,8 +85,8 @@ man: venv
 demo: venv java-check
 	@DEMO_DIR="$(DEMO_DIR)" RMQSTORE="$(BIN)/rmqstore" PYTHON="$(BIN)/python" sh scripts/demo.sh
 
-# The adversarial campaigns in their long form (200 kills during appends, 60 during recover
-# and rebuild, 120 power cuts at their syncs, 300 mutated real stores x every command, 180
+# The adversarial campaigns in their long form (300 kills during appends, 60 during recover
+# and rebuild, 360 power cuts at their syncs, 300 mutated real stores x every command, 180
 # whose verify next steps are followed to the end, 150 writers and 60 replicate runs stopped
 # by a full disk); make test runs a short form of each.
 # SEED=N kills and mutates elsewhere than the fixed default (a failure names its seed);
