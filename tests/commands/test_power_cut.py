@@ -58,6 +58,12 @@ def _restore(tmp_path: Path, disk: Path) -> list:
     return ["quarantine", "restore", store, name, "--yes"]
 
 
+def _purge(tmp_path: Path, disk: Path) -> list:
+    store = _torn(tmp_path, disk)
+    assert run_cli("recover", store, "--yes").exit_code == 0
+    return ["quarantine", "purge", store, "--all", "--yes"]
+
+
 # each: what is made before the cut is in question (synced), then the command
 CASES: dict[str, Callable[[Path, Path], list]] = {
     "append --create": lambda tmp, disk: [
@@ -78,6 +84,7 @@ CASES: dict[str, Callable[[Path, Path], list]] = {
     ],
     "recover": lambda tmp, disk: ["recover", _torn(tmp, disk), "--yes"],
     "quarantine restore": _restore,
+    "quarantine purge": _purge,
     "flush": lambda tmp, disk: ["flush", _store(tmp, disk, dispatch=False)],
     "fixtures generate": lambda tmp, disk: ["fixtures", "generate", "basic", disk / "fixture"],
     "replicate": lambda tmp, disk: [
