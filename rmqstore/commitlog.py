@@ -364,16 +364,26 @@ class CommitLog:
     ) -> bool:
         """Whether :meth:`valid_end` (same rules) ends after ``offset``, found by walking only
         up to it, when that settles it: True once the walk has gone past ``offset`` (a valid
-        record starts at or after it) in the last file, or anywhere under a crash's rules
-        (no later walk moves the end back); False when the walk stops first, or when the
-        offset is in an earlier file of a normal walk (the end could still be settled earlier:
-        ask :meth:`valid_end`). A read of one record near a large last file's start then
-        reads the file up to that record, not to its end."""
+        record starts at or after it); False when the walk stops first (ask :meth:`valid_end`).
+        A read of one record near a large file's start then reads the file up to that record,
+        not to the log's end.
+
+        Under a crash's rules the walk is the recovery's own, and no later walk moves its end
+        back. Under a normal's, it starts at the third-last of the files up to ``offset``'s
+        (the recovery's start when that is the last file): every walk a broker's normal starts
+        make while the end lies past ``offset`` starts at or after that file
+        (:meth:`normal_walk_start`); one starting after ``offset``'s file ends after it, and
+        one starting at or before it passes ``offset`` as this one did, since a walk's course
+        through a file does not depend on where it began (it enters each at its start). So
+        the offset need not be in the last file: a broker's empty pre-made file may follow
+        the last one holding data, or later files hold more."""
         segments = self.segments
-        start = self.recovery_start(checkpoint, abnormal)
+        if abnormal:
+            start = self.recovery_start(checkpoint, abnormal)
+        else:
+            upto = [segment for segment in segments if segment.start <= offset]
+            start = upto[max(0, len(upto) - 3)] if upto else None
         if start is None or start.start > offset:
-            return False
-        if not abnormal and segments[-1].start > offset:
             return False
         batches = self._recovery_walk(start, check_crc, property_crc).batches()
         try:
