@@ -164,6 +164,8 @@ def cli(utc: bool, progress: bool) -> None:
     when storePathCommitLog is elsewhere; a DLedger log; 5.x consume queues in a RocksDB
     database; BatchCQ topics' batchconsumequeue/) is read but not written: the writers refuse
     it (exit 2), but for append without --dispatch to the other topics of a BatchCQ store.
+    So is a store file a writer would change in place that has other hard links (a copy
+    made with cp -al shares its bytes with the store it was made from): refused, exit 2.
     A command raises its soft open-file limit (ulimit -n) to the hard one, and keeps within
     it: past half of it, consume-queue files are mapped again as they are written.
 

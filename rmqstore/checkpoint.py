@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rmqstore.errors import StoreFormatError, StoreIOError
-from rmqstore.segments import pwrite_fully, write_whole_file
+from rmqstore.segments import pwrite_fully, shared_file_error, write_whole_file
 
 CHECKPOINT_FILE_SIZE = 4096
 RECOVERY_SAFETY_MILLIS = 3000
@@ -123,7 +123,8 @@ def read_checkpoint_file(path: Path) -> CheckpointFile | None:
 
 def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     """Write the 40 field bytes in place and fsync. A missing checkpoint is made whole under
-    a temporary name and renamed into place, its directory entry made durable."""
+    a temporary name and renamed into place, its directory entry made durable. A checkpoint
+    with other hard links is refused (:func:`rmqstore.segments.shared_file_error`)."""
     try:
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -131,9 +132,12 @@ def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
             write_whole_file(path, checkpoint.encode())
             return
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
                 raise StoreFormatError(f"{path} is not a regular file")
-            if os.fstat(fd).st_size < CHECKPOINT_FILE_SIZE:
+            if status.st_nlink > 1:
+                raise shared_file_error(path, status.st_nlink)
+            if status.st_size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)
             pwrite_fully(fd, checkpoint.encode()[: _FIELDS.size], 0)
             os.fsync(fd)

@@ -32,6 +32,7 @@ from rmqstore.segments import (
     make_directories,
     pwrite_fully,
     read_small_file,
+    refuse_shared,
     write_whole_file,
 )
 
@@ -164,7 +165,9 @@ class Quarantine:
 
     def cut_region(self, source: Path, start: int, end: int, description: str) -> Path:
         """Copy bytes ``[start, end)`` of ``source`` here, then zero them there (durably):
-        how a cut is made in a file whose size must stay as it is."""
+        how a cut is made in a file whose size must stay as it is. A file with other hard
+        links is refused before anything is copied (:func:`refuse_shared`)."""
+        refuse_shared(source)
         copy = self.save_region(source, start, end, description)
         try:
             fd = os.open(source, os.O_RDWR | os.O_NOFOLLOW)
@@ -615,6 +618,7 @@ def _restore_step(store_root: Path, folder: Path, relative: Path, cut: bool) -> 
         if start >= end:
             raise StoreFormatError(f"{folder / relative} is not a cut range")
         target = store_root / relative.with_name(stem[: matched.start()])
+        refuse_shared(target)  # writing it back would change another path's bytes too
         step = RestoreStep("write back", folder / relative, target, start, end)
     _check_inside(store_root, target)
     return step
@@ -787,6 +791,7 @@ def _remove_leftovers(base: Path) -> None:
 
 def _write_back(step: RestoreStep) -> None:
     """A cut range's bytes back into its file, a chunk at a time, then synced."""
+    refuse_shared(step.target)  # refused when the restore was planned; here as well
     fd = os.open(step.target, os.O_RDWR | os.O_NOFOLLOW)
     try:
         with open(step.piece, "rb") as copy:

@@ -35,7 +35,7 @@ from rmqstore.errors import RebuildFirstError, RmqStoreError
 from rmqstore.flush import FlushResult, flush_store
 from rmqstore.indexfile import IndexFile, IndexHeader, read_index_headers
 from rmqstore.quarantine import Quarantine
-from rmqstore.segments import creating_name, is_creating_name, nonzero_extent
+from rmqstore.segments import creating_name, is_creating_name, nonzero_extent, refuse_shared
 from rmqstore.store import Store
 
 
@@ -287,6 +287,7 @@ def _cut(store: Store, plan: RecoveryPlan, path: Path, start: int, end: int, rea
     if path.is_symlink() or not store.inside(path):
         plan.skipped.append(f"{path}: a link, left alone")
         return
+    refuse_shared(path)  # a cut there would cut another path's bytes too: refused before any
     plan.cuts.append(ByteCut(path, start, end, reason))
 
 

@@ -76,6 +76,8 @@ class SegmentQueue:
     problems: list[str] = field(default_factory=list)  # found with strict=False
     unexpected: list[Path] = field(default_factory=list)  # entries that are not segments
     links: list[Path] = field(default_factory=list)  # segments that are symbolic links
+    # segments sharing their bytes with another path (hard links), and how many links each has
+    shared: list[tuple[Path, int]] = field(default_factory=list)
     empty_last: Path | None = None  # a zero-length last file, skipped (a 5.x broker deletes it)
 
     @classmethod
@@ -99,10 +101,12 @@ class SegmentQueue:
             if not entry.is_file():
                 queue.unexpected.append(Path(entry.path))
                 continue
+            status = entry.stat()
             if entry.is_symlink():
                 queue.links.append(Path(entry.path))
-            size = entry.stat().st_size
-            queue.segments.append(Segment(int(entry.name), Path(entry.path), size))
+            elif status.st_nlink > 1:
+                queue.shared.append((Path(entry.path), status.st_nlink))
+            queue.segments.append(Segment(int(entry.name), Path(entry.path), status.st_size))
         for index, segment in enumerate(queue.segments):
             if segment.size == file_size:
                 continue
@@ -363,17 +367,55 @@ def sync_directory(directory: Path) -> None:
 
 def sync_file_data(path: Path) -> None:
     """fdatasync the store's own file ``path`` (its dirty pages, whoever wrote them); an
-    OSError is the caller's to name."""
-    fd = open_for_writing(path)
+    OSError is the caller's to name. A file with other hard links is synced too: syncing
+    changes no byte."""
+    fd = _open_own(path)
     try:
         os.fdatasync(fd)
     finally:
         os.close(fd)
 
 
+def shared_file_error(path: Path, links: int) -> StoreFormatError:
+    """The refusal to write ``path`` in place: it has ``links`` hard links, so another path
+    (a copy made with ``cp -al`` or ``ln``, a backup deduplicated with hard links) holds the
+    same bytes, which writing them here would change there too."""
+    return StoreFormatError(
+        f"{path} has {links} hard links: another path shares its bytes, and writing it "
+        "would change them there too; rmqstore's writers refuse it (give the store files "
+        "of its own: copy it with cp -a, not cp -al)"
+    )
+
+
+def refuse_shared(path: Path) -> None:
+    """Raise :func:`shared_file_error` when ``path`` (not followed, if a link) is a file
+    with more than one hard link; nothing when it is not there."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreIOError(f"cannot look at {path}: {exc.strerror}") from None
+    if stat.S_ISREG(status.st_mode) and status.st_nlink > 1:
+        raise shared_file_error(path, status.st_nlink)
+
+
 def open_for_writing(path: Path, flags: int = 0) -> int:
     """A descriptor open for writing on the store's own file ``path``: never through a
-    symbolic link (a link could lead out of the store)."""
+    symbolic link (a link could lead out of the store), nor on a file with other hard links
+    (writing would change the bytes another path holds: :func:`shared_file_error`)."""
+    fd = _open_own(path, flags)
+    try:
+        links = os.fstat(fd).st_nlink
+    except OSError:
+        links = 1  # the write that follows names the failure
+    if links > 1:
+        os.close(fd)
+        raise shared_file_error(path, links)
+    return fd
+
+
+def _open_own(path: Path, flags: int = 0) -> int:
     try:
         return os.open(path, os.O_RDWR | os.O_NOFOLLOW | flags, 0o644)
     except OSError as exc:

@@ -85,6 +85,7 @@ from rmqstore.segments import (
     nonzero_extent,
     open_for_writing,
     remove_empty_directory,
+    shared_file_error,
     sync_directory,
 )
 from rmqstore.topics import check_topic_path_safe
@@ -301,6 +302,8 @@ class Store:
             if creation is not None:
                 make_directories(store.commitlog_dir)
             store.commitlog  # noqa: B018 - load and check the commit log files now
+            if not only_quarantine:
+                store.refuse_shared_files()
         except BaseException:
             if store is not None:
                 store.close(failed=True)
@@ -377,6 +380,41 @@ class Store:
                 f"{path} is a symbolic link leading out of the store; writers never "
                 "follow one (put the real file or folder there instead)"
             )
+
+    def refuse_shared_files(self) -> None:
+        """Writers change no byte another path holds: a store whose commit-log files, index
+        files or checkpoint have other hard links (a copy made with ``cp -al``) is refused
+        before anything is written. Consume-queue files are not looked at here (a store may
+        hold thousands): one with other hard links is refused where a writer is about to
+        write it (:func:`rmqstore.segments.open_for_writing`), and by recover's plan."""
+        for path, links in self.shared_files()[:1]:
+            raise shared_file_error(path, links)
+
+    def shared_files(self, *, queues: bool = False) -> list[tuple[Path, int]]:
+        """The store's files a writer writes in place that have other hard links, with how
+        many links each has: commit-log files, index files, the checkpoint, and with
+        ``queues`` consume-queue files."""
+        found = list(self.commitlog.queue.shared)
+        folders = [self.index_dir]
+        if queues:
+            folders += [
+                Path(queue.path)
+                for topic in _entries(self.consumequeue_dir)
+                if topic.is_dir(follow_symlinks=False)
+                for queue in _entries(Path(topic.path))
+                if queue.is_dir(follow_symlinks=False)
+            ]
+        for folder in folders:
+            for entry in sorted(_entries(folder), key=lambda entry: entry.name):
+                if entry.is_file(follow_symlinks=False):
+                    links = entry.stat(follow_symlinks=False).st_nlink
+                    if links > 1:
+                        found.append((Path(entry.path), links))
+        with contextlib.suppress(OSError):
+            status = os.lstat(self.checkpoint_path)
+            if stat.S_ISREG(status.st_mode) and status.st_nlink > 1:
+                found.append((self.checkpoint_path, status.st_nlink))
+        return found
 
     def links_out(self) -> list[Path]:
         """The store paths a writer may write through (its folders, checkpoint, abort,

@@ -76,6 +76,22 @@ def check_layout(store: Store, report: VerifyReport) -> None:
         )
 
 
+def check_shared(store: Store, report: VerifyReport, *, queues: bool) -> None:
+    """Store files a writer writes in place that have other hard links (a copy made with
+    ``cp -al``): writing them would change another path's bytes, so the writers refuse."""
+    for path, links in store.shared_files(queues=queues):
+        report.add(
+            "store-shared",
+            f"{path} has {links} hard links: another path holds the same bytes, which a "
+            "broker would write through, and rmqstore's writers (recover, dispatch, flush, "
+            "append) refuse to change: give the file a copy of its own",
+            WARNING,
+            file=str(path.relative_to(store.root))
+            if path.is_relative_to(store.root)
+            else str(path),
+        )
+
+
 def settle_live_end(store: Store) -> None:
     """Of a store another process holds (a broker writing it), once its queues and index
     are loaded: where its log's data ends now (:meth:`CommitLog.live_end`, of the files
@@ -150,6 +166,7 @@ def verify_store(
     """Check ``store`` (opened read-only) and return the report."""
     report = VerifyReport(max_findings=options.max_findings)
     check_layout(store, report)
+    check_shared(store, report, queues="queues" in options.cross_checks)
     state = read_store_state(store)  # before the data it vouches for
     queues = index = None
     topics = set(options.topics) if options.topics else None

@@ -21,6 +21,9 @@ KINDS = {
     "store-link": "a store file or folder a writer writes through (a commit-log file, a store "
     "folder, checkpoint, abort) that is a symbolic link leading out of the store: a broker "
     "writes through it, rmqstore's writers refuse the store",
+    "store-shared": "a store file a writer writes in place (a commit-log, index or "
+    "consume-queue file, checkpoint) that has other hard links: another path holds the same "
+    "bytes, rmqstore's writers refuse to change them",
     "file-gap": "commit-log files are not contiguous",
     "file-incomplete": "a commit-log file ends without a BLANK record but later files hold data",
     "data-after-end": "a commit-log file after the end of the log holds data",
@@ -120,6 +123,7 @@ FIXES = {
     "file-name": REPORT_ONLY,
     "store-layout": REPORT_ONLY,
     "store-link": REPORT_ONLY,
+    "store-shared": REPORT_ONLY,
     "file-gap": REPORT_ONLY,
     "record-properties": REPORT_ONLY,
     "store-time-order": REPORT_ONLY,
@@ -155,6 +159,8 @@ _GAP_FOLLOWERS = frozenset({"cq-unit", "cq-unit-orphan", "dispatch-hole"})
 # what to do, in words (the findings' messages say it of each)
 _MENDED_BY_HAND = {
     "store-link": "put the real file or folder where each store-link finding names a link",
+    "store-shared": "give each file a store-shared finding names a copy of its own (cp -a "
+    "the store, or cp each file and mv the copy over it)",
     "checkpoint-size": "move the checkpoint aside (rmqstore flush then writes a new one)",
 }
 # noted, these leave nothing for rmqstore to mend: its writers refuse a store whose consume

@@ -29,6 +29,7 @@ from rmqstore.verify import (
     CROSS_CHECKS,
     VerifyOptions,
     check_layout,
+    check_shared,
     note_live,
     settle_live_end,
     weigh_rebuild,
@@ -204,8 +205,10 @@ class RangedVerify:
         self.range_size = range_size
         self.report = VerifyReport(max_findings=max_findings)
         check_layout(store, self.report)
+        checks = frozenset() if commitlog_only else checks
+        check_shared(store, self.report, queues="queues" in checks)
         self.state = read_store_state(store)  # before the data it vouches for
-        self.checks = readable_checks(store, self.report, frozenset() if commitlog_only else checks)
+        self.checks = readable_checks(store, self.report, checks)
         self.queues: QueueChecks | None = None
         self.index: IndexChecks | None = None
         selected = set(topics) if topics else None

@@ -108,6 +108,97 @@ def test_writers_refuse_links_leading_out_of_the_store(tmp_path: Path, what: str
     assert not (outside / "abort").exists()
 
 
+@pytest.mark.plumbing
+def test_writers_refuse_a_store_sharing_its_files_by_hard_links(tmp_path: Path) -> None:
+    """A copy made with ``cp -al`` shares every file's bytes with the store it was made from:
+    a recover of the copy used to truncate the other store's commit log and index too (its
+    cut bytes quarantined only in the copy). Every writer now refuses it in one line before
+    anything changes, on either side; verify names each shared file and no command."""
+    original = tmp_path / "original"
+    generate("torn-tail", original, FixtureOptions(seed=2))
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-al", str(original), str(copy)], check=True)
+    before, copy_before = tree_digest(original), tree_digest(copy)
+    source = tmp_path / "source"
+    shutil.copytree(original, source)
+    for command in (
+        ["recover", copy, "--yes"],
+        ["recover", copy, "--dry-run"],
+        ["dispatch", copy],
+        ["dispatch", copy, "--rebuild", "--yes"],
+        ["flush", copy],
+        ["append", copy, "--topic", "TopicTest", "--body", "y"],
+        ["replicate", source, copy],
+    ):
+        result = run_cli(*command)
+        one_line_error(result, 2)
+        assert "hard links" in result.stderr and "cp -a" in result.stderr, command
+    assert tree_digest(original) == before and tree_digest(copy) == copy_before
+    report = json.loads(run_cli("verify", copy, "--json").stdout)
+    shared = {f["file"] for f in report["findings"] if f["kind"] == "store-shared"}
+    assert {"checkpoint", "commitlog/00000000000000000000"} <= shared
+    assert any(name.startswith("consumequeue/") for name in shared)
+    assert any(name.startswith("index/") for name in shared)
+    assert report["nextStep"] is None
+    # given files of its own (cp -a), the copy recovers, and the original is as it was
+    fresh = tmp_path / "fresh"
+    shutil.copytree(original, fresh)
+    assert run_cli("recover", fresh, "--yes").exit_code == 0
+    assert tree_digest(original) == before
+
+
+@pytest.mark.plumbing
+def test_a_consume_queue_file_shared_by_a_hard_link_is_never_written(tmp_path: Path) -> None:
+    """Consume-queue files are not looked at when a writer opens the store (a store may hold
+    thousands): one with another hard link is refused by recover's plan, before anything
+    changes, and where a dispatch is about to write it, with nothing written there."""
+    store = tmp_path / "store"
+    generate("torn-tail", store, FixtureOptions(seed=2))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    report = json.loads(run_cli("verify", store, "--json").stdout)
+    (beyond,) = [f["file"] for f in report["findings"] if f["kind"] == "cq-beyond-log"]
+    queue_file = store / beyond.split("@")[0]  # holding the torn record's unit: cut by recover
+    os.link(queue_file, outside / "linked")
+    before = tree_digest(tmp_path)
+    result = run_cli("recover", store, "--yes")
+    one_line_error(result, 2)
+    assert f"{queue_file} has 2 hard links" in result.stderr
+    assert tree_digest(tmp_path) == before
+    # a dispatch writing the queue's last unit again: refused there, the shared file unchanged
+    unlinked = tmp_path / "unlinked"
+    shutil.copytree(store, unlinked)
+    assert run_cli("recover", unlinked, "--yes").exit_code == 0
+    os.link(unlinked / "checkpoint", outside / "checkpoint")
+    one_line_error(run_cli("flush", unlinked), 2)  # the checkpoint, looked at on opening
+    os.unlink(outside / "checkpoint")
+    relinked = unlinked / queue_file.relative_to(store)
+    # the recover's quarantine going back: its cut of the queue file would be written back
+    (folder,) = os.listdir(unlinked / "quarantine")
+    os.link(relinked, outside / "relinked")
+    restoring = tree_digest(tmp_path)
+    result = run_cli("quarantine", "restore", unlinked, folder, "--yes")
+    one_line_error(result, 2)
+    assert f"{relinked} has 2 hard links" in result.stderr
+    assert tree_digest(tmp_path) == restoring
+    os.unlink(outside / "relinked")
+    units = relinked.read_bytes()
+    last_unit = max(at for at in range(0, len(units), 20) if any(units[at : at + 20]))
+    with open(relinked, "r+b") as handle:  # the queue one unit behind the log
+        handle.seek(last_unit)
+        handle.write(bytes(20))
+    os.link(relinked, outside / "relinked")
+    (unlinked / "abort").touch()  # as a crash leaves it: the replay starts before the unit
+    shared_before = relinked.read_bytes()
+    result = run_cli("dispatch", unlinked)
+    one_line_error(result, 2)
+    assert f"{relinked} has 2 hard links" in result.stderr
+    assert (outside / "relinked").read_bytes() == shared_before
+    os.unlink(outside / "relinked")  # its own again: the dispatch puts the unit back
+    assert run_cli("dispatch", unlinked).exit_code == 0
+    assert relinked.read_bytes() == units
+
+
 @pytest.mark.parametrize("what", ["topic", "queue"])
 def test_append_refuses_a_linked_queue_whose_offsets_it_cannot_learn(
     tmp_path: Path, what: str
