@@ -332,6 +332,18 @@ def _recover(
                 quarantine.list_pending()
             raise
         quarantine.list_pending()
+        # a queue file moved here (after a unit that is not valid, or past the valid end)
+        # may be made again under its name by the replay: listed as made before it is, so
+        # the restore sets it aside and puts the moved one back (it refused, its place taken)
+        made_again = [
+            path
+            for move in plan.moves
+            if move.path.is_relative_to(store.consumequeue_dir)
+            and not is_creating_name(move.path.name)
+            for path in (move.path.with_name(creating_name(move.path.name)), move.path)
+        ]
+        if made_again:
+            quarantine.note_made(made_again, "consume-queue file the replay made again")
         store.reload_files()
     dispatcher = Dispatcher(store)
     try:

@@ -305,7 +305,7 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
     kind = rng.choice(
         ["bit-flip", "bit-flip", "truncate", "length-field", "delete", "junk", "grow",
          "dir-for-file", "empty", "link-out", "topic-traversal", "zero-run", "fifo",
-         "folder-link-out"]
+         "folder-link-out", "hard-link-out"]
     )  # fmt: skip
     files = _files(store)
     target = rng.choice(files)
@@ -353,6 +353,9 @@ def mutate(store: Path, outside: Path, rng: random.Random) -> str:
         target.unlink()
         target.symlink_to(copy)
         return f"link-out {name}"
+    if kind == "hard-link-out":  # the file's bytes shared with a path outside (cp -al)
+        os.link(target, outside / f"{target.name}-{rng.randrange(1 << 30)}")
+        return f"hard-link-out {name}"
     if kind == "topic-traversal":
         records = _record_offsets(store)
         if records:

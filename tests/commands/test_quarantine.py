@@ -406,6 +406,40 @@ def test_the_restore_of_a_recovery_gives_back_the_index_file_its_dispatch_added_
             assert after.get(key) == digest, key
 
 
+def test_the_restore_of_a_recovery_whose_replay_made_a_moved_queue_file_again(
+    oracle, tmp_path: Path
+) -> None:
+    """A unit zeroed in the first file of a queue of a real 4.9.8 crash store: recover moves
+    the queue's next file (after a unit that is not valid) to quarantine, and its replay
+    makes that file again under the same name. The restore refused ("exists again; restoring
+    would replace it"; found by the mutants campaign, seed 77); the recovery now lists the
+    file as made, and the restore sets it aside and puts the moved one back."""
+    from support import ORACLE_OPTIONS
+
+    store = oracle("s2_crash").copy_to(tmp_path)
+    queues = sorted(store.glob("consumequeue/*/*"))
+    first, second = next(sorted(q.iterdir())[:2] for q in queues if len(list(q.iterdir())) > 1)
+    with first.open("r+b") as units:
+        units.seek(20 * 67)
+        units.write(bytes(20))
+    before = tree_digest(store)
+    result = run_cli("recover", store, "--yes", *ORACLE_OPTIONS)
+    assert result.exit_code in (0, 1), result.stderr
+    relative = str(second.relative_to(store))
+    (folder,) = [path.name for path in (store / "quarantine").glob("*-recover")]
+    assert (store / "quarantine" / folder / relative).exists() and second.exists()
+    made_again = second.read_bytes()
+    result = run_cli("quarantine", "restore", store, folder, "--yes", "--json")
+    assert result.exit_code == 0, result.stderr
+    after = tree_digest(store)
+    assert after[relative] == before[relative]
+    for key, digest in before.items():
+        if not key.startswith("consumequeue/"):  # (units dispatched after a queue's end stay)
+            assert after.get(key) == digest, key
+    aside = Path(json.loads(result.stdout)["setAsideIn"])
+    assert (aside / relative).read_bytes() == made_again
+
+
 def test_a_recovery_keeps_no_copy_of_an_index_file_it_does_not_add_to(tmp_path: Path) -> None:
     """Junk after the valid end of a store whose index holds every record: recover cuts the
     junk and adds nothing to the index, so its folder keeps the junk and the checkpoint but
