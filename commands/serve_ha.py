@@ -12,7 +12,7 @@ from rmqstore.commands.output import note
 from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
 from rmqstore.errors import InputError
-from rmqstore.ha import BATCH, HEARTBEAT, ServeOptions, serve
+from rmqstore.ha import BATCH, HEARTBEAT, MAX_SLAVES, ServeOptions, serve
 from rmqstore.hosts import split_host_port
 from rmqstore.store import Store
 
@@ -40,8 +40,24 @@ from rmqstore.store import Store
     metavar="BYTES",
     help="The most one frame carries (haTransferBatchSize).",
 )
+@click.option(
+    "--max-slaves",
+    type=click.IntRange(min=1, max=4096),
+    default=MAX_SLAVES,
+    show_default=True,
+    metavar="N",
+    help="Slaves served at once; a connection beyond them is closed at once, said on stderr "
+    "(its slave connects again later, as a broker's does).",
+)
 @store_config_options
-def command(store: Path, listen: str, keep_following: bool, batch: int, config: StoreConfig) -> int:
+def command(
+    store: Path,
+    listen: str,
+    keep_following: bool,
+    batch: int,
+    max_slaves: int,
+    config: StoreConfig,
+) -> int:
     """Serve STORE's commit log to slaves over RocketMQ's HA protocol, as a master does.
 
     A real RocketMQ slave broker (4.x or 5.x default HA) pointed at HOST:PORT (its
@@ -51,7 +67,9 @@ def command(store: Path, listen: str, keep_following: bool, batch: int, config: 
     BLANKs that close files), never across a file end; a heartbeat goes out when a slave has
     everything and every 5 s after; one whose offset is in no file of STORE (its old files
     deleted) gets only heartbeats there, as from a broker. STORE is only read. Runs until
-    SIGINT or SIGTERM.
+    SIGINT or SIGTERM. Peers are not trusted to stop connecting: past --max-slaves, or out
+    of descriptors or memory, a connection is closed (said on stderr) and the master goes on
+    serving the others.
     """
     host, port = split_host_port(listen)
     Store.open_read(store, config).close()  # not a store: said before a port is taken
@@ -59,7 +77,9 @@ def command(store: Path, listen: str, keep_following: bool, batch: int, config: 
         listener = socket.create_server((host, port), reuse_port=False)
     except OSError as exc:
         raise InputError(f"cannot listen on {listen}: {exc.strerror}") from None
-    options = ServeOptions(follow=keep_following, heartbeat=HEARTBEAT, batch=batch)
+    options = ServeOptions(
+        follow=keep_following, heartbeat=HEARTBEAT, batch=batch, max_slaves=max_slaves
+    )
     with listener, StopSignal() as stop:
         serve(store, listener, config, options, stop.requested, note)
     if stop.signal is not None:

@@ -14,6 +14,7 @@ last whole record are zeroed again.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -44,6 +45,26 @@ MAX_FRAME = 4 * 1024 * 1024  # a Java slave's read buffer: a bigger frame is ref
 HEARTBEAT = 5.0  # haSendHeartbeatInterval, seconds
 SILENCE = 20.0  # haHousekeepingInterval: a peer silent this long is gone
 _IDLE_WAIT = 0.1  # how long the master's writer waits for new data
+MAX_SLAVES = 32  # slaves a master serves at once (a connection beyond them is closed)
+# accept() failing for want of descriptors or memory: the connection waits in the listen
+# backlog, and the master tries again after this long instead of stopping
+_ACCEPT_PAUSE = 0.5
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# accept() passing on a network error of the connection it took (Linux's accept(2)): that
+# connection is gone, the next one is taken
+_CONNECTION_GONE = frozenset(
+    {
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.EOPNOTSUPP,
+        errno.EPERM,
+    }
+)
 RECONNECT = 5.0  # seconds before a following slave connects again (a 5.x slave's wait)
 SETTLE = 0.2  # seconds without data after a heartbeat at its end before a slave is done
 DISPATCH_EVERY = 32 * 1024 * 1024  # a slave receiving steadily syncs and dispatches this often
@@ -104,6 +125,7 @@ class ServeOptions:
     heartbeat: float = HEARTBEAT
     batch: int = BATCH
     silence: float = SILENCE
+    max_slaves: int = MAX_SLAVES  # served at once; a connection beyond them is closed
 
 
 def serve(
@@ -117,7 +139,12 @@ def serve(
     """Serve slaves on ``listener`` (bound and listening) until ``should_stop``: each
     connection in its own thread, as the broker's HA service does. ``on_event`` hears
     "serving ... on HOST:PORT" once the store's end is known, then each slave's comings and
-    goings."""
+    goings.
+
+    A peer is not trusted to stop connecting: at most ``options.max_slaves`` are served at
+    once (a connection beyond them is closed at once, said), and running out of descriptors
+    or memory, taking a connection or serving one, ends that connection, not the master
+    (it used to exit when a flood of connections used up its descriptors)."""
     with Store.open_read(store_root, config) as store:
         file_size = store.commitlog_file_size
     end = readable_end(store_root, config)
@@ -140,10 +167,32 @@ def serve(
     host, port = listener.getsockname()[:2]
     on_event(f"serving {store_root} (its records end at {end}) on {host}:{port}; stop with Ctrl-C")
     listener.settimeout(0.2)
+    starved = False  # accept() ran out of descriptors or memory (said once until it recovers)
     while not should_stop():
         try:
             connection, peer = listener.accept()
         except TimeoutError:
+            continue
+        except OSError as exc:
+            if exc.errno in _CONNECTION_GONE:
+                continue
+            if exc.errno not in _OUT_OF_RESOURCES:
+                raise
+            if not starved:
+                on_event(f"cannot take a slave's connection now ({exc.strerror}): trying again")
+            starved = True
+            time.sleep(_ACCEPT_PAUSE)
+            continue
+        starved = False
+        # slaves that reconnect (a 4.9 slave ahead of the master does every few seconds)
+        # leave ended threads behind: not kept, however long the master serves
+        threads = [thread for thread in threads if thread.is_alive()]
+        if len(threads) >= options.max_slaves:
+            on_event(
+                f"slave {peer[0]}:{peer[1]} refused: {len(threads)} slaves are being served "
+                "(--max-slaves)"
+            )
+            connection.close()
             continue
         on_event(f"slave {peer[0]}:{peer[1]} connected")
         worker = threading.Thread(
@@ -160,10 +209,12 @@ def serve(
             ),
             daemon=True,
         )
-        worker.start()
-        # slaves that reconnect (a 4.9 slave ahead of the master does every few seconds)
-        # leave ended threads behind: not kept, however long the master serves
-        threads = [thread for thread in threads if thread.is_alive()]
+        try:
+            worker.start()
+        except RuntimeError as exc:  # no thread to be had (memory, a process limit)
+            on_event(f"slave {peer[0]}:{peer[1]} refused: {exc}")
+            connection.close()
+            continue
         threads.append(worker)
     for worker in threads:
         worker.join(timeout=2)
@@ -180,9 +231,9 @@ def _serve_connection(
     on_event: Callable[[str], None],
 ) -> None:
     """One slave: nothing until its first report, then frames from the start that report
-    asks for, a heartbeat once it has everything (and every ``heartbeat`` seconds idle)."""
-    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    connection.setblocking(False)
+    asks for, a heartbeat once it has everything (and every ``heartbeat`` seconds idle).
+    What ends it (the slave going, an error, no descriptor left) is said and closes this
+    connection only."""
     reports = bytearray()
     start: int | None = None
     last_report = last_write = time.monotonic()
@@ -193,12 +244,15 @@ def _serve_connection(
     # files are looked at again after a wait as for new data, not in a busy loop
     nowhere = False
     looked_again = 0.0
-    store = Store.open_read(store_root, config)
+    store: Store | None = None
     reading: _OpenFile | None = None
     try:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.setblocking(False)
+        store = Store.open_read(store_root, config)
         while not should_stop():
             sending = start is not None and position < current_end() and not nowhere
-            readable, _, _ = select.select([connection], [], [], 0 if sending else _IDLE_WAIT)
+            readable = _ready(connection, select.POLLIN, 0 if sending else _IDLE_WAIT)
             now = time.monotonic()
             if readable:
                 data = connection.recv(65536)
@@ -225,6 +279,7 @@ def _serve_connection(
                 # a file created since? looked for once a wait, however often the slave writes
                 looked_again = now
                 store.close()
+                store = None
                 store = Store.open_read(store_root, config)
                 segment = store.commitlog.queue.find(position)
             nowhere = position < end and segment is None
@@ -247,7 +302,8 @@ def _serve_connection(
     finally:
         if reading is not None:
             reading.close()
-        store.close()
+        if store is not None:
+            store.close()
         connection.close()
 
 
@@ -296,8 +352,17 @@ def _send(connection: socket.socket, data: bytes, *, more: bool = False) -> None
         view = view[sent:]
 
 
+def _ready(connection: socket.socket, events: int, timeout: float) -> bool:
+    """Whether ``connection`` is ready for ``events`` (or has an error or hang-up to tell)
+    within ``timeout`` seconds: poll(2), which a master serving many slaves needs (select(2)
+    takes no descriptor numbered past 1,023, and a master's limit may be far above it)."""
+    poller = select.poll()
+    poller.register(connection, events)
+    return bool(poller.poll(timeout * 1000))
+
+
 def _wait_writable(connection: socket.socket) -> None:
-    _, writable, _ = select.select([], [connection], [], SILENCE)
+    writable = _ready(connection, select.POLLOUT, SILENCE)
     if not writable:
         raise HALinkError("the peer stopped reading")
 

@@ -363,6 +363,86 @@ def test_a_following_slave_stopped_before_any_master_answered_leaves_dest_as_it_
 # -- the slave against a scripted master ------------------------------------------------------
 
 
+@contextmanager
+def master_with_few_descriptors(
+    store: Path, log: Path, descriptors: int, *options: str
+) -> Iterator[tuple[int, subprocess.Popen]]:
+    """``serve-ha STORE`` whose open-file limit (soft and hard) is ``descriptors``, its
+    stderr in ``log``: yields its port and process."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
+
+    port = free_port()
+    with log.open("w") as said:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen",
+             f"127.0.0.1:{port}", *options],
+            stdout=subprocess.DEVNULL, stderr=said, preexec_fn=limit,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "serving" not in log.read_text() and time.monotonic() < deadline:
+            assert server.poll() is None, log.read_text()
+            time.sleep(0.05)
+        yield port, server
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def flood(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections to ``port``, each reporting offset 0 and reading nothing."""
+    held = []
+    for _ in range(count):
+        peer = socket.create_connection(("127.0.0.1", port), timeout=5)
+        peer.sendall(REPORT.pack(0))
+        held.append(peer)
+    return held
+
+
+@pytest.mark.parametrize("case", ["max-slaves", "descriptors"])
+def test_a_flood_of_connections_neither_stops_the_master_nor_keeps_slaves_out(
+    tmp_path: Path, case: str
+) -> None:
+    """A peer opening connection after connection (a hostile one, or slaves reconnecting in
+    a loop) used the master's descriptors up, and ``serve-ha`` exited ("Too many open
+    files"), leaving every slave without a master. Past ``--max-slaves`` a connection is
+    closed at once, said; run out of descriptors anyway, the master says so, waits, and goes
+    on: the slaves it serves keep being served, and one that comes once the flood is gone
+    catches up."""
+    store = tmp_path / "store"
+    generate("multi", store, FixtureOptions())
+    log = tmp_path / "serve.log"
+    options = ["--max-slaves", "4"] if case == "max-slaves" else ["--max-slaves", "200"]
+    with master_with_few_descriptors(store, log, 48, *options) as (port, server):
+        early = connect(("127.0.0.1", port))  # a slave served before the flood
+        early.sendall(REPORT.pack(0))
+        held = flood(port, 120)
+        time.sleep(1.5)
+        assert server.poll() is None, log.read_text()
+        early.settimeout(10)
+        assert len(early.recv(HEADER.size)) > 0  # still being sent to
+        for peer in held:
+            peer.close()
+        early.close()
+        time.sleep(1)
+        replica = tmp_path / "replica"
+        address = f"ha://127.0.0.1:{port}"
+        result = run_cli("replicate", address, replica, "--commitlog-file-size", str(FILE))
+        assert result.exit_code == 0, result.stderr + log.read_text()
+        assert server.poll() is None, log.read_text()
+    said = log.read_text()
+    assert "Traceback" not in said and "error" not in said, said
+    if case == "max-slaves":
+        assert "refused: 4 slaves are being served (--max-slaves)" in said
+    else:
+        assert "cannot take a slave's connection now (Too many open files)" in said
+    last = sorted((store / "commitlog").iterdir())[-1]
+    assert (replica / "commitlog" / last.name).read_bytes() == last.read_bytes()
+
+
 def test_frames_split_at_every_byte_are_put_together() -> None:
     frames = [(100, b"abc"), (103, b""), (103, bytes(range(256)) * 3)]
     stream = b"".join(HEADER.pack(offset, len(body)) + body for offset, body in frames)
