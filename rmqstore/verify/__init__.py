@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rmqstore.commitlog import CommitLog
 from rmqstore.consumequeue import link_target
@@ -70,9 +71,7 @@ def check_layout(store: Store, report: VerifyReport) -> None:
             "writers (recover, dispatch, flush, append) refuse the store: put the real file "
             "or folder there",
             WARNING,
-            file=str(link.relative_to(store.root))
-            if link.is_relative_to(store.root)
-            else str(link),
+            file=_store_name(store, link),
         )
 
 
@@ -86,10 +85,13 @@ def check_shared(store: Store, report: VerifyReport, *, queues: bool) -> None:
             "broker would write through, and rmqstore's writers (recover, dispatch, flush, "
             "append) refuse to change: give the file a copy of its own",
             WARNING,
-            file=str(path.relative_to(store.root))
-            if path.is_relative_to(store.root)
-            else str(path),
+            file=_store_name(store, path),
         )
+
+
+def _store_name(store: Store, path: Path) -> str:
+    """``path`` as a finding names it: relative to the store root when inside it."""
+    return str(path.relative_to(store.root)) if path.is_relative_to(store.root) else str(path)
 
 
 def settle_live_end(store: Store) -> None:
