@@ -4,6 +4,7 @@ roll to a new file when one is full, and answer ``queryOffset`` across files."""
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import re
@@ -45,7 +46,26 @@ _ENTRY_CHUNK = 65536  # entries read at a time (1.25 MiB)
 # index files an IndexService keeps open (descriptors, or the map of the one written): the
 # others are opened again when read. A store of small index files has thousands, and each
 # held open ran a dispatch or recovery out of descriptors (EMFILE) under a ulimit of 1024
-OPEN_FILES_KEPT = 64
+OPEN_FILES_KEPT = 64  # at most; fewer under a low open-file limit (open_files_kept)
+
+
+@functools.cache
+def open_files_kept() -> int:
+    """How many index files an IndexService holds open: :data:`OPEN_FILES_KEPT`, or an
+    eighth of the open-file limit when that is less (at least 4): under a limit of 64 the
+    64 held ran a verify or key look-up out of descriptors, with the consume queues' maps
+    and the commit log's files beside them."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return OPEN_FILES_KEPT
+    if soft == resource.RLIM_INFINITY:
+        return OPEN_FILES_KEPT
+    return max(4, min(OPEN_FILES_KEPT, soft // 8))
+
+
 # a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key
 HASHED_KEY = struct.Struct(kernel_layout.HASHED_KEY_FORMAT)
 
@@ -513,14 +533,15 @@ class IndexService:
 
     def _reopened(self, index: IndexFile) -> None:
         """Count ``index`` as held open, and release the ones held longest beyond
-        :data:`OPEN_FILES_KEPT` (never the one written, nor ``index``)."""
+        :func:`open_files_kept` (never the one written, nor ``index``)."""
         held = self._open
         held.pop(index, None)
         held[index] = None
-        if len(held) <= OPEN_FILES_KEPT:
+        kept = open_files_kept()
+        if len(held) <= kept:
             return
         for oldest in list(held):
-            if len(held) <= OPEN_FILES_KEPT:
+            if len(held) <= kept:
                 break
             if oldest is index or oldest.writable:
                 continue
