@@ -17,10 +17,12 @@ from rmqstore.commands.options import (
     topics_option,
 )
 from rmqstore.commands.output import (
+    Markup,
     confirm_or_refuse,
     console,
     counted,
     emit_json,
+    escape,
     fields_grid,
     note,
     progress_bar,
@@ -368,7 +370,7 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
         most = document.get("maxRecords")
         limit = "" if most is None else f", stopping after {counted(most, 'record')}"
         if plan:
-            console.print("[bold]dispatch --rebuild plan[/bold]")
+            console.print(Markup("[bold]dispatch --rebuild plan[/bold]"))
             for path in plan["quarantine"]:
                 console.print(f"  move to quarantine: {path}")
             console.print(
@@ -378,9 +380,12 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
             damage = plan["damage"]
             if damage is not None:
                 console.print(
-                    f"  [yellow]the commit log is damaged at offset {damage['offset']:,} "
-                    f"({damage['reason']}), before its valid end at {damage['logEnd']:,}: "
-                    "the replay would stop there; refused unless --up-to-damage[/yellow]"
+                    Markup(
+                        f"  [yellow]the commit log is damaged at offset {damage['offset']:,} "
+                        f"({escape(damage['reason'])}), before its valid end at "
+                        f"{damage['logEnd']:,}: the replay would stop there; refused unless "
+                        "--up-to-damage[/yellow]"
+                    )
                 )
         else:
             console.print(

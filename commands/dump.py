@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from rmqstore.commands.options import GivenPath, store_config_options
-from rmqstore.commands.output import document_json, format_millis, json_text
+from rmqstore.commands.output import document_json, format_millis, json_text, shown
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.filedump import (
@@ -131,11 +131,12 @@ def command(
             problems += _is_problem(item)
             sys.stdout.write(document_json(item) + "\n")
     else:
-        print(f"{file}: {target.kind.value} file, {file.stat().st_size:,} bytes")
+        # shown: a file's name, a record's topic, come from the store
+        print(shown(f"{file}: {target.kind.value} file, {file.stat().st_size:,} bytes"))
         render = _RENDER[target.kind]
         for item in items:
             problems += _is_problem(item)
-            print(render(item))
+            print(shown(render(item)))
         if problems:
             print(f"{problems} item(s) not sound")
     return ExitCode.FINDINGS if problems else ExitCode.OK

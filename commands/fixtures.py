@@ -8,7 +8,16 @@ from pathlib import Path
 import click
 
 from rmqstore.commands.options import GivenPath, jobs_option, json_option, progress_option
-from rmqstore.commands.output import Grid, console, counted, emit_json, note, progress_bar
+from rmqstore.commands.output import (
+    Grid,
+    Markup,
+    console,
+    counted,
+    emit_json,
+    escape,
+    note,
+    progress_bar,
+)
 from rmqstore.config import (
     JAVA_INT_MAX,
     LARGEST_CONSUMEQUEUE_FILE_SIZE,
@@ -219,7 +228,9 @@ def describe_command(scenario: str, out: Path, as_json: bool) -> int:
     if as_json:
         emit_json(manifest)
         return 0
-    console.print(f"[bold]{manifest['scenario']}[/bold]: {manifest['description']}")
+    console.print(
+        Markup(f"[bold]{escape(manifest['scenario'])}[/bold]: {escape(manifest['description'])}")
+    )
     console.print(
         f"seed {manifest['seed']}, {counted(manifest['messageCount'], 'message')}, log "
         f"{manifest['commitLog']['minOffset']:,} .. "

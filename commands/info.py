@@ -18,10 +18,12 @@ from rmqstore.commands.options import (
 from rmqstore.commands.output import (
     DelimitedWriter,
     Grid,
+    Markup,
     console,
     counted,
     delimited_options,
     emit_json,
+    escape,
     fields_grid,
     format_millis,
     progress_bar,
@@ -187,18 +189,22 @@ def _render(summary: dict[str, Any]) -> None:
         f"{format_millis(log['firstStoreTimestamp'])} .. "
         f"{format_millis(log['lastStoreTimestamp'])}",
     )
-    end = "clean" if log["end"] == "clean" else f"[red]invalid bytes[/red]: {log['endError']}"
+    end = (
+        "clean"
+        if log["end"] == "clean"
+        else Markup(f"[red]invalid bytes[/red]: {escape(log['endError'])}")
+    )
     overview.add_row("log end", end)
     if log["filesWithDataAfterEnd"]:
         overview.add_row(
-            "[red]warning[/red]",
+            Markup("[red]warning[/red]"),
             "files after the end hold data: "
             + ", ".join(log["filesWithDataAfterEnd"])
             + " (run rmqstore verify)",
         )
     for gap in log["missingFiles"]:
         overview.add_row(
-            "[red]warning[/red]",
+            Markup("[red]warning[/red]"),
             f"commit-log files missing: {gap['from']}"
             + (f" .. {gap['to']}" if gap["to"] != gap["from"] else "")
             + f" ({counted(gap['files'], 'file')}; the messages there are lost; run rmqstore "

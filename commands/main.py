@@ -29,7 +29,11 @@ def process_is_own() -> bool:
 
 
 def _error(message: str) -> None:
-    click.echo(f"rmqstore: error: {message}", err=True)
+    """One line on stderr: a path or name in ``message`` holding a line feed or an escape
+    sequence is shown escaped (:func:`rmqstore.commands.output.shown`)."""
+    from rmqstore.commands.output import shown
+
+    click.echo(f"rmqstore: error: {shown(message)}", err=True)
 
 
 class RmqStoreGroup(click.Group):

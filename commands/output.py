@@ -24,6 +24,45 @@ from rmqstore.wording import counted  # noqa: F401  (the commands take it from h
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
 
 
+class Markup(str):
+    """Text rmqstore wrote with rich markup in it (``[bold]...[/bold]``), styled on a
+    terminal and stripped anywhere else. Any other text printed is shown as it is: message
+    data, file and topic names never pass through rich's markup parser, which took a body's
+    ``[debug]`` or ``:smile:`` for a style or an emoji code and failed on a bare ``[/]``
+    (exit 70). What a ``Markup`` embeds of such text goes through :func:`escape`."""
+
+
+def escape(text: object) -> str:
+    """``text`` to embed in :class:`Markup`: its control characters shown (:func:`shown`),
+    and every ``[`` escaped so rich reads none of it as a tag."""
+    return shown(str(text)).replace("[", "\\[")
+
+
+# characters a terminal acts on instead of showing them: C0 controls (a line feed included,
+# so that a value stays on its row, and ESC, which starts the sequences that recolour, move
+# the cursor, retitle the window or hide what follows), DEL, C1 controls (0x9b is a CSI to
+# some terminals), the Unicode line and paragraph separators, and the bidirectional
+# overrides and isolates, which reorder what is shown
+_UNSHOWN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_SHOWN_AS = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(text: str) -> str:
+    """``text`` for human output (tables, plain lines, stderr): each character a terminal
+    would act on written as an escape (``\\x1b``, ``\\n``, ``\\u202e``), so data read from a
+    store (a body, a key, a file name) neither drives the operator's terminal nor breaks a
+    line. JSON, CSV and TSV are data and keep their characters (JSON escapes its own)."""
+    if not _UNSHOWN.search(text):
+        return text
+    return _UNSHOWN.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    character = found.group()
+    code = ord(character)
+    return _SHOWN_AS.get(character) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
 class Grid:
     """A table of human output, built with the calls of a rich ``Table`` (``add_column``,
     ``add_row``, the same options). On a terminal rich draws it (and is imported only then);
@@ -79,7 +118,7 @@ class Grid:
                 taken += width
             table.add_column(header, **options)
         for row in self.rows:
-            table.add_row(*row)
+            table.add_row(*(_rich_text(cell) for cell in row))
         return table, taken
 
 
@@ -110,7 +149,7 @@ class HumanOutput:
             if self._terminal is None:
                 from rich.console import Console
 
-                self._terminal = Console(highlight=False, soft_wrap=False)
+                self._terminal = Console(highlight=False, soft_wrap=False, emoji=False)
             if isinstance(renderable, Grid):
                 # wider than the terminal when its identifiers need it: the terminal then
                 # wraps the line, but no identifier is cut or split by the table
@@ -121,8 +160,10 @@ class HumanOutput:
                 else:  # a console as wide as the table needs (rich caps print's width)
                     from rich.console import Console
 
-                    wide = Console(highlight=False, soft_wrap=False, width=needed)
+                    wide = Console(highlight=False, soft_wrap=False, width=needed, emoji=False)
                     wide.print(table, crop=False)
+            elif isinstance(renderable, str):
+                self._terminal.print(_rich_text(renderable, lines=True))
             else:
                 self._terminal.print(renderable)
             return
@@ -138,6 +179,8 @@ def plain_lines(renderable: Any) -> list[str]:
     table = sys.modules.get("rich.table")
     if table is not None and isinstance(renderable, table.Table):
         return _table_lines(renderable)
+    if isinstance(renderable, str) and not isinstance(renderable, Markup):
+        return [shown(line).rstrip() for line in renderable.split("\n")]
     return [line.rstrip() for line in _plain_text(renderable).split("\n")]
 
 
@@ -179,20 +222,41 @@ def _aligned(
 
 
 def _plain_text(cell: Any) -> str:
-    """A cell or line without its markup (rich parses it only when there may be some)."""
+    """A cell or line as the text shown: :class:`Markup` without its markup (rich parses it
+    only when there may be some), anything else as it is, control characters shown."""
     if cell is None:
         return ""
-    if isinstance(cell, str) and not _MAYBE_MARKUP.search(cell):
-        return cell
+    if isinstance(cell, Markup):
+        if "[" not in cell:
+            return cell
+        from rich.text import Text
+
+        return Text.from_markup(cell, emoji=False).plain
+    if isinstance(cell, str):
+        return shown(cell)
+    text = sys.modules.get("rich.text")
+    if text is not None and isinstance(cell, text.Text):
+        return shown(cell.plain)
+    return shown(str(cell))
+
+
+def _rich_text(cell: Any, *, lines: bool = False) -> Any:
+    """A cell (or, with ``lines``, text of several lines) for rich: :class:`Markup` parsed,
+    anything else shown as it is (never parsed as markup), control characters shown."""
     from rich.text import Text
 
+    if isinstance(cell, Markup):
+        return Text.from_markup(cell, emoji=False)
     if isinstance(cell, Text):
-        return cell.plain
-    return Text.from_markup(str(cell)).plain
+        return cell if not _UNSHOWN.search(cell.plain) else Text(shown(cell.plain), cell.style)
+    if cell is None:
+        return Text("")
+    if lines:
+        return Text("\n".join(shown(line) for line in str(cell).split("\n")))
+    return Text(shown(str(cell)))
 
 
 console = HumanOutput()
-_MAYBE_MARKUP = re.compile(r"\[|:[A-Za-z_][\w+-]*:")  # rich markup or an :emoji: code
 
 
 def emit_json(document: Any) -> None:
@@ -336,11 +400,11 @@ def delimited_options(
 
 
 def warn(message: str) -> None:
-    click.echo(f"rmqstore: warning: {message}", err=True)
+    click.echo(f"rmqstore: warning: {shown(message)}", err=True)
 
 
 def note(message: str) -> None:
-    click.echo(f"rmqstore: {message}", err=True)
+    click.echo(f"rmqstore: {shown(message)}", err=True)
 
 
 SHOW_UTC = False  # set by the global --utc option
@@ -364,7 +428,7 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TimeRemainingColumn(),
@@ -373,7 +437,7 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
     # where it was sent, never into the bar's stream
     with Progress(
         *columns,
-        console=Console(stderr=True, highlight=False),
+        console=Console(stderr=True, highlight=False, emoji=False),
         transient=True,
         redirect_stdout=False,
         redirect_stderr=False,

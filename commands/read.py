@@ -22,12 +22,14 @@ from rmqstore.commands.output import (
     BODY_MODES,
     DelimitedWriter,
     Grid,
+    Markup,
     console,
     delimited_options,
     document_json,
     emit_json,
     emit_jsonl,
     encode_body,
+    escape,
     fields_grid,
     format_millis,
     message_document,
@@ -627,8 +629,10 @@ def _show_time(
         emit_json(document)
         return
     console.print(
-        f"[bold]queue offset[/bold] {queue_offset} for {topic}:{queue_id} at "
-        f"{timestamp} ({format_millis(timestamp)}), rule {rule}"
+        Markup(
+            f"[bold]queue offset[/bold] {queue_offset} for {escape(topic)}:{queue_id} at "
+            f"{timestamp} ({escape(format_millis(timestamp))}), rule {escape(rule)}"
+        )
     )
     if message is not None:
         _detail_table(document["message"])

@@ -14,10 +14,12 @@ from rmqstore.commands.options import (
     store_config_options,
 )
 from rmqstore.commands.output import (
+    Markup,
     confirm_or_refuse,
     console,
     counted,
     emit_json,
+    escape,
     fields_grid,
     note,
     progress_bar,
@@ -171,7 +173,7 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
         emit_json({"plan": plan.to_dict()})
     else:
         mode = "abnormal: abort present" if plan.abnormal else "normal"
-        console.print(f"[bold]recover plan[/bold] ({mode})")
+        console.print(Markup(f"[bold]recover plan[/bold] ({escape(mode)})"))
         console.print(f"  valid end of the commit log: {plan.log_end:,}")
         if plan.stopped_by:
             console.print(f"  it ends at: {plan.stopped_by}")
@@ -184,9 +186,10 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
         for skipped in plan.skipped:
             console.print(f"  left alone: {skipped}")
         for warning in plan.warnings:
-            console.print(f"  [yellow]cannot mend:[/yellow] {warning}")
+            console.print(Markup(f"  [yellow]cannot mend:[/yellow] {escape(warning)}"))
         for offset in plan.offsets_past_end:
-            console.print(f"  [yellow]left for you:[/yellow] {offset.describe(' once recovered')}")
+            left = offset.describe(" once recovered")
+            console.print(Markup(f"  [yellow]left for you:[/yellow] {escape(left)}"))
         if plan.queues_truncated:
             console.print(
                 f"  consume queues truncated: {plan.queues_truncated} "

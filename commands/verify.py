@@ -19,10 +19,12 @@ from rmqstore.commands.options import (
 from rmqstore.commands.output import (
     DelimitedWriter,
     Grid,
+    Markup,
     console,
     counted,
     delimited_options,
     emit_json,
+    escape,
     fields_grid,
     progress_bar,
     warn,
@@ -279,15 +281,8 @@ def _render(report: VerifyReport, topics: tuple[str, ...] = ()) -> None:
             f"{counted(checked['indexEntries'], 'entry', 'entries')}",
         )
     verdict = "[green]sound[/green]" if report.ok else "[red]problems found[/red]"
-    summary.add_row(
-        "result",
-        verdict
-        + (
-            f" ({', '.join(f'{k}: {v}' for k, v in sorted(report.counts.items()))})"
-            if report.counts
-            else ""
-        ),
-    )
+    counts = ", ".join(f"{k}: {v}" for k, v in sorted(report.counts.items()))
+    summary.add_row("result", Markup(verdict + (f" ({escape(counts)})" if counts else "")))
     console.print(summary)
     if not report.findings:
         return
@@ -297,7 +292,7 @@ def _render(report: VerifyReport, topics: tuple[str, ...] = ()) -> None:
     for finding in report.findings:
         style = _STYLE[finding.severity]
         table.add_row(
-            f"[{style}]{finding.severity}[/{style}]",
+            Markup(f"[{style}]{finding.severity}[/{style}]"),
             finding.kind,
             finding.where(),
             finding.message,

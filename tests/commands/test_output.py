@@ -314,3 +314,74 @@ def test_document_json_is_what_the_standard_encoder_writes(oracle, name: str) ->
     assert len(documents) > 100
     for document in documents:
         assert document_json(document) == json_text(document) == standard(document)
+
+
+def _terminal_bytes(*args: str | Path, columns: int = 400) -> str:
+    """``rmqstore ARGS`` with stdout on a terminal (a pty), every byte as written."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", *map(str, args)],
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": str(columns)},
+    )
+    os.close(slave)
+    seen = bytearray()
+    with contextlib.suppress(OSError):
+        while chunk := os.read(master, 65536):
+            seen.extend(chunk)
+    assert process.wait() in (0, 1)
+    os.close(master)
+    return seen.decode("utf-8", "replace")
+
+
+def test_message_data_is_shown_as_it_is_never_as_markup_or_terminal_codes(
+    tmp_path: Path,
+) -> None:
+    """A body, keys or tags holding rich markup (``[/]``, ``[debug]``, ``[link=...]``), an
+    ``:emoji:`` code or control characters (an escape sequence, one retitling the window, a
+    line feed). ``read`` failed with exit 70 on ``[/]`` (rich's MarkupError), dropped
+    ``[debug]``, made ``:smile:`` an emoji, and wrote the escape sequences to the terminal
+    as they were; a store file's name did the same in ``verify``, and an error naming a path
+    with a line feed took two lines. Now human output shows the text as it is, each control
+    character escaped, on a terminal and in plain lines; JSON keeps the bytes."""
+    store = tmp_path / "store"
+    generate("basic", store, FixtureOptions())
+    body = "\x1b]0;pwned\x07[/] [debug] a\nb :smile: [link=http://x]y[/link] \u202e."
+    appended = run_cli(
+        "append", store, "--topic", "BasicTopic", "--body", body, "--keys", "k[/]",
+        "--tags", "t\x1b[1m", "--dispatch", "--jsonl",
+    )  # fmt: skip
+    assert appended.exit_code == 0, appended.stderr
+    offset = str(json.loads(appended.stdout)["commitLogOffset"])
+    # (a table shows a body's first 40 characters; the one message's fields all of it)
+    as_shown = "\\x1b]0;pwned\\x07[/] [debug] a\\nb :smile:"
+    whole = as_shown + " [link=http://x]y[/link] \\u202e."
+    reads = (
+        ["read", store, "--offset", offset],
+        ["read", store, "--from-offset", offset],
+        ["read", store, "--topic", "BasicTopic", "--queue", "0", "--begin", "1"],
+    )
+    for args in reads:
+        result = run_cli(*args)
+        assert result.exit_code == 0, (args, result.stderr)
+        assert as_shown in result.stdout and "k[/]" in result.stdout
+        assert whole in result.stdout or "--offset" not in args
+        assert "t\\x1b[1m" in result.stdout and "\x1b" not in result.stdout
+        raw = _terminal_bytes(*args)
+        assert "\x1b]" not in raw and "\x07" not in raw and "\u202e" not in raw, args
+        styles_removed = re.sub(r"\x1b\[[0-9;]*m", "", raw)
+        assert as_shown in styles_removed and "t\\x1b[1m" in styles_removed, args
+    document = json.loads(run_cli("read", store, "--offset", offset, "--json").stdout)
+    assert document["body"] == body and document["keys"] == "k[/]"
+    (store / "commitlog" / "evil\x1b]0;title\x07[red]x").touch()
+    report = run_cli("verify", store)
+    assert "commitlog/evil\\x1b]0;title\\x07[red]x" in report.stdout
+    assert "\x1b" not in report.stdout and "\x1b]" not in _terminal_bytes("verify", store)
+    dumped = run_cli("dump", store / "commitlog" / "evil\x1b]0;title\x07[red]x")
+    assert "evil\\x1b]0;title\\x07[red]x" in dumped.stdout and "\x1b" not in dumped.stdout
+    odd = tmp_path / "line\nfeed"
+    odd.mkdir()
+    refused = run_cli("verify", odd)
+    assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert "line\\nfeed" in refused.stderr
