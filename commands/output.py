@@ -449,6 +449,7 @@ def progress_bar(description: str, total: int, enabled: bool) -> Iterator[Callab
 def confirm_or_refuse(what: str, summary: str) -> None:
     """Before destructive work: ask on a terminal; elsewhere refuse (a usage error) unless
     the command was given --yes. ``what`` names the work ("recover"), ``summary`` says it."""
+    summary = shown(summary)  # it may name the store's paths
     if not sys.stdin.isatty():
         raise click.UsageError(
             f"{what} would {summary}; add --yes to confirm, or --dry-run to see the plan"
