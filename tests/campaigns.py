@@ -110,6 +110,9 @@ for command in json.loads(sys.argv[1]):
     error = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         error += f"Traceback: {type(result.exception).__name__}: {result.exception}"
+    data = {"--json", "--jsonl", "--csv", "--tsv", "raw"} & set(command)
+    if "\x1b" in result.stderr or ("\x1b" in result.stdout and not data):
+        error += " internal error: an ESC byte in human output"  # a terminal would act on it
     outcomes.append([command, result.exit_code, error[-2000:]])
 print(json.dumps(outcomes))
 """

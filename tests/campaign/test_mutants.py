@@ -45,6 +45,7 @@ READ_ONLY = [
     ["read", "{store}", "--topic", "TopicTest", "--queue", "1", "--time", "1700000000000"],
     ["read", "{store}", "--uniq-key", "7F0000010001000000000000", "--begin", "0", "--json"],
     ["read", "{store}", "--from-offset", "100", "--seek", "--count", "50", "--csv"],
+    ["read", "{store}", "--from-offset", "0", "--count", "300"],  # the table, as lines
     ["read", "{store}", "--topic", "TopicTest", "--tags", "TagA||TagB", "--begin", "1", "--tsv"],
     ["dump", "{store}/commitlog/00000000000000000000", "--json"],
     ["dump", "{index_file}", "--json"],
