@@ -17,12 +17,11 @@ from rmqstore.commands.options import (
     topics_option,
 )
 from rmqstore.commands.output import (
-    Markup,
+    Styled,
     confirm_or_refuse,
     console,
     counted,
     emit_json,
-    escape,
     fields_grid,
     note,
     progress_bar,
@@ -370,7 +369,7 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
         most = document.get("maxRecords")
         limit = "" if most is None else f", stopping after {counted(most, 'record')}"
         if plan:
-            console.print(Markup("[bold]dispatch --rebuild plan[/bold]"))
+            console.print(Styled(("dispatch --rebuild plan", "bold")))
             for path in plan["quarantine"]:
                 console.print(f"  move to quarantine: {path}")
             console.print(
@@ -379,14 +378,12 @@ def _show_plan(document: dict, as_json: bool, work: bool = True) -> int:
             console.print(f"  then dispatch from offset {plan['dispatchFrom']}{limit}")
             damage = plan["damage"]
             if damage is not None:
-                console.print(
-                    Markup(
-                        f"  [yellow]the commit log is damaged at offset {damage['offset']:,} "
-                        f"({escape(damage['reason'])}), before its valid end at "
-                        f"{damage['logEnd']:,}: the replay would stop there; refused unless "
-                        "--up-to-damage[/yellow]"
-                    )
+                warning = (
+                    f"the commit log is damaged at offset {damage['offset']:,} "
+                    f"({damage['reason']}), before its valid end at {damage['logEnd']:,}: "
+                    "the replay would stop there; refused unless --up-to-damage"
                 )
+                console.print(Styled("  ", (warning, "yellow")))
         else:
             console.print(
                 f"would dispatch {document['behindBytes']:,} bytes of the commit log "

@@ -10,11 +10,10 @@ import click
 from rmqstore.commands.options import GivenPath, jobs_option, json_option, progress_option
 from rmqstore.commands.output import (
     Grid,
-    Markup,
+    Styled,
     console,
     counted,
     emit_json,
-    escape,
     note,
     progress_bar,
 )
@@ -228,9 +227,7 @@ def describe_command(scenario: str, out: Path, as_json: bool) -> int:
     if as_json:
         emit_json(manifest)
         return 0
-    console.print(
-        Markup(f"[bold]{escape(manifest['scenario'])}[/bold]: {escape(manifest['description'])}")
-    )
+    console.print(Styled((manifest["scenario"], "bold"), f": {manifest['description']}"))
     console.print(
         f"seed {manifest['seed']}, {counted(manifest['messageCount'], 'message')}, log "
         f"{manifest['commitLog']['minOffset']:,} .. "

@@ -18,12 +18,11 @@ from rmqstore.commands.options import (
 from rmqstore.commands.output import (
     DelimitedWriter,
     Grid,
-    Markup,
+    Styled,
     console,
     counted,
     delimited_options,
     emit_json,
-    escape,
     fields_grid,
     format_millis,
     progress_bar,
@@ -192,19 +191,19 @@ def _render(summary: dict[str, Any]) -> None:
     end = (
         "clean"
         if log["end"] == "clean"
-        else Markup(f"[red]invalid bytes[/red]: {escape(log['endError'])}")
+        else Styled(("invalid bytes", "red"), f": {log['endError']}")
     )
     overview.add_row("log end", end)
     if log["filesWithDataAfterEnd"]:
         overview.add_row(
-            Markup("[red]warning[/red]"),
+            Styled(("warning", "red")),
             "files after the end hold data: "
             + ", ".join(log["filesWithDataAfterEnd"])
             + " (run rmqstore verify)",
         )
     for gap in log["missingFiles"]:
         overview.add_row(
-            Markup("[red]warning[/red]"),
+            Styled(("warning", "red")),
             f"commit-log files missing: {gap['from']}"
             + (f" .. {gap['to']}" if gap["to"] != gap["from"] else "")
             + f" ({counted(gap['files'], 'file')}; the messages there are lost; run rmqstore "

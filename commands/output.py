@@ -24,18 +24,19 @@ from rmqstore.wording import counted  # noqa: F401  (the commands take it from h
 BODY_MODES = ("auto", "text", "hex", "base64", "none", "raw")
 
 
-class Markup(str):
-    """Text rmqstore wrote with rich markup in it (``[bold]...[/bold]``), styled on a
-    terminal and stripped anywhere else. Any other text printed is shown as it is: message
-    data, file and topic names never pass through rich's markup parser, which took a body's
-    ``[debug]`` or ``:smile:`` for a style or an emoji code and failed on a bare ``[/]``
-    (exit 70). What a ``Markup`` embeds of such text goes through :func:`escape`."""
+class Styled(tuple):
+    """A line or cell in parts, some of them styled: a ``(text, style)`` pair is ``text`` in
+    a rich style on a terminal (plain anywhere else), any other part is text. Every part is
+    shown as it is: rmqstore parses no rich markup, so message data, file and topic names
+    in its output are never taken for it (a body's ``[debug]`` or ``:smile:`` became a style
+    or an emoji, and a bare ``[/]`` failed the command with exit 70)."""
 
+    def __new__(cls, *parts: str | tuple[str, str]) -> Styled:
+        return super().__new__(cls, parts)
 
-def escape(text: object) -> str:
-    """``text`` to embed in :class:`Markup`: its control characters shown (:func:`shown`),
-    and every ``[`` escaped so rich reads none of it as a tag."""
-    return shown(str(text)).replace("[", "\\[")
+    @property
+    def plain(self) -> str:
+        return "".join(shown(part if isinstance(part, str) else part[0]) for part in self)
 
 
 # characters a terminal acts on instead of showing them: C0 controls (a line feed included,
@@ -162,7 +163,7 @@ class HumanOutput:
 
                     wide = Console(highlight=False, soft_wrap=False, width=needed, emoji=False)
                     wide.print(table, crop=False)
-            elif isinstance(renderable, str):
+            elif isinstance(renderable, str | Styled):
                 self._terminal.print(_rich_text(renderable, lines=True))
             else:
                 self._terminal.print(renderable)
@@ -179,7 +180,7 @@ def plain_lines(renderable: Any) -> list[str]:
     table = sys.modules.get("rich.table")
     if table is not None and isinstance(renderable, table.Table):
         return _table_lines(renderable)
-    if isinstance(renderable, str) and not isinstance(renderable, Markup):
+    if isinstance(renderable, str):
         return [shown(line).rstrip() for line in renderable.split("\n")]
     return [line.rstrip() for line in _plain_text(renderable).split("\n")]
 
@@ -222,18 +223,13 @@ def _aligned(
 
 
 def _plain_text(cell: Any) -> str:
-    """A cell or line as the text shown: :class:`Markup` without its markup (rich parses it
-    only when there may be some), anything else as it is, control characters shown."""
+    """A cell or line as the text shown, without its styles, control characters shown."""
     if cell is None:
         return ""
-    if isinstance(cell, Markup):
-        if "[" not in cell:
-            return cell
-        from rich.text import Text
-
-        return Text.from_markup(cell, emoji=False).plain
     if isinstance(cell, str):
         return shown(cell)
+    if isinstance(cell, Styled):
+        return cell.plain
     text = sys.modules.get("rich.text")
     if text is not None and isinstance(cell, text.Text):
         return shown(cell.plain)
@@ -241,12 +237,17 @@ def _plain_text(cell: Any) -> str:
 
 
 def _rich_text(cell: Any, *, lines: bool = False) -> Any:
-    """A cell (or, with ``lines``, text of several lines) for rich: :class:`Markup` parsed,
-    anything else shown as it is (never parsed as markup), control characters shown."""
+    """A cell (or, with ``lines``, text of several lines) for rich: shown as it is (never
+    parsed as markup), control characters shown, :class:`Styled` parts in their styles."""
     from rich.text import Text
 
-    if isinstance(cell, Markup):
-        return Text.from_markup(cell, emoji=False)
+    if isinstance(cell, Styled):
+        return Text.assemble(
+            *(
+                Text(shown(part)) if isinstance(part, str) else Text(shown(part[0]), part[1])
+                for part in cell
+            )
+        )
     if isinstance(cell, Text):
         return cell if not _UNSHOWN.search(cell.plain) else Text(shown(cell.plain), cell.style)
     if cell is None:

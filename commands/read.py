@@ -22,14 +22,13 @@ from rmqstore.commands.output import (
     BODY_MODES,
     DelimitedWriter,
     Grid,
-    Markup,
+    Styled,
     console,
     delimited_options,
     document_json,
     emit_json,
     emit_jsonl,
     encode_body,
-    escape,
     fields_grid,
     format_millis,
     message_document,
@@ -629,9 +628,10 @@ def _show_time(
         emit_json(document)
         return
     console.print(
-        Markup(
-            f"[bold]queue offset[/bold] {queue_offset} for {escape(topic)}:{queue_id} at "
-            f"{timestamp} ({escape(format_millis(timestamp))}), rule {escape(rule)}"
+        Styled(
+            ("queue offset", "bold"),
+            f" {queue_offset} for {topic}:{queue_id} at {timestamp} "
+            f"({format_millis(timestamp)}), rule {rule}",
         )
     )
     if message is not None:

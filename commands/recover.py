@@ -14,12 +14,11 @@ from rmqstore.commands.options import (
     store_config_options,
 )
 from rmqstore.commands.output import (
-    Markup,
+    Styled,
     confirm_or_refuse,
     console,
     counted,
     emit_json,
-    escape,
     fields_grid,
     note,
     progress_bar,
@@ -173,7 +172,7 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
         emit_json({"plan": plan.to_dict()})
     else:
         mode = "abnormal: abort present" if plan.abnormal else "normal"
-        console.print(Markup(f"[bold]recover plan[/bold] ({escape(mode)})"))
+        console.print(Styled(("recover plan", "bold"), f" ({mode})"))
         console.print(f"  valid end of the commit log: {plan.log_end:,}")
         if plan.stopped_by:
             console.print(f"  it ends at: {plan.stopped_by}")
@@ -186,10 +185,10 @@ def _show_plan(plan: RecoveryPlan, as_json: bool) -> int:
         for skipped in plan.skipped:
             console.print(f"  left alone: {skipped}")
         for warning in plan.warnings:
-            console.print(Markup(f"  [yellow]cannot mend:[/yellow] {escape(warning)}"))
+            console.print(Styled("  ", ("cannot mend:", "yellow"), f" {warning}"))
         for offset in plan.offsets_past_end:
             left = offset.describe(" once recovered")
-            console.print(Markup(f"  [yellow]left for you:[/yellow] {escape(left)}"))
+            console.print(Styled("  ", ("left for you:", "yellow"), f" {left}"))
         if plan.queues_truncated:
             console.print(
                 f"  consume queues truncated: {plan.queues_truncated} "

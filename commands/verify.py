@@ -19,12 +19,11 @@ from rmqstore.commands.options import (
 from rmqstore.commands.output import (
     DelimitedWriter,
     Grid,
-    Markup,
+    Styled,
     console,
     counted,
     delimited_options,
     emit_json,
-    escape,
     fields_grid,
     progress_bar,
     warn,
@@ -280,9 +279,9 @@ def _render(report: VerifyReport, topics: tuple[str, ...] = ()) -> None:
             f"{counted(checked['indexFiles'], 'file')}, "
             f"{counted(checked['indexEntries'], 'entry', 'entries')}",
         )
-    verdict = "[green]sound[/green]" if report.ok else "[red]problems found[/red]"
+    verdict = ("sound", "green") if report.ok else ("problems found", "red")
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(report.counts.items()))
-    summary.add_row("result", Markup(verdict + (f" ({escape(counts)})" if counts else "")))
+    summary.add_row("result", Styled(verdict, f" ({counts})" if counts else ""))
     console.print(summary)
     if not report.findings:
         return
@@ -292,7 +291,7 @@ def _render(report: VerifyReport, topics: tuple[str, ...] = ()) -> None:
     for finding in report.findings:
         style = _STYLE[finding.severity]
         table.add_row(
-            Markup(f"[{style}]{finding.severity}[/{style}]"),
+            Styled((finding.severity, style)),
             finding.kind,
             finding.where(),
             finding.message,

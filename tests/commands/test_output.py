@@ -385,3 +385,17 @@ def test_message_data_is_shown_as_it_is_never_as_markup_or_terminal_codes(
     refused = run_cli("verify", odd)
     assert refused.exit_code == 2 and len(refused.stderr.strip().splitlines()) == 1
     assert "line\\nfeed" in refused.stderr
+
+
+def test_text_in_rmqstores_own_styled_lines_stays_literal() -> None:
+    """rmqstore's styled lines (a recover plan's warnings, a dispatch plan's damage, verify's
+    verdict) hold engine text that may name the store's paths: it is shown as it is, a
+    backslash before a ``[`` and a trailing one included, and the styles still apply."""
+    from rmqstore.commands.output import Styled, _plain_text, _rich_text
+
+    for data in ["x\\[red]y[/red]", "[/]", "a\\", "[bold]b :smile:", "c\x1bd\ne"]:
+        line = Styled("  ", ("cannot mend:", "yellow"), f" {data}")
+        literal = data.replace("\x1b", "\\x1b").replace("\n", "\\n")
+        assert _plain_text(line) == f"  cannot mend: {literal}"
+        rendered = _rich_text(line)
+        assert rendered.plain == f"  cannot mend: {literal}" and rendered.spans
