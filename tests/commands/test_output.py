@@ -253,8 +253,9 @@ def test_info_stats_and_verify_print_rows_as_csv_and_jsonl(torn: Path) -> None:
     assert both.exit_code == 2
 
 
-def _on_terminal(*args: str | Path, columns: int = 60) -> str:
-    """``rmqstore ARGS`` with stdout on a terminal (a pty) ``columns`` wide, escapes removed."""
+def _terminal_bytes(*args: str | Path, columns: int = 400) -> str:
+    """``rmqstore ARGS`` with stdout on a terminal (a pty) ``columns`` wide, every byte as
+    written."""
     master, slave = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "rmqstore", *map(str, args)],
@@ -269,7 +270,12 @@ def _on_terminal(*args: str | Path, columns: int = 60) -> str:
             seen.extend(chunk)
     process.wait()
     os.close(master)
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode("utf-8", "replace"))
+    return seen.decode("utf-8", "replace")
+
+
+def _on_terminal(*args: str | Path, columns: int = 60) -> str:
+    """``rmqstore ARGS`` with stdout on a terminal (a pty) ``columns`` wide, escapes removed."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _terminal_bytes(*args, columns=columns))
 
 
 def test_identifiers_stay_whole_on_a_narrow_terminal(torn: Path) -> None:
@@ -314,25 +320,6 @@ def test_document_json_is_what_the_standard_encoder_writes(oracle, name: str) ->
     assert len(documents) > 100
     for document in documents:
         assert document_json(document) == json_text(document) == standard(document)
-
-
-def _terminal_bytes(*args: str | Path, columns: int = 400) -> str:
-    """``rmqstore ARGS`` with stdout on a terminal (a pty), every byte as written."""
-    master, slave = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rmqstore", *map(str, args)],
-        stdout=slave,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": str(columns)},
-    )
-    os.close(slave)
-    seen = bytearray()
-    with contextlib.suppress(OSError):
-        while chunk := os.read(master, 65536):
-            seen.extend(chunk)
-    assert process.wait() in (0, 1)
-    os.close(master)
-    return seen.decode("utf-8", "replace")
 
 
 def test_message_data_is_shown_as_it_is_never_as_markup_or_terminal_codes(
