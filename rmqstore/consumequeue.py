@@ -30,6 +30,7 @@ from rmqstore.segments import (
     link_target,
     map_writable,
     nonzero_extent,
+    open_file_limit,
     reserve_range,
     sync_file_data,
 )
@@ -801,15 +802,8 @@ def write_maps_allowed() -> int:
     """How many queue files may be mapped for writing at once: half the open-file limit
     (the other half for the commit log, the index, the interpreter and workers' pipes), at
     most 16,384 (a process may hold 65,530 maps in all, by Linux's default)."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return 512
-    if soft == resource.RLIM_INFINITY:
-        return 16_384
-    return max(8, min(soft // 2, 16_384))
+    limit = open_file_limit()
+    return 512 if limit is None else max(8, min(limit // 2, 16_384))
 
 
 WRITE_MAPS = WriteMaps()

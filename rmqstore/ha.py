@@ -279,7 +279,7 @@ def _serve_connection(
                 # a file created since? looked for once a wait, however often the slave writes
                 looked_again = now
                 store.close()
-                store = None
+                store = None  # closed: not closed again should the next open fail
                 store = Store.open_read(store_root, config)
                 segment = store.commitlog.queue.find(position)
             nowhere = position < end and segment is None

@@ -27,6 +27,7 @@ from rmqstore.segments import (
     link_target,
     make_directories,
     map_writable,
+    open_file_limit,
     reserve_blocks,
 )
 
@@ -55,15 +56,8 @@ def open_files_kept() -> int:
     eighth of the open-file limit when that is less (at least 4): under a limit of 64 the
     64 held ran a verify or key look-up out of descriptors, with the consume queues' maps
     and the commit log's files beside them."""
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    except (ImportError, OSError, ValueError):
-        return OPEN_FILES_KEPT
-    if soft == resource.RLIM_INFINITY:
-        return OPEN_FILES_KEPT
-    return max(4, min(OPEN_FILES_KEPT, soft // 8))
+    limit = open_file_limit()
+    return OPEN_FILES_KEPT if limit is None else max(4, min(OPEN_FILES_KEPT, limit // 8))
 
 
 # a key hashed by a worker: physical offset, store time, key hash, 1 for a record's first key

@@ -14,6 +14,7 @@ import mmap
 import os
 import re
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -374,6 +375,19 @@ def sync_file_data(path: Path) -> None:
         os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def open_file_limit() -> int | None:
+    """This process's soft limit on open files (``ulimit -n``), which the engine keeps
+    within (consume-queue maps, index files held open): ``sys.maxsize`` when unlimited,
+    None when it cannot tell."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return sys.maxsize if soft == resource.RLIM_INFINITY else soft
 
 
 def shared_file_error(path: Path, links: int) -> StoreFormatError:
