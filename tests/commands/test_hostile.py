@@ -150,8 +150,9 @@ def test_writers_refuse_a_store_sharing_its_files_by_hard_links(tmp_path: Path) 
 @pytest.mark.plumbing
 def test_a_consume_queue_file_shared_by_a_hard_link_is_never_written(tmp_path: Path) -> None:
     """Consume-queue files are not looked at when a writer opens the store (a store may hold
-    thousands): one with another hard link is refused by recover's plan, before anything
-    changes, and where a dispatch is about to write it, with nothing written there."""
+    thousands): one with another hard link is refused by the plans of recover and of
+    quarantine restore, before anything changes, and where a dispatch is about to write it,
+    with nothing written there. A shared checkpoint is refused on opening (flush)."""
     store = tmp_path / "store"
     generate("torn-tail", store, FixtureOptions(seed=2))
     outside = tmp_path / "outside"
