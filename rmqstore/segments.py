@@ -401,17 +401,24 @@ def shared_file_error(path: Path, links: int) -> StoreFormatError:
     )
 
 
+def hard_links(path: Path) -> int:
+    """How many hard links the file ``path`` (not followed, if a link) has: 1 for anything
+    that is not a regular file. An OSError (none there) is the caller's."""
+    status = os.lstat(path)
+    return status.st_nlink if stat.S_ISREG(status.st_mode) else 1
+
+
 def refuse_shared(path: Path) -> None:
     """Raise :func:`shared_file_error` when ``path`` (not followed, if a link) is a file
     with more than one hard link; nothing when it is not there."""
     try:
-        status = os.lstat(path)
+        links = hard_links(path)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise StoreIOError(f"cannot look at {path}: {exc.strerror}") from None
-    if stat.S_ISREG(status.st_mode) and status.st_nlink > 1:
-        raise shared_file_error(path, status.st_nlink)
+    if links > 1:
+        raise shared_file_error(path, links)
 
 
 def open_for_writing(path: Path, flags: int = 0) -> int:

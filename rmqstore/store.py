@@ -81,6 +81,7 @@ from rmqstore.record import (
 )
 from rmqstore.segments import (
     fsync_directory,
+    hard_links,
     make_directories,
     nonzero_extent,
     open_for_writing,
@@ -411,9 +412,8 @@ class Store:
                     if links > 1:
                         found.append((Path(entry.path), links))
         with contextlib.suppress(OSError):
-            status = os.lstat(self.checkpoint_path)
-            if stat.S_ISREG(status.st_mode) and status.st_nlink > 1:
-                found.append((self.checkpoint_path, status.st_nlink))
+            if (links := hard_links(self.checkpoint_path)) > 1:
+                found.append((self.checkpoint_path, links))
         return found
 
     def links_out(self) -> list[Path]:
