@@ -238,6 +238,8 @@ def _finish(
 
 def _next_step(report: VerifyReport, store: str) -> str:
     """What to do about what was found, in words."""
+    if report.unsettled:
+        return "verify again once no other process writes the store (it changed while read)"
     step = report.next_step(store)
     if step and report.counts["store-live"]:  # the writers refuse a store whose lock is held
         return f"stop the process that holds the store's lock, then {step} (and verify again)"

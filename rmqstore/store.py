@@ -416,6 +416,45 @@ class Store:
                 found.append((self.checkpoint_path, links))
         return found
 
+    def write_marks(self) -> tuple[Any, ...]:
+        """What any writer of the store changes as it goes, to compare over a read that
+        takes a while (verify): whether the lock is held, and the identity, size and times
+        of the store's folders (a file made, moved or deleted in them), its checkpoint and
+        abort, and the last commit-log and index files. A writer that ran between two marks
+        changed one of them at least (a broker, append, dispatch and recover write the log,
+        the index or the checkpoint, and a writer still running holds the lock); a writer
+        that wrote nothing leaves them as they were."""
+        paths = [
+            self.root,
+            self.commitlog_dir,
+            self.consumequeue_dir,
+            self.index_dir,
+            self.root / CONFIG_DIR,
+            self.checkpoint_path,
+            self.abort_path,
+        ]
+        segments = self.commitlog.segments
+        if segments:
+            paths.append(segments[-1].path)
+        index_files = [entry.name for entry in _entries(self.index_dir) if entry.name.isdigit()]
+        if index_files:
+            paths.append(self.index_dir / max(index_files))
+        marks: list[Any] = []
+        try:
+            marks.append(probe_lock(self.lock_path))
+        except StoreIOError:
+            marks.append(None)  # a lock that cannot be checked: told apart by the files
+        for path in paths:
+            try:
+                found = os.lstat(path)
+            except OSError:
+                marks.append(None)
+                continue
+            marks.append(
+                (found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_nlink)
+            )
+        return tuple(marks)
+
     def links_out(self) -> list[Path]:
         """The store paths a writer may write through (its folders, checkpoint, abort,
         commit-log files) that are symbolic links leading outside the store."""

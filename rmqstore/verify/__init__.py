@@ -31,9 +31,11 @@ __all__ = [
     "Finding",
     "VerifyOptions",
     "VerifyReport",
+    "note_changed",
     "verify_store",
     "weigh_rebuild",
     "weigh_recover",
+    "write_marks",
 ]
 
 
@@ -122,6 +124,29 @@ def note_live(store: Store, report: VerifyReport, facts: LogFacts) -> None:
     )
 
 
+def write_marks(store: Store) -> tuple | None:
+    """What a writer of ``store`` would change (:meth:`Store.write_marks`), taken as a check
+    begins; None for a store another process held as it was opened (a live store, checked
+    up to where its log ended then: :func:`note_live`)."""
+    return None if store.written_elsewhere else store.write_marks()
+
+
+def note_changed(store: Store, report: VerifyReport, marks: tuple | None) -> None:
+    """Say so when another process wrote the store while it was checked (its lock free when
+    the check began: a broker starting on it, an append or dispatch run beside): a record
+    half written then reads as a torn tail, units and index entries as missing, and no
+    command is named until a verify of the store at rest (:attr:`VerifyReport.unsettled`)."""
+    if marks is None or store.write_marks() == marks:
+        return
+    report.add(
+        "store-changed",
+        "another process took the store's lock or wrote the store while verify read it (the lock "
+        "was free when verify began: a broker starting, an append or dispatch running beside): "
+        "what was found may be a write half done; verify again once the store is at rest",
+        WARNING,
+    )
+
+
 def weigh_rebuild(store: Store, report: VerifyReport, index: IndexChecks | None) -> None:
     """When something only ``dispatch --rebuild`` mends was found, look for damage a
     replay of the whole log stops at before its valid end (in a file a broker's recovery
@@ -167,6 +192,7 @@ def verify_store(
 ) -> VerifyReport:
     """Check ``store`` (opened read-only) and return the report."""
     report = VerifyReport(max_findings=options.max_findings)
+    marks = write_marks(store)
     check_layout(store, report)
     check_shared(store, report, queues="queues" in options.cross_checks)
     state = read_store_state(store)  # before the data it vouches for
@@ -185,6 +211,7 @@ def verify_store(
     note_live(store, report, facts)
     check_checkpoint_and_abort(store, report, facts, queues, index, state, options.from_offset)
     check_config_files(store, report, queues)
+    note_changed(store, report, marks)
     weigh_rebuild(store, report, index)
     weigh_recover(store, report)
     return report

@@ -78,6 +78,9 @@ KINDS = {
     "them: a 5.x broker does not start",
     "store-live": "the store's lock is held (a broker writing it): checked as it stood when "
     "verify began; what was written after is not checked",
+    "store-changed": "another process wrote the store while verify read it (its lock was free "
+    "when verify began): what was found may be that write half done; verify again once the "
+    "store is at rest",
 }
 
 # why records a broker running on the store has not dispatched yet are no problem
@@ -142,6 +145,7 @@ FIXES = {
     "queue-link": _REBUILD,
     "file-link": _REBUILD,
     "store-live": REPORT_ONLY,
+    "store-changed": REPORT_ONLY,
 }
 assert set(FIXES) == set(KINDS)
 
@@ -149,6 +153,8 @@ assert set(FIXES) == set(KINDS)
 # found, these leave nothing a command can mend (the log has a hole, files of another store,
 # or a file where a folder should be)
 _BLOCKING = frozenset({"file-gap", "file-size", "store-layout"})
+# found, the report may show a write half done: no command is named until verify runs again
+_UNSETTLED = "store-changed"
 # files of the wrong size, what is not a file where a queue file or folder must be, and queue
 # files that are links, which make recover (and dispatch) refuse the store and which a
 # rebuild replaces: a rebuild comes first then
@@ -352,6 +358,12 @@ class VerifyReport:
         return any(self.counts[kind] for kind in _WRITERS_REFUSED)
 
     @property
+    def unsettled(self) -> bool:
+        """Whether the store changed while it was checked: nothing found is mended by a
+        command until a verify of the store at rest finds it again."""
+        return self.counts[_UNSETTLED] > 0
+
+    @property
     def by_hand(self) -> str | None:
         """What the operator must put right by hand before rmqstore's writers take the store
         (None when nothing), in words."""
@@ -379,8 +391,8 @@ class VerifyReport:
 
     def _next_template(self) -> str | None:
         found = {f.kind for f in self.findings if f.severity != NOTE}
-        if found & _BLOCKING or self.writers_refused:
-            return None  # a missing or foreign file: no command makes the rest whole
+        if found & _BLOCKING or self.writers_refused or self.unsettled:
+            return None  # a missing or foreign file, or a moving store: no command mends it
         mendable = self._mendable()
         wrong_sizes = {f.kind for f in self.findings if f.severity != NOTE} & _REBUILD_FIRST
         found = {f.kind for f in self.findings if f.severity != NOTE and mendable(f)}
@@ -415,7 +427,8 @@ class VerifyReport:
         """The JSON report; with ``store``, each finding's ``fix`` and the ``nextStep``."""
         findings = [finding.to_dict() for finding in self.findings]
         if store is not None:
-            refused = self.writers_refused  # no command of rmqstore mends anything then
+            # no command of rmqstore mends anything then
+            refused = self.writers_refused or self.unsettled
             mendable = self._mendable()
             for finding, document in zip(self.findings, findings, strict=True):
                 document["fix"] = (

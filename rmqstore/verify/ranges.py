@@ -30,10 +30,12 @@ from rmqstore.verify import (
     VerifyOptions,
     check_layout,
     check_shared,
+    note_changed,
     note_live,
     settle_live_end,
     weigh_rebuild,
     weigh_recover,
+    write_marks,
 )
 from rmqstore.verify.checkpoint import check_checkpoint_and_abort, read_store_state
 from rmqstore.verify.config import check_config_files
@@ -204,6 +206,7 @@ class RangedVerify:
         self.from_offset = from_offset
         self.range_size = range_size
         self.report = VerifyReport(max_findings=max_findings)
+        self.marks = write_marks(store)
         check_layout(store, self.report)
         checks = frozenset() if commitlog_only else checks
         check_shared(store, self.report, queues="queues" in checks)
@@ -409,6 +412,7 @@ class RangedVerify:
             self.store, self.report, facts, self.queues, self.index, self.state, self.from_offset
         )
         check_config_files(self.store, self.report, self.queues)
+        note_changed(self.store, self.report, self.marks)
         weigh_rebuild(self.store, self.report, self.index)
         weigh_recover(self.store, self.report)
         return self.report

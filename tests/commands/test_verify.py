@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -118,6 +119,45 @@ def test_a_store_held_by_a_broker_is_verified_with_a_warning(oracle, tmp_path: P
 def _verify_json(store: Path, *options: str) -> tuple[int, dict]:
     result = run_cli("verify", store, "--json", *options)
     return result.exit_code, json.loads(result.stdout)
+
+
+def test_a_store_a_writer_takes_while_verify_runs_names_verify_again_as_the_next_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's lock was free when verify began; an append then wrote a record
+    (another process, here as verify's pass reads the log): verify says the store changed
+    and names no repair (a record half written would read as a torn tail, for recover to
+    cut), but verify again."""
+    import contextlib
+
+    from rmqstore.commands import verify
+
+    store = tmp_path / "store"
+    lines = "".join(json.dumps({"topic": "T0", "body": "x" * 900}) + "\n" for _ in range(200))
+    created = run_cli("append", store, "--create", "--dispatch", "--input", "-",
+                      "--commitlog-file-size", "65536", input=lines)  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+
+    @contextlib.contextmanager
+    def writing_beside(*_: object) -> Iterator[Callable[[int], None]]:
+        written = []
+
+        def update(_: int) -> None:
+            if not written:
+                written.append(run_cli("append", store, "--topic", "T1", "--body", "y"))
+
+        yield update
+        assert written and written[0].exit_code == 0, written
+
+    monkeypatch.setattr(verify, "progress_bar", writing_beside)
+    result = run_cli("verify", store)
+    assert result.exit_code == 1
+    assert "store-changed" in result.stdout
+    assert "next step: verify again once no other process writes the store" in result.stdout
+    monkeypatch.undo()
+    exit_code, report = _verify_json(store)  # at rest: the append left 'abort' (no dispatch)
+    assert exit_code == 1 and "store-changed" not in report["findingsByKind"]
+    assert report["nextStep"] == f"rmqstore recover {store} --yes"
 
 
 @pytest.mark.plumbing

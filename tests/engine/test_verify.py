@@ -3,6 +3,7 @@ the right kind and offset (one test per scenario)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -1102,6 +1103,65 @@ def test_a_store_written_while_verify_runs_is_checked_as_it_stood(
     with Store.open_read(store_dir, config) as store:  # at rest: all of it, sound
         report = verify_store(store, VerifyOptions(max_findings=None))
     assert report.findings == [] and report.checked["records"] == 800
+
+
+@pytest.mark.parametrize("ranged", [False, True])
+@pytest.mark.parametrize("writer", ["append", "lock"])
+def test_a_store_written_while_verify_runs_with_its_lock_free_is_said_to_have_changed(
+    tmp_path: Path, ranged: bool, writer: str
+) -> None:
+    """A store at rest when verify began (its lock free), which another process then
+    writes (an append run beside it, a broker starting), or only takes the lock of: what
+    verify read may be a write half done (a torn tail, units missing), so it says the store
+    changed and names no command (nor a fix per finding) until it runs again. Run again at
+    rest, it finds what the append left (no store-changed)."""
+    from rmqstore.verify.findings import REPORT_ONLY
+    from rmqstore.verify.ranges import RangedVerify
+
+    from support import lock_held_elsewhere
+
+    geometry = ("--commitlog-file-size", "65536", "--consumequeue-file-size", "400",
+                "--index-slots", "64", "--index-entries", "256")  # fmt: skip
+    config = StoreConfig(
+        commitlog_file_size=65536, consumequeue_file_size=400, index_slots=64, index_entries=256
+    )
+    store_dir = tmp_path / "store"
+    store_dir.mkdir()
+    _append_with_keys(store_dir, 0, 300, "--create", "--dispatch", *geometry)
+    with contextlib.ExitStack() as held:
+
+        def write(_: int = 0) -> None:
+            if writer == "append":  # not dispatched: abort stays, the queues lag
+                _append_with_keys(store_dir, 300, 50, *geometry)
+            else:
+                held.enter_context(lock_held_elsewhere(store_dir / "lock"))
+
+        with Store.open_read(store_dir, config) as store:
+            assert not store.written_elsewhere
+            if ranged:
+                settings = dict(check_crc=True, commitlog_only=False, topics=None, from_offset=None)
+                checks = RangedVerify(store, range_size=20_000, max_findings=None, **settings)
+                write()
+                report = checks.run()
+            else:
+                written = []
+                report = verify_store(
+                    store,
+                    VerifyOptions(max_findings=None),
+                    progress=lambda _: written or written.append(write()),
+                )
+    assert report.counts["store-changed"] == 1
+    assert report.next_step(str(store_dir)) is None
+    fixes = {f["fix"] for f in report.to_dict(str(store_dir))["findings"]}
+    assert fixes == {REPORT_ONLY}
+    with Store.open_read(store_dir, config) as store:  # at rest
+        report = verify_store(store, VerifyOptions(max_findings=None))
+    assert report.counts["store-changed"] == 0
+    if writer == "append":
+        assert kinds(report) == {"abort-present", "dispatch-lag", "index-lag"}
+        assert report.next_step(str(store_dir)) == f"rmqstore recover {store_dir} --yes"
+    else:
+        assert report.findings == []
 
 
 def test_a_log_file_a_broker_deletes_while_verify_reads_its_store_is_said_so(
