@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,15 +90,16 @@ def command(
     (a broker starting on the store runs its crash recovery, as after a crash) and the line
     names the quarantine folder; run recover again once the cause is mended.
 
-    Afterwards the store is verified (unless --no-check): exit 0 when verify calls it sound;
-    1 when damage remains that recovery does not mend (it is named, with the next step, such
-    as a consume queue or index corrupted before the recovery point, a bad body CRC in a file
-    recovery does not walk, a missing commit-log file), when a dispatch problem was met, or,
-    with --dry-run, when there is work. A consumer group's offset (config/consumerOffset.json)
-    or the delay scheduler's (config/delayOffset.json) that the cuts leave past its queue's
-    end is named in the plan and after the run (verify fails on it): messages stored there
-    again below it may never be consumed; reset it (mqadmin resetOffsetByTime) before
-    producers write. rmqstore does not write those files.
+    Afterwards the store is verified (unless --no-check), its lock still held, so no other
+    writer comes between (one starting then is refused, exit 3): exit 0 when verify calls it
+    sound; 1 when damage remains that recovery does not mend (it is named, with the next
+    step, such as a consume queue or index corrupted before the recovery point, a bad body
+    CRC in a file recovery does not walk, a missing commit-log file), when a dispatch
+    problem was met, or, with --dry-run, when there is work. A consumer group's offset
+    (config/consumerOffset.json) or the delay scheduler's (config/delayOffset.json) that the
+    cuts leave past its queue's end is named in the plan and after the run (verify fails on
+    it): messages stored there again below it may never be consumed; reset it (mqadmin
+    resetOffsetByTime) before producers write. rmqstore does not write those files.
 
     JSON: plan{mode, logEnd, stoppedBy, cuts[{file, start, end, why}], moves[{file, why}],
     bytesCut, unitsRemoved, queuesTruncated, indexFilesRebuilt, skipped, warnings,
@@ -105,6 +107,22 @@ def command(
     after a run: quarantine, dispatch{...as rmqstore dispatch}, checkpoint{...},
     abortRemoved, remaining{ok, findingsByKind, nextStep} (null with --no-check).
     """
+    with contextlib.ExitStack() as held:
+        return _recover(store, config, yes, dry_run, no_check, no_progress, as_json, held)
+
+
+def _recover(
+    store: Path,
+    config: StoreConfig,
+    yes: bool,
+    dry_run: bool,
+    no_check: bool,
+    no_progress: bool,
+    as_json: bool,
+    held: contextlib.ExitStack,
+) -> int:
+    """The recover command, with ``held`` releasing the store's lock once its check has read
+    what the recovery left (no other writer comes between)."""
     # a dry run opens the store read-only: it takes no lock and writes nothing
     with (Store.open_read if dry_run else Store.open_write)(store, config) as opened:
         if dry_run:
@@ -121,6 +139,8 @@ def command(
                 f"{counted(len(plan.moves), 'file')} to quarantine "
                 f"(the log ends at {plan.log_end:,})",
             )
+        if not no_check:
+            held.callback(opened.keep_lock().release)
         total = max(1, plan.log_end - opened.commitlog.min_offset)
         with progress_bar("dispatching", total, not no_progress) as update:
             result = apply_recovery(opened, plan, progress=_relative(opened, update))

@@ -1101,13 +1101,22 @@ class Store:
             state.last_store_host = HostAddress.from_field(last.store_host)
         return state
 
+    def keep_lock(self) -> StoreLock:
+        """Take over the store's lock (opened for writing): closing then leaves it held, for
+        the caller to release, so that what the work left can be read (recover's check)
+        before another writer may come between."""
+        if self._lock is None:
+            raise RuntimeError("keep_lock of a store not opened for writing")
+        lock, self._lock = self._lock, None
+        return lock
+
     def close(self, *, failed: bool = False) -> None:
-        """Flush and release the lock. ``abort`` goes as at a broker's shutdown: when what was
-        written is in the consume queues. A pre-existing ``abort`` goes only when dispatch
-        reached the end of the log and nothing follows it (the store is consistent again).
-        ``failed``: the work ended with an error; a store this open created is then removed
-        again unless it holds a message, and ``abort`` stays if the work was marked
-        :attr:`abort_until_done`."""
+        """Flush and release the lock (unless the caller took it over: :meth:`keep_lock`).
+        ``abort`` goes as at a broker's shutdown: when what was written is in the consume
+        queues. A pre-existing ``abort`` goes only when dispatch reached the end of the log
+        and nothing follows it (the store is consistent again). ``failed``: the work ended
+        with an error; a store this open created is then removed again unless it holds a
+        message, and ``abort`` stays if the work was marked :attr:`abort_until_done`."""
         try:
             appended, end_offset, flush_failed = 0, None, False
             if self._appender is not None:

@@ -52,6 +52,37 @@ def test_recover_then_verify_is_sound(tmp_path: Path) -> None:
     assert again.exit_code == 0 and "nothing to recover" in again.stdout
 
 
+def test_the_check_after_recovery_reads_the_store_before_another_writer_may_take_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """recover keeps the store's lock until its check has read what it left: an append
+    another process starts then is refused (exit 3), and the check reports the recovery's
+    own result. The lock was released before the check: such an append got in, and the
+    check reported its messages (not dispatched) as problems of the recovery, exit 1."""
+    import subprocess
+    import sys
+
+    from rmqstore.commands import recover
+    from rmqstore.verify import verify_store
+
+    store = fixture(tmp_path, "garbage-after-end")
+    tried = []
+
+    def check_with_a_writer_beside(*args, **kwargs):
+        append = [sys.executable, "-m", "rmqstore", "append", str(store), "--topic", "T9",
+                  "--body", "beside"]  # fmt: skip
+        tried.append(subprocess.run(append, capture_output=True, text=True))
+        return verify_store(*args, **kwargs)
+
+    monkeypatch.setattr(recover, "verify_store", check_with_a_writer_beside)
+    result = run_cli("recover", store, "--yes")
+    assert tried and tried[0].returncode == 3, tried[0].stderr
+    assert "is locked by another process" in tried[0].stderr
+    assert result.exit_code == 0, result.stderr
+    monkeypatch.undo()
+    assert run_cli("append", store, "--topic", "T9", "--body", "after").exit_code == 0
+
+
 def test_cutting_without_yes_off_a_terminal_is_refused(tmp_path: Path) -> None:
     store = fixture(tmp_path, "crc-flip")
     before = tree_digest(store)
