@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import click
@@ -154,7 +155,8 @@ def command(
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a
     rebuild, a consumer group's offset (config/consumerOffset.json) past the end of a
-    rebuilt queue is named in a warning. A commit log damaged before its valid end (in a
+    rebuilt queue is named in a warning (read with the lock still held, so no other writer
+    comes between). A commit log damaged before its valid end (in a
     file a broker's recovery does not walk, and a broker serves the records after it) would
     end the replay at the damage, the rebuilt queues and index leaving out the records
     after it: such a rebuild is refused (exit 2, nothing changed) unless --up-to-damage;
@@ -195,6 +197,37 @@ def command(
         replacing = (INDEX_GEOMETRY if build_index else frozenset()) | (
             frozenset() if topics else QUEUE_GEOMETRY
         )
+    with contextlib.ExitStack() as held:
+        opened, result, document = _dispatch(
+            store, config, engine, rebuild, yes, topics, build_index, from_offset,
+            max_records, up_to_damage, jobs, no_progress, replacing, held,
+        )  # fmt: skip
+        if rebuild:  # rebuilt queues may end before where consumers stood (the lock held)
+            with Store.open_read(store, config) as rebuilt:
+                for offset in offsets_past_end(rebuilt):
+                    warn(offset.describe())
+    return _report(opened, result, document, as_json)
+
+
+def _dispatch(
+    store: Path,
+    config: StoreConfig,
+    engine: EngineChoice,
+    rebuild: bool,
+    yes: bool,
+    topics: tuple[str, ...],
+    build_index: bool,
+    from_offset: int | None,
+    max_records: int | None,
+    up_to_damage: bool,
+    jobs: int,
+    no_progress: bool,
+    replacing: frozenset[str],
+    held: contextlib.ExitStack,
+) -> tuple[Store, DispatchResult, dict]:
+    """The dispatch (or rebuild), with a rebuild's lock left to ``held``, so that the
+    consume queues it made are read (consumer offsets past their ends) before another
+    writer may change them."""
     with Store.open_write(store, config, replacing=replacing) as opened:
         document: dict = {}
         if rebuild:
@@ -212,6 +245,7 @@ def command(
                     "--rebuild",
                     f"move {counted(plan.files, 'file')} ({moves}) to quarantine and rebuild{upto}",
                 )
+            held.callback(opened.keep_lock().release)
             session = engine.session() if engine.spark else None  # before anything moves
             with rebuilding(opened, plan) as quarantine:
                 document["quarantine"] = str(quarantine)
@@ -229,11 +263,7 @@ def command(
             result = _dispatch_here(
                 opened, topics, build_index, from_offset, max_records, no_progress, check=True
             )
-    if rebuild:  # rebuilt queues may end before where consumers stood
-        with Store.open_read(store, config) as rebuilt:
-            for offset in offsets_past_end(rebuilt):
-                warn(offset.describe())
-    return _report(opened, result, document, as_json)
+    return opened, result, document
 
 
 def _dry_run(

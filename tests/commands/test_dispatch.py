@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rmqstore.consumerprogress import offsets_past_end
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.properties import split_keys
 
@@ -207,6 +208,33 @@ def test_rebuild_needs_confirmation_and_dry_run_changes_nothing(oracle, tmp_path
     for path, digest in before.items():
         if path.startswith("consumequeue/"):
             assert after[path] == digest  # rebuilt byte-identical
+
+
+def test_a_rebuild_reads_its_queues_for_consumer_offsets_before_another_writer_may_take_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild looks for consumer offsets past the ends of the queues it made with the
+    store's lock still held: an append another process starts then is refused (exit 3)."""
+    import subprocess
+    import sys
+
+    from rmqstore.commands import dispatch
+
+    store = tmp_path / "store"
+    generate("multi", store, FixtureOptions())
+    tried = []
+
+    def read_with_a_writer_beside(opened):
+        append = [sys.executable, "-m", "rmqstore", "append", str(store), "--topic", "T9",
+                  "--body", "beside"]  # fmt: skip
+        tried.append(subprocess.run(append, capture_output=True, text=True))
+        return offsets_past_end(opened)
+
+    monkeypatch.setattr(dispatch, "offsets_past_end", read_with_a_writer_beside)
+    result = run_cli("dispatch", store, "--rebuild", "--yes")
+    assert result.exit_code == 0, result.stderr
+    assert tried and tried[0].returncode == 3, tried[0].stderr
+    assert "is locked by another process" in tried[0].stderr
 
 
 def test_rebuild_in_worker_processes(oracle, tmp_path: Path) -> None:
