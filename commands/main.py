@@ -3,6 +3,7 @@ codes. Every command is also callable in-process with :func:`run`."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
@@ -13,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from rmqstore import __version__, kernel
-from rmqstore.commands.signals import Terminated, interrupt_on_sigterm
+from rmqstore.commands.signals import HungUp, Terminated, interrupt_on_sigterm
 from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError, context_of
 
 # the click context's ``obj`` when rmqstore's console script started the process (main()):
@@ -33,7 +34,8 @@ def _error(message: str) -> None:
     sequence is shown escaped (:func:`rmqstore.commands.output.shown`)."""
     from rmqstore.commands.output import shown
 
-    click.echo(f"rmqstore: error: {shown(message)}", err=True)
+    with contextlib.suppress(OSError):  # stderr gone with its terminal: the exit code says it
+        click.echo(f"rmqstore: error: {shown(message)}", err=True)
 
 
 class RmqStoreGroup(click.Group):
@@ -89,6 +91,9 @@ class RmqStoreGroup(click.Group):
                 "(pip install 'rmqstore[spark]')"
             )
             ctx.exit(ExitCode.USAGE)
+        except HungUp as exc:
+            _error("hung up (SIGHUP)" + context_of(exc))
+            ctx.exit(129)
         except Terminated as exc:
             _error("terminated (SIGTERM)" + context_of(exc))
             ctx.exit(143)
@@ -179,8 +184,9 @@ def cli(utc: bool, progress: bool) -> None:
     Java 17+ and pyspark, or a missing optional module); 3 store busy (its lock is held, e.g.
     by a running broker); 4 I/O failure (disk full, permission, a writer's stdout closed
     while it reported what it stored, or an HA peer that broke the protocol or went away);
-    70 internal error; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: stopped where it
-    was, as on an error.
+    70 internal error; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP
+    (its terminal or ssh session gone; not under nohup): stopped where it was, as on an
+    error.
     """
     from rmqstore.commands import output
 

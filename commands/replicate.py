@@ -23,8 +23,8 @@ HA_SCHEME = "ha://"
     "--follow",
     "keep_following",
     is_flag=True,
-    help="Keep copying as SOURCE grows (polling every --interval) until SIGINT or SIGTERM, "
-    "which stop after the round in progress, DEST sound.",
+    help="Keep copying as SOURCE grows (polling every --interval) until SIGINT, SIGTERM or "
+    "SIGHUP (not under nohup), which stop after the round in progress, DEST sound.",
 )
 @click.option(
     "--interval",

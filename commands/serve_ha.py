@@ -67,9 +67,9 @@ def command(
     BLANKs that close files), never across a file end; a heartbeat goes out when a slave has
     everything and every 5 s after; one whose offset is in no file of STORE (its old files
     deleted) gets only heartbeats there, as from a broker. STORE is only read. Runs until
-    SIGINT or SIGTERM. Peers are not trusted to stop connecting: past --max-slaves, or out
-    of descriptors or memory, a connection is closed (said on stderr) and the master goes on
-    serving the others.
+    SIGINT, SIGTERM or SIGHUP (run it under nohup to outlive its terminal). Peers are not
+    trusted to stop connecting: past --max-slaves, or out of descriptors or memory, a
+    connection is closed (said on stderr) and the master goes on serving the others.
     """
     host, port = split_host_port(listen)
     Store.open_read(store, config).close()  # not a store: said before a port is taken

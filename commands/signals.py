@@ -1,5 +1,5 @@
-"""SIGINT and SIGTERM: as a request to stop at the next safe point (``--follow`` loops), and
-SIGTERM as an interruption like Ctrl-C everywhere else."""
+"""SIGINT, SIGTERM and SIGHUP: as a request to stop at the next safe point (``--follow``
+loops), and SIGTERM and SIGHUP as an interruption like Ctrl-C everywhere else."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 
 class StopSignal:
-    """While entered, SIGINT and SIGTERM set :attr:`signal` instead of interrupting; the
+    """While entered, SIGINT, SIGTERM and SIGHUP set :attr:`signal` instead of interrupting; the
     loop that asked checks :meth:`requested` where stopping leaves everything sound."""
 
     def __init__(self) -> None:
@@ -22,7 +22,9 @@ class StopSignal:
         self.signal = signal.Signals(number).name
 
     def __enter__(self) -> StopSignal:
-        for number in (signal.SIGINT, signal.SIGTERM):
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if number == signal.SIGHUP and signal.getsignal(number) is signal.SIG_IGN:
+                continue  # run under nohup: a hangup is not a request to stop
             self._previous[number] = signal.signal(number, self._handle)
         return self
 
@@ -38,13 +40,24 @@ class Terminated(KeyboardInterrupt):
     writer's unflushed group rolled back) instead of vanishing mid-way."""
 
 
+class HungUp(Terminated):
+    """SIGHUP (the terminal or ssh session the command ran in went away): it stops the
+    command as SIGTERM does, instead of ending the process on the spot."""
+
+
 def _terminate(_number: int, _frame: Any) -> None:
     raise Terminated
 
 
+def _hang_up(_number: int, _frame: Any) -> None:
+    raise HungUp
+
+
 def interrupt_on_sigterm() -> None:
-    """Make SIGTERM raise :class:`Terminated` in this process, unless its handler is not
-    the default one (the process was started with it ignored, or something set its own).
-    Only for the console script's own process (not a program calling rmqstore)."""
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _terminate)
+    """Make SIGTERM raise :class:`Terminated`, and SIGHUP :class:`HungUp`, in this process,
+    each unless its handler is not the default one (the process was started with it
+    ignored, as nohup does SIGHUP, or something set its own). Only for the console
+    script's own process (not a program calling rmqstore)."""
+    for number, handler in ((signal.SIGTERM, _terminate), (signal.SIGHUP, _hang_up)):
+        if signal.getsignal(number) is signal.SIG_DFL:
+            signal.signal(number, handler)

@@ -281,6 +281,19 @@ def test_sigterm_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
     assert list(out.parent.iterdir()) == []
 
 
+HUNG_UP_EXPORT = TERMINATED_EXPORT.replace("signal.SIGTERM", "signal.SIGHUP")
+
+
+def test_a_hangup_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGHUP (the terminal or ssh session the export ran in went away) once the export
+    has written a part file: exit 129 and one line, nothing of the export left (the
+    process used to die on the spot, leaving its folder under a temporary name)."""
+    _store, out, done = _export_stopped_by(HUNG_UP_EXPORT, tmp_path)
+    assert done.returncode == 129, done.stderr
+    assert done.stderr.strip() == "rmqstore: error: hung up (SIGHUP)"
+    assert list(out.parent.iterdir()) == []
+
+
 KILLED_EXPORT = TERMINATED_EXPORT.replace("signal.SIGTERM", "signal.SIGKILL")
 
 

@@ -247,6 +247,38 @@ def test_follow_copies_a_store_while_it_is_written(tmp_path: Path) -> None:
     assert run_cli("verify", dest).exit_code == 0
 
 
+@pytest.mark.parametrize("nohup", [False, True])
+def test_a_hangup_stops_a_follow_after_its_round_unless_run_under_nohup(
+    tmp_path: Path, nohup: bool
+) -> None:
+    """SIGHUP (its terminal or ssh session gone) stops replicate --follow as SIGTERM does:
+    after the round in progress, DEST sound, exit 0. It used to end the process on the
+    spot. Started with SIGHUP ignored (nohup), the hangup is not a request to stop."""
+    source = tmp_path / "source"
+    created = run_cli("append", source, "--create", "--topic", "T", "--body", "first")
+    assert created.exit_code == 0, created.stderr
+    dest = tmp_path / "dest"
+    ignore = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "replicate", str(source), str(dest), "--follow",
+         "--interval", "50", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=ignore,
+    )  # fmt: skip
+    assert follower.stdout is not None
+    assert json.loads(follower.stdout.readline())["toOffset"] > 0  # its first round done
+    follower.send_signal(signal.SIGHUP)
+    if nohup:
+        time.sleep(0.5)
+        assert follower.poll() is None  # still following
+        follower.send_signal(signal.SIGTERM)
+    _out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    assert (b"stopped by SIGTERM" if nohup else b"stopped by SIGHUP") in err
+    assert run_cli("verify", dest).exit_code == 0
+
+
 def test_a_rerun_ending_where_a_file_ends_settles_the_abort_a_stopped_run_left(
     tmp_path: Path,
 ) -> None:
