@@ -91,6 +91,20 @@ class StoreIOError(RmqStoreError):
     exit_code = ExitCode.IO
 
 
+def read_failure(path: object, exc: OSError) -> StoreIOError:
+    """The error for a store file that could not be opened or read. One that is not there
+    any more was listed a moment before (readers open the files a listing found): another
+    process deleted or moved it since, as a broker deletes its oldest files as they expire
+    and a rebuild or recover beside the reader moves files to quarantine."""
+    if isinstance(exc, FileNotFoundError):
+        return StoreIOError(
+            f"{path} is gone since the store was listed (another process deleted or moved it: "
+            "a broker deletes its oldest files as they expire, a rebuild or recover moves "
+            "files to quarantine): run the command again"
+        )
+    return StoreIOError(f"cannot read {path}: {exc.strerror}")
+
+
 class OutputClosedError(StoreIOError):
     """Standard output was closed while a writer was reporting what it stored (its reader,
     such as ``head``, exited): the writer stops, keeping everything durable."""

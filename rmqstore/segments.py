@@ -102,7 +102,12 @@ class SegmentQueue:
             if not entry.is_file():
                 queue.unexpected.append(Path(entry.path))
                 continue
-            status = entry.stat()
+            try:
+                status = entry.stat()
+            except FileNotFoundError:
+                continue  # deleted since the listing (a broker's retention): not there
+            except OSError as exc:
+                raise StoreIOError(f"cannot read {entry.path}: {exc.strerror}") from None
             if entry.is_symlink():
                 queue.links.append(Path(entry.path))
             elif status.st_nlink > 1:

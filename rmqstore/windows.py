@@ -12,7 +12,7 @@ from pathlib import Path
 from queue import Full, Queue
 from typing import Any, NamedTuple, TypeVar
 
-from rmqstore.errors import StoreIOError
+from rmqstore.errors import StoreIOError, read_failure
 
 WINDOW_BYTES = 8 * 1024 * 1024
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class FileWindows:
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+            raise read_failure(path, exc) from None
         try:
             size = os.fstat(self.fd).st_size
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -186,7 +186,7 @@ def read_range(path: Path, start: int, length: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+        raise read_failure(path, exc) from None
     try:
         expected = max(0, min(length, os.fstat(fd).st_size - start))
         chunks = []

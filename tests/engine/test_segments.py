@@ -53,6 +53,39 @@ def test_sizes_are_checked_and_unexpected_entries_listed(tmp_path: Path) -> None
     assert lenient.problems and [p.name for p in lenient.unexpected] == ["notes.txt", "subdir"]
 
 
+def test_a_file_deleted_between_the_listing_and_its_look_is_not_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's retention deletes its oldest file right after a reader listed the folder:
+    the listing leaves it out (its size could not be looked at). It used to end the command
+    with a bare "No such file or directory" (exit 2, as if a path given were wrong)."""
+    import rmqstore.segments as segments
+
+    make_queue(tmp_path, [0, 100, 200])
+    listed = list(os.scandir(tmp_path))
+
+    def listing_then_deletion(folder: Path) -> list[os.DirEntry[str]]:
+        (tmp_path / segment_name(0)).unlink()  # after the listing, before the look
+        return listed
+
+    monkeypatch.setattr(segments.os, "scandir", listing_then_deletion)
+    queue = SegmentQueue.load(tmp_path, 100)
+    assert [s.start for s in queue.segments] == [100, 200]
+
+
+def test_a_store_file_gone_since_it_was_listed_is_said_so(tmp_path: Path) -> None:
+    """A file a listing found, deleted or moved before a reader opens it (a broker's
+    retention, a rebuild beside the reader): one line saying so, exit 4 (it said "cannot
+    read PATH: No such file or directory")."""
+    from rmqstore.errors import StoreIOError
+    from rmqstore.windows import FileWindows, read_range
+
+    gone = tmp_path / segment_name(0)
+    for read in (lambda: read_range(gone, 0, 20), lambda: FileWindows(gone, 100)):
+        with pytest.raises(StoreIOError, match=r"is gone since the store was listed .* again"):
+            read()
+
+
 def test_an_empty_last_file_is_ignored_like_5x(tmp_path: Path) -> None:
     make_queue(tmp_path, [0])
     (tmp_path / segment_name(100)).write_bytes(b"")
