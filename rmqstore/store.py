@@ -424,8 +424,7 @@ class Store:
         changed one of them at least (a broker, append, dispatch and recover write the log,
         the index or the checkpoint, and a writer still running holds the lock); a writer
         that wrote nothing leaves them as they were."""
-        paths = [
-            self.root,
+        paths = [  # not the root itself: a report saved there (verify | tee STORE/x) is no write
             self.commitlog_dir,
             self.consumequeue_dir,
             self.index_dir,

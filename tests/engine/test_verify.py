@@ -1164,6 +1164,20 @@ def test_a_store_written_while_verify_runs_with_its_lock_free_is_said_to_have_ch
         assert report.findings == []
 
 
+def test_a_report_saved_in_the_store_root_while_verify_runs_is_no_change(tmp_path: Path) -> None:
+    """``rmqstore verify STORE | tee STORE/report.txt``: the file tee makes in the root as
+    verify runs is not a write of the store (verify would say it changed, and name no
+    step)."""
+    store_dir = tmp_path / "store"
+    _append_with_keys(store_dir, 0, 100, "--create", "--dispatch", "--commitlog-file-size",
+                      "65536")  # fmt: skip
+    with Store.open_read(store_dir) as store:
+        report = verify_store(
+            store, progress=lambda _: (store_dir / "report.txt").write_text("verifying")
+        )
+    assert report.findings == []
+
+
 def test_a_log_file_a_broker_deletes_while_verify_reads_its_store_is_said_so(
     tmp_path: Path,
 ) -> None:
