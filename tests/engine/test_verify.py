@@ -1169,13 +1169,12 @@ def test_a_report_saved_in_the_store_root_while_verify_runs_is_no_change(tmp_pat
     verify runs is not a write of the store (verify would say it changed, and name no
     step)."""
     store_dir = tmp_path / "store"
-    _append_with_keys(store_dir, 0, 100, "--create", "--dispatch", "--commitlog-file-size",
+    _append_with_keys(store_dir, 0, 600, "--create", "--dispatch", "--commitlog-file-size",
                       "65536")  # fmt: skip
+    report_file = store_dir / "report.txt"
     with Store.open_read(store_dir) as store:
-        report = verify_store(
-            store, progress=lambda _: (store_dir / "report.txt").write_text("verifying")
-        )
-    assert report.findings == []
+        report = verify_store(store, progress=lambda _: report_file.write_text("verifying"))
+    assert report_file.exists() and report.findings == []
 
 
 def test_a_log_file_a_broker_deletes_while_verify_reads_its_store_is_said_so(
