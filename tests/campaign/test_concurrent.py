@@ -1,18 +1,20 @@
-"""Processes beside each other on one store, as on an operator's machine: writers (``append``
-with and without ``--dispatch``, ``dispatch``, ``dispatch --rebuild --yes``, ``recover
---yes``, ``flush``, ``quarantine purge``) and readers (``verify``, whole and with
-``--jobs 2``, ``read`` by offset, queue and key, ``stats``, ``info``, ``offsets``,
-``export``) drawn at random in threads, each command its own process. Every command ends
-in a documented exit code with at most one error line; a writer runs or is refused (exit
-3: the lock); ``verify`` reports a problem only with ``store-changed`` (another process
-wrote the store while it read) or ``store-live`` (a writer held the lock), or what an
-append without ``--dispatch`` leaves by design. Afterwards, with a last ``recover`` and
-``dispatch``, the store verifies sound and holds every message an ``append`` reported.
+"""Processes beside each other on one store, as on an operator's machine: writers
+(``append`` with and without ``--dispatch``, ``dispatch``, ``dispatch --rebuild --yes``,
+``recover --yes``, ``flush``, ``quarantine purge``) and readers (``verify``, whole and
+with ``--jobs 2``, ``read`` by offset, queue and key, ``stats``, ``info``, ``offsets``,
+``quarantine list``, ``export``) drawn at random in threads, each command its own process.
+Every command ends in a documented exit code with at most one error line; a writer runs
+or is refused (exit 3: the lock); ``verify`` reports a problem only with
+``store-changed`` (another process wrote the store while it read) or ``store-live`` (a
+writer held the lock), or what an append without ``--dispatch`` leaves by design.
+Afterwards, with a last ``recover`` and ``dispatch``, the store verifies sound and holds
+every message an ``append`` reported.
 
 It found ``verify`` reporting a record half written by an append that started after it as
-a ``torn-tail`` error with ``recover --yes`` as the next step, and ``recover`` letting its
+a ``torn-tail`` error with ``recover --yes`` as the next step, ``recover`` letting its
 lock go before its own check, which then reported another writer's messages as what the
-recovery left (exit 1)."""
+recovery left (exit 1), and readers meeting a file a rebuild had moved since they listed
+the store with a bare "No such file or directory" (exit 2)."""
 
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ def _reader(store: Path, rng: random.Random, scratch: Path) -> list[str]:
             ["stats", str(store), "--json"],
             ["info", str(store)],
             ["offsets", str(store), "--json"],
+            ["quarantine", "list", str(store), "--json"],
             ["export", str(store), "--format", "jsonl", "--to", str(out)],
         ]
     )
