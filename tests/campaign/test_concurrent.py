@@ -2,13 +2,15 @@
 (``append`` with and without ``--dispatch``, ``dispatch``, ``dispatch --rebuild --yes``,
 ``recover --yes``, ``flush``, ``quarantine purge``) and readers (``verify``, whole and
 with ``--jobs 2``, ``read`` by offset, queue and key, ``stats``, ``info``, ``offsets``,
-``quarantine list``, ``export``) drawn at random in threads, each command its own process.
+``quarantine list``, ``export``, and ``replicate`` of it into a replica, as a slave catches
+up) drawn at random in threads, each command its own process.
 Every command ends in a documented exit code with at most one error line; a writer runs
 or is refused (exit 3: the lock); ``verify`` reports a problem only with
 ``store-changed`` (another process wrote the store while it read) or ``store-live`` (a
 writer held the lock), or what an append without ``--dispatch`` leaves by design.
 Afterwards, with a last ``recover`` and ``dispatch``, the store verifies sound and holds
-every message an ``append`` reported.
+every message an ``append`` reported, and each replica verifies sound and holds a prefix of
+its commit log.
 
 It found ``verify`` reporting a record half written by an append that started after it as
 a ``torn-tail`` error with ``recover --yes`` as the next step, ``recover`` letting its
@@ -64,10 +66,11 @@ def _writer(store: Path, rng: random.Random, number: int) -> tuple[list[str], li
     }[kind], []
 
 
-def _reader(store: Path, rng: random.Random, scratch: Path) -> list[str]:
+def _reader(store: Path, rng: random.Random, scratch: Path, replica: Path) -> list[str]:
     out = scratch / f"export-{rng.randrange(1 << 30)}"
     return rng.choice(
         [
+            ["replicate", str(store), str(replica), *INDEX],  # a slave catching up
             ["verify", str(store), "--json", *INDEX],
             ["verify", str(store), "--json", "--jobs", "2", "--split-size", "65536", *INDEX],
             ["verify", str(store), "--json", "--commitlog-only"],
@@ -131,7 +134,7 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
     def reading(worker: int) -> None:
         own = random.Random(rng.random())
         while time.monotonic() < deadline:
-            args = _reader(store, own, scratch)
+            args = _reader(store, own, scratch, tmp_path / f"replica-{worker}")
             done = rmqstore(args)
             note(args, done.returncode)
             if args[0] == "export":
@@ -158,6 +161,12 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
         assert done.returncode == 0, f"{args}: {done.stderr}{seed_note()}"
     verified = rmqstore(["verify", str(store), "--json", *INDEX])
     assert verified.returncode == 0, f"{verified.stdout[-2000:]}{seed_note()}"
+    log = _log_bytes(store)
+    for replica in sorted(tmp_path.glob("replica-*")):  # what each copied is the store's
+        verified = rmqstore(["verify", str(replica), "--json", *INDEX])
+        assert verified.returncode == 0, f"{replica}: {verified.stdout[-2000:]}{seed_note()}"
+        copied = _log_bytes(replica)
+        assert log[: len(copied)] == copied, f"{replica} is not a prefix{seed_note()}"
     read = rmqstore(["read", str(store), "--from-offset", "0", "--count", "1000000", "--jsonl",
                      "--body", "none"])  # fmt: skip
     held = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
@@ -166,3 +175,9 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
     print(f"concurrent: {sum(ran.values())} commands in {SECONDS} s, {len(acknowledged)} "
           f"messages appended; {dict(sorted(ran.items()))}")  # fmt: skip
     print(f"concurrent: the errors readers met: {sorted(said)}")
+
+
+def _log_bytes(store: Path) -> bytes:
+    """The commit log's bytes, in file order, without the zeros after the data."""
+    files = sorted((store / "commitlog").iterdir())
+    return b"".join(path.read_bytes() for path in files).rstrip(b"\0")
