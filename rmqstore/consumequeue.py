@@ -915,8 +915,9 @@ def list_queues(
     if not root.is_dir():
         return queues
     # DirEntry kinds come with the listing (no stat per entry): a broker's store has
-    # thousands of queue folders, and every command that looks at the queues lists them
-    topics = sorted(os.scandir(root), key=_BY_NAME)
+    # thousands of queue folders, and every command that looks at the queues lists them.
+    # A folder gone since it was listed (a rebuild beside the reader moved it) is not there.
+    topics = sorted(_listing(root), key=_BY_NAME)
     for topic_entry in topics if topic is None else [t for t in topics if t.name == topic]:
         if topic_entry.is_symlink():
             if linked is not None:
@@ -924,7 +925,7 @@ def list_queues(
             continue
         if not topic_entry.is_dir():
             continue
-        for queue_entry in sorted(os.scandir(topic_entry.path), key=_BY_NAME):
+        for queue_entry in sorted(_listing(Path(topic_entry.path)), key=_BY_NAME):
             queue_id = queue_id_of(queue_entry.name)
             if queue_id is None:
                 continue
@@ -934,6 +935,14 @@ def list_queues(
             elif queue_entry.is_dir():
                 queues.append((topic_entry.name, queue_id))
     return queues
+
+
+def _listing(folder: Path) -> list[os.DirEntry[str]]:
+    """The entries of ``folder``; none when it is not there (any more)."""
+    try:
+        return list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
 
 
 def linked_queue(root: Path, link: Path) -> tuple[str, int | None]:

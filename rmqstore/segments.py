@@ -93,6 +93,8 @@ class SegmentQueue:
             return queue
         try:
             entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except FileNotFoundError:
+            return queue  # moved or deleted since it was found (a rebuild beside a reader)
         except OSError as exc:
             raise StoreIOError(f"cannot list {directory}: {exc.strerror}") from None
         for entry in entries:

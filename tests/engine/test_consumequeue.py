@@ -222,6 +222,29 @@ def test_a_queue_folder_is_named_by_its_number_as_java_writes_it(
         assert consumequeue.list_queues(tmp_path, topic="V") == []
 
 
+def test_a_topic_folder_moved_after_the_listing_is_not_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild beside a reader moves the consume-queue folders to quarantine between the
+    reader's listing of the topics and of one topic's queues: that topic has no queues (it
+    ended the reader with a bare "No such file or directory (PATH)", exit 2)."""
+    import os
+    import shutil
+
+    for topic in ("T", "U"):
+        (tmp_path / topic / "0").mkdir(parents=True)
+    listed = os.scandir
+
+    def topics_then_a_move(folder):
+        entries = list(listed(folder))
+        if Path(folder) == tmp_path:
+            shutil.move(tmp_path / "T", tmp_path.parent / "moved-T")
+        return entries
+
+    monkeypatch.setattr(consumequeue.os, "scandir", topics_then_a_move)
+    assert consumequeue.list_queues(tmp_path) == [("U", 0)]
+
+
 @pytest.mark.parametrize("units", [1, *_BOUNDARIES, *(n + 1 for n in _BOUNDARIES)])
 def test_the_min_offset_is_the_first_unit_still_in_the_log(
     tmp_path: Path, units: int, monkeypatch: pytest.MonkeyPatch
