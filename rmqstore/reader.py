@@ -706,7 +706,15 @@ class MessageReader:
         index = self.store.index_service()
         try:
             if not index.files:
-                raise NotFoundError("the store has no index files; run rmqstore dispatch")
+                raise NotFoundError(
+                    "the store has no index files"
+                    + (
+                        " (another process holds its lock: a broker or a rebuild may be "
+                        "making them; run the command again once it is done)"
+                        if self.store.written_elsewhere
+                        else "; run rmqstore dispatch"
+                    )
+                )
             hits = sorted(
                 {
                     (offset, name)

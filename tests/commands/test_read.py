@@ -788,3 +788,21 @@ def test_a_sequential_read_of_a_store_being_written_reads_each_record_whole(
     assert [row["keys"] for row in read] == [f"key-{n}" for n in range(11)]
     assert read[-1]["properties"] == being_written["properties"]
     assert read[-1]["uniqKey"] == being_written["uniqKey"]
+
+
+def test_a_key_look_up_without_index_files_says_what_to_do(tmp_path: Path) -> None:
+    """No index files: ``rmqstore dispatch`` makes them; but while another process holds
+    the lock (a rebuild has moved them to quarantine and not yet made the new ones, a
+    broker starting), dispatch would be refused: run the look-up again once it is done."""
+    store = tmp_path / "store"
+    generate("basic", store)
+    for index_file in (store / "index").iterdir():
+        index_file.unlink()
+    result = run_cli("read", store, "--key", "k1")
+    assert result.exit_code == 2  # NotFoundError: an input error
+    assert result.stderr.strip().endswith("the store has no index files; run rmqstore dispatch")
+    with lock_held_elsewhere(store / "lock"):
+        held = run_cli("read", store, "--key", "k1")
+    assert held.exit_code == 2
+    assert "the store has no index files (another process holds its lock" in held.stderr
+    assert "run rmqstore dispatch" not in held.stderr
