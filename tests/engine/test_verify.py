@@ -1052,6 +1052,15 @@ def _append_with_keys(store_dir: Path, first: int, count: int, *options: str) ->
     assert result.exit_code == 0, result.stderr
 
 
+# small files, for stores that roll their log, queue and index files within a few hundred
+# messages: as append's options, and as the store's configuration
+SMALL_GEOMETRY = ("--commitlog-file-size", "65536", "--consumequeue-file-size", "400",
+                  "--index-slots", "64", "--index-entries", "256")  # fmt: skip
+SMALL_CONFIG = StoreConfig(
+    commitlog_file_size=65536, consumequeue_file_size=400, index_slots=64, index_entries=256
+)
+
+
 @pytest.mark.parametrize("ranged", [False, True])
 def test_a_store_written_while_verify_runs_is_checked_as_it_stood(
     tmp_path: Path, ranged: bool
@@ -1067,11 +1076,7 @@ def test_a_store_written_while_verify_runs_is_checked_as_it_stood(
 
     from support import run_cli
 
-    geometry = ("--commitlog-file-size", "65536", "--consumequeue-file-size", "400",
-                "--index-slots", "64", "--index-entries", "256")  # fmt: skip
-    config = StoreConfig(
-        commitlog_file_size=65536, consumequeue_file_size=400, index_slots=64, index_entries=256
-    )
+    geometry, config = SMALL_GEOMETRY, SMALL_CONFIG
     store_dir = tmp_path / "store"
     store_dir.mkdir()
     _append_with_keys(store_dir, 0, 300, "--create", "--dispatch", *geometry)
@@ -1120,11 +1125,7 @@ def test_a_store_written_while_verify_runs_with_its_lock_free_is_said_to_have_ch
 
     from support import lock_held_elsewhere
 
-    geometry = ("--commitlog-file-size", "65536", "--consumequeue-file-size", "400",
-                "--index-slots", "64", "--index-entries", "256")  # fmt: skip
-    config = StoreConfig(
-        commitlog_file_size=65536, consumequeue_file_size=400, index_slots=64, index_entries=256
-    )
+    geometry, config = SMALL_GEOMETRY, SMALL_CONFIG
     store_dir = tmp_path / "store"
     store_dir.mkdir()
     _append_with_keys(store_dir, 0, 300, "--create", "--dispatch", *geometry)
