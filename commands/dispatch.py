@@ -156,10 +156,10 @@ def command(
     processes and applied here in log order: the same files and result as one pass. After a
     rebuild, a consumer group's offset (config/consumerOffset.json) past the end of a
     rebuilt queue is named in a warning (read with the lock still held, so no other writer
-    comes between). A commit log damaged before its valid end (in a
-    file a broker's recovery does not walk, and a broker serves the records after it) would
-    end the replay at the damage, the rebuilt queues and index leaving out the records
-    after it: such a rebuild is refused (exit 2, nothing changed) unless --up-to-damage;
+    comes between). A commit log damaged before its valid end (in a file a broker's
+    recovery does not walk, and a broker serves the records after it) would end the replay
+    at the damage, the rebuilt queues and index leaving out the records after it: such a
+    rebuild is refused (exit 2, nothing changed) unless --up-to-damage;
     the dry run's plan shows the damage. A rebuild an error stops once the old files began
     to move (a full disk: exit 4) leaves 'abort' in place, as a crash would, so a broker
     starting on the store runs its crash recovery; the one-line error says so and names the
