@@ -78,9 +78,9 @@ KINDS = {
     "them: a 5.x broker does not start",
     "store-live": "the store's lock is held (a broker writing it): checked as it stood when "
     "verify began; what was written after is not checked",
-    "store-changed": "another process wrote the store while verify read it (its lock was free "
-    "when verify began): what was found may be that write half done; verify again once the "
-    "store is at rest",
+    "store-changed": "another process took the store's lock or wrote the store while verify "
+    "read it (the lock was free when verify began): what was found may be a write half done; "
+    "verify again once the store is at rest",
 }
 
 # why records a broker running on the store has not dispatched yet are no problem
