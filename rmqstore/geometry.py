@@ -58,6 +58,13 @@ def geometry_path(root: Path) -> Path:
     return root / CONFIG_DIR / GEOMETRY_FILE
 
 
+# how to get past a damaged geometry file: every command of the store stops on it
+_DAMAGED = (
+    " (rmqstore's record of the file sizes given before: put it right, or move it aside and "
+    "give the sizes, as options or with --broker-config)"
+)
+
+
 def read_geometry(root: Path) -> dict[str, int]:
     """The remembered sizes by StoreConfig field name (empty when none are remembered)."""
     path = geometry_path(root)
@@ -68,9 +75,9 @@ def read_geometry(root: Path) -> dict[str, int]:
     except OSError as exc:
         raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
     except (ValueError, UnicodeDecodeError):
-        raise StoreFormatError(f"{path} is not valid JSON") from None
+        raise StoreFormatError(f"{path} is not valid JSON{_DAMAGED}") from None
     if not isinstance(document, dict):
-        raise StoreFormatError(f"{path} is not a JSON object")
+        raise StoreFormatError(f"{path} is not a JSON object{_DAMAGED}")
     values: dict[str, int] = {}
     for name, key in GEOMETRY_KEYS.items():
         if key not in document:
@@ -81,7 +88,7 @@ def read_geometry(root: Path) -> dict[str, int]:
         if not whole or not smallest <= value <= largest:
             raise StoreFormatError(
                 f"{path}: {key} must be an integer from {smallest:,} to {largest:,}, "
-                f"not {quoted(value)}"
+                f"not {quoted(value)}{_DAMAGED}"
             )
         values[name] = value
     return values

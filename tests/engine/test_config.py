@@ -204,6 +204,10 @@ def test_a_remembered_size_no_broker_takes_is_a_format_error(tmp_path: Path, val
     geometry_path(tmp_path).write_text(json.dumps({"mappedFileSizeCommitLog": value}))
     with pytest.raises(StoreFormatError, match="mappedFileSizeCommitLog must be an integer"):
         read_geometry(tmp_path)
+    for damaged in ("nul", "[4096]"):  # each error says how to get past it
+        geometry_path(tmp_path).write_text(damaged)
+        with pytest.raises(StoreFormatError, match=r"move it aside and give the sizes"):
+            read_geometry(tmp_path)
     geometry_path(tmp_path).write_text(json.dumps({"mappedFileSizeCommitLog": 4096}))
     assert read_geometry(tmp_path) == {"commitlog_file_size": 4096}
 
