@@ -65,7 +65,12 @@ def command(
     (the master restarts, falls silent for 20 s) is made again every 5 s, as a slave broker
     does from its start; without --follow a connection that cannot be made ends the command
     (exit 4) before DEST is made. A master that breaks the protocol ends it (exit 4), DEST
-    left at its last whole record.
+    left at its last whole record; so does a master whose commit-log files are of another
+    size than DEST's (the HA protocol does not say it: give DEST the master's
+    mappedFileSizeCommitLog), found where it shows: an empty DEST's first frame not at a
+    file's start, a frame crossing DEST's file end, or a BLANK closing a master's file
+    somewhere other than DEST's file end (a slave broker so configured takes the master's
+    next file into the same file, and its walk stops at that BLANK).
 
     A directory SOURCE is read only, even while a broker writes it: only whole, CRC-valid
     records up to its valid end are copied. DEST is created when missing or empty (a DEST

@@ -35,8 +35,15 @@ from rmqstore.replication import (
     readable_end,
     whole_records_end,
 )
-from rmqstore.segments import WRITE_SETTLE, open_for_writing, pwrite_fully, sync_file_data
+from rmqstore.segments import (
+    WRITE_SETTLE,
+    Segment,
+    open_for_writing,
+    pwrite_fully,
+    sync_file_data,
+)
 from rmqstore.store import Store
+from rmqstore.windows import read_range
 
 REPORT = struct.Struct(">q")
 HEADER = struct.Struct(">qi")
@@ -465,9 +472,7 @@ def replicate_from_master(
                     if offset % file_size:
                         raise HAError(
                             f"the master starts an empty DEST at {offset}, which is not the "
-                            f"start of a commit-log file of {file_size} bytes: DEST's file "
-                            "size must be the master's mappedFileSizeCommitLog (pass "
-                            "--commitlog-file-size or --broker-config)"
+                            f"start of a commit-log file of {file_size} bytes: " + _SIZE_MUST_MATCH
                         )
                     progress.to_offset = progress.whole_end = offset
                     reput.start_at(offset)
@@ -597,7 +602,11 @@ class _LogWriter:
     def write(self, offset: int, body: bytes) -> None:
         start = offset - offset % self.file_size
         if offset + len(body) > start + self.file_size:
-            raise HAError(f"the master sent a frame crossing the end of the file at {start}")
+            raise HAError(
+                f"the master sent a frame crossing the end of DEST's commit-log file at "
+                f"{start + self.file_size} (a master's frames end with its files): its files "
+                f"are larger than DEST's {self.file_size} bytes; " + _SIZE_MUST_MATCH
+            )
         if start != self.start:
             self.close()
             log = self.dest.commitlog
@@ -746,6 +755,8 @@ def _dispatch_whole(dest: Store, whole_end: int, received: int) -> tuple[int, in
             break
         limit = min(log.file_size, received - segment.start)
         end, complete, _ = whole_records_end(segment, position - segment.start, received=limit)
+        if complete:
+            _check_file_end(segment, end, log.file_size)
         if complete and segment.start + log.file_size > received:
             complete = False  # the BLANK's padding is still on its way: wait at the BLANK
         position = segment.start + (log.file_size if complete else end)
@@ -755,6 +766,27 @@ def _dispatch_whole(dest: Store, whole_end: int, received: int) -> tuple[int, in
     if position <= whole_end:
         return whole_end, 0
     return position, dispatch_copied(dest, position)
+
+
+_SIZE_MUST_MATCH = (
+    "DEST's file size must be the master's mappedFileSizeCommitLog (pass "
+    "--commitlog-file-size or --broker-config)"
+)
+
+
+def _check_file_end(segment: Segment, blank: int, file_size: int) -> None:
+    """A master closes each commit-log file with a BLANK that reaches its end: one at
+    ``blank`` in DEST's file that ends elsewhere closes a master's file of another size than
+    DEST's (a slave broker configured so writes the master's next file on in the same file,
+    and its walk takes the BLANK for the file's end: whatever follows is lost to it)."""
+    declared = int.from_bytes(read_range(segment.path, blank, 4), "big", signed=True)
+    if blank + declared != file_size:
+        raise HAError(
+            f"the master closes a commit-log file with a BLANK at offset "
+            f"{segment.start + blank} that ends at {segment.start + blank + declared}, not "
+            f"where DEST's files of {file_size} bytes end: its files are of another size; "
+            + _SIZE_MUST_MATCH
+        )
 
 
 def _zero_partial(dest: Store, progress: SlaveProgress) -> None:

@@ -2,8 +2,9 @@
 (``append`` with and without ``--dispatch``, ``dispatch``, ``dispatch --rebuild --yes``,
 ``recover --yes``, ``flush``, ``quarantine purge``) and readers (``verify``, whole and
 with ``--jobs 2``, ``read`` by offset, queue and key, ``stats``, ``info``, ``offsets``,
-``quarantine list``, ``export``, and ``replicate`` of it into a replica, as a slave catches
-up) drawn at random in threads, each command its own process.
+``quarantine list``, ``export``, and ``replicate`` of it into a replica, from its folder
+and over HA from a ``serve-ha --follow`` serving it all along, as slaves catch up) drawn at
+random in threads, each command its own process.
 Every command ends in a documented exit code with at most one error line; a writer runs
 or is refused (exit 3: the lock); ``verify`` reports a problem only with
 ``store-changed`` (another process wrote the store while it read) or ``store-live`` (a
@@ -20,13 +21,16 @@ the store with a bare "No such file or directory" (exit 2)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,11 +70,20 @@ def _writer(store: Path, rng: random.Random, number: int) -> tuple[list[str], li
     }[kind], []
 
 
-def _reader(store: Path, rng: random.Random, scratch: Path, replica: Path) -> list[str]:
+def _reader(store: Path, rng: random.Random, scratch: Path, port: int) -> list[str]:
     out = scratch / f"export-{rng.randrange(1 << 30)}"
+    replicas = scratch.parent
     return rng.choice(
         [
-            ["replicate", str(store), str(replica), *INDEX],  # a slave catching up
+            # a slave catching up: from the store's folder, and over HA from serve-ha
+            ["replicate", str(store), str(replicas / "replica-dir"), *INDEX],
+            [
+                "replicate",
+                f"ha://127.0.0.1:{port}",
+                str(replicas / "replica-ha"),
+                *GEOMETRY,
+                *INDEX,
+            ],
             ["verify", str(store), "--json", *INDEX],
             ["verify", str(store), "--json", "--jobs", "2", "--split-size", "65536", *INDEX],
             ["verify", str(store), "--json", "--commitlog-only"],
@@ -134,7 +147,7 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
     def reading(worker: int) -> None:
         own = random.Random(rng.random())
         while time.monotonic() < deadline:
-            args = _reader(store, own, scratch, tmp_path / f"replica-{worker}")
+            args = _reader(store, own, scratch, port)
             done = rmqstore(args)
             note(args, done.returncode)
             if args[0] == "export":
@@ -151,10 +164,13 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
 
     threads = [threading.Thread(target=writing, args=(n,)) for n in range(2)]
     threads += [threading.Thread(target=reading, args=(n,)) for n in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with _master(store, tmp_path / "serve-ha.log") as (port, master):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert master.poll() is None, (tmp_path / "serve-ha.log").read_text()[-2000:]
+    assert master.returncode == 0, (tmp_path / "serve-ha.log").read_text()[-2000:]
     assert not failures, f"{failures[:5]}{seed_note()}"
     for args in (["recover", str(store), "--yes", *INDEX], ["dispatch", str(store), *INDEX]):
         done = rmqstore(args)
@@ -181,3 +197,27 @@ def _log_bytes(store: Path) -> bytes:
     """The commit log's bytes, in file order, without the zeros after the data."""
     files = sorted((store / "commitlog").iterdir())
     return b"".join(path.read_bytes() for path in files).rstrip(b"\0")
+
+
+@contextlib.contextmanager
+def _master(store: Path, log: Path) -> Iterator[tuple[int, subprocess.Popen]]:
+    """``serve-ha STORE --follow`` on a free port of 127.0.0.1, its stderr in ``log``:
+    yields its port and process, and stops it with SIGTERM (exit 0 expected)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    with log.open("w") as said:
+        master = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--follow", "--listen",
+             f"127.0.0.1:{port}", *INDEX],
+            stdout=subprocess.DEVNULL, stderr=said, env=child_env(),
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "serving" not in log.read_text() and time.monotonic() < deadline:
+            assert master.poll() is None, log.read_text()
+            time.sleep(0.05)
+        yield port, master
+    finally:
+        master.terminate()
+        master.wait(timeout=60)

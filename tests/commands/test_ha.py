@@ -141,6 +141,45 @@ def test_an_empty_replica_starts_at_the_masters_last_file(tmp_path: Path) -> Non
     assert verified.exit_code == 0, verified.stdout
 
 
+@pytest.mark.parametrize("dest_file_size", [1 << 30, 16384])
+def test_a_replica_of_another_file_size_than_its_masters_is_refused_at_the_files_end(
+    tmp_path: Path, dest_file_size: int
+) -> None:
+    """A slave given another commit-log file size than its master's, begun while the master
+    had one file (so its first frame starts a file either way): a frame crosses DEST's file
+    end (a smaller DEST), or, when the master closes that file, its BLANK does not end where
+    DEST's file ends (a larger one). The larger one used to take the master's next file
+    into the same file as a slave broker does, the BLANK then hiding everything after it
+    from a broker's walk (verify: blank-size); now the session ends there (exit 4, one line
+    saying to give DEST the master's size), DEST sound up to its last whole record (the
+    smaller one, refused in its first session, is not made at all)."""
+    source = tmp_path / "source"
+    lines = "".join(json.dumps({"topic": "T", "body": "x" * 900}) + "\n" for _ in range(300))
+    created = run_cli("append", source, "--create", "--input", "-", "--commitlog-file-size",
+                      str(FILE), input=lines[: len(lines) // 6])  # fmt: skip
+    assert created.exit_code == 0, created.stderr
+    dest = tmp_path / "dest"
+    with serving(source) as address:
+        refused = run_cli("replicate", address, dest, "--commitlog-file-size", str(dest_file_size))
+    if dest_file_size > FILE:  # it took the master's first file
+        assert refused.exit_code == 0, refused.stderr
+        assert run_cli("append", source, "--input", "-", input=lines).exit_code == 0  # rolls
+        with serving(source) as address:
+            refused = run_cli("replicate", address, dest)
+    assert refused.exit_code == 4
+    assert "DEST's file size must be the master's mappedFileSizeCommitLog" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    if dest_file_size < FILE:
+        assert not dest.exists()
+        return
+    verified = run_cli("verify", dest, "--json")
+    assert verified.exit_code == 0, verified.stdout
+    master = b"".join(log_bytes(source).values())
+    with open(dest / "commitlog" / f"{0:020d}", "rb") as replica:  # 1 GiB, sparse
+        copied = replica.read(len(master)).rstrip(b"\0")
+    assert copied and copied == master[: len(copied)]
+
+
 @pytest.mark.parametrize(
     "name",
     ["s1_multi", "s3_txn_delay", "s4_recovered_from_torn_half_record", "v533_s1_multi",
