@@ -41,9 +41,9 @@ format: venv
 # on the pure-Python reference kernel: both paths stay green. The
 # suite keeps both cores busy (its CPU time is about twice its wall time), so it runs as
 # four streams at once, which end close together: the compiled pass but for the Spark
-# tests, the campaigns, the install tests and the slow ones; the Spark tests (one session);
-# the campaigns, the install tests and the slow ones (the sanitizer build, Spark sessions
-# in their own processes); the reference pass. On this two-core machine the suite takes
+# tests, the plumbing, the campaigns, the install tests and the slow ones; the Spark tests
+# (one session) and the plumbing; the campaigns, the install tests and the slow ones (the
+# sanitizer build, Spark sessions in their own processes); the reference pass. On this two-core machine the suite takes
 # 9 to 14 minutes from a fresh checkout, moving with the machine's load (it is bound by
 # CPU: about 1,100 CPU-seconds in all; 15 minutes on a slow stretch, when zlib.crc32 ran at
 # half its usual speed). The other streams' output follows the first's.
@@ -58,12 +58,13 @@ test: venv java-check lint
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider -m "$(SIDE_MARKS)" \
 	    >$(SIDE_LOG) 2>&1 & side=$$!; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "spark and not ($(SIDE_MARKS))" >$(SPARK_LOG) 2>&1 & spark=$$!; \
+	    -m "(spark or plumbing) and not ($(SIDE_MARKS))" >$(SPARK_LOG) 2>&1 & spark=$$!; \
 	echo "compiled kernel (three other streams run beside it):"; \
-	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -m "not ($(SIDE_MARKS) or spark)"; \
+	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q \
+	    -m "not ($(SIDE_MARKS) or spark or plumbing)"; \
 	compiled=$$?; \
 	wait $$spark; sparked=$$?; wait $$side; sided=$$?; wait $$reference; referenced=$$?; \
-	echo "compiled kernel, Spark:"; cat $(SPARK_LOG); \
+	echo "compiled kernel, Spark and plumbing:"; cat $(SPARK_LOG); \
 	echo "compiled kernel, $(SIDE_MARKS):"; cat $(SIDE_LOG); \
 	echo "reference kernel:"; cat $(REFERENCE_LOG); \
 	test $$compiled -eq 0 && test $$sparked -eq 0 && test $$sided -eq 0 && \
