@@ -95,6 +95,7 @@ def process_map(
     from concurrent.futures.process import BrokenProcessPool
 
     context = multiprocessing.get_context("spawn")
+    _tracker_deaf_to_hangups()
     processes = min(workers, len(jobs))
     waiting = deque(jobs)
     pending: deque[Future] = deque()
@@ -121,10 +122,29 @@ def process_map(
 
 
 def _start(parent: int, prepare: Callable[[], object] | None) -> None:
-    """A worker process's start: :func:`die_with_parent`, then ``prepare``."""
+    """A worker process's start: :func:`die_with_parent`, a hangup ignored (one of the
+    terminal's process group is the parent's to act on: it stops the command, and its
+    workers go with it), then ``prepare``."""
     die_with_parent(parent)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if prepare is not None:
         prepare()
+
+
+def _tracker_deaf_to_hangups() -> None:
+    """Start multiprocessing's resource tracker (a helper process a pool of workers needs,
+    started once) with SIGHUP blocked, as it blocks SIGINT and SIGTERM itself: a hangup of
+    the terminal's process group killed it, and the pool started another, with a warning
+    and tracebacks on stderr, while the command itself stopped on the hangup."""
+    from multiprocessing import resource_tracker
+
+    if not hasattr(signal, "pthread_sigmask"):
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def process_runner(workers: int) -> Runner:

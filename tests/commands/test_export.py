@@ -294,6 +294,46 @@ def test_a_hangup_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
     assert list(out.parent.iterdir()) == []
 
 
+HUNG_UP_GROUP_EXPORT = """
+import os, signal, sys
+import rmqstore.pipeline.local as local
+from rmqstore.commands.main import main
+mapped = local.process_map
+def process_map(*args, **kwargs):  # the terminal goes once the workers wrote a part
+    for number, result in enumerate(mapped(*args, **kwargs)):
+        if number == 1:
+            os.killpg(0, signal.SIGHUP)  # to every process of the group, workers too
+        yield result
+local.process_map = process_map
+sys.argv = ["rmqstore", "export", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_hangup_of_the_process_group_stops_an_export_in_workers_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """A terminal that goes sends SIGHUP to its whole process group: the export's worker
+    processes and multiprocessing's helper get it too. The command stops on it (exit 129,
+    one line, nothing of the export left); the helper died of it before, and the pool
+    started another, with a warning and tracebacks from it on stderr."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    out = tmp_path / "exports" / "out"
+    out.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", HUNG_UP_GROUP_EXPORT, str(store), "--engine", "local", "--to",
+         str(out), "--split-size", "65536", "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job has
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 129, done.stderr
+    assert done.stderr.strip() == "rmqstore: error: hung up (SIGHUP)"
+    assert list(out.parent.iterdir()) == []
+
+
 KILLED_EXPORT = TERMINATED_EXPORT.replace("signal.SIGTERM", "signal.SIGKILL")
 
 
