@@ -351,4 +351,17 @@ class EngineChoice:
         """Start (or reuse) the Spark session; a one-line error when it cannot start."""
         from rmqstore.spark import parse_conf, spark_session
 
+        quiet_root_logger()
         return spark_session(self.master, parse_conf(self.spark_conf))
+
+
+def quiet_root_logger() -> None:
+    """Give the root logger a handler that drops what it is given (unless it has one): py4j
+    logs an interruption (Ctrl-C, SIGTERM, SIGHUP) met while it waits on the JVM, traceback
+    and all, through ``logging.exception``, which with no handler prints it on stderr beside
+    the command's own one line."""
+    import logging
+
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logging.NullHandler())

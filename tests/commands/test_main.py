@@ -95,3 +95,25 @@ def test_a_bug_is_exit_70_in_one_line_and_a_traceback_only_when_asked(
         assert rest and rest[0].startswith("Traceback") and "a slip in the summary" in rest[-1]
     else:
         assert rest == []
+
+
+def test_what_py4j_logs_of_an_interruption_stays_off_stderr() -> None:
+    """py4j logs an interruption met while it waits on the JVM (Ctrl-C, SIGTERM, SIGHUP
+    during a Spark job) with ``logging.exception``: with no handler, Python printed it,
+    traceback and all, on stderr beside the command's one line (seen on SIGTERM during
+    ``verify --engine spark``). A command that starts Spark gives the root logger a handler
+    that drops it first."""
+    script = (
+        "import logging\n"
+        "from rmqstore.commands.options import quiet_root_logger\n"
+        "quiet_root_logger()\n"
+        "try:\n"
+        "    raise KeyboardInterrupt\n"
+        "except KeyboardInterrupt:\n"
+        "    logging.exception('KeyboardInterrupt while sending command.')\n"
+    )
+    quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    loud = script.replace("quiet_root_logger()\n", "")  # as it was
+    said = subprocess.run([sys.executable, "-c", loud], capture_output=True, text=True)
+    assert "Traceback" in said.stderr
