@@ -4,20 +4,21 @@
 with ``--jobs 2``, ``read`` by offset, queue and key, ``stats``, ``info``, ``offsets``,
 ``quarantine list``, ``export``, and ``replicate`` of it into a replica, from its folder
 and over HA from a ``serve-ha --follow`` serving it all along, as slaves catch up) drawn at
-random in threads, each command its own process.
-Every command ends in a documented exit code with at most one error line; a writer runs
-or is refused (exit 3: the lock); ``verify`` reports a problem only with
-``store-changed`` (another process wrote the store while it read) or ``store-live`` (a
-writer held the lock), or what an append without ``--dispatch`` leaves by design.
-Afterwards, with a last ``recover`` and ``dispatch``, the store verifies sound and holds
-every message an ``append`` reported, and each replica verifies sound and holds a prefix of
-its commit log.
+random in threads, each command its own process. Every command ends in a documented exit
+code with at most one error line; a writer runs or is refused (exit 3: the lock);
+``verify`` reports a problem only with ``store-changed`` (another process wrote the store
+while it read) or ``store-live`` (a writer held the lock), or what an append without
+``--dispatch`` leaves by design. Afterwards, with a last ``recover`` and ``dispatch``, the
+store verifies sound and holds every message an ``append`` reported, each replica verifies
+sound and holds a prefix of its commit log, and ``serve-ha`` still serves, then stops with
+exit 0.
 
 It found ``verify`` reporting a record half written by an append that started after it as
 a ``torn-tail`` error with ``recover --yes`` as the next step, ``recover`` letting its
 lock go before its own check, which then reported another writer's messages as what the
-recovery left (exit 1), and readers meeting a file a rebuild had moved since they listed
-the store with a bare "No such file or directory" (exit 2)."""
+recovery left (exit 1), readers meeting a file a rebuild had moved since they listed the
+store with a bare "No such file or directory" (exit 2), and an HA slave given a larger
+file size than its master's taking the master's next file in behind its BLANK."""
 
 from __future__ import annotations
 
