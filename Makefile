@@ -41,8 +41,8 @@ format: venv
 # on the pure-Python reference kernel: both paths stay green. The
 # suite keeps both cores busy (its CPU time is about twice its wall time), so it runs as
 # four streams at once, which end close together: the compiled pass but for the Spark
-# tests, the plumbing, the campaigns, the install tests and the slow ones; the Spark tests
-# (one session) and the plumbing; the campaigns, the install tests and the slow ones (the
+# tests, the plumbing, the install tests, the campaigns and the slow ones; the Spark tests
+# (one session), the plumbing and the install tests; the campaigns and the slow ones (the
 # sanitizer build, Spark sessions in their own processes); the reference pass. On this two-core machine the suite takes
 # 9 to 14 minutes from a fresh checkout, moving with the machine's load (it is bound by
 # CPU: about 1,100 CPU-seconds in all; 15 minutes on a slow stretch, when zlib.crc32 ran at
@@ -50,7 +50,8 @@ format: venv
 SIDE_LOG := $(VENV)/side-stream.log
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log
-SIDE_MARKS := campaign or install or slow
+SIDE_MARKS := campaign or slow
+SPARK_MARKS := spark or plumbing or install
 test: venv java-check lint
 	@RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider \
 	    -m "not spark and not campaign and not install and not timers and not plumbing" \
@@ -58,13 +59,13 @@ test: venv java-check lint
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider -m "$(SIDE_MARKS)" \
 	    >$(SIDE_LOG) 2>&1 & side=$$!; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "(spark or plumbing) and not ($(SIDE_MARKS))" >$(SPARK_LOG) 2>&1 & spark=$$!; \
+	    -m "($(SPARK_MARKS)) and not ($(SIDE_MARKS))" >$(SPARK_LOG) 2>&1 & spark=$$!; \
 	echo "compiled kernel (three other streams run beside it):"; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q \
-	    -m "not ($(SIDE_MARKS) or spark or plumbing)"; \
+	    -m "not ($(SIDE_MARKS) or $(SPARK_MARKS))"; \
 	compiled=$$?; \
 	wait $$spark; sparked=$$?; wait $$side; sided=$$?; wait $$reference; referenced=$$?; \
-	echo "compiled kernel, Spark and plumbing:"; cat $(SPARK_LOG); \
+	echo "compiled kernel, $(SPARK_MARKS):"; cat $(SPARK_LOG); \
 	echo "compiled kernel, $(SIDE_MARKS):"; cat $(SIDE_LOG); \
 	echo "reference kernel:"; cat $(REFERENCE_LOG); \
 	test $$compiled -eq 0 && test $$sparked -eq 0 && test $$sided -eq 0 && \
