@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -874,6 +875,30 @@ def serving(store: Path, *options: str, port: int = 0) -> Iterator[str]:
     ``ha://127.0.0.1:PORT``."""
     with serving_process(store, *options, port=port) as (address, _server):
         yield address
+
+
+@contextmanager
+def serving_logged(
+    store: Path, log: Path, *options: str, preexec_fn: Any = None
+) -> Iterator[tuple[int, subprocess.Popen]]:
+    """``rmqstore serve-ha STORE`` on a free port of loopback, its stderr kept in ``log``
+    (what it says all along): yields its port and process once it serves, and stops it with
+    SIGTERM at the end."""
+    with log.open("w") as said:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen",
+             "127.0.0.1:0", *options],
+            stdout=subprocess.DEVNULL, stderr=said, preexec_fn=preexec_fn,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (bound := re.search(r"on 127\.0\.0\.1:(\d+)", log.read_text())):
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        yield int(bound.group(1)), server
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
 
 
 @contextmanager

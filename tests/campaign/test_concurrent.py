@@ -22,21 +22,19 @@ file size than its master's taking the master's next file in behind its BLANK.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from campaigns import campaign_random, child_env, rmqstore, rounds, seed_note, unclean
+from support import serving_logged
 
 SECONDS = rounds(short=10, long=150)
 GEOMETRY = ["--commitlog-file-size", "65536", "--consumequeue-file-size", "600"]
@@ -165,7 +163,10 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
 
     threads = [threading.Thread(target=writing, args=(n,)) for n in range(2)]
     threads += [threading.Thread(target=reading, args=(n,)) for n in range(2)]
-    with _master(store, tmp_path / "serve-ha.log") as (port, master):
+    with serving_logged(store, tmp_path / "serve-ha.log", "--follow", *GEOMETRY, *INDEX) as (
+        port,
+        master,
+    ):
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -198,27 +199,3 @@ def _log_bytes(store: Path) -> bytes:
     """The commit log's bytes, in file order, without the zeros after the data."""
     files = sorted((store / "commitlog").iterdir())
     return b"".join(path.read_bytes() for path in files).rstrip(b"\0")
-
-
-@contextlib.contextmanager
-def _master(store: Path, log: Path) -> Iterator[tuple[int, subprocess.Popen]]:
-    """``serve-ha STORE --follow`` on a free port of 127.0.0.1, its stderr in ``log``:
-    yields its port and process, and stops it with SIGTERM (exit 0 expected)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    with log.open("w") as said:
-        master = subprocess.Popen(
-            [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--follow", "--listen",
-             f"127.0.0.1:{port}", *INDEX],
-            stdout=subprocess.DEVNULL, stderr=said, env=child_env(),
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while "serving" not in log.read_text() and time.monotonic() < deadline:
-            assert master.poll() is None, log.read_text()
-            time.sleep(0.05)
-        yield port, master
-    finally:
-        master.terminate()
-        master.wait(timeout=60)

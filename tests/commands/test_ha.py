@@ -41,6 +41,7 @@ from support import (
     replicate,
     run_cli,
     serving,
+    serving_logged,
     serving_process,
     torn_replica,
 )
@@ -413,22 +414,8 @@ def master_with_few_descriptors(
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
 
-    port = free_port()
-    with log.open("w") as said:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "rmqstore", "serve-ha", str(store), "--listen",
-             f"127.0.0.1:{port}", *options],
-            stdout=subprocess.DEVNULL, stderr=said, preexec_fn=limit,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while "serving" not in log.read_text() and time.monotonic() < deadline:
-            assert server.poll() is None, log.read_text()
-            time.sleep(0.05)
+    with serving_logged(store, log, *options, preexec_fn=limit) as (port, server):
         yield port, server
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def flood(port: int, count: int) -> list[socket.socket]:
