@@ -197,73 +197,50 @@ def command(
         replacing = (INDEX_GEOMETRY if build_index else frozenset()) | (
             frozenset() if topics else QUEUE_GEOMETRY
         )
-    with contextlib.ExitStack() as held:
-        opened, result, document = _dispatch(
-            store, config, engine, rebuild, yes, topics, build_index, from_offset,
-            max_records, up_to_damage, jobs, no_progress, replacing, held,
-        )  # fmt: skip
+    with contextlib.ExitStack() as held:  # a rebuild's lock, kept until its queues are read
+        with Store.open_write(store, config, replacing=replacing) as opened:
+            document: dict = {}
+            if rebuild:
+                plan = plan_rebuild(
+                    opened,
+                    topics=topics or None,
+                    rebuild_index=build_index,
+                    up_to_damage=up_to_damage,
+                )
+                document["plan"] = plan.to_dict()
+                if not yes:
+                    moves = ", ".join(str(path) for path in plan.moves) or "nothing"
+                    upto = "" if plan.damage is None else f" up to offset {plan.damage.offset:,}"
+                    confirm_or_refuse(
+                        "--rebuild",
+                        f"move {counted(plan.files, 'file')} ({moves}) to quarantine and "
+                        f"rebuild{upto}",
+                    )
+                held.callback(opened.keep_lock().release)
+                session = engine.session() if engine.spark else None  # before anything moves
+                with rebuilding(opened, plan) as quarantine:
+                    document["quarantine"] = str(quarantine)
+                    if session is not None:
+                        result = _rebuild_on_spark(
+                            session, opened, engine, topics, build_index, plan
+                        )
+                    elif jobs > 1:
+                        result = _rebuild_in_workers(
+                            opened, engine, jobs, topics, build_index, plan, not no_progress
+                        )
+                    else:
+                        result = _dispatch_here(
+                            opened, topics, build_index, plan.from_offset, max_records, no_progress
+                        )
+            else:
+                result = _dispatch_here(
+                    opened, topics, build_index, from_offset, max_records, no_progress, check=True
+                )
         if rebuild:  # rebuilt queues may end before where consumers stood (the lock held)
             with Store.open_read(store, config) as rebuilt:
                 for offset in offsets_past_end(rebuilt):
                     warn(offset.describe())
     return _report(opened, result, document, as_json)
-
-
-def _dispatch(
-    store: Path,
-    config: StoreConfig,
-    engine: EngineChoice,
-    rebuild: bool,
-    yes: bool,
-    topics: tuple[str, ...],
-    build_index: bool,
-    from_offset: int | None,
-    max_records: int | None,
-    up_to_damage: bool,
-    jobs: int,
-    no_progress: bool,
-    replacing: frozenset[str],
-    held: contextlib.ExitStack,
-) -> tuple[Store, DispatchResult, dict]:
-    """The dispatch (or rebuild), with a rebuild's lock left to ``held``, so that the
-    consume queues it made are read (consumer offsets past their ends) before another
-    writer may change them."""
-    with Store.open_write(store, config, replacing=replacing) as opened:
-        document: dict = {}
-        if rebuild:
-            plan = plan_rebuild(
-                opened,
-                topics=topics or None,
-                rebuild_index=build_index,
-                up_to_damage=up_to_damage,
-            )
-            document["plan"] = plan.to_dict()
-            if not yes:
-                moves = ", ".join(str(path) for path in plan.moves) or "nothing"
-                upto = "" if plan.damage is None else f" up to offset {plan.damage.offset:,}"
-                confirm_or_refuse(
-                    "--rebuild",
-                    f"move {counted(plan.files, 'file')} ({moves}) to quarantine and rebuild{upto}",
-                )
-            held.callback(opened.keep_lock().release)
-            session = engine.session() if engine.spark else None  # before anything moves
-            with rebuilding(opened, plan) as quarantine:
-                document["quarantine"] = str(quarantine)
-                if session is not None:
-                    result = _rebuild_on_spark(session, opened, engine, topics, build_index, plan)
-                elif jobs > 1:
-                    result = _rebuild_in_workers(
-                        opened, engine, jobs, topics, build_index, plan, not no_progress
-                    )
-                else:
-                    result = _dispatch_here(
-                        opened, topics, build_index, plan.from_offset, max_records, no_progress
-                    )
-        else:
-            result = _dispatch_here(
-                opened, topics, build_index, from_offset, max_records, no_progress, check=True
-            )
-    return opened, result, document
 
 
 def _dry_run(

@@ -107,61 +107,49 @@ def command(
     after a run: quarantine, dispatch{...as rmqstore dispatch}, checkpoint{...},
     abortRemoved, remaining{ok, findingsByKind, nextStep} (null with --no-check).
     """
+    # the lock, kept from the recovery through its check: no other writer comes between
     with contextlib.ExitStack() as held:
-        return _recover(store, config, yes, dry_run, no_check, no_progress, as_json, held)
-
-
-def _recover(
-    store: Path,
-    config: StoreConfig,
-    yes: bool,
-    dry_run: bool,
-    no_check: bool,
-    no_progress: bool,
-    as_json: bool,
-    held: contextlib.ExitStack,
-) -> int:
-    """The recover command, with ``held`` releasing the store's lock once its check has read
-    what the recovery left (no other writer comes between)."""
-    # a dry run opens the store read-only: it takes no lock and writes nothing
-    with (Store.open_read if dry_run else Store.open_write)(store, config) as opened:
-        if dry_run:
-            opened.refuse_if_locked()
-            opened.refuse_foreign_parts()
-        with progress_bar("finding the valid end", _log_size(opened), not no_progress) as update:
-            plan = plan_recovery(opened, progress=_relative(opened, update))
-        if dry_run:
-            return _show_plan(plan, as_json)
-        if (plan.cuts or plan.moves) and not yes:
-            confirm_or_refuse(
-                "recover",
-                f"cut {counted(plan.bytes_cut, 'byte')} and move "
-                f"{counted(len(plan.moves), 'file')} to quarantine "
-                f"(the log ends at {plan.log_end:,})",
-            )
+        # a dry run opens the store read-only: it takes no lock and writes nothing
+        with (Store.open_read if dry_run else Store.open_write)(store, config) as opened:
+            if dry_run:
+                opened.refuse_if_locked()
+                opened.refuse_foreign_parts()
+            with progress_bar(
+                "finding the valid end", _log_size(opened), not no_progress
+            ) as update:
+                plan = plan_recovery(opened, progress=_relative(opened, update))
+            if dry_run:
+                return _show_plan(plan, as_json)
+            if (plan.cuts or plan.moves) and not yes:
+                confirm_or_refuse(
+                    "recover",
+                    f"cut {counted(plan.bytes_cut, 'byte')} and move "
+                    f"{counted(len(plan.moves), 'file')} to quarantine "
+                    f"(the log ends at {plan.log_end:,})",
+                )
+            if not no_check:
+                held.callback(opened.keep_lock().release)
+            total = max(1, plan.log_end - opened.commitlog.min_offset)
+            with progress_bar("dispatching", total, not no_progress) as update:
+                result = apply_recovery(opened, plan, progress=_relative(opened, update))
+        abort_removed = not opened.aborted
+        for text in opened.notes:
+            note(text)
+        for problem in [*plan.warnings, *result.dispatch.problems]:
+            warn(problem)
+        for offset in plan.offsets_past_end:
+            warn(offset.describe())
+        remaining = None
         if not no_check:
-            held.callback(opened.keep_lock().release)
-        total = max(1, plan.log_end - opened.commitlog.min_offset)
-        with progress_bar("dispatching", total, not no_progress) as update:
-            result = apply_recovery(opened, plan, progress=_relative(opened, update))
-    abort_removed = not opened.aborted
-    for text in opened.notes:
-        note(text)
-    for problem in [*plan.warnings, *result.dispatch.problems]:
-        warn(problem)
-    for offset in plan.offsets_past_end:
-        warn(offset.describe())
-    remaining = None
-    if not no_check:
-        with Store.open_read(store, config) as checked:
-            remaining = verify_store(checked, VerifyOptions(max_findings=100))
-        if not remaining.ok:
-            kinds = ", ".join(f"{k}: {v}" for k, v in sorted(remaining.counts.items()))
-            step = remaining.next_step(str(store))
-            warn(
-                f"after recovery, verify still finds {kinds}; next step: "
-                + (step or f"{remaining.no_step_reason()} (rmqstore verify says more)")
-            )
+            with Store.open_read(store, config) as checked:
+                remaining = verify_store(checked, VerifyOptions(max_findings=100))
+            if not remaining.ok:
+                kinds = ", ".join(f"{k}: {v}" for k, v in sorted(remaining.counts.items()))
+                step = remaining.next_step(str(store))
+                warn(
+                    f"after recovery, verify still finds {kinds}; next step: "
+                    + (step or f"{remaining.no_step_reason()} (rmqstore verify says more)")
+                )
     if as_json:
         after = None
         if remaining is not None:
