@@ -57,8 +57,8 @@ def test_the_check_after_recovery_reads_the_store_before_another_writer_may_take
 ) -> None:
     """recover keeps the store's lock until its check has read what it left: an append
     another process starts then is refused (exit 3), and the check reports the recovery's
-    own result. The lock was released before the check: such an append got in, and the
-    check reported its messages (not dispatched) as problems of the recovery, exit 1."""
+    own result. recover used to let the lock go before its check: such an append got in,
+    and the check reported its messages (not dispatched) as problems of the recovery."""
     import subprocess
     import sys
 

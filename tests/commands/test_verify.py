@@ -124,10 +124,10 @@ def _verify_json(store: Path, *options: str) -> tuple[int, dict]:
 def test_a_store_a_writer_takes_while_verify_runs_names_verify_again_as_the_next_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The store's lock was free when verify began; an append then wrote a record
-    (another process, here as verify's pass reads the log): verify says the store changed
-    and names no repair (a record half written would read as a torn tail, for recover to
-    cut), but verify again."""
+    """The store's lock was free when verify began; an append then wrote a record (here
+    run in verify's own process as its pass reads the log, as one of another process
+    would): verify says the store changed and names no repair (a record half written would
+    read as a torn tail, for recover to cut), but verify again."""
     import contextlib
 
     from rmqstore.commands import verify
