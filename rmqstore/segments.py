@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
-from rmqstore.errors import StoreFormatError, StoreIOError
+from rmqstore.errors import StoreFormatError, StoreIOError, read_failure
 
 SEGMENT_NAME_DIGITS = 20
 # A record a writer is copying in can already pass the checks with its tail still zeros (its
@@ -109,7 +109,7 @@ class SegmentQueue:
             except FileNotFoundError:
                 continue  # deleted since the listing (a broker's retention): not there
             except OSError as exc:
-                raise StoreIOError(f"cannot read {entry.path}: {exc.strerror}") from None
+                raise read_failure(entry.path, exc) from None
             if entry.is_symlink():
                 queue.links.append(Path(entry.path))
             elif status.st_nlink > 1:

@@ -55,7 +55,7 @@ from rmqstore.geometry import (
     resolve_geometry,
 )
 from rmqstore.hosts import DEFAULT_STORE_HOST, HostAddress, parse_host
-from rmqstore.indexfile import IndexService
+from rmqstore.indexfile import IndexService, is_index_name
 from rmqstore.kernel.layout import (
     PHYSICAL_OFFSET,
     PROPERTIES_AT,
@@ -435,7 +435,9 @@ class Store:
         segments = self.commitlog.segments
         if segments:
             paths.append(segments[-1].path)
-        index_files = [entry.name for entry in _entries(self.index_dir) if entry.name.isdigit()]
+        index_files = [
+            entry.name for entry in _entries(self.index_dir) if is_index_name(entry.name)
+        ]
         if index_files:
             paths.append(self.index_dir / max(index_files))
         marks: list[Any] = []
