@@ -116,8 +116,8 @@ _TABLE_CHUNK = 100
     default=0,
     metavar="TIME",
     help="Only messages stored at or after TIME (epoch ms, ISO-8601 or "
-    "yyyy-MM-dd#HH:mm:ss:SSS, local time without a zone; with --key/--uniq-key the index "
-    "compares whole seconds).",
+    "yyyy-MM-dd#HH:mm:ss:SSS, local time without a zone, refused when the clocks went back "
+    "or forward over it; with --key/--uniq-key the index compares whole seconds).",
 )
 @click.option(
     "--end",

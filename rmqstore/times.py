@@ -38,11 +38,33 @@ def parse_store_time(text: str) -> int:
             "(2024-03-01T12:00:00[.123][Z|+08:00]) or yyyy-MM-dd#HH:mm:ss:SSS"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.astimezone()  # local time, as the shell's user means it
+        moment = _local(moment, text)  # local time, as the shell's user means it
     millis = round(moment.timestamp() * 1000)
     if millis < 0:
         raise InputError(f"{quoted(text)} is before 1970")
     return millis
+
+
+def _local(moment: datetime, text: str) -> datetime:
+    """``moment`` (a wall-clock time without a zone) in local time; refused when the local
+    clock showed it twice (the clocks went back over it: which instant is meant is not
+    known, and a range ending at the wrong one leaves out an hour of messages) or never
+    (they went forward over it)."""
+    first = moment.replace(fold=0).astimezone()
+    second = moment.replace(fold=1).astimezone()
+    if first == second:
+        return first
+    if datetime.fromtimestamp(first.timestamp()) == moment.replace(fold=0):
+        spec = "milliseconds" if moment.microsecond else "seconds"
+        offsets = " or ".join(instant.isoformat(timespec=spec) for instant in (first, second))
+        raise InputError(
+            f"{quoted(text)} happened twice in local time (the clocks went back over it): "
+            f"give its offset ({offsets}) or epoch milliseconds"
+        )
+    raise InputError(
+        f"{quoted(text)} never happened in local time (the clocks went forward over it): "
+        "give a time the clock showed, with its offset, or epoch milliseconds"
+    )
 
 
 def format_store_time(millis: int, *, utc: bool = False) -> str:

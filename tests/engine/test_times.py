@@ -14,10 +14,9 @@ from rmqstore.times import format_store_time, parse_store_time
 MOMENT = 1_709_294_400_123  # 2024-03-01T12:00:00.123Z
 
 
-@pytest.fixture
-def shanghai():  # type: ignore[no-untyped-def]
+def in_zone(zone: str):  # type: ignore[no-untyped-def]
     saved = os.environ.get("TZ")
-    os.environ["TZ"] = "Asia/Shanghai"
+    os.environ["TZ"] = zone
     time.tzset()
     yield
     if saved is None:
@@ -25,6 +24,16 @@ def shanghai():  # type: ignore[no-untyped-def]
     else:
         os.environ["TZ"] = saved
     time.tzset()
+
+
+@pytest.fixture
+def shanghai():  # type: ignore[no-untyped-def]
+    yield from in_zone("Asia/Shanghai")
+
+
+@pytest.fixture
+def berlin():  # type: ignore[no-untyped-def]
+    yield from in_zone("Europe/Berlin")
 
 
 def test_every_form_names_the_same_moment(shanghai) -> None:  # type: ignore[no-untyped-def]
@@ -64,3 +73,23 @@ def test_times_in_a_row_and_at_the_ends(shanghai) -> None:  # type: ignore[no-un
 def test_not_a_time(text: str) -> None:
     with pytest.raises(InputError, match="is not a time"):
         parse_store_time(text)
+
+
+@pytest.mark.parametrize("form", ["2026-10-25T02:30", "2026-10-25#02:30:00:000"])
+def test_a_local_time_the_clock_showed_twice_is_refused(berlin, form: str) -> None:  # type: ignore[no-untyped-def]
+    """Berlin's clocks went back from 03:00 to 02:00 on 2026-10-25: 02:30 was shown at
+    00:30Z and again at 01:30Z. Taking either silently would let a range ending there
+    leave out an hour of messages; the error names both, with their offsets, which parse."""
+    with pytest.raises(InputError, match="happened twice in local time") as refused:
+        parse_store_time(form)
+    assert "2026-10-25T02:30:00+02:00 or 2026-10-25T02:30:00+01:00" in str(refused.value)
+    assert parse_store_time("2026-10-25T02:30:00+02:00") == 1_792_888_200_000
+    assert parse_store_time("2026-10-25T02:30:00+01:00") == 1_792_891_800_000
+    assert parse_store_time("2026-10-25T03:30") == 1_792_895_400_000  # once: +01:00
+
+
+def test_a_local_time_the_clock_never_showed_is_refused(berlin) -> None:  # type: ignore[no-untyped-def]
+    """On 2026-03-29 Berlin's clocks went forward from 02:00 to 03:00."""
+    with pytest.raises(InputError, match="never happened in local time"):
+        parse_store_time("2026-03-29T02:30:00.250")
+    assert parse_store_time("2026-03-29T01:59:59.999") + 1 == parse_store_time("2026-03-29T03:00")
