@@ -182,7 +182,8 @@ RANGE_JOBS_HELP = (
 
 
 class StoreTime(click.ParamType):
-    """A store time: epoch milliseconds, ISO-8601, or mqadmin's yyyy-MM-dd#HH:mm:ss:SSS."""
+    """A store time: epoch milliseconds, ISO-8601, mqadmin's yyyy-MM-dd#HH:mm:ss:SSS, or a
+    time as rmqstore shows one (see :func:`rmqstore.times.parse_store_time`)."""
 
     name = "time"
 

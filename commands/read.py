@@ -115,9 +115,10 @@ _TABLE_CHUNK = 100
     type=STORE_TIME,
     default=0,
     metavar="TIME",
-    help="Only messages stored at or after TIME (epoch ms, ISO-8601 or "
-    "yyyy-MM-dd#HH:mm:ss:SSS, local time without a zone, refused when the clocks went back "
-    "or forward over it; with --key/--uniq-key the index compares whole seconds).",
+    help="Only messages stored at or after TIME (epoch ms, ISO-8601, "
+    "yyyy-MM-dd#HH:mm:ss:SSS or as rmqstore shows times; local time without a zone, refused "
+    "when the clocks went back or forward over it; with --key/--uniq-key the index compares "
+    "whole seconds).",
 )
 @click.option(
     "--end",
@@ -144,8 +145,8 @@ _TABLE_CHUNK = 100
     "timestamp",
     type=STORE_TIME,
     metavar="TIME",
-    help="With --topic/--queue: the queue offset for this store time (epoch ms, ISO-8601 or "
-    "yyyy-MM-dd#HH:mm:ss:SSS), and its message.",
+    help="With --topic/--queue: the queue offset for this store time (as --begin takes it), "
+    "and its message.",
 )
 @click.option(
     "--time-rule",

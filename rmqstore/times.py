@@ -11,6 +11,9 @@ from rmqstore.errors import InputError
 from rmqstore.wording import quoted
 
 _MQADMIN = re.compile(r"(\d{4})-(\d{2})-(\d{2})#(\d{2}):(\d{2}):(\d{2}):(\d{3})")
+# a time as rmqstore shows it (format_store_time), so one can be copied from a read into
+# --begin: the zone after a space, +0800 or UTC
+_SHOWN = re.compile(r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{3})?) (UTC|[+-]\d{4})")
 
 
 _LONG_MAX = 2**63 - 1  # a Java long: what a record's timestamps hold
@@ -18,8 +21,9 @@ _LONG_MAX = 2**63 - 1  # a Java long: what a record's timestamps hold
 
 def parse_store_time(text: str) -> int:
     """Epoch milliseconds from ``text``: digits (epoch ms), ISO-8601 (``2024-03-01T12:00:00``,
-    with ``Z`` or ``+08:00``; without a zone, local time) or mqadmin's
-    ``2024-03-01#12:00:00:000`` (local time, as mqadmin reads it)."""
+    with ``Z`` or ``+08:00``; without a zone, local time), mqadmin's
+    ``2024-03-01#12:00:00:000`` (local time, as mqadmin reads it) or a time as rmqstore
+    shows one (``2024-03-01 12:00:00.000 +0800``, or ``UTC``)."""
     value = text.strip()
     if value.isascii() and value.isdigit():
         if int(value) > _LONG_MAX:
@@ -31,11 +35,16 @@ def parse_store_time(text: str) -> int:
             year, month, day, hour, minute, second, millis = (int(p) for p in matched.groups())
             moment = datetime(year, month, day, hour, minute, second, millis * 1000)
         else:
+            shown = _SHOWN.fullmatch(value)
+            if shown:
+                wall, zone = shown.groups()
+                value = wall + ("+00:00" if zone == "UTC" else zone)
             moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise InputError(
             f"{quoted(text)} is not a time: give epoch milliseconds, ISO-8601 "
-            "(2024-03-01T12:00:00[.123][Z|+08:00]) or yyyy-MM-dd#HH:mm:ss:SSS"
+            "(2024-03-01T12:00:00[.123][Z|+08:00]), yyyy-MM-dd#HH:mm:ss:SSS or a time as "
+            "rmqstore shows one (2024-03-01 12:00:00.123 +0800)"
         ) from None
     if moment.tzinfo is None:
         moment = _local(moment, text)  # local time, as the shell's user means it

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -467,6 +468,12 @@ def test_times_in_any_form_and_shown_with_their_zone(oracle) -> None:
     assert last_long.exit_code == 0, last_long.stderr
     shown = run_cli("--utc", "read", store, "--offset", str(first["commitLogOffset"]))
     assert " UTC" in shown.stdout
+    # a time as a read shows it, copied into --time as it is
+    (copied,) = re.findall(r"storeTimestamp +\d+ \((.+ UTC)\)", shown.stdout)
+    by_copy = run_cli("read", store, "--topic", first["topic"], "--queue",
+                      str(first["queueId"]), "--time", copied, "--json")  # fmt: skip
+    assert by_copy.exit_code == 0, by_copy.stderr
+    assert json.loads(by_copy.stdout) == json.loads(by_ms.stdout)
 
 
 def test_a_whole_topic_filtered_by_tags_and_time(oracle) -> None:

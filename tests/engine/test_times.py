@@ -93,3 +93,16 @@ def test_a_local_time_the_clock_never_showed_is_refused(berlin) -> None:  # type
     with pytest.raises(InputError, match="never happened in local time"):
         parse_store_time("2026-03-29T02:30:00.250")
     assert parse_store_time("2026-03-29T01:59:59.999") + 1 == parse_store_time("2026-03-29T03:00")
+
+
+@pytest.mark.parametrize("utc", [False, True])
+def test_a_time_as_shown_is_taken_back(shanghai, utc: bool) -> None:  # type: ignore[no-untyped-def]
+    """What read, info and stats show can be copied into --begin/--end as it is."""
+    for millis in (MOMENT, 1_700_086_401_000):
+        shown = format_store_time(millis, utc=utc)
+        assert shown.endswith(" UTC" if utc else " +0800")
+        assert parse_store_time(shown) == millis, shown
+    assert parse_store_time("2024-03-01 12:00:00 -0130") == MOMENT - 123 + 5_400_000
+    for almost in ("2024-03-01 12:00:00.123 CET", "2024-03-01 12:00:00.123  +0800"):
+        with pytest.raises(InputError, match="is not a time"):
+            parse_store_time(almost)
