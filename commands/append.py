@@ -21,6 +21,7 @@ from rmqstore.batch import (
     read_lines,
 )
 from rmqstore.commands.options import (
+    Number,
     json_option,
     jsonl_option,
     refuse_empty,
@@ -64,7 +65,7 @@ def _parse_property(
 @click.option(
     "--queue",
     "queue_id",
-    type=click.IntRange(0, (1 << 31) - 1),
+    type=Number(0, (1 << 31) - 1),
     default=0,
     show_default=True,
     help="Queue id.",
@@ -81,7 +82,7 @@ def _parse_property(
 )
 @click.option(
     "--flag",
-    type=click.IntRange(-(1 << 31), (1 << 31) - 1),
+    type=Number(-(1 << 31), (1 << 31) - 1),
     default=0,
     help="The producer's flag int.",
 )
@@ -119,7 +120,7 @@ def _parse_property(
 )
 @click.option(
     "--prepared-offset",
-    type=click.IntRange(0, (1 << 63) - 1),
+    type=Number(0, (1 << 63) - 1),
     default=0,
     help="preparedTransactionOffset (commit/rollback of a half message).",
 )
@@ -134,20 +135,20 @@ def _parse_property(
 )
 @click.option(
     "--flush-interval",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="MS",
     help="ASYNC_FLUSH: how often to flush (flushIntervalCommitLog, default 500).",
 )
 @click.option(
     "--flush-least-pages",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="N",
     help="ASYNC_FLUSH: flush only when N 4 KiB pages are dirty (flushCommitLogLeastPages, "
     "default 4).",
 )
 @click.option(
     "--flush-thorough-interval",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="MS",
     help="ASYNC_FLUSH: flush whatever is dirty this often (flushCommitLogThoroughInterval, "
     "default 10000).",
@@ -162,14 +163,14 @@ def _parse_property(
 )
 @click.option(
     "--commit-interval",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="MS",
     help="Transient store pool: how often staged records are written (commitIntervalCommitLog, "
     "default 200).",
 )
 @click.option(
     "--commit-least-pages",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="N",
     help="Transient store pool: write only when N pages are staged (commitCommitLogLeastPages, "
     "default 4; all of them every commitCommitLogThoroughInterval, default 200 ms).",
@@ -212,7 +213,7 @@ def _parse_property(
 )
 @click.option(
     "--compress-over",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="BYTES",
     help="Compress each body of at least BYTES with zlib and set the COMPRESSED flag, as a "
     "producer does over compressMsgBodyOverHowmuch (4.x default 4096); read --decompress "

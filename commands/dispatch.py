@@ -9,6 +9,7 @@ import click
 
 from rmqstore.commands.options import (
     EngineChoice,
+    Number,
     engine_options,
     jobs_option,
     json_option,
@@ -60,7 +61,7 @@ from rmqstore.store import Store
 )
 @click.option(
     "--from-offset",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="N",
     help="Replay from this record offset instead of where the queues and index end "
     "(what is already there is skipped, as a broker does; exit 2 when no record starts at N "
@@ -73,7 +74,7 @@ from rmqstore.store import Store
 )
 @click.option(
     "--max-records",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="N",
     help="Stop after N records (resume later by running dispatch again); after a crash, "
     "the records it puts again before where the queues end do not count.",

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from rmqstore.commands.options import GivenPath, store_config_options
+from rmqstore.commands.options import GivenPath, Number, store_config_options
 from rmqstore.commands.output import document_json, format_millis, json_text, shown
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
@@ -47,7 +47,7 @@ _A_FILE_OF = {
 @click.option("--slots", "with_slots", is_flag=True, help="Index file: list the non-empty slots.")
 @click.option(
     "--count",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="K",
     help="Stop after K items (records, units or entries).",
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rmqstore.commands.options import GivenPath, jobs_option, json_option, progress_option
+from rmqstore.commands.options import GivenPath, Number, jobs_option, json_option, progress_option
 from rmqstore.commands.output import (
     Grid,
     Styled,
@@ -81,14 +81,14 @@ def list_command(as_json: bool) -> int:
 @click.argument("out", type=GivenPath(path_type=Path), metavar="OUT")
 @click.option(
     "--seed",
-    type=click.IntRange(min=0, max=MAX_SEED),
+    type=Number(min=0, max=MAX_SEED),
     default=1,
     show_default=True,
     help="Seed for everything random: bodies, keys, hosts, times (a day later per seed), damage.",
 )
 @click.option(
     "--messages",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="N",
     help="How many messages (default: the scenario's own count); refused when their records "
     "alone would not fit in OUT's free space, and above 100,000 for a damaged scenario. A "
@@ -104,25 +104,25 @@ def list_command(as_json: bool) -> int:
 )
 @click.option(
     "--commitlog-file-size",
-    type=click.IntRange(min=SMALLEST_COMMITLOG_FILE_SIZE, max=JAVA_INT_MAX),
+    type=Number(min=SMALLEST_COMMITLOG_FILE_SIZE, max=JAVA_INT_MAX),
     metavar="BYTES",
     help="Commit-log file size (default: the scenario's).",
 )
 @click.option(
     "--consumequeue-file-size",
-    type=click.IntRange(min=20, max=LARGEST_CONSUMEQUEUE_FILE_SIZE),
+    type=Number(min=20, max=LARGEST_CONSUMEQUEUE_FILE_SIZE),
     metavar="BYTES",
     help="Consume-queue file size (default: the scenario's).",
 )
 @click.option(
     "--index-slots",
-    type=click.IntRange(min=SMALLEST_INDEX_SLOTS, max=JAVA_INT_MAX),
+    type=Number(min=SMALLEST_INDEX_SLOTS, max=JAVA_INT_MAX),
     metavar="N",
     help="Index hash slots per file (default: the scenario's).",
 )
 @click.option(
     "--index-entries",
-    type=click.IntRange(min=SMALLEST_INDEX_ENTRIES, max=JAVA_INT_MAX),
+    type=Number(min=SMALLEST_INDEX_ENTRIES, max=JAVA_INT_MAX),
     metavar="N",
     help="Index entries per file (default: the scenario's).",
 )

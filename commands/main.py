@@ -177,7 +177,9 @@ def cli(utc: bool, progress: bool) -> None:
     made with cp -al shares its bytes with the store it was made from): refused, exit 2.
     A command raises its soft open-file limit (ulimit -n) to the hard one, and keeps within
     it: past half of it, consume-queue files are mapped again as they are written, and past
-    an eighth of it (64 at most) index files are opened again as they are read.
+    an eighth of it (64 at most) index files are opened again as they are read. Options
+    take numbers and times as rmqstore shows them too (1,073,741,824; 2024-03-01
+    12:00:00.123 +0800), so they can be copied from its output.
 
     Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
     not a store, corrupt or unreadable input, aborted at a prompt, --engine spark without

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,20 @@ from rmqstore.topics import check_topic_path_safe
 F = Callable[..., Any]
 
 _EMPTY = "is empty (an unset variable?): give a path; . names the current directory"
+
+
+_DIGIT_GROUPS = re.compile(r"-?\d{1,3}(?:,\d{3})+")
+
+
+class Number(click.IntRange):
+    """An integer option in a range that also takes a number written as rmqstore shows
+    numbers, in groups of three digits (``1,073,741,824``), so a size or an offset copied
+    from ``info`` or ``stats`` goes back into an option as it is."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and _DIGIT_GROUPS.fullmatch(value.strip()):
+            value = value.replace(",", "")
+        return super().convert(value, param, ctx)
 
 
 class GivenPath(click.Path):
@@ -103,27 +118,27 @@ _CONFIG_OPTIONS = [
     ),
     click.option(
         "--commitlog-file-size",
-        type=click.IntRange(min=SMALLEST_COMMITLOG_FILE_SIZE, max=JAVA_INT_MAX),
+        type=Number(min=SMALLEST_COMMITLOG_FILE_SIZE, max=JAVA_INT_MAX),
         metavar="BYTES",
         help="Commit-log file size (mappedFileSizeCommitLog); default: the size of "
         "the existing files, else 1073741824.",
     ),
     click.option(
         "--consumequeue-file-size",
-        type=click.IntRange(min=20, max=LARGEST_CONSUMEQUEUE_FILE_SIZE),
+        type=Number(min=20, max=LARGEST_CONSUMEQUEUE_FILE_SIZE),
         metavar="BYTES",
         help="Consume-queue file size (mappedFileSizeConsumeQueue), rounded up to a "
         "multiple of 20; default: existing files, else 6000000.",
     ),
     click.option(
         "--index-slots",
-        type=click.IntRange(min=SMALLEST_INDEX_SLOTS, max=JAVA_INT_MAX),
+        type=Number(min=SMALLEST_INDEX_SLOTS, max=JAVA_INT_MAX),
         metavar="N",
         help="Index hash slots per file (maxHashSlotNum); default 5000000.",
     ),
     click.option(
         "--index-entries",
-        type=click.IntRange(min=SMALLEST_INDEX_ENTRIES, max=JAVA_INT_MAX),
+        type=Number(min=SMALLEST_INDEX_ENTRIES, max=JAVA_INT_MAX),
         metavar="N",
         help="Index entries per file (maxIndexNum); default 20000000.",
     ),
@@ -207,7 +222,7 @@ def jobs_option(help_text: str = RANGE_JOBS_HELP) -> Callable[[F], F]:
     CPUs this process may use is lowered to them, with a note."""
     return click.option(
         "--jobs",
-        type=click.IntRange(min=1),
+        type=Number(min=1),
         default=1,
         show_default=True,
         metavar="N",
@@ -287,7 +302,7 @@ def engine_options(default: str) -> Callable[[F], F]:
             ),
             click.option(
                 "--split-size",
-                type=click.IntRange(min=SMALLEST_SPLIT_SIZE),
+                type=Number(min=SMALLEST_SPLIT_SIZE),
                 default=32 * 1024 * 1024,
                 show_default=True,
                 metavar="BYTES",

@@ -11,6 +11,7 @@ import click
 
 from rmqstore.commands.options import (
     STORE_TIME,
+    Number,
     json_option,
     jsonl_option,
     progress_option,
@@ -53,7 +54,7 @@ _TABLE_CHUNK = 100
 @store_argument
 @click.option(
     "--offset",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="N",
     help="The message starting at commit-log (physical) offset N.",
 )
@@ -65,7 +66,7 @@ _TABLE_CHUNK = 100
 )
 @click.option(
     "--from-offset",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="N",
     help="Read sequentially from the record starting at physical offset N.",
 )
@@ -82,18 +83,18 @@ _TABLE_CHUNK = 100
     "topic to search.",
 )
 @click.option(
-    "--queue", "queue_id", type=click.IntRange(min=0), metavar="Q", help="Queue id (with --topic)."
+    "--queue", "queue_id", type=Number(min=0), metavar="Q", help="Queue id (with --topic)."
 )
 @click.option(
     "--from",
     "queue_from",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="N",
     help="With --topic/--queue: start at queue offset N (default: the min offset).",
 )
 @click.option(
     "--count",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     metavar="K",
     help="With --from-offset or --topic/--queue: at most K messages.",
 )
@@ -135,7 +136,7 @@ _TABLE_CHUNK = 100
 @click.option(
     "--max",
     "max_results",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     default=MAX_QUERY_RESULTS,
     show_default=True,
     help="With --key/--uniq-key: at most N index hits (the broker caps it at 64).",

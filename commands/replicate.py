@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from rmqstore.commands.options import GivenPath, json_option, refuse_empty, store_config_options
+from rmqstore.commands.options import (
+    GivenPath,
+    Number,
+    json_option,
+    refuse_empty,
+    store_config_options,
+)
 from rmqstore.commands.output import console, counted, emit_json, fields_grid, json_text, note
 from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
@@ -28,7 +34,7 @@ HA_SCHEME = "ha://"
 )
 @click.option(
     "--interval",
-    type=click.IntRange(min=10),
+    type=Number(min=10),
     default=1000,
     show_default=True,
     metavar="MS",
@@ -36,7 +42,7 @@ HA_SCHEME = "ha://"
 )
 @click.option(
     "--until",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="OFFSET",
     help="Copy only the records that end by this commit-log offset (with --follow: stop "
     "once DEST holds them all).",

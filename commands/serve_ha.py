@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rmqstore.commands.options import store_argument, store_config_options
+from rmqstore.commands.options import Number, store_argument, store_config_options
 from rmqstore.commands.output import note
 from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
@@ -34,7 +34,7 @@ from rmqstore.store import Store
 )
 @click.option(
     "--batch",
-    type=click.IntRange(min=1, max=4 * 1024 * 1024 - 1),
+    type=Number(min=1, max=4 * 1024 * 1024 - 1),
     default=BATCH,
     show_default=True,
     metavar="BYTES",
@@ -42,7 +42,7 @@ from rmqstore.store import Store
 )
 @click.option(
     "--max-slaves",
-    type=click.IntRange(min=1, max=4096),
+    type=Number(min=1, max=4096),
     default=MAX_SLAVES,
     show_default=True,
     metavar="N",

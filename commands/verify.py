@@ -8,6 +8,7 @@ import click
 
 from rmqstore.commands.options import (
     EngineChoice,
+    Number,
     engine_options,
     jobs_option,
     json_option,
@@ -128,14 +129,14 @@ _HELP = (
 )
 @click.option(
     "--from-offset",
-    type=click.IntRange(min=0),
+    type=Number(min=0),
     metavar="N",
     help="Start the record checks at the record at physical offset N (exit 2 when none "
     "starts there; from the log's end, nothing is left to check).",
 )
 @click.option(
     "--max-findings",
-    type=click.IntRange(min=1),
+    type=Number(min=1),
     default=1000,
     show_default=True,
     metavar="N",

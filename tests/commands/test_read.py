@@ -813,3 +813,26 @@ def test_a_key_look_up_without_index_files_says_what_to_do(tmp_path: Path) -> No
     assert held.exit_code == 2
     assert "the store has no index files (another process holds its lock" in held.stderr
     assert "run rmqstore dispatch" not in held.stderr
+
+
+def test_numbers_copied_from_info_go_back_into_options(tmp_path: Path) -> None:
+    """info shows offsets and sizes in groups of three digits (``16,384``); an option given
+    one takes it as the number, not as 'not a valid integer'."""
+    store = tmp_path / "store"
+    generate("basic", store)
+    shown = run_cli("info", store).stdout
+    (size,) = re.findall(r"commit log (\d{1,3}(?:,\d{3})+)", shown)
+    (end,) = re.findall(r"offsets +0 \.\. (\d{1,3}(?:,\d{3})+)", shown)
+    assert run_cli("verify", store, "--commitlog-file-size", size).exit_code == 0
+    at_end = run_cli("read", store, "--from-offset", end, "--jsonl")
+    assert at_end.exit_code == 0 and at_end.stdout == ""
+    last = json.loads(
+        run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.splitlines()[-1]
+    )
+    assert last["commitLogOffset"] >= 1000
+    grouped = f"{last['commitLogOffset']:,}"
+    by_grouped = run_cli("read", store, "--offset", grouped, "--json")
+    assert by_grouped.exit_code == 0 and json.loads(by_grouped.stdout) == last
+    for wrong in ("1,0", "10,00", "1,000,", ",100"):  # not groups of three: refused as before
+        refused = run_cli("read", store, "--offset", wrong)
+        assert refused.exit_code == 2 and "is not a valid integer" in refused.stderr, wrong
