@@ -4,8 +4,14 @@ engine gives (the same findings, byte-identical files)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -26,6 +32,7 @@ from rmqstore.verify import VerifyOptions, verify_store
 from support import (
     ORACLE_CONFIG,
     ORACLE_OPTIONS,
+    TEST_JVM_OPTIONS,
     check_against_broker,
     parquet_rows,
     run_cli,
@@ -353,3 +360,78 @@ def test_a_failed_jobs_error_is_one_line_without_javas_class_names() -> None:
     with pytest.raises(SparkUnavailable) as raised:
         spark_errors(fails)()
     assert str(raised.value) == "the Spark job failed: Job aborted due to stage failure: lost"
+
+
+# an export whose executor sends ``SIGNAL`` to the command's process group once it has
+# written a part file, as a terminal closing (SIGHUP) or a service manager stopping a unit
+# (SIGTERM) reaches the command and its JVM together (PySpark's daemon, which starts the
+# Python workers, puts itself and them in a group of their own)
+SIGNALLED_SPARK_EXPORT = """
+import os, signal, sys
+import rmqstore.pipeline.local as local
+from rmqstore.commands.main import main
+os.environ["COMMAND_GROUP"] = str(os.getpgrp())  # the JVM, and its workers, inherit it
+exported = local.export_range
+def export_range(*args):  # defined here, so Spark ships it to the executors by value
+    result = exported(*args)
+    try:  # once: the first part file's worker
+        os.close(os.open(os.environ["FIRST_PART_MARK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return result
+    os.killpg(int(os.environ["COMMAND_GROUP"]), signal.SIGNAL)
+    return result
+local.export_range = export_range
+sys.argv = ["rmqstore", "export", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "said"),
+    [
+        ("SIGHUP", 129, "hung up (SIGHUP)"),
+        ("SIGTERM", 143, "terminated (SIGTERM)"),
+        ("SIGINT", 130, "interrupted"),
+    ],
+)
+def test_a_signal_to_the_commands_group_stops_a_spark_export_in_one_line(
+    tmp_path: Path, name: str, code: int, said: str
+) -> None:
+    """The command stops as on the signal alone (its one line, its exit code, nothing of the
+    export left), whatever its JVM, which got it too (but SIGINT, which PySpark starts it
+    ignoring), prints as it goes: no py4j or Java text on stderr, and no process of the
+    session left running, the JVM's Python workers included."""
+    store = tmp_path / "store"
+    generate("multi", store, FixtureOptions(messages=3000))
+    out = tmp_path / "exports" / "out"
+    out.parent.mkdir()
+    script = SIGNALLED_SPARK_EXPORT.replace("SIGNAL", name)
+    command = [sys.executable, "-c", script, str(store), "--engine", "spark", "--to", str(out),
+               "--split-size", "65536", "--spark-conf",
+               f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}"]  # fmt: skip
+    done = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job has
+        env={**os.environ, "FIRST_PART_MARK": str(tmp_path / "signalled")},
+    )
+    try:
+        _, stderr = done.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(done.pid, signal.SIGKILL)
+    assert done.returncode == code, stderr
+    assert stderr.strip() == f"rmqstore: error: {said}"
+    assert list(out.parent.iterdir()) == []
+    left = []
+    for _ in range(100):  # the JVM's shutdown ends within moments of the command's
+        left = subprocess.run(
+            ["ps", "-o", "pid=,args=", "-s", str(done.pid)], capture_output=True, text=True
+        ).stdout.split("\n")
+        left = [line for line in left if line.strip()]
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == []
