@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from rmqstore import __version__, kernel
-from rmqstore.commands.signals import HungUp, Terminated, interrupt_on_sigterm
+from rmqstore.commands.signals import HungUp, Terminated, interrupt_on_sigterm, stop_listening
 from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError, context_of
 
 # the click context's ``obj`` when rmqstore's console script started the process (main()):
@@ -58,6 +58,10 @@ class RmqStoreGroup(click.Group):
             result = super().invoke(ctx)
         except click.exceptions.Exit:
             raise
+        except KeyboardInterrupt:  # SIGINT, SIGTERM, SIGHUP: no later one breaks into the exit
+            stop_listening()
+            _keep_spark_log()
+            return self._failed(ctx)
         except BaseException:
             _keep_spark_log()
             return self._failed(ctx)
@@ -188,7 +192,8 @@ def cli(utc: bool, progress: bool) -> None:
     while it reported what it stored, or an HA peer that broke the protocol or went away);
     70 internal error; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP
     (its terminal or ssh session gone; not under nohup): stopped where it was, as on an
-    error.
+    error; another of these signals while it stops is ignored (Ctrl-\\ or kill -9 end it at
+    once).
     """
     from rmqstore.commands import output
 

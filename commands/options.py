@@ -365,10 +365,13 @@ class EngineChoice:
 
     def session(self) -> Any:
         """Start (or reuse) the Spark session; a one-line error when it cannot start."""
+        from rmqstore.commands.signals import keep_first_stop_only
         from rmqstore.spark import parse_conf, spark_session
 
         quiet_root_logger()
-        return spark_session(self.master, parse_conf(self.spark_conf))
+        session = spark_session(self.master, parse_conf(self.spark_conf))
+        keep_first_stop_only()  # PySpark's SIGINT handler, set as the session started
+        return session
 
 
 def quiet_root_logger() -> None:

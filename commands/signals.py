@@ -4,6 +4,7 @@ loops), and SIGTERM and SIGHUP as an interruption like Ctrl-C everywhere else.""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from typing import Any
 
 
@@ -53,11 +54,68 @@ def _hang_up(_number: int, _frame: Any) -> None:
     raise HungUp
 
 
+# whether a stop signal has been raised in this process: the command is on its way out
+_stopping = False
+
+
+def _first_only(stop: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
+    """``stop`` for the first SIGINT, SIGTERM or SIGHUP; any after it is ignored, so that a
+    second Ctrl-C (or a hangup after a SIGTERM) cannot break into what the first set going:
+    an export's folder being removed, a writer's group being rolled back, the interpreter
+    joining its threads. Ctrl-\\ (SIGQUIT) or kill -9 still end the process at once."""
+
+    def handler(number: int, frame: Any) -> Any:
+        if _stopping:
+            return None
+        stop_listening()
+        return stop(number, frame)
+
+    handler.first_only = True  # type: ignore[attr-defined]
+    return handler
+
+
 def interrupt_on_sigterm() -> None:
     """Make SIGTERM raise :class:`Terminated`, and SIGHUP :class:`HungUp`, in this process,
     each unless its handler is not the default one (the process was started with it
-    ignored, as nohup does SIGHUP, or something set its own). Only for the console
-    script's own process (not a program calling rmqstore)."""
-    for number, handler in ((signal.SIGTERM, _terminate), (signal.SIGHUP, _hang_up)):
-        if signal.getsignal(number) is signal.SIG_DFL:
-            signal.signal(number, handler)
+    ignored, as nohup does SIGHUP, or something set its own); SIGINT raises
+    KeyboardInterrupt as before (unless ignored, as in a job a script started with ``&``).
+    Only the first of them does: see :func:`_first_only`. Only for the console script's own
+    process (not a program calling rmqstore)."""
+    global _installed
+    for number, handler in (
+        (signal.SIGINT, signal.default_int_handler),
+        (signal.SIGTERM, _terminate),
+        (signal.SIGHUP, _hang_up),
+    ):
+        current = signal.getsignal(number)
+        if current is signal.SIG_DFL or (
+            number == signal.SIGINT and current is signal.default_int_handler
+        ):
+            signal.signal(number, _first_only(handler))
+    _installed = True
+
+
+_installed = False  # interrupt_on_sigterm ran: this is the console script's process
+
+
+def stop_listening() -> None:
+    """The command is stopping on a signal: SIGINT, SIGTERM and SIGHUP are ignored from now
+    on, by the kernel (the interpreter, as it ends, puts the default action back for the
+    signals it handles: one arriving then ended the process), in the console script's
+    process only. Also where the first one came through a handler not rmqstore's (PySpark's,
+    as a session starts)."""
+    global _stopping
+    if not _installed:
+        return
+    _stopping = True
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_IGN)
+
+
+def keep_first_stop_only() -> None:
+    """Once a library has set a SIGINT handler of its own (PySpark's cancels the running
+    jobs, then raises KeyboardInterrupt), keep it for the first stop signal only, as
+    :func:`interrupt_on_sigterm` set rmqstore's; in the console script's process only."""
+    current = signal.getsignal(signal.SIGINT)
+    if _installed and callable(current) and not getattr(current, "first_only", False):
+        signal.signal(signal.SIGINT, _first_only(current))

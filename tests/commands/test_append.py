@@ -941,3 +941,60 @@ def test_a_queue_missing_a_file_among_its_last_three_is_refused_until_rebuilt(
     assert json.loads(done.stdout)["messages"][0]["queueOffset"] == 251
     checked = json.loads(run_cli("verify", store, "--json", *ORACLE_OPTIONS).stdout)
     assert checked["ok"], checked["findings"]
+
+
+# an append stopped by FIRST once its first messages are in the log, and by SECOND again as
+# their rollback begins (Ctrl-C pressed twice, a hangup after a kill)
+STOPPED_TWICE_APPEND = """
+import os, signal, sys
+from rmqstore.batch import AppendJob
+from rmqstore.commitlog import CommitLogAppender
+from rmqstore.commands.main import main
+append, rollback = AppendJob._append, CommitLogAppender.rollback
+def append_then_stop(self, *args):
+    appended = append(self, *args)
+    os.kill(os.getpid(), signal.FIRST)
+    return appended
+def rollback_stopped_again(self, savepoint):
+    os.kill(os.getpid(), signal.SECOND)
+    return rollback(self, savepoint)
+AppendJob._append, CommitLogAppender.rollback = append_then_stop, rollback_stopped_again
+sys.argv = ["rmqstore", "append", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "code", "said"),
+    [
+        ("SIGINT", "SIGINT", 130, "interrupted"),
+        ("SIGTERM", "SIGINT", 143, "terminated (SIGTERM)"),
+        ("SIGHUP", "SIGTERM", 129, "hung up (SIGHUP)"),
+    ],
+)
+def test_a_second_signal_does_not_break_into_the_rollback_of_the_first(
+    tmp_path: Path, first: str, second: str, code: int, said: str
+) -> None:
+    """A second Ctrl-C (or any stop signal after the first) raised again inside the
+    rollback the first had begun: the unreported messages stayed in the log behind
+    'abort', the exit code was 1 with click's 'Aborted!' when it came before the error line,
+    and a traceback from the interpreter joining its threads when it came after. Only the
+    first now stops the command; the rollback ends, and so does the command, as on one."""
+    store = new_store(tmp_path)
+    before = tree_digest(store)
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(
+        "".join(json.dumps({"topic": "T", "body": f"m{n}"}) + "\n" for n in range(300))
+    )
+    script = STOPPED_TWICE_APPEND.replace("FIRST", first).replace("SECOND", second)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(store), "--input", str(messages), "--dispatch",
+         "--flush", "async", "--flush-interval", "600000", "--flush-thorough-interval", "600000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert done.stderr.strip() == f"rmqstore: error: {said}"
+    assert done.stdout == ""  # nothing was flushed, so nothing reported
+    assert tree_digest(store) == before
