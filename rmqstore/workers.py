@@ -105,11 +105,11 @@ def process_map(
         ) as pool:
             try:
                 while waiting and len(pending) < 2 * processes:
-                    pending.append(pool.submit(function, waiting.popleft()))
+                    pending.append(_submit(pool, function, waiting.popleft()))
                 while pending:
                     result = pending.popleft().result()
                     if waiting:
-                        pending.append(pool.submit(function, waiting.popleft()))
+                        pending.append(_submit(pool, function, waiting.popleft()))
                     yield result
             finally:
                 for future in pending:  # the caller stopped early: drop what has not started
@@ -121,12 +121,35 @@ def process_map(
         ) from None
 
 
+# the signals that stop a command: a worker leaves them to the process that started it
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+def _submit(pool: Any, function: Callable[[Any], Any], job: Any) -> Future:
+    """``pool.submit``, which starts a worker process when it needs one more: with the stop
+    signals blocked, so that the worker starts with them blocked (as multiprocessing starts
+    its resource tracker) until :func:`_start` has them ignored. A Ctrl-C reaching a worker
+    still importing its modules, or waiting for its next job, printed its traceback (a
+    dozen lines from each worker) beside the command's one line."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return pool.submit(function, job)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return pool.submit(function, job)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _start(parent: int, prepare: Callable[[], object] | None) -> None:
-    """A worker process's start: :func:`die_with_parent`, a hangup ignored (one of the
-    terminal's process group is the parent's to act on: it stops the command, and its
-    workers go with it), then ``prepare``."""
+    """A worker process's start: :func:`die_with_parent`; SIGINT, SIGTERM and SIGHUP ignored
+    (a Ctrl-C, a hangup or a stop of the whole process group is the parent's to act on: it
+    stops the command, lets the jobs running end and ends its workers; one that arrived
+    while the worker started is dropped), then ``prepare``."""
     die_with_parent(parent)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for number in _STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if prepare is not None:
         prepare()
 

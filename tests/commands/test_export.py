@@ -334,6 +334,56 @@ def test_a_hangup_of_the_process_group_stops_an_export_in_workers_in_one_line(
     assert list(out.parent.iterdir()) == []
 
 
+# Ctrl-C in the terminal: SIGINT to the whole process group, workers too, as soon as the
+# first worker process is started (still importing its modules) or once a part is written
+# (the workers between jobs, or in one)
+INTERRUPTED_GROUP_EXPORT = """
+import os, signal, sys
+import rmqstore.workers as workers
+from rmqstore.commands.main import main
+submit, submitted = workers._submit, []
+def interrupt_at_start(*args):
+    future = submit(*args)
+    submitted.append(future)
+    if len(submitted) == 1:
+        os.killpg(0, signal.SIGINT)
+    return future
+def interrupt_after_a_part(*args):
+    future = submit(*args)
+    submitted.append(future)
+    if len(submitted) == 5:  # the fifth job is handed out once the first is done
+        os.killpg(0, signal.SIGINT)
+    return future
+workers._submit = WHEN
+sys.argv = ["rmqstore", "export", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("when", ["interrupt_at_start", "interrupt_after_a_part"])
+def test_ctrl_c_to_the_process_group_stops_an_export_in_workers_in_one_line(
+    tmp_path: Path, when: str
+) -> None:
+    """Each worker process got the terminal's SIGINT too, and one still importing its
+    modules, or waiting for its next job, printed a KeyboardInterrupt traceback beside the
+    command's one line. Workers now ignore the stop signals: the command acts on them."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    out = tmp_path / "exports" / "out"
+    out.parent.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_GROUP_EXPORT.replace("WHEN", when), str(store),
+         "--engine", "local", "--to", str(out), "--split-size", "65536", "--jobs", "2"],
+        capture_output=True,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job has
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip() == "rmqstore: error: interrupted"
+    assert list(out.parent.iterdir()) == []
+
+
 KILLED_EXPORT = TERMINATED_EXPORT.replace("signal.SIGTERM", "signal.SIGKILL")
 
 
