@@ -29,7 +29,7 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import console, emit_json, note
+from rmqstore.commands.output import console, emit_json, note, write_whole_lines
 from rmqstore.commitlog import AppendResult
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
@@ -539,7 +539,7 @@ def _lines_style(as_json: bool, as_jsonl: bool) -> int | None:
 
 
 def _write_lines(block: bytes) -> None:
-    sys.stdout.buffer.write(block)
+    write_whole_lines(block)
 
 
 def _emitter(as_json: bool, results: list[dict]) -> Callable[[AppendResult, str | None], None]:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from rmqstore import __version__, kernel
-from rmqstore.commands.signals import HungUp, Terminated, interrupt_on_sigterm, stop_listening
+from rmqstore.commands.signals import interrupt_on_sigterm, stop_listening, stopped_by
 from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError, context_of
 
 # the click context's ``obj`` when rmqstore's console script started the process (main()):
@@ -95,15 +95,10 @@ class RmqStoreGroup(click.Group):
                 "(pip install 'rmqstore[spark]')"
             )
             ctx.exit(ExitCode.USAGE)
-        except HungUp as exc:
-            _error("hung up (SIGHUP)" + context_of(exc))
-            ctx.exit(129)
-        except Terminated as exc:
-            _error("terminated (SIGTERM)" + context_of(exc))
-            ctx.exit(143)
-        except KeyboardInterrupt as exc:
-            _error("interrupted" + context_of(exc))
-            ctx.exit(130)
+        except KeyboardInterrupt as exc:  # SIGINT; SIGTERM (Terminated), SIGHUP (HungUp)
+            said, code = stopped_by(exc)
+            _error(said + context_of(exc))
+            ctx.exit(code)
         except OSError as exc:
             detail = exc.strerror or str(exc)
             where = f" ({exc.filename})" if exc.filename else ""

@@ -100,16 +100,46 @@ _installed = False  # interrupt_on_sigterm ran: this is the console script's pro
 
 def stop_listening() -> None:
     """The command is stopping on a signal: SIGINT, SIGTERM and SIGHUP are ignored from now
-    on, by the kernel (the interpreter, as it ends, puts the default action back for the
-    signals it handles: one arriving then ended the process), in the console script's
-    process only. Also where the first one came through a handler not rmqstore's (PySpark's,
-    as a session starts)."""
+    on (and by the kernel once the Python code is done, :func:`_deaf`), in the console
+    script's process only. Also where the first one came through a handler not rmqstore's
+    (PySpark's, as a session starts)."""
     global _stopping
     if not _installed:
         return
+    if not _stopping:
+        import atexit
+
+        atexit.register(_deaf)
     _stopping = True
-    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # a handler that does nothing, not SIG_IGN: one of them that arrived just before, still
+    # pending, then found no handler, and Python wrote "Signal 15 ignored due to race
+    # condition" with a traceback on stderr
+    for number in _STOPS:
+        signal.signal(number, _ignore)
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _ignore(_number: int, _frame: Any) -> None:
+    """A stop signal after the first: nothing to do."""
+
+
+def _deaf() -> None:
+    """At exit, once the Python code is done: the stop signals ignored by the kernel, since
+    the interpreter, as it ends, puts the default action back for the signals it handles
+    (one arriving then ended the process, killed by it)."""
+    for number in _STOPS:
         signal.signal(number, signal.SIG_IGN)
+
+
+def stopped_by(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """What a command stopped by a signal says, and its exit code."""
+    if isinstance(exc, HungUp):
+        return "hung up (SIGHUP)", 129
+    if isinstance(exc, Terminated):
+        return "terminated (SIGTERM)", 143
+    return "interrupted", 130
 
 
 def keep_first_stop_only() -> None:

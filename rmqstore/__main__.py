@@ -1,6 +1,6 @@
 """``python -m rmqstore``: the command line."""
 
-from rmqstore.commands.main import main
+from rmqstore.commands.entry import main
 
 if __name__ == "__main__":  # not when a worker process imports it (spawn)
     main()

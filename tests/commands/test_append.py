@@ -7,8 +7,10 @@ import base64
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -998,3 +1000,51 @@ def test_a_second_signal_does_not_break_into_the_rollback_of_the_first(
     assert done.stderr.strip() == f"rmqstore: error: {said}"
     assert done.stdout == ""  # nothing was flushed, so nothing reported
     assert tree_digest(store) == before
+
+
+def test_a_signal_while_the_reader_lags_leaves_whole_report_lines(tmp_path: Path) -> None:
+    """Ctrl-C while the report of a large group waits for a reader that lags (the pipe full):
+    the report written through stdout's buffer was cut part way through a write, and its
+    last line was half a message; it is now written a pipe's atomic size at a time, in whole
+    lines, and each line it holds names a message the store holds."""
+    store = new_store(tmp_path)
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(
+        "".join(json.dumps({"topic": "T", "body": f"m{n}"}) + "\n" for n in range(3000))
+    )
+    appending = subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "append", str(store), "--input", str(messages),
+         "--jsonl", "--flush", "async", "--flush-interval", "600000",
+         "--flush-thorough-interval", "600000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+    def wait_for_room() -> None:  # until it waits for room in the pipe
+        waiting = ""
+        for _ in range(1200):
+            waiting = Path(f"/proc/{appending.pid}/wchan").read_text()
+            if "pipe" in waiting:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"not waiting to write: {waiting}")
+
+    try:
+        wait_for_room()  # the pipe full (its report is 500 KB)
+        assert appending.stdout is not None
+        first = os.read(appending.stdout.fileno(), 10_000)  # the reader takes a little
+        wait_for_room()  # and the write goes on part way, until the pipe is full again
+        appending.send_signal(signal.SIGINT)
+        out, err = appending.communicate(timeout=60)
+        out = first + out
+    finally:
+        if appending.poll() is None:
+            appending.kill()
+    assert appending.returncode == 130, err
+    assert err.decode().strip() == "rmqstore: error: interrupted"
+    assert out.endswith(b"\n")
+    reported = [json.loads(line)["msgId"] for line in out.splitlines()]
+    assert 0 < len(reported) < 3000
+    read = run_cli("read", store, "--from-offset", "0", "--jsonl", "--body", "none")
+    held = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
+    assert set(reported) <= held

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,52 @@ def test_what_py4j_logs_of_an_interruption_stays_off_stderr() -> None:
     loud = script.replace("quiet_root_logger()\n", "")  # as it was
     said = subprocess.run([sys.executable, "-c", loud], capture_output=True, text=True)
     assert "Traceback" in said.stderr
+
+
+# a stop signal as the command line's modules begin to load (the first tenth of a second)
+STOPPED_WHILE_LOADING = """
+import importlib.abc, os, signal, sys
+class StopOnLoad(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "rmqstore.commands.main":
+            os.kill(os.getpid(), signal.SIGNAL)
+        return None
+sys.meta_path.insert(0, StopOnLoad())
+from rmqstore.commands.entry import main
+sys.argv = ["rmqstore", "info", sys.argv[1]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "said"),
+    [
+        ("SIGINT", 130, "interrupted"),
+        ("SIGTERM", 143, "terminated (SIGTERM)"),
+        ("SIGHUP", 129, "hung up (SIGHUP)"),
+    ],
+)
+def test_a_stop_signal_while_the_modules_load_is_one_line(
+    tmp_path, name: str, code: int, said: str
+) -> None:  # type: ignore[no-untyped-def]
+    """The console script handles the stop signals before it loads click and the commands:
+    a Ctrl-C there printed the traceback of the import it met, and SIGTERM or SIGHUP ended
+    the process on the spot, without a word."""
+    script = STOPPED_WHILE_LOADING.replace("SIGNAL", name)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == code, done.stderr
+    assert done.stderr == f"rmqstore: error: {said}\n"
+
+
+def test_the_console_script_and_python_m_start_at_the_entry() -> None:
+    """Both ways in go through rmqstore.commands.entry (the signals first)."""
+    from importlib.metadata import entry_points
+
+    (script,) = [
+        point for point in entry_points(group="console_scripts") if point.name == "rmqstore"
+    ]
+    assert script.value == "rmqstore.commands.entry:main"
+    main_module = (Path(__file__).parents[2] / "rmqstore" / "__main__.py").read_text()
+    assert "from rmqstore.commands.entry import main" in main_module
