@@ -1,5 +1,6 @@
 """SIGINT, SIGTERM and SIGHUP: as a request to stop at the next safe point (``--follow``
-loops), and SIGTERM and SIGHUP as an interruption like Ctrl-C everywhere else."""
+loops), and SIGTERM and SIGHUP as an interruption like Ctrl-C everywhere else; only the
+first of them: those after it are ignored while the command stops."""
 
 from __future__ import annotations
 
@@ -54,8 +55,10 @@ def _hang_up(_number: int, _frame: Any) -> None:
     raise HungUp
 
 
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # whether a stop signal has been raised in this process: the command is on its way out
 _stopping = False
+_installed = False  # interrupt_on_sigterm ran: this is the console script's process
 
 
 def _first_only(stop: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
@@ -95,9 +98,6 @@ def interrupt_on_sigterm() -> None:
     _installed = True
 
 
-_installed = False  # interrupt_on_sigterm ran: this is the console script's process
-
-
 def stop_listening() -> None:
     """The command is stopping on a signal: SIGINT, SIGTERM and SIGHUP are ignored from now
     on (and by the kernel once the Python code is done, :func:`_deaf`), in the console
@@ -116,9 +116,6 @@ def stop_listening() -> None:
     # condition" with a traceback on stderr
     for number in _STOPS:
         signal.signal(number, _ignore)
-
-
-_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _ignore(_number: int, _frame: Any) -> None:

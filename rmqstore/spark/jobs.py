@@ -77,6 +77,9 @@ def spark_errors(function: Any) -> Any:
         except RmqStoreError:
             raise
         except Exception as exc:
+            interrupted = _interruption(exc)
+            if interrupted is not None:
+                raise interrupted.with_traceback(interrupted.__traceback__) from None
             if type(exc).__module__.startswith(("pyspark", "py4j")):
                 raise SparkUnavailable(f"the Spark job failed: {_reason(exc)}") from None
             raise
@@ -84,6 +87,23 @@ def spark_errors(function: Any) -> Any:
     wrapper.__name__ = function.__name__
     wrapper.__doc__ = function.__doc__
     return wrapper
+
+
+def _interruption(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interruption (Ctrl-C, or a SIGTERM or SIGHUP the command made one) that ``exc``
+    was raised while handling, if any: PySpark leaving a job, or py4j cleaning up, talks to
+    the JVM, which got the same signal (a terminal's process group, a service manager's
+    unit) and may be gone already, and the py4j error then took the interruption's place:
+    "the Spark job failed: Answer from Java side is empty", exit 2, for a command stopped by
+    a hangup (in two runs of four)."""
+    seen: set[int] = set()
+    context = exc.__context__
+    while context is not None and id(context) not in seen:
+        if isinstance(context, KeyboardInterrupt):
+            return context
+        seen.add(id(context))
+        context = context.__context__
+    return None
 
 
 def _reason(exc: BaseException) -> str:

@@ -39,6 +39,7 @@ from campaigns import (
     rmqstore,
     rounds,
     seed_note,
+    sigint_delivered,
 )
 
 SECONDS = rounds(short=12, long=180)
@@ -96,6 +97,7 @@ def _run_stopped(
         text=True,
         env=child_env(),
         start_new_session=True,
+        preexec_fn=sigint_delivered,
     )
     sent: list[signal.Signals] = []
     plan = [rng.choice(list(STOPS)) for _ in range(rng.choice([0, 1, 1, 2]))]

@@ -17,6 +17,7 @@ import pytest
 
 from rmqstore.lockfile import StoreLock
 
+from campaigns import sigint_delivered
 from support import ORACLE_OPTIONS, run_cli, tree_digest
 
 
@@ -995,6 +996,7 @@ def test_a_second_signal_does_not_break_into_the_rollback_of_the_first(
         capture_output=True,
         text=True,
         timeout=120,
+        preexec_fn=sigint_delivered,
     )  # fmt: skip
     assert done.returncode == code, done.stderr
     assert done.stderr.strip() == f"rmqstore: error: {said}"
@@ -1018,6 +1020,7 @@ def test_a_signal_while_the_reader_lags_leaves_whole_report_lines(tmp_path: Path
          "--flush-thorough-interval", "600000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=sigint_delivered,
     )  # fmt: skip
 
     def wait_for_room() -> None:  # until it waits for room in the pipe

@@ -15,6 +15,7 @@ import pytest
 from rmqstore.fixtures import generate
 from rmqstore.pipeline.local import remove_abandoned_stagings
 
+from campaigns import sigint_delivered
 from support import (
     fresh_python,
     full_disk_stop,
@@ -378,6 +379,7 @@ def test_ctrl_c_to_the_process_group_stops_an_export_in_workers_in_one_line(
         text=True,
         start_new_session=True,  # its own process group, as a terminal's job has
         timeout=120,
+        preexec_fn=sigint_delivered,
     )  # fmt: skip
     assert done.returncode == 130, done.stderr
     assert done.stderr.strip() == "rmqstore: error: interrupted"

@@ -1,5 +1,5 @@
-"""The console-script entry point itself (``rmqstore.commands.main:main``), in a process of
-its own."""
+"""The console-script entry point itself (``rmqstore.commands.entry:main``, then
+``rmqstore.commands.main:main``), in a process of its own."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from campaigns import sigint_delivered
 
 pytestmark = pytest.mark.plumbing
 
@@ -151,7 +153,10 @@ def test_a_stop_signal_while_the_modules_load_is_one_line(
     the process on the spot, without a word."""
     script = STOPPED_WHILE_LOADING.replace("SIGNAL", name)
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        preexec_fn=sigint_delivered,
     )
     assert done.returncode == code, done.stderr
     assert done.stderr == f"rmqstore: error: {said}\n"

@@ -29,6 +29,7 @@ from rmqstore.spark.jobs import SparkPipeline
 from rmqstore.store import Store
 from rmqstore.verify import VerifyOptions, verify_store
 
+from campaigns import sigint_delivered
 from support import (
     ORACLE_CONFIG,
     ORACLE_OPTIONS,
@@ -362,6 +363,26 @@ def test_a_failed_jobs_error_is_one_line_without_javas_class_names() -> None:
     assert str(raised.value) == "the Spark job failed: Job aborted due to stage failure: lost"
 
 
+def test_a_py4j_error_met_while_a_job_was_interrupted_is_the_interruption() -> None:
+    """PySpark leaving an interrupted job talks to the JVM (``setCallSite``), which got the
+    same hangup and may be gone: py4j's error then took the interruption's place, and the
+    command said the job failed (exit 2) instead of stopping on the signal (exit 129)."""
+    from rmqstore.commands.signals import HungUp
+    from rmqstore.spark.jobs import spark_errors
+
+    class Py4JNetworkError(Exception):
+        __module__ = "py4j.protocol"
+
+    def interrupted() -> None:
+        try:
+            raise HungUp
+        finally:  # as SCCallSiteSync.__exit__ does
+            raise Py4JNetworkError("Answer from Java side is empty")
+
+    with pytest.raises(HungUp):
+        spark_errors(interrupted)()
+
+
 # an export whose executor sends ``SIGNAL`` to the command's process group once it has
 # written a part file, as a terminal closing (SIGHUP) or a service manager stopping a unit
 # (SIGTERM) reaches the command and its JVM together (PySpark's daemon, which starts the
@@ -416,6 +437,7 @@ def test_a_signal_to_the_commands_group_stops_a_spark_export_in_one_line(
         text=True,
         start_new_session=True,  # its own process group, as a terminal's job has
         env={**os.environ, "FIRST_PART_MARK": str(tmp_path / "signalled")},
+        preexec_fn=sigint_delivered,
     )
     try:
         _, stderr = done.communicate(timeout=240)
