@@ -42,7 +42,8 @@ format: venv
 # suite keeps both cores busy (its CPU time is about twice its wall time), so it runs as
 # four streams at once, which end close together: the compiled pass but for the Spark
 # tests, the plumbing, the install tests, the campaigns and the slow ones; the Spark tests
-# (one session), the plumbing and the install tests; the campaigns and the slow ones (the
+# (one session), the plumbing (its campaigns and slow tests too: the signals campaign,
+# killed replicas) and the install tests; the other campaigns and slow tests (the
 # sanitizer build, Spark sessions in their own processes); the reference pass. On this two-core machine the suite takes
 # 9 to 14 minutes from a fresh checkout, moving with the machine's load (it is bound by
 # CPU: about 1,100 CPU-seconds in all; 15 minutes on a slow stretch, when zlib.crc32 ran at
@@ -50,7 +51,7 @@ format: venv
 SIDE_LOG := $(VENV)/side-stream.log
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log
-SIDE_MARKS := campaign or slow
+SIDE_MARKS := (campaign or slow) and not plumbing
 SPARK_MARKS := spark or plumbing or install
 test: venv java-check lint
 	@RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider \
