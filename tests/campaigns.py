@@ -207,6 +207,36 @@ def rmqstore(args: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def new_campaign_store(store: Path, *options: str) -> None:
+    """A store made by an append of one message to T0, dispatched, with ``options``."""
+    first = rmqstore(["append", str(store), "--create", "--dispatch", "--topic", "T0",
+                      "--body", "first", *options])  # fmt: skip
+    assert first.returncode == 0, first.stderr
+
+
+def recovered_sound(store: Path, *options: str) -> None:
+    """A last ``recover`` and ``dispatch``, then the store must verify sound."""
+    for args in (["recover", str(store), "--yes", *options], ["dispatch", str(store), *options]):
+        done = rmqstore(args)
+        assert done.returncode == 0, f"{args}: {done.stderr}{seed_note()}"
+    verified = rmqstore(["verify", str(store), "--json", *options])
+    assert verified.returncode == 0, f"{verified.stdout[-2000:]}{seed_note()}"
+
+
+def log_bytes(store: Path) -> bytes:
+    """The commit log's bytes, in file order, without the zeros after the data."""
+    files = sorted((store / "commitlog").iterdir())
+    return b"".join(path.read_bytes() for path in files).rstrip(b"\0")
+
+
+def lost_messages(store: Path, acknowledged: list[dict]) -> list[dict]:
+    """The messages of ``acknowledged`` (an append's report) the store does not hold."""
+    read = rmqstore(["read", str(store), "--from-offset", "0", "--count", "100000000",
+                     "--jsonl", "--body", "none"])  # fmt: skip
+    held = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
+    return [message for message in acknowledged if message["msgId"] not in held]
+
+
 def unclean(result: subprocess.CompletedProcess[str]) -> bool:
     errors = [line for line in result.stderr.splitlines() if line.startswith("rmqstore: error")]
     return (

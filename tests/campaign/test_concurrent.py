@@ -33,7 +33,18 @@ from pathlib import Path
 
 import pytest
 
-from campaigns import campaign_random, child_env, rmqstore, rounds, seed_note, unclean
+from campaigns import (
+    campaign_random,
+    child_env,
+    log_bytes,
+    lost_messages,
+    new_campaign_store,
+    recovered_sound,
+    rmqstore,
+    rounds,
+    seed_note,
+    unclean,
+)
 from support import serving_logged
 
 SECONDS = rounds(short=10, long=150)
@@ -106,9 +117,7 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
     store = tmp_path / "store"
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    first = rmqstore(["append", str(store), "--create", "--dispatch", "--topic", "T0", "--body",
-                      "first", *GEOMETRY, *INDEX])  # fmt: skip
-    assert first.returncode == 0, first.stderr
+    new_campaign_store(store, *GEOMETRY, *INDEX)
     deadline = time.monotonic() + SECONDS
     failures: list[str] = []
     acknowledged: list[dict] = []
@@ -174,28 +183,15 @@ def test_writers_and_readers_beside_each_other_lose_nothing_and_report_no_false_
         assert master.poll() is None, (tmp_path / "serve-ha.log").read_text()[-2000:]
     assert master.returncode == 0, (tmp_path / "serve-ha.log").read_text()[-2000:]
     assert not failures, f"{failures[:5]}{seed_note()}"
-    for args in (["recover", str(store), "--yes", *INDEX], ["dispatch", str(store), *INDEX]):
-        done = rmqstore(args)
-        assert done.returncode == 0, f"{args}: {done.stderr}{seed_note()}"
-    verified = rmqstore(["verify", str(store), "--json", *INDEX])
-    assert verified.returncode == 0, f"{verified.stdout[-2000:]}{seed_note()}"
-    log = _log_bytes(store)
+    recovered_sound(store, *INDEX)
+    log = log_bytes(store)
     for replica in sorted(tmp_path.glob("replica-*")):  # what each copied is the store's
         verified = rmqstore(["verify", str(replica), "--json", *INDEX])
         assert verified.returncode == 0, f"{replica}: {verified.stdout[-2000:]}{seed_note()}"
-        copied = _log_bytes(replica)
+        copied = log_bytes(replica)
         assert log[: len(copied)] == copied, f"{replica} is not a prefix{seed_note()}"
-    read = rmqstore(["read", str(store), "--from-offset", "0", "--count", "1000000", "--jsonl",
-                     "--body", "none"])  # fmt: skip
-    held = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
-    lost = [message for message in acknowledged if message["msgId"] not in held]
+    lost = lost_messages(store, acknowledged)
     assert acknowledged and not lost, f"{len(lost)} lost, e.g. {lost[:3]}{seed_note()}"
     print(f"concurrent: {sum(ran.values())} commands in {SECONDS} s, {len(acknowledged)} "
           f"messages appended; {dict(sorted(ran.items()))}")  # fmt: skip
     print(f"concurrent: the errors readers met: {sorted(said)}")
-
-
-def _log_bytes(store: Path) -> bytes:
-    """The commit log's bytes, in file order, without the zeros after the data."""
-    files = sorted((store / "commitlog").iterdir())
-    return b"".join(path.read_bytes() for path in files).rstrip(b"\0")

@@ -36,6 +36,10 @@ from campaigns import (
     DOCUMENTED_EXIT_CODES,
     campaign_random,
     child_env,
+    log_bytes,
+    lost_messages,
+    new_campaign_store,
+    recovered_sound,
     rmqstore,
     rounds,
     seed_note,
@@ -170,9 +174,7 @@ def test_commands_stopped_by_signals_end_in_one_line_and_lose_nothing(tmp_path: 
     store = tmp_path / "store"
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    first = rmqstore(["append", str(store), "--create", "--dispatch", "--topic", "T0", "--body",
-                      "first", *GEOMETRY, *INDEX])  # fmt: skip
-    assert first.returncode == 0, first.stderr
+    new_campaign_store(store, *GEOMETRY, *INDEX)
     acknowledged: list[dict] = []
     failures: list[str] = []
     ran: dict[str, int] = {}
@@ -208,23 +210,17 @@ def test_commands_stopped_by_signals_end_in_one_line_and_lose_nothing(tmp_path: 
             if stagings:
                 failures.append(f"{args} ({names}): left {stagings}")
     assert not failures, f"{failures}{seed_note()}"
-    for args in (["recover", str(store), "--yes", *INDEX], ["dispatch", str(store), *INDEX]):
-        done = rmqstore(args)
-        assert done.returncode == 0, f"{args}: {done.stderr}{seed_note()}"
-    verified = rmqstore(["verify", str(store), "--json", *INDEX])
-    assert verified.returncode == 0, f"{verified.stdout[-2000:]}{seed_note()}"
+    recovered_sound(store, *INDEX)
     replica = tmp_path / "replica"
     if replica.exists():
         checked = rmqstore(["verify", str(replica), "--json", *INDEX])
         kinds = set(json.loads(checked.stdout)["findingsByKind"]) if checked.stdout else set()
         assert checked.returncode == 0 or kinds <= BY_DESIGN, f"{checked.stdout[-2000:]}"
-        copied = b"".join(p.read_bytes() for p in sorted((replica / "commitlog").iterdir()))
-        log = b"".join(p.read_bytes() for p in sorted((store / "commitlog").iterdir()))
-        assert log.startswith(copied.rstrip(b"\0")), f"the replica is not a prefix{seed_note()}"
-    read = rmqstore(["read", str(store), "--from-offset", "0", "--count", "10000000", "--jsonl",
-                     "--body", "none"])  # fmt: skip
-    held = {json.loads(line)["msgId"] for line in read.stdout.splitlines()}
-    lost = [message for message in acknowledged if message["msgId"] not in held]
+        copied = log_bytes(replica)
+        assert log_bytes(store)[: len(copied)] == copied, (
+            f"the replica is not a prefix{seed_note()}"
+        )
+    lost = lost_messages(store, acknowledged)
     assert not lost, f"{len(lost)} lost, e.g. {lost[:3]}{seed_note()}"
     print(f"signals: {number} commands in {SECONDS} s, {len(acknowledged)} messages reported; "
           f"{dict(sorted(ran.items()))}")  # fmt: skip
