@@ -21,7 +21,11 @@ class StopSignal:
         return self.signal is not None
 
     def _handle(self, number: int, _frame: Any) -> None:
-        self.signal = signal.Signals(number).name
+        if self.signal is None:
+            self.signal = signal.Signals(number).name
+        # the first stop: those after it are ignored, until the process ends, so a second
+        # Ctrl-C cannot break into the closing the loop's end sets going (a replica's flush)
+        stop_listening()
 
     def __enter__(self) -> StopSignal:
         for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -31,6 +35,8 @@ class StopSignal:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if _stopping:
+            return  # stopping: the handlers that ignore stay
         for number, handler in self._previous.items():
             signal.signal(number, handler)
 

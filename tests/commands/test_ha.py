@@ -34,6 +34,7 @@ from rmqstore.ha import (
 )
 from rmqstore.store import Store
 
+from campaigns import sigint_delivered
 from support import (
     ORACLE_OPTIONS,
     log_bytes,
@@ -693,3 +694,57 @@ def test_a_slave_in_no_file_of_the_master_gets_heartbeats_from_an_idle_master(
     assert received == HEADER.pack(reported, 0)  # a heartbeat at its offset, no data
     # about ten waits of 0.1 s in that second (a busy loop opened it thousands of times)
     assert 1 <= looks <= 20, looks
+
+
+# a following slave whose closing of DEST begins with a second SIGINT (Ctrl-C pressed again
+# as the first stops it), once the file its first argument names is there
+INTERRUPTED_AGAIN_SLAVE = """
+import os, signal, sys
+from rmqstore.store import Store
+from rmqstore.commands.entry import main
+close, mark = Store.close, sys.argv[1]
+def close_interrupted_again(self, **kwargs):
+    if os.path.exists(mark):  # the first Ctrl-C is on its way
+        os.kill(os.getpid(), signal.SIGINT)
+    return close(self, **kwargs)
+Store.close = close_interrupted_again
+sys.argv = ["rmqstore", "replicate", *sys.argv[2:]]
+main()
+"""
+
+
+def test_a_second_ctrl_c_does_not_break_into_a_stopped_slaves_closing(tmp_path: Path) -> None:
+    """Ctrl-C stops a following slave; a second one as it closed DEST (its flush, its
+    checkpoint, its 'abort' removed) raised there: exit 130, DEST left as after a crash.
+    Once a follow loop is asked to stop, the signals after it are ignored: it ends as on
+    one, exit 0, DEST sound."""
+    source = tmp_path / "source"
+    generate("multi", source, FixtureOptions())
+    dest = tmp_path / "dest"
+    mark = tmp_path / "interrupted"
+    with serving(source) as address:
+        slave = subprocess.Popen(
+            [sys.executable, "-c", INTERRUPTED_AGAIN_SLAVE, str(mark), address, str(dest),
+             "--follow", "--commitlog-file-size", str(FILE), "--consumequeue-file-size", "2000"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=sigint_delivered,
+        )  # fmt: skip
+        try:
+            last = sorted((source / "commitlog").iterdir())[-1].name
+            deadline = time.monotonic() + 30
+            while not (dest / "commitlog").is_dir() or (
+                log_bytes(dest).get(last) != log_bytes(source)[last]
+            ):
+                assert time.monotonic() < deadline, "the slave did not catch up"
+                time.sleep(0.2)
+            mark.touch()
+            slave.send_signal(signal.SIGINT)
+            _, err = slave.communicate(timeout=30)
+        finally:
+            slave.kill()
+    assert slave.returncode == 0, err
+    assert "stopped by SIGINT" in err
+    assert not (dest / "abort").exists()
+    assert run_cli("verify", dest).exit_code == 0
