@@ -422,8 +422,13 @@ class Pipeline:
         """:func:`process_map`, told to ``self.progress`` (if any) range by range."""
         description = _PHASES.get(getattr(function, "__name__", ""), "working")
         watch = self.progress(description, len(jobs)) if self.progress else None
-        with watch or nullcontext(lambda done: None) as update:
-            for done, result in enumerate(process_map(self.options.workers, function, jobs), 1):
+        # closed here, not when it is collected: a signal met as its workers end (a caller
+        # that stopped early) was printed as "Exception ignored" and lost
+        with (
+            watch or nullcontext(lambda done: None) as update,
+            closing(process_map(self.options.workers, function, jobs)) as results,
+        ):
+            for done, result in enumerate(results, 1):
                 update(done)
                 yield result
 
@@ -575,8 +580,10 @@ class LocalPipeline(Pipeline):
                 # a worker is rmqstore's own process: its pyarrow, as the command's, needs
                 # no numpy (nor pandas, which pyarrow loads for scalars when numpy is there)
                 without_numpy = arrowcalls.import_pyarrow_without_numpy
-                results = process_map(
-                    self.options.workers, export_range, jobs, prepare=without_numpy
+                results = stack.enter_context(
+                    closing(
+                        process_map(self.options.workers, export_range, jobs, prepare=without_numpy)
+                    )
                 )
             for done, result in enumerate(results, 1):
                 update(done)
@@ -607,11 +614,10 @@ class LocalPipeline(Pipeline):
         queues: dict[tuple[str, int], QueueStats] = {}
         walked: list[RangeSummary] = []
         # in log order as they arrive, one range's counts at a time in memory
-        for summary, counted in walk_in_order(
-            self._watched(stats_range, jobs), lambda item: item[0]
-        ):
-            walked.append(summary)
-            _fold(queues, counted)
+        with closing(self._watched(stats_range, jobs)) as counted_ranges:
+            for summary, counted in walk_in_order(counted_ranges, lambda item: item[0]):
+                walked.append(summary)
+                _fold(queues, counted)
         return _store_stats(queues, walked, plan)
 
     def _stats_by_record(self, topics: frozenset[str] | None) -> StoreStats:

@@ -4,6 +4,8 @@ the real broker reported it; statistics add up; bad destinations are refused cle
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import zlib
 from dataclasses import replace
@@ -467,3 +469,38 @@ def test_the_lock_is_asked_only_to_read_a_store_being_written_as_it_stood(
     assert read.live_end == (log_end if lock == "held" else None)
     assert replace(read, live_end=None).to_dict() == at_rest.to_dict()
     assert at_rest.to_dict()["messages"] > 0
+
+
+# stats whose workers' pool, as it ends, gets SIGTERM (a kill as the command finishes)
+TERMINATED_AS_THE_WORKERS_END = """
+import os, signal, sys
+import concurrent.futures.process as process
+from rmqstore.commands.entry import main
+shutdown = process.ProcessPoolExecutor.shutdown
+def shutdown_terminated(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return shutdown(self, *args, **kwargs)
+process.ProcessPoolExecutor.shutdown = shutdown_terminated
+sys.argv = ["rmqstore", "stats", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_signal_as_the_workers_end_after_the_walk_stopped_early_is_not_lost(
+    tmp_path: Path,
+) -> None:
+    """The walk of the log stops after the last file's records, with ranges left that
+    workers were given: their generator was closed when it was collected, and a SIGTERM
+    met as the workers ended was printed as "Exception ignored" with a traceback, then
+    lost (the command went on, exit 0). The generators are now closed where they stop."""
+    store = tmp_path / "store"
+    generate("garbage-after-end", store)  # ranges of junk after the last file's records
+    done = subprocess.run(
+        [sys.executable, "-c", TERMINATED_AS_THE_WORKERS_END, str(store), "--engine", "local",
+         "--jobs", "2", "--split-size", "4096", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 143, done.stderr
+    assert done.stderr == "rmqstore: error: terminated (SIGTERM)\n"
