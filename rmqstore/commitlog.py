@@ -884,9 +884,9 @@ class CommitLogAppender:
         self._released = position - position % _PAGE  # pages below are out of this process
 
     def _release_map(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        mapped, self._map = self._map, None  # let go of before it is closed (a signal between)
+        if mapped is not None:
+            mapped.close()
 
     def _reserve(self, end: int) -> None:
         """Allocate disk blocks up to ``end`` of the current file before writing there."""

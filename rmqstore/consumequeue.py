@@ -711,14 +711,18 @@ class ConsumeQueue:
         fast path of :meth:`put` wrote since the last flush mark nothing), else a queue that
         rolled to its next file, or let its map go for another queue's, left the units the
         file took since the last flush out of the next one."""
-        if self._write_map is not None:
+        mapped = self._write_map
+        if mapped is not None:
             if self._write_segment is not None and self.end != self._synced_end:
                 self._dirty.add(self._write_segment.path)
-            WRITE_MAPS.released(self)
-            self._write_map.close()
-            self._write_map = None
-            self._write_segment = None
+            # the map let go of before it is closed, the fast path of put shut off first: a
+            # Ctrl-C between the close and these left a closed map in use, and the rollback
+            # after it ended in an internal error (TypeError from pack_into)
             self._write_limit = -1
+            self._write_segment = None
+            self._write_map = None
+            WRITE_MAPS.released(self)
+            mapped.close()
 
     def flush(self) -> None:
         """Make the units written since the last flush durable, file by file from the

@@ -450,11 +450,11 @@ class IndexFile:
         if self.buf is not None:
             if flush:
                 self.flush()
-            self.buf.close()
-            self.buf = None
+            buf, self.buf = self.buf, None  # let go of before it is closed (a signal between)
+            buf.close()
         if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 class IndexService:
