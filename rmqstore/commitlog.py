@@ -84,6 +84,7 @@ from rmqstore.segments import (
     SegmentQueue,
     data_end_estimate,
     file_reader,
+    is_segment_name,
     map_writable,
     nonzero_extent,
     open_for_writing,
@@ -640,6 +641,16 @@ def _copied_batches(region: RegionScan) -> Iterator[tuple[Any, int, Any, int]]:
         yield window, window_start, rows[: count * ROW_WIDTH], count
 
 
+def _file_names(directory: Path) -> list[str]:
+    """The names in ``directory`` (none when it is not there yet: a store being made)."""
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise StoreIOError(f"cannot list {directory}: {exc.strerror}") from None
+
+
 def _unlink(path: Path) -> None:
     try:
         os.unlink(path)
@@ -824,6 +835,8 @@ class CommitLogAppender:
         self._reserved = 0
         self._released = 0
         self._created: list[Segment] = []
+        # the commit-log files there before this session: any other is one it made
+        self._files_at_start = frozenset(_file_names(log.directory))
         self._open_at(end_offset)
 
     # -- positions -------------------------------------------------------------------------
@@ -1379,13 +1392,25 @@ class CommitLogAppender:
         removed = False
         for segment in later:
             self._dirty_files.discard(segment.path)
-            if segment in self._created:
-                self._created.remove(segment)
+            # made by this session: listed as made, or not there when it began (a signal
+            # between a file's making and its listing as made left it, zeroed, after the
+            # files removed: a gap in the log)
+            if segment in self._created or segment.path.name not in self._files_at_start:
+                if segment in self._created:
+                    self._created.remove(segment)
                 self._high_water.pop(segment.path, None)
                 _unlink(segment.path)
                 removed = True
             else:
                 self._zero(segment, 0)
+        # a file this session made after the savepoint's that no list holds: a signal came
+        # between its rename into place and its listing among the log's files
+        kept = {segment.path.name for segment in self.log.segments[: savepoint.segment_count]}
+        for name in _file_names(self.log.directory):
+            made = is_segment_name(name) and name not in self._files_at_start
+            if made and name not in kept and int(name) > savepoint.offset:
+                _unlink(self.log.directory / name)
+                removed = True
         if removed:
             sync_directory(self.log.directory)
         segment = self.log.queue.find(savepoint.offset)
