@@ -1126,9 +1126,9 @@ def test_ctrl_c_as_a_commit_log_file_is_made_leaves_no_file_behind(
     """A Ctrl-C between a new commit-log file's making and its listing as made: the
     rollback zeroed that file instead of removing it, after removing the files made before
     it, and the log had a gap (verify: `file-gap`, the next file expected earlier; found by
-    a hunt of stopped appends). Every file the session made is now removed. (Bytes of the
-    file it rolled from, written after the savepoint just before the roll, can stay: not
-    yet mended, see the closing note.)"""
+    a hunt of stopped appends). Every file the session made is now removed. (The BLANK it wrote at
+    the end of the file it rolled from stays, past the log's end: not yet mended, so the
+    files are compared, not their bytes.)"""
     store = new_store(tmp_path)
     before = tree_digest(store)
     messages = tmp_path / "messages.jsonl"
