@@ -1382,7 +1382,10 @@ class CommitLogAppender:
         """Undo every append after ``savepoint``: zero the bytes written since, remove files
         created since (they hold only those bytes) and restore queue offsets."""
         assert self._segment is not None
-        self._high_water[self._segment.path] = self._position
+        # not below a mark already there: a roll stopped as it made the next file has
+        # written its BLANK past the position it has not left yet
+        path = self._segment.path
+        self._high_water[path] = max(self._high_water.get(path, 0), self._position)
         if self._dirty_from >= 0:
             self._dirty_files.add(self._segment.path)
         self._release_map()
