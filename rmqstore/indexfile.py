@@ -23,6 +23,7 @@ from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_st
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.segments import (
     creating_name,
+    discard_made,
     fsync_directory,
     link_target,
     make_directories,
@@ -238,32 +239,30 @@ class IndexFile:
         """A new file; a follow-on file starts its header at the previous file's end."""
         size = index_file_size(slots, entries)
         temporary = path.with_name(creating_name(path.name))
+        if os.path.lexists(path):
+            raise StoreFormatError(f"{path} already exists")
+        index = None
         try:
-            if os.path.lexists(path):
-                raise StoreFormatError(f"{path} already exists")
             fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             try:
                 os.ftruncate(fd, size)  # sparse, as the broker's; blocks reserved as used
-            except OSError:
+            finally:
                 os.close(fd)
-                os.unlink(temporary)
-                raise
-            os.close(fd)
             os.rename(temporary, path)  # in place only at full size
             fsync_directory(path.parent)
-        except OSError as exc:
-            raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
-        header = IndexHeader()
-        if previous is not None:
-            header.carry_end_of(previous)
-        index = cls(path, slots, entries, map_writable(path), header, True)
-        try:
-            index.reserve_entries(1)
-        except BaseException:
-            index.close(flush=False)
-            path.unlink()  # no room even for its slots: leave no file behind
+            header = IndexHeader()
+            if previous is not None:
+                header.carry_end_of(previous)
+            index = cls(path, slots, entries, map_writable(path), header, True)
+            index.reserve_entries(1)  # no room even for its slots: no file left behind
+            index.sync_header()
+        except BaseException as exc:  # an error or a signal: nothing of the file stays
+            if index is not None:
+                index.close(flush=False)
+            discard_made(temporary, path)
+            if isinstance(exc, OSError):
+                raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
             raise
-        index.sync_header()
         return index
 
     @property
@@ -481,6 +480,8 @@ class IndexService:
         self.files: list[IndexFile] = []
         # told each new file's path before the file is made (a quarantine lists it as made)
         self.on_create: Callable[[Path], None] | None = None
+        # the file writable_file is making, until it is listed in files
+        self.making: Path | None = None
         self._topic_prefixes: dict[str, int] = {}  # Java hash of "topic#"
         self._open: dict[IndexFile, None] = {}  # the files held open, oldest first
         if directory.is_dir():
@@ -572,15 +573,14 @@ class IndexService:
         path = self.directory / index_file_name(millis, utc=self.utc_names)
         if self.on_create is not None:
             self.on_create(path)
-        created = IndexFile.create(
-            path,
-            self.slots,
-            self.entries,
-            last.header if last else None,
+        self.making = path  # until it is listed (see remove_files_after)
+        created = self._held(
+            IndexFile.create(path, self.slots, self.entries, last.header if last else None)
         )
+        self.making = None
         if last is not None:
             last.release()  # full: never written again
-        return self._held(created)
+        return created
 
     def build(
         self,
@@ -723,6 +723,10 @@ class IndexService:
         """Remove the files after the first ``count`` (made by a dispatch that stopped
         before it put an entry there); False, and nothing removed, when one holds an entry."""
         made = self.files[count:]
+        if self.making is not None and all(index.path != self.making for index in self.files):
+            # a file made, then stopped before it was listed: it holds no entry
+            discard_made(self.making.with_name(creating_name(self.making.name)), self.making)
+            self.making = None
         if not made:
             return True
         if any(index.header.index_count > 1 for index in made):

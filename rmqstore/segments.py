@@ -193,9 +193,11 @@ class SegmentQueue:
             )
         path = self.directory / segment_name(start_offset)
         temporary = self.directory / creating_name(path.name)
+        was_there = True  # an empty file at the name, left by an older writer's kill
         try:
             make_directories(self.directory)
             _refuse_existing(path)
+            was_there = os.path.lexists(path)
             fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
             try:
                 os.ftruncate(fd, self.file_size)
@@ -204,24 +206,28 @@ class SegmentQueue:
                 if head:
                     pwrite_fully(fd, head, 0)
                     os.fdatasync(fd)
-            except OSError:
+            finally:
                 os.close(fd)
-                os.unlink(temporary)
-                raise
-            os.close(fd)
             os.rename(temporary, path)
             fsync_directory(self.directory)
-        except FileExistsError:
-            what = "a folder" if path.is_dir() else "not an empty regular file"
-            raise StoreFormatError(f"{path} already exists ({what})") from None
-        except NotADirectoryError as exc:
-            raise StoreFormatError(
-                f"{exc.filename or path.parent} is a file where a folder must be (for {path})"
-            ) from None
-        except OSError as exc:
-            raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
-        segment = Segment(start_offset, path, self.file_size)
-        self.segments.append(segment)
+            segment = Segment(start_offset, path, self.file_size)
+            self.segments.append(segment)
+        except BaseException as exc:
+            # stopped (an error, or a signal) before the file was listed: nothing of it stays
+            # (a temporary left, or a file in place that no list holds, which a writer's
+            # rollback or tidying would not find)
+            if not self.segments or self.segments[-1].path != path:
+                discard_made(temporary, None if was_there else path)
+            if isinstance(exc, FileExistsError):
+                what = "a folder" if path.is_dir() else "not an empty regular file"
+                raise StoreFormatError(f"{path} already exists ({what})") from None
+            if isinstance(exc, NotADirectoryError):
+                raise StoreFormatError(
+                    f"{exc.filename or path.parent} is a file where a folder must be (for {path})"
+                ) from None
+            if isinstance(exc, OSError):
+                raise StoreIOError(f"cannot create {path}: {exc.strerror}") from None
+            raise
         return segment
 
 
@@ -306,14 +312,37 @@ def write_whole_file(path: Path, data: bytes) -> None:
     older version), then its directory fsynced. A crash leaves the old file or the new one,
     never part of one. OSError is the caller's to report."""
     temporary = path.with_name(creating_name(path.name))
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
-        pwrite_fully(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            pwrite_fully(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except BaseException:  # an error or a signal before the new file was in place
+        discard_made(temporary, None)
+        raise
     fsync_directory(path.parent)
+
+
+def discard_made(temporary: Path, path: Path | None) -> None:
+    """A file being made under ``temporary`` (then renamed to ``path``, when given) was not
+    taken up, stopped by an error or a signal: whichever of the two is there is removed and
+    the folder synced. As well as it can: what cannot be removed stays, as after a kill (a
+    temporary is moved to quarantine by recovery; a file in place holds nothing)."""
+    removed = False
+    for name in (temporary, path):
+        if name is None:
+            continue
+        try:
+            os.unlink(name)
+            removed = True
+        except OSError:
+            pass
+    if removed:
+        with contextlib.suppress(OSError):
+            fsync_directory(temporary.parent)
 
 
 def _refuse_existing(path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -471,6 +473,77 @@ def test_a_dispatch_stopped_before_it_put_anything_leaves_no_empty_file_or_folde
             assert (store / "abort").exists(), line
             _finishes_with_every_record(store, messages)
         assert outcomes[:5] == ["before"] * 5 and "part way" in outcomes, outcomes
+
+
+# a dispatch stopped (Ctrl-C) at the WHICH-th consume-queue or index file it makes: as the
+# file is made under its temporary name (before the rename), or once it is in place (before
+# it is listed)
+INTERRUPTED_AS_A_FILE_IS_MADE = """
+import os, sys
+from pathlib import Path
+import rmqstore.indexfile, rmqstore.segments
+from rmqstore.commands.entry import main
+kind, moment, which = sys.argv[1], sys.argv[2], int(sys.argv[3])
+made = []
+def ours(path):
+    path = Path(path)
+    return "consumequeue" in path.parts if kind == "queue" else path.parent.name == "index"
+def stop_at(name, path):
+    if ours(path) and (moment == "temporary") == name.endswith(".creating"):
+        made.append(path)
+        if len(made) == which:
+            raise KeyboardInterrupt
+rename = os.rename
+def renaming(source, target, *args, **kwargs):
+    stop_at(str(source), target)
+    return rename(source, target, *args, **kwargs)
+os.rename = renaming
+module = rmqstore.segments if kind == "queue" else rmqstore.indexfile
+synced = module.fsync_directory
+def syncing(directory):
+    synced(directory)
+    stop_at(str(directory), Path(directory) / "x")
+if moment == "in place":
+    module.fsync_directory = syncing
+sys.argv = ["rmqstore", "dispatch", *sys.argv[4:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "moment", "which"),
+    [("queue", "in place", 3), ("queue", "temporary", 1), ("index", "temporary", 1)],
+)
+def test_a_dispatch_stopped_as_it_makes_a_file_leaves_nothing_of_it(
+    tmp_path: Path, kind: str, moment: str, which: int
+) -> None:
+    """Ctrl-C as a consume-queue or index file is made: stopped before it put a unit, the
+    dispatch left the queue file it had just made (in place, not yet listed), though it said
+    the store was unchanged, or the temporary of one; an index file's temporary (named by
+    the time it was made) stayed even after the dispatch that finished the work, and verify
+    kept calling it an unknown file. Nothing of such a file stays now; stopped part way,
+    'abort' stays and the next dispatch finishes."""
+    store = tmp_path / "store"
+    generate("multi", store, FixtureOptions())
+    messages = json.loads((store / "fixture.json").read_text())["messageCount"]
+    shutil.rmtree(store / "consumequeue")
+    shutil.rmtree(store / "index")
+    before = tree_state(store)
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_AS_A_FILE_IS_MADE, kind, moment, str(which), str(store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = done.stderr.strip()
+    assert done.returncode == 130 and line.startswith("rmqstore: error: interrupted;"), line
+    assert not [name for name in tree_state(store) if name.endswith(".creating")]
+    if line.endswith("dispatch stopped before it changed the store"):
+        assert tree_state(store) == before
+    else:
+        assert (store / "abort").exists(), line
+    _finishes_with_every_record(store, messages)
+    assert not [name for name in tree_state(store) if name.endswith(".creating")]
 
 
 def _finishes_with_every_record(store: Path, messages: int, *options: str) -> None:

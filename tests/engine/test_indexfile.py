@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,3 +177,39 @@ def test_an_index_file_deleted_while_let_go_is_named_when_read_again(tmp_path: P
     ):
         service.query("T", "k0")
     service.close()
+
+
+@pytest.mark.parametrize("stopped_in", ["create", "listing"])
+def test_a_stop_as_an_index_file_is_made_leaves_nothing_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stopped_in: str
+) -> None:
+    """A signal while an index file is made (renamed into place, its header not yet written)
+    or just after, before the service lists it: the file made goes, with its temporary
+    (one was left under its unique name, and no later dispatch took it away: verify kept
+    calling it an unknown file), when the files made are taken away."""
+    import rmqstore.indexfile as indexfile
+
+    directory = tmp_path / "index"
+    service = IndexService(directory, 2, 4, writable=True, clock=lambda: 1_700_000_000_000)
+    real = indexfile.fsync_directory if stopped_in == "create" else service._held
+    calls: list[object] = []
+
+    def stopped(*args: object) -> object:
+        calls.append(args)
+        if len(calls) == 1 and stopped_in == "listing":  # made, not yet listed
+            raise KeyboardInterrupt
+        result = real(*args)
+        if len(calls) == 1:  # renamed into place, the folder synced
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(
+        *((indexfile, "fsync_directory") if stopped_in == "create" else (service, "_held")),
+        stopped,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        service.writable_file()
+    assert service.files == []
+    assert os.listdir(directory) == ([] if stopped_in == "create" else ["20231114221320000"])
+    assert service.remove_files_after(0)
+    assert os.listdir(directory) == [] and service.files == []

@@ -17,6 +17,7 @@ from rmqstore.segments import (
     nonzero_extent,
     pwrite_fully,
     segment_name,
+    write_whole_file,
 )
 
 from support import small_filesystem, vectors
@@ -101,6 +102,70 @@ def test_created_segments_are_full_size_and_sparse(tmp_path: Path) -> None:
     assert segment.path.stat().st_blocks * 512 < 1 << 20
     with pytest.raises(StoreFormatError):
         queue.create(12345)
+
+
+def _stop_once(monkeypatch: pytest.MonkeyPatch, where: object, name: str, after: bool) -> None:
+    """``where.name`` raises KeyboardInterrupt (a Ctrl-C there) at its first call: before
+    doing its work, or ``after`` it."""
+    real = getattr(where, name)
+    calls: list[object] = []
+
+    def stopped(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        if len(calls) > 1:
+            return real(*args, **kwargs)
+        if after:
+            real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(where, name, stopped)
+
+
+@pytest.mark.parametrize(
+    ("name", "after"), [("rename", False), ("fsync_directory", False), ("fsync_directory", True)]
+)
+def test_a_stop_as_a_segment_is_made_leaves_nothing_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, after: bool
+) -> None:
+    """A signal while a file is made (its temporary written, or renamed into place but not
+    yet listed): nothing of it stays, neither the temporary (which a dispatch's tidying did
+    not find) nor a file no list holds (left after a stopped dispatch that said the store
+    was unchanged). The next make of it succeeds."""
+    import rmqstore.segments as segments
+
+    queue = SegmentQueue.load(tmp_path, 1 << 20)
+    _stop_once(monkeypatch, os if name == "rename" else segments, name, after)
+    with pytest.raises(KeyboardInterrupt):
+        queue.create(0, head=b"\x01" * 20)
+    assert os.listdir(tmp_path) == [] and queue.segments == []
+    assert queue.create(0).path.name == segment_name(0)
+
+
+def test_an_empty_file_left_at_the_name_stays_when_a_stop_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty file an older writer's kill left at the name was there before: a stop before
+    the rename leaves it as it was (the temporary goes)."""
+    (tmp_path / segment_name(0)).write_bytes(b"")
+    queue = SegmentQueue.load(tmp_path, 1 << 20)
+    _stop_once(monkeypatch, os, "rename", False)
+    with pytest.raises(KeyboardInterrupt):
+        queue.create(0)
+    assert os.listdir(tmp_path) == [segment_name(0)]
+    assert (tmp_path / segment_name(0)).stat().st_size == 0
+
+
+def test_a_stop_as_a_whole_file_is_written_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal before the new version is renamed into place: the old one stays, and no
+    temporary is left for verify to call an unknown file."""
+    path = tmp_path / "checkpoint"
+    path.write_bytes(b"old")
+    _stop_once(monkeypatch, os, "replace", False)
+    with pytest.raises(KeyboardInterrupt):
+        write_whole_file(path, b"new")
+    assert os.listdir(tmp_path) == ["checkpoint"] and path.read_bytes() == b"old"
 
 
 def test_nonzero_extent(tmp_path: Path) -> None:
