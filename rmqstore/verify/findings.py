@@ -16,6 +16,8 @@ NOTE = "note"  # worth knowing, not a problem (does not fail verify)
 KINDS = {
     "file-size": "a store file's size differs from the configured size",
     "file-name": "a file whose name a broker cannot parse, or an unexpected file",
+    "file-half-made": "a file a killed rmqstore writer was still making, under its temporary "
+    "name (.NAME.creating): it holds nothing a broker reads",
     "store-layout": "a file where a store folder should be, an abort that is not a file, or "
     "a commit log not where rmqstore reads it (no commitlog/ folder, a DLedger log)",
     "store-link": "a store file or folder a writer writes through (a commit-log file, a store "
@@ -104,6 +106,7 @@ FIXES = {
     "blank-size": REPORT_ONLY,  # a broker's walk goes on to the next file whatever it says
     "file-incomplete": _RECOVER,
     "data-after-end": _RECOVER,
+    "file-half-made": _RECOVER,
     "cq-file-size": _REBUILD,
     "cq-file-gap": _REBUILD,
     "cq-unit": _REBUILD,

@@ -41,7 +41,7 @@ from rmqstore.verify.records import (
     UNWALKED_DAMAGE,
     RecordBatch,
     UnwalkedDamage,
-    being_made,
+    half_made,
     relative,
 )
 from rmqstore.wording import counted
@@ -206,7 +206,7 @@ class IndexChecks:
                     file=relative(store, path),
                 )
             for path in self.service.unexpected:
-                if being_made(store, path):
+                if half_made(report, store, path):
                     continue
                 report.add(
                     "file-name",

@@ -48,7 +48,7 @@ from rmqstore.verify.records import (
     UNWALKED_DAMAGE,
     RecordBatch,
     UnwalkedDamage,
-    being_made,
+    half_made,
     relative,
 )
 from rmqstore.windows import read_range
@@ -393,7 +393,7 @@ class QueueChecks:
                 queue_id=queue_id,
             )
         for path in queue.queue.unexpected:
-            if being_made(self.store, path):
+            if half_made(self.report, self.store, path):
                 continue
             if is_segment_name(path.name):  # a folder (or the like) under a file's name
                 self.report.add(

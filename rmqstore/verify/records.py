@@ -71,10 +71,22 @@ UNWALKED_DAMAGE = (
 )
 
 
-def being_made(store: Store, path: Path) -> bool:
-    """Whether ``path`` is a file another process writing the store is making under a
-    temporary name (rmqstore's writers make files so, then rename them): no finding."""
-    return store.written_elsewhere and is_creating_name(path.name)
+def half_made(report: VerifyReport, store: Store, path: Path) -> bool:
+    """Whether ``path`` is a file under the temporary name rmqstore's writers make files
+    under before renaming them into place: one another process writing the store is making
+    (no finding), else one a killed writer left (``file-half-made``: it holds nothing a
+    broker reads, and recover moves it to quarantine)."""
+    if not is_creating_name(path.name) or not path.is_file():
+        return False
+    if not store.written_elsewhere:
+        report.add(
+            "file-half-made",
+            "a file a killed writer was still making, under its temporary name (it holds "
+            "nothing a broker reads; rmqstore recover moves it to quarantine)",
+            WARNING,
+            file=relative(store, path),
+        )
+    return True
 
 
 def recovery_walks_from(log: CommitLog, store: Store) -> int:
@@ -358,7 +370,7 @@ class RecordPass:
         for problem in self.log.queue.problems:
             report.add("file-size", problem, file=relative(self.store, self.store.commitlog_dir))
         for path in self.log.queue.unexpected:
-            if being_made(self.store, path):
+            if half_made(report, self.store, path):
                 continue
             if is_segment_name(path.name):
                 said = (

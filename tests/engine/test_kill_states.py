@@ -50,6 +50,31 @@ def test_recover_moves_empty_and_half_made_files_and_the_store_is_sound(tmp_path
     assert sound(store) == []
 
 
+def test_verify_names_half_made_files_and_recover_as_their_mend(tmp_path: Path) -> None:
+    """Files a killed writer left under their temporary names, in the commit log's, a
+    queue's and the index's folders: verify called them unknown files (`file-name`) that no
+    command mends, though recover moves them to quarantine (an index file's is named by the
+    time it was made, so no later dispatch makes it again). Now `file-half-made`, whose next
+    step is recover; after it the store is sound."""
+    store = store_of(tmp_path, 3)
+    half_made = [
+        store / "commitlog" / ".00000000000000004096.creating",
+        store / "consumequeue" / "T" / "0" / ".00000000000000000000.creating",
+        store / "index" / ".20261201021911071.creating",
+    ]
+    for path in half_made:
+        path.write_bytes(bytes(100))
+    checked = run_cli("verify", store, "--json")
+    report = json.loads(checked.stdout)
+    assert checked.exit_code == 1 and report["findingsByKind"] == {"file-half-made": 3}
+    assert sorted(finding["file"] for finding in report["findings"]) == sorted(
+        str(path.relative_to(store)) for path in half_made
+    )
+    assert "rmqstore recover" in run_cli("verify", store).stdout.splitlines()[-1]
+    assert run_cli("recover", store, "--yes").exit_code == 0
+    assert not any(path.exists() for path in half_made) and sound(store) == []
+
+
 def test_an_empty_consume_queue_file_is_replaced_by_the_next_put(tmp_path: Path) -> None:
     store = store_of(tmp_path, 3)
     queue_dir = store / "consumequeue" / "T" / "0"
