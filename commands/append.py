@@ -539,7 +539,7 @@ def _lines_style(as_json: bool, as_jsonl: bool) -> int | None:
 
 
 def _write_lines(block: bytes) -> None:
-    write_whole_lines(block)
+    write_whole_lines(block, atomic=True)  # what the producer acts on: never half a line
 
 
 def _emitter(as_json: bool, results: list[dict]) -> Callable[[AppendResult, str | None], None]:

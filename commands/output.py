@@ -299,6 +299,46 @@ def _fast_dumps() -> Callable[[Any], bytes] | None:
     return dumps
 
 
+def write_whole_lines(block: bytes | bytearray, *, atomic: bool = False) -> None:
+    """Write ``block`` (whole lines) to stdout so that a signal stopping the command leaves
+    the other end whole lines only: the stop waits (see
+    :func:`~rmqstore.commands.signals.held_stops`) until the line being written is out.
+    Through stdout's buffer, a Ctrl-C met while a pipe's reader lagged cut a large write
+    part way, and the output ended in half a line (``read --jsonl``: every time; the last
+    message ``append`` reported). A reader that takes nothing more for a second gets the
+    stop all the same, and can then be left half a line, unless ``atomic``: into a pipe,
+    the lines then go in writes of whole lines of at most PIPE_BUF bytes, each of which a
+    pipe takes whole or not at all (for what a producer acts on, ``append``'s report; the
+    reads' output is not written so, as that made ``read --jsonl`` 25-45% slower)."""
+    import os
+
+    from rmqstore.commands.signals import act_on_held, held_stops
+
+    sys.stdout.flush()  # what was written as text before it
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's captured output)
+        sys.stdout.buffer.write(block)
+        return
+    view = memoryview(block)
+    start, size = 0, len(view)
+    most = _PIPE_ATOMIC if atomic and _stdout_is_pipe(fd) else size
+    with held_stops() as stop_held:
+        while start < size:
+            if stop_held() and size == len(view):  # out with the line in flight, then stop
+                size = block.find(b"\n", start - 1) + 1 if start else 0
+                if start >= size:
+                    act_on_held()
+                continue
+            end = size
+            if size - start > most:  # whole lines, as many as fit (a longer one alone)
+                cut = block.rfind(b"\n", start, start + most)
+                if cut < start:
+                    cut = block.find(b"\n", start + most)
+                end = cut + 1 if cut >= 0 else size
+            start += os.write(fd, view[start:end])
+
+
 # a pipe takes a write of at most this many bytes whole or not at all (POSIX's PIPE_BUF)
 _PIPE_ATOMIC = 4096
 
@@ -314,35 +354,28 @@ def _stdout_is_pipe(fd: int) -> bool:
         return False
 
 
-def write_whole_lines(block: bytes) -> None:
-    """Write ``block`` (whole lines) to stdout so that a signal stopping the command leaves
-    the other end whole lines only: into a pipe, in writes of whole lines of at most
-    PIPE_BUF bytes, each of which a pipe takes whole or not at all; elsewhere (a file, a
-    terminal) in writes the system completes. Through stdout's buffer, a Ctrl-C met while a
-    reader lagged cut a large write part way, and the output ended in half a line (the last
-    message an append reported, cut short). For what a producer acts on (``append``'s
-    report); a reader's lines go through the buffer (a pipe written 4 KiB at a time made
-    ``read --jsonl`` of the 1M-message store 25-45% slower), and may end in half a line
-    when a signal stops the read."""
-    import os
+class LineOutput:
+    """Whole lines for stdout, gathered into writes of at least :data:`GATHERED` bytes
+    (a line at a time, a write each was a system call a message) and written by
+    :func:`write_whole_lines`."""
 
-    sys.stdout.flush()  # what was written as text before it
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a file (a test's captured output)
-        sys.stdout.buffer.write(block)
-        return
-    view = memoryview(block)
-    start, size = 0, len(view)
-    chunked = _stdout_is_pipe(fd)
-    while start < size:
-        end = size
-        if chunked and size - start > _PIPE_ATOMIC:
-            cut = block.rfind(b"\n", start, start + _PIPE_ATOMIC)
-            if cut < start:  # a line longer than that: on its own, as the pipe takes it
-                cut = block.find(b"\n", start + _PIPE_ATOMIC)
-            end = cut + 1 if cut >= 0 else size
-        start += os.write(fd, view[start:end])
+    GATHERED = 1 << 16
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def write(self, lines: bytes) -> None:
+        if not self._pending and len(lines) >= self.GATHERED:
+            write_whole_lines(lines)
+            return
+        self._pending += lines
+        if len(self._pending) >= self.GATHERED:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, bytearray()
+            write_whole_lines(pending)
 
 
 class DelimitedWriter:
@@ -362,9 +395,9 @@ class DelimitedWriter:
         sys.stdout.write(self._text(document))
 
     def write_rows(self, text: bytes) -> None:
-        """Rows already written as this table writes them (UTF-8), as they are."""
-        sys.stdout.flush()  # the header (or rows) written as text before it
-        sys.stdout.buffer.write(text)
+        """Rows already written as this table writes them (UTF-8), as they are (whole
+        lines: :func:`write_whole_lines`)."""
+        write_whole_lines(text)
 
     def rows(self, documents: Iterable[dict[str, Any]]) -> None:
         """The rows of many documents, written to stdout at once (one write, not one per

@@ -23,6 +23,7 @@ from rmqstore.commands.output import (
     BODY_MODES,
     DelimitedWriter,
     Grid,
+    LineOutput,
     Styled,
     console,
     delimited_options,
@@ -455,8 +456,8 @@ def _write_items(
     if delimited is not None:
         _write_rows(items, body_mode, delimited)
         return
-    sys.stdout.flush()
-    write = sys.stdout.buffer.write
+    output = LineOutput()  # whole lines: a stop signal waits for the line in flight
+    write = output.write
     opened = False
     try:
         for item in items:
@@ -474,11 +475,11 @@ def _write_items(
     except RmqStoreError:
         if as_array and opened:
             write(b"\n]\n")
-            sys.stdout.flush()
+        output.flush()
         raise
     if as_array:
         write(b"\n]\n" if opened else b"[\n]\n")
-    sys.stdout.flush()
+    output.flush()
 
 
 def _write_rows(

@@ -4,8 +4,9 @@ first of them: those after it are ignored while the command stops."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -74,13 +75,69 @@ def _first_only(stop: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
     joining its threads. Ctrl-\\ (SIGQUIT) or kill -9 still end the process at once."""
 
     def handler(number: int, frame: Any) -> Any:
+        global _held
         if _stopping:
             return None
         stop_listening()
+        if _holding:  # lines are being written: the stop waits for the line in flight
+            _held = (stop, number)
+            _release_held_after(HELD_AT_MOST)
+            return None
         return stop(number, frame)
 
     handler.first_only = True  # type: ignore[attr-defined]
     return handler
+
+
+# while stdout takes whole lines (held_stops): a stop signal waits until the line in flight
+# is out, for at most this many seconds (a reader that takes nothing more)
+HELD_AT_MOST = 1.0
+_holding = False
+_held: tuple[Callable[[int, Any], Any], int] | None = None  # the stop waiting, and its signal
+
+
+@contextlib.contextmanager
+def held_stops() -> Iterator[Callable[[], bool]]:
+    """While entered, the first stop signal does not interrupt: it is held, and the function
+    yielded says whether one is; the block acts on it with :func:`act_on_held` where its
+    output ends in a whole line (a stop signal arriving mid-write cut a line in half at the
+    reader's end), and the block's end acts on one still held. A held stop acts on its own
+    after :data:`HELD_AT_MOST` seconds, wherever the block is (its write blocked by a reader
+    that takes nothing). Outside the console script's process, a block like any other."""
+    global _holding
+    if not _installed or _holding:
+        yield lambda: False
+        return
+    _holding = True
+    try:
+        yield lambda: _held is not None
+    except BaseException:
+        _forget_held()  # stopped otherwise (the held stop's own time ran out, a broken pipe)
+        raise
+    finally:
+        _holding = False
+    act_on_held()
+
+
+def act_on_held() -> None:
+    """Raise the stop :func:`held_stops` held, if one is."""
+    global _held
+    if _held is None:
+        return
+    stop, number = _held
+    _forget_held()
+    stop(number, None)
+
+
+def _forget_held() -> None:
+    global _held
+    _held = None
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _release_held_after(seconds: float) -> None:
+    signal.signal(signal.SIGALRM, lambda _number, _frame: act_on_held())
+    signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
 def interrupt_on_sigterm() -> None:

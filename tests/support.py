@@ -922,3 +922,14 @@ def serving_process(
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def wait_to_write(process: Any) -> None:
+    """Until ``process`` waits for room in a pipe (its reader lags: the pipe is full)."""
+    waiting = ""
+    for _ in range(1200):
+        waiting = Path(f"/proc/{process.pid}/wchan").read_text()
+        if "pipe" in waiting:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not waiting to write: {waiting}")

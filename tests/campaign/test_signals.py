@@ -9,7 +9,8 @@ at a random moment of a random command: writers (``append`` of a few thousand me
 its own, one after the other. Each ends with a documented exit code, or the one of a
 signal sent (or, once its work is done and the interpreter is ending, killed by it: the
 same status to a shell), at most one error line and no traceback or other text; an
-export stopped leaves nothing; no process of its session outlives it. Afterwards, with a
+export stopped leaves nothing; an append's report and a read's JSON lines are whole lines;
+no process of its session outlives it. Afterwards, with a
 last ``recover`` and ``dispatch``, the store verifies sound and holds every message an
 ``append`` reported, and the replica is sound and a prefix of the store's log.
 
@@ -198,12 +199,15 @@ def test_commands_stopped_by_signals_end_in_one_line_and_lose_nothing(tmp_path: 
             failures.append(f"{args} ({names}): {wrong}: {done.stderr[-800:]}")
         if left:
             failures.append(f"{args} ({names}): left running: {left[:3]}")
-        if args[0] == "append":
+        if args[0] in ("append", "read"):  # whole JSON lines, however it ended
             for line in done.stdout.splitlines():
                 try:
-                    acknowledged.append(json.loads(line))
-                except json.JSONDecodeError:  # a reported message cut short
+                    document = json.loads(line)
+                except json.JSONDecodeError:  # a reported or read message cut short
                     failures.append(f"{args} ({names}): exit {done.returncode}, stdout {line!r}")
+                    continue
+                if args[0] == "append":
+                    acknowledged.append(document)
         if args[0] == "export":
             exported = Path(args[args.index("--to") + 1])
             # killed by the signal (a negative code) only once its work was done: whole

@@ -10,7 +10,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from rmqstore.lockfile import StoreLock
 
 from campaigns import sigint_delivered
-from support import ORACLE_OPTIONS, run_cli, tree_digest
+from support import ORACLE_OPTIONS, run_cli, tree_digest, wait_to_write
 
 
 def new_store(tmp_path: Path) -> Path:
@@ -1007,8 +1006,8 @@ def test_a_second_signal_does_not_break_into_the_rollback_of_the_first(
 def test_a_signal_while_the_reader_lags_leaves_whole_report_lines(tmp_path: Path) -> None:
     """Ctrl-C while the report of a large group waits for a reader that lags (the pipe full):
     the report written through stdout's buffer was cut part way through a write, and its
-    last line was half a message; it is now written a pipe's atomic size at a time, in whole
-    lines, and each line it holds names a message the store holds."""
+    last line was half a message; the stop now waits until the line in flight is out, and
+    each line the report holds names a message the store holds."""
     store = new_store(tmp_path)
     messages = tmp_path / "messages.jsonl"
     messages.write_text(
@@ -1023,20 +1022,11 @@ def test_a_signal_while_the_reader_lags_leaves_whole_report_lines(tmp_path: Path
         preexec_fn=sigint_delivered,
     )  # fmt: skip
 
-    def wait_for_room() -> None:  # until it waits for room in the pipe
-        waiting = ""
-        for _ in range(1200):
-            waiting = Path(f"/proc/{appending.pid}/wchan").read_text()
-            if "pipe" in waiting:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"not waiting to write: {waiting}")
-
     try:
-        wait_for_room()  # the pipe full (its report is 500 KB)
+        wait_to_write(appending)  # the pipe full (its report is 500 KB)
         assert appending.stdout is not None
         first = os.read(appending.stdout.fileno(), 10_000)  # the reader takes a little
-        wait_for_room()  # and the write goes on part way, until the pipe is full again
+        wait_to_write(appending)  # and the write goes on part way, until the pipe is full
         appending.send_signal(signal.SIGINT)
         out, err = appending.communicate(timeout=60)
         out = first + out

@@ -7,6 +7,9 @@ import hashlib
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import pytest
 
 from rmqstore.fixtures import generate
 
+from campaigns import sigint_delivered
 from support import (
     ORACLE_OPTIONS,
     assert_read_matches_scan_record,
@@ -23,6 +27,7 @@ from support import (
     manifest_dump,
     run_cli,
     store_being_written,
+    wait_to_write,
 )
 
 DUMPED = [
@@ -836,3 +841,74 @@ def test_numbers_copied_from_info_go_back_into_options(tmp_path: Path) -> None:
     for wrong in ("1,0", "10,00", "1,000,", ",100"):  # not groups of three: refused as before
         refused = run_cli("read", store, "--offset", wrong)
         assert refused.exit_code == 2 and "is not a valid integer" in refused.stderr, wrong
+
+
+def _read_into_a_pipe(store: Path) -> subprocess.Popen:
+    """``rmqstore read STORE --from-offset 0 --jsonl`` (a megabyte of lines) into a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rmqstore", "read", str(store), "--from-offset", "0", "--jsonl"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=sigint_delivered,
+    )
+
+
+def _lines_store(tmp_path: Path) -> Path:
+    store = tmp_path / "store"
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(
+        "".join(json.dumps({"topic": "T", "body": f"m{n:05d}" * 40}) + "\n" for n in range(3000))
+    )
+    created = run_cli("append", store, "--create", "--input", messages)
+    assert created.exit_code == 0, created.stderr
+    return store
+
+
+@pytest.mark.parametrize(
+    ("number", "code", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+)
+def test_a_signal_while_the_reader_lags_leaves_whole_lines(
+    tmp_path: Path, number: int, code: int, said: str
+) -> None:
+    """A stop signal while ``read --jsonl`` waits for a reader that lags (the pipe full):
+    the output ended in half a line every time (a large write through stdout's buffer cut
+    part way); the stop now waits until the line in flight is out, so a script reading the
+    lines parses every one."""
+    reading = _read_into_a_pipe(_lines_store(tmp_path))
+    try:
+        wait_to_write(reading)
+        assert reading.stdout is not None
+        first = os.read(reading.stdout.fileno(), 10_000)  # the reader takes a little
+        wait_to_write(reading)  # and the write goes on part way, until the pipe is full
+        reading.send_signal(number)
+        out, err = reading.communicate(timeout=60)
+        out = first + out
+    finally:
+        if reading.poll() is None:
+            reading.kill()
+    assert reading.returncode == code, err
+    assert err.decode().strip() == f"rmqstore: error: {said}"
+    assert out.endswith(b"\n")
+    bodies = [json.loads(line)["body"] for line in out.splitlines()]
+    assert 0 < len(bodies) < 3000
+    assert bodies == [f"m{n:05d}" * 40 for n in range(len(bodies))]
+
+
+def test_a_stop_waits_no_longer_than_a_second_for_a_reader_that_takes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The stop waits for the line in flight only as long as the reader takes some of it:
+    a reader that takes nothing more (the pipe full, never read again) does not keep the
+    command from stopping."""
+    reading = _read_into_a_pipe(_lines_store(tmp_path))
+    try:
+        wait_to_write(reading)
+        reading.send_signal(signal.SIGTERM)
+        reading.wait(timeout=30)  # the pipe is not read: it ends all the same
+    finally:
+        if reading.poll() is None:
+            reading.kill()
+    assert reading.returncode == 143
+    assert reading.stderr is not None
+    assert reading.stderr.read().decode().strip() == "rmqstore: error: terminated (SIGTERM)"
