@@ -35,6 +35,7 @@ from rmqstore.errors import (
     RecordError,
     RmqStoreError,
     StoreIOError,
+    read_failure,
 )
 from rmqstore.hosts import HostAddress
 from rmqstore.kernel import layout
@@ -171,7 +172,7 @@ class CommitLog:
             try:
                 fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
-                raise StoreIOError(f"cannot read {segment.path}: {exc.strerror}") from None
+                raise read_failure(segment.path, exc) from None
             self._files[segment.path] = fd
             while len(self._files) > _OPEN_FILES:
                 os.close(self._files.popitem(last=False)[1])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore import kernel
-from rmqstore.errors import RebuildFirstError, StoreFormatError, StoreIOError
+from rmqstore.errors import RebuildFirstError, StoreFormatError, StoreIOError, read_failure
 from rmqstore.hashing import index_key_hash, index_key_hash_with_prefix, java_string_hash
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.segments import (
@@ -116,7 +116,7 @@ def read_index_headers(directory: Path) -> list[tuple[Path, IndexHeader]]:
                 with open(path, "rb") as handle:
                     data = handle.read(HEADER_SIZE)
             except OSError as exc:
-                raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+                raise read_failure(path, exc) from None
             header = IndexHeader(*_HEADER.unpack(data.ljust(HEADER_SIZE, b"\0")))
             header.index_count = max(header.index_count, 1)
             headers.append((path, header))
@@ -164,7 +164,7 @@ class IndexFile:
         try:
             size = path.stat().st_size
         except OSError as exc:
-            raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+            raise read_failure(path, exc) from None
         if size != expected:
             raise StoreFormatError(
                 f"index file {path} is {size} bytes, but {slots} hash slots and {entries} "
@@ -178,7 +178,7 @@ class IndexFile:
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
-                raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+                raise read_failure(path, exc) from None
             index = cls(path, slots, entries, None, IndexHeader(), False, fd)
         header = index.header = IndexHeader(*_HEADER.unpack(index.read(0, HEADER_SIZE)))
         if header.index_count <= 0:

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
-from rmqstore.errors import InputError, StoreFormatError, StoreIOError
+from rmqstore.errors import InputError, StoreFormatError, StoreIOError, read_failure
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, TOTAL_SIZE
 from rmqstore.record import BLANK_MIN_LENGTH, RegionScan, ScanStop
 from rmqstore.segments import (
@@ -328,7 +328,7 @@ def _copy(segment: Segment, begin: int, end: int, dest: Store, outcome: Replicat
     try:
         source_fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise StoreIOError(f"cannot read {segment.path}: {exc.strerror}") from None
+        raise read_failure(segment.path, exc) from None
     target_fd = open_for_writing(target.path)
     try:
         in_kernel = hasattr(os, "copy_file_range")

@@ -557,7 +557,7 @@ def nonzero_extent(path: Path, start: int, end: int) -> tuple[int, int] | None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+        raise read_failure(path, exc) from None
     try:
         for position, hole in _data_regions(fd, start, end):
             while position < hole:
@@ -583,7 +583,7 @@ def last_nonzero_end(path: Path, size: int) -> int:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
-        raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+        raise read_failure(path, exc) from None
     try:
         for start, end in reversed(list(_data_regions(fd, 0, size))):
             high = end
@@ -657,6 +657,6 @@ def file_reader(path: Path) -> Callable[[int, int], bytes]:
             with open(path, "rb") as handle:
                 return os.pread(handle.fileno(), length, position)
         except OSError as exc:
-            raise StoreIOError(f"cannot read {path}: {exc.strerror}") from None
+            raise read_failure(path, exc) from None
 
     return read

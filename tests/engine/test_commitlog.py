@@ -486,3 +486,17 @@ def test_ends_after_on_real_broker_stores(oracle, tmp_path: Path, copy: str) -> 
 
     store_dir = oracle("s2_crash").copy_to(tmp_path, copy)
     assert _ends_after_agrees(store_dir, StoreConfig(**ORACLE_CONFIG), random.Random(copy)) > 0
+
+
+def test_a_commit_log_file_gone_since_it_was_listed_is_said_so(tmp_path: Path) -> None:
+    """A commit-log file a broker deleted (its retention) after the reader listed the log:
+    the read says so, and to run again (it said "cannot read PATH: No such file")."""
+    from rmqstore.errors import StoreIOError
+
+    store = tmp_path / "store"
+    generate("multi", store, FixtureOptions())
+    with Store.open_read(store) as opened:
+        segment = opened.commitlog.segments[0]
+        segment.path.unlink()
+        with pytest.raises(StoreIOError, match=r"is gone since the store was listed .* again"):
+            opened.commitlog.pread(segment, 0, 100)

@@ -79,10 +79,19 @@ def test_a_store_file_gone_since_it_was_listed_is_said_so(tmp_path: Path) -> Non
     retention, a rebuild beside the reader): one line saying so, exit 4 (it said "cannot
     read PATH: No such file or directory")."""
     from rmqstore.errors import StoreIOError
+    from rmqstore.indexfile import IndexFile
+    from rmqstore.segments import file_reader
     from rmqstore.windows import FileWindows, read_range
 
     gone = tmp_path / segment_name(0)
-    for read in (lambda: read_range(gone, 0, 20), lambda: FileWindows(gone, 100)):
+    for read in (
+        lambda: read_range(gone, 0, 20),
+        lambda: FileWindows(gone, 100),
+        lambda: nonzero_extent(gone, 0, 20),  # (these said "cannot read PATH: No such file")
+        lambda: last_nonzero_end(gone, 20),
+        lambda: file_reader(gone)(0, 20),
+        lambda: IndexFile.open(tmp_path / "20240101000000000", 2, 4),
+    ):
         with pytest.raises(StoreIOError, match=r"is gone since the store was listed .* again"):
             read()
 
