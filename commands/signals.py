@@ -159,6 +159,9 @@ def interrupt_on_sigterm() -> None:
         ):
             signal.signal(number, _first_only(handler))
     _installed = True
+    from rmqstore import stops
+
+    stops.hold_stops_with(held_stops)  # the engine's stretches a stop is not to cut in two
 
 
 def stop_listening() -> None:

@@ -54,6 +54,7 @@ from rmqstore.record import (
     ScanStop,
 )
 from rmqstore.segments import remove_empty_directory
+from rmqstore.stops import whole
 from rmqstore.store import ZEROS_WHERE_RECORDS_GO_ON, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.wording import quoted
@@ -436,7 +437,13 @@ class Dispatcher:
         batches = scan.batches(ahead=True)
         try:
             for window, _window_start, rows, count in batches:
-                if not walk.batch(window, rows, count):
+                # a stop waits for the batch: its units go in queue by queue, and a stop
+                # between two queues left one queue behind the others (a hole where the
+                # next dispatch resumes, which only a rebuild or a crash recovery fills,
+                # and appends to the store refused until then)
+                with whole():
+                    going = walk.batch(window, rows, count)
+                if not going:
                     break
         finally:
             batches.close()  # type: ignore[attr-defined]  # the reader stops before files change

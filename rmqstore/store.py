@@ -1080,7 +1080,15 @@ class Store:
                     and rows[at + QUEUE_OFFSET] > tip.max_offset
                     and offsets[row] + rows[at + TOTAL_SIZE] > tip.max_physical_offset
                 ):
-                    raise RebuildFirstError(_hole_refusal(key, rows[at + QUEUE_OFFSET], tip))
+                    replay = self.recovery_start_offset() if self.abort_existed else None
+                    raise RebuildFirstError(
+                        _hole_refusal(
+                            key,
+                            rows[at + QUEUE_OFFSET],
+                            tip,
+                            replay is not None and replay <= tip.max_physical_offset,
+                        )
+                    )
                 tips[key] = QueueTip.after_put(
                     tip, rows[at + QUEUE_OFFSET], offsets[row], rows[at + TOTAL_SIZE]
                 )
@@ -1341,18 +1349,29 @@ def _lost_files_refusal(key: tuple[str, int], offset: int, queue_offset: int) ->
     )
 
 
-def _hole_refusal(key: tuple[str, int], queue_offset: int, tip: QueueTip) -> str:
+def _hole_refusal(
+    key: tuple[str, int], queue_offset: int, tip: QueueTip, replayed: bool = False
+) -> str:
     """Why appending is refused when a record after where the consume queues end carries a
     later queue offset than its queue's next one: the records between are missing from the
     queue (a dispatch hole), and the queue offset appending would give the next message of
-    that queue is one a record already has (a rebuild then drops the message as a repeat)."""
+    that queue is one a record already has (a rebuild then drops the message as a repeat).
+    ``replayed``: the store has 'abort' and a crash's replay starts before the records
+    missing, so a plain dispatch puts them back (a dispatch killed part way left the queues
+    it had written ahead of the others); it used to ask for a rebuild of every queue."""
     topic, queue_id = key
-    return (
+    said = (
         f"records of {topic}:{queue_id} are missing from its consume queue: the next one to "
         f"dispatch has queue offset {queue_offset}, but the queue ends at {tip.max_offset}, so "
-        "an appended message would take a queue offset a stored message already has; run "
-        "rmqstore dispatch --rebuild --yes first (rmqstore verify shows the hole)"
+        "an appended message would take a queue offset a stored message already has; "
     )
+    if replayed:
+        return said + (
+            "run rmqstore dispatch first ('abort' is there: a dispatch stopped part way, and "
+            "the next one dispatches again from where a broker's crash recovery would, "
+            "putting the missing units back)"
+        )
+    return said + "run rmqstore dispatch --rebuild --yes first (rmqstore verify shows the hole)"
 
 
 def enclosing_store(path: Path) -> Path | None:

@@ -15,6 +15,7 @@ from rmqstore.consumerprogress import offsets_past_end
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.properties import split_keys
 
+from campaigns import sigint_delivered
 from support import (
     ORACLE_OPTIONS,
     crashed_with_a_queue_behind,
@@ -544,6 +545,67 @@ def test_a_dispatch_stopped_as_it_makes_a_file_leaves_nothing_of_it(
         assert (store / "abort").exists(), line
     _finishes_with_every_record(store, messages)
     assert not [name for name in tree_state(store) if name.endswith(".creating")]
+
+
+# a dispatch sent a signal (argv[2]) as the walk puts a run of units into a queue (the
+# argv[1]-th run): it comes between two queues of one batch
+STOPPED_BETWEEN_QUEUES = """
+import os, signal, sys
+import rmqstore.dispatch as dispatch
+from rmqstore.commands.entry import main
+put_run, runs = dispatch._BatchWalk._put_run, []
+at, number = int(sys.argv[1]), getattr(signal, sys.argv[2])
+def put_run_then_stopped(self, *args, **kwargs):
+    put = put_run(self, *args, **kwargs)
+    runs.append(put)
+    if len(runs) == at:
+        os.kill(os.getpid(), number)
+    return put
+dispatch._BatchWalk._put_run = put_run_then_stopped
+sys.argv = ["rmqstore", "dispatch", *sys.argv[3:]]
+main()
+"""
+
+
+@pytest.mark.parametrize(("run", "name"), [(20, "SIGINT"), (45, "SIGINT"), (20, "SIGKILL")])
+def test_a_stop_waits_for_the_batch_so_no_queue_is_left_behind(
+    tmp_path: Path, run: int, name: str
+) -> None:
+    """Ctrl-C in the middle of a batch, between one queue's units and the next's: the stop
+    left the queues written before it ahead of the others, and the next `append` was refused
+    ("records of T0:2 are missing from its consume queue ... run rmqstore dispatch --rebuild
+    --yes first"; the signals campaign met it again and again). The stop now waits for the
+    batch to be in every queue: exit 130, 'abort' kept, and the store takes appends. Killed
+    there (kill -9), the queues are left uneven: `append` is refused, and now names a plain
+    `dispatch` (whose crash replay puts the missing units back) instead of a rebuild of every
+    queue, and verify's "hole" it named was not there (`dispatch-lag`)."""
+    store = tmp_path / "store"
+    messages = tmp_path / "messages.jsonl"
+    messages.write_text(
+        "".join(
+            json.dumps({"topic": f"T{n % 3}", "queueId": n % 4, "body": "x" * 100}) + "\n"
+            for n in range(20000)
+        )
+    )
+    assert run_cli("append", store, "--create", "--input", messages).exit_code == 0
+    stopped = subprocess.run(
+        [sys.executable, "-c", STOPPED_BETWEEN_QUEUES, str(run), name, str(store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=sigint_delivered,
+    )
+    assert stopped.returncode == (130 if name == "SIGINT" else -9), stopped.stderr
+    assert (store / "abort").exists()
+    appended = run_cli("append", store, "--topic", "T1", "--queue", "1", "--body", "after")
+    if name == "SIGKILL":
+        assert appended.exit_code == 2, appended.stderr
+        assert "missing from its consume queue" in appended.stderr
+        assert appended.stderr.strip().endswith("putting the missing units back)")
+        assert run_cli("dispatch", store).exit_code == 0
+        appended = run_cli("append", store, "--topic", "T1", "--queue", "1", "--body", "after")
+    assert appended.exit_code == 0, appended.stderr
+    _finishes_with_every_record(store, 20001)
 
 
 def _finishes_with_every_record(store: Path, messages: int, *options: str) -> None:
