@@ -4,8 +4,15 @@ first of them: those after it are ignored while the command stops."""
 
 from __future__ import annotations
 
+# atexit here, not where a stop registers its handler: that runs inside a signal handler, and
+# an import there, met while the interrupted code was importing a module of its own, broke
+# Python 3.11's import locks ("internal error: KeyError: 139896121883520", the thread's id,
+# from importlib's table of the imports each thread waits on; the signals campaign, seed 9).
+# Nothing a signal handler here runs imports anything.
+import atexit
 import contextlib
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,10 +90,43 @@ def _first_only(stop: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
             _held = (stop, number)
             _release_held_after(HELD_AT_MOST)
             return None
-        return stop(number, frame)
+        return _raise_stop(stop, number, frame)
 
     handler.first_only = True  # type: ignore[attr-defined]
     return handler
+
+
+# the stop raised (for its delivery again, see _unraisable), and how often it was delivered again
+_raised: tuple[Callable[[int, Any], Any], int] | None = None
+_delivered_again = 0
+_DELIVERED_AGAIN_AT_MOST = 10
+
+
+def _raise_stop(stop: Callable[[int, Any], Any], number: int, frame: Any) -> Any:
+    global _raised
+    _raised = (stop, number)
+    return stop(number, frame)
+
+
+def _unraisable(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a stop raised where Python drops exceptions (a weakref
+    callback, ``__del__``: importlib's cleanup of a module's lock as the command imports
+    a module) is raised again a moment later, where the command is; it was lost (printed as
+    "Exception ignored in: <function _get_module_lock.<locals>.cb>" with a traceback, and
+    the command went on as if no signal had come). Anything else as Python reports it."""
+    global _delivered_again
+    exc = unraisable.exc_value
+    if (
+        _raised is not None
+        and isinstance(exc, KeyboardInterrupt)
+        and _delivered_again < _DELIVERED_AGAIN_AT_MOST
+    ):
+        _delivered_again += 1
+        stop, number = _raised
+        signal.signal(signal.SIGALRM, lambda _number, _frame: stop(number, None))
+        signal.setitimer(signal.ITIMER_REAL, 0.001)
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 # while stdout takes whole lines (held_stops): a stop signal waits until the line in flight
@@ -126,7 +166,7 @@ def act_on_held() -> None:
         return
     stop, number = _held
     _forget_held()
-    stop(number, None)
+    _raise_stop(stop, number, None)
 
 
 def _forget_held() -> None:
@@ -159,6 +199,7 @@ def interrupt_on_sigterm() -> None:
         ):
             signal.signal(number, _first_only(handler))
     _installed = True
+    sys.unraisablehook = _unraisable
     from rmqstore import stops
 
     stops.hold_stops_with(held_stops)  # the engine's stretches a stop is not to cut in two
@@ -173,8 +214,6 @@ def stop_listening() -> None:
     if not _installed:
         return
     if not _stopping:
-        import atexit
-
         atexit.register(_deaf)
     _stopping = True
     # a handler that does nothing, not SIG_IGN: one of them that arrived just before, still

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -172,3 +173,101 @@ def test_the_console_script_and_python_m_start_at_the_entry() -> None:
     assert script.value == "rmqstore.commands.entry:main"
     main_module = (Path(__file__).parents[2] / "rmqstore" / "__main__.py").read_text()
     assert "from rmqstore.commands.entry import main" in main_module
+
+
+# each way a stop signal is handled, the modules the handling imported
+HANDLERS_IMPORT = """
+import json, os, signal, sys, time
+from rmqstore.commands import signals
+signals.interrupt_on_sigterm()
+imported = {}
+
+def imports_of(name, stopping):
+    before = set(sys.modules)
+    try:
+        stopping()
+    except KeyboardInterrupt:
+        pass
+    imported[name] = sorted(set(sys.modules) - before)
+
+def held():
+    with signals.held_stops():
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.01)
+
+def follow_loop():
+    with signals.StopSignal():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+
+# one process a way: only the first stop signal of a process is acted on
+{"raised": lambda: imports_of("raised", lambda: os.kill(os.getpid(), signal.SIGHUP)),
+ "held": lambda: imports_of("held", held),
+ "follow": lambda: imports_of("follow", follow_loop)}[sys.argv[1]]()
+print(json.dumps(imported))
+"""
+
+
+@pytest.mark.parametrize("way", ["raised", "held", "follow"])
+def test_a_stop_signal_s_handling_imports_nothing(way: str) -> None:
+    """What a stop signal's handler runs imports no module: the first stop imported
+    `atexit` (to end the process deaf to later ones), and a signal that came while the
+    command was importing a module of its own then broke Python 3.11's import locks: the
+    command ended in "internal error: KeyError: 139896121883520" (the thread's id, from
+    importlib's table of the imports each thread waits on; the signals campaign, seed 9,
+    `dispatch --rebuild` sent SIGHUP and SIGINT)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HANDLERS_IMPORT, way],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=sigint_delivered,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {way: []}
+
+
+# a stop signal handled inside a weakref callback (where Python drops what is raised), then
+# the command goes on for half a second
+STOPPED_IN_A_CALLBACK = """
+import os, signal, sys, time, weakref
+from rmqstore.commands import signals
+signals.interrupt_on_sigterm()
+
+class Thing:
+    pass
+
+def callback(_reference):
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    for _ in range(10000):  # the handler runs in here: what it raises is dropped
+        pass
+
+thing = Thing()
+reference = weakref.ref(thing, callback)
+try:
+    del thing
+    time.sleep(0.5)
+    print("went on")
+except KeyboardInterrupt as exc:
+    print(type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "raised"),
+    [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "Terminated"), ("SIGHUP", "HungUp")],
+)
+def test_a_stop_signal_met_in_a_weakref_callback_still_stops(name: str, raised: str) -> None:
+    """A stop signal handled while Python runs a weakref callback (as importlib's cleanup
+    of a module's lock does after each import: an export stopped as it imports pyarrow) was
+    lost: Python printed "Exception ignored in: <function ...>" with a traceback and the
+    command went on to the end. It is raised again, a moment later, where the command is."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_IN_A_CALLBACK, name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=sigint_delivered,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (done.stdout.strip(), done.stderr) == (raised, "")
