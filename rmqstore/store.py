@@ -1367,9 +1367,9 @@ def _hole_refusal(
     )
     if replayed:
         return said + (
-            "run rmqstore dispatch first ('abort' is there: a dispatch stopped part way, and "
-            "the next one dispatches again from where a broker's crash recovery would, "
-            "putting the missing units back)"
+            "run rmqstore dispatch first ('abort' is there: a dispatch or rebuild stopped part "
+            "way, and the next dispatch puts records again from where a broker's crash "
+            "recovery would, putting the missing units back)"
         )
     return said + "run rmqstore dispatch --rebuild --yes first (rmqstore verify shows the hole)"
 
