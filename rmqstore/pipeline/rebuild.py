@@ -63,6 +63,7 @@ from rmqstore.record import (
     ScanStop,
     record_item,
 )
+from rmqstore.stops import whole
 from rmqstore.store import Store
 from rmqstore.workers import process_map
 
@@ -491,7 +492,8 @@ def rebuild_in_workers(
             for prepared in walk_in_order(prepared_ranges, lambda item: item.summary):
                 walked.append(prepared.summary)
                 if not stopped:
-                    applier.apply(prepared)
+                    with whole():  # a stop waits for the range: no queue left behind
+                        applier.apply(prepared)
                     stopped = stops_dispatch(prepared.summary, crc_from)
                 if progress is not None:
                     progress(int(prepared.summary.file) + prepared.summary.stop)

@@ -551,25 +551,31 @@ def test_a_dispatch_stopped_as_it_makes_a_file_leaves_nothing_of_it(
 # argv[1]-th run): it comes between two queues of one batch
 STOPPED_BETWEEN_QUEUES = """
 import os, signal, sys
-import rmqstore.dispatch as dispatch
+import rmqstore.dispatch, rmqstore.pipeline.rebuild
 from rmqstore.commands.entry import main
-put_run, runs = dispatch._BatchWalk._put_run, []
 at, number = int(sys.argv[1]), getattr(signal, sys.argv[2])
+walk = rmqstore.dispatch._BatchWalk  # a dispatch's batches; a rebuild with --jobs: its ranges
+walk = rmqstore.pipeline.rebuild._Applier if "--jobs" in sys.argv else walk
+put_run, runs = walk._put_run, []
 def put_run_then_stopped(self, *args, **kwargs):
     put = put_run(self, *args, **kwargs)
     runs.append(put)
     if len(runs) == at:
         os.kill(os.getpid(), number)
     return put
-dispatch._BatchWalk._put_run = put_run_then_stopped
+walk._put_run = put_run_then_stopped
 sys.argv = ["rmqstore", "dispatch", *sys.argv[3:]]
 main()
 """
 
 
-@pytest.mark.parametrize(("run", "name"), [(20, "SIGINT"), (45, "SIGINT"), (20, "SIGKILL")])
+@pytest.mark.parametrize(
+    ("run", "name", "rebuild"),
+    [(20, "SIGINT", ()), (45, "SIGINT", ()), (20, "SIGKILL", ()),
+     (20, "SIGINT", ("--rebuild", "--yes", "--jobs", "2", "--split-size", "200000"))],
+)  # fmt: skip
 def test_a_stop_waits_for_the_batch_so_no_queue_is_left_behind(
-    tmp_path: Path, run: int, name: str
+    tmp_path: Path, run: int, name: str, rebuild: tuple[str, ...]
 ) -> None:
     """Ctrl-C in the middle of a batch, between one queue's units and the next's: the stop
     left the queues written before it ahead of the others, and the next `append` was refused
@@ -578,7 +584,9 @@ def test_a_stop_waits_for_the_batch_so_no_queue_is_left_behind(
     batch to be in every queue: exit 130, 'abort' kept, and the store takes appends. Killed
     there (kill -9), the queues are left uneven: `append` is refused, and now names a plain
     `dispatch` (whose crash replay puts the missing units back) instead of a rebuild of every
-    queue, and verify's "hole" it named was not there (`dispatch-lag`)."""
+    queue, and verify's "hole" it named was not there (`dispatch-lag`). A rebuild with
+    `--jobs` stopped as it put a worker's range into the queues left them uneven too (14 of
+    about 30 stopped at random); a stop now waits for the range."""
     store = tmp_path / "store"
     messages = tmp_path / "messages.jsonl"
     messages.write_text(
@@ -589,7 +597,7 @@ def test_a_stop_waits_for_the_batch_so_no_queue_is_left_behind(
     )
     assert run_cli("append", store, "--create", "--input", messages).exit_code == 0
     stopped = subprocess.run(
-        [sys.executable, "-c", STOPPED_BETWEEN_QUEUES, str(run), name, str(store)],
+        [sys.executable, "-c", STOPPED_BETWEEN_QUEUES, str(run), name, str(store), *rebuild],
         capture_output=True,
         text=True,
         timeout=120,
