@@ -216,15 +216,20 @@ def test_a_stop_signal_s_handling_imports_nothing(way: str) -> None:
     command ended in "internal error: KeyError: 139896121883520" (the thread's id, from
     importlib's table of the imports each thread waits on; the signals campaign, seed 9,
     `dispatch --rebuild` sent SIGHUP and SIGINT)."""
-    done = subprocess.run(
-        [sys.executable, "-c", HANDLERS_IMPORT, way],
+    done = _python(HANDLERS_IMPORT, way)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {way: []}
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by this Python with ``args``, SIGINT delivered (see sigint_delivered)."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=60,
         preexec_fn=sigint_delivered,
     )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {way: []}
 
 
 # a stop signal handled inside a weakref callback (where Python drops what is raised), then
@@ -262,12 +267,6 @@ def test_a_stop_signal_met_in_a_weakref_callback_still_stops(name: str, raised: 
     of a module's lock does after each import: an export stopped as it imports pyarrow) was
     lost: Python printed "Exception ignored in: <function ...>" with a traceback and the
     command went on to the end. It is raised again, a moment later, where the command is."""
-    done = subprocess.run(
-        [sys.executable, "-c", STOPPED_IN_A_CALLBACK, name],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=sigint_delivered,
-    )
+    done = _python(STOPPED_IN_A_CALLBACK, name)
     assert done.returncode == 0, done.stderr
     assert (done.stdout.strip(), done.stderr) == (raised, "")
