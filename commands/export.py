@@ -89,8 +89,9 @@ def command(
 
     Records are read up to where each file's records end, as one walk of the log sees it:
     damaged regions of completed files are skipped, and the log ends at the first invalid
-    record of its last file. One part file per range of the commit log (--split-size),
-    part-NNNNN.parquet or .jsonl; both engines write the same files. STORE and DIR may be local
+    record of its last file. One part file per range of the commit log (--split-size;
+    consecutive files smaller than that share one up to it), part-NNNNN.parquet or .jsonl;
+    both engines write the same files. STORE and DIR may be local
     paths or pyarrow URIs (s3://, hdfs://, gs://). A local DIR is written under a temporary
     name (.DIR.rmqstore-PID), synced to disk and renamed at the end, so a failed export
     leaves nothing behind and one that said it was done outlives a crash just after; such a
@@ -196,7 +197,10 @@ def _render(result: ExportResult) -> None:
     table.add_row("exported", f"{counted(result.messages, 'message')} as {result.format}")
     table.add_row("to", result.destination)
     if result.files:
-        table.add_row("files", f"{len(result.files)} part files ({result.files[0]}, ...)")
+        more = ", ..." if len(result.files) > 1 else ""
+        table.add_row(
+            "files", f"{counted(len(result.files), 'part file')} ({result.files[0]}{more})"
+        )
     damaged = [f for f in result.commitlog_files if f.invalid_regions]
     if damaged:
         table.add_row(

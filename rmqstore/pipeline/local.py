@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain
+from itertools import chain, groupby
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from rmqstore.pipeline.ranges import (
     RangeSummary,
     SummaryJob,
     file_bounds,
+    part_groups,
     plan_log,
     plan_ranges,
     record_margin,
@@ -342,19 +343,22 @@ def _process_running(pid: int) -> bool:
 
 @dataclass(frozen=True)
 class PartJob:
-    """One range's messages into one part file: picklable, for an executor."""
+    """The messages of consecutive ranges (one, or whole small files grouped:
+    :func:`~rmqstore.pipeline.ranges.part_groups`) into one part file: picklable, for an
+    executor."""
 
     store: str
-    part: FileRange
+    parts: tuple[FileRange, ...]
     rows: MessageRowOptions
     fmt: str
     target: str  # a path, or a URI for pyarrow.fs
 
 
 def write_part(job: PartJob) -> tuple[str, int]:
-    """Write one range's messages to its part file (none when the range has no messages)."""
-    batches = message_batches(
-        StoreLocation(job.store), job.part, job.rows, coded=job.fmt == "parquet"
+    """Write the ranges' messages to their part file (none when they have no messages)."""
+    location = StoreLocation(job.store)
+    batches = chain.from_iterable(
+        message_batches(location, part, job.rows, coded=job.fmt == "parquet") for part in job.parts
     )
     first = next(batches, None)
     if first is None:
@@ -377,16 +381,19 @@ def export_parts(
     walked: list[RangeSummary],
     plan: LogPlan,
     runner: Runner,
+    split: int,
 ) -> ExportResult:
     """Write ``part-NNNNN`` files, one per range that has messages, with ``runner`` (here or
-    on executors). A local destination is written as a staging directory renamed at the end;
-    a remote one (object stores cannot rename a directory) is written in place."""
+    on executors); ``ranges`` end where a walk found each file's records end, and are put
+    in parts as the one-pass export puts ``plan``'s (:func:`_as_planned`). A local
+    destination is written as a staging directory renamed at the end; a remote one (object
+    stores cannot rename a directory) is written in place."""
     extension = "parquet" if fmt == "parquet" else "jsonl"
 
     def jobs(base: str) -> list[PartJob]:
         return [
-            PartJob(store, part, rows, fmt, f"{base}/part-{number:05d}.{extension}")
-            for number, part in enumerate(ranges)
+            PartJob(store, tuple(group), rows, fmt, f"{base}/part-{number:05d}.{extension}")
+            for number, group in enumerate(_as_planned(ranges, part_groups(plan.ranges, split)))
         ]
 
     try:
@@ -402,6 +409,14 @@ def export_parts(
     files = [target.rsplit("/", 1)[-1] for target, count in written if count]
     messages = sum(count for _, count in written)
     return ExportResult(destination, fmt, messages, files, file_stats(walked, plan), plan.live_end)
+
+
+def _as_planned(ranges: list[FileRange], groups: list[list[FileRange]]) -> list[list[FileRange]]:
+    """``ranges`` (bounded by a walk: the planned ones a walk visits, the last of a file cut
+    where its records end) in the parts ``groups`` of the planned ranges put them in."""
+    number = {(part.name, part.start): n for n, group in enumerate(groups) for part in group}
+    parts = groupby(ranges, lambda part: number.get((part.name, part.start), (part.name,)))
+    return [list(group) for _, group in parts]
 
 
 class Pipeline:
@@ -507,8 +522,9 @@ class Pipeline:
                 walked,
                 plan,
                 self.run,
+                self.options.split,
             )
-        ranges = plan.ranges
+        groups = part_groups(plan.ranges, self.options.split)
         extension = "parquet" if fmt == "parquet" else "jsonl"
         try:
             with staged_directory(destination) as staging:
@@ -516,21 +532,25 @@ class Pipeline:
                 jobs = [
                     PartJob(
                         self.location.uri,
-                        part,
+                        tuple(group),
                         rows,
                         fmt,
                         str(root / f"range-{number:05d}.{extension}"),
                     )
-                    for number, part in enumerate(ranges)
+                    for number, group in enumerate(groups)
                 ]
                 with closing(self._exported(jobs)) as done:
-                    walked = list(walk_in_order(done, lambda item: item[0]))
+                    walked = list(walk_in_order(chain.from_iterable(done), lambda item: item[0]))
+                # a part's messages, of the ranges the walk visits (all of a group's)
+                counts: dict[str, int] = {}
+                for _, target, count in walked:
+                    counts[target] = counts.get(target, 0) + count
                 # every part is closed (the encoder is done) before the files are renamed
-                kept = _number_parts(root, [target for _, target, _ in walked], extension)
+                kept = _number_parts(root, list(counts), extension)
         except OSError as exc:
             raise StoreIOError(f"cannot write {destination}: {exc.strerror or exc}") from None
-        files = [name for name, (_, _, count) in zip(kept, walked, strict=True) if count]
-        messages = sum(count for _, _, count in walked)
+        files = [name for name, count in zip(kept, counts.values(), strict=True) if count]
+        messages = sum(counts.values())
         return ExportResult(
             destination,
             fmt,
@@ -540,8 +560,8 @@ class Pipeline:
             plan.live_end,
         )
 
-    def _exported(self, jobs: list[PartJob]) -> Iterator[tuple[RangeSummary, str, int]]:
-        """Each range exported (:func:`export_range`), in log order, by :meth:`run`."""
+    def _exported(self, jobs: list[PartJob]) -> Iterator[list[tuple[RangeSummary, str, int]]]:
+        """Each part's ranges exported (:func:`export_range`), in log order, by :meth:`run`."""
         yield from self.run(export_range, jobs)
 
     def export_rows(
@@ -568,8 +588,8 @@ class LocalPipeline(Pipeline):
     def run(self, function: Callable[[Any], Any], jobs: list) -> list:
         return list(self._watched(function, jobs))
 
-    def _exported(self, jobs: list[PartJob]) -> Iterator[tuple[RangeSummary, str, int]]:
-        """Each range exported, in log order: here with one encoder thread for all parts, or
+    def _exported(self, jobs: list[PartJob]) -> Iterator[list[tuple[RangeSummary, str, int]]]:
+        """Each part's ranges exported, in log order: here with one encoder thread for all parts, or
         in ``options.workers`` processes (each part encoded beside its building there)."""
         watch = self.progress("exporting", len(jobs)) if self.progress else None
         with watch or nullcontext(lambda done: None) as update, ExitStack() as stack:
@@ -600,9 +620,9 @@ class LocalPipeline(Pipeline):
         except ImportError:
             return self._stats_by_record(topics)
         plan = self.plan()
-        jobs = [
-            StatsJob(summary, topics)
-            for summary in summary_jobs(
+        summaries = {
+            job.part: job
+            for job in summary_jobs(
                 self.location,
                 self.options.split,
                 check_crc=True,
@@ -610,11 +630,16 @@ class LocalPipeline(Pipeline):
                 margin=self.margin,
                 plan=plan,
             )
+        }
+        jobs = [
+            StatsJob(tuple(summaries[part] for part in group), topics)
+            for group in part_groups(plan.ranges, self.options.split)
         ]
         queues: dict[tuple[str, int], QueueStats] = {}
         walked: list[RangeSummary] = []
-        # in log order as they arrive, one range's counts at a time in memory
-        with closing(self._watched(stats_range, jobs)) as counted_ranges:
+        # in log order as they arrive, one job's counts at a time in memory
+        with closing(self._watched(stats_range, jobs)) as counted_jobs:
+            counted_ranges = chain.from_iterable(counted_jobs)
             for summary, counted in walk_in_order(counted_ranges, lambda item: item[0]):
                 walked.append(summary)
                 _fold(queues, counted)
@@ -631,10 +656,11 @@ class LocalPipeline(Pipeline):
 
 def export_range(
     job: PartJob, encode: Callable[[Callable[[], Any]], None] | None = None
-) -> tuple[RangeSummary, str, int]:
-    """Walk one range and write its messages to ``job.target`` in the same pass (no file
-    when it has none). Parquet is encoded and closed by ``encode``'s thread, or (none given)
-    by a thread of this call's own."""
+) -> list[tuple[RangeSummary, str, int]]:
+    """Walk the job's ranges and write their messages to ``job.target`` in the same pass (no
+    file when they have none): per range, its summary, the target and how many of its
+    messages were written. Parquet is encoded and closed by ``encode``'s thread, or (none
+    given) by a thread of this call's own."""
     if encode is None:
         with _Background(_run) as own:
             return export_range(job, own)
@@ -642,26 +668,31 @@ def export_range(
         writer: ParquetPart | JsonlPart = ParquetPart(partial(_native_file, job.target), encode)
     else:
         writer = JsonlPart(partial(open, job.target, "wb"))
-    batcher = MessageBatcher(job.rows, f"commitlog/{job.part.name}", coded=job.fmt == "parquet")
-
-    def write(buf: Any, rows: Any, count: int) -> None:
-        batch = batcher(buf, rows, count)
-        if batch is not None:
-            writer.add(batch)
-
+    location = StoreLocation(job.store)
     levels = DelayLevels(job.rows.delay_levels) if job.rows.delay_levels else DelayLevels()
+    done: list[tuple[RangeSummary, str, int]] = []
     try:
-        summary = summarize_range(
-            StoreLocation(job.store),
-            job.part,
-            check_crc=job.rows.check_crc,
-            delay_levels=levels,
-            on_batch=write,
-            batch_rows=EXPORT_BATCH_ROWS,
-        )
+        for part in job.parts:
+            batcher = MessageBatcher(job.rows, f"commitlog/{part.name}", coded=job.fmt == "parquet")
+
+            def write(buf: Any, rows: Any, count: int, batcher: MessageBatcher = batcher) -> None:
+                batch = batcher(buf, rows, count)
+                if batch is not None:
+                    writer.add(batch)
+
+            before = writer.messages
+            summary = summarize_range(
+                location,
+                part,
+                check_crc=job.rows.check_crc,
+                delay_levels=levels,
+                on_batch=write,
+                batch_rows=EXPORT_BATCH_ROWS,
+            )
+            done.append((summary, job.target, writer.messages - before))
     finally:
         writer.close()
-    return summary, job.target, writer.messages
+    return done
 
 
 def _native_file(path: str) -> Any:
@@ -711,9 +742,10 @@ def _store_stats(
 
 @dataclass(frozen=True)
 class StatsJob:
-    """One range to summarise and count per queue: picklable, for a worker process."""
+    """Ranges to summarise and count per queue (one, or whole small files grouped:
+    :func:`~rmqstore.pipeline.ranges.part_groups`): picklable, for a worker process."""
 
-    summary: SummaryJob
+    summaries: tuple[SummaryJob, ...]
     topics: frozenset[str] | None
 
 
@@ -727,9 +759,11 @@ _STATS_INTEGERS = (
 )
 
 
-def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], QueueStats]]:
-    """The summary of one range and the per-queue counts of its messages, in one pass: Arrow
-    aggregates columns taken from the kernel's row batches."""
+def stats_range(job: StatsJob) -> list[tuple[RangeSummary, dict[tuple[str, int], QueueStats]]]:
+    """The summary of each of the job's ranges and the per-queue counts of their messages, in
+    one pass: Arrow aggregates columns taken from the kernel's row batches. The counts of
+    all the ranges come with the last one's summary (one walk of the log visits every range
+    of a group, or the group is one range)."""
     import pyarrow as pa
 
     queues: dict[tuple[str, int], QueueStats] = {}
@@ -759,10 +793,10 @@ def stats_range(job: StatsJob) -> tuple[RangeSummary, dict[tuple[str, int], Queu
             waiting.clear()
             rows_waiting = 0
 
-    summary = summarize_job(job.summary, on_batch=count)
+    summaries = [summarize_job(each, on_batch=count) for each in job.summaries]
     if waiting:
         _fold_table(queues, pa.concat_tables(waiting))
-    return summary, queues
+    return [(summary, {}) for summary in summaries[:-1]] + [(summaries[-1], queues)]
 
 
 def _fold_table(queues: dict[tuple[str, int], QueueStats], table: Any) -> None:

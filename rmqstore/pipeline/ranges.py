@@ -170,6 +170,53 @@ def plan_spans(
     return spans
 
 
+def coalesce(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
+    """Consecutive ranges grouped into partitions of at most ``split`` bytes (a range larger
+    than that alone), so a log of many small files is not a task per file."""
+    return grouped(ranges, [part.stop - part.start for part in ranges], split)
+
+
+def part_groups(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
+    """:func:`coalesce` for ranges not yet bounded by a walk (a one-pass export, ``stats``):
+    only ranges that are the whole of their file's planned ranges are grouped, each such
+    group up to ``split`` bytes; a file of several ranges keeps each alone. One walk of the
+    log visits every range of a group (where such a file's records end is inside its only
+    range, and nothing follows the last file's), so what is read of a group is kept whole,
+    and a log of many small files is not a part file and a job per file."""
+    per_file: dict[str, int] = {}
+    for part in ranges:
+        per_file[part.name] = per_file.get(part.name, 0) + 1
+    groups: list[list[FileRange]] = []
+    held = 0
+    open_group = False  # the last group holds whole files only, and may take more
+    for part in ranges:
+        whole = per_file[part.name] == 1
+        size = part.stop - part.start
+        if whole and open_group and split > 0 and held + size <= split:
+            groups[-1].append(part)
+            held += size
+        else:
+            groups.append([part])
+            held = size
+        open_group = whole
+    return groups
+
+
+def grouped(items: list[Any], sizes: list[int], limit: int) -> list[list[Any]]:
+    """Consecutive ``items`` grouped while their ``sizes`` add up to at most ``limit`` (an
+    item larger than that alone; ``limit`` 0: each alone)."""
+    groups: list[list[Any]] = []
+    held = 0
+    for item, size in zip(items, sizes, strict=True):
+        if groups and limit > 0 and held + size <= limit:
+            groups[-1].append(item)
+            held += size
+        else:
+            groups.append([item])
+            held = size
+    return groups
+
+
 # a file's last range may run up to a tenth over ``split`` rather than leave a sliver of data
 # to a range of its own (Hadoop's FileInputFormat allows the same, its SPLIT_SLOP): each range
 # is a task, and a task of a Python data source costs PySpark about 60 ms on this machine

@@ -3,9 +3,10 @@ on a SparkSession, over the same range functions the local engine runs
 (:class:`rmqstore.pipeline.local.Pipeline`; here :meth:`SparkPipeline.run` sends them to
 executors, consecutive ranges sharing a task up to about 128 MiB).
 
-- export: each range written to its own part file by the executor that reads it, and
-  summarised in the same pass; the parts of ranges past where a file's records end are
-  dropped after (:meth:`Pipeline.export`). An export to a URI summarises the ranges first.
+- export: each range (small files' ranges grouped, up to the split size) written to its
+  own part file by the executor that reads it, and summarised in the same pass; the parts
+  of ranges past where a file's records end are dropped after (:meth:`Pipeline.export`).
+  An export to a URI summarises the ranges first.
 - stats: the summaries, and Spark aggregations over the ``rocketmq-commitlog`` rows read with
   those ``fileBounds``.
 - verify: :class:`rmqstore.verify.ranges.RangedVerify` with the ranges checked on executors;
@@ -152,7 +153,7 @@ class SparkPipeline(Pipeline):
         error). Consecutive jobs share a task up to about :data:`SOURCE_SPLIT` bytes, with at
         least one task per core: a task costs PySpark 45-60 ms here however little it does,
         and nine 32 MiB exports of the 1M store took 0.53-0.64 s as nine tasks, 0.34-0.49 s
-        as two (each range still its own part file)."""
+        as two (each range, or group of small files, still its own part file)."""
         if not jobs:
             return []
         context = self.spark.sparkContext

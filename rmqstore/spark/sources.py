@@ -77,6 +77,8 @@ from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     SUMMARY_FIELDS,
     FileRange,
+    coalesce,
+    grouped,
     plan_ranges,
     plan_spans,
     record_margin,
@@ -533,27 +535,6 @@ def _bytes_layout(kind: Any) -> Any:
             return None
         return pa.map_(keys or kind.key_type, items or kind.item_type)
     return None
-
-
-def coalesce(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
-    """Consecutive ranges grouped into partitions of at most ``split`` bytes (a range larger
-    than that alone), so a log of many small files is not a task per file."""
-    return grouped(ranges, [part.stop - part.start for part in ranges], split)
-
-
-def grouped(items: list[Any], sizes: list[int], limit: int) -> list[list[Any]]:
-    """Consecutive ``items`` grouped while their ``sizes`` add up to at most ``limit`` (an
-    item larger than that alone; ``limit`` 0: each alone)."""
-    groups: list[list[Any]] = []
-    held = 0
-    for item, size in zip(items, sizes, strict=True):
-        if groups and limit > 0 and held + size <= limit:
-            groups[-1].append(item)
-            held += size
-        else:
-            groups.append([item])
-            held = size
-    return groups
 
 
 class CommitLogDataSource(DataSource):

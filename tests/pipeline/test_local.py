@@ -22,6 +22,7 @@ from rmqstore.pipeline.local import (
     Pipeline,
     PipelineOptions,
     _Background,
+    export_parts,
 )
 from rmqstore.pipeline.ranges import LogPlan
 from rmqstore.record import COMPRESSED_FLAG
@@ -75,25 +76,53 @@ def test_one_pass_export_writes_what_a_walk_first_writes(
     tmp_path: Path, scenario: str, fmt: str
 ) -> None:
     """The local engine walks and writes in one pass; the Spark engine walks the log first and
-    then writes up to where each file's records end. Both give the same files."""
+    then writes up to where each file's records end (as an export to a URI does). Both give
+    the same files, whole small files sharing a part (splits of 40,000 and 1 MiB) or not."""
     store_dir = tmp_path / "store"
     if scenario in ("first", "last"):  # a damaged record early in the first or last file
         _damaged(store_dir, 0 if scenario == "first" else -1, 30 if scenario == "first" else 3)
     else:
         generate(scenario, store_dir)
     workers = 2 if scenario == "multi" else 1  # worker processes: one scenario is enough
-    for split in (9000, 1 << 20):
+    for split in (9000, 40000, 1 << 20):
         pipeline = LocalPipeline(str(store_dir), PipelineOptions(split=split, workers=workers))
         one_pass = pipeline.export(str(tmp_path / f"one-{split}-{fmt}"), fmt)
-        walk_first = Pipeline.export(pipeline, str(tmp_path / f"walk-{split}-{fmt}"), fmt)
-        assert one_pass.to_dict() | {"destination": ""} == walk_first.to_dict() | {
-            "destination": ""
+        in_runner = Pipeline.export(pipeline, str(tmp_path / f"run-{split}-{fmt}"), fmt)
+        plan = pipeline.plan()
+        walked = pipeline.walk(check_crc=False, plan=plan)
+        walk_first = export_parts(
+            str(store_dir),
+            pipeline.bounded_ranges(walked),
+            pipeline.export_rows(None, True, True),
+            str(tmp_path / f"walk-{split}-{fmt}"),
+            fmt,
+            walked,
+            plan,
+            pipeline.run,
+            split,
+        )
+        assert one_pass.to_dict() | {"destination": ""} == in_runner.to_dict() | {"destination": ""}
+        # written in place, a walk-first export numbers its parts as planned (gaps and all)
+        assert one_pass.to_dict() | {"destination": "", "files": []} == walk_first.to_dict() | {
+            "destination": "",
+            "files": [],
         }
         assert one_pass.messages > 0
         written = sorted((tmp_path / f"one-{split}-{fmt}").iterdir())
-        expected = sorted((tmp_path / f"walk-{split}-{fmt}").iterdir())
+        logs = sorted((store_dir / "commitlog").iterdir())
+        whole = split >= 2 * logs[0].stat().st_size  # files that share parts
+        assert (len(written) < len(logs) - 1) == whole
+        expected = sorted((tmp_path / f"run-{split}-{fmt}").iterdir())
         assert [p.name for p in written] == [p.name for p in expected]
         assert [p.read_bytes() for p in written] == [p.read_bytes() for p in expected]
+        parts = sorted((tmp_path / f"walk-{split}-{fmt}").iterdir())
+        if fmt == "jsonl":  # the same lines in the same order
+            lines = b"".join(p.read_bytes() for p in written)
+            assert lines == b"".join(p.read_bytes() for p in parts)
+        else:
+            assert parquet_rows(parts[0].parent) == parquet_rows(written[0].parent)
+        if split == 1 << 20:  # every file whole, and in one part
+            assert len(written) == len(parts) == 1
 
 
 def test_jsonl_export_holds_what_read_prints(tmp_path: Path) -> None:

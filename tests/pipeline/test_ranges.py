@@ -19,9 +19,11 @@ from rmqstore.fixtures import generate
 from rmqstore.geometry import geometry_path
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
+    FileRange,
     RangeScan,
     dispatch_end,
     file_bounds,
+    part_groups,
     plan_ranges,
     plan_spans,
     record_margin,
@@ -280,6 +282,53 @@ def test_one_planner_for_every_caller() -> None:
         (0, 1000, 450, 900, True),
         (0, 1000, 900, 946, True),
     ]
+
+
+def test_part_groups_join_whole_small_files_only() -> None:
+    """Consecutive files planned as one range each share a part up to ``split`` bytes; the
+    ranges of a file planned in several stay alone (a walk may not visit the later ones)."""
+
+    def whole(name: str, size: int) -> FileRange:
+        return FileRange(name, int(name), 0, size, size, False)
+
+    small = [whole("0000", 300), whole("1000", 300), whole("2000", 300)]
+    cut = [FileRange("3000", 3000, start, start + 500, 1000, False) for start in (0, 500)]
+    late = [whole("4000", 400), whole("5000", 500)]
+    ranges = small + cut + late
+    assert part_groups(ranges, 700) == [small[:2], small[2:], cut[:1], cut[1:], late[:1], late[1:]]
+    assert part_groups(ranges, 1000) == [small, cut[:1], cut[1:], late]
+    assert part_groups(ranges, 0) == [[part] for part in ranges]
+    assert part_groups([], 1000) == []
+
+
+@pytest.mark.parametrize(
+    ("split", "limit"), [(0, 1 << 30), (1500, 1500), (1500, 40000), (40000, 40000)]
+)
+@pytest.mark.parametrize("name", ["multi", "torn-tail", "garbage-after-end", "crc-flip"])
+def test_a_walk_visits_every_range_of_a_part_group_or_none(
+    stores: Path, name: str, split: int, limit: int
+) -> None:
+    """What a one-pass export or ``stats`` reads of a group is kept whole: whatever ends a
+    file's records, one walk of the log visits all of a group's ranges or none of them (also
+    with groups of more bytes than a range, where a file's ranges would otherwise join)."""
+    location = StoreLocation(str(stores / name))
+    planned = plan_ranges(location, split, split_last=True)
+    summaries = [
+        summarize_range(location, part, check_crc=True, delay_levels=DelayLevels())
+        for part in planned
+    ]
+    walked = walk_summaries(summaries)
+    visited = {(each.file, each.start) for each in walked}
+    groups = part_groups(planned, limit)
+    if len({part.name for part in planned}) == len(planned):  # whole files, all visited
+        assert len(walked) == len(planned)
+        if all(2 * part.file_size <= limit for part in planned):  # two fit in a part
+            assert len(groups) < len(planned)
+    elif name != "multi":
+        assert len(walked) < len(planned)  # a file's records end before its last range
+    for group in groups:
+        seen = {(part.name, part.start) in visited for part in group}
+        assert len(seen) == 1, group
 
 
 @pytest.mark.parametrize("split", [0, 4096])
