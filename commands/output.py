@@ -299,7 +299,9 @@ def _fast_dumps() -> Callable[[Any], bytes] | None:
     return dumps
 
 
-def write_whole_lines(block: bytes | bytearray, *, atomic: bool = False) -> None:
+def write_whole_lines(
+    block: bytes | bytearray, *, atomic: bool = False, quoted_rows: bool = False
+) -> None:
     """Write ``block`` (whole lines) to stdout so that a signal stopping the command leaves
     the other end whole lines only: the stop waits (see
     :func:`~rmqstore.commands.signals.held_stops`) until the line being written is out.
@@ -309,7 +311,9 @@ def write_whole_lines(block: bytes | bytearray, *, atomic: bool = False) -> None
     stop all the same, and can then be left half a line, unless ``atomic``: into a pipe,
     the lines then go in writes of whole lines of at most PIPE_BUF bytes, each of which a
     pipe takes whole or not at all (for what a producer acts on, ``append``'s report; the
-    reads' output is not written so, as that made ``read --jsonl`` 25-45% slower)."""
+    reads' output is not written so, as that made ``read --jsonl`` 25-45% slower). With
+    ``quoted_rows`` (CSV/TSV rows, whose quoted fields may hold line feeds), the stop waits
+    for the row in flight, not the line."""
     import os
 
     from rmqstore.commands.signals import act_on_held, held_stops
@@ -326,7 +330,7 @@ def write_whole_lines(block: bytes | bytearray, *, atomic: bool = False) -> None
     with held_stops() as stop_held:
         while start < size:
             if stop_held() and size == len(view):  # out with the line in flight, then stop
-                size = block.find(b"\n", start - 1) + 1 if start else 0
+                size = _line_end(block, start, quoted_rows) if start else 0
                 if start >= size:
                     act_on_held()
                 continue
@@ -337,6 +341,16 @@ def write_whole_lines(block: bytes | bytearray, *, atomic: bool = False) -> None
                     cut = block.find(b"\n", start + most)
                 end = cut + 1 if cut >= 0 else size
             start += os.write(fd, view[start:end])
+
+
+def _line_end(block: bytes | bytearray, start: int, quoted_rows: bool) -> int:
+    """Where the line (or, ``quoted_rows``, the CSV/TSV row: a line feed outside quotes)
+    that ``block[start - 1]`` is part of ends: past its line feed (the block's end when
+    none follows). ``block`` begins with a line (or row)."""
+    end = block.find(b"\n", start - 1)
+    while quoted_rows and end >= 0 and block.count(b'"', 0, end) % 2:
+        end = block.find(b"\n", end + 1)  # inside a quoted field: the row goes on
+    return len(block) if end < 0 else end + 1
 
 
 # a pipe takes a write of at most this many bytes whole or not at all (POSIX's PIPE_BUF)
@@ -396,8 +410,8 @@ class DelimitedWriter:
 
     def write_rows(self, text: bytes) -> None:
         """Rows already written as this table writes them (UTF-8), as they are (whole
-        lines: :func:`write_whole_lines`)."""
-        write_whole_lines(text)
+        rows: :func:`write_whole_lines`)."""
+        write_whole_lines(text, quoted_rows=not self.jsonl)
 
     def rows(self, documents: Iterable[dict[str, Any]]) -> None:
         """The rows of many documents, written to stdout at once (one write, not one per

@@ -843,21 +843,23 @@ def test_numbers_copied_from_info_go_back_into_options(tmp_path: Path) -> None:
         assert refused.exit_code == 2 and "is not a valid integer" in refused.stderr, wrong
 
 
-def _read_into_a_pipe(store: Path) -> subprocess.Popen:
-    """``rmqstore read STORE --from-offset 0 --jsonl`` (a megabyte of lines) into a pipe."""
+def _read_into_a_pipe(store: Path, *output: str) -> subprocess.Popen:
+    """``rmqstore read STORE --from-offset 0 --jsonl`` (or ``output``: a megabyte of lines)
+    into a pipe."""
+    read = ["read", str(store), "--from-offset", "0", *(output or ["--jsonl"])]
     return subprocess.Popen(
-        [sys.executable, "-m", "rmqstore", "read", str(store), "--from-offset", "0", "--jsonl"],
+        [sys.executable, "-m", "rmqstore", *read],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=sigint_delivered,
     )
 
 
-def _lines_store(tmp_path: Path) -> Path:
+def _lines_store(tmp_path: Path, body: str = "m{n:05d}" * 40) -> Path:
     store = tmp_path / "store"
     messages = tmp_path / "messages.jsonl"
     messages.write_text(
-        "".join(json.dumps({"topic": "T", "body": f"m{n:05d}" * 40}) + "\n" for n in range(3000))
+        "".join(json.dumps({"topic": "T", "body": body.format(n=n)}) + "\n" for n in range(3000))
     )
     created = run_cli("append", store, "--create", "--input", messages)
     assert created.exit_code == 0, created.stderr
@@ -893,6 +895,36 @@ def test_a_signal_while_the_reader_lags_leaves_whole_lines(
     bodies = [json.loads(line)["body"] for line in out.splitlines()]
     assert 0 < len(bodies) < 3000
     assert bodies == [f"m{n:05d}" * 40 for n in range(len(bodies))]
+
+
+def test_a_signal_while_the_reader_lags_leaves_whole_csv_rows(tmp_path: Path) -> None:
+    """``read --csv`` of bodies holding line feeds (quoted fields of several lines), stopped
+    while its reader lags: the stop waited for the line in flight, which ended inside a
+    quoted body, and the last row was cut there (a CSV reader took half a body, or failed
+    on the open quote); it now waits for the row."""
+    import csv
+    import io
+
+    body = "m{n:05d} first line\n" + "a line of the body\n" * 30 + "m{n:05d} last line"
+    reading = _read_into_a_pipe(
+        _lines_store(tmp_path, body), "--csv", "--fields", "queueOffset,body"
+    )
+    try:
+        wait_to_write(reading)
+        assert reading.stdout is not None
+        first = os.read(reading.stdout.fileno(), 10_000)
+        wait_to_write(reading)
+        reading.send_signal(signal.SIGTERM)
+        out, err = reading.communicate(timeout=60)
+        out = first + out
+    finally:
+        if reading.poll() is None:
+            reading.kill()
+    assert reading.returncode == 143, err
+    rows = list(csv.DictReader(io.StringIO(out.decode(), newline=""), strict=True))
+    assert 0 < len(rows) < 3000
+    assert [row["body"] for row in rows] == [body.format(n=n) for n in range(len(rows))]
+    assert out.endswith(b"\n") and not out.endswith(b"line\n")
 
 
 def test_a_stop_waits_no_longer_than_a_second_for_a_reader_that_takes_nothing(
