@@ -933,3 +933,19 @@ def wait_to_write(process: Any) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"not waiting to write: {waiting}")
+
+
+def stopped_while_the_reader_lags(process: Any, number: int) -> tuple[bytes, bytes]:
+    """Signal ``number`` to ``process`` (its stdout and stderr pipes) while the reader of its
+    stdout lags: once the pipe is full, the reader takes a little, and the process goes on
+    writing until the pipe is full again. Returns all it wrote to stdout and stderr."""
+    try:
+        wait_to_write(process)
+        first = os.read(process.stdout.fileno(), 10_000)  # the reader takes a little
+        wait_to_write(process)  # and the write goes on part way, until the pipe is full
+        process.send_signal(number)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return first + out, err

@@ -17,7 +17,7 @@ import pytest
 from rmqstore.lockfile import StoreLock
 
 from campaigns import sigint_delivered
-from support import ORACLE_OPTIONS, run_cli, tree_digest, wait_to_write
+from support import ORACLE_OPTIONS, run_cli, stopped_while_the_reader_lags, tree_digest
 
 
 def new_store(tmp_path: Path) -> Path:
@@ -1022,17 +1022,7 @@ def test_a_signal_while_the_reader_lags_leaves_whole_report_lines(tmp_path: Path
         preexec_fn=sigint_delivered,
     )  # fmt: skip
 
-    try:
-        wait_to_write(appending)  # the pipe full (its report is 500 KB)
-        assert appending.stdout is not None
-        first = os.read(appending.stdout.fileno(), 10_000)  # the reader takes a little
-        wait_to_write(appending)  # and the write goes on part way, until the pipe is full
-        appending.send_signal(signal.SIGINT)
-        out, err = appending.communicate(timeout=60)
-        out = first + out
-    finally:
-        if appending.poll() is None:
-            appending.kill()
+    out, err = stopped_while_the_reader_lags(appending, signal.SIGINT)  # its report: 500 KB
     assert appending.returncode == 130, err
     assert err.decode().strip() == "rmqstore: error: interrupted"
     assert out.endswith(b"\n")

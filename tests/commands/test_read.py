@@ -26,6 +26,7 @@ from support import (
     lock_held_elsewhere,
     manifest_dump,
     run_cli,
+    stopped_while_the_reader_lags,
     store_being_written,
     wait_to_write,
 )
@@ -878,17 +879,7 @@ def test_a_signal_while_the_reader_lags_leaves_whole_lines(
     part way); the stop now waits until the line in flight is out, so a script reading the
     lines parses every one."""
     reading = _read_into_a_pipe(_lines_store(tmp_path))
-    try:
-        wait_to_write(reading)
-        assert reading.stdout is not None
-        first = os.read(reading.stdout.fileno(), 10_000)  # the reader takes a little
-        wait_to_write(reading)  # and the write goes on part way, until the pipe is full
-        reading.send_signal(number)
-        out, err = reading.communicate(timeout=60)
-        out = first + out
-    finally:
-        if reading.poll() is None:
-            reading.kill()
+    out, err = stopped_while_the_reader_lags(reading, number)
     assert reading.returncode == code, err
     assert err.decode().strip() == f"rmqstore: error: {said}"
     assert out.endswith(b"\n")
@@ -909,17 +900,7 @@ def test_a_signal_while_the_reader_lags_leaves_whole_csv_rows(tmp_path: Path) ->
     reading = _read_into_a_pipe(
         _lines_store(tmp_path, body), "--csv", "--fields", "queueOffset,body"
     )
-    try:
-        wait_to_write(reading)
-        assert reading.stdout is not None
-        first = os.read(reading.stdout.fileno(), 10_000)
-        wait_to_write(reading)
-        reading.send_signal(signal.SIGTERM)
-        out, err = reading.communicate(timeout=60)
-        out = first + out
-    finally:
-        if reading.poll() is None:
-            reading.kill()
+    out, err = stopped_while_the_reader_lags(reading, signal.SIGTERM)
     assert reading.returncode == 143, err
     rows = list(csv.DictReader(io.StringIO(out.decode(), newline=""), strict=True))
     assert 0 < len(rows) < 3000
