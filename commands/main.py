@@ -189,7 +189,8 @@ def cli(utc: bool, progress: bool) -> None:
     (its terminal or ssh session gone; not under nohup): stopped where it was, as on an
     error; another of these signals while it stops is ignored (Ctrl-\\ or kill -9 end it at
     once). Lines on stdout (CSV/TSV rows) stay whole: a stop that comes while one is being
-    written waits until it is out (at most a second, for a reader that takes nothing more).
+    written waits until it is out (at most a second, for a reader that takes nothing more);
+    a JSON array (read --json) is closed.
     """
     from rmqstore.commands import output
 

@@ -7,7 +7,8 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -300,7 +301,11 @@ def _fast_dumps() -> Callable[[Any], bytes] | None:
 
 
 def write_whole_lines(
-    block: bytes | bytearray, *, atomic: bool = False, quoted_rows: bool = False
+    block: bytes | bytearray,
+    *,
+    atomic: bool = False,
+    quoted_rows: bool = False,
+    array: ArrayStream | None = None,
 ) -> None:
     """Write ``block`` (whole lines) to stdout so that a signal stopping the command leaves
     the other end whole lines only: the stop waits (see
@@ -313,7 +318,9 @@ def write_whole_lines(
     pipe takes whole or not at all (for what a producer acts on, ``append``'s report; the
     reads' output is not written so, as that made ``read --jsonl`` 25-45% slower). With
     ``quoted_rows`` (CSV/TSV rows, whose quoted fields may hold line feeds), the stop waits
-    for the row in flight, not the line."""
+    for the row in flight, not the line; with ``array`` (the elements of a JSON array, see
+    :class:`JsonArrayOutput`), for the element in flight, and ``array`` notes how the
+    stream ends."""
     import os
 
     from rmqstore.commands.signals import act_on_held, held_stops
@@ -330,8 +337,15 @@ def write_whole_lines(
     with held_stops() as stop_held:
         while start < size:
             if stop_held() and size == len(view):  # out with the line in flight, then stop
-                size = _line_end(block, start, quoted_rows) if start else 0
+                if not start:
+                    size = 0
+                elif array is not None:
+                    size = _element_end(block, start)
+                else:
+                    size = _line_end(block, start, quoted_rows)
                 if start >= size:
+                    if array is not None:
+                        array.whole = True
                     act_on_held()
                 continue
             end = size
@@ -340,7 +354,15 @@ def write_whole_lines(
                 if cut < start:
                     cut = block.find(b"\n", start + most)
                 end = cut + 1 if cut >= 0 else size
-            start += os.write(fd, view[start:end])
+            if array is not None:
+                array.whole = False  # until the write is out, or stops where it may end
+            written = os.write(fd, view[start:end])
+            if array is not None and written:
+                array.opened = True
+            start += written
+        if array is not None:  # out to the end, or to where a held stop cut it
+            array.whole = True
+            array.closed = size == len(view) and block.endswith(b"]\n")
 
 
 def _line_end(block: bytes | bytearray, start: int, quoted_rows: bool) -> int:
@@ -351,6 +373,16 @@ def _line_end(block: bytes | bytearray, start: int, quoted_rows: bool) -> int:
     while quoted_rows and end >= 0 and block.count(b'"', 0, end) % 2:
         end = block.find(b"\n", end + 1)  # inside a quoted field: the row goes on
     return len(block) if end < 0 else end + 1
+
+
+def _element_end(block: bytes | bytearray, start: int) -> int:
+    """Where the JSON array element ``block[start - 1]`` is part of ends (before the comma
+    that follows it, or the array's closing), or past the ``[`` that opens the array; the
+    block's end when neither follows. ``block`` begins with ``[`` or a separator."""
+    if start == 1 and block[:1] == b"[":
+        return 1
+    ends = [end for end in (block.find(b",\n", start), block.find(b"\n]\n", start)) if end >= 0]
+    return min(ends, default=len(block))
 
 
 # a pipe takes a write of at most this many bytes whole or not at all (POSIX's PIPE_BUF)
@@ -380,7 +412,7 @@ class LineOutput:
 
     def write(self, lines: bytes) -> None:
         if not self._pending and len(lines) >= self.GATHERED:
-            write_whole_lines(lines)
+            self._write_out(lines)
             return
         self._pending += lines
         if len(self._pending) >= self.GATHERED:
@@ -389,7 +421,48 @@ class LineOutput:
     def flush(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, bytearray()
-            write_whole_lines(pending)
+            self._write_out(pending)
+
+    def _write_out(self, block: bytes | bytearray) -> None:
+        write_whole_lines(block)
+
+
+@dataclass
+class ArrayStream:
+    """How the JSON array :class:`JsonArrayOutput` writes to stdout ends, as
+    :func:`write_whole_lines` leaves it."""
+
+    opened: bool = False  # some of it is out (its "[" at least)
+    whole: bool = True  # it ends where a "]" may follow (after the "[" or an element)
+    closed: bool = False  # its "]" is out
+
+
+class JsonArrayOutput(LineOutput):
+    """The elements of one JSON array for stdout, as ``read --json`` writes them: ``[`` and
+    a line feed, the elements (one line each) separated by a comma and a line feed, a line
+    feed and ``]``. A stop signal waits for the element in flight (not the line, which
+    would leave a comma with nothing after it), and :meth:`close_stopped` then closes the
+    array: a script given the output of a stopped read parses the messages written so far
+    (the exit code says it was stopped), as it does those of a read an error ended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stream = ArrayStream()
+
+    def _write_out(self, block: bytes | bytearray) -> None:
+        write_whole_lines(block, array=self.stream)
+
+    def close_stopped(self) -> None:
+        """Close the array a stop signal cut short, if what is out ends where a ``]`` may
+        follow (not when a reader that took nothing for a second left an element half
+        out)."""
+        stream = self.stream
+        if stream.opened and stream.whole and not stream.closed:
+            import os
+
+            with suppress(OSError, ValueError):
+                os.write(sys.stdout.fileno(), b"\n]\n")
+            stream.closed = True
 
 
 class DelimitedWriter:

@@ -23,6 +23,7 @@ from rmqstore.commands.output import (
     BODY_MODES,
     DelimitedWriter,
     Grid,
+    JsonArrayOutput,
     LineOutput,
     Styled,
     console,
@@ -450,13 +451,14 @@ def _write_items(
 ) -> None:
     """Blocks of text the record kernel wrote, and messages (of blocks read one by one) as
     their text: a JSON line each (``--jsonl``), or the elements of one JSON array
-    (``--json``), written as they come and closed when a read part way fails (an error
-    before the first comes before the ``[``, as elsewhere); or, ``delimited``, a CSV/TSV row
-    per message (the header once the first block is in)."""
+    (``--json``), written as they come and closed when a read part way fails or is stopped
+    (an error before the first comes before the ``[``, as elsewhere); or, ``delimited``, a
+    CSV/TSV row per message (the header once the first block is in)."""
     if delimited is not None:
         _write_rows(items, body_mode, delimited)
         return
-    output = LineOutput()  # whole lines: a stop signal waits for the line in flight
+    # whole lines (elements): a stop signal waits for the line (element) in flight
+    output = JsonArrayOutput() if as_array else LineOutput()
     write = output.write
     opened = False
     try:
@@ -476,6 +478,10 @@ def _write_items(
         if as_array and opened:
             write(b"\n]\n")
         output.flush()
+        raise
+    except KeyboardInterrupt:  # a stop signal (SIGINT, SIGTERM, SIGHUP)
+        if isinstance(output, JsonArrayOutput):
+            output.close_stopped()
         raise
     if as_array:
         write(b"\n]\n" if opened else b"[\n]\n")
@@ -671,15 +677,16 @@ def _show_many(
     shown = 0
     if as_json:
         # one JSON array, written as it streams so memory stays flat, and closed when a
-        # record part way fails (the error and exit 2 say the array is not all there)
+        # record part way fails or a stop signal comes (the error and exit 2, or the exit
+        # code of the stop, say the array is not all there); each element in one write,
+        # so that what stdout holds ends where the "]" may follow
         sys.stdout.write("[")
         try:
             for message in messages:
                 document = message_document(message, body_mode, _body_of(message, decompress))
-                sys.stdout.write(("," if shown else "") + "\n")
-                sys.stdout.write(document_json(document))
+                sys.stdout.write(("," if shown else "") + "\n" + document_json(document))
                 shown += 1
-        except RmqStoreError:
+        except (RmqStoreError, KeyboardInterrupt):
             sys.stdout.write("\n]\n")
             raise
         sys.stdout.write("\n]\n")

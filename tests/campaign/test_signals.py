@@ -23,6 +23,8 @@ printed as "Exception ignored" and lost (the command went on, exit 0)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import random
@@ -69,7 +71,7 @@ def _command(store: Path, scratch: Path, rng: random.Random, number: int) -> lis
                     "topic": f"T{rng.randrange(3)}",
                     "queueId": rng.randrange(4),
                     "keys": f"k{number}-{n}",
-                    "body": f"m{number}-{n}-" + "x" * 200,
+                    "body": f"m{number}-{n}-" + "x" * 200 + "\nof two lines" * (n % 2),
                 }
                 out.write(json.dumps(message) + "\n")
         dispatch = ["--dispatch"] if rng.random() < 0.7 else []
@@ -77,6 +79,7 @@ def _command(store: Path, scratch: Path, rng: random.Random, number: int) -> lis
         return ["append", str(store), "--input", str(lines), "--jsonl", *dispatch, *flush,
                 *GEOMETRY, *INDEX]  # fmt: skip
     out = scratch / f"export-{number}"
+    output = rng.choice([["--jsonl"], ["--json"], ["--csv", "--fields", "msgId,body"]])
     return {
         "rebuild": ["dispatch", str(store), "--rebuild", "--yes", *jobs, *INDEX],
         "recover": ["recover", str(store), "--yes", *INDEX],
@@ -85,9 +88,28 @@ def _command(store: Path, scratch: Path, rng: random.Random, number: int) -> lis
         "verify": ["verify", str(store), "--json", *jobs, *INDEX],
         "export": ["export", str(store), "--to", str(out), "--engine", "local", *jobs],
         "stats": ["stats", str(store), "--json", *jobs],
-        "read": ["read", str(store), "--from-offset", "0", "--jsonl", "--count", "5000"],
+        "read": ["read", str(store), "--from-offset", "0", "--count", "5000", *output],
         "replicate": ["replicate", str(store), str(scratch.parent / "replica"), *INDEX],
     }[kind]
+
+
+def _not_whole(args: list[str], out: str) -> str | None:
+    """What is wrong with the output of a stopped ``read --json`` (one JSON array, closed
+    however the read ended) or ``read --csv`` (whole rows)."""
+    if not out:
+        return None  # stopped before it wrote anything
+    if "--json" in args:
+        try:
+            json.loads(out)
+        except json.JSONDecodeError as exc:
+            return f"not a JSON array ({exc}): ...{out[-200:]!r}"
+        return None
+    try:
+        rows = list(csv.reader(io.StringIO(out, newline=""), strict=True))
+    except csv.Error as exc:
+        return f"not CSV ({exc}): ...{out[-200:]!r}"
+    cut = [row for row in rows if len(row) != len(rows[0])]
+    return f"rows cut short: {cut[:2]}" if cut else None
 
 
 def _run_stopped(
@@ -199,7 +221,11 @@ def test_commands_stopped_by_signals_end_in_one_line_and_lose_nothing(tmp_path: 
             failures.append(f"{args} ({names}): {wrong}: {done.stderr[-800:]}")
         if left:
             failures.append(f"{args} ({names}): left running: {left[:3]}")
-        if args[0] in ("append", "read"):  # whole JSON lines, however it ended
+        if args[0] == "read" and "--jsonl" not in args:  # a whole array, or whole rows
+            wrong = _not_whole(args, done.stdout)
+            if wrong:
+                failures.append(f"{args} ({names}): exit {done.returncode}, {wrong}")
+        elif args[0] in ("append", "read"):  # whole JSON lines, however it ended
             for line in done.stdout.splitlines():
                 try:
                     document = json.loads(line)

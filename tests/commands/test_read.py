@@ -908,6 +908,24 @@ def test_a_signal_while_the_reader_lags_leaves_whole_csv_rows(tmp_path: Path) ->
     assert out.endswith(b"\n") and not out.endswith(b"line\n")
 
 
+@pytest.mark.parametrize("crc", [[], ["--verify-crc"]])  # the kernel's blocks; one by one
+def test_a_signal_while_the_reader_lags_leaves_a_whole_json_array(
+    tmp_path: Path, crc: list[str]
+) -> None:
+    """``read --json`` (one array) stopped while its reader lags: the output ended inside an
+    element, or after a comma, and a script could not parse any of it (4 of 4 runs); the
+    stop now waits for the element in flight and the array is closed, as when an error ends
+    the read, so the script gets the messages written (the exit code says the read was
+    stopped)."""
+    reading = _read_into_a_pipe(_lines_store(tmp_path), "--json", *crc)
+    out, err = stopped_while_the_reader_lags(reading, signal.SIGTERM)
+    assert reading.returncode == 143, err
+    bodies = [document["body"] for document in json.loads(out)]
+    assert 0 < len(bodies) < 3000
+    assert bodies == [f"m{n:05d}" * 40 for n in range(len(bodies))]
+    assert out.endswith(b"\n]\n")
+
+
 def test_a_stop_waits_no_longer_than_a_second_for_a_reader_that_takes_nothing(
     tmp_path: Path,
 ) -> None:
