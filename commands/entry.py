@@ -9,9 +9,15 @@ import sys
 
 
 def main() -> None:
-    from rmqstore.commands.signals import interrupt_on_sigterm, stop_listening, stopped_by
+    from rmqstore.commands.signals import (
+        defer_stops,
+        interrupt_on_sigterm,
+        stop_listening,
+        stopped_by,
+    )
 
     interrupt_on_sigterm()
+    defer_stops()  # one that comes now is raised where the command begins
     try:
         from rmqstore.commands.main import main as run
     except KeyboardInterrupt as exc:

@@ -14,7 +14,13 @@ from typing import Any, NoReturn
 import click
 
 from rmqstore import __version__, kernel
-from rmqstore.commands.signals import interrupt_on_sigterm, stop_listening, stopped_by
+from rmqstore.commands.signals import (
+    begin_command,
+    defer_stops,
+    interrupt_on_sigterm,
+    stop_listening,
+    stopped_by,
+)
 from rmqstore.errors import ExitCode, OutputClosedError, RmqStoreError, context_of
 
 # the click context's ``obj`` when rmqstore's console script started the process (main()):
@@ -55,19 +61,26 @@ class RmqStoreGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            result = super().invoke(ctx)
-        except click.exceptions.Exit:
-            raise
-        except KeyboardInterrupt:  # SIGINT, SIGTERM, SIGHUP: no later one breaks into the exit
+            try:
+                begin_command()  # a stop signal that came as the command line was set up
+                result = super().invoke(ctx)
+            except click.exceptions.Exit:
+                raise
+            except KeyboardInterrupt:  # SIGINT, SIGTERM, SIGHUP: none later breaks into the exit
+                stop_listening()
+                _keep_spark_log()
+                return self._failed(ctx)
+            except BaseException:
+                _keep_spark_log()
+                return self._failed(ctx)
+            if isinstance(result, int) and result:
+                ctx.exit(result)
+            return result
+        finally:
+            # the command is done, and its exit code known: a stop signal from now on is
+            # ignored (met in click's code on the way out, it printed "Aborted!", exit 1;
+            # met as the interpreter ended, it killed the process)
             stop_listening()
-            _keep_spark_log()
-            return self._failed(ctx)
-        except BaseException:
-            _keep_spark_log()
-            return self._failed(ctx)
-        if isinstance(result, int) and result:
-            ctx.exit(result)
-        return result
 
     def _failed(self, ctx: click.Context) -> Any:
         """Map the exception being handled to its exit code (one line on stderr)."""
@@ -187,10 +200,10 @@ def cli(utc: bool, progress: bool) -> None:
     while it reported what it stored, or an HA peer that broke the protocol or went away);
     70 internal error; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP
     (its terminal or ssh session gone; not under nohup): stopped where it was, as on an
-    error; another of these signals while it stops is ignored (Ctrl-\\ or kill -9 end it at
-    once). Lines on stdout (CSV/TSV rows) stay whole: a stop that comes while one is being
-    written waits until it is out (at most a second, for a reader that takes nothing more);
-    a JSON array (read --json) is closed.
+    error; another of these signals while it stops, or one once it is done, is ignored
+    (Ctrl-\\ or kill -9 end it at once). Lines on stdout (CSV/TSV rows) stay whole: a stop
+    that comes while one is being written waits until it is out (at most a second, for a
+    reader that takes nothing more); a JSON array (read --json) is closed.
     """
     from rmqstore.commands import output
 
@@ -254,6 +267,7 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _raise_open_file_limit()
     interrupt_on_sigterm()
+    defer_stops()
     cli.main(prog_name="rmqstore", obj=OWN_PROCESS)
 
 

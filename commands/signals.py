@@ -73,6 +73,7 @@ _STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # whether a stop signal has been raised in this process: the command is on its way out
 _stopping = False
 _installed = False  # interrupt_on_sigterm ran: this is the console script's process
+_deferring = False  # the command line is being set up: a stop waits for the command to begin
 
 
 def _first_only(stop: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
@@ -86,6 +87,9 @@ def _first_only(stop: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
         if _stopping:
             return None
         stop_listening()
+        if _deferring:  # the command has not begun: it is raised where it begins
+            _held = (stop, number)
+            return None
         if _holding:  # lines are being written: the stop waits for the line in flight
             _held = (stop, number)
             _release_held_after(HELD_AT_MOST)
@@ -203,6 +207,26 @@ def interrupt_on_sigterm() -> None:
     from rmqstore import stops
 
     stops.hold_stops_with(held_stops)  # the engine's stretches a stop is not to cut in two
+
+
+def defer_stops() -> None:
+    """Until :func:`begin_command`, a stop signal waits: the console script sets itself up
+    (its modules load, click parses the command line) and the stop is raised where the
+    command begins, which maps it to its line and exit code. One met in click's own code
+    around the command was click's: it printed an empty line and "Aborted!", exit 1 (the
+    signals campaign, seed 15: a SIGTERM as an append began or ended); one met in an import
+    broke into it."""
+    global _deferring
+    if _installed:
+        _deferring = True
+
+
+def begin_command() -> None:
+    """The command begins: a stop signal that came while it was being set up is raised."""
+    global _deferring
+    if _deferring:
+        _deferring = False
+        act_on_held()
 
 
 def stop_listening() -> None:

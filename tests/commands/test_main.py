@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from rmqstore.fixtures import generate
+
 from campaigns import sigint_delivered
 
 pytestmark = pytest.mark.plumbing
@@ -161,6 +163,62 @@ def test_a_stop_signal_while_the_modules_load_is_one_line(
     )
     assert done.returncode == code, done.stderr
     assert done.stderr == f"rmqstore: error: {said}\n"
+
+
+# a stop signal as click sets the command up (parsing the command line), or once the command
+# is done (its exit code known), with the command line's modules loaded
+STOPPED_AROUND_THE_COMMAND = """
+import os, signal, sys, time
+from rmqstore.commands.main import cli
+number = getattr(signal, sys.argv[2])
+
+def stop():
+    os.kill(os.getpid(), number)
+    time.sleep(0.05)  # handled in here
+
+if sys.argv[3] == "setup":
+    make_context = cli.make_context
+    cli.make_context = lambda *args, **kwargs: (stop(), make_context(*args, **kwargs))[1]
+else:
+    invoke = cli.invoke
+    def after(ctx):
+        try:
+            return invoke(ctx)
+        finally:
+            stop()
+    cli.invoke = after
+from rmqstore.commands.entry import main
+sys.argv = ["rmqstore", "info", sys.argv[1]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "said"),
+    [
+        ("SIGINT", 130, "interrupted"),
+        ("SIGTERM", 143, "terminated (SIGTERM)"),
+        ("SIGHUP", 129, "hung up (SIGHUP)"),
+    ],
+)
+def test_a_stop_signal_around_the_command_is_its_line_or_none(
+    tmp_path, name: str, code: int, said: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A stop signal met in click's own code, as it set the command up or after the command
+    was done, was click's: an empty line and "Aborted!" on stderr, exit 1 (the signals
+    campaign, seed 15: a SIGTERM as an append began or ended). Met as the command is set
+    up, it now stops the command in its one line; met once the command is done, it is
+    ignored, and the command ends with its own exit code and output."""
+    generate("multi", tmp_path / "store")
+    setup = _python(STOPPED_AROUND_THE_COMMAND, str(tmp_path / "store"), name, "setup")
+    assert (setup.returncode, setup.stderr, setup.stdout) == (
+        code,
+        f"rmqstore: error: {said}\n",
+        "",
+    )
+    done = _python(STOPPED_AROUND_THE_COMMAND, str(tmp_path / "store"), name, "done")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "commit log" in done.stdout
 
 
 def test_the_console_script_and_python_m_start_at_the_entry() -> None:
