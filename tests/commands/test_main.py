@@ -165,8 +165,8 @@ def test_a_stop_signal_while_the_modules_load_is_one_line(
     assert done.stderr == f"rmqstore: error: {said}\n"
 
 
-# a stop signal as click sets the command up (parsing the command line), or once the command
-# is done (its exit code known), with the command line's modules loaded
+# a stop signal as click sets the command up (parsing the command line), once the command is
+# done (its exit code known), or as the interpreter ends, the command line's modules loaded
 STOPPED_AROUND_THE_COMMAND = """
 import os, signal, sys, time
 from rmqstore.commands.main import cli
@@ -179,6 +179,9 @@ def stop():
 if sys.argv[3] == "setup":
     make_context = cli.make_context
     cli.make_context = lambda *args, **kwargs: (stop(), make_context(*args, **kwargs))[1]
+elif sys.argv[3] == "exit":  # as the interpreter ends (after rmqstore's own exit handlers)
+    import atexit
+    atexit.register(stop)
 else:
     invoke = cli.invoke
     def after(ctx):
@@ -216,9 +219,10 @@ def test_a_stop_signal_around_the_command_is_its_line_or_none(
         f"rmqstore: error: {said}\n",
         "",
     )
-    done = _python(STOPPED_AROUND_THE_COMMAND, str(tmp_path / "store"), name, "done")
-    assert (done.returncode, done.stderr) == (0, "")
-    assert "commit log" in done.stdout
+    for when in ("done", "exit"):
+        done = _python(STOPPED_AROUND_THE_COMMAND, str(tmp_path / "store"), name, when)
+        assert (done.returncode, done.stderr) == (0, ""), when
+        assert "commit log" in done.stdout
 
 
 def test_the_console_script_and_python_m_start_at_the_entry() -> None:
