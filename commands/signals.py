@@ -254,7 +254,10 @@ def _ignore(_number: int, _frame: Any) -> None:
 def _deaf() -> None:
     """At exit, once the Python code is done: the stop signals ignored by the kernel, since
     the interpreter, as it ends, puts the default action back for the signals it handles
-    (one arriving then ended the process, killed by it)."""
+    (one arriving then ended the process, killed by it); and no alarm left to come (a held
+    stop's, or a dropped stop's delivery again: SIGALRM's default action killed the
+    process, exit -14)."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
     for number in _STOPS:
         signal.signal(number, signal.SIG_IGN)
 
