@@ -415,7 +415,10 @@ def _as_planned(ranges: list[FileRange], groups: list[list[FileRange]]) -> list[
     """``ranges`` (bounded by a walk: the planned ones a walk visits, the last of a file cut
     where its records end) in the parts ``groups`` of the planned ranges put them in."""
     number = {(part.name, part.start): n for n, group in enumerate(groups) for part in group}
-    parts = groupby(ranges, lambda part: number.get((part.name, part.start), (part.name,)))
+    # a range the plan did not have (none, as the walk's bounds cut the planned ranges) alone
+    parts = groupby(
+        ranges, lambda part: number.get((part.name, part.start), (part.name, part.start))
+    )
     return [list(group) for _, group in parts]
 
 
