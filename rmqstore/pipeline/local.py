@@ -1143,7 +1143,11 @@ class JsonlPart:
 
 class _Background:
     """``work(item)`` for each item given, in order, in one thread of its own; a failure
-    there is raised in the caller (at the next item, or on leaving)."""
+    there is raised in the caller (at the next item, or on leaving, also when the caller is
+    a generator closed early: the one-pass export's, which the walk leaves at the end of the
+    log's last file. A failure of the last part file's encoding, a full disk as its last row
+    group or footer was written, was lost there: the export said it was done, exit 0, with
+    that part file cut short)."""
 
     def __init__(self, work: Callable[[Any], Any], waiting: int = 2) -> None:
         self.work = work
@@ -1168,10 +1172,10 @@ class _Background:
                 except BaseException as exc:  # handed to the caller's thread
                     self.failure = exc
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.items.put(_DONE)
         self.thread.join()
-        if self.failure is not None and exc[0] is None:
+        if self.failure is not None and (kind is None or issubclass(kind, GeneratorExit)):
             raise self.failure
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -449,6 +450,20 @@ def test_background_work_runs_in_order_and_its_failure_reaches_the_caller() -> N
         for item in range(100):
             give(item)
             time.sleep(0.001)
+
+    # a generator's, closed early as the one-pass export's is once the walk reaches the end
+    # of the log: the failure of the last work handed over was lost there (exit 0 with the
+    # last part file cut short by a full disk)
+    def parts() -> Iterator[int]:
+        with _Background(fails_at_three) as give:
+            for item in range(4):
+                give(item)
+                yield item
+
+    walked = parts()
+    assert [next(walked) for _ in range(4)] == [0, 1, 2, 3]  # all given, the last not done
+    with pytest.raises(OSError, match="No space left"):
+        walked.close()
 
 
 def test_export_and_stats_do_without_pyarrow_compute(tmp_path: Path) -> None:
