@@ -134,7 +134,8 @@ _CONFIG_OPTIONS = [
         "--index-slots",
         type=Number(min=SMALLEST_INDEX_SLOTS, max=JAVA_INT_MAX),
         metavar="N",
-        help="Index hash slots per file (maxHashSlotNum); default 5000000.",
+        help="Index hash slots per file (maxHashSlotNum); default 5000000. Writers take "
+        "at most 1,024 an entry (--index-entries): they reserve a file's slots whole.",
     ),
     click.option(
         "--index-entries",

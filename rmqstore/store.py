@@ -24,6 +24,7 @@ from rmqstore.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from rmqstore.commitlog import CommitLog, CommitLogAppender, LogEnd
 from rmqstore.config import (
     StoreConfig,
+    check_index_reservation,
 )
 from rmqstore.consumequeue import (
     ROCKSDB_QUEUES_NOTE,
@@ -297,6 +298,8 @@ class Store:
             store._creation = creation
             store._lock_existed = lock_existed
             store._given_config = given
+            if not only_quarantine:
+                check_index_reservation(store.config.index_slots, store.config.index_entries)
             store.refuse_links_out()
             if not only_quarantine and creation is None:
                 store.refuse_foreign_parts(batch_topics=not appends_only)

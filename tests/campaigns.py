@@ -100,13 +100,31 @@ class Outcome:
 
 
 _DRIVER = """
-import json, resource, sys
+import json, os, resource, sys, threading, time
 resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 from click.testing import CliRunner
 from rmqstore.commands.main import cli
+running = {"command": None, "free": 0}
+
+def free():
+    found = os.statvfs(".")
+    return found.f_bavail * found.f_frsize
+
+def watch():  # a command that fills the disk is stopped before the machine's disk is full
+    while True:
+        time.sleep(0.2)
+        command, before = running["command"], running["free"]
+        if command is not None and before - free() > DISK_AT_MOST:
+            said = f"{command} took more than {DISK_AT_MOST:,} bytes of disk\\n"
+            os.write(2, said.encode())  # not sys.stderr: the runner holds it for the command
+            os._exit(3)
+
+threading.Thread(target=watch, daemon=True).start()
 outcomes = []
 for command in json.loads(sys.argv[1]):
+    running["free"], running["command"] = free(), command
     result = CliRunner().invoke(cli, command, catch_exceptions=True)
+    running["command"] = None
     error = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         error += f"Traceback: {type(result.exception).__name__}: {result.exception}"
@@ -118,14 +136,25 @@ print(json.dumps(outcomes))
 """
 
 
+# what one command of run_commands may take of the disk: more, and the run is stopped (an
+# index geometry that reserved 20 MB for every two entries filled 75 GB in a minute)
+DISK_AT_MOST = 4 << 30
+
+
 def run_commands(
     commands: list[list[str]], timeout: float = 120, cwd: Path | None = None
 ) -> list[Outcome]:
     """Run rmqstore command lines one after the other in one child process (memory capped at
-    4 GiB; in folder ``cwd`` when given); a hang is an outcome with no exit code."""
+    4 GiB, the disk a command takes at :data:`DISK_AT_MOST`; in folder ``cwd`` when given);
+    a hang is an outcome with no exit code."""
     try:
         result = subprocess.run(
-            [sys.executable, "-c", _DRIVER, json.dumps(commands)],
+            [
+                sys.executable,
+                "-c",
+                _DRIVER.replace("DISK_AT_MOST", str(DISK_AT_MOST)),
+                json.dumps(commands),
+            ],
             capture_output=True,
             text=True,
             timeout=timeout,

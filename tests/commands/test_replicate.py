@@ -88,6 +88,18 @@ def test_a_replica_of_a_broker_store(oracle, tmp_path: Path, name: str) -> None:
     assert run_cli("verify", dest, *ORACLE_OPTIONS).exit_code == 0
 
 
+def test_an_index_geometry_that_would_fill_the_disk_is_refused(oracle, tmp_path: Path) -> None:
+    """``--index-entries 2`` with the default 5,000,000 slots: each index file reserves
+    20 MB for two entries, and a replica of a 3,000-message store filled 75 GB of disk in a
+    minute (the options campaign, seed 25). Refused in one line, DEST not made."""
+    dest = tmp_path / "dest"
+    options = ["--commitlog-file-size", "65536", "--consumequeue-file-size", "2000"]
+    refused = run_cli("replicate", oracle("s1_multi").store, dest, *options, "--index-entries", "2")
+    assert refused.exit_code == 2
+    assert refused.stderr.count("\n") == 1 and "would reserve 20,000,080 bytes" in refused.stderr
+    assert not dest.exists()
+
+
 def test_a_torn_source_is_copied_up_to_its_valid_end(oracle, tmp_path: Path) -> None:
     crash = oracle("s2_crash")
     dest = tmp_path / "dest"

@@ -224,3 +224,28 @@ def test_an_index_geometry_is_refused_exactly_when_its_files_pass_2_gib() -> Non
             assert not fits
         else:
             assert fits
+
+
+def test_writers_refuse_an_index_of_more_than_a_page_of_slots_an_entry(
+    oracle, tmp_path: Path
+) -> None:
+    """The default 5,000,000 slots (20 MB a file, reserved whole by a writer) with two
+    entries a file: ``replicate`` of a 3,000-message store filled 75 GB of disk in a minute
+    (the options campaign, seed 25). Writers refuse such a geometry before they change
+    anything; readers take it, as a broker does."""
+    from rmqstore.config import check_index_reservation
+
+    check_index_reservation(2048, 2)
+    check_index_reservation(5_000_000, 4883)
+    for slots, entries in ((2049, 2), (5_000_000, 4882), (5_000_000, 2)):
+        with pytest.raises(InputError, match="would reserve"):
+            check_index_reservation(slots, entries)
+    store = oracle("s1_multi").copy_to(tmp_path)
+    before = sorted(path.name for path in store.rglob("*"))
+    wide = StoreConfig(index_slots=5_000_000, index_entries=2)
+    with pytest.raises(InputError, match="give at most 2,048 slots, or at least 4,883 entries"):
+        Store.open_write(tmp_path / "new", wide, create=True)
+    assert not (tmp_path / "new").exists()
+    with Store.open_read(store, wide) as opened:
+        assert opened.config.index_entries == 2
+    assert sorted(path.name for path in store.rglob("*")) == before
