@@ -112,6 +112,16 @@ class RmqStoreGroup(click.Group):
             said, code = stopped_by(exc)
             _error(said + context_of(exc))
             ctx.exit(code)
+        except RuntimeError as exc:
+            # Python 3.11 wraps what a class's __set_name__ raises: a stop signal met as a
+            # module the command imports defines a class ("internal error: RuntimeError:
+            # Error calling __set_name__ on 'Field' instance 'sources' in 'StoreConfig'",
+            # exit 70: the signals campaign, seed 20, an append sent SIGTERM)
+            if not isinstance(exc.__cause__, KeyboardInterrupt):
+                _internal_error(ctx, exc)
+            said, code = stopped_by(exc.__cause__)
+            _error(said)
+            ctx.exit(code)
         except OSError as exc:
             detail = exc.strerror or str(exc)
             where = f" ({exc.filename})" if exc.filename else ""

@@ -225,6 +225,51 @@ def test_a_stop_signal_around_the_command_is_its_line_or_none(
         assert "commit log" in done.stdout
 
 
+# a stop signal as a module the command imports defines a class: Python 3.11 wraps what the
+# class's __set_name__ raises in a RuntimeError
+STOPPED_AS_A_CLASS_IS_MADE = """
+import os, signal, sys, time
+from rmqstore.commands import info
+number = getattr(signal, sys.argv[2])
+run = info.command.callback
+
+class Named:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), number)
+        time.sleep(0.05)  # handled in here
+
+def callback(*args, **kwargs):
+    type("Defined", (), {"field": Named()})  # as a dataclass's Field is named
+    return run(*args, **kwargs)
+
+info.command.callback = callback
+from rmqstore.commands.entry import main
+sys.argv = ["rmqstore", "info", sys.argv[1]]
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "said"),
+    [
+        ("SIGINT", 130, "interrupted"),
+        ("SIGTERM", 143, "terminated (SIGTERM)"),
+        ("SIGHUP", 129, "hung up (SIGHUP)"),
+    ],
+)
+def test_a_stop_signal_as_a_class_is_made_is_the_stop(
+    tmp_path, name: str, code: int, said: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A stop signal met while a module the command imports defines a class (the dataclass
+    ``StoreConfig``, as an append began) reached the command wrapped in a RuntimeError
+    ("Error calling __set_name__ on 'Field' instance 'sources' in 'StoreConfig'") and was
+    an internal error, exit 70 (the signals campaign, seed 20). It is the stop."""
+    generate("multi", tmp_path / "store")
+    done = _python(STOPPED_AS_A_CLASS_IS_MADE, str(tmp_path / "store"), name)
+    assert (done.returncode, done.stdout) == (code, "")
+    assert done.stderr == f"rmqstore: error: {said}\n"
+
+
 def test_the_console_script_and_python_m_start_at_the_entry() -> None:
     """Both ways in go through rmqstore.commands.entry (the signals first)."""
     from importlib.metadata import entry_points
