@@ -125,6 +125,17 @@ def test_what_py4j_logs_of_an_interruption_stays_off_stderr() -> None:
     assert "Traceback" in said.stderr
 
 
+# each stop signal, the exit code it gives and the line it says
+EACH_STOP = pytest.mark.parametrize(
+    ("name", "code", "said"),
+    [
+        ("SIGINT", 130, "interrupted"),
+        ("SIGTERM", 143, "terminated (SIGTERM)"),
+        ("SIGHUP", 129, "hung up (SIGHUP)"),
+    ],
+)
+
+
 # a stop signal as the command line's modules begin to load (the first tenth of a second)
 STOPPED_WHILE_LOADING = """
 import importlib.abc, os, signal, sys
@@ -140,14 +151,7 @@ main()
 """
 
 
-@pytest.mark.parametrize(
-    ("name", "code", "said"),
-    [
-        ("SIGINT", 130, "interrupted"),
-        ("SIGTERM", 143, "terminated (SIGTERM)"),
-        ("SIGHUP", 129, "hung up (SIGHUP)"),
-    ],
-)
+@EACH_STOP
 def test_a_stop_signal_while_the_modules_load_is_one_line(
     tmp_path, name: str, code: int, said: str
 ) -> None:  # type: ignore[no-untyped-def]
@@ -196,14 +200,7 @@ main()
 """
 
 
-@pytest.mark.parametrize(
-    ("name", "code", "said"),
-    [
-        ("SIGINT", 130, "interrupted"),
-        ("SIGTERM", 143, "terminated (SIGTERM)"),
-        ("SIGHUP", 129, "hung up (SIGHUP)"),
-    ],
-)
+@EACH_STOP
 def test_a_stop_signal_around_the_command_is_its_line_or_none(
     tmp_path, name: str, code: int, said: str
 ) -> None:  # type: ignore[no-untyped-def]
@@ -249,14 +246,7 @@ main()
 """
 
 
-@pytest.mark.parametrize(
-    ("name", "code", "said"),
-    [
-        ("SIGINT", 130, "interrupted"),
-        ("SIGTERM", 143, "terminated (SIGTERM)"),
-        ("SIGHUP", 129, "hung up (SIGHUP)"),
-    ],
-)
+@EACH_STOP
 def test_a_stop_signal_as_a_class_is_made_is_the_stop(
     tmp_path, name: str, code: int, said: str
 ) -> None:  # type: ignore[no-untyped-def]
