@@ -14,8 +14,10 @@ pass then respects.
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, TypeVar
 
 from rmqstore import kernel
@@ -183,22 +185,11 @@ def part_groups(ranges: list[FileRange], split: int) -> list[list[FileRange]]:
     log visits every range of a group (where such a file's records end is inside its only
     range, and nothing follows the last file's), so what is read of a group is kept whole,
     and a log of many small files is not a part file and a job per file."""
-    per_file: dict[str, int] = {}
-    for part in ranges:
-        per_file[part.name] = per_file.get(part.name, 0) + 1
+    per_file = Counter(part.name for part in ranges)
     groups: list[list[FileRange]] = []
-    held = 0
-    open_group = False  # the last group holds whole files only, and may take more
-    for part in ranges:
-        whole = per_file[part.name] == 1
-        size = part.stop - part.start
-        if whole and open_group and split > 0 and held + size <= split:
-            groups[-1].append(part)
-            held += size
-        else:
-            groups.append([part])
-            held = size
-        open_group = whole
+    for whole, run in groupby(ranges, lambda part: per_file[part.name] == 1):
+        parts = list(run)
+        groups.extend(coalesce(parts, split) if whole else ([part] for part in parts))
     return groups
 
 
