@@ -109,9 +109,7 @@ class RmqStoreGroup(click.Group):
             )
             ctx.exit(ExitCode.USAGE)
         except KeyboardInterrupt as exc:  # SIGINT; SIGTERM (Terminated), SIGHUP (HungUp)
-            said, code = stopped_by(exc)
-            _error(said + context_of(exc))
-            ctx.exit(code)
+            _stopped(ctx, exc)
         except RuntimeError as exc:
             # Python 3.11 wraps what a class's __set_name__ raises: a stop signal met as a
             # module the command imports defines a class ("internal error: RuntimeError:
@@ -119,9 +117,7 @@ class RmqStoreGroup(click.Group):
             # exit 70: the signals campaign, seed 20, an append sent SIGTERM)
             if not isinstance(exc.__cause__, KeyboardInterrupt):
                 _internal_error(ctx, exc)
-            said, code = stopped_by(exc.__cause__)
-            _error(said)
-            ctx.exit(code)
+            _stopped(ctx, exc.__cause__)
         except OSError as exc:
             detail = exc.strerror or str(exc)
             where = f" ({exc.filename})" if exc.filename else ""
@@ -132,6 +128,13 @@ class RmqStoreGroup(click.Group):
             ctx.exit(ExitCode.IO)
         except Exception as exc:
             _internal_error(ctx, exc)
+
+
+def _stopped(ctx: click.Context, stop: KeyboardInterrupt) -> NoReturn:
+    """A stop signal's line and exit code."""
+    said, code = stopped_by(stop)
+    _error(said + context_of(stop))
+    ctx.exit(code)
 
 
 def _keep_spark_log() -> None:
