@@ -64,7 +64,8 @@ _TABLE_CHUNK = 100
     "--msg-id",
     metavar="ID",
     callback=refuse_empty_text("a message id"),
-    help="The message named by an offset message id (32 or 56 hex digits).",
+    help="The message an id names: an offset message id (32 or 56 hex digits), or else a "
+    "producer's client id (UNIQ_KEY) through the index; either case.",
 )
 @click.option(
     "--from-offset",
@@ -111,7 +112,7 @@ _TABLE_CHUNK = 100
     metavar="ID",
     callback=refuse_empty_text("a unique key"),
     help="Messages with this UNIQ_KEY (client message id; of --topic, or of every topic), "
-    "through the index.",
+    "through the index; compared case by case, as the broker does.",
 )
 @click.option(
     "--begin",
@@ -405,8 +406,18 @@ def command(
             where = f"topic {topic}" if topic is not None else "any topic"
             kind = "UNIQ_KEY" if mode == "uniq-key" else "key"
             note(f"no message of {where} has {kind} {clipped(key or uniq_key or '')}")
+            if uniq_key is not None and _hex_in_lower_case(uniq_key):
+                note(
+                    "unique keys compare case by case, and producers write them in upper-case "
+                    f"hex: try --uniq-key {clipped(uniq_key.upper())} (--msg-id tries both)"
+                )
             return 1
     return 0
+
+
+def _hex_in_lower_case(text: str) -> bool:
+    """Whether ``text`` is hex digits with some in lower case (a client id pasted in lower case)."""
+    return text != text.upper() and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 def _stream_lines(

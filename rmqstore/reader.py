@@ -233,6 +233,10 @@ class MessageReader:
             noted = len(self.notes)
             try:
                 found = self._by_client_id(text, body)
+                if found is None and text != text.upper():
+                    # a producer writes its client ids in upper-case hex; an id pasted in
+                    # lower case names the same message (the offset id above ignores case too)
+                    found = self._by_client_id(text.upper(), body)
             except RmqStoreError as exc:
                 raise NotFoundError(
                     f"no message has id {clipped(text)}: {as_offset_id}; as a client id "

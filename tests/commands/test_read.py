@@ -423,6 +423,14 @@ def test_client_ids_keys_and_no_hits_like_mqadmin(oracle) -> None:
     assert by_client_id.exit_code == 0, by_client_id.stderr
     assert json.loads(by_client_id.stdout)["commitLogOffset"] == wanted["commitLogOffset"]
     assert "client id (UNIQ_KEY)" in by_client_id.stderr
+    # a client id pasted in lower case: --msg-id finds it, --uniq-key (exact, as the broker
+    # compares) finds nothing but says which case producers write
+    lower = run_cli("read", store, *ORACLE_OPTIONS, "--msg-id", uniq.lower(), "--json")
+    assert lower.exit_code == 0, lower.stderr
+    assert json.loads(lower.stdout)["commitLogOffset"] == wanted["commitLogOffset"]
+    exact = run_cli("read", store, *ORACLE_OPTIONS, "--uniq-key", uniq.lower(), "--jsonl")
+    assert exact.exit_code == 1 and exact.stdout == ""
+    assert f"try --uniq-key {uniq}" in exact.stderr
     # --uniq-key and --key without --topic search every topic
     by_uniq = run_cli("read", store, *ORACLE_OPTIONS, "--uniq-key", uniq, "--jsonl")
     assert [json.loads(line)["commitLogOffset"] for line in by_uniq.stdout.splitlines()] == [
