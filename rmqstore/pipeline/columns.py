@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rmqstore import kernel
@@ -225,6 +225,20 @@ def repeated(pa: Any, value: str, count: int) -> Any:
             _zero_indices.clear()
         _zero_indices[count] = zeros
     return pa.DictionaryArray.from_arrays(zeros, strings(pa, [value]))
+
+
+def labels(pa: Any, runs: Sequence[tuple[str, int]]) -> Any:
+    """Each run's label (text, rows) its rows times, in order, as an Arrow dictionary array
+    (int32 indices) of the distinct labels."""
+    if len(runs) == 1:
+        return repeated(pa, runs[0][0], runs[0][1])
+    distinct = list(dict.fromkeys(label for label, _ in runs))
+    number = {label: index for index, label in enumerate(distinct)}
+    indices = array("i")
+    for label, rows in runs:
+        indices += array("i", [number[label]]) * rows
+    values = pa.Array.from_buffers(pa.int32(), len(indices), [None, pa.py_buffer(indices)])
+    return pa.DictionaryArray.from_arrays(values, strings(pa, distinct))
 
 
 def chosen(pa: Any, condition: Any, if_true: str, if_false: str) -> Any:

@@ -53,6 +53,7 @@ from rmqstore.pipeline.rows import (
     ALWAYS_PRESENT,
     COMMITLOG_COLUMNS,
     EXPORT_BATCH_ROWS,
+    BatchGatherer,
     MessageBatcher,
     MessageRowOptions,
     arrow_schema,
@@ -357,9 +358,7 @@ class PartJob:
 def write_part(job: PartJob) -> tuple[str, int]:
     """Write the ranges' messages to their part file (none when they have no messages)."""
     location = StoreLocation(job.store)
-    batches = chain.from_iterable(
-        message_batches(location, part, job.rows, coded=job.fmt == "parquet") for part in job.parts
-    )
+    batches = message_batches(location, job.parts, job.rows, coded=job.fmt == "parquet")
     first = next(batches, None)
     if first is None:
         return job.target, 0
@@ -673,29 +672,26 @@ def export_range(
         writer = JsonlPart(partial(open, job.target, "wb"))
     location = StoreLocation(job.store)
     levels = DelayLevels(job.rows.delay_levels) if job.rows.delay_levels else DelayLevels()
-    done: list[tuple[RangeSummary, str, int]] = []
+    summaries: list[RangeSummary] = []
+    gatherer = BatchGatherer(MessageBatcher(job.rows, coded=job.fmt == "parquet"), writer.add)
     try:
-        for part in job.parts:
-            batcher = MessageBatcher(job.rows, f"commitlog/{part.name}", coded=job.fmt == "parquet")
-
-            def write(buf: Any, rows: Any, count: int, batcher: MessageBatcher = batcher) -> None:
-                batch = batcher(buf, rows, count)
-                if batch is not None:
-                    writer.add(batch)
-
-            before = writer.messages
+        for number, part in enumerate(job.parts):
             summary = summarize_range(
                 location,
                 part,
                 check_crc=job.rows.check_crc,
                 delay_levels=levels,
-                on_batch=write,
+                on_batch=partial(gatherer.add, label=f"commitlog/{part.name}", tag=number),
                 batch_rows=EXPORT_BATCH_ROWS,
             )
-            done.append((summary, job.target, writer.messages - before))
+            summaries.append(summary)
+        gatherer.flush()
     finally:
         writer.close()
-    return done
+    return [
+        (summary, job.target, gatherer.kept.get(number, 0))
+        for number, summary in enumerate(summaries)
+    ]
 
 
 def _native_file(path: str) -> Any:

@@ -476,8 +476,7 @@ class CommitLogReader(DataSourceReader):
         parts: list[FileRange]
         parts, rows = partition.value
         if not self.summary:
-            for part in parts:
-                yield from checked(message_batches(self.location, part, rows))
+            yield from checked(message_batches(self.location, parts, rows))
             return
         (part,) = parts
         levels = self.rows.delay_levels
@@ -784,14 +783,12 @@ class CommitLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if partition.value is None:
             return
         parts, rows = partition.value
-        for part in parts:
-            try:
-                yield from checked(message_batches(self.location, part, rows))
-            except StoreIOError:
-                if (self.root / "commitlog" / part.name).exists():
-                    raise
-                # the broker deleted the file after this batch was planned: its messages
-                # are gone, as they are for a consumer
+        yield from checked(message_batches(self.location, parts, rows, gone=self._deleted))
+
+    def _deleted(self, part: FileRange) -> bool:
+        """Whether the broker deleted the range's file after this batch was planned: its
+        messages are gone, as they are for a consumer."""
+        return not (self.root / "commitlog" / part.name).exists()
 
     def commit(self, end: dict) -> None:
         pass  # the store is only read: nothing to release

@@ -17,12 +17,23 @@ from hypothesis import strategies as st
 
 from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import InputError, RecordError
+from rmqstore.fixtures import generate
+from rmqstore.fixtures.plans import FixtureOptions
 from rmqstore.hashing import tags_code
 from rmqstore.hosts import HostAddress, parse_host
+from rmqstore.kernel import layout
 from rmqstore.pipeline.columns import TIMESTAMP_MS_RANGE
 from rmqstore.pipeline.location import StoreLocation
-from rmqstore.pipeline.ranges import FileRange, RangeScan
-from rmqstore.pipeline.rows import COMMITLOG_COLUMNS, MessageRowOptions, message_batches
+from rmqstore.pipeline.ranges import FileRange, RangeScan, plan_ranges
+from rmqstore.pipeline.rows import (
+    COMMITLOG_COLUMNS,
+    EXPORT_BATCH_ROWS,
+    GATHER_BYTES,
+    BatchGatherer,
+    MessageBatcher,
+    MessageRowOptions,
+    message_batches,
+)
 from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
 from rmqstore.record import (
     H_BODY_CRC,
@@ -124,7 +135,7 @@ def rows_by_columns(
 ) -> list:
     return [
         row
-        for batch in message_batches(location, part, options, coded=coded)
+        for batch in message_batches(location, [part], options, coded=coded)
         for row in batch.to_pylist()
     ]
 
@@ -279,3 +290,87 @@ def test_tags_codes_of_many_distinct_tags_and_none(tmp_path: Path) -> None:
     assert [row["tagsCode"] for row in rows] == [tags_code(row["tags"]) for row in rows]
     assert rows[0]["tagsCode"] == 0 and rows[0]["tags"] is None
     assert_same_rows(location, part, "distinct tags")
+
+
+def gathered_store(tmp_path: Path, oracle, source: str) -> StoreLocation:  # type: ignore[no-untyped-def]
+    if source == "multi":
+        root = tmp_path / "multi"
+        generate("multi", root, FixtureOptions(commitlog_file_size=4096))
+        return StoreLocation(str(root))
+    root = oracle(source).copy_to(tmp_path / source)
+    return StoreLocation(str(root))
+
+
+@compiled_pass_only
+@pytest.mark.parametrize("source", ["multi", "s1_multi", "v533_s1_multi"])
+def test_small_files_gathered_hold_the_rows_file_by_file(tmp_path: Path, oracle, source) -> None:  # type: ignore[no-untyped-def]
+    """The kernel batches of many small files, gathered into a few Arrow batches, give the
+    rows a per-record decode gives file by file, each row naming its own file, and count
+    each file's rows that pass the filters."""
+    location = gathered_store(tmp_path, oracle, source)
+    parts = plan_ranges(location, 0, split_last=False)
+    assert len(parts) > 5
+    plain = [rows_by_record(location, part, MessageRowOptions()) for part in parts]
+    topics = frozenset(row["topic"] for rows in plain for row in rows[::3])
+    for options in [*OPTION_SETS, MessageRowOptions(topics=topics)]:
+        expected = [rows_by_record(location, part, options) for part in parts]
+        built: list[Any] = []
+        gatherer = BatchGatherer(MessageBatcher(options), built.append)
+        for number, part in enumerate(parts):
+            scan = RangeScan(location, part, options.check_crc, resync_last=options.resync_last)
+            for buf, _, rows, count in scan.batches():
+                gatherer.add(buf, rows, count, f"commitlog/{part.name}", number)
+        gatherer.flush()
+        assert [row for batch in built for row in batch.to_pylist()] == [
+            row for rows in expected for row in rows
+        ], f"{source}: {options}"
+        assert len(built) < len(parts) / 5
+        assert [gatherer.kept.get(number, 0) for number in range(len(parts))] == [
+            len(rows) for rows in expected
+        ]
+    # through message_batches, coded as the Parquet export builds them
+    everything = [row for rows in plain for row in rows]
+    coded = message_batches(location, parts, MessageRowOptions(), coded=True)
+    assert [row for batch in coded for row in batch.to_pylist()] == everything
+
+
+def scanned(root: Path, messages: list[Message]) -> tuple[Any, Any, int, int]:
+    """A one-file store of ``messages``: the scan's one kernel batch, and the file's size."""
+    data = records(messages)
+    location, part = one_file_store(root, data, 0)
+    scan = RangeScan(location, part, False, resync_last=False, batch_rows=EXPORT_BATCH_ROWS)
+    ((buf, _, rows, count),) = list(scan.batches())
+    return buf, rows, count, len(data)
+
+
+@compiled_pass_only
+def test_gathering_stops_at_its_row_and_byte_bounds(tmp_path: Path) -> None:
+    """Gathered rows are built once they would pass EXPORT_BATCH_ROWS rows or GATHER_BYTES
+    of records, and a kernel batch of many rows is built on its own, after those gathered."""
+    sizes: list[int] = []
+    gatherer = BatchGatherer(
+        MessageBatcher(MessageRowOptions()), lambda b: sizes.append(b.num_rows)
+    )
+    width = layout.ROW_WIDTH
+    # 1 KiB bodies, 100 rows (110 KB) a batch, 90 batches: past the byte bound once
+    body = bytes(range(256)) * 4
+    big = [Message(topic="T", queue_id=0, queue_offset=n, body=body) for n in range(300)]
+    buf, rows, count, size = scanned(tmp_path / "big", big)
+    for start in [0, 100, 200] * 30:
+        gatherer.add(buf, rows[start * width : (start + 100) * width], 100, "commitlog/x")
+    gatherer.flush()
+    assert sum(sizes) == 9000 and len(sizes) == 2
+    assert sizes[0] * size // count <= GATHER_BYTES < (sizes[0] + 100) * size // count
+    # empty bodies, 1,000 rows a batch, 20 batches: past the row bound once
+    sizes.clear()
+    tiny = [Message(topic="T", queue_id=0, queue_offset=n, body=b"") for n in range(5000)]
+    buf, rows, count, _ = scanned(tmp_path / "tiny", tiny)
+    for _ in range(20):
+        gatherer.add(buf, rows[: 1000 * width], 1000, "commitlog/y")
+    gatherer.flush()
+    assert sizes == [EXPORT_BATCH_ROWS // 1000 * 1000, 20000 - EXPORT_BATCH_ROWS // 1000 * 1000]
+    # a kernel batch of many rows: built as it is, after the rows gathered before it
+    sizes.clear()
+    gatherer.add(buf, rows, 10, "commitlog/y")
+    gatherer.add(buf, rows, count, "commitlog/y")
+    assert sizes == [10, 5000]
