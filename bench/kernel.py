@@ -61,6 +61,16 @@ def _only_topic(path: Path) -> str:
     return topic
 
 
+def small_file_store(workdir: Path) -> Path:
+    """40,000 messages of the benchmark shape in commit-log files of 4 KiB (2,858 files)."""
+    path = workdir / "small-files-40000"
+    if not path.exists():
+        from rmqstore.fixtures import FixtureOptions, generate
+
+        generate("large", path, FixtureOptions(messages=40000, commitlog_file_size=4096))
+    return path
+
+
 def peak_rss_mib(command: list[str]) -> float:
     output = subprocess.run(
         [sys.executable, "-c", RSS_CODE, *command], check=True, capture_output=True, text=True
@@ -185,6 +195,26 @@ def main() -> None:
             f"{seconds:.2f} s",
             f"{seconds / verify_seconds:.1f}x verify --commitlog-only ({verify_seconds:.2f} s)",
         )
+    # many small files: each file's few records gathered into the Arrow batches of others
+    small_files = small_file_store(options.workdir)
+    stats_seconds = best_of(
+        [str(RMQSTORE), "stats", str(small_files), "--engine", "local"], env("native")
+    )
+    row(
+        "[native] stats --engine local, 40,000 messages in 4 KiB files",
+        f"{stats_seconds:.2f} s",
+        f"{len(list((small_files / 'commitlog').iterdir())):,} files",
+    )
+    seconds = best_of(
+        [str(RMQSTORE), "export", str(small_files), "--engine", "local", "--to", str(exported)],
+        env("native"),
+        prepare=lambda: shutil.rmtree(exported, ignore_errors=True),
+    )
+    row(
+        "[native] export --engine local of them (Parquet)",
+        f"{seconds:.2f} s",
+        f"{seconds / stats_seconds:.1f}x their stats",
+    )
     shutil.rmtree(exported, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
     for name, arguments_ in (
