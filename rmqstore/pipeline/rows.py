@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from rmqstore import kernel
@@ -531,13 +532,17 @@ def _kept_runs(
     """``runs`` (file label, rows) after the rows where ``keep`` is false are dropped."""
     if len(runs) == 1:
         return ((runs[0][0], kept),)
-    as_numbers = arrowcalls.cast(keep, pa.int64())
-    after: list[tuple[str, int]] = []
-    at = 0
-    for label, rows in runs:
-        after.append((label, arrowcalls.total(as_numbers.slice(at, rows))))
-        at += rows
-    return tuple(after)
+    # the kept rows up to each run's end, from one running sum (not a sum per run)
+    running = arrowcalls.call("cumulative_sum", arrowcalls.cast(keep, pa.int64()))
+    last_rows = array("q", accumulate(rows for _, rows in runs))
+    for at, end in enumerate(last_rows):
+        last_rows[at] = end - 1
+    indices = pa.Array.from_buffers(pa.int64(), len(last_rows), [None, pa.py_buffer(last_rows)])
+    kept_to_end = arrowcalls.take(running, indices).to_pylist()
+    return tuple(
+        (label, end - before)
+        for (label, _), end, before in zip(runs, kept_to_end, [0, *kept_to_end], strict=False)
+    )
 
 
 def _inflated(pa: Any, bodies: Any, sys_flags: Any) -> Any:
