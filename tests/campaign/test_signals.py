@@ -4,9 +4,9 @@ stopping a unit (SIGTERM to every process of it), a closed terminal or ssh sessi
 (SIGHUP to the group), each sometimes twice (Ctrl-C pressed again, a hangup after a kill),
 at a random moment of a random command: writers (``append`` of a few thousand messages,
 ``dispatch --rebuild --yes``, also with ``--jobs 2``, ``recover --yes``, ``dispatch``,
-``flush``) and readers (``verify``, also ``--jobs 2``, ``export``, also ``--jobs 2``,
-``stats``, ``read``, ``replicate`` into a replica), each its own process in a session of
-its own, one after the other. Each ends with a documented exit code, or the one of a
+``flush``) and readers (``verify``, also ``--jobs 2``, ``export``, also ``--jobs 2`` and
+as JSON lines, ``stats``, ``read``, ``replicate`` into a replica), each its own process in
+a session of its own, one after the other. Each ends with a documented exit code, or the one of a
 signal sent (or, once its work is done and the interpreter is ending, killed by it: the
 same status to a shell), at most one error line and no traceback or other text; an
 export stopped leaves nothing; an append's report and a read's JSON lines are whole lines;
@@ -80,13 +80,14 @@ def _command(store: Path, scratch: Path, rng: random.Random, number: int) -> lis
                 *GEOMETRY, *INDEX]  # fmt: skip
     out = scratch / f"export-{number}"
     output = rng.choice([["--jsonl"], ["--json"], ["--csv", "--fields", "msgId,body"]])
+    form = rng.choice([[], ["--format", "jsonl"]]) if kind == "export" else []
     return {
         "rebuild": ["dispatch", str(store), "--rebuild", "--yes", *jobs, *INDEX],
         "recover": ["recover", str(store), "--yes", *INDEX],
         "dispatch": ["dispatch", str(store), *INDEX],
         "flush": ["flush", str(store)],
         "verify": ["verify", str(store), "--json", *jobs, *INDEX],
-        "export": ["export", str(store), "--to", str(out), "--engine", "local", *jobs],
+        "export": ["export", str(store), "--to", str(out), "--engine", "local", *jobs, *form],
         "stats": ["stats", str(store), "--json", *jobs],
         "read": ["read", str(store), "--from-offset", "0", "--count", "5000", *output],
         "replicate": ["replicate", str(store), str(scratch.parent / "replica"), *INDEX],
