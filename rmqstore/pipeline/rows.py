@@ -469,7 +469,7 @@ class BatchGatherer:
     file) is copied aside, records and rows, and built with those after it, up to
     :data:`EXPORT_BATCH_ROWS` rows or :data:`GATHER_BYTES` of records. A part of many small
     files is then a few batches, not one per file: each batch costs some 70 Arrow calls
-    whatever its rows (0.6 ms a file, two thirds of an export of 4 KiB files). ``kept``:
+    whatever its rows (0.7 ms a file, three quarters of an export of 4 KiB files). ``kept``:
     the rows each tag's kernel batches put in the emitted batches (those that pass the
     filters), complete after :meth:`flush`."""
 
