@@ -18,7 +18,7 @@ import shutil
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, closing, contextmanager, nullcontext
+from contextlib import ExitStack, closing, contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, groupby
@@ -1106,15 +1106,21 @@ class _ParquetFile:
             except BaseException:
                 self.close()
                 raise
-        self.writer.write_table(table)
+        try:
+            self.writer.write_table(table)
+        except BaseException:
+            _abandon(self.close)
+            raise
 
     def close(self) -> None:
+        writer, stream = self.writer, self.stream
+        self.writer = self.stream = None  # closed once, however it ends
         try:
-            if self.writer is not None:
-                self.writer.close()
+            if writer is not None:
+                writer.close()
         finally:
-            if self.close_stream and self.stream is not None:
-                self.stream.close()
+            if self.close_stream and stream is not None:
+                stream.close()
 
 
 class JsonlPart:
@@ -1142,7 +1148,11 @@ class JsonlPart:
     def _write(self, batch: Any) -> None:
         if self.stream is None:
             self.stream = self.open_stream()
-        _write_jsonl(self.stream, iter([batch]))
+        try:
+            _write_jsonl(self.stream, iter([batch]))
+        except BaseException:
+            _abandon(self._close)
+            raise
 
     def close(self) -> None:
         """The file closed after the lines handed over before."""
@@ -1151,9 +1161,18 @@ class JsonlPart:
             self.opened = False
 
     def _close(self) -> None:
-        if self.stream is not None:
-            self.stream.close()
-            self.stream = None
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.close()
+
+
+def _abandon(close: Callable[[], None]) -> None:
+    """Close a part file whose write failed (the caller raises that failure): its stream is
+    released now, not by the garbage collector at exit, where Arrow writes the failed
+    flush's error to the terminal after the command's one error line. The writer thread
+    skips the items after a failure, the part's close among them."""
+    with suppress(Exception):
+        close()
 
 
 class _Background:
