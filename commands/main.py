@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
+import io
 import os
 import sys
 from collections.abc import Sequence
@@ -209,8 +210,9 @@ def cli(utc: bool, progress: bool) -> None:
     Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
     not a store, corrupt or unreadable input, aborted at a prompt, --engine spark without
     Java 17+ and pyspark, or a missing optional module); 3 store busy (its lock is held, e.g.
-    by a running broker); 4 I/O failure (disk full, permission, a writer's stdout closed
-    while it reported what it stored, or an HA peer that broke the protocol or went away);
+    by a running broker); 4 I/O failure (disk full, permission, output that could not be
+    written whole, a writer's stdout closed while it reported what it stored, or an HA peer
+    that broke the protocol or went away);
     70 internal error; 130 interrupted by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP
     (its terminal or ssh session gone; not under nohup): stopped where it was, as on an
     error; another of these signals while it stops, or one once it is done, is ignored
@@ -281,7 +283,59 @@ def main() -> None:
     _raise_open_file_limit()
     interrupt_on_sigterm()
     defer_stops()
-    cli.main(prog_name="rmqstore", obj=OWN_PROCESS)
+    _whole_writes_to_stdout()
+    try:
+        cli.main(prog_name="rmqstore", obj=OWN_PROCESS)
+    except SystemExit as exit:
+        code = _output_written(exit.code)
+        if code != exit.code:
+            raise SystemExit(code) from None
+        raise
+
+
+# the unbuffered stdout this process began with: kept, so that it is not closed under the
+# buffered one put in its place (see _whole_writes_to_stdout)
+_UNBUFFERED_STDOUT: list[Any] = []
+
+
+def _whole_writes_to_stdout() -> None:
+    """Under PYTHONUNBUFFERED (``python -u``; many container images set it) stdout's text
+    layer writes straight to the file descriptor, and drops what a short write leaves: on a
+    full disk ``info --json`` and ``stats --json`` wrote the first 4 KiB of their document
+    and exited 0. A buffer under it writes the rest or raises; it is flushed at each line
+    feed, so lines still come out as they are written."""
+    stdout = sys.stdout
+    if not isinstance(getattr(stdout, "buffer", None), io.RawIOBase):
+        return  # buffered already, or not a file (a caller's own stream)
+    _UNBUFFERED_STDOUT.append(stdout)
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(stdout.buffer),
+        encoding=stdout.encoding,
+        errors=stdout.errors,
+        line_buffering=True,
+    )
+
+
+def _output_written(code: Any) -> Any:
+    """The exit code once the output still in stdout's buffer is written: an output the
+    disk had no room for (or another failed write) is exit 4 in one line, where the command
+    had succeeded (or found problems: 1); a command that failed keeps its code and its
+    line. Either way the buffer is dropped, so the interpreter's own flush at exit does not
+    fail again (Python then printed "Exception ignored in: <_io.TextIOWrapper
+    name='<stdout>'...>" and exited 120). A reader that closed the pipe (``| head``) is
+    not a failure."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
+    except OSError as exc:
+        _silence_stdout()
+        if code in (None, 0, ExitCode.FINDINGS):
+            _error(f"I/O failure: cannot write the output: {exc.strerror or exc}")
+            return ExitCode.IO
+    except ValueError:  # stdout closed by the caller: nothing left to write
+        pass
+    return code
 
 
 def _raise_open_file_limit() -> None:

@@ -35,7 +35,8 @@ EXIT_CODES = [
     ),
     (
         ExitCode.IO,
-        "I/O failure: disk full, permission denied, a failed fsync; an HA peer that broke "
+        "I/O failure: disk full, permission denied, a failed fsync; output that could not "
+        "be written whole (stdout redirected to a file on a full disk); an HA peer that broke "
         "the protocol, stalled or went away.",
     ),
     (

@@ -459,6 +459,51 @@ def test_an_export_to_a_full_disk_is_exit_4_and_leaves_nothing(tmp_path: Path, f
     assert tree_digest(store) == before
 
 
+@pytest.mark.plumbing
+@pytest.mark.parametrize("unbuffered", [False, True])
+def test_output_a_full_disk_cuts_short_is_exit_4_in_one_line(
+    tmp_path: Path, unbuffered: bool
+) -> None:
+    """stdout redirected to a file on a disk that fills up: exit 4 in one line naming the
+    full disk, for output written in lines (``read --jsonl``) and documents printed whole
+    (``info --json``, ``stats --json``, ``dump``), and under PYTHONUNBUFFERED too (many
+    container images set it). ``info --json`` and ``stats --json`` exited 0 with their
+    first 4 KiB under it, and 120 after Python's "Exception ignored" lines without it."""
+    store = tmp_path / "store"
+    generate("multi", store)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = "1"
+    commands = [
+        ["info", store, "--json"],
+        ["stats", store, "--json", "--engine", "local"],
+        ["dump", next((store / "commitlog").iterdir())],
+        ["read", store, "--from-offset", "0", "--jsonl"],
+        ["read", store, "--from-offset", "0", "--json"],
+        ["verify", "--help"],
+    ]
+    for command in commands:  # each writes more than the disk will take
+        whole = subprocess.run(
+            [sys.executable, "-m", "rmqstore", *map(str, command)], capture_output=True, env=env
+        )
+        assert whole.returncode == 0 and len(whole.stdout) > 4096, command
+    with small_filesystem(tmp_path, "4k") as disk:
+        for command in commands:
+            with open(disk / "out", "wb") as out:
+                done = subprocess.run(
+                    [sys.executable, "-m", "rmqstore", *map(str, command)],
+                    stdout=out, stderr=subprocess.PIPE, text=True, env=env, timeout=120,
+                )  # fmt: skip
+            lines = [line for line in done.stderr.splitlines() if "engine: local" not in line]
+            assert done.returncode == 4, (command, done.stderr)
+            assert len(lines) == 1 and lines[0].startswith("rmqstore: error: I/O failure"), (
+                command,
+                done.stderr,
+            )
+            assert "No space left on device" in lines[0]
+            (disk / "out").unlink()
+
+
 def test_every_writer_refuses_a_held_store_and_changes_nothing(tmp_path: Path) -> None:
     store = small_store(tmp_path, dispatch=False)
     before = tree_digest(store)
