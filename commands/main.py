@@ -283,6 +283,7 @@ def main() -> None:
     _raise_open_file_limit()
     interrupt_on_sigterm()
     defer_stops()
+    _closed_output_to_devnull()
     _whole_writes_to_stdout()
     try:
         cli.main(prog_name="rmqstore", obj=OWN_PROCESS)
@@ -291,6 +292,25 @@ def main() -> None:
         if code != exit.code:
             raise SystemExit(code) from None
         raise
+
+
+def _closed_output_to_devnull() -> None:
+    """A command started with stdout or stderr closed (``>&-``) writes that output to
+    /dev/null, as a program whose caller discards it. Python leaves ``sys.stdout`` None
+    then (``info`` and ``read`` ended in an internal error, exit 70, ``--version`` in a
+    traceback), and the descriptor free: the next file the command opened, a store's file
+    among them, would have taken the number output is written to."""
+    for number, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            opened = os.open(os.devnull, os.O_WRONLY)
+            if opened != number:
+                os.dup2(opened, number)
+                os.close(opened)
+            setattr(sys, name, open(number, "w", encoding="utf-8", closefd=False))  # noqa: SIM115
+        except OSError:
+            pass  # no /dev/null: left as it is
 
 
 # the unbuffered stdout this process began with: kept, so that it is not closed under the
@@ -324,6 +344,8 @@ def _output_written(code: Any) -> Any:
     fail again (Python then printed "Exception ignored in: <_io.TextIOWrapper
     name='<stdout>'...>" and exited 120). A reader that closed the pipe (``| head``) is
     not a failure."""
+    if sys.stdout is None:
+        return code
     try:
         sys.stdout.flush()
     except BrokenPipeError:

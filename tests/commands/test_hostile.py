@@ -504,6 +504,34 @@ def test_output_a_full_disk_cuts_short_is_exit_4_in_one_line(
             (disk / "out").unlink()
 
 
+def test_a_command_started_with_its_output_closed_runs_with_it_discarded(tmp_path: Path) -> None:
+    """stdout or stderr closed by the caller (``>&-``): the command runs, its output
+    discarded, with its exit code, no traceback, and no file of the store opened where the
+    output goes. ``info`` and ``read`` were an internal error (exit 70), ``--version`` a
+    traceback."""
+    store = small_store(tmp_path)
+
+    def run(*args: str | Path, closed: int) -> subprocess.CompletedProcess[str]:
+        streams = {1: "stdout", 2: "stderr"}
+        kept = {streams[3 - closed]: subprocess.PIPE}
+        return subprocess.run(
+            [sys.executable, "-m", "rmqstore", *map(str, args)],
+            preexec_fn=lambda: os.close(closed), text=True, timeout=120, **kept,
+        )  # fmt: skip
+
+    for args in [["info", store, "--json"], ["info", store], ["--version"],
+                 ["read", store, "--from-offset", "0", "--jsonl"],
+                 ["stats", store, "--json", "--engine", "local"]]:  # fmt: skip
+        done = run(*args, closed=1)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
+    appended = run("append", tmp_path / "new", "--create", "--topic", "T", "--body", "x", closed=1)
+    assert appended.returncode == 0, appended.stderr
+    read = run_cli("read", tmp_path / "new", "--offset", "0", "--json")
+    assert read.exit_code == 0 and json.loads(read.stdout)["body"] == "x", read.stderr
+    assert run("read", store, "--offset", "99999999", closed=2).returncode == 2
+    assert run("info", store, "--json", closed=2).stdout.startswith("{")
+
+
 def test_every_writer_refuses_a_held_store_and_changes_nothing(tmp_path: Path) -> None:
     store = small_store(tmp_path, dispatch=False)
     before = tree_digest(store)
