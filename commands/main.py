@@ -283,7 +283,7 @@ def main() -> None:
     _raise_open_file_limit()
     interrupt_on_sigterm()
     defer_stops()
-    _closed_output_to_devnull()
+    _closed_stdio_to_devnull()
     _whole_writes_to_stdout()
     try:
         cli.main(prog_name="rmqstore", obj=OWN_PROCESS)
@@ -294,21 +294,23 @@ def main() -> None:
         raise
 
 
-def _closed_output_to_devnull() -> None:
+def _closed_stdio_to_devnull() -> None:
     """A command started with stdout or stderr closed (``>&-``) writes that output to
-    /dev/null, as a program whose caller discards it. Python leaves ``sys.stdout`` None
-    then (``info`` and ``read`` ended in an internal error, exit 70, ``--version`` in a
-    traceback), and the descriptor free: the next file the command opened, a store's file
-    among them, would have taken the number output is written to."""
-    for number, name in ((1, "stdout"), (2, "stderr")):
+    /dev/null, as a program whose caller discards it, and one started with stdin closed
+    (``<&-``) reads nothing from it. Python leaves ``sys.stdout`` (``sys.stdin``) None then
+    (``info`` and ``read`` ended in an internal error, exit 70, ``--version`` in a
+    traceback, ``append --input -`` in an internal error), and the descriptor free: the
+    next file the command opened, a store's file among them, would have taken the number
+    output is written to (or input read from)."""
+    for number, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         if getattr(sys, name) is not None:
             continue
         try:
-            opened = os.open(os.devnull, os.O_WRONLY)
+            opened = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
             if opened != number:
                 os.dup2(opened, number)
                 os.close(opened)
-            setattr(sys, name, open(number, "w", encoding="utf-8", closefd=False))  # noqa: SIM115
+            setattr(sys, name, open(number, mode, encoding="utf-8", closefd=False))  # noqa: SIM115
         except OSError:
             pass  # no /dev/null: left as it is
 

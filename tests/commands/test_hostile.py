@@ -507,13 +507,13 @@ def test_output_a_full_disk_cuts_short_is_exit_4_in_one_line(
 def test_a_command_started_with_its_output_closed_runs_with_it_discarded(tmp_path: Path) -> None:
     """stdout or stderr closed by the caller (``>&-``): the command runs, its output
     discarded, with its exit code, no traceback, and no file of the store opened where the
-    output goes. ``info`` and ``read`` were an internal error (exit 70), ``--version`` a
-    traceback."""
+    output goes; stdin closed reads as empty. ``info`` and ``read`` were an internal error
+    (exit 70), ``--version`` a traceback, ``append --input -`` an internal error."""
     store = small_store(tmp_path)
 
     def run(*args: str | Path, closed: int) -> subprocess.CompletedProcess[str]:
-        streams = {1: "stdout", 2: "stderr"}
-        kept = {streams[3 - closed]: subprocess.PIPE}
+        kept = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        kept.pop({0: "stdin", 1: "stdout", 2: "stderr"}[closed], None)
         return subprocess.run(
             [sys.executable, "-m", "rmqstore", *map(str, args)],
             preexec_fn=lambda: os.close(closed), text=True, timeout=120, **kept,
@@ -529,6 +529,9 @@ def test_a_command_started_with_its_output_closed_runs_with_it_discarded(tmp_pat
     read = run_cli("read", tmp_path / "new", "--offset", "0", "--json")
     assert read.exit_code == 0 and json.loads(read.stdout)["body"] == "x", read.stderr
     assert run("read", store, "--offset", "99999999", closed=2).returncode == 2
+    # stdin closed: an input of no messages, as an empty one
+    nothing = run("append", tmp_path / "none", "--create", "--topic", "T", "--input", "-", closed=0)
+    assert nothing.returncode == 0 and "appended 0 messages" in nothing.stderr, nothing.stderr
     assert run("info", store, "--json", closed=2).stdout.startswith("{")
 
 
