@@ -342,10 +342,10 @@ def _output_written(code: Any) -> Any:
     """The exit code once the output still in stdout's buffer is written: an output the
     disk had no room for (or another failed write) is exit 4 in one line, where the command
     had succeeded (or found problems: 1); a command that failed keeps its code and its
-    line. Either way the buffer is dropped, so the interpreter's own flush at exit does not
-    fail again (Python then printed "Exception ignored in: <_io.TextIOWrapper
-    name='<stdout>'...>" and exited 120). A reader that closed the pipe (``| head``) is
-    not a failure."""
+    line. A failed flush drops what is left in the buffer, so the interpreter's own flush
+    at exit does not fail again (Python then printed "Exception ignored in:
+    <_io.TextIOWrapper name='<stdout>'...>" and exited 120). A reader that closed the pipe
+    (``| head``) is not a failure."""
     if sys.stdout is None:
         return code
     try:
