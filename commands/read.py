@@ -44,7 +44,7 @@ from rmqstore.documents import DelimitedLayout
 from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import MOST_COLUMNS
-from rmqstore.reader import MessageReader, MessageSelection, TextBlock, selected
+from rmqstore.reader import HEX_DIGITS, MessageReader, MessageSelection, TextBlock, selected
 from rmqstore.record import BodyMode, Message, decompress_body
 from rmqstore.store import Store
 from rmqstore.wording import clipped
@@ -417,7 +417,7 @@ def command(
 
 def _hex_in_lower_case(text: str) -> bool:
     """Whether ``text`` is hex digits with some in lower case (a client id pasted in lower case)."""
-    return text != text.upper() and all(c in "0123456789abcdefABCDEF" for c in text)
+    return text != text.upper() and all(c in HEX_DIGITS for c in text)
 
 
 def _stream_lines(

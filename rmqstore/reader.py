@@ -47,7 +47,7 @@ from rmqstore.segments import Segment
 from rmqstore.store import Store
 from rmqstore.wording import clipped, counted, missing_files, quoted
 
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _UNITS_PER_BLOCK = 4096  # units read, and records decoded, together by queue_lines
 _RUN_SPAN = 16 * 1024 * 1024  # at most this much of the commit log read at once for them
 
@@ -223,7 +223,7 @@ class MessageReader:
             message = self.by_offset(offset, body=body)
         except (InputError, NotFoundError) as not_offset:
             text = msg_id.strip()
-            if not text or any(c not in _HEX_DIGITS for c in text):
+            if not text or any(c not in HEX_DIGITS for c in text):
                 raise  # not an id of either kind
             as_offset_id = (
                 f"as an offset message id, {not_offset}"

@@ -1136,14 +1136,12 @@ class JsonlPart:
         self.open_stream = open_stream
         self.encode = encode
         self.stream: Any = None
-        self.messages = 0
         self.opened = False
 
     def add(self, batch: Any) -> None:
         if batch.num_rows:
             self.encode(partial(self._write, batch))
             self.opened = True
-            self.messages += batch.num_rows
 
     def _write(self, batch: Any) -> None:
         if self.stream is None:
