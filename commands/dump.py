@@ -3,7 +3,6 @@ own."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import click
 
 from rmqstore.commands.options import GivenPath, Number, store_config_options
-from rmqstore.commands.output import document_json, format_millis, json_text, shown
+from rmqstore.commands.output import document_json, format_millis, json_text, shown, write_data
 from rmqstore.config import StoreConfig
 from rmqstore.errors import ExitCode
 from rmqstore.filedump import (
@@ -120,16 +119,15 @@ def command(
     items = _limited(items, count)
     problems = 0
     if as_json:
-        out = sys.stdout
-        out.write(f'{{"file":{json_text(str(file))},"kind":"{target.kind.value}","items":[')
+        write_data(f'{{"file":{json_text(str(file))},"kind":"{target.kind.value}","items":[')
         for number, item in enumerate(items):
             problems += _is_problem(item)
-            out.write(("," if number else "") + "\n" + document_json(item))
-        out.write(f'\n],"problems":{problems}}}\n')
+            write_data(("," if number else "") + "\n" + document_json(item))
+        write_data(f'\n],"problems":{problems}}}\n')
     elif as_jsonl:
         for item in items:
             problems += _is_problem(item)
-            sys.stdout.write(document_json(item) + "\n")
+            write_data(document_json(item) + "\n")
     else:
         # shown: a file's name, a record's topic, come from the store
         print(shown(f"{file}: {target.kind.value} file, {file.stat().st_size:,} bytes"))

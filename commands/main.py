@@ -3,6 +3,7 @@ codes. Every command is also callable in-process with :func:`run`."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import importlib
@@ -205,7 +206,9 @@ def cli(utc: bool, progress: bool) -> None:
     it: past half of it, consume-queue files are mapped again as they are written, and past
     an eighth of it (64 at most) index files are opened again as they are read. Options
     take numbers and times as rmqstore shows them too (1,073,741,824; 2024-03-01
-    12:00:00.123 +0800), so they can be copied from its output.
+    12:00:00.123 +0800), so they can be copied from its output. JSON, CSV and TSV are
+    written in UTF-8 whatever the locale; human output in the locale's encoding, a
+    character it lacks written as an escape (\\u6807).
 
     Exit codes: 0 ok; 1 completed and found problems; 2 usage or input error (bad option,
     not a store, corrupt or unreadable input, aborted at a prompt, --engine spark without
@@ -285,6 +288,7 @@ def main() -> None:
     defer_stops()
     _closed_stdio_to_devnull()
     _whole_writes_to_stdout()
+    _unencodable_escaped()
     try:
         cli.main(prog_name="rmqstore", obj=OWN_PROCESS)
     except SystemExit as exit:
@@ -336,6 +340,19 @@ def _whole_writes_to_stdout() -> None:
         errors=stdout.errors,
         line_buffering=True,
     )
+
+
+def _unencodable_escaped() -> None:
+    """In a locale whose encoding is not UTF-8 (``LANG=de_DE.ISO-8859-1``,
+    ``PYTHONIOENCODING=latin-1``) human output writes a character the encoding lacks as an
+    escape (``\\u6807``), as stderr does: ``read``'s table of a message tagged 标签 ended
+    in an internal error (exit 70). Data (JSON, CSV, TSV) is UTF-8 whatever the locale
+    (:func:`rmqstore.commands.output.write_data`)."""
+    stdout = sys.stdout
+    if isinstance(stdout, io.TextIOWrapper) and stdout.errors == "strict":
+        with contextlib.suppress(LookupError, ValueError):
+            if codecs.lookup(stdout.encoding).name != "utf-8":
+                stdout.reconfigure(errors="backslashreplace")
 
 
 def _output_written(code: Any) -> Any:

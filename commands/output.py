@@ -261,13 +261,49 @@ def _rich_text(cell: Any, *, lines: bool = False) -> Any:
 console = HumanOutput()
 
 
+def write_data(text: str, *, flush: bool = False) -> None:
+    """Data for programs (JSON, JSON lines, CSV, TSV) on stdout, in UTF-8 whatever the
+    locale's encoding, as JSON must be and as the rows written as bytes (the kernel's, a
+    stream's) are. In a locale that is not UTF-8 (``LANG=de_DE.ISO-8859-1``,
+    ``PYTHONIOENCODING=latin-1``) stdout's text layer wrote ``é`` as one Latin-1 byte
+    beside rows of UTF-8, and ended in an internal error (exit 70) at a character the
+    encoding lacks. Human output keeps the locale's encoding (see
+    :func:`rmqstore.commands.main.main`)."""
+    stdout = sys.stdout
+    if _writes_utf8(stdout) or not hasattr(stdout, "buffer"):
+        stdout.write(text)
+        if flush:
+            stdout.flush()
+        return
+    stdout.flush()  # what was written as text before it
+    stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+    if flush:
+        stdout.buffer.flush()
+
+
+def _writes_utf8(stream: Any) -> bool:
+    import codecs
+
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
 def emit_json(document: Any) -> None:
-    click.echo(json.dumps(document, ensure_ascii=False, indent=2))
+    write_data(json.dumps(document, ensure_ascii=False, indent=2) + "\n", flush=True)
+
+
+def emit_json_line(document: Any) -> None:
+    """A document (not only of text and integers, see :func:`document_json`) as one line of
+    compact JSON, flushed: a line a program follows as it comes."""
+    write_data(json_text(document) + "\n", flush=True)
 
 
 def emit_jsonl(document: Any) -> None:
     """A message document as one line of JSON (see :func:`document_json`)."""
-    sys.stdout.write(document_json(document) + "\n")
+    write_data(document_json(document) + "\n")
 
 
 def json_text(document: Any) -> str:
@@ -476,10 +512,10 @@ class DelimitedWriter:
         self.jsonl = kind == "jsonl"
         self._delimiter = "\t" if kind == "tsv" else ","
         if not self.jsonl:
-            sys.stdout.write(delimited_row(list(fields), self._delimiter))
+            write_data(delimited_row(list(fields), self._delimiter))
 
     def row(self, document: dict[str, Any]) -> None:
-        sys.stdout.write(self._text(document))
+        write_data(self._text(document))
 
     def write_rows(self, text: bytes) -> None:
         """Rows already written as this table writes them (UTF-8), as they are (whole
@@ -489,7 +525,7 @@ class DelimitedWriter:
     def rows(self, documents: Iterable[dict[str, Any]]) -> None:
         """The rows of many documents, written to stdout at once (one write, not one per
         row: stdout may be unbuffered, PYTHONUNBUFFERED)."""
-        sys.stdout.write("".join(map(self._text, documents)))
+        write_data("".join(map(self._text, documents)))
 
     def _text(self, document: dict[str, Any]) -> str:
         if self.jsonl:  # the row's fields as one JSON object, values as --json has them

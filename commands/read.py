@@ -38,6 +38,7 @@ from rmqstore.commands.output import (
     note,
     progress_bar,
     warn,
+    write_data,
 )
 from rmqstore.config import StoreConfig
 from rmqstore.documents import DelimitedLayout
@@ -691,16 +692,16 @@ def _show_many(
         # record part way fails or a stop signal comes (the error and exit 2, or the exit
         # code of the stop, say the array is not all there); each element in one write,
         # so that what stdout holds ends where the "]" may follow
-        sys.stdout.write("[")
+        write_data("[")
         try:
             for message in messages:
                 document = message_document(message, body_mode, _body_of(message, decompress))
-                sys.stdout.write(("," if shown else "") + "\n" + document_json(document))
+                write_data(("," if shown else "") + "\n" + document_json(document))
                 shown += 1
         except (RmqStoreError, KeyboardInterrupt):
-            sys.stdout.write("\n]\n")
+            write_data("\n]\n")
             raise
-        sys.stdout.write("\n]\n")
+        write_data("\n]\n")
         return shown
     if as_jsonl:
         for message in messages:

@@ -13,7 +13,14 @@ from rmqstore.commands.options import (
     refuse_empty,
     store_config_options,
 )
-from rmqstore.commands.output import console, counted, emit_json, fields_grid, json_text, note
+from rmqstore.commands.output import (
+    console,
+    counted,
+    emit_json,
+    emit_json_line,
+    fields_grid,
+    note,
+)
 from rmqstore.commands.signals import StopSignal
 from rmqstore.config import StoreConfig
 from rmqstore.replication import ReplicationRound, follow, replicate_round, source_geometry
@@ -142,7 +149,7 @@ def _from_master(
 
     def said(progress: SlaveProgress) -> None:  # a dispatch while following
         if as_json:
-            click.echo(json_text({"source": source, "dest": str(dest), **progress.to_dict()}))
+            emit_json_line({"source": source, "dest": str(dest), **progress.to_dict()})
         else:
             console.print(
                 f"DEST ends at {progress.whole_end}: "
@@ -190,7 +197,7 @@ def _report(
         if single:
             emit_json(document)
         else:
-            click.echo(json_text(document))
+            emit_json_line(document)
         return
     if not single and not outcome.bytes_copied:
         return  # a quiet round of --follow says nothing

@@ -386,3 +386,39 @@ def test_text_in_rmqstores_own_styled_lines_stays_literal() -> None:
         assert _plain_text(line) == f"  cannot mend: {literal}"
         rendered = _rich_text(line)
         assert rendered.plain == f"  cannot mend: {literal}" and rendered.spans
+
+
+@pytest.mark.parametrize("kernel", ["auto", "python"])
+def test_a_locale_that_is_not_utf8_escapes_human_output_and_keeps_data_utf8(
+    tmp_path: Path, kernel: str
+) -> None:
+    """Under a Latin-1 locale the table writes é as Latin-1 and 标签 as an escape (it ended
+    in an internal error, exit 70); JSON, JSON lines, CSV and TSV are the UTF-8 bytes a
+    UTF-8 locale gets, whichever kernel writes the rows."""
+    store = tmp_path / "magasin-été"
+    generate("multi", store)
+    first = store / "commitlog" / "00000000000000000000"
+
+    def run(encoding: str, *args: str | Path) -> bytes:
+        env = {**os.environ, "PYTHONIOENCODING": encoding, "RMQSTORE_KERNEL": kernel}
+        done = subprocess.run(
+            [sys.executable, "-m", "rmqstore", *map(str, args)], capture_output=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    table = run("latin-1", "read", store, "--from-offset", "0", "--count", "600")
+    assert b"\\u6807\\u7b7e" in table  # 标签
+    assert "kéy-1".encode("latin-1") in table
+    assert "kéy-1".encode() not in table
+    for args in (
+        ("read", store, "--from-offset", "0", "--count", "600", "--json"),
+        ("read", store, "--from-offset", "0", "--count", "600", "--jsonl"),
+        ("read", store, "--from-offset", "0", "--count", "600", "--csv"),
+        ("read", store, "--key", "kéy-1", "--tsv"),
+        ("dump", first, "--json"),  # the file's name
+        ("fixtures", "describe", "multi", store, "--json"),
+    ):
+        data = run("latin-1", *args)
+        assert any(text.encode() in data for text in ("标签", "kéy-1", "été")), args
+        assert data == run("utf-8", *args), args
