@@ -59,8 +59,16 @@ def _local(moment: datetime, text: str) -> datetime:
     clock showed it twice (the clocks went back over it: which instant is meant is not
     known, and a range ending at the wrong one leaves out an hour of messages) or never
     (they went forward over it)."""
-    first = moment.replace(fold=0).astimezone()
-    second = moment.replace(fold=1).astimezone()
+    try:
+        first = moment.replace(fold=0).astimezone()
+        second = moment.replace(fold=1).astimezone()
+    except (OverflowError, OSError, ValueError):
+        # a zone a full day or more from UTC (TZ=UTC+24: the C library takes it, Python's
+        # datetime does not), or a time the C library cannot place: it was exit 70
+        raise InputError(
+            f"{quoted(text)} cannot be placed in the local time zone: give it with its "
+            "offset (2024-03-01T12:00:00+08:00) or as epoch milliseconds"
+        ) from None
     if first == second:
         return first
     if datetime.fromtimestamp(first.timestamp()) == moment.replace(fold=0):
@@ -100,5 +108,9 @@ def _second_text(second: int, utc: bool) -> tuple[str, str]:
     """The text before and after the milliseconds of a time in ``second`` (epoch seconds)."""
     if utc:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(second)), " UTC"
-    moment = datetime.fromtimestamp(second, timezone.utc).astimezone()
+    moment = datetime.fromtimestamp(second, timezone.utc)
+    try:
+        moment = moment.astimezone()
+    except ValueError:  # a zone a full day from UTC (TZ=UTC+24), which datetime cannot hold
+        return _second_text(second, True)
     return f"{moment:%Y-%m-%d %H:%M:%S}", f" {moment:%z}"

@@ -106,3 +106,18 @@ def test_a_time_as_shown_is_taken_back(shanghai, utc: bool) -> None:  # type: ig
     for almost in ("2024-03-01 12:00:00.123 CET", "2024-03-01 12:00:00.123  +0800"):
         with pytest.raises(InputError, match="is not a time"):
             parse_store_time(almost)
+
+
+def test_a_local_zone_a_day_from_utc_is_refused_for_input_and_shown_as_utc() -> None:
+    """TZ=UTC+24 is a zone the C library takes and Python's datetime cannot hold: a local
+    time given was an internal error (exit 70), and a time shown was a bare number."""
+    zone = in_zone("UTC+24")
+    next(zone)
+    try:
+        assert time.localtime(MOMENT // 1000).tm_gmtoff == -86_400
+        with pytest.raises(InputError, match="cannot be placed in the local time zone"):
+            parse_store_time("2024-03-01T12:00:00")
+        assert parse_store_time("2024-03-01T12:00:00.123Z") == MOMENT
+        assert format_store_time(MOMENT) == "2024-03-01 12:00:00.123 UTC"
+    finally:
+        next(zone, None)
