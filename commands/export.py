@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -34,15 +35,31 @@ from rmqstore.store import Store
 from rmqstore.wording import missing_files, quoted
 
 
+def _destination(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """``--to``: not empty, and not ``-``, which a script means as stdout (it made a folder
+    named ``-``)."""
+    value = refuse_empty(ctx, param, value)
+    if value == "-":
+        raise click.BadParameter(
+            "- is not stdout here: export writes part files into a directory; for JSON lines "
+            "on stdout run rmqstore read STORE --from-offset 0 --jsonl (./- names a folder "
+            "called -)",
+            ctx,
+            param,
+        )
+    return value
+
+
 @click.command("export")
 @store_location_argument
 @click.option(
     "--to",
     "destination",
     required=True,
-    callback=refuse_empty,
+    callback=_destination,
     metavar="DIR",
-    help="A new (or empty) directory for the part files, or a pyarrow URI (s3://, hdfs://, gs://).",
+    help="A new (or empty) directory for the part files, or a pyarrow URI (s3://, hdfs://, "
+    "gs://). Not - (stdout): read --from-offset 0 --jsonl writes JSON lines there.",
 )
 @click.option(
     "--format",

@@ -92,6 +92,20 @@ def test_an_export_into_the_store_is_refused(tmp_path: Path) -> None:
     assert done.exit_code == 0
 
 
+def test_to_dash_is_refused_as_stdout_and_dot_slash_dash_is_a_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--to -`` made a folder named ``-`` where a script meant stdout."""
+    store_dir = tmp_path / "store"
+    generate("basic", store_dir)
+    monkeypatch.chdir(tmp_path)
+    refused = run_cli("export", store_dir, "--to", "-", "--format", "jsonl")
+    assert refused.exit_code == 2 and "--from-offset 0 --jsonl" in refused.stderr
+    assert not (tmp_path / "-").exists()
+    done = run_cli("export", store_dir, "--to", "./-", "--format", "jsonl")
+    assert done.exit_code == 0 and (tmp_path / "-" / "part-00000.jsonl").is_file()
+
+
 def test_a_topic_that_matches_no_message_is_named_with_the_store_topics(tmp_path: Path) -> None:
     """``--topic TopicTset`` (a typo) exported or counted 0 messages with no word why: export
     and stats still exit 0 with their usual output (an empty topic is an answer), and warn on
