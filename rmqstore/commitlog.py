@@ -51,6 +51,7 @@ from rmqstore.multidispatch import (
 )
 from rmqstore.properties import (
     DELAY,
+    JAVA_REPLACE,
     MAX_PROPERTIES_BYTES,
     REAL_QID,
     REAL_TOPIC,
@@ -260,7 +261,7 @@ class CommitLog:
                     keys[rows[row * ROW_WIDTH + PHYSICAL_OFFSET]] = (
                         None
                         if size == layout.SPAN_ABSENT
-                        else bytes(window[at : at + size]).decode("utf-8", "replace")
+                        else bytes(window[at : at + size]).decode("utf-8", JAVA_REPLACE)
                     )
         return keys
 

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from rmqstore import kernel
 from rmqstore.errors import InputError, TopicError
 from rmqstore.kernel import layout
+from rmqstore.properties import JAVA_REPLACE
 from rmqstore.topics import RETRY_PREFIX, check_topic
 
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
@@ -102,7 +103,7 @@ def copy_run_keys(
         raw = bytes(buf[name_at : name_at + runs[at + layout.COPY_RUN_NAME_LENGTH]])
         name = names.get(raw)
         if name is None:
-            name = names[raw] = raw.decode("utf-8", "replace")
+            name = names[raw] = raw.decode("utf-8", JAVA_REPLACE)
         keys.append((name, runs[at + layout.COPY_RUN_QUEUE_ID]))
     return keys
 

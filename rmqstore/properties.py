@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Mapping
 
 from rmqstore.errors import InputError
@@ -25,17 +26,46 @@ WAIT = "WAIT"
 KEY_SEPARATOR = " "
 
 
+def _java_replacement(error: UnicodeError) -> tuple[str, int]:
+    """A replacement character for the malformed bytes a decode met, over the bytes Java's
+    UTF-8 decoder takes for one: as Python's decoder, but for a lead byte 0xED followed by
+    0xA0..0xBF (half of a surrogate pair, as CESU-8 writes characters beyond the BMP),
+    which Java takes with the continuation byte after it, if there is one, as one malformed
+    sequence where Python replaces each byte (spec §3.5: the text a hash is taken of)."""
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    data, start = error.object, error.start
+    if data[start] == 0xED and start + 1 < len(data) and 0xA0 <= data[start + 1] <= 0xBF:
+        follows = start + 2 < len(data) and 0x80 <= data[start + 2] <= 0xBF
+        return "\ufffd", start + (3 if follows else 2)
+    return "\ufffd", error.end
+
+
+JAVA_REPLACE = "rmqstore-java-replace"
+codecs.register_error(JAVA_REPLACE, _java_replacement)
+
+
+def java_text(data: bytes | bytearray | memoryview) -> str:
+    """``data`` as Java's ``new String(bytes, UTF_8)`` makes it, the way a broker decodes a
+    record's properties before it hashes TAGS into the tagsCode and KEYS and UNIQ_KEY into
+    the index: valid UTF-8 as it is, malformed bytes as U+FFFD, as many as Java writes
+    (Python's ``errors="replace"`` wrote three for the 0xED 0xA0 0x80 Java writes one for,
+    and the hashes then differed from the broker's)."""
+    return bytes(data).decode("utf-8", JAVA_REPLACE)
+
+
 def decode_properties(data: bytes | bytearray | memoryview | str) -> dict[str, str]:
     """Parse a property string the way 4.9+/5.x ``string2messageProperties`` does.
 
     A pair is accepted only when its name and value are both non-empty; the value runs to the
     next 0x02 and may itself contain 0x01; later duplicates overwrite earlier ones. Invalid
-    UTF-8 decodes with U+FFFD replacement characters, as Java's decoder does.
+    UTF-8 decodes with U+FFFD replacement characters, as Java's decoder does
+    (:func:`java_text`).
     """
     if isinstance(data, bytes):
-        text = data.decode("utf-8", "replace")
+        text = data.decode("utf-8", JAVA_REPLACE)
     else:
-        text = data if isinstance(data, str) else bytes(data).decode("utf-8", "replace")
+        text = data if isinstance(data, str) else java_text(data)
     properties: dict[str, str] = {}
     for segment in text.split(PROPERTY_SEPARATOR):
         name, _, value = segment.partition(NAME_VALUE_SEPARATOR)

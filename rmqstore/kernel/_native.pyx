@@ -30,6 +30,7 @@ DEF WIDTH = 20
 DEF ROW_WIDTH_NATIVE = 20
 assert WIDTH == _ROW_WIDTH
 from rmqstore.kernel import layout as _layout
+from rmqstore.properties import JAVA_REPLACE  # the error handler, registered as it loads
 
 # the columns named here are the interface's (layout.py): a mismatch is a bug, found at import
 def _check_columns(pairs):
@@ -2869,7 +2870,7 @@ def row_copies(buf, rows, numbers, copy_type, dict names, list out):
                     if name_end > position else b""
                 name = names.get(raw)
                 if name is None:
-                    name = raw.decode("utf-8", "replace")
+                    name = raw.decode("utf-8", JAVA_REPLACE)
                     names[raw] = name
                 queue_id = 0 if (name_end - position >= 5
                                  and memcmp(data + position, b"%LMQ%", 5) == 0) \

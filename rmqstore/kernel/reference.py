@@ -146,6 +146,7 @@ from rmqstore.kernel.layout import (
     Problem,
     Stop,
 )
+from rmqstore.properties import JAVA_REPLACE  # the error handler, registered as it loads
 
 MAGIC_V1 = -626843481
 MAGIC_V2 = -626843477
@@ -1308,14 +1309,16 @@ def result_lines(buf: Any, rows: Any, first: int, count: int, style: int, out: b
             .hex()
             .upper()
         )
-        topic = _span(buf, rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]).decode("utf-8", "replace")
+        topic = _span(buf, rows[at + TOPIC_AT], rows[at + TOPIC_LENGTH]).decode(
+            "utf-8", JAVA_REPLACE
+        )
         props_at = rows[at + PROPERTIES_AT]
         props = _span(buf, props_at, rows[at + PROPERTIES_LENGTH])
         key_at, key_length = _property_value(props, b"UNIQ_KEY")
         key = (
             None
             if key_length == SPAN_ABSENT
-            else props[key_at : key_at + key_length].decode("utf-8", "replace")
+            else props[key_at : key_at + key_length].decode("utf-8", JAVA_REPLACE)
         )
         queue_id, queue_offset = rows[at + QUEUE_ID], rows[at + QUEUE_OFFSET]
         size, stamp = rows[at + TOTAL_SIZE], rows[at + STORE_TIMESTAMP]
@@ -1449,7 +1452,7 @@ def row_copies(buf: Any, rows: Any, numbers: Any, copy_type: Any, names: Any, ou
             raw = bytes(buf[name_at : name_at + name_length])
             name = names.get(raw)
             if name is None:
-                name = names[raw] = raw.decode("utf-8", "replace")
+                name = names[raw] = raw.decode("utf-8", JAVA_REPLACE)
             copies.append(new_copy(copy_type, (name, queue_id, value)))
     return len(numbers)
 

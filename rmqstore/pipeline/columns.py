@@ -22,7 +22,7 @@ from rmqstore import kernel
 from rmqstore.hosts import HostAddress
 from rmqstore.kernel import layout
 from rmqstore.pipeline import arrowcalls
-from rmqstore.properties import decode_properties
+from rmqstore.properties import JAVA_REPLACE, decode_properties
 
 _WIDTH = layout.ROW_WIDTH
 _MOST_PAIRS_IN_A_RECORD = 8192  # 32767 bytes of properties, at least 4 bytes a pair
@@ -187,7 +187,7 @@ def text(pa: Any, values: Any) -> Any:
     if not _valid_utf8(pa, strings):
         return pa.array(
             [
-                None if value is None else value.decode("utf-8", "replace")
+                None if value is None else value.decode("utf-8", JAVA_REPLACE)
                 for value in values.to_pylist()
             ],
             type=pa.string(),

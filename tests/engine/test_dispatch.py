@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -17,13 +18,21 @@ from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import PRE_BLANK_UNIT, ConsumeQueue
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_dispatch, plan_rebuild
 from rmqstore.errors import InputError, NotFoundError, StoreFormatError
+from rmqstore.hashing import tags_code
 from rmqstore.indexfile import IndexService
 from rmqstore.properties import KEYS, UNIQ_KEY
 from rmqstore.reader import MessageReader
 from rmqstore.record import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, Message
 from rmqstore.store import Store
 
-from support import ORACLE_CONFIG, compiled_pass_only, files_held, manifest_dump, tree_digest
+from support import (
+    ORACLE_CONFIG,
+    compiled_pass_only,
+    files_held,
+    manifest_dump,
+    run_cli,
+    tree_digest,
+)
 
 FULLY_DISPATCHED = [
     "s1_multi",
@@ -548,3 +557,48 @@ def test_a_replay_over_units_already_there_moves_the_logics_time_as_a_broker_doe
         assert result.units_written == 0 and result.units_skipped > 0
         after = store.checkpoint()
     assert after is not None and after.logics_msg_timestamp == uncut.logics_msg_timestamp
+
+
+def test_cesu8_tags_and_keys_hash_as_a_brokers_java_strings_do(tmp_path: Path) -> None:
+    """TAGS and KEYS written by a client in CESU-8 (a character beyond the BMP as two 3-byte
+    halves of a surrogate pair, 0xED 0xA0..0xBF ...): a broker's Java decodes each half as
+    one U+FFFD and hashes that text into the tagsCode and the index. Python's decoder made
+    three of each, so dispatch wrote a tagsCode and index hashes no broker writes, and
+    verify would have called a broker's own queues wrong. A dispatch (walk and rebuild in
+    worker processes) and the broker's hashes agree; verify finds nothing wrong with the
+    queues or the index (it warns of the properties) and a key lookup finds the messages."""
+    store = tmp_path / "store"
+    messages = [
+        Message(topic="Chat", body=b"x" * 1500, properties={"TAGS": "t-AAAAAA", KEYS: "k-BBB k2"})
+        for _ in range(4)
+    ]
+    small = StoreConfig(commitlog_file_size=1 << 20)
+    with Store.open_write(store, small, create=True) as opened:
+        opened.appender().append_many(messages)
+    log = store / "commitlog" / "00000000000000000000"
+    data = bytearray(log.read_bytes()[: 1 << 14])  # U+1F600 in CESU-8; 0xED 0xBF, then "A"
+    data = data.replace(b"t-AAAAAA", b"t-\xed\xa0\xbd\xed\xb8\x80").replace(
+        b"k-BBB", b"k-\xed\xbfA"
+    )
+    with log.open("r+b") as file:
+        file.write(data)
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(store, rebuilt)
+    assert run_cli("dispatch", store).exit_code == 0
+    result = run_cli(
+        "dispatch", rebuilt, "--rebuild", "--yes", "--jobs", "2", "--split-size", "4096"
+    )
+    assert result.exit_code == 0, result.stderr
+    tags = "t-\ufffd\ufffd"  # as the broker's String holds it
+    for root in (store, rebuilt):
+        with Store.open_read(root, small) as opened:
+            codes = {unit.tags_code for unit in opened.consume_queue("Chat", 0).units()}
+        assert codes == {tags_code(tags)}
+        verified = run_cli("verify", root, "--json")  # a warning of each record, no more
+        kinds = [finding["kind"] for finding in json.loads(verified.stdout)["findings"]]
+        assert kinds == ["record-properties"] * 4, verified.stdout
+        found = run_cli("read", root, "--key", "k-\ufffdA", "--topic", "Chat", "--json")
+        assert found.exit_code == 0, found.stderr
+        assert len(json.loads(found.stdout)) == 4
+        assert json.loads(found.stdout)[0]["tags"] == tags
+    assert tree_digest(store / "consumequeue") == tree_digest(rebuilt / "consumequeue")
