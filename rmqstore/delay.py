@@ -46,8 +46,11 @@ class DelayLevels:
 
 
 def parse_java_int(text: str) -> int:
-    """``Integer.parseInt``: optional sign and digits only, within the int range."""
-    if not _JAVA_INT.fullmatch(text):
+    """``Integer.parseInt``: optional sign and digits only, within the int range. Java takes
+    any script's decimal digits (``٣`` is 3) but reads UTF-16 units one by one, so a digit
+    beyond the BMP (``𝟑``, a surrogate pair in Java) is not one: a broker refuses a DELAY of
+    it, and would find such a record in SCHEDULE_TOPIC_XXXX invalid."""
+    if not _JAVA_INT.fullmatch(text) or not all(character < "\U00010000" for character in text):
         raise ValueError(f"not an integer: {quoted(text)}")
     value = int(text)
     if not -(1 << 31) <= value < (1 << 31):

@@ -195,6 +195,20 @@ def test_delay_messages_move_to_the_schedule_topic(tmp_path: Path) -> None:
         assert store.commitlog.read(results[1].physical_offset).topic == "TopicTest"
 
 
+def test_a_delay_level_is_read_as_javas_integer_parse_int_reads_it(tmp_path: Path) -> None:
+    with new_store(tmp_path / "s") as store:
+        appender = store.appender(clock=counting_clock())
+        arabic = message()
+        arabic.properties["DELAY"] = "\u0663"  # ARABIC-INDIC DIGIT THREE: Java's parseInt is 3
+        stored = store.commitlog.read(appender.append(arabic).physical_offset)
+        assert (stored.topic, stored.queue_id) == ("SCHEDULE_TOPIC_XXXX", 2)
+        for refused in ("\U0001d7d1", "1_0", " 3", "+", "2147483648"):  # 𝟑 is two UTF-16 units
+            odd = message()
+            odd.properties["DELAY"] = refused
+            with pytest.raises(InputError, match="is not a delay level"):
+                appender.append(odd)
+
+
 def test_crc_property_when_enabled(tmp_path: Path) -> None:
     with new_store(tmp_path / "s", append_prop_crc=True) as store:
         appender = store.appender()
