@@ -229,6 +229,8 @@ def test_rare_text_and_properties(tmp_path: Path) -> None:
         Message(SCHEDULE_TOPIC, b"d", properties_bytes=b"DELAY\x01x\x02TAGS\x01a\x02"),
         Message(SCHEDULE_TOPIC, b"d", properties_bytes=b"DELAY\x012\x02", store_timestamp=9),
         Message("Tö", b"u", properties_bytes="TAGS\x01ö\x02UNIQ_KEY\x01u\x02".encode()),
+        # 😀 as CESU-8 writes it: Java decodes one U+FFFD per surrogate half, not three
+        Message("T", b"c", properties_bytes=b"TAGS\x01\xed\xa0\xbd\xed\xb8\x80\x02"),
     ]
     location, part = one_file_store(tmp_path, records(messages), 0)
     rows = rows_by_columns(location, part, MessageRowOptions(delay_levels="1s 5s"))
@@ -238,6 +240,8 @@ def test_rare_text_and_properties(tmp_path: Path) -> None:
     assert rows[2]["bornHost"] == "[2001:db8::7]:10911"
     assert len(rows[3]["properties"]) == 5000
     assert rows[5]["tagsCode"] is None
+    assert rows[8]["tags"] == "\ufffd\ufffd"
+    assert rows[8]["tagsCode"] == tags_code("\ufffd\ufffd")
     assert_same_rows(location, part, "rare")
 
 
