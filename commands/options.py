@@ -114,7 +114,8 @@ _CONFIG_OPTIONS = [
         "--broker-config",
         type=GivenPath(path_type=Path, dir_okay=False),
         help="Read store settings (file sizes, index geometry, CRC switches, "
-        "storePathCommitLog, ...) from the broker's broker.conf.",
+        "storePathCommitLog, ...) from the broker's broker.conf, as the broker reads it "
+        "(ISO 8859-1; a value the broker would ignore or read as false is refused).",
     ),
     click.option(
         "--commitlog-file-size",

@@ -27,7 +27,7 @@ from rmqstore.checksum import (
     crc_property_bytes,
     record_crc,
 )
-from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, level_to_queue_id, parse_java_int
+from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, level_to_queue_id
 from rmqstore.errors import (
     InputError,
     MessageTooLargeError,
@@ -38,6 +38,7 @@ from rmqstore.errors import (
     read_failure,
 )
 from rmqstore.hosts import HostAddress
+from rmqstore.javavalues import parse_java_int
 from rmqstore.kernel import layout
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, TOTAL_SIZE
 from rmqstore.messagebatch import BatchUnsupported, MessageBatch

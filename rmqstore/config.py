@@ -7,10 +7,12 @@ Precedence, highest first: explicit options, ``--broker-config``, what existing 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rmqstore.errors import InputError
+from rmqstore.javavalues import java_boolean_word, java_trim, parse_java_int
 from rmqstore.segments import read_given_file
 from rmqstore.wording import quoted
 
@@ -49,10 +51,19 @@ BROKER_INT_BOUNDS = {
 
 
 def _int(text: str, key: str) -> int:
+    """``key``'s value as a broker reads it, ``Integer.parseInt`` of the whole value (space
+    at its end included). A value it refuses is refused here too: the broker ignores the
+    line and keeps its default, which is not what the file says."""
     try:
-        value = int(text.strip())
+        value = parse_java_int(text)
     except ValueError:
-        raise InputError(f"broker config: {key}={quoted(text)} is not an integer") from None
+        spaced = text != text.rstrip(_BLANK)
+        hint = ": the space at its end is part of it" if spaced else ""
+        raise InputError(
+            f"broker config: {key}={quoted(text)} is not an integer to a broker "
+            f"(Integer.parseInt refuses it{hint}; a broker ignores the line and keeps "
+            "its default)"
+        ) from None
     smallest, largest = BROKER_INT_BOUNDS.get(key, (None, None))
     if smallest is not None and largest is not None and not smallest <= value <= largest:
         raise InputError(
@@ -102,8 +113,18 @@ def check_index_reservation(slots: int, entries: int) -> None:
         )
 
 
-def _bool(text: str) -> bool:
-    return text.strip().lower() == "true"  # Java Boolean.parseBoolean
+def _bool(text: str, key: str) -> bool:
+    """``key``'s value as a broker reads it (``Boolean.parseBoolean``): true or false in any
+    case. Any other text (``yes``, ``1``, ``true`` with a space after it) a broker reads as
+    false, which is seldom what was meant, so it is refused."""
+    value = java_boolean_word(text)
+    if value is None:
+        raise InputError(
+            f"broker config: {key}={quoted(text)} is neither true nor false "
+            "(a broker reads it as false: Boolean.parseBoolean takes only true, in any case, "
+            "with nothing around it)"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +179,21 @@ def round_consumequeue_size(size: int) -> int:
     return math.ceil(size / CQ_UNIT_SIZE) * CQ_UNIT_SIZE
 
 
+# Properties.load's line ends and the only characters it takes as white space
+_LINE_END = re.compile(r"\r\n|[\r\n]")
+_BLANK = " \t\f"
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
 def parse_java_properties(text: str) -> dict[str, str]:
-    """Parse Java ``.properties`` syntax: ``#``/``!`` comments, ``=``/``:``/space separators,
-    backslash line continuations and escapes."""
+    """Parse Java ``.properties`` syntax as ``Properties.load`` does: ``#``/``!`` comments,
+    ``=``/``:``/space separators, backslash line continuations and escapes; lines end at CR,
+    LF or CRLF only, and white space is space, tab and form feed only. A malformed
+    ``\\uXXXX`` escape (which stops a broker's start) is an InputError."""
     result: dict[str, str] = {}
     logical = ""
-    for raw_line in text.splitlines():
-        line = raw_line.lstrip()
+    for raw_line in _LINE_END.split(text):
+        line = raw_line.lstrip(_BLANK)
         if not logical and (not line or line[0] in "#!"):
             continue
         trailing = len(line) - len(line.rstrip("\\"))
@@ -188,17 +217,17 @@ def _split_property(line: str) -> tuple[str, str]:
         if char == "\\":
             index += 2
             continue
-        if char in "=: \t\f":
+        if char in "=:" or char in _BLANK:
             break
         index += 1
     key = line[:index]
-    rest = line[index:].lstrip(" \t\f")
+    rest = line[index:].lstrip(_BLANK)
     if rest[:1] in ("=", ":"):
-        rest = rest[1:].lstrip(" \t\f")
-    return _unescape(key), _unescape(rest)
+        rest = rest[1:].lstrip(_BLANK)
+    return _unescape(key, line), _unescape(rest, line)
 
 
-def _unescape(text: str) -> str:
+def _unescape(text: str, line: str) -> str:
     if "\\" not in text:
         return text
     out: list[str] = []
@@ -210,13 +239,16 @@ def _unescape(text: str) -> str:
             index += 1
             continue
         following = text[index + 1]
-        if following == "u" and index + 6 <= len(text):
-            try:
-                out.append(chr(int(text[index + 2 : index + 6], 16)))
-                index += 6
-                continue
-            except ValueError:
-                pass
+        if following == "u":
+            digits = text[index + 2 : index + 6]
+            if len(digits) < 4 or not _HEX_DIGITS.issuperset(digits):
+                raise InputError(
+                    f"broker config: a malformed \\uXXXX escape in {quoted(line)} "
+                    "(Properties.load refuses it: a broker does not start with this file)"
+                )
+            out.append(chr(int(digits, 16)))
+            index += 6
+            continue
         out.append({"t": "\t", "n": "\n", "r": "\r", "f": "\f"}.get(following, following))
         index += 2
     return "".join(out)
@@ -243,8 +275,10 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
         raise InputError(
             f"broker config {path} is longer than {BROKER_CONFIG_LIMIT} bytes; is it a broker.conf?"
         )
-    text = data.decode("utf-8", errors="replace")
-    props = parse_java_properties(text)
+    # Properties.load(InputStream), as a broker reads its config: ISO 8859-1, one character
+    # a byte, other characters written as \\uXXXX (UTF-8 text reaches a broker, and so the
+    # CLUSTER property of every message, as the characters of its bytes)
+    props = parse_java_properties(data.decode("latin-1"))
     values: dict[str, object] = {}
 
     def take(key: str, *aliases: str) -> str | None:
@@ -282,26 +316,30 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
         ("enableMultiDispatch", "enable_multi_dispatch"),
     ):
         if (raw := take(key)) is not None:
-            values[name] = _bool(raw)
+            values[name] = _bool(raw, key)
     if (raw := take("flushDiskType")) is not None:
-        flush_type = raw.strip().upper()
+        flush_type = java_trim(raw)  # FlushDiskType.valueOf: the name exactly, in capitals
         if flush_type not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             raise InputError(
-                f"broker config: flushDiskType={quoted(raw)} is not ASYNC_FLUSH/SYNC_FLUSH"
+                f"broker config: flushDiskType={quoted(raw)} is not ASYNC_FLUSH or SYNC_FLUSH "
+                "(a broker takes only those, in capitals; it ignores any other value)"
             )
         values["flush_disk_type"] = flush_type
+    # a broker takes a text setting with String.trim (java_trim), so a value of spaces is
+    # one it sets, empty; such a value names no table, cluster, host or folder here
     if (raw := take("messageDelayLevel")) is not None:
-        values["message_delay_level"] = raw.strip()
-    if (raw := take("brokerClusterName")) is not None and raw.strip():
-        values["cluster_name"] = raw.strip()
-    if (raw := take("brokerIP1")) is not None and raw.strip():
+        values["message_delay_level"] = java_trim(raw)
+    if (raw := take("brokerClusterName")) is not None and java_trim(raw):
+        values["cluster_name"] = java_trim(raw)
+    if (raw := take("brokerIP1")) is not None and java_trim(raw):
         port = _int(take("listenPort") or str(DEFAULT_LISTEN_PORT), "listenPort")
-        host = raw.strip()
+        host = java_trim(raw)
         values["store_host"] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     commitlog = take("storePathCommitLog")
-    if commitlog and commitlog.strip():
+    if commitlog and java_trim(commitlog):
+        root = take("storePathRootDir")
         values["commitlog_dir"] = _commitlog_dir(
-            commitlog.strip(), take("storePathRootDir"), store_root
+            java_trim(commitlog), None if root is None else java_trim(root), store_root
         )
     config = StoreConfig(**values)  # type: ignore[arg-type]
     check_index_geometry(config.index_slots, config.index_entries)
@@ -318,7 +356,7 @@ def _commitlog_dir(configured: str, configured_root: str | None, store_root: Pat
     path = Path(configured)
     if store_root is not None and configured_root:
         try:
-            relative = path.relative_to(Path(configured_root.strip()))
+            relative = path.relative_to(Path(configured_root))
         except ValueError:
             return path
         return store_root / relative

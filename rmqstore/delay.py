@@ -2,34 +2,42 @@
 
 from __future__ import annotations
 
-import re
-
 from rmqstore.config import DEFAULT_DELAY_LEVELS
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
+from rmqstore.javavalues import JAVA_LONG_RANGE, java_long, parse_java_int, parse_java_integer
 from rmqstore.properties import DELAY, TAGS
 from rmqstore.wording import quoted
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 _UNIT_MILLIS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_LEVEL = re.compile(r"(\d+)([smhd])")
-_JAVA_INT = re.compile(r"[+-]?\d+")
 
 
 class DelayLevels:
     """The ``messageDelayLevel`` table: level n (1-based) waits ``millis[n-1]``."""
 
     def __init__(self, text: str = DEFAULT_DELAY_LEVELS) -> None:
+        """Parse ``text`` as a broker's ``parseDelayLevel`` does: items split at each single
+        space (trailing empty ones dropped, as Java's ``split`` drops them), each a
+        ``Long.parseLong`` number and one unit letter; the delay is a Java long, so a product
+        past its range wraps as the broker's does. A table a broker cannot parse (it then
+        does not start) is an InputError."""
+        pieces = text.split(" ")
+        while len(pieces) > 1 and not pieces[-1]:
+            pieces.pop()
         self.millis: list[int] = []
-        for item in text.split():
-            match = _LEVEL.fullmatch(item)
-            if not match:
+        for item in pieces:
+            unit = _UNIT_MILLIS.get(item[-1:])
+            try:
+                if unit is None:
+                    raise ValueError(item)
+                number = parse_java_integer(item[:-1], JAVA_LONG_RANGE)
+            except ValueError:
                 raise InputError(
-                    f"messageDelayLevel item {quoted(item)} is not a number plus s/m/h/d"
-                )
-            self.millis.append(int(match.group(1)) * _UNIT_MILLIS[match.group(2)])
-        if not self.millis:
-            raise InputError("messageDelayLevel is empty")
+                    f"messageDelayLevel item {quoted(item)} is not a number plus s/m/h/d "
+                    "(one space between items: a broker does not start with this table)"
+                ) from None
+            self.millis.append(java_long(number * unit))
 
     @property
     def max_level(self) -> int:
@@ -41,21 +49,8 @@ class DelayLevels:
     def deliver_timestamp(self, level: int, store_timestamp: int) -> int:
         """``computeDeliverTimestamp``: store time plus the level's delay (+1 s if unknown)."""
         if 1 <= level <= self.max_level:
-            return store_timestamp + self.millis[level - 1]
-        return store_timestamp + 1000
-
-
-def parse_java_int(text: str) -> int:
-    """``Integer.parseInt``: optional sign and digits only, within the int range. Java takes
-    any script's decimal digits (``٣`` is 3) but reads UTF-16 units one by one, so a digit
-    beyond the BMP (``𝟑``, a surrogate pair in Java) is not one: a broker refuses a DELAY of
-    it, and would find such a record in SCHEDULE_TOPIC_XXXX invalid."""
-    if not _JAVA_INT.fullmatch(text) or not all(character < "\U00010000" for character in text):
-        raise ValueError(f"not an integer: {quoted(text)}")
-    value = int(text)
-    if not -(1 << 31) <= value < (1 << 31):
-        raise ValueError(f"out of int range: {quoted(text)}")
-    return value
+            return java_long(store_timestamp + self.millis[level - 1])
+        return java_long(store_timestamp + 1000)
 
 
 def level_to_queue_id(level: int) -> int:

@@ -24,8 +24,9 @@ from typing import Any, Protocol
 
 from rmqstore import kernel
 from rmqstore.commitlog import CommitLog
-from rmqstore.delay import SCHEDULE_TOPIC, parse_java_int
+from rmqstore.delay import SCHEDULE_TOPIC
 from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreIOError
+from rmqstore.javavalues import parse_java_int
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
 from rmqstore.multidispatch import CopyRunTables, copy_run_keys

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from rmqstore.config import (
     parse_java_properties,
     round_consumequeue_size,
 )
+from rmqstore.delay import DelayLevels
 from rmqstore.errors import InputError
 from rmqstore.store import Store
 
@@ -82,7 +86,10 @@ def test_bad_values_are_input_errors(tmp_path: Path, line: str) -> None:
     [
         ("mappedFileSizeCommitLog=0", "mappedFileSizeCommitLog=0 is outside 4,096..2,147,483,647"),
         ("mappedFileSizeCommitLog=-4096", "mappedFileSizeCommitLog=-4096 is outside"),
-        ("mappedFileSizeCommitLog=4294967296", "mappedFileSizeCommitLog=4294967296 is outside"),
+        (
+            "mappedFileSizeCommitLog=4294967296",
+            "mappedFileSizeCommitLog='4294967296' is not an integer to a broker",
+        ),
         ("mappedFileSizeConsumeQueue=0", "mappedFileSizeConsumeQueue=0 is outside 20.."),
         ("maxHashSlotNum=0", "maxHashSlotNum=0 is outside 1.."),
         ("maxIndexNum=1", "maxIndexNum=1 is outside 2.."),
@@ -249,3 +256,166 @@ def test_writers_refuse_an_index_of_more_than_a_page_of_slots_an_entry(
     with Store.open_read(store, wide) as opened:
         assert opened.config.index_entries == 2
     assert sorted(path.name for path in store.rglob("*")) == before
+
+
+# The pieces random broker.conf lines are made of: a key's usual value, then characters that
+# Properties.load, Integer.parseInt, Boolean.parseBoolean, String.trim and the delay table's
+# parse read otherwise than Python's own readers (a no-break space and U+0085 in UTF-8 or as
+# one ISO 8859-1 byte, other scripts' digits, \uXXXX escapes whole and broken, line
+# continuations, CR line ends, vertical tab)
+_AWKWARD = [
+    b" ", b"\t", b"\f", b"\x0b", b"\x1c", b"\xc2\xa0", b"\xa0", b"\x85", b"\xc2\x85",
+    b"\\u0036", b"\\u00", b"\\uzzzz", b"\\\n   ", b"\\\r\n\t", b"\\\\", b"\\t", b"+", b"-",
+    b"_", "٦".encode(), "𝟔".encode(), "集".encode(), b"x", b"0",
+]  # fmt: skip
+_CONF_KEYS = {
+    "mappedFileSizeCommitLog": [b"65536", b"1073741824", b"4096", b"99999999999"],
+    "checkCRCOnRecover": [b"true", b"false", b"TRUE", b"False", b"yes", b"1"],
+    "brokerClusterName": [b"Prod", "集群".encode(), b"\\u96c6\\u7fa4", b"a b"],
+    "flushDiskType": [b"SYNC_FLUSH", b"ASYNC_FLUSH", b"sync_flush"],
+    "messageDelayLevel": [b"1s 5s 10m", b"1s  5s", b"2d 99999999999999999d", b"0s -3s"],
+}
+_NOISE = [b"# a comment\\", b"! another", b"", b"   ", b"\f other = 1", b"other=2\\"]
+_SEPARATORS = [b"=", b":", b" ", b" = ", b"\t:", b"  "]
+_LINE_ENDS = [b"\n", b"\r\n", b"\r", b""]
+
+_READ_AS_A_BROKER = r"""
+import java.io.*; import java.util.*;
+public class Conf {
+  enum FlushDiskType { SYNC_FLUSH, ASYNC_FLUSH }
+  static String hex(String s) {
+    StringBuilder b = new StringBuilder();
+    for (char c : s.toCharArray()) b.append(String.format("%04x", (int) c));
+    return b.toString(); }
+  static String read(String key, String v) {
+    switch (key) {
+      case "mappedFileSizeCommitLog":
+        try { return "INT " + Integer.parseInt(v); } catch (NumberFormatException e) {
+          return "IGNORED"; }
+      case "checkCRCOnRecover":
+        return "BOOL " + Boolean.parseBoolean(v) + " "
+          + (v.equalsIgnoreCase("true") || v.equalsIgnoreCase("false"));
+      case "brokerClusterName": return "TEXT " + hex(v.trim());
+      case "flushDiskType":
+        try { return "FLUSH " + FlushDiskType.valueOf(v.trim()).name(); }
+        catch (IllegalArgumentException e) { return "IGNORED"; }
+      default:
+        Map<String, Long> units = new HashMap<>();
+        units.put("s", 1000L); units.put("m", 60000L); units.put("h", 3600000L);
+        units.put("d", 86400000L);
+        try {
+          StringBuilder b = new StringBuilder("DELAY");
+          for (String item : v.trim().split(" ")) {
+            Long unit = units.get(item.substring(item.length() - 1));
+            long number = Long.parseLong(item.substring(0, item.length() - 1));
+            long millis = unit * number;
+            b.append(' ').append(millis); }
+          return b.toString();
+        } catch (Exception e) { return "FAIL"; } } }
+  public static void main(String[] a) throws Exception {
+    File[] files = new File(a[0]).listFiles(); Arrays.sort(files);
+    StringBuilder out = new StringBuilder();
+    for (File f : files) {
+      String key = f.getName().split("[.]")[1];
+      Properties p = new Properties(); String said;
+      try (InputStream in = new BufferedInputStream(new FileInputStream(f))) {
+        p.load(in);
+        String v = p.getProperty(key);
+        said = v == null ? "ABSENT" : read(key, v);
+      } catch (IllegalArgumentException e) { said = "LOADFAIL"; }
+      out.append(f.getName()).append(' ').append(said).append('\n'); }
+    System.out.print(out); } }
+"""
+
+
+def _random_conf(rng: random.Random, key: str) -> bytes:
+    value = bytearray(rng.choice(_CONF_KEYS[key]))
+    for _ in range(rng.choice([0, 0, 1, 1, 2, 3])):
+        at = rng.randint(0, len(value))
+        value[at:at] = rng.choice(_AWKWARD)
+    lines = [rng.choice(_NOISE) for _ in range(rng.randint(0, 2))]
+    lines.append(key.encode() + rng.choice(_SEPARATORS) + bytes(value))
+    lines += [rng.choice(_NOISE) for _ in range(rng.randint(0, 1))]
+    ends = [rng.choice(_LINE_ENDS[:3]) for _ in lines[:-1]] + [rng.choice(_LINE_ENDS)]
+    return b"".join(line + end for line, end in zip(lines, ends, strict=True))
+
+
+def _rmqstore_reading(conf: Path, key: str) -> str:
+    """What rmqstore takes from ``conf`` for ``key``, in the words the Java program uses."""
+    field = {
+        "mappedFileSizeCommitLog": "commitlog_file_size",
+        "checkCRCOnRecover": "check_crc_on_recover",
+        "brokerClusterName": "cluster_name",
+        "flushDiskType": "flush_disk_type",
+        "messageDelayLevel": "message_delay_level",
+    }[key]
+    try:
+        config = load_broker_config(conf)
+        if field not in config.sources:
+            return "ABSENT"
+        value = getattr(config, field)
+        if key == "messageDelayLevel":
+            return " ".join(["DELAY", *map(str, DelayLevels(value).millis)])
+    except InputError:
+        return "REFUSED"
+    if key == "brokerClusterName":
+        return "TEXT " + value.encode("utf-16-be").hex()
+    return {"mappedFileSizeCommitLog": "INT", "checkCRCOnRecover": "BOOL"}.get(
+        key, "FLUSH"
+    ) + f" {str(value).lower() if isinstance(value, bool) else value}"
+
+
+def _expected(said: str) -> str:
+    """What rmqstore should take where a broker's Java said ``said``: the same value, or a
+    refusal where the broker ignores the value, reads a word that is not true as false,
+    does not start (a malformed escape, a delay table it cannot parse), or takes a file
+    size no broker can use."""
+    kind, _, rest = said.partition(" ")
+    if kind in ("IGNORED", "LOADFAIL", "FAIL"):
+        return "REFUSED"
+    if kind == "BOOL":
+        value, word = rest.split()
+        return f"BOOL {value}" if word == "true" else "REFUSED"
+    if kind == "INT" and not 4096 <= int(rest) <= 2**31 - 1:
+        return "REFUSED"
+    if said == "TEXT ":  # a value of nothing but spaces sets no cluster name here
+        return "ABSENT"
+    return said
+
+
+def test_broker_config_is_read_as_a_brokers_java_reads_it(tmp_path: Path) -> None:
+    """Random broker.conf files read by the JVM's own Properties.load, Integer.parseInt,
+    Boolean.parseBoolean, String.trim and the delay table's parse, and by rmqstore: the
+    same value for every key, or a refusal where a broker would not take what the file
+    says (it used to read the file as UTF-8, split lines at U+0085, strip a no-break space
+    and take 65536 with a space after it, which a broker ignores)."""
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.skip("no javac (a JDK) on PATH")
+    (tmp_path / "Conf.java").write_text(_READ_AS_A_BROKER)
+    subprocess.run([javac, "-d", str(tmp_path), str(tmp_path / "Conf.java")], check=True)
+    confs = tmp_path / "confs"
+    confs.mkdir()
+    rng = random.Random(20261202)
+    keys = sorted(_CONF_KEYS)
+    for number in range(3000):
+        key = keys[number % len(keys)]
+        (confs / f"{number:05d}.{key}").write_bytes(_random_conf(rng, key))
+    done = subprocess.run(
+        ["java", "-cp", str(tmp_path), "Conf", str(confs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    outcomes = [line.split(" ", 1) for line in done.stdout.splitlines()]
+    assert len(outcomes) == 3000
+    kinds = set()
+    for name, said in outcomes:
+        key = name.split(".")[1]
+        kinds.add(said.split(" ")[0])
+        assert _rmqstore_reading(confs / name, key) == _expected(said), (
+            name,
+            (confs / name).read_bytes(),
+            said,
+        )
+    assert kinds >= {"INT", "BOOL", "TEXT", "FLUSH", "DELAY", "IGNORED", "LOADFAIL", "FAIL"}

@@ -1,0 +1,61 @@
+"""Text read the way Java's library reads it where a broker does: ``Integer.parseInt`` and
+``Long.parseLong`` (a DELAY level, a broker.conf number, a delay table's entries),
+``Boolean.parseBoolean`` and ``String.trim`` (broker.conf values).
+
+Python's own readers take more than Java's (``int(" 3")``, ``int("1_0")``, ``str.strip()``
+of a no-break space), so text a broker refuses or reads otherwise would mean something else
+here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rmqstore.wording import quoted
+
+# a sign, then decimal digits of any script: Java's Character.digit takes them (U+0663 is
+# 3), but one UTF-16 unit at a time, so a digit beyond the BMP is not one to Java
+_JAVA_INTEGER = re.compile(r"[+-]?\d+")
+_FIRST_BEYOND_BMP = "\U00010000"
+JAVA_INT_RANGE = range(-(2**31), 2**31)
+JAVA_LONG_RANGE = range(-(2**63), 2**63)
+# String.trim takes off every character up to U+0020 at either end, and nothing else (not a
+# no-break space, not U+0085)
+_TRIMMED = "".join(map(chr, range(0x21)))
+
+
+def parse_java_integer(text: str, values: range = JAVA_INT_RANGE) -> int:
+    """``Integer.parseInt`` (``Long.parseLong`` with ``values=JAVA_LONG_RANGE``): an
+    optional sign and digits only, nothing around them, within the type's range; else
+    ValueError."""
+    if not _JAVA_INTEGER.fullmatch(text) or not all(c < _FIRST_BEYOND_BMP for c in text):
+        raise ValueError(f"not an integer: {quoted(text)}")
+    value = int(text)
+    if value not in values:
+        raise ValueError(f"out of range: {quoted(text)}")
+    return value
+
+
+def parse_java_int(text: str) -> int:
+    """``Integer.parseInt``."""
+    return parse_java_integer(text, JAVA_INT_RANGE)
+
+
+def java_long(value: int) -> int:
+    """``value`` as a Java long holds it: wrapped into 64 bits, two's complement."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def java_trim(text: str) -> str:
+    """``String.trim``."""
+    return text.strip(_TRIMMED)
+
+
+def java_boolean_word(text: str) -> bool | None:
+    """True or False for ``true`` or ``false`` in any case (what ``Boolean.parseBoolean``
+    reads as they look), None for any other text, which Java reads as false."""
+    if text.isascii():
+        lowered = text.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+    return None
