@@ -59,6 +59,8 @@ def parse_host(text: str) -> HostAddress:
         if not host or not port:
             raise ValueError("expected HOST:PORT")
         address = ipaddress.ip_address(host)
+        if not (port.isascii() and port.isdigit()):  # int() would take " 1", "1_0", "٣"
+            raise ValueError(f"port {quoted(port)} is not a number")
         port_number = int(port)
     except ValueError as exc:
         raise InputError(f"bad host {quoted(text)}: {exc}") from None
