@@ -5,7 +5,13 @@ from __future__ import annotations
 from rmqstore.config import DEFAULT_DELAY_LEVELS
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
-from rmqstore.javavalues import JAVA_LONG_RANGE, java_long, parse_java_int, parse_java_integer
+from rmqstore.javavalues import (
+    JAVA_LONG_RANGE,
+    java_long,
+    java_trim,
+    parse_java_int,
+    parse_java_integer,
+)
 from rmqstore.properties import DELAY, TAGS
 from rmqstore.wording import quoted
 
@@ -22,7 +28,7 @@ class DelayLevels:
         ``Long.parseLong`` number and one unit letter; the delay is a Java long, so a product
         past its range wraps as the broker's does. A table a broker cannot parse (it then
         does not start) is an InputError."""
-        pieces = text.split(" ")
+        pieces = java_trim(text).split(" ")  # trimmed, as a broker's config reader does
         while len(pieces) > 1 and not pieces[-1]:
             pieces.pop()
         self.millis: list[int] = []
