@@ -60,15 +60,14 @@ def _int(text: str, key: str) -> int:
         spaced = text != text.rstrip(_BLANK)
         hint = ": the space at its end is part of it" if spaced else ""
         raise InputError(
-            f"broker config: {key}={quoted(text)} is not an integer to a broker "
+            f"{key}={quoted(text)} is not an integer to a broker "
             f"(Integer.parseInt refuses it{hint}; a broker ignores the line and keeps "
             "its default)"
         ) from None
     smallest, largest = BROKER_INT_BOUNDS.get(key, (None, None))
     if smallest is not None and largest is not None and not smallest <= value <= largest:
         raise InputError(
-            f"broker config: {key}={value} is outside {smallest:,}..{largest:,} "
-            "(what a broker takes)"
+            f"{key}={value} is outside {smallest:,}..{largest:,} (what a broker takes)"
         )
     return value
 
@@ -120,7 +119,7 @@ def _bool(text: str, key: str) -> bool:
     value = java_boolean_word(text)
     if value is None:
         raise InputError(
-            f"broker config: {key}={quoted(text)} is neither true nor false "
+            f"{key}={quoted(text)} is neither true nor false "
             "(a broker reads it as false: Boolean.parseBoolean takes only true, in any case, "
             "with nothing around it)"
         )
@@ -243,7 +242,7 @@ def _unescape(text: str, line: str) -> str:
             digits = text[index + 2 : index + 6]
             if len(digits) < 4 or not _HEX_DIGITS.issuperset(digits):
                 raise InputError(
-                    f"broker config: a malformed \\uXXXX escape in {quoted(line)} "
+                    f"a malformed \\uXXXX escape in {quoted(line)} "
                     "(Properties.load refuses it: a broker does not start with this file)"
                 )
             out.append(chr(int(digits, 16)))
@@ -278,7 +277,18 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
     # Properties.load(InputStream), as a broker reads its config: ISO 8859-1, one character
     # a byte, other characters written as \\uXXXX (UTF-8 text reaches a broker, and so the
     # CLUSTER property of every message, as the characters of its bytes)
-    props = parse_java_properties(data.decode("latin-1"))
+    try:
+        values = _settings(parse_java_properties(data.decode("latin-1")), store_root)
+        config = StoreConfig(**values)  # type: ignore[arg-type]
+        check_index_geometry(config.index_slots, config.index_entries)
+    except InputError as exc:  # named, since STORE/config/broker.properties is read unasked
+        raise InputError(f"broker config {path}: {exc}") from None
+    sources = {name: f"broker config {path}" for name in values}
+    return replace(config, sources=sources)
+
+
+def _settings(props: dict[str, str], store_root: Path | None) -> dict[str, object]:
+    """The StoreConfig fields the broker.conf keys in ``props`` set."""
     values: dict[str, object] = {}
 
     def take(key: str, *aliases: str) -> str | None:
@@ -321,7 +331,7 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
         flush_type = java_trim(raw)  # FlushDiskType.valueOf: the name exactly, in capitals
         if flush_type not in ("ASYNC_FLUSH", "SYNC_FLUSH"):
             raise InputError(
-                f"broker config: flushDiskType={quoted(raw)} is not ASYNC_FLUSH or SYNC_FLUSH "
+                f"flushDiskType={quoted(raw)} is not ASYNC_FLUSH or SYNC_FLUSH "
                 "(a broker takes only those, in capitals; it ignores any other value)"
             )
         values["flush_disk_type"] = flush_type
@@ -341,16 +351,13 @@ def load_broker_config(path: Path, store_root: Path | None = None) -> StoreConfi
         values["commitlog_dir"] = _commitlog_dir(
             java_trim(commitlog), None if root is None else java_trim(root), store_root
         )
-    config = StoreConfig(**values)  # type: ignore[arg-type]
-    check_index_geometry(config.index_slots, config.index_entries)
-    sources = {name: f"broker config {path}" for name in values}
-    return replace(config, sources=sources)
+    return values
 
 
 def _commitlog_dir(configured: str, configured_root: str | None, store_root: Path | None) -> Path:
     if "," in configured:
         raise InputError(
-            "broker config: storePathCommitLog lists several directories "
+            "storePathCommitLog lists several directories "
             "(a multi-path commit log); rmqstore does not support that layout"
         )
     path = Path(configured)

@@ -75,9 +75,11 @@ def test_4_3_spellings_and_outside_commitlog(tmp_path: Path) -> None:
     "line", ["mappedFileSizeCommitLog=big", "flushDiskType=SOMETIMES", "storePathCommitLog=/a,/b"]
 )
 def test_bad_values_are_input_errors(tmp_path: Path, line: str) -> None:
-    conf = tmp_path / "broker.conf"
+    """Each names the file: STORE/config/broker.properties is read without being asked for."""
+    conf = tmp_path / "config" / "broker.properties"
+    conf.parent.mkdir()
     conf.write_text(line + "\n")
-    with pytest.raises(InputError):
+    with pytest.raises(InputError, match=f"^broker config {re.escape(str(conf))}: "):
         load_broker_config(conf)
 
 
