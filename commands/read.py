@@ -45,7 +45,14 @@ from rmqstore.documents import DelimitedLayout
 from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import MOST_COLUMNS
-from rmqstore.reader import HEX_DIGITS, MessageReader, MessageSelection, TextBlock, selected
+from rmqstore.reader import (
+    HEX_DIGITS,
+    MessageReader,
+    MessageSelection,
+    TextBlock,
+    selected,
+    subscription_tags,
+)
 from rmqstore.record import BodyMode, Message, decompress_body
 from rmqstore.store import Store
 from rmqstore.wording import clipped
@@ -135,7 +142,9 @@ _TABLE_CHUNK = 100
 @click.option(
     "--tags",
     metavar="A||B",
-    help="Only messages with one of these TAGS (mqadmin's || between them).",
+    callback=refuse_empty_text("a tag, or * for every message"),
+    help="Only messages with one of these TAGS: a subscription expression, as a consumer "
+    "subscribes (TagA || TagB, each tag trimmed; * is every message).",
 )
 @click.option(
     "--max",
@@ -248,6 +257,7 @@ def command(
         offset, msg_id, from_offset, topic, queue_id, queue_from, count, key, uniq_key, timestamp
     )
     _refuse_unused(mode, tags)
+    wanted_tags = subscription_tags(tags) if tags is not None else None
     if begin > end:
         raise click.UsageError(
             f"--begin is after --end ({begin} > {end}, epoch ms): no message is stored in "
@@ -307,12 +317,10 @@ def command(
                 as_json or as_jsonl,
             )
             return 0
-        filtered = tags is not None or begin > 0 or end < LONG_MAX
+        filtered = wanted_tags is not None or begin > 0 or end < LONG_MAX
         walk_count = None if filtered else count  # a filter counts what it lets through
         selection = (  # the kernel's rows filtered by their store time, then TAGS
-            MessageSelection(begin, end, frozenset(tags.split("||")) if tags is not None else None)
-            if filtered
-            else None
+            MessageSelection(begin, end, wanted_tags) if filtered else None
         )
         kernel_lines = (as_jsonl or as_json or delimited is not None) and not (
             decompress or verify_crc
@@ -387,10 +395,9 @@ def command(
         messages = _first_fetched(messages)
         table = DelimitedWriter(*delimited) if delimited else None
         if mode in ("queue", "topic") and filtered and not picked:
-            wanted = frozenset(tags.split("||")) if tags is not None else None
-            messages = selected(messages, tags=wanted, begin=begin, end=end, count=count)
-        elif mode in ("key", "uniq-key") and tags is not None:
-            messages = selected(messages, tags=frozenset(tags.split("||")))
+            messages = selected(messages, tags=wanted_tags, begin=begin, end=end, count=count)
+        elif mode in ("key", "uniq-key") and wanted_tags is not None:
+            messages = selected(messages, tags=wanted_tags)
         streamed = table is not None or as_jsonl
         total = opened.commitlog.data_extent() - from_offset if from_offset is not None else 0
         with progress_bar("reading", total, streamed and not no_progress) as update:

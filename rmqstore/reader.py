@@ -14,6 +14,7 @@ from rmqstore.consumequeue import ConsumeQueue, Unit, is_pre_blank, list_queues
 from rmqstore.documents import DelimitedLayout
 from rmqstore.errors import InputError, NotFoundError, RecordError, RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
+from rmqstore.javavalues import java_trim
 from rmqstore.kernel.layout import (
     BODY_MODE_NAMES,
     CRC_BAD,
@@ -68,6 +69,26 @@ def _text_writer(body_mode: str, layout: DelimitedLayout | None) -> tuple[str, t
         return "message_lines", (mode,)
     columns = bytes(MESSAGE_COLUMNS.index(name) for name in layout.fields)
     return "message_rows", (mode, columns, ord(layout.delimiter))
+
+
+SUBSCRIBE_ALL = "*"
+TAG_SEPARATOR = "||"
+
+
+def subscription_tags(expression: str) -> frozenset[str] | None:
+    """The TAGS a tag subscription expression (``TagA || TagB``, as a consumer subscribes
+    and mqadmin takes one) picks, as a broker's ``FilterAPI.buildSubscriptionData`` reads
+    it: ``*`` is every message (None); else the pieces between ``||``, each trimmed as Java
+    trims, empty ones dropped. A message is picked when its TAGS is one of them exactly. An
+    expression with no tag in it is an InputError (a broker refuses ``||``)."""
+    if expression == SUBSCRIBE_ALL:
+        return None
+    tags = frozenset(filter(None, (java_trim(piece) for piece in expression.split(TAG_SEPARATOR))))
+    if not tags:
+        raise InputError(
+            f"tags {quoted(expression)} name no tag: give TagA, TagA||TagB or * (every tag)"
+        )
+    return tags
 
 
 @dataclass(frozen=True)

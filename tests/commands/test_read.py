@@ -490,6 +490,23 @@ def test_times_in_any_form_and_shown_with_their_zone(oracle) -> None:
     assert json.loads(by_copy.stdout) == json.loads(by_ms.stdout)
 
 
+def test_tags_are_a_subscription_expression_as_a_consumer_gives_one(oracle) -> None:
+    """``TagA || TagB`` (the form RocketMQ's examples subscribe with) picks what
+    ``TagA||TagB`` picks: each tag is trimmed, as the broker's FilterAPI trims it (it picked
+    nothing); ``*`` is every message (it picked only a tag named ``*``); an expression naming
+    no tag, or an empty one, is refused (both picked nothing, exit 0)."""
+    store = oracle("s1_multi").store
+    topic = ["read", store, "--topic", "TopicTest", "--jsonl"]
+    spaced = run_cli(*topic, "--tags", " TagA ||  TagB ")
+    assert spaced.exit_code == 0 and spaced.stdout
+    assert spaced.stdout == run_cli(*topic, "--tags", "TagA||TagB").stdout
+    assert run_cli(*topic, "--tags", "*").stdout == run_cli(*topic).stdout
+    for lookup in (["--topic", "TopicTest"], ["--from-offset", "0"], ["--key", "k"]):
+        for expression, said in [("||", "name no tag"), (" || ", "name no tag"), ("", "empty")]:
+            refused = run_cli("read", store, *lookup, "--tags", expression)
+            assert refused.exit_code == 2 and said in refused.stderr, (lookup, expression)
+
+
 def test_a_whole_topic_filtered_by_tags_and_time(oracle) -> None:
     store = oracle("s1_multi").store
     per_queue = []
