@@ -45,6 +45,7 @@ from rmqstore.documents import DelimitedLayout
 from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import MOST_COLUMNS
+from rmqstore.properties import split_keys
 from rmqstore.reader import (
     HEX_DIGITS,
     MessageReader,
@@ -418,6 +419,12 @@ def command(
                 note(
                     "unique keys compare case by case, and producers write them in upper-case "
                     f"hex: try --uniq-key {clipped(uniq_key.upper())} (--msg-id tries both)"
+                )
+            pieces = split_keys(key) if key is not None else []
+            if key is not None and pieces != [key] and pieces:
+                note(
+                    "a broker indexes each piece of KEYS between spaces on its own: look one "
+                    f"up, --key {clipped(pieces[0])}"
                 )
             return 1
     return 0

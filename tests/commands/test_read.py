@@ -455,6 +455,10 @@ def test_client_ids_keys_and_no_hits_like_mqadmin(oracle) -> None:
     missing = run_cli("read", store, *ORACLE_OPTIONS, "--key", "no-such-key-anywhere")
     assert missing.exit_code == 1
     assert "no message of any topic has key no-such-key-anywhere" in missing.stderr
+    assert "each piece of KEYS" not in missing.stderr
+    # the whole KEYS of a message asked for (its pieces are what the index holds): a hint
+    whole = run_cli("read", store, *ORACLE_OPTIONS, "--key", f"{key} other")
+    assert whole.exit_code == 1 and f"look one up, --key {key}" in whole.stderr
     unknown = run_cli("read", store, *ORACLE_OPTIONS, "--msg-id", "0" * 31 + "1")
     assert unknown.exit_code == 2 and "as a client id (UNIQ_KEY)" in unknown.stderr
 
