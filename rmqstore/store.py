@@ -1305,7 +1305,19 @@ def _put_copies(
 
 
 def _config_host(config: StoreConfig) -> HostAddress | None:
-    return parse_host(config.store_host) if config.store_host else None
+    """The broker config's brokerIP1:listenPort. A host name there is refused: a broker
+    looks it up when it starts, on its own machine, and rmqstore does not guess what it
+    found."""
+    if not config.store_host:
+        return None
+    try:
+        return parse_host(config.store_host)
+    except InputError:
+        raise InputError(
+            f"the broker config's brokerIP1:listenPort {quoted(config.store_host)} is not an "
+            "IP address and port (a broker looks a name up when it starts; rmqstore does "
+            "not): give --store-host ADDRESS:PORT"
+        ) from None
 
 
 class _Creation(Enum):

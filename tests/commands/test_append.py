@@ -292,6 +292,24 @@ def test_missing_store_and_non_store(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "not empty" in result.stderr
 
 
+def test_a_broker_ip_that_is_a_name_is_refused_unless_a_store_host_is_given(
+    tmp_path: Path,
+) -> None:
+    """A broker looks brokerIP1 up when it starts; rmqstore does not guess what it found."""
+    store = new_store(tmp_path)
+    before = tree_digest(store)
+    (tmp_path / "broker.conf").write_text("brokerIP1=broker-a.example\nlistenPort=10921\n")
+    config = ["--broker-config", tmp_path / "broker.conf"]
+    refused = run_cli("append", store, *config, "--topic", "T", "--body", "x")
+    assert refused.exit_code == 2 and "give --store-host ADDRESS:PORT" in refused.stderr
+    assert "'broker-a.example:10921' is not an IP address" in refused.stderr
+    assert tree_digest(store) == before
+    given = run_cli("append", store, *config, "--topic", "T", "--body", "x",
+                    "--store-host", "10.0.0.7:10921", "--jsonl")  # fmt: skip
+    assert given.exit_code == 0, given.stderr
+    assert run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.count("10.0.0.7") == 1
+
+
 def test_record_version_v1_refuses_long_retry_topics(tmp_path: Path) -> None:
     store = new_store(tmp_path)
     topic = "%RETRY%" + "g" * 140
