@@ -208,7 +208,11 @@ class CommitLog:
         file, else the finished scan (its ``end_offset`` and ``error`` say where and why it
         stopped; only the files before ``boundary`` are read)."""
         scan = self.scan(
-            start, check_crc=check_crc, stop_on_crc_error=check_crc, property_crc=property_crc
+            start,
+            check_crc=check_crc,
+            stop_on_crc_error=check_crc,
+            property_crc=property_crc,
+            check_delay=True,
         )
         batches = scan.batches()
         try:
@@ -228,10 +232,12 @@ class CommitLog:
         first_segment: Segment | None = None,
         crc_from: int = 0,
         property_crc: bool = False,
+        check_delay: bool = False,
     ) -> LogScan:
         """Stream records from ``start_offset`` (default: the first file) across files.
         ``check_crc`` applies to files starting at or after ``crc_from`` (recovery checks only
-        the files it walks)."""
+        the files it walks), and so does ``check_delay`` (a SCHEDULE_TOPIC_XXXX record whose
+        DELAY a broker cannot parse ends the scan, as it ends a recovery's walk)."""
         return LogScan(
             self,
             self.min_offset if start_offset is None else start_offset,
@@ -240,6 +246,7 @@ class CommitLog:
             first_segment,
             crc_from,
             property_crc,
+            check_delay,
         )
 
     def uniq_keys(self, start: int, end: int) -> dict[int, str | None]:
@@ -399,13 +406,15 @@ class CommitLog:
         return False
 
     def _recovery_walk(self, start: Segment, check_crc: bool, property_crc: bool) -> LogScan:
-        """A scan from ``start`` as a recovery walks: a failed CRC stops it when checked."""
+        """A scan from ``start`` as a recovery walks: a failed CRC stops it when checked, a
+        DELAY a broker cannot parse always (spec §2.7)."""
         return self.scan(
             start.start,
             check_crc=check_crc,
             stop_on_crc_error=check_crc,
             first_segment=start,
             property_crc=property_crc,
+            check_delay=True,
         )
 
     def normal_walk_start(self, end_offset: int, walked_from: int) -> int:
@@ -568,9 +577,11 @@ class LogScan:
         first_segment: Segment | None,
         crc_from: int = 0,
         property_crc: bool = False,
+        check_delay: bool = False,
     ) -> None:
         self.log = log
         self.property_crc = property_crc
+        self.check_delay = check_delay
         self.start_offset = start_offset
         self.check_crc = check_crc
         self.crc_from = crc_from
@@ -618,6 +629,7 @@ class LogScan:
                     self.check_crc and segment.start >= self.crc_from,
                     stop_on_crc_error=self.stop_on_crc_error,
                     property_crc=self.property_crc,
+                    check_delay=self.check_delay and segment.start >= self.crc_from,
                     windows=windows,
                 )
                 items = items_of(region)

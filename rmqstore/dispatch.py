@@ -432,6 +432,7 @@ class Dispatcher:
             stop_on_crc_error=True,
             crc_from=crc_from or 0,
             property_crc=store.config.force_verify_prop_crc,
+            check_delay=until is None,  # (a DELAY stops a walk before its end as well)
         )
         walk = _BatchWalk(self, result, queued_time, until, max_records, counted_from, progress)
         batches = scan.batches(ahead=True)
@@ -844,7 +845,7 @@ class _BatchWalk:
         try:
             code = unit_tags_code(topic, properties, store_timestamp, dispatcher.delay_levels)
         except RecordError as exc:  # the broker treats it as an invalid record
-            result.stopped_by = f"record at offset {physical_offset}: {exc.reason}"
+            result.stopped_by = str(RecordError(exc.field, physical_offset, exc.reason))
             return False
         if dispatcher.build_queues and transaction in QUEUED_TRANSACTIONS:
             queue_id = rows[at + kernel_layout.QUEUE_ID]

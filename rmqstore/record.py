@@ -26,10 +26,12 @@ from rmqstore.checksum import (
 )
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hosts import DEFAULT_BORN_HOST, DEFAULT_STORE_HOST, HostAddress
+from rmqstore.javavalues import parse_java_int
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.msgid import offset_msg_id
-from rmqstore.properties import KEYS, TAGS, UNIQ_KEY, decode_properties
+from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, decode_properties
 from rmqstore.windows import BufferWindows, FileWindows
+from rmqstore.wording import quoted
 
 MAGIC_V1 = -626843481  # 0xDAA320A7 read as a Java int
 MAGIC_V2 = -626843477  # 0xDAA320AB
@@ -445,6 +447,7 @@ class RegionScan:
         "base_offset",
         "batch_rows",
         "blank_length",
+        "check_delay",
         "crc_failures",
         "end_position",
         "error",
@@ -466,10 +469,13 @@ class RegionScan:
         *,
         stop_on_crc_error: bool = False,
         property_crc: bool = False,
+        check_delay: bool = False,
         windows: Any = None,
         batch_rows: int = 0,
     ) -> None:
-        """``batch_rows``: rows per batch (0: the default, 4096)."""
+        """``batch_rows``: rows per batch (0: the default, 4096). ``check_delay``: a
+        SCHEDULE_TOPIC_XXXX record whose DELAY a broker cannot parse ends the scan as
+        invalid (:func:`first_unparsed_delay`), as it ends a broker's recovery walk."""
         self.windows = windows if windows is not None else BufferWindows(buf, limit)
         self.batch_rows = batch_rows or _BATCH_ROWS
         self.start = start
@@ -479,6 +485,7 @@ class RegionScan:
             | (kernel_layout.STOP_ON_CRC_ERROR if stop_on_crc_error else 0)
             | (kernel_layout.PROPERTY_CRC if property_crc else 0)
         )
+        self.check_delay = check_delay
         self.end_position = start
         self.stop: ScanStop | None = None
         self.blank_length = 0
@@ -517,12 +524,24 @@ class RegionScan:
                 self.options,
                 rows,
             )
+            refused = first_unparsed_delay(window, rows, count) if self.check_delay else None
+            if refused is not None:  # the batch ends before it, and so does the scan
+                row = refused[0]
+                if count_failures:
+                    after = rows[row * _ROW_WIDTH + _CRC_STATUS : count * _ROW_WIDTH : _ROW_WIDTH]
+                    failures -= after.count(_CRC_BAD)
+                count = row
+                end = rows[row * _ROW_WIDTH + _PHYSICAL_OFFSET] - base - window_start
             if count_failures:
                 self.crc_failures += failures
             if count:
                 self.window, self.window_start = window, window_start
                 yield window, window_start, rows, count
             position = window_start + end
+            if refused is not None:
+                self.end_position = position
+                self.stop, self.error = ScanStop.INVALID, refused[1]
+                return
             self.end_position = position
             if stop == _ROWS_FULL:
                 need = 0
@@ -575,6 +594,38 @@ class RegionScan:
             if item[4] is False:
                 self.crc_failures += 1
             yield item
+
+
+def first_unparsed_delay(buf: Any, rows: Any, count: int) -> tuple[int, RecordError] | None:
+    """The first of ``count`` kernel rows of ``buf`` a broker's ``checkMessageAndReturnSize``
+    finds invalid beyond what the kernel checks (spec §2.7 step 7: its recovery stops there,
+    as at a torn record, and its dispatch stops there), with the error: a
+    SCHEDULE_TOPIC_XXXX record whose DELAY is not a Java int (a broker refuses to store such
+    a message, so only damage or a hand-made record holds one). None when there is none."""
+    if not count:
+        return None
+    found = kernel_layout.zeroed(count)
+    scheduled = kernel.attention_rows(buf, rows, 0, count, -1, kernel_layout.SCHEDULED_ONLY, found)
+    for row in found[:scheduled]:
+        at = row * _ROW_WIDTH
+        properties_at = rows[at + _PROPERTIES_AT]
+        properties = bytes(buf[properties_at : properties_at + rows[at + _PROPERTIES_LENGTH]])
+        if b"DELAY" not in properties:
+            continue
+        level = decode_properties(properties).get(DELAY)
+        if level is None:
+            continue
+        try:
+            parse_java_int(level)
+        except ValueError:
+            return row, bad_delay_error(rows[at + _PHYSICAL_OFFSET], level)
+    return None
+
+
+def bad_delay_error(physical_offset: int, level: str) -> RecordError:
+    """The error of a SCHEDULE_TOPIC_XXXX record at ``physical_offset`` whose DELAY, ``level``,
+    a broker cannot parse: every walk that stops at one says it in these words."""
+    return RecordError("PROPERTIES", physical_offset, f"DELAY={quoted(level)} is not a number")
 
 
 def record_item(

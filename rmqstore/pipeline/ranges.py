@@ -472,7 +472,7 @@ class RangeTally:
         except RecordError as exc:
             if self.first_bad_delay is None:
                 self.first_bad_delay = offset
-                self.delay_error = f"record at offset {offset}: {exc.reason}"
+                self.delay_error = str(RecordError(exc.field, offset, exc.reason))
             return None
 
     def summary(self, scan: RangeScan) -> RangeSummary:
@@ -599,17 +599,22 @@ class WalkEnd:
 
 
 def dispatch_end(
-    walked: list[RangeSummary], *, next_file_start: int | None, crc_from: int | None
+    walked: list[RangeSummary],
+    *,
+    next_file_start: int | None,
+    crc_from: int | None,
+    walked_from: int | None = None,
 ) -> WalkEnd:
     """The offset where dispatch stops (spec §9): the first invalid record or unwritten
     region anywhere, a bad body CRC in the files recovery checks (from ``crc_from``; None:
-    none), a SCHEDULE_TOPIC_XXXX record with a DELAY that is not a number; else the end of
-    the log. ``next_file_start``: the file after the last one holding data, if any (a walk
-    that leaves a BLANK there ends at its start)."""
+    none), a SCHEDULE_TOPIC_XXXX record with a DELAY that is not a number (an invalid
+    record, the log's end, in the files recovery walks, from ``walked_from``); else the end
+    of the log. ``next_file_start``: the file after the last one holding data, if any (a
+    walk that leaves a BLANK there ends at its start)."""
     log_end = 0
     candidates: list[tuple[int, str | None, str]] = []
     for summary in walked:
-        candidates.extend(_stops(summary, crc_from))
+        candidates.extend(_stops(summary, crc_from, walked_from))
         if summary.last_file and summary.outcome in _FILE_ENDS and summary.end is not None:
             log_end = int(summary.file) + summary.end
             if summary.outcome == "blank" and next_file_start is not None:
@@ -628,7 +633,9 @@ def stops_dispatch(summary: RangeSummary, crc_from: int | None) -> bool:
     return any(_stops(summary, crc_from))
 
 
-def _stops(summary: RangeSummary, crc_from: int | None) -> Iterator[tuple[int, str | None, str]]:
+def _stops(
+    summary: RangeSummary, crc_from: int | None, walked_from: int | None = None
+) -> Iterator[tuple[int, str | None, str]]:
     """Where, in one range, dispatch would stop, and why."""
     start = int(summary.file)
     if summary.first_invalid is not None:
@@ -641,4 +648,5 @@ def _stops(summary: RangeSummary, crc_from: int | None) -> Iterator[tuple[int, s
         reason = f"record at offset {summary.first_crc_failure}: BODYCRC does not match the body"
         yield summary.first_crc_failure, reason, "crc"
     if summary.first_bad_delay is not None:
-        yield summary.first_bad_delay, summary.delay_error, "delay"
+        walked = walked_from is not None and start >= walked_from
+        yield summary.first_bad_delay, summary.delay_error, "invalid" if walked else "delay"

@@ -516,7 +516,12 @@ def walk_end(store: Store, walked: list[RangeSummary], crc_from: int | None) -> 
     """:func:`dispatch_end` of a walk of ``store``'s log."""
     data_files = {summary.file for summary in walked}
     later = [s.start for s in store.commitlog.segments if s.name > max(data_files, default="")]
-    return dispatch_end(walked, next_file_start=later[0] if later else None, crc_from=crc_from)
+    return dispatch_end(
+        walked,
+        next_file_start=later[0] if later else None,
+        crc_from=crc_from,
+        walked_from=store.recovery_start_offset(),
+    )
 
 
 def settle_walk_end(

@@ -29,11 +29,13 @@ KINDS = {
     "file-gap": "commit-log files are not contiguous",
     "file-incomplete": "a commit-log file ends without a BLANK record but later files hold data",
     "data-after-end": "a commit-log file after the end of the log holds data",
-    "record-invalid": "bytes that are not a valid record (magic, length, topic length, ...)",
+    "record-invalid": "bytes that are not a valid record (magic, length, topic length, ...), "
+    "or a record a broker finds invalid (a SCHEDULE_TOPIC_XXXX record whose DELAY is not a "
+    "number)",
     "record-physical-offset": "a record's stored PHYSICALOFFSET differs from its position",
     "record-body-crc": "a record's BODYCRC does not match its body",
     "record-property-crc": "a record's 5.x __CRC32# property does not match the record",
-    "record-properties": "a record's properties do not decode (invalid UTF-8, bad DELAY)",
+    "record-properties": "a record's properties are not valid UTF-8",
     "blank-size": "a BLANK record does not reach the end of its file",
     "store-time-order": "store timestamps decrease along the log",
     "queue-offset-gap": "a queue's offsets in the commit log are not dense",

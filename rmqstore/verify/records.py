@@ -828,14 +828,25 @@ class RecordPass:
             )
 
     def _check_delay(self, segment: Segment, offset: int, level: str) -> None:
+        """A SCHEDULE_TOPIC_XXXX record whose DELAY a broker cannot parse is an invalid record
+        to it (spec §2.7): its recovery cuts the log there, rmqstore recover too, in the files
+        it walks; before them it keeps the record, and its dispatch stops at it."""
         try:
             parse_java_int(level)
         except ValueError:
+            unwalked = self._unwalked(segment)
+            consequence = (
+                f" ({_UNWALKED}: it keeps the record, as rmqstore recover does; {_REPLAY_STOPS})"
+                if unwalked
+                else ": its recovery cuts the log here, and its dispatch stops here"
+            )
             self._found(
                 segment,
-                "record-properties",
+                "record-invalid",
                 offset,
-                f"DELAY={quoted(level)} is not a number: a broker treats the record as invalid",
+                f"DELAY={quoted(level)} is not a number, so a broker finds the record invalid"
+                + consequence,
+                report_only=unwalked,
             )
 
     def _check_after_end(self, end_segment: Segment | None, end: int) -> None:

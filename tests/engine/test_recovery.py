@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rmqstore.checkpoint import read_checkpoint, write_checkpoint
+from rmqstore.commitlog import CommitLog
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import UNIT, ConsumeQueue, list_queues
 from rmqstore.dispatch import Dispatcher
@@ -274,3 +275,62 @@ def test_a_truncated_consume_queue_gets_back_what_the_broker_re_dispatches(
     shown = {f"{t['topic']}:{q['queueId']}": q["maxOffset"] for t in info["topics"]
              for q in t["queues"] if q["maxOffset"]}  # fmt: skip
     assert shown == expected["queueMaxOffsets"]  # info's maxima are the consume queues'
+
+
+def _spoil_delay(log: CommitLog, offset: int) -> None:
+    """Make the DELAY (a digit) of the record at ``offset`` a letter, as a flipped bit in a
+    record's properties might (the body CRC does not cover them)."""
+    segment = log.queue.find(offset)
+    data = bytearray(segment.path.read_bytes())
+    at = data.index(b"DELAY\x01", offset - segment.start)
+    data[at + 6] = ord("x")
+    segment.path.write_bytes(data)
+
+
+def test_a_delay_a_broker_cannot_parse_ends_the_log_where_its_recovery_walks(
+    tmp_path: Path,
+) -> None:
+    """A SCHEDULE_TOPIC_XXXX record whose DELAY is not a number is an invalid record to a
+    broker (spec §2.7): in the files its recovery walks, the log ends there, and recover
+    cuts it and what follows to quarantine (it kept them, and a broker's start then cut them
+    itself, quarantine or not); before those files the record stays, as the broker keeps
+    it, and verify reports it only."""
+    root = tmp_path / "store"
+    config = StoreConfig(commitlog_file_size=4096)
+    with Store.open_write(root, config, create=True) as store:
+        appender = store.appender()
+        for number in range(150):
+            sent = Message("T", f"m{number}".encode() * 20)
+            if number % 10 == 0:
+                sent.properties["DELAY"] = "2"
+            appender.append(sent)
+        Dispatcher(store).run()
+    with Store.open_read(root) as store:
+        assert len(store.commitlog.segments) >= 6
+        scheduled = [
+            offset
+            for offset, _header, topic, _props, _crc in store.commitlog.scan()
+            if topic == "SCHEDULE_TOPIC_XXXX"
+        ]
+        end_before = store.log_end().offset
+        first_bad = scheduled[-1]  # in the last file holding data, or the one before it
+        assert first_bad >= store.commitlog.segments[-3].start > scheduled[0]
+        _spoil_delay(store.commitlog, scheduled[0])  # before the files recovery walks
+        _spoil_delay(store.commitlog, first_bad)
+    spoiled = {path.name: path.read_bytes() for path in (root / "commitlog").iterdir()}
+    plan, _result = recovered(root)
+    assert plan.log_end == first_bad < end_before
+    assert "DELAY='x' is not a number" in (plan.stopped_by or "")
+    with Store.open_read(root) as store:
+        assert store.log_end().offset == first_bad
+        kept = [offset for offset, *_ in store.commitlog.scan()]
+        assert kept[0] == 0 and max(kept) < first_bad  # the first file's record stays
+        report = verify_store(store)
+    invalid = [f for f in report.findings if f.kind == "record-invalid"]
+    assert len(invalid) == 1 and invalid[0].commit_log_offset == scheduled[0]
+    assert invalid[0].report_only and "does not walk" in invalid[0].message
+    # the cut bytes are in quarantine, and a restore brings them back
+    (folder,) = (root / "quarantine").iterdir()
+    restored = run_cli("quarantine", "restore", root, folder.name, "--yes")
+    assert restored.exit_code == 0, restored.stderr
+    assert {path.name: path.read_bytes() for path in (root / "commitlog").iterdir()} == spoiled
