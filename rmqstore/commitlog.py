@@ -27,7 +27,12 @@ from rmqstore.checksum import (
     crc_property_bytes,
     record_crc,
 )
-from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, level_to_queue_id
+from rmqstore.delay import (
+    SCHEDULE_TOPIC,
+    DelayLevels,
+    check_scheduled_delay,
+    level_to_queue_id,
+)
 from rmqstore.errors import (
     InputError,
     MessageTooLargeError,
@@ -962,6 +967,7 @@ class CommitLogAppender:
                 f"message body is {len(body)} bytes; maxMessageSize is {self.max_message_size}"
             )
         properties = message.properties
+        check_scheduled_delay(message.topic, properties)
         if DELAY in properties and message.sys_flag & TRANSACTION_MASK in QUEUED_TRANSACTIONS:
             message, properties = self._schedule(message, properties)
             if message.topic not in self._topic_fields:

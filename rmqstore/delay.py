@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rmqstore.config import DEFAULT_DELAY_LEVELS
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hashing import tags_code
@@ -57,6 +59,20 @@ class DelayLevels:
         if 1 <= level <= self.max_level:
             return java_long(store_timestamp + self.millis[level - 1])
         return java_long(store_timestamp + 1000)
+
+
+def check_scheduled_delay(topic: str, properties: Mapping[str, str]) -> None:
+    """InputError for a message to SCHEDULE_TOPIC_XXXX whose DELAY is not a Java int: a
+    broker finds such a record invalid (spec §2.7), its recovery cutting the log there (a
+    transaction's prepared or rollback message is stored as it is given, not rewritten)."""
+    if topic == SCHEDULE_TOPIC and DELAY in properties:
+        try:
+            parse_java_int(properties[DELAY])
+        except ValueError:
+            raise InputError(
+                f"DELAY={quoted(properties[DELAY])} in a message to {SCHEDULE_TOPIC} is not "
+                "a number: a broker finds such a record invalid, and its recovery cuts it"
+            ) from None
 
 
 def level_to_queue_id(level: int) -> int:

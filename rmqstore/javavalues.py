@@ -17,6 +17,7 @@ from rmqstore.wording import quoted
 # 3), but one UTF-16 unit at a time, so a digit beyond the BMP is not one to Java
 _JAVA_INTEGER = re.compile(r"[+-]?\d+")
 _FIRST_BEYOND_BMP = "\U00010000"
+JAVA_SHORT_RANGE = range(-(2**15), 2**15)
 JAVA_INT_RANGE = range(-(2**31), 2**31)
 JAVA_LONG_RANGE = range(-(2**63), 2**63)
 # String.trim takes off every character up to U+0020 at either end, and nothing else (not a

@@ -14,6 +14,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from rmqstore.delay import check_scheduled_delay
 from rmqstore.errors import InputError
 from rmqstore.hosts import HostAddress
 from rmqstore.kernel import layout
@@ -83,6 +84,7 @@ class BatchBuilder:
         queued = message.sys_flag & TRANSACTION_MASK in QUEUED_TRANSACTIONS
         if DELAY in properties and queued:
             raise BatchUnsupported("a DELAY message is moved to SCHEDULE_TOPIC_XXXX one by one")
+        check_scheduled_delay(message.topic, properties)
         if message.queue_id < 0:
             raise InputError(f"queue id {message.queue_id} is negative")
         if properties != self._last_properties:

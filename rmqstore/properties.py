@@ -9,6 +9,7 @@ import codecs
 from collections.abc import Mapping
 
 from rmqstore.errors import InputError
+from rmqstore.javavalues import JAVA_LONG_RANGE, JAVA_SHORT_RANGE, parse_java_integer
 from rmqstore.wording import quoted
 
 NAME_VALUE_SEPARATOR = "\x01"
@@ -24,6 +25,8 @@ REAL_QID = "REAL_QID"
 CLUSTER = "CLUSTER"
 WAIT = "WAIT"
 KEY_SEPARATOR = " "
+INNER_NUM = "INNER_NUM"
+INNER_BASE = "INNER_BASE"
 
 
 def _java_replacement(error: UnicodeError) -> tuple[str, int]:
@@ -98,6 +101,8 @@ def encode_properties(
         ]
     )
     if check:
+        if INNER_NUM in properties and INNER_BASE in properties:
+            check_inner_batch(properties[INNER_NUM], properties[INNER_BASE])
         pairs = len(properties)
         # one separator of each kind per pair, and no empty name or value: else find which
         if (
@@ -116,6 +121,22 @@ def encode_properties(
             f"properties are {len(encoded)} bytes; a record allows at most {MAX_PROPERTIES_BYTES}"
         )
     return encoded
+
+
+def check_inner_batch(count: str, base: str) -> None:
+    """InputError unless a 5.x broker can read INNER_NUM ``count`` and INNER_BASE ``base``
+    (``Short.parseShort``, ``Long.parseLong``): it reads them from every record holding both,
+    and one it cannot read is an invalid record to it, which its recovery cuts with every
+    record after it (spec §2.7)."""
+    try:
+        parse_java_integer(count, JAVA_SHORT_RANGE)
+        parse_java_integer(base, JAVA_LONG_RANGE)
+    except ValueError:
+        raise InputError(
+            f"INNER_NUM={quoted(count)} with INNER_BASE={quoted(base)}: a 5.x broker parses "
+            "them as a Java short and long (an inner batch's count and base offset) and takes "
+            "a record where they do not parse for an invalid one, which its recovery cuts"
+        ) from None
 
 
 def split_keys(keys: str | None) -> list[str]:

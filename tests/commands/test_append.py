@@ -310,6 +310,39 @@ def test_a_broker_ip_that_is_a_name_is_refused_unless_a_store_host_is_given(
     assert run_cli("read", store, "--from-offset", "0", "--jsonl").stdout.count("10.0.0.7") == 1
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"properties": {"INNER_NUM": "x", "INNER_BASE": "7"}}, "INNER_NUM='x' with INNER_BASE"),
+        ({"properties": {"INNER_NUM": "40000", "INNER_BASE": "7"}}, "a Java short and long"),
+        (
+            {
+                "topic": "SCHEDULE_TOPIC_XXXX",
+                "properties": {"DELAY": "x"},
+                "transaction": "prepared",
+            },
+            "DELAY='x' in a message to SCHEDULE_TOPIC_XXXX is not a number",
+        ),
+    ],
+)
+def test_records_a_broker_would_find_invalid_are_refused(
+    tmp_path: Path, given: dict, said: str
+) -> None:
+    """A 5.x broker parses INNER_NUM and INNER_BASE of every record holding both, and every
+    broker the DELAY of a SCHEDULE_TOPIC_XXXX record: one that does not parse is an invalid
+    record to it, which its recovery cuts with all after it (these were written)."""
+    store = new_store(tmp_path)
+    before = tree_digest(store)
+    line = json.dumps({"topic": "T", "body": "b", **given})
+    for run in (["--input", "-"], ["--input", "-", "--jsonl"]):
+        refused = run_cli("append", store, *run, input=line + "\n")
+        assert refused.exit_code == 2 and said in refused.stderr, refused.stderr
+    assert tree_digest(store) == before
+    fine = {"INNER_NUM": "3", "INNER_BASE": "-9223372036854775808"}
+    line = json.dumps({"topic": "T", "body": "b", "properties": fine})
+    assert run_cli("append", store, "--input", "-", input=line + "\n").exit_code == 0
+
+
 def test_record_version_v1_refuses_long_retry_topics(tmp_path: Path) -> None:
     store = new_store(tmp_path)
     topic = "%RETRY%" + "g" * 140
