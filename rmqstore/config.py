@@ -157,6 +157,9 @@ class StoreConfig:
     append_prop_crc: bool = False  # 5.x enabledAppendPropCRC
     message_index_enable: bool = True
     enable_multi_dispatch: bool = False  # copies' offsets given at append (spec §6.8)
+    # 5.x duplicationEnable: a broker's recovery then takes a record without a DUP_INFO
+    # property of two parts for an invalid one (spec §2.7); rmqstore does not write it
+    duplication_enable: bool = False
     message_delay_level: str = DEFAULT_DELAY_LEVELS
     cluster_name: str = "DefaultCluster"
     store_host: str | None = None  # brokerIP1:listenPort
@@ -324,6 +327,7 @@ def _settings(props: dict[str, str], store_root: Path | None) -> dict[str, objec
         ("transientStorePoolEnable", "transient_store_pool_enable"),
         ("warmMapedFileEnable", "warm_mapped_file_enable"),
         ("enableMultiDispatch", "enable_multi_dispatch"),
+        ("duplicationEnable", "duplication_enable"),
     ):
         if (raw := take(key)) is not None:
             values[name] = _bool(raw, key)

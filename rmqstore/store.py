@@ -707,6 +707,13 @@ class Store:
         broker's enableMultiDispatch (:class:`CommitLogAppender`)."""
         if self._appender is not None:
             return self._appender
+        if self.config.duplication_enable:
+            raise InputError(
+                "the broker config says duplicationEnable=true: a 5.x broker's recovery then "
+                "takes a record without a DUP_INFO property (two parts, x_y) for an invalid "
+                "one and cuts the log there, and rmqstore does not write it (the store is "
+                "unchanged)"
+            )
         self._list_topics = list_topics
         self._require_writable()
         linked: list[Path] = []

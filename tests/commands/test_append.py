@@ -343,6 +343,18 @@ def test_records_a_broker_would_find_invalid_are_refused(
     assert run_cli("append", store, "--input", "-", input=line + "\n").exit_code == 0
 
 
+def test_a_broker_that_requires_dup_info_is_not_appended_to(tmp_path: Path) -> None:
+    """5.x duplicationEnable=true: the broker's recovery takes a record without DUP_INFO for
+    an invalid one; rmqstore does not write it, so it refuses to append."""
+    store = new_store(tmp_path)
+    before = tree_digest(store)
+    (tmp_path / "broker.conf").write_text("duplicationEnable=true\n")
+    refused = run_cli("append", store, "--broker-config", tmp_path / "broker.conf",
+                      "--topic", "T", "--body", "x")  # fmt: skip
+    assert refused.exit_code == 2 and "duplicationEnable=true" in refused.stderr
+    assert tree_digest(store) == before
+
+
 def test_record_version_v1_refuses_long_retry_topics(tmp_path: Path) -> None:
     store = new_store(tmp_path)
     topic = "%RETRY%" + "g" * 140
