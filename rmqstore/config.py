@@ -339,8 +339,9 @@ def _settings(props: dict[str, str], store_root: Path | None) -> dict[str, objec
                 "(a broker takes only those, in capitals; it ignores any other value)"
             )
         values["flush_disk_type"] = flush_type
-    # a broker takes a text setting with String.trim (java_trim), so a value of spaces is
-    # one it sets, empty; such a value names no table, cluster, host or folder here
+    # a broker takes a text setting with String.trim (java_trim); a value of spaces it sets,
+    # empty: an empty delay table stops its start (refused here where the table is read),
+    # an empty cluster name, host or folder is taken here as not given
     if (raw := take("messageDelayLevel")) is not None:
         values["message_delay_level"] = java_trim(raw)
     if (raw := take("brokerClusterName")) is not None and java_trim(raw):
