@@ -20,6 +20,9 @@ def offset_msg_id(store_host: HostAddress, physical_offset: int) -> str:
     return (store_host.to_field() + physical_offset.to_bytes(8, "big", signed=True)).hex().upper()
 
 
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
 def decode_offset_msg_id(msg_id: str) -> tuple[HostAddress, int]:
     """Return the store host and commit-log offset named by an offset message id."""
     text = msg_id.strip()
@@ -28,10 +31,9 @@ def decode_offset_msg_id(msg_id: str) -> tuple[HostAddress, int]:
             f"bad message id {quoted(msg_id)}: an offset message id has 32 (IPv4) or 56 (IPv6) hex "
             "digits; a UNIQ_KEY is found with --uniq-key instead"
         )
-    try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raise InputError(f"bad message id {quoted(msg_id)}: not hexadecimal") from None
+    if not _HEX.issuperset(text):  # (bytes.fromhex passes over spaces inside it)
+        raise InputError(f"bad message id {quoted(msg_id)}: not hexadecimal")
+    raw = bytes.fromhex(text)
     host = HostAddress.from_field(raw[:-8])
     return host, int.from_bytes(raw[-8:], "big", signed=True)
 
@@ -50,10 +52,9 @@ def decode_uniq_key(uniq_key: str) -> UniqKeyInfo:
     text = uniq_key.strip()
     if len(text) not in (_IPV4_ID_LEN, _IPV6_ID_LEN):
         raise InputError(f"bad UNIQ_KEY {quoted(uniq_key)}: expected 32 or 56 hex digits")
-    try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raise InputError(f"bad UNIQ_KEY {quoted(uniq_key)}: not hexadecimal") from None
+    if not _HEX.issuperset(text):
+        raise InputError(f"bad UNIQ_KEY {quoted(uniq_key)}: not hexadecimal")
+    raw = bytes.fromhex(text)
     address_length = len(raw) - 12
     ip = str(HostAddress(raw[:address_length], 0)).rsplit(":", 1)[0].strip("[]")
     tail = raw[address_length:]

@@ -37,10 +37,17 @@ def test_offset_msg_id_round_trip(address: bytes, port: int, offset: int) -> Non
     assert decode_offset_msg_id(offset_msg_id(host, offset)) == (host, offset)
 
 
-@pytest.mark.parametrize("bad", ["", "XYZ", "00" * 17, "G" * 32])
+# spaces inside an id of the right length: bytes.fromhex passed over them, and the id named
+# another record (15 bytes: a 7-byte host)
+SPACED = "7F000001  02A9F0000000000000009E"
+
+
+@pytest.mark.parametrize("bad", ["", "XYZ", "00" * 17, "G" * 32, SPACED, "7F\t" + "0" * 29])
 def test_bad_msg_ids_are_input_errors(bad: str) -> None:
     with pytest.raises(InputError):
         decode_offset_msg_id(bad)
+    with pytest.raises(InputError):
+        decode_uniq_key(bad)
 
 
 def test_uniq_key_example_decodes() -> None:
