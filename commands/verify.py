@@ -249,9 +249,14 @@ def _next_step(report: VerifyReport, store: str) -> str:
     if report.by_hand is not None:
         return f"{report.by_hand} (rmqstore's writers refuse the store until then); verify again"
     if report.writers_refused and not report.counts["queue-type"]:  # the broker would start
+        why = (
+            "a store whose broker requires DUP_INFO"
+            if report.counts["store-dup-info"]
+            else "a store with queues it does not keep"
+        )
         return (
             "start its broker, which recovers and dispatches the store (rmqstore's writers "
-            "refuse a store with queues it does not keep)"
+            f"refuse {why})"
         )
     return f"{report.no_step_reason()}; see the messages"
 

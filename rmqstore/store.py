@@ -298,6 +298,14 @@ class Store:
             store._creation = creation
             store._lock_existed = lock_existed
             store._given_config = given
+            if not only_quarantine and store.config.duplication_enable:
+                raise InputError(
+                    "the broker config says duplicationEnable=true: a 5.x broker's recovery "
+                    "then takes a record without a DUP_INFO property (two parts, x_y) for an "
+                    "invalid one and cuts the log there; rmqstore's writers neither write it "
+                    "nor end the log by that rule, so they leave such a store to the broker "
+                    "(the store is unchanged)"
+                )
             if not only_quarantine:
                 check_index_reservation(store.config.index_slots, store.config.index_entries)
             store.refuse_links_out()
@@ -707,13 +715,6 @@ class Store:
         broker's enableMultiDispatch (:class:`CommitLogAppender`)."""
         if self._appender is not None:
             return self._appender
-        if self.config.duplication_enable:
-            raise InputError(
-                "the broker config says duplicationEnable=true: a 5.x broker's recovery then "
-                "takes a record without a DUP_INFO property (two parts, x_y) for an invalid "
-                "one and cuts the log there, and rmqstore does not write it (the store is "
-                "unchanged)"
-            )
         self._list_topics = list_topics
         self._require_writable()
         linked: list[Path] = []

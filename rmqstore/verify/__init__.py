@@ -65,6 +65,15 @@ def check_layout(store: Store, report: VerifyReport) -> None:
         report.add("store-layout", message, file=name)
     if store.foreign_log is not None:
         report.add("store-layout", store.foreign_log, file=COMMITLOG_DIR)
+    if store.config.duplication_enable:
+        report.add(
+            "store-dup-info",
+            "the broker config says duplicationEnable=true: a 5.x broker's recovery then ends "
+            "the log at a record without a DUP_INFO property of two parts, which this verify "
+            "does not check; rmqstore's writers (recover, dispatch, flush, append) leave the "
+            "store to the broker",
+            NOTE,
+        )
     for link in store.links_out():
         report.add(
             "store-link",

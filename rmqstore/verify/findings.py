@@ -74,6 +74,9 @@ KINDS = {
     "load (nor its .bak)",
     "queues-rocksdb": "consumequeue/ holds a RocksDB database: consume queues not checked",
     "queues-batchcq": "BatchCQ topics keep their queues in batchconsumequeue/: not checked",
+    "store-dup-info": "the broker config says duplicationEnable=true (5.x): its recovery ends "
+    "the log at a record without DUP_INFO, which rmqstore does not check; its writers leave "
+    "such a store to the broker (a note)",
     "queue-link": "a topic's or queue's folder in consumequeue/ that is a symbolic link: a "
     "broker reads and writes through it, rmqstore does not (not checked, nor written)",
     "file-link": "a consume-queue or index file that is a symbolic link: a broker reads and "
@@ -145,6 +148,7 @@ FIXES = {
     "offset-past-end": REPORT_ONLY,
     "config-unreadable": REPORT_ONLY,
     "queues-rocksdb": REPORT_ONLY,
+    "store-dup-info": REPORT_ONLY,
     "queues-batchcq": REPORT_ONLY,
     "queue-type": REPORT_ONLY,
     "queue-link": _REBUILD,
@@ -177,7 +181,7 @@ _MENDED_BY_HAND = {
 # noted, these leave nothing for rmqstore to mend: its writers refuse a store whose consume
 # queues are a RocksDB database, or with BatchCQ topics (its broker recovers it at start-up),
 # and one with what must be mended by hand first
-_WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq", *_MENDED_BY_HAND)
+_WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq", "store-dup-info", *_MENDED_BY_HAND)
 
 
 def fix_for(kind: str, store: str) -> str:

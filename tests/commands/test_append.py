@@ -343,16 +343,23 @@ def test_records_a_broker_would_find_invalid_are_refused(
     assert run_cli("append", store, "--input", "-", input=line + "\n").exit_code == 0
 
 
-def test_a_broker_that_requires_dup_info_is_not_appended_to(tmp_path: Path) -> None:
+def test_a_store_whose_broker_requires_dup_info_is_left_to_the_broker(tmp_path: Path) -> None:
     """5.x duplicationEnable=true: the broker's recovery takes a record without DUP_INFO for
-    an invalid one; rmqstore does not write it, so it refuses to append."""
+    an invalid one. rmqstore neither writes DUP_INFO nor ends the log by that rule, so its
+    writers refuse the store (append wrote records such a broker cut), and verify says so."""
     store = new_store(tmp_path)
-    before = tree_digest(store)
     (tmp_path / "broker.conf").write_text("duplicationEnable=true\n")
-    refused = run_cli("append", store, "--broker-config", tmp_path / "broker.conf",
-                      "--topic", "T", "--body", "x")  # fmt: skip
-    assert refused.exit_code == 2 and "duplicationEnable=true" in refused.stderr
+    config = ["--broker-config", tmp_path / "broker.conf"]
+    (store / "abort").write_bytes(b"")  # a crash: recover would have work
+    before = tree_digest(store)
+    for command in (["append", "--topic", "T", "--body", "x"], ["recover", "--yes"],
+                    ["dispatch"], ["dispatch", "--rebuild", "--yes"], ["flush"]):  # fmt: skip
+        refused = run_cli(command[0], store, *config, *command[1:])
+        assert refused.exit_code == 2 and "duplicationEnable=true" in refused.stderr, command
     assert tree_digest(store) == before
+    verified = run_cli("verify", store, *config)
+    assert "store-dup-info" in verified.stdout
+    assert "start its broker" in verified.stdout and "requires DUP_INFO" in verified.stdout
 
 
 def test_record_version_v1_refuses_long_retry_topics(tmp_path: Path) -> None:
