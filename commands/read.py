@@ -45,9 +45,9 @@ from rmqstore.documents import DelimitedLayout
 from rmqstore.errors import RmqStoreError
 from rmqstore.indexfile import LONG_MAX, MAX_QUERY_RESULTS
 from rmqstore.kernel.layout import MOST_COLUMNS
+from rmqstore.msgid import HEX_DIGITS
 from rmqstore.properties import split_keys
 from rmqstore.reader import (
-    HEX_DIGITS,
     MessageReader,
     MessageSelection,
     TextBlock,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import string
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -184,7 +185,7 @@ def round_consumequeue_size(size: int) -> int:
 # Properties.load's line ends and the only characters it takes as white space
 _LINE_END = re.compile(r"\r\n|[\r\n]")
 _BLANK = " \t\f"
-_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_HEX_DIGITS = frozenset(string.hexdigits)  # those of a \uXXXX escape
 
 
 def parse_java_properties(text: str) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import string
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -20,7 +21,8 @@ def offset_msg_id(store_host: HostAddress, physical_offset: int) -> str:
     return (store_host.to_field() + physical_offset.to_bytes(8, "big", signed=True)).hex().upper()
 
 
-_HEX = frozenset("0123456789abcdefABCDEF")
+# the characters of a message id or UNIQ_KEY (bytes.fromhex would also pass over spaces)
+HEX_DIGITS = frozenset(string.hexdigits)
 
 
 def decode_offset_msg_id(msg_id: str) -> tuple[HostAddress, int]:
@@ -31,7 +33,7 @@ def decode_offset_msg_id(msg_id: str) -> tuple[HostAddress, int]:
             f"bad message id {quoted(msg_id)}: an offset message id has 32 (IPv4) or 56 (IPv6) hex "
             "digits; a UNIQ_KEY is found with --uniq-key instead"
         )
-    if not _HEX.issuperset(text):  # (bytes.fromhex passes over spaces inside it)
+    if not HEX_DIGITS.issuperset(text):
         raise InputError(f"bad message id {quoted(msg_id)}: not hexadecimal")
     raw = bytes.fromhex(text)
     host = HostAddress.from_field(raw[:-8])
@@ -52,7 +54,7 @@ def decode_uniq_key(uniq_key: str) -> UniqKeyInfo:
     text = uniq_key.strip()
     if len(text) not in (_IPV4_ID_LEN, _IPV6_ID_LEN):
         raise InputError(f"bad UNIQ_KEY {quoted(uniq_key)}: expected 32 or 56 hex digits")
-    if not _HEX.issuperset(text):
+    if not HEX_DIGITS.issuperset(text):
         raise InputError(f"bad UNIQ_KEY {quoted(uniq_key)}: not hexadecimal")
     raw = bytes.fromhex(text)
     address_length = len(raw) - 12

@@ -33,7 +33,7 @@ from rmqstore.kernel.layout import (
     rows_before,
     zeroed,
 )
-from rmqstore.msgid import decode_offset_msg_id
+from rmqstore.msgid import HEX_DIGITS, decode_offset_msg_id
 from rmqstore.multidispatch import queue_copies
 from rmqstore.properties import TAGS, decode_properties, split_keys
 from rmqstore.record import (
@@ -48,7 +48,6 @@ from rmqstore.segments import Segment
 from rmqstore.store import Store
 from rmqstore.wording import clipped, counted, missing_files, quoted
 
-HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _UNITS_PER_BLOCK = 4096  # units read, and records decoded, together by queue_lines
 _RUN_SPAN = 16 * 1024 * 1024  # at most this much of the commit log read at once for them
 
