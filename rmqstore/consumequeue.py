@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rmqstore import kernel
 from rmqstore.errors import RebuildFirstError, StoreFormatError, StoreIOError
+from rmqstore.javavalues import JAVA_INT_RANGE
 from rmqstore.segments import (
     Segment,
     SegmentQueue,
@@ -957,9 +958,6 @@ def linked_queue(root: Path, link: Path) -> tuple[str, int | None]:
     return link.parent.name, queue_id_of(link.name)
 
 
-_JAVA_INT = range(-(2**31), 2**31)
-
-
 def queue_id_of(name: str) -> int | None:
     """The queue id a queue folder's ``name`` gives a broker, None when it gives none. The
     broker parses the name as a Java int, then opens the folder of that number: a name that
@@ -971,4 +969,4 @@ def queue_id_of(name: str) -> int | None:
         number = int(name)
     except ValueError:
         return None
-    return number if str(number) == name and number in _JAVA_INT else None
+    return number if str(number) == name and number in JAVA_INT_RANGE else None

@@ -79,6 +79,13 @@ def level_to_queue_id(level: int) -> int:
     return level - 1
 
 
+def bad_delay_error(physical_offset: int, level: str) -> RecordError:
+    """The error of a SCHEDULE_TOPIC_XXXX record at ``physical_offset`` (-1: not known)
+    whose DELAY, ``level``, a broker cannot parse: every walk that stops at one says it in
+    these words."""
+    return RecordError("PROPERTIES", physical_offset, f"DELAY={quoted(level)} is not a number")
+
+
 def unit_tags_code(
     topic: str, properties: dict[str, str], store_timestamp: int, delay_levels: DelayLevels
 ) -> int:
@@ -89,9 +96,7 @@ def unit_tags_code(
         try:
             level = parse_java_int(properties[DELAY])
         except ValueError:
-            raise RecordError(
-                "PROPERTIES", -1, f"DELAY={quoted(properties[DELAY])} is not a number"
-            ) from None
+            raise bad_delay_error(-1, properties[DELAY]) from None
         level = delay_levels.clamp(level)
         if level > 0:
             return delay_levels.deliver_timestamp(level, store_timestamp)

@@ -24,6 +24,7 @@ from rmqstore.checksum import (
     decode_crc_digits,
     record_crc,
 )
+from rmqstore.delay import bad_delay_error
 from rmqstore.errors import InputError, RecordError
 from rmqstore.hosts import DEFAULT_BORN_HOST, DEFAULT_STORE_HOST, HostAddress
 from rmqstore.javavalues import parse_java_int
@@ -31,7 +32,6 @@ from rmqstore.kernel import layout as kernel_layout
 from rmqstore.msgid import offset_msg_id
 from rmqstore.properties import DELAY, KEYS, TAGS, UNIQ_KEY, decode_properties
 from rmqstore.windows import BufferWindows, FileWindows
-from rmqstore.wording import quoted
 
 MAGIC_V1 = -626843481  # 0xDAA320A7 read as a Java int
 MAGIC_V2 = -626843477  # 0xDAA320AB
@@ -620,12 +620,6 @@ def first_unparsed_delay(buf: Any, rows: Any, count: int) -> tuple[int, RecordEr
         except ValueError:
             return row, bad_delay_error(rows[at + _PHYSICAL_OFFSET], level)
     return None
-
-
-def bad_delay_error(physical_offset: int, level: str) -> RecordError:
-    """The error of a SCHEDULE_TOPIC_XXXX record at ``physical_offset`` whose DELAY, ``level``,
-    a broker cannot parse: every walk that stops at one says it in these words."""
-    return RecordError("PROPERTIES", physical_offset, f"DELAY={quoted(level)} is not a number")
 
 
 def record_item(
