@@ -420,8 +420,7 @@ def command(
                     "unique keys compare case by case, and producers write them in upper-case "
                     f"hex: try --uniq-key {clipped(uniq_key.upper())} (--msg-id tries both)"
                 )
-            pieces = split_keys(key) if key is not None else []
-            if key is not None and pieces != [key] and pieces:
+            if key is not None and (pieces := split_keys(key)) and pieces != [key]:
                 note(
                     "a broker indexes each piece of KEYS between spaces on its own: look one "
                     f"up, --key {clipped(pieces[0])}"
