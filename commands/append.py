@@ -223,8 +223,9 @@ def _parse_property(
     "--multi-dispatch/--no-multi-dispatch",
     default=None,
     help="As a broker with enableMultiDispatch (the default when the broker config says so): "
-    "a message whose INNER_MULTI_DISPATCH property names further queues (comma separated; "
-    "%LMQ% names are LMQ queues, queue 0) gets the next offset of each in "
+    "a message whose INNER_MULTI_DISPATCH property names further queues (comma separated, "
+    "commas at the end naming none, as the broker splits it; %LMQ% names are LMQ queues, "
+    "queue 0) gets the next offset of each in "
     "INNER_MULTI_QUEUE_OFFSET, and a dispatch puts its unit in each of them. Not for %RETRY% "
     "topics, DELAY messages (their delivery is the broker's) or prepared and rollback records.",
 )

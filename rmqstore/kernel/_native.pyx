@@ -2785,6 +2785,14 @@ cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names
         return 0
     names_end[0] = names_at[0] + names_length
     offsets_end[0] = offsets_at[0] + offsets_length
+    # split as Java's String.split(","): empty pieces at the end dropped (a value of commas
+    # has none, so no copy)
+    while names_end[0] > names_at[0] and data[names_end[0] - 1] == 44:
+        names_end[0] -= 1
+    while offsets_end[0] > offsets_at[0] and data[offsets_end[0] - 1] == 44:
+        offsets_end[0] -= 1
+    if names_end[0] == names_at[0] or offsets_end[0] == offsets_at[0]:
+        return 0
     # as many names as offsets, each offset 1 to 19 ASCII digits: else no copy at all
     pieces = 1
     position = names_at[0]

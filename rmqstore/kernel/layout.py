@@ -426,7 +426,8 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # for a topic starting with ``%RETRY%``, without INNER_MULTI_DISPATCH or
 # INNER_MULTI_QUEUE_OFFSET (the last pair of each with a non-empty name and value, as
 # ``string2messageProperties`` keeps them), when the two do not hold as many comma-separated
-# pieces, or when a piece of the offsets is not 1 to 19 ASCII digits; else a ``copy_type`` (a
+# pieces (split as Java's ``String.split(",")`` splits: empty pieces at the end dropped), or
+# when a piece of the offsets is not 1 to 19 ASCII digits; else a ``copy_type`` (a
 # tuple subclass: rmqstore.multidispatch.QueueCopy) per piece, in order: (the name decoded as
 # UTF-8 with replacement characters, through ``names``, a dict of name bytes to text filled as
 # names are first met; 0 for a name starting with ``%LMQ%``, else the row's QUEUE_ID; the

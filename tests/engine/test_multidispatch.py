@@ -20,6 +20,7 @@ from rmqstore.multidispatch import (
     INNER_MULTI_QUEUE_OFFSET,
     QueueCopy,
     copy_queues,
+    java_split,
     queue_copies,
     rows_copies,
 )
@@ -56,6 +57,22 @@ def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> Non
     assert queue_copies("T", 0, {"INNER_MULTI_DISPATCH": "%LMQ%a"}) == []  # no broker offsets
 
 
+def test_the_pieces_are_split_as_a_broker_splits_them() -> None:
+    """Java's String.split drops empty pieces at the end: a producer's ``%LMQ%a,%LMQ%b,``
+    named two queues, the broker gave them two offsets and wrote both units, where rmqstore
+    saw three names against two offsets and wrote none (a rebuild dropped the broker's units,
+    verify called them orphans)."""
+    both = [QueueCopy("%LMQ%a", 0, 4), QueueCopy("%LMQ%b", 0, 0)]
+    assert _copies("%LMQ%a,%LMQ%b,", "4,0") == both
+    assert _copies("%LMQ%a,%LMQ%b,,,", "4,0,") == both
+    assert _copies(",%LMQ%a", "1,2") == [QueueCopy("", 3, 1), QueueCopy("%LMQ%a", 0, 2)]
+    assert _copies(",", ",") == [] and _copies("%LMQ%a,,", ",") == []
+    # a 5.x broker leaves a name that is not an LMQ queue no offset: "7," is one piece
+    assert _copies("%LMQ%a,Plain", "7,") == []
+    assert java_split("a,b,,") == ["a", "b"] and java_split(",a,,b") == ["", "a", "", "b"]
+    assert java_split(",,") == [] and java_split("") == [""] and java_split("a") == ["a"]
+
+
 _D, _O = b"INNER_MULTI_DISPATCH\x01", b"INNER_MULTI_QUEUE_OFFSET\x01"
 
 
@@ -74,6 +91,11 @@ _D, _O = b"INNER_MULTI_DISPATCH\x01", b"INNER_MULTI_QUEUE_OFFSET\x01"
         _O + b"5\x02",
         b"",
         _D + b"%LMQ%a",
+        _D + b"%LMQ%a,%LMQ%b,\x02" + _O + b"4,0\x02",  # a comma at the end names no queue
+        _D + b"%LMQ%a,,\x02" + _O + b"4,,,\x02",
+        _D + b",\x02" + _O + b",,\x02",  # commas only: no piece at all
+        _D + b",%LMQ%a\x02" + _O + b"3,4\x02",  # an empty name first is a piece
+        _D + b"%LMQ%a,Q\x02" + _O + b"7,\x02",  # a 5.x broker's offsets for an LMQ and a Q
     ],
 )
 def test_the_stored_properties_give_the_copies_a_full_decode_gives(data: bytes) -> None:
@@ -215,7 +237,9 @@ def test_the_queues_a_broker_gives_offsets_in() -> None:
         ("Plain", 3),
         ("%LMQ%a", 0),
     ]
-    for bad in ("", "%LMQ%a,", "../x", "%LMQ%a/b", "x" * 128):
+    # a comma at the end names no queue, as the broker's String.split reads it
+    assert copy_queues("T", 3, "%LMQ%a,Plain,,") == [("%LMQ%a", 0), ("Plain", 3)]
+    for bad in ("", ",", ",,", ",%LMQ%a", "%LMQ%a,,Plain", "../x", "%LMQ%a/b", "x" * 128):
         with pytest.raises(InputError, match="INNER_MULTI_DISPATCH names no queue"):
             copy_queues("T", 0, bad)
 
@@ -494,3 +518,32 @@ def test_queue_names_not_utf8_that_decode_alike_go_in_in_log_order(tmp_path: Pat
     # the first record at 0, the second (the \xfe name's offset 1) at 1, the fourth at 2
     assert [unit[0] for unit in units] == [0, record_size, 3 * record_size]
     assert tree_digest(store / "consumequeue") == tree_digest(rebuilt / "consumequeue")
+
+
+def test_a_comma_at_the_end_of_the_queues_gives_the_units_a_broker_writes(
+    lmq_store: Path, tmp_path: Path
+) -> None:
+    """A producer's ``INNER_MULTI_DISPATCH`` ending in a comma: append gives the two queues
+    their offsets (it refused the message), and the walk, a rebuild in worker processes and
+    verify all take the units a broker writes for it."""
+    start = _next_offsets(lmq_store)
+    with Store.open_write(lmq_store) as store:
+        (result,) = store.appender(multi_dispatch=True).append_many(
+            [_lmq_message("trailing", f"{LMQ[0]},{LMQ[2]},")]
+        )
+    with Store.open_read(lmq_store) as store:
+        stored = store.commitlog.read(result.physical_offset)
+    assert stored.properties[INNER_MULTI_QUEUE_OFFSET] == f"{start[LMQ[0]]},{start[LMQ[2]]}"
+    rebuilt = tmp_path / "rebuilt"
+    shutil.copytree(lmq_store, rebuilt)
+    assert run_cli("dispatch", lmq_store).exit_code == 0
+    expected = {**start, LMQ[0]: start[LMQ[0]] + 1, LMQ[2]: start[LMQ[2]] + 1}
+    assert _next_offsets(lmq_store) == expected
+    result = run_cli(
+        "dispatch", rebuilt, "--rebuild", "--yes", "--jobs", "2", "--split-size", "4096"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert tree_digest(rebuilt / "consumequeue") == tree_digest(lmq_store / "consumequeue")
+    with Store.open_read(lmq_store) as store:
+        report = verify_store(store)
+    assert report.ok, report.counts
