@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: all venv java-check test test-fast fuzz-native lint format demo man bench bench-quick campaigns clean
+.PHONY: all venv java-check test test-long test-fast fuzz-native lint format demo man bench bench-quick campaigns clean
 
 all: test
 
@@ -34,20 +34,18 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The whole suite on the compiled kernel (required) and everything but Spark, the campaigns,
-# the install tests (which build their own environments, the same either way), the
-# real-time waits and the plumbing (a command's dealings with full and failing disks,
-# descriptors, permissions, HA sockets, the terminal: no record kernel decides those) again
-# on the pure-Python reference kernel: both paths stay green. The
-# suite keeps both cores busy (its CPU time is about twice its wall time), so it runs as
-# four streams at once, which end close together: the compiled pass but for the Spark
-# tests, the plumbing, the install tests, the campaigns and the slow ones; the Spark tests
-# (one session), the plumbing (its campaigns and slow tests too: the signals campaign,
-# killed replicas) and the install tests; the other campaigns and slow tests (the
-# sanitizer build, Spark sessions in their own processes); the reference pass. On this two-core machine the suite takes
-# 9 to 14 minutes from a fresh checkout, moving with the machine's load (it is bound by
-# CPU: about 1,100 CPU-seconds in all; 15 minutes on a slow stretch, when zlib.crc32 ran at
-# half its usual speed). The other streams' output follows the first's.
+# The whole suite but the long tests (below) on the compiled kernel (required) and
+# everything but Spark, the campaigns, the install tests (which build their own
+# environments, the same either way), the real-time waits and the plumbing (a command's
+# dealings with full and failing disks, descriptors, permissions, HA sockets, the terminal:
+# no record kernel decides those) again on the pure-Python reference kernel: both paths stay
+# green. The suite keeps both cores busy (its CPU time is about twice its wall time), so it
+# runs as four streams at once, which end close together: the compiled pass but for the
+# Spark tests, the plumbing, the install tests, the campaigns and the slow ones; the Spark
+# tests (one session), the plumbing (its campaigns and slow tests too: the signals
+# campaign, killed replicas) and the install tests; the other campaigns and slow tests
+# (Spark sessions in their own processes); the reference pass. The other streams' output
+# follows the first's. See the README's table of targets for how long it takes.
 SIDE_LOG := $(VENV)/side-stream.log
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log
@@ -55,15 +53,15 @@ SIDE_MARKS := (campaign or slow) and not plumbing
 SPARK_MARKS := spark or plumbing or install
 test: venv java-check lint
 	@RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "not spark and not campaign and not install and not timers and not plumbing" \
+	    -m "not spark and not campaign and not install and not timers and not plumbing and not long" \
 	    >$(REFERENCE_LOG) 2>&1 & reference=$$!; \
-	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider -m "$(SIDE_MARKS)" \
-	    >$(SIDE_LOG) 2>&1 & side=$$!; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "($(SPARK_MARKS)) and not ($(SIDE_MARKS))" >$(SPARK_LOG) 2>&1 & spark=$$!; \
+	    -m "($(SIDE_MARKS)) and not long" >$(SIDE_LOG) 2>&1 & side=$$!; \
+	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    -m "($(SPARK_MARKS)) and not ($(SIDE_MARKS)) and not long" >$(SPARK_LOG) 2>&1 & spark=$$!; \
 	echo "compiled kernel (three other streams run beside it):"; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q \
-	    -m "not ($(SIDE_MARKS) or $(SPARK_MARKS))"; \
+	    -m "not ($(SIDE_MARKS) or $(SPARK_MARKS)) and not long"; \
 	compiled=$$?; \
 	wait $$spark; sparked=$$?; wait $$side; sided=$$?; wait $$reference; referenced=$$?; \
 	echo "compiled kernel, $(SPARK_MARKS):"; cat $(SPARK_LOG); \
@@ -72,13 +70,29 @@ test: venv java-check lint
 	test $$compiled -eq 0 && test $$sparked -eq 0 && test $$sided -eq 0 && \
 	    test $$referenced -eq 0
 
+# The tests of a minute or more each of a build or a JVM of its own (marked long): the
+# compiled kernel built with AddressSanitizer and UndefinedBehaviorSanitizer and a short fuzz
+# pass (make fuzz-native runs the long one), a wheel built and installed into a fresh
+# virtualenv, a JVM writing its class archive, a job on workers whose Python lacks rmqstore.
+# Two streams at once (the builds; the JVMs). CI runs it after make test.
+LONG_LOG := $(VENV)/long-spark.log
+test-long: venv java-check
+	@RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    -m "long and spark" >$(LONG_LOG) 2>&1 & jvms=$$!; \
+	echo "long tests, builds (the JVMs' follow):"; \
+	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    -m "long and not spark"; \
+	built=$$?; wait $$jvms; jvmed=$$?; \
+	echo "long tests, JVMs:"; cat $(LONG_LOG); \
+	test $$built -eq 0 && test $$jvmed -eq 0
+
 # everything except the real-Spark tests, on the compiled kernel
 test-fast: venv lint
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -m "not spark"
 
 # the compiled kernel built with AddressSanitizer and UndefinedBehaviorSanitizer, fed
 # 100,000 inputs (real-broker and fixture commit logs and mutations of them), each compared
-# with the reference kernel; make test runs a short pass
+# with the reference kernel; make test-long runs a short pass
 fuzz-native: venv
 	$(BIN)/python tests/kernel_fuzz.py --inputs $(or $(INPUTS),100000)
 

@@ -19,6 +19,7 @@ from support import REPO
 pytestmark = pytest.mark.install
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_virtualenv(tmp_path: Path) -> None:
     wheel = _build_wheel(REPO, tmp_path / "wheels")

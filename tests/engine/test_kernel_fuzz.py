@@ -12,6 +12,7 @@ import pytest
 import kernel_fuzz
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sanitized_kernel_short_pass() -> None:
     if os.environ.get("RMQSTORE_KERNEL") == "python":

@@ -51,6 +51,7 @@ def bare_python(root: Path) -> Path:
     return python
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_workers_without_rmqstore_read_with_the_package_shipped(oracle, tmp_path: Path) -> None:
     python = bare_python(tmp_path / "bare")

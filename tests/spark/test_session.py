@@ -111,6 +111,7 @@ print(spark.read.format("rocketmq-commitlog").load(sys.argv[1]).count())
 """
 
 
+@pytest.mark.long
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_class_archive_is_written_once_then_mapped(tmp_path: Path) -> None:
