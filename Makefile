@@ -44,12 +44,13 @@ format: venv
 # Spark tests, the plumbing, the install tests, the campaigns and the slow ones; the Spark
 # tests (one session), the plumbing (its campaigns and slow tests too: the signals
 # campaign, killed replicas) and the install tests; the other campaigns and slow tests
-# (Spark sessions in their own processes); the reference pass. The other streams' output
+# (Spark sessions in their own processes) and the comparisons over the kernel corpus's seed
+# files (built once there); the reference pass. The other streams' output
 # follows the first's. See the README's table of targets for how long it takes.
 SIDE_LOG := $(VENV)/side-stream.log
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log
-SIDE_MARKS := (campaign or slow) and not plumbing
+SIDE_MARKS := (campaign or slow or corpus) and not plumbing
 SPARK_MARKS := spark or plumbing or install
 test: venv java-check lint
 	@RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider \

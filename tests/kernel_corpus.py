@@ -839,17 +839,19 @@ _COPY_OFFSETS = (
 
 def _copy_properties(rng: random.Random) -> bytes:
     """Random property bytes: pieces at random, or (mostly) the two pairs a broker writes,
-    with as many or other numbers of names and offsets of every kind, pieces between them,
-    a pair repeated, its name inside another pair's value."""
+    with as many or other numbers of names and offsets of every kind, commas at their ends,
+    pieces between them, a pair repeated, its name inside another pair's value."""
     if rng.random() < 0.3:
         return b"".join(rng.choices(_COPY_PIECES, k=rng.randrange(0, 14)))
     count = rng.randint(1, 4)
     names = rng.choices(_COPY_NAMES, k=count)
     offsets = [rng.choice(_COPY_OFFSETS) if rng.random() < 0.2 else b"%d" % rng.randrange(10**6)
                for _ in range(count + (rng.random() < 0.1) - (rng.random() < 0.1))]  # fmt: skip
+    # commas at the end (which Java's String.split drops) after the names or the offsets
+    ends = [b"," * rng.choice((0, 0, 0, 1, 2)) for _ in range(2)]
     pairs = [
-        b"INNER_MULTI_DISPATCH\x01" + b",".join(names),
-        b"INNER_MULTI_QUEUE_OFFSET\x01" + b",".join(offsets),
+        b"INNER_MULTI_DISPATCH\x01" + b",".join(names) + ends[0],
+        b"INNER_MULTI_QUEUE_OFFSET\x01" + b",".join(offsets) + ends[1],
         b"TAGS\x01t",
         b"KEYS\x01k",
     ]

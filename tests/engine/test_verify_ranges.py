@@ -124,6 +124,7 @@ def test_damage_across_range_boundaries(damaged: Path, range_size: int) -> None:
     assert_same(single, ranged)
 
 
+@pytest.mark.slow
 def test_options(damaged: Path, scenarios: Path) -> None:
     offsets = [offset for offset, _ in _records(scenarios / "multi")]
     for options in (
