@@ -44,13 +44,12 @@ format: venv
 # Spark tests, the plumbing, the install tests, the campaigns and the slow ones; the Spark
 # tests (one session), the plumbing (its campaigns and slow tests too: the signals
 # campaign, killed replicas) and the install tests; the other campaigns and slow tests
-# (Spark sessions in their own processes) and the comparisons over the kernel corpus's seed
-# files (built once there); the reference pass. The other streams' output
+# (Spark sessions in their own processes); the reference pass. The other streams' output
 # follows the first's. See the README's table of targets for how long it takes.
 SIDE_LOG := $(VENV)/side-stream.log
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log
-SIDE_MARKS := (campaign or slow or corpus) and not plumbing
+SIDE_MARKS := (campaign or slow) and not plumbing
 SPARK_MARKS := spark or plumbing or install
 test: venv java-check lint
 	@RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider \
@@ -87,9 +86,9 @@ test-long: venv java-check
 	echo "long tests, JVMs:"; cat $(LONG_LOG); \
 	test $$built -eq 0 && test $$jvmed -eq 0
 
-# everything except the real-Spark tests, on the compiled kernel
+# everything except the real-Spark tests and the long ones, on the compiled kernel
 test-fast: venv lint
-	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -m "not spark"
+	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -m "not spark and not long"
 
 # the compiled kernel built with AddressSanitizer and UndefinedBehaviorSanitizer, fed
 # 100,000 inputs (real-broker and fixture commit logs and mutations of them), each compared

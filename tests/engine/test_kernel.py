@@ -62,7 +62,6 @@ def test_crc32_is_zlibs(data: bytes, start: int) -> None:
     assert reference.crc32(data) == zlib.crc32(data)
 
 
-@pytest.mark.corpus
 @both_ways
 def test_every_seed_scans_the_same_both_ways(seeds: list[tuple[str, bytes, int]]) -> None:
     assert len(seeds) > 20
@@ -72,7 +71,6 @@ def test_every_seed_scans_the_same_both_ways(seeds: list[tuple[str, bytes, int]]
         assert not problems, f"{name}: {problems}"
 
 
-@pytest.mark.corpus
 @both_ways
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
@@ -293,7 +291,6 @@ def _index_buffer(slots: int, entries: int) -> bytearray:
     return bytearray(40 + 4 * slots + 20 * entries)
 
 
-@pytest.mark.corpus
 @both_ways
 @given(st.data())
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -181,7 +181,6 @@ def assert_same_rows(location: StoreLocation, part: FileRange, label: str) -> in
     return len(plain)
 
 
-@pytest.mark.corpus
 @compiled_pass_only
 def test_every_seed_exports_as_decoded_record_by_record(seeds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     exported = 0
@@ -194,7 +193,6 @@ def test_every_seed_exports_as_decoded_record_by_record(seeds, tmp_path: Path) -
 @compiled_pass_only
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])  # fmt: skip
-@pytest.mark.corpus
 @given(st.data())
 def test_mutated_seeds_export_as_decoded_record_by_record(seeds, tmp_path: Path, data) -> None:  # type: ignore[no-untyped-def]
     name, content, base = seeds[data.draw(st.integers(0, len(seeds) - 1), label="seed")]

@@ -85,7 +85,6 @@ def conditions(rows: list[dict[str, Any]], rng: random.Random) -> list[tuple[Row
     return found
 
 
-@pytest.mark.corpus
 @compiled_pass_only  # the kernel_corpus seeds; filters are evaluated on the columns in Python
 def test_filtered_rows_are_the_rows_the_condition_picks(seeds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(16)
@@ -118,7 +117,6 @@ def _kind(filters: tuple[RowFilter, ...]) -> tuple[tuple[str, str, bool], ...]:
     return tuple((f.column, f.operator, f.negated) for f in filters)
 
 
-@pytest.mark.corpus
 def test_topics_option_is_a_topic_filter(seeds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     for number, (_, data, base) in enumerate(seeds):
         location, part = one_file_store(tmp_path / str(number), data, base)
