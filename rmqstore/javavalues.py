@@ -1,6 +1,7 @@
 """Text read the way Java's library reads it where a broker does: ``Integer.parseInt`` and
 ``Long.parseLong`` (a DELAY level, a broker.conf number, a delay table's entries),
-``Boolean.parseBoolean`` and ``String.trim`` (broker.conf values).
+``Boolean.parseBoolean`` and ``String.trim`` (broker.conf values), ``String.split`` (the
+further queues of a record and their offsets).
 
 Python's own readers take more than Java's (``int(" 3")``, ``int("1_0")``, ``str.strip()``
 of a no-break space), so text a broker refuses or reads otherwise would mean something else
@@ -10,8 +11,11 @@ here.
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
 from rmqstore.wording import quoted
+
+_Text = TypeVar("_Text", str, bytes)
 
 # a sign, then decimal digits of any script: Java's Character.digit takes them (U+0663 is
 # 3), but one UTF-16 unit at a time, so a digit beyond the BMP is not one to Java
@@ -60,3 +64,15 @@ def java_boolean_word(text: str) -> bool | None:
         if lowered in ("true", "false"):
             return lowered == "true"
     return None
+
+
+def java_split(text: _Text, separator: _Text) -> list[_Text]:
+    """``text.split(separator)`` as Java's ``String.split`` gives it for a one-character
+    ``separator`` that is no regex metacharacter: empty pieces at the end are dropped
+    (``"a,b,"`` is two pieces, ``","`` none), other empty pieces kept; text without the
+    separator is one piece, even when empty. For text and for its bytes."""
+    pieces = text.split(separator)
+    if len(pieces) > 1:
+        while pieces and not pieces[-1]:
+            pieces.pop()
+    return pieces

@@ -1,7 +1,7 @@
 """Multi-dispatch and LMQ queues (spec §6.8): a broker with ``enableMultiDispatch`` (and
 ``enableLmq``) writes a unit for a record into further queues besides its own. The producer
 names them in the record's ``INNER_MULTI_DISPATCH`` property (comma separated, read with
-Java's ``String.split``: commas at the end name no queue, :func:`java_split`); at append the
+Java's ``String.split``: commas at the end name no queue, :func:`split_queues`); at append the
 broker wrote the queue offset it chose in each of them into ``INNER_MULTI_QUEUE_OFFSET`` (in
 the same order). LMQ queues are named ``%LMQ%...`` and are always queue 0; another name takes
 the record's own queue id. Each copy is the record's unit (offset, size, tagsCode) at that
@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.errors import InputError, TopicError
+from rmqstore.javavalues import java_split
 from rmqstore.kernel import layout
 from rmqstore.properties import JAVA_REPLACE
 from rmqstore.topics import RETRY_PREFIX, check_topic
@@ -38,15 +39,10 @@ DISPATCH_MARK = f"{INNER_MULTI_DISPATCH}\x01".encode()
 COPIES_MARK = f"{INNER_MULTI_QUEUE_OFFSET}\x01".encode()
 
 
-def java_split(text: str) -> list[str]:
-    """The comma-separated pieces of ``text`` as a broker's ``String.split(",")`` gives them:
-    empty pieces at the end are dropped (``"a,b,"`` is two queues, ``","`` none), other empty
-    pieces kept."""
-    pieces = text.split(_SPLITTER)
-    if len(pieces) > 1:
-        while pieces and not pieces[-1]:
-            pieces.pop()
-    return pieces
+def split_queues(text: str) -> list[str]:
+    """The comma-separated pieces of ``text`` as a broker's ``String.split(",")`` gives them
+    (:func:`rmqstore.javavalues.java_split`: ``"a,b,"`` is two queues, ``","`` none)."""
+    return java_split(text, _SPLITTER)
 
 
 class QueueCopy(NamedTuple):
@@ -63,7 +59,7 @@ _new_copy = tuple.__new__  # a QueueCopy from a tuple, without its keyword-takin
 def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:
     """The further queues a record of ``topic``/``queue_id`` with ``properties`` has a unit
     in (none for a ``%RETRY%`` topic, as the broker skips them, or when the two properties do
-    not pair up, each split by :func:`java_split`: the broker logs an error and writes no
+    not pair up, each split by :func:`split_queues`: the broker logs an error and writes no
     copy). A queue whose name is no safe
     folder name (``..``, a slash) is kept: the writers and ``verify`` name it as they name
     such a topic of a record's own, and write no unit for it. (:func:`rows_copies` reads
@@ -72,8 +68,8 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
     offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
     if not queues or not offsets or topic.startswith(RETRY_PREFIX):
         return []
-    names = java_split(queues)
-    numbers = java_split(offsets)
+    names = split_queues(queues)
+    numbers = split_queues(offsets)
     if len(names) != len(numbers):
         return []
     copies = []
@@ -288,11 +284,11 @@ def copy_queues(topic: str, queue_id: int, queues: str) -> list[tuple[str, int]]
     """The queues (topic, queue id) a broker with ``enableMultiDispatch`` gives a record of
     ``topic``/``queue_id`` whose ``INNER_MULTI_DISPATCH`` is ``queues`` an offset in, in the
     property's order: the queue 0 of a ``%LMQ%`` name, else the record's own queue id of the
-    name. The names are :func:`java_split`'s, as the broker splits them (``"%LMQ%a,"`` is one
+    name. The names are :func:`split_queues`', as the broker splits them (``"%LMQ%a,"`` is one
     queue). A name that is no topic name by RocketMQ's rules (an empty one, ``..``, a slash)
     is an :class:`InputError`: no queue of it could be dispatched; so is a value of commas."""
     keys = []
-    names = java_split(queues)
+    names = split_queues(queues)
     if not names:
         raise InputError(f"{INNER_MULTI_DISPATCH} names no queue: {quoted(queues)}")
     for name in names:

@@ -13,6 +13,7 @@ from base64 import b64encode
 from itertools import pairwise
 from typing import Any
 
+from rmqstore.javavalues import java_split
 from rmqstore.kernel.layout import (
     APPLIED_ALL,
     BAD_WIDTH,
@@ -1400,16 +1401,6 @@ def message_rows(
 _OFFSET_PIECE = re.compile(rb"[0-9]{1,19}\Z")
 
 
-def _java_split(value: bytes) -> list[bytes]:
-    """``value``'s comma-separated pieces as Java's ``String.split(",")`` gives them: empty
-    pieces at the end dropped (``b","`` has none)."""
-    pieces = value.split(b",")
-    if len(pieces) > 1:
-        while pieces and not pieces[-1]:
-            pieces.pop()
-    return pieces
-
-
 def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, int, int, int]]]:
     """How many further queues row ``row`` names, and its units in them as ``row_copies``
     reads them (offsets above a long left out), each as ``(name_at, name_length, queue_id,
@@ -1436,8 +1427,8 @@ def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, in
     offsets_at, offsets_length = _property_value(props, b"INNER_MULTI_QUEUE_OFFSET")
     if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
         return 0, []
-    queue_names = _java_split(props[names_at : names_at + names_length])
-    offsets = _java_split(props[offsets_at : offsets_at + offsets_length])
+    queue_names = java_split(props[names_at : names_at + names_length], b",")
+    offsets = java_split(props[offsets_at : offsets_at + offsets_length], b",")
     if len(queue_names) != len(offsets) or not all(map(_OFFSET_PIECE.match, offsets)):
         return 0, []
     pieces = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,15 @@ from rmqstore.consumequeue import UNIT
 from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import InputError
 from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.javavalues import java_split
 from rmqstore.multidispatch import (
     INNER_MULTI_DISPATCH,
     INNER_MULTI_QUEUE_OFFSET,
     QueueCopy,
     copy_queues,
-    java_split,
     queue_copies,
     rows_copies,
+    split_queues,
 )
 from rmqstore.properties import decode_properties
 from rmqstore.record import Message
@@ -69,8 +71,42 @@ def test_the_pieces_are_split_as_a_broker_splits_them() -> None:
     assert _copies(",", ",") == [] and _copies("%LMQ%a,,", ",") == []
     # a 5.x broker leaves a name that is not an LMQ queue no offset: "7," is one piece
     assert _copies("%LMQ%a,Plain", "7,") == []
-    assert java_split("a,b,,") == ["a", "b"] and java_split(",a,,b") == ["", "a", "", "b"]
-    assert java_split(",,") == [] and java_split("") == [""] and java_split("a") == ["a"]
+    assert split_queues("a,b,,") == ["a", "b"] and split_queues(",a,,b") == ["", "a", "", "b"]
+    assert split_queues(",,") == [] and split_queues("") == [""] and split_queues("a") == ["a"]
+    assert java_split(b"%LMQ%a,,", b",") == [b"%LMQ%a"]  # the reference kernel's, on bytes
+
+
+_SPLIT_IN_JAVA = """
+import java.nio.file.*;
+public class Split {
+    public static void main(String[] args) throws Exception {
+        for (String line : Files.readAllLines(Path.of(args[0]))) {
+            String[] pieces = line.split(",");
+            System.out.println(pieces.length + ":" + String.join("|", pieces));
+        }
+    }
+}
+"""
+
+
+def test_the_split_is_javas_string_split(tmp_path: Path) -> None:
+    """java_split against the JVM's own String.split(",") on 3,000 random texts of commas
+    and letters (it fails on Python's str.split at the first text ending in a comma)."""
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.skip("no javac (a JDK) on PATH")
+    chooser = random.Random(20261202)
+    texts = ["", ",", ",,", "a"]
+    texts += ["".join(chooser.choices("ab,", k=chooser.randrange(1, 9))) for _ in range(3000)]
+    (tmp_path / "texts").write_text("".join(text + "\n" for text in texts))
+    (tmp_path / "Split.java").write_text(_SPLIT_IN_JAVA)
+    subprocess.run([javac, "-d", str(tmp_path), str(tmp_path / "Split.java")], check=True)
+    done = subprocess.run(
+        ["java", "-cp", str(tmp_path), "Split", str(tmp_path / "texts")],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    ours = [f"{len(pieces)}:{'|'.join(pieces)}" for pieces in map(split_queues, texts)]
+    assert done.stdout.splitlines() == ours
 
 
 _D, _O = b"INNER_MULTI_DISPATCH\x01", b"INNER_MULTI_QUEUE_OFFSET\x01"
