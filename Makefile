@@ -34,57 +34,56 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The whole suite but the long tests (below) on the compiled kernel (required) and
-# everything but Spark, the campaigns, the install tests (which build their own
-# environments, the same either way), the real-time waits and the plumbing (a command's
+# The suite but the campaigns and the long tests (make test-long runs those) on the
+# compiled kernel (required) and everything but Spark, the install tests (which build their
+# own environments, the same either way), the real-time waits and the plumbing (a command's
 # dealings with full and failing disks, descriptors, permissions, HA sockets, the terminal:
 # no record kernel decides those) again on the pure-Python reference kernel: both paths stay
 # green. The suite keeps both cores busy (its CPU time is about twice its wall time), so it
-# runs as four streams at once, which end close together: the compiled pass but for the
-# Spark tests, the plumbing, the install tests, the campaigns and the slow ones; the Spark
-# tests (one session), the plumbing (its campaigns and slow tests too: the signals
-# campaign, killed replicas) and the install tests; the other campaigns and slow tests
-# (Spark sessions in their own processes); the reference pass. The other streams' output
-# follows the first's. See the README's table of targets for how long it takes.
-SIDE_LOG := $(VENV)/side-stream.log
+# runs as three streams at once: the compiled pass but for the Spark tests, the plumbing and
+# the install tests; those (the Spark tests in one session); the reference pass. The other
+# streams' output follows the first's. See the README's table of targets for how long it
+# takes.
 SPARK_LOG := $(VENV)/spark-stream.log
 REFERENCE_LOG := $(VENV)/reference-pass.log
-SIDE_MARKS := (campaign or slow) and not plumbing
 SPARK_MARKS := spark or plumbing or install
 test: venv java-check lint
 	@RMQSTORE_KERNEL=python $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "not spark and not campaign and not install and not timers and not plumbing and not long" \
+	    -m "not ($(SPARK_MARKS) or timers or campaign or long)" \
 	    >$(REFERENCE_LOG) 2>&1 & reference=$$!; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "($(SIDE_MARKS)) and not long" >$(SIDE_LOG) 2>&1 & side=$$!; \
-	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "($(SPARK_MARKS)) and not ($(SIDE_MARKS)) and not long" >$(SPARK_LOG) 2>&1 & spark=$$!; \
-	echo "compiled kernel (three other streams run beside it):"; \
+	    -m "($(SPARK_MARKS)) and not (campaign or long)" >$(SPARK_LOG) 2>&1 & spark=$$!; \
+	echo "compiled kernel (two other streams run beside it):"; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q \
-	    -m "not ($(SIDE_MARKS) or $(SPARK_MARKS)) and not long"; \
+	    -m "not ($(SPARK_MARKS) or campaign or long)"; \
 	compiled=$$?; \
-	wait $$spark; sparked=$$?; wait $$side; sided=$$?; wait $$reference; referenced=$$?; \
+	wait $$spark; sparked=$$?; wait $$reference; referenced=$$?; \
 	echo "compiled kernel, $(SPARK_MARKS):"; cat $(SPARK_LOG); \
-	echo "compiled kernel, $(SIDE_MARKS):"; cat $(SIDE_LOG); \
 	echo "reference kernel:"; cat $(REFERENCE_LOG); \
-	test $$compiled -eq 0 && test $$sparked -eq 0 && test $$sided -eq 0 && \
-	    test $$referenced -eq 0
+	test $$compiled -eq 0 && test $$sparked -eq 0 && test $$referenced -eq 0
 
-# The tests of a minute or more each of a build or a JVM of its own (marked long): the
-# compiled kernel built with AddressSanitizer and UndefinedBehaviorSanitizer and a short fuzz
-# pass (make fuzz-native runs the long one), a wheel built and installed into a fresh
-# virtualenv, a JVM writing its class archive, a job on workers whose Python lacks rmqstore.
-# Two streams at once (the builds; the JVMs). CI runs it after make test.
-LONG_LOG := $(VENV)/long-spark.log
+# What make test leaves out, on the compiled kernel: the short form of every adversarial
+# campaign (make campaigns runs the long form: kills, power cuts, mutated stores, signals, a
+# full disk, writers and readers side by side) and the tests of a minute or more each of a
+# build or a JVM of its own (marked long): the kernel built with AddressSanitizer and
+# UndefinedBehaviorSanitizer and a short fuzz pass (make fuzz-native runs the long one), a
+# wheel built and installed into a fresh virtualenv, a JVM writing its class archive, a job
+# on workers whose Python lacks rmqstore. Three streams at once (the campaigns; the builds;
+# the JVMs), the others' output after the first's. CI runs it after make test.
+BUILDS_LOG := $(VENV)/long-builds.log
+JVMS_LOG := $(VENV)/long-jvms.log
 test-long: venv java-check
 	@RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "long and spark" >$(LONG_LOG) 2>&1 & jvms=$$!; \
-	echo "long tests, builds (the JVMs' follow):"; \
+	    -m "long and not spark" >$(BUILDS_LOG) 2>&1 & builds=$$!; \
 	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
-	    -m "long and not spark"; \
-	built=$$?; wait $$jvms; jvmed=$$?; \
-	echo "long tests, JVMs:"; cat $(LONG_LOG); \
-	test $$built -eq 0 && test $$jvmed -eq 0
+	    -m "long and spark" >$(JVMS_LOG) 2>&1 & jvms=$$!; \
+	echo "campaigns, short form (two other streams run beside it):"; \
+	RMQSTORE_KERNEL=native $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    -m "campaign and not long"; \
+	campaigned=$$?; wait $$builds; built=$$?; wait $$jvms; jvmed=$$?; \
+	echo "long tests, builds:"; cat $(BUILDS_LOG); \
+	echo "long tests, JVMs:"; cat $(JVMS_LOG); \
+	test $$campaigned -eq 0 && test $$built -eq 0 && test $$jvmed -eq 0
 
 # everything except the real-Spark tests and the long ones, on the compiled kernel
 test-fast: venv lint
