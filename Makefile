@@ -104,8 +104,8 @@ demo: venv java-check
 # The adversarial campaigns in their long form (300 kills during appends, 60 during recover
 # and rebuild, 360 power cuts at their syncs, 300 mutated real stores x every command, 180
 # whose verify next steps are followed to the end, 150 writers and 60 replicate runs stopped
-# by a full disk, 150 s of writers and readers beside each other on one store); make test
-# runs a short form of each.
+# by a full disk, 150 s of writers and readers beside each other on one store); make
+# test-long runs a short form of each.
 # SEED=N kills and mutates elsewhere than the fixed default (a failure names its seed);
 # FS=ext4 puts the full-disk campaign on ext4 (a loop device) instead of a tmpfs.
 campaigns: venv

@@ -1,7 +1,7 @@
 """Helpers of the adversarial campaigns (tests/campaign/): how many rounds, a store mutated the
 ways damaged disks and hostile hands mutate one, rmqstore commands run in a child process
 with their outcome, and verify's next steps followed as a script follows them (with the
-records a store held, to tell whether one was lost). ``make test`` runs the short form;
+records a store held, to tell whether one was lost). ``make test-long`` runs the short form;
 ``make campaigns`` the long one (``RMQSTORE_CAMPAIGN=long``)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def stop_signal(rng: random.Random) -> signal.Signals:
 
 def sigint_delivered() -> None:
     """``preexec_fn`` of a child that :func:`stop_signal` may stop with SIGINT: a test run in
-    the background of a shell without job control (``make test``'s other streams) starts
+    the background of a shell without job control (``make test-long``'s other streams) starts
     its children with SIGINT ignored, as a shell does for background jobs, and such a child
     would never see it."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -195,7 +195,7 @@ def _in_interpreter_start(stderr: str) -> bool:
 
 
 @pytest.mark.campaign
-@pytest.mark.plumbing  # make test runs it in the Spark stream, the one with room
+@pytest.mark.plumbing  # a command's dealings with signals: no record kernel decides them
 def test_commands_stopped_by_signals_end_in_one_line_and_lose_nothing(tmp_path: Path) -> None:
     rng = campaign_random("signals")
     store = tmp_path / "store"
