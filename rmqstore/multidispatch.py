@@ -60,10 +60,9 @@ def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
     """The further queues a record of ``topic``/``queue_id`` with ``properties`` has a unit
     in (none for a ``%RETRY%`` topic, as the broker skips them, or when the two properties do
     not pair up, each split by :func:`split_queues`: the broker logs an error and writes no
-    copy). A queue whose name is no safe
-    folder name (``..``, a slash) is kept: the writers and ``verify`` name it as they name
-    such a topic of a record's own, and write no unit for it. (:func:`rows_copies` reads
-    them from kernel rows.)"""
+    copy). A queue whose name is no safe folder name (``..``, a slash) is kept: the writers
+    and ``verify`` name it as they name such a topic of a record's own, and write no unit for
+    it. (:func:`rows_copies` reads them from kernel rows.)"""
     queues = properties.get(INNER_MULTI_DISPATCH)
     offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
     if not queues or not offsets or topic.startswith(RETRY_PREFIX):
@@ -284,9 +283,10 @@ def copy_queues(topic: str, queue_id: int, queues: str) -> list[tuple[str, int]]
     """The queues (topic, queue id) a broker with ``enableMultiDispatch`` gives a record of
     ``topic``/``queue_id`` whose ``INNER_MULTI_DISPATCH`` is ``queues`` an offset in, in the
     property's order: the queue 0 of a ``%LMQ%`` name, else the record's own queue id of the
-    name. The names are :func:`split_queues`', as the broker splits them (``"%LMQ%a,"`` is one
-    queue). A name that is no topic name by RocketMQ's rules (an empty one, ``..``, a slash)
-    is an :class:`InputError`: no queue of it could be dispatched; so is a value of commas."""
+    name. The names are split by :func:`split_queues`, as the broker splits them
+    (``"%LMQ%a,"`` is one queue). A name that is no topic name by RocketMQ's rules (an empty
+    one, ``..``, a slash) is an :class:`InputError`: no queue of it could be dispatched; so
+    is a value of commas."""
     keys = []
     names = split_queues(queues)
     if not names:
