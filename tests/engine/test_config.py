@@ -385,7 +385,6 @@ def _expected(said: str) -> str:
     return said
 
 
-@pytest.mark.slow
 def test_broker_config_is_read_as_a_brokers_java_reads_it(tmp_path: Path) -> None:
     """Random broker.conf files read by the JVM's own Properties.load, Integer.parseInt,
     Boolean.parseBoolean, String.trim and the delay table's parse, and by rmqstore: the
