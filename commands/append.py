@@ -227,7 +227,8 @@ def _parse_property(
     "commas at the end naming none, as the broker splits it; %LMQ% names are LMQ queues, "
     "queue 0) gets the next offset of each in "
     "INNER_MULTI_QUEUE_OFFSET, and a dispatch puts its unit in each of them. Not for %RETRY% "
-    "topics, DELAY messages (their delivery is the broker's) or prepared and rollback records.",
+    "and rmq_sys_ topics, DELAY messages (their delivery is the broker's) or prepared and "
+    "rollback records, as a 5.x broker (no dispatch copies a record of those topics either).",
 )
 @store_config_options
 @json_option

@@ -54,6 +54,7 @@ from rmqstore.multidispatch import (
     INNER_MULTI_QUEUE_OFFSET,
     LMQ_PREFIX,
     copy_queues,
+    gets_no_copies,
 )
 from rmqstore.properties import (
     DELAY,
@@ -101,7 +102,7 @@ from rmqstore.segments import (
     sync_directory,
     sync_file_data,
 )
-from rmqstore.topics import MAX_TOPIC_LENGTH, RETRY_PREFIX, check_topic
+from rmqstore.topics import MAX_TOPIC_LENGTH, check_topic
 from rmqstore.windows import FileWindows, read_ahead
 from rmqstore.wording import quoted
 
@@ -783,9 +784,10 @@ class CommitLogAppender:
     ``multi_dispatch`` (the broker's enableMultiDispatch): a queued message naming further
     queues in ``INNER_MULTI_DISPATCH`` gets the next offset of each in
     ``INNER_MULTI_QUEUE_OFFSET`` (replacing one it carries), and each of those queues moves
-    on, as the broker's ``MultiDispatch`` does (spec §6.8); not for ``%RETRY%`` topics, as
-    the broker, nor for a DELAY message waiting in SCHEDULE_TOPIC_XXXX, whose copies belong
-    to its delivery.
+    on, as the broker's ``MultiDispatch`` does (spec §6.8); not for the topics a 5.x broker
+    gives no copies (:func:`rmqstore.multidispatch.gets_no_copies`: ``%RETRY%`` and
+    ``rmq_sys_`` topics; a DELAY message waiting in SCHEDULE_TOPIC_XXXX, whose copies
+    belong to its delivery).
     """
 
     def __init__(
@@ -1005,8 +1007,7 @@ class CommitLogAppender:
         topic = message.topic
         if (
             not queues
-            or topic.startswith(RETRY_PREFIX)
-            or topic == SCHEDULE_TOPIC
+            or gets_no_copies(topic)
             or message.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS
         ):
             return properties

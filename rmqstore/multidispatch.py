@@ -9,7 +9,12 @@ queue offset.
 
 The broker adds ``INNER_MULTI_QUEUE_OFFSET`` only when it dispatches the copies, so a record
 carrying both properties, with as many offsets as queues, is one whose copies a broker wrote:
-rmqstore writes and checks them from the record alone, whatever the broker's settings.
+rmqstore writes and checks them from the record alone, whatever the broker's settings. But
+not for a record of a topic a 5.x broker gives no copies (:func:`gets_no_copies`: ``%RETRY%``
+and ``rmq_sys_`` topics, ``SCHEDULE_TOPIC_XXXX``): a retried or delayed message keeps the
+properties of the message it was made from, offsets in the LMQ queues that message already
+holds. A unit such a record names is still its own where a queue holds it (a 4.9 broker
+writes them: :func:`named_copies`).
 ``append --multi-dispatch`` gives offsets as such a broker does (:func:`copy_queues` names
 the queues it takes them in)."""
 
@@ -24,7 +29,7 @@ from rmqstore.errors import InputError, TopicError
 from rmqstore.javavalues import java_split
 from rmqstore.kernel import layout
 from rmqstore.properties import JAVA_REPLACE
-from rmqstore.topics import RETRY_PREFIX, check_topic
+from rmqstore.topics import RETRY_PREFIX, SCHEDULE_TOPIC, SYSTEM_TOPIC_PREFIX, check_topic
 from rmqstore.wording import quoted
 
 INNER_MULTI_DISPATCH = "INNER_MULTI_DISPATCH"
@@ -56,16 +61,37 @@ class QueueCopy(NamedTuple):
 _new_copy = tuple.__new__  # a QueueCopy from a tuple, without its keyword-taking __new__
 
 
+def gets_no_copies(topic: str) -> bool:
+    """Whether a 5.x broker dispatches no copy of a record of ``topic``, whatever its
+    properties (``MultiDispatchUtils.isNeedHandleMultiDispatch``): a ``%RETRY%`` topic, a
+    system topic (``rmq_sys_``, such as the timer's ``rmq_sys_wheel_timer``) and
+    ``SCHEDULE_TOPIC_XXXX``. Such a record is a message resent for a retry, or waiting for
+    its delay or timer, with the properties of the message it was made from: its
+    ``INNER_MULTI_QUEUE_OFFSET`` names the units that message has (the delivery gets its
+    own). A 4.9 broker leaves out no topic."""
+    return topic.startswith((RETRY_PREFIX, SYSTEM_TOPIC_PREFIX)) or topic == SCHEDULE_TOPIC
+
+
 def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:
     """The further queues a record of ``topic``/``queue_id`` with ``properties`` has a unit
-    in (none for a ``%RETRY%`` topic, as the broker skips them, or when the two properties do
-    not pair up, each split by :func:`split_queues`: the broker logs an error and writes no
-    copy). A queue whose name is no safe folder name (``..``, a slash) is kept: the writers
-    and ``verify`` name it as they name such a topic of a record's own, and write no unit for
-    it. (:func:`rows_copies` reads them from kernel rows.)"""
+    in: :func:`named_copies`, but none for a topic :func:`gets_no_copies` (the broker skips
+    them). (:func:`rows_copies` reads them from kernel rows.)"""
+    if gets_no_copies(topic):
+        return []
+    return named_copies(topic, queue_id, properties)
+
+
+def named_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:
+    """The units in further queues a record's properties name, whatever its topic (none when
+    the two properties do not pair up, each split by :func:`split_queues`: the broker logs an
+    error and writes no copy). A queue whose name is no safe folder name (``..``, a slash) is
+    kept: the writers and ``verify`` name it as they name such a topic of a record's own, and
+    write no unit for it. A unit a queue holds that its record names is that record's copy,
+    where a broker of any version put it (:func:`queue_copies` are those a dispatch
+    writes)."""
     queues = properties.get(INNER_MULTI_DISPATCH)
     offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
-    if not queues or not offsets or topic.startswith(RETRY_PREFIX):
+    if not queues or not offsets:
         return []
     names = split_queues(queues)
     numbers = split_queues(offsets)

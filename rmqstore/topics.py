@@ -12,6 +12,7 @@ MAX_TOPIC_LENGTH = 127  # chars (4.x store check); 5.x: UTF-8 bytes
 MAX_RETRY_TOPIC_BYTES = 255  # 5.x: %RETRY% topics up to 255 bytes, stored as V2 records
 RETRY_PREFIX = "%RETRY%"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+SYSTEM_TOPIC_PREFIX = "rmq_sys_"  # TopicValidator.SYSTEM_TOPIC_PREFIX (rmq_sys_wheel_timer, ...)
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 _VALID_TOPIC = re.compile(r"[%|a-zA-Z0-9_-]+")
 _UNSAFE_CHARS = re.compile(r"[/\\\x00-\x1f\x7f]")

@@ -821,6 +821,9 @@ _COPY_PIECES = (
     b"1234567890123456789", b"\xc3\xb6", b"\xff", b"\xe2", b"TAGS\x01x\x02", b"-1", b" ", b"+3",
 )  # fmt: skip
 _COPY_TOPICS = (b"T", b"%RETRY%group", b"%LMQ%own", b"\xff\xfe", b"", b"%RETRY")
+# topics a 5.x broker gives no copies (multidispatch.gets_no_copies), and names close to them
+_COPY_TOPICS += (b"SCHEDULE_TOPIC_XXXX", b"SCHEDULE_TOPIC_XXX", b"SCHEDULE_TOPIC_XXXXX")
+_COPY_TOPICS += (b"rmq_sys_wheel_timer", b"rmq_sys_", b"rmq_sys", b"RMQ_SYS_TRANS_HALF_TOPIC")
 _COPY_NAMES = (
     b"%LMQ%room-1",
     b"%LMQ%r\xc3\xb6",
@@ -979,8 +982,9 @@ def row_copies_both(
     reference way of dispatch and verify reads), on the rows a scan of ``data`` gives and on
     rows made to point at random property bytes (the two names where a pair starts and
     inside values, separators, offsets of every length and above a long, LMQ and other
-    names, text that is not UTF-8), with every transaction type and %RETRY% topics; and the
-    error (type and message) of a row number outside the rows or a span outside the buffer."""
+    names, text that is not UTF-8), with every transaction type and the topics a 5.x broker
+    gives no copies (and names close to them); and the error (type and message) of a row
+    number outside the rows or a span outside the buffer."""
     from rmqstore.multidispatch import QueueCopy, queue_copies
     from rmqstore.properties import decode_properties
 

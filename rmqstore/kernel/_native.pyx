@@ -2775,7 +2775,12 @@ cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names
     names_at[0] = names_end[0] = offsets_at[0] = offsets_end[0] = 0
     if sys_type == 0x4 or sys_type == 0xC:
         return 0  # PREPARED, ROLLBACK: in no queue
+    # topics a 5.x broker gives no copies (rmqstore.multidispatch.gets_no_copies)
     if topic_length >= 7 and memcmp(data + topic_at, b"%RETRY%", 7) == 0:
+        return 0
+    if topic_length >= 8 and memcmp(data + topic_at, b"rmq_sys_", 8) == 0:
+        return 0
+    if topic_length == 19 and memcmp(data + topic_at, b"SCHEDULE_TOPIC_XXXX", 19) == 0:
         return 0
     _find_value(data, props_at, props_length, b"INNER_MULTI_DISPATCH", 20, names_at,
                 &names_length)

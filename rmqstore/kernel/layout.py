@@ -423,7 +423,8 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # each row number in ``numbers`` (an ``array('q')``), the list of the row's units in further
 # queues (spec 6.8) as rmqstore.multidispatch.queue_copies gives them from the row's properties
 # decoded: none for a record no queue takes (SYS_FLAG's transaction type PREPARED or ROLLBACK),
-# for a topic starting with ``%RETRY%``, without INNER_MULTI_DISPATCH or
+# for a topic starting with ``%RETRY%`` or ``rmq_sys_``, or SCHEDULE_TOPIC_XXXX (topics a 5.x
+# broker gives no copies: rmqstore.multidispatch.gets_no_copies), without INNER_MULTI_DISPATCH or
 # INNER_MULTI_QUEUE_OFFSET (the last pair of each with a non-empty name and value, as
 # ``string2messageProperties`` keeps them), when the two do not hold as many comma-separated
 # pieces (split as Java's ``String.split(",")`` splits: empty pieces at the end dropped), or

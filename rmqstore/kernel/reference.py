@@ -1420,8 +1420,9 @@ def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, in
         raise ValueError(f"row {row} points outside the buffer")
     if rows[at + SYS_FLAG] & 0xC in (0x4, 0xC):
         return 0, []  # PREPARED, ROLLBACK: in no queue
-    if bytes(buf[topic_at : topic_at + topic_length]).startswith(b"%RETRY%"):
-        return 0, []
+    topic = bytes(buf[topic_at : topic_at + topic_length])
+    if topic.startswith((b"%RETRY%", b"rmq_sys_")) or topic == b"SCHEDULE_TOPIC_XXXX":
+        return 0, []  # topics a 5.x broker gives no copies
     props = bytes(buf[props_at : props_at + props_length])
     names_at, names_length = _property_value(props, b"INNER_MULTI_DISPATCH")
     offsets_at, offsets_length = _property_value(props, b"INNER_MULTI_QUEUE_OFFSET")

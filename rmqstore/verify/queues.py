@@ -32,7 +32,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, RmqStoreError, StoreFormatError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
-from rmqstore.multidispatch import queue_copies, record_units
+from rmqstore.multidispatch import named_copies, record_units
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -995,10 +995,10 @@ class QueueChecks:
                 damaged = isinstance(exc, RecordError)
             else:
                 place = (topic, queue_id, unit.queue_offset)
-                if holder[:3] == place or place in queue_copies(
+                if holder[:3] == place or place in named_copies(
                     holder.topic, holder.queue_id, decode_properties(holder.properties_bytes)
                 ):
-                    continue  # its record's, or the record's copy in an LMQ queue
+                    continue  # its record's, or a copy the record names (by any broker)
                 reason = (
                     f"the record there belongs to {holder.topic}:{holder.queue_id} at queue "
                     f"offset {holder.queue_offset}"

@@ -22,6 +22,8 @@ from rmqstore.multidispatch import (
     INNER_MULTI_QUEUE_OFFSET,
     QueueCopy,
     copy_queues,
+    gets_no_copies,
+    named_copies,
     queue_copies,
     rows_copies,
     split_queues,
@@ -48,6 +50,18 @@ def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> Non
     ]
     assert _copies("Plain", "9") == [QueueCopy("Plain", 3, 9)]  # the record's own queue id
     assert _copies("%LMQ%a", "1", topic="%RETRY%g") == []  # the broker skips retry topics
+    # so does a 5.x broker SCHEDULE_TOPIC_XXXX and system topics (the timer's): such a
+    # record carries the properties of the message it was made from
+    for topic in ("SCHEDULE_TOPIC_XXXX", "rmq_sys_wheel_timer", "rmq_sys_"):
+        assert gets_no_copies(topic) and _copies("%LMQ%a", "1", topic=topic) == []
+    for topic in ("SCHEDULE_TOPIC_XXXX_", "SCHEDULE", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys", "T"):
+        assert _copies("%LMQ%a", "1", topic=topic) == [QueueCopy("%LMQ%a", 0, 1)], topic
+    # the units it names, whatever its topic (a 4.9 broker writes them)
+    named = {"INNER_MULTI_DISPATCH": "%LMQ%a,Q", "INNER_MULTI_QUEUE_OFFSET": "1,2"}
+    assert named_copies("SCHEDULE_TOPIC_XXXX", 3, named) == [
+        QueueCopy("%LMQ%a", 0, 1),
+        QueueCopy("Q", 3, 2),
+    ]
     assert _copies("%LMQ%a,%LMQ%b", "1") == []  # unpaired: the broker writes none
     assert _copies("%LMQ%a,%LMQ%b", "1,x") == []  # Long.parseLong fails: none
     assert _copies("%LMQ%a", " 1") == [] and _copies("%LMQ%a", "-1") == []
@@ -135,8 +149,13 @@ _D, _O = b"INNER_MULTI_DISPATCH\x01", b"INNER_MULTI_QUEUE_OFFSET\x01"
     ],
 )
 def test_the_stored_properties_give_the_copies_a_full_decode_gives(data: bytes) -> None:
-    for topic in ("T", "%RETRY%g"):
+    for topic in _TOPICS:
         assert _stored_copies(topic, 3, data) == queue_copies(topic, 3, decode_properties(data))
+
+
+# topics the kernels compare: those a 5.x broker gives no copies, and names close to them
+_TOPICS = ["T", "%RETRY%g", "%RETRY%", "%RETRY", "SCHEDULE_TOPIC_XXXX", "SCHEDULE_TOPIC_XXX"]
+_TOPICS += ["SCHEDULE_TOPIC_XXXXY", "rmq_sys_wheel_timer", "rmq_sys_", "rmq_sys", "RMQ_SYS_x"]
 
 
 def _stored_copies(topic: str, queue_id: int, data: bytes) -> list:
@@ -158,8 +177,9 @@ def test_random_stored_properties_give_the_copies_a_full_decode_gives() -> None:
     chooser = random.Random(20261127)
     for _ in range(20000):
         data = b"".join(chooser.choices(pieces, k=chooser.randrange(0, 12)))
-        expected = queue_copies("T", 1, decode_properties(data))
-        assert _stored_copies("T", 1, data) == expected, data
+        topic = chooser.choice(_TOPICS)
+        expected = queue_copies(topic, 1, decode_properties(data))
+        assert _stored_copies(topic, 1, data) == expected, (topic, data)
 
 
 @pytest.fixture
@@ -338,9 +358,10 @@ def test_append_gives_each_further_queue_its_next_offset_as_the_broker_does(
     [
         {"topic": "%RETRY%group"},  # the broker skips retry topics
         {"properties_extra": {"DELAY": "3"}},  # copies belong to the delivery
+        {"topic": "rmq_sys_wheel_timer"},  # a 5.x timer message waiting: so do they
         {"sys_flag": 0x4},  # a prepared half message is in no queue
     ],
-    ids=["retry", "delay", "prepared"],
+    ids=["retry", "delay", "timer", "prepared"],
 )
 def test_messages_a_broker_gives_no_copies(lmq_store: Path, fields: dict) -> None:
     start = _next_offsets(lmq_store)
@@ -355,6 +376,111 @@ def test_messages_a_broker_gives_no_copies(lmq_store: Path, fields: dict) -> Non
     assert stored.properties[INNER_MULTI_DISPATCH] == LMQ[0]
     assert run_cli("dispatch", lmq_store).exit_code == 0
     assert _next_offsets(lmq_store) == start
+
+
+def _last_lmq_record(store_dir: Path) -> Message:
+    with Store.open_read(store_dir) as store:
+        records = [store.commitlog.read(offset) for offset, *_ in store.commitlog.scan()]
+    return [m for m in records if INNER_MULTI_QUEUE_OFFSET in m.properties][-1]
+
+
+@pytest.mark.parametrize(
+    ("topic", "delay", "stored_topic"),
+    [
+        ("%RETRY%group", "3", "SCHEDULE_TOPIC_XXXX"),  # a retry waits for its delay level
+        ("%RETRY%group", None, "%RETRY%group"),  # then is delivered
+        ("rmq_sys_wheel_timer", None, "rmq_sys_wheel_timer"),  # a timer message waiting
+    ],
+    ids=["retry-waiting", "retry", "timer"],
+)
+def test_a_resent_lmq_message_keeps_the_originals_offsets_and_gets_no_copies(
+    lmq_store: Path, tmp_path: Path, topic: str, delay: str | None, stored_topic: str
+) -> None:
+    """A 5.x broker resends a message that failed, or waits with it, under another topic with
+    the original's properties: INNER_MULTI_QUEUE_OFFSET names the units the original already
+    has, and the broker writes no copy of the new record. rmqstore dispatched copies of the
+    SCHEDULE_TOPIC_XXXX one: verify called the original's units wrong (cq-unit, exit 1) and
+    named dispatch --rebuild, which kept them and left verify saying the same."""
+    original = _last_lmq_record(lmq_store)
+    properties = {
+        name: original.properties[name] for name in (INNER_MULTI_DISPATCH, INNER_MULTI_QUEUE_OFFSET)
+    }
+    if delay is not None:
+        properties["DELAY"] = delay
+    message = Message(
+        topic=topic, body=original.body, properties=properties | {"RETRY_TOPIC": "MqttTopic"}
+    )
+    with Store.open_write(lmq_store) as store:
+        (result,) = store.appender(multi_dispatch=True).append_many([message])
+    stored = _last_lmq_record(lmq_store)
+    assert (stored.topic, stored.physical_offset) == (stored_topic, result.physical_offset)
+    assert stored.properties[INNER_MULTI_QUEUE_OFFSET] == properties[INNER_MULTI_QUEUE_OFFSET]
+    before = _lmq_files(lmq_store)
+    assert run_cli("dispatch", lmq_store).exit_code == 0
+    assert _lmq_files(lmq_store) == before
+    result = run_cli("verify", lmq_store)
+    assert result.exit_code == 0, result.stdout
+    for jobs in ("1", "2"):
+        copy = tmp_path / f"jobs{jobs}"
+        shutil.copytree(lmq_store, copy)
+        done = run_cli(
+            "dispatch", copy, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "4096"
+        )
+        assert done.exit_code == 0, done.stderr
+        assert _lmq_files(copy) == before, jobs
+    for name in LMQ:
+        read = run_cli("read", lmq_store, "--topic", name, "--queue", "0", "--jsonl")
+        assert read.exit_code == 0 and read.stderr == "", name
+
+
+def test_units_a_49_broker_wrote_for_a_delayed_message_are_its_copies(lmq_store: Path) -> None:
+    """A 4.9 broker gives every topic's records copies: a DELAY message waiting in
+    SCHEDULE_TOPIC_XXXX gets the next offsets of its LMQ queues and units there. rmqstore
+    does not write them (it dispatches as 5.x does), but verify and read take such a unit for
+    the copy its record names, not an orphan."""
+    start = _next_offsets(lmq_store)
+    fresh = f"{start[LMQ[0]]},{start[LMQ[2]]}"
+    properties = {INNER_MULTI_DISPATCH: f"{LMQ[0]},{LMQ[2]}", INNER_MULTI_QUEUE_OFFSET: fresh}
+    message = Message(topic="MqttTopic", body=b"later", properties=properties | {"DELAY": "2"})
+    with Store.open_write(lmq_store) as store:
+        (result,) = store.appender().append_many([message])
+    assert run_cli("dispatch", lmq_store).exit_code == 0
+    assert _next_offsets(lmq_store) == start  # no copy written
+    with Store.open_read(lmq_store) as store:
+        stored = store.commitlog.read(result.physical_offset)
+        tags = store.consume_queue("SCHEDULE_TOPIC_XXXX", 1).read_unit(0).tags_code
+    assert stored.topic == "SCHEDULE_TOPIC_XXXX"
+    for name in (LMQ[0], LMQ[2]):  # the units a 4.9 broker writes
+        _put_unit(
+            lmq_store, name, start[name], UNIT.pack(stored.physical_offset, stored.store_size, tags)
+        )
+    with Store.open_read(lmq_store) as store:
+        report = verify_store(store)
+    assert report.ok, report.counts
+    read = run_cli(
+        "read",
+        lmq_store,
+        "--topic",
+        LMQ[2],
+        "--queue",
+        "0",
+        "--from",
+        str(start[LMQ[2]]),
+        "--jsonl",
+    )
+    assert read.exit_code == 0 and read.stderr == ""
+    assert json.loads(read.stdout)["topic"] == "SCHEDULE_TOPIC_XXXX"
+
+
+def _put_unit(store_dir: Path, name: str, queue_offset: int, unit: bytes) -> None:
+    """Write ``unit`` at ``queue_offset`` of LMQ queue ``name`` (the lmq scenario's 400-byte
+    consume-queue files), as a broker appends it."""
+    position = queue_offset * len(unit)
+    start = position - position % 400
+    path = store_dir / "consumequeue" / name / "0" / f"{start:020d}"
+    data = bytearray(path.read_bytes() if path.exists() else bytes(400))
+    data[position - start : position - start + len(unit)] = unit
+    path.write_bytes(bytes(data))
 
 
 def test_a_rolled_back_append_gives_its_offsets_again(lmq_store: Path) -> None:
