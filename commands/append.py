@@ -228,7 +228,9 @@ def _parse_property(
     "queue 0) gets the next offset of each in "
     "INNER_MULTI_QUEUE_OFFSET, and a dispatch puts its unit in each of them. Not for %RETRY% "
     "and rmq_sys_ topics, DELAY messages (their delivery is the broker's) or prepared and "
-    "rollback records, as a 5.x broker (no dispatch copies a record of those topics either).",
+    "rollback records, as a 5.x broker, whose records append writes (no dispatch copies a "
+    "5.x record of those topics either; a 4.9 broker's, whose properties end without 0x02, it "
+    "does).",
 )
 @store_config_options
 @json_option

@@ -787,7 +787,9 @@ class CommitLogAppender:
     on, as the broker's ``MultiDispatch`` does (spec §6.8); not for the topics a 5.x broker
     gives no copies (:func:`rmqstore.multidispatch.gets_no_copies`: ``%RETRY%`` and
     ``rmq_sys_`` topics; a DELAY message waiting in SCHEDULE_TOPIC_XXXX, whose copies
-    belong to its delivery).
+    belong to its delivery), but for them too without ``trailing_separator`` (nor the CRC
+    property), which writes records as a 4.9 broker does, and a 4.9 broker gives every topic
+    copies (:func:`rmqstore.multidispatch.written_by_49`).
     """
 
     def __init__(
@@ -1005,9 +1007,10 @@ class CommitLogAppender:
         self._copies_prepared = None
         queues = properties.get(INNER_MULTI_DISPATCH)
         topic = message.topic
+        as_49 = not (self.trailing_separator or self.append_crc_property)  # its record's end
         if (
             not queues
-            or gets_no_copies(topic)
+            or (gets_no_copies(topic) and not as_49)
             or message.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS
         ):
             return properties

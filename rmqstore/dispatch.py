@@ -841,7 +841,8 @@ class _BatchWalk:
         # a row flagged by the kernel, or one the index may hold some keys of already
         properties_at = rows[at + kernel_layout.PROPERTIES_AT]
         properties_end = properties_at + rows[at + kernel_layout.PROPERTIES_LENGTH]
-        properties = decode_properties(bytes(window[properties_at:properties_end]))
+        stored = bytes(window[properties_at:properties_end])
+        properties = decode_properties(stored)
         try:
             code = unit_tags_code(topic, properties, store_timestamp, dispatcher.delay_levels)
         except RecordError as exc:  # the broker treats it as an invalid record
@@ -850,7 +851,7 @@ class _BatchWalk:
         if dispatcher.build_queues and transaction in QUEUED_TRANSACTIONS:
             queue_id = rows[at + kernel_layout.QUEUE_ID]
             queue_offset = rows[at + kernel_layout.QUEUE_OFFSET]
-            units = record_units(topic, queue_id, queue_offset, properties)  # LMQ too (6.8)
+            units = record_units(topic, queue_id, queue_offset, properties, stored)  # LMQ (6.8)
             for unit_topic, unit_queue_id, queue_offset in units:
                 if (dispatcher.topics is None or unit_topic in dispatcher.topics) and self._put(
                     unit_topic, unit_queue_id, queue_offset, physical_offset, size, code

@@ -10,13 +10,15 @@ queue offset.
 The broker adds ``INNER_MULTI_QUEUE_OFFSET`` only when it dispatches the copies, so a record
 carrying both properties, with as many offsets as queues, is one whose copies a broker wrote:
 rmqstore writes and checks them from the record alone, whatever the broker's settings. But
-not for a record of a topic a 5.x broker gives no copies (:func:`gets_no_copies`: ``%RETRY%``
-and ``rmq_sys_`` topics, ``SCHEDULE_TOPIC_XXXX``): a retried or delayed message keeps the
-properties of the message it was made from, offsets in the LMQ queues that message already
-holds. A unit such a record names is still its own where a queue holds it (a 4.9 broker
-writes them: :func:`named_copies`).
-``append --multi-dispatch`` gives offsets as such a broker does (:func:`copy_queues` names
-the queues it takes them in)."""
+a 5.x broker gives no copies to the records of some topics (:func:`gets_no_copies`:
+``%RETRY%`` and ``rmq_sys_`` topics, ``SCHEDULE_TOPIC_XXXX``): a message resent for a retry,
+or waiting for its delay or timer, keeps the properties of the message it was made from,
+offsets in the LMQ queues that message already holds. A 4.9 broker leaves out no topic, and
+its records say so: it writes properties without the ``0x02`` a 5.x broker puts after the
+last pair (spec 3.1; :func:`written_by_49`): rmqstore dispatches, checks and reads each
+record's copies as the broker that wrote it did.
+``append --multi-dispatch`` gives offsets as a broker does (:func:`copy_queues` names the
+queues it takes them in), leaving out the topics as the broker its records look written by."""
 
 from __future__ import annotations
 
@@ -68,15 +70,27 @@ def gets_no_copies(topic: str) -> bool:
     ``SCHEDULE_TOPIC_XXXX``. Such a record is a message resent for a retry, or waiting for
     its delay or timer, with the properties of the message it was made from: its
     ``INNER_MULTI_QUEUE_OFFSET`` names the units that message has (the delivery gets its
-    own). A 4.9 broker leaves out no topic."""
+    own). A 4.9 broker leaves out no topic (:func:`written_by_49`)."""
     return topic.startswith((RETRY_PREFIX, SYSTEM_TOPIC_PREFIX)) or topic == SCHEDULE_TOPIC
 
 
-def queue_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:
+def written_by_49(stored: bytes | memoryview) -> bool:
+    """Whether a record's stored properties are as a 4.9 broker writes them: not empty, and
+    without the ``0x02`` after the last pair that a 5.x (and 4.3) broker writes (spec 3.1;
+    a 5.x record's CRC property ends with one too). A 4.9 broker gives every topic's records
+    their copies; rmqstore's ``append`` writes as a 5.x broker does."""
+    return len(stored) > 0 and stored[-1] != 0x02
+
+
+def queue_copies(
+    topic: str, queue_id: int, properties: dict[str, str], stored: bytes | memoryview = b""
+) -> list[QueueCopy]:
     """The further queues a record of ``topic``/``queue_id`` with ``properties`` has a unit
-    in: :func:`named_copies`, but none for a topic :func:`gets_no_copies` (the broker skips
-    them). (:func:`rows_copies` reads them from kernel rows.)"""
-    if gets_no_copies(topic):
+    in, as the broker that wrote it dispatched them: :func:`named_copies`, but none for a
+    topic :func:`gets_no_copies` unless the record's stored properties (``stored``; none:
+    as a 5.x broker writes them) are a 4.9 broker's. (:func:`rows_copies` reads them from
+    kernel rows.)"""
+    if gets_no_copies(topic) and not written_by_49(stored):
         return []
     return named_copies(topic, queue_id, properties)
 
@@ -86,9 +100,7 @@ def named_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[
     the two properties do not pair up, each split by :func:`split_queues`: the broker logs an
     error and writes no copy). A queue whose name is no safe folder name (``..``, a slash) is
     kept: the writers and ``verify`` name it as they name such a topic of a record's own, and
-    write no unit for it. A unit a queue holds that its record names is that record's copy,
-    where a broker of any version put it (:func:`queue_copies` are those a dispatch
-    writes)."""
+    write no unit for it. (:func:`queue_copies` are those its broker wrote.)"""
     queues = properties.get(INNER_MULTI_DISPATCH)
     offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
     if not queues or not offsets:
@@ -298,11 +310,16 @@ def split_rows(flags: Any, first: int, special: set[int]) -> tuple[set[int], lis
 
 
 def record_units(
-    topic: str, queue_id: int, queue_offset: int, properties: dict[str, str]
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    properties: dict[str, str],
+    stored: bytes | memoryview = b"",
 ) -> list[QueueCopy]:
     """Every unit a queued record has: in its own queue, then in the further queues it
-    names (:func:`queue_copies`)."""
-    return [QueueCopy(topic, queue_id, queue_offset), *queue_copies(topic, queue_id, properties)]
+    names (:func:`queue_copies`; ``stored``: its stored properties)."""
+    copies = queue_copies(topic, queue_id, properties, stored)
+    return [QueueCopy(topic, queue_id, queue_offset), *copies]
 
 
 def copy_queues(topic: str, queue_id: int, queues: str) -> list[tuple[str, int]]:

@@ -34,7 +34,7 @@ from rmqstore.kernel.layout import (
     zeroed,
 )
 from rmqstore.msgid import HEX_DIGITS, decode_offset_msg_id
-from rmqstore.multidispatch import named_copies
+from rmqstore.multidispatch import queue_copies
 from rmqstore.properties import TAGS, decode_properties, split_keys
 from rmqstore.record import (
     BodyMode,
@@ -1035,8 +1035,9 @@ def selected(
 
 def _copy_of(message: Message, topic: str, queue_id: int, unit: Unit) -> bool:
     """Whether ``unit`` of ``topic``/``queue_id`` is ``message``'s unit in a further (LMQ)
-    queue (spec 6.8): the record lists that queue at that queue offset (whatever its topic:
-    a 4.9 broker writes copies of retried and delayed messages too)."""
+    queue (spec 6.8): the record lists that queue at that queue offset (and its broker gave
+    it copies: :func:`rmqstore.multidispatch.queue_copies`)."""
+    stored = message.properties_bytes
     return message.store_size == unit.size and (topic, queue_id, unit.queue_offset) in (
-        named_copies(message.topic, message.queue_id, message.properties)
+        queue_copies(message.topic, message.queue_id, message.properties, stored)
     )

@@ -1303,11 +1303,10 @@ def _put_copies(
     queues' rules."""
     at = row * ROW_WIDTH
     properties_at = rows[at + PROPERTIES_AT]
-    properties = decode_properties(
-        bytes(window[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
-    )
+    stored = bytes(window[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
+    properties = decode_properties(stored)
     physical_offset, size = rows[at + PHYSICAL_OFFSET], rows[at + TOTAL_SIZE]
-    for topic, queue_id, queue_offset in queue_copies(key[0], key[1], properties):
+    for topic, queue_id, queue_offset in queue_copies(key[0], key[1], properties, stored):
         copy_key = (topic, queue_id)
         tips[copy_key] = QueueTip.after_put(tips.get(copy_key), queue_offset, physical_offset, size)
 

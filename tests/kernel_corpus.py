@@ -1000,7 +1000,7 @@ def row_copies_both(
         props = bytes(buf[row[PROPERTIES_AT] : row[PROPERTIES_AT] + row[PROPERTIES_LENGTH]])
         queued = row[SYS_FLAG] & 0xC in (0, 0x8)
         expected.append(
-            queue_copies(topic, row[QUEUE_ID], decode_properties(props)) if queued else []
+            queue_copies(topic, row[QUEUE_ID], decode_properties(props), props) if queued else []
         )
     outcomes = []
     for kernel in (reference, native):

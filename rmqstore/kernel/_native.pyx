@@ -2775,13 +2775,16 @@ cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names
     names_at[0] = names_end[0] = offsets_at[0] = offsets_end[0] = 0
     if sys_type == 0x4 or sys_type == 0xC:
         return 0  # PREPARED, ROLLBACK: in no queue
-    # topics a 5.x broker gives no copies (rmqstore.multidispatch.gets_no_copies)
-    if topic_length >= 7 and memcmp(data + topic_at, b"%RETRY%", 7) == 0:
-        return 0
-    if topic_length >= 8 and memcmp(data + topic_at, b"rmq_sys_", 8) == 0:
-        return 0
-    if topic_length == 19 and memcmp(data + topic_at, b"SCHEDULE_TOPIC_XXXX", 19) == 0:
-        return 0
+    # topics a 5.x broker gives no copies (rmqstore.multidispatch.gets_no_copies), of a
+    # record whose properties end as a 5.x broker writes them (a 4.9 broker's do not end
+    # with 0x02, and it gives every topic copies: multidispatch.written_by_49)
+    if props_length == 0 or data[props_at + props_length - 1] == 2:
+        if topic_length >= 7 and memcmp(data + topic_at, b"%RETRY%", 7) == 0:
+            return 0
+        if topic_length >= 8 and memcmp(data + topic_at, b"rmq_sys_", 8) == 0:
+            return 0
+        if topic_length == 19 and memcmp(data + topic_at, b"SCHEDULE_TOPIC_XXXX", 19) == 0:
+            return 0
     _find_value(data, props_at, props_length, b"INNER_MULTI_DISPATCH", 20, names_at,
                 &names_length)
     _find_value(data, props_at, props_length, b"INNER_MULTI_QUEUE_OFFSET", 24, offsets_at,

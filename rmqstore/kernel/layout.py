@@ -424,17 +424,18 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # queues (spec 6.8) as rmqstore.multidispatch.queue_copies gives them from the row's properties
 # decoded: none for a record no queue takes (SYS_FLAG's transaction type PREPARED or ROLLBACK),
 # for a topic starting with ``%RETRY%`` or ``rmq_sys_``, or SCHEDULE_TOPIC_XXXX (topics a 5.x
-# broker gives no copies: rmqstore.multidispatch.gets_no_copies), without INNER_MULTI_DISPATCH or
-# INNER_MULTI_QUEUE_OFFSET (the last pair of each with a non-empty name and value, as
-# ``string2messageProperties`` keeps them), when the two do not hold as many comma-separated
-# pieces (split as Java's ``String.split(",")`` splits: empty pieces at the end dropped), or
-# when a piece of the offsets is not 1 to 19 ASCII digits; else a ``copy_type`` (a
-# tuple subclass: rmqstore.multidispatch.QueueCopy) per piece, in order: (the name decoded as
-# UTF-8 with replacement characters, through ``names``, a dict of name bytes to text filled as
-# names are first met; 0 for a name starting with ``%LMQ%``, else the row's QUEUE_ID; the
-# offset), leaving out an offset above 2^63 - 1. A row number outside ``rows``, or a row whose
-# topic or properties lie outside ``buf``, is a ValueError (rows before it are appended). It
-# returns ``len(numbers)``.
+# broker gives no copies: rmqstore.multidispatch.gets_no_copies) when the row's properties are
+# empty or end with 0x02 (not a 4.9 broker's: multidispatch.written_by_49), without
+# INNER_MULTI_DISPATCH or INNER_MULTI_QUEUE_OFFSET (the last pair of each with a non-empty
+# name and value, as ``string2messageProperties`` keeps them), when the two do not hold as
+# many comma-separated pieces (split as Java's ``String.split(",")`` splits: empty pieces at
+# the end dropped), or when a piece of the offsets is not 1 to 19 ASCII digits; else a
+# ``copy_type`` (a tuple subclass: rmqstore.multidispatch.QueueCopy) per piece, in order: (the
+# name decoded as UTF-8 with replacement characters, through ``names``, a dict of name bytes
+# to text filled as names are first met; 0 for a name starting with ``%LMQ%``, else the row's
+# QUEUE_ID; the offset), leaving out an offset above 2^63 - 1. A row number outside ``rows``,
+# or a row whose topic or properties lie outside ``buf``, is a ValueError (rows before it are
+# appended). It returns ``len(numbers)``.
 
 #
 # ``copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch)`` gathers the units in

@@ -1421,9 +1421,11 @@ def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, in
     if rows[at + SYS_FLAG] & 0xC in (0x4, 0xC):
         return 0, []  # PREPARED, ROLLBACK: in no queue
     topic = bytes(buf[topic_at : topic_at + topic_length])
-    if topic.startswith((b"%RETRY%", b"rmq_sys_")) or topic == b"SCHEDULE_TOPIC_XXXX":
-        return 0, []  # topics a 5.x broker gives no copies
     props = bytes(buf[props_at : props_at + props_length])
+    if (topic.startswith((b"%RETRY%", b"rmq_sys_")) or topic == b"SCHEDULE_TOPIC_XXXX") and (
+        not props or props[-1] == 0x02
+    ):
+        return 0, []  # topics a 5.x broker gives no copies (a 4.9 one's records end otherwise)
     names_at, names_length = _property_value(props, b"INNER_MULTI_DISPATCH")
     offsets_at, offsets_length = _property_value(props, b"INNER_MULTI_QUEUE_OFFSET")
     if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:

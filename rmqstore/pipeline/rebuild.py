@@ -312,7 +312,7 @@ class _RangePreparer:
         transaction = header.sys_flag & TRANSACTION_MASK
         size = header.total_size
         if transaction in QUEUED_TRANSACTIONS:
-            units = record_units(topic, header.queue_id, header.queue_offset, properties)
+            units = record_units(topic, header.queue_id, header.queue_offset, properties, props)
             unit = UNIT.pack(offset, size, code)
             for unit_topic, queue_id, queue_offset in units:  # LMQ queues too (spec 6.8)
                 self._add_unit(unit_topic, queue_id, queue_offset, offset, unit, store_timestamp)

@@ -25,6 +25,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -318,8 +319,8 @@ class SparkPipeline(Pipeline):
                 .load(self.location.uri)
                 .where(F.col("commitLogOffset") < F.lit(cut))
                 .where(F.col("properties").getItem(INNER_MULTI_QUEUE_OFFSET).isNotNull())
-                .select(*_UNIT_COLUMNS, "properties")
-                .mapInArrow(_copy_rows, _UNIT_SCHEMA)
+                .select(*_UNIT_COLUMNS, "properties", "file")
+                .mapInArrow(partial(_copy_rows, self.location.uri), _UNIT_SCHEMA)
             )
             rows = rows.unionByName(copies)
         partitions = max(1, self.spark.sparkContext.defaultParallelism)
@@ -347,23 +348,33 @@ _UNIT_SCHEMA = (
 )
 
 
-def _copy_rows(frames: Any) -> Any:
-    """A unit row for each of the further queues each record names (runs on executors)."""
+def _copy_rows(uri: str, frames: Any) -> Any:
+    """A unit row for each of the further queues each record names (runs on executors), as
+    the broker that wrote the record dispatched them: for a topic a 5.x broker gives none,
+    the record's last byte (the end of its properties) tells a 4.9 broker's record, which
+    has them."""
     import pyarrow as pa
 
-    from rmqstore.multidispatch import queue_copies
+    from rmqstore.multidispatch import gets_no_copies, queue_copies
+    from rmqstore.pipeline.location import StoreLocation
 
+    location = StoreLocation(uri)
     schema = None
     for batch in frames:
         if schema is None:
-            schema = batch.schema.remove(batch.schema.get_field_index("properties")).append(
-                pa.field("copy", pa.bool_())
-            )
+            schema = batch.schema
+            for name in ("properties", "file"):
+                schema = schema.remove(schema.get_field_index(name))
+            schema = schema.append(pa.field("copy", pa.bool_()))
         found = []
         for row in batch.to_pylist():
             properties = dict(row.pop("properties"))
+            file = row.pop("file")
+            stored = b""
+            if gets_no_copies(row["topic"]):
+                stored = _record_end(location, file, row["commitLogOffset"] + row["msgSize"])
             for topic, queue_id, queue_offset in queue_copies(
-                row["topic"], row["queueId"], properties
+                row["topic"], row["queueId"], properties, stored
             ):
                 found.append(
                     row
@@ -372,6 +383,14 @@ def _copy_rows(frames: Any) -> Any:
                 )
         if found:
             yield pa.RecordBatch.from_pylist(found, schema=schema)
+
+
+def _record_end(location: Any, file: str, end: int) -> bytes:
+    """The last byte of the record ending at log offset ``end`` in ``file`` (the source's
+    ``commitlog/<name>``): the last of its properties, which it has when it names copies."""
+    start = int(file.rsplit("/", 1)[-1])
+    with location.open_range(file, end - 1 - start, 1) as (buf, _start):
+        return bytes(buf)
 
 
 def task_count(jobs: int, split: int, cores: int) -> int:

@@ -536,7 +536,12 @@ class IndexChecks:
         return matched, None
 
     def on_record(
-        self, offset: int, header: RecordHeader, topic: str, properties: dict[str, str]
+        self,
+        offset: int,
+        header: RecordHeader,
+        topic: str,
+        properties: dict[str, str],
+        stored: bytes,
     ) -> None:
         if self.service is None or header.sys_flag & TRANSACTION_MASK == TRANSACTION_ROLLBACK:
             return

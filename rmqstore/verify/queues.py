@@ -32,7 +32,7 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, RmqStoreError, StoreFormatError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
-from rmqstore.multidispatch import named_copies, record_units
+from rmqstore.multidispatch import queue_copies, record_units
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -618,12 +618,17 @@ class QueueChecks:
         return b"".join(chunks)
 
     def on_record(
-        self, offset: int, header: RecordHeader, topic: str, properties: dict[str, str]
+        self,
+        offset: int,
+        header: RecordHeader,
+        topic: str,
+        properties: dict[str, str],
+        stored: bytes,
     ) -> None:
         if header.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
             return
         # its units in LMQ queues too (spec 6.8)
-        units = record_units(topic, header.queue_id, header.queue_offset, properties)
+        units = record_units(topic, header.queue_id, header.queue_offset, properties, stored)
         expected_tags: int | None = None
         tags_known = False
         for unit_topic, queue_id, queue_offset in units:
@@ -995,10 +1000,11 @@ class QueueChecks:
                 damaged = isinstance(exc, RecordError)
             else:
                 place = (topic, queue_id, unit.queue_offset)
-                if holder[:3] == place or place in named_copies(
-                    holder.topic, holder.queue_id, decode_properties(holder.properties_bytes)
+                stored = holder.properties_bytes
+                if holder[:3] == place or place in queue_copies(
+                    holder.topic, holder.queue_id, decode_properties(stored), stored
                 ):
-                    continue  # its record's, or a copy the record names (by any broker)
+                    continue  # its record's, or the record's copy in an LMQ queue
                 reason = (
                     f"the record there belongs to {holder.topic}:{holder.queue_id} at queue "
                     f"offset {holder.queue_offset}"

@@ -170,8 +170,15 @@ class RecordBatch:
 
 class RecordListener(Protocol):
     def on_record(
-        self, offset: int, header: RecordHeader, topic: str, properties: dict[str, str]
-    ) -> None: ...
+        self,
+        offset: int,
+        header: RecordHeader,
+        topic: str,
+        properties: dict[str, str],
+        stored: bytes,
+    ) -> None:
+        """A record taken on its own: ``properties`` decoded from ``stored``, its stored
+        properties."""
 
     def batch_check(self, batch: RecordBatch) -> Any:
         """What taking the clean ``batch`` as a whole would do (changing nothing), or None
@@ -752,7 +759,7 @@ class RecordPass:
                     )
                 queue_next[key] = queue_offset + 1
             for listener in listeners:
-                listener.on_record(offset, header, topic, properties)
+                listener.on_record(offset, header, topic, properties, props)
             records += 1
             record_bytes += header.total_size
             if progress is not None and not records & 0x3FFF:

@@ -27,6 +27,7 @@ from rmqstore.multidispatch import (
     queue_copies,
     rows_copies,
     split_queues,
+    written_by_49,
 )
 from rmqstore.properties import decode_properties
 from rmqstore.record import Message
@@ -56,12 +57,17 @@ def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> Non
         assert gets_no_copies(topic) and _copies("%LMQ%a", "1", topic=topic) == []
     for topic in ("SCHEDULE_TOPIC_XXXX_", "SCHEDULE", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys", "T"):
         assert _copies("%LMQ%a", "1", topic=topic) == [QueueCopy("%LMQ%a", 0, 1)], topic
-    # the units it names, whatever its topic (a 4.9 broker writes them)
+    # a 4.9 broker gives every topic copies: its records' properties end without 0x02
     named = {"INNER_MULTI_DISPATCH": "%LMQ%a,Q", "INNER_MULTI_QUEUE_OFFSET": "1,2"}
-    assert named_copies("SCHEDULE_TOPIC_XXXX", 3, named) == [
-        QueueCopy("%LMQ%a", 0, 1),
-        QueueCopy("Q", 3, 2),
-    ]
+    copies = [QueueCopy("%LMQ%a", 0, 1), QueueCopy("Q", 3, 2)]
+    for topic in ("SCHEDULE_TOPIC_XXXX", "%RETRY%g", "rmq_sys_wheel_timer", "T"):
+        assert queue_copies(topic, 3, named, b"...TAGS\x01x") == copies
+        assert named_copies(topic, 3, named) == copies
+        assert queue_copies(topic, 3, named, b"...TAGS\x01x\x02") == (
+            [] if topic != "T" else copies
+        )
+    assert written_by_49(b"A\x01b") and written_by_49(memoryview(b"\x00"))
+    assert not written_by_49(b"") and not written_by_49(b"A\x01b\x02")
     assert _copies("%LMQ%a,%LMQ%b", "1") == []  # unpaired: the broker writes none
     assert _copies("%LMQ%a,%LMQ%b", "1,x") == []  # Long.parseLong fails: none
     assert _copies("%LMQ%a", " 1") == [] and _copies("%LMQ%a", "-1") == []
@@ -150,7 +156,8 @@ _D, _O = b"INNER_MULTI_DISPATCH\x01", b"INNER_MULTI_QUEUE_OFFSET\x01"
 )
 def test_the_stored_properties_give_the_copies_a_full_decode_gives(data: bytes) -> None:
     for topic in _TOPICS:
-        assert _stored_copies(topic, 3, data) == queue_copies(topic, 3, decode_properties(data))
+        expected = queue_copies(topic, 3, decode_properties(data), data)
+        assert _stored_copies(topic, 3, data) == expected
 
 
 # topics the kernels compare: those a 5.x broker gives no copies, and names close to them
@@ -178,7 +185,7 @@ def test_random_stored_properties_give_the_copies_a_full_decode_gives() -> None:
     for _ in range(20000):
         data = b"".join(chooser.choices(pieces, k=chooser.randrange(0, 12)))
         topic = chooser.choice(_TOPICS)
-        expected = queue_copies(topic, 1, decode_properties(data))
+        expected = queue_copies(topic, 1, decode_properties(data), data)
         assert _stored_copies(topic, 1, data) == expected, (topic, data)
 
 
@@ -205,7 +212,8 @@ def test_every_dispatch_writes_the_lmq_units_the_broker_would(lmq_store: Path, t
         records = [store.commitlog.read(offset) for offset, *_ in store.commitlog.scan()]
         expected: dict[str, list[tuple[int, int, int]]] = {name: [] for name in LMQ}
         for message in records:
-            for copy in queue_copies(message.topic, message.queue_id, message.properties):
+            stored = message.properties_bytes
+            for copy in queue_copies(message.topic, message.queue_id, message.properties, stored):
                 assert copy.queue_id == 0 and copy.queue_offset == len(expected[copy.topic])
                 expected[copy.topic].append((message.physical_offset, message.store_size))
         for name in LMQ:
@@ -433,30 +441,54 @@ def test_a_resent_lmq_message_keeps_the_originals_offsets_and_gets_no_copies(
         assert read.exit_code == 0 and read.stderr == "", name
 
 
-def test_units_a_49_broker_wrote_for_a_delayed_message_are_its_copies(lmq_store: Path) -> None:
-    """A 4.9 broker gives every topic's records copies: a DELAY message waiting in
-    SCHEDULE_TOPIC_XXXX gets the next offsets of its LMQ queues and units there. rmqstore
-    does not write them (it dispatches as 5.x does), but verify and read take such a unit for
-    the copy its record names, not an orphan."""
+def test_a_49_broker_gives_retried_and_delayed_messages_copies(
+    lmq_store: Path, tmp_path: Path
+) -> None:
+    """A 4.9 broker leaves out no topic: a DELAY message waiting in SCHEDULE_TOPIC_XXXX and a
+    message resent to a %RETRY% topic get the next offsets of their LMQ queues (replacing
+    those a resent message carries) and their units there, and its records' properties end
+    without 0x02 (the lmq scenario is such a store). rmqstore, leaving those topics out for
+    every record, wrote the next LMQ message's unit a place too early after a crash: verify
+    then found an orphan and a hole."""
     start = _next_offsets(lmq_store)
-    fresh = f"{start[LMQ[0]]},{start[LMQ[2]]}"
-    properties = {INNER_MULTI_DISPATCH: f"{LMQ[0]},{LMQ[2]}", INNER_MULTI_QUEUE_OFFSET: fresh}
-    message = Message(topic="MqttTopic", body=b"later", properties=properties | {"DELAY": "2"})
+    original = _last_lmq_record(lmq_store)
+    queues = f"{LMQ[0]},{LMQ[2]}"
+    retried = {INNER_MULTI_DISPATCH: queues, INNER_MULTI_QUEUE_OFFSET: "0,0", "RETRY_TOPIC": "T"}
+    messages = [
+        Message(
+            topic="MqttTopic",
+            body=b"later",
+            properties={INNER_MULTI_DISPATCH: queues, "DELAY": "2"},
+        ),
+        Message(topic="%RETRY%group", body=original.body, properties=retried),
+        _lmq_message("next", queues),
+    ]
     with Store.open_write(lmq_store) as store:
-        (result,) = store.appender().append_many([message])
+        appender = store.appender(multi_dispatch=True, trailing_separator=False)
+        results = appender.append_many(messages)
+    with Store.open_read(lmq_store) as store:
+        stored = [store.commitlog.read(result.physical_offset) for result in results]
+    assert [m.topic for m in stored] == ["SCHEDULE_TOPIC_XXXX", "%RETRY%group", "MqttTopic"]
+    assert [m.properties[INNER_MULTI_QUEUE_OFFSET] for m in stored] == [
+        f"{start[LMQ[0]] + number},{start[LMQ[2]] + number}" for number in range(3)
+    ]
+    assert all(not m.properties_bytes.endswith(b"\x02") for m in stored)
     assert run_cli("dispatch", lmq_store).exit_code == 0
-    assert _next_offsets(lmq_store) == start  # no copy written
-    with Store.open_read(lmq_store) as store:
-        stored = store.commitlog.read(result.physical_offset)
-        tags = store.consume_queue("SCHEDULE_TOPIC_XXXX", 1).read_unit(0).tags_code
-    assert stored.topic == "SCHEDULE_TOPIC_XXXX"
-    for name in (LMQ[0], LMQ[2]):  # the units a 4.9 broker writes
-        _put_unit(
-            lmq_store, name, start[name], UNIT.pack(stored.physical_offset, stored.store_size, tags)
+    assert _next_offsets(lmq_store) == start | {
+        LMQ[0]: start[LMQ[0]] + 3,
+        LMQ[2]: start[LMQ[2]] + 3,
+    }
+    result = run_cli("verify", lmq_store)
+    assert result.exit_code == 0, result.stdout
+    before = _lmq_files(lmq_store)
+    for jobs in ("1", "2"):
+        copy = tmp_path / f"jobs{jobs}"
+        shutil.copytree(lmq_store, copy)
+        done = run_cli(
+            "dispatch", copy, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "4096"
         )
-    with Store.open_read(lmq_store) as store:
-        report = verify_store(store)
-    assert report.ok, report.counts
+        assert done.exit_code == 0, done.stderr
+        assert _lmq_files(copy) == before, jobs
     read = run_cli(
         "read",
         lmq_store,
@@ -469,18 +501,9 @@ def test_units_a_49_broker_wrote_for_a_delayed_message_are_its_copies(lmq_store:
         "--jsonl",
     )
     assert read.exit_code == 0 and read.stderr == ""
-    assert json.loads(read.stdout)["topic"] == "SCHEDULE_TOPIC_XXXX"
-
-
-def _put_unit(store_dir: Path, name: str, queue_offset: int, unit: bytes) -> None:
-    """Write ``unit`` at ``queue_offset`` of LMQ queue ``name`` (the lmq scenario's 400-byte
-    consume-queue files), as a broker appends it."""
-    position = queue_offset * len(unit)
-    start = position - position % 400
-    path = store_dir / "consumequeue" / name / "0" / f"{start:020d}"
-    data = bytearray(path.read_bytes() if path.exists() else bytes(400))
-    data[position - start : position - start + len(unit)] = unit
-    path.write_bytes(bytes(data))
+    assert [json.loads(line)["topic"] for line in read.stdout.splitlines()] == [
+        m.topic for m in stored
+    ]
 
 
 def test_a_rolled_back_append_gives_its_offsets_again(lmq_store: Path) -> None:

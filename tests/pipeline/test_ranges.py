@@ -349,7 +349,7 @@ def test_the_summaries_count_the_records_with_lmq_units(tmp_path: Path, split: i
         ]
         with Store.open_read(tmp_path / name) as store:
             copies = sum(
-                bool(queue_copies(m.topic, m.queue_id, m.properties))
+                bool(queue_copies(m.topic, m.queue_id, m.properties, m.properties_bytes))
                 for m in (store.commitlog.read(offset) for offset, *_ in store.commitlog.scan())
             )
         assert sum(summary.queue_copies for summary in summaries) == copies

@@ -24,6 +24,7 @@ from rmqstore.consumequeue import list_queues
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_rebuild
 from rmqstore.fixtures import FixtureOptions, generate
 from rmqstore.pipeline.local import LocalPipeline, PipelineOptions
+from rmqstore.record import Message
 from rmqstore.spark import SparkUnavailable
 from rmqstore.spark.jobs import SparkPipeline
 from rmqstore.store import Store
@@ -254,6 +255,50 @@ def test_rebuild_on_spark_writes_the_same_bytes(
     remote = _rebuild(tmp_path / "spark", None, spark)
     assert remote == local
     assert tree_digest(tmp_path / "spark") == tree_digest(tmp_path / "local")
+
+
+def _lmq_files(store_dir: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(store_dir)): path.read_bytes()
+        for path in sorted((store_dir / "consumequeue").glob("%LMQ%*/0/*"))
+    }
+
+
+def test_rebuild_on_spark_gives_copies_as_each_records_broker_did(
+    spark: Any, stores: Path, tmp_path: Path
+) -> None:
+    """A 5.x broker's retried LMQ message waiting in SCHEDULE_TOPIC_XXXX (properties ending
+    with 0x02, the original's offsets) gets no copy; a 4.9 broker's delayed one (properties
+    ending without) gets units of its own. The Spark rebuild reads the last byte of such
+    records to tell them apart, and writes what the local engine and a dispatch write."""
+    base = tmp_path / "base"
+    shutil.copytree(stores / "lmq", base)
+    with Store.open_read(base) as store:
+        records = [store.commitlog.read(offset) for offset, *_ in store.commitlog.scan()]
+    original = [m for m in records if "INNER_MULTI_QUEUE_OFFSET" in m.properties][-1]
+    names = ("INNER_MULTI_DISPATCH", "INNER_MULTI_QUEUE_OFFSET")
+    retried = {name: original.properties[name] for name in names} | {"DELAY": "3"}
+    delayed = {"INNER_MULTI_DISPATCH": original.properties["INNER_MULTI_DISPATCH"], "DELAY": "2"}
+    for topic, properties, as_5x in (("%RETRY%g", retried, True), ("MqttTopic", delayed, False)):
+        with Store.open_write(base) as store:
+            appender = store.appender(multi_dispatch=True, trailing_separator=as_5x)
+            appender.append_many([Message(topic=topic, body=b"x", properties=properties)])
+    with Store.open_write(base) as store:
+        dispatcher = Dispatcher(store, clock=clock)
+        try:
+            dispatcher.run(0)
+        finally:
+            dispatcher.close()
+    dispatched = _lmq_files(base)
+    shutil.copytree(base, tmp_path / "local")
+    shutil.copytree(base, tmp_path / "spark")
+    local = _rebuild(tmp_path / "local", None, None)
+    remote = _rebuild(tmp_path / "spark", None, spark)
+    assert remote == local
+    assert tree_digest(tmp_path / "spark") == tree_digest(tmp_path / "local")
+    assert _lmq_files(tmp_path / "spark") == dispatched
+    with Store.open_read(tmp_path / "spark") as store:
+        assert verify_store(store).ok
 
 
 @pytest.mark.parametrize("copy", ["store", "store_torn_half_record"])
