@@ -83,7 +83,9 @@ class _Truncator:
         self.path = path
         self.done = False
 
-    def on_record(self, offset: int, header: tuple, topic: str, properties: object) -> None:
+    def on_record(
+        self, offset: int, header: tuple, topic: str, properties: object, stored: bytes
+    ) -> None:
         if not self.done:
             os.truncate(self.path, 4096)
             self.done = True
