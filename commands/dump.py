@@ -76,7 +76,8 @@ def command(
     closes the file, bytes that are not a record (with where records resume), and where the
     data ends with the count of non-zero bytes after it. A consume-queue file
     (consumequeue/TOPIC/QUEUE/NAME): each unit (queue offset, commit-log offset, size,
-    tagsCode), with its record looked up in the store's commit log: ok, missing or differs
+    tagsCode), with its record looked up in the store's commit log: ok (in an LMQ queue, a
+    record naming the queue in INNER_MULTI_DISPATCH, noted as a copy), missing or differs
     (--no-check skips that). An index file (index/NAME): the header, the non-empty hash
     slots with --slots, and each entry (key hash, its slot, commit-log offset, timeDiff, the
     entry it links to). The index geometry comes from --index-slots/--index-entries (or

@@ -302,19 +302,37 @@ def _unit_record(
     lookup: RecordLookup, offset: int, size: int, wanted: tuple
 ) -> tuple[str, str | None]:
     """Whether the record a unit points at is there and is the unit's (looked up through a
-    window of the log: a damaged queue can have a quarter of a million such units)."""
+    window of the log: a damaged queue can have a quarter of a million such units): its own
+    unit, or its copy in a further (LMQ) queue (spec 6.8), noted as such."""
     try:
         holder = lookup.holder(offset)
     except (RecordError, StoreFormatError, NotFoundError) as exc:
         return "missing", str(exc)
-    if holder[:3] != wanted:
+    copy = holder[:3] != wanted and wanted in _copies_of(holder)
+    if holder[:3] != wanted and not copy:
         return "differs", (
             f"the record there is {holder.topic}:{holder.queue_id} queue offset "
             f"{holder.queue_offset}"
         )
     if holder.store_size != size:
         return "differs", f"the record there is {holder.store_size} bytes"
+    if copy:
+        return "ok", (
+            f"a copy of {holder.topic}:{holder.queue_id} queue offset {holder.queue_offset}, "
+            "named in its INNER_MULTI_DISPATCH"
+        )
     return "ok", None
+
+
+def _copies_of(holder: Any) -> list[tuple[str, int, int]]:
+    """The units in further queues the record ``holder`` has, as its broker wrote them."""
+    from rmqstore.multidispatch import INNER_MULTI_QUEUE_OFFSET, queue_copies
+    from rmqstore.properties import decode_properties
+
+    stored = holder.properties_bytes
+    if INNER_MULTI_QUEUE_OFFSET.encode() not in stored:
+        return []
+    return queue_copies(holder.topic, holder.queue_id, decode_properties(stored), stored)
 
 
 def index_items(

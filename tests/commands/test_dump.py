@@ -90,6 +90,33 @@ def test_a_unit_pointing_at_the_wrong_record_is_named(oracle, tmp_path: Path) ->
     assert code == 0 and {item.get("record") for item in listed} == {"unchecked", None}
 
 
+def test_lmq_units_are_their_records_copies(tmp_path: Path) -> None:
+    """A unit of an LMQ queue points at a record of another topic that names the queue in
+    INNER_MULTI_DISPATCH (spec 6.8): dump called each such unit's record "differs" and the
+    broker's LMQ queue files not sound (exit 1)."""
+    from rmqstore.fixtures import FixtureOptions, generate
+
+    generate("lmq", tmp_path / "lmq", FixtureOptions())
+    folder = tmp_path / "lmq" / "consumequeue" / "%LMQ%room-1" / "0"
+    paths = sorted(folder.iterdir())
+    units = []
+    for path in paths:
+        code, listed = items(path)
+        assert code == 0, listed
+        units += [item for item in listed if item["type"] == "unit"]
+    assert len(units) == 34 and {u["record"] for u in units} == {"ok"}
+    assert all(u["recordNote"].startswith("a copy of MqttTopic:") for u in units)
+    result = run_cli("dump", paths[0])
+    assert result.exit_code == 0 and "record ok (a copy of MqttTopic:" in result.stdout
+    # a unit pointing at a record that names no such copy still differs
+    data = bytearray(paths[0].read_bytes())
+    data[0:8] = struct.pack(">q", units[1]["commitLogOffset"])
+    data[8:12] = struct.pack(">i", units[1]["size"])
+    paths[0].write_bytes(bytes(data))
+    code, listed = items(paths[0])
+    assert code == 1 and listed[0]["record"] == "differs"
+
+
 def test_a_consume_queue_file_of_a_part_unit_is_dumped_to_its_last_whole_unit(
     oracle, tmp_path: Path
 ) -> None:
