@@ -221,15 +221,24 @@ def test_every_dispatch_writes_the_lmq_units_the_broker_would(lmq_store: Path, t
             assert units == expected[name] and units
     before = _lmq_files(lmq_store)
     digest = tree_digest(lmq_store / "consumequeue")
+    for copy in _rebuilt_copies(lmq_store, tmp_path):
+        assert _lmq_files(copy) == before, copy
+        assert tree_digest(copy / "consumequeue") == digest, copy
+
+
+def _rebuilt_copies(store_dir: Path, tmp_path: Path) -> list[Path]:
+    """Copies of ``store_dir`` rebuilt by ``dispatch --rebuild`` in one process and in two
+    worker processes."""
+    copies = []
     for jobs in ("1", "2"):
         copy = tmp_path / f"jobs{jobs}"
-        shutil.copytree(lmq_store, copy)
+        shutil.copytree(store_dir, copy)
         result = run_cli(
             "dispatch", copy, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "4096"
         )
         assert result.exit_code == 0, result.stderr
-        assert _lmq_files(copy) == before, jobs
-        assert tree_digest(copy / "consumequeue") == digest, jobs
+        copies.append(copy)
+    return copies
 
 
 def test_verify_checks_lmq_units_and_a_dispatch_from_an_offset_restores_one(
@@ -428,14 +437,8 @@ def test_a_resent_lmq_message_keeps_the_originals_offsets_and_gets_no_copies(
     assert _lmq_files(lmq_store) == before
     result = run_cli("verify", lmq_store)
     assert result.exit_code == 0, result.stdout
-    for jobs in ("1", "2"):
-        copy = tmp_path / f"jobs{jobs}"
-        shutil.copytree(lmq_store, copy)
-        done = run_cli(
-            "dispatch", copy, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "4096"
-        )
-        assert done.exit_code == 0, done.stderr
-        assert _lmq_files(copy) == before, jobs
+    for copy in _rebuilt_copies(lmq_store, tmp_path):
+        assert _lmq_files(copy) == before, copy
     for name in LMQ:
         read = run_cli("read", lmq_store, "--topic", name, "--queue", "0", "--jsonl")
         assert read.exit_code == 0 and read.stderr == "", name
@@ -481,14 +484,8 @@ def test_a_49_broker_gives_retried_and_delayed_messages_copies(
     result = run_cli("verify", lmq_store)
     assert result.exit_code == 0, result.stdout
     before = _lmq_files(lmq_store)
-    for jobs in ("1", "2"):
-        copy = tmp_path / f"jobs{jobs}"
-        shutil.copytree(lmq_store, copy)
-        done = run_cli(
-            "dispatch", copy, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "4096"
-        )
-        assert done.exit_code == 0, done.stderr
-        assert _lmq_files(copy) == before, jobs
+    for copy in _rebuilt_copies(lmq_store, tmp_path):
+        assert _lmq_files(copy) == before, copy
     read = run_cli(
         "read",
         lmq_store,
