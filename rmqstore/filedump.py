@@ -308,31 +308,27 @@ def _unit_record(
         holder = lookup.holder(offset)
     except (RecordError, StoreFormatError, NotFoundError) as exc:
         return "missing", str(exc)
-    copy = holder[:3] != wanted and wanted in _copies_of(holder)
-    if holder[:3] != wanted and not copy:
-        return "differs", (
-            f"the record there is {holder.topic}:{holder.queue_id} queue offset "
-            f"{holder.queue_offset}"
-        )
-    if holder.store_size != size:
-        return "differs", f"the record there is {holder.store_size} bytes"
-    if copy:
-        return "ok", (
+    note = None
+    if holder[:3] != wanted:
+        if wanted not in _copies_of(holder):
+            return "differs", (
+                f"the record there is {holder.topic}:{holder.queue_id} queue offset "
+                f"{holder.queue_offset}"
+            )
+        note = (
             f"a copy of {holder.topic}:{holder.queue_id} queue offset {holder.queue_offset}, "
             "named in its INNER_MULTI_DISPATCH"
         )
-    return "ok", None
+    if holder.store_size != size:
+        return "differs", f"the record there is {holder.store_size} bytes"
+    return "ok", note
 
 
 def _copies_of(holder: Any) -> list[tuple[str, int, int]]:
     """The units in further queues the record ``holder`` has, as its broker wrote them."""
-    from rmqstore.multidispatch import INNER_MULTI_QUEUE_OFFSET, queue_copies
-    from rmqstore.properties import decode_properties
+    from rmqstore.multidispatch import stored_copies
 
-    stored = holder.properties_bytes
-    if INNER_MULTI_QUEUE_OFFSET.encode() not in stored:
-        return []
-    return queue_copies(holder.topic, holder.queue_id, decode_properties(stored), stored)
+    return stored_copies(holder.topic, holder.queue_id, holder.properties_bytes)
 
 
 def index_items(

@@ -30,7 +30,7 @@ from rmqstore import kernel
 from rmqstore.errors import InputError, TopicError
 from rmqstore.javavalues import java_split
 from rmqstore.kernel import layout
-from rmqstore.properties import JAVA_REPLACE
+from rmqstore.properties import JAVA_REPLACE, decode_properties
 from rmqstore.topics import RETRY_PREFIX, SCHEDULE_TOPIC, SYSTEM_TOPIC_PREFIX, check_topic
 from rmqstore.wording import quoted
 
@@ -93,6 +93,14 @@ def queue_copies(
     if gets_no_copies(topic) and not written_by_49(stored):
         return []
     return named_copies(topic, queue_id, properties)
+
+
+def stored_copies(topic: str, queue_id: int, stored: bytes) -> list[QueueCopy]:
+    """:func:`queue_copies` of a record from its stored properties (``stored``), decoded only
+    when they hold INNER_MULTI_QUEUE_OFFSET (most records' are not)."""
+    if COPIES_MARK not in stored:
+        return []
+    return queue_copies(topic, queue_id, decode_properties(stored), stored)
 
 
 def named_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:

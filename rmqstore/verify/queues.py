@@ -32,8 +32,8 @@ from rmqstore.delay import SCHEDULE_TOPIC, DelayLevels, unit_tags_code
 from rmqstore.errors import NotFoundError, RecordError, RmqStoreError, StoreFormatError
 from rmqstore.hashing import tags_code
 from rmqstore.kernel import layout as kernel_layout
-from rmqstore.multidispatch import queue_copies, record_units
-from rmqstore.properties import TAGS, decode_properties
+from rmqstore.multidispatch import record_units, stored_copies
+from rmqstore.properties import TAGS
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
     TRANSACTION_MASK,
@@ -1000,9 +1000,8 @@ class QueueChecks:
                 damaged = isinstance(exc, RecordError)
             else:
                 place = (topic, queue_id, unit.queue_offset)
-                stored = holder.properties_bytes
-                if holder[:3] == place or place in queue_copies(
-                    holder.topic, holder.queue_id, decode_properties(stored), stored
+                if holder[:3] == place or place in stored_copies(
+                    holder.topic, holder.queue_id, holder.properties_bytes
                 ):
                     continue  # its record's, or the record's copy in an LMQ queue
                 reason = (
