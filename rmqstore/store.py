@@ -70,14 +70,13 @@ from rmqstore.kernel.layout import (
 )
 from rmqstore.lockfile import LOCK_FILE_CONTENT, LockState, StoreLock, probe_lock
 from rmqstore.msgid import UniqKeyGenerator
-from rmqstore.multidispatch import copies_marked, queue_copies
+from rmqstore.multidispatch import copies_marked, stored_copies
 from rmqstore.quarantine import QUARANTINE_DIR, Quarantine
 from rmqstore.record import (
     TRANSACTION_MASK,
     TRANSACTION_PREPARED,
     TRANSACTION_ROLLBACK,
     BodyMode,
-    decode_properties,
     record_item,
 )
 from rmqstore.segments import (
@@ -1304,9 +1303,8 @@ def _put_copies(
     at = row * ROW_WIDTH
     properties_at = rows[at + PROPERTIES_AT]
     stored = bytes(window[properties_at : properties_at + rows[at + PROPERTIES_LENGTH]])
-    properties = decode_properties(stored)
     physical_offset, size = rows[at + PHYSICAL_OFFSET], rows[at + TOTAL_SIZE]
-    for topic, queue_id, queue_offset in queue_copies(key[0], key[1], properties, stored):
+    for topic, queue_id, queue_offset in stored_copies(key[0], key[1], stored):
         copy_key = (topic, queue_id)
         tips[copy_key] = QueueTip.after_put(tips.get(copy_key), queue_offset, physical_offset, size)
 
