@@ -24,6 +24,14 @@ _FIRST_BEYOND_BMP = "\U00010000"
 JAVA_SHORT_RANGE = range(-(2**15), 2**15)
 JAVA_INT_RANGE = range(-(2**31), 2**31)
 JAVA_LONG_RANGE = range(-(2**63), 2**63)
+# Character.isWhitespace, which StringUtils.isBlank tests each character with (not the
+# no-break spaces U+00A0, U+2007, U+202F)
+_JAVA_WHITESPACE = frozenset(
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2008\u2009\u200a\u2028\u2029\u205f\u3000"
+)
+_ASCII_INTEGER = re.compile(r"[+-]?[0-9]+")
+_ASCII_INTEGER_BYTES = re.compile(rb"[+-]?[0-9]+")
 # String.trim takes off every character up to U+0020 at either end, and nothing else (not a
 # no-break space, not U+0085)
 _TRIMMED = "".join(map(chr, range(0x21)))
@@ -49,6 +57,22 @@ def parse_java_int(text: str) -> int:
 def java_long(value: int) -> int:
     """``value`` as a Java long holds it: wrapped into 64 bits, two's complement."""
     return (value + 2**63) % 2**64 - 2**63
+
+
+def java_ascii_long(text: str | bytes) -> int | None:
+    """``Long.parseLong`` of ``text`` (or of its ASCII bytes), None where it throws: empty, a
+    sign alone, any other character, beyond a long; ASCII digits only (Java also takes the
+    digits of other scripts: callers that read bytes in C cannot)."""
+    pattern = _ASCII_INTEGER_BYTES if isinstance(text, bytes) else _ASCII_INTEGER
+    if not pattern.fullmatch(text):  # type: ignore[arg-type]
+        return None
+    value = int(text)
+    return value if value in JAVA_LONG_RANGE else None
+
+
+def java_blank(text: str) -> bool:
+    """``StringUtils.isBlank``: empty, or only characters ``Character.isWhitespace`` takes."""
+    return all(character in _JAVA_WHITESPACE for character in text)
 
 
 def java_trim(text: str) -> str:

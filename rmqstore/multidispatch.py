@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from rmqstore import kernel
 from rmqstore.errors import InputError, TopicError
-from rmqstore.javavalues import java_split
+from rmqstore.javavalues import java_ascii_long, java_blank, java_split
 from rmqstore.kernel import layout
 from rmqstore.properties import JAVA_REPLACE, decode_properties
 from rmqstore.topics import RETRY_PREFIX, SCHEDULE_TOPIC, SYSTEM_TOPIC_PREFIX, check_topic
@@ -40,7 +40,6 @@ LMQ_PREFIX = "%LMQ%"
 _LMQ_BYTES = LMQ_PREFIX.encode()
 _SPLITTER = ","
 _MOST_NAMES = 65536  # queue names kept decoded between calls (rows_copies, copy_run_keys)
-_JAVA_LONG_MAX = 2**63 - 1
 # how a record's properties hold each of them (name, then the name/value separator)
 DISPATCH_MARK = f"{INNER_MULTI_DISPATCH}\x01".encode()
 COPIES_MARK = f"{INNER_MULTI_QUEUE_OFFSET}\x01".encode()
@@ -106,27 +105,65 @@ def stored_copies(topic: str, queue_id: int, stored: bytes) -> list[QueueCopy]:
 def named_copies(topic: str, queue_id: int, properties: dict[str, str]) -> list[QueueCopy]:
     """The units in further queues a record's properties name, whatever its topic (none when
     the two properties do not pair up, each split by :func:`split_queues`: the broker logs an
-    error and writes no copy). A queue whose name is no safe folder name (``..``, a slash) is
-    kept: the writers and ``verify`` name it as they name such a topic of a record's own, and
-    write no unit for it. (:func:`queue_copies` are those its broker wrote.)"""
+    error and writes no copy; those before an offset ``Long.parseLong`` refuses, where the
+    broker's dispatch throws: :func:`dispatch_stop`). A queue whose name is no safe folder
+    name (``..``, a slash) is kept: the writers and ``verify`` name it as they name such a
+    topic of a record's own, and write no unit for it. (:func:`queue_copies` are those its
+    broker wrote.)"""
+    return _dispatched(queue_id, properties)[0]
+
+
+class DispatchStop(NamedTuple):
+    """Where a broker's dispatch of a record's further queues throws: the offset piece
+    ``Long.parseLong`` refuses (``piece``, the ``number``-th from 0) and the queue it is for."""
+
+    number: int
+    piece: str
+    queue: str
+
+
+def dispatch_stop(
+    topic: str, queue_id: int, properties: dict[str, str], stored: bytes | memoryview = b""
+) -> DispatchStop | None:
+    """Whether a broker's dispatch throws at a queued record (None: it does not): the record
+    names further queues (as :func:`queue_copies` takes them) and one of their offsets is no
+    number to ``Long.parseLong`` (an empty piece: a 5.x broker gives a name that is not an
+    LMQ queue none, so ``"Plain,%LMQ%a"`` gets ``",7"``). The broker writes the units
+    before that piece (:func:`named_copies`), then throws; its dispatcher tries the record
+    again for ever, so no later record reaches a consume queue or the index, and a recovery
+    that dispatches it after a crash fails the broker's start-up."""
+    if gets_no_copies(topic) and not written_by_49(stored):
+        return None
+    return _dispatched(queue_id, properties)[1]
+
+
+def _dispatched(
+    queue_id: int, properties: dict[str, str]
+) -> tuple[list[QueueCopy], DispatchStop | None]:
+    """The units a broker's ``multiDispatchLmqQueue`` writes for a record's further queues,
+    and the piece it throws at, if any: nothing when either property is blank
+    (``StringUtils.isBlank``) or the two do not pair up once split; else each piece in
+    turn, up to the first that ``Long.parseLong`` refuses
+    (:func:`rmqstore.javavalues.java_ascii_long`: ASCII digits; Java takes the digits of
+    other scripts too, a broker writes none), a negative offset writing no unit (its
+    queue's end is past it)."""
     queues = properties.get(INNER_MULTI_DISPATCH)
     offsets = properties.get(INNER_MULTI_QUEUE_OFFSET)
-    if not queues or not offsets:
-        return []
+    if queues is None or offsets is None or java_blank(queues) or java_blank(offsets):
+        return [], None
     names = split_queues(queues)
     numbers = split_queues(offsets)
     if len(names) != len(numbers):
-        return []
+        return [], None  # the broker logs an error and writes none
     copies = []
-    for name, number in zip(names, numbers, strict=True):
-        if not number.isascii() or not number.isdigit() or len(number) > 19:
-            return []  # Long.parseLong fails: the broker writes none of them
-        queue_offset = int(number)
-        if queue_offset > _JAVA_LONG_MAX:
-            continue
-        unit = (name, 0 if name.startswith(LMQ_PREFIX) else queue_id, queue_offset)
-        copies.append(_new_copy(QueueCopy, unit))
-    return copies
+    for number, (name, piece) in enumerate(zip(names, numbers, strict=True)):
+        queue_offset = java_ascii_long(piece)
+        if queue_offset is None:
+            return copies, DispatchStop(number, piece, name)
+        if queue_offset >= 0:
+            unit = (name, 0 if name.startswith(LMQ_PREFIX) else queue_id, queue_offset)
+            copies.append(_new_copy(QueueCopy, unit))
+    return copies, None
 
 
 def rows_copies(
@@ -189,7 +226,15 @@ class CopyRunTables:
         self.units = bytearray()
         self.runs = array("q")
         self.scratch = array("q")
+        self.stops = array("q")
         self.gathered = GatheredCopies(array("q"), 0, [])
+
+    def scratch_for(self, rows: int) -> array:
+        """Scratch space of at least ``rows`` integers (the kernel's ``copy_stops`` output),
+        grown as needed."""
+        if len(self.stops) < rows:
+            self.stops = layout.zeroed(max(rows, 2 * len(self.stops)))
+        return self.stops
 
     def _size(self, units: int) -> None:
         self.units = bytearray(layout.UNIT_SIZE * units)

@@ -255,6 +255,7 @@ def differences(native: ModuleType, data: bytes, base: int, rng: random.Random) 
     yield from record_items_both(native, data, base, rng)
     yield from row_copies_both(native, data, base, rng)
     yield from copy_runs_both(native, data, base, rng)
+    yield from copy_stops_both(native, data, base, rng)
     yield from text_rows_both(native, data, rng)
 
 
@@ -837,6 +838,9 @@ _COPY_NAMES = (
 _COPY_OFFSETS = (
     b"0", b"7", b"123", b"9223372036854775807", b"9223372036854775808", b"9999999999999999999",
     b"12345678901234567890", b"", b"-1", b"1 ", b"\xd9\xa3",
+    # what Long.parseLong takes (a sign, leading zeros, the extremes) and StringUtils.isBlank
+    b"+5", b"-0", b"-9223372036854775808", b"-9223372036854775809", b"+", b"-",
+    b"000000000000000000000042", b" ", b"\t", b"\xe3\x80\x80", b"\xc2\xa0", b"\xe2\x80",
 )  # fmt: skip
 
 
@@ -972,6 +976,61 @@ def copy_runs_both(native: ModuleType, data: bytes, base: int, rng: random.Rando
                 errors.append(str(exc))
         if errors[0] != errors[1]:
             yield f"copy_runs fails otherwise on a bad row ({errors})"
+
+
+def copy_stops_both(
+    native: ModuleType, data: bytes, base: int, rng: random.Random
+) -> Iterator[str]:
+    """How ``copy_stops`` (the rows a broker's dispatch throws at) differs between the
+    kernels, and from ``dispatch_stop`` of the properties decoded, on the rows
+    :func:`row_copies_both` makes, in any order; and the error of a row outside the rows or
+    the buffer, or of an output shorter than the rows."""
+    from rmqstore.multidispatch import dispatch_stop
+    from rmqstore.properties import decode_properties
+
+    buf, rows = _rows_with_copies(data, base, rng)
+    packed = pack_rows(rows)
+    numbers = array("q", rng.sample(range(len(rows)), rng.randint(0, len(rows))))
+    expected = []
+    for number in numbers:
+        row = rows[number]
+        topic = bytes(buf[row[TOPIC_AT] : row[TOPIC_AT] + row[TOPIC_LENGTH]]).decode(
+            "utf-8", "replace"
+        )
+        props = bytes(buf[row[PROPERTIES_AT] : row[PROPERTIES_AT] + row[PROPERTIES_LENGTH]])
+        queued = row[SYS_FLAG] & 0xC in (0, 0x8)
+        properties = decode_properties(props)
+        if queued and dispatch_stop(topic, row[QUEUE_ID], properties, props) is not None:
+            expected.append(number)
+    outcomes = []
+    for kernel in (reference, native):
+        out = array("q", [-7] * (len(numbers) + 1))
+        found = kernel.copy_stops(bytes(buf), packed, numbers, out)
+        outcomes.append((found, list(out)))
+    if outcomes[0] != outcomes[1]:
+        yield "copy_stops differs"
+    elif outcomes[0][1][: outcomes[0][0]] != expected:
+        yield "copy_stops differs from dispatch_stop of the decoded properties"
+    broken = [list(row) for row in rows]
+    victim = rng.randrange(len(broken))
+    column = rng.choice((TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT, PROPERTIES_LENGTH))
+    broken[victim][column] = rng.choice((-1, len(buf), len(buf) + 1, 1 << 40, -(1 << 62)))
+    for number_list, packed_rows, room in (
+        ([victim], pack_rows([tuple(row) for row in broken]), 1),
+        ([0, rng.choice((len(rows), -1, 1 << 40))], packed, 2),
+        ([0, 0], packed, 1),
+    ):
+        errors = []
+        for kernel in (reference, native):
+            try:
+                kernel.copy_stops(
+                    bytes(buf), packed_rows, array("q", number_list), array("q", [0] * room)
+                )
+                errors.append(None)
+            except ValueError as exc:
+                errors.append(str(exc))
+        if errors[0] != errors[1]:
+            yield f"copy_stops fails otherwise on a bad row ({errors})"
 
 
 def row_copies_both(

@@ -84,6 +84,7 @@ message_rows: Callable[..., int] = _refuse if _refusal else _implementation.mess
 record_items: Callable[..., int] = _refuse if _refusal else _implementation.record_items
 row_copies: Callable[..., int] = _refuse if _refusal else _implementation.row_copies
 copy_runs: Callable[..., tuple[int, int, int]] = _refuse if _refusal else _implementation.copy_runs
+copy_stops: Callable[..., int] = _refuse if _refusal else _implementation.copy_stops
 
 
 def write_lines(kind: str, buf: Any, rows: Any, count: int, out: bytearray, *modes: Any) -> None:

@@ -2762,17 +2762,19 @@ cdef inline int64_t _piece_end(const uint8_t* data, int64_t position, int64_t en
 
 cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names_at,
                          int64_t* names_end, int64_t* offsets_at,
-                         int64_t* offsets_end) noexcept nogil:
-    """How many units in further queues ``row`` (its ROW_WIDTH columns) names, its
-    INNER_MULTI_DISPATCH and INNER_MULTI_QUEUE_OFFSET spans set, before offsets above a long
-    are left out: 0 when it has none (see row_copies in layout.py). The caller checked that
-    the row's topic and properties lie in the buffer."""
+                         int64_t* offsets_end, int64_t* paired) noexcept nogil:
+    """How many of the further queues ``row`` (its ROW_WIDTH columns) names a broker's
+    dispatch reaches (up to an offset Long.parseLong refuses), its INNER_MULTI_DISPATCH and
+    INNER_MULTI_QUEUE_OFFSET spans set, before negative offsets are left out: 0 when it has
+    none (see row_copies in layout.py). The caller checked that the row's topic and
+    properties lie in the buffer. ``paired``: how many pieces the two name when they pair
+    up (more than the result where the broker's dispatch throws), else 0."""
     cdef int64_t topic_at = row[C_TOPIC_AT], topic_length = row[C_TOPIC_LENGTH]
     cdef int64_t props_at = row[C_PROPERTIES_AT], props_length = row[C_PROPERTIES_LENGTH]
     cdef int64_t sys_type = row[C_SYS_FLAG] & 0xC
-    cdef int64_t names_length, offsets_length, pieces, other_pieces, position, digits
-    cdef bint valid
-    names_at[0] = names_end[0] = offsets_at[0] = offsets_end[0] = 0
+    cdef int64_t names_length, offsets_length, pieces, other_pieces, position, piece_end
+    cdef int64_t valid
+    names_at[0] = names_end[0] = offsets_at[0] = offsets_end[0] = paired[0] = 0
     if sys_type == 0x4 or sys_type == 0xC:
         return 0  # PREPARED, ROLLBACK: in no queue
     # topics a 5.x broker gives no copies (rmqstore.multidispatch.gets_no_copies), of a
@@ -2793,6 +2795,9 @@ cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names
         return 0
     names_end[0] = names_at[0] + names_length
     offsets_end[0] = offsets_at[0] + offsets_length
+    if (_java_blank(data, names_at[0], names_end[0])
+            or _java_blank(data, offsets_at[0], offsets_end[0])):
+        return 0  # StringUtils.isBlank: the broker dispatches no copy
     # split as Java's String.split(","): empty pieces at the end dropped (a value of commas
     # has none, so no copy)
     while names_end[0] > names_at[0] and data[names_end[0] - 1] == 44:
@@ -2801,7 +2806,7 @@ cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names
         offsets_end[0] -= 1
     if names_end[0] == names_at[0] or offsets_end[0] == offsets_at[0]:
         return 0
-    # as many names as offsets, each offset 1 to 19 ASCII digits: else no copy at all
+    # as many names as offsets: else no copy at all
     pieces = 1
     position = names_at[0]
     while True:
@@ -2811,35 +2816,88 @@ cdef int64_t _copy_spans(const uint8_t* data, const int64_t* row, int64_t* names
         pieces += 1
         position += 1
     other_pieces = 1
-    digits = 0
-    valid = True
     for position in range(offsets_at[0], offsets_end[0]):
         if data[position] == 44:
-            valid = valid and 0 < digits
             other_pieces += 1
-            digits = 0
-        elif 48 <= data[position] <= 57:
-            digits += 1
-            valid = valid and digits <= 19
-        else:
-            valid = False
-    valid = valid and 0 < digits
-    if not valid or pieces != other_pieces:
+    if pieces != other_pieces:
         return 0
-    return pieces
+    paired[0] = pieces
+    # the pieces up to the first offset Long.parseLong refuses (where the broker throws)
+    valid = 0
+    position = offsets_at[0]
+    while valid < pieces:
+        piece_end = _piece_end(data, position, offsets_end[0])
+        if not _java_long(data, position, piece_end):
+            break
+        valid += 1
+        position = piece_end + 1
+    return valid
+
+
+cdef bint _java_long(const uint8_t* data, int64_t at, int64_t end) noexcept nogil:
+    """Whether ``Long.parseLong`` reads the bytes ``[at, end)`` (in the buffer): an optional
+    sign, then ASCII digits (leading zeros any number), within a signed 64-bit integer."""
+    cdef uint64_t limit = <uint64_t>0x7FFFFFFFFFFFFFFF, magnitude = 0, digit
+    if at < end and (data[at] == 43 or data[at] == 45):  # + or -
+        if data[at] == 45:
+            limit += 1
+        at += 1
+    if at >= end:
+        return False
+    while at < end:
+        if not 48 <= data[at] <= 57:
+            return False
+        digit = data[at] - 48
+        if magnitude > (limit - digit) // 10:
+            return False
+        magnitude = magnitude * 10 + digit
+        at += 1
+    return True
+
+
+cdef bint _java_blank(const uint8_t* data, int64_t at, int64_t end) noexcept nogil:
+    """Whether the UTF-8 bytes ``[at, end)`` (in the buffer) are blank to
+    ``StringUtils.isBlank``: only characters ``Character.isWhitespace`` takes (tab to CR,
+    U+001C to U+001F, space, U+1680, U+2000 to U+2006, U+2008 to U+200A, U+2028, U+2029,
+    U+205F, U+3000)."""
+    cdef uint8_t second, third
+    while at < end:
+        if 9 <= data[at] <= 13 or 28 <= data[at] <= 32:
+            at += 1
+            continue
+        if end - at < 3:
+            return False
+        second, third = data[at + 1], data[at + 2]
+        if not (
+            (data[at] == 0xE1 and second == 0x9A and third == 0x80)
+            or (data[at] == 0xE2 and second == 0x80
+                and (0x80 <= third <= 0x86 or 0x88 <= third <= 0x8A
+                     or third == 0xA8 or third == 0xA9))
+            or (data[at] == 0xE2 and second == 0x81 and third == 0x9F)
+            or (data[at] == 0xE3 and second == 0x80 and third == 0x80)):
+            return False
+        at += 3
+    return True
 
 
 cdef inline int64_t _next_copy(const uint8_t* data, int64_t* position, int64_t names_end,
                                int64_t* number_end, int64_t offsets_end,
                                uint64_t* value) noexcept nogil:
     """The end of the next name of a row's further queues, from ``position`` (moved past
-    it), and its offset in ``value`` (``number_end`` moved to the offset's comma)."""
+    it), and its offset in ``value`` (``number_end`` moved to the offset's comma), one
+    ``_copy_spans`` found Long.parseLong reads: a negative one (no unit) as 2^64 - 1."""
     cdef int64_t name_end = _piece_end(data, position[0], names_end)
+    cdef bint negative = False
     value[0] = 0
     number_end[0] += 1
-    while number_end[0] < offsets_end and data[number_end[0]] != 44:
-        value[0] = value[0] * 10 + (data[number_end[0]] - 48)  # 19 digits fit 64 bits
+    if number_end[0] < offsets_end and (data[number_end[0]] == 43 or data[number_end[0]] == 45):
+        negative = data[number_end[0]] == 45
         number_end[0] += 1
+    while number_end[0] < offsets_end and data[number_end[0]] != 44:
+        value[0] = value[0] * 10 + (data[number_end[0]] - 48)  # checked: within 2^63
+        number_end[0] += 1
+    if negative and value[0] != 0:
+        value[0] = <uint64_t>0xFFFFFFFFFFFFFFFF
     return name_end
 
 
@@ -2864,7 +2922,7 @@ def row_copies(buf, rows, numbers, copy_type, dict names, list out):
     cdef const int64_t[::1] number_view = numbers
     cdef int64_t length = view.shape[0], row_count = row_view.shape[0] // ROW_WIDTH_NATIVE
     cdef int64_t n, at, names_at, names_end, offsets_at, offsets_end, pieces, piece
-    cdef int64_t position, name_end, number_end, queue_id
+    cdef int64_t position, name_end, number_end, queue_id, paired
     cdef uint64_t value
     cdef const uint8_t* data = &view[0] if length else NULL
     cdef object raw, name, copies
@@ -2875,7 +2933,7 @@ def row_copies(buf, rows, numbers, copy_type, dict names, list out):
         copies = []
         out.append(copies)
         pieces = _copy_spans(data, &row_view[at], &names_at, &names_end, &offsets_at,
-                             &offsets_end)
+                             &offsets_end, &paired)
         position = names_at
         number_end = offsets_at - 1
         for piece in range(pieces):
@@ -2894,6 +2952,28 @@ def row_copies(buf, rows, numbers, copy_type, dict names, list out):
                 copies.append(new_copy(copy_type, (name, queue_id, <int64_t>value)))
             position = name_end + 1
     return number_view.shape[0]
+
+
+def copy_stops(buf, rows, numbers, out):
+    """See ``rmqstore/kernel/layout.py``."""
+    cdef const uint8_t[::1] view = buf
+    cdef const int64_t[::1] row_view = rows
+    cdef const int64_t[::1] number_view = numbers
+    cdef int64_t[::1] out_view = out
+    cdef int64_t length = view.shape[0], row_count = row_view.shape[0] // ROW_WIDTH_NATIVE
+    cdef int64_t n, at, names_at, names_end, offsets_at, offsets_end, pieces, paired
+    cdef int64_t found = 0
+    cdef const uint8_t* data = &view[0] if length else NULL
+    if out_view.shape[0] < number_view.shape[0]:
+        raise ValueError("out holds fewer integers than numbers")
+    for n in range(number_view.shape[0]):
+        at = _checked_row(row_view, number_view[n], row_count, length)
+        pieces = _copy_spans(data, &row_view[at], &names_at, &names_end, &offsets_at,
+                             &offsets_end, &paired)
+        if pieces < paired:
+            out_view[found] = number_view[n]
+            found += 1
+    return found
 
 
 DEF COPY_RUN_WIDTH = 7
@@ -2922,6 +3002,7 @@ def copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch):
     cdef int64_t unit_capacity = min(unit_view.shape[0] // 20, scratch_view.shape[0] // 2)
     cdef int64_t n, row, at, names_at, names_end, offsets_at, offsets_end, pieces, piece
     cdef int64_t position, name_end, number_end, queue_id, name_length, number, m, run_at
+    cdef int64_t paired
     cdef int64_t found = 0, placed = 0, done = 0, unit_at
     cdef uint64_t value
     cdef const uint8_t* data = &view[0] if length else NULL
@@ -2932,7 +3013,7 @@ def copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch):
         if not 0 <= row * DISPATCH_WIDTH <= out_view.shape[0] - DISPATCH_WIDTH:
             raise ValueError(f"row {row} is outside the dispatch output")
         pieces = _copy_spans(data, &row_view[at], &names_at, &names_end, &offsets_at,
-                             &offsets_end)
+                             &offsets_end, &paired)
         if found + pieces > run_capacity or placed + pieces > unit_capacity:
             break
         position = names_at

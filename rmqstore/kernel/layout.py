@@ -427,15 +427,18 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # broker gives no copies: rmqstore.multidispatch.gets_no_copies) when the row's properties are
 # empty or end with 0x02 (not a 4.9 broker's: multidispatch.written_by_49), without
 # INNER_MULTI_DISPATCH or INNER_MULTI_QUEUE_OFFSET (the last pair of each with a non-empty
-# name and value, as ``string2messageProperties`` keeps them), when the two do not hold as
-# many comma-separated pieces (split as Java's ``String.split(",")`` splits: empty pieces at
-# the end dropped), or when a piece of the offsets is not 1 to 19 ASCII digits; else a
-# ``copy_type`` (a tuple subclass: rmqstore.multidispatch.QueueCopy) per piece, in order: (the
-# name decoded as UTF-8 with replacement characters, through ``names``, a dict of name bytes
-# to text filled as names are first met; 0 for a name starting with ``%LMQ%``, else the row's
-# QUEUE_ID; the offset), leaving out an offset above 2^63 - 1. A row number outside ``rows``,
-# or a row whose topic or properties lie outside ``buf``, is a ValueError (rows before it are
-# appended). It returns ``len(numbers)``.
+# name and value, as ``string2messageProperties`` keeps them), when either value is blank
+# (``StringUtils.isBlank``: only characters Java's ``Character.isWhitespace`` takes, once
+# decoded as UTF-8 with replacement characters) or the two do not hold as many
+# comma-separated pieces (split as Java's ``String.split(",")`` splits: empty pieces at the end
+# dropped); else a ``copy_type`` (a tuple subclass: rmqstore.multidispatch.QueueCopy) per
+# piece, in order, up to the first offset piece that ``Long.parseLong`` refuses (anything but
+# an optional + or - and ASCII digits, or a value beyond a signed 64-bit integer; leading
+# zeros are fine): (the name decoded as UTF-8 with replacement characters, through ``names``,
+# a dict of name bytes to text filled as names are first met; 0 for a name starting with
+# ``%LMQ%``, else the row's QUEUE_ID; the offset), leaving out a negative offset (-0 is 0).
+# A row number outside ``rows``, or a row whose topic or properties lie outside ``buf``, is a
+# ValueError (rows before it are appended). It returns ``len(numbers)``.
 
 #
 # ``copy_runs(buf, rows, numbers, dispatch_out, units, runs, scratch)`` gathers the units in
@@ -447,9 +450,19 @@ MESSAGE_ID_MAX = 2 * (20 + 8)
 # and the TAGS_CODE of ``dispatch_out``, DISPATCH_WIDTH integers per row of ``rows``) and
 # described by COPY_RUN_WIDTH integers in ``runs``; ``scratch`` is scratch space (two integers per
 # unit). It returns ``(rows_done, run_count, unit_count)``: the rows of ``numbers`` taken, in
-# order, stopping before a row whose pieces (INNER_MULTI_DISPATCH's, each a unit at most) might
-# not fit in the runs, units or scratch left. A row number outside ``rows`` or
-# ``dispatch_out``, or a row whose topic or properties lie outside ``buf``, is a ValueError.
+# order, stopping before a row whose pieces (INNER_MULTI_DISPATCH's up to the offset
+# ``row_copies`` stops at, each a unit at most) might not fit in the runs, units or scratch
+# left. A row number outside ``rows`` or ``dispatch_out``, or a row whose topic or properties
+# lie outside ``buf``, is a ValueError.
+#
+# ``copy_stops(buf, rows, numbers, out)`` writes into ``out`` (an ``array('q')`` holding at
+# least ``len(numbers)`` integers), in order, the row numbers of ``numbers`` whose further
+# queues a broker's dispatch throws at: rows that ``row_copies`` stops for at an offset piece
+# ``Long.parseLong`` refuses, before the last of the pieces the two properties name (they
+# pair up, as ``row_copies`` takes them); it returns how many it wrote
+# (rmqstore.multidispatch.dispatch_stop names the piece). A row number outside ``rows``, or a
+# row whose topic or properties lie outside ``buf``, is a ValueError; so is an ``out``
+# shorter than ``numbers``.
 COPY_RUN_NAME_AT = 0  # the queue's name: a span of ``buf``
 COPY_RUN_NAME_LENGTH = 1
 COPY_RUN_QUEUE_ID = 2  # 0 for a name starting with %LMQ%, else the rows' QUEUE_ID

@@ -5,7 +5,6 @@ the path that runs where no compiled kernel was built. Same interface and result
 from __future__ import annotations
 
 import json
-import re
 import struct
 import zlib
 from array import array
@@ -13,7 +12,7 @@ from base64 import b64encode
 from itertools import pairwise
 from typing import Any
 
-from rmqstore.javavalues import java_split
+from rmqstore.javavalues import java_ascii_long, java_blank, java_split
 from rmqstore.kernel.layout import (
     APPLIED_ALL,
     BAD_WIDTH,
@@ -1398,13 +1397,20 @@ def message_rows(
     return count
 
 
-_OFFSET_PIECE = re.compile(rb"[0-9]{1,19}\Z")
-
-
 def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, int, int, int]]]:
-    """How many further queues row ``row`` names, and its units in them as ``row_copies``
-    reads them (offsets above a long left out), each as ``(name_at, name_length, queue_id,
-    queue_offset)`` (the name a span of ``buf``)."""
+    """:func:`_copy_paired_pieces` without how many pieces pair up."""
+    named, pieces, _paired = _copy_paired_pieces(buf, rows, row)
+    return named, pieces
+
+
+def _copy_paired_pieces(
+    buf: Any, rows: Any, row: int
+) -> tuple[int, list[tuple[int, int, int, int]], int]:
+    """How many of the further queues row ``row`` names a broker's dispatch reaches (up to
+    an offset ``Long.parseLong`` refuses), and its units in them as ``row_copies`` reads them
+    (a negative offset writes none), each as ``(name_at, name_length, queue_id,
+    queue_offset)`` (the name a span of ``buf``); and how many pieces the two properties name
+    when they pair up (more than the first where the broker's dispatch throws), else 0."""
     length = len(buf)
     if not 0 <= row < len(rows) // ROW_WIDTH:
         raise ValueError(f"row {row} is outside the rows")
@@ -1419,30 +1425,43 @@ def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, in
     ):
         raise ValueError(f"row {row} points outside the buffer")
     if rows[at + SYS_FLAG] & 0xC in (0x4, 0xC):
-        return 0, []  # PREPARED, ROLLBACK: in no queue
+        return 0, [], 0  # PREPARED, ROLLBACK: in no queue
     topic = bytes(buf[topic_at : topic_at + topic_length])
     props = bytes(buf[props_at : props_at + props_length])
     if (topic.startswith((b"%RETRY%", b"rmq_sys_")) or topic == b"SCHEDULE_TOPIC_XXXX") and (
         not props or props[-1] == 0x02
     ):
-        return 0, []  # topics a 5.x broker gives no copies (a 4.9 one's records end otherwise)
+        return 0, [], 0  # topics a 5.x broker gives no copies (a 4.9 one's records end otherwise)
     names_at, names_length = _property_value(props, b"INNER_MULTI_DISPATCH")
     offsets_at, offsets_length = _property_value(props, b"INNER_MULTI_QUEUE_OFFSET")
     if names_length == SPAN_ABSENT or offsets_length == SPAN_ABSENT:
-        return 0, []
-    queue_names = java_split(props[names_at : names_at + names_length], b",")
-    offsets = java_split(props[offsets_at : offsets_at + offsets_length], b",")
-    if len(queue_names) != len(offsets) or not all(map(_OFFSET_PIECE.match, offsets)):
-        return 0, []
+        return 0, [], 0
+    names_value = props[names_at : names_at + names_length]
+    offsets_value = props[offsets_at : offsets_at + offsets_length]
+    if _blank(names_value) or _blank(offsets_value):
+        return 0, [], 0  # StringUtils.isBlank
+    queue_names = java_split(names_value, b",")
+    offsets = java_split(offsets_value, b",")
+    if len(queue_names) != len(offsets):
+        return 0, [], 0
     pieces = []
     name_at = props_at + names_at
+    named = 0
     for raw, number in zip(queue_names, offsets, strict=True):
-        value = int(number)
-        if value <= 2**63 - 1:
+        value = java_ascii_long(number)
+        if value is None:
+            break  # Long.parseLong throws: the broker writes no later unit
+        named += 1
+        if value >= 0:  # a negative one writes none (its queue's end is past it)
             queue_id = 0 if raw.startswith(b"%LMQ%") else rows[at + QUEUE_ID]
             pieces.append((name_at, len(raw), queue_id, value))
         name_at += len(raw) + 1
-    return len(queue_names), pieces
+    return named, pieces, len(offsets)
+
+
+def _blank(value: bytes) -> bool:
+    """Whether a property value is blank to ``StringUtils.isBlank`` once decoded."""
+    return java_blank(value.decode("utf-8", JAVA_REPLACE))
 
 
 def row_copies(buf: Any, rows: Any, numbers: Any, copy_type: Any, names: Any, out: Any) -> int:
@@ -1459,6 +1478,19 @@ def row_copies(buf: Any, rows: Any, numbers: Any, copy_type: Any, names: Any, ou
                 name = names[raw] = raw.decode("utf-8", JAVA_REPLACE)
             copies.append(new_copy(copy_type, (name, queue_id, value)))
     return len(numbers)
+
+
+def copy_stops(buf: Any, rows: Any, numbers: Any, out: Any) -> int:
+    """See :mod:`rmqstore.kernel.layout`."""
+    if len(out) < len(numbers):
+        raise ValueError("out holds fewer integers than numbers")
+    found = 0
+    for row in numbers:
+        named, _pieces, paired = _copy_paired_pieces(buf, rows, row)
+        if named < paired:
+            out[found] = row
+            found += 1
+    return found
 
 
 def copy_runs(

@@ -42,6 +42,9 @@ KINDS = {
     "record-queue-offset": "a record's QUEUEOFFSET no consume-queue position can hold",
     "queue-name-unsafe": "records of a topic (or of a further queue INNER_MULTI_DISPATCH "
     "names) that cannot name a consume-queue folder: no unit is written for them",
+    "dispatch-stop": "a record whose INNER_MULTI_QUEUE_OFFSET holds a piece a broker's "
+    "Long.parseLong refuses: the broker's dispatch stops at it for ever, and a crash recovery "
+    "through it fails its start-up",
     "torn-tail": "non-zero bytes after the valid end of the log of a store not closed cleanly",
     "stale-bytes-after-end": "non-zero bytes after the valid end (left by a broker's recovery)",
     "cq-file-size": "a consume-queue file has the wrong size",
@@ -141,6 +144,7 @@ FIXES = {
     "queue-offset-gap": REPORT_ONLY,
     "record-queue-offset": REPORT_ONLY,
     "queue-name-unsafe": REPORT_ONLY,
+    "dispatch-stop": REPORT_ONLY,  # the record is as its producer and broker made it
     "stale-bytes-after-end": REPORT_ONLY,
     "index-unchecked": REPORT_ONLY,
     "checkpoint-size": REPORT_ONLY,

@@ -857,8 +857,19 @@ class QueueChecks:
         before where the furthest consume queue ends (4.9 starts its reput there, 5.3.2 and
         later dispatch past it in their normal recovery, 4.3.1, 5.3.0 and 5.3.1 dispatch
         nothing); those past it a 4.9 broker's start dispatches, and a 5.x broker's only in
-        part (its reput starts at the log's end unless recheckReputOffsetFromCq is set)."""
+        part (its reput starts at the log's end unless recheckReputOffsetFromCq is set). A
+        broker's dispatch adds none from a record it stops at (``dispatch-stop``)."""
         them = "it" if records == 1 else "them"
+        stops = [
+            finding.commit_log_offset
+            for finding in self.report.findings
+            if finding.kind == "dispatch-stop" and finding.commit_log_offset is not None
+        ]
+        if stops:
+            return (
+                f"rmqstore dispatch adds {them}; a broker's dispatch stops at the record at "
+                f"{min(stops):,} (dispatch-stop) and adds none from there on"
+            )
         if self.store.aborted:
             return f"rmqstore dispatch adds {them}, and so does a broker's crash recovery at start"
         reach = self._queue_reach()

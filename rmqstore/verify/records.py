@@ -29,7 +29,12 @@ from rmqstore.errors import InputError, RecordError, RmqStoreError, StoreIOError
 from rmqstore.javavalues import parse_java_int
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import CopyRunTables, copy_run_keys
+from rmqstore.multidispatch import (
+    COPIES_MARK,
+    CopyRunTables,
+    copy_run_keys,
+    dispatch_stop,
+)
 from rmqstore.properties import DELAY, decode_properties
 from rmqstore.record import (
     QUEUED_TRANSACTIONS,
@@ -658,8 +663,11 @@ class RecordPass:
     ) -> tuple[Any, list[tuple[str, int]]] | None:
         """The further-queue units of the rows flagged HAS_COPIES (queued records only, as a
         broker puts them) gathered into runs by the kernel (``copy_runs``, their tagsCode the
-        one it prepared), and each run's queue; None when they do not fit its tables."""
+        one it prepared), and each run's queue; None when they do not fit its tables, or when
+        a broker's dispatch throws at one of the rows (``copy_stops``)."""
         numbers = array("q", (number for number, flag in enumerate(flags) if flag))
+        if kernel.copy_stops(window, rows, numbers, self._copies.scratch_for(len(numbers))):
+            return None  # a record a broker's dispatch stops at: one by one, to name it
         found = self._copies.gather(window, rows, numbers, dispatch_out)
         if found is None:
             return None
@@ -720,6 +728,8 @@ class RecordPass:
                 properties = decode_properties(props)
                 if topic == SCHEDULE_TOPIC and DELAY in properties:
                     self._check_delay(segment, offset, properties[DELAY])
+                if listeners and COPIES_MARK in props:
+                    self._check_copies(segment, offset, header, topic, properties, props)
             stamp = header.store_timestamp
             if previous_time is None:
                 if edges.first_record is None:
@@ -855,6 +865,38 @@ class RecordPass:
                 + consequence,
                 report_only=unwalked,
             )
+
+    def _check_copies(
+        self,
+        segment: Segment,
+        offset: int,
+        header: RecordHeader,
+        topic: str,
+        properties: dict[str, str],
+        stored: bytes,
+    ) -> None:
+        """A queued record whose further queues' offsets hold a piece a broker's
+        ``Long.parseLong`` refuses: the broker's dispatch throws there, over and over
+        (:func:`rmqstore.multidispatch.dispatch_stop`)."""
+        if header.sys_flag & TRANSACTION_MASK not in QUEUED_TRANSACTIONS:
+            return
+        stop = dispatch_stop(topic, header.queue_id, properties, stored)
+        if stop is None:
+            return
+        self._found(
+            segment,
+            "dispatch-stop",
+            offset,
+            f"piece {stop.number + 1} of INNER_MULTI_QUEUE_OFFSET, {quoted(stop.piece)} "
+            f"(for {quoted(stop.queue)}), is no number to a broker: its dispatch writes the "
+            "units before it, throws, and tries the record again for ever, so no later "
+            "record reaches a consume queue or the index, and a crash recovery that "
+            "dispatches it fails the broker's start-up (rmqstore dispatch writes those "
+            "units and goes on)",
+            topic=topic,
+            queue_id=header.queue_id,
+            queue_offset=header.queue_offset,
+        )
 
     def _check_after_end(self, end_segment: Segment | None, end: int) -> None:
         """What follows the valid end: a torn tail after a crash (abort present), stale bytes

@@ -7,6 +7,7 @@ import json
 import random
 import shutil
 import subprocess
+from array import array
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ from rmqstore.javavalues import java_split
 from rmqstore.multidispatch import (
     INNER_MULTI_DISPATCH,
     INNER_MULTI_QUEUE_OFFSET,
+    DispatchStop,
     QueueCopy,
     copy_queues,
+    dispatch_stop,
     gets_no_copies,
     named_copies,
     queue_copies,
@@ -69,7 +72,8 @@ def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> Non
     assert written_by_49(b"A\x01b") and written_by_49(memoryview(b"\x00"))
     assert not written_by_49(b"") and not written_by_49(b"A\x01b\x02")
     assert _copies("%LMQ%a,%LMQ%b", "1") == []  # unpaired: the broker writes none
-    assert _copies("%LMQ%a,%LMQ%b", "1,x") == []  # Long.parseLong fails: none
+    # Long.parseLong throws at "x": the broker wrote the unit before it
+    assert _copies("%LMQ%a,%LMQ%b", "1,x") == [QueueCopy("%LMQ%a", 0, 1)]
     assert _copies("%LMQ%a", " 1") == [] and _copies("%LMQ%a", "-1") == []
     # no folder can hold it: kept, so that dispatch and verify name it
     assert _copies("../../x,%LMQ%b", "1,2") == [
@@ -77,6 +81,113 @@ def test_the_queues_a_record_names_and_the_offsets_the_broker_gave_them() -> Non
         QueueCopy("%LMQ%b", 0, 2),
     ]
     assert queue_copies("T", 0, {"INNER_MULTI_DISPATCH": "%LMQ%a"}) == []  # no broker offsets
+
+
+def test_a_broker_dispatch_stops_at_an_offset_long_parselong_refuses() -> None:
+    """A broker's multiDispatchLmqQueue parses each offset with Long.parseLong as it writes
+    the units in turn: it wrote those before a piece it refuses, then threw, and its
+    dispatcher tried the record again for ever. rmqstore wrote none of the record's units
+    and named nothing; a 5.x broker gives a name that is not an LMQ queue an empty piece."""
+
+    def stop(dispatch: str, offsets: str, topic: str = "T") -> DispatchStop | None:
+        properties = {"INNER_MULTI_DISPATCH": dispatch, "INNER_MULTI_QUEUE_OFFSET": offsets}
+        return dispatch_stop(topic, 3, properties)
+
+    assert stop("Plain,%LMQ%a", ",7") == DispatchStop(0, "", "Plain")
+    assert _copies("Plain,%LMQ%a", ",7") == []
+    assert stop("%LMQ%a,Plain,%LMQ%b", "4,,9") == DispatchStop(1, "", "Plain")
+    assert _copies("%LMQ%a,Plain,%LMQ%b", "4,,9") == [QueueCopy("%LMQ%a", 0, 4)]
+    assert stop("%LMQ%a,Plain", "7,") is None  # unpaired once split: no dispatch at all
+    for refused in (" 1", "1 ", "x", "+", "-", "1e3", "0x10", "9223372036854775808", "\u0663"):
+        assert stop("%LMQ%a", refused) == DispatchStop(0, refused, "%LMQ%a"), refused
+    # what Long.parseLong reads: a sign, leading zeros, the extremes of a long
+    assert _copies("%LMQ%a", "+5") == _copies("%LMQ%a", "0000000000000000000005")
+    assert _copies("%LMQ%a", "9223372036854775807") == [QueueCopy("%LMQ%a", 0, 2**63 - 1)]
+    for below in ("-1", "-9223372036854775808"):  # no unit: the queue's end is past it
+        assert _copies("%LMQ%a,%LMQ%b", f"{below},2") == [QueueCopy("%LMQ%b", 0, 2)]
+        assert stop("%LMQ%a", below) is None
+    assert _copies("%LMQ%a", "-0") == [QueueCopy("%LMQ%a", 0, 0)]
+    # a blank value (StringUtils.isBlank: Java's whitespace, not a no-break space)
+    for blank in (" ", "\t\r\n", "\u3000", "\u2028 \x1f"):
+        assert stop("%LMQ%a", blank) is None and _copies(blank, "1") == [], blank
+    assert stop("%LMQ%a", "\u00a0") == DispatchStop(0, "\u00a0", "%LMQ%a")
+    # topics a 5.x broker gives no copies are not dispatched, so do not stop it
+    assert stop("%LMQ%a", "", "%RETRY%g") is None and stop("%LMQ%a", ",1", "%RETRY%g") is None
+
+
+_BROKER_LOOP_IN_JAVA = """
+import java.nio.file.*;
+import java.util.*;
+public class Loop {
+    static boolean blank(String text) {  // StringUtils.isBlank
+        for (int i = 0; i < text.length(); i++) {
+            if (!Character.isWhitespace(text.charAt(i))) return false;
+        }
+        return true;
+    }
+    public static void main(String[] args) throws Exception {
+        for (String line : Files.readAllLines(Path.of(args[0]))) {
+            int bar = line.indexOf('|');
+            String[] pair = {line.substring(0, bar), line.substring(bar + 1)};
+            List<String> out = new ArrayList<>();
+            if (!blank(pair[0]) && !blank(pair[1])) {
+                String[] queues = pair[0].split(",");
+                String[] offsets = pair[1].split(",");
+                if (queues.length == offsets.length) {
+                    for (int i = 0; i < queues.length; i++) {
+                        long offset;
+                        try {
+                            offset = Long.parseLong(offsets[i]);
+                        } catch (NumberFormatException e) {
+                            out.add("stop " + i);
+                            break;
+                        }
+                        if (offset >= 0) {
+                            out.add(queues[i] + "@" + offset);
+                        }
+                    }
+                }
+            }
+            System.out.println(String.join(";", out));
+        }
+    }
+}
+"""
+
+
+def test_the_offsets_are_read_as_a_brokers_long_parselong_reads_them(tmp_path: Path) -> None:
+    """named_copies and dispatch_stop against a JVM running the broker's loop (isBlank,
+    String.split, Long.parseLong, a negative offset writing no unit) on 4,000 random pairs of
+    values, of ASCII text and Java's whitespace (digits of other scripts, which Java reads
+    and rmqstore does not, left out)."""
+    javac = shutil.which("javac")
+    if javac is None:
+        pytest.skip("no javac (a JDK) on PATH")
+    chooser = random.Random(20261203)
+    names = ["%LMQ%a", "%LMQ%b", "Q", ",", " ", "\u3000"]
+    numbers = ["0", "7", "-", "+", ",", " ", "x", "9223372036854775807", "9", "-1", "\u00a0"]
+    pairs = [
+        (
+            "".join(chooser.choices(names, k=chooser.randrange(0, 5))),
+            "".join(chooser.choices(numbers, k=chooser.randrange(0, 6))),
+        )
+        for _ in range(4000)
+    ]
+    (tmp_path / "pairs").write_text("".join(f"{a}|{b}\n" for a, b in pairs), encoding="utf-8")
+    (tmp_path / "Loop.java").write_text(_BROKER_LOOP_IN_JAVA)
+    subprocess.run([javac, "-d", str(tmp_path), str(tmp_path / "Loop.java")], check=True)
+    done = subprocess.run(
+        ["java", "-Dfile.encoding=UTF-8", "-Dstdout.encoding=UTF-8", "-cp", str(tmp_path),
+         "Loop", str(tmp_path / "pairs")],
+        capture_output=True, text=True, encoding="utf-8", check=True, timeout=120,
+    )  # fmt: skip
+    ours = []
+    for queues, offsets in pairs:
+        properties = {INNER_MULTI_DISPATCH: queues, INNER_MULTI_QUEUE_OFFSET: offsets}
+        words = [f"{c.topic}@{c.queue_offset}" for c in named_copies("T", 0, properties)]
+        stop = dispatch_stop("T", 0, properties)
+        ours.append(";".join([*words, *([] if stop is None else [f"stop {stop.number}"])]))
+    assert done.stdout.splitlines() == ours
 
 
 def test_the_pieces_are_split_as_a_broker_splits_them() -> None:
@@ -181,6 +292,9 @@ def _stored_copies(topic: str, queue_id: int, data: bytes) -> list:
 def test_random_stored_properties_give_the_copies_a_full_decode_gives() -> None:
     pieces = [_D, _O, _D[:-1], b"\x01", b"\x02", b"%LMQ%a", b"Q", b",", b"7", b"12", b"\xc3\xb6"]
     pieces += [b"\xff", b"TAGS\x01x\x02", b"-1", b"\x02" + _D + b"%LMQ%b,Q", b"\x02" + _O + b"3,4"]
+    # what Long.parseLong and StringUtils.isBlank take, and what they do not
+    pieces += [b"+", b"-", b" ", b"\t", b"\xe3\x80\x80", b"\xc2\xa0", b"\xe2\x80\x87", b"0000"]
+    pieces += [b"9223372036854775807", b"9223372036854775808", b"-9223372036854775808"]
     chooser = random.Random(20261127)
     for _ in range(20000):
         data = b"".join(chooser.choices(pieces, k=chooser.randrange(0, 12)))
@@ -729,3 +843,80 @@ def test_a_comma_at_the_end_of_the_queues_gives_the_units_a_broker_writes(
     with Store.open_read(lmq_store) as store:
         report = verify_store(store)
     assert report.ok, report.counts
+
+
+def test_verify_names_a_record_a_brokers_dispatch_stops_at(tmp_path: Path) -> None:
+    """A producer's INNER_MULTI_DISPATCH naming a queue that is not an LMQ queue before an
+    LMQ one: a 5.x broker gave the first an empty offset, threw at it as it dispatched, and
+    retried the record for ever (no later message reached a queue; a crash recovery through
+    it failed the broker's start). verify said nothing of it and advised dispatch, which a
+    broker's own start was said to do; now it names the record (dispatch-stop, report only),
+    with one or two jobs, and dispatch writes the unit before the piece, as the broker did.
+    600 messages: the record's file is a batch verify takes as a whole, which the kernel's
+    copy_stops sends record by record."""
+    lmq_store = tmp_path / "lmq"
+    generate("lmq", lmq_store, FixtureOptions(messages=600))
+    names = f"{LMQ[0]},Plain,{LMQ[1]}"
+    with Store.open_read(lmq_store) as store:
+        room = [store.consume_queue(name, 0).max_offset for name in LMQ[:2]]
+    stuck = run_cli(
+        "append", lmq_store, "--topic", "MqttTopic", "--queue", "0", "--body", "stuck",
+        "--property", f"{INNER_MULTI_DISPATCH}={names}",
+        "--property", f"{INNER_MULTI_QUEUE_OFFSET}={room[0]},,{room[1]}", "--json",
+    )  # fmt: skip
+    assert stuck.exit_code == 0, stuck.stderr
+    offset = json.loads(stuck.stdout)["messages"][0]["commitLogOffset"]
+    assert run_cli("append", lmq_store, "--topic", "MqttTopic", "--body", "after").exit_code == 0
+    for jobs in ("1", "2"):
+        result = run_cli("verify", lmq_store, "--json", "--jobs", jobs, "--split-size", "4096")
+        report = json.loads(result.stdout)
+        stops = [f for f in report["findings"] if f["kind"] == "dispatch-stop"]
+        assert result.exit_code == 1 and len(stops) == 1, report["findingsByKind"]
+        assert stops[0]["commitLogOffset"] == offset and "'Plain'" in stops[0]["message"]
+        lags = [f["message"] for f in report["findings"] if f["kind"] == "dispatch-lag"]
+        assert lags and all(f"stops at the record at {offset:,}" in lag for lag in lags)
+    only_log = json.loads(run_cli("verify", lmq_store, "--json", "--commitlog-only").stdout)
+    assert "dispatch-stop" not in only_log["findingsByKind"]  # a check of what dispatch does
+    assert run_cli("dispatch", lmq_store).exit_code == 0
+    with Store.open_read(lmq_store) as store:
+        assert [u.physical_offset for u in store.consume_queue(LMQ[0], 0).units()][-1] == offset
+        assert store.consume_queue(LMQ[1], 0).max_offset == room[1]  # after the stop: none
+        report = verify_store(store)
+    assert report.counts == {"dispatch-stop": 1}, report.counts
+
+
+def test_the_kernel_finds_the_rows_a_brokers_dispatch_stops_at() -> None:
+    """The kernel's copy_stops (which sends a clean verify batch record by record, to name
+    such a record) gives the rows dispatch_stop names, on random properties: blank values,
+    signs, longs and beyond, 5.x and 4.9 endings, topics a 5.x broker gives no copies."""
+    from rmqstore import kernel
+    from rmqstore.kernel import layout
+
+    values = [b"1", b"12", b",", b" ", b"x", b"-1", b"+", b"9223372036854775808", b"\xe3\x80\x80"]
+    values += [b"\xc2\xa0", b"\t", b"0"]
+    chooser = random.Random(20261204)
+    for _ in range(2000):
+        count = chooser.randrange(1, 6)
+        rows = layout.new_rows(count)
+        buf = bytearray()
+        expected = []
+        for row in range(count):
+            topic = chooser.choice(_TOPICS).encode()
+            names = b",".join(
+                chooser.choices([b"%LMQ%a", b"Q", b"", b" "], k=chooser.randrange(1, 4))
+            )
+            offsets = b"".join(chooser.choices(values, k=chooser.randrange(1, 5)))
+            data = _D + names + b"\x02" + _O + offsets
+            if chooser.random() < 0.7:
+                data += b"\x02"  # a 5.x record; a 4.9 one ends its last pair without it
+            at = row * layout.ROW_WIDTH
+            rows[at + layout.TOPIC_AT], rows[at + layout.TOPIC_LENGTH] = len(buf), len(topic)
+            buf += topic
+            rows[at + layout.PROPERTIES_AT] = len(buf)
+            rows[at + layout.PROPERTIES_LENGTH] = len(data)
+            buf += data
+            if dispatch_stop(topic.decode(), 0, decode_properties(data), data) is not None:
+                expected.append(row)
+        out = layout.zeroed(count)
+        found = kernel.copy_stops(bytes(buf), rows, array("q", range(count)), out)
+        assert list(out[:found]) == expected, (buf, rows)
