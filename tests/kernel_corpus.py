@@ -954,12 +954,9 @@ def copy_runs_both(native: ModuleType, data: bytes, base: int, rng: random.Rando
     if sorted(got) != sorted(expected) or placed != len(expected):
         yield "copy_runs gives other units than row_copies"
     # a span moved outside the buffer, a row outside the rows or the dispatch output
-    broken = [list(row) for row in rows]
-    victim = rng.randrange(len(broken))
-    column = rng.choice((TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT, PROPERTIES_LENGTH))
-    broken[victim][column] = rng.choice((-1, len(buf), len(buf) + 1, 1 << 40, -(1 << 62)))
+    victim, broken_rows = _broken_row(buf, rows, rng)
     for number_list, packed_rows, out in (
-        ([victim], pack_rows([tuple(row) for row in broken]), dispatch_out),
+        ([victim], broken_rows, dispatch_out),
         ([0, rng.choice((len(rows), -1, 1 << 40))], packed, dispatch_out),
         ([len(rows) - 1], packed, dispatch_out[: (len(rows) - 1) * DISPATCH_WIDTH]),
     ):
@@ -978,6 +975,27 @@ def copy_runs_both(native: ModuleType, data: bytes, base: int, rng: random.Rando
             yield f"copy_runs fails otherwise on a bad row ({errors})"
 
 
+def _broken_row(
+    buf: bytearray, rows: list[tuple[int, ...]], rng: random.Random
+) -> tuple[int, array]:
+    """A row picked at random (its number), and the rows packed with its topic or properties
+    span moved outside ``buf``."""
+    broken = [list(row) for row in rows]
+    victim = rng.randrange(len(broken))
+    column = rng.choice((TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT, PROPERTIES_LENGTH))
+    broken[victim][column] = rng.choice((-1, len(buf), len(buf) + 1, 1 << 40, -(1 << 62)))
+    return victim, pack_rows([tuple(row) for row in broken])
+
+
+def _made_row(buf: bytearray, row: tuple[int, ...]) -> tuple[str, bytes, bool]:
+    """A row's topic (decoded with replacement characters), stored properties, and whether a
+    queue takes its record (not PREPARED nor ROLLBACK)."""
+    topic_at, props_at = row[TOPIC_AT], row[PROPERTIES_AT]
+    topic = bytes(buf[topic_at : topic_at + row[TOPIC_LENGTH]]).decode("utf-8", "replace")
+    props = bytes(buf[props_at : props_at + row[PROPERTIES_LENGTH]])
+    return topic, props, row[SYS_FLAG] & 0xC in (0, 0x8)
+
+
 def copy_stops_both(
     native: ModuleType, data: bytes, base: int, rng: random.Random
 ) -> Iterator[str]:
@@ -993,14 +1011,9 @@ def copy_stops_both(
     numbers = array("q", rng.sample(range(len(rows)), rng.randint(0, len(rows))))
     expected = []
     for number in numbers:
-        row = rows[number]
-        topic = bytes(buf[row[TOPIC_AT] : row[TOPIC_AT] + row[TOPIC_LENGTH]]).decode(
-            "utf-8", "replace"
-        )
-        props = bytes(buf[row[PROPERTIES_AT] : row[PROPERTIES_AT] + row[PROPERTIES_LENGTH]])
-        queued = row[SYS_FLAG] & 0xC in (0, 0x8)
+        topic, props, queued = _made_row(buf, rows[number])
         properties = decode_properties(props)
-        if queued and dispatch_stop(topic, row[QUEUE_ID], properties, props) is not None:
+        if queued and dispatch_stop(topic, rows[number][QUEUE_ID], properties, props):
             expected.append(number)
     outcomes = []
     for kernel in (reference, native):
@@ -1011,12 +1024,9 @@ def copy_stops_both(
         yield "copy_stops differs"
     elif outcomes[0][1][: outcomes[0][0]] != expected:
         yield "copy_stops differs from dispatch_stop of the decoded properties"
-    broken = [list(row) for row in rows]
-    victim = rng.randrange(len(broken))
-    column = rng.choice((TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT, PROPERTIES_LENGTH))
-    broken[victim][column] = rng.choice((-1, len(buf), len(buf) + 1, 1 << 40, -(1 << 62)))
+    victim, broken_rows = _broken_row(buf, rows, rng)
     for number_list, packed_rows, room in (
-        ([victim], pack_rows([tuple(row) for row in broken]), 1),
+        ([victim], broken_rows, 1),
         ([0, rng.choice((len(rows), -1, 1 << 40))], packed, 2),
         ([0, 0], packed, 1),
     ):
@@ -1052,14 +1062,11 @@ def row_copies_both(
     numbers = array("q", rng.sample(range(len(rows)), len(rows)))  # any order
     expected = []
     for number in numbers:
-        row = rows[number]
-        topic = bytes(buf[row[TOPIC_AT] : row[TOPIC_AT] + row[TOPIC_LENGTH]]).decode(
-            "utf-8", "replace"
-        )
-        props = bytes(buf[row[PROPERTIES_AT] : row[PROPERTIES_AT] + row[PROPERTIES_LENGTH]])
-        queued = row[SYS_FLAG] & 0xC in (0, 0x8)
+        topic, props, queued = _made_row(buf, rows[number])
         expected.append(
-            queue_copies(topic, row[QUEUE_ID], decode_properties(props), props) if queued else []
+            queue_copies(topic, rows[number][QUEUE_ID], decode_properties(props), props)
+            if queued
+            else []
         )
     outcomes = []
     for kernel in (reference, native):
@@ -1073,13 +1080,10 @@ def row_copies_both(
     elif outcomes[0][2] - {QueueCopy}:
         yield "row_copies made copies of another type"
     # a span moved outside the buffer, a row number outside the rows: the same error
-    broken = [list(row) for row in rows]
-    victim = rng.randrange(len(broken))
-    column = rng.choice((TOPIC_AT, TOPIC_LENGTH, PROPERTIES_AT, PROPERTIES_LENGTH))
-    broken[victim][column] = rng.choice((-1, len(buf), len(buf) + 1, 1 << 40, -(1 << 62)))
+    victim, broken_rows = _broken_row(buf, rows, rng)
     wrong = rng.choice((len(rows), -1, 1 << 40))
     for number_list, packed_rows in (
-        ([victim], pack_rows([tuple(row) for row in broken])),
+        ([victim], broken_rows),
         ([0, wrong], packed),
     ):
         errors = []
