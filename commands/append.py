@@ -29,7 +29,7 @@ from rmqstore.commands.options import (
     store_argument,
     store_config_options,
 )
-from rmqstore.commands.output import console, emit_json, note, write_whole_lines
+from rmqstore.commands.output import console, emit_json, note, warn, write_whole_lines
 from rmqstore.commitlog import AppendResult
 from rmqstore.config import StoreConfig
 from rmqstore.dispatch import Dispatcher
@@ -274,7 +274,8 @@ def command(
     the store's, non-decreasing store times, a generated UNIQ_KEY and the CLUSTER property,
     DELAY messages moved to SCHEDULE_TOPIC_XXXX. With --dispatch the messages also go into
     consume queues and the index, and each flush moves the checkpoint's times to what it made
-    durable; without it 'abort' is left so a broker re-dispatches them at start. A topic
+    durable (what the dispatch meets is told as rmqstore dispatch tells it, in warnings);
+    without it 'abort' is left so a broker re-dispatches them at start. A topic
     appended to that config/topics.json does not list (or a queue id past its
     readQueueNums/writeQueueNums) is added to it, with default options, as mqadmin updateTopic
     would, since a broker serves only the topics listed there (a DELAY message's own topic,
@@ -373,18 +374,21 @@ def command(
             else multi_dispatch,
         )
         dispatcher = Dispatcher(opened) if dispatch_after else None
+        dispatch_problems: list[str] = []
+
+        def dispatch_appended() -> None:
+            assert dispatcher is not None
+            done = dispatcher.run(
+                until=appender.end_offset, flushed_time=appender.last_store_timestamp
+            )
+            dispatch_problems.extend(done.problems)
+
         try:
             job = AppendJob(
                 appender,
                 policy=policy,
                 **report,  # type: ignore[arg-type]
-                on_commit=(
-                    lambda: dispatcher.run(
-                        until=appender.end_offset, flushed_time=appender.last_store_timestamp
-                    )
-                )
-                if dispatcher
-                else None,
+                on_commit=dispatch_appended if dispatcher else None,
                 on_reported=_guard_output(_flush_stdout),
                 uniq_keys=True,
             )
@@ -407,6 +411,8 @@ def command(
                 dispatcher.close()
     for text in opened.notes:
         note(text)
+    for problem in dispatch_problems:  # what the dispatch of the messages met (as dispatch's)
+        warn(problem)
     if as_json:
         emit_json({"appended": appended, "messages": results})
     elif not as_jsonl:

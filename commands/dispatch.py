@@ -124,8 +124,8 @@ def command(
     INNER_MULTI_QUEUE_OFFSET, gets a unit in each of them too, as the broker that wrote it:
     a 5.x broker leaves out %RETRY% and rmq_sys_ topics and SCHEDULE_TOPIC_XXXX, a 4.9 one,
     whose properties end without 0x02, no topic; up to an offset the broker's
-    Long.parseLong refuses, where its dispatch stops for ever: verify names such a record,
-    dispatch-stop), indexes UNIQ_KEY and each
+    Long.parseLong refuses, where its dispatch stops for ever: a warning names such a
+    record, and so does verify, dispatch-stop), indexes UNIQ_KEY and each
     KEYS piece of all but ROLLBACK records, and updates the checkpoint. Running it twice
     changes nothing; an invalid record (a torn tail) ends it. One in a file a broker's
     recovery does not walk, before the log's valid end, ends it too (a broker's dispatcher

@@ -43,7 +43,12 @@ from rmqstore.errors import (
 from rmqstore.indexfile import IndexService
 from rmqstore.kernel import layout as kernel_layout
 from rmqstore.kernel.layout import ROW_WIDTH
-from rmqstore.multidispatch import CopyRunTables, kernel_copy_rows, record_units
+from rmqstore.multidispatch import (
+    CopyRunTables,
+    dispatch_stop_problem,
+    kernel_copy_rows,
+    record_units,
+)
 from rmqstore.properties import KEYS, UNIQ_KEY, decode_properties, split_keys
 from rmqstore.quarantine import Quarantine
 from rmqstore.record import (
@@ -857,6 +862,9 @@ class _BatchWalk:
                     unit_topic, unit_queue_id, queue_offset, physical_offset, size, code
                 ):
                     self.last_time = store_timestamp
+            stop = dispatch_stop_problem(physical_offset, topic, queue_id, properties, stored)
+            if stop is not None:
+                result.problems.append(stop)
         if self.index is not None and transaction != TRANSACTION_ROLLBACK:
             uniq = properties.get(UNIQ_KEY)
             keys_text = properties.get(KEYS)

@@ -137,6 +137,23 @@ def dispatch_stop(
     return _dispatched(queue_id, properties)[1]
 
 
+def dispatch_stop_problem(
+    offset: int, topic: str, queue_id: int, properties: dict[str, str], stored: bytes
+) -> str | None:
+    """What a dispatch says of the queued record at ``offset`` when a broker's dispatch stops
+    at it (:func:`dispatch_stop`; ``stored``: its stored properties, or their last byte),
+    else None."""
+    stop = dispatch_stop(topic, queue_id, properties, stored)
+    if stop is None:
+        return None
+    return (
+        f"record at {offset}: a broker's dispatch stops here for ever (piece {stop.number + 1} "
+        f"of INNER_MULTI_QUEUE_OFFSET, {quoted(stop.piece)}, for {quoted(stop.queue)}, is no "
+        "number to its Long.parseLong); the units before that piece were written, as the "
+        "broker writes them, and the dispatch went on"
+    )
+
+
 def _dispatched(
     queue_id: int, properties: dict[str, str]
 ) -> tuple[list[QueueCopy], DispatchStop | None]:
@@ -302,11 +319,19 @@ def kernel_copy_rows(
     (``tables.gathered``), which the caller puts after the rows' own units. When a further
     queue could be one of the rows' own (:func:`may_share_queues`), or the runs do not fit
     the tables, the rows with further queues go the reference way too: a queue's units must
-    go in in log order."""
+    go in in log order. So do rows a broker's dispatch stops at (the kernel's
+    ``copy_stops``), for the caller to name them (:func:`dispatch_stop_problem`)."""
     width = layout.DISPATCH_WIDTH
     flags = dispatch_out[layout.DISPATCH_FLAGS + first * width : stop * width : width]
     special, with_copies = split_rows(flags, first, special)
     numbers = array("q", with_copies)
+    if numbers:
+        stops = tables.scratch_for(len(numbers))
+        found = kernel.copy_stops(buf, rows, numbers, stops)
+        if found:  # rows a broker's dispatch stops at: the reference way names them
+            stopped = set(stops[:found])
+            special.update(stopped)
+            numbers = array("q", (number for number in numbers if number not in stopped))
     if numbers:
         gathered = tables.gather_named(buf, rows, numbers, dispatch_out, names)
         if gathered is None or may_share_queues(

@@ -41,7 +41,12 @@ from rmqstore.dispatch import (
 from rmqstore.hashing import index_key_hash_with_prefix, java_string_hash, tags_code
 from rmqstore.indexfile import HASHED_KEY
 from rmqstore.kernel import layout
-from rmqstore.multidispatch import CopyRunTables, kernel_copy_rows, record_units
+from rmqstore.multidispatch import (
+    CopyRunTables,
+    dispatch_stop_problem,
+    kernel_copy_rows,
+    record_units,
+)
 from rmqstore.pipeline.location import StoreLocation
 from rmqstore.pipeline.ranges import (
     FileRange,
@@ -105,6 +110,8 @@ class PreparedRange:
     records: int  # records to dispatch (before the range's first stop)
     runs: list[UnitRun]  # in the order they were started
     index: bytearray  # the keys to index, packed with HASHED_KEY, in log order
+    # records a broker's dispatch stops at (multidispatch.dispatch_stop_problem): (offset, text)
+    problems: list[tuple[int, str]] = field(default_factory=list)
 
 
 def prepare_range(job: DispatchJob) -> PreparedRange:
@@ -115,7 +122,9 @@ def prepare_range(job: DispatchJob) -> PreparedRange:
         preparer.batch(buf, rows, count, damaged_before=scan.invalid_regions > 0)
     tally = preparer.tally
     tally.first_crc_failure = scan.first_crc_failure
-    return PreparedRange(tally.summary(scan), preparer.records, preparer.runs, preparer.index)
+    return PreparedRange(
+        tally.summary(scan), preparer.records, preparer.runs, preparer.index, preparer.problems
+    )
 
 
 _RUN_CAPACITY = 1024  # runs gathered per kernel call
@@ -140,6 +149,7 @@ class _RangePreparer:
         self.open_runs: dict[tuple[str, int], UnitRun] = {}
         self.runs: list[UnitRun] = []
         self.index = bytearray()
+        self.problems: list[tuple[int, str]] = []  # records a broker's dispatch stops at
         self.prefixes: dict[str, int] = {}
         self.names = layout.TopicNames()
         self.queue_names: dict[bytes, str] = {}  # further queues' names (copy_run_keys)
@@ -316,6 +326,9 @@ class _RangePreparer:
             unit = UNIT.pack(offset, size, code)
             for unit_topic, queue_id, queue_offset in units:  # LMQ queues too (spec 6.8)
                 self._add_unit(unit_topic, queue_id, queue_offset, offset, unit, store_timestamp)
+            stop = dispatch_stop_problem(offset, topic, header.queue_id, properties, props)
+            if stop is not None:
+                self.problems.append((offset, stop))
         if self.build_index and transaction != TRANSACTION_ROLLBACK:
             self._index_row(offset, store_timestamp, topic, properties)
         self.records += 1
@@ -372,7 +385,7 @@ class _Applier:
     def apply(self, prepared: PreparedRange) -> None:
         result = self.result
         result.records += prepared.records
-        problems: list[tuple[int, str]] = []
+        problems = list(prepared.problems)
         for run in prepared.runs:
             self._put_run(run, problems)
         result.problems.extend(text for _, text in sorted(problems, key=lambda item: item[0]))

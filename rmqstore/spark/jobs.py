@@ -51,6 +51,7 @@ from rmqstore.pipeline.ranges import (
     file_bounds,
 )
 from rmqstore.pipeline.rebuild import crc_checked_from, settle_walk_end, walk_end
+from rmqstore.record import QUEUED_TRANSACTIONS, TRANSACTION_MASK
 from rmqstore.segments import fsync_directory
 from rmqstore.spark import SparkUnavailable, spark_log_path, worker_failure
 from rmqstore.spark.sources import SOURCE_SPLIT
@@ -307,7 +308,7 @@ class SparkPipeline(Pipeline):
         rows = (
             self.messages(walked, include_body=False, topics=None)
             .where(F.col("commitLogOffset") < F.lit(cut))
-            .select(*_UNIT_COLUMNS, F.lit(False).alias("copy"))
+            .select(*_UNIT_COLUMNS, F.lit(False).alias("copy"), _no_problem())
         )
         # the units records have in further (LMQ) queues (spec 6.8), as rows of their own: a
         # second read, of only the files where the walk found such records
@@ -331,11 +332,23 @@ class SparkPipeline(Pipeline):
         def write(frames: Any) -> Any:
             import pyarrow as pa
 
+            problems: list[tuple[int, str]] = []
+
             def units() -> Any:
                 for batch in frames:
-                    yield from zip(*(batch.column(i).to_pylist() for i in range(9)), strict=True)
+                    columns = [batch.column(i).to_pylist() for i in range(9)]
+                    if batch.column(9).null_count == batch.num_rows:  # units only
+                        yield from zip(*columns, strict=True)
+                        continue
+                    texts = batch.column(9).to_pylist()
+                    for *unit, problem in zip(*columns, texts, strict=True):
+                        if problem is None:
+                            yield unit
+                        else:  # a record a broker's dispatch stops at, not a unit
+                            problems.append((unit[3], problem))
 
             outcome = write_sorted_units(Path(root), file_size, min_offset, units(), topics)
+            outcome.problems.extend(problems)
             yield pa.RecordBatch.from_pylist([{"outcome": _encode(outcome)}])
 
         written = ordered.mapInArrow(write, "outcome STRING").collect()
@@ -344,18 +357,27 @@ class SparkPipeline(Pipeline):
 
 _UNIT_SCHEMA = (
     "topic STRING, queueId INT, queueOffset BIGINT, commitLogOffset BIGINT, msgSize INT, "
-    "tagsCode BIGINT, sysFlag INT, storeTimestamp BIGINT, copy BOOLEAN"
+    "tagsCode BIGINT, sysFlag INT, storeTimestamp BIGINT, copy BOOLEAN, problem STRING"
 )
+
+
+def _no_problem() -> Any:
+    """The ``problem`` column of unit rows: null (a row naming a record a broker's dispatch
+    stops at carries its text instead, and is no unit: :func:`_copy_rows`)."""
+    from pyspark.sql import functions as F
+
+    return F.lit(None).cast("string").alias("problem")
 
 
 def _copy_rows(uri: str, frames: Any) -> Any:
     """A unit row for each of the further queues each record names (runs on executors), as
     the broker that wrote the record dispatched them: for a topic a 5.x broker gives none,
     the record's last byte (the end of its properties) tells a 4.9 broker's record, which
-    has them."""
+    has them. A record a broker's dispatch stops at gets a row of its own too, no unit: its
+    ``problem`` says so (:func:`rmqstore.multidispatch.dispatch_stop_problem`)."""
     import pyarrow as pa
 
-    from rmqstore.multidispatch import gets_no_copies, queue_copies
+    from rmqstore.multidispatch import dispatch_stop_problem, gets_no_copies, queue_copies
     from rmqstore.pipeline.location import StoreLocation
 
     location = StoreLocation(uri)
@@ -366,6 +388,7 @@ def _copy_rows(uri: str, frames: Any) -> Any:
             for name in ("properties", "file"):
                 schema = schema.remove(schema.get_field_index(name))
             schema = schema.append(pa.field("copy", pa.bool_()))
+            schema = schema.append(pa.field("problem", pa.string()))
         found = []
         for row in batch.to_pylist():
             properties = dict(row.pop("properties"))
@@ -379,8 +402,18 @@ def _copy_rows(uri: str, frames: Any) -> Any:
                 found.append(
                     row
                     | {"topic": topic, "queueId": queue_id, "queueOffset": queue_offset}
-                    | {"copy": True}
+                    | {"copy": True, "problem": None}
                 )
+            if row["sysFlag"] & TRANSACTION_MASK in QUEUED_TRANSACTIONS:
+                problem = dispatch_stop_problem(
+                    row["commitLogOffset"],
+                    row["topic"],
+                    row["queueId"],
+                    properties,
+                    stored,
+                )
+                if problem is not None:
+                    found.append(row | {"copy": True, "problem": problem})
         if found:
             yield pa.RecordBatch.from_pylist(found, schema=schema)
 

@@ -877,12 +877,33 @@ def test_verify_names_a_record_a_brokers_dispatch_stops_at(tmp_path: Path) -> No
         assert lags and all(f"stops at the record at {offset:,}" in lag for lag in lags)
     only_log = json.loads(run_cli("verify", lmq_store, "--json", "--commitlog-only").stdout)
     assert "dispatch-stop" not in only_log["findingsByKind"]  # a check of what dispatch does
-    assert run_cli("dispatch", lmq_store).exit_code == 0
+    dispatched = run_cli("dispatch", lmq_store, "--json")
+    assert dispatched.exit_code == 0  # a warning: the dispatch went on
+    said = f"record at {offset}: a broker's dispatch stops here for ever (piece 2"
+    assert [said in text for text in json.loads(dispatched.stdout)["problems"]] == [True]
+    assert said in dispatched.stderr
     with Store.open_read(lmq_store) as store:
         assert [u.physical_offset for u in store.consume_queue(LMQ[0], 0).units()][-1] == offset
         assert store.consume_queue(LMQ[1], 0).max_offset == room[1]  # after the stop: none
         report = verify_store(store)
     assert report.counts == {"dispatch-stop": 1}, report.counts
+    digest = tree_digest(lmq_store / "consumequeue")
+    for jobs in ("1", "2"):  # the walk, and worker processes
+        rebuilt = run_cli(
+            "dispatch", lmq_store, "--rebuild", "--yes", "--jobs", jobs, "--split-size", "4096",
+            "--json",
+        )  # fmt: skip
+        assert rebuilt.exit_code == 0, rebuilt.stderr
+        problems = json.loads(rebuilt.stdout)["problems"]
+        assert [said in text for text in problems] == [True], problems
+        assert tree_digest(lmq_store / "consumequeue") == digest
+    again = run_cli(
+        "append", lmq_store, "--dispatch", "--topic", "MqttTopic", "--body", "again",
+        "--property", f"{INNER_MULTI_DISPATCH}=Plain,{LMQ[2]}",
+        "--property", f"{INNER_MULTI_QUEUE_OFFSET}=,0",
+    )  # fmt: skip
+    assert again.exit_code == 0  # its dispatch's warnings are told, as dispatch tells them
+    assert "a broker's dispatch stops here for ever (piece 1 of" in again.stderr
 
 
 def test_the_kernel_finds_the_rows_a_brokers_dispatch_stops_at() -> None:

@@ -270,7 +270,9 @@ def test_rebuild_on_spark_gives_copies_as_each_records_broker_did(
     """A 5.x broker's retried LMQ message waiting in SCHEDULE_TOPIC_XXXX (properties ending
     with 0x02, the original's offsets) gets no copy; a 4.9 broker's delayed one (properties
     ending without) gets units of its own. The Spark rebuild reads the last byte of such
-    records to tell them apart, and writes what the local engine and a dispatch write."""
+    records to tell them apart, and writes what the local engine and a dispatch write. A
+    record a broker's dispatch stops at (an empty offset piece before an LMQ name) gets the
+    units before that piece, and the same warning, from both engines."""
     base = tmp_path / "base"
     shutil.copytree(stores / "lmq", base)
     with Store.open_read(base) as store:
@@ -284,6 +286,12 @@ def test_rebuild_on_spark_gives_copies_as_each_records_broker_did(
             appender = store.appender(multi_dispatch=True, trailing_separator=as_5x)
             appender.append_many([Message(topic=topic, body=b"x", properties=properties)])
     with Store.open_write(base) as store:
+        next_offset = store.consume_queue("%LMQ%room-1", 0).max_offset + 1  # after the delayed
+        stuck = {"INNER_MULTI_DISPATCH": "%LMQ%room-1,Plain,%LMQ%room-2"}
+        stuck["INNER_MULTI_QUEUE_OFFSET"] = f"{next_offset},,0"
+        appender = store.appender(multi_dispatch=False, trailing_separator=True)
+        appender.append_many([Message(topic="MqttTopic", body=b"y", properties=stuck)])
+    with Store.open_write(base) as store:
         dispatcher = Dispatcher(store, clock=clock)
         try:
             dispatcher.run(0)
@@ -295,10 +303,11 @@ def test_rebuild_on_spark_gives_copies_as_each_records_broker_did(
     local = _rebuild(tmp_path / "local", None, None)
     remote = _rebuild(tmp_path / "spark", None, spark)
     assert remote == local
+    assert [text for text in local["problems"] if "stops here for ever" in text]
     assert tree_digest(tmp_path / "spark") == tree_digest(tmp_path / "local")
     assert _lmq_files(tmp_path / "spark") == dispatched
     with Store.open_read(tmp_path / "spark") as store:
-        assert verify_store(store).ok
+        assert verify_store(store).counts == {"dispatch-stop": 1}
 
 
 @pytest.mark.parametrize("copy", ["store", "store_torn_half_record"])
