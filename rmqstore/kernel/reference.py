@@ -1397,15 +1397,7 @@ def message_rows(
     return count
 
 
-def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, int, int, int]]]:
-    """:func:`_copy_paired_pieces` without how many pieces pair up."""
-    named, pieces, _paired = _copy_paired_pieces(buf, rows, row)
-    return named, pieces
-
-
-def _copy_paired_pieces(
-    buf: Any, rows: Any, row: int
-) -> tuple[int, list[tuple[int, int, int, int]], int]:
+def _copy_pieces(buf: Any, rows: Any, row: int) -> tuple[int, list[tuple[int, int, int, int]], int]:
     """How many of the further queues row ``row`` names a broker's dispatch reaches (up to
     an offset ``Long.parseLong`` refuses), and its units in them as ``row_copies`` reads them
     (a negative offset writes none), each as ``(name_at, name_length, queue_id,
@@ -1468,7 +1460,7 @@ def row_copies(buf: Any, rows: Any, numbers: Any, copy_type: Any, names: Any, ou
     """See :mod:`rmqstore.kernel.layout`."""
     new_copy = tuple.__new__
     for row in numbers:
-        _named, pieces = _copy_pieces(buf, rows, row)
+        _named, pieces, _paired = _copy_pieces(buf, rows, row)
         copies: list = []
         out.append(copies)
         for name_at, name_length, queue_id, value in pieces:
@@ -1486,7 +1478,7 @@ def copy_stops(buf: Any, rows: Any, numbers: Any, out: Any) -> int:
         raise ValueError("out holds fewer integers than numbers")
     found = 0
     for row in numbers:
-        named, _pieces, paired = _copy_paired_pieces(buf, rows, row)
+        named, _pieces, paired = _copy_pieces(buf, rows, row)
         if named < paired:
             out[found] = row
             found += 1
@@ -1504,7 +1496,7 @@ def copy_runs(
     placed: list[tuple[int, int]] = []  # per unit: (run, row)
     done = 0
     for row in numbers:
-        named, pieces = _copy_pieces(buf, rows, row)
+        named, pieces, _paired = _copy_pieces(buf, rows, row)
         if not 0 <= row * DISPATCH_WIDTH <= len(dispatch_out) - DISPATCH_WIDTH:
             raise ValueError(f"row {row} is outside the dispatch output")
         if len(found) + named > run_capacity or len(placed) + named > unit_capacity:

@@ -90,7 +90,7 @@ def chunk_size(queues: int) -> int:
     return max(_SMALLEST_CHUNK, min(_CHUNK, share))
 
 
-_UNREAD = -3  # QueueChecks._reach not read yet
+_UNREAD = -3  # QueueChecks._reach (or _stop) not read yet
 # the runs of matched queue offsets a queue keeps (16 bytes each): past this many, the
 # second look at the queue reads every unit, as it did before the runs were kept
 MATCHED_RUNS_KEPT = 4096
@@ -246,6 +246,7 @@ class QueueChecks:
         self.last_queued_time = 0  # store time of the newest record found in a queue
         self.resume_without_index = False  # where a dispatch resumes was told without it
         self._reach: int | None = _UNREAD  # where the consume queues reach (_who_adds)
+        self._stop: int | None = _UNREAD  # the first record a broker's dispatch stops at
         self._folders: dict[Path, str] = {}  # each queue's folder, as findings name it
         self._lookup: RecordLookup | None = None  # records where unmatched units point
         self._beyond_reported: set[Path] = set()  # queues said to point past the log
@@ -860,15 +861,11 @@ class QueueChecks:
         part (its reput starts at the log's end unless recheckReputOffsetFromCq is set). A
         broker's dispatch adds none from a record it stops at (``dispatch-stop``)."""
         them = "it" if records == 1 else "them"
-        stops = [
-            finding.commit_log_offset
-            for finding in self.report.findings
-            if finding.kind == "dispatch-stop" and finding.commit_log_offset is not None
-        ]
-        if stops:
+        stop = self._broker_stop()
+        if stop is not None:
             return (
                 f"rmqstore dispatch adds {them}; a broker's dispatch stops at the record at "
-                f"{min(stops):,} (dispatch-stop) and adds none from there on"
+                f"{stop:,} (dispatch-stop) and adds none from there on"
             )
         if self.store.aborted:
             return f"rmqstore dispatch adds {them}, and so does a broker's crash recovery at start"
@@ -886,6 +883,20 @@ class QueueChecks:
             "a 5.x broker's start may not: 5.3.0 and 5.3.1 dispatch none, 5.3.2 and later only "
             "records past the one at the furthest queue's end"
         )
+
+    def _broker_stop(self) -> int | None:
+        """The first record the record pass found a broker's dispatch stops at
+        (``dispatch-stop``), looked up once; None when it found none."""
+        if self._stop == _UNREAD:
+            self._stop = min(
+                (
+                    finding.commit_log_offset
+                    for finding in self.report.findings
+                    if finding.kind == "dispatch-stop" and finding.commit_log_offset is not None
+                ),
+                default=None,
+            )
+        return self._stop
 
     def _queue_reach(self) -> int | None:
         """Where the consume queues reach (:func:`rmqstore.dispatch.queue_reach`), read once;
