@@ -100,25 +100,39 @@ def process_map(
     waiting = deque(jobs)
     pending: deque[Future] = deque()
     try:
-        with ProcessPoolExecutor(
+        pool = ProcessPoolExecutor(
             processes, mp_context=context, initializer=_start, initargs=(os.getpid(), prepare)
-        ) as pool:
-            try:
-                while waiting and len(pending) < 2 * processes:
+        )
+        try:
+            while waiting and len(pending) < 2 * processes:
+                pending.append(_submit(pool, function, waiting.popleft()))
+            while pending:
+                result = pending.popleft().result()
+                if waiting:
                     pending.append(_submit(pool, function, waiting.popleft()))
-                while pending:
-                    result = pending.popleft().result()
-                    if waiting:
-                        pending.append(_submit(pool, function, waiting.popleft()))
-                    yield result
-            finally:
-                for future in pending:  # the caller stopped early: drop what has not started
-                    future.cancel()
+                yield result
+        finally:
+            for future in pending:  # the caller stopped early: drop what has not started
+                future.cancel()
+            _shut_down(pool)
     except BrokenProcessPool:
         raise StoreIOError(
             "a worker process ended abruptly (out of memory, or killed); "
             "run again with fewer --jobs"
         ) from None
+
+
+def _shut_down(pool: Any) -> None:
+    """``pool.shutdown(wait=True)``, finished even when a stop signal cuts into it (the stop
+    then goes on): a pool left running had its thread close its wakeup pipe as the process
+    ended, racing Python 3.11's exit hook, which wrote to it ("Exception ignored in: <module
+    'threading'> ... Bad file descriptor", a traceback after the command's one line). A
+    second signal is ignored while the command stops, so the second call runs to its end."""
+    try:
+        pool.shutdown(wait=True)
+    except BaseException:
+        pool.shutdown(wait=True)
+        raise
 
 
 # the signals that stop a command: a worker leaves them to the process that started it
