@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +208,15 @@ def _replace(path: Path, old: bytes, new: bytes) -> None:
         raise StoreIOError(f"cannot write {path}: {exc.strerror}") from None
 
 
+_NAMES_SHOWN = 10  # topics a message names; an append of thousands says how many more
+
+
 def _names(queues: dict[str, int]) -> str:
     listed = ", ".join(
-        f"{topic} ({count} queue{'s' if count != 1 else ''})" for topic, count in queues.items()
+        f"{topic} ({count} queue{'s' if count != 1 else ''})"
+        for topic, count in islice(queues.items(), _NAMES_SHOWN)
     )
+    more = len(queues) - _NAMES_SHOWN
+    if more > 0:
+        listed += f" and {more:,} more topic{'s' if more != 1 else ''}"
     return f"topic{'s' if len(queues) != 1 else ''} {listed}"

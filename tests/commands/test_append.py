@@ -870,6 +870,19 @@ def test_append_lists_new_topics_and_queues_in_topics_json(tmp_path: Path) -> No
     topics.unlink()
     topics.write_text(kept)
 
+    # thousands of new topics: the first ten named, the rest counted, in a line of its size
+    lines = "".join(
+        json.dumps({"topic": f"Many{number:04d}", "queueId": number % 3, "body": "m"}) + "\n"
+        for number in range(1200)
+    )
+    result = run_cli("append", store, "--input", "-", input=lines)
+    assert result.exit_code == 0, result.stderr
+    (added,) = [line for line in result.stderr.splitlines() if "added topics" in line]
+    assert "Many0000 (1 queue), Many0001 (2 queues), Many0002 (3 queues)," in added
+    assert "Many0009 (1 queue) and 1,190 more topics to" in added and len(added) < 400
+    table = json.loads(topics.read_text())["topicConfigTable"]
+    assert all(f"Many{number:04d}" in table for number in range(1200))
+
     topics.write_text("{not json")
     result = run_cli("append", store, "--topic", "Third", "--body", "z")
     assert result.exit_code == 0, result.stderr

@@ -164,6 +164,31 @@ def test_a_flush_syncs_only_what_was_written_since_the_last(
     assert ConsumeQueue(tmp_path, "T", 0, 400).max_offset == 2
 
 
+def test_a_queue_file_takes_disk_blocks_as_its_units_grow(tmp_path: Path) -> None:
+    """A broker's queue files are sparse, so a store of many short queues (a queue per
+    device, LMQ) takes a page a queue on its disk. rmqstore reserves blocks ahead of the
+    units it writes through the map (a full disk is then an error, not a SIGBUS): a page at
+    first, then as much again as the file holds, at most 256 KiB ahead. A fixed 256 KiB
+    made a rebuild of 100,000 one-message queues need 25 GB."""
+    queue = ConsumeQueue(tmp_path, "T", 0, FILE_SIZE)
+    path = tmp_path / "T" / "0" / f"{0:020d}"
+
+    def allocated() -> int:
+        return path.stat().st_blocks * 512
+
+    queue.put(0, 0, 100, 7)
+    queue.flush()
+    assert CQ_UNIT_SIZE <= allocated() <= 16 * 1024
+    written = 20_000
+    for offset in range(1, written):
+        queue.put(offset, 100 * offset, 100, 7)
+        if offset in (200, 2_000):  # the reservation grows with the file
+            assert offset * CQ_UNIT_SIZE <= allocated() <= 2 * offset * CQ_UNIT_SIZE + 16 * 1024
+    queue.close()
+    assert written * CQ_UNIT_SIZE <= allocated() <= written * CQ_UNIT_SIZE + 256 * 1024 + 16 * 1024
+    assert ConsumeQueue(tmp_path, "T", 0, FILE_SIZE).max_offset == written
+
+
 def test_a_rocksdb_database_is_told_from_queue_folders(tmp_path: Path) -> None:
     """consumequeue/ of a 5.x broker with storeType=defaultRocksDB (spec §6.9): told by the
     names and kinds of its entries, never by opening them."""
