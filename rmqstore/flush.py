@@ -23,7 +23,7 @@ from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.errors import StoreIOError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, STORE_TIMESTAMP
-from rmqstore.segments import sync_directory
+from rmqstore.segments import can_sync_file_systems, sync_directory, sync_file_system
 from rmqstore.store import Store
 
 
@@ -87,24 +87,56 @@ def _sync_tree(store: Store) -> tuple[int, int]:
     folder's files go in name order, which is offset (or time) order: a power cut part way
     leaves the earlier files of a log or queue on the disk before the later ones, never a
     later file's data over an earlier one's hole (the order a folder lists its files in,
-    which it used to follow, is the file system's own)."""
+    which it used to follow, is the file system's own). The commit log goes first, then the
+    index, then the consume queues.
+
+    A consume queue of one file has no order to keep, nor have the queues' folders: on Linux
+    5.8 and later those are made durable last, by one syncfs(2) of their file system (see
+    :func:`rmqstore.segments.sync_file_system`) instead of an fsync each, which flushed the
+    disk's write cache each time (three of them a queue: a store of 20,000 LMQ queues took
+    60,000 fsyncs, 4.6 s of a 14 s ``recover`` here, and far longer on a disk whose cache
+    flush takes milliseconds)."""
     files = size = 0
-    for top in (store.commitlog_dir, store.consumequeue_dir, store.index_dir):
+    for top in (store.commitlog_dir, store.index_dir, store.consumequeue_dir):
         if not top.is_dir() or top.is_symlink():
             continue
+        together = top == store.consumequeue_dir and can_sync_file_systems()
+        devices: dict[int, Path] = {}  # a folder on each file system the queues are on
         for directory, subdirectories, names in os.walk(top):
-            for name in sorted(names):
-                path = Path(directory) / name
-                if path.is_symlink() or not path.is_file():
-                    continue
-                size += _fsync(path)
+            regular = [
+                path
+                for path in (Path(directory) / name for name in sorted(names))
+                if not path.is_symlink() and path.is_file()
+            ]
+            for path in regular:
+                size += _size(path) if together and len(regular) == 1 else _fsync(path)
                 files += 1
             subdirectories[:] = [
                 name for name in subdirectories if not (Path(directory) / name).is_symlink()
             ]
-            sync_directory(Path(directory))
+            if together:
+                devices.setdefault(_size(Path(directory), device=True), Path(directory))
+            else:
+                sync_directory(Path(directory))
+        for folder in devices.values():
+            try:
+                sync_file_system(folder)
+            except OSError as exc:
+                raise StoreIOError(
+                    f"cannot flush the consume queues on the file system of {folder}: "
+                    f"{exc.strerror}"
+                ) from None
     sync_directory(store.root)
     return files, size
+
+
+def _size(path: Path, *, device: bool = False) -> int:
+    """The size of ``path`` (its device with ``device``), without following a link."""
+    try:
+        status = path.lstat()
+    except OSError as exc:
+        raise StoreIOError(f"cannot flush {path}: {exc.strerror}") from None
+    return status.st_dev if device else status.st_size
 
 
 def _fsync(path: Path) -> int:

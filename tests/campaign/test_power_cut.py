@@ -1,6 +1,6 @@
 """A power cut in the middle of ``recover``, ``dispatch --rebuild``, ``quarantine restore``,
 ``replicate`` (from a directory and over HA), ``dispatch`` and ``append --dispatch`` (each
-flush policy): the command is killed as it enters its n-th fsync, fdatasync or msync
+flush policy): the command is killed as it enters its n-th fsync, fdatasync, msync or syncfs
 (strace's syscall injection) and the disk image copied at once. The file system is mounted with
 ``commit=300`` and a run lasts less than the 30 s after which Linux writes dirty pages back
 on its own, so nothing the command did not sync reached the image: the copy is what a power
@@ -27,7 +27,7 @@ from campaigns import campaign_random, child_env, repair_outcome, rounds, seed_n
 from support import assert_reported_are_stored, failing_disk, mounted_copy, run_cli, serving
 
 CUTS = rounds(short=2, long=40)
-SYNCS = ("fsync", "fdatasync", "msync")
+SYNCS = ("fsync", "fdatasync", "msync", "syncfs")
 DISK = {"holds": "200m", "size": "160m", "options": "commit=300"}  # a disk that does not fail
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")

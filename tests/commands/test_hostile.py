@@ -729,6 +729,32 @@ def test_a_disk_going_bad_under_recover_loses_nothing(tmp_path: Path, room: int)
 
 
 @pytest.mark.plumbing
+def test_a_flush_the_disk_fails_under_says_so_in_one_line(tmp_path: Path) -> None:
+    """``flush`` makes a store's one-file queues and the queues' folders durable with one
+    syncfs of their file system (Linux 5.8 and later; an fsync each elsewhere): pages of
+    such queues the disk then fails to take are exit 4 in one line naming the flush, and
+    the checkpoint is not written over them. (Here the write-back fails as the first sync
+    forces a journal commit, which writes the queues' pages first in ext4's ordered mode;
+    ``tests/engine/test_flush.py`` counts the syncs.)"""
+    lines = "".join(json.dumps({"topic": f"T{n}", "body": "x"}) + "\n" for n in range(40))
+    with failing_disk(tmp_path, holds="64m", size="128m") as (disk, image):
+        store = disk / "store"
+        made = run_cli("append", store, "--create", "--input", "-", "--dispatch", input=lines)
+        assert made.exit_code == 0, made.stderr
+        os.sync()
+        checkpoint = (store / "checkpoint").read_bytes()
+        for number in range(4):  # past each queue's one unit, bytes that are no unit
+            with open(store / "consumequeue" / f"T{number}" / "0" / f"{0:020d}", "r+b") as file:
+                file.seek(4096)
+                file.write(b"\xff" * (2 << 20))
+        with disk_left_with(image.parent, 0):
+            result = run_cli("flush", store)
+        one_line_error(result, 4)
+        assert "cannot flush" in result.stderr, result.stderr
+        assert (store / "checkpoint").read_bytes() == checkpoint
+
+
+@pytest.mark.plumbing
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_an_export_is_on_the_disk_when_it_says_it_is_done(tmp_path: Path, fmt: str) -> None:
     """``export --engine local`` onto a disk going bad (its device takes no more writes):
