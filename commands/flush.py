@@ -28,8 +28,9 @@ def command(store: Path, config: StoreConfig, as_json: bool) -> int:
     """Force commit log, consume queues and index to disk, then write the checkpoint.
 
     Every file under commitlog/, consumequeue/ and index/ is fsynced (on Linux 5.8 and
-    later the consume queues of one file and the queues' folders by one syncfs of their
-    file system instead of an fsync each), then the checkpoint gets what is on disk:
+    later, on ext4, XFS, Btrfs, F2FS or tmpfs, the consume queues of one file and the
+    queues' folders by one syncfs of their file system instead of an fsync each), then the
+    checkpoint gets what is on disk:
     physicMsgTimestamp = store time of the last valid record, logicsMsgTimestamp = store
     time of the newest record in the consume queues, indexMsgTimestamp = end time of the
     last full index file. A checkpoint a crash cut short

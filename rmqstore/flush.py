@@ -23,7 +23,7 @@ from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.errors import StoreIOError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, STORE_TIMESTAMP
-from rmqstore.segments import can_sync_file_systems, sync_directory, sync_file_system
+from rmqstore.segments import can_sync_file_system, sync_directory, sync_file_system
 from rmqstore.store import Store
 
 
@@ -91,40 +91,44 @@ def _sync_tree(store: Store) -> tuple[int, int]:
     index, then the consume queues.
 
     A consume queue of one file has no order to keep, nor have the queues' folders: on Linux
-    5.8 and later those are made durable last, by one syncfs(2) of their file system (see
-    :func:`rmqstore.segments.sync_file_system`) instead of an fsync each, which flushed the
-    disk's write cache each time (three of them a queue: a store of 20,000 LMQ queues took
-    60,000 fsyncs, 4.6 s of a 14 s ``recover`` here, and far longer on a disk whose cache
-    flush takes milliseconds)."""
+    5.8 and later, on a local file system (:func:`rmqstore.segments.can_sync_file_system`),
+    those are made durable last, by one syncfs(2) of their file system instead of an fsync
+    each, which flushed the disk's write cache each time (three of them a queue: a store of
+    20,000 LMQ queues took 60,000 fsyncs, 4.6 s of a 14 s ``recover`` here, and far longer
+    on a disk whose cache flush takes milliseconds)."""
     files = size = 0
     for top in (store.commitlog_dir, store.index_dir, store.consumequeue_dir):
         if not top.is_dir() or top.is_symlink():
             continue
-        together = top == store.consumequeue_dir and can_sync_file_systems()
-        devices: dict[int, Path] = {}  # a folder on each file system the queues are on
+        # the queues' file system, when one syncfs makes them durable (None: file by file)
+        together = (
+            _size(top, device=True)
+            if top == store.consumequeue_dir and can_sync_file_system(top)
+            else None
+        )
         for directory, subdirectories, names in os.walk(top):
+            folder = Path(directory)
             regular = [
                 path
-                for path in (Path(directory) / name for name in sorted(names))
+                for path in (folder / name for name in sorted(names))
                 if not path.is_symlink() and path.is_file()
             ]
+            # (a folder of another file system mounted in there goes file by file)
+            deferred = together is not None and _size(folder, device=True) == together
             for path in regular:
-                size += _size(path) if together and len(regular) == 1 else _fsync(path)
+                size += _size(path) if deferred and len(regular) == 1 else _fsync(path)
                 files += 1
             subdirectories[:] = [
-                name for name in subdirectories if not (Path(directory) / name).is_symlink()
+                name for name in subdirectories if not (folder / name).is_symlink()
             ]
-            if together:
-                devices.setdefault(_size(Path(directory), device=True), Path(directory))
-            else:
-                sync_directory(Path(directory))
-        for folder in devices.values():
+            if not deferred:
+                sync_directory(folder)
+        if together is not None:
             try:
-                sync_file_system(folder)
+                sync_file_system(top)
             except OSError as exc:
                 raise StoreIOError(
-                    f"cannot flush the consume queues on the file system of {folder}: "
-                    f"{exc.strerror}"
+                    f"cannot flush the consume queues on the file system of {top}: {exc.strerror}"
                 ) from None
     sync_directory(store.root)
     return files, size

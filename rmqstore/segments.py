@@ -408,43 +408,68 @@ def sync_directory(directory: Path) -> None:
 # by an open file since it was opened); before that syncfs said nothing of such errors
 _SYNCFS_REPORTS_ERRORS = (5, 8)
 
+# file systems whose syncfs writes every dirty page and directory entry and flushes the disk
+# (statfs f_type): ext2/3/4, XFS, Btrfs, F2FS, and tmpfs, which holds nothing past a reboot
+# anyway. Elsewhere (NFS, a FUSE file system whose server may keep what syncfs hands it, ...)
+# each file is fsynced as before
+_SYNCFS_FILE_SYSTEMS = frozenset({0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994})
+
 
 @cache
-def _syncfs() -> Any:
-    """The C library's syncfs, where it can be trusted with write-back errors (Linux 5.8
-    and later); None elsewhere."""
+def _libc() -> Any:
+    """The C library, where its syncfs can be trusted with write-back errors (Linux 5.8 and
+    later); None elsewhere."""
     numbers = re.match(r"(\d+)\.(\d+)", os.uname().release) if sys.platform == "linux" else None
     if not numbers or (int(numbers[1]), int(numbers[2])) < _SYNCFS_REPORTS_ERRORS:
         return None
     import ctypes  # here: only flush and recover need it
 
     try:
-        syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syncfs.argtypes = (ctypes.c_int,)
+        libc.fstatfs.argtypes = (ctypes.c_int, ctypes.c_void_p)
     except (OSError, AttributeError):
         return None
-    syncfs.argtypes = (ctypes.c_int,)
-    return syncfs
+    return libc
 
 
-def can_sync_file_systems() -> bool:
-    """Whether :func:`sync_file_system` can be used here."""
-    return _syncfs() is not None
+def can_sync_file_system(directory: Path) -> bool:
+    """Whether :func:`sync_file_system` makes what lies in ``directory``'s file system
+    durable, and reports a failure to: Linux 5.8 and later, on a local file system of
+    :data:`_SYNCFS_FILE_SYSTEMS`."""
+    libc = _libc()
+    if libc is None:
+        return False
+    import ctypes
+
+    status = ctypes.create_string_buffer(256)  # struct statfs: f_type, a long, comes first
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        if libc.fstatfs(fd, status) != 0:
+            return False
+    finally:
+        os.close(fd)
+    kind = ctypes.c_long.from_buffer(status).value & 0xFFFFFFFF
+    return kind in _SYNCFS_FILE_SYSTEMS
 
 
 def sync_file_system(directory: Path) -> None:
-    """syncfs(2) on the file system holding ``directory`` (see :func:`can_sync_file_systems`):
+    """syncfs(2) on the file system holding ``directory`` (see :func:`can_sync_file_system`):
     every dirty page and directory entry of it made durable in one call, and one flush of
     the disk's write cache (an fsync per file and folder flushes that cache each time, even
     of a file with nothing to write: a store of thousands of queues paid it thousands of
     times). A write-back error, or no syncfs here, is an OSError."""
-    syncfs = _syncfs()
-    if syncfs is None:
+    libc = _libc()
+    if libc is None:
         raise OSError(errno.ENOSYS, "syncfs is not trusted here", str(directory))
     import ctypes
 
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        if syncfs(fd) != 0:
+        if libc.syncfs(fd) != 0:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code), str(directory))
     finally:
