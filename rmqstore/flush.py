@@ -102,7 +102,7 @@ def _sync_tree(store: Store) -> tuple[int, int]:
             continue
         # the queues' file system, when one syncfs makes them durable (None: file by file)
         together = (
-            _size(top, device=True)
+            _status(top).st_dev
             if top == store.consumequeue_dir and can_sync_file_system(top)
             else None
         )
@@ -114,9 +114,9 @@ def _sync_tree(store: Store) -> tuple[int, int]:
                 if not path.is_symlink() and path.is_file()
             ]
             # (a folder of another file system mounted in there goes file by file)
-            deferred = together is not None and _size(folder, device=True) == together
+            deferred = together is not None and _status(folder).st_dev == together
             for path in regular:
-                size += _size(path) if deferred and len(regular) == 1 else _fsync(path)
+                size += _status(path).st_size if deferred and len(regular) == 1 else _fsync(path)
                 files += 1
             subdirectories[:] = [
                 name for name in subdirectories if not (folder / name).is_symlink()
@@ -134,13 +134,12 @@ def _sync_tree(store: Store) -> tuple[int, int]:
     return files, size
 
 
-def _size(path: Path, *, device: bool = False) -> int:
-    """The size of ``path`` (its device with ``device``), without following a link."""
+def _status(path: Path) -> os.stat_result:
+    """``path``'s status, without following a link."""
     try:
-        status = path.lstat()
+        return path.lstat()
     except OSError as exc:
         raise StoreIOError(f"cannot flush {path}: {exc.strerror}") from None
-    return status.st_dev if device else status.st_size
 
 
 def _fsync(path: Path) -> int:
