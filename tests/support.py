@@ -949,3 +949,20 @@ def stopped_while_the_reader_lags(process: Any, number: int) -> tuple[bytes, byt
         if process.poll() is None:
             process.kill()
     return first + out, err
+
+
+def sync_calls(command: list[str], where: Path) -> dict[str, int]:
+    """How many times ``rmqstore COMMAND`` calls each sync, counted by strace."""
+    summary = where / "syncs.txt"
+    done = subprocess.run(
+        ["strace", "-f", "-qq", "-c", "-o", str(summary), "-e", "trace=fsync,fdatasync,syncfs",
+         sys.executable, "-m", "rmqstore", *command],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    counts = {"fsync": 0, "fdatasync": 0, "syncfs": 0}
+    for line in summary.read_text().splitlines():
+        fields = line.split()
+        if fields and fields[-1] in counts:
+            counts[fields[-1]] = int(fields[3])
+    return counts

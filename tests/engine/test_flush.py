@@ -5,8 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from rmqstore.record import Message
 from rmqstore.segments import can_sync_file_system
 from rmqstore.store import Store
 
-from support import crashed_with_a_queue_behind, run_cli
+from support import crashed_with_a_queue_behind, run_cli, sync_calls
 
 CONFIG = StoreConfig(commitlog_file_size=4096, index_slots=4, index_entries=10)
 
@@ -189,23 +187,6 @@ def _many_short_queues(root: Path, queues: int) -> None:
         dispatcher.close()
 
 
-def _sync_calls(command: list[str], where: Path) -> dict[str, int]:
-    """How many times ``rmqstore COMMAND`` calls each sync, counted by strace."""
-    summary = where / "syncs.txt"
-    done = subprocess.run(
-        ["strace", "-f", "-qq", "-c", "-o", str(summary), "-e", "trace=fsync,fdatasync,syncfs",
-         sys.executable, "-m", "rmqstore", *command],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    counts = {"fsync": 0, "fdatasync": 0, "syncfs": 0}
-    for line in summary.read_text().splitlines():
-        fields = line.split()
-        if fields and fields[-1] in counts:
-            counts[fields[-1]] = int(fields[3])
-    return counts
-
-
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 def test_a_flush_of_many_one_file_queues_syncs_their_file_system_once(tmp_path: Path) -> None:
     """flush (and recover, which ends with one) fsynced every file and folder of the store:
@@ -220,7 +201,7 @@ def test_a_flush_of_many_one_file_queues_syncs_their_file_system_once(tmp_path: 
     assert len(list((root / "consumequeue" / "T0" / "0").iterdir())) == 2
     geometry = ["--commitlog-file-size", "4096", "--consumequeue-file-size", "40",
                 "--index-slots", "4", "--index-entries", "10"]  # fmt: skip
-    counts = _sync_calls(["flush", str(root), *geometry], tmp_path)
+    counts = sync_calls(["flush", str(root), *geometry], tmp_path)
     logs = len(list((root / "commitlog").iterdir())) + len(list((root / "index").iterdir()))
     assert counts["syncfs"] == 1
     # the log's and the index's files and folders, the two files of T0's queue, the root,
