@@ -94,8 +94,8 @@ def _sync_tree(store: Store) -> tuple[int, int]:
     5.8 and later, on a local file system (:func:`rmqstore.segments.can_sync_file_system`),
     those are made durable last, by one syncfs(2) of their file system instead of an fsync
     each, which flushed the disk's write cache each time (three of them a queue: a store of
-    20,000 LMQ queues took 60,000 fsyncs, 4.6 s of a 14 s ``recover`` here, and far longer
-    on a disk whose cache flush takes milliseconds)."""
+    20,000 LMQ queues took 60,000 fsyncs: up to 4.6 s of a 14 s ``recover`` here, and a
+    minute on a disk whose cache flush takes a millisecond)."""
     files = size = 0
     for top in (store.commitlog_dir, store.index_dir, store.consumequeue_dir):
         if not top.is_dir() or top.is_symlink():
