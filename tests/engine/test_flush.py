@@ -191,9 +191,10 @@ def _many_short_queues(root: Path, queues: int) -> None:
 def test_a_flush_of_many_one_file_queues_syncs_their_file_system_once(tmp_path: Path) -> None:
     """flush (and recover, which ends with one) fsynced every file and folder of the store:
     three a queue, each flushing the disk's write cache, even with nothing to write (a
-    store of 20,000 LMQ queues: 60,000 fsyncs, up to 6.5 s of flush here). The queues of one file
-    and the queues' folders are now made durable together by one syncfs; the commit log and
-    the index files, and a queue of several files, still go file by file, in order."""
+    store of 20,000 LMQ queues: 60,000 fsyncs, up to 6.5 s of flush here). The queues of
+    one file and the queues' folders are now made durable together by one syncfs; the
+    commit log and the index files, and a queue of several files, still go file by file,
+    in order."""
     if not can_sync_file_system(tmp_path):
         pytest.skip("syncfs is used on Linux 5.8 and later, on local file systems")
     root = tmp_path / "s"
