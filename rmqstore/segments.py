@@ -416,19 +416,31 @@ _SYNCFS_FILE_SYSTEMS = frozenset({0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x
 
 
 @cache
+def _c_library() -> Any:
+    """This process's C library through ctypes (errno kept), loaded once; None where it
+    cannot be loaded. ctypes is imported here: only the writers' rarer steps need it."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+@cache
 def _libc() -> Any:
     """The C library, where its syncfs can be trusted with write-back errors (Linux 5.8 and
     later); None elsewhere."""
     numbers = re.match(r"(\d+)\.(\d+)", os.uname().release) if sys.platform == "linux" else None
     if not numbers or (int(numbers[1]), int(numbers[2])) < _SYNCFS_REPORTS_ERRORS:
         return None
-    import ctypes  # here: only flush and recover need it
+    import ctypes
 
+    libc = _c_library()
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
         libc.syncfs.argtypes = (ctypes.c_int,)
         libc.fstatfs.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    except (OSError, AttributeError):
+    except AttributeError:  # (no library, or one without them)
         return None
     return libc
 
@@ -583,9 +595,8 @@ def release_range(path: Path, start: int, length: int) -> bool:
     import ctypes
 
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fallocate = libc.fallocate
-    except (OSError, AttributeError):
+        fallocate = _c_library().fallocate
+    except AttributeError:  # (no library, or one without it)
         return False
     fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
     fd = open_for_writing(path)
