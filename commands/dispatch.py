@@ -155,7 +155,11 @@ def command(
     (a full disk: exit 4) leaves 'abort' in place, as a crash would (some queues may reach
     further than others or the index): the one-line error says so; run it again once the
     cause is mended. Stopped before that, it says it "stopped before it changed the store"
-    and takes away the empty queue and index files and the folders it made.
+    and takes away the empty queue and index files and the folders it made. The units, files
+    and folders it wrote are on the disk before the checkpoint moves: on Linux 5.8 and
+    later, on ext4, XFS, Btrfs, F2FS or tmpfs, the queues written in one file, and the new
+    queues' folders, by one syncfs of their file system (see rmqstore flush); a queue that
+    rolls to its next file syncs the one before first.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a

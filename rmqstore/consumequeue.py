@@ -191,6 +191,12 @@ class ConsumeQueue:
         self._write_limit = -1
         self._reserved = 0  # bytes of the mapped file with blocks reserved
         self._dirty: set[Path] = set()
+        # set by a writer whose file system gets one syncfs when it is done (see
+        # sync_deferred): the queue's first file, and the folders made for it, are created
+        # without an fsync of their folders, which are listed in _unsynced_folders until a
+        # flush (or a second file) makes them durable
+        self.defer_names = False
+        self._unsynced_folders: list[Path] = []
         # the first chunk of each file the load's walk read, kept while the load lasts: the
         # last unit and the first file's units are read from it (a store of thousands of
         # queues holds thousands of queues of a unit or a few, one chunk each)
@@ -658,8 +664,16 @@ class ConsumeQueue:
 
     def _create(self, start: int, head: bytes = b"") -> Segment:
         try:
+            if self.queue.segments:
+                # a later file: the earlier one's name durable first (its data is synced
+                # before the new file is written, see _sync_files_before)
+                self._sync_names()
+            elif self.defer_names:
+                return self.queue.create(start, head=head, unsynced_folders=self._unsynced_folders)
             # sparse: blocks are reserved as units are written
             return self.queue.create(start, head=head)
+        except OSError as exc:
+            raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
         except StoreFormatError as exc:  # something stands where the queue's file must go
             raise StoreFormatError(
                 f"{exc}; rmqstore dispatch --rebuild --yes moves the consume queues to "
@@ -738,7 +752,12 @@ class ConsumeQueue:
         broker's recovery reads them (its walk ends the queue at the first unit that is not
         there, and the replay puts the rest again). The mapped file, the queue's last, used
         to be synced first (msync), which could leave it on the disk over an earlier file
-        never written: a hole before the queue's end, which no replay fills."""
+        never written: a hole before the queue's end, which no replay fills. Names not made
+        durable yet (see ``defer_names``) go first."""
+        try:
+            self._sync_names()
+        except OSError as exc:
+            raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
         if self.end == self._synced_end and not self._dirty:
             return
         if self._write_segment is not None:  # the fast path of put() does not mark it
@@ -748,6 +767,29 @@ class ConsumeQueue:
                 sync_file_data(path)
         except OSError as exc:
             raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
+        self._dirty.clear()
+        self._synced_end = self.end
+
+    def _sync_names(self) -> None:
+        """fsync the folders whose entries :meth:`_create` left unsynced, outermost first."""
+        while self._unsynced_folders:
+            fsync_directory(self._unsynced_folders[0])
+            del self._unsynced_folders[0]
+
+    def sync_deferred(self) -> bool:
+        """Whether what :meth:`flush` would make durable can wait for one syncfs(2) of the
+        queue's file system instead (:meth:`synced_by_file_system` after it): it lies in one
+        file, so there is no order of files to keep, and names left unsynced. False when
+        there is nothing to sync, or more than one file to sync in order (flush then)."""
+        dirty = set(self._dirty)
+        if self._write_segment is not None and self.end != self._synced_end:
+            dirty.add(self._write_segment.path)
+        return len(dirty) == 1 or (not dirty and bool(self._unsynced_folders))
+
+    def synced_by_file_system(self) -> None:
+        """After a syncfs(2) of the queue's file system that succeeded: what
+        :meth:`sync_deferred` let wait is durable."""
+        self._unsynced_folders.clear()
         self._dirty.clear()
         self._synced_end = self.end
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -38,6 +39,7 @@ from rmqstore.errors import (
     RecordError,
     RmqStoreError,
     StoreFormatError,
+    StoreIOError,
     UncleanStoreError,
 )
 from rmqstore.indexfile import IndexService
@@ -58,7 +60,7 @@ from rmqstore.record import (
     BodyMode,
     ScanStop,
 )
-from rmqstore.segments import remove_empty_directory
+from rmqstore.segments import can_sync_file_system, remove_empty_directory, sync_file_system
 from rmqstore.stops import whole
 from rmqstore.store import ZEROS_WHERE_RECORDS_GO_ON, Store
 from rmqstore.topics import is_path_safe
@@ -153,6 +155,9 @@ class Dispatcher:
         self.skips_records = False  # set by run: it starts past where queues and index end
         self.delay_levels = DelayLevels(store.config.message_delay_level)
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        # the device of the queues' file system when one syncfs makes the queues' writes
+        # durable at the end (see _flush_queues); None: each queue flushes its own files
+        self._synced_together = _one_sync_device(store) if build_queues else None
         self._ends_at_open: dict[tuple[str, int], int] = {}  # each queue's end (changed())
         # what the store held at the open, so that a dispatch stopped before it changed
         # anything takes away the empty files and folders it made (_remove_made)
@@ -194,6 +199,7 @@ class Dispatcher:
             commitlog_min_offset=self.store.commitlog.min_offset,
         )
         queue.refuse_until_rebuilt(_PUTS_ELSEWHERE)
+        queue.defer_names = self._synced_together is not None
         queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
         self._ends_at_open[(topic, queue_id)] = queue.end
         self._files_at_open[(topic, queue_id)] = len(queue.queue.segments)
@@ -515,6 +521,35 @@ class Dispatcher:
         self.queues[(topic, queue_id)] = queue
         return queue
 
+    def _flush_queues(self) -> None:
+        """Make the queues' units, files and folders durable. Where one syncfs(2) can
+        (``_synced_together``), a queue whose writes lie in one file, on that file system,
+        leaves them to one syncfs at the end; the others flush their files in order first.
+        A dispatch into 20,000 new LMQ queues made 60,000 fsyncs of folders and 20,000
+        fdatasyncs of files, each flushing the disk's write cache: 18 of its 23 s here."""
+        together = self._synced_together
+        deferred: list[ConsumeQueue] = []
+        for queue in self.queues.values():
+            if (
+                together is not None
+                and queue.sync_deferred()
+                and _device(queue.directory) == together
+            ):
+                deferred.append(queue)
+                continue
+            queue.flush()
+        if not deferred:
+            return
+        try:
+            sync_file_system(self.store.consumequeue_dir)
+        except OSError as exc:
+            raise StoreIOError(
+                "cannot flush the consume queues on the file system of "
+                f"{self.store.consumequeue_dir}: {exc.strerror}"
+            ) from None
+        for queue in deferred:
+            queue.synced_by_file_system()
+
     def finish(self, result: DispatchResult, last_time: int | None) -> None:
         """Flush and record progress for work done elsewhere (a parallel rebuild)."""
         self._finish(result, last_time)
@@ -525,8 +560,7 @@ class Dispatcher:
         """Make the written files durable, then record progress in the checkpoint (never ahead
         of what is on disk: ``flushed_time``, the store time of the last record the caller
         forced to disk in the log), and tell the store how far the consume queues reach."""
-        for queue in self.queues.values():
-            queue.flush()
+        self._flush_queues()
         full_index_end = 0
         if self.index is not None:
             self.index.flush()
@@ -1036,6 +1070,23 @@ def _past_records_giving_nothing(
                 return physical_offset
         offset = physical_offset + header.total_size
     return max(offset, scan.end_offset)
+
+
+def _one_sync_device(store: Store) -> int | None:
+    """The device of the file system the store's queues are written in, when one syncfs(2)
+    makes them durable there (:func:`rmqstore.segments.can_sync_file_system`); else None.
+    A store without ``consumequeue/`` yet makes it in the store's folder."""
+    folder = store.consumequeue_dir if store.consumequeue_dir.is_dir() else store.root
+    return _device(folder) if can_sync_file_system(folder) else None
+
+
+def _device(folder: Path) -> int | None:
+    """The device ``folder`` lies on (links followed, as the writes follow them); None
+    when it cannot be told."""
+    try:
+        return os.stat(folder).st_dev
+    except OSError:
+        return None
 
 
 def queue_reach(store: Store) -> int | None:

@@ -181,14 +181,26 @@ class SegmentQueue:
         """Drop segments beyond the first ``count`` from the list (the files stay)."""
         del self.segments[count:]
 
-    def create(self, start_offset: int, *, reserve: bool = False, head: bytes = b"") -> Segment:
+    def create(
+        self,
+        start_offset: int,
+        *,
+        reserve: bool = False,
+        head: bytes = b"",
+        unsynced_folders: list[Path] | None = None,
+    ) -> Segment:
         """Create the segment starting at ``start_offset`` at its full size, as the broker's
         allocator does: sparse, or with every block allocated when ``reserve`` (so writes
         through a map can never meet a full disk). The file is made under a temporary name and
         renamed into place at full size, so a kill never leaves a short segment; an empty file
         left at the name by an older writer's kill is replaced (it holds nothing). ``head``,
         bytes the file begins with (a consume queue's pre-blank units), is written and synced
-        before the rename: the file is never on the disk without them."""
+        before the rename: the file is never on the disk without them.
+
+        The new names (the file's, and those of the folders made for it) are made durable
+        before this returns, a folder at a time, unless ``unsynced_folders`` is given: the
+        folders whose entries changed are then added to it, for the caller to make durable
+        later (each one fsynced, or one syncfs of their file system)."""
         if start_offset % self.file_size:
             raise StoreFormatError(
                 f"segment offset {start_offset} is not a multiple of the file size {self.file_size}"
@@ -197,7 +209,7 @@ class SegmentQueue:
         temporary = self.directory / creating_name(path.name)
         was_there = True  # an empty file at the name, left by an older writer's kill
         try:
-            make_directories(self.directory)
+            made = make_directories(self.directory, durable=unsynced_folders is None)
             _refuse_existing(path)
             was_there = os.path.lexists(path)
             fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
@@ -211,7 +223,11 @@ class SegmentQueue:
             finally:
                 os.close(fd)
             os.rename(temporary, path)
-            fsync_directory(self.directory)
+            if unsynced_folders is None:
+                fsync_directory(self.directory)
+            else:
+                unsynced_folders.extend(folder.parent for folder in made)
+                unsynced_folders.append(self.directory)
             segment = Segment(start_offset, path, self.file_size)
             self.segments.append(segment)
         except BaseException as exc:
@@ -357,9 +373,11 @@ def _refuse_existing(path: Path) -> None:
         raise FileExistsError(path)
 
 
-def make_directories(path: Path) -> None:
+def make_directories(path: Path, *, durable: bool = True) -> list[Path]:
     """``mkdir -p`` whose every created directory is durable: after each ``mkdir`` the
-    parent directory is fsynced (syncing only the leaf would not keep its ancestors)."""
+    parent directory is fsynced (syncing only the leaf would not keep its ancestors). Not
+    ``durable``: no fsync, the caller makes the parents of what it made durable later.
+    Returns the directories made, outermost first."""
     missing: list[Path] = []
     current = path
     while not current.is_dir():
@@ -367,6 +385,7 @@ def make_directories(path: Path) -> None:
         if current.parent == current:
             break
         current = current.parent
+    made: list[Path] = []
     for directory in reversed(missing):
         try:
             directory.mkdir()
@@ -376,7 +395,10 @@ def make_directories(path: Path) -> None:
                     errno.ENOTDIR, "a file where a folder must be", str(directory)
                 ) from None
             continue
-        fsync_directory(directory.parent)
+        made.append(directory)
+        if durable:
+            fsync_directory(directory.parent)
+    return made
 
 
 def remove_empty_directory(directory: Path) -> None:

@@ -15,13 +15,16 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 
+from rmqstore.dispatch import queue_reach
 from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.store import Store
 
 from campaigns import campaign_random, child_env, repair_outcome, rounds, seed_note
 from support import assert_reported_are_stored, failing_disk, mounted_copy, run_cli, serving
@@ -73,11 +76,18 @@ def cuts_run_again_give_the_uncut_outcome(
     outcome: Callable[[Path], dict[str, str]],
     label: str,
     finished: Callable[[Path], bool] = lambda _store: False,
+    *,
+    broker_starts: bool = False,
 ) -> dict[str, str]:
     """``command`` on copies of ``source`` (none when it does not exist: the command makes
     the store), each cut at one of its syncs; on the disk each cut leaves, the command run
     again (unless ``finished`` says the cut came after it) gives the ``outcome`` of a run
-    never cut, which is returned."""
+    never cut, which is returned.
+
+    ``broker_starts``: on the disk each cut leaves, a broker's start puts back every unit
+    that is not there (see :func:`_a_broker_start_puts_back_what_is_missing`). Run again,
+    a dispatch resumes from what the queue files hold, whatever the checkpoint says: that
+    alone did not tell a checkpoint made durable before the units it vouches for."""
     rng = campaign_random(label)
     with failing_disk(tmp_path, **DISK) as (disk, image):
         reference = disk / "reference"
@@ -95,6 +105,8 @@ def cuts_run_again_give_the_uncut_outcome(
             where = f"cut {cut} at {sync} {number}{seed_note()}"
             with mounted_copy(image, tmp_path) as after:
                 kept = after / store.name
+                if broker_starts:
+                    _a_broker_start_puts_back_what_is_missing(kept, where)
                 if not finished(kept):
                     again = run_cli(*command(kept))
                     assert again.exit_code == 0, f"{where}: {again.stderr}"
@@ -104,6 +116,29 @@ def cuts_run_again_give_the_uncut_outcome(
                 )
             shutil.rmtree(store, ignore_errors=True)
     return expected
+
+
+def _a_broker_start_puts_back_what_is_missing(store: Path, where: str) -> None:
+    """With 'abort', a broker's crash recovery dispatches the commit log again from the file
+    the checkpoint picks; without, it dispatches only what follows the queues' reach. A
+    record before that point whose units are not on the disk (``dispatch-lag`` or
+    ``dispatch-hole`` at its offset) has lost them for good: its checkpoint or its 'abort'
+    was made durable before them."""
+    with Store.open_read(store) as opened:
+        if opened.aborted:
+            start = opened.commitlog.recovery_start(opened.checkpoint(), True)
+            replayed_from = start.start if start is not None else 0
+        else:
+            replayed_from = max(0, queue_reach(opened) or 0)
+    checked = run_cli("verify", store, "--json", "--max-findings", "1000000")
+    lost = [
+        finding
+        for finding in json.loads(checked.stdout)["findings"]
+        if finding["kind"] in ("dispatch-lag", "dispatch-hole")
+        and finding["commitLogOffset"] is not None
+        and finding["commitLogOffset"] < replayed_from
+    ]
+    assert not lost, f"{where}: a broker replays from {replayed_from}: {lost[:2]}"
 
 
 @pytest.mark.campaign
@@ -128,25 +163,37 @@ def test_a_repair_cut_by_a_power_cut_run_again_gives_the_same_files(
 @pytest.mark.campaign
 def test_a_dispatch_cut_by_a_power_cut_run_again_gives_the_same_files(tmp_path: Path) -> None:
     """``dispatch`` of a store appended to without ``--dispatch`` (12 queues of small files,
-    so they roll, and small index files), cut at one of its syncs: on the copy, dispatch run
+    so they roll, 400 LMQ queues of a file each, made durable by one syncfs where it is
+    trusted, and small index files), cut at one of its syncs: on the copy, dispatch run
     again gives the consume queues, index and checkpoint a run never cut gives."""
-    lines = tmp_path / "in.jsonl"
-    with open(lines, "w", encoding="utf-8") as out:
-        for number in range(4_000):
-            message = {"topic": f"T{number % 3}", "queueId": number % 4, "keys": f"k{number}",
-                       "body": f"{number:06d}" + "y" * 200}  # fmt: skip
-            out.write(json.dumps(message) + "\n")
     source = tmp_path / "source"
-    made = run_cli("append", source, "--create", "--commitlog-file-size", str(1 << 20),
-                   "--consumequeue-file-size", "2000", "--index-slots", "100",
-                   "--index-entries", "400", "--input", lines)  # fmt: skip
-    assert made.exit_code == 0, made.stderr
+    # two appends 3.5 s apart: the second commit-log file starts with records of the first,
+    # stored more than the 3 s a broker's recovery allows before the checkpoint's times, so
+    # once the dispatch's checkpoint is on the disk a broker replays only the second file
+    for first, last in ((0, 3_700), (3_700, 4_000)):
+        lines = tmp_path / f"in-{first}.jsonl"
+        with open(lines, "w", encoding="utf-8") as out:
+            for number in range(first, last):
+                copies = {"INNER_MULTI_DISPATCH": f"%LMQ%d{number % 400}"}
+                message = {"topic": f"T{number % 3}", "queueId": number % 4,
+                           "keys": f"k{number}", "body": f"{number:06d}" + "y" * 200,
+                           "properties": copies}  # fmt: skip
+                out.write(json.dumps(message) + "\n")
+        if first:
+            time.sleep(3.5)
+        made = run_cli("append", source, "--create", "--multi-dispatch",
+                       "--commitlog-file-size", str(1 << 20),
+                       "--consumequeue-file-size", "2000", "--index-slots", "100",
+                       "--index-entries", "400", "--input", lines)  # fmt: skip
+        assert made.exit_code == 0, made.stderr
+    assert len(list((source / "commitlog").iterdir())) == 2
     cuts_run_again_give_the_uncut_outcome(
         tmp_path,
         source,
         lambda store: ["dispatch", str(store), "--index-slots", "100", "--index-entries", "400"],
         repair_outcome,
         "power-cut-dispatch",
+        broker_starts=True,
     )
 
 

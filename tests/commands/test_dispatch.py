@@ -482,7 +482,6 @@ def test_a_dispatch_stopped_before_it_put_anything_leaves_no_empty_file_or_folde
 INTERRUPTED_AS_A_FILE_IS_MADE = """
 import os, sys
 from pathlib import Path
-import rmqstore.indexfile, rmqstore.segments
 from rmqstore.commands.entry import main
 kind, moment, which = sys.argv[1], sys.argv[2], int(sys.argv[3])
 made = []
@@ -496,16 +495,11 @@ def stop_at(name, path):
             raise KeyboardInterrupt
 rename = os.rename
 def renaming(source, target, *args, **kwargs):
-    stop_at(str(source), target)
-    return rename(source, target, *args, **kwargs)
+    if moment == "temporary":
+        stop_at(str(source), target)
+    rename(source, target, *args, **kwargs)
+    stop_at(str(target), target)
 os.rename = renaming
-module = rmqstore.segments if kind == "queue" else rmqstore.indexfile
-synced = module.fsync_directory
-def syncing(directory):
-    synced(directory)
-    stop_at(str(directory), Path(directory) / "x")
-if moment == "in place":
-    module.fsync_directory = syncing
 sys.argv = ["rmqstore", "dispatch", *sys.argv[4:]]
 main()
 """

@@ -416,3 +416,60 @@ def test_a_queue_starting_past_its_files_start_appears_with_its_fill_and_first_u
     assert queue.put(20, 1000, 100, 5) is PutOutcome.WRITTEN  # the start of its second file
     assert happened == [("rename", bytes(9 * CQ_UNIT_SIZE))]
     queue.close()
+
+
+def test_a_queue_made_with_its_names_deferred_syncs_them_before_a_second_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatcher whose file system gets one syncfs at the end makes a queue's first file,
+    and the folders for it, without an fsync of each folder (``defer_names``). The queue
+    that rolls to a second file makes those names durable before the second file appears
+    (and the first file's units before the second takes any), so a power cut never leaves
+    the later file on the disk without the earlier one; a flush makes them durable too."""
+    import os
+
+    happened: list[str] = []
+    real_rename, real_fsync_directory = os.rename, consumequeue.fsync_directory
+
+    def rename(source: str | Path, target: str | Path) -> None:
+        happened.append(f"rename {Path(target).name}")
+        real_rename(source, target)
+
+    def fsync_directory(folder: Path) -> None:
+        happened.append(f"fsync {folder.relative_to(tmp_path)}")
+        real_fsync_directory(folder)
+
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(consumequeue, "fsync_directory", fsync_directory)
+    monkeypatch.setattr("rmqstore.segments.fsync_directory", fsync_directory)
+    synced = _syncing_spy(monkeypatch)
+    root = tmp_path / "consumequeue"
+    queue = ConsumeQueue(root, "T", 0, 4 * CQ_UNIT_SIZE)
+    queue.defer_names = True
+    for number in range(4):
+        queue.put(number, number * 100, 100, 7)
+    assert happened == [f"rename {0:020d}"] and synced == []
+    assert queue.sync_deferred()  # one file to sync: it can wait for the syncfs
+    queue.put(4, 400, 100, 7)
+    assert happened == [
+        f"rename {0:020d}",
+        # the first file's names, outermost first, then the second file, made durably
+        "fsync .",
+        "fsync consumequeue",
+        "fsync consumequeue/T",
+        "fsync consumequeue/T/0",
+        f"rename {4 * CQ_UNIT_SIZE:020d}",
+        "fsync consumequeue/T/0",
+    ]
+    assert synced == [f"{0:020d}"]
+    queue.close()
+
+    happened.clear()
+    other = ConsumeQueue(root, "U", 3, 4 * CQ_UNIT_SIZE)
+    other.defer_names = True
+    other.put(0, 900, 100, 7)
+    other.flush()  # a flush makes the deferred names durable first
+    names = ["consumequeue", "consumequeue/U", "consumequeue/U/3"]
+    assert happened == [f"rename {0:020d}"] + [f"fsync {name}" for name in names]
+    assert not other.sync_deferred()  # nothing left to sync
+    other.close()
