@@ -106,23 +106,31 @@ def _sync_tree(store: Store) -> tuple[int, int]:
             if top == store.consumequeue_dir and can_sync_file_system(top)
             else None
         )
-        for directory, subdirectories, names in os.walk(top):
-            folder = Path(directory)
-            regular = [
-                path
-                for path in (folder / name for name in sorted(names))
-                if not path.is_symlink() and path.is_file()
-            ]
+        # (folder, its device): the listing's kinds come without a stat per entry, so a
+        # store of 20,000 queue folders is walked in a few hundred milliseconds
+        pending = [(str(top), _status(top).st_dev)]
+        while pending:
+            folder, device = pending.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=_by_name)
+            except OSError:
+                continue  # gone (or unreadable) since it was found: as os.walk passed it
+            regular = [entry for entry in entries if entry.is_file(follow_symlinks=False)]
             # (a folder of another file system mounted in there goes file by file)
-            deferred = together is not None and _status(folder).st_dev == together
-            for path in regular:
-                size += _status(path).st_size if deferred and len(regular) == 1 else _fsync(path)
+            deferred = together is not None and device == together
+            for entry in regular:
+                if deferred and len(regular) == 1:
+                    size += _entry_size(entry)
+                else:
+                    size += _fsync(Path(entry.path))
                 files += 1
-            subdirectories[:] = [
-                name for name in subdirectories if not (folder / name).is_symlink()
-            ]
             if not deferred:
-                sync_directory(folder)
+                sync_directory(Path(folder))
+            pending.extend(
+                (entry.path, _entry_device(entry))
+                for entry in reversed(entries)
+                if entry.is_dir(follow_symlinks=False)
+            )
         if together is not None:
             try:
                 sync_file_system(top)
@@ -132,6 +140,24 @@ def _sync_tree(store: Store) -> tuple[int, int]:
                 ) from None
     sync_directory(store.root)
     return files, size
+
+
+def _by_name(entry: os.DirEntry[str]) -> str:
+    return entry.name
+
+
+def _entry_size(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_size
+    except OSError as exc:
+        raise StoreIOError(f"cannot flush {entry.path}: {exc.strerror}") from None
+
+
+def _entry_device(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_dev
+    except OSError as exc:
+        raise StoreIOError(f"cannot flush {entry.path}: {exc.strerror}") from None
 
 
 def _status(path: Path) -> os.stat_result:
