@@ -158,8 +158,9 @@ def command(
     and takes away the empty queue and index files and the folders it made. The units, files
     and folders it wrote are on the disk before the checkpoint moves: on Linux 5.8 and
     later, on ext4, XFS, Btrfs, F2FS or tmpfs, the queues written in one file, and the new
-    queues' folders, by one syncfs of their file system (see rmqstore flush); a queue that
-    rolls to its next file syncs the one before first.
+    queues' folders, by one syncfs of their file system when there are 64 such queues or
+    more (see rmqstore flush); a queue that rolls to its next file syncs the one before
+    first.
 
     With --rebuild --jobs N the commit log is read in ranges (--split-size) by N worker
     processes and applied here in log order: the same files and result as one pass. After a

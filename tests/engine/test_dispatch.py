@@ -628,7 +628,8 @@ def test_a_dispatch_into_many_new_queues_syncs_their_file_system_once(tmp_path: 
     made in) and an fdatasync of its file: a dispatch into 20,000 new LMQ queues made 80,000
     syncs, each flushing the disk's write cache (18 s of its 23 s here). The queues whose
     writes lie in one file, and their folders, are now made durable by one syncfs before
-    the checkpoint; a queue of two files still goes file by file, in order."""
+    the checkpoint (when there are SYNCFS_FROM_QUEUES of them or more); a queue of two files
+    still goes file by file, in order."""
     if not can_sync_file_system(tmp_path):
         pytest.skip("syncfs is used on Linux 5.8 and later, on local file systems")
     root = tmp_path / "s"
@@ -642,6 +643,15 @@ def test_a_dispatch_into_many_new_queues_syncs_their_file_system_once(tmp_path: 
     # T0's names and two files; the index's files and folder; the checkpoint, the root, the
     # abort file: not 1,200 more for the queues
     assert counts["fsync"] + counts["fdatasync"] <= 4 + 3 + 2 * index_files + 2 + 6, counts
+    assert run_cli("verify", root, *geometry).exit_code == 0
+
+    # a few queues written (an append, then its dispatch): each synced on its own, as a
+    # syncfs waits for every dirty page of the file system, other programs' too
+    with Store.open_write(root, SHORT_QUEUES) as store:
+        appender = store.appender(uniq_keys=UniqKeyGenerator())
+        appender.append_many([Message(topic=f"T{n}", body=b"z") for n in range(1, 6)])
+    counts = sync_calls(["dispatch", str(root), *geometry], tmp_path)
+    assert counts["syncfs"] == 0 and counts["fdatasync"] >= 5, counts
     assert run_cli("verify", root, *geometry).exit_code == 0
 
 
