@@ -197,6 +197,7 @@ class ConsumeQueue:
         # flush (or a second file) makes them durable
         self.defer_names = False
         self._unsynced_folders: list[Path] = []
+        self._made: Segment | None = None  # the file this object made last (all zero)
         # the first chunk of each file the load's walk read, kept while the load lasts: the
         # last unit and the first file's units are read from it (a store of thousands of
         # queues holds thousands of queues of a unit or a few, one chunk each)
@@ -669,9 +670,13 @@ class ConsumeQueue:
                 # before the new file is written, see _sync_files_before)
                 self._sync_names()
             elif self.defer_names:
-                return self.queue.create(start, head=head, unsynced_folders=self._unsynced_folders)
+                self._made = self.queue.create(
+                    start, head=head, unsynced_folders=self._unsynced_folders
+                )
+                return self._made
             # sparse: blocks are reserved as units are written
-            return self.queue.create(start, head=head)
+            self._made = self.queue.create(start, head=head)
+            return self._made
         except OSError as exc:
             raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None
         except StoreFormatError as exc:  # something stands where the queue's file must go
@@ -684,7 +689,8 @@ class ConsumeQueue:
         if self._write_segment is not segment:
             self._release()
             self._sync_files_before(segment)
-            if self.on_residue is not None:
+            if self.on_residue is not None and segment is not self._made:
+                # (a file made here holds nothing past the end: its head is before it)
                 start = max(0, self.end - segment.start)
                 extent = nonzero_extent(segment.path, start, self.file_size)
                 if extent is not None:
