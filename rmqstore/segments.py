@@ -91,12 +91,10 @@ class SegmentQueue:
         ``file_size`` is an error (a 4.9 broker refuses to start); otherwise it is recorded in
         ``problems``. A zero-length last file is skipped, as a 5.x broker deletes it."""
         queue = cls(directory, file_size)
-        if not directory.is_dir():
-            return queue
         try:
-            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
-        except FileNotFoundError:
-            return queue  # moved or deleted since it was found (a rebuild beside a reader)
+            entries = sorted(os.scandir(directory), key=_entry_name)
+        except (FileNotFoundError, NotADirectoryError):
+            return queue  # not there (or moved or deleted since it was found: a rebuild)
         except OSError as exc:
             raise StoreIOError(f"cannot list {directory}: {exc.strerror}") from None
         for entry in entries:
@@ -112,11 +110,12 @@ class SegmentQueue:
                 continue  # deleted since the listing (a broker's retention): not there
             except OSError as exc:
                 raise read_failure(entry.path, exc) from None
+            path = directory / entry.name
             if entry.is_symlink():
-                queue.links.append(Path(entry.path))
+                queue.links.append(path)
             elif status.st_nlink > 1:
-                queue.shared.append((Path(entry.path), status.st_nlink))
-            queue.segments.append(Segment(int(entry.name), Path(entry.path), status.st_size))
+                queue.shared.append((path, status.st_nlink))
+            queue.segments.append(Segment(int(entry.name), path, status.st_size))
         for index, segment in enumerate(queue.segments):
             if segment.size == file_size:
                 continue
@@ -342,6 +341,10 @@ def write_whole_file(path: Path, data: bytes) -> None:
         discard_made(temporary, None)
         raise
     fsync_directory(path.parent)
+
+
+def _entry_name(entry: os.DirEntry[str]) -> str:
+    return entry.name
 
 
 def discard_made(temporary: Path, path: Path | None) -> None:
