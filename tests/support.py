@@ -951,6 +951,20 @@ def stopped_while_the_reader_lags(process: Any, number: int) -> tuple[bytes, byt
     return first + out, err
 
 
+def recorded_calls(monkeypatch: Any, module: Any, name: str) -> list[Any]:
+    """The first argument of each call of ``module.name``, in order, from now on (the real
+    function is still called, its result returned)."""
+    calls: list[Any] = []
+    real = getattr(module, name)
+
+    def recording(first: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(first)
+        return real(first, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, recording)
+    return calls
+
+
 def sync_calls(command: list[str], where: Path) -> dict[str, int]:
     """How many times ``rmqstore COMMAND`` calls each sync, counted by strace."""
     summary = where / "syncs.txt"

@@ -32,6 +32,7 @@ from support import (
     compiled_pass_only,
     files_held,
     manifest_dump,
+    recorded_calls,
     run_cli,
     sync_calls,
     tree_digest,
@@ -666,22 +667,9 @@ def test_where_syncfs_cannot_be_trusted_a_dispatch_syncs_each_new_queue(
 
     root = tmp_path / "s"
     _many_new_queues(root, 20)
-    files: list[Path] = []
-    folders: list[Path] = []
-    real_sync_file_data = consumequeue_module.sync_file_data
-    real_fsync_directory = segments_module.fsync_directory
-
-    def sync_file_data(path: Path) -> None:
-        files.append(path)
-        real_sync_file_data(path)
-
-    def fsync_directory(path: Path) -> None:
-        folders.append(path)
-        real_fsync_directory(path)
-
     monkeypatch.setattr(dispatch_module, "can_sync_file_system", lambda _folder: False)
-    monkeypatch.setattr(consumequeue_module, "sync_file_data", sync_file_data)
-    monkeypatch.setattr(segments_module, "fsync_directory", fsync_directory)
+    files = recorded_calls(monkeypatch, consumequeue_module, "sync_file_data")
+    folders = recorded_calls(monkeypatch, segments_module, "fsync_directory")
     with Store.open_write(root, SHORT_QUEUES) as store:
         dispatcher = Dispatcher(store)
         dispatcher.run()

@@ -20,7 +20,7 @@ from rmqstore.record import Message
 from rmqstore.segments import can_sync_file_system
 from rmqstore.store import Store
 
-from support import crashed_with_a_queue_behind, run_cli, sync_calls
+from support import crashed_with_a_queue_behind, recorded_calls, run_cli, sync_calls
 
 CONFIG = StoreConfig(commitlog_file_size=4096, index_slots=4, index_entries=10)
 
@@ -220,21 +220,9 @@ def test_where_syncfs_cannot_be_trusted_every_file_and_folder_is_synced(
 
     root = tmp_path / "s"
     _many_short_queues(root, 20)
-    files: list[Path] = []
-    folders: list[Path] = []
-    real_fsync, real_sync_directory = flush_module._fsync, flush_module.sync_directory
-
-    def fsync(path: Path) -> int:
-        files.append(path)
-        return real_fsync(path)
-
-    def sync_directory(path: Path) -> None:
-        folders.append(path)
-        real_sync_directory(path)
-
     monkeypatch.setattr(flush_module, "can_sync_file_system", lambda _folder: False)
-    monkeypatch.setattr(flush_module, "_fsync", fsync)
-    monkeypatch.setattr(flush_module, "sync_directory", sync_directory)
+    files = recorded_calls(monkeypatch, flush_module, "_fsync")
+    folders = recorded_calls(monkeypatch, flush_module, "sync_directory")
     with Store.open_write(root, SHORT_QUEUES) as store:
         flush_store(store)
     queues = root / "consumequeue"
