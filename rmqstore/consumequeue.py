@@ -784,9 +784,10 @@ class ConsumeQueue:
 
     def sync_deferred(self) -> bool:
         """Whether what :meth:`flush` would make durable can wait for one syncfs(2) of the
-        queue's file system instead (:meth:`synced_by_file_system` after it): it lies in one
-        file, so there is no order of files to keep, and names left unsynced. False when
-        there is nothing to sync, or more than one file to sync in order (flush then)."""
+        queue's file system instead (:meth:`synced_by_file_system` after it): the units lie
+        in one file, so there is no order of files to keep (with the names ``defer_names``
+        left unsynced). False when there is nothing to sync, or more than one file to sync
+        in order (flush then)."""
         dirty = set(self._dirty)
         if self._write_segment is not None and self.end != self._synced_end:
             dirty.add(self._write_segment.path)

@@ -106,8 +106,8 @@ def _sync_tree(store: Store) -> tuple[int, int]:
             if top == store.consumequeue_dir and can_sync_file_system(top)
             else None
         )
-        # (folder, its device): the listing's kinds come without a stat per entry, so a
-        # store of 20,000 queue folders is walked in a few hundred milliseconds
+        # (folder, its device), walked with the kinds the listing gives (no stat of each
+        # path: it made three of each file, and a store of LMQ queues has tens of thousands)
         pending = [(str(top), _status(top).st_dev)]
         while pending:
             folder, device = pending.pop()
