@@ -151,6 +151,8 @@ def test_new_queue_and_index_directories_are_durable_in_their_parents(
 
     monkeypatch.setattr(segments_module, "fsync_directory", recording)
     monkeypatch.setattr("rmqstore.indexfile.fsync_directory", recording)
+    # (a dispatch makes a new queue's folders durable as it flushes the queue)
+    monkeypatch.setattr("rmqstore.consumequeue.fsync_directory", recording)
     assert run_cli("dispatch", root).exit_code == 0
     for made in ("s/consumequeue", "s/consumequeue/T", "s/consumequeue/T/0", "s/index"):
         parent = str(Path(made).parent)
