@@ -804,6 +804,11 @@ class ConsumeQueue:
         self.flush()
         self._release()
 
+    def close_unsynced(self) -> None:
+        """Let the mapped file go without a flush: what :meth:`sync_deferred` said may wait
+        is made durable by the caller's syncfs(2) of the queue's file system."""
+        self._release()
+
     def remove_files_after(self, count: int) -> bool:
         """Remove the queue's files after its first ``count`` (made by a dispatch that
         stopped before it put a unit there), closing the queue first; False, and nothing

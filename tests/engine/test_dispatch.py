@@ -682,3 +682,38 @@ def test_where_syncfs_cannot_be_trusted_a_dispatch_syncs_each_new_queue(
     assert folders.count(queues) == 20
     assert sum(path.is_relative_to(queues) for path in folders) == 20 + 20 + 20 + 1
     assert run_cli("verify", root).exit_code == 0
+
+
+@pytest.mark.parametrize("trusted", [True, False], ids=["syncfs", "file by file"])
+def test_a_rebuild_writing_sorted_units_into_many_queues_syncs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trusted: bool
+) -> None:
+    """The Spark rebuild's writers (write_sorted_units, into a staging folder) closed each
+    queue with an fdatasync of its file and an fsync of each folder made for it: 80,000
+    syncs for 20,000 new LMQ queues. The queues written in one file now wait for one syncfs
+    of the staging folder's file system at the end, where flush trusts it (a queue that
+    rolls syncs its earlier file first); where syncfs is not trusted each queue is synced
+    as it is closed."""
+    import rmqstore.consumequeue as consumequeue_module
+    import rmqstore.dispatch as dispatch_module
+    from rmqstore.dispatch import write_sorted_units
+
+    if trusted and not can_sync_file_system(tmp_path):
+        pytest.skip("syncfs is used on Linux 5.8 and later, on local file systems")
+    if not trusted:
+        monkeypatch.setattr(dispatch_module, "can_sync_file_system", lambda _folder: False)
+    syncfs = recorded_calls(monkeypatch, dispatch_module, "sync_file_system")
+    files = recorded_calls(monkeypatch, consumequeue_module, "sync_file_data")
+    rows = [(f"D{n}", 0, 0, n * 100, 100, 7, 0, 1_700_000_000_000 + n, False) for n in range(100)]
+    rows += [("T", 0, n, 10_000 + n * 100, 100, 7, 0, 1_700_000_001_000, False) for n in range(3)]
+    stage = tmp_path / "stage"
+    outcome = write_sorted_units(stage, 2 * 20, 0, rows)
+    assert outcome.units_written == 103
+    assert syncfs == ([stage] if trusted else [])
+    # T's first file before its second took a unit (the second waits for the syncfs too),
+    # or every queue's files
+    assert len(files) == (1 if trusted else 100 + 2)
+    for n in range(100):
+        queue = ConsumeQueue(stage, f"D{n}", 0, 40)
+        assert [(u.physical_offset, u.size) for u in queue.units()] == [(n * 100, 100)]
+    assert ConsumeQueue(stage, "T", 0, 40).max_offset == 3
