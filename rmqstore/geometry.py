@@ -121,17 +121,29 @@ def store_queue_file_size(root: Path) -> int | None:
     one it states, else the most common one of its queues' files (None: no queue files)."""
     stated = stated_file_size(root, "consumequeue_file_size")
     return (
-        stated if stated is not None else _infer_file_size(root / "consumequeue", 2, CQ_UNIT_SIZE)
+        stated
+        if stated is not None
+        else _infer_file_size(root / "consumequeue", 2, _QUEUE_SIZES, CQ_UNIT_SIZE)
     )
 
 
-def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
+_COMMITLOG_SIZES = BROKER_INT_BOUNDS["mappedFileSizeCommitLog"]
+_QUEUE_SIZES = BROKER_INT_BOUNDS["mappedFileSizeConsumeQueue"]
+
+
+def _infer_file_size(
+    directory: Path, depth: int, sizes_allowed: tuple[int, int], unit: int = 1
+) -> int | None:
     """The most common size of the segment files ``depth`` levels below ``directory`` (the
-    first file of each queue), among sizes a broker can configure (a multiple of ``unit``:
-    20 for consume queues). The most common one (:func:`usual_size`: of two files, a
-    truncated one and a whole one, the whole one's), so a single damaged file cannot skew it;
-    the folders are taken in order until one size leads every other by _CLEAR_LEAD files (a
-    store of thousands of queues, all of one size, is not listed whole at every start)."""
+    first file of each queue), among sizes a broker can configure (``sizes_allowed``, the
+    smallest and the largest, and a multiple of ``unit``: 20 for consume queues). The most
+    common one (:func:`usual_size`: of two files, a truncated one and a whole one, the whole
+    one's), so a single damaged file cannot skew it; the folders are taken in order until
+    one size leads every other by _CLEAR_LEAD files (a store of thousands of queues, all of
+    one size, is not listed whole at every start). A commit log's only file cut to 1,457
+    bytes was taken for the size of its files: a replica made from it remembered that size,
+    which no command then accepted (now the store's files are said not to be of the size a
+    broker loads, as for any other cut file)."""
     if not directory.is_dir():
         return None
     sizes: Counter[int] = Counter()
@@ -139,7 +151,7 @@ def _infer_file_size(directory: Path, depth: int, unit: int = 1) -> int | None:
         for entry in sorted(os.scandir(folder), key=_BY_NAME):
             if is_segment_name(entry.name) and entry.is_file():
                 size = entry.stat().st_size
-                if size and size % unit == 0:
+                if sizes_allowed[0] <= size <= sizes_allowed[1] and size % unit == 0:
                     sizes[size] += 1
                 if depth:
                     break  # one file per queue is enough
@@ -212,11 +224,11 @@ def resolve_geometry(
             values[name] = value
             sources[name] = _REMEMBERED
     if config.commitlog_file_size is None and "commitlog_file_size" not in values:
-        inferred = _infer_file_size(config.commitlog_dir or root / "commitlog", 0)
+        inferred = _infer_file_size(config.commitlog_dir or root / "commitlog", 0, _COMMITLOG_SIZES)
         values["commitlog_file_size"] = inferred or DEFAULT_COMMITLOG_FILE_SIZE
         sources["commitlog_file_size"] = "existing files" if inferred else "default"
     if config.consumequeue_file_size is None and "consumequeue_file_size" not in values:
-        inferred = _infer_file_size(root / "consumequeue", 2, CQ_UNIT_SIZE)
+        inferred = _infer_file_size(root / "consumequeue", 2, _QUEUE_SIZES, CQ_UNIT_SIZE)
         values["consumequeue_file_size"] = inferred or DEFAULT_CONSUMEQUEUE_FILE_SIZE
         sources["consumequeue_file_size"] = "existing files" if inferred else "default"
     if not {"index_slots", "index_entries"} & (set(given) | set(values)):

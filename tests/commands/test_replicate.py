@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import shutil
 import signal
@@ -353,3 +354,25 @@ def test_a_replica_a_full_disk_stops_keeps_abort_and_a_second_run_finishes(
             assert not (dest / "abort").exists()
             assert run_cli("verify", dest).exit_code == 0
         assert outcomes == {"not made", "part way", "done"}
+
+
+def test_a_source_whose_only_log_file_is_cut_short_is_refused_not_copied_with_its_size(
+    oracle, tmp_path: Path
+) -> None:
+    """A source whose one commit-log file was cut to 1,457 bytes: its file size was taken
+    from that file, and the replica remembered 1,457 in its geometry, a size no broker
+    configures, so every command refused the replica (exit 2). The size of a store's files
+    is now told only from sizes a broker can configure (4,096 bytes or more for the commit
+    log): the cut file is one of the wrong size, as in a log of several files, the source
+    is refused in one line naming it, and verify reports it (file-size)."""
+    source = oracle("v533_s3_txn").copy_to(tmp_path)
+    log_file = source / "commitlog" / f"{0:020d}"
+    os.truncate(log_file, 1457)
+    refused = run_cli("replicate", source, tmp_path / "replica")
+    assert refused.exit_code == 2
+    assert refused.stderr.count("\n") == 1 and str(log_file) in refused.stderr
+    assert "is 1457 bytes" in refused.stderr
+    assert not (tmp_path / "replica" / "config").exists()
+    checked = run_cli("verify", source, "--json")
+    assert checked.exit_code == 1
+    assert "file-size" in json.loads(checked.stdout)["findingsByKind"]

@@ -175,17 +175,20 @@ def test_a_queue_file_size_is_the_most_common_one_counted_until_it_clearly_leads
         return real_scandir(path)
 
     monkeypatch.setattr(geometry.os, "scandir", scandir)
-    assert geometry._infer_file_size(root, 2, 20) == 6_000_000
+    assert geometry._infer_file_size(root, 2, geometry._QUEUE_SIZES, 20) == 6_000_000
     queues_listed = [path for path in listed if path.endswith(os.sep + "0")]
     # 10 + 10 of the damaged sizes, then 42 of the common one: a lead of 32
     assert len(queues_listed) == 20 + 42
     listed.clear()
     for number in range(5):
         queue(f"C{number:03d}", 4000)  # after the others: counted only if the count goes on
-    assert geometry._infer_file_size(root, 2, 20) == 6_000_000
+    assert geometry._infer_file_size(root, 2, geometry._QUEUE_SIZES, 20) == 6_000_000
     assert len([path for path in listed if path.endswith(os.sep + "0")]) == 62
     # a store of one queue, and of queues too few to lead by 32: all counted
-    assert geometry._infer_file_size(tmp_path / "consumequeue" / "C000", 1, 20) == 4000
+    assert (
+        geometry._infer_file_size(tmp_path / "consumequeue" / "C000", 1, geometry._QUEUE_SIZES, 20)
+        == 4000
+    )
 
 
 def test_of_two_commit_log_files_the_whole_one_tells_the_size(tmp_path: Path) -> None:
@@ -199,7 +202,7 @@ def test_of_two_commit_log_files_the_whole_one_tells_the_size(tmp_path: Path) ->
     for name, size in ((0, 4023), (65536, 65536)):
         with (root / f"{name:020d}").open("wb") as file:
             file.truncate(size)
-    assert geometry._infer_file_size(root, 0) == 65536
+    assert geometry._infer_file_size(root, 0, geometry._COMMITLOG_SIZES) == 65536
 
 
 @pytest.mark.parametrize("value", [0, 4095, 2**31, True, "4096"])
