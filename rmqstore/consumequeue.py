@@ -17,13 +17,13 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from operator import attrgetter
 from pathlib import Path
 
 from rmqstore import kernel
 from rmqstore.errors import RebuildFirstError, StoreFormatError, StoreIOError
 from rmqstore.javavalues import JAVA_INT_RANGE
 from rmqstore.segments import (
+    BY_NAME,
     Segment,
     SegmentQueue,
     fsync_directory,
@@ -966,9 +966,6 @@ def rocksdb_names(files: set[str]) -> bool:
     return "CURRENT" in files and any(number.isascii() and number.isdigit() for number in numbers)
 
 
-_BY_NAME = attrgetter("name")  # directory entries, sorted by name
-
-
 def list_queues(
     root: Path, linked: list[Path] | None = None, *, topic: str | None = None
 ) -> list[tuple[str, int]]:
@@ -982,7 +979,7 @@ def list_queues(
     # DirEntry kinds come with the listing (no stat per entry): a broker's store has
     # thousands of queue folders, and every command that looks at the queues lists them.
     # A folder gone since it was listed (a rebuild beside the reader moved it) is not there.
-    topics = sorted(_listing(root), key=_BY_NAME)
+    topics = sorted(_listing(root), key=BY_NAME)
     for topic_entry in topics if topic is None else [t for t in topics if t.name == topic]:
         if topic_entry.is_symlink():
             if linked is not None:
@@ -990,7 +987,7 @@ def list_queues(
             continue
         if not topic_entry.is_dir():
             continue
-        for queue_entry in sorted(_listing(Path(topic_entry.path)), key=_BY_NAME):
+        for queue_entry in sorted(_listing(Path(topic_entry.path)), key=BY_NAME):
             queue_id = queue_id_of(queue_entry.name)
             if queue_id is None:
                 continue

@@ -157,7 +157,7 @@ class Dispatcher:
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
         # the device of the queues' file system when one syncfs makes the queues' writes
         # durable at the end (see _flush_queues); None: each queue flushes its own files
-        self._synced_together = _one_sync_device(store) if build_queues else None
+        self._synced_together = _one_sync_device(store.consumequeue_dir) if build_queues else None
         self._ends_at_open: dict[tuple[str, int], int] = {}  # each queue's end (changed())
         # what the store held at the open, so that a dispatch stopped before it changed
         # anything takes away the empty files and folders it made (_remove_made)
@@ -1083,11 +1083,11 @@ def _past_records_giving_nothing(
 SYNCFS_FROM_QUEUES = 64
 
 
-def _one_sync_device(store: Store) -> int | None:
-    """The device of the file system the store's queues are written in, when one syncfs(2)
-    makes them durable there (:func:`rmqstore.segments.can_sync_file_system`); else None.
-    A store without ``consumequeue/`` yet makes it in the store's folder."""
-    folder = store.consumequeue_dir if store.consumequeue_dir.is_dir() else store.root
+def _one_sync_device(root: Path) -> int | None:
+    """The device of the file system consume queues under ``root`` are written in, when one
+    syncfs(2) makes them durable there (:func:`rmqstore.segments.can_sync_file_system`);
+    else None. A ``root`` not made yet is made in its parent folder (the store's)."""
+    folder = root if root.is_dir() else root.parent
     return _device(folder) if can_sync_file_system(folder) else None
 
 
@@ -1283,8 +1283,7 @@ def write_sorted_units(
     queue: ConsumeQueue | None = None
     # the device of ``root``'s file system when one syncfs at the end makes the queues
     # written here durable (None: each queue flushes its files and folders as it is closed)
-    folder = root if root.is_dir() else root.parent  # (a staging root is made in the store's)
-    device = _device(folder) if can_sync_file_system(folder) else None
+    device = _one_sync_device(root)
     unsynced = False  # queues closed for that syncfs to make durable
     try:
         for topic, queue_id, queue_offset, offset, size, code, sys_flag, stamp, copy in rows:

@@ -23,7 +23,7 @@ from rmqstore.consumequeue import ConsumeQueue, list_queues
 from rmqstore.errors import StoreIOError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, STORE_TIMESTAMP
-from rmqstore.segments import can_sync_file_system, sync_directory, sync_file_system
+from rmqstore.segments import BY_NAME, can_sync_file_system, sync_directory, sync_file_system
 from rmqstore.store import Store
 
 
@@ -112,7 +112,7 @@ def _sync_tree(store: Store) -> tuple[int, int]:
         while pending:
             folder, device = pending.pop()
             try:
-                entries = sorted(os.scandir(folder), key=_by_name)
+                entries = sorted(os.scandir(folder), key=BY_NAME)
             except OSError:
                 continue  # gone (or unreadable) since it was found: as os.walk passed it
             regular = [entry for entry in entries if entry.is_file(follow_symlinks=False)]
@@ -120,14 +120,14 @@ def _sync_tree(store: Store) -> tuple[int, int]:
             deferred = together is not None and device == together
             for entry in regular:
                 if deferred and len(regular) == 1:
-                    size += _entry_size(entry)
+                    size += _entry_status(entry).st_size
                 else:
                     size += _fsync(Path(entry.path))
                 files += 1
             if not deferred:
                 sync_directory(Path(folder))
             pending.extend(
-                (entry.path, _entry_device(entry))
+                (entry.path, _entry_status(entry).st_dev)
                 for entry in reversed(entries)
                 if entry.is_dir(follow_symlinks=False)
             )
@@ -142,20 +142,11 @@ def _sync_tree(store: Store) -> tuple[int, int]:
     return files, size
 
 
-def _by_name(entry: os.DirEntry[str]) -> str:
-    return entry.name
-
-
-def _entry_size(entry: os.DirEntry[str]) -> int:
+def _entry_status(entry: os.DirEntry[str]) -> os.stat_result:
+    """A listed entry's status, without following a link (:func:`_status` of a listing's
+    entry: its stat is kept with it)."""
     try:
-        return entry.stat(follow_symlinks=False).st_size
-    except OSError as exc:
-        raise StoreIOError(f"cannot flush {entry.path}: {exc.strerror}") from None
-
-
-def _entry_device(entry: os.DirEntry[str]) -> int:
-    try:
-        return entry.stat(follow_symlinks=False).st_dev
+        return entry.stat(follow_symlinks=False)
     except OSError as exc:
         raise StoreIOError(f"cannot flush {entry.path}: {exc.strerror}") from None
 

@@ -16,7 +16,6 @@ import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
-from operator import attrgetter
 from pathlib import Path
 
 from rmqstore.config import (
@@ -34,6 +33,7 @@ from rmqstore.errors import InputError, StoreFormatError, StoreIOError
 from rmqstore.indexfile import infer_geometry, read_index_headers
 from rmqstore.jsontext import parse_json
 from rmqstore.segments import (
+    BY_NAME,
     is_segment_name,
     make_directories,
     read_small_file,
@@ -148,7 +148,7 @@ def _infer_file_size(
         return None
     sizes: Counter[int] = Counter()
     for folder in _folders(str(directory), depth):
-        for entry in sorted(os.scandir(folder), key=_BY_NAME):
+        for entry in sorted(os.scandir(folder), key=BY_NAME):
             if is_segment_name(entry.name) and entry.is_file():
                 size = entry.stat().st_size
                 if sizes_allowed[0] <= size <= sizes_allowed[1] and size % unit == 0:
@@ -162,7 +162,6 @@ def _infer_file_size(
 
 # how many files more than any other size the most common one needs for the count to stop
 _CLEAR_LEAD = 32
-_BY_NAME = attrgetter("name")  # directory entries, sorted by name
 
 
 def _clear_lead(sizes: Counter[int]) -> bool:
@@ -179,7 +178,7 @@ def _folders(directory: str, depth: int) -> Iterator[str]:
     if not depth:
         yield directory
         return
-    for entry in sorted(os.scandir(directory), key=_BY_NAME):
+    for entry in sorted(os.scandir(directory), key=BY_NAME):
         if entry.is_dir():
             yield from _folders(entry.path, depth - 1)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import pairwise
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ SEGMENT_NAME_DIGITS = 20
 # found this long after it found them, by when a writer that had begun them has finished.
 WRITE_SETTLE = 0.05
 _SEGMENT_NAME = re.compile(r"[0-9]{20}")  # ASCII digits: a regex's \d takes any script's
+
+BY_NAME = attrgetter("name")  # directory entries, sorted by name
 
 
 def link_target(link: Path) -> str:
@@ -92,7 +95,7 @@ class SegmentQueue:
         ``problems``. A zero-length last file is skipped, as a 5.x broker deletes it."""
         queue = cls(directory, file_size)
         try:
-            entries = sorted(os.scandir(directory), key=_entry_name)
+            entries = sorted(os.scandir(directory), key=BY_NAME)
         except (FileNotFoundError, NotADirectoryError):
             return queue  # not there (or moved or deleted since it was found: a rebuild)
         except OSError as exc:
@@ -341,10 +344,6 @@ def write_whole_file(path: Path, data: bytes) -> None:
         discard_made(temporary, None)
         raise
     fsync_directory(path.parent)
-
-
-def _entry_name(entry: os.DirEntry[str]) -> str:
-    return entry.name
 
 
 def discard_made(temporary: Path, path: Path | None) -> None:
