@@ -34,6 +34,7 @@ from rmqstore.segments import (
     open_file_limit,
     reserve_range,
     sync_file_data,
+    sync_file_system,
 )
 from rmqstore.windows import read_range
 
@@ -861,6 +862,17 @@ class WriteMaps:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def sync_queues_file_system(root: Path) -> None:
+    """One syncfs(2) of the file system of the consume queues under ``root`` (see
+    :func:`rmqstore.segments.can_sync_file_system`), its failure a StoreIOError."""
+    try:
+        sync_file_system(root)
+    except OSError as exc:
+        raise StoreIOError(
+            f"cannot flush the consume queues on the file system of {root}: {exc.strerror}"
+        ) from None
 
 
 def write_maps_allowed() -> int:

@@ -31,6 +31,7 @@ from rmqstore.consumequeue import (
     link_target,
     linked_queue,
     list_queues,
+    sync_queues_file_system,
 )
 from rmqstore.delay import DelayLevels, unit_tags_code
 from rmqstore.errors import (
@@ -39,7 +40,6 @@ from rmqstore.errors import (
     RecordError,
     RmqStoreError,
     StoreFormatError,
-    StoreIOError,
     UncleanStoreError,
 )
 from rmqstore.indexfile import IndexService
@@ -60,7 +60,7 @@ from rmqstore.record import (
     BodyMode,
     ScanStop,
 )
-from rmqstore.segments import can_sync_file_system, remove_empty_directory, sync_file_system
+from rmqstore.segments import can_sync_file_system, remove_empty_directory
 from rmqstore.stops import whole
 from rmqstore.store import ZEROS_WHERE_RECORDS_GO_ON, Store
 from rmqstore.topics import is_path_safe
@@ -531,11 +531,7 @@ class Dispatcher:
         together = self._synced_together
         deferred: list[ConsumeQueue] = []
         for queue in self.queues.values():
-            if (
-                together is not None
-                and queue.sync_deferred()
-                and _device(queue.directory) == together
-            ):
+            if _waits_for_syncfs(queue, together):
                 deferred.append(queue)
                 continue
             queue.flush()
@@ -546,13 +542,7 @@ class Dispatcher:
             for queue in deferred:
                 queue.flush()
             return
-        try:
-            sync_file_system(self.store.consumequeue_dir)
-        except OSError as exc:
-            raise StoreIOError(
-                "cannot flush the consume queues on the file system of "
-                f"{self.store.consumequeue_dir}: {exc.strerror}"
-            ) from None
+        sync_queues_file_system(self.store.consumequeue_dir)
         for queue in deferred:
             queue.synced_by_file_system()
 
@@ -1327,12 +1317,7 @@ def write_sorted_units(
         if queue is not None:
             unsynced |= _closed_for_one_sync(queue, device)
     if unsynced:
-        try:
-            sync_file_system(root)
-        except OSError as exc:
-            raise StoreIOError(
-                f"cannot flush the consume queues on the file system of {root}: {exc.strerror}"
-            ) from None
+        sync_queues_file_system(root)
     return outcome
 
 
@@ -1341,11 +1326,18 @@ def _closed_for_one_sync(queue: ConsumeQueue, device: int | None) -> bool:
     system (see :meth:`ConsumeQueue.sync_deferred`), False when it flushed it itself. A
     rebuild into 20,000 new LMQ queues made an fdatasync of each queue's file and an fsync
     of each folder made for it (80,000 syncs, each flushing the disk's write cache)."""
-    if device is not None and queue.sync_deferred() and _device(queue.directory) == device:
+    if _waits_for_syncfs(queue, device):
         queue.close_unsynced()
         return True
     queue.close()
     return False
+
+
+def _waits_for_syncfs(queue: ConsumeQueue, device: int | None) -> bool:
+    """Whether what ``queue`` would flush can wait for one syncfs(2) of ``device``'s file
+    system (None: no syncfs is made): it lies in one file (see
+    :meth:`ConsumeQueue.sync_deferred`), in a folder of that file system."""
+    return device is not None and queue.sync_deferred() and _device(queue.directory) == device
 
 
 def out_of_order_problem(offset: int, queue_offset: int, topic: str, queue_id: int) -> str:

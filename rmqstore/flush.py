@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rmqstore.checkpoint import Checkpoint, write_checkpoint
-from rmqstore.consumequeue import ConsumeQueue, list_queues
+from rmqstore.consumequeue import ConsumeQueue, list_queues, sync_queues_file_system
 from rmqstore.errors import StoreIOError
 from rmqstore.indexfile import read_index_headers
 from rmqstore.kernel.layout import PHYSICAL_OFFSET, ROW_WIDTH, STORE_TIMESTAMP
-from rmqstore.segments import BY_NAME, can_sync_file_system, sync_directory, sync_file_system
+from rmqstore.segments import BY_NAME, can_sync_file_system, sync_directory
 from rmqstore.store import Store
 
 
@@ -132,12 +132,7 @@ def _sync_tree(store: Store) -> tuple[int, int]:
                 if entry.is_dir(follow_symlinks=False)
             )
         if together is not None:
-            try:
-                sync_file_system(top)
-            except OSError as exc:
-                raise StoreIOError(
-                    f"cannot flush the consume queues on the file system of {top}: {exc.strerror}"
-                ) from None
+            sync_queues_file_system(top)
     sync_directory(store.root)
     return files, size
 

@@ -702,7 +702,7 @@ def test_a_rebuild_writing_sorted_units_into_many_queues_syncs_once(
         pytest.skip("syncfs is used on Linux 5.8 and later, on local file systems")
     if not trusted:
         monkeypatch.setattr(dispatch_module, "can_sync_file_system", lambda _folder: False)
-    syncfs = recorded_calls(monkeypatch, dispatch_module, "sync_file_system")
+    syncfs = recorded_calls(monkeypatch, consumequeue_module, "sync_file_system")
     files = recorded_calls(monkeypatch, consumequeue_module, "sync_file_data")
     rows = [(f"D{n}", 0, 0, n * 100, 100, 7, 0, 1_700_000_000_000 + n, False) for n in range(100)]
     rows += [("T", 0, n, 10_000 + n * 100, 100, 7, 0, 1_700_000_001_000, False) for n in range(3)]
