@@ -199,6 +199,9 @@ class ConsumeQueue:
         self.defer_names = False
         self._unsynced_folders: list[Path] = []
         self._made: Segment | None = None  # the file this object made last (all zero)
+        # set by a writer into a folder it did not make (a staging folder): the queue's
+        # folders are made below it, and it is not made again when it is gone
+        self.floor: Path | None = None
         # the first chunk of each file the load's walk read, kept while the load lasts: the
         # last unit and the first file's units are read from it (a store of thousands of
         # queues holds thousands of queues of a unit or a few, one chunk each)
@@ -672,11 +675,11 @@ class ConsumeQueue:
                 self._sync_names()
             elif self.defer_names:
                 self._made = self.queue.create(
-                    start, head=head, unsynced_folders=self._unsynced_folders
+                    start, head=head, unsynced_folders=self._unsynced_folders, floor=self.floor
                 )
                 return self._made
             # sparse: blocks are reserved as units are written
-            self._made = self.queue.create(start, head=head)
+            self._made = self.queue.create(start, head=head, floor=self.floor)
             return self._made
         except OSError as exc:
             raise StoreIOError(f"cannot flush {self.directory}: {exc.strerror}") from None

@@ -1267,7 +1267,8 @@ def write_sorted_units(
     each: the same puts, in the same order per queue, as a dispatch walking the log makes.
     ``copy``: the unit of a record in a further queue (LMQ), not a record of its own. What
     it wrote is durable when it returns: where flush trusts syncfs(2), the queues written
-    in one file, and the folders made for them, by one syncfs at the end."""
+    in one file, and the folders made for them, by one syncfs at the end. ``root`` is not
+    made: when it is gone, StoreIOError."""
     outcome = QueueRunOutcome()
     current: tuple[str, int] | None = None
     queue: ConsumeQueue | None = None
@@ -1294,6 +1295,7 @@ def write_sorted_units(
                     root, topic, queue_id, file_size, commitlog_min_offset=commitlog_min_offset
                 )
                 queue.defer_names = device is not None
+                queue.floor = root  # removed under a writer still running: not made again
             assert queue is not None
             put = queue.put(queue_offset, offset, size, code)
             if put is PutOutcome.DUPLICATE:

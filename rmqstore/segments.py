@@ -13,6 +13,7 @@ import errno
 import mmap
 import os
 import re
+import shutil
 import stat
 import sys
 import time
@@ -190,6 +191,7 @@ class SegmentQueue:
         reserve: bool = False,
         head: bytes = b"",
         unsynced_folders: list[Path] | None = None,
+        floor: Path | None = None,
     ) -> Segment:
         """Create the segment starting at ``start_offset`` at its full size, as the broker's
         allocator does: sparse, or with every block allocated when ``reserve`` (so writes
@@ -202,7 +204,8 @@ class SegmentQueue:
         The new names (the file's, and those of the folders made for it) are made durable
         before this returns, a folder at a time, unless ``unsynced_folders`` is given: the
         folders whose entries changed are then added to it, for the caller to make durable
-        later (each one fsynced, or one syncfs of their file system)."""
+        later (each one fsynced, or one syncfs of their file system). ``floor``: a folder
+        above the directory that is not made when missing (see :func:`make_directories`)."""
         if start_offset % self.file_size:
             raise StoreFormatError(
                 f"segment offset {start_offset} is not a multiple of the file size {self.file_size}"
@@ -211,7 +214,7 @@ class SegmentQueue:
         temporary = self.directory / creating_name(path.name)
         was_there = True  # an empty file at the name, left by an older writer's kill
         try:
-            made = make_directories(self.directory, durable=unsynced_folders is None)
+            made = make_directories(self.directory, durable=unsynced_folders is None, floor=floor)
             _refuse_existing(path)
             was_there = os.path.lexists(path)
             fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
@@ -375,14 +378,19 @@ def _refuse_existing(path: Path) -> None:
         raise FileExistsError(path)
 
 
-def make_directories(path: Path, *, durable: bool = True) -> list[Path]:
+def make_directories(path: Path, *, durable: bool = True, floor: Path | None = None) -> list[Path]:
     """``mkdir -p`` whose every created directory is durable: after each ``mkdir`` the
     parent directory is fsynced (syncing only the leaf would not keep its ancestors). Not
     ``durable``: no fsync, the caller makes the parents of what it made durable later.
-    Returns the directories made, outermost first."""
+    ``floor``: a folder above ``path`` that is never made, nor any folder above it: when it
+    is missing, FileNotFoundError (a staging folder removed while a writer of another
+    process still ran, which made it again and left it behind). Returns the directories
+    made, outermost first."""
     missing: list[Path] = []
     current = path
     while not current.is_dir():
+        if current == floor:
+            raise FileNotFoundError(errno.ENOENT, "the folder written into is gone", str(floor))
         missing.append(current)
         if current.parent == current:
             break
@@ -401,6 +409,25 @@ def make_directories(path: Path, *, durable: bool = True) -> list[Path]:
         if durable:
             fsync_directory(directory.parent)
     return made
+
+
+# what :func:`remove_from_under_writers` renames a folder to before removing it
+REMOVING_SUFFIX = ".removing"
+
+
+def remove_from_under_writers(folder: Path) -> None:
+    """Remove ``folder`` (an unfinished export's or rebuild's staging folder) and what it
+    holds, while writers of other processes may still be writing into it (Spark tasks being
+    cancelled go on for a moment): it is renamed first (``REMOVING_SUFFIX``), so a file or
+    folder they make by its path after that fails instead of landing in it, where one made
+    during the removal left the folder behind. Errors are ignored: what is left is removed
+    by the next run (see the callers)."""
+    doomed = folder.with_name(folder.name + REMOVING_SUFFIX)
+    try:
+        os.rename(folder, doomed)
+    except OSError:
+        doomed = folder  # not there, or the name taken: removed where it is
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def remove_empty_directory(directory: Path) -> None:

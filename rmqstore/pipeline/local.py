@@ -61,7 +61,12 @@ from rmqstore.pipeline.rows import (
 )
 from rmqstore.properties import TAGS, decode_properties
 from rmqstore.record import RecordHeader
-from rmqstore.segments import fsync_directory, sync_file_data
+from rmqstore.segments import (
+    REMOVING_SUFFIX,
+    fsync_directory,
+    remove_from_under_writers,
+    sync_file_data,
+)
 from rmqstore.wording import quoted
 from rmqstore.workers import Progress, Runner, process_map, process_runner
 
@@ -284,7 +289,7 @@ def staged_directory(destination: str) -> Iterator[Path]:
         os.replace(staging, final)
         fsync_directory(final.parent)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_from_under_writers(staging)
         raise
     finally:
         os.close(held)
@@ -295,22 +300,23 @@ _STAGING_INFIX = ".rmqstore-"
 
 def remove_abandoned_stagings(parent: Path, prefix: str) -> list[str]:
     """Remove the staging folders (``prefix`` + a process id) an earlier export to the same
-    destination left when it was killed or the power went: ones no running export holds
-    (its lock) whose process is gone. They hold only part files of an export that never
-    finished. Returns the names removed."""
+    destination left when it was killed or the power went (``.removing`` after the process
+    id: killed as it removed it): ones no running export holds (its lock) whose process is
+    gone. They hold only part files of an export that never finished. Returns the names
+    removed."""
     try:
         entries = [
             entry
             for entry in os.scandir(parent)
             if entry.name.startswith(prefix)
-            and entry.name[len(prefix) :].isdigit()
+            and entry.name[len(prefix) :].removesuffix(REMOVING_SUFFIX).isdigit()
             and entry.is_dir(follow_symlinks=False)
         ]
     except OSError:
         return []
     removed = []
     for entry in entries:
-        pid = int(entry.name[len(prefix) :])
+        pid = int(entry.name[len(prefix) :].removesuffix(REMOVING_SUFFIX))
         if pid == os.getpid() or _process_running(pid):
             continue
         try:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Callable
 from functools import partial
@@ -52,7 +51,7 @@ from rmqstore.pipeline.ranges import (
 )
 from rmqstore.pipeline.rebuild import crc_checked_from, settle_walk_end, walk_end
 from rmqstore.record import QUEUED_TRANSACTIONS, TRANSACTION_MASK
-from rmqstore.segments import fsync_directory
+from rmqstore.segments import fsync_directory, remove_from_under_writers
 from rmqstore.spark import SparkUnavailable, spark_log_path, worker_failure
 from rmqstore.spark.sources import SOURCE_SPLIT
 from rmqstore.store import Store
@@ -265,13 +264,15 @@ class SparkPipeline(Pipeline):
         )
         end = walk_end(store, walked, crc_from)
         result = DispatchResult(from_offset=from_offset, to_offset=from_offset)
-        staging = store.root / f".consumequeue.rebuild-{uuid.uuid4().hex[:12]}"
+        _remove_abandoned_stagings(store)
+        staging = store.root / f"{_STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
         try:
             outcomes = self._write_queues(walked, end.cut, staging, store, topics)
             last_time = _merge_queue_outcomes(result, outcomes)
             _commit_staging(store, staging)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            # the executors' writers may still be at it (tasks cancelled by a Ctrl-C)
+            remove_from_under_writers(staging)
         settle_walk_end(store, result, walked, end, from_offset)
         dispatcher = Dispatcher(
             store, topics=topics, build_index=build_index, build_queues=False, clock=clock
@@ -482,6 +483,27 @@ def _merge_queue_outcomes(result: DispatchResult, outcomes: list[QueueRunOutcome
     result.problems = [text for _, text in sorted(problems, key=lambda item: item[0])]
     result.queues_touched = len(touched)
     return last[1] if last is not None else None
+
+
+# the folder in the store's root the Spark rebuild writes the consume queues into
+_STAGING_PREFIX = ".consumequeue.rebuild-"
+
+
+def _remove_abandoned_stagings(store: Store) -> None:
+    """Remove the staging folders of rebuilds that were killed (or cut off by a power cut)
+    before they removed them: the rebuild holds the store's lock, so no other is writing
+    one. They hold consume queues built from the commit log, which this rebuild builds
+    again."""
+    try:
+        entries = [
+            entry
+            for entry in os.scandir(store.root)
+            if entry.name.startswith(_STAGING_PREFIX) and entry.is_dir(follow_symlinks=False)
+        ]
+    except OSError:
+        return
+    for entry in entries:
+        remove_from_under_writers(Path(entry.path))
 
 
 def _commit_staging(store: Store, staging: Path) -> None:

@@ -17,14 +17,14 @@ from rmqstore.checkpoint import write_checkpoint
 from rmqstore.config import StoreConfig
 from rmqstore.consumequeue import PRE_BLANK_UNIT, ConsumeQueue
 from rmqstore.dispatch import Dispatcher, apply_rebuild, plan_dispatch, plan_rebuild
-from rmqstore.errors import InputError, NotFoundError, StoreFormatError
+from rmqstore.errors import InputError, NotFoundError, StoreFormatError, StoreIOError
 from rmqstore.hashing import tags_code
 from rmqstore.indexfile import IndexService
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.properties import KEYS, UNIQ_KEY
 from rmqstore.reader import MessageReader
 from rmqstore.record import TRANSACTION_PREPARED, TRANSACTION_ROLLBACK, Message
-from rmqstore.segments import can_sync_file_system
+from rmqstore.segments import can_sync_file_system, remove_from_under_writers
 from rmqstore.store import Store
 
 from support import (
@@ -684,6 +684,34 @@ def test_where_syncfs_cannot_be_trusted_a_dispatch_syncs_each_new_queue(
     assert run_cli("verify", root).exit_code == 0
 
 
+def test_a_rebuild_writer_does_not_make_its_staging_folder_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Spark rebuild stopped by a Ctrl-C removes its staging folder while its cancelled
+    tasks may still write: a writer making its next queue's folders (mkdir -p) made the
+    staging folder again, and left it in the store's root with that queue in it. The
+    writer makes folders below the staging folder only."""
+    import rmqstore.dispatch as dispatch_module
+    from rmqstore.dispatch import write_sorted_units
+
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    closed = dispatch_module._closed_for_one_sync
+
+    def closed_then_removed(queue: ConsumeQueue, device: int | None) -> bool:
+        waits = closed(queue, device)
+        if queue.topic == "A":
+            remove_from_under_writers(stage)  # the driver, as the task goes on to queue B
+        return waits
+
+    monkeypatch.setattr(dispatch_module, "_closed_for_one_sync", closed_then_removed)
+    rows = [("A", 0, 0, 0, 100, 7, 0, 1_700_000_000_000, False),
+            ("B", 0, 0, 100, 100, 7, 0, 1_700_000_000_001, False)]  # fmt: skip
+    with pytest.raises(StoreIOError, match=r"stage/B/0.*: the folder written into is gone"):
+        write_sorted_units(stage, 2 * 20, 0, rows)
+    assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("trusted", [True, False], ids=["syncfs", "file by file"])
 def test_a_rebuild_writing_sorted_units_into_many_queues_syncs_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trusted: bool
@@ -707,6 +735,7 @@ def test_a_rebuild_writing_sorted_units_into_many_queues_syncs_once(
     rows = [(f"D{n}", 0, 0, n * 100, 100, 7, 0, 1_700_000_000_000 + n, False) for n in range(100)]
     rows += [("T", 0, n, 10_000 + n * 100, 100, 7, 0, 1_700_000_001_000, False) for n in range(3)]
     stage = tmp_path / "stage"
+    stage.mkdir()
     outcome = write_sorted_units(stage, 2 * 20, 0, rows)
     assert outcome.units_written == 103
     assert syncfs == ([stage] if trusted else [])

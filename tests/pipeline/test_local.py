@@ -4,6 +4,7 @@ the real broker reported it; statistics add up; bad destinations are refused cle
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -295,6 +296,45 @@ def test_a_failed_worker_process_leaves_nothing_behind(
     with pytest.raises(StoreIOError, match="is gone since the store was listed"):
         pipeline.export(str(tmp_path / "out"), "parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+
+
+def test_a_part_file_made_as_a_stopped_export_removes_its_folder_is_not_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Spark task being cancelled (a Ctrl-C) goes on writing for a moment: a part file it
+    made in the staging folder while the export removed it left the folder behind, with
+    that file (the folder could not be removed once not empty). The folder is renamed
+    first: a part file made by its path after that fails."""
+    store_dir = tmp_path / "store"
+    generate("multi", store_dir)
+    out = tmp_path / "exports" / "out"
+    out.parent.mkdir()
+    real_rmdir = os.rmdir
+    made: list[str] = []
+
+    def rmdir_as_a_part_is_made(path: Any, *args: Any, **kwargs: Any) -> None:
+        staging = [entry for entry in out.parent.iterdir() if entry.name.startswith(".out.")]
+        if staging and not made:  # the export's folder is being removed: a late writer
+            late = out.parent / staging[0].name.removesuffix(".removing") / "range-00009.jsonl"
+            try:
+                late.write_bytes(b"late")
+                made.append("in the folder")
+            except FileNotFoundError:
+                made.append("refused")
+        real_rmdir(path, *args, **kwargs)
+
+    import rmqstore.pipeline.local as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "_number_parts", _interrupted)
+    monkeypatch.setattr(os, "rmdir", rmdir_as_a_part_is_made)
+    with pytest.raises(KeyboardInterrupt):
+        LocalPipeline(str(store_dir), PipelineOptions(split=9000)).export(str(out), "jsonl")
+    assert made == ["refused"]
+    assert list(out.parent.iterdir()) == []
+
+
+def _interrupted(*args: object) -> None:
+    raise KeyboardInterrupt
 
 
 def test_not_a_store(tmp_path: Path) -> None:

@@ -251,10 +251,16 @@ def test_rebuild_on_spark_writes_the_same_bytes(
 ) -> None:
     shutil.copytree(stores / name, tmp_path / "local")
     shutil.copytree(stores / name, tmp_path / "spark")
+    # staging folders of Spark rebuilds killed before they removed them (the second as it
+    # removed it): this rebuild removes them
+    for left in (".consumequeue.rebuild-0123456789ab", ".consumequeue.rebuild-ba98.removing"):
+        (tmp_path / "spark" / left / "TopicTest" / "0").mkdir(parents=True)
+        (tmp_path / "spark" / left / "TopicTest" / "0" / f"{0:020d}").write_bytes(bytes(40))
     local = _rebuild(tmp_path / "local", None, None)
     remote = _rebuild(tmp_path / "spark", None, spark)
     assert remote == local
     assert tree_digest(tmp_path / "spark") == tree_digest(tmp_path / "local")
+    assert not list((tmp_path / "spark").glob(".consumequeue.rebuild-*"))
 
 
 def _lmq_files(store_dir: Path) -> dict[str, bytes]:
