@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,9 @@ class FlushResult:
         }
 
 
-def flush_store(store: Store, *, replayed: bool = False) -> FlushResult:
+def flush_store(
+    store: Store, *, replayed: bool = False, queues: Iterable[ConsumeQueue] | None = None
+) -> FlushResult:
     """Force the store's files to disk and write its checkpoint (the caller holds the lock).
 
     On a store that had 'abort' (a crash, or records not dispatched yet), the times are kept
@@ -56,13 +58,17 @@ def flush_store(store: Store, *, replayed: bool = False) -> FlushResult:
     (and rmqstore's) replays from the file they pick, which gives back consume-queue units
     and index entries a crash lost, so moving them forward to what the queues hold would
     vouch for units that may be missing. ``replayed``: that replay has been done (recover),
-    so the times may move forward."""
+    so the times may move forward. ``queues``: every consume queue of the store, as the
+    dispatch that just wrote them holds them (closed): their last units are read from them,
+    not from a load of each queue again (a store of 100,000 LMQ queues loads them in about
+    4 s)."""
     if not store.writable:
         raise RuntimeError("flush needs a store opened for writing")
     files, size = _sync_tree(store)
     end = store.log_end().offset
     before = store.checkpoint()
-    last_units = _last_units(store, end)  # each queue read once, for both times
+    # each queue read once, for both times
+    last_units = _last_units(store, end, queues)
     physic = last_record_timestamp(store, end, last_units)
     logics = _newest_queued_timestamp(store, end, last_units)
     index = _full_index_end_timestamp(store)
@@ -172,10 +178,13 @@ def _queues(store: Store) -> Iterator[ConsumeQueue]:
         yield ConsumeQueue(store.consumequeue_dir, topic, queue_id, store.consumequeue_file_size)
 
 
-def _last_units(store: Store, end: int) -> list[tuple[int, int]]:
-    """(physical offset, size) of each queue's last unit that lies inside the log."""
+def _last_units(
+    store: Store, end: int, queues: Iterable[ConsumeQueue] | None = None
+) -> list[tuple[int, int]]:
+    """(physical offset, size) of each queue's last unit that lies inside the log: of
+    ``queues`` when given, else of each queue loaded from its files."""
     units = []
-    for queue in _queues(store):
+    for queue in _queues(store) if queues is None else queues:
         unit = queue.last_unit_in_log(end)
         if unit is not None:
             units.append((unit.physical_offset, unit.size))

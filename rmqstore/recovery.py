@@ -369,5 +369,7 @@ def _recover(
     finally:
         dispatcher.close()
     store.check_tail(store.log_end())  # zeros after the end now: close may remove abort
-    flushed = flush_store(store, replayed=True)  # the crash's replay was just dispatched
+    # the crash's replay was just dispatched, into every queue of the store, which the
+    # dispatcher loaded (their last units are read from them, not from a load again)
+    flushed = flush_store(store, replayed=True, queues=dispatcher.queues.values())
     return RecoveryResult(plan, quarantine.directory if quarantine else None, dispatched, flushed)

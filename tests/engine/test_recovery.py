@@ -19,6 +19,7 @@ from rmqstore.consumequeue import UNIT, ConsumeQueue, list_queues
 from rmqstore.dispatch import Dispatcher
 from rmqstore.errors import StoreFormatError
 from rmqstore.fixtures import FixtureOptions, generate
+from rmqstore.flush import flush_store
 from rmqstore.indexfile import read_index_headers
 from rmqstore.msgid import UniqKeyGenerator
 from rmqstore.record import Message
@@ -68,6 +69,12 @@ def test_recovery_reaches_what_the_fixture_expects(tmp_path: Path, name: str, se
     assert queue_maxima(out) == expected["queueMaxOffsets"]
     assert problems(out) == []
     assert not (out / "abort").exists()
+    # the checkpoint's times, found from the queues as the replay's dispatch holds them, are
+    # those a flush loading each queue from its files finds
+    written = read_checkpoint(out / "checkpoint")
+    with Store.open_write(out) as store:
+        flush_store(store, replayed=True)
+    assert read_checkpoint(out / "checkpoint") == written
     # every cut byte is in quarantine, as it was
     if plan.cuts or plan.moves:
         listed = json.loads((result.quarantine / "manifest.json").read_text())["pieces"]
