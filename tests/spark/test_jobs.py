@@ -444,6 +444,68 @@ def test_a_py4j_error_met_while_a_job_was_interrupted_is_the_interruption() -> N
         spark_errors(interrupted)()
 
 
+# a Spark rebuild whose executor sends SIGINT to the command's process group (a Ctrl-C in the
+# terminal: the driver acts on it, the JVM ignores it, the Python workers are in a group of
+# their own) as it begins writing the queues, then, once the command has removed its staging
+# folder, goes on writing the queues, as a cancelled task does until Spark ends its worker
+SIGNALLED_SPARK_REBUILD = """
+import os, signal, sys, time
+import rmqstore.spark.jobs as jobs
+from rmqstore.commands.main import main
+os.environ["COMMAND_GROUP"] = str(os.getpgrp())
+written = jobs.write_sorted_units
+def write_sorted_units(root, file_size, min_offset, rows, topics):  # shipped by value
+    def late(rows):
+        try:  # once: the first task's worker
+            os.close(os.open(os.environ["SIGNAL_MARK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            yield from rows
+            return
+        os.killpg(int(os.environ["COMMAND_GROUP"]), signal.SIGINT)
+        for _ in range(500):
+            if not root.exists():
+                break
+            time.sleep(0.01)
+        yield from rows
+    return written(root, file_size, min_offset, late(rows), topics)
+jobs.write_sorted_units = write_sorted_units
+sys.argv = ["rmqstore", "dispatch", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_ctrl_c_during_a_spark_rebuild_leaves_no_staging_folder(tmp_path: Path) -> None:
+    """A Ctrl-C during ``dispatch --rebuild --engine spark`` stops it in one line (exit 130),
+    and its staging folder goes, though a task goes on writing queues after the command
+    removed it: the writers do not make it again (they made it, and the queues after, with
+    mkdir -p, and it was left in the store's root). The store then rebuilds and verifies."""
+    store = tmp_path / "store"
+    generate("multi", store, FixtureOptions(messages=3000))
+    command = [sys.executable, "-c", SIGNALLED_SPARK_REBUILD, str(store), "--rebuild", "--yes",
+               "--engine", "spark", "--spark-conf",
+               f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}"]  # fmt: skip
+    done = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "SIGNAL_MARK": str(tmp_path / "signalled")},
+        preexec_fn=sigint_delivered,
+    )
+    try:
+        _, stderr = done.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(done.pid, signal.SIGKILL)
+    assert (tmp_path / "signalled").exists()
+    assert done.returncode == 130, stderr
+    assert stderr.strip().startswith("rmqstore: error: interrupted"), stderr
+    assert not [path.name for path in store.iterdir() if path.name.startswith(".consumequeue")]
+    assert run_cli("dispatch", store, "--rebuild", "--yes").exit_code == 0
+    assert run_cli("verify", store).exit_code == 0
+
+
 # an export whose executor sends ``SIGNAL`` to the command's process group once it has
 # written a part file, as a terminal closing (SIGHUP) or a service manager stopping a unit
 # (SIGTERM) reaches the command and its JVM together (PySpark's daemon, which starts the
