@@ -401,26 +401,16 @@ class Store:
         for path, links in self.shared_files()[:1]:
             raise shared_file_error(path, links)
 
-    def shared_files(self, *, queues: bool = False) -> list[tuple[Path, int]]:
+    def shared_files(self) -> list[tuple[Path, int]]:
         """The store's files a writer writes in place that have other hard links, with how
-        many links each has: commit-log files, index files, the checkpoint, and with
-        ``queues`` consume-queue files."""
+        many links each has: commit-log files, index files and the checkpoint (a consume
+        queue's files are told by its load: ``SegmentQueue.shared``)."""
         found = list(self.commitlog.queue.shared)
-        folders = [self.index_dir]
-        if queues:
-            folders += [
-                Path(queue.path)
-                for topic in _entries(self.consumequeue_dir)
-                if topic.is_dir(follow_symlinks=False)
-                for queue in _entries(Path(topic.path))
-                if queue.is_dir(follow_symlinks=False)
-            ]
-        for folder in folders:
-            for entry in sorted(_entries(folder), key=lambda entry: entry.name):
-                if entry.is_file(follow_symlinks=False):
-                    links = entry.stat(follow_symlinks=False).st_nlink
-                    if links > 1:
-                        found.append((Path(entry.path), links))
+        for entry in sorted(_entries(self.index_dir), key=lambda entry: entry.name):
+            if entry.is_file(follow_symlinks=False):
+                links = entry.stat(follow_symlinks=False).st_nlink
+                if links > 1:
+                    found.append((Path(entry.path), links))
         with contextlib.suppress(OSError):
             if (links := hard_links(self.checkpoint_path)) > 1:
                 found.append((self.checkpoint_path, links))

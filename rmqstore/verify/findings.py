@@ -6,6 +6,7 @@ import shlex
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 ERROR = "error"
@@ -186,6 +187,19 @@ _MENDED_BY_HAND = {
 # queues are a RocksDB database, or with BatchCQ topics (its broker recovers it at start-up),
 # and one with what must be mended by hand first
 _WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq", "store-dup-info", *_MENDED_BY_HAND)
+
+
+def report_shared(report: VerifyReport, path: Path, links: int, name: str, **where: Any) -> None:
+    """A ``store-shared`` finding: ``path`` (named ``name``) has ``links`` hard links."""
+    report.add(
+        "store-shared",
+        f"{path} has {links} hard links: another path holds the same bytes, which a "
+        "broker would write through, and rmqstore's writers (recover, dispatch, flush, "
+        "append) refuse to change: give the file a copy of its own",
+        WARNING,
+        file=name,
+        **where,
+    )
 
 
 def fix_for(kind: str, store: str) -> str:

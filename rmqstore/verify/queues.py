@@ -43,7 +43,7 @@ from rmqstore.segments import is_segment_name
 from rmqstore.store import CONSUMEQUEUE_DIR, Store
 from rmqstore.topics import is_path_safe
 from rmqstore.topicsconfig import BATCH_CONSUMEQUEUE_DIR, batch_queues_note
-from rmqstore.verify.findings import LIVE_DISPATCH, NOTE, WARNING, VerifyReport
+from rmqstore.verify.findings import LIVE_DISPATCH, NOTE, WARNING, VerifyReport, report_shared
 from rmqstore.verify.records import (
     UNWALKED_DAMAGE,
     RecordBatch,
@@ -381,6 +381,8 @@ class QueueChecks:
         name = relative(self.store, queue.directory)
         for problem in queue.queue.problems:
             self.report.add("cq-file-size", problem, file=name, topic=topic, queue_id=queue_id)
+        for path, links in queue.queue.shared:  # (a file's other hard links)
+            report_shared(self.report, path, links, relative(self.store, path))
         for path in queue.queue.links:
             self.report.add(
                 "file-link",

@@ -209,7 +209,7 @@ class RangedVerify:
         self.marks = write_marks(store)
         check_layout(store, self.report)
         checks = frozenset() if commitlog_only else checks
-        check_shared(store, self.report, queues="queues" in checks)
+        check_shared(store, self.report)
         self.state = read_store_state(store)  # before the data it vouches for
         self.checks = readable_checks(store, self.report, checks)
         self.queues: QueueChecks | None = None
