@@ -585,6 +585,12 @@ class Store:
             raise NotFoundError(
                 f"no consume queue for topic {quoted(topic)} queue {queue_id}{hint}"
             )
+        return self.listed_queue(topic, queue_id)
+
+    def listed_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """A consume queue :func:`list_queues` found (a folder below ``consumequeue/``, no
+        link on the way), read-only, as :meth:`consume_queue` opens it, without looking at
+        its folder again (``info`` of a store of 100,000 LMQ queues spent 3 s so)."""
         return ConsumeQueue(
             self.consumequeue_dir,
             topic,

@@ -62,7 +62,7 @@ def consume_queue_table(store: Store) -> QueueTable:
     last_units: dict[tuple[str, int], tuple[int, int]] = {}
     linked: list[Path] = []
     for topic, queue_id in list_queues(store.consumequeue_dir, linked):
-        queue = store.consume_queue(topic, queue_id)
+        queue = store.listed_queue(topic, queue_id)
         unit = queue.loaded_last_unit
         if unit is not None and queue.max_offset > queue.min_offset:
             last_units[(topic, queue_id)] = (unit.physical_offset, unit.size)
@@ -95,7 +95,7 @@ def topic_status(store: Store, topic: str) -> dict[str, Any]:
     queues = []
     linked: list[Path] = []
     for name, queue_id in list_queues(store.consumequeue_dir, linked, topic=topic):
-        queue = store.consume_queue(name, queue_id)
+        queue = store.listed_queue(name, queue_id)
         last_updated = 0
         unit = queue.loaded_last_unit
         if unit is not None and queue.max_offset > queue.min_offset:

@@ -97,13 +97,13 @@ def test_each_consume_queue_is_loaded_once(
     store_dir = tmp_path / "store"
     generate(name, store_dir)
     loads: list[tuple[str, int]] = []
-    real = Store.consume_queue
+    real = Store.listed_queue
 
     def counting(self: Store, topic: str, queue_id: int):  # type: ignore[no-untyped-def]
         loads.append((topic, queue_id))
         return real(self, topic, queue_id)
 
-    monkeypatch.setattr(Store, "consume_queue", counting)
+    monkeypatch.setattr(Store, "listed_queue", counting)
     with Store.open_read(store_dir) as store:
         summary = summarize(store)
     assert loads and len(loads) == len(set(loads)) == len(summary["consumeQueues"])
