@@ -207,6 +207,7 @@ def interrupt_on_sigterm() -> None:
     from rmqstore import stops
 
     stops.hold_stops_with(held_stops)  # the engine's stretches a stop is not to cut in two
+    stops.at_done_call(stop_listening)  # the engine's work is done: no stop fails it now
 
 
 def defer_stops() -> None:

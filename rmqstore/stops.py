@@ -2,7 +2,11 @@
 dispatch's batch, whose units go into their queues one queue after the other. The engine
 marks them with :func:`whole`; what a stop does meanwhile is the command line's to decide
 (:func:`rmqstore.commands.signals.held_stops` holds it until the stretch is done, for at most
-a second). For a program calling the engine, a stretch is code like any other."""
+a second). For a program calling the engine, a stretch is code like any other.
+
+And the point from which the work is done and a stop is not to fail it (:func:`past_undoing`:
+an export's folder about to be renamed into place, every byte of it on the disk): the
+command line ignores stop signals from there on, as once its exit code is known."""
 
 from __future__ import annotations
 
@@ -22,3 +26,25 @@ def hold_stops_with(holding: Callable[[], contextlib.AbstractContextManager[Any]
     """What :func:`whole` enters from now on (the command line's :func:`held_stops`)."""
     global _holding
     _holding = holding
+
+
+def _nothing() -> None:
+    """What :func:`past_undoing` does for a program calling the engine."""
+
+
+_at_done: Callable[[], None] = _nothing
+
+
+def past_undoing() -> None:
+    """The work is done from here (see the module docstring): a stop signal that comes
+    later is not to end the command as stopped, its work there (an export's folder in place
+    and the command's exit code 143 did not agree). For a program calling the engine,
+    nothing happens."""
+    _at_done()
+
+
+def at_done_call(done: Callable[[], None]) -> None:
+    """What :func:`past_undoing` calls from now on (the command line's
+    :func:`~rmqstore.commands.signals.stop_listening`)."""
+    global _at_done
+    _at_done = done

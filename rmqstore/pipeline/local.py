@@ -67,6 +67,7 @@ from rmqstore.segments import (
     remove_from_under_writers,
     sync_file_data,
 )
+from rmqstore.stops import past_undoing
 from rmqstore.wording import quoted
 from rmqstore.workers import Progress, Runner, process_map, process_runner
 
@@ -284,6 +285,11 @@ def staged_directory(destination: str) -> Iterator[Path]:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield staging
         sync_tree(staging)
+        # all of it on the disk: renamed into place, the export is done, and a stop signal
+        # from now on does not end the command as stopped (one between the rename and the
+        # end of the command made it exit 143 with the export there, whole: the signals
+        # campaign, seed 20261212)
+        past_undoing()
         if final.exists():
             final.rmdir()  # empty, as checked
         os.replace(staging, final)

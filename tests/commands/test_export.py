@@ -347,6 +347,41 @@ def test_sigterm_stops_an_export_as_ctrl_c_does(tmp_path: Path) -> None:
     assert list(out.parent.iterdir()) == []
 
 
+# an export given SIGTERM just as its folder is renamed into place, then SIGINT as it ends
+DONE_THEN_TERMINATED_EXPORT = """
+import os, signal, sys
+from rmqstore.commands.main import main
+renamed = os.replace
+def replace(source, target, *args, **kwargs):
+    renamed(source, target, *args, **kwargs)
+    if os.path.basename(target) == "out":  # the export's folder, in place
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+os.replace = replace
+sys.argv = ["rmqstore", "export", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_stop_once_the_exports_folder_is_in_place_does_not_fail_it(tmp_path: Path) -> None:
+    """A stop signal that comes once the export's folder is renamed into place (every byte
+    of it synced before) finds the export done: exit 0, its report, the export whole. It
+    ended the command as stopped (exit 143) with the whole export there, which a script
+    takes for an export that failed and that the next export refuses (the signals campaign,
+    seed 20261212)."""
+    store, out, done = _export_stopped_by(DONE_THEN_TERMINATED_EXPORT, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert sorted(path.name for path in out.parent.iterdir()) == ["out"]
+    written = {path.name for path in out.iterdir()}
+    assert written and all(name.startswith("part-") for name in written)
+    again = tmp_path / "again"
+    assert run_cli("export", store, "--to", again, "--split-size", "65536").exit_code == 0
+    assert {path.name: path.read_bytes() for path in again.iterdir()} == {
+        path.name: path.read_bytes() for path in out.iterdir()
+    }
+
+
 HUNG_UP_EXPORT = TERMINATED_EXPORT.replace("signal.SIGTERM", "signal.SIGHUP")
 
 
