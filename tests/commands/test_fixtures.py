@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,33 @@ def test_a_large_clean_fixture_is_generated_in_flat_memory(tmp_path: Path) -> No
     refused = run_cli("fixtures", "generate", "torn-tail", tmp_path / "t", "--messages", "100001")
     assert refused.exit_code == 2 and "at most 100,000 messages" in refused.stderr
     assert not (tmp_path / "t").exists()
+
+
+# a generation given SIGTERM as it reports what it made
+TERMINATED_AS_IT_REPORTS = """
+import os, signal, sys
+import rmqstore.commands.fixtures as fixtures
+from rmqstore.commands.main import main
+noted = fixtures.note
+def note(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    noted(*args, **kwargs)
+fixtures.note = note
+sys.argv = ["rmqstore", "fixtures", "generate", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_stop_once_the_fixture_is_made_does_not_fail_it(tmp_path: Path) -> None:
+    """A stop signal that comes once the fixture is made, all of it on the disk, finds the
+    generation done: exit 0 and its report. It ended the command as stopped (exit 143) with
+    the whole fixture there."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", TERMINATED_AS_IT_REPORTS, "basic", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("rmqstore: wrote scenario basic"), done.stderr
+    assert run_cli("verify", out).exit_code == 0
