@@ -444,6 +444,29 @@ def test_a_py4j_error_met_while_a_job_was_interrupted_is_the_interruption() -> N
         spark_errors(interrupted)()
 
 
+def _run_as_a_terminals_job(
+    command: list[str], env: dict[str, str]
+) -> tuple[subprocess.Popen, str]:
+    """Run ``command`` (with ``env`` added) in a process group of its own, as a terminal's
+    job is, SIGINT delivered to it; the process and its stderr once it has ended (its group
+    killed after 240 s)."""
+    done = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **env},
+        preexec_fn=sigint_delivered,
+    )
+    try:
+        _, stderr = done.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(done.pid, signal.SIGKILL)
+    return done, stderr
+
+
 # a Spark rebuild whose executor sends SIGINT to the command's process group (a Ctrl-C in the
 # terminal: the driver acts on it, the JVM ignores it, the Python workers are in a group of
 # their own) as it begins writing the queues, then, once the command has removed its staging
@@ -484,20 +507,7 @@ def test_a_ctrl_c_during_a_spark_rebuild_leaves_no_staging_folder(tmp_path: Path
     command = [sys.executable, "-c", SIGNALLED_SPARK_REBUILD, str(store), "--rebuild", "--yes",
                "--engine", "spark", "--spark-conf",
                f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}"]  # fmt: skip
-    done = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "SIGNAL_MARK": str(tmp_path / "signalled")},
-        preexec_fn=sigint_delivered,
-    )
-    try:
-        _, stderr = done.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(done.pid, signal.SIGKILL)
+    done, stderr = _run_as_a_terminals_job(command, {"SIGNAL_MARK": str(tmp_path / "signalled")})
     assert (tmp_path / "signalled").exists()
     assert done.returncode == 130, stderr
     assert stderr.strip().startswith("rmqstore: error: interrupted"), stderr
@@ -553,20 +563,9 @@ def test_a_signal_to_the_commands_group_stops_a_spark_export_in_one_line(
     command = [sys.executable, "-c", script, str(store), "--engine", "spark", "--to", str(out),
                "--split-size", "65536", "--spark-conf",
                f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}"]  # fmt: skip
-    done = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's job has
-        env={**os.environ, "FIRST_PART_MARK": str(tmp_path / "signalled")},
-        preexec_fn=sigint_delivered,
+    done, stderr = _run_as_a_terminals_job(
+        command, {"FIRST_PART_MARK": str(tmp_path / "signalled")}
     )
-    try:
-        _, stderr = done.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(done.pid, signal.SIGKILL)
     assert done.returncode == code, stderr
     assert stderr.strip() == f"rmqstore: error: {said}"
     assert list(out.parent.iterdir()) == []
