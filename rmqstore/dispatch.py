@@ -10,7 +10,6 @@ tail) ends it without moving the cursor past it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from array import array
 from bisect import bisect_left, bisect_right
@@ -143,6 +142,7 @@ class Dispatcher:
             raise RuntimeError("dispatch needs a store opened for writing")
         self.store = store
         self._residue_quarantine: Quarantine | None = None  # made at the first residue
+        self._on_residue = self._quarantine_residue  # each queue's on_residue
         self.topics = set(topics) if topics else None
         self.build_index = build_index and store.config.message_index_enable
         self.build_queues = build_queues  # off: the consume queues are written elsewhere
@@ -200,7 +200,7 @@ class Dispatcher:
         )
         queue.refuse_until_rebuilt(_PUTS_ELSEWHERE)
         queue.defer_names = self._synced_together is not None
-        queue.on_residue = functools.partial(self._quarantine_residue, f"{topic}/{queue_id}")
+        queue.on_residue = self._on_residue  # one bound method for all (thousands of) queues
         self._ends_at_open[(topic, queue_id)] = queue.end
         self._files_at_open[(topic, queue_id)] = len(queue.queue.segments)
         return queue
@@ -251,9 +251,11 @@ class Dispatcher:
         except (OSError, RmqStoreError):
             pass  # left as a broker makes them: empty
 
-    def _quarantine_residue(self, queue: str, path: Path, start: int, end: int) -> None:
-        """Non-zero bytes after a queue's valid end, about to be overwritten by its next
-        units (a broker overwrites them): copied to quarantine and zeroed first."""
+    def _quarantine_residue(self, path: Path, start: int, end: int) -> None:
+        """Non-zero bytes after a queue's valid end (in its file ``path``), about to be
+        overwritten by its next units (a broker overwrites them): copied to quarantine and
+        zeroed first."""
+        queue = f"{path.parent.parent.name}/{path.parent.name}"  # topic/queue id
         if self._residue_quarantine is None:
             self._residue_quarantine = Quarantine.create(self.store.root, "dispatch")
         self._residue_quarantine.cut_region(
