@@ -189,7 +189,7 @@ _MENDED_BY_HAND = {
 _WRITERS_REFUSED = ("queues-rocksdb", "queues-batchcq", "store-dup-info", *_MENDED_BY_HAND)
 
 
-def report_shared(report: VerifyReport, path: Path, links: int, name: str, **where: Any) -> None:
+def report_shared(report: VerifyReport, path: Path, links: int, name: str) -> None:
     """A ``store-shared`` finding: ``path`` (named ``name``) has ``links`` hard links."""
     report.add(
         "store-shared",
@@ -198,7 +198,6 @@ def report_shared(report: VerifyReport, path: Path, links: int, name: str, **whe
         "append) refuse to change: give the file a copy of its own",
         WARNING,
         file=name,
-        **where,
     )
 
 
