@@ -13,6 +13,7 @@ from queue import Full, Queue
 from typing import Any, NamedTuple, TypeVar
 
 from rmqstore.errors import StoreIOError, read_failure
+from rmqstore.stops import wait_through_stops
 
 WINDOW_BYTES = 8 * 1024 * 1024
 T = TypeVar("T")
@@ -222,6 +223,7 @@ def read_ahead(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
     stopped and ``batches`` closed (its files with it) before this generator finishes."""
     handoff: Queue[Any] = Queue(maxsize=depth)
     stopping = threading.Event()
+    ended = threading.Event()  # the producer's code is done
 
     def offer(item: Any) -> bool:
         while not stopping.is_set():
@@ -241,7 +243,10 @@ def read_ahead(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
         except BaseException as exc:  # handed to the consumer, raised there
             offer(_Failed(exc))
         finally:
-            batches.close()  # type: ignore[attr-defined]
+            try:
+                batches.close()  # type: ignore[attr-defined]
+            finally:
+                ended.set()
 
     worker = threading.Thread(target=produce, name="rmqstore-read-ahead", daemon=True)
     worker.start()
@@ -255,4 +260,5 @@ def read_ahead(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
             yield item
     finally:
         stopping.set()
+        wait_through_stops(ended)  # the producer ends before the interpreter does
         worker.join()

@@ -67,7 +67,7 @@ from rmqstore.segments import (
     remove_from_under_writers,
     sync_file_data,
 )
-from rmqstore.stops import past_undoing
+from rmqstore.stops import past_undoing, wait_through_stops
 from rmqstore.wording import quoted
 from rmqstore.workers import Progress, Runner, process_map, process_runner
 
@@ -1197,6 +1197,8 @@ class _Background:
         self.work = work
         self.items: queue.Queue[Any] = queue.Queue(maxsize=waiting)
         self.failure: BaseException | None = None
+        self.abandoned = False  # the caller left on an error or a stop: items not worked
+        self.ended = threading.Event()  # the thread's code is done
         self.thread = threading.Thread(target=self._run, name="rmqstore-encode", daemon=True)
 
     def __enter__(self) -> Callable[[Any], None]:
@@ -1209,16 +1211,31 @@ class _Background:
         self.items.put(item)
 
     def _run(self) -> None:
-        while (item := self.items.get()) is not _DONE:
-            if self.failure is None:
-                try:
-                    self.work(item)
-                except BaseException as exc:  # handed to the caller's thread
-                    self.failure = exc
+        try:
+            while (item := self.items.get()) is not _DONE:
+                if self.failure is None and not self.abandoned:
+                    try:
+                        self.work(item)
+                    except BaseException as exc:  # handed to the caller's thread
+                        self.failure = exc
+        finally:
+            self.ended.set()
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        self.items.put(_DONE)
+        if kind is not None and not issubclass(kind, GeneratorExit):
+            self.abandoned = True  # what waits is of no use: the thread ends after its item
+        stop: KeyboardInterrupt | None = None
+        while True:  # the thread is told to end, whatever breaks in (a stop signal)
+            try:
+                self.items.put(_DONE)
+                break
+            except KeyboardInterrupt as exc:
+                self.abandoned = True
+                stop = stop or exc
+        wait_through_stops(self.ended)  # the thread ends before the interpreter does
         self.thread.join()
+        if stop is not None:
+            raise stop
         if self.failure is not None and (kind is None or issubclass(kind, GeneratorExit)):
             raise self.failure
 

@@ -5,6 +5,9 @@ caller stops early."""
 from __future__ import annotations
 
 import os
+import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,40 @@ def test_an_error_in_the_reader_is_raised_to_the_caller() -> None:
         for item in read_ahead(failing()):
             got.append(item)
     assert got == [1, 2]
+
+
+def _stop_in(seconds: float) -> None:
+    """A stop signal (as KeyboardInterrupt) in this thread ``seconds`` from now."""
+
+    def stop(_number: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def test_a_stop_while_the_reader_thread_ends_waits_for_it(tmp_path: Path) -> None:
+    """A stop signal that breaks into the wait for the reading thread to end is raised once
+    it has ended: a thread left running as the interpreter ended met Arrow's memory pool
+    torn down (an abort, exit -6, after the command's one line; the signals campaign)."""
+    ended: list[str] = []
+
+    def slow() -> Iterator[int]:
+        try:
+            yield 1
+            time.sleep(0.4)  # producing the next batch as the consumer stops
+            yield 2
+        finally:
+            ended.append("producer")
+
+    previous = signal.getsignal(signal.SIGALRM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            items = read_ahead(slow())
+            assert next(items) == 1
+            _stop_in(0.1)
+            items.close()  # the consumer leaves: the wait for the thread is broken into
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert ended == ["producer"]  # (Thread.is_alive says False after a broken join)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -473,6 +474,35 @@ def test_stats_without_pyarrow_count_record_by_record(
     expected = pipeline.stats().to_dict()
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now fails
     assert pipeline.stats().to_dict() == expected
+
+
+def test_a_stop_while_the_encoder_ends_waits_for_it() -> None:
+    """A stop signal (here SIGALRM raising KeyboardInterrupt) that breaks into the wait for
+    the encoding thread to end is raised once it has ended, and the work still waiting is
+    dropped: a thread left encoding as the interpreter ended met Arrow's memory pool torn
+    down (an abort, exit -6, after the export's one line; the signals campaign, seed
+    20261215)."""
+    done: list[int] = []
+
+    def slow(item: int) -> None:
+        time.sleep(0.3)
+        done.append(item)
+
+    def stop(_number: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    try:
+        with pytest.raises(KeyboardInterrupt), _Background(slow) as give:
+            give(1)
+            give(2)
+            give(3)
+            signal.setitimer(signal.ITIMER_REAL, 0.1)
+            raise KeyboardInterrupt  # the first stop; the alarm breaks into the wait
+        assert done == [1]  # the item being encoded finished; those waiting were dropped
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_background_work_runs_in_order_and_its_failure_reaches_the_caller() -> None:
