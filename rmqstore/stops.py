@@ -11,7 +11,6 @@ command line ignores stop signals from there on, as once its exit code is known.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -51,20 +50,23 @@ def at_done_call(done: Callable[[], None]) -> None:
     _at_done = done
 
 
-def wait_through_stops(ended: threading.Event) -> None:
-    """Wait for ``ended`` (set as a worker thread's code ends), also when a stop signal
-    breaks into the wait (raised as KeyboardInterrupt): the stop is raised once it is set.
-    A worker thread left running as the interpreter ended met Arrow's memory pool torn down,
+def through_stops(action: Callable[[], object], on_stop: Callable[[], None] | None = None) -> None:
+    """Run ``action`` (a wait: for a worker thread's end, for room to tell it to end) to its
+    end, also when a stop signal breaks into it (raised as KeyboardInterrupt): ``on_stop``
+    is called and ``action`` run again, and the first stop is raised once it is done. A
+    worker thread left running as the interpreter ended met Arrow's memory pool torn down,
     and the process died of an abort after the command's one line (exit -6: an export given
-    SIGHUP, the signals campaign, seed 20261215). Not ``Thread.join``: Python 3.11 takes a
-    join a signal broke into for the thread's end (``is_alive()`` false, the next join
-    returns at once) while the thread still runs."""
+    SIGHUP, the signals campaign, seed 20261215). Not for ``Thread.join``: Python 3.11 takes
+    a join a signal broke into for the thread's end (``is_alive()`` false, the next join
+    returns at once) while the thread still runs; wait for an event it sets instead."""
     stop: KeyboardInterrupt | None = None
     while True:
         try:
-            ended.wait()
+            action()
             break
         except KeyboardInterrupt as exc:
             stop = stop or exc
+            if on_stop is not None:
+                on_stop()
     if stop is not None:
         raise stop

@@ -13,7 +13,7 @@ from queue import Full, Queue
 from typing import Any, NamedTuple, TypeVar
 
 from rmqstore.errors import StoreIOError, read_failure
-from rmqstore.stops import wait_through_stops
+from rmqstore.stops import through_stops
 
 WINDOW_BYTES = 8 * 1024 * 1024
 T = TypeVar("T")
@@ -260,5 +260,5 @@ def read_ahead(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
             yield item
     finally:
         stopping.set()
-        wait_through_stops(ended)  # the producer ends before the interpreter does
+        through_stops(ended.wait)  # the producer ends before the interpreter does
         worker.join()

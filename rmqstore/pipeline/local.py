@@ -67,7 +67,7 @@ from rmqstore.segments import (
     remove_from_under_writers,
     sync_file_data,
 )
-from rmqstore.stops import past_undoing, wait_through_stops
+from rmqstore.stops import past_undoing, through_stops
 from rmqstore.wording import quoted
 from rmqstore.workers import Progress, Runner, process_map, process_runner
 
@@ -1221,21 +1221,19 @@ class _Background:
         finally:
             self.ended.set()
 
+    def _abandon(self) -> None:
+        """What waits is of no use (the caller leaves on an error or a stop): the thread
+        ends after the item it is at."""
+        self.abandoned = True
+
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if kind is not None and not issubclass(kind, GeneratorExit):
-            self.abandoned = True  # what waits is of no use: the thread ends after its item
-        stop: KeyboardInterrupt | None = None
-        while True:  # the thread is told to end, whatever breaks in (a stop signal)
-            try:
-                self.items.put(_DONE)
-                break
-            except KeyboardInterrupt as exc:
-                self.abandoned = True
-                stop = stop or exc
-        wait_through_stops(self.ended)  # the thread ends before the interpreter does
-        self.thread.join()
-        if stop is not None:
-            raise stop
+            self._abandon()
+        try:  # the thread is told to end, and ends before the interpreter does
+            through_stops(lambda: self.items.put(_DONE), on_stop=self._abandon)
+        finally:
+            through_stops(self.ended.wait)
+            self.thread.join()
         if self.failure is not None and (kind is None or issubclass(kind, GeneratorExit)):
             raise self.failure
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from rmqstore.commitlog import CommitLog
 from rmqstore.consumequeue import link_target
@@ -28,7 +27,7 @@ from rmqstore.verify.findings import (
 )
 from rmqstore.verify.index import IndexChecks
 from rmqstore.verify.queues import QueueChecks, readable_checks, replay_damage
-from rmqstore.verify.records import LogFacts, RecordListener, RecordPass
+from rmqstore.verify.records import LogFacts, RecordListener, RecordPass, relative
 
 __all__ = [
     "CROSS_CHECKS",
@@ -90,7 +89,7 @@ def check_layout(store: Store, report: VerifyReport) -> None:
             "writers (recover, dispatch, flush, append) refuse the store: put the real file "
             "or folder there",
             WARNING,
-            file=_store_name(store, link),
+            file=relative(store, link),
         )
 
 
@@ -101,12 +100,7 @@ def check_shared(store: Store, report: VerifyReport) -> None:
     each queue is loaded (:class:`QueueChecks`: a store of 100,000 LMQ queues took 3 s to
     list them all once more, a fifth of its verify)."""
     for path, links in store.shared_files():
-        report_shared(report, path, links, _store_name(store, path))
-
-
-def _store_name(store: Store, path: Path) -> str:
-    """``path`` as a finding names it: relative to the store root when inside it."""
-    return str(path.relative_to(store.root)) if path.is_relative_to(store.root) else str(path)
+        report_shared(report, path, links, relative(store, path))
 
 
 def settle_live_end(store: Store) -> None:
